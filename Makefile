@@ -1,0 +1,46 @@
+# llmgw — build, run, test. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X main.version=$(VERSION)
+BIN := bin
+
+.PHONY: help build run test check proto fmt vet importcheck protocheck clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+build: ## build llmgw and llmgwctl (static) into bin/
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/llmgw ./cmd/llmgw
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/llmgwctl ./cmd/llmgwctl
+
+run: build ## start `llmgw dev`: the OpenAI API on :8080 over simulated replicas
+	$(BIN)/llmgw dev
+
+test: check ## the checks, then every test with -race (what CI runs)
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+check: fmt vet importcheck protocheck ## gofmt, go vet, the import rules of plan §3, generated code up to date
+
+fmt:
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+importcheck:
+	$(GO) run ./scripts/importcheck
+
+proto: ## regenerate proto/llmgw/v1 with Debian's protoc and the pinned plugins
+	./scripts/proto.sh
+
+protocheck: ## fail when the committed generated code is stale
+	@tmp=$$(mktemp -d); trap 'rm -rf $$tmp' EXIT; \
+	cp -r proto $$tmp/before; ./scripts/proto.sh; \
+	if ! diff -r $$tmp/before proto >/dev/null; then \
+		diff -r $$tmp/before proto | head -20; cp -r $$tmp/before/. proto/; \
+		echo "generated code in proto/ is stale: run make proto and commit"; exit 1; fi
+
+clean:
+	rm -rf $(BIN)
