@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+func (c *cli) modelCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "model", Short: "Apply, list and delete models"}
+	var file string
+	apply := &cobra.Command{
+		Use:   "apply -f FILE",
+		Short: "Create or update a model from a YAML file (- for stdin)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return errors.New("-f: a model file is required")
+			}
+			in := os.Stdin
+			if file != "-" {
+				f, err := os.Open(file)
+				if err != nil {
+					return fmt.Errorf("-f: %w", err)
+				}
+				defer f.Close()
+				in = f
+			}
+			m, err := parseModelFile(in)
+			if err != nil {
+				return fmt.Errorf("%s: %w", file, err)
+			}
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: m})
+				if err != nil {
+					return fmt.Errorf("model apply: %w", err)
+				}
+				if c.output == "json" {
+					return c.printJSON(resp)
+				}
+				_, err = fmt.Fprintf(c.out, "model %s applied at revision %d\n", m.Name, resp.Revision)
+				return err
+			})
+		},
+	}
+	apply.Flags().StringVarP(&file, "file", "f", "", "the model's YAML file, or - for stdin")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List models",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.ListModels(ctx, &llmgwv1.ListRequest{})
+				if err != nil {
+					return fmt.Errorf("model list: %w", err)
+				}
+				if c.output == "json" {
+					return c.printJSON(messages(resp.Models))
+				}
+				rows := make([][]string, 0, len(resp.Models))
+				for _, m := range resp.Models {
+					rows = append(rows, []string{m.Name, m.Engine, m.Model, strconv.Itoa(int(m.Replicas)),
+						strconv.Itoa(int(m.GpusPerReplica)), orDash(m.Profile)})
+				}
+				return c.printTable([]string{"NAME", "ENGINE", "MODEL", "REPLICAS", "GPUS/REPLICA", "PROFILE"}, rows)
+			})
+		},
+	}
+
+	del := &cobra.Command{
+		Use:   "delete NAME",
+		Short: "Delete a model; its replicas are stopped",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.DeleteModel(ctx, &llmgwv1.DeleteModelRequest{Name: args[0]})
+				if err != nil {
+					return fmt.Errorf("model delete: %w", err)
+				}
+				if c.output == "json" {
+					return c.printJSON(resp)
+				}
+				_, err = fmt.Fprintf(c.out, "model %s deleted at revision %d\n", args[0], resp.Revision)
+				return err
+			})
+		},
+	}
+	cmd.AddCommand(apply, list, del)
+	return cmd
+}
+
+func (c *cli) nodeCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Short: "Inspect GPU nodes"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List registered nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.ListNodes(ctx, &llmgwv1.ListRequest{})
+				if err != nil {
+					return fmt.Errorf("node list: %w", err)
+				}
+				if c.output == "json" {
+					return c.printJSON(resp)
+				}
+				rows := make([][]string, 0, len(resp.Nodes))
+				for _, n := range resp.Nodes {
+					rows = append(rows, []string{n.Id, n.Address, strconv.Itoa(int(n.Gpus)), stateName(n.State.String(), "NODE_STATE_"),
+						strconv.FormatBool(resp.Connected[n.Id]), orDash(n.Version), labels(n.Labels)})
+				}
+				return c.printTable([]string{"ID", "ADDRESS", "GPUS", "STATE", "CONNECTED", "VERSION", "LABELS"}, rows)
+			})
+		},
+	})
+	return cmd
+}
+
+func (c *cli) replicaCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "replica", Short: "Inspect replicas"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "list",
+		Short: "List replicas with their node, address and state",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.ListReplicas(ctx, &llmgwv1.ListRequest{})
+				if err != nil {
+					return fmt.Errorf("replica list: %w", err)
+				}
+				if c.output == "json" {
+					return c.printJSON(messages(resp.Replicas))
+				}
+				rows := make([][]string, 0, len(resp.Replicas))
+				for _, v := range resp.Replicas {
+					r, s := v.GetReplica(), v.GetStatus()
+					state := "unknown"
+					if s != nil && s.Uid == r.GetUid() {
+						state = stateName(s.Phase.String(), "REPLICA_PHASE_")
+					}
+					if r.GetDraining() {
+						state += " (draining)"
+					}
+					rows = append(rows, []string{r.GetId(), r.GetModel(), r.GetNode(), orDash(s.GetAddress()), state,
+						strconv.FormatUint(r.GetUid(), 10), strconv.FormatUint(s.GetIncarnation(), 10), strconv.Itoa(int(s.GetRestarts()))})
+				}
+				return c.printTable([]string{"ID", "MODEL", "NODE", "ADDRESS", "STATE", "UID", "INCARNATION", "RESTARTS"}, rows)
+			})
+		},
+	})
+	return cmd
+}
+
+func (c *cli) clusterCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "cluster", Short: "The control plane as a whole"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "status",
+		Short: "Leader, servers and revision",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
+				if err != nil {
+					return fmt.Errorf("cluster status: %w", err)
+				}
+				if c.output == "json" {
+					return c.printJSON(resp)
+				}
+				fmt.Fprintf(c.out, "leader:   %s\nrevision: %d\n\n", orDash(resp.Leader), resp.Revision)
+				rows := make([][]string, 0, len(resp.Servers))
+				for _, s := range resp.Servers {
+					rows = append(rows, []string{s.Id, s.GrpcAddr, s.RaftAddr, strconv.FormatBool(s.Leader), strconv.FormatBool(s.Voter), orDash(s.Version)})
+				}
+				return c.printTable([]string{"ID", "GRPC", "RAFT", "LEADER", "VOTER", "VERSION"}, rows)
+			})
+		},
+	})
+	return cmd
+}
+
+// stateName turns NODE_STATE_ACTIVE into "active".
+func stateName(enum, prefix string) string {
+	return strings.ToLower(strings.TrimPrefix(enum, prefix))
+}
+
+func labels(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,93 @@
+// Command llmgwctl is the operator's CLI (plan §2, §5.2): it talks to any
+// control-plane server through AdminService. This package is wiring only.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+var version = "dev"
+
+// defaultAddr is where `llmgw dev` serves the control plane's gRPC.
+const defaultAddr = "127.0.0.1:7400"
+
+// cli carries what every command shares: where to connect, how to print,
+// and where output goes (so tests can capture it).
+type cli struct {
+	addr    string
+	output  string
+	timeout time.Duration
+	out     io.Writer
+}
+
+func main() {
+	if err := newRootCmd(os.Stdout).Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "llmgwctl:", err)
+		os.Exit(1)
+	}
+}
+
+func newRootCmd(out io.Writer) *cobra.Command {
+	c := &cli{out: out}
+	root := &cobra.Command{
+		Use:           "llmgwctl",
+		Short:         "Operate an llmgw cluster: models, nodes, replicas, servers",
+		Version:       version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(*cobra.Command, []string) error {
+			switch c.output {
+			case "table", "json":
+				return nil
+			default:
+				return fmt.Errorf("-o: %q is neither table nor json", c.output)
+			}
+		},
+	}
+	addr := os.Getenv("LLMGW_ADDR")
+	if addr == "" {
+		addr = defaultAddr
+	}
+	root.PersistentFlags().StringVar(&c.addr, "addr", addr, "a control-plane server's gRPC address (env LLMGW_ADDR)")
+	root.PersistentFlags().StringVarP(&c.output, "output", "o", "table", "output format: table or json")
+	root.PersistentFlags().DurationVar(&c.timeout, "timeout", 10*time.Second, "how long one call may take")
+	root.AddCommand(c.modelCmd(), c.nodeCmd(), c.replicaCmd(), c.clusterCmd())
+	return root
+}
+
+// admin dials the server and runs fn with a client and a context bounded by
+// --timeout. The connection lives for one call: llmgwctl is short-lived.
+func (c *cli) admin(ctx context.Context, fn func(context.Context, llmgwv1.AdminServiceClient) error) error {
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", c.addr, err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return plainError(fn(ctx, llmgwv1.NewAdminServiceClient(conn)))
+}
+
+// plainError turns a gRPC status into the server's message, which already
+// names the field or object at fault; the code is noise to an operator.
+func plainError(err error) error {
+	if err == nil {
+		return nil
+	}
+	if s, ok := status.FromError(err); ok {
+		return errors.New(s.Message())
+	}
+	return err
+}

@@ -1,0 +1,49 @@
+package main
+
+import (
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestParseModelFile(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		wantErr string // substring naming the field; "" means valid
+	}{
+		{"the issue's example", "name: demo\nengine: sim\nmodel: meta-llama/Llama-3.1-8B-Instruct\nreplicas: 2\ngpus_per_replica: 1\nprofile: chat\n", ""},
+		{"replicas omitted means one", "name: demo\nengine: sim\nmodel: m\n", ""},
+		{"unknown key", "name: demo\nengine: sim\nmodel: m\nreplica: 2\n", "field replica not found"},
+		{"negative replicas", "name: demo\nengine: sim\nmodel: m\nreplicas: -1\n", "replicas:"},
+		{"zero replicas", "name: demo\nengine: sim\nmodel: m\nreplicas: 0\n", "replicas:"},
+		{"bad engine", "name: demo\nengine: tgi\nmodel: m\n", "engine:"},
+		{"bad name", "name: Demo_1\nengine: sim\nmodel: m\n", "name:"},
+		{"bad profile", "name: demo\nengine: sim\nmodel: m\nprofile: fast\n", "profile:"},
+		{"hash seed out of range", "name: demo\nengine: vllm\nmodel: m\nkv_events: true\nhash_seed: \"4294967296\"\n", "hash_seed:"},
+		{"wrong type", "name: demo\nengine: sim\nmodel: m\nreplicas: two\n", "replicas"},
+		{"two documents", "name: a\nengine: sim\nmodel: m\n---\nname: b\n", "more than one document"},
+		{"empty", "", "empty"},
+		{"not yaml", "{{{", "model file"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m, err := parseModelFile(strings.NewReader(tt.in))
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("parseModelFile: %v", err)
+				}
+				if m.Replicas < 1 || m.Profile == "" {
+					t.Fatalf("defaults not filled: %v", m)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
