@@ -1,0 +1,172 @@
+// Package engine holds the drivers that turn a placed replica into a process
+// the supervisor can run (plan §6 "Drivers"): argv, environment, the address
+// routers will be told, and the URL that says the engine is ready.
+//
+// Drivers are pure: they start nothing and read nothing but their input, so
+// every flag the agent promises an engine is checked by a table test, and the
+// same spec always yields the same launch.
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Engine names as models spell them (plan §4).
+const (
+	VLLM     = "vllm"
+	LlamaCpp = "llamacpp"
+	Sim      = "sim"
+	External = "external"
+)
+
+// Defaults applied where a model leaves a KV-event setting unset. The
+// replicated ClusterConfig carries cluster-wide defaults, but DesiredReplicas
+// does not deliver it to agents, so the agent falls back to vLLM's own
+// block size and a fixed seed (the router must hash with the same one).
+const (
+	DefaultBlockSize = 16
+	DefaultHashSeed  = "0"
+)
+
+// ErrUnknownEngine is returned for an engine name no driver serves.
+var ErrUnknownEngine = errors.New("unknown engine")
+
+// Spec is everything a driver needs to know about one replica on this node.
+type Spec struct {
+	Replica *llmgwv1.Replica
+	Model   *llmgwv1.Model
+	// Host is the node's advertised address: engines listen on it so routers
+	// on other machines reach them (plan §6 "Addresses").
+	Host string
+	// Port is the engine's HTTP port, allocated by the agent.
+	Port int
+	// KVEventsPort and KVReplayPort are the loopback ports of the KV-event
+	// PUB and replay endpoints; used only when the model has kv_events.
+	KVEventsPort, KVReplayPort int
+	// Command is the program to run with its leading arguments; empty means
+	// the driver's default.
+	Command []string
+	// Env is added to the engine's environment after the driver's own
+	// variables, so an operator can override any of them.
+	Env map[string]string
+}
+
+// Launch is what the supervisor runs. An empty Argv means there is no
+// process to run (external engines): the supervisor only probes.
+type Launch struct {
+	Argv []string
+	// Env holds KEY=VALUE pairs added to the agent's environment.
+	Env []string
+	// Address is host:port of the engine's HTTP server, reported to the
+	// control plane as the replica's address.
+	Address string
+	// HealthURL answers 200 once the engine serves requests.
+	HealthURL string
+}
+
+// Plan turns a spec into a launch for the model's engine.
+func Plan(s Spec) (Launch, error) {
+	if s.Model == nil || s.Replica == nil {
+		return Launch{}, errors.New("engine: spec without model or replica")
+	}
+	switch s.Model.GetEngine() {
+	case VLLM:
+		return planVLLM(s, []string{"vllm"})
+	case Sim:
+		self, err := os.Executable()
+		if err != nil {
+			return Launch{}, fmt.Errorf("engine sim: locate own executable: %w", err)
+		}
+		return planVLLM(s, []string{self, "sim"})
+	case LlamaCpp:
+		return planLlamaCpp(s)
+	case External:
+		return planExternal(s)
+	default:
+		return Launch{}, fmt.Errorf("engine %q: %w", s.Model.GetEngine(), ErrUnknownEngine)
+	}
+}
+
+func checkListen(s Spec) error {
+	if s.Host == "" {
+		return errors.New("engine: no advertise address")
+	}
+	if s.Port <= 0 || s.Port > 65535 {
+		return fmt.Errorf("engine: port %d out of range", s.Port)
+	}
+	if s.Model.GetModel() == "" {
+		return fmt.Errorf("engine: model %q has no model path or id", s.Model.GetName())
+	}
+	return nil
+}
+
+func command(s Spec, def []string) []string {
+	if len(s.Command) > 0 {
+		return append([]string(nil), s.Command...)
+	}
+	return def
+}
+
+func httpAddr(s Spec) (addr, health string) {
+	addr = net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+	return addr, "http://" + addr + "/health"
+}
+
+// commonEnv is the environment every process-backed engine gets: the GPUs
+// the replica was given, then the operator's overrides.
+func commonEnv(s Spec, env []string) []string {
+	if idx := s.Replica.GetGpuIndices(); len(idx) > 0 {
+		parts := make([]string, len(idx))
+		for i, g := range idx {
+			parts[i] = strconv.FormatUint(uint64(g), 10)
+		}
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(parts, ","))
+	}
+	return appendEnvMap(env, s.Env)
+}
+
+func appendEnvMap(env []string, m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		env = append(env, k+"="+m[k])
+	}
+	return env
+}
+
+// planExternal points at an engine llmgw does not run. A model may list
+// several endpoints; replica <model>-<n> takes endpoint n modulo their
+// number, so each endpoint is one replica.
+func planExternal(s Spec) (Launch, error) {
+	eps := s.Model.GetEndpoints()
+	if len(eps) == 0 {
+		return Launch{}, fmt.Errorf("engine external: model %q has no endpoints", s.Model.GetName())
+	}
+	n := 0
+	if i := strings.LastIndexByte(s.Replica.GetId(), '-'); i >= 0 {
+		if v, err := strconv.Atoi(s.Replica.GetId()[i+1:]); err == nil && v >= 0 {
+			n = v
+		}
+	}
+	raw := eps[n%len(eps)]
+	if !strings.Contains(raw, "://") {
+		raw = "http://" + raw
+	}
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" {
+		return Launch{}, fmt.Errorf("engine external: endpoint %q is not a URL", eps[n%len(eps)])
+	}
+	return Launch{Address: u.Host, HealthURL: strings.TrimRight(u.String(), "/") + "/health"}, nil
+}

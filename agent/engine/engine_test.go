@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestPlan(t *testing.T) {
+	rep := &llmgwv1.Replica{Id: "demo-0", Uid: 7, GpuIndices: []uint32{2, 3}}
+	self, _ := os.Executable()
+	kvJSON := `{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://127.0.0.1:21000","replay_endpoint":"tcp://127.0.0.1:21001","topic":"kv"}`
+	tests := []struct {
+		name     string
+		model    *llmgwv1.Model
+		command  []string
+		env      map[string]string
+		wantArgv []string
+		wantEnv  []string
+		wantAddr string
+	}{
+		{
+			name:  "vllm plain",
+			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "meta-llama/Llama-3.1-8B-Instruct"},
+			wantArgv: []string{"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "10.0.0.5", "--port", "20000",
+				"--served-model-name", "demo", "--enable-prompt-tokens-details"},
+			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
+			name: "vllm kv events adapters at start extra args",
+			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", KvEvents: true, BlockSize: 32, HashSeed: "42",
+				Adapters:    []*llmgwv1.Adapter{{Name: "sql", Path: "/a/sql"}, {Name: "odd", Path: "/a/x,y"}},
+				MaxLoraRank: 64, ExtraArgs: []string{"--max-num-seqs", "8"}},
+			command: []string{"/opt/vllm/bin/vllm"},
+			env:     map[string]string{"HF_HOME": "/data/hf"},
+			wantArgv: []string{"/opt/vllm/bin/vllm", "serve", "m", "--host", "10.0.0.5", "--port", "20000",
+				"--served-model-name", "demo", "--enable-prompt-tokens-details",
+				"--block-size", "32", "--prefix-caching-hash-algo", "sha256_cbor", "--kv-events-config", kvJSON,
+				"--enable-lora", "--max-loras", "2", "--max-lora-rank", "64",
+				"--lora-modules", "sql=/a/sql", `{"name":"odd","path":"/a/x,y","base_model_name":"m"}`,
+				"--max-num-seqs", "8"},
+			wantEnv:  []string{"PYTHONHASHSEED=42", "CUDA_VISIBLE_DEVICES=2,3", "HF_HOME=/data/hf"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
+			name: "vllm runtime adapters and default kv settings",
+			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", KvEvents: true,
+				Adapters: []*llmgwv1.Adapter{{Name: "a", Path: "/a"}, {Name: "b", Path: "/b"}}, MaxLoadedAdapters: 1},
+			wantArgv: []string{"vllm", "serve", "m", "--host", "10.0.0.5", "--port", "20000",
+				"--served-model-name", "demo", "--enable-prompt-tokens-details",
+				"--block-size", "16", "--prefix-caching-hash-algo", "sha256_cbor", "--kv-events-config", kvJSON,
+				"--enable-lora", "--max-loras", "1"},
+			wantEnv:  []string{"PYTHONHASHSEED=0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true", "CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
+			name:  "sim defaults to this executable",
+			model: &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "m"},
+			wantArgv: []string{self, "sim", "serve", "m", "--host", "10.0.0.5", "--port", "20000",
+				"--served-model-name", "demo", "--enable-prompt-tokens-details"},
+			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
+			name: "llamacpp with adapters",
+			model: &llmgwv1.Model{Name: "demo", Engine: "llamacpp", Model: "/models/q4.gguf",
+				Adapters: []*llmgwv1.Adapter{{Name: "a", Path: "/a.gguf"}, {Name: "b", Path: "/b.gguf"}}},
+			wantArgv: []string{"llama-server", "-m", "/models/q4.gguf", "--host", "10.0.0.5", "--port", "20000",
+				"--alias", "demo", "--metrics", "--lora", "/a.gguf", "--lora", "/b.gguf", "--lora-init-without-apply"},
+			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
+			name:     "external takes the replica's endpoint",
+			model:    &llmgwv1.Model{Name: "demo", Engine: "external", Endpoints: []string{"http://10.1.1.1:8000", "10.1.1.2:8000/"}},
+			wantAddr: "10.1.1.1:8000",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, err := Plan(Spec{Replica: rep, Model: tt.model, Host: "10.0.0.5", Port: 20000,
+				KVEventsPort: 21000, KVReplayPort: 21001, Command: tt.command, Env: tt.env})
+			if err != nil {
+				t.Fatalf("Plan: %v", err)
+			}
+			if !slices.Equal(l.Argv, tt.wantArgv) {
+				t.Errorf("argv\n got %q\nwant %q", l.Argv, tt.wantArgv)
+			}
+			if !slices.Equal(l.Env, tt.wantEnv) {
+				t.Errorf("env\n got %q\nwant %q", l.Env, tt.wantEnv)
+			}
+			if l.Address != tt.wantAddr {
+				t.Errorf("address %q, want %q", l.Address, tt.wantAddr)
+			}
+			if want := "http://" + tt.wantAddr + "/health"; l.HealthURL != want {
+				t.Errorf("health %q, want %q", l.HealthURL, want)
+			}
+		})
+	}
+}
+
+func TestPlanRejects(t *testing.T) {
+	rep := &llmgwv1.Replica{Id: "demo-0"}
+	tests := []struct {
+		name string
+		spec Spec
+		is   error
+	}{
+		{"unknown engine", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "tgi", Model: "m"}, Host: "h", Port: 1}, ErrUnknownEngine},
+		{"no port", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm", Model: "m"}, Host: "h"}, nil},
+		{"no host", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "llamacpp", Model: "m"}, Port: 1}, nil},
+		{"no model id", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm"}, Host: "h", Port: 1}, nil},
+		{"kv events without ports", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm", Model: "m", KvEvents: true}, Host: "h", Port: 1}, nil},
+		{"external without endpoints", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "external"}}, nil},
+		{"external bad endpoint", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "external", Endpoints: []string{"http://"}}}, nil},
+		{"no model", Spec{Replica: rep}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Plan(tt.spec)
+			if err == nil {
+				t.Fatal("Plan succeeded")
+			}
+			if tt.is != nil && !errors.Is(err, tt.is) {
+				t.Fatalf("error %v is not %v", err, tt.is)
+			}
+		})
+	}
+}

@@ -1,0 +1,106 @@
+package engine
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// kvEventsConfig is vLLM's KVEventsConfig as --kv-events-config takes it.
+// The endpoints are loopback and not wildcards: the agent binds the SUB side
+// and vLLM connects to a non-wildcard endpoint (plan §6 "KV events").
+type kvEventsConfig struct {
+	Enable         bool   `json:"enable_kv_cache_events"`
+	Publisher      string `json:"publisher"`
+	Endpoint       string `json:"endpoint"`
+	ReplayEndpoint string `json:"replay_endpoint"`
+	Topic          string `json:"topic"`
+}
+
+// planVLLM builds `vllm serve` (or the simulator, which takes the same
+// flags) exactly as plan §6 lists it.
+func planVLLM(s Spec, def []string) (Launch, error) {
+	if err := checkListen(s); err != nil {
+		return Launch{}, err
+	}
+	m := s.Model
+	addr, health := httpAddr(s)
+	argv := command(s, def)
+	argv = append(argv, "serve", m.GetModel(),
+		"--host", s.Host,
+		"--port", strconv.Itoa(s.Port),
+		"--served-model-name", m.GetName(),
+		// Without it vLLM reports no cached_tokens, and routing quality
+		// cannot be measured.
+		"--enable-prompt-tokens-details",
+	)
+	var env []string
+	if m.GetKvEvents() {
+		if s.KVEventsPort <= 0 || s.KVReplayPort <= 0 {
+			return Launch{}, fmt.Errorf("engine %s: kv_events without KV ports", m.GetEngine())
+		}
+		bs := m.GetBlockSize()
+		if bs == 0 {
+			bs = DefaultBlockSize
+		}
+		seed := m.GetHashSeed()
+		if seed == "" {
+			seed = DefaultHashSeed
+		}
+		cfg, err := json.Marshal(kvEventsConfig{
+			Enable:         true,
+			Publisher:      "zmq",
+			Endpoint:       "tcp://127.0.0.1:" + strconv.Itoa(s.KVEventsPort),
+			ReplayEndpoint: "tcp://127.0.0.1:" + strconv.Itoa(s.KVReplayPort),
+			Topic:          "kv",
+		})
+		if err != nil {
+			return Launch{}, fmt.Errorf("engine %s: kv events config: %w", m.GetEngine(), err)
+		}
+		argv = append(argv,
+			"--block-size", strconv.FormatUint(uint64(bs), 10),
+			"--prefix-caching-hash-algo", "sha256_cbor",
+			"--kv-events-config", string(cfg))
+		// Without a fixed seed vLLM draws the root hash at random per
+		// process and no router could reproduce a block hash.
+		env = append(env, "PYTHONHASHSEED="+seed)
+	}
+	if ads := m.GetAdapters(); len(ads) > 0 {
+		maxLoras := len(ads)
+		if n := m.GetMaxLoadedAdapters(); n > 0 {
+			maxLoras = int(n)
+		}
+		argv = append(argv, "--enable-lora", "--max-loras", strconv.Itoa(maxLoras))
+		if r := m.GetMaxLoraRank(); r > 0 {
+			argv = append(argv, "--max-lora-rank", strconv.FormatUint(uint64(r), 10))
+		}
+		if m.GetMaxLoadedAdapters() == 0 {
+			// Every adapter registered at start (plan §7.6).
+			argv = append(argv, "--lora-modules")
+			for _, a := range ads {
+				argv = append(argv, loraModule(a.GetName(), a.GetPath(), m.GetModel()))
+			}
+		} else {
+			// At most N held: the agent loads them at run time as
+			// placements arrive.
+			env = append(env, "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true")
+		}
+	}
+	argv = append(argv, m.GetExtraArgs()...)
+	return Launch{Argv: argv, Env: commonEnv(s, env), Address: addr, HealthURL: health}, nil
+}
+
+// loraModule renders one --lora-modules item. vLLM reads `name=path` only
+// when the item has no comma; otherwise the JSON form is the unambiguous one.
+func loraModule(name, path, base string) string {
+	if !strings.Contains(name+path, ",") && !strings.Contains(name, "=") {
+		return name + "=" + path
+	}
+	b, _ := json.Marshal(struct {
+		Name string `json:"name"`
+		Path string `json:"path"`
+		Base string `json:"base_model_name"`
+	}{name, path, base})
+	return string(b)
+}
