@@ -1,0 +1,168 @@
+// Package watch keeps the router's copy of the cluster: desired state from
+// the control plane's merged watch stream and the agents' ephemeral data
+// (plan §5.3, §7.2). Traffic never waits on it: the router routes from the
+// last State it published, whether or not a control node is reachable.
+package watch
+
+import (
+	"maps"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// State is one consistent view of the cluster as the router knows it.
+//
+// A published State is immutable: readers may hold it as long as they like
+// and must not modify it or anything it points to. The client publishes a
+// new State instead of changing an old one.
+type State struct {
+	// Revision is the last desired-state revision applied; 0 before any.
+	Revision uint64
+	// Synced is true once the client has applied a snapshot or a mark, so the
+	// desired state is complete (not half a framed snapshot).
+	Synced bool
+
+	Models   map[string]*llmgwv1.Model   // by name
+	Nodes    map[string]*llmgwv1.Node    // by id
+	Replicas map[string]*llmgwv1.Replica // by replica id
+	Config   *llmgwv1.ClusterConfig
+
+	// Ephemeral holds each agent's last accepted data, by node id.
+	Ephemeral map[string]*NodeEphemeral
+
+	// Servers is the last control-server list received; the client also dials
+	// these on failover (plan §5.6).
+	Servers []*llmgwv1.ControlServer
+}
+
+// NodeEphemeral is one agent's ephemeral data at (Epoch, Seq) (plan §5.4).
+// A replica missing from Statuses is unknown, not down.
+type NodeEphemeral struct {
+	Epoch    uint64
+	Seq      uint64
+	Statuses map[string]*llmgwv1.ReplicaStatus // by replica id
+}
+
+// Status returns the latest status the replica's node reported for it, or
+// nil. The caller compares uids: a status for another uid is for an old
+// placement (plan §4 "Identity").
+func (s *State) Status(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
+	node := r.GetNode()
+	for _, sh := range r.GetShards() {
+		if sh.GetRank() == 0 && sh.GetNode() != "" {
+			node = sh.GetNode()
+		}
+	}
+	ne := s.Ephemeral[node]
+	if ne == nil {
+		return nil
+	}
+	return ne.Statuses[r.GetId()]
+}
+
+func emptyState() *State {
+	return &State{
+		Models:    map[string]*llmgwv1.Model{},
+		Nodes:     map[string]*llmgwv1.Node{},
+		Replicas:  map[string]*llmgwv1.Replica{},
+		Ephemeral: map[string]*NodeEphemeral{},
+	}
+}
+
+// clone copies the top-level maps so the copy can be changed without
+// touching a published State; the values are shared because nothing mutates
+// them in place.
+func (s *State) clone() *State {
+	c := *s
+	c.Models = maps.Clone(s.Models)
+	c.Nodes = maps.Clone(s.Nodes)
+	c.Replicas = maps.Clone(s.Replicas)
+	c.Ephemeral = maps.Clone(s.Ephemeral)
+	return &c
+}
+
+// applyChange puts or deletes one object. It ignores revisions: the caller
+// decides whether the change is new.
+func (s *State) applyChange(ch *llmgwv1.Change) {
+	put := ch.GetOp() == llmgwv1.ChangeOp_CHANGE_OP_PUT
+	del := ch.GetOp() == llmgwv1.ChangeOp_CHANGE_OP_DELETE
+	switch o := ch.GetObject().(type) {
+	case *llmgwv1.Change_Model:
+		if put {
+			s.Models[o.Model.GetName()] = o.Model
+		} else if del {
+			delete(s.Models, o.Model.GetName())
+		}
+	case *llmgwv1.Change_Node:
+		if put {
+			s.Nodes[o.Node.GetId()] = o.Node
+		} else if del {
+			delete(s.Nodes, o.Node.GetId())
+		}
+	case *llmgwv1.Change_Replica:
+		if put {
+			s.Replicas[o.Replica.GetId()] = o.Replica
+		} else if del {
+			delete(s.Replicas, o.Replica.GetId())
+		}
+	case *llmgwv1.Change_Config:
+		if put {
+			s.Config = o.Config
+		} else if del {
+			s.Config = nil
+		}
+	}
+}
+
+// ephemeralVerdict is what the (epoch, seq) rule of plan §5.4 says about an
+// update relative to what is held for its node.
+type ephemeralVerdict int
+
+const (
+	// accept: a full copy newer than what is held, or the next delta.
+	accept ephemeralVerdict = iota
+	// stale: old or duplicate data (an earlier epoch's late delta, a seq
+	// already applied); drop it quietly.
+	stale
+	// gap: a delta the client cannot apply because it missed something;
+	// drop it and resynchronise with full copies.
+	gap
+)
+
+func judgeEphemeral(held *NodeEphemeral, u *llmgwv1.EphemeralUpdate) ephemeralVerdict {
+	if u.GetFull() {
+		if held == nil || u.GetEpoch() > held.Epoch ||
+			(u.GetEpoch() == held.Epoch && u.GetSeq() > held.Seq) {
+			return accept
+		}
+		return stale
+	}
+	switch {
+	case held == nil || u.GetEpoch() > held.Epoch:
+		return gap // a newer session's delta without its full copy
+	case u.GetEpoch() < held.Epoch || u.GetSeq() <= held.Seq:
+		return stale
+	case u.GetSeq() == held.Seq+1:
+		return accept
+	default:
+		return gap
+	}
+}
+
+// applyEphemeral applies an accepted update, replacing the node's entry with
+// a new one so published States stay untouched.
+func (s *State) applyEphemeral(u *llmgwv1.EphemeralUpdate) {
+	ne := &NodeEphemeral{Epoch: u.GetEpoch(), Seq: u.GetSeq()}
+	if held := s.Ephemeral[u.GetNode()]; held != nil && !u.GetFull() {
+		ne.Statuses = maps.Clone(held.Statuses)
+	} else {
+		ne.Statuses = make(map[string]*llmgwv1.ReplicaStatus, len(u.GetStatuses()))
+	}
+	for _, st := range u.GetStatuses() {
+		ne.Statuses[st.GetReplicaId()] = st
+	}
+	for _, id := range u.GetRemovedReplicas() {
+		delete(ne.Statuses, id)
+	}
+	s.Ephemeral[u.GetNode()] = ne
+}
