@@ -1,0 +1,98 @@
+package supervisor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+)
+
+// proc is one started engine process, the leader of its own process group.
+// It is reaped by polling so that no goroutine waits on it.
+type proc struct {
+	cmd    *exec.Cmd
+	pid    int
+	out    *os.File
+	exited bool
+}
+
+// poll reaps the process if it has exited and reports why it did. Once the
+// leader is gone, whatever it left in its group is killed: vLLM's worker
+// processes must not outlive the engine that owned their GPU memory.
+func (p *proc) poll() (bool, error) {
+	if p.exited {
+		return true, nil
+	}
+	var ws syscall.WaitStatus
+	pid, err := syscall.Wait4(p.pid, &ws, syscall.WNOHANG, nil)
+	if errors.Is(err, syscall.EINTR) {
+		return false, nil
+	}
+	if err != nil {
+		// ECHILD: someone else reaped it; it is gone either way.
+		p.finish()
+		return true, fmt.Errorf("wait: %w", err)
+	}
+	if pid == 0 {
+		return false, nil
+	}
+	p.finish()
+	return true, exitError(ws)
+}
+
+// waitBlocking reaps a process already sent SIGKILL.
+func (p *proc) waitBlocking() {
+	if p.exited {
+		return
+	}
+	var ws syscall.WaitStatus
+	for {
+		_, err := syscall.Wait4(p.pid, &ws, 0, nil)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	p.finish()
+}
+
+func (p *proc) finish() {
+	p.exited = true
+	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	_ = p.cmd.Process.Release()
+}
+
+// closeLog closes the reading side of the engine's log once it is drained.
+func (p *proc) closeLog() {
+	if p.out != nil {
+		p.out.Close()
+		p.out = nil
+	}
+}
+
+// release lets go of a process left running on purpose.
+func (p *proc) release() {
+	_ = p.cmd.Process.Release()
+	if p.out != nil {
+		p.out.Close()
+		p.out = nil
+	}
+}
+
+func (p *proc) signalGroup(sig syscall.Signal) {
+	if p.exited {
+		return
+	}
+	_ = syscall.Kill(-p.pid, sig)
+}
+
+func exitError(ws syscall.WaitStatus) error {
+	switch {
+	case ws.Exited():
+		return fmt.Errorf("exited with status %d", ws.ExitStatus())
+	case ws.Signaled():
+		return fmt.Errorf("killed by %v", ws.Signal())
+	default:
+		return fmt.Errorf("ended (wait status %#x)", uint32(ws))
+	}
+}

@@ -1,0 +1,434 @@
+// Package supervisor runs one replica's engine for as long as the replica is
+// wanted (plan §6 "Supervisor"): it starts the process in its own process
+// group, probes it until ready, keeps probing, restarts it with backoff when
+// it exits, stops it with SIGTERM then SIGKILL, and reports every phase
+// change.
+//
+// The supervisor owns no goroutine but the one running Run. It reaps the
+// engine by polling wait4 and reads the engine's output from a file rather
+// than a pipe, so nothing blocks on the engine: an agent that leaves its
+// engines running (plan §6 "Engines outlive the agent") returns at once, and
+// the engine is not killed by a broken pipe when the agent goes away.
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/llmgw/llmgw/agent/engine"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Config describes one replica's engine and how to supervise it.
+type Config struct {
+	ReplicaID string
+	UID       uint64
+	Model     string
+	Node      string
+	Launch    engine.Launch
+	// LogPath receives the engine's stdout and stderr. Required when the
+	// launch has a process.
+	LogPath string
+	// ReadyTimeout bounds STARTING: an engine not ready by then is stopped
+	// and restarted. vLLM loading a large model takes minutes.
+	ReadyTimeout time.Duration
+	// StopGrace is how long SIGTERM is given before SIGKILL.
+	StopGrace time.Duration
+	// ProbeInterval spaces health probes; ProbeTimeout bounds each.
+	ProbeInterval, ProbeTimeout time.Duration
+	// PollInterval spaces checks for the process having exited.
+	PollInterval time.Duration
+	// UnhealthyAfter failed probes in a row turn READY into UNHEALTHY.
+	UnhealthyAfter int
+	Backoff        Backoff
+	// Pdeathsig makes the kernel SIGKILL the engine when the agent dies, for
+	// agents that must not leave engines behind even when killed.
+	Pdeathsig bool
+	// LogLines is how many of the engine's last lines are kept.
+	LogLines int
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// DefaultConfig holds the timings for production engines.
+func DefaultConfig() Config {
+	return Config{
+		ReadyTimeout:   10 * time.Minute,
+		StopGrace:      10 * time.Second,
+		ProbeInterval:  time.Second,
+		ProbeTimeout:   2 * time.Second,
+		PollInterval:   50 * time.Millisecond,
+		UnhealthyAfter: 3,
+		Backoff:        DefaultBackoff(),
+		LogLines:       100,
+	}
+}
+
+// Reporter receives every status change, in order, from the supervisor's
+// goroutine. It must not block for long and must not keep the pointer's
+// target mutable: each status is a fresh value.
+type Reporter func(*llmgwv1.ReplicaStatus)
+
+// Supervisor runs one replica's engine. Create with New, drive with Run.
+type Supervisor struct {
+	cfg    Config
+	report Reporter
+	log    *slog.Logger
+	client *http.Client
+	ring   *logRing
+	detach atomic.Bool
+
+	mu   sync.Mutex
+	last *llmgwv1.ReplicaStatus
+}
+
+// New returns a supervisor; it starts nothing until Run.
+func New(cfg Config, report Reporter, logger *slog.Logger) *Supervisor {
+	d := DefaultConfig()
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = d.PollInterval
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = d.ProbeInterval
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = d.ProbeTimeout
+	}
+	if cfg.UnhealthyAfter <= 0 {
+		cfg.UnhealthyAfter = d.UnhealthyAfter
+	}
+	if cfg.LogLines <= 0 {
+		cfg.LogLines = d.LogLines
+	}
+	if cfg.Backoff.Initial <= 0 {
+		cfg.Backoff = d.Backoff
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if report == nil {
+		report = func(*llmgwv1.ReplicaStatus) {}
+	}
+	return &Supervisor{
+		cfg:    cfg,
+		report: report,
+		log:    logger.With("replica", cfg.ReplicaID, "model", cfg.Model),
+		// Probes must not reuse connections across engine restarts: a kept-
+		// alive connection to a dead engine would fail the first probe.
+		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true}},
+		ring:   newLogRing(cfg.LogLines),
+	}
+}
+
+// Logs returns the engine's last output lines, oldest first.
+func (s *Supervisor) Logs() []string { return s.ring.snapshot() }
+
+// Status returns the last reported status (nil before the first).
+func (s *Supervisor) Status() *llmgwv1.ReplicaStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
+
+// Detach makes the next cancellation of Run leave the engine running instead
+// of stopping it: how an agent exits without costing its engines a reload.
+func (s *Supervisor) Detach() { s.detach.Store(true) }
+
+// errStopped ends a run because its context was cancelled.
+var errStopped = errors.New("stopped")
+
+// Run supervises the engine until ctx is cancelled, then stops it (unless
+// detached) and returns once it is gone. It returns nil on cancellation.
+func (s *Supervisor) Run(ctx context.Context) error {
+	if len(s.cfg.Launch.Argv) == 0 {
+		return s.runExternal(ctx)
+	}
+	var (
+		incarnation uint64
+		restarts    uint32
+		delay       time.Duration
+	)
+	for {
+		incarnation++
+		st := s.status(incarnation, restarts)
+		p, err := s.start()
+		if err != nil {
+			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED, err.Error()
+			s.emit(st)
+			s.log.Warn("engine failed to start", "err", err)
+			delay = s.cfg.Backoff.Next(delay, 0)
+		} else {
+			started := s.cfg.Now()
+			st.Pid = int32(p.pid)
+			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING, ""
+			s.emit(st)
+			s.log.Info("engine started", "pid", p.pid, "incarnation", incarnation)
+			why := s.watch(ctx, p, st)
+			if errors.Is(why, errStopped) {
+				if s.detach.Load() {
+					s.log.Info("leaving engine running", "pid", p.pid)
+					p.release()
+					return nil
+				}
+				s.stop(p, st)
+				p.closeLog()
+				return nil
+			}
+			if !p.exited {
+				s.stop(p, st)
+			}
+			p.closeLog()
+			ran := s.cfg.Now().Sub(started)
+			delay = s.cfg.Backoff.Next(delay, ran)
+			restarts++
+			st = s.status(incarnation, restarts)
+			st.Pid = 0
+			st.Phase = llmgwv1.ReplicaPhase_REPLICA_PHASE_RESTARTING
+			st.Message = fmt.Sprintf("%v; restarting in %v", why, delay)
+			s.emit(st)
+			s.log.Warn("engine down, restarting", "err", why, "delay", delay, "restarts", restarts)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			st := s.status(incarnation, restarts)
+			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED, "stopped"
+			s.emit(st)
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// runExternal probes an engine llmgw does not run: there is nothing to start
+// or stop, only readiness to report.
+func (s *Supervisor) runExternal(ctx context.Context) error {
+	st := s.status(1, 0)
+	st.Phase = llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING
+	s.emit(st)
+	failures := 0
+	t := time.NewTicker(s.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		ok, msg := s.probe(ctx)
+		next := llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+		if ok {
+			failures = 0
+		} else {
+			failures++
+			switch {
+			case st.Phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING:
+				next = st.Phase
+			case failures >= s.cfg.UnhealthyAfter:
+				next = llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
+			default:
+				next = st.Phase
+			}
+		}
+		if next != st.Phase {
+			st = s.status(1, 0)
+			st.Phase, st.Message = next, msg
+			s.emit(st)
+		}
+		select {
+		case <-ctx.Done():
+			st = s.status(1, 0)
+			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED, "stopped"
+			s.emit(st)
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// watch probes a running engine and returns why it should no longer run:
+// errStopped on cancellation, or the exit or readiness failure.
+func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStatus) error {
+	poll := time.NewTicker(s.cfg.PollInterval)
+	defer poll.Stop()
+	started := s.cfg.Now()
+	nextProbe := started
+	failures := 0
+	phase := llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING
+	for {
+		s.drainLogs(p)
+		if exited, err := p.poll(); exited {
+			s.drainLogs(p)
+			return err
+		}
+		if now := s.cfg.Now(); !now.Before(nextProbe) {
+			nextProbe = now.Add(s.cfg.ProbeInterval)
+			ok, msg := s.probe(ctx)
+			next := phase
+			switch {
+			case ok:
+				failures = 0
+				next = llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+			case phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING:
+				if s.cfg.ReadyTimeout > 0 && now.Sub(started) >= s.cfg.ReadyTimeout {
+					return fmt.Errorf("not ready within %v: %s", s.cfg.ReadyTimeout, msg)
+				}
+			default:
+				failures++
+				if failures >= s.cfg.UnhealthyAfter {
+					next = llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
+				}
+			}
+			if next != phase {
+				phase = next
+				c := cloneStatus(st)
+				c.Phase, c.Message = next, msg
+				s.emit(c)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return errStopped
+		case <-poll.C:
+		}
+	}
+}
+
+// probe asks the engine's health URL; any answer but 200 is a failure.
+func (s *Supervisor) probe(ctx context.Context) (bool, string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.cfg.Launch.HealthURL, nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return false, err.Error()
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, "health: " + resp.Status
+	}
+	return true, ""
+}
+
+// stop sends SIGTERM to the engine's process group, SIGKILL after the
+// grace, and returns once the engine is reaped and its group is empty.
+func (s *Supervisor) stop(p *proc, st *llmgwv1.ReplicaStatus) {
+	c := cloneStatus(st)
+	c.Phase, c.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPING, "SIGTERM"
+	s.emit(c)
+	p.signalGroup(syscall.SIGTERM)
+	deadline := s.cfg.Now().Add(s.cfg.StopGrace)
+	for {
+		s.drainLogs(p)
+		if exited, _ := p.poll(); exited {
+			break
+		}
+		if !s.cfg.Now().Before(deadline) {
+			s.log.Warn("engine ignored SIGTERM, killing", "pid", p.pid, "grace", s.cfg.StopGrace)
+			p.signalGroup(syscall.SIGKILL)
+			p.waitBlocking()
+			break
+		}
+		time.Sleep(s.cfg.PollInterval)
+	}
+	s.drainLogs(p)
+	c = cloneStatus(st)
+	c.Pid = 0
+	c.Phase, c.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED, "stopped"
+	s.emit(c)
+	s.log.Info("engine stopped", "pid", p.pid)
+}
+
+func (s *Supervisor) drainLogs(p *proc) {
+	if p.out == nil {
+		return
+	}
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := p.out.Read(buf)
+		if n > 0 {
+			for _, line := range s.ring.write(buf[:n]) {
+				s.log.Debug("engine output", "line", line)
+			}
+		}
+		if err != nil || n < len(buf) {
+			return
+		}
+	}
+}
+
+func (s *Supervisor) status(incarnation uint64, restarts uint32) *llmgwv1.ReplicaStatus {
+	return &llmgwv1.ReplicaStatus{
+		ReplicaId:   s.cfg.ReplicaID,
+		Uid:         s.cfg.UID,
+		Incarnation: incarnation,
+		Model:       s.cfg.Model,
+		Node:        s.cfg.Node,
+		Address:     s.cfg.Launch.Address,
+		Restarts:    restarts,
+	}
+}
+
+func (s *Supervisor) emit(st *llmgwv1.ReplicaStatus) {
+	st.UpdatedUnixNano = s.cfg.Now().UnixNano()
+	s.mu.Lock()
+	s.last = st
+	s.mu.Unlock()
+	s.report(cloneStatus(st))
+}
+
+func cloneStatus(st *llmgwv1.ReplicaStatus) *llmgwv1.ReplicaStatus {
+	return proto.Clone(st).(*llmgwv1.ReplicaStatus)
+}
+
+// maxLogBytes bounds the engine's log file: at a start past it, the file is
+// rotated once (to .1), so a chatty engine cannot fill the data dir.
+const maxLogBytes = 16 << 20
+
+// start launches the engine in its own process group with its output going
+// to the log file.
+func (s *Supervisor) start() (*proc, error) {
+	l := s.cfg.Launch
+	if s.cfg.LogPath == "" {
+		return nil, errors.New("supervisor: no log path")
+	}
+	if fi, err := os.Stat(s.cfg.LogPath); err == nil && fi.Size() > maxLogBytes {
+		_ = os.Rename(s.cfg.LogPath, s.cfg.LogPath+".1")
+	}
+	w, err := os.OpenFile(s.cfg.LogPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open engine log: %w", err)
+	}
+	defer w.Close() // the child holds its own copy
+	r, err := os.Open(s.cfg.LogPath)
+	if err != nil {
+		return nil, fmt.Errorf("open engine log: %w", err)
+	}
+	if _, err := r.Seek(0, io.SeekEnd); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("seek engine log: %w", err)
+	}
+	cmd := exec.Command(l.Argv[0], l.Argv[1:]...)
+	cmd.Env = append(os.Environ(), l.Env...)
+	cmd.Stdin = nil
+	cmd.Stdout, cmd.Stderr = w, w
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if s.cfg.Pdeathsig {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("start %s: %w", l.Argv[0], err)
+	}
+	return &proc{cmd: cmd, pid: cmd.Process.Pid, out: r}, nil
+}
