@@ -1,0 +1,525 @@
+package fsm
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// SnapshotFormat is the version of State this build writes. Restore refuses
+// a newer one rather than drop fields it does not know (plan §4).
+const SnapshotFormat = 1
+
+// DefaultChangeLogSize is how many changes the FSM keeps for watchers to
+// resume from. A watcher further behind gets a framed snapshot instead, which
+// is correct, only bigger.
+const DefaultChangeLogSize = 8192
+
+// Config tunes an FSM. The zero value is valid (documented defaults).
+type Config struct {
+	// ChangeLogSize bounds the in-memory change log; 0 means
+	// DefaultChangeLogSize.
+	ChangeLogSize int
+}
+
+// FSM holds the desired state and applies commands to it. Apply, Snapshot
+// and Restore are called by one goroutine (raft's); every read accessor is
+// safe to call concurrently with them and returns copies the caller owns.
+type FSM struct {
+	maxLog int
+
+	mu       sync.RWMutex
+	revision uint64
+	models   map[string]*llmgwv1.Model
+	nodes    map[string]*llmgwv1.Node
+	replicas map[string]*llmgwv1.Replica
+	config   *llmgwv1.ClusterConfig
+	ordinals map[string]uint64
+	log      []*llmgwv1.Change
+	// logFloor is the newest revision the log no longer covers: changes
+	// after it are all in the log.
+	logFloor uint64
+	// applied is closed (and replaced) whenever the revision moves, so
+	// watchers wait without polling.
+	applied chan struct{}
+}
+
+// New returns an empty FSM at revision 0.
+func New(cfg Config) *FSM {
+	n := cfg.ChangeLogSize
+	if n <= 0 {
+		n = DefaultChangeLogSize
+	}
+	f := &FSM{maxLog: n, applied: make(chan struct{})}
+	f.reset()
+	return f
+}
+
+func (f *FSM) reset() {
+	f.revision = 0
+	f.models = map[string]*llmgwv1.Model{}
+	f.nodes = map[string]*llmgwv1.Node{}
+	f.replicas = map[string]*llmgwv1.Replica{}
+	f.config = &llmgwv1.ClusterConfig{}
+	f.ordinals = map[string]uint64{}
+	f.log = nil
+	f.logFloor = 0
+}
+
+// Apply applies one log entry at index, which becomes the revision. The
+// result is the object the command produced (the stored *Model, the placed
+// *Replica, ...) or nil. An error rejects the command and leaves the state as
+// it was, except that the revision still moves to index; IsFatal(err) means
+// the node must stop (an unknown non-ignorable command).
+func (f *FSM) Apply(index uint64, data []byte) (any, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if index <= f.revision {
+		// Raft never re-applies an index; refusing protects the revision
+		// invariant against a caller that would.
+		return nil, fmt.Errorf("apply index %d: already at revision %d", index, f.revision)
+	}
+	f.revision = index
+	defer f.notify()
+
+	var cmd llmgwv1.Command
+	if err := proto.Unmarshal(data, &cmd); err != nil {
+		return nil, fmt.Errorf("apply index %d: %w: %v", index, ErrMalformed, err)
+	}
+	known, ok := commandVersions[cmd.Type]
+	if !ok || cmd.Version > known || cmd.Version == 0 {
+		if cmd.Ignorable {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("apply index %d: %w", index, &UnknownCommandError{Type: cmd.Type, Version: cmd.Version})
+	}
+	payload := payloadFor(cmd.Type)
+	if err := proto.Unmarshal(cmd.Payload, payload); err != nil {
+		return nil, fmt.Errorf("apply index %d %s: %w: %v", index, cmd.Type, ErrMalformed, err)
+	}
+	a := applier{f: f, index: index}
+	var res any
+	var err error
+	switch p := payload.(type) {
+	case *llmgwv1.UpsertModelCommand:
+		res, err = a.upsertModel(p)
+	case *llmgwv1.DeleteModelCommand:
+		res, err = a.deleteModel(p)
+	case *llmgwv1.RegisterNodeCommand:
+		res, err = a.registerNode(p)
+	case *llmgwv1.SetNodeStateCommand:
+		res, err = a.setNodeState(p)
+	case *llmgwv1.PlaceReplicaCommand:
+		res, err = a.placeReplica(p)
+	case *llmgwv1.RemoveReplicaCommand:
+		res, err = a.removeReplica(p)
+	case *llmgwv1.SetReplicaDrainingCommand:
+		res, err = a.setReplicaDraining(p)
+	case *llmgwv1.SetClusterConfigCommand:
+		res, err = a.setClusterConfig(p)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
+	}
+	f.appendLog(a.changes)
+	return res, nil
+}
+
+func (f *FSM) notify() {
+	close(f.applied)
+	f.applied = make(chan struct{})
+}
+
+func (f *FSM) appendLog(changes []*llmgwv1.Change) {
+	f.log = append(f.log, changes...)
+	if over := len(f.log) - f.maxLog; over > 0 {
+		f.logFloor = f.log[over-1].Revision
+		// Copy so the dropped prefix is not kept alive by the backing array.
+		f.log = slices.Clone(f.log[over:])
+	}
+}
+
+// applier carries one command's index and collects the changes it makes.
+// Each method validates fully before it mutates, so a rejected command
+// changes nothing.
+type applier struct {
+	f       *FSM
+	index   uint64
+	changes []*llmgwv1.Change
+}
+
+func (a *applier) put(obj proto.Message) {
+	c := &llmgwv1.Change{Revision: a.index, Op: llmgwv1.ChangeOp_CHANGE_OP_PUT}
+	setObject(c, proto.Clone(obj))
+	a.changes = append(a.changes, c)
+}
+
+func (a *applier) del(obj proto.Message) {
+	c := &llmgwv1.Change{Revision: a.index, Op: llmgwv1.ChangeOp_CHANGE_OP_DELETE}
+	setObject(c, obj)
+	a.changes = append(a.changes, c)
+}
+
+func setObject(c *llmgwv1.Change, obj proto.Message) {
+	switch o := obj.(type) {
+	case *llmgwv1.Model:
+		c.Object = &llmgwv1.Change_Model{Model: o}
+	case *llmgwv1.Node:
+		c.Object = &llmgwv1.Change_Node{Node: o}
+	case *llmgwv1.Replica:
+		c.Object = &llmgwv1.Change_Replica{Replica: o}
+	case *llmgwv1.ClusterConfig:
+		c.Object = &llmgwv1.Change_Config{Config: o}
+	}
+}
+
+func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
+	if p.Model == nil {
+		return nil, invalid("model", "required")
+	}
+	m := ModelDefaults(p.Model)
+	if err := ValidateModel(m); err != nil {
+		return nil, err
+	}
+	// Adapters share the OpenAI "model" namespace with models (plan §4), so
+	// a name may be used once across the cluster.
+	owners := map[string]string{}
+	for _, other := range a.f.models {
+		if other.Name == m.Name {
+			continue
+		}
+		owners[other.Name] = other.Name
+		for _, ad := range other.Adapters {
+			owners[ad.Name] = other.Name
+		}
+	}
+	if owner, ok := owners[m.Name]; ok && owner != m.Name {
+		return nil, invalid("name", "%q is an adapter of model %q", m.Name, owner)
+	}
+	for i, ad := range m.Adapters {
+		if owner, ok := owners[ad.Name]; ok {
+			return nil, invalid(fmt.Sprintf("adapters[%d].name", i), "%q is already used by model %q", ad.Name, owner)
+		}
+	}
+	m.Revision = a.index
+	a.f.models[m.Name] = m
+	a.put(m)
+	return proto.Clone(m), nil
+}
+
+func (a *applier) deleteModel(p *llmgwv1.DeleteModelCommand) (any, error) {
+	m, ok := a.f.models[p.Name]
+	if !ok {
+		return nil, fmt.Errorf("model %q: %w", p.Name, ErrNotFound)
+	}
+	// Its replicas go in the same command, so no revision ever shows a
+	// replica of a model that does not exist.
+	for _, r := range sortedValues(a.f.replicas, func(r *llmgwv1.Replica) string { return r.Id }) {
+		if r.Model == m.Name {
+			delete(a.f.replicas, r.Id)
+			a.del(&llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node})
+		}
+	}
+	delete(a.f.models, m.Name)
+	delete(a.f.ordinals, m.Name)
+	a.del(&llmgwv1.Model{Name: m.Name})
+	return nil, nil
+}
+
+func (a *applier) registerNode(p *llmgwv1.RegisterNodeCommand) (any, error) {
+	if p.Node == nil || p.Node.Id == "" {
+		return nil, invalid("node.id", "required")
+	}
+	n := proto.Clone(p.Node).(*llmgwv1.Node)
+	if n.State == llmgwv1.NodeState_NODE_STATE_UNSPECIFIED {
+		// Re-registering keeps an operator's draining; a new node starts
+		// active.
+		n.State = llmgwv1.NodeState_NODE_STATE_ACTIVE
+		if old, ok := a.f.nodes[n.Id]; ok {
+			n.State = old.State
+		}
+	}
+	n.Revision = a.index
+	a.f.nodes[n.Id] = n
+	a.put(n)
+	return proto.Clone(n), nil
+}
+
+func (a *applier) setNodeState(p *llmgwv1.SetNodeStateCommand) (any, error) {
+	n, ok := a.f.nodes[p.Id]
+	if !ok {
+		return nil, fmt.Errorf("node %q: %w", p.Id, ErrNotFound)
+	}
+	if _, ok := llmgwv1.NodeState_name[int32(p.State)]; !ok || p.State == llmgwv1.NodeState_NODE_STATE_UNSPECIFIED {
+		return nil, invalid("state", "must be active, draining or down")
+	}
+	n = proto.Clone(n).(*llmgwv1.Node)
+	n.State = p.State
+	n.Revision = a.index
+	a.f.nodes[n.Id] = n
+	a.put(n)
+	return proto.Clone(n), nil
+}
+
+// placeReplica places a new replica (empty id: the FSM names it
+// <model>-<ordinal>) or re-places an existing one. Either way its uid becomes
+// this entry's index, so everything keyed by the old placement is dropped.
+func (a *applier) placeReplica(p *llmgwv1.PlaceReplicaCommand) (any, error) {
+	if p.Replica == nil {
+		return nil, invalid("replica", "required")
+	}
+	r := proto.Clone(p.Replica).(*llmgwv1.Replica)
+	if _, ok := a.f.models[r.Model]; !ok {
+		return nil, fmt.Errorf("replica of model %q: %w", r.Model, ErrNotFound)
+	}
+	node, ok := a.f.nodes[r.Node]
+	if !ok {
+		return nil, fmt.Errorf("replica on node %q: %w", r.Node, ErrNotFound)
+	}
+	var newOrdinal uint64
+	if r.Id == "" {
+		newOrdinal = a.f.ordinals[r.Model]
+		r.Id = r.Model + "-" + strconv.FormatUint(newOrdinal, 10)
+	} else if old, ok := a.f.replicas[r.Id]; !ok {
+		return nil, fmt.Errorf("replica %q: %w (omit the id to place a new one)", r.Id, ErrNotFound)
+	} else if old.Model != r.Model {
+		return nil, fmt.Errorf("replica %q belongs to model %q, not %q: %w", r.Id, old.Model, r.Model, ErrConflict)
+	}
+	used := map[uint32]string{}
+	for _, o := range a.f.replicas {
+		if o.Node == r.Node && o.Id != r.Id {
+			for _, g := range o.GpuIndices {
+				used[g] = o.Id
+			}
+		}
+	}
+	seen := map[uint32]bool{}
+	for _, g := range r.GpuIndices {
+		if g >= node.Gpus {
+			return nil, fmt.Errorf("replica %q: GPU %d does not exist on node %q (%d GPUs): %w", r.Id, g, r.Node, node.Gpus, ErrConflict)
+		}
+		if holder, ok := used[g]; ok || seen[g] {
+			return nil, fmt.Errorf("replica %q: GPU %d on node %q is already given to %q: %w", r.Id, g, r.Node, holder, ErrConflict)
+		}
+		seen[g] = true
+	}
+	if r.Weight == 0 {
+		r.Weight = 1
+	}
+	if len(r.Shards) == 0 {
+		r.Shards = []*llmgwv1.Shard{{Node: r.Node, Rank: 0}}
+	}
+	r.Uid = a.index
+	r.Revision = a.index
+	r.Draining = false
+	if p.Replica.Id == "" {
+		a.f.ordinals[r.Model] = newOrdinal + 1
+	}
+	a.f.replicas[r.Id] = r
+	a.put(r)
+	return proto.Clone(r), nil
+}
+
+func (a *applier) removeReplica(p *llmgwv1.RemoveReplicaCommand) (any, error) {
+	r, ok := a.f.replicas[p.Id]
+	if !ok || r.Uid != p.Uid {
+		return nil, nil // an older placement's remove: nothing left to do
+	}
+	delete(a.f.replicas, r.Id)
+	a.del(&llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node})
+	return nil, nil
+}
+
+func (a *applier) setReplicaDraining(p *llmgwv1.SetReplicaDrainingCommand) (any, error) {
+	r, ok := a.f.replicas[p.Id]
+	if !ok || r.Uid != p.Uid || r.Draining {
+		return nil, nil
+	}
+	r = proto.Clone(r).(*llmgwv1.Replica)
+	r.Draining = true
+	r.Revision = a.index
+	a.f.replicas[r.Id] = r
+	a.put(r)
+	return proto.Clone(r), nil
+}
+
+func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, error) {
+	c := &llmgwv1.ClusterConfig{}
+	if p.Config != nil {
+		c = proto.Clone(p.Config).(*llmgwv1.ClusterConfig)
+	}
+	if c.DefaultHashSeed != "" {
+		if err := ValidateModel(&llmgwv1.Model{Name: "x", Engine: "external", Endpoints: []string{"http://x"}, HashSeed: c.DefaultHashSeed}); err != nil {
+			return nil, invalid("default_hash_seed", "must be a decimal in 0..4294967295, got %q", c.DefaultHashSeed)
+		}
+	}
+	if c.DefaultBlockSize != 0 && !slices.Contains(BlockSizes, c.DefaultBlockSize) {
+		return nil, invalid("default_block_size", "must be one of %s, got %d", uintList(BlockSizes), c.DefaultBlockSize)
+	}
+	c.Revision = a.index
+	a.f.config = c
+	a.put(c)
+	return proto.Clone(c), nil
+}
+
+// Snapshot returns the whole state, deterministically marshaled with every
+// list sorted, so two FSMs with the same history give identical bytes.
+func (f *FSM) Snapshot() ([]byte, error) {
+	st := f.State()
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(st)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot at revision %d: %w", st.Revision, err)
+	}
+	return b, nil
+}
+
+// Restore replaces the state with a snapshot's. The change log restarts
+// empty at the snapshot's revision: a watcher from before it gets a snapshot.
+func (f *FSM) Restore(data []byte) error {
+	var st llmgwv1.State
+	if err := proto.Unmarshal(data, &st); err != nil {
+		return fmt.Errorf("restore: %w: %v", ErrMalformed, err)
+	}
+	if st.Format == 0 || st.Format > SnapshotFormat {
+		return fmt.Errorf("restore: snapshot format %d is not known to this build (knows up to %d): %w", st.Format, SnapshotFormat, ErrUnknownCommand)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reset()
+	f.revision = st.Revision
+	f.logFloor = st.Revision
+	for _, m := range st.Models {
+		f.models[m.Name] = m
+	}
+	for _, n := range st.Nodes {
+		f.nodes[n.Id] = n
+	}
+	for _, r := range st.Replicas {
+		f.replicas[r.Id] = r
+	}
+	if st.Config != nil {
+		f.config = st.Config
+	}
+	for k, v := range st.NextOrdinal {
+		f.ordinals[k] = v
+	}
+	f.notify()
+	return nil
+}
+
+// State returns a copy of the whole state at one revision, lists sorted.
+func (f *FSM) State() *llmgwv1.State {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	st := &llmgwv1.State{
+		Format:      SnapshotFormat,
+		Revision:    f.revision,
+		Models:      cloneSorted(f.models, func(m *llmgwv1.Model) string { return m.Name }),
+		Nodes:       cloneSorted(f.nodes, func(n *llmgwv1.Node) string { return n.Id }),
+		Replicas:    cloneSorted(f.replicas, func(r *llmgwv1.Replica) string { return r.Id }),
+		Config:      proto.Clone(f.config).(*llmgwv1.ClusterConfig),
+		NextOrdinal: map[string]uint64{},
+	}
+	for k, v := range f.ordinals {
+		st.NextOrdinal[k] = v
+	}
+	return st
+}
+
+// Revision is the index of the last applied entry.
+func (f *FSM) Revision() uint64 {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.revision
+}
+
+// Applied returns the current revision and a channel closed at the next
+// apply or restore. Waiters read the revision, and if it is not what they
+// want, wait on the channel and ask again.
+func (f *FSM) Applied() (uint64, <-chan struct{}) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.revision, f.applied
+}
+
+// ChangesSince returns copies of the changes with a revision above rev, in
+// order. ok is false when the log no longer reaches back to rev: the caller
+// must send a snapshot instead.
+func (f *FSM) ChangesSince(rev uint64) (changes []*llmgwv1.Change, ok bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	if rev < f.logFloor {
+		return nil, false
+	}
+	i, _ := slices.BinarySearchFunc(f.log, rev+1, func(c *llmgwv1.Change, r uint64) int { return cmp.Compare(c.Revision, r) })
+	out := make([]*llmgwv1.Change, 0, len(f.log)-i)
+	for _, c := range f.log[i:] {
+		out = append(out, proto.Clone(c).(*llmgwv1.Change))
+	}
+	return out, true
+}
+
+// Model returns a copy of the named model.
+func (f *FSM) Model(name string) (*llmgwv1.Model, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	m, ok := f.models[name]
+	if !ok {
+		return nil, false
+	}
+	return proto.Clone(m).(*llmgwv1.Model), true
+}
+
+// Node returns a copy of the node with this id.
+func (f *FSM) Node(id string) (*llmgwv1.Node, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	n, ok := f.nodes[id]
+	if !ok {
+		return nil, false
+	}
+	return proto.Clone(n).(*llmgwv1.Node), true
+}
+
+// NodeDesired returns what one node should run: its replicas (sorted by id)
+// and the models they belong to, at one revision.
+func (f *FSM) NodeDesired(node string) *llmgwv1.DesiredReplicas {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	d := &llmgwv1.DesiredReplicas{Revision: f.revision}
+	models := map[string]*llmgwv1.Model{}
+	for _, r := range sortedValues(f.replicas, func(r *llmgwv1.Replica) string { return r.Id }) {
+		if r.Node != node {
+			continue
+		}
+		d.Replicas = append(d.Replicas, proto.Clone(r).(*llmgwv1.Replica))
+		if m, ok := f.models[r.Model]; ok {
+			models[m.Name] = m
+		}
+	}
+	d.Models = cloneSorted(models, func(m *llmgwv1.Model) string { return m.Name })
+	return d
+}
+
+func sortedValues[T any](m map[string]T, key func(T) string) []T {
+	out := make([]T, 0, len(m))
+	for _, v := range m {
+		out = append(out, v)
+	}
+	slices.SortFunc(out, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
+	return out
+}
+
+func cloneSorted[T proto.Message](m map[string]T, key func(T) string) []T {
+	out := sortedValues(m, key)
+	for i, v := range out {
+		out[i] = proto.Clone(v).(T)
+	}
+	return out
+}

@@ -1,0 +1,110 @@
+package fsm
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+func validModel() *llmgwv1.Model {
+	return &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "meta-llama/Llama-3.1-8B-Instruct", Replicas: 2}
+}
+
+func TestValidateModel(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(m *llmgwv1.Model)
+		field  string // "" = valid
+		reason string // substring of the reason
+	}{
+		{"valid", func(*llmgwv1.Model) {}, "", ""},
+		{"no name", func(m *llmgwv1.Model) { m.Name = "" }, "name", "required"},
+		{"upper-case name", func(m *llmgwv1.Model) { m.Name = "Demo" }, "name", "must match"},
+		{"name ends in dash", func(m *llmgwv1.Model) { m.Name = "demo-" }, "name", "must match"},
+		{"long name", func(m *llmgwv1.Model) { m.Name = strings.Repeat("a", 64) }, "name", "at most 63"},
+		{"dotted name", func(m *llmgwv1.Model) { m.Name = "llama-3.1" }, "", ""},
+		{"no engine", func(m *llmgwv1.Model) { m.Engine = "" }, "engine", "required"},
+		{"bad engine", func(m *llmgwv1.Model) { m.Engine = "foo" }, "engine", `"foo" is not one of vllm, llamacpp, sim, external`},
+		{"no model path", func(m *llmgwv1.Model) { m.Model = "" }, "model", "required"},
+		{"zero replicas", func(m *llmgwv1.Model) { m.Replicas = 0 }, "replicas", "must be at least 1"},
+		{"too many gpus", func(m *llmgwv1.Model) { m.GpusPerReplica = 65 }, "gpus_per_replica", "1..64"},
+		{"bad profile", func(m *llmgwv1.Model) { m.Profile = "fast" }, "profile", `"fast" is not one of`},
+		{"negative weight", func(m *llmgwv1.Model) {
+			m.ProfileOverrides = &llmgwv1.ProfileOverrides{Weights: map[string]float64{"queue": -1}}
+		}, "profile_overrides.weights.queue", ">= 0"},
+		{"unknown scorer", func(m *llmgwv1.Model) {
+			m.ProfileOverrides = &llmgwv1.ProfileOverrides{Weights: map[string]float64{"magic": 1}}
+		}, "profile_overrides.weights.magic", "not one of"},
+		{"kv ceiling above 1", func(m *llmgwv1.Model) { m.ProfileOverrides = &llmgwv1.ProfileOverrides{KvCeiling: 1.5} }, "profile_overrides.kv_ceiling", "(0,1]"},
+		{"kv ceiling NaN", func(m *llmgwv1.Model) { m.ProfileOverrides = &llmgwv1.ProfileOverrides{KvCeiling: math.NaN()} }, "profile_overrides.kv_ceiling", "(0,1]"},
+		{"kv ceiling 1", func(m *llmgwv1.Model) { m.ProfileOverrides = &llmgwv1.ProfileOverrides{KvCeiling: 1} }, "", ""},
+		{"bad picker", func(m *llmgwv1.Model) { m.ProfileOverrides = &llmgwv1.ProfileOverrides{Picker: "best"} }, "profile_overrides.picker", "not one of"},
+		{"infinite target", func(m *llmgwv1.Model) { m.ProfileOverrides = &llmgwv1.ProfileOverrides{TargetWaiting: math.Inf(1)} }, "profile_overrides.target_waiting", "finite"},
+		{"hash seed max", func(m *llmgwv1.Model) { m.HashSeed = "4294967295" }, "", ""},
+		{"hash seed too big", func(m *llmgwv1.Model) { m.HashSeed = "4294967296" }, "hash_seed", "must be a decimal in 0..4294967295"},
+		{"hash seed signed", func(m *llmgwv1.Model) { m.HashSeed = "+1" }, "hash_seed", "decimal"},
+		{"hash seed random", func(m *llmgwv1.Model) { m.HashSeed = "random" }, "hash_seed", "decimal"},
+		{"kv events on llamacpp", func(m *llmgwv1.Model) { m.Engine = "llamacpp"; m.KvEvents = true }, "kv_events", "only engines vllm and sim"},
+		{"bad block size", func(m *llmgwv1.Model) { m.BlockSize = 17 }, "block_size", "must be one of"},
+		{"lora rank 320", func(m *llmgwv1.Model) { m.MaxLoraRank = 320 }, "", ""},
+		{"lora rank 4", func(m *llmgwv1.Model) { m.MaxLoraRank = 4 }, "max_lora_rank", "1,8,16,32,64,128,256,320,512"},
+		{"duplicate adapter", func(m *llmgwv1.Model) {
+			m.Adapters = []*llmgwv1.Adapter{{Name: "a", Path: "/a"}, {Name: "a", Path: "/b"}}
+		}, "adapters[1].name", "duplicate"},
+		{"adapter named as model", func(m *llmgwv1.Model) { m.Adapters = []*llmgwv1.Adapter{{Name: "demo", Path: "/a"}} }, "adapters[0].name", "model's own name"},
+		{"adapter without path", func(m *llmgwv1.Model) { m.Adapters = []*llmgwv1.Adapter{{Name: "a"}} }, "adapters[0].path", "required"},
+		{"too many loaded adapters", func(m *llmgwv1.Model) { m.MaxLoadedAdapters = 1 }, "max_loaded_adapters", "at most"},
+		{"bad task", func(m *llmgwv1.Model) { m.Task = "chat" }, "task", "not one of"},
+		{"endpoints on sim", func(m *llmgwv1.Model) { m.Endpoints = []string{"http://x"} }, "endpoints", "only allowed"},
+		{"external needs endpoints", func(m *llmgwv1.Model) { m.Engine = "external" }, "endpoints", "required"},
+		{"external bad endpoint", func(m *llmgwv1.Model) { m.Engine = "external"; m.Endpoints = []string{"x:80"} }, "endpoints[0]", "http://"},
+		{"external", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints = "external", "", 0, []string{"https://api.example.com/v1"}
+		}, "", ""},
+		{"external with gpus", func(m *llmgwv1.Model) {
+			m.Engine, m.Endpoints, m.GpusPerReplica = "external", []string{"http://x"}, 1
+		}, "gpus_per_replica", "must be 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := validModel()
+			tt.mutate(m)
+			err := ValidateModel(ModelDefaults(m))
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("ValidateModel: %v, want nil", err)
+				}
+				return
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("ValidateModel: %v, want a *ValidationError", err)
+			}
+			if ve.Field != tt.field || !strings.Contains(ve.Reason, tt.reason) {
+				t.Fatalf("ValidateModel: field %q reason %q, want field %q reason containing %q", ve.Field, ve.Reason, tt.field, tt.reason)
+			}
+			if !strings.HasPrefix(err.Error(), tt.field+": ") {
+				t.Fatalf("error %q does not start with the field", err)
+			}
+		})
+	}
+}
+
+func TestModelDefaults(t *testing.T) {
+	in := validModel()
+	in.KvEvents = true
+	got := ModelDefaults(in)
+	if got.Profile != "chat" || got.Task != "generate" || got.GpusPerReplica != 1 || got.BlockSize != 16 || got.HashSeed != "0" {
+		t.Fatalf("defaults not filled: %v", got)
+	}
+	if in.Profile != "" {
+		t.Fatal("ModelDefaults modified its argument")
+	}
+	ext := ModelDefaults(&llmgwv1.Model{Engine: "external"})
+	if ext.GpusPerReplica != 0 || ext.BlockSize != 0 {
+		t.Fatalf("external got GPU/block defaults: %v", ext)
+	}
+}
