@@ -1,0 +1,313 @@
+// Package endpoint is the router's view of the replicas it may send
+// requests to (plan §7.2): which replicas are routable per model, where they
+// listen, and how loaded each is — by the engine's own gauges, scraped, and
+// by the router's own count of requests in flight.
+package endpoint
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/watch"
+)
+
+// Endpoint is one routable replica incarnation. An Endpoint is replaced, not
+// changed, when the replica restarts or moves, so per-replica state (load,
+// in-flight) is never carried over to another engine (plan §4 "Identity").
+type Endpoint struct {
+	ReplicaID   string
+	UID         uint64
+	Incarnation uint64
+	Model       string
+	Node        string
+	// Address is the engine's host:port, from the agent's status.
+	Address string
+	Weight  float64
+
+	reading  atomic.Pointer[timedReading]
+	inflight atomic.Int64
+}
+
+type timedReading struct {
+	Reading
+	at time.Time
+}
+
+type key struct {
+	id          string
+	uid, incarn uint64
+	addr        string
+}
+
+func (e *Endpoint) key() key { return key{e.ReplicaID, e.UID, e.Incarnation, e.Address} }
+
+// Acquire counts a request sent to the endpoint; the caller must call the
+// returned func exactly once when the request ends.
+func (e *Endpoint) Acquire() (release func()) {
+	e.inflight.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { e.inflight.Add(-1) }) }
+}
+
+// Inflight is the number of this router's requests running on the endpoint.
+func (e *Endpoint) Inflight() int64 { return e.inflight.Load() }
+
+// Load is an endpoint's load as a scheduler sees it.
+type Load struct {
+	Reading
+	Inflight int64
+	// Saturated is set when there is no reading younger than the registry's
+	// StaleAfter: an engine that cannot answer its metrics is taken to be
+	// too busy to answer requests (plan §7.2).
+	Saturated bool
+}
+
+// Config configures a Registry.
+type Config struct {
+	// ScrapeInterval is how often each routable replica's /metrics is read.
+	ScrapeInterval time.Duration
+	// StaleAfter is the age past which a reading counts as saturated.
+	StaleAfter time.Duration
+	// Client does the scrapes; its timeout should not exceed ScrapeInterval.
+	Client *http.Client
+	// Now is the clock; nil uses time.Now.
+	Now func() time.Time
+}
+
+// DefaultConfig scrapes every 200 ms and trusts a reading for three intervals.
+func DefaultConfig() Config {
+	return Config{ScrapeInterval: 200 * time.Millisecond, StaleAfter: 600 * time.Millisecond}
+}
+
+// Validate names the bad field.
+func (c Config) Validate() error {
+	if c.ScrapeInterval <= 0 {
+		return fmt.Errorf("--scrape-interval: must be positive, got %s", c.ScrapeInterval)
+	}
+	if c.StaleAfter < c.ScrapeInterval {
+		return fmt.Errorf("stale-after: %s is shorter than the scrape interval %s", c.StaleAfter, c.ScrapeInterval)
+	}
+	return nil
+}
+
+// Source is where the registry learns the cluster: the watch client.
+type Source interface {
+	// Current returns the latest state; never nil, never mutated.
+	Current() *watch.State
+	// Changed is closed once a newer state than Current's is published.
+	Changed() <-chan struct{}
+}
+
+// view is one immutable routing table.
+type view struct {
+	state  *watch.State
+	models map[string][]*Endpoint // routable endpoints by model, sorted by replica id
+	all    []*Endpoint
+}
+
+// Registry turns the watch state into routable endpoints and keeps their
+// load readings fresh. Lookup, Models, LoadOf are safe for concurrent use;
+// Run is called once.
+type Registry struct {
+	cfg Config
+	src Source
+	log *slog.Logger
+	now func() time.Time
+
+	cur atomic.Pointer[view]
+
+	scrapes *prometheus.CounterVec
+	ready   prometheus.Gauge
+}
+
+// New builds a registry from src's current state. reg receives its metrics
+// (it may be nil).
+func New(cfg Config, src Source, log *slog.Logger, reg prometheus.Registerer) (*Registry, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Timeout: cfg.ScrapeInterval}
+	}
+	r := &Registry{cfg: cfg, src: src, log: log, now: cfg.Now}
+	if r.now == nil {
+		r.now = time.Now
+	}
+	r.scrapes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_router_scrapes_total",
+		Help: "Engine /metrics scrapes, by result (ok, error).",
+	}, []string{"result"})
+	r.ready = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "llmgw_router_routable_replicas",
+		Help: "Replicas the router may send requests to.",
+	})
+	if reg != nil {
+		reg.MustRegister(r.scrapes, r.ready)
+	}
+	r.cur.Store(&view{})
+	r.rebuild(src.Current())
+	return r, nil
+}
+
+// Routable reports whether a replica may receive traffic (plan §5.3): it is
+// in desired state, not draining, its model exists, and its latest status
+// for the same uid is READY with an address.
+func Routable(st *watch.State, rep *llmgwv1.Replica) (*llmgwv1.ReplicaStatus, bool) {
+	if rep.GetDraining() || st.Models[rep.GetModel()] == nil {
+		return nil, false
+	}
+	s := st.Status(rep)
+	if s == nil || s.GetUid() != rep.GetUid() || s.GetPhase() != llmgwv1.ReplicaPhase_REPLICA_PHASE_READY || s.GetAddress() == "" {
+		return nil, false
+	}
+	return s, true
+}
+
+// rebuild computes the routing table for st, keeping the Endpoint objects
+// (and their readings and in-flight counts) of replicas that did not change.
+func (r *Registry) rebuild(st *watch.State) {
+	old := make(map[key]*Endpoint)
+	for _, e := range r.cur.Load().all {
+		old[e.key()] = e
+	}
+	v := &view{state: st, models: make(map[string][]*Endpoint)}
+	for _, rep := range st.Replicas {
+		s, ok := Routable(st, rep)
+		if !ok {
+			continue
+		}
+		e := &Endpoint{
+			ReplicaID: rep.GetId(), UID: rep.GetUid(), Incarnation: s.GetIncarnation(),
+			Model: rep.GetModel(), Node: rep.GetNode(), Address: s.GetAddress(), Weight: rep.GetWeight(),
+		}
+		if prev := old[e.key()]; prev != nil {
+			e = prev
+		}
+		v.models[e.Model] = append(v.models[e.Model], e)
+		v.all = append(v.all, e)
+	}
+	for _, eps := range v.models {
+		slices.SortFunc(eps, func(a, b *Endpoint) int { return strings.Compare(a.ReplicaID, b.ReplicaID) })
+	}
+	r.cur.Store(v)
+	r.ready.Set(float64(len(v.all)))
+}
+
+// Lookup returns the routable endpoints of a model and whether the model
+// exists in desired state. The slice must not be modified.
+func (r *Registry) Lookup(model string) (eps []*Endpoint, known bool) {
+	v := r.cur.Load()
+	if v.state == nil {
+		return nil, false
+	}
+	_, known = v.state.Models[model]
+	return v.models[model], known
+}
+
+// Models returns the models in desired state, sorted by name.
+func (r *Registry) Models() []*llmgwv1.Model {
+	v := r.cur.Load()
+	if v.state == nil {
+		return nil
+	}
+	out := make([]*llmgwv1.Model, 0, len(v.state.Models))
+	for _, m := range v.state.Models {
+		out = append(out, m)
+	}
+	slices.SortFunc(out, func(a, b *llmgwv1.Model) int { return strings.Compare(a.GetName(), b.GetName()) })
+	return out
+}
+
+// Synced reports whether the registry has a complete desired state to route
+// from (the router's readiness).
+func (r *Registry) Synced() bool {
+	v := r.cur.Load()
+	return v.state != nil && v.state.Synced
+}
+
+// LoadOf returns e's load now.
+func (r *Registry) LoadOf(e *Endpoint) Load {
+	l := Load{Inflight: e.Inflight(), Saturated: true}
+	if rd := e.reading.Load(); rd != nil {
+		l.Reading = rd.Reading
+		l.Saturated = r.now().Sub(rd.at) > r.cfg.StaleAfter
+	}
+	return l
+}
+
+// Run follows the source and scrapes every routable endpoint each
+// ScrapeInterval until ctx is cancelled. It returns after every scrape it
+// started has finished.
+func (r *Registry) Run(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.ScrapeInterval)
+	defer t.Stop()
+	changed := r.src.Changed()
+	r.rebuild(r.src.Current())
+	r.scrapeAll(ctx)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+			changed = r.src.Changed()
+			r.rebuild(r.src.Current())
+		case <-t.C:
+			r.scrapeAll(ctx)
+		}
+	}
+}
+
+// scrapeAll reads every endpoint's metrics concurrently and waits for all;
+// the client's timeout bounds the round.
+func (r *Registry) scrapeAll(ctx context.Context) {
+	var wg sync.WaitGroup
+	for _, e := range r.cur.Load().all {
+		wg.Go(func() {
+			rd, err := r.scrape(ctx, e)
+			if err != nil {
+				r.scrapes.WithLabelValues("error").Inc()
+				r.log.Debug("endpoint: scrape failed", "replica", e.ReplicaID, "model", e.Model, "err", err)
+				return
+			}
+			r.scrapes.WithLabelValues("ok").Inc()
+			e.reading.Store(&timedReading{Reading: rd, at: r.now()})
+		})
+	}
+	wg.Wait()
+}
+
+func (r *Registry) scrape(ctx context.Context, e *Endpoint) (Reading, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.Address+"/metrics", nil)
+	if err != nil {
+		return Reading{}, fmt.Errorf("scrape %s: %w", e.Address, err)
+	}
+	resp, err := r.cfg.Client.Do(req)
+	if err != nil {
+		return Reading{}, fmt.Errorf("scrape %s: %w", e.Address, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return Reading{}, fmt.Errorf("scrape %s: status %d", e.Address, resp.StatusCode)
+	}
+	rd, err := parseLoad(resp.Body)
+	if err != nil {
+		return Reading{}, fmt.Errorf("scrape %s: %w", e.Address, err)
+	}
+	return rd, nil
+}
+
+// SetReading records a reading taken at the registry's now; for tests of
+// code that schedules on loads.
+func (r *Registry) SetReading(e *Endpoint, rd Reading) {
+	e.reading.Store(&timedReading{Reading: rd, at: r.now()})
+}
