@@ -79,7 +79,9 @@ func TestCommands(t *testing.T) {
 		invalid string
 		check   func(t *testing.T, f *FSM, res any)
 	}{
-		{name: "upsert stores defaults and revision", cmd: func(t testing.TB) []byte { return upsert(t, &llmgwv1.Model{Name: "b", Engine: "sim", Model: "m", Replicas: 1}) },
+		{name: "upsert stores defaults and revision", cmd: func(t testing.TB) []byte {
+			return upsert(t, &llmgwv1.Model{Name: "b", Engine: "sim", Model: "m", Replicas: 1})
+		},
 			check: func(t *testing.T, f *FSM, res any) {
 				m, _ := f.Model("b")
 				if m.Profile != "chat" || m.Revision != 10 || res.(*llmgwv1.Model).Name != "b" {
