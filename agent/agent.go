@@ -1,0 +1,168 @@
+// Package agent is the node agent (plan §6): it holds one session with the
+// control plane at a time (failing over between control nodes, plan §5.6),
+// runs the replicas the control plane places on its node through the engine
+// drivers and supervisors, and streams what it sees of them back as numbered
+// ephemeral updates (plan §5.4).
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Agent is one node's agent. Create with New, run with Run (once).
+type Agent struct {
+	cfg       Config
+	log       *slog.Logger
+	metrics   *metrics
+	book      *book
+	replicas  *replicaSet
+	epochPath string
+	attached  atomic.Bool
+
+	mu       sync.Mutex
+	httpAddr string
+}
+
+// New checks cfg and returns an agent; it starts nothing.
+func New(cfg Config, logger *slog.Logger) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		return nil, errors.New("agent: nil logger")
+	}
+	return &Agent{
+		cfg:       cfg,
+		log:       logger.With("node", cfg.NodeID),
+		metrics:   newMetrics(),
+		book:      newBook(),
+		epochPath: filepath.Join(cfg.DataDir, "epoch"),
+	}, nil
+}
+
+// HTTPAddr is the address the agent's HTTP server listens on, once Run has
+// opened it ("" before).
+func (a *Agent) HTTPAddr() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.httpAddr
+}
+
+// Attached reports whether a control node has welcomed the current session.
+func (a *Agent) Attached() bool { return a.attached.Load() }
+
+func (a *Agent) now() time.Time {
+	if a.cfg.Now != nil {
+		return a.cfg.Now()
+	}
+	return time.Now()
+}
+
+func (a *Agent) nodeInfo() *llmgwv1.Node {
+	return &llmgwv1.Node{
+		Id:            a.cfg.NodeID,
+		Address:       a.cfg.AdvertiseAddr,
+		Gpus:          uint32(a.cfg.GPUs),
+		Labels:        a.cfg.Labels,
+		Version:       a.cfg.Version,
+		State:         llmgwv1.NodeState_NODE_STATE_ACTIVE,
+		AgentHttpAddr: a.HTTPAddr(),
+	}
+}
+
+// Run runs the agent until ctx is cancelled and returns once everything it
+// started has stopped. Shutdown order: the control session ends first (the
+// control node sees the agent leave); then the engines are stopped with
+// StopEnginesOnExit, or left running for the next agent otherwise; the HTTP
+// server goes last, so /metrics and /healthz answer while engines stop.
+func (a *Agent) Run(ctx context.Context) error {
+	logDir := filepath.Join(a.cfg.DataDir, "logs")
+	if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return fmt.Errorf("agent: data dir: %w", err)
+	}
+	ports, err := loadPortStore(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRangeStart, a.cfg.PortRangeEnd)
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	engines, stopEngines := context.WithCancel(context.Background())
+	defer stopEngines()
+	a.replicas = &replicaSet{cfg: &a.cfg, log: a.log, book: a.book, metrics: a.metrics, ports: ports,
+		logDir: logDir, ctx: engines, running: map[string]*runner{}}
+	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("agent: --http-addr: %w", err)
+	}
+	a.mu.Lock()
+	a.httpAddr = ln.Addr().String()
+	a.mu.Unlock()
+	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
+	httpDone := make(chan error, 1)
+	go func() { httpDone <- srv.Serve(ln) }()
+
+	a.log.Info("agent running", "http", a.HTTPAddr(), "control", a.cfg.Control)
+
+	a.runSessions(ctx)
+
+	if !a.cfg.StopEnginesOnExit {
+		a.replicas.detachAll()
+	}
+	stopEngines()
+	a.replicas.wait()
+
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutdownCtx)
+	if serr := <-httpDone; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	if err != nil {
+		return fmt.Errorf("agent: http server: %w", err)
+	}
+	a.log.Info("agent stopped")
+	return nil
+}
+
+func (a *Agent) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !a.attached.Load() {
+			http.Error(w, "not attached to a control node", http.StatusServiceUnavailable)
+			return
+		}
+		w.Write([]byte("ok\n"))
+	})
+	// The engine's last lines, for `llmgwctl replica logs` (plan §6).
+	mux.HandleFunc("GET /v1/replicas/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
+		if a.replicas == nil {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		lines, ok := a.replicas.logs(r.PathValue("id"))
+		if !ok {
+			http.Error(w, "no such replica on this node", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(map[string]any{"replica": r.PathValue("id"), "lines": lines})
+	})
+	return mux
+}

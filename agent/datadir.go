@@ -1,0 +1,191 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// writeFileAtomic replaces path with data so that a crash leaves either the
+// old or the new content, never a torn file: the epoch must survive a power
+// cut to keep sessions ordered (plan §5.4).
+func writeFileAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	if d, err := os.Open(filepath.Dir(path)); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// parseEpoch decodes the epoch file: one decimal, surrounding space allowed.
+func parseEpoch(b []byte) (uint64, error) {
+	s := strings.TrimSpace(string(b))
+	v, err := strconv.ParseUint(s, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("epoch file: %w", err)
+	}
+	return v, nil
+}
+
+// nextEpoch picks and persists the epoch of a new session:
+// max(last persisted + 1, now) (plan §5.4). The clock term keeps epochs
+// increasing even if the data dir is lost; the persisted term keeps them
+// increasing when the clock steps back. A corrupt file is refused rather than
+// guessed at: reusing an epoch would make control nodes drop live updates.
+func nextEpoch(path string, nowNano int64) (uint64, error) {
+	var last uint64
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return 0, fmt.Errorf("read epoch: %w", err)
+	default:
+		if last, err = parseEpoch(b); err != nil {
+			return 0, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	next := last + 1
+	if nowNano > 0 && uint64(nowNano) > next {
+		next = uint64(nowNano)
+	}
+	if err := writeFileAtomic(path, []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
+		return 0, fmt.Errorf("persist epoch: %w", err)
+	}
+	return next, nil
+}
+
+// portStore hands out engine ports from the configured range and remembers
+// them per key (replica id and purpose) in the data dir, so a replica gets
+// the same port after an agent restart.
+type portStore struct {
+	mu         sync.Mutex
+	path       string
+	start, end int
+	assigned   map[string]int
+	// listenable checks that nothing else holds a port; replaced in tests.
+	listenable func(host string, port int) bool
+}
+
+func loadPortStore(path string, start, end int) (*portStore, error) {
+	ps := &portStore{path: path, start: start, end: end, assigned: map[string]int{}, listenable: listenable}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return ps, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read ports: %w", err)
+	}
+	m, err := parsePorts(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	ps.assigned = m
+	return ps, nil
+}
+
+// parsePorts decodes the ports file: a JSON object of key to port. Ports
+// outside 1..65535 are refused.
+func parsePorts(b []byte) (map[string]int, error) {
+	m := map[string]int{}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("ports file: %w", err)
+	}
+	if m == nil {
+		m = map[string]int{}
+	}
+	for k, p := range m {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("ports file: %q has port %d", k, p)
+		}
+	}
+	return m, nil
+}
+
+func listenable(host string, port int) bool {
+	ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	if err != nil {
+		return false
+	}
+	ln.Close()
+	return true
+}
+
+// get returns key's port, reusing the remembered one while it is free.
+func (ps *portStore) get(key, host string) (int, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if p, ok := ps.assigned[key]; ok && p >= ps.start && p <= ps.end && ps.listenable(host, p) {
+		return p, nil
+	}
+	taken := make(map[int]bool, len(ps.assigned))
+	for k, p := range ps.assigned {
+		if k != key {
+			taken[p] = true
+		}
+	}
+	for p := ps.start; p <= ps.end; p++ {
+		if taken[p] || !ps.listenable(host, p) {
+			continue
+		}
+		ps.assigned[key] = p
+		if err := ps.saveLocked(); err != nil {
+			delete(ps.assigned, key)
+			return 0, err
+		}
+		return p, nil
+	}
+	return 0, fmt.Errorf("port range %d-%d: no free port for %s", ps.start, ps.end, key)
+}
+
+// release forgets every port whose key starts with prefix.
+func (ps *portStore) release(prefix string) error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	changed := false
+	for k := range ps.assigned {
+		if strings.HasPrefix(k, prefix) {
+			delete(ps.assigned, k)
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	return ps.saveLocked()
+}
+
+func (ps *portStore) saveLocked() error {
+	b, err := json.MarshalIndent(ps.assigned, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(ps.path, append(b, '\n')); err != nil {
+		return fmt.Errorf("persist ports: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,255 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/agent/supervisor"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// replicaSet makes the node run its desired replicas: one supervisor per
+// replica, keyed by (id, uid). A new uid under a known id is a new replica
+// (plan §4 "Identity"): the old engine is stopped before the new one starts,
+// since both would want the same port and GPUs.
+//
+// It keeps running its last desired set when the control plane is out of
+// reach; only a new desired set changes what runs.
+type replicaSet struct {
+	cfg     *Config
+	log     *slog.Logger
+	book    *book
+	metrics *metrics
+	ports   *portStore
+	logDir  string
+	// ctx is the life of every supervisor: cancelled when the agent stops.
+	ctx context.Context
+
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	running map[string]*runner
+}
+
+// runner is one replica placement being run.
+type runner struct {
+	replica *llmgwv1.Replica
+	model   *llmgwv1.Model
+	cancel  context.CancelFunc
+	done    chan struct{}
+
+	mu       sync.Mutex
+	sup      *supervisor.Supervisor
+	detached bool
+}
+
+func (r *runner) supervisor() *supervisor.Supervisor {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.sup
+}
+
+// apply converges on a desired set. It never blocks on an engine: starts and
+// stops run in the replicas' own goroutines.
+func (rs *replicaSet) apply(d *llmgwv1.DesiredReplicas) {
+	models := make(map[string]*llmgwv1.Model, len(d.GetModels()))
+	for _, m := range d.GetModels() {
+		models[m.GetName()] = m
+	}
+	rs.metrics.desired.Set(float64(len(d.GetReplicas())))
+	rs.metrics.desiredRevision.Set(float64(d.GetRevision()))
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	want := make(map[string]bool, len(d.GetReplicas()))
+	for _, rep := range d.GetReplicas() {
+		id := rep.GetId()
+		if id == "" || want[id] {
+			rs.log.Warn("desired set has a replica without id or twice", "replica", id)
+			continue
+		}
+		want[id] = true
+		old := rs.running[id]
+		if old != nil && old.replica.GetUid() == rep.GetUid() {
+			continue
+		}
+		if old != nil {
+			rs.log.Info("replica re-placed, replacing its engine", "replica", id,
+				"old_uid", old.replica.GetUid(), "uid", rep.GetUid())
+			old.cancel()
+		}
+		rs.startLocked(rep, models[rep.GetModel()], old)
+	}
+	for id, r := range rs.running {
+		if !want[id] {
+			rs.log.Info("replica no longer desired, stopping", "replica", id)
+			r.cancel()
+			rs.wg.Add(1)
+			go rs.forget(id, r)
+		}
+	}
+}
+
+// forget drops a removed replica once its engine has stopped, unless it was
+// placed here again meanwhile.
+func (rs *replicaSet) forget(id string, r *runner) {
+	defer rs.wg.Done()
+	<-r.done
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if rs.running[id] != r {
+		return
+	}
+	delete(rs.running, id)
+	rs.book.remove(id)
+	rs.metrics.forgetReplica(id, r.replica.GetModel())
+	if err := rs.ports.release(id + "/"); err != nil {
+		rs.log.Warn("releasing ports", "replica", id, "err", err)
+	}
+}
+
+func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner) {
+	ctx, cancel := context.WithCancel(rs.ctx)
+	r := &runner{replica: rep, model: model, cancel: cancel, done: make(chan struct{})}
+	rs.running[rep.GetId()] = r
+	rs.wg.Add(1)
+	go func() {
+		defer rs.wg.Done()
+		defer close(r.done)
+		defer cancel()
+		if prev != nil {
+			select {
+			case <-prev.done:
+			case <-ctx.Done():
+				return
+			}
+		}
+		rs.run(ctx, r)
+	}()
+}
+
+// run plans a replica's launch and supervises it until ctx ends.
+func (rs *replicaSet) run(ctx context.Context, r *runner) {
+	rep := r.replica
+	log := rs.log.With("replica", rep.GetId(), "model", rep.GetModel())
+	report := rs.reporter(r)
+	launch, err := rs.plan(rep, r.model)
+	if err != nil {
+		log.Error("cannot run replica", "err", err)
+		report(&llmgwv1.ReplicaStatus{ReplicaId: rep.GetId(), Uid: rep.GetUid(), Model: rep.GetModel(),
+			Node: rs.cfg.NodeID, Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED, Message: err.Error(),
+			UpdatedUnixNano: rs.now().UnixNano()})
+		<-ctx.Done()
+		return
+	}
+	sc := supervisor.DefaultConfig()
+	sc.ReplicaID, sc.UID, sc.Model, sc.Node = rep.GetId(), rep.GetUid(), rep.GetModel(), rs.cfg.NodeID
+	sc.Launch = launch
+	sc.LogPath = filepath.Join(rs.logDir, rep.GetId()+".log")
+	sc.ReadyTimeout, sc.StopGrace = rs.cfg.ReadyTimeout, rs.cfg.StopGrace
+	sc.ProbeInterval = rs.cfg.ProbeInterval
+	sc.Backoff = rs.cfg.RestartBackoff
+	sc.Pdeathsig = rs.cfg.StopEnginesOnExit
+	sup := supervisor.New(sc, report, rs.log)
+	r.mu.Lock()
+	r.sup = sup
+	if r.detached {
+		sup.Detach()
+	}
+	r.mu.Unlock()
+	if err := sup.Run(ctx); err != nil {
+		log.Error("supervisor ended", "err", err)
+	}
+}
+
+// plan allocates the replica's ports and asks its engine's driver for a
+// launch.
+func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model) (engine.Launch, error) {
+	if model == nil {
+		return engine.Launch{}, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
+	}
+	spec := engine.Spec{Replica: rep, Model: model, Host: rs.cfg.AdvertiseAddr}
+	if ec, ok := rs.cfg.Engines[model.GetEngine()]; ok {
+		spec.Command, spec.Env = ec.Command, ec.Env
+	}
+	if model.GetEngine() != engine.External {
+		var err error
+		if spec.Port, err = rs.ports.get(rep.GetId()+"/http", rs.cfg.AdvertiseAddr); err != nil {
+			return engine.Launch{}, err
+		}
+		if model.GetKvEvents() {
+			// KV-event sockets stay on loopback (plan §6).
+			if spec.KVEventsPort, err = rs.ports.get(rep.GetId()+"/kv-events", "127.0.0.1"); err != nil {
+				return engine.Launch{}, err
+			}
+			if spec.KVReplayPort, err = rs.ports.get(rep.GetId()+"/kv-replay", "127.0.0.1"); err != nil {
+				return engine.Launch{}, err
+			}
+		}
+	}
+	return engine.Plan(spec)
+}
+
+// reporter records a runner's statuses while it is the replica's current
+// placement: a replaced placement's last words must not overwrite the new
+// one's.
+func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
+	return func(st *llmgwv1.ReplicaStatus) {
+		rs.mu.Lock()
+		current := rs.running[r.replica.GetId()] == r
+		rs.mu.Unlock()
+		if !current {
+			return
+		}
+		if st.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_RESTARTING {
+			rs.metrics.restarts.WithLabelValues(st.GetModel()).Inc()
+		}
+		rs.metrics.setPhase(st.GetReplicaId(), st.GetModel(), st.GetPhase())
+		rs.book.put(st)
+	}
+}
+
+func (rs *replicaSet) now() time.Time {
+	if rs.cfg.Now != nil {
+		return rs.cfg.Now()
+	}
+	return time.Now()
+}
+
+// logs returns a replica's last engine output lines.
+func (rs *replicaSet) logs(id string) ([]string, bool) {
+	rs.mu.Lock()
+	r := rs.running[id]
+	rs.mu.Unlock()
+	if r == nil {
+		return nil, false
+	}
+	if sup := r.supervisor(); sup != nil {
+		return sup.Logs(), true
+	}
+	return nil, true
+}
+
+// detachAll marks every engine to be left running when the agent stops
+// (plan §6 "Engines outlive the agent"). Called before the supervisors'
+// context is cancelled, so none of them stops its engine; a replica removed
+// from the desired set before this is still stopped.
+func (rs *replicaSet) detachAll() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, r := range rs.running {
+		r.mu.Lock()
+		r.detached = true
+		if r.sup != nil {
+			r.sup.Detach()
+		}
+		r.mu.Unlock()
+	}
+}
+
+// wait returns once every replica goroutine has ended; the caller cancels
+// their context first.
+func (rs *replicaSet) wait() { rs.wg.Wait() }

@@ -1,0 +1,254 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// errDeadServer ends a session whose server fell silent: three heartbeat
+// intervals without a message (plan §5.6; gRPC keepalive cannot go below
+// 10 s, so the application notices first).
+var errDeadServer = errors.New("control node missed three heartbeats")
+
+// runSessions keeps one session with the control plane up until ctx ends:
+// it uses one address at a time, moves to the next on any failure, and waits
+// a jittered, doubling delay between attempts, reset by every welcome.
+func (a *Agent) runSessions(ctx context.Context) {
+	addrs := slices.Clone(a.cfg.Control)
+	delay := time.Duration(0)
+	var lostAt time.Time
+	for i := 0; ; i++ {
+		addr := addrs[i%len(addrs)]
+		a.metrics.attempts.Inc()
+		learned, welcomed, err := a.session(ctx, addr, lostAt)
+		if ctx.Err() != nil {
+			return
+		}
+		if welcomed {
+			delay = 0
+			lostAt = a.now()
+			if len(learned) > 0 {
+				addrs = mergeAddrs(learned, a.cfg.Control)
+				// Start the rotation after the server just lost.
+				i = slices.Index(addrs, addr)
+				if i < 0 {
+					i = -1
+				}
+			}
+		}
+		delay = a.nextReconnect(delay)
+		a.log.Warn("control session ended", "addr", addr, "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// nextReconnect doubles the delay within bounds and draws it from
+// [d/2, d), so agents that lost the same server do not return in step.
+func (a *Agent) nextReconnect(prev time.Duration) time.Duration {
+	d := a.cfg.ReconnectInitial
+	if prev > 0 {
+		d = min(max(prev*2, d), a.cfg.ReconnectMax)
+	}
+	j := rand.Float64
+	if a.cfg.Jitter != nil {
+		j = a.cfg.Jitter
+	}
+	return d/2 + time.Duration(j()*float64(d/2))
+}
+
+// mergeAddrs puts the servers the control plane named first, then any
+// configured address it did not name, without duplicates.
+func mergeAddrs(learned, configured []string) []string {
+	out := make([]string, 0, len(learned)+len(configured))
+	for _, s := range append(slices.Clone(learned), configured...) {
+		if s != "" && !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func serverAddrs(servers []*llmgwv1.ControlServer) []string {
+	var out []string
+	for _, s := range servers {
+		if s.GetGrpcAddr() != "" {
+			out = append(out, s.GetGrpcAddr())
+		}
+	}
+	return out
+}
+
+// session runs one Attach stream to addr until it fails or ctx ends. It
+// returns the control servers it learned and whether it was welcomed.
+//
+// Only this goroutine sends on the stream; one goroutine it owns receives,
+// and is waited for before session returns.
+func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (learned []string, welcomed bool, err error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, false, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	defer conn.Close()
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	// The dead-server timer covers the whole session, the attach included:
+	// every message from the server rearms it.
+	deadTimeout := 3 * a.cfg.HeartbeatInterval
+	var dead atomic.Bool
+	timer := time.AfterFunc(deadTimeout, func() { dead.Store(true); cancel() })
+	defer timer.Stop()
+	failed := func(op string, err error) error {
+		if dead.Load() {
+			return fmt.Errorf("%s %s: %w", op, addr, errDeadServer)
+		}
+		return fmt.Errorf("%s %s: %w", op, addr, err)
+	}
+
+	stream, err := llmgwv1.NewAgentServiceClient(conn).Attach(sctx)
+	if err != nil {
+		return nil, false, failed("attach", err)
+	}
+	epoch, err := nextEpoch(a.epochPath, a.now().UnixNano())
+	if err != nil {
+		return nil, false, err
+	}
+	running, _ := a.book.snapshot()
+	hello := &llmgwv1.AgentHello{Node: a.nodeInfo(), Epoch: epoch, Running: running}
+	if err := stream.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Hello{Hello: hello}}); err != nil {
+		return nil, false, failed("hello", err)
+	}
+	log := a.log.With("addr", addr, "epoch", epoch)
+
+	msgs := make(chan *llmgwv1.ControlMessage)
+	recvErr := make(chan error, 1)
+	recvDone := make(chan struct{})
+	go func() {
+		defer close(recvDone)
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				recvErr <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-sctx.Done():
+				return
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		<-recvDone
+	}()
+	defer func() {
+		if welcomed {
+			a.attached.Store(false)
+			a.metrics.attached.Set(0)
+		}
+	}()
+
+	var seq, seen uint64
+	send := func(m *llmgwv1.AgentMessage) error {
+		if err := stream.Send(m); err != nil {
+			return failed("send", err)
+		}
+		return nil
+	}
+	sendFull := func() error {
+		sts, ver := a.book.snapshot()
+		seq++
+		seen = ver
+		a.metrics.updates.WithLabelValues("full").Inc()
+		return send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
+			Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Full: true, Statuses: sts}}})
+	}
+	hb := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	for {
+		select {
+		case <-sctx.Done():
+			if dead.Load() {
+				return learned, welcomed, failed("session", errDeadServer)
+			}
+			return learned, welcomed, ctx.Err()
+		case err := <-recvErr:
+			return learned, welcomed, failed("receive", err)
+		case m := <-msgs:
+			timer.Reset(deadTimeout)
+			switch b := m.GetBody().(type) {
+			case *llmgwv1.ControlMessage_Welcome:
+				if welcomed {
+					continue
+				}
+				welcomed = true
+				learned = serverAddrs(b.Welcome.GetServers())
+				a.attached.Store(true)
+				a.metrics.attached.Set(1)
+				a.metrics.sessions.Inc()
+				if !lostAt.IsZero() {
+					a.metrics.reattaches.Inc()
+					a.metrics.reattachSeconds.Observe(a.now().Sub(lostAt).Seconds())
+				}
+				log.Info("attached to control node", "session", b.Welcome.GetSessionId(), "server", b.Welcome.GetServerId())
+				if err := sendFull(); err != nil {
+					return learned, welcomed, err
+				}
+			case *llmgwv1.ControlMessage_Desired:
+				log.Info("desired replicas", "revision", b.Desired.GetRevision(), "replicas", len(b.Desired.GetReplicas()))
+				a.replicas.apply(b.Desired)
+			case *llmgwv1.ControlMessage_FullCopyRequest:
+				a.metrics.fullRequests.Inc()
+				log.Info("full copy requested", "reason", b.FullCopyRequest.GetReason())
+				if welcomed {
+					if err := sendFull(); err != nil {
+						return learned, welcomed, err
+					}
+				}
+			case *llmgwv1.ControlMessage_Servers:
+				if s := serverAddrs(b.Servers.GetServers()); len(s) > 0 {
+					learned = s
+				}
+			case *llmgwv1.ControlMessage_Heartbeat:
+			}
+		case <-a.book.notify:
+			if !welcomed {
+				// The full copy sent at the welcome carries it.
+				continue
+			}
+			ups, rm, ver := a.book.since(seen)
+			seen = ver
+			if len(ups) == 0 && len(rm) == 0 {
+				continue
+			}
+			seq++
+			a.metrics.updates.WithLabelValues("delta").Inc()
+			if err := send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
+				Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Statuses: ups, RemovedReplicas: rm}}}); err != nil {
+				return learned, welcomed, err
+			}
+		case <-hb.C:
+			if err := send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Heartbeat{
+				Heartbeat: &llmgwv1.Heartbeat{UnixNano: a.now().UnixNano()}}}); err != nil {
+				return learned, welcomed, err
+			}
+		}
+	}
+}
