@@ -1,0 +1,213 @@
+// Package ephemeral holds the agents' high-churn data on a control node —
+// replica status now, KV and adapter status later — outside Raft (plan §5.4).
+//
+// Each agent's data is ordered by (node, epoch, seq), and every hop applies
+// the same acceptance rule: a full copy newer than what is held replaces it;
+// a delta of the same epoch whose seq is exactly the next is applied;
+// anything else is dropped. So a newer agent session supersedes an older one
+// everywhere, even when the old one comes back with late deltas.
+package ephemeral
+
+import (
+	"cmp"
+	"errors"
+	"slices"
+	"sync"
+
+	"google.golang.org/protobuf/proto"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Verdict is what Apply did with an update.
+type Verdict int
+
+const (
+	// Accepted: the update was applied and sent to every subscriber.
+	Accepted Verdict = iota
+	// Stale: older than what is held (an old session, a duplicate); dropped
+	// with nothing to ask for.
+	Stale
+	// Gap: something between what is held and this update is missing;
+	// dropped, and the sender should be asked for a full copy.
+	Gap
+)
+
+func (v Verdict) String() string {
+	switch v {
+	case Accepted:
+		return "accepted"
+	case Stale:
+		return "stale"
+	case Gap:
+		return "gap"
+	}
+	return "unknown"
+}
+
+// ErrOverflow ends a subscription whose reader fell too far behind. The
+// reader resumes with a new subscription (and so a full copy); the others
+// never wait for it.
+var ErrOverflow = errors.New("ephemeral subscriber fell behind")
+
+type nodeData struct {
+	epoch, seq uint64
+	statuses   map[string]*llmgwv1.ReplicaStatus
+}
+
+// Store is safe for concurrent use.
+type Store struct {
+	mu    sync.Mutex
+	nodes map[string]*nodeData
+	subs  map[*Subscription]struct{}
+}
+
+// NewStore returns an empty store.
+func NewStore() *Store {
+	return &Store{nodes: map[string]*nodeData{}, subs: map[*Subscription]struct{}{}}
+}
+
+// Apply applies u by the acceptance rule and, when accepted, queues it
+// unchanged (same node, epoch, seq) for every subscriber.
+func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
+	if u.GetNode() == "" {
+		return Stale
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	held, ok := s.nodes[u.Node]
+	v := verdict(held, ok, u)
+	if v != Accepted {
+		return v
+	}
+	if u.Full || !ok {
+		held = &nodeData{statuses: map[string]*llmgwv1.ReplicaStatus{}}
+		s.nodes[u.Node] = held
+	}
+	held.epoch, held.seq = u.Epoch, u.Seq
+	for _, st := range u.Statuses {
+		if st.GetReplicaId() != "" {
+			held.statuses[st.ReplicaId] = proto.Clone(st).(*llmgwv1.ReplicaStatus)
+		}
+	}
+	for _, id := range u.RemovedReplicas {
+		delete(held.statuses, id)
+	}
+	for sub := range s.subs {
+		sub.offer(proto.Clone(u).(*llmgwv1.EphemeralUpdate))
+	}
+	return Accepted
+}
+
+func verdict(held *nodeData, ok bool, u *llmgwv1.EphemeralUpdate) Verdict {
+	switch {
+	case !ok && u.Full:
+		return Accepted
+	case !ok:
+		return Gap
+	case u.Full:
+		if u.Epoch > held.epoch || (u.Epoch == held.epoch && u.Seq > held.seq) {
+			return Accepted
+		}
+		return Stale
+	case u.Epoch < held.epoch || (u.Epoch == held.epoch && u.Seq <= held.seq):
+		return Stale
+	case u.Epoch == held.epoch && u.Seq == held.seq+1:
+		return Accepted
+	default:
+		return Gap
+	}
+}
+
+// Held returns the (epoch, seq) held for a node; ok is false when none is.
+func (s *Store) Held(node string) (epoch, seq uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.nodes[node]
+	if !ok {
+		return 0, 0, false
+	}
+	return d.epoch, d.seq, true
+}
+
+// Statuses returns a copy of the latest status of every replica, by replica
+// id. When two nodes report the same id (a replica moved), the one with the
+// higher uid wins: it is the newer placement.
+func (s *Store) Statuses() map[string]*llmgwv1.ReplicaStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]*llmgwv1.ReplicaStatus{}
+	for _, d := range s.nodes {
+		for id, st := range d.statuses {
+			if old, ok := out[id]; !ok || st.Uid > old.Uid {
+				out[id] = proto.Clone(st).(*llmgwv1.ReplicaStatus)
+			}
+		}
+	}
+	return out
+}
+
+func (s *Store) copiesLocked() []*llmgwv1.EphemeralUpdate {
+	out := make([]*llmgwv1.EphemeralUpdate, 0, len(s.nodes))
+	for node, d := range s.nodes {
+		u := &llmgwv1.EphemeralUpdate{Node: node, Epoch: d.epoch, Seq: d.seq, Full: true}
+		for _, st := range d.statuses {
+			u.Statuses = append(u.Statuses, proto.Clone(st).(*llmgwv1.ReplicaStatus))
+		}
+		slices.SortFunc(u.Statuses, func(a, b *llmgwv1.ReplicaStatus) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
+		out = append(out, u)
+	}
+	slices.SortFunc(out, func(a, b *llmgwv1.EphemeralUpdate) int { return cmp.Compare(a.Node, b.Node) })
+	return out
+}
+
+// Subscribe returns a full copy of every node's data, as of one instant, and
+// a subscription that receives every update accepted after that instant —
+// so the copies and the deltas join without gap or overlap. buffer bounds
+// the queue; a subscriber that lets it fill is ended with ErrOverflow.
+func (s *Store) Subscribe(buffer int) (*Subscription, []*llmgwv1.EphemeralUpdate) {
+	if buffer < 1 {
+		buffer = 1
+	}
+	sub := &Subscription{store: s, c: make(chan *llmgwv1.EphemeralUpdate, buffer), done: make(chan struct{})}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subs[sub] = struct{}{}
+	return sub, s.copiesLocked()
+}
+
+// Subscription is one reader's bounded queue of accepted updates.
+type Subscription struct {
+	store    *Store
+	c        chan *llmgwv1.EphemeralUpdate
+	done     chan struct{} // closed on overflow
+	overflow bool          // guarded by store.mu
+}
+
+// Updates delivers the accepted updates in order.
+func (s *Subscription) Updates() <-chan *llmgwv1.EphemeralUpdate { return s.c }
+
+// Overflowed is closed when the queue overflowed: the reader must stop and
+// resubscribe, since it has missed updates.
+func (s *Subscription) Overflowed() <-chan struct{} { return s.done }
+
+// Close ends the subscription. It is safe to call more than once.
+func (s *Subscription) Close() {
+	s.store.mu.Lock()
+	defer s.store.mu.Unlock()
+	delete(s.store.subs, s)
+}
+
+// offer is called with store.mu held, so it never blocks.
+func (s *Subscription) offer(u *llmgwv1.EphemeralUpdate) {
+	if s.overflow {
+		return
+	}
+	select {
+	case s.c <- u:
+	default:
+		s.overflow = true
+		close(s.done)
+		delete(s.store.subs, s)
+	}
+}

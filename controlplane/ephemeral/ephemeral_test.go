@@ -1,0 +1,118 @@
+package ephemeral
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func upd(epoch, seq uint64, full bool, replicas ...string) *llmgwv1.EphemeralUpdate {
+	u := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: epoch, Seq: seq, Full: full}
+	for _, r := range replicas {
+		u.Statuses = append(u.Statuses, &llmgwv1.ReplicaStatus{ReplicaId: r, Uid: seq, Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY})
+	}
+	return u
+}
+
+func TestAcceptanceRule(t *testing.T) {
+	tests := []struct {
+		name    string
+		held    *llmgwv1.EphemeralUpdate // applied first, when set
+		update  *llmgwv1.EphemeralUpdate
+		want    Verdict
+		wantSeq uint64
+	}{
+		{"first full copy", nil, upd(5, 1, true), Accepted, 1},
+		{"delta before any full copy", nil, upd(5, 2, false), Gap, 0},
+		{"next delta", upd(5, 1, true), upd(5, 2, false), Accepted, 2},
+		{"duplicate delta", upd(5, 2, true), upd(5, 2, false), Stale, 2},
+		{"skipped delta", upd(5, 1, true), upd(5, 3, false), Gap, 1},
+		{"late delta from an older session", upd(6, 1, true), upd(5, 2, false), Stale, 1},
+		{"delta from a newer session without its copy", upd(5, 1, true), upd(6, 2, false), Gap, 1},
+		{"newer session's full copy", upd(5, 9, true), upd(6, 1, true), Accepted, 1},
+		{"full copy asked for within a session", upd(5, 3, true), upd(5, 4, true), Accepted, 4},
+		{"older full copy", upd(6, 1, true), upd(5, 9, true), Stale, 1},
+		{"same full copy again", upd(5, 1, true), upd(5, 1, true), Stale, 1},
+		{"no node", nil, &llmgwv1.EphemeralUpdate{Full: true, Epoch: 1, Seq: 1}, Stale, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := NewStore()
+			if tt.held != nil && s.Apply(tt.held) != Accepted {
+				t.Fatal("setup update refused")
+			}
+			if got := s.Apply(tt.update); got != tt.want {
+				t.Fatalf("Apply = %v, want %v", got, tt.want)
+			}
+			_, seq, _ := s.Held("n1")
+			if seq != tt.wantSeq {
+				t.Fatalf("held seq %d, want %d", seq, tt.wantSeq)
+			}
+		})
+	}
+}
+
+func TestFullCopyReplacesAndDeltasMerge(t *testing.T) {
+	s := NewStore()
+	s.Apply(upd(1, 1, true, "a", "b"))
+	d := upd(1, 2, false, "c")
+	d.RemovedReplicas = []string{"a"}
+	s.Apply(d)
+	if st := s.Statuses(); len(st) != 2 || st["b"] == nil || st["c"] == nil {
+		t.Fatalf("after delta: %v", st)
+	}
+	s.Apply(upd(2, 1, true, "z"))
+	if st := s.Statuses(); len(st) != 1 || st["z"] == nil {
+		t.Fatalf("a full copy must replace everything: %v", st)
+	}
+}
+
+func TestSubscribeJoinsCopiesAndDeltas(t *testing.T) {
+	s := NewStore()
+	s.Apply(upd(1, 1, true, "a"))
+	sub, copies := s.Subscribe(4)
+	defer sub.Close()
+	if len(copies) != 1 || copies[0].Seq != 1 || !copies[0].Full || len(copies[0].Statuses) != 1 {
+		t.Fatalf("copies %v", copies)
+	}
+	s.Apply(upd(1, 2, false, "b"))
+	s.Apply(upd(1, 9, false, "x")) // a gap: never reaches subscribers
+	got := <-sub.Updates()
+	if got.Seq != 2 || got.Epoch != 1 || got.Node != "n1" {
+		t.Fatalf("delta %v", got)
+	}
+	select {
+	case u := <-sub.Updates():
+		t.Fatalf("a dropped update was delivered: %v", u)
+	default:
+	}
+}
+
+func TestOverflowEndsOnlyTheSlowSubscriber(t *testing.T) {
+	s := NewStore()
+	s.Apply(upd(1, 1, true))
+	slow, _ := s.Subscribe(1)
+	fast, _ := s.Subscribe(8)
+	defer slow.Close()
+	defer fast.Close()
+	for seq := uint64(2); seq <= 4; seq++ {
+		s.Apply(upd(1, seq, false, "a"))
+	}
+	select {
+	case <-slow.Overflowed():
+	default:
+		t.Fatal("slow subscriber not ended")
+	}
+	select {
+	case <-fast.Overflowed():
+		t.Fatal("fast subscriber ended")
+	default:
+	}
+	if n := len(fast.Updates()); n != 3 {
+		t.Fatalf("fast subscriber has %d updates, want 3", n)
+	}
+}
