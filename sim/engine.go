@@ -1,0 +1,180 @@
+package sim
+
+import (
+	"container/list"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// Clock is the engine's time: Now for latencies reported in metrics,
+// Sleep for simulated work. Tests inject one to hold a request at a chosen
+// step; Sleep must return early with ctx's error when ctx ends.
+type Clock interface {
+	Now() time.Time
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+func (realClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// errNoRoom is returned by tryReset while sequences hold cached blocks.
+var errNoRoom = errors.New("Failed to reset prefix cache because some blocks are not freed yet")
+
+// engine is the scheduler: at most maxSeqs sequences run, each holding its
+// KV blocks in the cache; the rest wait in arrival order. A request is
+// admitted when it is at the head of the queue, a slot is free and its
+// blocks fit — so, as in vLLM's FCFS scheduler, a large request at the
+// head holds back smaller ones behind it.
+//
+// The engine runs no goroutine of its own: each request's handler drives
+// its own sequence, and admission happens under the mutex whenever a
+// request arrives or a sequence finishes.
+type engine struct {
+	mu        sync.Mutex
+	maxSeqs   int
+	blockSize int
+	cache     *prefixCache
+	running   int
+	waiting   list.List // of *waiter, arrival order
+}
+
+type waiter struct {
+	hashes    []vllm.BlockHash
+	promptLen int
+	total     int // blocks needed for prompt and completion
+	admitted  chan struct{}
+	seq       *sequence // set, under mu, when admitted
+}
+
+// sequence is an admitted request's hold on the engine: a running slot and
+// its blocks. It is released exactly once.
+type sequence struct {
+	e *engine
+	a *allocation
+	// CachedTokens is how many prompt tokens the cache supplied.
+	CachedTokens int
+	released     bool
+}
+
+func newEngine(cfg *Config, obs CacheObserver) *engine {
+	return &engine{
+		maxSeqs:   cfg.MaxNumSeqs,
+		blockSize: cfg.BlockSize,
+		cache:     newPrefixCache(cfg.NumGPUBlocks, cfg.EnablePrefixCaching, obs),
+	}
+}
+
+// admit waits until the request runs, or ctx ends (a client that goes
+// away leaves the queue). hashes are the prompt's full-block hashes and
+// maxTokens its completion budget.
+func (e *engine) admit(ctx context.Context, hashes []vllm.BlockHash, promptLen, maxTokens int) (*sequence, error) {
+	w := &waiter{
+		hashes:    hashes,
+		promptLen: promptLen,
+		total:     (promptLen + maxTokens + e.blockSize - 1) / e.blockSize,
+		admitted:  make(chan struct{}),
+	}
+	e.mu.Lock()
+	elem := e.waiting.PushBack(w)
+	e.schedule()
+	e.mu.Unlock()
+	select {
+	case <-w.admitted:
+		return w.seq, nil
+	case <-ctx.Done():
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if w.seq != nil {
+			// Admitted as the client left: hand the slot back.
+			e.releaseLocked(w.seq)
+			return nil, ctx.Err()
+		}
+		e.waiting.Remove(elem)
+		e.schedule() // the head may have changed
+		return nil, ctx.Err()
+	}
+}
+
+// schedule admits waiters from the head while they fit. Callers hold mu.
+func (e *engine) schedule() {
+	for e.running < e.maxSeqs && e.waiting.Len() > 0 {
+		w := e.waiting.Front().Value.(*waiter)
+		hits := e.cache.hits(w.hashes, w.promptLen, e.blockSize)
+		a, ok := e.cache.allocate(w.hashes, hits, w.total)
+		if !ok {
+			return
+		}
+		e.waiting.Remove(e.waiting.Front())
+		e.running++
+		w.seq = &sequence{e: e, a: a, CachedTokens: hits * e.blockSize}
+		close(w.admitted)
+	}
+}
+
+// commit caches the sequence's full blocks given the hashes of all its
+// tokens so far.
+func (s *sequence) commit(hashes []vllm.BlockHash, tokens []int) {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	if !s.released {
+		s.e.cache.commit(s.a, hashes, tokens, s.e.blockSize)
+	}
+}
+
+// release frees the slot and blocks and admits whoever now fits.
+func (s *sequence) release() {
+	s.e.mu.Lock()
+	defer s.e.mu.Unlock()
+	s.e.releaseLocked(s)
+}
+
+func (e *engine) releaseLocked(s *sequence) {
+	if s.released {
+		return
+	}
+	s.released = true
+	e.cache.release(s.a)
+	e.running--
+	e.schedule()
+}
+
+// engineStats is a consistent reading for metrics.
+type engineStats struct {
+	Running, Waiting int
+	KVUsage          float64
+}
+
+func (e *engine) stats() engineStats {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return engineStats{Running: e.running, Waiting: e.waiting.Len(), KVUsage: e.cache.usage()}
+}
+
+// resetPrefixCache clears the cache unless sequences are using it.
+func (e *engine) resetPrefixCache() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.cache.reset() {
+		return errNoRoom
+	}
+	return nil
+}

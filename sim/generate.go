@@ -1,0 +1,369 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// genRequest is a chat or completion request reduced to what the engine
+// needs.
+type genRequest struct {
+	chat         bool
+	model        string // as the client named it, echoed in responses
+	tokens       []int
+	maxTokens    int
+	stream       bool
+	includeUsage bool
+	cacheSalt    string
+	id           string
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var req vllm.ChatCompletionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		badRequest(w, "invalid JSON body: %v", err)
+		return
+	}
+	if !s.checkModel(w, req.Model) {
+		return
+	}
+	if len(req.Messages) == 0 {
+		badRequest(w, "messages: at least one message is required")
+		return
+	}
+	if req.N != nil && *req.N != 1 {
+		badRequest(w, "n: only 1 is supported by the simulator")
+		return
+	}
+	maxTokens := req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		maxTokens = req.MaxCompletionTokens
+	}
+	text, err := RenderChat(ChatPrompt{Messages: req.Messages,
+		AddGenerationPrompt: req.AddGenerationPrompt == nil || *req.AddGenerationPrompt,
+		Tools:               req.Tools, TemplateKwargs: req.ChatTemplateKwargs})
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	g := genRequest{chat: true, model: s.responseModel(req.Model), tokens: s.tok.Encode(text),
+		stream: req.Stream, cacheSalt: req.CacheSalt,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		id:           "chatcmpl-" + s.baseRequestID(r)}
+	if !s.setMaxTokens(w, &g, maxTokens) {
+		return
+	}
+	s.serveGeneration(w, r, g)
+}
+
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var req vllm.CompletionRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		badRequest(w, "invalid JSON body: %v", err)
+		return
+	}
+	if !s.checkModel(w, req.Model) {
+		return
+	}
+	prompts, err := req.Prompts()
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if len(prompts) != 1 || (req.N != nil && *req.N != 1) {
+		badRequest(w, "prompt: one prompt and n=1 only are supported by the simulator")
+		return
+	}
+	var tokens []int
+	if p := prompts[0]; p.IsText {
+		tokens = append([]int{TokenBeginOfText}, s.tok.Encode(p.Text)...)
+	} else {
+		for i, t := range p.Tokens {
+			if t < 0 || t > TokenEOT {
+				badRequest(w, "prompt[%d]: token id %d out of vocabulary", i, t)
+				return
+			}
+		}
+		tokens = p.Tokens
+	}
+	g := genRequest{model: s.responseModel(req.Model), tokens: tokens, stream: req.Stream,
+		cacheSalt:    req.CacheSalt,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		id:           "cmpl-" + s.baseRequestID(r)}
+	if !s.setMaxTokens(w, &g, req.MaxTokens) {
+		return
+	}
+	s.serveGeneration(w, r, g)
+}
+
+// responseModel is the model name responses carry: the one asked for, or
+// the first served name.
+func (s *Server) responseModel(asked string) string {
+	if asked != "" {
+		return asked
+	}
+	return s.cfg.ServedNames()[0]
+}
+
+// baseRequestID is the client's X-Request-Id when given, as vLLM uses it.
+func (s *Server) baseRequestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		return id
+	}
+	return s.newID()
+}
+
+// setMaxTokens applies the default and vLLM's context-length checks.
+func (s *Server) setMaxTokens(w http.ResponseWriter, g *genRequest, asked *int) bool {
+	n, maxLen := len(g.tokens), s.cfg.MaxModelLen
+	if n >= maxLen {
+		badRequest(w, "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxLen, n)
+		return false
+	}
+	g.maxTokens = s.cfg.DefaultMaxTokens
+	if asked != nil {
+		if *asked < 1 {
+			badRequest(w, "max_tokens must be at least 1, got %d.", *asked)
+			return false
+		}
+		g.maxTokens = *asked
+	}
+	if n+g.maxTokens > maxLen {
+		if asked == nil {
+			g.maxTokens = maxLen - n
+			return true
+		}
+		badRequest(w, "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+			g.maxTokens, maxLen, n, g.maxTokens, maxLen, n)
+		return false
+	}
+	return true
+}
+
+// injectFault applies the fault knobs to an arriving request; true means
+// it has been answered (or the server has crashed) and must not be served.
+func (s *Server) injectFault(w http.ResponseWriter) (slowdown float64, handled bool) {
+	s.mu.Lock()
+	f := s.faults
+	s.arrived++
+	crash := f.CrashAfter > 0 && s.arrived >= f.CrashAfter
+	fail := f.FailRate > 0 && s.rng.Float64() < f.FailRate
+	s.mu.Unlock()
+	if crash {
+		s.crashOnce.Do(func() { close(s.crashed) })
+		// Drop the connection without an answer, as a dying process does.
+		panic(http.ErrAbortHandler)
+	}
+	if fail {
+		status := f.FailStatus
+		if status == 0 {
+			status = http.StatusInternalServerError
+		}
+		writeError(w, vllm.NewError(status, vllm.ErrTypeInternalServer, "injected failure"))
+		return 0, true
+	}
+	if f.Slowdown == 0 {
+		f.Slowdown = 1
+	}
+	return f.Slowdown, false
+}
+
+// serveGeneration runs a request through the engine: queue for a slot,
+// prefill what the cache does not hold, decode token by token, answer.
+func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRequest) {
+	slowdown, handled := s.injectFault(w)
+	if handled {
+		return
+	}
+	ctx := r.Context()
+	log := s.log.With("request_id", g.id)
+	extra := vllm.RequestExtraKeys("", g.cacheSalt)
+	hashes, err := vllm.BlockHashes(s.noneHash, g.tokens, s.cfg.BlockSize, extra)
+	if err != nil {
+		writeError(w, vllm.NewError(http.StatusInternalServerError, vllm.ErrTypeInternalServer, err.Error()))
+		return
+	}
+	arrival := s.clock.Now()
+	seq, err := s.eng.admit(ctx, hashes, len(g.tokens), g.maxTokens)
+	if err != nil {
+		log.Debug("request left the queue", "err", err)
+		s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+		return
+	}
+	defer seq.release()
+	s.met.queueTime.Observe(s.clock.Now().Sub(arrival).Seconds())
+	s.met.prefixQueries.Add(float64(len(g.tokens)))
+	s.met.prefixHits.Add(float64(seq.CachedTokens))
+
+	scaled := func(d time.Duration) time.Duration { return time.Duration(float64(d) * slowdown) }
+	uncached := len(g.tokens) - seq.CachedTokens
+	if err := s.clock.Sleep(ctx, scaled(time.Duration(uncached)*s.cfg.PrefillPerToken)); err != nil {
+		s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+		return
+	}
+	seq.commit(hashes, g.tokens)
+	s.met.promptTokens.Add(float64(len(g.tokens)))
+
+	ids, texts := s.generate(g.tokens, g.maxTokens)
+	usage := &vllm.Usage{PromptTokens: len(g.tokens), CompletionTokens: len(ids), TotalTokens: len(g.tokens) + len(ids)}
+	if s.cfg.EnablePromptTokensDetails {
+		usage.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: seq.CachedTokens}
+	}
+	var out streamWriter
+	if g.stream {
+		out = newSSE(w, g, s.created)
+	}
+	// The first token comes out of prefill; each later one costs a decode
+	// step.
+	for i := range ids {
+		if i == 0 {
+			s.met.ttft.Observe(s.clock.Now().Sub(arrival).Seconds())
+		} else if err := s.clock.Sleep(ctx, scaled(s.cfg.DecodePerToken)); err != nil {
+			s.met.generationTokens.Add(float64(i))
+			s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+			return
+		}
+		if out != nil {
+			last := i == len(ids)-1
+			if err := out.token(texts[i], last); err != nil {
+				log.Debug("client went away mid-stream", "err", err)
+				s.met.generationTokens.Add(float64(i))
+				s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+				return
+			}
+		}
+	}
+	all := append(append(make([]int, 0, len(g.tokens)+len(ids)), g.tokens...), ids...)
+	if allHashes, err := vllm.BlockHashes(s.noneHash, all, s.cfg.BlockSize, extra); err == nil {
+		seq.commit(allHashes, all)
+	}
+	s.met.generationTokens.Add(float64(len(ids)))
+	s.met.requestSuccess.WithLabelValues(vllm.FinishedLength).Inc()
+	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
+	log.Debug("request finished", "prompt_tokens", len(g.tokens), "cached_tokens", seq.CachedTokens)
+
+	if out != nil {
+		if g.includeUsage {
+			_ = out.usage(usage)
+		}
+		_ = out.done()
+		return
+	}
+	finish := vllm.FinishedLength
+	var text string
+	for _, t := range texts {
+		text += t
+	}
+	if g.chat {
+		writeJSON(w, http.StatusOK, vllm.ChatCompletion{ID: g.id, Object: "chat.completion", Created: s.created,
+			Model: g.model, Usage: usage, Choices: []vllm.ChatChoice{{
+				Message:      vllm.AssistantMessage{Role: "assistant", Content: text, ToolCalls: []json.RawMessage{}},
+				FinishReason: &finish,
+			}}})
+		return
+	}
+	writeJSON(w, http.StatusOK, vllm.Completion{ID: g.id, Object: "text_completion", Created: s.created,
+		Model: g.model, Usage: usage, Choices: []vllm.CompletionChoice{{Text: text, FinishReason: &finish}}})
+}
+
+// streamWriter writes a response as server-sent events, each flushed as
+// it is written so the client sees every token when it is produced.
+type streamWriter interface {
+	token(text string, last bool) error
+	usage(u *vllm.Usage) error
+	done() error
+}
+
+type sse struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	g       genRequest
+	created int64
+	started bool
+}
+
+func newSSE(w http.ResponseWriter, g genRequest, created int64) *sse {
+	return &sse{w: w, rc: http.NewResponseController(w), g: g, created: created}
+}
+
+func (s *sse) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode chunk: %w", err)
+	}
+	if _, err := fmt.Fprintf(s.w, "data: %s\n\n", b); err != nil {
+		return fmt.Errorf("write chunk: %w", err)
+	}
+	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return fmt.Errorf("flush chunk: %w", err)
+	}
+	return nil
+}
+
+func (s *sse) start() error {
+	if s.started {
+		return nil
+	}
+	s.started = true
+	h := s.w.Header()
+	h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	h.Set("Cache-Control", "no-cache")
+	s.w.WriteHeader(http.StatusOK)
+	if !s.g.chat {
+		return nil
+	}
+	// vLLM's first chat chunk announces the role with empty content.
+	empty := ""
+	return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
+		Model: s.g.model, Choices: []vllm.ChatChunkChoice{{Delta: vllm.ChatDelta{Role: "assistant", Content: &empty}}}})
+}
+
+// token sends one token; the last carries finish_reason, as vLLM's does.
+func (s *sse) token(text string, last bool) error {
+	if err := s.start(); err != nil {
+		return err
+	}
+	var finish *string
+	var stop json.RawMessage
+	if last {
+		f := vllm.FinishedLength
+		finish, stop = &f, json.RawMessage("null")
+	}
+	if s.g.chat {
+		return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
+			Model: s.g.model, Choices: []vllm.ChatChunkChoice{{Delta: vllm.ChatDelta{Content: &text},
+				FinishReason: finish, StopReason: stop}}})
+	}
+	return s.event(vllm.Completion{ID: s.g.id, Object: "text_completion", Created: s.created, Model: s.g.model,
+		Choices: []vllm.CompletionChoice{{Text: text, FinishReason: finish, StopReason: stop}}})
+}
+
+// usage sends the stream's usage chunk: no choices, only usage.
+func (s *sse) usage(u *vllm.Usage) error {
+	if s.g.chat {
+		return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
+			Model: s.g.model, Choices: []vllm.ChatChunkChoice{}, Usage: u})
+	}
+	return s.event(vllm.Completion{ID: s.g.id, Object: "text_completion", Created: s.created, Model: s.g.model,
+		Choices: []vllm.CompletionChoice{}, Usage: u})
+}
+
+func (s *sse) done() error {
+	if _, err := fmt.Fprint(s.w, "data: [DONE]\n\n"); err != nil {
+		return fmt.Errorf("write done: %w", err)
+	}
+	return s.rc.Flush()
+}

@@ -1,0 +1,90 @@
+package sim
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// metrics are the server's vLLM-named metrics, in a registry the server
+// owns: two simulators in one process (llmgw dev) must not share series.
+type metrics struct {
+	reg              *prometheus.Registry
+	prefixQueries    prometheus.Counter
+	prefixHits       prometheus.Counter
+	promptTokens     prometheus.Counter
+	generationTokens prometheus.Counter
+	requestSuccess   *prometheus.CounterVec
+	ttft             prometheus.Histogram
+	e2e              prometheus.Histogram
+	queueTime        prometheus.Histogram
+}
+
+func newMetrics(cfg *Config, e *engine) *metrics {
+	labels := prometheus.Labels{vllm.LabelModelName: cfg.ServedNames()[0], vllm.LabelEngine: "0"}
+	reg := prometheus.NewRegistry()
+	m := &metrics{
+		reg: reg,
+		prefixQueries: prometheus.NewCounter(prometheus.CounterOpts{Name: vllm.MetricPrefixCacheQueries,
+			Help: "Prefix cache queries, in terms of number of queried tokens.", ConstLabels: labels}),
+		prefixHits: prometheus.NewCounter(prometheus.CounterOpts{Name: vllm.MetricPrefixCacheHits,
+			Help: "Prefix cache hits, in terms of number of cached tokens.", ConstLabels: labels}),
+		promptTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: vllm.MetricPromptTokens,
+			Help: "Number of prefill tokens processed.", ConstLabels: labels}),
+		generationTokens: prometheus.NewCounter(prometheus.CounterOpts{Name: vllm.MetricGenerationTokens,
+			Help: "Number of generation tokens processed.", ConstLabels: labels}),
+		requestSuccess: prometheus.NewCounterVec(prometheus.CounterOpts{Name: vllm.MetricRequestSuccess,
+			Help: "Count of successfully processed requests.", ConstLabels: labels},
+			[]string{vllm.LabelFinishedReason}),
+		ttft: prometheus.NewHistogram(prometheus.HistogramOpts{Name: vllm.MetricTimeToFirstToken,
+			Help: "Histogram of time to first token in seconds.", ConstLabels: labels,
+			Buckets: vllm.TimeToFirstTokenBuckets}),
+		e2e: prometheus.NewHistogram(prometheus.HistogramOpts{Name: vllm.MetricE2ERequestLatency,
+			Help: "Histogram of e2e request latency in seconds.", ConstLabels: labels,
+			Buckets: vllm.RequestLatencyBuckets}),
+		queueTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: vllm.MetricRequestQueueTime,
+			Help: "Histogram of time spent in WAITING phase for request.", ConstLabels: labels,
+			Buckets: vllm.RequestLatencyBuckets}),
+	}
+	// The gauges read the engine when scraped, so they are always
+	// consistent with one another and cost nothing between scrapes.
+	gauge := func(name, help string, f func(engineStats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
+			func() float64 { return f(e.stats()) })
+	}
+	cacheInfo := prometheus.NewGauge(prometheus.GaugeOpts{Name: vllm.MetricCacheConfigInfo,
+		Help: "Information of the LLMEngine CacheConfig",
+		ConstLabels: prometheus.Labels{
+			vllm.LabelEngine:               "0",
+			vllm.LabelCacheBlockSize:       strconv.Itoa(cfg.BlockSize),
+			vllm.LabelCacheNumGPUBlocks:    strconv.Itoa(cfg.NumGPUBlocks),
+			vllm.LabelCacheHashAlgo:        cfg.PrefixCachingHashAlgo,
+			vllm.LabelCacheEnablePrefixing: pyBool(cfg.EnablePrefixCaching),
+		}})
+	cacheInfo.Set(1)
+	reg.MustRegister(
+		m.prefixQueries, m.prefixHits, m.promptTokens, m.generationTokens, m.requestSuccess,
+		m.ttft, m.e2e, m.queueTime, cacheInfo,
+		gauge(vllm.MetricNumRequestsRunning, "Number of requests in model execution batches.",
+			func(s engineStats) float64 { return float64(s.Running) }),
+		gauge(vllm.MetricNumRequestsWaiting, "Number of requests waiting to be processed.",
+			func(s engineStats) float64 { return float64(s.Waiting) }),
+		gauge(vllm.MetricKVCacheUsagePerc, "KV-cache usage. 1 means 100 percent usage.",
+			func(s engineStats) float64 { return s.KVUsage }),
+	)
+	// Pre-create the finished reasons so a scraper sees zeros, not absence.
+	for _, r := range []string{vllm.FinishedStop, vllm.FinishedLength, vllm.FinishedAbort} {
+		m.requestSuccess.WithLabelValues(r)
+	}
+	return m
+}
+
+// pyBool renders a bool as Python's str() does, as vLLM's info labels are.
+func pyBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
+}
