@@ -1,0 +1,572 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/llmgw/llmgw/agent/internal/fakeengine"
+	"github.com/llmgw/llmgw/agent/supervisor"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+func TestMain(m *testing.M) {
+	fakeengine.MaybeRun()
+	goleak.VerifyTestMain(m)
+}
+
+// fakeControl is an in-test control node: it records what the agent sends
+// and lets the test push desired sets and full-copy requests.
+type fakeControl struct {
+	llmgwv1.UnimplementedAgentServiceServer
+	id     string
+	addr   string
+	srv    *grpc.Server
+	push   chan *llmgwv1.ControlMessage
+	silent atomic.Bool
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	hellos  []*llmgwv1.AgentHello
+	updates []*llmgwv1.EphemeralUpdate
+	beats   int
+}
+
+func startFakeControl(t *testing.T, id string) *fakeControl {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeControl{id: id, addr: ln.Addr().String(), srv: grpc.NewServer(), push: make(chan *llmgwv1.ControlMessage, 16)}
+	llmgwv1.RegisterAgentServiceServer(f.srv, f)
+	f.wg.Add(1)
+	go func() { defer f.wg.Done(); _ = f.srv.Serve(ln) }()
+	t.Cleanup(f.stop)
+	return f
+}
+
+func (f *fakeControl) stop() {
+	f.srv.Stop()
+	f.wg.Wait()
+}
+
+func (f *fakeControl) Attach(stream llmgwv1.AgentService_AttachServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.hellos = append(f.hellos, first.GetHello())
+	f.mu.Unlock()
+	if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Welcome{Welcome: &llmgwv1.Welcome{
+		SessionId: "s-" + f.id, ServerId: f.id}}}); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			m, err := stream.Recv()
+			if err != nil {
+				return
+			}
+			f.mu.Lock()
+			if u := m.GetUpdate(); u != nil {
+				f.updates = append(f.updates, u)
+			}
+			if m.GetHeartbeat() != nil {
+				f.beats++
+			}
+			f.mu.Unlock()
+		}
+	}()
+	hb := time.NewTicker(20 * time.Millisecond)
+	defer hb.Stop()
+	for {
+		select {
+		case <-stream.Context().Done():
+			return nil
+		case m := <-f.push:
+			if err := stream.Send(m); err != nil {
+				return err
+			}
+		case <-hb.C:
+			if f.silent.Load() {
+				continue
+			}
+			if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Heartbeat{Heartbeat: &llmgwv1.Heartbeat{}}}); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (f *fakeControl) snapshot() ([]*llmgwv1.AgentHello, []*llmgwv1.EphemeralUpdate) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.hellos), slices.Clone(f.updates)
+}
+
+func desired(rev uint64, reps ...*llmgwv1.Replica) *llmgwv1.ControlMessage {
+	return &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Desired{Desired: &llmgwv1.DesiredReplicas{
+		Revision: rev, Replicas: reps,
+		Models: []*llmgwv1.Model{{Name: "demo", Engine: "sim", Model: "org/demo", Replicas: 1}},
+	}}}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func testConfig(t *testing.T, control ...string) Config {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := DefaultConfig()
+	c.NodeID = "n1"
+	c.Control = control
+	c.DataDir = t.TempDir()
+	c.HTTPAddr = "127.0.0.1:0"
+	c.GPUs = 2
+	c.Version = "test"
+	c.PortRangeStart, c.PortRangeEnd = 31000, 31999
+	c.Engines = map[string]EngineConfig{"sim": {Command: []string{self},
+		Env: map[string]string{fakeengine.EnvRecord: filepath.Join(c.DataDir, "engine.jsonl")}}}
+	c.StopEnginesOnExit = true
+	c.StopGrace = 5 * time.Second
+	c.HeartbeatInterval = 50 * time.Millisecond
+	c.ProbeInterval = 20 * time.Millisecond
+	c.RestartBackoff = supervisor.Backoff{Initial: 10 * time.Millisecond, Max: 50 * time.Millisecond, StableAfter: time.Hour}
+	c.ReconnectInitial, c.ReconnectMax = 10*time.Millisecond, 50*time.Millisecond
+	c.Jitter = func() float64 { return 0.5 }
+	return c
+}
+
+func startAgent(t *testing.T, c Config) (*Agent, func()) {
+	t.Helper()
+	a, err := New(c, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return a, stop
+}
+
+// checkOrder verifies the numbering rule of plan §5.4 on one session's
+// updates: full copy with seq 1 first, then seq+1 each.
+func checkOrder(t *testing.T, ups []*llmgwv1.EphemeralUpdate, epoch uint64) {
+	t.Helper()
+	var want uint64 = 1
+	for i, u := range ups {
+		if u.GetEpoch() != epoch {
+			continue
+		}
+		if u.GetSeq() != want {
+			t.Errorf("update %d has seq %d, want %d", i, u.GetSeq(), want)
+		}
+		if want == 1 && !u.GetFull() {
+			t.Errorf("first update of epoch %d is not a full copy", epoch)
+		}
+		if u.GetNode() != "n1" {
+			t.Errorf("update node %q", u.GetNode())
+		}
+		want = u.GetSeq() + 1
+	}
+}
+
+// latest folds one epoch's updates into the replica statuses they describe.
+func latest(ups []*llmgwv1.EphemeralUpdate, epoch uint64) map[string]*llmgwv1.ReplicaStatus {
+	out := map[string]*llmgwv1.ReplicaStatus{}
+	for _, u := range ups {
+		if u.GetEpoch() != epoch {
+			continue
+		}
+		if u.GetFull() {
+			clear(out)
+		}
+		for _, s := range u.GetStatuses() {
+			out[s.GetReplicaId()] = s
+		}
+		for _, id := range u.GetRemovedReplicas() {
+			delete(out, id)
+		}
+	}
+	return out
+}
+
+func TestSessionRunsDesiredReplicas(t *testing.T) {
+	ctl := startFakeControl(t, "c1")
+	c := testConfig(t, ctl.addr)
+	a, stop := startAgent(t, c)
+	waitFor(t, "hello and first update", func() bool { h, u := ctl.snapshot(); return len(h) == 1 && len(u) >= 1 })
+	hellos, _ := ctl.snapshot()
+	h := hellos[0]
+	if h.GetEpoch() == 0 || h.GetNode().GetId() != "n1" || h.GetNode().GetGpus() != 2 || h.GetNode().GetAgentHttpAddr() != a.HTTPAddr() {
+		t.Fatalf("hello %v", h)
+	}
+	b, err := os.ReadFile(filepath.Join(c.DataDir, "epoch"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := parseEpoch(b); got != h.GetEpoch() {
+		t.Fatalf("persisted epoch %d, hello carried %d", got, h.GetEpoch())
+	}
+	epoch := h.GetEpoch()
+
+	ctl.push <- desired(10, &llmgwv1.Replica{Id: "demo-0", Uid: 5, Model: "demo", Node: "n1", GpuIndices: []uint32{1}})
+	ready := func(uid uint64) func() bool {
+		return func() bool {
+			_, ups := ctl.snapshot()
+			s := latest(ups, epoch)["demo-0"]
+			return s.GetUid() == uid && s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && s.GetAddress() != ""
+		}
+	}
+	waitFor(t, "demo-0 READY", ready(5))
+	_, ups := ctl.snapshot()
+	st := latest(ups, epoch)["demo-0"]
+	if !strings.HasPrefix(st.GetAddress(), "127.0.0.1:31") || st.GetIncarnation() != 1 || st.GetPid() == 0 {
+		t.Errorf("status %v", st)
+	}
+	resp, err := http.Get("http://" + a.HTTPAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz %d while attached", resp.StatusCode)
+	}
+
+	// A full copy on request, numbered next.
+	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_FullCopyRequest{FullCopyRequest: &llmgwv1.FullCopyRequest{Reason: "test"}}}
+	waitFor(t, "second full copy", func() bool {
+		_, ups := ctl.snapshot()
+		return slices.ContainsFunc(ups[1:], func(u *llmgwv1.EphemeralUpdate) bool { return u.GetFull() })
+	})
+
+	// Re-placed under a new uid: a new engine, a new placement.
+	firstPid := st.GetPid()
+	ctl.push <- desired(11, &llmgwv1.Replica{Id: "demo-0", Uid: 8, Model: "demo", Node: "n1"})
+	waitFor(t, "demo-0 uid 8 READY", ready(8))
+	_, ups = ctl.snapshot()
+	if pid := latest(ups, epoch)["demo-0"].GetPid(); pid == firstPid {
+		t.Errorf("new uid kept the old engine pid %d", pid)
+	}
+
+	// Gone from the desired set: stopped, then removed.
+	ctl.push <- desired(12)
+	waitFor(t, "demo-0 removed", func() bool {
+		_, ups := ctl.snapshot()
+		return slices.ContainsFunc(ups, func(u *llmgwv1.EphemeralUpdate) bool { return slices.Contains(u.GetRemovedReplicas(), "demo-0") })
+	})
+	_, ups = ctl.snapshot()
+	checkOrder(t, ups, epoch)
+	var sawStopped bool
+	for _, u := range ups {
+		for _, s := range u.GetStatuses() {
+			sawStopped = sawStopped || (s.GetUid() == 8 && s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED)
+		}
+	}
+	if !sawStopped {
+		t.Error("removal reported no STOPPED")
+	}
+	recs, err := fakeengine.Read(filepath.Join(c.DataDir, "engine.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 2 {
+		t.Errorf("%d engine starts, want 2", len(recs))
+	}
+	for _, r := range recs {
+		if !slices.Contains(r.Argv, "--served-model-name") || !slices.Contains(r.Argv, "demo") {
+			t.Errorf("engine argv %q", r.Argv)
+		}
+		if err := syscall.Kill(r.Pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("engine pid %d still exists after removal", r.Pid)
+		}
+	}
+	stop()
+}
+
+func TestFailoverToNextServer(t *testing.T) {
+	tests := []struct {
+		name string
+		// kill makes the first server fail in its own way.
+		kill func(*fakeControl)
+	}{
+		{"server stops", func(f *fakeControl) { f.srv.Stop() }},
+		{"server goes silent", func(f *fakeControl) { f.silent.Store(true) }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			first, second := startFakeControl(t, "c1"), startFakeControl(t, "c2")
+			c := testConfig(t, first.addr, second.addr)
+			a, stop := startAgent(t, c)
+			waitFor(t, "attach to first", func() bool { _, u := first.snapshot(); return len(u) >= 1 })
+			first.push <- desired(3, &llmgwv1.Replica{Id: "demo-0", Uid: 2, Model: "demo", Node: "n1"})
+			waitFor(t, "replica READY", func() bool {
+				_, ups := first.snapshot()
+				return latest(ups, ups[0].GetEpoch())["demo-0"].GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+			})
+			tt.kill(first)
+			waitFor(t, "full copy at second", func() bool { _, u := second.snapshot(); return len(u) >= 1 })
+			h1, _ := first.snapshot()
+			h2, ups := second.snapshot()
+			if h2[0].GetEpoch() <= h1[0].GetEpoch() {
+				t.Errorf("epoch did not increase across sessions: %d then %d", h1[0].GetEpoch(), h2[0].GetEpoch())
+			}
+			// Cut off, the agent kept running its replica, and tells the
+			// new server about it.
+			if s := latest(ups, h2[0].GetEpoch())["demo-0"]; s.GetPhase() != llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+				t.Errorf("full copy at second server: demo-0 is %v", s)
+			}
+			if len(h2[0].GetRunning()) != 1 {
+				t.Errorf("hello at second server lists %d running replicas, want 1", len(h2[0].GetRunning()))
+			}
+			checkOrder(t, ups, h2[0].GetEpoch())
+			if !a.Attached() {
+				t.Error("not attached after failover")
+			}
+			stop()
+		})
+	}
+}
+
+func TestEnginesOutliveAgentUnlessAsked(t *testing.T) {
+	for _, stopOnExit := range []bool{true, false} {
+		t.Run(map[bool]string{true: "stop-engines-on-exit", false: "detach"}[stopOnExit], func(t *testing.T) {
+			ctl := startFakeControl(t, "c1")
+			c := testConfig(t, ctl.addr)
+			c.StopEnginesOnExit = stopOnExit
+			_, stop := startAgent(t, c)
+			ctl.push <- desired(3, &llmgwv1.Replica{Id: "demo-0", Uid: 2, Model: "demo", Node: "n1"})
+			var pid int32
+			waitFor(t, "replica READY", func() bool {
+				_, ups := ctl.snapshot()
+				if len(ups) == 0 {
+					return false
+				}
+				s := latest(ups, ups[0].GetEpoch())["demo-0"]
+				pid = s.GetPid()
+				return s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+			})
+			stop()
+			alive := syscall.Kill(int(pid), 0) == nil
+			if !stopOnExit {
+				// Clean up the engine the agent left running on purpose.
+				_ = syscall.Kill(-int(pid), syscall.SIGKILL)
+				var ws syscall.WaitStatus
+				_, _ = syscall.Wait4(int(pid), &ws, 0, nil)
+			}
+			if alive != !stopOnExit {
+				t.Errorf("engine alive after agent exit = %v, want %v", alive, !stopOnExit)
+			}
+		})
+	}
+}
+
+func TestNextEpoch(t *testing.T) {
+	tests := []struct {
+		name    string
+		file    string
+		now     int64
+		want    uint64
+		wantErr bool
+	}{
+		{"no file takes the clock", "", 100, 100, false},
+		{"clock behind the persisted epoch", "200\n", 100, 201, false},
+		{"clock ahead", "50", 100, 100, false},
+		{"corrupt file refused", "fifty", 100, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "epoch")
+			if tt.file != "" {
+				if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := nextEpoch(path, tt.now)
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Fatalf("nextEpoch = %d, %v; want %d (error %v)", got, err, tt.want, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			again, err := nextEpoch(path, tt.now)
+			if err != nil || again != got+1 {
+				t.Fatalf("second epoch %d, %v; want %d", again, err, got+1)
+			}
+		})
+	}
+}
+
+func TestPortStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ports.json")
+	busy := map[int]bool{20001: true}
+	load := func() *portStore {
+		ps, err := loadPortStore(path, 20000, 20003)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps.listenable = func(_ string, p int) bool { return !busy[p] }
+		return ps
+	}
+	ps := load()
+	steps := []struct {
+		key     string
+		want    int
+		wantErr bool
+	}{
+		{"a/http", 20000, false},
+		{"b/http", 20002, false}, // 20001 is held by someone else
+		{"a/http", 20000, false}, // the same key keeps its port
+		{"c/http", 20003, false},
+		{"d/http", 0, true}, // range exhausted
+	}
+	for _, s := range steps {
+		got, err := ps.get(s.key, "127.0.0.1")
+		if (err != nil) != s.wantErr || got != s.want {
+			t.Fatalf("get(%s) = %d, %v; want %d", s.key, got, err, s.want)
+		}
+	}
+	// Remembered across a restart.
+	if got, _ := load().get("b/http", "127.0.0.1"); got != 20002 {
+		t.Errorf("after reload b/http got %d, want 20002", got)
+	}
+	if err := ps.release("a/"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := ps.get("d/http", "127.0.0.1"); got != 20000 {
+		t.Errorf("released port not reused: got %d", got)
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want string
+	}{
+		{"ok", func(*Config) {}, ""},
+		{"node id", func(c *Config) { c.NodeID = "" }, "--node-id"},
+		{"no control", func(c *Config) { c.Control = nil }, "--control"},
+		{"control without port", func(c *Config) { c.Control = []string{"c1"} }, "--control"},
+		{"advertise with port", func(c *Config) { c.AdvertiseAddr = "10.0.0.1:80" }, "--advertise-addr"},
+		{"data dir", func(c *Config) { c.DataDir = "" }, "--data-dir"},
+		{"http addr", func(c *Config) { c.HTTPAddr = "nope" }, "--http-addr"},
+		{"gpus", func(c *Config) { c.GPUs = -1 }, "--gpus"},
+		{"port range", func(c *Config) { c.PortRangeStart, c.PortRangeEnd = 30000, 20000 }, "--port-range"},
+		{"unknown engine", func(c *Config) { c.Engines = map[string]EngineConfig{"tgi": {}} }, "--tgi-command"},
+		{"ready timeout", func(c *Config) { c.ReadyTimeout = 0 }, "--ready-timeout"},
+		{"stop grace", func(c *Config) { c.StopGrace = 0 }, "--stop-grace"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.NodeID = "n1"
+			tt.edit(&c)
+			err := c.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), tt.want+":") {
+				t.Fatalf("Validate = %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBook(t *testing.T) {
+	b := newBook()
+	st := func(id string, p llmgwv1.ReplicaPhase) *llmgwv1.ReplicaStatus {
+		return &llmgwv1.ReplicaStatus{ReplicaId: id, Phase: p}
+	}
+	b.put(st("a", llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING))
+	b.put(st("b", llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING))
+	full, v := b.snapshot()
+	if len(full) != 2 {
+		t.Fatalf("snapshot has %d statuses", len(full))
+	}
+	b.put(st("a", llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
+	b.remove("b")
+	b.remove("never-there")
+	ups, rm, v2 := b.since(v)
+	if len(ups) != 1 || !proto.Equal(ups[0], st("a", llmgwv1.ReplicaPhase_REPLICA_PHASE_READY)) || !slices.Equal(rm, []string{"b"}) {
+		t.Fatalf("since: %v removed %v", ups, rm)
+	}
+	if ups, rm, _ := b.since(v2); len(ups)+len(rm) != 0 {
+		t.Fatalf("nothing changed, yet since returned %v %v", ups, rm)
+	}
+}
+
+func FuzzParseEpoch(f *testing.F) {
+	for _, s := range []string{"1", "18446744073709551615\n", "", "-1", " 42 ", "1e9"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		v, err := parseEpoch(b)
+		if err == nil && strings.TrimSpace(string(b)) == "" {
+			t.Fatalf("empty input parsed as %d", v)
+		}
+	})
+}
+
+func FuzzParsePorts(f *testing.F) {
+	for _, s := range []string{`{"a/http":20000}`, `{}`, `null`, `{"x":0}`, `{"x":70000}`, `[1]`, `{"x":"1"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := parsePorts(b)
+		if err != nil {
+			return
+		}
+		for k, p := range m {
+			if p < 1 || p > 65535 {
+				t.Fatalf("accepted %q -> %d", k, p)
+			}
+		}
+	})
+}
