@@ -1,0 +1,409 @@
+// Package api is the router's OpenAI-compatible HTTP surface (plan §7.1):
+// it reads just enough of a request to choose a replica, forwards the
+// original bytes there, and streams the answer back as it arrives.
+package api
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/scheduler"
+)
+
+// Endpoints is the routing table the handler reads (endpoint.Registry).
+// Implementations are safe for concurrent use and never block on the
+// control plane.
+type Endpoints interface {
+	// Lookup returns a model's routable endpoints and whether the model is
+	// in desired state. The slice is not modified by the caller.
+	Lookup(model string) (eps []*endpoint.Endpoint, known bool)
+	// Models returns the desired models, sorted by name.
+	Models() []*llmgwv1.Model
+	// LoadOf returns an endpoint's current load.
+	LoadOf(e *endpoint.Endpoint) endpoint.Load
+}
+
+// Picker chooses among candidates: the seam the scheduler (plan §7.3)
+// plugs into. It returns an index into cands, or -1 for none, and is called
+// concurrently.
+type Picker interface {
+	Pick(cands []scheduler.Candidate) int
+}
+
+// Config configures the handler. Zero values take DefaultConfig's.
+type Config struct {
+	// MaxBodyBytes bounds a request body; larger ones get 413.
+	MaxBodyBytes int64
+	// ConnectTimeout bounds dialling an engine.
+	ConnectTimeout time.Duration
+	// FirstByteTimeout bounds the wait for an engine's response headers. A
+	// non-streamed completion sends its headers only when it is done, so
+	// this is also the longest non-streamed generation.
+	FirstByteTimeout time.Duration
+	// MaxAttempts bounds the replicas tried for one request (plan §7.4).
+	MaxAttempts int
+	// Ready reports readiness for /readyz; nil means always ready.
+	Ready func() bool
+}
+
+// DefaultConfig returns the defaults of plan §7.1.
+func DefaultConfig() Config {
+	return Config{
+		MaxBodyBytes:     4 << 20,
+		ConnectTimeout:   2 * time.Second,
+		FirstByteTimeout: 5 * time.Minute,
+		MaxAttempts:      3,
+	}
+}
+
+// Handler serves the router's HTTP API. Close releases its idle upstream
+// connections once no request runs.
+type Handler struct {
+	cfg       Config
+	eps       Endpoints
+	pick      Picker
+	log       *slog.Logger
+	transport *http.Transport
+	mux       *http.ServeMux
+	m         *metrics
+}
+
+// New builds the handler; reg receives its metrics and gather serves
+// /metrics (normally the same registry).
+func New(cfg Config, eps Endpoints, pick Picker, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer) *Handler {
+	d := DefaultConfig()
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = d.MaxBodyBytes
+	}
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = d.ConnectTimeout
+	}
+	if cfg.FirstByteTimeout <= 0 {
+		cfg.FirstByteTimeout = d.FirstByteTimeout
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = d.MaxAttempts
+	}
+	h := &Handler{
+		cfg: cfg, eps: eps, pick: pick, log: log,
+		transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			ResponseHeaderTimeout: cfg.FirstByteTimeout,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			// Engines speak plain HTTP/1.1; compression would hold SSE chunks back.
+			DisableCompression: true,
+		},
+		m: newMetrics(reg),
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/chat/completions", h.proxy)
+	mux.HandleFunc("/v1/completions", h.proxy)
+	mux.HandleFunc("GET /v1/models", h.models)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", h.readyz)
+	if gather != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(gather, promhttp.HandlerOpts{}))
+	}
+	h.mux = mux
+	return h
+}
+
+// ServeHTTP gives every request an X-Request-ID (the client's, or a new
+// one), echoed in the response and forwarded to the engine.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	id := r.Header.Get("X-Request-ID")
+	if id == "" || len(id) > 128 {
+		id = newRequestID()
+		r.Header.Set("X-Request-ID", id)
+	}
+	w.Header().Set("X-Request-ID", id)
+	h.mux.ServeHTTP(w, r)
+}
+
+// Close drops idle upstream connections. Call it after the HTTP server has
+// stopped.
+func (h *Handler) Close() { h.transport.CloseIdleConnections() }
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (h *Handler) readyz(w http.ResponseWriter, _ *http.Request) {
+	if h.cfg.Ready != nil && !h.cfg.Ready() {
+		http.Error(w, "not ready\n", http.StatusServiceUnavailable)
+		return
+	}
+	io.WriteString(w, "ok\n")
+}
+
+type modelList struct {
+	Object string       `json:"object"`
+	Data   []modelEntry `json:"data"`
+}
+
+type modelEntry struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// models lists the models in desired state, ready or not: a model being
+// rolled out exists, it only answers 503 for a moment. Desired state has no
+// creation time, so created is 0.
+func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
+	out := modelList{Object: "list", Data: []modelEntry{}}
+	for _, m := range h.eps.Models() {
+		out.Data = append(out.Data, modelEntry{ID: m.GetName(), Object: "model", OwnedBy: "llmgw"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// proxy serves the completion endpoints.
+func (h *Handler) proxy(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	h.m.inflight.Inc()
+	defer h.m.inflight.Dec()
+	rid := r.Header.Get("X-Request-ID")
+	model := "" // the label is set only for models that exist, so junk names cannot grow it
+	code := h.serveProxy(w, r, start, rid, &model)
+	label := model
+	if label == "" {
+		label = "_unknown"
+	}
+	h.m.requests.WithLabelValues(label, strconv.Itoa(code)).Inc()
+	h.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())
+}
+
+// clientClosed is recorded when the client went away before an answer.
+const clientClosed = 499
+
+func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.Time, rid string, modelLabel *string) int {
+	fail := func(err *apiError) int {
+		h.log.Debug("router: request refused", "request_id", rid, "err", err)
+		writeError(w, err)
+		return err.Status
+	}
+	if r.Method != http.MethodPost {
+		return fail(errMethod("POST"))
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return fail(errTooLarge(h.cfg.MaxBodyBytes))
+		}
+		return fail(errInvalidField("", "reading the body: "+err.Error()))
+	}
+	req, err := sniff(body)
+	if err != nil {
+		var ae *apiError
+		errors.As(err, &ae)
+		return fail(ae)
+	}
+	eps, known := h.eps.Lookup(req.Model)
+	if !known {
+		return fail(errModelNotFound(req.Model))
+	}
+	*modelLabel = req.Model
+	log := h.log.With("request_id", rid, "model", req.Model)
+
+	tried := make([]*endpoint.Endpoint, 0, h.cfg.MaxAttempts)
+	var lastErr error
+	for attempt := 0; attempt < h.cfg.MaxAttempts; attempt++ {
+		ep := h.choose(eps, tried)
+		if ep == nil {
+			break
+		}
+		tried = append(tried, ep)
+		last := attempt == h.cfg.MaxAttempts-1 || len(tried) == len(eps)
+		code, err := h.forward(w, r, body, ep, req.Stream, start, last, log)
+		if err == nil {
+			return code
+		}
+		if r.Context().Err() != nil {
+			log.Info("router: client went away", "replica", ep.ReplicaID)
+			return clientClosed
+		}
+		lastErr = err
+		h.m.upstreamErrors.WithLabelValues(req.Model).Inc()
+		log.Warn("router: replica failed before the first byte; trying another", "replica", ep.ReplicaID, "err", err)
+	}
+	if lastErr == nil {
+		return fail(errNoReplica(req.Model))
+	}
+	return fail(errUpstream(lastErr))
+}
+
+// choose picks among the endpoints not yet tried.
+func (h *Handler) choose(eps, tried []*endpoint.Endpoint) *endpoint.Endpoint {
+	left := make([]*endpoint.Endpoint, 0, len(eps))
+	for _, e := range eps {
+		if !slices.Contains(tried, e) {
+			left = append(left, e)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	cands := make([]scheduler.Candidate, len(left))
+	for i, e := range left {
+		l := h.eps.LoadOf(e)
+		cands[i] = scheduler.Candidate{Waiting: l.Waiting, Running: l.Running, Inflight: l.Inflight, Saturated: l.Saturated}
+	}
+	i := h.pick.Pick(cands)
+	if i < 0 || i >= len(left) {
+		return nil
+	}
+	return left[i]
+}
+
+// hopHeaders are per-connection headers a proxy must not forward (RFC 9110 §7.6.1).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// forward sends the request to ep. It returns an error only while nothing
+// has been written to the client — a connection failure, or a 5xx when
+// another replica may still be tried (last is false) — so the caller may
+// retry elsewhere (plan §7.4). Once the response has started, it is the
+// answer, whatever happens to it.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, ep *endpoint.Endpoint,
+	stream bool, start time.Time, last bool, log *slog.Logger) (int, error) {
+	release := ep.Acquire()
+	defer release()
+
+	// The request's context: a client that goes away cancels the engine's work.
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost,
+		"http://"+ep.Address+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("build request for %s: %w", ep.Address, err)
+	}
+	out.Header = r.Header.Clone()
+	for _, k := range hopHeaders {
+		out.Header.Del(k)
+	}
+	out.Header.Del("Content-Length")
+	out.ContentLength = int64(len(body))
+
+	resp, err := h.transport.RoundTrip(out)
+	if err != nil {
+		return 0, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 && !last {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return 0, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
+	}
+
+	hdr := w.Header()
+	for k, v := range resp.Header {
+		hdr[k] = v
+	}
+	for _, k := range hopHeaders {
+		hdr.Del(k)
+	}
+	hdr.Del("Content-Length") // the server frames what we copy
+	hdr.Set("X-Llmgw-Replica", ep.ReplicaID)
+	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
+	w.WriteHeader(resp.StatusCode)
+
+	n, err := h.copyFlushing(w, resp.Body, func() {
+		if stream {
+			h.m.ttft.WithLabelValues(ep.Model).Observe(time.Since(start).Seconds())
+		}
+	})
+	if err != nil && r.Context().Err() == nil {
+		// Too late to answer with an error: the client sees a cut stream.
+		h.m.upstreamErrors.WithLabelValues(ep.Model).Inc()
+		log.Warn("router: response cut short", "replica", ep.ReplicaID, "bytes", n, "err", err)
+	}
+	log.Debug("router: request done", "replica", ep.ReplicaID, "status", resp.StatusCode, "bytes", n)
+	if r.Context().Err() != nil {
+		return clientClosed, nil
+	}
+	return resp.StatusCode, nil
+}
+
+// copyFlushing copies src to w, flushing after every read so SSE chunks
+// reach the client one by one; first runs before the first byte is written.
+func (h *Handler) copyFlushing(w http.ResponseWriter, src io.Reader, first func()) (int64, error) {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		k, rerr := src.Read(buf)
+		if k > 0 {
+			if n == 0 {
+				first()
+			}
+			if _, err := w.Write(buf[:k]); err != nil {
+				return n, fmt.Errorf("write to client: %w", err)
+			}
+			n += int64(k)
+			if err := rc.Flush(); err != nil {
+				return n, fmt.Errorf("flush to client: %w", err)
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, fmt.Errorf("read from engine: %w", rerr)
+		}
+	}
+}
+
+type metrics struct {
+	requests       *prometheus.CounterVec
+	duration       *prometheus.HistogramVec
+	ttft           *prometheus.HistogramVec
+	upstreamErrors *prometheus.CounterVec
+	inflight       prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	buckets := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_requests_total",
+			Help: "Completion requests by model and HTTP status (499: the client went away).",
+		}, []string{"model", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgw_router_request_duration_seconds", Help: "End-to-end request latency.", Buckets: buckets,
+		}, []string{"model"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgw_router_ttft_seconds", Help: "Time to the first streamed byte sent to the client.", Buckets: buckets,
+		}, []string{"model"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_upstream_errors_total",
+			Help: "Engine failures: connection errors, 5xx answers retried elsewhere, streams cut short.",
+		}, []string{"model"}),
+		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_router_inflight", Help: "Completion requests being served.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.duration, m.ttft, m.upstreamErrors, m.inflight)
+	}
+	return m
+}

@@ -1,0 +1,322 @@
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/scheduler"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// table is a fixed routing table.
+type table struct {
+	models map[string][]*endpoint.Endpoint
+}
+
+func (t *table) Lookup(m string) ([]*endpoint.Endpoint, bool) {
+	eps, ok := t.models[m]
+	return eps, ok
+}
+func (t *table) Models() []*llmgwv1.Model {
+	var out []*llmgwv1.Model
+	for _, n := range []string{"demo", "empty"} {
+		if _, ok := t.models[n]; ok {
+			out = append(out, &llmgwv1.Model{Name: n})
+		}
+	}
+	return out
+}
+func (t *table) LoadOf(e *endpoint.Endpoint) endpoint.Load {
+	return endpoint.Load{Inflight: e.Inflight()}
+}
+
+// inOrder picks the first candidate, so tests know which replica is tried first.
+type inOrder struct{}
+
+func (inOrder) Pick(c []scheduler.Candidate) int {
+	if len(c) == 0 {
+		return -1
+	}
+	return 0
+}
+
+func ep(id, addr string) *endpoint.Endpoint {
+	return &endpoint.Endpoint{ReplicaID: id, UID: 1, Model: "demo", Address: addr}
+}
+
+func engine(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return strings.TrimPrefix(s.URL, "http://")
+}
+
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+func newRouter(t *testing.T, tb *table, mutate func(*Config)) *httptest.Server {
+	t.Helper()
+	cfg := DefaultConfig()
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	reg := prometheus.NewRegistry()
+	h := New(cfg, tb, inOrder{}, slog.New(slog.NewTextHandler(io.Discard, nil)), reg, reg)
+	s := httptest.NewServer(h)
+	t.Cleanup(func() { s.Close(); h.Close() })
+	return s
+}
+
+func post(t *testing.T, url, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	return resp
+}
+
+func TestErrors(t *testing.T) {
+	ok := engine(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{}`) })
+	tb := &table{models: map[string][]*endpoint.Endpoint{
+		"demo":  {ep("demo-0", deadAddr(t))},
+		"empty": nil,
+		"fine":  {ep("fine-0", ok)},
+	}}
+	srv := newRouter(t, tb, func(c *Config) { c.MaxBodyBytes = 64 })
+	tests := []struct {
+		name       string
+		body       string
+		status     int
+		typ, code  string
+		param      string
+		retryAfter bool
+	}{
+		{"invalid json", `{"model":`, 400, "invalid_request_error", "invalid_json", "", false},
+		{"not an object", `[1]`, 400, "invalid_request_error", "invalid_json", "", false},
+		{"no model", `{"stream":true}`, 400, "invalid_request_error", "invalid_value", "model", false},
+		{"stream not bool", `{"model":"demo","stream":"yes"}`, 400, "invalid_request_error", "invalid_value", "stream", false},
+		{"unknown model", `{"model":"nope"}`, 404, "invalid_request_error", "model_not_found", "model", false},
+		{"too large", `{"model":"demo","prompt":"` + strings.Repeat("x", 100) + `"}`, 413, "invalid_request_error", "request_too_large", "", false},
+		{"no replica", `{"model":"empty"}`, 503, "server_error", "no_replica_available", "", true},
+		{"engine down", `{"model":"demo"}`, 502, "server_error", "upstream_error", "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := post(t, srv.URL+"/v1/chat/completions", tt.body, nil)
+			if resp.StatusCode != tt.status {
+				t.Fatalf("status = %d, want %d", resp.StatusCode, tt.status)
+			}
+			var body struct {
+				Error struct {
+					Message string  `json:"message"`
+					Type    string  `json:"type"`
+					Param   *string `json:"param"`
+					Code    *string `json:"code"`
+				} `json:"error"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+				t.Fatalf("error body: %v", err)
+			}
+			e := body.Error
+			if e.Type != tt.typ || e.Code == nil || *e.Code != tt.code || e.Message == "" {
+				t.Fatalf("error = %+v (code %v), want type %s code %s", e, e.Code, tt.typ, tt.code)
+			}
+			if tt.param != "" && (e.Param == nil || *e.Param != tt.param) {
+				t.Fatalf("param = %v, want %s", e.Param, tt.param)
+			}
+			if got := resp.Header.Get("Retry-After") != ""; got != tt.retryAfter {
+				t.Fatalf("Retry-After present = %v, want %v", got, tt.retryAfter)
+			}
+			if resp.Header.Get("X-Request-ID") == "" {
+				t.Fatal("no X-Request-ID on an error")
+			}
+		})
+	}
+}
+
+// TestStreamingIsIncremental has the engine write one chunk and wait until
+// the client has read it before writing the next: a router that buffered
+// would deadlock here.
+func TestStreamingIsIncremental(t *testing.T) {
+	next := make(chan struct{})
+	addr := engine(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {\"n\":1}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-next:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: {\"n\":2}\n\ndata: [DONE]\n\n")
+	})
+	srv := newRouter(t, &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}}, nil)
+	resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"demo","stream":true}`, nil)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || resp.Header.Get("X-Llmgw-Replica") != "demo-0" {
+		t.Fatalf("status %d headers %v", resp.StatusCode, resp.Header)
+	}
+	rd := bufio.NewReader(resp.Body)
+	line, err := rd.ReadString('\n')
+	if err != nil || line != "data: {\"n\":1}\n" {
+		t.Fatalf("first chunk = %q, %v", line, err)
+	}
+	close(next)
+	rest, err := io.ReadAll(rd)
+	if err != nil || string(rest) != "\ndata: {\"n\":2}\n\ndata: [DONE]\n\n" {
+		t.Fatalf("rest = %q, %v", rest, err)
+	}
+}
+
+func TestClientCancelReachesEngine(t *testing.T) {
+	started := make(chan struct{})
+	cancelled := make(chan struct{})
+	addr := engine(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		close(started)
+		<-r.Context().Done()
+		close(cancelled)
+	})
+	srv := newRouter(t, &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"model":"demo","stream":true}`))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	<-started
+	cancel()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the engine never saw the client go away")
+	}
+}
+
+func TestRetryBeforeFirstByte(t *testing.T) {
+	var gotID string
+	good := engine(t, func(w http.ResponseWriter, r *http.Request) {
+		gotID = r.Header.Get("X-Request-ID")
+		body, _ := io.ReadAll(r.Body)
+		w.Write(body) // echo: the original bytes must arrive
+	})
+	failing := engine(t, func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "engine overloaded", http.StatusServiceUnavailable)
+	})
+	tests := []struct {
+		name       string
+		eps        []*endpoint.Endpoint
+		status     int
+		replica    string
+		wantEchoed bool
+	}{
+		{"connect error, then good", []*endpoint.Endpoint{ep("dead", deadAddr(t)), ep("good", good)}, 200, "good", true},
+		{"5xx, then good", []*endpoint.Endpoint{ep("bad", failing), ep("good", good)}, 200, "good", true},
+		{"only 5xx: passed through", []*endpoint.Endpoint{ep("bad", failing)}, 503, "bad", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			gotID = ""
+			srv := newRouter(t, &table{models: map[string][]*endpoint.Endpoint{"demo": tt.eps}}, nil)
+			body := `{"model":"demo",  "prompt":"hi"}`
+			resp := post(t, srv.URL+"/v1/completions", body, map[string]string{"X-Request-ID": "req-1"})
+			got, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tt.status || resp.Header.Get("X-Llmgw-Replica") != tt.replica {
+				t.Fatalf("status %d replica %q, want %d %q", resp.StatusCode, resp.Header.Get("X-Llmgw-Replica"), tt.status, tt.replica)
+			}
+			if resp.Header.Get("X-Request-ID") != "req-1" {
+				t.Fatalf("X-Request-ID = %q", resp.Header.Get("X-Request-ID"))
+			}
+			if tt.wantEchoed && (string(got) != body || gotID != "req-1") {
+				t.Fatalf("engine got body %q id %q", got, gotID)
+			}
+		})
+	}
+}
+
+func TestModelsAndProbes(t *testing.T) {
+	ready := false
+	srv := newRouter(t, &table{models: map[string][]*endpoint.Endpoint{"demo": nil, "empty": nil}},
+		func(c *Config) { c.Ready = func() bool { return ready } })
+	resp, err := http.Get(srv.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list modelList
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Object != "list" || len(list.Data) != 2 || list.Data[0].ID != "demo" || list.Data[0].Object != "model" || list.Data[0].OwnedBy != "llmgw" {
+		t.Fatalf("models = %+v", list)
+	}
+	for _, tt := range []struct {
+		path string
+		want int
+	}{{"/healthz", 200}, {"/readyz", 503}, {"/metrics", 200}} {
+		r, err := http.Get(srv.URL + tt.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != tt.want {
+			t.Fatalf("%s = %d, want %d", tt.path, r.StatusCode, tt.want)
+		}
+	}
+}
+
+func FuzzSniff(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"demo","stream":null}`, `{"Model":"demo"}`, `{"model":1}`, `[]`, `null`, ``, `{"model":"a","model":"b"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got, err := sniff(body)
+		if err != nil {
+			if _, ok := err.(*apiError); !ok {
+				t.Fatalf("error %T is not an API error", err)
+			}
+			return
+		}
+		if got.Model == "" || !json.Valid(body) {
+			t.Fatalf("accepted %q as %+v", body, got)
+		}
+	})
+}
