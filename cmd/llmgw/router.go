@@ -1,17 +1,42 @@
 package main
 
 import (
-	"errors"
-
 	"github.com/spf13/cobra"
+
+	"github.com/llmgw/llmgw/router"
 )
 
-// newRouterCmd is a placeholder replaced by the router component's wiring.
+// newRouterCmd wires `llmgw router`: flags into router.Config, then Run
+// until SIGINT or SIGTERM.
 func newRouterCmd() *cobra.Command {
-	return &cobra.Command{
-		Use: "router",
-		RunE: func(*cobra.Command, []string) error {
-			return errors.New("router: not built yet")
+	cfg := router.DefaultConfig()
+	cmd := &cobra.Command{
+		Use:   "router",
+		Short: "Serve the OpenAI API, routing each request to the least loaded ready replica",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(cmd)
+			if err != nil {
+				return err
+			}
+			r, err := router.New(cfg, log)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			return r.Run(ctx)
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.ID, "id", cfg.ID, "router id reported to the control plane (default: host name)")
+	f.StringSliceVar(&cfg.Control, "control", cfg.Control, "control servers' gRPC addresses, host:port[,...]")
+	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address for the OpenAI API, /metrics, /healthz, /readyz")
+	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory keeping the last state, to route while the control plane is down")
+	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body accepted")
+	f.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")
+	f.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "timeout for connecting to an engine")
+	f.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", cfg.FirstByteTimeout, "timeout for an engine's response headers")
+	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "how long in-flight requests may finish after SIGTERM")
+	return cmd
 }

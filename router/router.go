@@ -1,0 +1,242 @@
+// Package router is llmgw's OpenAI-compatible router (plan §7): it follows
+// the control plane's watch stream, keeps each model's routable replicas
+// and their load, and proxies requests to the least loaded one. Routers are
+// stateless and many; none waits on the control plane to serve traffic.
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/llmgw/llmgw/router/api"
+	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/scheduler"
+	"github.com/llmgw/llmgw/router/watch"
+)
+
+// Config configures a Router. Start from DefaultConfig.
+type Config struct {
+	// ID names the router to the control plane; defaults to the host name.
+	ID string
+	// Control lists control servers' gRPC addresses (host:port); more are
+	// learned from the stream.
+	Control []string
+	// HTTPAddr is where the OpenAI API, /metrics, /healthz and /readyz are served.
+	HTTPAddr string
+	// DataDir, when set, keeps the last state so a router restarted while
+	// the control plane is down still routes.
+	DataDir string
+	// MaxBodyBytes bounds request bodies (413 beyond).
+	MaxBodyBytes int64
+	// ScrapeInterval is how often each routable replica's /metrics is read;
+	// a reading older than three intervals counts as saturated.
+	ScrapeInterval time.Duration
+	// ConnectTimeout and FirstByteTimeout bound each attempt at an engine.
+	ConnectTimeout, FirstByteTimeout time.Duration
+	// ShutdownGrace is how long in-flight requests may run after shutdown
+	// begins before they are cut.
+	ShutdownGrace time.Duration
+}
+
+// DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
+// the API on :8080.
+func DefaultConfig() Config {
+	a := api.DefaultConfig()
+	return Config{
+		Control:          []string{"127.0.0.1:7400"},
+		HTTPAddr:         ":8080",
+		MaxBodyBytes:     a.MaxBodyBytes,
+		ScrapeInterval:   200 * time.Millisecond,
+		ConnectTimeout:   a.ConnectTimeout,
+		FirstByteTimeout: a.FirstByteTimeout,
+		ShutdownGrace:    30 * time.Second,
+	}
+}
+
+// Validate reports the first bad field, named as its flag.
+func (c Config) Validate() error {
+	if len(c.Control) == 0 {
+		return errors.New("--control: at least one control address is required")
+	}
+	for _, a := range c.Control {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("--control: %q: %w", a, err)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		return fmt.Errorf("--http-addr: %q: %w", c.HTTPAddr, err)
+	}
+	if c.MaxBodyBytes <= 0 {
+		return fmt.Errorf("--max-body-bytes: must be positive, got %d", c.MaxBodyBytes)
+	}
+	if c.ScrapeInterval <= 0 {
+		return fmt.Errorf("--scrape-interval: must be positive, got %s", c.ScrapeInterval)
+	}
+	if c.ConnectTimeout <= 0 {
+		return fmt.Errorf("--connect-timeout: must be positive, got %s", c.ConnectTimeout)
+	}
+	if c.FirstByteTimeout <= 0 {
+		return fmt.Errorf("--first-byte-timeout: must be positive, got %s", c.FirstByteTimeout)
+	}
+	if c.ShutdownGrace < 0 {
+		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
+	}
+	return nil
+}
+
+// Router is one router process's worth of components.
+type Router struct {
+	cfg      Config
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	watch    *watch.Client
+	eps      *endpoint.Registry
+	handler  *api.Handler
+	draining atomic.Bool
+}
+
+// New builds a router; nothing runs until Run.
+func New(cfg Config, log *slog.Logger) (*Router, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.ID == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			host = "router"
+		}
+		cfg.ID = host
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	wcfg := watch.DefaultConfig()
+	wcfg.ClientID = cfg.ID
+	wcfg.Addrs = cfg.Control
+	if cfg.DataDir != "" {
+		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+			return nil, fmt.Errorf("--data-dir: %w", err)
+		}
+		wcfg.StatePath = filepath.Join(cfg.DataDir, "router-state.bin")
+	}
+	wc, err := watch.New(wcfg, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("router: watch client: %w", err)
+	}
+
+	ecfg := endpoint.DefaultConfig()
+	ecfg.ScrapeInterval = cfg.ScrapeInterval
+	ecfg.StaleAfter = 3 * cfg.ScrapeInterval
+	eps, err := endpoint.New(ecfg, wc, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("router: endpoints: %w", err)
+	}
+
+	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps}
+	acfg := api.Config{
+		MaxBodyBytes:     cfg.MaxBodyBytes,
+		ConnectTimeout:   cfg.ConnectTimeout,
+		FirstByteTimeout: cfg.FirstByteTimeout,
+		MaxAttempts:      api.DefaultConfig().MaxAttempts,
+		Ready:            r.ready,
+	}
+	r.handler = api.New(acfg, eps, scheduler.LeastLoaded{}, log, reg, reg)
+	return r, nil
+}
+
+// ready is the router's /readyz: it has a complete desired state to route
+// from and is not shutting down.
+func (r *Router) ready() bool { return !r.draining.Load() && r.eps.Synced() }
+
+// Handler serves the router's HTTP API; for tests and for embedding.
+func (r *Router) Handler() http.Handler { return r.handler }
+
+// Run listens on HTTPAddr and serves until ctx is cancelled; see Serve.
+func (r *Router) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", r.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("router: listen %s: %w", r.cfg.HTTPAddr, err)
+	}
+	return r.Serve(ctx, ln)
+}
+
+// Serve runs the router on ln until ctx is cancelled and returns once
+// everything it started has stopped. The shutdown order keeps traffic
+// flowing as long as possible:
+//  1. /readyz fails, so load balancers stop sending new requests;
+//  2. the HTTP server stops accepting and waits up to ShutdownGrace for
+//     in-flight requests (streams included) to finish;
+//  3. past the grace, remaining requests are cancelled (which cancels their
+//     engine requests) and their connections closed;
+//  4. only then stop the endpoint scrapers and the watch client (which
+//     saves the state a last time): requests route from them to the end.
+func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
+	bgCtx, stopBG := context.WithCancel(context.Background())
+	reqCtx, cancelRequests := context.WithCancel(context.Background())
+	defer cancelRequests()
+
+	var bg sync.WaitGroup
+	bg.Go(func() {
+		if err := r.watch.Run(bgCtx); err != nil {
+			r.log.Error("router: watch client stopped", "err", err)
+		}
+	})
+	bg.Go(func() {
+		if err := r.eps.Run(bgCtx); err != nil {
+			r.log.Error("router: endpoint registry stopped", "err", err)
+		}
+	})
+
+	var handlers sync.WaitGroup
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			handlers.Add(1)
+			defer handlers.Done()
+			r.handler.ServeHTTP(w, req)
+		}),
+		BaseContext:       func(net.Listener) context.Context { return reqCtx },
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	r.log.Info("router: serving", "addr", ln.Addr().String(), "control", r.cfg.Control)
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-serveErr:
+		err = fmt.Errorf("router: serve: %w", err)
+	}
+
+	r.draining.Store(true)
+	graceCtx, cancelGrace := context.WithTimeout(context.Background(), r.cfg.ShutdownGrace)
+	if serr := srv.Shutdown(graceCtx); serr != nil {
+		r.log.Warn("router: grace period over; cutting remaining requests", "err", serr)
+		cancelRequests()
+		_ = srv.Close()
+	}
+	cancelGrace()
+	if err == nil {
+		<-serveErr // http.ErrServerClosed
+	}
+	handlers.Wait()
+	r.handler.Close()
+
+	stopBG()
+	bg.Wait()
+	r.log.Info("router: stopped")
+	return err
+}
