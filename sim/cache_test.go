@@ -18,8 +18,10 @@ func (r *recorder) BlocksStored(parent *vllm.BlockHash, blocks []StoredBlock) {
 	}
 	r.events = append(r.events, fmt.Sprintf("stored parent=%s n=%d", p, len(blocks)))
 }
-func (r *recorder) BlocksRemoved(h []vllm.BlockHash) { r.events = append(r.events, "removed "+h[0].String()[:6]) }
-func (r *recorder) AllBlocksCleared()                { r.events = append(r.events, "cleared") }
+func (r *recorder) BlocksRemoved(h []vllm.BlockHash) {
+	r.events = append(r.events, "removed "+h[0].String()[:6])
+}
+func (r *recorder) AllBlocksCleared() { r.events = append(r.events, "cleared") }
 
 const bs = 4
 

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -271,12 +272,13 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 		writeJSON(w, http.StatusOK, vllm.ChatCompletion{ID: g.id, Object: "chat.completion", Created: s.created,
 			Model: g.model, Usage: usage, Choices: []vllm.ChatChoice{{
 				Message:      vllm.AssistantMessage{Role: "assistant", Content: text, ToolCalls: []json.RawMessage{}},
-				FinishReason: &finish,
+				FinishReason: &finish, StopReason: json.RawMessage("null"),
 			}}})
 		return
 	}
 	writeJSON(w, http.StatusOK, vllm.Completion{ID: g.id, Object: "text_completion", Created: s.created,
-		Model: g.model, Usage: usage, Choices: []vllm.CompletionChoice{{Text: text, FinishReason: &finish}}})
+		Model: g.model, Usage: usage, Choices: []vllm.CompletionChoice{{Text: text, FinishReason: &finish,
+			StopReason: json.RawMessage("null")}}})
 }
 
 // streamWriter writes a response as server-sent events, each flushed as
@@ -300,11 +302,13 @@ func newSSE(w http.ResponseWriter, g genRequest, created int64) *sse {
 }
 
 func (s *sse) event(v any) error {
-	b, err := json.Marshal(v)
-	if err != nil {
+	var b bytes.Buffer
+	b.WriteString("data: ")
+	if err := newJSONEncoder(&b).Encode(v); err != nil {
 		return fmt.Errorf("encode chunk: %w", err)
 	}
-	if _, err := fmt.Fprintf(s.w, "data: %s\n\n", b); err != nil {
+	b.WriteString("\n") // Encode ended the line; a blank line ends the event
+	if _, err := s.w.Write(b.Bytes()); err != nil {
 		return fmt.Errorf("write chunk: %w", err)
 	}
 	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {

@@ -197,7 +197,15 @@ func (s *Server) routes() http.Handler {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	_ = newJSONEncoder(w).Encode(v)
+}
+
+// newJSONEncoder writes JSON as Python's json module does: "<" and ">"
+// (in special tokens) are not escaped.
+func newJSONEncoder(w io.Writer) *json.Encoder {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc
 }
 
 func writeError(w http.ResponseWriter, e vllm.ErrorResponse) { writeJSON(w, e.Error.Code, e) }

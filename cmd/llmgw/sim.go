@@ -1,17 +1,155 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/llmgw/llmgw/sim"
 )
 
-// newSimCmd is a placeholder replaced by the sim component's wiring.
+// newSimCmd is `llmgw sim`, the vLLM-compatible engine simulator (plan §8).
+// Its serve subcommand takes vLLM's flags so the agent's vLLM driver can
+// start it with the very argv it gives `vllm serve`.
 func newSimCmd() *cobra.Command {
-	return &cobra.Command{
-		Use: "sim",
-		RunE: func(*cobra.Command, []string) error {
-			return errors.New("sim: not built yet")
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "A vLLM-compatible engine simulator",
+	}
+	cmd.AddCommand(newSimServeCmd())
+	return cmd
+}
+
+func newSimServeCmd() *cobra.Command {
+	cfg := sim.DefaultConfig()
+	var (
+		noPrefixCaching bool
+		prefillUS       float64
+		decodeMS        float64
+	)
+	cmd := &cobra.Command{
+		Use:   "serve MODEL",
+		Short: "Serve a simulated model on vLLM's OpenAI-compatible API",
+		Long: `Serve a simulated model on vLLM's OpenAI-compatible API.
+
+Takes vLLM's flags; flags it does not know are ignored, so extra engine
+arguments meant for vLLM do not stop it. --lora-modules takes one or more
+values, as vLLM's does. PYTHONHASHSEED and VLLM_ALLOW_RUNTIME_LORA_UPDATING
+are read from the environment, and LLMGW_SIM_FAULTS may hold the fault
+injection settings as JSON ({"slowdown":2,"fail_rate":0.1,"fail_status":503,
+"crash_after":100}); the --sim-* flags override it.`,
+		Args: cobra.MinimumNArgs(1),
+		// vLLM has many flags the simulator has no use for; the agent may
+		// pass any of them as a model's extra engine arguments.
+		FParseErrWhitelist: cobra.FParseErrWhitelist{UnknownFlags: true},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			log, err := newLogger(cmd)
+			if err != nil {
+				return err
+			}
+			cfg.Model = args[0]
+			if len(args) > 1 {
+				// vLLM's --lora-modules is nargs='+': values after the first
+				// arrive here as positional arguments.
+				if !cmd.Flags().Changed("lora-modules") {
+					return fmt.Errorf("unexpected arguments %q after MODEL", args[1:])
+				}
+				cfg.LoRAModules = append(cfg.LoRAModules, args[1:]...)
+			}
+			if noPrefixCaching {
+				cfg.EnablePrefixCaching = false
+			}
+			cfg.PrefillPerToken = time.Duration(prefillUS * float64(time.Microsecond))
+			cfg.DecodePerToken = time.Duration(decodeMS * float64(time.Millisecond))
+			cfg.PythonHashSeed = os.Getenv("PYTHONHASHSEED")
+			switch strings.ToLower(strings.TrimSpace(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))) {
+			case "1", "true":
+				cfg.AllowRuntimeLoRAUpdating = true
+			}
+			if err := applyFaultsEnv(cmd, &cfg.Faults); err != nil {
+				return err
+			}
+			srv, err := sim.New(cfg, log)
+			if err != nil {
+				return err
+			}
+			if cfg.KVEventsConfig != "" || cfg.EnableLoRA {
+				log.Warn("KV events and LoRA flags are accepted but not simulated yet",
+					"kv_events_config", cfg.KVEventsConfig, "enable_lora", cfg.EnableLoRA,
+					"lora_modules", cfg.LoRAModules)
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			if err := srv.Run(ctx); err != nil {
+				if errors.Is(err, sim.ErrCrashed) {
+					return fmt.Errorf("sim serve: %w", err)
+				}
+				return err
+			}
+			return nil
 		},
 	}
+	f := cmd.Flags()
+	// vLLM's own flags.
+	f.StringVar(&cfg.Host, "host", cfg.Host, "host to listen on (empty: every interface)")
+	f.IntVar(&cfg.Port, "port", cfg.Port, "port to listen on")
+	f.StringArrayVar(&cfg.ServedModelNames, "served-model-name", nil, "name(s) requests use for the model (default: MODEL)")
+	f.IntVar(&cfg.BlockSize, "block-size", cfg.BlockSize, "KV cache block size in tokens")
+	f.StringVar(&cfg.PrefixCachingHashAlgo, "prefix-caching-hash-algo", cfg.PrefixCachingHashAlgo, "recorded only; the simulator always hashes with sha256_cbor")
+	f.BoolVar(&cfg.EnablePrefixCaching, "enable-prefix-caching", cfg.EnablePrefixCaching, "cache prompt prefixes")
+	f.BoolVar(&noPrefixCaching, "no-enable-prefix-caching", false, "disable prefix caching")
+	f.StringVar(&cfg.KVEventsConfig, "kv-events-config", "", "KV events configuration, JSON (accepted, not simulated yet)")
+	f.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "enable LoRA adapters (accepted, not simulated yet)")
+	f.IntVar(&cfg.MaxLoRAs, "max-loras", cfg.MaxLoRAs, "LoRA adapters per batch (accepted, not simulated yet)")
+	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", cfg.MaxLoRARank, "maximum LoRA rank (accepted, not simulated yet)")
+	f.StringArrayVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA modules, name=path or JSON; one or more (accepted, not simulated yet)")
+	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", cfg.MaxNumSeqs, "sequences running at once; more wait")
+	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks-override", cfg.NumGPUBlocks, "KV cache capacity in blocks")
+	f.BoolVar(&cfg.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
+	f.IntVar(&cfg.MaxModelLen, "max-model-len", cfg.MaxModelLen, "maximum prompt plus completion tokens")
+	f.Int64Var(&cfg.Seed, "seed", cfg.Seed, "seed of generated text, request ids and injected failures")
+	// The simulator's own.
+	f.Float64Var(&prefillUS, "sim-prefill-us-per-token", float64(cfg.PrefillPerToken)/float64(time.Microsecond), "prefill time per uncached prompt token, microseconds")
+	f.Float64Var(&decodeMS, "sim-decode-ms-per-token", float64(cfg.DecodePerToken)/float64(time.Millisecond), "decode time per generated token, milliseconds")
+	f.DurationVar(&cfg.StartupDelay, "sim-startup-delay", cfg.StartupDelay, "time spent \"loading weights\" before listening")
+	f.IntVar(&cfg.DefaultMaxTokens, "sim-default-max-tokens", cfg.DefaultMaxTokens, "completion length when a request sets none")
+	f.Float64Var(&cfg.Faults.Slowdown, "sim-slowdown", 0, "fault injection: multiply prefill and decode times")
+	f.Float64Var(&cfg.Faults.FailRate, "sim-fail-rate", 0, "fault injection: share of requests failed with --sim-fail-status")
+	f.IntVar(&cfg.Faults.FailStatus, "sim-fail-status", 0, "fault injection: HTTP status of failed requests (default 500)")
+	f.IntVar(&cfg.Faults.CrashAfter, "sim-crash-after", 0, "fault injection: die abruptly when this many requests have arrived")
+	return cmd
+}
+
+// applyFaultsEnv reads LLMGW_SIM_FAULTS under the --sim-* flags: a flag
+// given on the command line wins over the environment.
+func applyFaultsEnv(cmd *cobra.Command, faults *sim.Faults) error {
+	raw := os.Getenv("LLMGW_SIM_FAULTS")
+	if raw == "" {
+		return nil
+	}
+	var env sim.Faults
+	dec := json.NewDecoder(strings.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&env); err != nil {
+		return fmt.Errorf("LLMGW_SIM_FAULTS: %w", err)
+	}
+	f := cmd.Flags()
+	if !f.Changed("sim-slowdown") {
+		faults.Slowdown = env.Slowdown
+	}
+	if !f.Changed("sim-fail-rate") {
+		faults.FailRate = env.FailRate
+	}
+	if !f.Changed("sim-fail-status") {
+		faults.FailStatus = env.FailStatus
+	}
+	if !f.Changed("sim-crash-after") {
+		faults.CrashAfter = env.CrashAfter
+	}
+	return nil
 }
