@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -166,6 +168,10 @@ func TestEndToEnd(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not return after the stream ended")
+	}
+	// The watch client saved the state on the way out, for the next start.
+	if fi, err := os.Stat(filepath.Join(cfg.DataDir, "router-state.bin")); err != nil || fi.Size() == 0 {
+		t.Fatalf("no saved state: %v", err)
 	}
 }
 

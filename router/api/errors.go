@@ -82,6 +82,9 @@ func writeError(w http.ResponseWriter, err error) {
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
+	if e.Status == http.StatusMethodNotAllowed {
+		h.Set("Allow", http.MethodPost)
+	}
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", fmt.Sprint(e.RetryAfter))
 	}
