@@ -1,0 +1,99 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/llmgw/llmgw/fsm"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// adminService is everything llmgwctl needs (plan §5.3). Writes go through
+// Raft on the leader; reads are served from this node's FSM unless
+// consistent is asked, when this node must be the leader and confirm it.
+type adminService struct {
+	llmgwv1.UnimplementedAdminServiceServer
+	s *Server
+}
+
+func (a *adminService) ApplyModel(ctx context.Context, req *llmgwv1.ApplyModelRequest) (*llmgwv1.ApplyModelResponse, error) {
+	// The same pure validation llmgwctl ran, so a bad model is refused
+	// before it costs a log entry; the FSM checks again when applying.
+	m := fsm.ModelDefaults(req.GetModel())
+	if err := fsm.ValidateModel(m); err != nil {
+		return nil, toStatus(err)
+	}
+	res, rev, err := a.s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL, &llmgwv1.UpsertModelCommand{Model: m})
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("apply model %s: %w", m.Name, err))
+	}
+	stored, _ := res.(*llmgwv1.Model)
+	a.s.log.Info("model applied", "model", m.Name, "revision", rev)
+	return &llmgwv1.ApplyModelResponse{Revision: rev, Model: stored}, nil
+}
+
+func (a *adminService) DeleteModel(ctx context.Context, req *llmgwv1.DeleteModelRequest) (*llmgwv1.DeleteModelResponse, error) {
+	_, rev, err := a.s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_DELETE_MODEL, &llmgwv1.DeleteModelCommand{Name: req.GetName()})
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("delete model %s: %w", req.GetName(), err))
+	}
+	a.s.log.Info("model deleted", "model", req.GetName(), "revision", rev)
+	return &llmgwv1.DeleteModelResponse{Revision: rev}, nil
+}
+
+// read returns the state to answer a read from, after confirming
+// leadership when the read must be consistent.
+func (a *adminService) read(req *llmgwv1.ListRequest) (*llmgwv1.State, error) {
+	if req.GetConsistent() {
+		if err := a.s.node.raft.VerifyLeader().Error(); err != nil {
+			return nil, toStatus(fmt.Errorf("consistent read: %w", a.s.notLeader()))
+		}
+	}
+	return a.s.fsm.State(), nil
+}
+
+func (a *adminService) ListModels(_ context.Context, req *llmgwv1.ListRequest) (*llmgwv1.ListModelsResponse, error) {
+	st, err := a.read(req)
+	if err != nil {
+		return nil, err
+	}
+	return &llmgwv1.ListModelsResponse{Revision: st.Revision, Models: st.Models}, nil
+}
+
+func (a *adminService) ListNodes(_ context.Context, req *llmgwv1.ListRequest) (*llmgwv1.ListNodesResponse, error) {
+	st, err := a.read(req)
+	if err != nil {
+		return nil, err
+	}
+	return &llmgwv1.ListNodesResponse{Revision: st.Revision, Nodes: st.Nodes, Connected: a.s.connected()}, nil
+}
+
+// ListReplicas joins each desired replica with its last status — only a
+// status of the same placement (uid); an older placement's status says
+// nothing about this one.
+func (a *adminService) ListReplicas(_ context.Context, req *llmgwv1.ListRequest) (*llmgwv1.ListReplicasResponse, error) {
+	st, err := a.read(req)
+	if err != nil {
+		return nil, err
+	}
+	statuses := a.s.eph.Statuses()
+	out := &llmgwv1.ListReplicasResponse{Revision: st.Revision}
+	for _, r := range st.Replicas {
+		v := &llmgwv1.ReplicaView{Replica: r}
+		if status, ok := statuses[r.Id]; ok && status.Uid == r.Uid {
+			v.Status = status
+		}
+		out.Replicas = append(out.Replicas, v)
+	}
+	return out, nil
+}
+
+func (a *adminService) ClusterStatus(context.Context, *llmgwv1.ClusterStatusRequest) (*llmgwv1.ClusterStatusResponse, error) {
+	_, leader := a.s.node.raft.LeaderWithID()
+	return &llmgwv1.ClusterStatusResponse{
+		Leader:   string(leader),
+		Servers:  a.s.servers(),
+		Revision: a.s.fsm.Revision(),
+		ServerId: a.s.cfg.NodeID,
+	}, nil
+}

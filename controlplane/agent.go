@@ -1,0 +1,192 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/llmgw/llmgw/controlplane/ephemeral"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// agentService serves AgentService.Attach: one session per agent (plan
+// §5.3). This node owns the sessions attached to it.
+type agentService struct {
+	llmgwv1.UnimplementedAgentServiceServer
+	s *Server
+}
+
+// Attach runs one agent session:
+//   - the first message must be a hello; the node is registered through
+//     Raft when it is new, changed or was down;
+//   - this side sends a welcome, the node's DesiredReplicas (again on every
+//     change to its set or their models), and heartbeats;
+//   - the agent's updates are applied by the (epoch, seq) rule; on a gap a
+//     full copy is asked for;
+//   - a session that sends nothing for AgentTimeout is ended, so the agent
+//     reconnects (possibly elsewhere).
+//
+// Two goroutines: this one sends, a receiver reads. The receiver ends when
+// the stream's context does, which returning from here guarantees.
+func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
+	s := a.s
+	ctx := stream.Context()
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	hello := first.GetHello()
+	if hello == nil || hello.Node.GetId() == "" || hello.Epoch == 0 {
+		return status.Error(codes.InvalidArgument, "attach: the first message must be a hello with node.id and a non-zero epoch")
+	}
+	nodeID := hello.Node.Id
+	log := s.log.With("agent_node", nodeID, "epoch", hello.Epoch)
+	if err := s.registerNode(ctx, hello.Node); err != nil {
+		log.Warn("agent hello refused: could not register node", "err", err)
+		return toStatus(fmt.Errorf("register node %s: %w", nodeID, err))
+	}
+	sessionID := fmt.Sprintf("%s/%s/%d", s.cfg.NodeID, nodeID, s.sessionSeq.Add(1))
+	if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Welcome{Welcome: &llmgwv1.Welcome{
+		SessionId: sessionID, ServerId: s.cfg.NodeID, Servers: s.servers(),
+	}}}); err != nil {
+		return err
+	}
+	s.sessionStarted(nodeID)
+	defer s.sessionEnded(nodeID)
+	log.Info("agent attached", "session", sessionID)
+	defer log.Info("agent detached", "session", sessionID)
+
+	var lastHeard atomic.Int64
+	lastHeard.Store(time.Now().UnixNano())
+	askFull := make(chan string, 1)
+	recvErr := make(chan error, 1)
+	go func() {
+		recvErr <- a.receive(ctx, stream, nodeID, hello.Epoch, &lastHeard, askFull)
+	}()
+	// Returning ends the stream's context, which ends the receiver's Recv;
+	// it then exits without blocking (recvErr is buffered).
+	return a.send(ctx, stream, nodeID, &lastHeard, askFull, recvErr)
+}
+
+func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, lastHeard *atomic.Int64, askFull <-chan string, recvErr <-chan error) error {
+	s := a.s
+	hb := time.NewTicker(s.cfg.HeartbeatInterval)
+	defer hb.Stop()
+	var (
+		lastSent []byte
+		applied  <-chan struct{}
+	)
+	for recompute := true; ; {
+		if recompute {
+			_, applied = s.fsm.Applied()
+			d := s.fsm.NodeDesired(nodeID)
+			if key := desiredKey(d); lastSent == nil || string(key) != string(lastSent) {
+				if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Desired{Desired: d}}); err != nil {
+					return err
+				}
+				lastSent = key
+			}
+		}
+		recompute = false
+		select {
+		case <-ctx.Done():
+			return <-recvErr
+		case err := <-recvErr:
+			return err
+		case reason := <-askFull:
+			if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_FullCopyRequest{FullCopyRequest: &llmgwv1.FullCopyRequest{Reason: reason}}}); err != nil {
+				return err
+			}
+		case now := <-hb.C:
+			if now.Sub(time.Unix(0, lastHeard.Load())) > s.cfg.AgentTimeout {
+				return status.Errorf(codes.Unavailable, "agent %s sent nothing for %s", nodeID, s.cfg.AgentTimeout)
+			}
+			if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Heartbeat{Heartbeat: &llmgwv1.Heartbeat{UnixNano: now.UnixNano()}}}); err != nil {
+				return err
+			}
+		case <-applied:
+			recompute = true
+		}
+	}
+}
+
+// desiredKey is what makes two DesiredReplicas "the same set": everything
+// but the revision they were read at.
+func desiredKey(d *llmgwv1.DesiredReplicas) []byte {
+	c := proto.Clone(d).(*llmgwv1.DesiredReplicas)
+	c.Revision = 0
+	b, _ := proto.MarshalOptions{Deterministic: true}.Marshal(c)
+	return b
+}
+
+func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, lastHeard *atomic.Int64, askFull chan<- string) error {
+	s := a.s
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		lastHeard.Store(time.Now().UnixNano())
+		switch body := msg.Body.(type) {
+		case *llmgwv1.AgentMessage_Heartbeat:
+		case *llmgwv1.AgentMessage_Hello:
+			return status.Error(codes.InvalidArgument, "attach: hello sent twice in one session")
+		case *llmgwv1.AgentMessage_Update:
+			u := body.Update
+			// An agent reports only its own node (plan §11), and only for
+			// the session it said hello with.
+			if u.GetNode() != nodeID || u.Epoch != epoch {
+				s.metrics.ephemeralUpdates.WithLabelValues("foreign").Inc()
+				s.log.Warn("agent update for another node or session dropped", "agent_node", nodeID, "update_node", u.GetNode(), "epoch", u.GetEpoch())
+				continue
+			}
+			v := s.eph.Apply(u)
+			s.metrics.ephemeralUpdates.WithLabelValues(v.String()).Inc()
+			if v == ephemeral.Gap {
+				e, q, _ := s.eph.Held(nodeID)
+				select {
+				case askFull <- fmt.Sprintf("gap: held epoch %d seq %d, got seq %d", e, q, u.Seq):
+				default: // one request in flight is enough
+				}
+			}
+		default:
+			s.log.Debug("unknown agent message ignored", "agent_node", nodeID)
+		}
+	}
+}
+
+// registerNode commits the agent's view of its node when it differs from
+// the state: new, changed capacity/labels/addresses/version, or down (a
+// node that came back is active again). Draining is the operator's and is
+// kept.
+func (s *Server) registerNode(ctx context.Context, n *llmgwv1.Node) error {
+	want := &llmgwv1.Node{Id: n.Id, Address: n.Address, Gpus: n.Gpus, Labels: n.Labels, Version: n.Version, AgentHttpAddr: n.AgentHttpAddr}
+	if old, ok := s.fsm.Node(n.Id); ok {
+		same := old.Address == want.Address && old.Gpus == want.Gpus && maps.Equal(old.Labels, want.Labels) &&
+			old.Version == want.Version && old.AgentHttpAddr == want.AgentHttpAddr
+		if same && old.State != llmgwv1.NodeState_NODE_STATE_DOWN {
+			return nil
+		}
+		if old.State == llmgwv1.NodeState_NODE_STATE_DOWN {
+			want.State = llmgwv1.NodeState_NODE_STATE_ACTIVE
+		}
+	}
+	_, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_REGISTER_NODE, &llmgwv1.RegisterNodeCommand{Node: want})
+	if err != nil {
+		var nl *NotLeaderError
+		if errors.As(err, &nl) {
+			return fmt.Errorf("node registration needs the leader: %w", err)
+		}
+	}
+	return err
+}

@@ -1,0 +1,345 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/llmgw/llmgw/controlplane/ephemeral"
+	"github.com/llmgw/llmgw/fsm"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Server is one control node. Create it with New, run it with Run; it is
+// not reusable after Run returns.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	fsm     *fsm.FSM
+	eph     *ephemeral.Store
+	metrics *metrics
+
+	ready chan struct{}
+	// fatalCh carries the first fatal error (an unknown command) to Run.
+	fatalCh chan error
+
+	// Set by Run before ready is closed; read-only afterwards.
+	node     *raftNode
+	grpcAddr string
+	httpAddr string
+	serving  atomic.Bool
+
+	sessionsMu sync.Mutex
+	sessions   map[string]int // node id -> attached sessions
+	sessionSeq atomic.Uint64
+}
+
+// New checks cfg and prepares a server; it opens nothing until Run.
+func New(cfg Config, logger *slog.Logger) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		return nil, errors.New("controlplane: nil logger")
+	}
+	s := &Server{
+		cfg:      cfg,
+		log:      logger.With("node", cfg.NodeID),
+		fsm:      fsm.New(fsm.Config{}),
+		eph:      ephemeral.NewStore(),
+		ready:    make(chan struct{}),
+		fatalCh:  make(chan error, 1),
+		sessions: map[string]int{},
+	}
+	s.metrics = newMetrics(s)
+	return s, nil
+}
+
+// Ready is closed once the node has a leader and serves gRPC and HTTP.
+func (s *Server) Ready() <-chan struct{} { return s.ready }
+
+// GRPCAddr and HTTPAddr are the bound addresses (useful with port 0); valid
+// once Ready is closed.
+func (s *Server) GRPCAddr() string { return s.grpcAddr }
+func (s *Server) HTTPAddr() string { return s.httpAddr }
+
+// Run opens the stores, starts Raft, serves gRPC and HTTP and runs the
+// leader loops until ctx is done or a fatal error occurs. It returns after
+// everything it started has stopped. Shutdown order:
+//  1. /readyz fails, so load balancers stop sending;
+//  2. gRPC: streams are cancelled, then the server stops (agents and
+//     routers move to another control node);
+//  3. the leader loop (placement) and the observer stop;
+//  4. Raft shuts down, then its transport and the Bolt store close;
+//  5. HTTP stops last, so /metrics and /healthz answer until the end.
+func (s *Server) Run(ctx context.Context) (err error) {
+	node, err := openRaft(s.cfg, s.fsm, s.log, s.metrics, s.fatal)
+	if err != nil {
+		return err
+	}
+	s.node = node
+	grpcLis, err := net.Listen("tcp", s.cfg.GRPCAddr)
+	if err != nil {
+		node.close(s.log)
+		return fmt.Errorf("listen --grpc-addr %s: %w", s.cfg.GRPCAddr, err)
+	}
+	httpLis, err := net.Listen("tcp", s.cfg.HTTPAddr)
+	if err != nil {
+		grpcLis.Close()
+		node.close(s.log)
+		return fmt.Errorf("listen --http-addr %s: %w", s.cfg.HTTPAddr, err)
+	}
+	s.grpcAddr, s.httpAddr = grpcLis.Addr().String(), httpLis.Addr().String()
+
+	// streams is cancelled first on shutdown: long-lived streams would hold
+	// a graceful stop forever.
+	streams, cancelStreams := context.WithCancel(context.Background())
+	defer cancelStreams()
+	gs := grpc.NewServer(grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
+	}))
+	llmgwv1.RegisterAgentServiceServer(gs, &agentService{s: s})
+	llmgwv1.RegisterWatchServiceServer(gs, &watchService{s: s})
+	llmgwv1.RegisterAdminServiceServer(gs, &adminService{s: s})
+	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+
+	loops, stopLoops := context.WithCancel(context.Background())
+	defer stopLoops()
+	var wg sync.WaitGroup
+	serveErr := make(chan error, 2)
+	wg.Go(func() {
+		if err := gs.Serve(grpcLis); err != nil {
+			serveErr <- fmt.Errorf("grpc: %w", err)
+		}
+	})
+	var httpWG sync.WaitGroup
+	httpWG.Go(func() {
+		if err := hs.Serve(httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			serveErr <- fmt.Errorf("http: %w", err)
+		}
+	})
+	s.serving.Store(true)
+	wg.Go(func() { s.observe(loops) })
+	wg.Go(func() { s.leaderLoop(loops) })
+	wg.Go(func() { s.waitReady(loops) })
+	s.log.Info("control node running", "grpc_addr", s.grpcAddr, "http_addr", s.httpAddr, "raft_addr", s.cfg.RaftAddr)
+
+	select {
+	case <-ctx.Done():
+	case err = <-s.fatalCh:
+		s.log.Error("stopping: fatal error", "err", err)
+	case err = <-serveErr:
+		s.log.Error("stopping: server failed", "err", err)
+	}
+
+	s.serving.Store(false)
+	cancelStreams()
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(2 * time.Second):
+		gs.Stop()
+		<-stopped
+	}
+	stopLoops()
+	wg.Wait()
+	node.close(s.log)
+	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if herr := hs.Shutdown(shutCtx); herr != nil {
+		hs.Close()
+	}
+	httpWG.Wait()
+	s.log.Info("control node stopped")
+	return err
+}
+
+func (s *Server) fatal(err error) {
+	select {
+	case s.fatalCh <- err:
+	default:
+	}
+}
+
+// waitReady closes ready once a leader is known.
+func (s *Server) waitReady(ctx context.Context) {
+	t := time.NewTicker(20 * time.Millisecond)
+	defer t.Stop()
+	for !s.hasLeader() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	close(s.ready)
+}
+
+// observe counts leader changes from raft's observer.
+func (s *Server) observe(ctx context.Context) {
+	ch := make(chan raft.Observation, 16)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	s.node.raft.RegisterObserver(obs)
+	defer s.node.raft.DeregisterObserver(obs)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case o := <-ch:
+			lo := o.Data.(raft.LeaderObservation)
+			s.metrics.leaderChanges.Inc()
+			s.log.Info("leader changed", "leader", string(lo.LeaderID), "leader_addr", string(lo.LeaderAddr))
+		}
+	}
+}
+
+func (s *Server) httpHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case !s.serving.Load():
+			http.Error(w, "not serving gRPC", http.StatusServiceUnavailable)
+		case !s.hasLeader():
+			http.Error(w, "no raft leader", http.StatusServiceUnavailable)
+		default:
+			fmt.Fprintln(w, "ready")
+		}
+	})
+	return mux
+}
+
+// raftView, for the metrics.
+func (s *Server) hasLeader() bool {
+	_, id := s.node.raft.LeaderWithID()
+	return id != ""
+}
+func (s *Server) isLeader() bool { return s.node.raft.State() == raft.Leader }
+func (s *Server) lastContactSeconds() float64 {
+	if s.isLeader() {
+		return 0
+	}
+	lc := s.node.raft.LastContact()
+	if lc.IsZero() {
+		return 0
+	}
+	return time.Since(lc).Seconds()
+}
+func (s *Server) revision() uint64 { return s.fsm.Revision() }
+
+// propose commits one command through Raft on the leader and returns what
+// the FSM made of it and the revision it was applied at.
+func (s *Server) propose(ctx context.Context, t llmgwv1.CommandType, payload proto.Message) (any, uint64, error) {
+	b, err := fsm.NewCommand(t, payload)
+	if err != nil {
+		return nil, 0, err
+	}
+	if s.node.raft.State() != raft.Leader {
+		return nil, 0, s.notLeader()
+	}
+	timeout := s.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout = max(time.Until(dl), time.Millisecond)
+	}
+	start := time.Now()
+	f := s.node.raft.Apply(b, timeout)
+	if err := f.Error(); err != nil {
+		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrRaftShutdown) {
+			return nil, 0, s.notLeader()
+		}
+		return nil, 0, fmt.Errorf("propose %s: %w", t, err)
+	}
+	s.metrics.commitSeconds.Observe(time.Since(start).Seconds())
+	res, _ := f.Response().(applyResult)
+	return res.value, f.Index(), res.err
+}
+
+func (s *Server) notLeader() error {
+	addr, id := s.node.raft.LeaderWithID()
+	return &NotLeaderError{LeaderID: string(id), LeaderRaftAddr: string(addr)}
+}
+
+// servers is the list of control servers this node knows, for clients'
+// failover (plan §5.6). Only this node's client addresses are known until
+// gossip carries the others' (HA issue).
+func (s *Server) servers() []*llmgwv1.ControlServer {
+	_, leader := s.node.raft.LeaderWithID()
+	self := &llmgwv1.ControlServer{
+		Id: s.cfg.NodeID, GrpcAddr: s.grpcAddr, RaftAddr: string(s.node.transport.LocalAddr()),
+		GossipAddr: s.cfg.GossipAddr, HttpAddr: s.httpAddr, Version: s.cfg.Version,
+		Leader: string(leader) == s.cfg.NodeID,
+	}
+	out := []*llmgwv1.ControlServer{self}
+	cf := s.node.raft.GetConfiguration()
+	if cf.Error() != nil {
+		return out
+	}
+	for _, srv := range cf.Configuration().Servers {
+		if string(srv.ID) == s.cfg.NodeID {
+			self.Voter = srv.Suffrage == raft.Voter
+			continue
+		}
+		out = append(out, &llmgwv1.ControlServer{Id: string(srv.ID), RaftAddr: string(srv.Address), Leader: srv.ID == leader, Voter: srv.Suffrage == raft.Voter})
+	}
+	return out
+}
+
+func (s *Server) sessionStarted(node string) {
+	s.sessionsMu.Lock()
+	defer s.sessionsMu.Unlock()
+	s.sessions[node]++
+	s.metrics.agentSessions.Inc()
+}
+
+func (s *Server) sessionEnded(node string) {
+	s.sessionsMu.Lock()
+	defer s.sessionsMu.Unlock()
+	if s.sessions[node]--; s.sessions[node] <= 0 {
+		delete(s.sessions, node)
+	}
+	s.metrics.agentSessions.Dec()
+}
+
+func (s *Server) connected() map[string]bool {
+	s.sessionsMu.Lock()
+	defer s.sessionsMu.Unlock()
+	out := make(map[string]bool, len(s.sessions))
+	for n := range s.sessions {
+		out[n] = true
+	}
+	return out
+}
+
+// ctxStream replaces a stream's context so Run can end every stream.
+type ctxStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (c *ctxStream) Context() context.Context { return c.ctx }
+
+// mergeDone returns a context of a that is also cancelled when b is done.
+func mergeDone(a, b context.Context) context.Context {
+	ctx, cancel := context.WithCancel(a)
+	stop := context.AfterFunc(b, cancel)
+	context.AfterFunc(ctx, func() { stop(); cancel() })
+	return ctx
+}

@@ -1,0 +1,417 @@
+package controlplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// syncBuffer collects log output from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func testConfig(t *testing.T, dir, raftAddr string) Config {
+	cfg := DefaultConfig()
+	cfg.NodeID = "c1"
+	cfg.DataDir = dir
+	cfg.GRPCAddr = "127.0.0.1:0"
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.GossipAddr = ""
+	cfg.RaftAddr = raftAddr
+	cfg.Bootstrap = true
+	cfg.HeartbeatInterval = 100 * time.Millisecond
+	// The fake agent sends no heartbeats; the session must not time out.
+	cfg.AgentTimeout = time.Minute
+	cfg.WatchWait = 200 * time.Millisecond
+	cfg.ReconcileInterval = 200 * time.Millisecond
+	return cfg
+}
+
+type running struct {
+	srv    *Server
+	cancel context.CancelFunc
+	done   chan error
+	conn   *grpc.ClientConn
+	logs   *syncBuffer
+}
+
+func start(t *testing.T, cfg Config) *running {
+	t.Helper()
+	logs := &syncBuffer{}
+	srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &running{srv: srv, cancel: cancel, done: make(chan error, 1), logs: logs}
+	go func() { r.done <- srv.Run(ctx) }()
+	select {
+	case <-srv.Ready():
+	case err := <-r.done:
+		t.Fatalf("Run returned before ready: %v\n%s", err, logs)
+	case <-time.After(20 * time.Second):
+		cancel()
+		<-r.done
+		t.Fatalf("server not ready\n%s", logs)
+	}
+	r.conn, err = grpc.NewClient("passthrough:///"+srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *running) stop(t *testing.T) {
+	t.Helper()
+	r.conn.Close()
+	r.cancel()
+	if err := <-r.done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// recvAgent returns the next control message that is not a heartbeat.
+func recvAgent(t *testing.T, s llmgwv1.AgentService_AttachClient) *llmgwv1.ControlMessage {
+	t.Helper()
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			t.Fatalf("agent recv: %v", err)
+		}
+		if m.GetHeartbeat() == nil {
+			return m
+		}
+	}
+}
+
+// recvWatch returns the next watch event that is not a heartbeat.
+func recvWatch(t *testing.T, s llmgwv1.WatchService_WatchClient) *llmgwv1.WatchEvent {
+	t.Helper()
+	for {
+		e, err := s.Recv()
+		if err != nil {
+			t.Fatalf("watch recv: %v", err)
+		}
+		if e.GetHeartbeat() == nil {
+			return e
+		}
+	}
+}
+
+func status1(id string, uid uint64, port string) *llmgwv1.ReplicaStatus {
+	return &llmgwv1.ReplicaStatus{ReplicaId: id, Uid: uid, Incarnation: 1, Model: "demo", Node: "n1",
+		Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY, Address: "127.0.0.1:" + port}
+}
+
+func TestServerEndToEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	dir, raftAddr := t.TempDir(), freeAddr(t)
+	r := start(t, testConfig(t, dir, raftAddr))
+	admin := llmgwv1.NewAdminServiceClient(r.conn)
+
+	// Validation errors name the field and are INVALID_ARGUMENT.
+	_, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "demo", Engine: "foo", Model: "m", Replicas: 1}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "engine:") {
+		t.Fatalf("bad model: %v", err)
+	}
+	if _, err := admin.DeleteModel(ctx, &llmgwv1.DeleteModelRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("delete unknown: %v", err)
+	}
+	applied, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "meta-llama/Llama-3.1-8B-Instruct", Replicas: 2}})
+	if err != nil {
+		t.Fatalf("ApplyModel: %v", err)
+	}
+	if applied.Model.GetProfile() != "chat" || applied.Revision == 0 {
+		t.Fatalf("ApplyModel returned %v", applied)
+	}
+
+	// A fake agent with two GPUs attaches and is given both replicas.
+	agent, err := llmgwv1.NewAgentServiceClient(r.conn).Attach(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const epoch = 1000
+	if err := agent.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Hello{Hello: &llmgwv1.AgentHello{
+		Node: &llmgwv1.Node{Id: "n1", Address: "127.0.0.1", Gpus: 2, Version: "test"}, Epoch: epoch,
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	welcome := recvAgent(t, agent).GetWelcome()
+	if welcome == nil || welcome.ServerId != "c1" || len(welcome.Servers) != 1 || welcome.Servers[0].GrpcAddr != r.srv.GRPCAddr() {
+		t.Fatalf("welcome: %v", welcome)
+	}
+	var desired *llmgwv1.DesiredReplicas
+	for desired == nil || len(desired.Replicas) < 2 {
+		m := recvAgent(t, agent)
+		if m.GetDesired() == nil {
+			t.Fatalf("expected desired replicas, got %v", m)
+		}
+		desired = m.GetDesired()
+	}
+	if len(desired.Models) != 1 || desired.Models[0].Name != "demo" {
+		t.Fatalf("desired models: %v", desired.Models)
+	}
+	r0, r1 := desired.Replicas[0], desired.Replicas[1]
+	if r0.Id != "demo-0" || r1.Id != "demo-1" || r0.Uid == 0 || r0.Node != "n1" || len(r0.GpuIndices) != 1 || r0.GpuIndices[0] == r1.GpuIndices[0] {
+		t.Fatalf("desired replicas: %v", desired.Replicas)
+	}
+
+	// Full copy, then a delta; a delta after a gap gets a full-copy request.
+	send := func(u *llmgwv1.EphemeralUpdate) {
+		t.Helper()
+		u.Node, u.Epoch = "n1", epoch
+		if err := agent.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: u}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(&llmgwv1.EphemeralUpdate{Seq: 1, Full: true, Statuses: []*llmgwv1.ReplicaStatus{status1("demo-0", r0.Uid, "9000"), status1("demo-1", r1.Uid, "9001")}})
+	restarted := status1("demo-1", r1.Uid, "9002")
+	restarted.Restarts = 1
+	send(&llmgwv1.EphemeralUpdate{Seq: 2, Statuses: []*llmgwv1.ReplicaStatus{restarted}})
+	send(&llmgwv1.EphemeralUpdate{Seq: 5})
+	if m := recvAgent(t, agent); m.GetFullCopyRequest() == nil {
+		t.Fatalf("expected a full copy request after a gap, got %v", m)
+	}
+
+	// ListReplicas joins desired state with the statuses.
+	reps, err := admin.ListReplicas(ctx, &llmgwv1.ListRequest{Consistent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reps.Replicas) != 2 || reps.Replicas[1].Status.GetAddress() != "127.0.0.1:9002" || reps.Replicas[0].Status.GetAddress() != "127.0.0.1:9000" {
+		t.Fatalf("ListReplicas: %v", reps.Replicas)
+	}
+	nodes, err := admin.ListNodes(ctx, &llmgwv1.ListRequest{})
+	if err != nil || len(nodes.Nodes) != 1 || !nodes.Connected["n1"] || nodes.Nodes[0].State != llmgwv1.NodeState_NODE_STATE_ACTIVE {
+		t.Fatalf("ListNodes: %v %v", nodes, err)
+	}
+	cs, err := admin.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
+	if err != nil || cs.Leader != "c1" || cs.ServerId != "c1" {
+		t.Fatalf("ClusterStatus: %v %v", cs, err)
+	}
+
+	// A watcher from 0 gets a framed snapshot, the servers, the full copy.
+	watch, err := llmgwv1.NewWatchServiceClient(r.conn).Watch(ctx, &llmgwv1.WatchRequest{ClientId: "router-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	begin := recvWatch(t, watch).GetSnapshotBegin()
+	if begin == nil {
+		t.Fatal("expected snapshot_begin")
+	}
+	var models, nodesSeen, replicas, configs int
+	for {
+		e := recvWatch(t, watch)
+		if end := e.GetSnapshotEnd(); end != nil {
+			if end.Revision != begin.Revision {
+				t.Fatalf("snapshot framing %d..%d", begin.Revision, end.Revision)
+			}
+			break
+		}
+		c := e.GetChange()
+		if c == nil || c.Op != llmgwv1.ChangeOp_CHANGE_OP_PUT || c.Revision != begin.Revision {
+			t.Fatalf("inside a snapshot: %v", e)
+		}
+		switch {
+		case c.GetModel() != nil:
+			models++
+		case c.GetNode() != nil:
+			nodesSeen++
+		case c.GetReplica() != nil:
+			replicas++
+		case c.GetConfig() != nil:
+			configs++
+		}
+	}
+	if models != 1 || nodesSeen != 1 || replicas != 2 || configs != 1 {
+		t.Fatalf("snapshot had %d models, %d nodes, %d replicas, %d configs", models, nodesSeen, replicas, configs)
+	}
+	if sl := recvWatch(t, watch).GetServers(); sl == nil || len(sl.Servers) != 1 || !sl.Servers[0].Leader {
+		t.Fatalf("expected the servers list, got %v", sl)
+	}
+	full := recvWatch(t, watch).GetEphemeral()
+	if full == nil || !full.Full || full.Node != "n1" || full.Epoch != epoch || full.Seq != 2 || len(full.Statuses) != 2 {
+		t.Fatalf("expected the full ephemeral copy at seq 2, got %v", full)
+	}
+	// A live delta arrives as the agent sent it.
+	send(&llmgwv1.EphemeralUpdate{Seq: 3, RemovedReplicas: []string{"demo-0"}})
+	if d := recvWatch(t, watch).GetEphemeral(); d == nil || d.Full || d.Seq != 3 || d.Epoch != epoch || len(d.RemovedReplicas) != 1 {
+		t.Fatalf("expected the delta seq 3, got %v", d)
+	}
+
+	// Deleting the model removes its replicas in the same revision; the
+	// watcher sees the deletes and a mark; the agent sees an empty set.
+	del, err := admin.DeleteModel(ctx, &llmgwv1.DeleteModelRequest{Name: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var deletes []string
+	for {
+		e := recvWatch(t, watch)
+		if m := e.GetMark(); m != nil {
+			if m.Revision < del.Revision {
+				t.Fatalf("mark %d before the delete at %d", m.Revision, del.Revision)
+			}
+			break
+		}
+		c := e.GetChange()
+		if c == nil || c.Op != llmgwv1.ChangeOp_CHANGE_OP_DELETE || c.Revision != del.Revision {
+			t.Fatalf("expected deletes at %d, got %v", del.Revision, e)
+		}
+		switch {
+		case c.GetReplica() != nil:
+			deletes = append(deletes, c.GetReplica().Id)
+		case c.GetModel() != nil:
+			deletes = append(deletes, "model "+c.GetModel().Name)
+		}
+	}
+	if strings.Join(deletes, ",") != "demo-0,demo-1,model demo" {
+		t.Fatalf("deletes: %v", deletes)
+	}
+	if d := recvAgent(t, agent).GetDesired(); d == nil || len(d.Replicas) != 0 {
+		t.Fatalf("agent expected an empty desired set, got %v", d)
+	}
+	if reps, _ := admin.ListReplicas(ctx, &llmgwv1.ListRequest{}); len(reps.GetReplicas()) != 0 {
+		t.Fatalf("replicas left after delete: %v", reps)
+	}
+
+	// A watcher ahead of this server is told to go elsewhere.
+	ahead, err := llmgwv1.NewWatchServiceClient(r.conn).Watch(ctx, &llmgwv1.WatchRequest{FromRevision: 1 << 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ahead.Recv(); status.Code(err) != codes.Unavailable {
+		t.Fatalf("watch from the future: %v", err)
+	}
+	// A watcher that resumes gets only what it missed.
+	resume, err := llmgwv1.NewWatchServiceClient(r.conn).Watch(ctx, &llmgwv1.WatchRequest{FromRevision: begin.Revision})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := recvWatch(t, resume); e.GetChange().GetOp() != llmgwv1.ChangeOp_CHANGE_OP_DELETE {
+		t.Fatalf("resume: expected the deletes, got %v", e)
+	}
+
+	// HTTP: ready, healthy, metrics from our own registry.
+	for path, want := range map[string]string{"/readyz": "ready", "/healthz": "ok", "/metrics": "llmgw_control_raft_has_leader 1"} {
+		resp, err := http.Get("http://" + r.srv.HTTPAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), want) {
+			t.Fatalf("GET %s: %d %q", path, resp.StatusCode, body)
+		}
+	}
+
+	keep, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "keep", Engine: "sim", Model: "m", Replicas: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent.CloseSend()
+	cancel()
+	r.stop(t)
+
+	// Restart on the same data dir: the state is kept and the node does not
+	// bootstrap again.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel2()
+	r2 := start(t, testConfig(t, dir, raftAddr))
+	defer r2.stop(t)
+	admin2 := llmgwv1.NewAdminServiceClient(r2.conn)
+	ms, err := admin2.ListModels(ctx2, &llmgwv1.ListRequest{Consistent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms.Models) != 1 || ms.Models[0].Name != "keep" || ms.Revision < keep.Revision {
+		t.Fatalf("after restart: %v", ms)
+	}
+	if ns, _ := admin2.ListNodes(ctx2, &llmgwv1.ListRequest{}); len(ns.GetNodes()) != 1 || ns.Connected["n1"] {
+		t.Fatalf("nodes after restart: %v", ns)
+	}
+	if logs := r2.logs.String(); !strings.Contains(logs, "raft state found") || strings.Contains(logs, "bootstrapped") {
+		t.Fatalf("restart bootstrapped again:\n%s", logs)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(c *Config)
+		want   string // prefix of the error; "" = valid
+	}{
+		{"valid", func(*Config) {}, ""},
+		{"no node id", func(c *Config) { c.NodeID = "" }, "--node-id:"},
+		{"no data dir", func(c *Config) { c.DataDir = "" }, "--data-dir:"},
+		{"bad grpc addr", func(c *Config) { c.GRPCAddr = "nope" }, "--grpc-addr:"},
+		{"wildcard raft addr", func(c *Config) { c.RaftAddr = "0.0.0.0:7401" }, "--raft-addr:"},
+		{"bootstrap expect", func(c *Config) { c.BootstrapExpect = 3 }, "--bootstrap-expect: not yet supported"},
+		{"join", func(c *Config) { c.Join = []string{"a:1"} }, "--join: not yet supported"},
+		{"zero heartbeat", func(c *Config) { c.HeartbeatTimeout = 0 }, "--heartbeat-timeout:"},
+		{"election below heartbeat", func(c *Config) { c.ElectionTimeout = 100 * time.Millisecond }, "--election-timeout:"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.NodeID = "c1"
+			tt.mutate(&c)
+			err := c.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
+				t.Fatalf("Validate: %v, want prefix %q", err, tt.want)
+			}
+			if strings.Contains(tt.want, "not yet supported") && !errors.Is(err, ErrNotYetSupported) {
+				t.Fatalf("not matched by errors.Is: %v", err)
+			}
+		})
+	}
+}
