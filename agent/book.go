@@ -14,6 +14,10 @@ import (
 // copy, so a status change made while no session exists is not lost: the
 // next session's full copy carries it.
 //
+// Changes made between two reads are coalesced: a delta carries each
+// replica's latest status, and a replica stopped and forgotten in between
+// appears only as removed. Every hop keeps only the latest status anyway.
+//
 // One session reads it at a time (since prunes what that reader has seen);
 // any number of supervisors write.
 type book struct {
