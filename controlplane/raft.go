@@ -83,16 +83,16 @@ func openRaft(cfg Config, f *fsm.FSM, log *slog.Logger, m *metrics, fatal func(e
 	n := &raftNode{raft: r, transport: trans, store: store, adapter: adapter}
 	switch {
 	case existing:
-		log.Info("raft state found; not bootstrapping", "node", cfg.NodeID)
+		log.Info("raft state found; not bootstrapping")
 	case cfg.Bootstrap:
 		boot := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: rc.LocalID, Address: trans.LocalAddr()}}}
 		if err := r.BootstrapCluster(boot).Error(); err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
 			n.close(log)
 			return nil, fmt.Errorf("bootstrap: %w", err)
 		}
-		log.Info("bootstrapped a single-node cluster", "node", cfg.NodeID)
+		log.Info("bootstrapped a single-node cluster")
 	default:
-		log.Warn("no raft state and no --bootstrap: waiting to be joined", "node", cfg.NodeID)
+		log.Warn("no raft state and no --bootstrap: waiting to be joined")
 	}
 	return n, nil
 }
@@ -216,8 +216,13 @@ func (w *hclogWriter) Write(p []byte) (int, error) {
 			if k == "@level" || k == "@message" || k == "@timestamp" || k == "@module" {
 				continue
 			}
-			if k == "error" {
+			switch k {
+			case "error":
 				k = "err"
+			case "node", "replica", "model", "request_id":
+				// Our stable keys mean our objects; raft's "node" is a
+				// Raft peer.
+				k = "raft_" + k
 			}
 			attrs = append(attrs, k, v)
 		}
