@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -115,4 +116,29 @@ func TestOverflowEndsOnlyTheSlowSubscriber(t *testing.T) {
 	if n := len(fast.Updates()); n != 3 {
 		t.Fatalf("fast subscriber has %d updates, want 3", n)
 	}
+}
+
+// FuzzApply feeds agent updates decoded from arbitrary bytes (they come off
+// the network): no panic, and the held (epoch, seq) never moves backwards.
+func FuzzApply(f *testing.F) {
+	for _, u := range []*llmgwv1.EphemeralUpdate{upd(1, 1, true, "a"), upd(1, 2, false, "b"), upd(2, 1, true)} {
+		b, _ := proto.Marshal(u)
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s := NewStore()
+		s.Apply(upd(5, 5, true, "a"))
+		sub, _ := s.Subscribe(1)
+		defer sub.Close()
+		var u llmgwv1.EphemeralUpdate
+		if err := proto.Unmarshal(data, &u); err != nil {
+			return
+		}
+		s.Apply(&u)
+		e, q, _ := s.Held("n1")
+		if e < 5 || (e == 5 && q < 5) {
+			t.Fatalf("held went backwards to (%d, %d)", e, q)
+		}
+		_ = s.Statuses()
+	})
 }

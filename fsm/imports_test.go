@@ -1,0 +1,42 @@
+package fsm
+
+import (
+	"go/parser"
+	"go/token"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestDeterministicImports checks plan §3/§4 by reading this package's
+// imports: the FSM imports only proto, and nothing that could make two nodes
+// differ (clock, randomness, network, files, raft).
+func TestDeterministicImports(t *testing.T) {
+	forbidden := []string{"time", "math/rand", "math/rand/v2", "crypto/rand", "net", "os", "syscall", "unsafe", "github.com/hashicorp/raft"}
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			for _, bad := range forbidden {
+				// net/url only parses strings.
+				if path == bad || (strings.HasPrefix(path, bad+"/") && path != "net/url") {
+					t.Errorf("%s imports %s: the FSM must stay deterministic", name, path)
+				}
+			}
+			if strings.HasPrefix(path, "github.com/llmgw/llmgw/") && path != "github.com/llmgw/llmgw/proto/llmgw/v1" {
+				t.Errorf("%s imports %s: fsm may import only proto (plan §3)", name, path)
+			}
+		}
+	}
+}
