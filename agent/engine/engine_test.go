@@ -135,3 +135,24 @@ func TestPlanRejects(t *testing.T) {
 		})
 	}
 }
+
+// FuzzPlan feeds drivers models as the control plane might send them: no
+// input may panic, and a launch that plans must have an address and probe.
+func FuzzPlan(f *testing.F) {
+	f.Add("vllm", "m", "http://10.0.0.1:8000", "demo-0", uint32(16), "sql", "/a,b")
+	f.Add("external", "", "10.0.0.1:8000/", "demo-x", uint32(0), "", "")
+	f.Add("external", "", "http://[::1", "demo-9999999999999999999", uint32(0), "", "")
+	f.Add("llamacpp", "/m.gguf", "", "a-1", uint32(0), "a=b", "/x")
+	f.Fuzz(func(t *testing.T, eng, model, endpoint, id string, bs uint32, adName, adPath string) {
+		m := &llmgwv1.Model{Name: "demo", Engine: eng, Model: model, Endpoints: []string{endpoint},
+			KvEvents: bs%2 == 1, BlockSize: bs, Adapters: []*llmgwv1.Adapter{{Name: adName, Path: adPath}}}
+		l, err := Plan(Spec{Replica: &llmgwv1.Replica{Id: id}, Model: m, Host: "127.0.0.1", Port: 20000,
+			KVEventsPort: 20001, KVReplayPort: 20002, Command: []string{"engine"}})
+		if err != nil {
+			return
+		}
+		if l.Address == "" || l.HealthURL == "" {
+			t.Fatalf("launch without address or probe: %+v", l)
+		}
+	})
+}
