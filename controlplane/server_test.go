@@ -352,6 +352,14 @@ func TestServerEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Take a Raft snapshot so the restart goes through Restore, then the
+	// log entries after it.
+	if err := r.srv.node.raft.Snapshot().Error(); err != nil {
+		t.Fatalf("raft snapshot: %v", err)
+	}
+	if _, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "after", Engine: "sim", Model: "m", Replicas: 1}}); err != nil {
+		t.Fatal(err)
+	}
 	agent.CloseSend()
 	cancel()
 	r.stop(t)
@@ -367,13 +375,13 @@ func TestServerEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ms.Models) != 1 || ms.Models[0].Name != "keep" || ms.Revision < keep.Revision {
+	if len(ms.Models) != 2 || ms.Models[0].Name != "after" || ms.Models[1].Name != "keep" || ms.Revision < keep.Revision {
 		t.Fatalf("after restart: %v", ms)
 	}
 	if ns, _ := admin2.ListNodes(ctx2, &llmgwv1.ListRequest{}); len(ns.GetNodes()) != 1 || ns.Connected["n1"] {
 		t.Fatalf("nodes after restart: %v", ns)
 	}
-	if logs := r2.logs.String(); !strings.Contains(logs, "raft state found") || strings.Contains(logs, "bootstrapped") {
+	if logs := r2.logs.String(); !strings.Contains(logs, "raft state found") || !strings.Contains(logs, "restored from snapshot") || strings.Contains(logs, "bootstrapped") {
 		t.Fatalf("restart bootstrapped again:\n%s", logs)
 	}
 }
