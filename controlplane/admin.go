@@ -41,10 +41,18 @@ func (a *adminService) DeleteModel(ctx context.Context, req *llmgwv1.DeleteModel
 	return &llmgwv1.DeleteModelResponse{Revision: rev}, nil
 }
 
-// read returns the state to answer a read from, after confirming
-// leadership when the read must be consistent.
+// read returns the state to answer a read from. A consistent read needs
+// this node to be the leader, past its post-election Barrier (so its FSM
+// holds every committed entry of earlier terms), and still the leader when
+// it asks a quorum (VerifyLeader): hashicorp/raft has no ReadIndex.
 func (a *adminService) read(req *llmgwv1.ListRequest) (*llmgwv1.State, error) {
 	if req.GetConsistent() {
+		if !a.s.isLeader() {
+			return nil, toStatus(fmt.Errorf("consistent read: %w", a.s.notLeader()))
+		}
+		if !a.s.leaderReady.Load() {
+			return nil, toStatus(fmt.Errorf("consistent read: %w", errCatchingUp))
+		}
 		if err := a.s.node.raft.VerifyLeader().Error(); err != nil {
 			return nil, toStatus(fmt.Errorf("consistent read: %w", a.s.notLeader()))
 		}

@@ -26,6 +26,10 @@ func (e *NotLeaderError) Error() string {
 	return fmt.Sprintf("not the leader; the leader is %s (raft %s)", e.LeaderID, e.LeaderRaftAddr)
 }
 
+// errCatchingUp is a consistent read on a leader that has not yet applied
+// every entry committed before its term; the client retries.
+var errCatchingUp = errors.New("the leader is still applying entries of earlier terms")
+
 // toStatus maps an error to its gRPC status: the one place that does it
 // (plan §5.3).
 func toStatus(err error) error {
@@ -44,7 +48,7 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, fsm.ErrConflict):
 		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.As(err, &nl), errors.Is(err, errStopped):
+	case errors.As(err, &nl), errors.Is(err, errStopped), errors.Is(err, errCatchingUp):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())

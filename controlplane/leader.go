@@ -40,6 +40,10 @@ func (s *Server) placeWhileLeading(ctx context.Context) {
 		s.log.Error("barrier after gaining leadership; placement not started", "err", err)
 		return
 	}
+	// Every entry of earlier terms is applied now: consistent reads may be
+	// served from this FSM (as Consul does after its barrier).
+	s.leaderReady.Store(true)
+	defer s.leaderReady.Store(false)
 	s.log.Info("leading; placement started")
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()

@@ -39,6 +39,9 @@ type Server struct {
 	grpcAddr string
 	httpAddr string
 	serving  atomic.Bool
+	// leaderReady is true while this node leads and has passed the
+	// Barrier that applies everything committed before its term.
+	leaderReady atomic.Bool
 
 	sessionsMu sync.Mutex
 	sessions   map[string]int // node id -> attached sessions
@@ -173,11 +176,12 @@ func (s *Server) fatal(err error) {
 	}
 }
 
-// waitReady closes ready once a leader is known.
+// waitReady closes ready once a leader is known and, when that is this
+// node, it has applied everything committed before its term.
 func (s *Server) waitReady(ctx context.Context) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
-	for !s.hasLeader() {
+	for !s.hasLeader() || (s.isLeader() && !s.leaderReady.Load()) {
 		select {
 		case <-ctx.Done():
 			return
