@@ -1,17 +1,238 @@
 package main
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/llmgw/llmgw/agent"
+	"github.com/llmgw/llmgw/controlplane"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router"
 )
 
-// newDevCmd is a placeholder replaced by the dev component's wiring.
+// devOptions are `llmgw dev`'s flags: where each component listens, and the
+// demo model's shape.
+type devOptions struct {
+	httpAddr, grpcAddr, raftAddr         string
+	controlHTTPAddr, agentHTTPAddr       string
+	dataDir                              string
+	replicas, gpus                       int
+	portRange                            string
+	vllmCommand, llamacppCommand, simCmd string
+	decodeMS                             float64
+}
+
 func newDevCmd() *cobra.Command {
-	return &cobra.Command{
-		Use: "dev",
-		RunE: func(*cobra.Command, []string) error {
-			return errors.New("dev: not built yet")
+	o := devOptions{}
+	cmd := &cobra.Command{
+		Use:   "dev",
+		Short: "Run a control node, an agent with simulated replicas and a router in one process",
+		Long: `dev is the quickstart (plan §2): one control node (single-node Raft), one agent
+(node "dev") running the model "demo" on simulated vLLM engines, and a router
+serving the OpenAI API. The three are the real components and talk gRPC over
+loopback, as they would across machines. Ctrl-C stops everything, engines
+included.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log, err := newLogger(cmd)
+			if err != nil {
+				return err
+			}
+			ctx, stop := signalContext()
+			defer stop()
+			return runDev(ctx, o, log)
 		},
 	}
+	f := cmd.Flags()
+	f.StringVar(&o.httpAddr, "http-addr", ":8080", "the router's OpenAI API")
+	f.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7400", "the control plane's gRPC (llmgwctl's --addr)")
+	f.StringVar(&o.raftAddr, "raft-addr", "127.0.0.1:7401", "the control node's Raft transport")
+	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz")
+	f.StringVar(&o.agentHTTPAddr, "agent-http-addr", "127.0.0.1:7404", "the agent's /metrics, /healthz, /readyz")
+	f.StringVar(&o.dataDir, "data-dir", ".data/dev", "where Raft, the agent and the router keep their state")
+	f.IntVar(&o.replicas, "replicas", 2, "replicas of the demo model")
+	f.IntVar(&o.gpus, "gpus", 8, "GPUs the simulated node reports (each replica takes one)")
+	f.StringVar(&o.portRange, "port-range", "20000-20999", "ports for engines, FIRST-LAST")
+	f.Float64Var(&o.decodeMS, "sim-decode-ms-per-token", 20, "the demo engines' decode time per token, milliseconds")
+	f.StringVar(&o.vllmCommand, "vllm-command", "", "program (and leading args, space-separated) the vllm driver runs; default vllm")
+	f.StringVar(&o.llamacppCommand, "llamacpp-command", "", "program (and leading args) the llamacpp driver runs; default llama-server")
+	f.StringVar(&o.simCmd, "sim-command", "", "program (and leading args) the sim driver runs; default this binary's sim")
+	return cmd
+}
+
+// runDev starts the three components and stops them in the reverse order of
+// the data path: the router first (no new requests), then the agent (which
+// stops every engine), then the control node.
+func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
+	if o.replicas < 1 {
+		return errors.New("--replicas: must be at least 1")
+	}
+	if o.gpus < o.replicas {
+		return fmt.Errorf("--gpus: %d cannot hold %d replicas of one GPU each", o.gpus, o.replicas)
+	}
+
+	ccfg := controlplane.DefaultConfig()
+	ccfg.NodeID = "dev-control"
+	ccfg.DataDir = filepath.Join(o.dataDir, "control")
+	ccfg.GRPCAddr, ccfg.RaftAddr, ccfg.HTTPAddr = o.grpcAddr, o.raftAddr, o.controlHTTPAddr
+	ccfg.GossipAddr = ""
+	ccfg.Bootstrap = true
+	ccfg.Version = version
+	if err := ccfg.Validate(); err != nil {
+		return fmt.Errorf("control: %w", err)
+	}
+
+	acfg := agent.DefaultConfig()
+	acfg.NodeID = "dev"
+	acfg.Control = []string{o.grpcAddr}
+	acfg.AdvertiseAddr = "127.0.0.1"
+	acfg.DataDir = filepath.Join(o.dataDir, "agent")
+	acfg.HTTPAddr = o.agentHTTPAddr
+	acfg.GPUs = o.gpus
+	acfg.Version = version
+	acfg.StopEnginesOnExit = true
+	acfg.StopGrace = 5 * time.Second
+	if _, err := fmt.Sscanf(o.portRange, "%d-%d", &acfg.PortRangeStart, &acfg.PortRangeEnd); err != nil {
+		return fmt.Errorf("--port-range: %q is not FIRST-LAST", o.portRange)
+	}
+	acfg.Engines = map[string]agent.EngineConfig{}
+	for name, command := range map[string]string{"vllm": o.vllmCommand, "llamacpp": o.llamacppCommand, "sim": o.simCmd} {
+		if command != "" {
+			acfg.Engines[name] = agent.EngineConfig{Command: strings.Fields(command)}
+		}
+	}
+	if err := acfg.Validate(); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+
+	rcfg := router.DefaultConfig()
+	rcfg.ID = "dev-router"
+	rcfg.Control = []string{o.grpcAddr}
+	rcfg.HTTPAddr = o.httpAddr
+	rcfg.DataDir = filepath.Join(o.dataDir, "router")
+	if err := rcfg.Validate(); err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+
+	control, err := controlplane.New(ccfg, log.With("component", "control"))
+	if err != nil {
+		return fmt.Errorf("control: %w", err)
+	}
+	var group runGroup
+	defer group.stopAll()
+	group.start("control", control.Run)
+	select {
+	case <-control.Ready():
+	case err := <-group.failed:
+		return err
+	case <-ctx.Done():
+		return nil
+	}
+	if err := applyDemo(ctx, o); err != nil {
+		return err
+	}
+
+	ag, err := agent.New(acfg, log.With("component", "agent"))
+	if err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	group.start("agent", ag.Run)
+	rt, err := router.New(rcfg, log.With("component", "router"))
+	if err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	group.start("router", rt.Run)
+	log.Info("llmgw dev is up", "openai_api", "http://"+displayAddr(o.httpAddr)+"/v1", "control_grpc", o.grpcAddr,
+		"model", "demo", "replicas", o.replicas)
+
+	select {
+	case <-ctx.Done():
+		log.Info("stopping: router, then agent and engines, then control")
+		return nil
+	case err := <-group.failed:
+		return err
+	}
+}
+
+// applyDemo writes the demo model through AdminService, as llmgwctl would:
+// dev's flags are its source of truth, so a restart with --replicas 3
+// rescales it.
+func applyDemo(ctx context.Context, o devOptions) error {
+	conn, err := grpc.NewClient(o.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("connect to the control plane: %w", err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err = llmgwv1.NewAdminServiceClient(conn).ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{
+		Name:           "demo",
+		Engine:         "sim",
+		Model:          "meta-llama/Llama-3.1-8B-Instruct",
+		Replicas:       uint32(o.replicas),
+		GpusPerReplica: 1,
+		Profile:        "chat",
+		ExtraArgs:      []string{"--sim-decode-ms-per-token", strconv.FormatFloat(o.decodeMS, 'f', -1, 64)},
+	}})
+	if err != nil {
+		return fmt.Errorf("apply the demo model: %w", err)
+	}
+	return nil
+}
+
+// runGroup runs components, each with its own context so they can be stopped
+// one at a time in a chosen order; the first to fail is reported on failed.
+type runGroup struct {
+	members []*member
+	failed  chan error
+}
+
+type member struct {
+	name   string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (g *runGroup) start(name string, run func(context.Context) error) {
+	if g.failed == nil {
+		g.failed = make(chan error, 8)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &member{name: name, cancel: cancel, done: make(chan struct{})}
+	g.members = append(g.members, m)
+	go func() {
+		defer close(m.done)
+		if err := run(ctx); err != nil && ctx.Err() == nil {
+			g.failed <- fmt.Errorf("%s: %w", name, err)
+		} else if ctx.Err() == nil {
+			g.failed <- fmt.Errorf("%s stopped unexpectedly", name)
+		}
+	}()
+}
+
+// stopAll stops the members in reverse start order, each fully before the
+// next: started control, agent, router → stopped router, agent, control.
+func (g *runGroup) stopAll() {
+	for i := len(g.members) - 1; i >= 0; i-- {
+		m := g.members[i]
+		m.cancel()
+		<-m.done
+	}
+}
+
+func displayAddr(addr string) string {
+	if strings.HasPrefix(addr, ":") {
+		return "localhost" + addr
+	}
+	return addr
 }

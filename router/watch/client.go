@@ -269,11 +269,14 @@ func (c *Client) handle(ev *llmgwv1.WatchEvent) error {
 			c.aside.applyChange(e.Change)
 			return nil
 		}
+		// One command may change several objects, so several changes share
+		// a revision: the held revision advances only at the mark that ends
+		// a batch. A stream cut mid-batch resumes from the last complete
+		// revision and gets the batch again; puts and deletes are idempotent.
 		if e.Change.GetRevision() <= c.work.Revision {
 			return nil // already applied: a client never moves backwards
 		}
 		c.work.applyChange(e.Change)
-		c.work.Revision = e.Change.GetRevision()
 		c.dirty = true
 	case *llmgwv1.WatchEvent_SnapshotEnd:
 		c.m.events.WithLabelValues("snapshot_end").Inc()

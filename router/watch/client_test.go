@@ -213,6 +213,24 @@ func TestChangesNeverMoveBackwards(t *testing.T) {
 	}
 }
 
+// One command (deleting a model with its replicas) changes several objects
+// at one revision: every one of them must be applied, not just the first.
+func TestChangesSharingARevisionAllApply(t *testing.T) {
+	h := start(t, nil)
+	h.nextRequest()
+	h.send(evBegin(10), evModel(10, put, "a"), evReplica(10, "a-0", "a", "n1", 9), evEnd(10))
+	h.waitFor("snapshot", func(s *State) bool { return s.Revision == 10 })
+
+	del := llmgwv1.ChangeOp_CHANGE_OP_DELETE
+	replicaGone := &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Change{Change: &llmgwv1.Change{
+		Revision: 11, Op: del, Object: &llmgwv1.Change_Replica{Replica: &llmgwv1.Replica{Id: "a-0"}}}}}
+	h.send(replicaGone, evModel(11, del, "a"), evMark(11))
+	st := h.waitFor("revision 11", func(s *State) bool { return s.Revision == 11 })
+	if st.Models["a"] != nil || st.Replicas["a-0"] != nil {
+		t.Fatalf("after deleting model a with its replica: models=%v replicas=%v", st.Models, st.Replicas)
+	}
+}
+
 func TestEphemeralRules(t *testing.T) {
 	h := start(t, nil)
 	h.nextRequest()

@@ -1,0 +1,279 @@
+// Package integration runs llmgw's real binaries on loopback and drives them
+// as an operator and a client would (plan §12). Nothing here reaches into a
+// component's internals: processes, HTTP, gRPC and llmgwctl only.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// bins holds the paths of the binaries TestMain builds once for every test.
+var bins struct{ llmgw, llmgwctl string }
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "llmgw-integration-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bins.llmgw = filepath.Join(dir, "llmgw")
+	bins.llmgwctl = filepath.Join(dir, "llmgwctl")
+	for out, pkg := range map[string]string{bins.llmgw: "../cmd/llmgw", bins.llmgwctl: "../cmd/llmgwctl"} {
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", pkg, err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// freeAddr returns a loopback address nothing listens on right now.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// devProcess is one `llmgw dev` started by a test.
+type devProcess struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	http    string // router address
+	grpc    string // control plane address
+	dataDir string
+	log     *bytes.Buffer
+	done    chan error
+}
+
+// startDev starts `llmgw dev` on free loopback ports and waits until the
+// router answers for the demo model through a ready replica.
+func startDev(t *testing.T, extra ...string) *devProcess {
+	t.Helper()
+	d := &devProcess{t: t, http: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &bytes.Buffer{}, done: make(chan error, 1)}
+	args := append([]string{"dev", "--http-addr", d.http, "--grpc-addr", d.grpc, "--data-dir", d.dataDir}, extra...)
+	d.cmd = exec.Command(bins.llmgw, args...)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.done <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		d.stop()
+		if t.Failed() {
+			t.Logf("llmgw dev output:\n%s", tail(d.log.String(), 80))
+		}
+	})
+	d.waitReady("demo", 2, 60*time.Second)
+	return d
+}
+
+// stop asks dev to stop (as Ctrl-C does) and waits; it kills after a grace.
+func (d *devProcess) stop() error {
+	if d.cmd.ProcessState != nil {
+		return nil
+	}
+	_ = d.cmd.Process.Signal(os.Interrupt)
+	select {
+	case err := <-d.done:
+		return err
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.done
+		return fmt.Errorf("llmgw dev did not stop within 30s of SIGINT")
+	}
+}
+
+// ctl runs llmgwctl against this dev's control plane.
+func (d *devProcess) ctl(args ...string) (string, error) {
+	cmd := exec.Command(bins.llmgwctl, append([]string{"--addr", d.grpc}, args...)...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	if err != nil {
+		return out.String() + errOut.String(), fmt.Errorf("llmgwctl %s: %w: %s", strings.Join(args, " "), err, errOut.String())
+	}
+	return out.String(), nil
+}
+
+// replicaView is the part of `llmgwctl replica list -o json` tests read.
+type replicaView struct {
+	Replica struct {
+		ID    string `json:"id"`
+		UID   string `json:"uid"`
+		Model string `json:"model"`
+		Node  string `json:"node"`
+	} `json:"replica"`
+	Status *struct {
+		UID         string `json:"uid"`
+		Incarnation string `json:"incarnation"`
+		Phase       string `json:"phase"`
+		Address     string `json:"address"`
+		PID         int    `json:"pid"`
+		Restarts    int    `json:"restarts"`
+	} `json:"status"`
+}
+
+func (r replicaView) ready() bool {
+	return r.Status != nil && r.Status.UID == r.Replica.UID && r.Status.Phase == "REPLICA_PHASE_READY" && r.Status.Address != ""
+}
+
+func (d *devProcess) replicas() ([]replicaView, error) {
+	out, err := d.ctl("replica", "list", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var list []replicaView
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		return nil, fmt.Errorf("decode replica list: %w: %s", err, out)
+	}
+	return list, nil
+}
+
+func (d *devProcess) modelReplicas(model string) []replicaView {
+	d.t.Helper()
+	list, err := d.replicas()
+	if err != nil {
+		d.t.Fatal(err)
+	}
+	var out []replicaView
+	for _, r := range list {
+		if r.Replica.Model == model {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// waitReady waits until model has n ready replicas and the router serves it.
+func (d *devProcess) waitReady(model string, n int, timeout time.Duration) []replicaView {
+	d.t.Helper()
+	var last []replicaView
+	ok := eventually(timeout, func() bool {
+		list, err := d.replicas()
+		if err != nil {
+			return false
+		}
+		last = last[:0]
+		for _, r := range list {
+			if r.Replica.Model == model && r.ready() {
+				last = append(last, r)
+			}
+		}
+		if len(last) != n {
+			return false
+		}
+		resp, err := http.Get("http://" + d.http + "/v1/models")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		var body struct {
+			Data []struct{ ID string } `json:"data"`
+		}
+		if json.NewDecoder(resp.Body).Decode(&body) != nil {
+			return false
+		}
+		for _, m := range body.Data {
+			if m.ID == model {
+				return d.chatOK(model)
+			}
+		}
+		return false
+	})
+	if !ok {
+		d.t.Fatalf("model %s: %d ready replicas, want %d, within %v", model, len(last), n, timeout)
+	}
+	return last
+}
+
+// chatOK reports whether one small chat completion for model succeeds.
+func (d *devProcess) chatOK(model string) bool {
+	code, _ := d.post("/v1/chat/completions", fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"ping"}],"max_tokens":2}`, model))
+	return code == http.StatusOK
+}
+
+func (d *devProcess) post(path, body string) (int, []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.http+path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	return resp.StatusCode, buf.Bytes()
+}
+
+// eventually polls cond every 100 ms until it holds or timeout passes.
+func eventually(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// alive reports whether a process with this pid exists (and is not a zombie
+// we could still reap: engines are the agent's children, not ours).
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		return false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state is the field after the parenthesised command name.
+	if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+		return stat[i+2] != 'Z'
+	}
+	return true
+}
+
+func tail(s string, lines int) string {
+	parts := strings.Split(s, "\n")
+	if len(parts) > lines {
+		parts = parts[len(parts)-lines:]
+	}
+	return strings.Join(parts, "\n")
+}
