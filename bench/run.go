@@ -1,0 +1,348 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Target is one router to drive, with the label it goes by in the output.
+type Target struct {
+	Label string
+	URL   string
+}
+
+// ParseTarget reads `URL` or `label=URL`. The URL is the router's base
+// (http://host:port); the label defaults to the URL's host.
+func ParseTarget(s string) (Target, error) {
+	var t Target
+	if i := strings.Index(s, "="); i >= 0 && !strings.Contains(s[:i], "://") {
+		t.Label, s = s[:i], s[i+1:]
+		if t.Label == "" {
+			return Target{}, fmt.Errorf("--target %q: empty label before '='", s)
+		}
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return Target{}, fmt.Errorf("--target %q: %w", s, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return Target{}, fmt.Errorf("--target %q: want http://host:port or https://host:port", s)
+	}
+	t.URL = strings.TrimRight(s, "/")
+	if t.Label == "" {
+		t.Label = u.Host
+	}
+	return t, nil
+}
+
+// Config is one benchmark: the workload, the load, when to stop, and the
+// targets. DefaultConfig fills what a bare `llmgwctl bench` uses.
+type Config struct {
+	// Targets are benchmarked one after another with the same workload and
+	// seed, each a column of the output; with RoundRobin they are one run
+	// whose requests alternate over them, as behind a round-robin balancer.
+	Targets    []Target
+	RoundRobin bool
+
+	Workload WorkloadConfig
+
+	// Rate > 0 is an open loop: Poisson arrivals at Rate per second, however
+	// slow the answers. Otherwise a closed loop of Concurrency clients, each
+	// sending its next request when its last is answered. A multi-turn
+	// session's turns are sequential either way, so an open loop arrival
+	// waits for an idle session.
+	Rate        float64
+	Concurrency int
+
+	// The run stops sending at Duration or after Requests requests, whichever
+	// comes first (zero is no limit; at least one must be set), and ends when
+	// the requests in flight finish.
+	Duration time.Duration
+	Requests int
+
+	// RequestTimeout bounds one request, stream included.
+	RequestTimeout time.Duration
+
+	// Client makes the requests; nil uses a transport of the run's own,
+	// closed when the run ends.
+	Client *http.Client
+	Logger *slog.Logger
+	// Progress is called after every request, from several goroutines at
+	// once; it must be quick and safe for concurrent use. May be nil.
+	Progress func(Sample)
+	// Now is the clock latencies are measured with; nil is time.Now.
+	Now func() time.Time
+	// ArrivalSource draws the open loop's gaps; nil seeds one from
+	// Workload.Seed so a run is repeatable.
+	ArrivalSource rand.Source
+}
+
+// DefaultConfig is a closed loop of 8 clients for 100 requests.
+func DefaultConfig() Config {
+	return Config{
+		Concurrency:    8,
+		Requests:       100,
+		RequestTimeout: 5 * time.Minute,
+		Workload:       WorkloadConfig{Name: SharedPrefix},
+	}
+}
+
+// Validate reports the first field at fault, named as its flag.
+func (c Config) Validate() error {
+	if len(c.Targets) == 0 {
+		return errors.New("--target: at least one is required")
+	}
+	for _, t := range c.Targets {
+		if t.URL == "" {
+			return fmt.Errorf("--target %q: empty URL", t.Label)
+		}
+	}
+	if c.RoundRobin && len(c.Targets) < 2 {
+		return errors.New("--targets-round-robin: needs at least two --target")
+	}
+	switch {
+	case c.Rate < 0:
+		return fmt.Errorf("--rate: must not be negative, got %g", c.Rate)
+	case c.Concurrency < 0:
+		return fmt.Errorf("--concurrency: must not be negative, got %d", c.Concurrency)
+	case c.Rate > 0 && c.Concurrency > 0:
+		return errors.New("--rate, --concurrency: choose one, open loop or closed")
+	case c.Rate == 0 && c.Concurrency == 0:
+		return errors.New("--concurrency: must be at least 1 (or set --rate)")
+	case c.Duration < 0:
+		return fmt.Errorf("--duration: must not be negative, got %s", c.Duration)
+	case c.Requests < 0:
+		return fmt.Errorf("--requests: must not be negative, got %d", c.Requests)
+	case c.Duration == 0 && c.Requests == 0:
+		return errors.New("--duration, --requests: set at least one, or the run never ends")
+	case c.RequestTimeout <= 0:
+		return fmt.Errorf("--request-timeout: must be positive, got %s", c.RequestTimeout)
+	}
+	return c.Workload.Validate()
+}
+
+// Result holds one report per run, in the order of the targets.
+type Result struct {
+	Runs []Report `json:"runs"`
+}
+
+// Run benchmarks every target in turn (or all together with RoundRobin) and
+// returns a report per run. It returns only after every request it started
+// has finished. Cancelling ctx stops the run; requests in flight are
+// cancelled, counted as "canceled", and the partial reports are returned
+// with ctx's error.
+func Run(ctx context.Context, cfg Config) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Client == nil {
+		tr := &http.Transport{
+			Proxy:               http.ProxyFromEnvironment,
+			MaxIdleConnsPerHost: 1024,
+			IdleConnTimeout:     30 * time.Second,
+		}
+		defer tr.CloseIdleConnections()
+		cfg.Client = &http.Client{Transport: tr}
+	}
+	groups := [][]Target{cfg.Targets}
+	if !cfg.RoundRobin {
+		groups = groups[:0]
+		for _, t := range cfg.Targets {
+			groups = append(groups, []Target{t})
+		}
+	}
+	var res Result
+	for _, targets := range groups {
+		// A fresh workload per run: every target sees the same prompts.
+		wl, err := NewWorkload(cfg.Workload)
+		if err != nil {
+			return res, err
+		}
+		src := cfg.ArrivalSource
+		if src == nil {
+			src = rand.NewPCG(cfg.Workload.Seed, 0xa77)
+		}
+		r := &runner{cfg: cfg, wl: wl, targets: targets, arrivals: NewArrivals(src, max(cfg.Rate, 1e-9))}
+		samples := r.run(ctx)
+		labels, urls := make([]string, len(targets)), make([]string, len(targets))
+		for i, t := range targets {
+			labels[i], urls[i] = t.Label, t.URL
+		}
+		rep := Summarize(strings.Join(labels, "+"), strings.Join(urls, ","), wl.Name(), samples)
+		cfg.Logger.Info("bench run finished", "target", rep.Label, "requests", rep.Requests, "errors", rep.Errors)
+		res.Runs = append(res.Runs, rep)
+		if err := ctx.Err(); err != nil {
+			return res, fmt.Errorf("bench %s: %w", rep.Label, err)
+		}
+	}
+	return res, nil
+}
+
+// runner is one run: it hands out turns of the workload's conversations to
+// the load generator and collects samples.
+type runner struct {
+	cfg      Config
+	wl       Workload
+	targets  []Target
+	arrivals *Arrivals
+
+	start  time.Time
+	issued atomic.Int64  // requests claimed against cfg.Requests
+	rr     atomic.Uint64 // next target, for round-robin
+
+	mu      sync.Mutex
+	next    int               // next conversation number
+	ready   chan Conversation // idle live conversations, when wl.Live() > 0
+	samples []Sample
+}
+
+// run drives load until the budget or the duration is spent, then waits for
+// the requests in flight. Shutdown order: stop dispatching (the duration's
+// context), then wait for every request goroutine.
+func (r *runner) run(ctx context.Context) []Sample {
+	r.start = r.cfg.Now()
+	if n := r.wl.Live(); n > 0 {
+		r.ready = make(chan Conversation, n)
+		for range n {
+			r.ready <- r.fresh()
+		}
+	}
+	dispatch := ctx
+	if r.cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		dispatch, cancel = context.WithTimeout(ctx, r.cfg.Duration)
+		defer cancel()
+	}
+	var wg sync.WaitGroup
+	if r.cfg.Rate > 0 {
+		// Arrivals keep their schedule even when answers are slow: that is
+		// what makes it an open loop. Only a multi-turn run with every
+		// session busy holds an arrival back.
+		next := time.Now()
+		for {
+			conv, req, ok := r.take(dispatch)
+			if !ok {
+				break
+			}
+			wg.Go(func() { r.do(ctx, conv, req) })
+			next = next.Add(r.arrivals.Next())
+			if !sleepUntil(dispatch, next) {
+				break
+			}
+		}
+	} else {
+		for range r.cfg.Concurrency {
+			wg.Go(func() {
+				for {
+					conv, req, ok := r.take(dispatch)
+					if !ok {
+						return
+					}
+					r.do(ctx, conv, req)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.samples
+}
+
+// fresh starts the next conversation.
+func (r *runner) fresh() Conversation {
+	r.mu.Lock()
+	n := r.next
+	r.next++
+	r.mu.Unlock()
+	return r.wl.Conversation(n)
+}
+
+// take returns the next request to send and its conversation, or false when
+// the run should send no more.
+func (r *runner) take(ctx context.Context) (Conversation, Request, bool) {
+	for range 1000 { // a conversation with no turns at all is a workload bug; don't spin on it
+		if ctx.Err() != nil {
+			return nil, Request{}, false
+		}
+		var conv Conversation
+		if r.ready == nil {
+			conv = r.fresh()
+		} else {
+			select {
+			case conv = <-r.ready:
+			case <-ctx.Done():
+				return nil, Request{}, false
+			}
+		}
+		req, ok := conv.Next()
+		if !ok {
+			if r.ready != nil {
+				r.ready <- r.fresh()
+			}
+			continue
+		}
+		if r.cfg.Requests > 0 && r.issued.Add(1) > int64(r.cfg.Requests) {
+			// Hand the session back so a client still waiting for one
+			// wakes, finds the budget spent too, and stops.
+			if r.ready != nil {
+				r.ready <- conv
+			}
+			return nil, Request{}, false
+		}
+		return conv, req, true
+	}
+	return nil, Request{}, false
+}
+
+// do sends one request, records it, and gives the conversation back.
+func (r *runner) do(ctx context.Context, conv Conversation, req Request) {
+	t := r.targets[int(r.rr.Add(1)-1)%len(r.targets)]
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
+	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, req, r.start, r.cfg.Now)
+	cancel()
+	if !s.OK() {
+		r.cfg.Logger.Debug("request failed", "replica", s.Replica, "model", s.Model, "kind", s.ErrKind, "err", s.Err)
+	}
+	conv.Reply(answer, s.OK())
+	if r.ready != nil {
+		r.ready <- conv
+	}
+	r.mu.Lock()
+	r.samples = append(r.samples, s)
+	r.mu.Unlock()
+	if r.cfg.Progress != nil {
+		r.cfg.Progress(s)
+	}
+}
+
+// sleepUntil waits until t and reports whether ctx is still live.
+func sleepUntil(ctx context.Context, t time.Time) bool {
+	d := time.Until(t)
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,394 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+)
+
+// Workload names accepted by WorkloadConfig.Name (plan §10).
+const (
+	SharedPrefix = "shared-prefix"
+	MultiTurn    = "multi-turn"
+	LongContext  = "long-context"
+	LoRAMix      = "lora-mix"
+)
+
+// Workloads lists the workload names, for help text and errors.
+var workloadNames = []string{SharedPrefix, MultiTurn, LongContext, LoRAMix}
+
+// WorkloadNames returns the workload names in a stable order.
+func WorkloadNames() []string { return slices.Clone(workloadNames) }
+
+// Message is one chat message as the OpenAI API takes it.
+type Message struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+}
+
+// Request is one call the benchmark makes to /v1/chat/completions. Every
+// workload uses the chat endpoint so that runs of different workloads differ
+// only in the shape of their prompts.
+type Request struct {
+	Model    string
+	Messages []Message
+	// SessionID goes out as X-Session-ID, the router's affinity key
+	// (plan §7.1); empty sends no header.
+	SessionID string
+	MaxTokens int
+}
+
+// Conversation is a sequence of requests in which a later one may depend on
+// the answers to earlier ones, as a chat's history does. The runner holds a
+// conversation for one turn at a time — Next, the request, then Reply — so an
+// implementation needs no locking.
+type Conversation interface {
+	// Next returns the next request, or false when the conversation is over.
+	Next() (Request, bool)
+	// Reply tells the conversation how the request from the last Next went:
+	// the assistant's text when ok, and ok=false when it failed, in which
+	// case the turn is dropped from the history so the next one is still a
+	// well-formed chat.
+	Reply(answer string, ok bool)
+}
+
+// Workload generates conversations. The requests of conversation n depend
+// only on the config (seed included), n and the replies the conversation was
+// given, so two runs with one seed send the same prompts whatever the timing.
+type Workload interface {
+	Name() string
+	// Conversation returns conversation n (n ≥ 0). Safe for concurrent use.
+	Conversation(n int) Conversation
+	// Live is how many conversations are open at once: the runner keeps that
+	// many going and starts conversation Live, Live+1, ... as earlier ones
+	// finish. Zero means conversations are independent single requests,
+	// started as fast as the load allows.
+	Live() int
+}
+
+// WorkloadConfig chooses and shapes a workload. Zero values take the
+// workload's own default (see each field); flags are named after the fields.
+type WorkloadConfig struct {
+	// Name is one of SharedPrefix, MultiTurn, LongContext, LoRAMix.
+	Name string
+	// Model goes in every request's `model`; lora-mix draws adapters instead.
+	Model string
+	// Seed makes the prompts reproducible.
+	Seed uint64
+	// MaxTokens bounds each answer. Default 128.
+	MaxTokens int
+	// Groups is how many shared system prompts shared-prefix and lora-mix
+	// draw from (default 8), and how many shared documents long-context
+	// reuses (default 2).
+	Groups int
+	// SystemWords is the length of a shared system prompt, in words (about
+	// tokens for the simulator). Default 1000 for shared-prefix and
+	// lora-mix, as inference-perf's shared-prefix shape; 200 for multi-turn.
+	SystemWords int
+	// PromptWords is the length of each request's own part: the question
+	// (default 100), a multi-turn user message (default 50), or a
+	// long-context document (default 4000).
+	PromptWords int
+	// Sessions is how many multi-turn chats run at once (default 8), and
+	// Turns how many turns each has (default 5).
+	Sessions int
+	Turns    int
+	// SharedShare is the share of long-context requests that reuse one of
+	// the Groups shared documents rather than a fresh one. Default 0.25;
+	// negative means none.
+	SharedShare float64
+	// Adapters are the adapter names lora-mix puts in `model`, drawn by a
+	// Zipf law (s=1) so the first is the most popular.
+	Adapters []string
+}
+
+// withDefaults resolves the zero values for the chosen workload.
+func (c WorkloadConfig) withDefaults() WorkloadConfig {
+	def := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	def(&c.MaxTokens, 128)
+	switch c.Name {
+	case SharedPrefix, LoRAMix:
+		def(&c.Groups, 8)
+		def(&c.SystemWords, 1000)
+		def(&c.PromptWords, 100)
+	case MultiTurn:
+		def(&c.SystemWords, 200)
+		def(&c.PromptWords, 50)
+		def(&c.Sessions, 8)
+		def(&c.Turns, 5)
+	case LongContext:
+		def(&c.Groups, 2)
+		def(&c.PromptWords, 4000)
+		if c.SharedShare == 0 {
+			c.SharedShare = 0.25
+		}
+		if c.SharedShare < 0 {
+			c.SharedShare = 0
+		}
+	}
+	return c
+}
+
+// Validate reports the first field at fault, named as its flag.
+func (c WorkloadConfig) Validate() error {
+	if !slices.Contains(workloadNames, c.Name) {
+		return fmt.Errorf("--workload: %q is not one of %s", c.Name, strings.Join(workloadNames, ", "))
+	}
+	c = c.withDefaults()
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"--max-tokens", c.MaxTokens}, {"--groups", c.Groups}, {"--system-words", c.SystemWords},
+		{"--prompt-words", c.PromptWords}, {"--sessions", c.Sessions}, {"--turns", c.Turns},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("%s: must not be negative, got %d", f.name, f.v)
+		}
+	}
+	if c.SharedShare > 1 {
+		return fmt.Errorf("--shared-share: must be at most 1, got %g", c.SharedShare)
+	}
+	if c.Name == LoRAMix {
+		if len(c.Adapters) == 0 {
+			return errors.New("--adapters: lora-mix needs at least one adapter name")
+		}
+		for _, a := range c.Adapters {
+			if strings.TrimSpace(a) == "" {
+				return errors.New("--adapters: an adapter name is empty")
+			}
+		}
+	} else if c.Model == "" {
+		return errors.New("--model: required")
+	}
+	return nil
+}
+
+// NewWorkload builds the workload the config names.
+func NewWorkload(c WorkloadConfig) (Workload, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	c = c.withDefaults()
+	switch c.Name {
+	case SharedPrefix, LoRAMix:
+		w := &sharedPrefix{cfg: c, systems: make([]string, c.Groups)}
+		for g := range w.systems {
+			w.systems[g] = words(rngFor(c.Seed, streamGroup, g), c.SystemWords)
+		}
+		if c.Name == LoRAMix {
+			w.zipf = zipfWeights(len(c.Adapters))
+		}
+		return w, nil
+	case MultiTurn:
+		return &multiTurn{cfg: c, system: words(rngFor(c.Seed, streamGroup, 0), c.SystemWords)}, nil
+	default: // LongContext, Validate has ruled out the rest
+		w := &longContext{cfg: c, docs: make([]string, c.Groups)}
+		for g := range w.docs {
+			w.docs[g] = words(rngFor(c.Seed, streamGroup, g), c.PromptWords)
+		}
+		return w, nil
+	}
+}
+
+// Streams keep the random draws for shared parts (system prompts, shared
+// documents) apart from per-conversation ones, so changing how many requests
+// run never changes a group's prompt.
+const (
+	streamGroup uint64 = iota + 1
+	streamConversation
+)
+
+func rngFor(seed, stream uint64, i int) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, stream<<48^uint64(i)))
+}
+
+// single is a conversation of one request.
+type single struct {
+	req  Request
+	done bool
+}
+
+func (s *single) Next() (Request, bool) {
+	if s.done {
+		return Request{}, false
+	}
+	s.done = true
+	return s.req, true
+}
+
+func (s *single) Reply(string, bool) {}
+
+// sharedPrefix is inference-perf's shared-prefix shape: each request picks a
+// group at random and sends the group's long system prompt followed by its own
+// short question, so a router that keeps a group on one replica turns most of
+// each prompt into cache hits. With adapters set it is lora-mix: the same
+// prompts, with `model` an adapter drawn by popularity.
+type sharedPrefix struct {
+	cfg     WorkloadConfig
+	systems []string
+	zipf    []float64 // cumulative; nil for shared-prefix
+}
+
+func (w *sharedPrefix) Name() string { return w.cfg.Name }
+func (w *sharedPrefix) Live() int    { return 0 }
+
+func (w *sharedPrefix) Conversation(n int) Conversation {
+	rng := rngFor(w.cfg.Seed, streamConversation, n)
+	g := rng.IntN(len(w.systems))
+	model := w.cfg.Model
+	if w.zipf != nil {
+		model = w.cfg.Adapters[pick(rng, w.zipf)]
+	}
+	return &single{req: Request{
+		Model: model,
+		Messages: []Message{
+			{Role: "system", Content: w.systems[g]},
+			{Role: "user", Content: words(rng, w.cfg.PromptWords)},
+		},
+		MaxTokens: w.cfg.MaxTokens,
+	}}
+}
+
+// longContext sends documents of several thousand words with a short
+// question; a few documents recur, most are fresh, so it measures prefill
+// under load more than cache reuse.
+type longContext struct {
+	cfg  WorkloadConfig
+	docs []string
+}
+
+func (w *longContext) Name() string { return w.cfg.Name }
+func (w *longContext) Live() int    { return 0 }
+
+func (w *longContext) Conversation(n int) Conversation {
+	rng := rngFor(w.cfg.Seed, streamConversation, n)
+	var doc string
+	if len(w.docs) > 0 && rng.Float64() < w.cfg.SharedShare {
+		doc = w.docs[rng.IntN(len(w.docs))]
+	} else {
+		doc = words(rng, w.cfg.PromptWords)
+	}
+	return &single{req: Request{
+		Model:     w.cfg.Model,
+		Messages:  []Message{{Role: "user", Content: "Read this document.\n\n" + doc + "\n\nQuestion: " + words(rng, 20)}},
+		MaxTokens: w.cfg.MaxTokens,
+	}}
+}
+
+// multiTurn is a set of chats whose history grows: every turn resends the
+// whole conversation so far — the real answers received included — plus a
+// new user message, under the session's X-Session-ID. All sessions share one
+// system prompt, as the users of one application do.
+type multiTurn struct {
+	cfg    WorkloadConfig
+	system string
+}
+
+func (w *multiTurn) Name() string { return w.cfg.Name }
+func (w *multiTurn) Live() int    { return w.cfg.Sessions }
+
+func (w *multiTurn) Conversation(n int) Conversation {
+	return &session{
+		w:       w,
+		id:      fmt.Sprintf("bench-%d-%d", w.cfg.Seed, n),
+		rng:     rngFor(w.cfg.Seed, streamConversation, n),
+		history: []Message{{Role: "system", Content: w.system}},
+	}
+}
+
+type session struct {
+	w       *multiTurn
+	id      string
+	rng     *rand.Rand
+	history []Message
+	turn    int
+}
+
+func (s *session) Next() (Request, bool) {
+	if s.turn >= s.w.cfg.Turns {
+		return Request{}, false
+	}
+	s.turn++
+	s.history = append(s.history, Message{Role: "user", Content: words(s.rng, s.w.cfg.PromptWords)})
+	return Request{
+		Model:     s.w.cfg.Model,
+		Messages:  slices.Clip(s.history),
+		SessionID: s.id,
+		MaxTokens: s.w.cfg.MaxTokens,
+	}, true
+}
+
+func (s *session) Reply(answer string, ok bool) {
+	if !ok {
+		s.history = s.history[:len(s.history)-1]
+		return
+	}
+	s.history = append(s.history, Message{Role: "assistant", Content: answer})
+}
+
+// zipfWeights returns the cumulative weights of a Zipf law with s=1 over n
+// items: item k is drawn in proportion to 1/(k+1).
+func zipfWeights(n int) []float64 {
+	cum := make([]float64, n)
+	total := 0.0
+	for k := range n {
+		total += 1 / float64(k+1)
+		cum[k] = total
+	}
+	for k := range cum {
+		cum[k] /= total
+	}
+	return cum
+}
+
+// pick draws an index from cumulative weights ending in 1.
+func pick(rng *rand.Rand, cum []float64) int {
+	x := rng.Float64()
+	i, _ := slices.BinarySearch(cum, x)
+	return min(i, len(cum)-1)
+}
+
+// words returns n words drawn from a small vocabulary: close to one token per
+// word for the simulator's tokenizer and for real ones, which keeps
+// --prompt-words a fair proxy for prompt length.
+func words(rng *rand.Rand, n int) string {
+	var b strings.Builder
+	b.Grow(n * 7)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(vocabulary[rng.IntN(len(vocabulary))])
+	}
+	return b.String()
+}
+
+var vocabulary = strings.Fields(`
+the of and to in is was for on that with as by at from his her they this
+are be have had not but what all were when we there can an your which their
+said if do will each about how up out them then she many some so these would
+other into has more two like him see time could no make than first been its
+who now people my made over did down only way find use may water long little
+very after words called just where most know get through back much go good
+new write our used me man too any day same right look think also around
+another came come work three word must because does part even place well
+such here take why things help put years different away again off went old
+number great tell men say small every found still between name should home
+big give air line set own under read last never us left end along while
+might next sound below saw something thought both few those always looked
+show large often together asked house world going want school important
+until form food keep children feet land side without boy once animals life
+enough took sometimes four head above kind began almost live page got earth
+need far hand high year mother light parts country father let night
+following picture being study second eyes soon times story boys since white
+days ever paper hard near sentence better best across during today others
+sure means knew its try told young miles sun ways thing whole hear example
+heard several change answer room sea against top turned learn point city
+play toward five using himself usually money seen car morning`)
