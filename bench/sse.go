@@ -34,7 +34,7 @@ func (u *Usage) CachedTokens() int {
 type streamEvent struct {
 	done    bool   // `data: [DONE]`
 	text    string // generated text in this chunk, possibly empty
-	token   bool   // the chunk carried generated output, even an empty string's worth
+	token   bool   // the chunk carried generated output
 	usage   *Usage
 	errText string // an error object sent mid-stream
 }
@@ -57,9 +57,10 @@ type wireChunk struct {
 var errBadChunk = errors.New("undecodable stream chunk")
 
 // parseEvent decodes one SSE data payload. A chunk counts as a token when it
-// carries content (chat), reasoning content or text (completions): vLLM sends
-// one such chunk per decode step, which is what inter-token latency measures.
-// The role-only first chunk and the usage-only last chunk are not tokens.
+// carries non-empty content (chat), reasoning content or text (completions):
+// vLLM sends one such chunk per decode step, which is what inter-token latency
+// measures. vLLM's first chunk (role, content "") and the usage-only last
+// chunk are not tokens, so TTFT is the first generated text.
 func parseEvent(data []byte) (streamEvent, error) {
 	data = bytes.TrimSpace(data)
 	if string(data) == "[DONE]" {
@@ -79,15 +80,15 @@ func parseEvent(data []byte) (streamEvent, error) {
 	var b strings.Builder
 	for _, ch := range c.Choices {
 		if ch.Delta != nil {
-			if ch.Delta.Content != nil {
+			if ch.Delta.Content != nil && *ch.Delta.Content != "" {
 				ev.token = true
 				b.WriteString(*ch.Delta.Content)
 			}
-			if ch.Delta.ReasoningContent != nil {
+			if ch.Delta.ReasoningContent != nil && *ch.Delta.ReasoningContent != "" {
 				ev.token = true
 			}
 		}
-		if ch.Text != nil {
+		if ch.Text != nil && *ch.Text != "" {
 			ev.token = true
 			b.WriteString(*ch.Text)
 		}
