@@ -73,7 +73,7 @@ func DefaultConfig() Config {
 		Control:           []string{"127.0.0.1:7400"},
 		AdvertiseAddr:     "127.0.0.1",
 		DataDir:           "llmgw-agent",
-		HTTPAddr:          "127.0.0.1:7402",
+		HTTPAddr:          "127.0.0.1:7404", // 7400-7403 are a control node's
 		PortRangeStart:    20000,
 		PortRangeEnd:      20999,
 		ReadyTimeout:      10 * time.Minute,
