@@ -1,6 +1,7 @@
 // Package router is llmgw's OpenAI-compatible router (plan §7): it follows
 // the control plane's watch stream, keeps each model's routable replicas
-// and their load, and proxies requests to the least loaded one. Routers are
+// and their load, and proxies each request to the replica its model's
+// scheduling profile chooses (plan §7.3). Routers are
 // stateless and many; none waits on the control plane to serve traffic.
 package router
 
@@ -21,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/llmgw/llmgw/router/api"
+	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/watch"
@@ -48,6 +50,11 @@ type Config struct {
 	// ShutdownGrace is how long in-flight requests may run after shutdown
 	// begins before they are cut.
 	ShutdownGrace time.Duration
+	// Breaker configures the per-replica circuit breakers (plan §7.4).
+	Breaker breaker.Config
+	// Scheduler configures the scheduler's memory (sessions, prefix tree)
+	// and its imbalance guard.
+	Scheduler scheduler.Config
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -62,6 +69,8 @@ func DefaultConfig() Config {
 		ConnectTimeout:   a.ConnectTimeout,
 		FirstByteTimeout: a.FirstByteTimeout,
 		ShutdownGrace:    30 * time.Second,
+		Breaker:          breaker.DefaultConfig(),
+		Scheduler:        scheduler.DefaultConfig(),
 	}
 }
 
@@ -93,6 +102,12 @@ func (c Config) Validate() error {
 	if c.ShutdownGrace < 0 {
 		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
 	}
+	if err := c.Breaker.Validate(); err != nil {
+		return fmt.Errorf("--%w", err)
+	}
+	if err := c.Scheduler.Validate(); err != nil {
+		return fmt.Errorf("scheduler.%w", err)
+	}
 	return nil
 }
 
@@ -103,6 +118,8 @@ type Router struct {
 	reg      *prometheus.Registry
 	watch    *watch.Client
 	eps      *endpoint.Registry
+	sched    *scheduler.Scheduler
+	breakers *breaker.Set[scheduler.Key]
 	handler  *api.Handler
 	draining atomic.Bool
 }
@@ -144,7 +161,16 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("router: endpoints: %w", err)
 	}
 
-	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps}
+	sched, err := scheduler.New(cfg.Scheduler, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("router: scheduler: %w", err)
+	}
+	brs, err := breaker.NewSet(cfg.Breaker, func(k scheduler.Key) string { return k.ID }, reg)
+	if err != nil {
+		return nil, fmt.Errorf("router: breakers: %w", err)
+	}
+
+	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs}
 	acfg := api.Config{
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		ConnectTimeout:   cfg.ConnectTimeout,
@@ -152,7 +178,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		MaxAttempts:      api.DefaultConfig().MaxAttempts,
 		Ready:            r.ready,
 	}
-	r.handler = api.New(acfg, eps, scheduler.LeastLoaded{}, log, reg, reg)
+	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg)
 	return r, nil
 }
 
@@ -180,8 +206,9 @@ func (r *Router) Run(ctx context.Context) error {
 //     in-flight requests (streams included) to finish;
 //  3. past the grace, remaining requests are cancelled (which cancels their
 //     engine requests) and their connections closed;
-//  4. only then stop the endpoint scrapers and the watch client (which
-//     saves the state a last time): requests route from them to the end.
+//  4. only then stop the endpoint scrapers, the watch client (which saves
+//     the state a last time) and the forgetter: requests route from them
+//     to the end.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	bgCtx, stopBG := context.WithCancel(context.Background())
 	reqCtx, cancelRequests := context.WithCancel(context.Background())
@@ -198,6 +225,8 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 			r.log.Error("router: endpoint registry stopped", "err", err)
 		}
 	})
+
+	bg.Go(func() { r.forget(bgCtx) })
 
 	var handlers sync.WaitGroup
 	srv := &http.Server{
@@ -239,4 +268,33 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	bg.Wait()
 	r.log.Info("router: stopped")
 	return err
+}
+
+// forgetEvery is how often per-replica memory is checked against the
+// routing table. Memory of a gone replica only costs a missed preference
+// until then (the scheduler never picks a non-candidate), so this can be lazy.
+const forgetEvery = time.Second
+
+// forget drops the scheduler's memory and the breakers of replicas that are
+// no longer routable (plan §7.5 "Forget"), until ctx is cancelled.
+func (r *Router) forget(ctx context.Context) {
+	t := time.NewTicker(forgetEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		live := make(map[scheduler.Key]bool)
+		for _, m := range r.eps.Models() {
+			eps, _ := r.eps.Lookup(m.GetName())
+			for _, e := range eps {
+				live[api.Key(e)] = true
+			}
+		}
+		keep := func(k scheduler.Key) bool { return live[k] }
+		r.sched.Retain(keep)
+		r.breakers.Retain(keep)
+	}
 }

@@ -16,13 +16,16 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/prefix"
 	"github.com/llmgw/llmgw/router/scheduler"
 )
 
@@ -39,11 +42,23 @@ type Endpoints interface {
 	LoadOf(e *endpoint.Endpoint) endpoint.Load
 }
 
-// Picker chooses among candidates: the seam the scheduler (plan §7.3)
-// plugs into. It returns an index into cands, or -1 for none, and is called
-// concurrently.
-type Picker interface {
-	Pick(cands []scheduler.Candidate) int
+// Scheduler chooses replicas (scheduler.Scheduler, plan §7.3). Its
+// methods are called concurrently.
+type Scheduler interface {
+	// ProfileFor returns the model's scheduling profile.
+	ProfileFor(m *llmgwv1.Model) *scheduler.Profile
+	// Pick returns an index into cands, or -1 when none may take r now.
+	Pick(p *scheduler.Profile, r *scheduler.Request, cands []scheduler.Candidate) int
+	// Observe records where r was sent, once the replica accepted it.
+	Observe(p *scheduler.Profile, r *scheduler.Request, chosen scheduler.Candidate)
+}
+
+// Breakers are the per-replica circuit breakers (breaker.Set).
+type Breakers interface {
+	// Get returns the replica's breaker, creating a closed one.
+	Get(k scheduler.Key) *breaker.Breaker
+	// Peek returns it without creating one (nil: never failed, closed).
+	Peek(k scheduler.Key) *breaker.Breaker
 }
 
 // Config configures the handler. Zero values take DefaultConfig's.
@@ -77,7 +92,8 @@ func DefaultConfig() Config {
 type Handler struct {
 	cfg       Config
 	eps       Endpoints
-	pick      Picker
+	sched     Scheduler
+	breakers  Breakers
 	log       *slog.Logger
 	transport *http.Transport
 	mux       *http.ServeMux
@@ -86,7 +102,7 @@ type Handler struct {
 
 // New builds the handler; reg receives its metrics and gather serves
 // /metrics (normally the same registry).
-func New(cfg Config, eps Endpoints, pick Picker, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer) *Handler {
+func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer) *Handler {
 	d := DefaultConfig()
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = d.MaxBodyBytes
@@ -101,7 +117,7 @@ func New(cfg Config, eps Endpoints, pick Picker, log *slog.Logger, reg prometheu
 		cfg.MaxAttempts = d.MaxAttempts
 	}
 	h := &Handler{
-		cfg: cfg, eps: eps, pick: pick, log: log,
+		cfg: cfg, eps: eps, sched: sched, breakers: breakers, log: log,
 		transport: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
 			ResponseHeaderTimeout: cfg.FirstByteTimeout,
@@ -228,23 +244,44 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 	*modelLabel = req.Model
 	log := h.log.With("request_id", rid, "model", req.Model)
 
+	sreq := &scheduler.Request{ID: rid, Model: req.Model, Session: r.Header.Get("X-Session-ID"),
+		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), req.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
+	prof := h.sched.ProfileFor(h.model(req.Model))
+
+	// tried holds every replica this request has been sent to, or whose
+	// breaker refused it, so each attempt goes somewhere new (plan §7.4).
 	tried := make([]*endpoint.Endpoint, 0, h.cfg.MaxAttempts)
 	var lastErr error
-	for attempt := 0; attempt < h.cfg.MaxAttempts; attempt++ {
-		ep := h.choose(eps, tried)
+	for attempt := 0; attempt < h.cfg.MaxAttempts; {
+		ep, cand := h.choose(prof, sreq, eps, tried)
 		if ep == nil {
 			break
 		}
 		tried = append(tried, ep)
-		last := attempt == h.cfg.MaxAttempts-1 || len(tried) == len(eps)
-		code, err := h.forward(w, r, body, ep, req.Stream, start, last, log)
+		br := h.breakers.Get(cand.Key)
+		if br.Acquire() != nil {
+			continue // another request took its probe; not an attempt
+		}
+		attempt++
+		last := attempt == h.cfg.MaxAttempts || len(tried) == len(eps)
+		code, err := h.forward(w, r, body, ep, req.Stream, start, last, log, func() { h.sched.Observe(prof, sreq, cand) })
 		if err == nil {
+			switch {
+			case code == clientClosed:
+				br.Release()
+			case code >= 500:
+				br.Failure()
+			default:
+				br.Success()
+			}
 			return code
 		}
 		if r.Context().Err() != nil {
+			br.Release()
 			log.Info("router: client went away", "replica", ep.ReplicaID)
 			return clientClosed
 		}
+		br.Failure()
 		lastErr = err
 		h.m.upstreamErrors.WithLabelValues(req.Model).Inc()
 		log.Warn("router: replica failed before the first byte; trying another", "replica", ep.ReplicaID, "err", err)
@@ -255,8 +292,23 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 	return fail(errUpstream(lastErr))
 }
 
-// choose picks among the endpoints not yet tried.
-func (h *Handler) choose(eps, tried []*endpoint.Endpoint) *endpoint.Endpoint {
+// maxPrefixChunks bounds the prompt text the prefix tree keys on: 128
+// chunks of 64 bytes, 8 KiB — past a system prompt and a few turns, where
+// replicas' caches stop differing in ways the tree could tell apart.
+const maxPrefixChunks = 128
+
+// model returns the desired-state model named name, or an empty one (the
+// default profile) if it vanished since Lookup.
+func (h *Handler) model(name string) *llmgwv1.Model {
+	ms := h.eps.Models()
+	if i, ok := slices.BinarySearchFunc(ms, name, func(m *llmgwv1.Model, n string) int { return strings.Compare(m.GetName(), n) }); ok {
+		return ms[i]
+	}
+	return &llmgwv1.Model{Name: name}
+}
+
+// choose asks the scheduler among the endpoints not yet tried.
+func (h *Handler) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.Candidate) {
 	left := make([]*endpoint.Endpoint, 0, len(eps))
 	for _, e := range eps {
 		if !slices.Contains(tried, e) {
@@ -264,18 +316,40 @@ func (h *Handler) choose(eps, tried []*endpoint.Endpoint) *endpoint.Endpoint {
 		}
 	}
 	if len(left) == 0 {
-		return nil
+		return nil, scheduler.Candidate{}
 	}
 	cands := make([]scheduler.Candidate, len(left))
 	for i, e := range left {
 		l := h.eps.LoadOf(e)
-		cands[i] = scheduler.Candidate{Waiting: l.Waiting, Running: l.Running, Inflight: l.Inflight, Saturated: l.Saturated}
+		k := Key(e)
+		cands[i] = scheduler.Candidate{Key: k, Waiting: l.Waiting, Running: l.Running, KVUsage: l.KVUsage,
+			Inflight: l.Inflight, Weight: e.Weight, Saturated: l.Saturated, Breaker: h.breakerView(k)}
 	}
-	i := h.pick.Pick(cands)
+	i := h.sched.Pick(prof, sreq, cands)
 	if i < 0 || i >= len(left) {
-		return nil
+		return nil, scheduler.Candidate{}
 	}
-	return left[i]
+	return left[i], cands[i]
+}
+
+// Key is an endpoint's identity for per-replica state (plan §4).
+func Key(e *endpoint.Endpoint) scheduler.Key {
+	return scheduler.Key{ID: e.ReplicaID, UID: e.UID, Incarnation: e.Incarnation}
+}
+
+func (h *Handler) breakerView(k scheduler.Key) scheduler.BreakerView {
+	b := h.breakers.Peek(k)
+	if b == nil {
+		return scheduler.BreakerClosed
+	}
+	switch st, due := b.View(); {
+	case st == breaker.Closed:
+		return scheduler.BreakerClosed
+	case due:
+		return scheduler.BreakerProbeDue
+	default:
+		return scheduler.BreakerCoolingDown
+	}
 }
 
 // hopHeaders are per-connection headers a proxy must not forward (RFC 9110 §7.6.1).
@@ -286,9 +360,10 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // has been written to the client — a connection failure, or a 5xx when
 // another replica may still be tried (last is false) — so the caller may
 // retry elsewhere (plan §7.4). Once the response has started, it is the
-// answer, whatever happens to it.
+// answer, whatever happens to it; accepted runs just before, so the
+// scheduler records where the request really went (plan §7.5).
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, ep *endpoint.Endpoint,
-	stream bool, start time.Time, last bool, log *slog.Logger) (int, error) {
+	stream bool, start time.Time, last bool, log *slog.Logger, accepted func()) (int, error) {
 	release := ep.Acquire()
 	defer release()
 
@@ -315,6 +390,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 		return 0, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
 	}
 
+	accepted()
 	hdr := w.Header()
 	for k, v := range resp.Header {
 		hdr[k] = v

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/scheduler"
 )
@@ -48,11 +49,22 @@ func (t *table) LoadOf(e *endpoint.Endpoint) endpoint.Load {
 // inOrder picks the first candidate, so tests know which replica is tried first.
 type inOrder struct{}
 
-func (inOrder) Pick(c []scheduler.Candidate) int {
+func (inOrder) ProfileFor(*llmgwv1.Model) *scheduler.Profile { return &scheduler.Profile{} }
+func (inOrder) Observe(*scheduler.Profile, *scheduler.Request, scheduler.Candidate) {}
+func (inOrder) Pick(_ *scheduler.Profile, _ *scheduler.Request, c []scheduler.Candidate) int {
 	if len(c) == 0 {
 		return -1
 	}
 	return 0
+}
+
+func breakers(t *testing.T) *breaker.Set[scheduler.Key] {
+	t.Helper()
+	s, err := breaker.NewSet(breaker.DefaultConfig(), func(k scheduler.Key) string { return k.ID }, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func ep(id, addr string) *endpoint.Endpoint {
@@ -84,7 +96,7 @@ func newRouter(t *testing.T, tb *table, mutate func(*Config)) *httptest.Server {
 		mutate(&cfg)
 	}
 	reg := prometheus.NewRegistry()
-	h := New(cfg, tb, inOrder{}, slog.New(slog.NewTextHandler(io.Discard, nil)), reg, reg)
+	h := New(cfg, tb, inOrder{}, breakers(t), slog.New(slog.NewTextHandler(io.Discard, nil)), reg, reg)
 	s := httptest.NewServer(h)
 	t.Cleanup(func() { s.Close(); h.Close() })
 	return s

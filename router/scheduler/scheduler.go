@@ -1,78 +1,348 @@
-// Package scheduler chooses the replica a request goes to. It imports
-// nothing networked, so it can be tested and benchmarked alone (plan §3).
+// Package scheduler chooses the replica a request goes to (plan §7.3): the
+// candidates pass filters, then weighted scorers, then a picker, and
+// observers are told where the request went. It imports nothing networked,
+// so it can be tested and benchmarked alone (plan §3).
 //
-// For now it holds one picker, least loaded; the scheduling framework of
-// plan §7.3 (filters, weighted scorers, pickers, profiles) replaces it behind
-// the same seam: the proxy asks for an index into the candidates it passed.
+// One Scheduler serves a router: it holds the memory shared by every model
+// (sessions, the approximate prefix tree, recent sends) and builds each
+// model's Profile from its desired state.
 package scheduler
 
-import "math/rand/v2"
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
 
-// Candidate is one replica as the scheduler sees it.
+	"github.com/prometheus/client_golang/prometheus"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/prefix"
+)
+
+// Key identifies a replica incarnation: everything kept per replica is keyed
+// by it (plan §4 "Identity"), and ID and UID are what every router sees
+// alike, so rendezvous hashing over them agrees across routers.
+type Key struct {
+	ID          string
+	UID         uint64
+	Incarnation uint64
+}
+
+// BreakerView is a candidate's circuit breaker as the BreakerOpen filter
+// sees it.
+type BreakerView uint8
+
+const (
+	// BreakerClosed: healthy.
+	BreakerClosed BreakerView = iota
+	// BreakerCoolingDown: open, cooling down or with its one probe out.
+	BreakerCoolingDown
+	// BreakerProbeDue: open, and its cooldown has passed.
+	BreakerProbeDue
+)
+
+// Candidate is one replica as the scheduler sees it: a snapshot taken for
+// one decision.
 type Candidate struct {
-	Waiting  float64
-	Running  float64
+	Key Key
+	// Waiting and Running are the engine's queue and batch; KVUsage its KV
+	// cache use in 0..1.
+	Waiting, Running, KVUsage float64
+	// Inflight is this router's own requests on the replica. It is counted
+	// the moment a request is sent, so consecutive picks see each other
+	// before any scrape does — which is what spreads a burst.
 	Inflight int64
-	// Saturated marks a replica with no fresh load reading: it is chosen
-	// only when every candidate is saturated (plan §7.2).
+	// Weight is the replica's share of traffic relative to its peers
+	// (desired state, default 1; zero or less counts as 1).
+	Weight float64
+	// Saturated marks a replica without a fresh load reading (plan §7.2).
 	Saturated bool
+	// Breaker is the replica's circuit breaker state.
+	Breaker BreakerView
+	// HasAdapter reports whether the replica holds the request's adapter;
+	// ignored for requests without one.
+	HasAdapter bool
+
+	pos int // index in the caller's slice
 }
 
-// load is waiting + running + the router's own in-flight requests. The
-// engine's running count includes this router's requests once they start,
-// so the sum over-counts briefly; that only makes a busy replica look busier.
-func (c Candidate) load() float64 { return c.Waiting + c.Running + float64(c.Inflight) }
+// Load is the replica's load as the plan's formulas use it: waiting plus
+// what it is serving. The engine's running count includes this router's
+// requests once the scrape catches up, and the router's own count leads it,
+// so the larger of the two stands for "serving" without counting twice.
+func (c *Candidate) Load() float64 { return c.Waiting + max(c.Running, float64(c.Inflight)) }
 
-// LeastLoaded picks the candidate with the least load, preferring fresh
-// readings over saturated ones; ties are drawn at random so a burst does not
-// land on one replica (plan §7.3).
-type LeastLoaded struct {
-	// IntN returns a uniform int in [0, n); nil uses math/rand/v2. It must
-	// be safe for concurrent use if the picker is.
-	IntN func(n int) int
+// KVQuery is the precise index's answer for one request (plan §7.5 tier 2),
+// worked out before scheduling because it needs a round trip (tokenizing)
+// that a scorer must not make. Tier 2 fills it; until then it stays nil and
+// the Prefix scorer uses the tree.
+type KVQuery struct {
+	// Fallback, when set, is why the index could not answer; tier 1 decides.
+	Fallback string
+	// Matched is how many of the prompt's leading blocks each replica (by
+	// ID) holds, out of Total.
+	Matched map[string]int
+	Total   int
 }
 
-// Pick returns the index of the chosen candidate, or -1 when there is none.
-// Safe for concurrent use when IntN is.
-func (p LeastLoaded) Pick(cands []Candidate) int {
+// Request is what the scheduler knows of a request.
+type Request struct {
+	ID      string
+	Model   string
+	Session string
+	// Adapter is the LoRA adapter the request names, or "".
+	Adapter string
+	// Prefix is prefix.Hashes of the prompt's leading text; empty when the
+	// request has none.
+	Prefix []uint64
+	// KV is tier 2's answer, or nil.
+	KV *KVQuery
+}
+
+// Filter drops candidates. Filter appends the kept ones from in to out
+// and returns it; it must not modify in. Called concurrently.
+type Filter interface {
+	Name() string
+	Filter(r *Request, in, out []Candidate) []Candidate
+}
+
+// Scorer rates candidates. Score writes one score per candidate into out
+// (same length, zeroed); scores belong in [0, 1] — the scheduler clamps and
+// counts any that stray. Called concurrently.
+type Scorer interface {
+	Name() string
+	Score(r *Request, cands []Candidate, out []float64)
+}
+
+// Picker chooses one candidate from their combined scores (each in
+// [0, 1]); it returns an index into cands, which is never empty. Called
+// concurrently.
+type Picker interface {
+	Name() string
+	Pick(r *Request, cands []Candidate, scores []float64) int
+}
+
+// Observer is told where a request was actually sent (never what a scorer
+// proposed: plan §7.5). Scorers with memory implement it.
+type Observer interface {
+	Observe(r *Request, chosen *Candidate)
+}
+
+// Retainer holds per-replica memory and drops what keep rejects: replicas
+// that are gone (Forget, plan §7.5).
+type Retainer interface {
+	Retain(keep func(Key) bool)
+}
+
+// WeightedScorer is a scorer and its weight in a profile.
+type WeightedScorer struct {
+	Scorer Scorer
+	Weight float64
+}
+
+// Profile is one model's scheduling pipeline.
+type Profile struct {
+	Name    string
+	Filters []Filter
+	Scorers []WeightedScorer
+	Picker  Picker
+}
+
+// Rand is the randomness the framework draws from. *rand.Rand satisfies
+// it but is not safe for concurrent use; Config.Rand must be.
+type Rand interface {
+	IntN(n int) int
+	Float64() float64
+}
+
+// lockedRand makes a *rand.Rand safe for concurrent use.
+type lockedRand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func (l *lockedRand) IntN(n int) int   { l.mu.Lock(); defer l.mu.Unlock(); return l.r.IntN(n) }
+func (l *lockedRand) Float64() float64 { l.mu.Lock(); defer l.mu.Unlock(); return l.r.Float64() }
+
+// NewRand returns a concurrency-safe Rand from a seed: tests pass a fixed
+// one so every draw is reproducible.
+func NewRand(seed uint64) Rand { return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))} }
+
+// Config configures a Scheduler. Start from DefaultConfig.
+type Config struct {
+	// Sessions bounds the remembered session → replica pairs (LRU).
+	Sessions int
+	// TreeEntries bounds the approximate prefix tree (LRU).
+	TreeEntries int
+	// Imbalance is the guard that silences prefix affinity when load is
+	// lopsided.
+	Imbalance Imbalance
+	// Rand is the randomness of pickers and ties; nil draws from a seed
+	// taken at New. Must be safe for concurrent use.
+	Rand Rand
+	// Now is the clock of the Load scorer and of the latency metric.
+	Now func() time.Time
+}
+
+// DefaultConfig remembers 64k sessions and 256k prefix chunks (some
+// 30 MiB together) with the plan's imbalance guard.
+func DefaultConfig() Config {
+	return Config{Sessions: 1 << 16, TreeEntries: 1 << 18, Imbalance: DefaultImbalance()}
+}
+
+// Validate names the bad field.
+func (c Config) Validate() error {
+	if c.Sessions < 1 {
+		return fmt.Errorf("sessions: must be at least 1, got %d", c.Sessions)
+	}
+	if c.TreeEntries < 1 {
+		return fmt.Errorf("tree-entries: must be at least 1, got %d", c.TreeEntries)
+	}
+	return c.Imbalance.Validate()
+}
+
+// Scheduler is a router's scheduler. Safe for concurrent use.
+type Scheduler struct {
+	cfg Config
+	log *slog.Logger
+	m   *metrics
+
+	sessions *prefix.Tree[Key]
+	tree     *prefix.Tree[Key]
+	sends    *sendLog
+
+	mu       sync.Mutex
+	profiles map[*llmgwv1.Model]*Profile
+
+	scratch sync.Pool
+}
+
+// New builds a scheduler; reg receives its metrics (nil for none).
+func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Scheduler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Rand == nil {
+		cfg.Rand = NewRand(rand.Uint64())
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Scheduler{
+		cfg: cfg, log: log, m: newMetrics(reg),
+		sessions: prefix.NewTree[Key](cfg.Sessions),
+		tree:     prefix.NewTree[Key](cfg.TreeEntries),
+		sends:    newSendLog(cfg.Now),
+		profiles: make(map[*llmgwv1.Model]*Profile),
+	}
+	s.scratch.New = func() any { return new(scratch) }
+	return s, nil
+}
+
+type scratch struct {
+	a, b          []Candidate
+	scores, total []float64
+}
+
+// Pick runs p over cands and returns the chosen index into cands, or -1
+// when the filters left nothing (no replica can take the request now).
+// cands is not modified.
+func (s *Scheduler) Pick(p *Profile, r *Request, cands []Candidate) int {
+	start := s.cfg.Now()
+	defer func() { s.m.latency.Observe(s.cfg.Now().Sub(start).Seconds()) }()
 	if len(cands) == 0 {
 		return -1
 	}
-	// Saturated candidates compete only among themselves, by in-flight count:
-	// their engine gauges are too old to mean anything.
-	score := func(c Candidate) float64 {
-		if c.Saturated {
-			return float64(c.Inflight)
-		}
-		return c.load()
+	sc := s.scratch.Get().(*scratch)
+	defer s.scratch.Put(sc)
+
+	cur := append(sc.a[:0], cands...)
+	for i := range cur {
+		cur[i].pos = i
 	}
-	anyFresh := false
-	for _, c := range cands {
-		if !c.Saturated {
-			anyFresh = true
-			break
+	next := sc.b[:0]
+	for _, f := range p.Filters {
+		next = f.Filter(r, cur, next[:0])
+		cur, next = next, cur
+		if len(cur) == 0 {
+			sc.a, sc.b = cur, next
+			return -1
 		}
 	}
-	var best []int
-	var bestScore float64
-	for i, c := range cands {
-		if anyFresh && c.Saturated {
+	sc.a, sc.b = cur, next
+
+	total := grow(sc.total, len(cur))
+	sc.total = total
+	var sumW float64
+	for _, ws := range p.Scorers {
+		if ws.Weight <= 0 {
 			continue
 		}
-		s := score(c)
-		switch {
-		case len(best) == 0 || s < bestScore:
-			best, bestScore = append(best[:0], i), s
-		case s == bestScore:
-			best = append(best, i)
+		out := grow(sc.scores, len(cur))
+		sc.scores = out
+		ws.Scorer.Score(r, cur, out)
+		for i, v := range out {
+			if !(v >= 0 && v <= 1) { // also catches NaN
+				s.m.clamped.WithLabelValues(ws.Scorer.Name()).Inc()
+				v = clamp01(v)
+			}
+			total[i] += ws.Weight * v
+		}
+		sumW += ws.Weight
+	}
+	if sumW > 0 {
+		for i := range total {
+			total[i] /= sumW
 		}
 	}
-	if len(best) == 1 {
-		return best[0]
+	i := p.Picker.Pick(r, cur, total)
+	if i < 0 || i >= len(cur) {
+		return -1
 	}
-	intN := p.IntN
-	if intN == nil {
-		intN = rand.IntN
+	return cur[i].pos
+}
+
+// Observe tells the profile's observers, and the scheduler's shared memory,
+// that r was sent to chosen. Call it once the replica has accepted the
+// request — after a failed attempt the retry's replica is the one to record.
+func (s *Scheduler) Observe(p *Profile, r *Request, chosen Candidate) {
+	for _, ws := range p.Scorers {
+		if o, ok := ws.Scorer.(Observer); ok {
+			o.Observe(r, &chosen)
+		}
 	}
-	return best[intN(len(best))]
+	if o, ok := p.Picker.(Observer); ok {
+		o.Observe(r, &chosen)
+	}
+}
+
+// Retain forgets every replica keep rejects: call it when the routing
+// table changes, so the tree, sessions and send counts of a replica that is
+// gone stop steering requests (plan §7.5 "Forget").
+func (s *Scheduler) Retain(keep func(Key) bool) {
+	s.tree.RetainReplicas(keep)
+	s.sessions.RetainReplicas(keep)
+	s.sends.Retain(keep)
+}
+
+func grow(b []float64, n int) []float64 {
+	if cap(b) < n {
+		return make([]float64, n)
+	}
+	b = b[:n]
+	clear(b)
+	return b
+}
+
+func clamp01(v float64) float64 {
+	switch {
+	case math.IsNaN(v) || v < 0:
+		return 0
+	case v > 1:
+		return 1
+	}
+	return v
 }

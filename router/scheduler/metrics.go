@@ -1,0 +1,42 @@
+package scheduler
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	prefix        *prometheus.CounterVec
+	session       *prometheus.CounterVec
+	clamped       *prometheus.CounterVec
+	profileErrors *prometheus.CounterVec
+	latency       prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		// The seeds' name, kept so dashboards carry over (plan §9).
+		prefix: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_prefix_decisions_total",
+			Help: "Tier-1 prefix scorer decisions: hit, miss (placed by rendezvous), load_override (imbalance guard), no_prompt.",
+		}, []string{"decision"}),
+		session: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_session_decisions_total",
+			Help: "Tier-0 session affinity decisions: hit, new (placed by rendezvous), moved (replica gone), load_override (over the load bound).",
+		}, []string{"decision"}),
+		clamped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_scheduler_scores_clamped_total",
+			Help: "Scores outside [0, 1] (or NaN) clamped, by scorer: a scorer bug, not load.",
+		}, []string{"scorer"}),
+		profileErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_profile_errors_total",
+			Help: "Models whose scheduling profile or overrides were refused; they are routed with the default chat profile.",
+		}, []string{"model"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "llmgw_router_scheduling_seconds",
+			Help:    "Time to make one scheduling decision (filters, scorers, picker).",
+			Buckets: []float64{1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2},
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.prefix, m.session, m.clamped, m.profileErrors, m.latency)
+	}
+	return m
+}

@@ -1,0 +1,386 @@
+package scheduler
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/router/prefix"
+)
+
+// Queue prefers short queues: 1 − min(waiting / t, 1). t is the queue a
+// replica may have and still count as healthy; a stale reading scores 0.
+func Queue(t float64) Scorer { return queue{t} }
+
+type queue struct{ t float64 }
+
+func (queue) Name() string { return "queue" }
+
+func (q queue) Score(_ *Request, cands []Candidate, out []float64) {
+	for i := range cands {
+		if !cands[i].Saturated {
+			out[i] = 1 - min(cands[i].Waiting/q.t, 1)
+		}
+	}
+}
+
+// KV prefers free KV cache: 1 − min(use / c, 1). Past the ceiling c the
+// engine starts preempting, which costs more than any cache hit saves.
+func KV(c float64) Scorer { return kv{c} }
+
+type kv struct{ c float64 }
+
+func (kv) Name() string { return "kv" }
+
+func (k kv) Score(_ *Request, cands []Candidate, out []float64) {
+	for i := range cands {
+		if !cands[i].Saturated {
+			out[i] = 1 - min(cands[i].KVUsage/k.c, 1)
+		}
+	}
+}
+
+// Inflight prefers replicas with fewer of this router's requests:
+// 1 − min(in-flight / t, 1). It is the one load signal that is never stale,
+// so it is what makes consecutive picks in a burst see each other.
+func Inflight(t float64) Scorer { return inflight{t} }
+
+type inflight struct{ t float64 }
+
+func (inflight) Name() string { return "inflight" }
+
+func (f inflight) Score(_ *Request, cands []Candidate, out []float64) {
+	for i := range cands {
+		out[i] = 1 - min(float64(cands[i].Inflight)/f.t, 1)
+	}
+}
+
+// Weight follows desired state's replica weights: weight / largest weight.
+func Weight() Scorer { return weight{} }
+
+type weight struct{}
+
+func (weight) Name() string { return "weight" }
+
+func (weight) Score(_ *Request, cands []Candidate, out []float64) {
+	top := 0.0
+	for i := range cands {
+		top = max(top, cands[i].weight())
+	}
+	for i := range cands {
+		out[i] = cands[i].weight() / top
+	}
+}
+
+func (c *Candidate) weight() float64 {
+	if c.Weight > 0 && !math.IsInf(c.Weight, 0) {
+		return c.Weight
+	}
+	return 1
+}
+
+// Imbalance is the guard of plan §7.3: load counts as lopsided when the
+// busiest candidate's load exceeds Ratio × the mean and is at least MinGap
+// above the idlest. Both conditions, because a ratio alone fires on 2 vs 0.
+type Imbalance struct {
+	Ratio  float64
+	MinGap float64
+}
+
+// DefaultImbalance is the plan's 1.5 × mean and a gap of 4.
+func DefaultImbalance() Imbalance { return Imbalance{Ratio: 1.5, MinGap: 4} }
+
+// Validate names the bad field.
+func (b Imbalance) Validate() error {
+	if !(b.Ratio >= 1) || math.IsInf(b.Ratio, 0) {
+		return fmt.Errorf("imbalance-ratio: must be a finite number >= 1, got %v", b.Ratio)
+	}
+	if !(b.MinGap >= 0) || math.IsInf(b.MinGap, 0) {
+		return fmt.Errorf("imbalance-min-gap: must be a finite number >= 0, got %v", b.MinGap)
+	}
+	return nil
+}
+
+// Imbalanced reports whether load over cands is lopsided.
+func (b Imbalance) Imbalanced(cands []Candidate) bool {
+	if len(cands) < 2 {
+		return false
+	}
+	lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
+	for i := range cands {
+		l := cands[i].Load()
+		lo, hi, sum = min(lo, l), max(hi, l), sum+l
+	}
+	return hi > b.Ratio*sum/float64(len(cands)) && hi-lo >= b.MinGap
+}
+
+// Rendezvous returns the candidate that highest-random-weight hashing
+// chooses for key among those eligible accepts (nil: all), or -1. It
+// depends only on the key and the candidates' IDs and UIDs, which every
+// router sees alike, so routers that have never talked place an unseen
+// session or prefix on the same replica (plan §7.3); removing a replica
+// moves only the keys that were on it.
+func Rendezvous(key uint64, cands []Candidate, eligible func(*Candidate) bool) int {
+	best, bestH := -1, uint64(0)
+	for i := range cands {
+		c := &cands[i]
+		if eligible != nil && !eligible(c) {
+			continue
+		}
+		if h := prefix.Mix(key ^ hashString(c.Key.ID) ^ prefix.Mix(c.Key.UID)); best < 0 || h > bestH {
+			best, bestH = i, h
+		}
+	}
+	return best
+}
+
+func hashString(s string) uint64 {
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(s); i++ {
+		h ^= uint64(s[i])
+		h *= 1099511628211
+	}
+	return h
+}
+
+// sessionBound reports whether a replica of load l may take one more
+// request of a session: bounded-load consistent hashing's rule, l + 1 ≤
+// ⌈f × (sum + 1) / n⌉. Counting the request being placed keeps an idle
+// fleet from refusing affinity (a replica at 1 over a mean of 0.25 is not
+// overloaded), and the ceiling guarantees some replica always qualifies.
+func sessionBound(f float64, cands []Candidate) float64 {
+	sum := 0.0
+	for i := range cands {
+		sum += cands[i].Load()
+	}
+	return math.Ceil(f * (sum + 1) / float64(len(cands)))
+}
+
+// Session keeps a conversation on the replica that holds its history
+// (plan §7.5 tier 0): 1 for the session's replica while its load stays
+// within f × the mean (see sessionBound); a session this router has not
+// seen — or whose replica is gone or over the bound — is placed by
+// rendezvous hashing of its id among the replicas within the bound.
+// Requests without X-Session-ID score 0 everywhere.
+func (s *Scheduler) Session(f float64) Scorer { return &session{f: f, s: s} }
+
+type session struct {
+	f float64
+	s *Scheduler
+}
+
+func (*session) Name() string { return "session" }
+
+func sessionHash(id string) uint64 { return prefix.Mix(hashString(id) ^ 0x5e5510) }
+
+func (ss *session) Score(r *Request, cands []Candidate, out []float64) {
+	if r.Session == "" {
+		return
+	}
+	bound := sessionBound(ss.f, cands)
+	within := func(c *Candidate) bool { return c.Load()+1 <= bound }
+	h := []uint64{sessionHash(r.Session)}
+	if k, depth := ss.s.sessions.Match(h, nil); depth > 0 {
+		if i := indexOf(cands, k); i >= 0 {
+			if within(&cands[i]) {
+				out[i] = 1
+				ss.s.m.session.WithLabelValues("hit").Inc()
+				return
+			}
+			ss.s.m.session.WithLabelValues("load_override").Inc()
+		} else {
+			ss.s.m.session.WithLabelValues("moved").Inc()
+		}
+	} else {
+		ss.s.m.session.WithLabelValues("new").Inc()
+	}
+	if i := Rendezvous(h[0], cands, within); i >= 0 {
+		out[i] = 1
+	}
+}
+
+func (ss *session) Observe(r *Request, chosen *Candidate) {
+	if r.Session != "" {
+		ss.s.sessions.Observe([]uint64{sessionHash(r.Session)}, chosen.Key)
+	}
+}
+
+func indexOf(cands []Candidate, k Key) int {
+	for i := range cands {
+		if cands[i].Key == k {
+			return i
+		}
+	}
+	return -1
+}
+
+// Prefix decisions, as counted in llmgw_prefix_decisions_total{decision}.
+const (
+	// DecisionHit: the tree named a candidate for the prompt's prefix.
+	DecisionHit = "hit"
+	// DecisionMiss: no remembered prefix among the candidates; placed by
+	// rendezvous hashing of the prompt's first chunk.
+	DecisionMiss = "miss"
+	// DecisionLoadOverride: load was lopsided, so prefix affinity was
+	// silenced for this request (the imbalance guard).
+	DecisionLoadOverride = "load_override"
+	// DecisionNoPrompt: the request had no text to match (a prompt under
+	// one chunk, or token ids only).
+	DecisionNoPrompt = "no_prompt"
+)
+
+// Prefix steers a request to the replica that has probably prefilled its
+// prompt's prefix: from tier 2's KVQuery when the request carries one, else
+// from the approximate tree (plan §7.5 tier 1).
+//
+// A scorer rather than a filter on purpose: as a rule, a popular system
+// prompt would send everything to one replica — a fine hit rate and an
+// unusable p99. As one voice among several, the load scorers can outvote
+// it, and the imbalance guard silences it outright when load is lopsided.
+func (s *Scheduler) Prefix() Scorer { return &prefixScorer{s: s} }
+
+type prefixScorer struct{ s *Scheduler }
+
+func (*prefixScorer) Name() string { return "prefix" }
+
+func (p *prefixScorer) Score(r *Request, cands []Candidate, out []float64) {
+	if q := r.KV; q != nil && q.Fallback == "" && q.Total > 0 {
+		p.scoreKV(q, cands, out)
+		return
+	}
+	p.s.m.prefix.WithLabelValues(p.decide(r, cands, out)).Inc()
+}
+
+func (p *prefixScorer) decide(r *Request, cands []Candidate, out []float64) string {
+	if len(r.Prefix) == 0 {
+		return DecisionNoPrompt
+	}
+	// The guard first: a hit on a replica that cannot start the request soon
+	// is still the wrong place for it.
+	if p.s.cfg.Imbalance.Imbalanced(cands) {
+		return DecisionLoadOverride
+	}
+	if k, depth := p.s.tree.Match(r.Prefix, func(k Key) bool { return indexOf(cands, k) >= 0 }); depth > 0 {
+		out[indexOf(cands, k)] = 1
+		return DecisionHit
+	}
+	if i := Rendezvous(r.Prefix[0], cands, nil); i >= 0 {
+		out[i] = 1
+	}
+	return DecisionMiss
+}
+
+// scoreKV is tier 2's seam: the share of the prompt's blocks each replica
+// holds, so replicas sharing a system prompt score alike and the one also
+// holding this conversation scores higher.
+func (p *prefixScorer) scoreKV(q *KVQuery, cands []Candidate, out []float64) {
+	if p.s.cfg.Imbalance.Imbalanced(cands) {
+		return
+	}
+	for i := range cands {
+		out[i] = float64(q.Matched[cands[i].Key.ID]) / float64(q.Total)
+	}
+}
+
+func (p *prefixScorer) Observe(r *Request, chosen *Candidate) {
+	if len(r.Prefix) > 0 {
+		p.s.tree.Observe(r.Prefix, chosen.Key)
+	}
+}
+
+// Load spreads requests by what this router sent recently:
+// 1 − sent to the replica in the last w seconds / the most sent to any
+// candidate. It balances when engine gauges lag — a batch burst lands
+// faster than any scrape.
+func (s *Scheduler) Load(w float64) Scorer {
+	return &loadScorer{s: s, w: time.Duration(w * float64(time.Second))}
+}
+
+type loadScorer struct {
+	s *Scheduler
+	w time.Duration
+}
+
+func (*loadScorer) Name() string { return "load" }
+
+func (l *loadScorer) Score(_ *Request, cands []Candidate, out []float64) {
+	top := 0
+	for i := range cands {
+		n := l.s.sends.count(cands[i].Key, l.w)
+		out[i] = float64(n)
+		top = max(top, n)
+	}
+	for i := range out {
+		if top == 0 {
+			out[i] = 1
+		} else {
+			out[i] = 1 - out[i]/float64(top)
+		}
+	}
+}
+
+func (l *loadScorer) Observe(_ *Request, chosen *Candidate) { l.s.sends.add(chosen.Key) }
+
+// sendLog counts sends per replica in one-second buckets over the last
+// minute: enough for any Load window up to 60 s.
+type sendLog struct {
+	now func() time.Time
+	mu  sync.Mutex
+	m   map[Key]*[sendBuckets]bucket
+}
+
+const sendBuckets = 60
+
+type bucket struct {
+	sec int64
+	n   int
+}
+
+func newSendLog(now func() time.Time) *sendLog {
+	return &sendLog{now: now, m: make(map[Key]*[sendBuckets]bucket)}
+}
+
+func (l *sendLog) add(k Key) {
+	sec := l.now().Unix()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.m[k]
+	if b == nil {
+		b = new([sendBuckets]bucket)
+		l.m[k] = b
+	}
+	slot := &b[sec%sendBuckets]
+	if slot.sec != sec {
+		*slot = bucket{sec: sec}
+	}
+	slot.n++
+}
+
+func (l *sendLog) count(k Key, w time.Duration) int {
+	sec := l.now().Unix()
+	from := sec - int64(min(max(w/time.Second, 1), sendBuckets)) + 1
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.m[k]
+	if b == nil {
+		return 0
+	}
+	n := 0
+	for _, s := range b {
+		if s.sec >= from && s.sec <= sec {
+			n += s.n
+		}
+	}
+	return n
+}
+
+func (l *sendLog) Retain(keep func(Key) bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for k := range l.m {
+		if !keep(k) {
+			delete(l.m, k)
+		}
+	}
+}
