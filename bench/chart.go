@@ -26,7 +26,7 @@ const (
 // every run on one plot — the three views that tell routing policies apart.
 func WriteChart(w io.Writer, res Result) error {
 	bw := bufio.NewWriter(w)
-	height := marginTop + 3*panelHeight + 2*panelGap + 80
+	height := marginTop + 3*panelHeight + 2*panelGap
 	fmt.Fprintf(bw, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
 		chartWidth, height, chartWidth, height)
 	fmt.Fprintf(bw, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
@@ -35,7 +35,7 @@ func WriteChart(w io.Writer, res Result) error {
 		title += " — " + res.Runs[0].Workload
 	}
 	text(bw, marginLeft, 24, "start", 16, title)
-	legend(bw, res, marginLeft, 40)
+	legend(bw, res, chartWidth/2, 13)
 
 	plotW := float64(chartWidth - marginLeft - 30)
 	y0 := float64(marginTop + 20)
@@ -67,7 +67,7 @@ func legend(w io.Writer, res Result, x, y float64) {
 
 // axes draws a y axis from 0 to top with a few ticks, and the panel's title.
 func axes(w io.Writer, x, y, width, height, top float64, title string, format func(float64) string) {
-	text(w, x, y-8, "start", 13, title)
+	text(w, x, y-14, "start", 13, title)
 	fmt.Fprintf(w, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", x, y, x, y+height)
 	fmt.Fprintf(w, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", x, y+height, x+width, y+height)
 	for i := 0; i <= 4; i++ {
@@ -93,7 +93,15 @@ func niceTop(v float64) float64 {
 	return 10 * p
 }
 
-func fmtMS(v float64) string { return fmt.Sprintf("%.0f ms", v*1000) }
+// fmtMS prints seconds as milliseconds, with a decimal only where the
+// value needs one (a 12.5 ms tick, a sub-10 ms latency).
+func fmtMS(v float64) string {
+	ms := v * 1000
+	if ms == math.Round(ms) || ms >= 100 {
+		return fmt.Sprintf("%.0f ms", ms)
+	}
+	return fmt.Sprintf("%.1f ms", ms)
+}
 
 func ttftBars(w io.Writer, res Result, x, y, width, height float64) {
 	top := 0.0
@@ -138,7 +146,11 @@ func hitBars(w io.Writer, res Result, x, y, width, height float64) {
 		h := height * v
 		bx := x + slot*float64(i) + (slot-barW)/2
 		fmt.Fprintf(w, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>`+"\n", bx, y+height-h, barW, h, colour(i))
-		text(w, bx+barW/2, y+height-h-4, "middle", 11, fmt.Sprintf("%.3f", r.CacheHitShare))
+		ly := y + height - h - 4
+		if h > 20 { // inside the bar's top, clear of the panel's title
+			ly = y + height - h + 14
+		}
+		text(w, bx+barW/2, ly, "middle", 11, fmt.Sprintf("%.3f", r.CacheHitShare))
 		text(w, bx+barW/2, y+height+16, "middle", 12, r.Label)
 	}
 }
