@@ -49,7 +49,7 @@ func (t *table) LoadOf(e *endpoint.Endpoint) endpoint.Load {
 // inOrder picks the first candidate, so tests know which replica is tried first.
 type inOrder struct{}
 
-func (inOrder) ProfileFor(*llmgwv1.Model) *scheduler.Profile { return &scheduler.Profile{} }
+func (inOrder) ProfileFor(*llmgwv1.Model) *scheduler.Profile                        { return &scheduler.Profile{} }
 func (inOrder) Observe(*scheduler.Profile, *scheduler.Request, scheduler.Candidate) {}
 func (inOrder) Pick(_ *scheduler.Profile, _ *scheduler.Request, c []scheduler.Candidate) int {
 	if len(c) == 0 {

@@ -38,29 +38,36 @@ func (m maxScore) Pick(_ *Request, _ []Candidate, scores []float64) int {
 // it avoids the herd that every router choosing the same "best" from the
 // same stale gauges would make.
 //
-// The draws are weighted by score rather than uniform. Uniform draws would
-// leave a session's replica out of the pair in (n−2)/n of requests — with 8
-// replicas, affinity would be a 25% coin — while weighted draws keep a clear
-// favourite likely and still spread requests over near-equal ones.
+// The draws are weighted by exp(score / 0.1) rather than uniform. Uniform
+// draws would leave a session's replica out of the pair in (n−2)/n of
+// requests — with 8 replicas, affinity would be a 25% coin. Weighted, a clear
+// favourite (a session's replica scores some 0.35 above its peers) is nearly
+// always in the pair, while replicas within a few hundredths of each other
+// are drawn almost alike, which is what spreads them.
 func P2C(rnd Rand) Picker { return p2c{rnd} }
 
 type p2c struct{ rnd Rand }
 
 func (p2c) Name() string { return "p2c" }
 
-// p2cFloor keeps a zero score drawable, so all-zero scores still spread.
-const p2cFloor = 1e-3
+// p2cTau is the draws' temperature.
+const p2cTau = 0.1
 
 func (p p2c) Pick(_ *Request, _ []Candidate, scores []float64) int {
 	if len(scores) == 1 {
 		return 0
 	}
-	sum := 0.0
-	for _, s := range scores {
-		sum += s + p2cFloor
+	top := math.Inf(-1)
+	for _, v := range scores {
+		top = max(top, v)
 	}
-	a := p.draw(scores, sum, -1)
-	b := p.draw(scores, sum-scores[a]-p2cFloor, a)
+	w := func(v float64) float64 { return math.Exp((v - top) / p2cTau) }
+	sum := 0.0
+	for _, v := range scores {
+		sum += w(v)
+	}
+	a := p.draw(scores, w, sum, -1)
+	b := p.draw(scores, w, sum-w(scores[a]), a)
 	switch d := scores[a] - scores[b]; {
 	case d > tieEpsilon:
 		return a
@@ -73,15 +80,15 @@ func (p p2c) Pick(_ *Request, _ []Candidate, scores []float64) int {
 	return b
 }
 
-func (p p2c) draw(scores []float64, sum float64, skip int) int {
+func (p p2c) draw(scores []float64, w func(float64) float64, sum float64, skip int) int {
 	x := p.rnd.Float64() * sum
 	last := -1
-	for i, s := range scores {
+	for i, v := range scores {
 		if i == skip {
 			continue
 		}
 		last = i
-		if x -= s + p2cFloor; x < 0 {
+		if x -= w(v); x < 0 {
 			return i
 		}
 	}

@@ -169,7 +169,9 @@ func (l *lockedRand) Float64() float64 { l.mu.Lock(); defer l.mu.Unlock(); retur
 
 // NewRand returns a concurrency-safe Rand from a seed: tests pass a fixed
 // one so every draw is reproducible.
-func NewRand(seed uint64) Rand { return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))} }
+func NewRand(seed uint64) Rand {
+	return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
 
 // Config configures a Scheduler. Start from DefaultConfig.
 type Config struct {
