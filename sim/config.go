@@ -1,11 +1,12 @@
 package sim
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // Config is one simulated engine. Names follow vLLM's flags, so the agent's
@@ -46,9 +47,15 @@ type Config struct {
 	// (PYTHONHASHSEED). Empty means a random seed per process, as vLLM.
 	PythonHashSeed string
 
-	// KVEventsConfig is --kv-events-config, JSON. Accepted and recorded;
-	// publishing KV events is a later issue (plan §8).
+	// KVEventsConfig is --kv-events-config, JSON (KVEventsConfig in
+	// kvpub.go); when it enables events, the server publishes them.
 	KVEventsConfig string
+	// KVEventsEncoding is how events are written: map (vLLM since
+	// mid-2026, the zero value) or array (older vLLM).
+	KVEventsEncoding vllm.Encoding
+	// KVEventsBytesHashes publishes block hashes as 32-byte digests
+	// instead of ints: VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
+	KVEventsBytesHashes bool
 	// LoRA flags: accepted and recorded; adapters are a later issue.
 	EnableLoRA               bool
 	MaxLoRAs                 int
@@ -91,6 +98,13 @@ type Faults struct {
 	// connection closed, Run returning ErrCrashed — when the given number
 	// of generation requests has arrived. 0 never crashes.
 	CrashAfter int `json:"crash_after"`
+	// KVDropRate is the share of KV-event batches, in [0, 1], not sent:
+	// their seq is used, so subscribers see a gap, which the replay
+	// buffer can repair.
+	KVDropRate float64 `json:"kv_drop_rate"`
+	// KVReorderRate is the share of KV-event batches, in [0, 1], sent
+	// after the batch that follows them.
+	KVReorderRate float64 `json:"kv_reorder_rate"`
 }
 
 // Validate checks the faults; errors name the flag.
@@ -107,6 +121,12 @@ func (f Faults) Validate() error {
 	}
 	if f.CrashAfter < 0 {
 		errs = append(errs, fmt.Errorf("--sim-crash-after: %d: must not be negative", f.CrashAfter))
+	}
+	if f.KVDropRate < 0 || f.KVDropRate > 1 {
+		errs = append(errs, fmt.Errorf("--sim-kv-drop-rate: %v: must be in [0, 1]", f.KVDropRate))
+	}
+	if f.KVReorderRate < 0 || f.KVReorderRate > 1 {
+		errs = append(errs, fmt.Errorf("--sim-kv-reorder-rate: %v: must be in [0, 1]", f.KVReorderRate))
 	}
 	return errors.Join(errs...)
 }
@@ -178,8 +198,11 @@ func (c *Config) Validate() error {
 			bad("PYTHONHASHSEED: %q: must be \"random\" or an integer in 0..4294967295", c.PythonHashSeed)
 		}
 	}
-	if c.KVEventsConfig != "" && !json.Valid([]byte(c.KVEventsConfig)) {
-		bad("--kv-events-config: not valid JSON")
+	if _, err := ParseKVEventsConfig(c.KVEventsConfig); err != nil {
+		errs = append(errs, err)
+	}
+	if c.KVEventsEncoding != vllm.EncodingMap && c.KVEventsEncoding != vllm.EncodingArray {
+		bad("--sim-kv-events-encoding: %v: must be map or array", c.KVEventsEncoding)
 	}
 	if c.MaxLoRAs < 1 {
 		bad("--max-loras: %d: must be at least 1", c.MaxLoRAs)

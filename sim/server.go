@@ -44,6 +44,7 @@ type Server struct {
 	clock    Clock
 	tok      *Tokenizer
 	eng      *engine
+	kv       *kvPublisher // nil unless --kv-events-config enables events
 	met      *metrics
 	noneHash vllm.BlockHash
 	created  int64
@@ -93,6 +94,10 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 		crashed: make(chan struct{}),
 	}
 	s.eng = newEngine(&s.cfg, nil)
+	if kv, _ := ParseKVEventsConfig(cfg.KVEventsConfig); kv.Enabled() { // valid: checked above
+		s.kv = newKVPublisher(&s.cfg, kv, s.log, func() time.Time { return s.clock.Now() }, s.currentFaults)
+		s.eng = newEngine(&s.cfg, s.kv)
+	}
 	for _, o := range opts {
 		o(s)
 	}
@@ -138,8 +143,15 @@ func (s *Server) Run(ctx context.Context) error {
 // Shutdown order: in-flight requests are cancelled first (each handler
 // then releases its sequence and returns, as vLLM aborts requests on
 // SIGTERM), the listener is closed and idle connections dropped, and after
-// shutdownGrace whatever is left is closed forcibly.
+// shutdownGrace whatever is left is closed forcibly; the KV-event
+// publisher, if any, stops last, once nothing can change the cache.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	stopKV, err := s.startKV()
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	defer stopKV() // after the HTTP server has stopped: see startKV
 	reqCtx, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelReqs()
 	srv := &http.Server{
@@ -185,6 +197,7 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /sim/faults", s.handleGetFaults)
 	mux.HandleFunc("POST /sim/faults", s.handleSetFaults)
+	mux.HandleFunc("GET /sim/blocks", s.handleBlocks)
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		// FastAPI's shape for an unknown route.
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/llmgw/llmgw/sim"
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // newSimCmd is `llmgw sim`, the vLLM-compatible engine simulator (plan §8).
@@ -31,6 +32,7 @@ func newSimServeCmd() *cobra.Command {
 		noPrefixCaching bool
 		prefillUS       float64
 		decodeMS        float64
+		kvEncoding      string
 	)
 	cmd := &cobra.Command{
 		Use:   "serve MODEL",
@@ -40,9 +42,11 @@ func newSimServeCmd() *cobra.Command {
 Takes vLLM's flags; flags it does not know are ignored, so extra engine
 arguments meant for vLLM do not stop it. --lora-modules takes one or more
 values, as vLLM's does. PYTHONHASHSEED and VLLM_ALLOW_RUNTIME_LORA_UPDATING
-are read from the environment, and LLMGW_SIM_FAULTS may hold the fault
+and VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (0 or false: hashes in KV events
+as 32-byte digests) are read from the environment, and LLMGW_SIM_FAULTS may hold the fault
 injection settings as JSON ({"slowdown":2,"fail_rate":0.1,"fail_status":503,
-"crash_after":100}); the --sim-* flags override it.`,
+"crash_after":100,"kv_drop_rate":0.1,"kv_reorder_rate":0}); the --sim-* flags
+override it.`,
 		Args: cobra.MinimumNArgs(1),
 		// vLLM has many flags the simulator has no use for; the agent may
 		// pass any of them as a model's extra engine arguments.
@@ -71,6 +75,13 @@ injection settings as JSON ({"slowdown":2,"fail_rate":0.1,"fail_status":503,
 			case "1", "true":
 				cfg.AllowRuntimeLoRAUpdating = true
 			}
+			switch strings.ToLower(strings.TrimSpace(os.Getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"))) {
+			case "0", "false":
+				cfg.KVEventsBytesHashes = true
+			}
+			if cfg.KVEventsEncoding, err = vllm.ParseEncoding(kvEncoding); err != nil {
+				return fmt.Errorf("--sim-kv-events-encoding: %w", err)
+			}
 			if err := applyFaultsEnv(cmd, &cfg.Faults); err != nil {
 				return err
 			}
@@ -78,10 +89,9 @@ injection settings as JSON ({"slowdown":2,"fail_rate":0.1,"fail_status":503,
 			if err != nil {
 				return err
 			}
-			if cfg.KVEventsConfig != "" || cfg.EnableLoRA {
-				log.Warn("KV events and LoRA flags are accepted but not simulated yet",
-					"kv_events_config", cfg.KVEventsConfig, "enable_lora", cfg.EnableLoRA,
-					"lora_modules", cfg.LoRAModules)
+			if cfg.EnableLoRA {
+				log.Warn("LoRA flags are accepted but not simulated yet",
+					"enable_lora", cfg.EnableLoRA, "lora_modules", cfg.LoRAModules)
 			}
 			ctx, stop := signalContext()
 			defer stop()
@@ -103,7 +113,7 @@ injection settings as JSON ({"slowdown":2,"fail_rate":0.1,"fail_status":503,
 	f.StringVar(&cfg.PrefixCachingHashAlgo, "prefix-caching-hash-algo", cfg.PrefixCachingHashAlgo, "recorded only; the simulator always hashes with sha256_cbor")
 	f.BoolVar(&cfg.EnablePrefixCaching, "enable-prefix-caching", cfg.EnablePrefixCaching, "cache prompt prefixes")
 	f.BoolVar(&noPrefixCaching, "no-enable-prefix-caching", false, "disable prefix caching")
-	f.StringVar(&cfg.KVEventsConfig, "kv-events-config", "", "KV events configuration, JSON (accepted, not simulated yet)")
+	f.StringVar(&cfg.KVEventsConfig, "kv-events-config", "", "KV cache events configuration, JSON (vLLM's KVEventsConfig)")
 	f.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "enable LoRA adapters (accepted, not simulated yet)")
 	f.IntVar(&cfg.MaxLoRAs, "max-loras", cfg.MaxLoRAs, "LoRA adapters per batch (accepted, not simulated yet)")
 	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", cfg.MaxLoRARank, "maximum LoRA rank (accepted, not simulated yet)")
@@ -122,6 +132,9 @@ injection settings as JSON ({"slowdown":2,"fail_rate":0.1,"fail_status":503,
 	f.Float64Var(&cfg.Faults.FailRate, "sim-fail-rate", 0, "fault injection: share of requests failed with --sim-fail-status")
 	f.IntVar(&cfg.Faults.FailStatus, "sim-fail-status", 0, "fault injection: HTTP status of failed requests (default 500)")
 	f.IntVar(&cfg.Faults.CrashAfter, "sim-crash-after", 0, "fault injection: die abruptly when this many requests have arrived")
+	f.StringVar(&kvEncoding, "sim-kv-events-encoding", "map", "KV event encoding: map (vLLM since mid-2026) or array (older vLLM)")
+	f.Float64Var(&cfg.Faults.KVDropRate, "sim-kv-drop-rate", 0, "fault injection: share of KV event batches not sent (a seq gap replay can repair)")
+	f.Float64Var(&cfg.Faults.KVReorderRate, "sim-kv-reorder-rate", 0, "fault injection: share of KV event batches sent after the next one")
 	return cmd
 }
 
@@ -150,6 +163,12 @@ func applyFaultsEnv(cmd *cobra.Command, faults *sim.Faults) error {
 	}
 	if !f.Changed("sim-crash-after") {
 		faults.CrashAfter = env.CrashAfter
+	}
+	if !f.Changed("sim-kv-drop-rate") {
+		faults.KVDropRate = env.KVDropRate
+	}
+	if !f.Changed("sim-kv-reorder-rate") {
+		faults.KVReorderRate = env.KVReorderRate
 	}
 	return nil
 }
