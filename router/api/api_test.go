@@ -327,7 +327,7 @@ func FuzzSniff(f *testing.F) {
 			}
 			return
 		}
-		if got.Model == "" || !json.Valid(body) {
+		if got.Model == "" || !json.Valid(body) || len(got.Prompt) > maxPromptBytes {
 			t.Fatalf("accepted %q as %+v", body, got)
 		}
 	})
