@@ -18,7 +18,10 @@ type Sample struct {
 	// Target is the label of the router the request went to.
 	Target string
 	// Replica is the router's X-Llmgw-Replica header: which replica served.
-	Replica   string
+	Replica string
+	// RequestID is the X-Request-ID sent, so a failure can be found in the
+	// router's and engine's logs.
+	RequestID string
 	SessionID string
 	Model     string
 	// Start is when the request was sent, from the start of the run.
@@ -57,8 +60,8 @@ const maxErrorBody = 4 << 10
 
 // send makes one streamed chat request to baseURL and returns the sample and
 // the answer's text. It never returns an error: failures are samples too.
-func send(ctx context.Context, hc *http.Client, baseURL, label string, req Request, start time.Time, now func() time.Time) (Sample, string) {
-	s := Sample{Target: label, SessionID: req.SessionID, Model: req.Model}
+func send(ctx context.Context, hc *http.Client, baseURL, label, requestID string, req Request, start time.Time, now func() time.Time) (Sample, string) {
+	s := Sample{Target: label, RequestID: requestID, SessionID: req.SessionID, Model: req.Model}
 	body := chatBody{Model: req.Model, Messages: req.Messages, MaxTokens: req.MaxTokens, Stream: true}
 	body.StreamOptions.IncludeUsage = true
 	raw, err := json.Marshal(body)
@@ -71,6 +74,9 @@ func send(ctx context.Context, hc *http.Client, baseURL, label string, req Reque
 	}
 	hreq.Header.Set("Content-Type", "application/json")
 	hreq.Header.Set("Accept", "text/event-stream")
+	if requestID != "" {
+		hreq.Header.Set("X-Request-ID", requestID)
+	}
 	if req.SessionID != "" {
 		hreq.Header.Set("X-Session-ID", req.SessionID)
 	}

@@ -203,7 +203,7 @@ type runner struct {
 
 	start  time.Time
 	issued atomic.Int64  // requests claimed against cfg.Requests
-	rr     atomic.Uint64 // next target, for round-robin
+	rr     atomic.Uint64 // requests sent: picks the round-robin target and numbers X-Request-ID
 
 	mu      sync.Mutex
 	next    int               // next conversation number
@@ -312,12 +312,14 @@ func (r *runner) take(ctx context.Context) (Conversation, Request, bool) {
 
 // do sends one request, records it, and gives the conversation back.
 func (r *runner) do(ctx context.Context, conv Conversation, req Request) {
-	t := r.targets[int(r.rr.Add(1)-1)%len(r.targets)]
+	n := r.rr.Add(1) - 1
+	t := r.targets[int(n%uint64(len(r.targets)))]
+	id := fmt.Sprintf("bench-%d-%d-%d", r.cfg.Workload.Seed, r.start.Unix(), n)
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
-	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, req, r.start, r.cfg.Now)
+	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, id, req, r.start, r.cfg.Now)
 	cancel()
 	if !s.OK() {
-		r.cfg.Logger.Debug("request failed", "replica", s.Replica, "model", s.Model, "kind", s.ErrKind, "err", s.Err)
+		r.cfg.Logger.Debug("request failed", "request_id", id, "replica", s.Replica, "model", s.Model, "kind", s.ErrKind, "err", s.Err)
 	}
 	conv.Reply(answer, s.OK())
 	if r.ready != nil {

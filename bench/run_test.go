@@ -34,10 +34,11 @@ type fakeRouter struct {
 	prompt   int
 	cached   int
 	sessions map[string][]int // message counts per session, in arrival order
+	ids      map[string]bool  // X-Request-ID values seen
 }
 
 func newFakeRouter() *fakeRouter {
-	return &fakeRouter{replicas: 3, served: map[string]int{}, sessions: map[string][]int{}}
+	return &fakeRouter{replicas: 3, served: map[string]int{}, sessions: map[string][]int{}, ids: map[string]bool{}}
 }
 
 func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -65,6 +66,7 @@ func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.n++
 	n := f.n
+	f.ids[r.Header.Get("X-Request-ID")] = true
 	if sid := r.Header.Get("X-Session-ID"); sid != "" {
 		f.sessions[sid] = append(f.sessions[sid], len(body.Messages))
 	}
@@ -147,6 +149,9 @@ func TestRunCountsErrorsHitsAndReplicas(t *testing.T) {
 	defer f.mu.Unlock()
 	if r.Requests != 40 || f.n != 40 {
 		t.Fatalf("report %d requests, server saw %d, want 40", r.Requests, f.n)
+	}
+	if len(f.ids) != 40 || f.ids[""] {
+		t.Fatalf("%d distinct X-Request-IDs for 40 requests (empty among them: %v)", len(f.ids), f.ids[""])
 	}
 	if r.Errors != f.failed+f.broken || r.ErrorsByKind["http_503"] != f.failed || r.ErrorsByKind["stream_error"] != f.broken {
 		t.Fatalf("errors %d %v, server failed %d and broke %d", r.Errors, r.ErrorsByKind, f.failed, f.broken)
