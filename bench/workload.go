@@ -16,7 +16,7 @@ const (
 	LoRAMix      = "lora-mix"
 )
 
-// Workloads lists the workload names, for help text and errors.
+// workloadNames are the accepted names, in the order help text lists them.
 var workloadNames = []string{SharedPrefix, MultiTurn, LongContext, LoRAMix}
 
 // WorkloadNames returns the workload names in a stable order.
