@@ -162,9 +162,12 @@ type kvPublisher struct {
 	faults    func() Faults
 	rng       *rand.Rand // the sender's only
 
-	mu      sync.Mutex // guards pending
+	mu      sync.Mutex // guards pending and flushing
 	pending []vllm.Event
-	wake    chan struct{}
+	// flushing is true from taking pending until the batch has its seq
+	// and its fate (sent, dropped, held): for tests that wait for quiet.
+	flushing bool
+	wake     chan struct{}
 
 	ringMu sync.Mutex // guards ring and nextSeq
 	ring   []kvBatch  // the last BufferSteps batches, oldest first
@@ -240,13 +243,18 @@ func (p *kvPublisher) add(e vllm.Event) {
 func (p *kvPublisher) open() error {
 	p.sockCtx, p.closeSocks = context.WithCancel(context.Background())
 	zlog := slog.NewLogLogger(p.log.Handler(), slog.LevelDebug)
-	p.pub = zmq4.NewPub(p.sockCtx, zmq4.WithLogger(zlog), zmq4.WithAutomaticReconnect(true),
+	bind := BindsEndpoint(p.cfg.Endpoint)
+	// A connecting PUB redials when its subscriber goes away and comes
+	// back (an agent restarting), as libzmq does. zmq4 would also "redial"
+	// the address of a bound socket when a subscriber leaves, so only a
+	// connecting socket gets it.
+	p.pub = zmq4.NewPub(p.sockCtx, zmq4.WithLogger(zlog), zmq4.WithAutomaticReconnect(!bind),
 		zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(100*time.Millisecond))
 	if err := p.pub.SetOption(zmq4.OptionHWM, p.cfg.HWM); err != nil {
 		p.closeSocks()
 		return fmt.Errorf("sim: kv events: set hwm: %w", err)
 	}
-	if BindsEndpoint(p.cfg.Endpoint) {
+	if bind {
 		if err := p.pub.Listen(p.cfg.Endpoint); err != nil {
 			p.closeAll()
 			return fmt.Errorf("sim: kv events: bind %s: %w", p.cfg.Endpoint, err)
@@ -310,10 +318,17 @@ func (p *kvPublisher) flush(held **kvBatch) {
 	p.mu.Lock()
 	events := p.pending
 	p.pending = nil
+	p.flushing = len(events) > 0
 	p.mu.Unlock()
 	if len(events) == 0 {
 		return
 	}
+	defer func() {
+		p.mu.Lock()
+		p.flushing = false
+		p.mu.Unlock()
+	}()
+	f := p.faults()
 	ts := float64(p.now().UnixNano()) / 1e9
 	payload, err := vllm.EncodeEventBatch(vllm.EventBatch{TS: ts, Events: events, DataParallelRank: vllm.Ptr(0)}, p.enc)
 	if err != nil {
@@ -331,7 +346,6 @@ func (p *kvPublisher) flush(held **kvBatch) {
 	}
 	p.ringMu.Unlock()
 
-	f := p.faults()
 	switch {
 	case f.KVDropRate > 0 && p.rng.Float64() < f.KVDropRate:
 		// Lost on the way: the seq is used, so subscribers see a gap,
@@ -391,6 +405,17 @@ func (p *kvPublisher) serveReplay() {
 			p.log.Debug("kv events: replay send end", "err", err)
 		}
 	}
+}
+
+// quiet reports whether every change so far has been made a batch (sent,
+// dropped or held), and next is the seq the next batch will have.
+func (p *kvPublisher) quiet() (ok bool, next uint64) {
+	p.mu.Lock()
+	ok = len(p.pending) == 0 && !p.flushing
+	p.mu.Unlock()
+	p.ringMu.Lock()
+	defer p.ringMu.Unlock()
+	return ok, p.nextSeq
 }
 
 // addrs are the bound addresses, for tests that bind port 0.
