@@ -274,8 +274,9 @@ func (p *kvPublisher) open() error {
 		}
 		p.wg.Go(p.serveReplay)
 	}
-	p.log.Info("publishing kv cache events", "endpoint", p.cfg.Endpoint, "bind", BindsEndpoint(p.cfg.Endpoint),
-		"replay_endpoint", p.cfg.ReplayEndpoint, "topic", p.cfg.Topic, "encoding", p.enc.String(), "int_hashes", p.asInt)
+	pubAddr, replayAddr := p.addrs()
+	p.log.Info("publishing kv cache events", "endpoint", p.cfg.Endpoint, "bind", bind, "bound", fmt.Sprint(pubAddr),
+		"replay_bound", fmt.Sprint(replayAddr), "topic", p.cfg.Topic, "encoding", p.enc.String(), "int_hashes", p.asInt)
 	return nil
 }
 
