@@ -341,6 +341,13 @@ func (s *Supervisor) stop(p *proc, st *llmgwv1.ReplicaStatus) {
 		}
 		time.Sleep(s.cfg.PollInterval)
 	}
+	// The engine is reaped, but what it started may still be dying: SIGKILL
+	// is delivered asynchronously. Wait (bounded) until no member of its
+	// group runs, so "stopped" means no engine process is left.
+	for end := s.cfg.Now().Add(s.cfg.StopGrace); groupRunning(p.pid) && s.cfg.Now().Before(end); {
+		p.signalGroup(syscall.SIGKILL)
+		time.Sleep(s.cfg.PollInterval)
+	}
 	s.drainLogs(p)
 	c = cloneStatus(st)
 	c.Pid = 0
