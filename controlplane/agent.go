@@ -48,6 +48,10 @@ func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	}
 	nodeID := hello.Node.Id
 	log := s.log.With("agent_node", nodeID, "epoch", hello.Epoch)
+	// The session counts from before registration: the leader must not see
+	// the node re-activated yet still detached, and mark it down again.
+	s.sessionStarted(nodeID)
+	defer s.sessionEnded(nodeID)
 	if err := s.registerNode(ctx, hello.Node); err != nil {
 		log.Warn("agent hello refused: could not register node", "err", err)
 		return toStatus(fmt.Errorf("register node %s: %w", nodeID, err))
@@ -58,8 +62,6 @@ func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	}}}); err != nil {
 		return err
 	}
-	s.sessionStarted(nodeID)
-	defer s.sessionEnded(nodeID)
 	log.Info("agent attached", "session", sessionID)
 	defer log.Info("agent detached", "session", sessionID)
 

@@ -64,6 +64,18 @@ type Config struct {
 	ReconcileInterval time.Duration
 	// ApplyTimeout bounds one Raft proposal.
 	ApplyTimeout time.Duration
+
+	// NodeDownAfter is how long an ACTIVE node may have no agent session
+	// before the leader marks it DOWN; counted from the later of the
+	// session's end and the leader's election (plan §5.4: a failover never
+	// reschedules replicas that are still serving).
+	NodeDownAfter time.Duration
+	// RescheduleAfter is how long a node stays DOWN before its replicas are
+	// placed elsewhere (plan §5.5).
+	RescheduleAfter time.Duration
+	// DrainTimeout is how long a draining replica may take to stop before
+	// it is removed anyway.
+	DrainTimeout time.Duration
 }
 
 // DefaultConfig returns the defaults for one node on loopback, as
@@ -85,6 +97,9 @@ func DefaultConfig() Config {
 		WatchQueue:         1024,
 		ReconcileInterval:  5 * time.Second,
 		ApplyTimeout:       5 * time.Second,
+		NodeDownAfter:      15 * time.Second,
+		RescheduleAfter:    60 * time.Second,
+		DrainTimeout:       30 * time.Second,
 	}
 }
 
@@ -126,6 +141,7 @@ func (c Config) Validate() error {
 		{"leader-lease-timeout", c.LeaderLeaseTimeout}, {"heartbeat-interval", c.HeartbeatInterval},
 		{"agent-timeout", c.AgentTimeout}, {"watch-wait", c.WatchWait},
 		{"reconcile-interval", c.ReconcileInterval}, {"apply-timeout", c.ApplyTimeout},
+		{"node-down-after", c.NodeDownAfter}, {"reschedule-after", c.RescheduleAfter}, {"drain-timeout", c.DrainTimeout},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", d.flag, d.v)

@@ -45,11 +45,12 @@ func (s *Server) placeWhileLeading(ctx context.Context) {
 	s.leaderReady.Store(true)
 	defer s.leaderReady.Store(false)
 	s.log.Info("leading; placement started")
+	term := newLeaderTerm(s.now())
 	t := time.NewTicker(s.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {
 		_, applied := s.fsm.Applied()
-		failed := s.reconcileOnce(ctx)
+		failed := s.reconcileOnce(ctx, term)
 		if failed {
 			// A refused decision would be recomputed identically on the
 			// revision its refusal made; wait for the tick instead.
@@ -64,10 +65,79 @@ func (s *Server) placeWhileLeading(ctx context.Context) {
 	}
 }
 
-// reconcileOnce proposes one round of placement decisions; it reports
-// whether any of them failed.
-func (s *Server) reconcileOnce(ctx context.Context) (failed bool) {
-	plan := placement.Reconcile(s.fsm.State())
+// leaderTerm is what the leader remembers during one term, by its own
+// clock: when it took office and since when it has seen each node DOWN and
+// each replica draining. A new leader starts afresh, so it never judges by
+// a clock it did not watch (plan §5.4: the grace after winning office).
+type leaderTerm struct {
+	since     time.Time
+	downSeen  map[string]time.Time
+	drainSeen map[replicaKey]time.Time
+}
+
+type replicaKey struct {
+	id  string
+	uid uint64
+}
+
+func newLeaderTerm(now time.Time) *leaderTerm {
+	return &leaderTerm{since: now, downSeen: map[string]time.Time{}, drainSeen: map[replicaKey]time.Time{}}
+}
+
+// reconcileOnce marks lost nodes down and proposes one round of placement
+// decisions; it reports whether any of them failed.
+func (s *Server) reconcileOnce(ctx context.Context, term *leaderTerm) (failed bool) {
+	now := s.now()
+	st := s.fsm.State()
+	failed = s.markDown(ctx, term, st, now)
+	statuses := s.eph.Statuses()
+	status := func(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
+		if st, ok := statuses[r.Id]; ok && st.Uid == r.Uid {
+			return st
+		}
+		return nil
+	}
+	in := placement.Inputs{
+		Ready: func(r *llmgwv1.Replica) bool {
+			return status(r).GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+		},
+		Drained: func(r *llmgwv1.Replica) bool {
+			switch status(r).GetPhase() {
+			case llmgwv1.ReplicaPhase_REPLICA_PHASE_UNSPECIFIED, // not reported: nothing runs
+				llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED, llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED:
+				return true
+			}
+			return now.Sub(term.drainSeen[replicaKey{r.Id, r.Uid}]) >= s.cfg.DrainTimeout
+		},
+		Lost: map[string]bool{},
+	}
+	seenDraining := map[replicaKey]bool{}
+	for _, r := range st.Replicas {
+		if r.Draining {
+			k := replicaKey{r.Id, r.Uid}
+			seenDraining[k] = true
+			if _, ok := term.drainSeen[k]; !ok {
+				term.drainSeen[k] = now
+			}
+		}
+	}
+	for k := range term.drainSeen {
+		if !seenDraining[k] {
+			delete(term.drainSeen, k)
+		}
+	}
+	for _, n := range st.Nodes {
+		if n.State != llmgwv1.NodeState_NODE_STATE_DOWN {
+			delete(term.downSeen, n.Id)
+			continue
+		}
+		if _, ok := term.downSeen[n.Id]; !ok {
+			term.downSeen[n.Id] = now
+		}
+		in.Lost[n.Id] = now.Sub(term.downSeen[n.Id]) >= s.cfg.RescheduleAfter
+	}
+
+	plan := placement.Reconcile(st, in)
 	for model, n := range plan.Unplaceable {
 		s.log.Debug("replicas do not fit on any node", "model", model, "missing", n)
 	}
@@ -75,12 +145,49 @@ func (s *Server) reconcileOnce(ctx context.Context) (failed bool) {
 		_, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_REMOVE_REPLICA, &llmgwv1.RemoveReplicaCommand{Id: r.Id, Uid: r.Uid})
 		failed = s.recordPlacement("remove", r, err) || failed
 	}
+	for _, r := range plan.Drain {
+		_, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING, &llmgwv1.SetReplicaDrainingCommand{Id: r.Id, Uid: r.Uid})
+		failed = s.recordPlacement("drain", r, err) || failed
+	}
 	for _, r := range plan.Place {
 		res, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_PLACE_REPLICA, &llmgwv1.PlaceReplicaCommand{Replica: r})
 		if placed, ok := res.(*llmgwv1.Replica); ok {
 			r = placed
 		}
 		failed = s.recordPlacement("place", r, err) || failed
+	}
+	return failed
+}
+
+// markDown marks ACTIVE nodes with no agent session for NodeDownAfter as
+// DOWN. Sessions are known only to the server they attach to until gossip
+// carries them (plan §5.4, HA issue), so only a leader that is the only
+// server judges; it would otherwise mark down nodes attached to a peer.
+func (s *Server) markDown(ctx context.Context, term *leaderTerm, st *llmgwv1.State, now time.Time) (failed bool) {
+	if len(s.servers()) != 1 {
+		return false
+	}
+	for _, n := range st.Nodes {
+		if n.State != llmgwv1.NodeState_NODE_STATE_ACTIVE {
+			continue
+		}
+		at, detached := s.detachedSince(n.Id)
+		if !detached {
+			continue
+		}
+		if at.Before(term.since) {
+			at = term.since
+		}
+		if now.Sub(at) < s.cfg.NodeDownAfter {
+			continue
+		}
+		_, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_STATE, &llmgwv1.SetNodeStateCommand{Id: n.Id, State: llmgwv1.NodeState_NODE_STATE_DOWN})
+		if err != nil {
+			s.log.Warn("marking node down failed", "target_node", n.Id, "err", err)
+			failed = true
+			continue
+		}
+		s.log.Warn("node marked down: no agent session", "target_node", n.Id, "since", at)
 	}
 	return failed
 }

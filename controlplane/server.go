@@ -44,8 +44,13 @@ type Server struct {
 	leaderReady atomic.Bool
 
 	sessionsMu sync.Mutex
-	sessions   map[string]int // node id -> attached sessions
+	sessions   map[string]int       // node id -> attached sessions
+	detachedAt map[string]time.Time // node id -> when its last session ended
 	sessionSeq atomic.Uint64
+
+	// now is the clock of every time-based judgement (node down, drain
+	// timeout); tests replace it.
+	now func() time.Time
 }
 
 // New checks cfg and prepares a server; it opens nothing until Run.
@@ -57,13 +62,15 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		return nil, errors.New("controlplane: nil logger")
 	}
 	s := &Server{
-		cfg:      cfg,
-		log:      logger.With("node", cfg.NodeID),
-		fsm:      fsm.New(fsm.Config{}),
-		eph:      ephemeral.NewStore(),
-		ready:    make(chan struct{}),
-		fatalCh:  make(chan error, 1),
-		sessions: map[string]int{},
+		cfg:        cfg,
+		log:        logger.With("node", cfg.NodeID),
+		fsm:        fsm.New(fsm.Config{}),
+		eph:        ephemeral.NewStore(),
+		ready:      make(chan struct{}),
+		fatalCh:    make(chan error, 1),
+		sessions:   map[string]int{},
+		detachedAt: map[string]time.Time{},
+		now:        time.Now,
 	}
 	s.metrics = newMetrics(s)
 	return s, nil
@@ -310,6 +317,7 @@ func (s *Server) sessionStarted(node string) {
 	s.sessionsMu.Lock()
 	defer s.sessionsMu.Unlock()
 	s.sessions[node]++
+	delete(s.detachedAt, node)
 	s.metrics.agentSessions.Inc()
 }
 
@@ -318,8 +326,20 @@ func (s *Server) sessionEnded(node string) {
 	defer s.sessionsMu.Unlock()
 	if s.sessions[node]--; s.sessions[node] <= 0 {
 		delete(s.sessions, node)
+		s.detachedAt[node] = s.now()
 	}
 	s.metrics.agentSessions.Dec()
+}
+
+// detachedSince returns when node's last session on this server ended;
+// ok is false while one is attached. A node never seen has no time.
+func (s *Server) detachedSince(node string) (at time.Time, ok bool) {
+	s.sessionsMu.Lock()
+	defer s.sessionsMu.Unlock()
+	if s.sessions[node] > 0 {
+		return time.Time{}, false
+	}
+	return s.detachedAt[node], true
 }
 
 func (s *Server) connected() map[string]bool {

@@ -77,13 +77,24 @@ type running struct {
 	logs   *syncBuffer
 }
 
-func start(t *testing.T, cfg Config) *running {
+func start(t *testing.T, cfg Config) *running { return startWith(t, cfg, nil) }
+
+// startWith runs a server; hook, when set, adjusts it before Run.
+func startWith(t *testing.T, cfg Config, hook func(*Server)) *running {
 	t.Helper()
 	logs := &syncBuffer{}
 	srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
+	if hook != nil {
+		hook(srv)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server log:\n%s", logs)
+		}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{srv: srv, cancel: cancel, done: make(chan error, 1), logs: logs}
 	go func() { r.done <- srv.Run(ctx) }()
@@ -348,10 +359,48 @@ func TestServerEndToEnd(t *testing.T) {
 		}
 	}
 
-	keep, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "keep", Engine: "sim", Model: "m", Replicas: 1}})
+	// Scaling down drains the newest replica first; it is removed once the
+	// agent reports its engine stopped.
+	waitDesired := func(what string, ok func(d *llmgwv1.DesiredReplicas) bool) *llmgwv1.DesiredReplicas {
+		t.Helper()
+		for {
+			m := recvAgent(t, agent)
+			if d := m.GetDesired(); d != nil && ok(d) {
+				return d
+			}
+			if m.GetDesired() == nil {
+				t.Fatalf("waiting for %s: got %v", what, m)
+			}
+		}
+	}
+	keepModel := &llmgwv1.Model{Name: "keep", Engine: "sim", Model: "m", Replicas: 2}
+	if _, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: keepModel}); err != nil {
+		t.Fatal(err)
+	}
+	d := waitDesired("two keep replicas", func(d *llmgwv1.DesiredReplicas) bool { return len(d.Replicas) == 2 })
+	k0, k1 := d.Replicas[0], d.Replicas[1]
+	send(&llmgwv1.EphemeralUpdate{Seq: 4, Statuses: []*llmgwv1.ReplicaStatus{status1(k0.Id, k0.Uid, "9100"), status1(k1.Id, k1.Uid, "9101")}})
+	for ready := false; !ready; {
+		reps, err := admin.ListReplicas(ctx, &llmgwv1.ListRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready = len(reps.Replicas) == 2 && reps.Replicas[1].Status.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+		time.Sleep(10 * time.Millisecond) // polling, not asserting a duration
+	}
+	keepModel.Replicas = 1
+	keep, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: keepModel})
 	if err != nil {
 		t.Fatal(err)
 	}
+	d = waitDesired("keep-1 draining", func(d *llmgwv1.DesiredReplicas) bool { return len(d.Replicas) == 2 && d.Replicas[1].Draining })
+	if d.Replicas[1].Id != "keep-1" || d.Replicas[0].Draining {
+		t.Fatalf("drained the wrong replica: %v", d.Replicas)
+	}
+	stopped := status1(k1.Id, k1.Uid, "9101")
+	stopped.Phase = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED
+	send(&llmgwv1.EphemeralUpdate{Seq: 5, Statuses: []*llmgwv1.ReplicaStatus{stopped}})
+	waitDesired("keep-1 removed", func(d *llmgwv1.DesiredReplicas) bool { return len(d.Replicas) == 1 && d.Replicas[0].Id == "keep-0" })
 	// Take a Raft snapshot so the restart goes through Restore, then the
 	// log entries after it.
 	if err := r.srv.node.raft.Snapshot().Error(); err != nil {
@@ -422,4 +471,114 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// fakeClock is advanced by the test; the server judges node liveness by it.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// TestLostNodeIsRescheduled: a node without a session is marked DOWN after
+// NodeDownAfter, its replicas move after RescheduleAfter, and it is ACTIVE
+// again when its agent comes back — all by the injected clock.
+func TestLostNodeIsRescheduled(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
+	defer cancel()
+	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	cfg := testConfig(t, t.TempDir(), freeAddr(t))
+	cfg.ReconcileInterval = 20 * time.Millisecond
+	cfg.NodeDownAfter = time.Hour
+	cfg.RescheduleAfter = 2 * time.Hour
+	r := startWith(t, cfg, func(s *Server) { s.now = clock.Now })
+	defer r.stop(t)
+	admin := llmgwv1.NewAdminServiceClient(r.conn)
+
+	attach := func(id string, epoch uint64) (llmgwv1.AgentService_AttachClient, context.CancelFunc) {
+		t.Helper()
+		actx, acancel := context.WithCancel(ctx)
+		a, err := llmgwv1.NewAgentServiceClient(r.conn).Attach(actx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Hello{Hello: &llmgwv1.AgentHello{
+			Node: &llmgwv1.Node{Id: id, Address: "127.0.0.1", Gpus: 2}, Epoch: epoch,
+		}}}); err != nil {
+			t.Fatal(err)
+		}
+		if recvAgent(t, a).GetWelcome() == nil {
+			t.Fatal("no welcome")
+		}
+		return a, acancel
+	}
+	a1, stop1 := attach("n1", 1)
+	_, stop2 := attach("n2", 1)
+	defer stop2()
+	if _, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "m", Engine: "sim", Model: "x", Replicas: 1}}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if d := recvAgent(t, a1).GetDesired(); len(d.GetReplicas()) == 1 {
+			break // n1 wins the tie on node id
+		}
+	}
+	stop1()
+
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		for !ok() {
+			if ctx.Err() != nil {
+				t.Fatalf("gave up waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond) // polling, not asserting a duration
+		}
+	}
+	nodeState := func(id string) llmgwv1.NodeState {
+		ns, err := admin.ListNodes(ctx, &llmgwv1.ListRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range ns.Nodes {
+			if n.Id == id {
+				return n.State
+			}
+		}
+		return llmgwv1.NodeState_NODE_STATE_UNSPECIFIED
+	}
+	waitFor("n1 detached", func() bool { ns, _ := admin.ListNodes(ctx, &llmgwv1.ListRequest{}); return !ns.GetConnected()["n1"] })
+	clock.Advance(59 * time.Minute)
+	time.Sleep(100 * time.Millisecond) // several reconcile rounds at 20 ms
+	if st := nodeState("n1"); st != llmgwv1.NodeState_NODE_STATE_ACTIVE {
+		t.Fatalf("n1 is %v before NodeDownAfter", st)
+	}
+	clock.Advance(2 * time.Minute)
+	waitFor("n1 down", func() bool { return nodeState("n1") == llmgwv1.NodeState_NODE_STATE_DOWN })
+	replicaNode := func() string {
+		reps, err := admin.ListReplicas(ctx, &llmgwv1.ListRequest{})
+		if err != nil || len(reps.Replicas) != 1 {
+			return ""
+		}
+		return reps.Replicas[0].Replica.Node
+	}
+	if n := replicaNode(); n != "n1" {
+		t.Fatalf("replica moved to %q within the reschedule grace", n)
+	}
+	clock.Advance(3 * time.Hour)
+	waitFor("the replica on n2", func() bool { return replicaNode() == "n2" })
+
+	_, stop1 = attach("n1", 2)
+	defer stop1()
+	waitFor("n1 active again", func() bool { return nodeState("n1") == llmgwv1.NodeState_NODE_STATE_ACTIVE })
 }

@@ -19,7 +19,12 @@ type Plan struct {
 	// Place holds new replicas (empty id and uid; model, node and GPU
 	// indices set), in the order they should be proposed.
 	Place []*llmgwv1.Replica
-	// Remove holds replicas to remove (id and uid set).
+	// Drain holds replicas to mark draining (id and uid set): routers stop
+	// choosing them and the agent stops each engine once idle (plan §4
+	// "Changes roll").
+	Drain []*llmgwv1.Replica
+	// Remove holds replicas to remove now (id and uid set): drained ones,
+	// and those on lost nodes, which serve nothing.
 	Remove []*llmgwv1.Replica
 	// Unplaceable counts, per model, replicas that fit on no node now.
 	// The leader reports it; placement retries on the next state change.
@@ -27,7 +32,22 @@ type Plan struct {
 }
 
 // Empty reports whether the plan changes nothing.
-func (p Plan) Empty() bool { return len(p.Place) == 0 && len(p.Remove) == 0 }
+func (p Plan) Empty() bool { return len(p.Place) == 0 && len(p.Drain) == 0 && len(p.Remove) == 0 }
+
+// Inputs is what the leader knows beyond the desired state: readiness from
+// the ephemeral plane and time-based judgements from its own clock, so that
+// Reconcile stays pure. Nil functions answer false.
+type Inputs struct {
+	// Ready reports whether the replica's latest status (same uid) is
+	// READY.
+	Ready func(r *llmgwv1.Replica) bool
+	// Drained reports whether a draining replica may be removed: its engine
+	// stopped, or the drain timeout passed.
+	Drained func(r *llmgwv1.Replica) bool
+	// Lost holds nodes that have been DOWN longer than the grace period:
+	// their replicas are removed and placed elsewhere.
+	Lost map[string]bool
+}
 
 type nodeFree struct {
 	node *llmgwv1.Node
@@ -35,25 +55,31 @@ type nodeFree struct {
 }
 
 // Reconcile compares each model's replica count with its placements:
+//   - draining replicas count for nothing; a drained one is removed;
+//   - replicas on lost nodes are removed, and count for nothing;
 //   - missing replicas go to ACTIVE nodes that match the model's
 //     node_selector and have gpus_per_replica free GPUs, spread over nodes:
 //     fewest replicas of this model first, then most free GPUs, then node id
 //     (so the result does not depend on map order);
-//   - extra replicas are removed, highest ordinal first (the newest go
+//   - extra replicas are drained, highest ordinal first (the newest go
 //     first, so ids stay low and stable);
-//   - draining replicas are on their way out: they count for neither;
+//   - replicas on DRAINING nodes move one at a time: one replacement is
+//     placed while every other replica is ready, and the moving replicas
+//     are drained once the model has its count ready elsewhere — capacity
+//     never dips during a move;
 //   - engine "external" runs nothing on the nodes and is left alone.
-//
-// Not yet: rescheduling off DOWN nodes after a grace period and moving
-// replicas off DRAINING nodes one at a time (both need the leader's clock).
-func Reconcile(st *llmgwv1.State) Plan {
+func Reconcile(st *llmgwv1.State, in Inputs) Plan {
+	ready := orFalse(in.Ready)
+	drained := orFalse(in.Drained)
 	plan := Plan{Unplaceable: map[string]int{}}
+	nodeByID := map[string]*llmgwv1.Node{}
 	nodes := map[string]*nodeFree{}
 	for _, n := range st.GetNodes() {
+		nodeByID[n.Id] = n
 		nf := &nodeFree{node: n}
 		used := map[uint32]bool{}
 		for _, r := range st.GetReplicas() {
-			if r.Node == n.Id {
+			if r.Node == n.Id && !in.Lost[n.Id] {
 				for _, g := range r.GpuIndices {
 					used[g] = true
 				}
@@ -72,28 +98,46 @@ func Reconcile(st *llmgwv1.State) Plan {
 		if m.Engine == "external" {
 			continue
 		}
-		var live []*llmgwv1.Replica
+		var stay, moving []*llmgwv1.Replica
 		perNode := map[string]int{}
-		for _, r := range st.GetReplicas() {
-			if r.Model == m.Name && !r.Draining {
-				live = append(live, r)
+		for _, r := range sortedReplicas(st.GetReplicas(), m.Name) {
+			switch {
+			case in.Lost[r.Node]:
+				plan.Remove = append(plan.Remove, ref(r))
+			case r.Draining:
+				if drained(r) {
+					plan.Remove = append(plan.Remove, ref(r))
+				}
+			case nodeByID[r.Node].GetState() == llmgwv1.NodeState_NODE_STATE_DRAINING:
+				moving = append(moving, r)
+				perNode[r.Node]++
+			default:
+				stay = append(stay, r)
 				perNode[r.Node]++
 			}
 		}
 		want := int(m.Replicas)
-		if len(live) > want {
-			slices.SortFunc(live, func(a, b *llmgwv1.Replica) int {
-				return cmp.Or(cmp.Compare(ordinal(b.Id, m.Name), ordinal(a.Id, m.Name)), cmp.Compare(a.Id, b.Id))
-			})
-			for _, r := range live[:len(live)-want] {
-				plan.Remove = append(plan.Remove, &llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node})
+		if len(stay) >= want {
+			// Newest first; stay is sorted by ordinal ascending.
+			for i := len(stay) - 1; i >= want; i-- {
+				plan.Drain = append(plan.Drain, ref(stay[i]))
+			}
+			if countReady(stay[:want], ready) == want {
+				for _, r := range moving {
+					plan.Drain = append(plan.Drain, ref(r))
+				}
 			}
 			continue
 		}
-		for i := len(live); i < want; i++ {
+		readyStay := countReady(stay, ready)
+		missing := max(want-len(stay)-len(moving), 0)
+		if len(moving) > 0 && readyStay == len(stay) {
+			missing++ // one replacement, only while none is in flight
+		}
+		for i := 0; i < missing; i++ {
 			best := pick(nodes, perNode, m)
 			if best == nil {
-				plan.Unplaceable[m.Name] = want - i
+				plan.Unplaceable[m.Name] = missing - i
 				break
 			}
 			gpus := slices.Clone(best.free[:m.GpusPerReplica])
@@ -103,6 +147,41 @@ func Reconcile(st *llmgwv1.State) Plan {
 		}
 	}
 	return plan
+}
+
+func countReady(rs []*llmgwv1.Replica, ready func(*llmgwv1.Replica) bool) int {
+	n := 0
+	for _, r := range rs {
+		if ready(r) {
+			n++
+		}
+	}
+	return n
+}
+
+func ref(r *llmgwv1.Replica) *llmgwv1.Replica {
+	return &llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node}
+}
+
+func orFalse(f func(*llmgwv1.Replica) bool) func(*llmgwv1.Replica) bool {
+	if f == nil {
+		return func(*llmgwv1.Replica) bool { return false }
+	}
+	return f
+}
+
+// sortedReplicas returns a model's replicas by ordinal, then id.
+func sortedReplicas(all []*llmgwv1.Replica, model string) []*llmgwv1.Replica {
+	var out []*llmgwv1.Replica
+	for _, r := range all {
+		if r.Model == model {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *llmgwv1.Replica) int {
+		return cmp.Or(cmp.Compare(ordinal(a.Id, model), ordinal(b.Id, model)), cmp.Compare(a.Id, b.Id))
+	})
+	return out
 }
 
 func pick(nodes map[string]*nodeFree, perNode map[string]int, m *llmgwv1.Model) *nodeFree {
@@ -136,8 +215,8 @@ func Matches(n *llmgwv1.Node, selector map[string]string) bool {
 	return true
 }
 
-// ordinal is the number after "<model>-" in a replica id; ids that do not
-// have one sort last-removed (-1).
+// ordinal is the number after "<model>-" in a replica id; ids without one
+// sort first, so they are drained last (-1).
 func ordinal(id, model string) int64 {
 	s, ok := strings.CutPrefix(id, model+"-")
 	if !ok {
