@@ -612,6 +612,9 @@ type Node struct {
 	// The agent's own HTTP address (metrics, health), host:port.
 	AgentHttpAddr string `protobuf:"bytes,7,opt,name=agent_http_addr,json=agentHttpAddr,proto3" json:"agent_http_addr,omitempty"`
 	Revision      uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The agent's gRPC address (LoadService), host:port; routers subscribe
+	// to it for load snapshots (plan §6).
+	AgentGrpcAddr string `protobuf:"bytes,9,opt,name=agent_grpc_addr,json=agentGrpcAddr,proto3" json:"agent_grpc_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -700,6 +703,13 @@ func (x *Node) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *Node) GetAgentGrpcAddr() string {
+	if x != nil {
+		return x.AgentGrpcAddr
+	}
+	return ""
 }
 
 // Shard is one process of a replica. Rank 0 is the leader: it serves HTTP
@@ -2415,7 +2425,10 @@ func (x *WatchRequest) GetClientId() string {
 }
 
 // Change is one object put or deleted at a revision. On delete only the
-// object's key (model name, node id, replica id) is set.
+// object's key (model name, node id, replica id) is set. One command may
+// change several objects, so several changes can share a revision; a batch
+// of changes ends with a RevisionMark, and a client's revision advances
+// only there.
 type Change struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
@@ -3397,6 +3410,220 @@ func (x *ClusterStatusResponse) GetServerId() string {
 	return ""
 }
 
+type LoadSubscribeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadSubscribeRequest) Reset() {
+	*x = LoadSubscribeRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadSubscribeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadSubscribeRequest) ProtoMessage() {}
+
+func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
+func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *LoadSubscribeRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+// ReplicaLoad is one engine's load as last read, keyed like everything per
+// replica by (uid, incarnation).
+type ReplicaLoad struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ReplicaId   string                 `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	Uid         uint64                 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// vllm:num_requests_waiting, vllm:num_requests_running and
+	// vllm:kv_cache_usage_perc (0..1), or llama.cpp's equivalents.
+	Waiting float64 `protobuf:"fixed64,4,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Running float64 `protobuf:"fixed64,5,opt,name=running,proto3" json:"running,omitempty"`
+	KvUsage float64 `protobuf:"fixed64,6,opt,name=kv_usage,json=kvUsage,proto3" json:"kv_usage,omitempty"`
+	// When the engine was last read successfully; a reading older than a few
+	// intervals counts as saturated.
+	ScrapedUnixNano int64 `protobuf:"varint,7,opt,name=scraped_unix_nano,json=scrapedUnixNano,proto3" json:"scraped_unix_nano,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ReplicaLoad) Reset() {
+	*x = ReplicaLoad{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaLoad) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaLoad) ProtoMessage() {}
+
+func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
+func (*ReplicaLoad) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ReplicaLoad) GetReplicaId() string {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return ""
+}
+
+func (x *ReplicaLoad) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *ReplicaLoad) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *ReplicaLoad) GetWaiting() float64 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *ReplicaLoad) GetRunning() float64 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *ReplicaLoad) GetKvUsage() float64 {
+	if x != nil {
+		return x.KvUsage
+	}
+	return 0
+}
+
+func (x *ReplicaLoad) GetScrapedUnixNano() int64 {
+	if x != nil {
+		return x.ScrapedUnixNano
+	}
+	return 0
+}
+
+type LoadSnapshot struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Node     string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	UnixNano int64                  `protobuf:"varint,2,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	// Every replica the agent runs, whole each time: a snapshot replaces the
+	// previous one.
+	Replicas []*ReplicaLoad `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	// How often the agent reads its engines, so the router can judge
+	// staleness.
+	IntervalNanos int64 `protobuf:"varint,4,opt,name=interval_nanos,json=intervalNanos,proto3" json:"interval_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadSnapshot) Reset() {
+	*x = LoadSnapshot{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadSnapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadSnapshot) ProtoMessage() {}
+
+func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
+func (*LoadSnapshot) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *LoadSnapshot) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *LoadSnapshot) GetUnixNano() int64 {
+	if x != nil {
+		return x.UnixNano
+	}
+	return 0
+}
+
+func (x *LoadSnapshot) GetReplicas() []*ReplicaLoad {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *LoadSnapshot) GetIntervalNanos() int64 {
+	if x != nil {
+		return x.IntervalNanos
+	}
+	return 0
+}
+
 var File_llmgw_v1_llmgw_proto protoreflect.FileDescriptor
 
 const file_llmgw_v1_llmgw_proto_rawDesc = "" +
@@ -3440,7 +3667,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\brevision\x18\x12 \x01(\x04R\brevision\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xbc\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe4\x02\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
@@ -3449,7 +3676,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aversion\x18\x05 \x01(\tR\aversion\x12)\n" +
 	"\x05state\x18\x06 \x01(\x0e2\x13.llmgw.v1.NodeStateR\x05state\x12&\n" +
 	"\x0fagent_http_addr\x18\a \x01(\tR\ragentHttpAddr\x12\x1a\n" +
-	"\brevision\x18\b \x01(\x04R\brevision\x1a9\n" +
+	"\brevision\x18\b \x01(\x04R\brevision\x12&\n" +
+	"\x0fagent_grpc_addr\x18\t \x01(\tR\ragentGrpcAddr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
@@ -3633,7 +3861,23 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x121\n" +
 	"\aservers\x18\x02 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x1b\n" +
-	"\tserver_id\x18\x04 \x01(\tR\bserverId*l\n" +
+	"\tserver_id\x18\x04 \x01(\tR\bserverId\"3\n" +
+	"\x14LoadSubscribeRequest\x12\x1b\n" +
+	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xdb\x01\n" +
+	"\vReplicaLoad\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x18\n" +
+	"\awaiting\x18\x04 \x01(\x01R\awaiting\x12\x18\n" +
+	"\arunning\x18\x05 \x01(\x01R\arunning\x12\x19\n" +
+	"\bkv_usage\x18\x06 \x01(\x01R\akvUsage\x12*\n" +
+	"\x11scraped_unix_nano\x18\a \x01(\x03R\x0fscrapedUnixNano\"\x99\x01\n" +
+	"\fLoadSnapshot\x12\x12\n" +
+	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
+	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\x121\n" +
+	"\breplicas\x18\x03 \x03(\v2\x15.llmgw.v1.ReplicaLoadR\breplicas\x12%\n" +
+	"\x0einterval_nanos\x18\x04 \x01(\x03R\rintervalNanos*l\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
@@ -3674,7 +3918,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"ListModels\x12\x15.llmgw.v1.ListRequest\x1a\x1c.llmgw.v1.ListModelsResponse\x12?\n" +
 	"\tListNodes\x12\x15.llmgw.v1.ListRequest\x1a\x1b.llmgw.v1.ListNodesResponse\x12E\n" +
 	"\fListReplicas\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListReplicasResponse\x12P\n" +
-	"\rClusterStatus\x12\x1e.llmgw.v1.ClusterStatusRequest\x1a\x1f.llmgw.v1.ClusterStatusResponseB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
+	"\rClusterStatus\x12\x1e.llmgw.v1.ClusterStatusRequest\x1a\x1f.llmgw.v1.ClusterStatusResponse2T\n" +
+	"\vLoadService\x12E\n" +
+	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x01B/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
 
 var (
 	file_llmgw_v1_llmgw_proto_rawDescOnce sync.Once
@@ -3689,7 +3935,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                    // 0: llmgw.v1.NodeState
 	(CommandType)(0),                  // 1: llmgw.v1.CommandType
@@ -3740,25 +3986,28 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*ListReplicasResponse)(nil),      // 46: llmgw.v1.ListReplicasResponse
 	(*ClusterStatusRequest)(nil),      // 47: llmgw.v1.ClusterStatusRequest
 	(*ClusterStatusResponse)(nil),     // 48: llmgw.v1.ClusterStatusResponse
-	nil,                               // 49: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                               // 50: llmgw.v1.Model.NodeSelectorEntry
-	nil,                               // 51: llmgw.v1.Node.LabelsEntry
-	nil,                               // 52: llmgw.v1.State.NextOrdinalEntry
-	nil,                               // 53: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*LoadSubscribeRequest)(nil),      // 49: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),               // 50: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),              // 51: llmgw.v1.LoadSnapshot
+	nil,                               // 52: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                               // 53: llmgw.v1.Model.NodeSelectorEntry
+	nil,                               // 54: llmgw.v1.Node.LabelsEntry
+	nil,                               // 55: llmgw.v1.State.NextOrdinalEntry
+	nil,                               // 56: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	49, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	50, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	52, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	53, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	5,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	4,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	51, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	54, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,  // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	8,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	6,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	7,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	9,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	10, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	52, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	55, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	1,  // 12: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
 	6,  // 13: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
 	7,  // 14: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
@@ -3797,32 +4046,35 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	6,  // 47: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
 	6,  // 48: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
 	7,  // 49: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	53, // 50: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	56, // 50: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
 	9,  // 51: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
 	21, // 52: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
 	45, // 53: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
 	23, // 54: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	26, // 55: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	32, // 56: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	38, // 57: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	40, // 58: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	42, // 59: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	42, // 60: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	42, // 61: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	47, // 62: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	29, // 63: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	37, // 64: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	39, // 65: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	41, // 66: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	43, // 67: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	44, // 68: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	46, // 69: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	48, // 70: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	63, // [63:71] is the sub-list for method output_type
-	55, // [55:63] is the sub-list for method input_type
-	55, // [55:55] is the sub-list for extension type_name
-	55, // [55:55] is the sub-list for extension extendee
-	0,  // [0:55] is the sub-list for field type_name
+	50, // 55: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	26, // 56: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	32, // 57: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	38, // 58: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	40, // 59: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	42, // 60: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	42, // 61: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	42, // 62: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	47, // 63: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	49, // 64: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	29, // 65: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	37, // 66: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	39, // 67: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	41, // 68: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	43, // 69: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	44, // 70: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	46, // 71: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	48, // 72: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	51, // 73: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	65, // [65:74] is the sub-list for method output_type
+	56, // [56:65] is the sub-list for method input_type
+	56, // [56:56] is the sub-list for extension type_name
+	56, // [56:56] is the sub-list for extension extendee
+	0,  // [0:56] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -3863,9 +4115,9 @@ func file_llmgw_v1_llmgw_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   50,
+			NumMessages:   53,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_llmgw_v1_llmgw_proto_goTypes,
 		DependencyIndexes: file_llmgw_v1_llmgw_proto_depIdxs,

@@ -525,3 +525,112 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "llmgw/v1/llmgw.proto",
 }
+
+const (
+	LoadService_Subscribe_FullMethodName = "/llmgw.v1.LoadService/Subscribe"
+)
+
+// LoadServiceClient is the client API for LoadService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type LoadServiceClient interface {
+	// Subscribe sends a snapshot of every replica on the node at once, then
+	// one per scrape interval.
+	Subscribe(ctx context.Context, in *LoadSubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LoadSnapshot], error)
+}
+
+type loadServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewLoadServiceClient(cc grpc.ClientConnInterface) LoadServiceClient {
+	return &loadServiceClient{cc}
+}
+
+func (c *loadServiceClient) Subscribe(ctx context.Context, in *LoadSubscribeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LoadSnapshot], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &LoadService_ServiceDesc.Streams[0], LoadService_Subscribe_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[LoadSubscribeRequest, LoadSnapshot]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LoadService_SubscribeClient = grpc.ServerStreamingClient[LoadSnapshot]
+
+// LoadServiceServer is the server API for LoadService service.
+// All implementations must embed UnimplementedLoadServiceServer
+// for forward compatibility.
+type LoadServiceServer interface {
+	// Subscribe sends a snapshot of every replica on the node at once, then
+	// one per scrape interval.
+	Subscribe(*LoadSubscribeRequest, grpc.ServerStreamingServer[LoadSnapshot]) error
+	mustEmbedUnimplementedLoadServiceServer()
+}
+
+// UnimplementedLoadServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedLoadServiceServer struct{}
+
+func (UnimplementedLoadServiceServer) Subscribe(*LoadSubscribeRequest, grpc.ServerStreamingServer[LoadSnapshot]) error {
+	return status.Error(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedLoadServiceServer) mustEmbedUnimplementedLoadServiceServer() {}
+func (UnimplementedLoadServiceServer) testEmbeddedByValue()                     {}
+
+// UnsafeLoadServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to LoadServiceServer will
+// result in compilation errors.
+type UnsafeLoadServiceServer interface {
+	mustEmbedUnimplementedLoadServiceServer()
+}
+
+func RegisterLoadServiceServer(s grpc.ServiceRegistrar, srv LoadServiceServer) {
+	// If the following call panics, it indicates UnimplementedLoadServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&LoadService_ServiceDesc, srv)
+}
+
+func _LoadService_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(LoadSubscribeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(LoadServiceServer).Subscribe(m, &grpc.GenericServerStream[LoadSubscribeRequest, LoadSnapshot]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type LoadService_SubscribeServer = grpc.ServerStreamingServer[LoadSnapshot]
+
+// LoadService_ServiceDesc is the grpc.ServiceDesc for LoadService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var LoadService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "llmgw.v1.LoadService",
+	HandlerType: (*LoadServiceServer)(nil),
+	Methods:     []grpc.MethodDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Subscribe",
+			Handler:       _LoadService_Subscribe_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "llmgw/v1/llmgw.proto",
+}
