@@ -19,8 +19,13 @@ type adminService struct {
 func (a *adminService) ApplyModel(ctx context.Context, req *llmgwv1.ApplyModelRequest) (*llmgwv1.ApplyModelResponse, error) {
 	// The same pure validation llmgwctl ran, so a bad model is refused
 	// before it costs a log entry; the FSM checks again when applying.
-	m := fsm.ModelDefaults(req.GetModel())
-	if err := fsm.ValidateModel(m); err != nil {
+	// What is proposed is the model as given: the FSM fills the cluster's
+	// defaults, then the built-in ones, at the revision it applies.
+	m := req.GetModel()
+	if m == nil {
+		return nil, toStatus(&fsm.ValidationError{Field: "model", Reason: "required"})
+	}
+	if err := fsm.ValidateModel(fsm.ModelDefaults(fsm.ClusterDefaults(m, a.s.fsm.Config()))); err != nil {
 		return nil, toStatus(err)
 	}
 	res, rev, err := a.s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL, &llmgwv1.UpsertModelCommand{Model: m})

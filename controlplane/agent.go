@@ -84,6 +84,11 @@ func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_Att
 	var (
 		lastSent []byte
 		applied  <-chan struct{}
+		// noLeaderSince is when this session first saw no leader (zero
+		// while there is one). A node without a leader for three election
+		// timeouts ends its sessions, so agents move to the majority side
+		// of a partition (plan §5.4).
+		noLeaderSince time.Time
 	)
 	for recompute := true; ; {
 		if recompute {
@@ -109,6 +114,14 @@ func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_Att
 		case now := <-hb.C:
 			if now.Sub(time.Unix(0, lastHeard.Load())) > s.cfg.AgentTimeout {
 				return status.Errorf(codes.Unavailable, "agent %s sent nothing for %s", nodeID, s.cfg.AgentTimeout)
+			}
+			switch {
+			case s.hasLeader():
+				noLeaderSince = time.Time{}
+			case noLeaderSince.IsZero():
+				noLeaderSince = now
+			case now.Sub(noLeaderSince) > 3*s.cfg.ElectionTimeout:
+				return status.Errorf(codes.Unavailable, "control node %s has had no leader for %s; attach elsewhere", s.cfg.NodeID, now.Sub(noLeaderSince).Round(time.Millisecond))
 			}
 			if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Heartbeat{Heartbeat: &llmgwv1.Heartbeat{UnixNano: now.UnixNano()}}}); err != nil {
 				return err

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
@@ -116,9 +117,13 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	// a graceful stop forever.
 	streams, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
-	gs := grpc.NewServer(grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-		return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
-	}))
+	gs := grpc.NewServer(
+		// Clients detect a dead server by application heartbeats (plan
+		// §5.6); their gRPC keepalives, if any, must not get them cut off.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
+		}))
 	llmgwv1.RegisterAgentServiceServer(gs, &agentService{s: s})
 	llmgwv1.RegisterWatchServiceServer(gs, &watchService{s: s})
 	llmgwv1.RegisterAdminServiceServer(gs, &adminService{s: s})

@@ -183,7 +183,7 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 	if p.Model == nil {
 		return nil, invalid("model", "required")
 	}
-	m := ModelDefaults(p.Model)
+	m := ModelDefaults(ClusterDefaults(p.Model, a.f.config))
 	if err := ValidateModel(m); err != nil {
 		return nil, err
 	}
@@ -366,6 +366,28 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 	a.f.config = c
 	a.put(c)
 	return proto.Clone(c), nil
+}
+
+// ClusterDefaults returns a copy of m with the cluster-wide defaults of c
+// filled in where m leaves them unset (plan §4 ClusterConfig): they take
+// precedence over ModelDefaults' built-in ones. Only kv_events models get a
+// block size from it, as ModelDefaults does.
+func ClusterDefaults(m *llmgwv1.Model, c *llmgwv1.ClusterConfig) *llmgwv1.Model {
+	out := proto.Clone(m).(*llmgwv1.Model)
+	if out.HashSeed == "" {
+		out.HashSeed = c.GetDefaultHashSeed()
+	}
+	if out.KvEvents && out.BlockSize == 0 {
+		out.BlockSize = c.GetDefaultBlockSize()
+	}
+	return out
+}
+
+// Config returns a copy of the cluster configuration.
+func (f *FSM) Config() *llmgwv1.ClusterConfig {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return proto.Clone(f.config).(*llmgwv1.ClusterConfig)
 }
 
 // Snapshot returns the whole state, deterministically marshaled with every

@@ -88,6 +88,23 @@ func TestCommands(t *testing.T) {
 					t.Fatalf("stored %v", m)
 				}
 			}},
+		{name: "cluster defaults come before built-in ones", cmd: func(t testing.TB) []byte {
+			return upsert(t, &llmgwv1.Model{Name: "b", Engine: "sim", Model: "m", Replicas: 1, KvEvents: true})
+		}, check: func(t *testing.T, f *FSM, _ any) {
+			m, _ := f.Model("b")
+			if m.HashSeed != "0" || m.BlockSize != 16 {
+				t.Fatalf("without cluster defaults: seed %q block %d", m.HashSeed, m.BlockSize)
+			}
+			if _, err := f.Apply(11, mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG, &llmgwv1.SetClusterConfigCommand{Config: &llmgwv1.ClusterConfig{DefaultHashSeed: "42", DefaultBlockSize: 32}})); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.Apply(12, upsert(t, &llmgwv1.Model{Name: "c", Engine: "sim", Model: "m", Replicas: 1, KvEvents: true})); err != nil {
+				t.Fatal(err)
+			}
+			if m, _ := f.Model("c"); m.HashSeed != "42" || m.BlockSize != 32 {
+				t.Fatalf("with cluster defaults: seed %q block %d", m.HashSeed, m.BlockSize)
+			}
+		}},
 		{name: "upsert validates again", cmd: func(t testing.TB) []byte { return upsert(t, &llmgwv1.Model{Name: "b", Engine: "sim", Model: "m"}) }, invalid: "replicas"},
 		{name: "adapter name taken by model", cmd: func(t testing.TB) []byte {
 			return upsert(t, &llmgwv1.Model{Name: "b", Engine: "sim", Model: "m", Replicas: 1, Adapters: []*llmgwv1.Adapter{{Name: "demo", Path: "/x"}}})
