@@ -1642,8 +1642,11 @@ type EphemeralUpdate struct {
 	Statuses []*ReplicaStatus `protobuf:"bytes,5,rep,name=statuses,proto3" json:"statuses,omitempty"`
 	// Replicas the agent no longer runs (delta only).
 	RemovedReplicas []string `protobuf:"bytes,6,rep,name=removed_replicas,json=removedReplicas,proto3" json:"removed_replicas,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// KV-cache block changes per replica (plan §7.5 tier 2). In a full copy
+	// every entry is a reset holding the replica's whole block set.
+	Kv            []*KVBlocks `protobuf:"bytes,7,rep,name=kv,proto3" json:"kv,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EphemeralUpdate) Reset() {
@@ -1718,6 +1721,123 @@ func (x *EphemeralUpdate) GetRemovedReplicas() []string {
 	return nil
 }
 
+func (x *EphemeralUpdate) GetKv() []*KVBlocks {
+	if x != nil {
+		return x.Kv
+	}
+	return nil
+}
+
+// KVBlocks is one replica's KV-cache change as the agent's mirror sees it:
+// net changes since the previous update, or a reset with the whole set.
+type KVBlocks struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ReplicaId   string                 `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	Uid         uint64                 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// Replace everything held for this replica with `stored` (new session,
+	// engine restart, AllBlocksCleared, or a full copy).
+	Reset_ bool `protobuf:"varint,4,opt,name=reset,proto3" json:"reset,omitempty"`
+	// Block hashes as vLLM's int events carry them: the low 64 bits of the
+	// canonical sha256_cbor digest.
+	Stored  []uint64 `protobuf:"fixed64,5,rep,packed,name=stored,proto3" json:"stored,omitempty"`
+	Removed []uint64 `protobuf:"fixed64,6,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	// The agent lost events it could not replay: the replica's KV state is
+	// not known until the engine restarts or clears its cache; routers use
+	// tier 1 for it.
+	Untrusted bool `protobuf:"varint,7,opt,name=untrusted,proto3" json:"untrusted,omitempty"`
+	// The engine's block size in tokens, to hash prompts the same way.
+	BlockSize     uint32 `protobuf:"varint,8,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KVBlocks) Reset() {
+	*x = KVBlocks{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KVBlocks) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KVBlocks) ProtoMessage() {}
+
+func (x *KVBlocks) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
+func (*KVBlocks) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *KVBlocks) GetReplicaId() string {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return ""
+}
+
+func (x *KVBlocks) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *KVBlocks) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *KVBlocks) GetReset_() bool {
+	if x != nil {
+		return x.Reset_
+	}
+	return false
+}
+
+func (x *KVBlocks) GetStored() []uint64 {
+	if x != nil {
+		return x.Stored
+	}
+	return nil
+}
+
+func (x *KVBlocks) GetRemoved() []uint64 {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+func (x *KVBlocks) GetUntrusted() bool {
+	if x != nil {
+		return x.Untrusted
+	}
+	return false
+}
+
+func (x *KVBlocks) GetBlockSize() uint32 {
+	if x != nil {
+		return x.BlockSize
+	}
+	return 0
+}
+
 // ControlServer describes one control-plane node, so clients can fail over
 // (plan §5.6).
 type ControlServer struct {
@@ -1736,7 +1856,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1868,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1881,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ControlServer) GetId() string {
@@ -1829,7 +1949,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1961,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1974,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -1879,7 +1999,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1891,7 +2011,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1904,7 +2024,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -1942,7 +2062,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1954,7 +2074,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1967,7 +2087,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -2039,7 +2159,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2051,7 +2171,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2064,7 +2184,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -2101,7 +2221,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2113,7 +2233,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2126,7 +2246,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -2166,7 +2286,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2298,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2311,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -2291,7 +2411,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2423,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2436,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -2335,7 +2455,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2347,7 +2467,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2360,7 +2480,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -2382,7 +2502,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2394,7 +2514,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2407,7 +2527,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -2446,7 +2566,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2578,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2591,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -2570,7 +2690,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2582,7 +2702,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2595,7 +2715,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -2614,7 +2734,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2626,7 +2746,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2639,7 +2759,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -2660,7 +2780,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2672,7 +2792,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2685,7 +2805,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -2713,7 +2833,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +2845,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +2858,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -2866,7 +2986,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2878,7 +2998,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2891,7 +3011,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -2911,7 +3031,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2923,7 +3043,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2936,7 +3056,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -2962,7 +3082,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3094,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3107,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -3006,7 +3126,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3018,7 +3138,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3031,7 +3151,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -3051,7 +3171,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3183,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3196,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -3096,7 +3216,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3108,7 +3228,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3121,7 +3241,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -3150,7 +3270,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3162,7 +3282,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3175,7 +3295,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -3211,7 +3331,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3223,7 +3343,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3236,7 +3356,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -3263,7 +3383,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3275,7 +3395,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3288,7 +3408,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -3313,7 +3433,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3325,7 +3445,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3338,7 +3458,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 type ClusterStatusResponse struct {
@@ -3354,7 +3474,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3366,7 +3486,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3379,7 +3499,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -3419,7 +3539,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3431,7 +3551,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3444,7 +3564,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -3475,7 +3595,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3487,7 +3607,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3500,7 +3620,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -3568,7 +3688,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3580,7 +3700,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3593,7 +3713,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -3749,14 +3869,26 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x11updated_unix_nano\x18\t \x01(\x03R\x0fupdatedUnixNano\x12\x10\n" +
 	"\x03pid\x18\n" +
 	" \x01(\x05R\x03pid\x12\x1a\n" +
-	"\brestarts\x18\v \x01(\rR\brestarts\"\xcd\x01\n" +
+	"\brestarts\x18\v \x01(\rR\brestarts\"\xeb\x01\n" +
 	"\x0fEphemeralUpdate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04full\x18\x04 \x01(\bR\x04full\x123\n" +
 	"\bstatuses\x18\x05 \x03(\v2\x17.llmgw.v1.ReplicaStatusR\bstatuses\x12)\n" +
-	"\x10removed_replicas\x18\x06 \x03(\tR\x0fremovedReplicasJ\x04\b\a\x10\bJ\x04\b\b\x10\t\"\xdf\x01\n" +
+	"\x10removed_replicas\x18\x06 \x03(\tR\x0fremovedReplicas\x12\"\n" +
+	"\x02kv\x18\a \x03(\v2\x12.llmgw.v1.KVBlocksR\x02kvJ\x04\b\b\x10\t\"\xe2\x01\n" +
+	"\bKVBlocks\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x14\n" +
+	"\x05reset\x18\x04 \x01(\bR\x05reset\x12\x16\n" +
+	"\x06stored\x18\x05 \x03(\x06R\x06stored\x12\x18\n" +
+	"\aremoved\x18\x06 \x03(\x06R\aremoved\x12\x1c\n" +
+	"\tuntrusted\x18\a \x01(\bR\tuntrusted\x12\x1d\n" +
+	"\n" +
+	"block_size\x18\b \x01(\rR\tblockSize\"\xdf\x01\n" +
 	"\rControlServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
@@ -3935,7 +4067,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                    // 0: llmgw.v1.NodeState
 	(CommandType)(0),                  // 1: llmgw.v1.CommandType
@@ -3960,54 +4092,55 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*SetClusterConfigCommand)(nil),   // 20: llmgw.v1.SetClusterConfigCommand
 	(*ReplicaStatus)(nil),             // 21: llmgw.v1.ReplicaStatus
 	(*EphemeralUpdate)(nil),           // 22: llmgw.v1.EphemeralUpdate
-	(*ControlServer)(nil),             // 23: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                 // 24: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                // 25: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),              // 26: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                   // 27: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),           // 28: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),            // 29: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),           // 30: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                // 31: llmgw.v1.ServerList
-	(*WatchRequest)(nil),              // 32: llmgw.v1.WatchRequest
-	(*Change)(nil),                    // 33: llmgw.v1.Change
-	(*SnapshotBegin)(nil),             // 34: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),               // 35: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),              // 36: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                // 37: llmgw.v1.WatchEvent
-	(*ApplyModelRequest)(nil),         // 38: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),        // 39: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),        // 40: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),       // 41: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),               // 42: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),        // 43: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),         // 44: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),               // 45: llmgw.v1.ReplicaView
-	(*ListReplicasResponse)(nil),      // 46: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),      // 47: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),     // 48: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),      // 49: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),               // 50: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),              // 51: llmgw.v1.LoadSnapshot
-	nil,                               // 52: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                               // 53: llmgw.v1.Model.NodeSelectorEntry
-	nil,                               // 54: llmgw.v1.Node.LabelsEntry
-	nil,                               // 55: llmgw.v1.State.NextOrdinalEntry
-	nil,                               // 56: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*KVBlocks)(nil),                  // 23: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),             // 24: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                 // 25: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                // 26: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),              // 27: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                   // 28: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),           // 29: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),            // 30: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),           // 31: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                // 32: llmgw.v1.ServerList
+	(*WatchRequest)(nil),              // 33: llmgw.v1.WatchRequest
+	(*Change)(nil),                    // 34: llmgw.v1.Change
+	(*SnapshotBegin)(nil),             // 35: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),               // 36: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),              // 37: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                // 38: llmgw.v1.WatchEvent
+	(*ApplyModelRequest)(nil),         // 39: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),        // 40: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),        // 41: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),       // 42: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),               // 43: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),        // 44: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),         // 45: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),               // 46: llmgw.v1.ReplicaView
+	(*ListReplicasResponse)(nil),      // 47: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),      // 48: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),     // 49: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),      // 50: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),               // 51: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),              // 52: llmgw.v1.LoadSnapshot
+	nil,                               // 53: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                               // 54: llmgw.v1.Model.NodeSelectorEntry
+	nil,                               // 55: llmgw.v1.Node.LabelsEntry
+	nil,                               // 56: llmgw.v1.State.NextOrdinalEntry
+	nil,                               // 57: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	52, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	53, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	53, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	54, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	5,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	4,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	54, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	55, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,  // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	8,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	6,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	7,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	9,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	10, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	55, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	56, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	1,  // 12: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
 	6,  // 13: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
 	7,  // 14: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
@@ -4016,65 +4149,66 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	10, // 17: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
 	2,  // 18: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
 	21, // 19: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	7,  // 20: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	21, // 21: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	25, // 22: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	22, // 23: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	24, // 24: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	23, // 25: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	9,  // 26: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	6,  // 27: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	27, // 28: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	28, // 29: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	24, // 30: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	30, // 31: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	31, // 32: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	23, // 33: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	3,  // 34: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	6,  // 35: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	7,  // 36: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	9,  // 37: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	10, // 38: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	34, // 39: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	33, // 40: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	35, // 41: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	22, // 42: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	31, // 43: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	24, // 44: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	36, // 45: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	6,  // 46: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	6,  // 47: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	6,  // 48: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	7,  // 49: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	56, // 50: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	9,  // 51: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	21, // 52: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	45, // 53: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	23, // 54: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	50, // 55: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	26, // 56: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	32, // 57: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	38, // 58: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	40, // 59: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	42, // 60: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	42, // 61: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	42, // 62: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	47, // 63: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	49, // 64: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	29, // 65: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	37, // 66: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	39, // 67: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	41, // 68: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	43, // 69: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	44, // 70: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	46, // 71: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	48, // 72: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	51, // 73: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	65, // [65:74] is the sub-list for method output_type
-	56, // [56:65] is the sub-list for method input_type
-	56, // [56:56] is the sub-list for extension type_name
-	56, // [56:56] is the sub-list for extension extendee
-	0,  // [0:56] is the sub-list for field type_name
+	23, // 20: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	7,  // 21: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	21, // 22: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	26, // 23: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	22, // 24: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	25, // 25: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	24, // 26: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	9,  // 27: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	6,  // 28: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	28, // 29: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	29, // 30: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	25, // 31: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	31, // 32: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	32, // 33: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	24, // 34: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	3,  // 35: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	6,  // 36: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	7,  // 37: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	9,  // 38: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	10, // 39: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	35, // 40: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	34, // 41: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	36, // 42: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	22, // 43: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	32, // 44: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	25, // 45: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	37, // 46: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	6,  // 47: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	6,  // 48: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	6,  // 49: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	7,  // 50: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	57, // 51: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	9,  // 52: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	21, // 53: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	46, // 54: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	24, // 55: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	51, // 56: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	27, // 57: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	33, // 58: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	39, // 59: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	41, // 60: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	43, // 61: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	43, // 62: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	43, // 63: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	48, // 64: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	50, // 65: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	30, // 66: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	38, // 67: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	40, // 68: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	42, // 69: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	44, // 70: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	45, // 71: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	47, // 72: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	49, // 73: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	52, // 74: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	66, // [66:75] is the sub-list for method output_type
+	57, // [57:66] is the sub-list for method input_type
+	57, // [57:57] is the sub-list for extension type_name
+	57, // [57:57] is the sub-list for extension extendee
+	0,  // [0:57] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -4082,25 +4216,25 @@ func file_llmgw_v1_llmgw_proto_init() {
 	if File_llmgw_v1_llmgw_proto != nil {
 		return
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[22].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[23].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[25].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[26].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[29].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[30].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
 		(*Change_Config)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[33].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[34].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -4115,7 +4249,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   53,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   4,
 		},
