@@ -38,7 +38,7 @@ func openRaft(cfg Config, f *fsm.FSM, log *slog.Logger, m *metrics, fatal func(e
 	if err := os.MkdirAll(filepath.Join(dir, "snapshots"), 0o750); err != nil {
 		return nil, fmt.Errorf("create raft dir: %w", err)
 	}
-	hlog := newHCLogger(log.With("component", "raft"))
+	hlog := newHCLogger(log.With("subsystem", "raft"))
 	store, err := raftboltdb.New(raftboltdb.Options{
 		Path: filepath.Join(dir, "raft.db"),
 		// The freelist is rewritten on every commit otherwise, and the log
