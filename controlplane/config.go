@@ -20,62 +20,62 @@ import (
 type Config struct {
 	// NodeID names this server in Raft and to clients; stable across
 	// restarts.
-	NodeID string
+	NodeID string `yaml:"node_id"`
 	// DataDir holds the Raft log, stable store and snapshots.
-	DataDir string
+	DataDir string `yaml:"data_dir"`
 	// GRPCAddr serves AgentService, WatchService and AdminService.
-	GRPCAddr string
+	GRPCAddr string `yaml:"grpc_addr"`
 	// RaftAddr is Raft's TCP transport; it must be reachable by the other
 	// servers (not a wildcard address).
-	RaftAddr string
+	RaftAddr string `yaml:"raft_addr"`
 	// GossipAddr is reserved for memberlist (plan §5.4, HA issue).
-	GossipAddr string
+	GossipAddr string `yaml:"gossip_addr"`
 	// HTTPAddr serves /metrics, /healthz and /readyz.
-	HTTPAddr string
+	HTTPAddr string `yaml:"http_addr"`
 	// Bootstrap starts a single-node cluster when there is no Raft state.
-	Bootstrap bool
+	Bootstrap bool `yaml:"bootstrap"`
 	// BootstrapExpect and Join are the HA bootstrap (plan §5.2): accepted
 	// by the flags, refused by Validate until the HA issue lands.
-	BootstrapExpect int
-	Join            []string
+	BootstrapExpect int      `yaml:"bootstrap_expect"`
+	Join            []string `yaml:"join"`
 	// Version is this build's version, reported to clients.
-	Version string
+	Version string `yaml:"-"`
 
 	// Raft timings (plan §5.1): the library's 1 s defaults measured p99
 	// 2.6 s to a new leader on a LAN.
-	HeartbeatTimeout   time.Duration
-	ElectionTimeout    time.Duration
-	LeaderLeaseTimeout time.Duration
+	HeartbeatTimeout   time.Duration `yaml:"heartbeat_timeout"`
+	ElectionTimeout    time.Duration `yaml:"election_timeout"`
+	LeaderLeaseTimeout time.Duration `yaml:"leader_lease_timeout"`
 
 	// HeartbeatInterval is how often sessions and watch streams get an
 	// application heartbeat (plan §5.6: gRPC keepalive cannot go below
 	// 10 s). AgentTimeout ends an agent session that sent nothing for that
 	// long (default three heartbeats).
-	HeartbeatInterval time.Duration
-	AgentTimeout      time.Duration
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	AgentTimeout      time.Duration `yaml:"agent_timeout"`
 	// WatchWait is how long Watch waits for its from_revision to be applied
 	// before answering UNAVAILABLE.
-	WatchWait time.Duration
+	WatchWait time.Duration `yaml:"watch_wait"`
 	// WatchQueue bounds each watcher's queue of ephemeral updates; a
 	// watcher that fills it is disconnected and resumes.
-	WatchQueue int
+	WatchQueue int `yaml:"watch_queue"`
 	// ReconcileInterval is how often the leader re-runs placement without a
 	// state change (to retry what did not fit).
-	ReconcileInterval time.Duration
+	ReconcileInterval time.Duration `yaml:"reconcile_interval"`
 	// ApplyTimeout bounds one Raft proposal.
-	ApplyTimeout time.Duration
+	ApplyTimeout time.Duration `yaml:"apply_timeout"`
 
 	// NodeDownAfter is how long an ACTIVE node may have no agent session
 	// before the leader marks it DOWN; counted from the later of the
 	// session's end and the leader's election (plan §5.4: a failover never
 	// reschedules replicas that are still serving).
-	NodeDownAfter time.Duration
+	NodeDownAfter time.Duration `yaml:"node_down_after"`
 	// RescheduleAfter is how long a node stays DOWN before its replicas are
 	// placed elsewhere (plan §5.5).
-	RescheduleAfter time.Duration
+	RescheduleAfter time.Duration `yaml:"reschedule_after"`
 	// DrainTimeout is how long a draining replica may take to stop before
 	// it is removed anyway.
-	DrainTimeout time.Duration
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
 }
 
 // DefaultConfig returns the defaults for one node on loopback, as

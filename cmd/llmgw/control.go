@@ -2,19 +2,27 @@ package main
 
 import (
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/llmgw/llmgw/controlplane"
 )
 
-// newControlCmd runs one control-plane node (plan §2, §5).
+// newControlCmd runs one control-plane node (plan §2, §5). Values come from
+// the defaults, then --config's YAML file, then the flags given.
 func newControlCmd() *cobra.Command {
 	cfg := controlplane.DefaultConfig()
-	cfg.Version = version
+	var configFile string
 	cmd := &cobra.Command{
 		Use:   "control",
 		Short: "Run a control-plane node: Raft member and gRPC server for agents, routers and llmgwctl",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configFile != "" {
+				if err := loadUnderFlags(cmd.Flags(), configFile, &cfg); err != nil {
+					return err
+				}
+			}
+			cfg.Version = version
 			// There is no lease flag: the lease follows a lowered heartbeat
 			// timeout at raft's own ratio, rather than fail validation.
 			if cfg.LeaderLeaseTimeout > cfg.HeartbeatTimeout {
@@ -34,6 +42,7 @@ func newControlCmd() *cobra.Command {
 		},
 	}
 	f := cmd.Flags()
+	f.StringVar(&configFile, "config", "", "YAML configuration file (keys as the flags, with underscores); flags override it")
 	f.StringVar(&cfg.NodeID, "node-id", cfg.NodeID, "this server's id in Raft; stable across restarts (required)")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory for the Raft log and snapshots")
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "address for agents, routers and llmgwctl (host:port)")
@@ -47,4 +56,37 @@ func newControlCmd() *cobra.Command {
 	f.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "Raft election timeout")
 	cmd.MarkFlagsMutuallyExclusive("bootstrap", "bootstrap-expect")
 	return cmd
+}
+
+// loadUnderFlags decodes the file into cfg, which the flags are bound to,
+// then sets the flags given on the command line again, so they win.
+func loadUnderFlags(fs *pflag.FlagSet, path string, cfg *controlplane.Config) error {
+	type given struct {
+		flag  *pflag.Flag
+		value string
+		slice []string
+	}
+	var set []given
+	fs.Visit(func(f *pflag.Flag) {
+		g := given{flag: f, value: f.Value.String()}
+		if sv, ok := f.Value.(pflag.SliceValue); ok {
+			g.slice = append([]string(nil), sv.GetSlice()...)
+		}
+		set = append(set, g)
+	})
+	if err := controlplane.LoadConfigFile(path, cfg); err != nil {
+		return err
+	}
+	for _, g := range set {
+		if sv, ok := g.flag.Value.(pflag.SliceValue); ok {
+			if err := sv.Replace(g.slice); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := g.flag.Value.Set(g.value); err != nil {
+			return err
+		}
+	}
+	return nil
 }
