@@ -63,10 +63,11 @@ type nodeFree struct {
 //     (so the result does not depend on map order);
 //   - extra replicas are drained, highest ordinal first (the newest go
 //     first, so ids stay low and stable);
-//   - replicas on DRAINING nodes move one at a time: one replacement is
-//     placed while every other replica is ready, and the moving replicas
-//     are drained once the model has its count ready elsewhere — capacity
-//     never dips during a move;
+//   - replicas that must move (on a DRAINING node, off the node_selector,
+//     of another size than gpus_per_replica) move one at a time: one
+//     replacement is placed while every other replica is ready, and the
+//     moving replicas are drained once the model has its count ready
+//     elsewhere — capacity never dips during a move;
 //   - engine "external" runs nothing on the nodes and is left alone.
 func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)
@@ -108,7 +109,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 				if drained(r) {
 					plan.Remove = append(plan.Remove, ref(r))
 				}
-			case nodeByID[r.Node].GetState() == llmgwv1.NodeState_NODE_STATE_DRAINING:
+			case misplaced(r, m, nodeByID[r.Node]):
 				moving = append(moving, r)
 				perNode[r.Node]++
 			default:
@@ -147,6 +148,15 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 		}
 	}
 	return plan
+}
+
+// misplaced reports whether a replica must move, one at a time like any
+// move: its node is draining (or gone), no longer matches the model's
+// node_selector, or the model now wants another number of GPUs per replica.
+// So re-applying a model with a new selector or size rolls its replicas.
+func misplaced(r *llmgwv1.Replica, m *llmgwv1.Model, n *llmgwv1.Node) bool {
+	return n == nil || n.State == llmgwv1.NodeState_NODE_STATE_DRAINING ||
+		!Matches(n, m.NodeSelector) || len(r.GpuIndices) != int(m.GpusPerReplica)
 }
 
 func countReady(rs []*llmgwv1.Replica, ready func(*llmgwv1.Replica) bool) int {

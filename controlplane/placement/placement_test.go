@@ -121,6 +121,18 @@ func TestReconcile(t *testing.T) {
 			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{drainingNode, node("b", 4)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0), replica("m-3", "m", "b", 4, 1)}},
 			Inputs{Ready: func(r *llmgwv1.Replica) bool { return r.Node == "b" }}, "~m-0 ~m-1 "},
+		{"a new node_selector rolls replicas to matching nodes",
+			&llmgwv1.State{Models: []*llmgwv1.Model{selective}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2, "gpu", "a100")},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1)}},
+			Inputs{}, "+m@b[0] "},
+		{"a new size rolls replicas",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 1, 2)}, Nodes: []*llmgwv1.Node{node("a", 4)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0)}},
+			Inputs{}, "+m@a[1 2] "},
+		{"the old size drains once the new one is ready",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 1, 2)}, Nodes: []*llmgwv1.Node{node("a", 4)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1, 2)}},
+			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, "~m-0 "},
 		{"external places nothing", &llmgwv1.State{Models: []*llmgwv1.Model{ext}, Nodes: []*llmgwv1.Node{node("a", 4)}}, Inputs{}, ""},
 	}
 	for _, tt := range tests {
