@@ -50,16 +50,19 @@ func (s *Server) placeWhileLeading(ctx context.Context) {
 	defer t.Stop()
 	for {
 		_, applied := s.fsm.Applied()
-		failed := s.reconcileOnce(ctx, term)
-		if failed {
+		// Readiness moves rolling placements on, so status changes wake
+		// this loop too.
+		statusChanged := s.eph.Changed()
+		if s.reconcileOnce(ctx, term) {
 			// A refused decision would be recomputed identically on the
 			// revision its refusal made; wait for the tick instead.
-			applied = nil
+			applied, statusChanged = nil, nil
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-applied:
+		case <-statusChanged:
 		case <-t.C:
 		}
 	}

@@ -60,11 +60,21 @@ type Store struct {
 	mu    sync.Mutex
 	nodes map[string]*nodeData
 	subs  map[*Subscription]struct{}
+	// changed is closed (and replaced) at every accepted update, for
+	// readers that only need to know that something changed.
+	changed chan struct{}
 }
 
 // NewStore returns an empty store.
 func NewStore() *Store {
-	return &Store{nodes: map[string]*nodeData{}, subs: map[*Subscription]struct{}{}}
+	return &Store{nodes: map[string]*nodeData{}, subs: map[*Subscription]struct{}{}, changed: make(chan struct{})}
+}
+
+// Changed returns a channel closed at the next accepted update.
+func (s *Store) Changed() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
 }
 
 // Apply applies u by the acceptance rule and, when accepted, queues it
@@ -96,6 +106,8 @@ func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
 	for sub := range s.subs {
 		sub.offer(proto.Clone(u).(*llmgwv1.EphemeralUpdate))
 	}
+	close(s.changed)
+	s.changed = make(chan struct{})
 	return Accepted
 }
 

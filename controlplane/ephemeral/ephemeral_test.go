@@ -59,7 +59,20 @@ func TestAcceptanceRule(t *testing.T) {
 
 func TestFullCopyReplacesAndDeltasMerge(t *testing.T) {
 	s := NewStore()
+	changed := s.Changed()
 	s.Apply(upd(1, 1, true, "a", "b"))
+	select {
+	case <-changed:
+	default:
+		t.Fatal("Changed not closed by an accepted update")
+	}
+	changed = s.Changed()
+	s.Apply(upd(1, 1, true, "a", "b")) // stale
+	select {
+	case <-changed:
+		t.Fatal("Changed closed by a dropped update")
+	default:
+	}
 	d := upd(1, 2, false, "c")
 	d.RemovedReplicas = []string{"a"}
 	s.Apply(d)
