@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -48,7 +49,7 @@ func toStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, fsm.ErrConflict):
 		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.As(err, &nl), errors.Is(err, errStopped), errors.Is(err, errCatchingUp):
+	case errors.As(err, &nl), errors.Is(err, errStopped), errors.Is(err, errCatchingUp), errors.Is(err, raft.ErrEnqueueTimeout):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())

@@ -354,10 +354,8 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 	if p.Config != nil {
 		c = proto.Clone(p.Config).(*llmgwv1.ClusterConfig)
 	}
-	if c.DefaultHashSeed != "" {
-		if err := ValidateModel(&llmgwv1.Model{Name: "x", Engine: "external", Endpoints: []string{"http://x"}, HashSeed: c.DefaultHashSeed}); err != nil {
-			return nil, invalid("default_hash_seed", "must be a decimal in 0..4294967295, got %q", c.DefaultHashSeed)
-		}
+	if c.DefaultHashSeed != "" && !validHashSeed(c.DefaultHashSeed) {
+		return nil, invalid("default_hash_seed", "must be a decimal in 0..4294967295, got %q", c.DefaultHashSeed)
 	}
 	if c.DefaultBlockSize != 0 && !slices.Contains(BlockSizes, c.DefaultBlockSize) {
 		return nil, invalid("default_block_size", "must be one of %s, got %d", uintList(BlockSizes), c.DefaultBlockSize)

@@ -141,7 +141,7 @@ func ValidateModel(m *llmgwv1.Model) error {
 		return invalid("block_size", "must be one of %s, got %d", uintList(BlockSizes), m.BlockSize)
 	}
 	if m.HashSeed != "" {
-		if _, err := strconv.ParseUint(m.HashSeed, 10, 32); err != nil || strings.TrimLeft(m.HashSeed, "0123456789") != "" {
+		if !validHashSeed(m.HashSeed) {
 			return invalid("hash_seed", "must be a decimal in 0..4294967295 (as PYTHONHASHSEED requires), got %q", m.HashSeed)
 		}
 	}
@@ -157,6 +157,13 @@ func ValidateModel(m *llmgwv1.Model) error {
 		}
 	}
 	return validateEndpoints(m)
+}
+
+// validHashSeed reports whether s is what Python accepts as PYTHONHASHSEED:
+// decimal digits only, 0..4294967295.
+func validHashSeed(s string) bool {
+	_, err := strconv.ParseUint(s, 10, 32)
+	return err == nil && strings.TrimLeft(s, "0123456789") == ""
 }
 
 func validateOverrides(o *llmgwv1.ProfileOverrides) error {
