@@ -347,7 +347,15 @@ func TestServerEndToEnd(t *testing.T) {
 	}
 
 	// HTTP: ready, healthy, metrics from our own registry.
-	for path, want := range map[string]string{"/readyz": "ready", "/healthz": "ok", "/metrics": "llmgw_control_raft_has_leader 1"} {
+	for _, c := range []struct{ path, want string }{
+		{"/readyz", "ready"}, {"/healthz", "ok"},
+		{"/metrics", "llmgw_control_raft_has_leader 1"},
+		{"/metrics", "llmgw_control_agent_sessions 1"},
+		{"/metrics", `llmgw_control_ephemeral_updates_total{verdict="gap"} 1`},
+		{"/metrics", `llmgw_control_ephemeral_updates_total{verdict="accepted"} 3`},
+		{"/metrics", `llmgw_control_placement_decisions_total{action="place",result="ok"} 2`},
+	} {
+		path, want := c.path, c.want
 		resp, err := http.Get("http://" + r.srv.HTTPAddr() + path)
 		if err != nil {
 			t.Fatal(err)
