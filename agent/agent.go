@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/agent/load"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -36,6 +38,7 @@ type Agent struct {
 
 	mu       sync.Mutex
 	httpAddr string
+	grpcAddr string
 }
 
 // New checks cfg and returns an agent; it starts nothing.
@@ -63,6 +66,14 @@ func (a *Agent) HTTPAddr() string {
 	return a.httpAddr
 }
 
+// GRPCAddr is the LoadService address routers are told, once Run has
+// opened it: the advertise address with the port bound ("" before).
+func (a *Agent) GRPCAddr() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.grpcAddr
+}
+
 // Attached reports whether a control node has welcomed the current session.
 func (a *Agent) Attached() bool { return a.attached.Load() }
 
@@ -82,14 +93,18 @@ func (a *Agent) nodeInfo() *llmgwv1.Node {
 		Version:       a.cfg.Version,
 		State:         llmgwv1.NodeState_NODE_STATE_ACTIVE,
 		AgentHttpAddr: a.HTTPAddr(),
+		AgentGrpcAddr: a.GRPCAddr(),
 	}
 }
 
 // Run runs the agent until ctx is cancelled and returns once everything it
 // started has stopped. Shutdown order: the control session ends first (the
 // control node sees the agent leave); then the engines are stopped with
-// StopEnginesOnExit, or left running for the next agent otherwise; the HTTP
-// server goes last, so /metrics and /healthz answer while engines stop.
+// StopEnginesOnExit, or left running for the next agent otherwise; then the
+// load reader, so routers watch stopping engines' readings age into
+// "saturated" rather than lose them; then LoadService (its streams are
+// ended, then the gRPC server stops); the HTTP server goes last, so
+// /metrics and /healthz answer while everything else stops.
 func (a *Agent) Run(ctx context.Context) error {
 	logDir := filepath.Join(a.cfg.DataDir, "logs")
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
@@ -114,7 +129,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	httpDone := make(chan error, 1)
 	go func() { httpDone <- srv.Serve(ln) }()
 
-	a.log.Info("agent running", "http", a.HTTPAddr(), "control", a.cfg.Control)
+	stopLoad, err := a.startLoad()
+	if err != nil {
+		srv.Close()
+		<-httpDone
+		return err
+	}
+
+	a.log.Info("agent running", "http", a.HTTPAddr(), "grpc", a.GRPCAddr(), "control", a.cfg.Control)
 
 	a.runSessions(ctx)
 
@@ -123,6 +145,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	stopEngines()
 	a.replicas.wait()
+
+	stopLoad()
 
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -165,4 +189,69 @@ func (a *Agent) handler() http.Handler {
 		json.NewEncoder(w).Encode(map[string]any{"replica": r.PathValue("id"), "lines": lines})
 	})
 	return mux
+}
+
+// startLoad opens the gRPC listener, starts the load reader and serves
+// LoadService (plan §6 "Load snapshots"). The returned func stops them in
+// order and waits: the reader, then every subscriber stream, then the
+// server — gracefully, or cut after a grace if a stuck router holds a send.
+func (a *Agent) startLoad() (stop func(), err error) {
+	ln, err := net.Listen("tcp", a.cfg.GRPCAddr)
+	if err != nil {
+		return nil, fmt.Errorf("agent: --grpc-addr: %w", err)
+	}
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	a.mu.Lock()
+	a.grpcAddr = net.JoinHostPort(a.cfg.AdvertiseAddr, port)
+	a.mu.Unlock()
+	if host, _, _ := net.SplitHostPort(a.cfg.GRPCAddr); isLoopback(host) && !isLoopback(a.cfg.AdvertiseAddr) {
+		a.log.Warn("LoadService listens on loopback but is advertised to routers on another address",
+			"grpc_addr", a.cfg.GRPCAddr, "advertised", a.GRPCAddr())
+	}
+
+	lcfg := load.DefaultConfig()
+	lcfg.Node = a.cfg.NodeID
+	lcfg.Interval = a.cfg.LoadInterval
+	lcfg.Now = a.cfg.Now
+	reader, err := load.NewReader(lcfg, a.replicas, a.log, a.metrics.reg)
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	readerCtx, stopReader := context.WithCancel(context.Background())
+	readerDone := make(chan struct{})
+	go func() { defer close(readerDone); _ = reader.Run(readerCtx) }()
+
+	lsrv := load.NewServer(reader, a.log, a.metrics.reg)
+	gsrv := grpc.NewServer()
+	llmgwv1.RegisterLoadServiceServer(gsrv, lsrv)
+	grpcDone := make(chan struct{})
+	go func() {
+		defer close(grpcDone)
+		if err := gsrv.Serve(ln); err != nil {
+			a.log.Error("LoadService server ended", "err", err)
+		}
+	}()
+	return func() {
+		stopReader()
+		<-readerDone
+		lsrv.Close()
+		graceful := make(chan struct{})
+		go func() { defer close(graceful); gsrv.GracefulStop() }()
+		select {
+		case <-graceful:
+		case <-time.After(5 * time.Second):
+			gsrv.Stop()
+			<-graceful
+		}
+		<-grpcDone
+	}, nil
+}
+
+func isLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -155,6 +155,7 @@ func testConfig(t *testing.T, control ...string) Config {
 	c.Control = control
 	c.DataDir = t.TempDir()
 	c.HTTPAddr = "127.0.0.1:0"
+	c.GRPCAddr = "127.0.0.1:0"
 	c.GPUs = 2
 	c.Version = "test"
 	c.PortRangeStart, c.PortRangeEnd = 31000, 31999

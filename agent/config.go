@@ -36,9 +36,16 @@ type Config struct {
 	DataDir string
 	// HTTPAddr serves /metrics, /healthz and /readyz.
 	HTTPAddr string
-	GPUs     int
-	Labels   map[string]string
-	Version  string
+	// GRPCAddr serves LoadService to routers (plan §6 "Load snapshots").
+	// Routers are told AdvertiseAddr with the port actually bound, so port
+	// 0 works.
+	GRPCAddr string
+	// LoadInterval spaces the reads of each engine's /metrics and the
+	// snapshots sent to routers.
+	LoadInterval time.Duration
+	GPUs         int
+	Labels       map[string]string
+	Version      string
 	// PortRangeStart..PortRangeEnd (inclusive) is where engine ports come
 	// from.
 	PortRangeStart, PortRangeEnd int
@@ -74,6 +81,8 @@ func DefaultConfig() Config {
 		AdvertiseAddr:     "127.0.0.1",
 		DataDir:           "llmgw-agent",
 		HTTPAddr:          "127.0.0.1:7404", // 7400-7403 are a control node's
+		GRPCAddr:          "127.0.0.1:7405",
+		LoadInterval:      50 * time.Millisecond,
 		PortRangeStart:    20000,
 		PortRangeEnd:      20999,
 		ReadyTimeout:      10 * time.Minute,
@@ -112,6 +121,14 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("--http-addr: %q is not host:port: %w", c.HTTPAddr, err)
 	} else if _, err := strconv.ParseUint(p, 10, 16); err != nil {
 		return fmt.Errorf("--http-addr: bad port %q", p)
+	}
+	if _, p, err := net.SplitHostPort(c.GRPCAddr); err != nil {
+		return fmt.Errorf("--grpc-addr: %q is not host:port: %w", c.GRPCAddr, err)
+	} else if _, err := strconv.ParseUint(p, 10, 16); err != nil {
+		return fmt.Errorf("--grpc-addr: bad port %q", p)
+	}
+	if c.LoadInterval <= 0 {
+		return fmt.Errorf("--load-interval: must be positive, got %s", c.LoadInterval)
 	}
 	if c.GPUs < 0 {
 		return errors.New("--gpus: must not be negative")

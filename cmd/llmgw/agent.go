@@ -59,6 +59,8 @@ func newAgentCmd() *cobra.Command {
 	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", d.AdvertiseAddr, "the node's address (no port); engines listen on it")
 	f.StringVar(&cfg.DataDir, "data-dir", d.DataDir, "directory for the session epoch, port assignments and engine logs")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", d.HTTPAddr, "address for /metrics, /healthz and /readyz")
+	f.StringVar(&cfg.GRPCAddr, "grpc-addr", d.GRPCAddr, "address for LoadService, which routers subscribe to; advertised with --advertise-addr and the bound port")
+	f.DurationVar(&cfg.LoadInterval, "load-interval", d.LoadInterval, "how often each engine's /metrics is read and a load snapshot sent to routers")
 	f.IntVar(&cfg.GPUs, "gpus", 0, "number of GPUs this node offers")
 	f.StringArrayVar(&labels, "label", nil, "node label k=v (repeatable)")
 	f.StringVar(&portRange, "port-range", fmt.Sprintf("%d-%d", d.PortRangeStart, d.PortRangeEnd), "engine ports, start-end inclusive")

@@ -25,6 +25,7 @@ import (
 type devOptions struct {
 	httpAddr, grpcAddr, raftAddr         string
 	controlHTTPAddr, agentHTTPAddr       string
+	agentGRPCAddr                        string
 	dataDir                              string
 	replicas, gpus                       int
 	portRange                            string
@@ -59,6 +60,7 @@ included.`,
 	f.StringVar(&o.raftAddr, "raft-addr", "127.0.0.1:7401", "the control node's Raft transport")
 	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz")
 	f.StringVar(&o.agentHTTPAddr, "agent-http-addr", "127.0.0.1:7404", "the agent's /metrics, /healthz, /readyz")
+	f.StringVar(&o.agentGRPCAddr, "agent-grpc-addr", "127.0.0.1:7405", "the agent's LoadService, which the router subscribes to")
 	f.StringVar(&o.dataDir, "data-dir", ".data/dev", "where Raft, the agent and the router keep their state")
 	f.IntVar(&o.replicas, "replicas", 2, "replicas of the demo model")
 	f.IntVar(&o.gpus, "gpus", 8, "GPUs the simulated node reports (each replica takes one)")
@@ -98,6 +100,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	acfg.AdvertiseAddr = "127.0.0.1"
 	acfg.DataDir = filepath.Join(o.dataDir, "agent")
 	acfg.HTTPAddr = o.agentHTTPAddr
+	acfg.GRPCAddr = o.agentGRPCAddr
 	acfg.GPUs = o.gpus
 	acfg.Version = version
 	acfg.StopEnginesOnExit = true
