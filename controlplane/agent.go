@@ -57,8 +57,9 @@ func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
 		return toStatus(fmt.Errorf("register node %s: %w", nodeID, err))
 	}
 	sessionID := fmt.Sprintf("%s/%s/%d", s.cfg.NodeID, nodeID, s.sessionSeq.Add(1))
+	servers := s.servers()
 	if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Welcome{Welcome: &llmgwv1.Welcome{
-		SessionId: sessionID, ServerId: s.cfg.NodeID, Servers: s.servers(),
+		SessionId: sessionID, ServerId: s.cfg.NodeID, Servers: servers,
 	}}}); err != nil {
 		return err
 	}
@@ -74,10 +75,10 @@ func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	}()
 	// Returning ends the stream's context, which ends the receiver's Recv;
 	// it then exits without blocking (recvErr is buffered).
-	return a.send(ctx, stream, nodeID, &lastHeard, askFull, recvErr)
+	return a.send(ctx, stream, nodeID, servers, &lastHeard, askFull, recvErr)
 }
 
-func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, lastHeard *atomic.Int64, askFull <-chan string, recvErr <-chan error) error {
+func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, servers []*llmgwv1.ControlServer, lastHeard *atomic.Int64, askFull <-chan string, recvErr <-chan error) error {
 	s := a.s
 	hb := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer hb.Stop()
@@ -122,6 +123,14 @@ func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_Att
 				noLeaderSince = now
 			case now.Sub(noLeaderSince) > 3*s.cfg.ElectionTimeout:
 				return status.Errorf(codes.Unavailable, "control node %s has had no leader for %s; attach elsewhere", s.cfg.NodeID, now.Sub(noLeaderSince).Round(time.Millisecond))
+			}
+			// The agent fails over along this list (plan §5.6): keep it
+			// current as servers and the leader change.
+			if cur := s.servers(); !serversEqual(cur, servers) {
+				servers = cur
+				if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Servers{Servers: &llmgwv1.ServerList{Servers: cur}}}); err != nil {
+					return err
+				}
 			}
 			if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Heartbeat{Heartbeat: &llmgwv1.Heartbeat{UnixNano: now.UnixNano()}}}); err != nil {
 				return err

@@ -123,7 +123,8 @@ func (r *running) stop(t *testing.T) {
 	}
 }
 
-// recvAgent returns the next control message that is not a heartbeat.
+// recvAgent returns the next control message that is not a heartbeat or a
+// servers list.
 func recvAgent(t *testing.T, s llmgwv1.AgentService_AttachClient) *llmgwv1.ControlMessage {
 	t.Helper()
 	for {
@@ -131,7 +132,7 @@ func recvAgent(t *testing.T, s llmgwv1.AgentService_AttachClient) *llmgwv1.Contr
 		if err != nil {
 			t.Fatalf("agent recv: %v", err)
 		}
-		if m.GetHeartbeat() == nil {
+		if m.GetHeartbeat() == nil && m.GetServers() == nil {
 			return m
 		}
 	}
