@@ -99,6 +99,12 @@ type WorkloadConfig struct {
 	// the Groups shared documents rather than a fresh one. Default 0.25;
 	// negative means none.
 	SharedShare float64
+	// HotShare makes one shared-prefix (or lora-mix) system prompt hot: that
+	// share of requests, in [0, 1], use group 0's prompt and the rest draw
+	// uniformly from the other groups. It is the skew a router must absorb
+	// without piling the hot prefix onto one replica (one application's
+	// system prompt in most traffic). Zero draws every group alike.
+	HotShare float64
 	// Adapters are the adapter names lora-mix puts in `model`, drawn by a
 	// Zipf law (s=1) so the first is the most popular.
 	Adapters []string
@@ -154,6 +160,12 @@ func (c WorkloadConfig) Validate() error {
 	}
 	if c.SharedShare > 1 {
 		return fmt.Errorf("--shared-share: must be at most 1, got %g", c.SharedShare)
+	}
+	if !(c.HotShare >= 0 && c.HotShare <= 1) { // NaN fails too
+		return fmt.Errorf("--hot-share: must be in [0, 1], got %g", c.HotShare)
+	}
+	if c.HotShare > 0 && c.Name != SharedPrefix && c.Name != LoRAMix {
+		return fmt.Errorf("--hot-share: applies to %s and %s only, not %s", SharedPrefix, LoRAMix, c.Name)
 	}
 	if c.Name == LoRAMix {
 		if len(c.Adapters) == 0 {
@@ -241,7 +253,7 @@ func (w *sharedPrefix) Live() int    { return 0 }
 
 func (w *sharedPrefix) Conversation(n int) Conversation {
 	rng := rngFor(w.cfg.Seed, streamConversation, n)
-	g := rng.IntN(len(w.systems))
+	g := w.group(rng)
 	model := w.cfg.Model
 	if w.zipf != nil {
 		model = w.cfg.Adapters[pick(rng, w.zipf)]
@@ -254,6 +266,18 @@ func (w *sharedPrefix) Conversation(n int) Conversation {
 		},
 		MaxTokens: w.cfg.MaxTokens,
 	}}
+}
+
+// group draws the request's system prompt. Without a hot share it is one
+// draw, as it always was, so earlier seeds keep their prompts.
+func (w *sharedPrefix) group(rng *rand.Rand) int {
+	if w.cfg.HotShare == 0 {
+		return rng.IntN(len(w.systems))
+	}
+	if len(w.systems) == 1 || rng.Float64() < w.cfg.HotShare {
+		return 0
+	}
+	return 1 + rng.IntN(len(w.systems)-1)
 }
 
 // longContext sends documents of several thousand words with a short

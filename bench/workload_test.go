@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -146,6 +147,47 @@ func TestSharedPrefixGroupsShareTheirPrefix(t *testing.T) {
 	}
 }
 
+func TestSharedPrefixHotShare(t *testing.T) {
+	const n = 4000
+	tests := []struct {
+		name   string
+		groups int
+		hot    float64
+		want0  float64 // expected share of group 0
+	}{
+		{"uniform", 5, 0, 0.2},
+		{"80% hot", 5, 0.8, 0.8},
+		{"all hot", 5, 1, 1},
+		{"one group", 1, 0.5, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := WorkloadConfig{Name: SharedPrefix, Model: "m", Seed: 4, Groups: tt.groups, SystemWords: 30, PromptWords: 5, HotShare: tt.hot}
+			w := mustWorkload(t, cfg)
+			hot := w.(*sharedPrefix).systems[0]
+			count := map[string]int{}
+			for i := range n {
+				count[drain(w, i)[0].Messages[0].Content]++
+			}
+			if got := float64(count[hot]) / n; math.Abs(got-tt.want0) > 0.03 {
+				t.Fatalf("group 0 in %.3f of requests, want %.2f ± 0.03", got, tt.want0)
+			}
+			// The cold groups share the rest alike: each within 25% of its due.
+			if cold := tt.groups - 1; cold > 0 && tt.hot < 1 {
+				due := float64(n) * (1 - tt.want0) / float64(cold)
+				for s, c := range count {
+					if s != hot && math.Abs(float64(c)-due) > 0.25*due {
+						t.Fatalf("a cold group drawn %d times, want about %.0f", c, due)
+					}
+				}
+				if len(count) != tt.groups {
+					t.Fatalf("%d groups drawn, want %d", len(count), tt.groups)
+				}
+			}
+		})
+	}
+}
+
 func TestLoRAMixDrawsAdaptersByPopularity(t *testing.T) {
 	w := mustWorkload(t, WorkloadConfig{Name: LoRAMix, Seed: 5, Adapters: []string{"a", "b", "c", "d"}, SystemWords: 5, PromptWords: 5})
 	count := map[string]int{}
@@ -188,6 +230,12 @@ func TestWorkloadConfigValidate(t *testing.T) {
 		{"negative turns", WorkloadConfig{Name: MultiTurn, Model: "m", Turns: -1}, "--turns"},
 		{"negative max tokens", WorkloadConfig{Name: SharedPrefix, Model: "m", MaxTokens: -5}, "--max-tokens"},
 		{"share over 1", WorkloadConfig{Name: LongContext, Model: "m", SharedShare: 1.5}, "--shared-share"},
+		{"hot share", WorkloadConfig{Name: SharedPrefix, Model: "m", HotShare: 0.8}, ""},
+		{"hot share of lora-mix", WorkloadConfig{Name: LoRAMix, Adapters: []string{"a"}, HotShare: 1}, ""},
+		{"hot share over 1", WorkloadConfig{Name: SharedPrefix, Model: "m", HotShare: 1.2}, "--hot-share"},
+		{"hot share negative", WorkloadConfig{Name: SharedPrefix, Model: "m", HotShare: -0.1}, "--hot-share"},
+		{"hot share NaN", WorkloadConfig{Name: SharedPrefix, Model: "m", HotShare: math.NaN()}, "--hot-share"},
+		{"hot share of multi-turn", WorkloadConfig{Name: MultiTurn, Model: "m", HotShare: 0.5}, "--hot-share"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

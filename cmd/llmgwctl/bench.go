@@ -105,6 +105,7 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	f.IntVar(&cfg.Workload.Sessions, "sessions", 0, "multi-turn chats open at once (0: 8)")
 	f.IntVar(&cfg.Workload.Turns, "turns", 0, "turns per multi-turn chat (0: 5)")
 	f.Float64Var(&cfg.Workload.SharedShare, "shared-share", 0, "long-context: share of requests reusing a shared document (0: 0.25, negative: none)")
+	f.Float64Var(&cfg.Workload.HotShare, "hot-share", 0, "shared-prefix, lora-mix: share of requests using the first system prompt, the rest spread over the others (0: all alike)")
 	f.StringVar(&adapters, "adapters", "", "lora-mix: comma-separated adapter names, most popular first (Zipf)")
 	f.Float64Var(&cfg.Rate, "rate", 0, "open loop: Poisson arrivals per second")
 	f.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "closed loop: clients each sending when answered")
