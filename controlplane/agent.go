@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"sync/atomic"
@@ -205,12 +204,9 @@ func (s *Server) registerNode(ctx context.Context, n *llmgwv1.Node) error {
 			want.State = llmgwv1.NodeState_NODE_STATE_ACTIVE
 		}
 	}
+	// On a follower this is a NotLeaderError: the agent is refused with
+	// UNAVAILABLE and tries another server. (With HA, registration is to be
+	// forwarded to the leader instead.)
 	_, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_REGISTER_NODE, &llmgwv1.RegisterNodeCommand{Node: want})
-	if err != nil {
-		var nl *NotLeaderError
-		if errors.As(err, &nl) {
-			return fmt.Errorf("node registration needs the leader: %w", err)
-		}
-	}
 	return err
 }
