@@ -79,8 +79,18 @@ type running struct {
 
 func start(t *testing.T, cfg Config) *running { return startWith(t, cfg, nil) }
 
-// startWith runs a server; hook, when set, adjusts it before Run.
+// startWith runs a server and waits until it is ready; hook, when set,
+// adjusts it before Run.
 func startWith(t *testing.T, cfg Config, hook func(*Server)) *running {
+	t.Helper()
+	r := launch(t, cfg, hook)
+	r.awaitReady(t)
+	return r
+}
+
+// launch runs a server without waiting for it to be ready (a server that
+// is to be joined is ready only once it is).
+func launch(t *testing.T, cfg Config, hook func(*Server)) *running {
 	t.Helper()
 	logs := &syncBuffer{}
 	srv, err := New(cfg, slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
@@ -92,26 +102,31 @@ func startWith(t *testing.T, cfg Config, hook func(*Server)) *running {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("server log:\n%s", logs)
+			t.Logf("server %s log:\n%s", cfg.NodeID, logs)
 		}
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &running{srv: srv, cancel: cancel, done: make(chan error, 1), logs: logs}
 	go func() { r.done <- srv.Run(ctx) }()
+	return r
+}
+
+func (r *running) awaitReady(t *testing.T) {
+	t.Helper()
 	select {
-	case <-srv.Ready():
+	case <-r.srv.Ready():
 	case err := <-r.done:
-		t.Fatalf("Run returned before ready: %v\n%s", err, logs)
+		t.Fatalf("Run returned before ready: %v\n%s", err, r.logs)
 	case <-time.After(20 * time.Second):
-		cancel()
+		r.cancel()
 		<-r.done
-		t.Fatalf("server not ready\n%s", logs)
+		t.Fatalf("server not ready\n%s", r.logs)
 	}
-	r.conn, err = grpc.NewClient("passthrough:///"+srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var err error
+	r.conn, err = grpc.NewClient("passthrough:///"+r.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r
 }
 
 func (r *running) stop(t *testing.T) {
