@@ -81,22 +81,16 @@ func (a *adminService) ListNodes(_ context.Context, req *llmgwv1.ListRequest) (*
 	return &llmgwv1.ListNodesResponse{Revision: st.Revision, Nodes: st.Nodes, Connected: a.s.connected()}, nil
 }
 
-// ListReplicas joins each desired replica with its last status — only a
-// status of the same placement (uid); an older placement's status says
-// nothing about this one.
+// ListReplicas joins each desired replica with its last status, as its own
+// node reported it for the same placement (uid).
 func (a *adminService) ListReplicas(_ context.Context, req *llmgwv1.ListRequest) (*llmgwv1.ListReplicasResponse, error) {
 	st, err := a.read(req)
 	if err != nil {
 		return nil, err
 	}
-	statuses := a.s.eph.Statuses()
 	out := &llmgwv1.ListReplicasResponse{Revision: st.Revision}
 	for _, r := range st.Replicas {
-		v := &llmgwv1.ReplicaView{Replica: r}
-		if status, ok := statuses[r.Id]; ok && status.Uid == r.Uid {
-			v.Status = status
-		}
-		out.Replicas = append(out.Replicas, v)
+		out.Replicas = append(out.Replicas, &llmgwv1.ReplicaView{Replica: r, Status: a.s.eph.StatusOf(r)})
 	}
 	return out, nil
 }

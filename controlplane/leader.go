@@ -93,13 +93,7 @@ func (s *Server) reconcileOnce(ctx context.Context, term *leaderTerm) (failed bo
 	now := s.now()
 	st := s.fsm.State()
 	failed = s.markDown(ctx, term, st, now)
-	statuses := s.eph.Statuses()
-	status := func(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
-		if st, ok := statuses[r.Id]; ok && st.Uid == r.Uid {
-			return st
-		}
-		return nil
-	}
+	status := s.eph.StatusOf
 	in := placement.Inputs{
 		Ready: func(r *llmgwv1.Replica) bool {
 			return status(r).GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY

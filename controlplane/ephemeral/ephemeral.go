@@ -142,21 +142,33 @@ func (s *Store) Held(node string) (epoch, seq uint64, ok bool) {
 	return d.epoch, d.seq, true
 }
 
-// Statuses returns a copy of the latest status of every replica, by replica
-// id. When two nodes report the same id (a replica moved), the one with the
-// higher uid wins: it is the newer placement.
-func (s *Store) Statuses() map[string]*llmgwv1.ReplicaStatus {
+// Status returns a copy of the latest status a node reported for a replica.
+// Callers look a replica up on the node its placement names, so an agent
+// that reports another node's replica changes nothing anyone reads
+// (plan §11: an agent reports only its own replicas).
+func (s *Store) Status(node, replicaID string) (*llmgwv1.ReplicaStatus, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[string]*llmgwv1.ReplicaStatus{}
-	for _, d := range s.nodes {
-		for id, st := range d.statuses {
-			if old, ok := out[id]; !ok || st.Uid > old.Uid {
-				out[id] = proto.Clone(st).(*llmgwv1.ReplicaStatus)
-			}
-		}
+	d, ok := s.nodes[node]
+	if !ok {
+		return nil, false
 	}
-	return out
+	st, ok := d.statuses[replicaID]
+	if !ok {
+		return nil, false
+	}
+	return proto.Clone(st).(*llmgwv1.ReplicaStatus), true
+}
+
+// StatusOf returns the latest status of replica r from its own node, only if
+// it is for the same placement (uid): an older placement's status says
+// nothing about this one.
+func (s *Store) StatusOf(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
+	st, ok := s.Status(r.GetNode(), r.GetId())
+	if !ok || st.Uid != r.GetUid() {
+		return nil
+	}
+	return st
 }
 
 func (s *Store) copiesLocked() []*llmgwv1.EphemeralUpdate {

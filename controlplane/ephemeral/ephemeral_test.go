@@ -76,12 +76,22 @@ func TestFullCopyReplacesAndDeltasMerge(t *testing.T) {
 	d := upd(1, 2, false, "c")
 	d.RemovedReplicas = []string{"a"}
 	s.Apply(d)
-	if st := s.Statuses(); len(st) != 2 || st["b"] == nil || st["c"] == nil {
-		t.Fatalf("after delta: %v", st)
+	has := func(id string) bool { _, ok := s.Status("n1", id); return ok }
+	if has("a") || !has("b") || !has("c") {
+		t.Fatal("after delta: want b and c only")
 	}
 	s.Apply(upd(2, 1, true, "z"))
-	if st := s.Statuses(); len(st) != 1 || st["z"] == nil {
-		t.Fatalf("a full copy must replace everything: %v", st)
+	if has("b") || has("c") || !has("z") {
+		t.Fatal("a full copy must replace everything")
+	}
+	if st := s.StatusOf(&llmgwv1.Replica{Id: "z", Node: "n1", Uid: 1}); st == nil {
+		t.Fatal("StatusOf: no status for the same uid")
+	}
+	if st := s.StatusOf(&llmgwv1.Replica{Id: "z", Node: "n1", Uid: 7}); st != nil {
+		t.Fatal("StatusOf: another placement's status returned")
+	}
+	if st := s.StatusOf(&llmgwv1.Replica{Id: "z", Node: "n2", Uid: 1}); st != nil {
+		t.Fatal("StatusOf: another node's report returned")
 	}
 }
 
@@ -152,6 +162,6 @@ func FuzzApply(f *testing.F) {
 		if e < 5 || (e == 5 && q < 5) {
 			t.Fatalf("held went backwards to (%d, %d)", e, q)
 		}
-		_ = s.Statuses()
+		_ = s.StatusOf(&llmgwv1.Replica{Id: "a", Node: "n1", Uid: 5})
 	})
 }
