@@ -1,11 +1,3 @@
-// Package controlplane is one control-plane node (plan §5): a Raft member
-// holding the desired state (package fsm), the gRPC services agents, routers
-// and llmgwctl talk to, the leader-only placement loop, and the node's own
-// /metrics, /healthz and /readyz.
-//
-// This milestone runs a single node (--bootstrap). What HA needs later —
-// gossip, joins, forwarding writes to the leader — has its place in Config
-// and in the shutdown order, and is refused clearly until it exists.
 package controlplane
 
 import (

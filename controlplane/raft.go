@@ -145,6 +145,11 @@ func (a *fsmAdapter) Apply(l *raft.Log) any {
 }
 
 func (a *fsmAdapter) Snapshot() (raft.FSMSnapshot, error) {
+	if a.stopped.Load() {
+		// Raft would label the frozen state with its later index; an
+		// upgraded build must replay the entries this one could not.
+		return nil, errStopped
+	}
 	b, err := a.fsm.Snapshot()
 	if err != nil {
 		return nil, err

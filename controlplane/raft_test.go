@@ -41,6 +41,9 @@ func TestFSMAdapterStopsOnUnknownCommand(t *testing.T) {
 			}
 		})
 	}
+	if _, err := a.Snapshot(); !errors.Is(err, errStopped) {
+		t.Fatalf("Snapshot after a fatal entry: %v, want errStopped", err)
+	}
 	if a.fsm.Revision() != 2 {
 		t.Fatalf("revision %d, want 2: the FSM moved after the fatal entry", a.fsm.Revision())
 	}
