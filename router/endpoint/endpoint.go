@@ -1,7 +1,9 @@
 // Package endpoint is the router's view of the replicas it may send
 // requests to (plan §7.2): which replicas are routable per model, where they
-// listen, and how loaded each is — by the engine's own gauges, scraped, and
-// by the router's own count of requests in flight.
+// listen, and how loaded each is — by the engine's own gauges, streamed by
+// each node's agent (plan §6 "Load snapshots") or, for an agent that serves
+// no snapshots, scraped by the router itself — and by the router's own count
+// of requests in flight.
 package endpoint
 
 import (
@@ -38,9 +40,13 @@ type Endpoint struct {
 	inflight atomic.Int64
 }
 
+// timedReading is a reading and when it was taken, on the router's clock;
+// past staleAfter it counts as saturated. Scrapes use the registry's
+// StaleAfter, snapshots a few of their agent's intervals.
 type timedReading struct {
 	Reading
-	at time.Time
+	at         time.Time
+	staleAfter time.Duration
 }
 
 type key struct {
@@ -74,19 +80,33 @@ type Load struct {
 
 // Config configures a Registry.
 type Config struct {
-	// ScrapeInterval is how often each routable replica's /metrics is read.
+	// ScrapeInterval is how often each routable replica's /metrics is read
+	// when its node's agent streams no load snapshots.
 	ScrapeInterval time.Duration
-	// StaleAfter is the age past which a reading counts as saturated.
+	// StaleAfter is the age past which a scraped reading counts as
+	// saturated.
 	StaleAfter time.Duration
+	// StaleIntervals is how many of its agent's intervals a snapshot
+	// reading stays fresh (plan §7.2 "a few intervals").
+	StaleIntervals int
+	// SubscribeInitial doubles per failed subscription up to SubscribeMax,
+	// with jitter, between attempts to reach an agent's LoadService.
+	SubscribeInitial, SubscribeMax time.Duration
+	// ClientID names the router to agents.
+	ClientID string
+	// Jitter returns a value in [0, 1); nil means math/rand/v2.
+	Jitter func() float64
 	// Client does the scrapes; its timeout should not exceed ScrapeInterval.
 	Client *http.Client
 	// Now is the clock; nil uses time.Now.
 	Now func() time.Time
 }
 
-// DefaultConfig scrapes every 200 ms and trusts a reading for three intervals.
+// DefaultConfig scrapes every 200 ms and trusts a reading for three
+// intervals, scraped or streamed.
 func DefaultConfig() Config {
-	return Config{ScrapeInterval: 200 * time.Millisecond, StaleAfter: 600 * time.Millisecond}
+	return Config{ScrapeInterval: 200 * time.Millisecond, StaleAfter: 600 * time.Millisecond,
+		StaleIntervals: 3, SubscribeInitial: 100 * time.Millisecond, SubscribeMax: 5 * time.Second}
 }
 
 // Validate names the bad field.
@@ -96,6 +116,12 @@ func (c Config) Validate() error {
 	}
 	if c.StaleAfter < c.ScrapeInterval {
 		return fmt.Errorf("stale-after: %s is shorter than the scrape interval %s", c.StaleAfter, c.ScrapeInterval)
+	}
+	if c.StaleIntervals < 1 {
+		return fmt.Errorf("stale-intervals: must be at least 1, got %d", c.StaleIntervals)
+	}
+	if c.SubscribeInitial <= 0 || c.SubscribeMax < c.SubscribeInitial {
+		return fmt.Errorf("subscribe backoff: initial %s must be positive and at most max %s", c.SubscribeInitial, c.SubscribeMax)
 	}
 	return nil
 }
@@ -113,6 +139,9 @@ type view struct {
 	state  *watch.State
 	models map[string][]*Endpoint // routable endpoints by model, sorted by replica id
 	all    []*Endpoint
+	// byNode indexes routable endpoints by node and replica id, for
+	// applying a node's load snapshot.
+	byNode map[string]map[string]*Endpoint
 }
 
 // Registry turns the watch state into routable endpoints and keeps their
@@ -126,8 +155,17 @@ type Registry struct {
 
 	cur atomic.Pointer[view]
 
-	scrapes *prometheus.CounterVec
-	ready   prometheus.Gauge
+	// subs are the LoadService subscriptions by node id; only Run's
+	// goroutine changes the map, scrapes read the published copy.
+	subs      map[string]*subscription
+	subsView  atomic.Pointer[map[string]*subscription]
+	subsGroup sync.WaitGroup
+
+	scrapes       *prometheus.CounterVec
+	ready         prometheus.Gauge
+	subscriptions prometheus.Gauge
+	snapshots     prometheus.Counter
+	readingAge    prometheus.Histogram
 }
 
 // New builds a registry from src's current state. reg receives its metrics
@@ -151,9 +189,24 @@ func New(cfg Config, src Source, log *slog.Logger, reg prometheus.Registerer) (*
 		Name: "llmgw_router_routable_replicas",
 		Help: "Replicas the router may send requests to.",
 	})
+	r.subscriptions = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "llmgw_router_load_subscriptions",
+		Help: "Agents whose load snapshots the router subscribes to.",
+	})
+	r.snapshots = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "llmgw_router_load_snapshots_total",
+		Help: "Load snapshots received from agents.",
+	})
+	r.readingAge = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "llmgw_router_load_reading_age_seconds",
+		Help:    "Age of each engine reading in a load snapshot when it arrives (the agent's clock, scrape to send).",
+		Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
+	})
 	if reg != nil {
-		reg.MustRegister(r.scrapes, r.ready)
+		reg.MustRegister(r.scrapes, r.ready, r.subscriptions, r.snapshots, r.readingAge)
 	}
+	r.subs = map[string]*subscription{}
+	r.subsView.Store(&map[string]*subscription{})
 	r.cur.Store(&view{})
 	r.rebuild(src.Current())
 	return r, nil
@@ -180,7 +233,7 @@ func (r *Registry) rebuild(st *watch.State) {
 	for _, e := range r.cur.Load().all {
 		old[e.key()] = e
 	}
-	v := &view{state: st, models: make(map[string][]*Endpoint)}
+	v := &view{state: st, models: make(map[string][]*Endpoint), byNode: make(map[string]map[string]*Endpoint)}
 	for _, rep := range st.Replicas {
 		s, ok := Routable(st, rep)
 		if !ok {
@@ -195,6 +248,10 @@ func (r *Registry) rebuild(st *watch.State) {
 		}
 		v.models[e.Model] = append(v.models[e.Model], e)
 		v.all = append(v.all, e)
+		if v.byNode[e.Node] == nil {
+			v.byNode[e.Node] = map[string]*Endpoint{}
+		}
+		v.byNode[e.Node][e.ReplicaID] = e
 	}
 	for _, eps := range v.models {
 		slices.SortFunc(eps, func(a, b *Endpoint) int { return strings.Compare(a.ReplicaID, b.ReplicaID) })
@@ -240,19 +297,23 @@ func (r *Registry) LoadOf(e *Endpoint) Load {
 	l := Load{Inflight: e.Inflight(), Saturated: true}
 	if rd := e.reading.Load(); rd != nil {
 		l.Reading = rd.Reading
-		l.Saturated = r.now().Sub(rd.at) > r.cfg.StaleAfter
+		l.Saturated = r.now().Sub(rd.at) > rd.staleAfter
 	}
 	return l
 }
 
-// Run follows the source and scrapes every routable endpoint each
-// ScrapeInterval until ctx is cancelled. It returns after every scrape it
-// started has finished.
+// Run follows the source, keeps one load subscription per node with
+// routable replicas and an agent address, and scrapes every other routable
+// endpoint each ScrapeInterval, until ctx is cancelled. It returns after
+// every subscription and scrape it started has ended: scrapes first (they
+// run inline), then the subscriptions, cancelled together and waited for.
 func (r *Registry) Run(ctx context.Context) error {
+	defer r.stopSubs()
 	t := time.NewTicker(r.cfg.ScrapeInterval)
 	defer t.Stop()
 	changed := r.src.Changed()
 	r.rebuild(r.src.Current())
+	r.syncSubs(ctx)
 	r.scrapeAll(ctx)
 	for {
 		select {
@@ -261,17 +322,22 @@ func (r *Registry) Run(ctx context.Context) error {
 		case <-changed:
 			changed = r.src.Changed()
 			r.rebuild(r.src.Current())
+			r.syncSubs(ctx)
 		case <-t.C:
 			r.scrapeAll(ctx)
 		}
 	}
 }
 
-// scrapeAll reads every endpoint's metrics concurrently and waits for all;
-// the client's timeout bounds the round.
+// scrapeAll reads the metrics of every endpoint whose agent streams no
+// fresh snapshots, concurrently, and waits for all; the client's timeout
+// bounds the round.
 func (r *Registry) scrapeAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, e := range r.cur.Load().all {
+		if r.covered(e.Node) {
+			continue
+		}
 		wg.Go(func() {
 			rd, err := r.scrape(ctx, e)
 			if err != nil {
@@ -280,7 +346,7 @@ func (r *Registry) scrapeAll(ctx context.Context) {
 				return
 			}
 			r.scrapes.WithLabelValues("ok").Inc()
-			e.reading.Store(&timedReading{Reading: rd, at: r.now()})
+			e.reading.Store(&timedReading{Reading: rd, at: r.now(), staleAfter: r.cfg.StaleAfter})
 		})
 	}
 	wg.Wait()
@@ -309,5 +375,5 @@ func (r *Registry) scrape(ctx context.Context, e *Endpoint) (Reading, error) {
 // SetReading records a reading taken at the registry's now; for tests of
 // code that schedules on loads.
 func (r *Registry) SetReading(e *Endpoint, rd Reading) {
-	e.reading.Store(&timedReading{Reading: rd, at: r.now()})
+	e.reading.Store(&timedReading{Reading: rd, at: r.now(), staleAfter: r.cfg.StaleAfter})
 }
