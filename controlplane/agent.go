@@ -193,10 +193,11 @@ func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_
 // node that came back is active again). Draining is the operator's and is
 // kept.
 func (s *Server) registerNode(ctx context.Context, n *llmgwv1.Node) error {
-	want := &llmgwv1.Node{Id: n.Id, Address: n.Address, Gpus: n.Gpus, Labels: n.Labels, Version: n.Version, AgentHttpAddr: n.AgentHttpAddr}
+	want := &llmgwv1.Node{Id: n.Id, Address: n.Address, Gpus: n.Gpus, Labels: n.Labels, Version: n.Version,
+		AgentHttpAddr: n.AgentHttpAddr, AgentGrpcAddr: n.AgentGrpcAddr}
 	if old, ok := s.fsm.Node(n.Id); ok {
 		same := old.Address == want.Address && old.Gpus == want.Gpus && maps.Equal(old.Labels, want.Labels) &&
-			old.Version == want.Version && old.AgentHttpAddr == want.AgentHttpAddr
+			old.Version == want.Version && old.AgentHttpAddr == want.AgentHttpAddr && old.AgentGrpcAddr == want.AgentGrpcAddr
 		if same && old.State != llmgwv1.NodeState_NODE_STATE_DOWN {
 			return nil
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -101,6 +102,24 @@ func TestDevServesOpenAI(t *testing.T) {
 		}
 		if len(ids) != 1 || ids[0] != "demo" {
 			t.Fatalf("models = %v, want [demo]", ids)
+		}
+	})
+
+	t.Run("router reads load from the agent's stream", func(t *testing.T) {
+		// The agent registers its LoadService address with its node; the
+		// router subscribes there instead of scraping every engine itself.
+		ok := eventually(10*time.Second, func() bool {
+			resp, err := http.Get("http://" + d.http + "/metrics")
+			if err != nil {
+				return false
+			}
+			defer resp.Body.Close()
+			var buf strings.Builder
+			_, _ = io.Copy(&buf, resp.Body)
+			return strings.Contains(buf.String(), "\nllmgw_router_load_subscriptions 1\n")
+		})
+		if !ok {
+			t.Fatal("the router has no load subscription to the dev agent")
 		}
 	})
 
