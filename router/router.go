@@ -156,6 +156,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	ecfg := endpoint.DefaultConfig()
 	ecfg.ScrapeInterval = cfg.ScrapeInterval
 	ecfg.StaleAfter = 3 * cfg.ScrapeInterval
+	ecfg.ClientID = cfg.ID
 	eps, err := endpoint.New(ecfg, wc, log, reg)
 	if err != nil {
 		return nil, fmt.Errorf("router: endpoints: %w", err)
