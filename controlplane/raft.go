@@ -105,6 +105,9 @@ func (n *raftNode) close(log *slog.Logger) {
 	if err := n.transport.Close(); err != nil {
 		log.Error("raft transport close", "err", err)
 	}
+	// Close leaves pooled connections to peers open, and each holds a
+	// reader goroutine on the peer; release them too.
+	n.transport.CloseStreams()
 	if err := n.store.Close(); err != nil {
 		log.Error("raft store close", "err", err)
 	}
