@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Config configures a control node. Flag names appear in Validate's errors,
-// since the flags are how operators set these.
+// Config configures a control node. Validate's errors name the flag
+// ("--grpc-addr: ...") or, for settings only the config file has, its key
+// ("drain_timeout: ...").
 type Config struct {
 	// NodeID names this server in Raft and to clients; stable across
 	// restarts.
@@ -130,23 +131,23 @@ func (c Config) Validate() error {
 		v    time.Duration
 	}{
 		{"--heartbeat-timeout", c.HeartbeatTimeout}, {"--election-timeout", c.ElectionTimeout},
-		{"leader-lease-timeout", c.LeaderLeaseTimeout}, {"heartbeat-interval", c.HeartbeatInterval},
-		{"agent-timeout", c.AgentTimeout}, {"watch-wait", c.WatchWait},
-		{"reconcile-interval", c.ReconcileInterval}, {"apply-timeout", c.ApplyTimeout},
-		{"node-down-after", c.NodeDownAfter}, {"reschedule-after", c.RescheduleAfter}, {"drain-timeout", c.DrainTimeout},
+		{"leader_lease_timeout", c.LeaderLeaseTimeout}, {"heartbeat_interval", c.HeartbeatInterval},
+		{"agent_timeout", c.AgentTimeout}, {"watch_wait", c.WatchWait},
+		{"reconcile_interval", c.ReconcileInterval}, {"apply_timeout", c.ApplyTimeout},
+		{"node_down_after", c.NodeDownAfter}, {"reschedule_after", c.RescheduleAfter}, {"drain_timeout", c.DrainTimeout},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", d.flag, d.v)
 		}
 	}
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
-		return fmt.Errorf("leader-lease-timeout: %s must not exceed --heartbeat-timeout %s (raft refuses it)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+		return fmt.Errorf("leader_lease_timeout: %s must not exceed --heartbeat-timeout %s (raft refuses it)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
 	}
 	if c.ElectionTimeout < c.HeartbeatTimeout {
 		return fmt.Errorf("--election-timeout: %s must be at least --heartbeat-timeout %s (raft refuses it)", c.ElectionTimeout, c.HeartbeatTimeout)
 	}
 	if c.WatchQueue < 1 {
-		return fmt.Errorf("watch-queue: must be at least 1, got %d", c.WatchQueue)
+		return fmt.Errorf("watch_queue: must be at least 1, got %d", c.WatchQueue)
 	}
 	return nil
 }
