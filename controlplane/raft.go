@@ -134,6 +134,9 @@ type fsmAdapter struct {
 var errStopped = errors.New("fsm stopped after a fatal apply error")
 
 func (a *fsmAdapter) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		return nil // raft's own entries carry no command
+	}
 	if a.stopped.Load() {
 		return applyResult{err: errStopped}
 	}
