@@ -68,6 +68,12 @@ func (w *watchService) Watch(req *llmgwv1.WatchRequest, stream llmgwv1.WatchServ
 			return nil
 		case <-applied:
 		case u := <-sub.Updates():
+			// An agent reports a placement only after it was applied: send
+			// the desired state first, so a router never gets a status for
+			// a uid it cannot know yet (and would drop as an old one).
+			if sent, err = w.sendDesired(stream, sent, false); err != nil {
+				return err
+			}
 			if err := stream.Send(&llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Ephemeral{Ephemeral: u}}); err != nil {
 				return err
 			}
