@@ -43,6 +43,27 @@ const (
 
 var nameRE = regexp.MustCompile(`^` + NamePattern + `$`)
 
+// vllmManagedFlags are the vLLM flags the agent's driver sets from the model
+// and the placement (plan §6); the same flag in extra_args would fight it.
+var vllmManagedFlags = map[string]string{
+	"--host": "the agent binds the node's advertise address", "--port": "the agent allocates it",
+	"--served-model-name": "it is the model's name", "--block-size": "use block_size",
+	"--prefix-caching-hash-algo": "kv_events sets it", "--kv-events-config": "kv_events sets it",
+	"--enable-lora": "adapters set it", "--max-loras": "max_loaded_adapters sets it",
+	"--lora-modules": "use adapters", "--max-lora-rank": "use max_lora_rank",
+}
+
+// managedFlags holds them per engine; the simulator takes vLLM's flags
+// (plan §8).
+var managedFlags = map[string]map[string]string{
+	"vllm": vllmManagedFlags,
+	"sim":  vllmManagedFlags,
+	"llamacpp": {
+		"--host": "the agent binds the node's advertise address", "--port": "the agent allocates it",
+		"-m": "use model", "--model": "use model", "--alias": "it is the model's name", "--lora": "use adapters",
+	},
+}
+
 func checkName(field, name string) error {
 	if name == "" {
 		return invalid(field, "required")
@@ -111,6 +132,15 @@ func ValidateModel(m *llmgwv1.Model) error {
 	external := m.Engine == "external"
 	if !external && m.Model == "" {
 		return invalid("model", "required for engine %q (a Hugging Face id or a path)", m.Engine)
+	}
+	for i, arg := range m.ExtraArgs {
+		flag, _, _ := strings.Cut(arg, "=")
+		if why, ok := managedFlags[m.Engine][flag]; ok {
+			return invalid(fmt.Sprintf("extra_args[%d]", i), "%s is set by llmgw: %s", flag, why)
+		}
+	}
+	if external && len(m.ExtraArgs) > 0 {
+		return invalid("extra_args", "not used for engine \"external\": llmgw runs nothing for it")
 	}
 	if !external && m.Replicas < 1 {
 		return invalid("replicas", "must be at least 1")

@@ -26,6 +26,12 @@ func TestValidateModel(t *testing.T) {
 		{"name ends in dash", func(m *llmgwv1.Model) { m.Name = "demo-" }, "name", "must match"},
 		{"long name", func(m *llmgwv1.Model) { m.Name = strings.Repeat("a", 64) }, "name", "at most 63"},
 		{"dotted name", func(m *llmgwv1.Model) { m.Name = "llama-3.1" }, "", ""},
+		{"extra args", func(m *llmgwv1.Model) { m.ExtraArgs = []string{"--max-num-seqs", "64", "--enforce-eager"} }, "", ""},
+		{"extra args set the port", func(m *llmgwv1.Model) { m.ExtraArgs = []string{"--enforce-eager", "--port=9000"} }, "extra_args[1]", "--port is set by llmgw"},
+		{"extra args name the model for llama.cpp", func(m *llmgwv1.Model) { m.Engine = "llamacpp"; m.ExtraArgs = []string{"-m", "x.gguf"} }, "extra_args[0]", "use model"},
+		{"extra args for external", func(m *llmgwv1.Model) {
+			m.Engine, m.Endpoints, m.ExtraArgs = "external", []string{"http://x"}, []string{"--x"}
+		}, "extra_args", "not used"},
 		{"no engine", func(m *llmgwv1.Model) { m.Engine = "" }, "engine", "required"},
 		{"bad engine", func(m *llmgwv1.Model) { m.Engine = "foo" }, "engine", `"foo" is not one of vllm, llamacpp, sim, external`},
 		{"no model path", func(m *llmgwv1.Model) { m.Model = "" }, "model", "required"},
