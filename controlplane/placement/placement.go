@@ -73,21 +73,28 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)
 	drained := orFalse(in.Drained)
 	plan := Plan{Unplaceable: map[string]int{}}
+	// One pass over the replicas: GPUs in use per node, replicas per model.
+	used := map[string]map[uint32]bool{}
+	byModel := map[string][]*llmgwv1.Replica{}
+	for _, r := range st.GetReplicas() {
+		byModel[r.Model] = append(byModel[r.Model], r)
+		if in.Lost[r.Node] {
+			continue
+		}
+		if used[r.Node] == nil {
+			used[r.Node] = map[uint32]bool{}
+		}
+		for _, g := range r.GpuIndices {
+			used[r.Node][g] = true
+		}
+	}
 	nodeByID := map[string]*llmgwv1.Node{}
 	nodes := map[string]*nodeFree{}
 	for _, n := range st.GetNodes() {
 		nodeByID[n.Id] = n
 		nf := &nodeFree{node: n}
-		used := map[uint32]bool{}
-		for _, r := range st.GetReplicas() {
-			if r.Node == n.Id && !in.Lost[n.Id] {
-				for _, g := range r.GpuIndices {
-					used[g] = true
-				}
-			}
-		}
 		for g := uint32(0); g < n.Gpus; g++ {
-			if !used[g] {
+			if !used[n.Id][g] {
 				nf.free = append(nf.free, g)
 			}
 		}
@@ -101,7 +108,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 		}
 		var stay, moving []*llmgwv1.Replica
 		perNode := map[string]int{}
-		for _, r := range sortedReplicas(st.GetReplicas(), m.Name) {
+		for _, r := range sortedReplicas(byModel[m.Name], m.Name) {
 			switch {
 			case in.Lost[r.Node]:
 				plan.Remove = append(plan.Remove, ref(r))
@@ -181,13 +188,8 @@ func orFalse(f func(*llmgwv1.Replica) bool) func(*llmgwv1.Replica) bool {
 }
 
 // sortedReplicas returns a model's replicas by ordinal, then id.
-func sortedReplicas(all []*llmgwv1.Replica, model string) []*llmgwv1.Replica {
-	var out []*llmgwv1.Replica
-	for _, r := range all {
-		if r.Model == model {
-			out = append(out, r)
-		}
-	}
+func sortedReplicas(rs []*llmgwv1.Replica, model string) []*llmgwv1.Replica {
+	out := slices.Clone(rs)
 	slices.SortFunc(out, func(a, b *llmgwv1.Replica) int {
 		return cmp.Or(cmp.Compare(ordinal(a.Id, model), ordinal(b.Id, model)), cmp.Compare(a.Id, b.Id))
 	})

@@ -153,3 +153,28 @@ func TestReconcileIsStable(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkReconcile runs placement on a large, settled fleet: 500 nodes of
+// 8 GPUs, 200 models of 10 replicas — the leader does this on every apply.
+func BenchmarkReconcile(b *testing.B) {
+	st := &llmgwv1.State{}
+	for i := range 500 {
+		st.Nodes = append(st.Nodes, node(fmt.Sprintf("n%03d", i), 8))
+	}
+	for i := range 200 {
+		st.Models = append(st.Models, model(fmt.Sprintf("m%03d", i), 10, 1))
+	}
+	for len(st.Replicas) < 2000 {
+		p := Reconcile(st, Inputs{})
+		for i, r := range p.Place {
+			r.Id = fmt.Sprintf("%s-%d", r.Model, len(st.Replicas)+i)
+		}
+		st.Replicas = append(st.Replicas, p.Place...)
+	}
+	b.ResetTimer()
+	for b.Loop() {
+		if p := Reconcile(st, Inputs{}); !p.Empty() {
+			b.Fatal("a settled fleet got decisions")
+		}
+	}
+}
