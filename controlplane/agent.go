@@ -3,7 +3,6 @@ package controlplane
 import (
 	"context"
 	"fmt"
-	"maps"
 	"sync/atomic"
 	"time"
 
@@ -193,15 +192,18 @@ func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_
 // node that came back is active again). Draining is the operator's and is
 // kept.
 func (s *Server) registerNode(ctx context.Context, n *llmgwv1.Node) error {
-	want := &llmgwv1.Node{Id: n.Id, Address: n.Address, Gpus: n.Gpus, Labels: n.Labels, Version: n.Version,
-		AgentHttpAddr: n.AgentHttpAddr, AgentGrpcAddr: n.AgentGrpcAddr}
+	// Everything the agent reports is kept, so a field added to Node later
+	// reaches the state without a change here; state and revision are the
+	// control plane's.
+	want := proto.Clone(n).(*llmgwv1.Node)
+	want.State, want.Revision = llmgwv1.NodeState_NODE_STATE_UNSPECIFIED, 0
 	if old, ok := s.fsm.Node(n.Id); ok {
-		same := old.Address == want.Address && old.Gpus == want.Gpus && maps.Equal(old.Labels, want.Labels) &&
-			old.Version == want.Version && old.AgentHttpAddr == want.AgentHttpAddr && old.AgentGrpcAddr == want.AgentGrpcAddr
-		if same && old.State != llmgwv1.NodeState_NODE_STATE_DOWN {
+		wasDown := old.State == llmgwv1.NodeState_NODE_STATE_DOWN
+		old.State, old.Revision = llmgwv1.NodeState_NODE_STATE_UNSPECIFIED, 0
+		if proto.Equal(old, want) && !wasDown {
 			return nil
 		}
-		if old.State == llmgwv1.NodeState_NODE_STATE_DOWN {
+		if wasDown {
 			want.State = llmgwv1.NodeState_NODE_STATE_ACTIVE
 		}
 	}
