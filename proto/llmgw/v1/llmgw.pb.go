@@ -2977,6 +2977,713 @@ func (*WatchEvent_Heartbeat) isWatchEvent_Event() {}
 
 func (*WatchEvent_Mark) isWatchEvent_Event() {}
 
+type JoinRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Gossip addresses (host:port) of servers already in the cluster.
+	GossipAddrs   []string `protobuf:"bytes,1,rep,name=gossip_addrs,json=gossipAddrs,proto3" json:"gossip_addrs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinRequest) Reset() {
+	*x = JoinRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinRequest) ProtoMessage() {}
+
+func (x *JoinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
+func (*JoinRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *JoinRequest) GetGossipAddrs() []string {
+	if x != nil {
+		return x.GossipAddrs
+	}
+	return nil
+}
+
+type JoinResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many of the addresses were contacted successfully.
+	Joined        int32 `protobuf:"varint,1,opt,name=joined,proto3" json:"joined,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinResponse) Reset() {
+	*x = JoinResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinResponse) ProtoMessage() {}
+
+func (x *JoinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
+func (*JoinResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *JoinResponse) GetJoined() int32 {
+	if x != nil {
+		return x.Joined
+	}
+	return 0
+}
+
+type LeaveRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveRequest) Reset() {
+	*x = LeaveRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveRequest) ProtoMessage() {}
+
+func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
+func (*LeaveRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+}
+
+type LeaveResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The leader after the leave, when the leaving server was the leader.
+	NewLeader     string `protobuf:"bytes,1,opt,name=new_leader,json=newLeader,proto3" json:"new_leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveResponse) Reset() {
+	*x = LeaveResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveResponse) ProtoMessage() {}
+
+func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
+func (*LeaveResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *LeaveResponse) GetNewLeader() string {
+	if x != nil {
+		return x.NewLeader
+	}
+	return ""
+}
+
+type MembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersRequest) Reset() {
+	*x = MembersRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersRequest) ProtoMessage() {}
+
+func (x *MembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
+func (*MembersRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+}
+
+// Member is one server in the gossip pool.
+type Member struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Id         string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	GossipAddr string                 `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	GrpcAddr   string                 `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	RaftAddr   string                 `protobuf:"bytes,4,opt,name=raft_addr,json=raftAddr,proto3" json:"raft_addr,omitempty"`
+	Version    string                 `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
+	// alive | suspect | dead | left
+	Status string `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
+	// What the server was started with (plan §5.2: a mismatch is refused).
+	BootstrapExpect int32 `protobuf:"varint,7,opt,name=bootstrap_expect,json=bootstrapExpect,proto3" json:"bootstrap_expect,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *Member) Reset() {
+	*x = Member{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Member) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Member) ProtoMessage() {}
+
+func (x *Member) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Member.ProtoReflect.Descriptor instead.
+func (*Member) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *Member) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Member) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
+	}
+	return ""
+}
+
+func (x *Member) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
+func (x *Member) GetRaftAddr() string {
+	if x != nil {
+		return x.RaftAddr
+	}
+	return ""
+}
+
+func (x *Member) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *Member) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *Member) GetBootstrapExpect() int32 {
+	if x != nil {
+		return x.BootstrapExpect
+	}
+	return 0
+}
+
+type MembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MembersResponse) Reset() {
+	*x = MembersResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MembersResponse) ProtoMessage() {}
+
+func (x *MembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
+func (*MembersResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *MembersResponse) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+type ListPeersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPeersRequest) Reset() {
+	*x = ListPeersRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPeersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPeersRequest) ProtoMessage() {}
+
+func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
+func (*ListPeersRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+}
+
+// RaftPeer is one server of the Raft configuration, with autopilot's view.
+type RaftPeer struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Address string                 `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
+	Voter   bool                   `protobuf:"varint,3,opt,name=voter,proto3" json:"voter,omitempty"`
+	Leader  bool                   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	Healthy bool                   `protobuf:"varint,5,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	// Milliseconds since the leader last heard from it (0 for the leader).
+	LastContactMs int64  `protobuf:"varint,6,opt,name=last_contact_ms,json=lastContactMs,proto3" json:"last_contact_ms,omitempty"`
+	LastIndex     uint64 `protobuf:"varint,7,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	Version       string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
+	// Time the server has been stable (healthy), in seconds; autopilot
+	// promotes non-voters after a stabilization period.
+	StableSeconds int64 `protobuf:"varint,9,opt,name=stable_seconds,json=stableSeconds,proto3" json:"stable_seconds,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RaftPeer) Reset() {
+	*x = RaftPeer{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaftPeer) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaftPeer) ProtoMessage() {}
+
+func (x *RaftPeer) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
+func (*RaftPeer) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *RaftPeer) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RaftPeer) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
+func (x *RaftPeer) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+func (x *RaftPeer) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *RaftPeer) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *RaftPeer) GetLastContactMs() int64 {
+	if x != nil {
+		return x.LastContactMs
+	}
+	return 0
+}
+
+func (x *RaftPeer) GetLastIndex() uint64 {
+	if x != nil {
+		return x.LastIndex
+	}
+	return 0
+}
+
+func (x *RaftPeer) GetVersion() string {
+	if x != nil {
+		return x.Version
+	}
+	return ""
+}
+
+func (x *RaftPeer) GetStableSeconds() int64 {
+	if x != nil {
+		return x.StableSeconds
+	}
+	return 0
+}
+
+type ListPeersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Peers         []*RaftPeer            `protobuf:"bytes,1,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPeersResponse) Reset() {
+	*x = ListPeersResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPeersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPeersResponse) ProtoMessage() {}
+
+func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
+func (*ListPeersResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ListPeersResponse) GetPeers() []*RaftPeer {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+type RemovePeerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemovePeerRequest) Reset() {
+	*x = RemovePeerRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemovePeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemovePeerRequest) ProtoMessage() {}
+
+func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
+func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *RemovePeerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemovePeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemovePeerResponse) Reset() {
+	*x = RemovePeerResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemovePeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemovePeerResponse) ProtoMessage() {}
+
+func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
+func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+}
+
+type TransferLeadershipRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The server to hand leadership to; empty lets Raft choose.
+	To            string `protobuf:"bytes,1,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeadershipRequest) Reset() {
+	*x = TransferLeadershipRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeadershipRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeadershipRequest) ProtoMessage() {}
+
+func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
+func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *TransferLeadershipRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+type TransferLeadershipResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Leader        string                 `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferLeadershipResponse) Reset() {
+	*x = TransferLeadershipResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferLeadershipResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferLeadershipResponse) ProtoMessage() {}
+
+func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
+func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *TransferLeadershipResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
 type ApplyModelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Model         *Model                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
@@ -2986,7 +3693,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2998,7 +3705,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3011,7 +3718,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -3031,7 +3738,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3043,7 +3750,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3056,7 +3763,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -3082,7 +3789,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3801,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3814,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -3126,7 +3833,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3138,7 +3845,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3151,7 +3858,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -3171,7 +3878,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3183,7 +3890,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3196,7 +3903,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -3216,7 +3923,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3228,7 +3935,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3241,7 +3948,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -3270,7 +3977,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3282,7 +3989,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3295,7 +4002,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -3331,7 +4038,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3343,7 +4050,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3356,7 +4063,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -3383,7 +4090,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3395,7 +4102,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3408,7 +4115,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -3433,7 +4140,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3445,7 +4152,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3458,23 +4165,30 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 type ClusterStatusResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The leader's node id; empty when there is none.
-	Leader        string           `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
-	Servers       []*ControlServer `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
-	Revision      uint64           `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
-	ServerId      string           `protobuf:"bytes,4,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Leader   string           `protobuf:"bytes,1,opt,name=leader,proto3" json:"leader,omitempty"`
+	Servers  []*ControlServer `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
+	Revision uint64           `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	ServerId string           `protobuf:"bytes,4,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	// Autopilot's figures (plan §5.2): overall health and how many voters
+	// may fail before quorum is lost.
+	Healthy          bool  `protobuf:"varint,5,opt,name=healthy,proto3" json:"healthy,omitempty"`
+	FailureTolerance int32 `protobuf:"varint,6,opt,name=failure_tolerance,json=failureTolerance,proto3" json:"failure_tolerance,omitempty"`
+	Voters           int32 `protobuf:"varint,7,opt,name=voters,proto3" json:"voters,omitempty"`
+	// The cluster's minimum version (the upgrade gate, plan §13.3).
+	MinVersion    string `protobuf:"bytes,8,opt,name=min_version,json=minVersion,proto3" json:"min_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3486,7 +4200,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3499,7 +4213,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -3530,6 +4244,34 @@ func (x *ClusterStatusResponse) GetServerId() string {
 	return ""
 }
 
+func (x *ClusterStatusResponse) GetHealthy() bool {
+	if x != nil {
+		return x.Healthy
+	}
+	return false
+}
+
+func (x *ClusterStatusResponse) GetFailureTolerance() int32 {
+	if x != nil {
+		return x.FailureTolerance
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetVoters() int32 {
+	if x != nil {
+		return x.Voters
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetMinVersion() string {
+	if x != nil {
+		return x.MinVersion
+	}
+	return ""
+}
+
 type LoadSubscribeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -3539,7 +4281,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +4293,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +4306,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -3595,7 +4337,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3607,7 +4349,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3620,7 +4362,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -3688,7 +4430,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +4442,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +4455,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -3958,7 +4700,48 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aservers\x18\x05 \x01(\v2\x14.llmgw.v1.ServerListH\x00R\aservers\x123\n" +
 	"\theartbeat\x18\x06 \x01(\v2\x13.llmgw.v1.HeartbeatH\x00R\theartbeat\x12,\n" +
 	"\x04mark\x18\a \x01(\v2\x16.llmgw.v1.RevisionMarkH\x00R\x04markB\a\n" +
-	"\x05event\":\n" +
+	"\x05event\"0\n" +
+	"\vJoinRequest\x12!\n" +
+	"\fgossip_addrs\x18\x01 \x03(\tR\vgossipAddrs\"&\n" +
+	"\fJoinResponse\x12\x16\n" +
+	"\x06joined\x18\x01 \x01(\x05R\x06joined\"\x0e\n" +
+	"\fLeaveRequest\".\n" +
+	"\rLeaveResponse\x12\x1d\n" +
+	"\n" +
+	"new_leader\x18\x01 \x01(\tR\tnewLeader\"\x10\n" +
+	"\x0eMembersRequest\"\xd0\x01\n" +
+	"\x06Member\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
+	"\vgossip_addr\x18\x02 \x01(\tR\n" +
+	"gossipAddr\x12\x1b\n" +
+	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x1b\n" +
+	"\traft_addr\x18\x04 \x01(\tR\braftAddr\x12\x18\n" +
+	"\aversion\x18\x05 \x01(\tR\aversion\x12\x16\n" +
+	"\x06status\x18\x06 \x01(\tR\x06status\x12)\n" +
+	"\x10bootstrap_expect\x18\a \x01(\x05R\x0fbootstrapExpect\"=\n" +
+	"\x0fMembersResponse\x12*\n" +
+	"\amembers\x18\x01 \x03(\v2\x10.llmgw.v1.MemberR\amembers\"\x12\n" +
+	"\x10ListPeersRequest\"\x84\x02\n" +
+	"\bRaftPeer\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
+	"\x05voter\x18\x03 \x01(\bR\x05voter\x12\x16\n" +
+	"\x06leader\x18\x04 \x01(\bR\x06leader\x12\x18\n" +
+	"\ahealthy\x18\x05 \x01(\bR\ahealthy\x12&\n" +
+	"\x0flast_contact_ms\x18\x06 \x01(\x03R\rlastContactMs\x12\x1d\n" +
+	"\n" +
+	"last_index\x18\a \x01(\x04R\tlastIndex\x12\x18\n" +
+	"\aversion\x18\b \x01(\tR\aversion\x12%\n" +
+	"\x0estable_seconds\x18\t \x01(\x03R\rstableSeconds\"=\n" +
+	"\x11ListPeersResponse\x12(\n" +
+	"\x05peers\x18\x01 \x03(\v2\x12.llmgw.v1.RaftPeerR\x05peers\"#\n" +
+	"\x11RemovePeerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x14\n" +
+	"\x12RemovePeerResponse\"+\n" +
+	"\x19TransferLeadershipRequest\x12\x0e\n" +
+	"\x02to\x18\x01 \x01(\tR\x02to\"4\n" +
+	"\x1aTransferLeadershipResponse\x12\x16\n" +
+	"\x06leader\x18\x01 \x01(\tR\x06leader\":\n" +
 	"\x11ApplyModelRequest\x12%\n" +
 	"\x05model\x18\x01 \x01(\v2\x0f.llmgw.v1.ModelR\x05model\"W\n" +
 	"\x12ApplyModelResponse\x12\x1a\n" +
@@ -3988,12 +4771,17 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14ListReplicasResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
 	"\breplicas\x18\x02 \x03(\v2\x15.llmgw.v1.ReplicaViewR\breplicas\"\x16\n" +
-	"\x14ClusterStatusRequest\"\x9b\x01\n" +
+	"\x14ClusterStatusRequest\"\x9b\x02\n" +
 	"\x15ClusterStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x121\n" +
 	"\aservers\x18\x02 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\x12\x1a\n" +
 	"\brevision\x18\x03 \x01(\x04R\brevision\x12\x1b\n" +
-	"\tserver_id\x18\x04 \x01(\tR\bserverId\"3\n" +
+	"\tserver_id\x18\x04 \x01(\tR\bserverId\x12\x18\n" +
+	"\ahealthy\x18\x05 \x01(\bR\ahealthy\x12+\n" +
+	"\x11failure_tolerance\x18\x06 \x01(\x05R\x10failureTolerance\x12\x16\n" +
+	"\x06voters\x18\a \x01(\x05R\x06voters\x12\x1f\n" +
+	"\vmin_version\x18\b \x01(\tR\n" +
+	"minVersion\"3\n" +
 	"\x14LoadSubscribeRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xdb\x01\n" +
 	"\vReplicaLoad\x12\x1d\n" +
@@ -4041,7 +4829,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xc0\x03\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xe1\x06\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -4050,7 +4838,14 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"ListModels\x12\x15.llmgw.v1.ListRequest\x1a\x1c.llmgw.v1.ListModelsResponse\x12?\n" +
 	"\tListNodes\x12\x15.llmgw.v1.ListRequest\x1a\x1b.llmgw.v1.ListNodesResponse\x12E\n" +
 	"\fListReplicas\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListReplicasResponse\x12P\n" +
-	"\rClusterStatus\x12\x1e.llmgw.v1.ClusterStatusRequest\x1a\x1f.llmgw.v1.ClusterStatusResponse2T\n" +
+	"\rClusterStatus\x12\x1e.llmgw.v1.ClusterStatusRequest\x1a\x1f.llmgw.v1.ClusterStatusResponse\x125\n" +
+	"\x04Join\x12\x15.llmgw.v1.JoinRequest\x1a\x16.llmgw.v1.JoinResponse\x128\n" +
+	"\x05Leave\x12\x16.llmgw.v1.LeaveRequest\x1a\x17.llmgw.v1.LeaveResponse\x12>\n" +
+	"\aMembers\x12\x18.llmgw.v1.MembersRequest\x1a\x19.llmgw.v1.MembersResponse\x12D\n" +
+	"\tListPeers\x12\x1a.llmgw.v1.ListPeersRequest\x1a\x1b.llmgw.v1.ListPeersResponse\x12G\n" +
+	"\n" +
+	"RemovePeer\x12\x1b.llmgw.v1.RemovePeerRequest\x1a\x1c.llmgw.v1.RemovePeerResponse\x12_\n" +
+	"\x12TransferLeadership\x12#.llmgw.v1.TransferLeadershipRequest\x1a$.llmgw.v1.TransferLeadershipResponse2T\n" +
 	"\vLoadService\x12E\n" +
 	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x01B/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
 
@@ -4067,80 +4862,94 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 68)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
-	(NodeState)(0),                    // 0: llmgw.v1.NodeState
-	(CommandType)(0),                  // 1: llmgw.v1.CommandType
-	(ReplicaPhase)(0),                 // 2: llmgw.v1.ReplicaPhase
-	(ChangeOp)(0),                     // 3: llmgw.v1.ChangeOp
-	(*Adapter)(nil),                   // 4: llmgw.v1.Adapter
-	(*ProfileOverrides)(nil),          // 5: llmgw.v1.ProfileOverrides
-	(*Model)(nil),                     // 6: llmgw.v1.Model
-	(*Node)(nil),                      // 7: llmgw.v1.Node
-	(*Shard)(nil),                     // 8: llmgw.v1.Shard
-	(*Replica)(nil),                   // 9: llmgw.v1.Replica
-	(*ClusterConfig)(nil),             // 10: llmgw.v1.ClusterConfig
-	(*State)(nil),                     // 11: llmgw.v1.State
-	(*Command)(nil),                   // 12: llmgw.v1.Command
-	(*UpsertModelCommand)(nil),        // 13: llmgw.v1.UpsertModelCommand
-	(*DeleteModelCommand)(nil),        // 14: llmgw.v1.DeleteModelCommand
-	(*RegisterNodeCommand)(nil),       // 15: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),       // 16: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),       // 17: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),      // 18: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil), // 19: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),   // 20: llmgw.v1.SetClusterConfigCommand
-	(*ReplicaStatus)(nil),             // 21: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),           // 22: llmgw.v1.EphemeralUpdate
-	(*KVBlocks)(nil),                  // 23: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),             // 24: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                 // 25: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                // 26: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),              // 27: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                   // 28: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),           // 29: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),            // 30: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),           // 31: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                // 32: llmgw.v1.ServerList
-	(*WatchRequest)(nil),              // 33: llmgw.v1.WatchRequest
-	(*Change)(nil),                    // 34: llmgw.v1.Change
-	(*SnapshotBegin)(nil),             // 35: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),               // 36: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),              // 37: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                // 38: llmgw.v1.WatchEvent
-	(*ApplyModelRequest)(nil),         // 39: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),        // 40: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),        // 41: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),       // 42: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),               // 43: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),        // 44: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),         // 45: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),               // 46: llmgw.v1.ReplicaView
-	(*ListReplicasResponse)(nil),      // 47: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),      // 48: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),     // 49: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),      // 50: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),               // 51: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),              // 52: llmgw.v1.LoadSnapshot
-	nil,                               // 53: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                               // 54: llmgw.v1.Model.NodeSelectorEntry
-	nil,                               // 55: llmgw.v1.Node.LabelsEntry
-	nil,                               // 56: llmgw.v1.State.NextOrdinalEntry
-	nil,                               // 57: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(NodeState)(0),                     // 0: llmgw.v1.NodeState
+	(CommandType)(0),                   // 1: llmgw.v1.CommandType
+	(ReplicaPhase)(0),                  // 2: llmgw.v1.ReplicaPhase
+	(ChangeOp)(0),                      // 3: llmgw.v1.ChangeOp
+	(*Adapter)(nil),                    // 4: llmgw.v1.Adapter
+	(*ProfileOverrides)(nil),           // 5: llmgw.v1.ProfileOverrides
+	(*Model)(nil),                      // 6: llmgw.v1.Model
+	(*Node)(nil),                       // 7: llmgw.v1.Node
+	(*Shard)(nil),                      // 8: llmgw.v1.Shard
+	(*Replica)(nil),                    // 9: llmgw.v1.Replica
+	(*ClusterConfig)(nil),              // 10: llmgw.v1.ClusterConfig
+	(*State)(nil),                      // 11: llmgw.v1.State
+	(*Command)(nil),                    // 12: llmgw.v1.Command
+	(*UpsertModelCommand)(nil),         // 13: llmgw.v1.UpsertModelCommand
+	(*DeleteModelCommand)(nil),         // 14: llmgw.v1.DeleteModelCommand
+	(*RegisterNodeCommand)(nil),        // 15: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 16: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 17: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 18: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 19: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 20: llmgw.v1.SetClusterConfigCommand
+	(*ReplicaStatus)(nil),              // 21: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 22: llmgw.v1.EphemeralUpdate
+	(*KVBlocks)(nil),                   // 23: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 24: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 25: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 26: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 27: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 28: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 29: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 30: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 31: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 32: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 33: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 34: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 35: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 36: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 37: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 38: llmgw.v1.WatchEvent
+	(*JoinRequest)(nil),                // 39: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 40: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 41: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 42: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 43: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 44: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 45: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 46: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 47: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 48: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 49: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 50: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 51: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 52: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 53: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 54: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 55: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 56: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 57: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 58: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 59: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 60: llmgw.v1.ReplicaView
+	(*ListReplicasResponse)(nil),       // 61: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 62: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 63: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 64: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 65: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 66: llmgw.v1.LoadSnapshot
+	nil,                                // 67: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 68: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 69: llmgw.v1.Node.LabelsEntry
+	nil,                                // 70: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 71: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	53, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	54, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	67, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	68, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	5,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	4,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	55, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	69, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,  // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	8,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	6,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	7,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	9,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	10, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	56, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	70, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	1,  // 12: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
 	6,  // 13: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
 	7,  // 14: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
@@ -4176,39 +4985,53 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	32, // 44: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
 	25, // 45: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
 	37, // 46: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	6,  // 47: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	6,  // 48: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	6,  // 49: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	7,  // 50: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	57, // 51: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	9,  // 52: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	21, // 53: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	46, // 54: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	24, // 55: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	51, // 56: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	27, // 57: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	33, // 58: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	39, // 59: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	41, // 60: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	43, // 61: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	43, // 62: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	43, // 63: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	48, // 64: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	50, // 65: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	30, // 66: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	38, // 67: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	40, // 68: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	42, // 69: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	44, // 70: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	45, // 71: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	47, // 72: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	49, // 73: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	52, // 74: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	66, // [66:75] is the sub-list for method output_type
-	57, // [57:66] is the sub-list for method input_type
-	57, // [57:57] is the sub-list for extension type_name
-	57, // [57:57] is the sub-list for extension extendee
-	0,  // [0:57] is the sub-list for field type_name
+	44, // 47: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	47, // 48: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	6,  // 49: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	6,  // 50: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	6,  // 51: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	7,  // 52: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	71, // 53: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	9,  // 54: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	21, // 55: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	60, // 56: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	24, // 57: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	65, // 58: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	27, // 59: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	33, // 60: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	53, // 61: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	55, // 62: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	57, // 63: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	57, // 64: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	57, // 65: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	62, // 66: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	39, // 67: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	41, // 68: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	43, // 69: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	46, // 70: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	49, // 71: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	51, // 72: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	64, // 73: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	30, // 74: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	38, // 75: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	54, // 76: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	56, // 77: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	58, // 78: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	59, // 79: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	61, // 80: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	63, // 81: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	40, // 82: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	42, // 83: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	45, // 84: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	48, // 85: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	50, // 86: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	52, // 87: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	66, // 88: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	74, // [74:89] is the sub-list for method output_type
+	59, // [59:74] is the sub-list for method input_type
+	59, // [59:59] is the sub-list for extension type_name
+	59, // [59:59] is the sub-list for extension extendee
+	0,  // [0:59] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -4249,7 +5072,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   54,
+			NumMessages:   68,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -235,12 +235,18 @@ var WatchService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdminService_ApplyModel_FullMethodName    = "/llmgw.v1.AdminService/ApplyModel"
-	AdminService_DeleteModel_FullMethodName   = "/llmgw.v1.AdminService/DeleteModel"
-	AdminService_ListModels_FullMethodName    = "/llmgw.v1.AdminService/ListModels"
-	AdminService_ListNodes_FullMethodName     = "/llmgw.v1.AdminService/ListNodes"
-	AdminService_ListReplicas_FullMethodName  = "/llmgw.v1.AdminService/ListReplicas"
-	AdminService_ClusterStatus_FullMethodName = "/llmgw.v1.AdminService/ClusterStatus"
+	AdminService_ApplyModel_FullMethodName         = "/llmgw.v1.AdminService/ApplyModel"
+	AdminService_DeleteModel_FullMethodName        = "/llmgw.v1.AdminService/DeleteModel"
+	AdminService_ListModels_FullMethodName         = "/llmgw.v1.AdminService/ListModels"
+	AdminService_ListNodes_FullMethodName          = "/llmgw.v1.AdminService/ListNodes"
+	AdminService_ListReplicas_FullMethodName       = "/llmgw.v1.AdminService/ListReplicas"
+	AdminService_ClusterStatus_FullMethodName      = "/llmgw.v1.AdminService/ClusterStatus"
+	AdminService_Join_FullMethodName               = "/llmgw.v1.AdminService/Join"
+	AdminService_Leave_FullMethodName              = "/llmgw.v1.AdminService/Leave"
+	AdminService_Members_FullMethodName            = "/llmgw.v1.AdminService/Members"
+	AdminService_ListPeers_FullMethodName          = "/llmgw.v1.AdminService/ListPeers"
+	AdminService_RemovePeer_FullMethodName         = "/llmgw.v1.AdminService/RemovePeer"
+	AdminService_TransferLeadership_FullMethodName = "/llmgw.v1.AdminService/TransferLeadership"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -253,6 +259,18 @@ type AdminServiceClient interface {
 	ListNodes(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	ListReplicas(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListReplicasResponse, error)
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
+	// Servers (plan §5.2). Join asks the server called to join the gossip
+	// pool through the given gossip addresses; Raft membership follows gossip.
+	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
+	// Leave makes the server called leave gracefully: a leader transfers
+	// leadership first; the server is marked as leaving so it is not added back.
+	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
+	// Members lists the gossip pool as the server called sees it.
+	Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error)
+	// Raft (answered by the leader; forwarded there from any server).
+	ListPeers(ctx context.Context, in *ListPeersRequest, opts ...grpc.CallOption) (*ListPeersResponse, error)
+	RemovePeer(ctx context.Context, in *RemovePeerRequest, opts ...grpc.CallOption) (*RemovePeerResponse, error)
+	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
 }
 
 type adminServiceClient struct {
@@ -323,6 +341,66 @@ func (c *adminServiceClient) ClusterStatus(ctx context.Context, in *ClusterStatu
 	return out, nil
 }
 
+func (c *adminServiceClient) Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinResponse)
+	err := c.cc.Invoke(ctx, AdminService_Join_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaveResponse)
+	err := c.cc.Invoke(ctx, AdminService_Leave_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) Members(ctx context.Context, in *MembersRequest, opts ...grpc.CallOption) (*MembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MembersResponse)
+	err := c.cc.Invoke(ctx, AdminService_Members_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListPeers(ctx context.Context, in *ListPeersRequest, opts ...grpc.CallOption) (*ListPeersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListPeersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListPeers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RemovePeer(ctx context.Context, in *RemovePeerRequest, opts ...grpc.CallOption) (*RemovePeerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemovePeerResponse)
+	err := c.cc.Invoke(ctx, AdminService_RemovePeer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferLeadershipResponse)
+	err := c.cc.Invoke(ctx, AdminService_TransferLeadership_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -333,6 +411,18 @@ type AdminServiceServer interface {
 	ListNodes(context.Context, *ListRequest) (*ListNodesResponse, error)
 	ListReplicas(context.Context, *ListRequest) (*ListReplicasResponse, error)
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
+	// Servers (plan §5.2). Join asks the server called to join the gossip
+	// pool through the given gossip addresses; Raft membership follows gossip.
+	Join(context.Context, *JoinRequest) (*JoinResponse, error)
+	// Leave makes the server called leave gracefully: a leader transfers
+	// leadership first; the server is marked as leaving so it is not added back.
+	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
+	// Members lists the gossip pool as the server called sees it.
+	Members(context.Context, *MembersRequest) (*MembersResponse, error)
+	// Raft (answered by the leader; forwarded there from any server).
+	ListPeers(context.Context, *ListPeersRequest) (*ListPeersResponse, error)
+	RemovePeer(context.Context, *RemovePeerRequest) (*RemovePeerResponse, error)
+	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -360,6 +450,24 @@ func (UnimplementedAdminServiceServer) ListReplicas(context.Context, *ListReques
 }
 func (UnimplementedAdminServiceServer) ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClusterStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
+}
+func (UnimplementedAdminServiceServer) Leave(context.Context, *LeaveRequest) (*LeaveResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Leave not implemented")
+}
+func (UnimplementedAdminServiceServer) Members(context.Context, *MembersRequest) (*MembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedAdminServiceServer) ListPeers(context.Context, *ListPeersRequest) (*ListPeersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListPeers not implemented")
+}
+func (UnimplementedAdminServiceServer) RemovePeer(context.Context, *RemovePeerRequest) (*RemovePeerResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemovePeer not implemented")
+}
+func (UnimplementedAdminServiceServer) TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TransferLeadership not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -490,6 +598,114 @@ func _AdminService_ClusterStatus_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_Join_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Join(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Join_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Join(ctx, req.(*JoinRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_Leave_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Leave(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Leave_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Leave(ctx, req.(*LeaveRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_Members_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Members(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Members_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Members(ctx, req.(*MembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListPeers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListPeersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListPeers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListPeers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListPeers(ctx, req.(*ListPeersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RemovePeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemovePeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RemovePeer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RemovePeer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RemovePeer(ctx, req.(*RemovePeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_TransferLeadership_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferLeadershipRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).TransferLeadership(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_TransferLeadership_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).TransferLeadership(ctx, req.(*TransferLeadershipRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -520,6 +736,30 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClusterStatus",
 			Handler:    _AdminService_ClusterStatus_Handler,
+		},
+		{
+			MethodName: "Join",
+			Handler:    _AdminService_Join_Handler,
+		},
+		{
+			MethodName: "Leave",
+			Handler:    _AdminService_Leave_Handler,
+		},
+		{
+			MethodName: "Members",
+			Handler:    _AdminService_Members_Handler,
+		},
+		{
+			MethodName: "ListPeers",
+			Handler:    _AdminService_ListPeers_Handler,
+		},
+		{
+			MethodName: "RemovePeer",
+			Handler:    _AdminService_RemovePeer_Handler,
+		},
+		{
+			MethodName: "TransferLeadership",
+			Handler:    _AdminService_TransferLeadership_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
