@@ -172,6 +172,7 @@ func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_
 				s.log.Warn("agent update for another node or session dropped", "agent_node", nodeID, "update_node", u.GetNode(), "epoch", u.GetEpoch())
 				continue
 			}
+			u = s.ownKV(u, nodeID)
 			v := s.eph.Apply(u)
 			s.metrics.ephemeralUpdates.WithLabelValues(v.String()).Inc()
 			if v == ephemeral.Gap {
@@ -185,6 +186,37 @@ func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_
 			s.log.Debug("unknown agent message ignored", "agent_node", nodeID)
 		}
 	}
+}
+
+// ownKV drops the KV entries of replicas whose leader shard is not on the
+// sending node (plan §7.5 step 3): only the node that runs a replica's
+// engine knows its cache. The update keeps its node, epoch and seq, so the
+// acceptance rule is unchanged.
+func (s *Server) ownKV(u *llmgwv1.EphemeralUpdate, nodeID string) *llmgwv1.EphemeralUpdate {
+	var keep []*llmgwv1.KVBlocks
+	for _, b := range u.Kv {
+		if r, ok := s.fsm.Replica(b.GetReplicaId()); ok && leaderNode(r) == nodeID {
+			keep = append(keep, b)
+		}
+	}
+	if len(keep) == len(u.Kv) {
+		return u
+	}
+	s.metrics.kvForeign.Add(float64(len(u.Kv) - len(keep)))
+	filtered := proto.Clone(u).(*llmgwv1.EphemeralUpdate)
+	filtered.Kv = keep
+	return filtered
+}
+
+// leaderNode is the node of a replica's rank-0 shard, which serves HTTP and
+// publishes KV events.
+func leaderNode(r *llmgwv1.Replica) string {
+	for _, sh := range r.Shards {
+		if sh.Rank == 0 {
+			return sh.Node
+		}
+	}
+	return r.Node
 }
 
 // registerNode commits the agent's view of its node when it differs from

@@ -16,6 +16,7 @@ type metrics struct {
 	applySeconds     prometheus.Histogram
 	agentSessions    prometheus.Gauge
 	ephemeralUpdates *prometheus.CounterVec
+	kvForeign        prometheus.Counter
 	watchers         prometheus.Gauge
 	watchOverflows   prometheus.Counter
 	watchSnapshots   prometheus.Counter
@@ -51,6 +52,9 @@ func newMetrics(v raftView) *metrics {
 		ephemeralUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_control_ephemeral_updates_total", Help: "Agent updates received, by what the acceptance rule did with them.",
 		}, []string{"verdict"}),
+		kvForeign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_control_kv_foreign_total", Help: "KV entries dropped because the sending agent's node does not run the replica's leader shard.",
+		}),
 		watchers: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmgw_control_watchers", Help: "Watch streams open on this node.",
 		}),
@@ -75,7 +79,7 @@ func newMetrics(v raftView) *metrics {
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.leaderChanges, m.commitSeconds, m.applySeconds, m.agentSessions, m.ephemeralUpdates,
+		m.leaderChanges, m.commitSeconds, m.applySeconds, m.agentSessions, m.ephemeralUpdates, m.kvForeign,
 		m.watchers, m.watchOverflows, m.watchSnapshots, m.placements,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "llmgw_control_raft_has_leader", Help: "1 when this node knows a leader.",

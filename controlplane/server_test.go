@@ -234,7 +234,11 @@ func TestServerEndToEnd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	send(&llmgwv1.EphemeralUpdate{Seq: 1, Full: true, Statuses: []*llmgwv1.ReplicaStatus{status1("demo-0", r0.Uid, "9000"), status1("demo-1", r1.Uid, "9001")}})
+	send(&llmgwv1.EphemeralUpdate{Seq: 1, Full: true, Statuses: []*llmgwv1.ReplicaStatus{status1("demo-0", r0.Uid, "9000"), status1("demo-1", r1.Uid, "9001")},
+		Kv: []*llmgwv1.KVBlocks{
+			{ReplicaId: "demo-0", Uid: r0.Uid, Incarnation: 1, Reset_: true, Stored: []uint64{2, 1}, BlockSize: 16},
+			{ReplicaId: "ghost-0", Uid: 1, Incarnation: 1, Reset_: true, Stored: []uint64{7}}, // not this node's: dropped
+		}})
 	restarted := status1("demo-1", r1.Uid, "9002")
 	restarted.Restarts = 1
 	send(&llmgwv1.EphemeralUpdate{Seq: 2, Statuses: []*llmgwv1.ReplicaStatus{restarted}})
@@ -303,6 +307,9 @@ func TestServerEndToEnd(t *testing.T) {
 	if full == nil || !full.Full || full.Node != "n1" || full.Epoch != epoch || full.Seq != 2 || len(full.Statuses) != 2 {
 		t.Fatalf("expected the full ephemeral copy at seq 2, got %v", full)
 	}
+	if len(full.Kv) != 1 || full.Kv[0].ReplicaId != "demo-0" || !full.Kv[0].Reset_ || len(full.Kv[0].Stored) != 2 || full.Kv[0].BlockSize != 16 {
+		t.Fatalf("expected demo-0's KV blocks only in the copy, got %v", full.Kv)
+	}
 	// A live delta arrives as the agent sent it.
 	send(&llmgwv1.EphemeralUpdate{Seq: 3, RemovedReplicas: []string{"demo-0"}})
 	if d := recvWatch(t, watch).GetEphemeral(); d == nil || d.Full || d.Seq != 3 || d.Epoch != epoch || len(d.RemovedReplicas) != 1 {
@@ -368,6 +375,7 @@ func TestServerEndToEnd(t *testing.T) {
 		{"/metrics", "llmgw_control_raft_has_leader 1"},
 		{"/metrics", "llmgw_control_agent_sessions 1"},
 		{"/metrics", `llmgw_control_ephemeral_updates_total{verdict="gap"} 1`},
+		{"/metrics", "llmgw_control_kv_foreign_total 1"},
 		{"/metrics", `llmgw_control_ephemeral_updates_total{verdict="accepted"} 3`},
 		{"/metrics", `llmgw_control_placement_decisions_total{action="place",result="ok"} 2`},
 	} {

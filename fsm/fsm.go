@@ -496,6 +496,17 @@ func (f *FSM) Model(name string) (*llmgwv1.Model, bool) {
 	return proto.Clone(m).(*llmgwv1.Model), true
 }
 
+// Replica returns a copy of the replica with this id.
+func (f *FSM) Replica(id string) (*llmgwv1.Replica, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	r, ok := f.replicas[id]
+	if !ok {
+		return nil, false
+	}
+	return proto.Clone(r).(*llmgwv1.Replica), true
+}
+
 // Node returns a copy of the node with this id.
 func (f *FSM) Node(id string) (*llmgwv1.Node, bool) {
 	f.mu.RLock()

@@ -1,5 +1,6 @@
 // Package ephemeral holds the agents' high-churn data on a control node —
-// replica status now, KV and adapter status later — outside Raft (plan §5.4).
+// replica status and KV-cache blocks now, adapter status later — outside
+// Raft (plan §5.4).
 //
 // Each agent's data is ordered by (node, epoch, seq), and every hop applies
 // the same acceptance rule: a full copy newer than what is held replaces it;
@@ -53,6 +54,44 @@ var ErrOverflow = errors.New("ephemeral subscriber fell behind")
 type nodeData struct {
 	epoch, seq uint64
 	statuses   map[string]*llmgwv1.ReplicaStatus
+	kv         map[string]*kvState // by replica id
+}
+
+// kvState is the KV-cache block set the agent's mirror last reported for one
+// replica (plan §7.5), kept so a watcher that connects later gets it whole.
+type kvState struct {
+	uid, incarnation uint64
+	blockSize        uint32
+	untrusted        bool
+	blocks           map[uint64]struct{}
+}
+
+func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
+	if reset || k.blocks == nil || k.uid != b.Uid || k.incarnation != b.Incarnation {
+		// A reset, or another engine's blocks: what was held says nothing
+		// about this one.
+		k.blocks = map[uint64]struct{}{}
+	}
+	k.uid, k.incarnation, k.untrusted = b.Uid, b.Incarnation, b.Untrusted
+	if b.BlockSize != 0 {
+		k.blockSize = b.BlockSize
+	}
+	for _, h := range b.Stored {
+		k.blocks[h] = struct{}{}
+	}
+	for _, h := range b.Removed {
+		delete(k.blocks, h)
+	}
+}
+
+func (k *kvState) copy(replicaID string) *llmgwv1.KVBlocks {
+	out := &llmgwv1.KVBlocks{ReplicaId: replicaID, Uid: k.uid, Incarnation: k.incarnation, Reset_: true,
+		Untrusted: k.untrusted, BlockSize: k.blockSize, Stored: make([]uint64, 0, len(k.blocks))}
+	for h := range k.blocks {
+		out.Stored = append(out.Stored, h)
+	}
+	slices.Sort(out.Stored)
+	return out
 }
 
 // Store is safe for concurrent use.
@@ -91,7 +130,7 @@ func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
 		return v
 	}
 	if u.Full || !ok {
-		held = &nodeData{statuses: map[string]*llmgwv1.ReplicaStatus{}}
+		held = &nodeData{statuses: map[string]*llmgwv1.ReplicaStatus{}, kv: map[string]*kvState{}}
 		s.nodes[u.Node] = held
 	}
 	held.epoch, held.seq = u.Epoch, u.Seq
@@ -100,8 +139,21 @@ func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
 			held.statuses[st.ReplicaId] = proto.Clone(st).(*llmgwv1.ReplicaStatus)
 		}
 	}
+	for _, b := range u.Kv {
+		if b.GetReplicaId() == "" {
+			continue
+		}
+		k, ok := held.kv[b.ReplicaId]
+		if !ok {
+			k = &kvState{}
+			held.kv[b.ReplicaId] = k
+		}
+		// In a full copy every entry is a reset (proto: KVBlocks).
+		k.apply(b, b.Reset_ || u.Full)
+	}
 	for _, id := range u.RemovedReplicas {
 		delete(held.statuses, id)
+		delete(held.kv, id)
 	}
 	for sub := range s.subs {
 		sub.offer(proto.Clone(u).(*llmgwv1.EphemeralUpdate))
@@ -179,6 +231,10 @@ func (s *Store) copiesLocked() []*llmgwv1.EphemeralUpdate {
 			u.Statuses = append(u.Statuses, proto.Clone(st).(*llmgwv1.ReplicaStatus))
 		}
 		slices.SortFunc(u.Statuses, func(a, b *llmgwv1.ReplicaStatus) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
+		for id, k := range d.kv {
+			u.Kv = append(u.Kv, k.copy(id))
+		}
+		slices.SortFunc(u.Kv, func(a, b *llmgwv1.KVBlocks) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
 		out = append(out, u)
 	}
 	slices.SortFunc(out, func(a, b *llmgwv1.EphemeralUpdate) int { return cmp.Compare(a.Node, b.Node) })

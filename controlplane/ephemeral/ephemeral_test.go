@@ -1,6 +1,7 @@
 package ephemeral
 
 import (
+	"fmt"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -164,4 +165,37 @@ func FuzzApply(f *testing.F) {
 		}
 		_ = s.StatusOf(&llmgwv1.Replica{Id: "a", Node: "n1", Uid: 5})
 	})
+}
+
+func TestKVBlocksAreHeldForCopies(t *testing.T) {
+	s := NewStore()
+	full := upd(1, 1, true, "a")
+	full.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 1, Stored: []uint64{3, 1, 2}, BlockSize: 16}}
+	s.Apply(full)
+	d := upd(1, 2, false)
+	d.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 1, Stored: []uint64{4}, Removed: []uint64{1}}}
+	s.Apply(d)
+	copyOf := func() *llmgwv1.KVBlocks {
+		_, copies := s.Subscribe(1)
+		if len(copies) != 1 || len(copies[0].Kv) != 1 {
+			t.Fatalf("copies: %v", copies)
+		}
+		return copies[0].Kv[0]
+	}
+	if k := copyOf(); !k.Reset_ || fmt.Sprint(k.Stored) != "[2 3 4]" || k.BlockSize != 16 || k.Uid != 1 {
+		t.Fatalf("after a delta: %v", k)
+	}
+	// A new incarnation replaces the set even without a reset.
+	d = upd(1, 3, false)
+	d.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 2, Stored: []uint64{9}, Untrusted: true}}
+	s.Apply(d)
+	if k := copyOf(); fmt.Sprint(k.Stored) != "[9]" || !k.Untrusted || k.Incarnation != 2 || k.BlockSize != 16 {
+		t.Fatalf("after a restart: %v", k)
+	}
+	d = upd(1, 4, false)
+	d.RemovedReplicas = []string{"a"}
+	s.Apply(d)
+	if _, copies := s.Subscribe(1); len(copies[0].Kv) != 0 {
+		t.Fatalf("a removed replica's blocks are kept: %v", copies[0].Kv)
+	}
 }
