@@ -164,7 +164,7 @@ func (c *cli) clusterCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "cluster", Short: "The control plane as a whole"}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "status",
-		Short: "Leader, servers and revision",
+		Short: "Leader, voters, health, failure tolerance, versions and revision",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
@@ -175,12 +175,21 @@ func (c *cli) clusterCmd() *cobra.Command {
 				if c.output == "json" {
 					return c.printJSON(resp)
 				}
-				fmt.Fprintf(c.out, "leader:   %s\nrevision: %d\n\n", orDash(resp.Leader), resp.Revision)
+				// The figures an operator checks before touching a server:
+				// whether autopilot calls the cluster healthy and how many
+				// voters may fail before quorum is lost (plan §5.2).
+				fmt.Fprintf(c.out, "leader:            %s\n", orDash(resp.Leader))
+				fmt.Fprintf(c.out, "voters:            %d\n", resp.Voters)
+				fmt.Fprintf(c.out, "healthy:           %t\n", resp.Healthy)
+				fmt.Fprintf(c.out, "failure tolerance: %d\n", resp.FailureTolerance)
+				fmt.Fprintf(c.out, "min version:       %s\n", orDash(resp.MinVersion))
+				fmt.Fprintf(c.out, "revision:          %d\n", resp.Revision)
+				fmt.Fprintf(c.out, "answered by:       %s\n\n", orDash(resp.ServerId))
 				rows := make([][]string, 0, len(resp.Servers))
 				for _, s := range resp.Servers {
-					rows = append(rows, []string{s.Id, s.GrpcAddr, s.RaftAddr, strconv.FormatBool(s.Leader), strconv.FormatBool(s.Voter), orDash(s.Version)})
+					rows = append(rows, []string{s.Id, s.GrpcAddr, s.RaftAddr, orDash(s.GossipAddr), strconv.FormatBool(s.Leader), strconv.FormatBool(s.Voter), orDash(s.Version)})
 				}
-				return c.printTable([]string{"ID", "GRPC", "RAFT", "LEADER", "VOTER", "VERSION"}, rows)
+				return c.printTable([]string{"ID", "GRPC", "RAFT", "GOSSIP", "LEADER", "VOTER", "VERSION"}, rows)
 			})
 		},
 	})

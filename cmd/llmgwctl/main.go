@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -63,7 +64,8 @@ func newRootCmd(out io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&c.addr, "addr", addr, "a control-plane server's gRPC address (env LLMGW_ADDR)")
 	root.PersistentFlags().StringVarP(&c.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().DurationVar(&c.timeout, "timeout", 10*time.Second, "how long one call may take")
-	root.AddCommand(c.modelCmd(), c.nodeCmd(), c.replicaCmd(), c.clusterCmd(), c.benchCmd())
+	root.AddCommand(c.modelCmd(), c.nodeCmd(), c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
+		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd())
 	return root
 }
 
@@ -81,13 +83,18 @@ func (c *cli) admin(ctx context.Context, fn func(context.Context, llmgwv1.AdminS
 }
 
 // plainError turns a gRPC status into the server's message, which already
-// names the field or object at fault; the code is noise to an operator.
+// names the field or object at fault; the code is noise to an operator. The
+// operation a command wrapped around the status ("raft remove-peer c3: ...")
+// is kept.
 func plainError(err error) error {
 	if err == nil {
 		return nil
 	}
-	if s, ok := status.FromError(err); ok {
-		return errors.New(s.Message())
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return err
 	}
-	return err
+	inner := se.(error).Error()
+	msg := se.GRPCStatus().Message()
+	return errors.New(strings.Replace(err.Error(), inner, msg, 1))
 }
