@@ -1,0 +1,395 @@
+package kv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// ListenerConfig describes one engine's KV-event sockets and hashing.
+type ListenerConfig struct {
+	// ReplicaID and UID name the replica whose leader shard the engine is.
+	ReplicaID string
+	UID       uint64
+	// Endpoint is where the SUB socket binds, the endpoint the engine's PUB
+	// is told to connect to: tcp://127.0.0.1:PORT. vLLM connects rather
+	// than binds to a non-wildcard endpoint, so the agent binds first and
+	// the engine may start, crash and restart against it (plan §6).
+	Endpoint string
+	// ReplayEndpoint is the engine's replay ROUTER socket; empty means the
+	// engine has none, and every gap makes the replica untrusted.
+	ReplayEndpoint string
+	// Topic is the engine's topic (a prefix match, as ZMQ subscribes).
+	Topic string
+	// BlockSize is the engine's block size in tokens, until its events say.
+	BlockSize uint32
+	// HashSeed is the engine's PYTHONHASHSEED: the first block's parent is
+	// its hash, so the mirror derives canonical hashes with the same seed
+	// the router hashes prompts with.
+	HashSeed string
+	// ReplayTimeout is how long a replay may go without a reply before the
+	// gap counts as unrepairable.
+	ReplayTimeout time.Duration
+	// CatchUp asks for a replay from seq 0 at once: for an engine that was
+	// running before this listener (re-adopted after an agent restart),
+	// whose earlier batches the mirror never saw.
+	CatchUp bool
+	// QueueSize bounds the messages waiting while a replay runs.
+	QueueSize int
+}
+
+// DefaultListenerConfig has vLLM's defaults (topic "", block size 16) and
+// the agent's timings; the caller sets the replica and endpoints.
+func DefaultListenerConfig() ListenerConfig {
+	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, QueueSize: 4096}
+}
+
+// Validate reports the first bad field by its name.
+func (c ListenerConfig) Validate() error {
+	switch {
+	case c.ReplicaID == "":
+		return errors.New("kv listener: replica_id: required")
+	case !strings.HasPrefix(c.Endpoint, "tcp://"):
+		return fmt.Errorf("kv listener: endpoint %q: must be tcp://HOST:PORT", c.Endpoint)
+	case c.ReplayEndpoint != "" && !strings.HasPrefix(c.ReplayEndpoint, "tcp://"):
+		return fmt.Errorf("kv listener: replay_endpoint %q: must be tcp://HOST:PORT", c.ReplayEndpoint)
+	case c.BlockSize == 0:
+		return errors.New("kv listener: block_size: must be at least 1")
+	case c.ReplayTimeout <= 0:
+		return errors.New("kv listener: replay_timeout: must be positive")
+	case c.QueueSize <= 0:
+		return errors.New("kv listener: queue_size: must be at least 1")
+	}
+	return nil
+}
+
+// Listener receives one engine's KV events into its mirror in the hub.
+//
+// It owns two goroutines: one receives from the SUB socket into a bounded
+// queue; the other applies batches in seq order, and on a gap asks the
+// engine's replay socket for what is missing (while live batches wait in
+// the queue). Close stops both and waits.
+type Listener struct {
+	cfg    ListenerConfig
+	log    *slog.Logger
+	zlog   *log.Logger
+	hub    *Hub
+	mirror *mirror
+	sub    zmq4.Socket
+	msgs   chan zmq4.Msg
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// Listen binds the engine's SUB socket and starts receiving. It must be
+// called before the engine starts; an error (the port taken, say) is for
+// the caller to log and start the engine without events — routers then use
+// tier 1 for the replica rather than the replica not running at all.
+func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = h.log
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &Listener{
+		cfg: cfg, log: logger.With("replica", cfg.ReplicaID), hub: h,
+		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed),
+		msgs:   make(chan zmq4.Msg, cfg.QueueSize), cancel: cancel,
+	}
+	l.zlog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
+	l.sub = zmq4.NewSub(ctx, zmq4.WithLogger(l.zlog))
+	if err := l.sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
+		cancel()
+		_ = l.sub.Close()
+		h.metrics.listenFailures.Inc()
+		return nil, fmt.Errorf("kv listener: subscribe: %w", err)
+	}
+	if err := l.sub.Listen(cfg.Endpoint); err != nil {
+		cancel()
+		_ = l.sub.Close()
+		h.metrics.listenFailures.Inc()
+		return nil, fmt.Errorf("kv listener: bind %s: %w", cfg.Endpoint, err)
+	}
+	h.add(l.mirror)
+	l.wg.Add(2)
+	go l.receive(ctx)
+	go l.process(ctx)
+	l.log.Info("listening for kv cache events", "endpoint", l.Endpoint(), "replay", cfg.ReplayEndpoint)
+	return l, nil
+}
+
+// Endpoint is the bound endpoint (with the port chosen for port 0).
+func (l *Listener) Endpoint() string {
+	if a, ok := l.sub.Addr().(*net.TCPAddr); ok && a != nil {
+		return "tcp://" + a.String()
+	}
+	return l.cfg.Endpoint
+}
+
+// Engine tells the listener which engine process publishes now, by the
+// incarnation the supervisor gives each start. A new incarnation resets
+// the mirror: a new process has an empty cache and counts seq from 0.
+// The supervisor reports a start before the engine can publish, so no
+// batch of the new process is applied to the old mirror.
+func (l *Listener) Engine(incarnation uint64) {
+	m := l.mirror
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.incarnation == incarnation {
+		return
+	}
+	if m.incarnation != 0 {
+		l.hub.metrics.resets.WithLabelValues("restart").Inc()
+		l.log.Info("engine restarted; kv mirror reset", "incarnation", incarnation)
+	}
+	m.newEngine(incarnation)
+}
+
+// Close stops receiving, waits for the listener's goroutines and drops the
+// replica's mirror from the hub. It is idempotent.
+func (l *Listener) Close() {
+	l.once.Do(func() {
+		l.cancel()
+		_ = l.sub.Close()
+		l.wg.Wait()
+		l.hub.drop(l.mirror)
+	})
+}
+
+func (l *Listener) receive(ctx context.Context) {
+	defer l.wg.Done()
+	for {
+		msg, err := l.sub.Recv()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			// One connection ended (the engine exited); the socket stays
+			// bound for the next process.
+			l.log.Debug("kv events: receive", "err", err)
+			continue
+		}
+		select {
+		case l.msgs <- msg:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (l *Listener) process(ctx context.Context) {
+	defer l.wg.Done()
+	if l.cfg.CatchUp {
+		l.mirror.mu.Lock()
+		gen := l.mirror.gen
+		l.mirror.mu.Unlock()
+		l.repair(ctx, gen, 0, false)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case msg := <-l.msgs:
+			l.handle(ctx, msg)
+		}
+	}
+}
+
+// handle applies one live message, or repairs the gap before it.
+func (l *Listener) handle(ctx context.Context, msg zmq4.Msg) {
+	met := l.hub.metrics
+	topic, seq, payload, err := vllm.ParsePubFrames(msg.Frames)
+	if err != nil {
+		// A message without a seq cannot be placed; if it carried a batch,
+		// the next one shows the gap.
+		met.badBatches.Inc()
+		l.log.Warn("kv events: bad message", "err", err)
+		return
+	}
+	if !strings.HasPrefix(topic, l.cfg.Topic) {
+		return
+	}
+	m := l.mirror
+	m.mu.Lock()
+	switch {
+	case m.untrusted:
+		// Only an AllBlocksCleared can make the set known again; gaps
+		// before it do not matter.
+		m.seq = seqState{started: true, next: seq + 1}
+		l.applyLocked(seq, payload)
+		m.mu.Unlock()
+		return
+	case (!m.seq.started && seq == 0) || (m.seq.started && seq == m.seq.next):
+		l.applyLocked(seq, payload)
+		m.mu.Unlock()
+		return
+	case m.seq.started && seq < m.seq.next:
+		// Already applied, from a replay that overtook the live stream.
+		m.mu.Unlock()
+		return
+	}
+	gen := m.gen
+	m.mu.Unlock()
+	met.gaps.Inc()
+	l.repair(ctx, gen, seq, true)
+}
+
+// applyLocked applies the batch with seq and advances the expected seq. A
+// batch that cannot be decoded is lost for good — replaying it would give
+// the same bytes — so the replica becomes untrusted.
+func (l *Listener) applyLocked(seq uint64, payload []byte) {
+	m := l.mirror
+	met := l.hub.metrics
+	m.seq = seqState{started: true, next: seq + 1}
+	b, err := vllm.DecodeEventBatch(payload)
+	if err != nil {
+		met.badBatches.Inc()
+		if !m.untrusted {
+			l.untrustLocked("undecodable batch", "seq", seq, "err", err)
+		}
+		return
+	}
+	met.batches.Inc()
+	wasUntrusted := m.untrusted
+	st := m.applyBatch(b)
+	if st.stored > 0 {
+		met.events.WithLabelValues("stored").Add(float64(st.stored))
+	}
+	if st.removed > 0 {
+		met.events.WithLabelValues("removed").Add(float64(st.removed))
+	}
+	if st.cleared > 0 {
+		met.events.WithLabelValues("cleared").Add(float64(st.cleared))
+		met.resets.WithLabelValues("cleared").Add(float64(st.cleared))
+	}
+	if st.skipped > 0 {
+		met.events.WithLabelValues("unknown").Add(float64(st.skipped))
+	}
+	if st.mismatches > 0 {
+		met.mismatches.Add(float64(st.mismatches))
+	}
+	if wasUntrusted && st.regainedTrust {
+		l.log.Info("engine cleared its cache; kv state trusted again", "seq", seq)
+	}
+}
+
+func (l *Listener) untrustLocked(why string, args ...any) {
+	l.mirror.markUntrusted()
+	l.hub.metrics.resets.WithLabelValues("untrusted").Inc()
+	l.log.Warn("kv state untrusted until the engine restarts or clears its cache: "+why, args...)
+}
+
+// repair asks the replay socket for every batch from the wanted seq on and
+// applies them. seen, when hasSeen, is the live seq that showed the gap:
+// the replay must reach it. A replay that starts past the wanted seq (the
+// engine's buffer no longer holds it), has holes, or does not answer in
+// time leaves the gap open, and the replica untrusted (plan §7.5).
+func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
+	met := l.hub.metrics
+	m := l.mirror
+	m.mu.Lock()
+	want := m.seq.next
+	m.mu.Unlock()
+
+	var replies []vllm.ReplayReply
+	var err error
+	if l.cfg.ReplayEndpoint == "" {
+		err = errors.New("the engine has no replay endpoint")
+	} else {
+		replies, err = l.fetchReplay(ctx, want)
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen || m.untrusted {
+		// The engine restarted meanwhile: its successor starts afresh.
+		return
+	}
+	if err != nil {
+		met.replays.WithLabelValues("failed").Inc()
+		l.untrustLocked("replay failed", "from_seq", want, "err", err)
+		return
+	}
+	for _, r := range replies {
+		if r.Seq < m.seq.next && m.seq.started {
+			continue
+		}
+		if r.Seq != m.seq.next {
+			met.replays.WithLabelValues("unrepairable").Inc()
+			l.untrustLocked("replay cannot close the gap", "want_seq", m.seq.next, "replayed_seq", r.Seq)
+			return
+		}
+		l.applyLocked(r.Seq, r.Payload)
+		if m.untrusted {
+			met.replays.WithLabelValues("unrepairable").Inc()
+			return
+		}
+	}
+	if hasSeen && (!m.seq.started || m.seq.next <= seen) {
+		met.replays.WithLabelValues("unrepairable").Inc()
+		l.untrustLocked("replay ended before the batch that showed the gap", "want_seq", m.seq.next, "seen_seq", seen)
+		return
+	}
+	met.replays.WithLabelValues("repaired").Inc()
+	l.log.Debug("kv events: gap repaired by replay", "from_seq", want, "batches", len(replies))
+}
+
+var errReplayTimeout = errors.New("no reply in time")
+
+// fetchReplay runs one replay request through a fresh DEALER socket and
+// returns the batches replied before the end marker.
+func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayReply, error) {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	idle := time.AfterFunc(l.cfg.ReplayTimeout, cancel)
+	defer idle.Stop()
+	d := zmq4.NewDealer(rctx, zmq4.WithLogger(l.zlog), zmq4.WithDialerMaxRetries(-1),
+		zmq4.WithDialerRetry(50*time.Millisecond))
+	defer d.Close()
+	timedOut := func(err error) error {
+		if rctx.Err() != nil && ctx.Err() == nil {
+			return fmt.Errorf("replay from %s: %w", l.cfg.ReplayEndpoint, errReplayTimeout)
+		}
+		return fmt.Errorf("replay from %s: %w", l.cfg.ReplayEndpoint, err)
+	}
+	if err := d.Dial(l.cfg.ReplayEndpoint); err != nil {
+		return nil, timedOut(err)
+	}
+	if err := d.SendMulti(zmq4.NewMsgFrom(vllm.ReplayRequestFrames(from)...)); err != nil {
+		return nil, timedOut(err)
+	}
+	var out []vllm.ReplayReply
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			return nil, timedOut(err)
+		}
+		idle.Reset(l.cfg.ReplayTimeout)
+		r, err := vllm.ParseReplayReply(msg.Frames)
+		if err != nil {
+			return nil, fmt.Errorf("replay from %s: %w", l.cfg.ReplayEndpoint, err)
+		}
+		if r.End {
+			return out, nil
+		}
+		if l.cfg.Topic != "" && r.Topic != "" && !strings.HasPrefix(r.Topic, l.cfg.Topic) {
+			continue
+		}
+		out = append(out, r)
+	}
+}

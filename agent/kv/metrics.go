@@ -1,0 +1,52 @@
+package kv
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the KV listener's and mirror's (plan §9), on the agent's
+// registry. Per-replica detail is in the logs; the counters say whether
+// tier 2 can be trusted on this node at all.
+type metrics struct {
+	events         *prometheus.CounterVec
+	batches        prometheus.Counter
+	badBatches     prometheus.Counter
+	gaps           prometheus.Counter
+	replays        *prometheus.CounterVec
+	resets         *prometheus.CounterVec
+	mismatches     prometheus.Counter
+	listenFailures prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
+	m := &metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_kv_events_total",
+			Help: "KV-cache events received, by type (stored and removed count blocks; cleared and unknown count events)."},
+			[]string{"type"}),
+		batches: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_batches_total",
+			Help: "KV-event batches applied, live or replayed."}),
+		badBatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_bad_batches_total",
+			Help: "KV-event messages that could not be parsed or decoded; each is treated as lost."}),
+		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_gaps_total",
+			Help: "Sequence gaps seen in engines' KV-event streams."}),
+		replays: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_kv_replays_total",
+			Help: "Replays asked of engines, by result (repaired, unrepairable, failed)."}, []string{"result"}),
+		resets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_kv_resets_total",
+			Help: "Mirror resets, by reason (restart, cleared, untrusted)."}, []string{"reason"}),
+		mismatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_hash_mismatches_total",
+			Help: "Blocks whose engine hash differs from the one derived from their tokens (an engine hashing another way)."}),
+		listenFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_listen_failures_total",
+			Help: "KV-event sockets that could not be bound; those engines run without events."}),
+	}
+	blocks := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmgw_agent_kv_blocks",
+		Help: "Distinct KV-cache blocks held in the mirrors of this node's engines."},
+		func() float64 { b, _ := h.totals(); return float64(b) })
+	untrusted := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmgw_agent_kv_untrusted_replicas",
+		Help: "Replicas whose KV state is untrusted after a gap replay could not close."},
+		func() float64 { _, u := h.totals(); return float64(u) })
+	for _, c := range []prometheus.Collector{m.events, m.batches, m.badBatches, m.gaps, m.replays, m.resets,
+		m.mismatches, m.listenFailures, blocks, untrusted} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

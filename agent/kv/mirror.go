@@ -1,0 +1,319 @@
+// Package kv is the agent's half of precise prefix routing (plan §7.5 tier
+// 2, steps 1–2): a listener per engine that receives the engine's KV-cache
+// events over ZMQ, and a mirror of each engine's cached blocks whose net
+// changes go up the control session.
+//
+// The mirror exists because the control plane and the routers must never
+// see an engine's raw event stream: it is per step, it repeats blocks an
+// engine holds twice, it carries CPU-offload and sliding-window blocks no
+// prefix lookup can use, and its hashes are only as good as the engine's
+// hashing configuration. What leaves the agent is the set of blocks a
+// prompt can actually hit, under the hash every router computes from
+// tokens.
+package kv
+
+import (
+	"slices"
+	"sync"
+
+	"github.com/llmgw/llmgw/vllm"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// block is one engine hash the mirror holds.
+type block struct {
+	// canon is the low 64 bits of the canonical digest: what routers hash
+	// prompts to, and what the mirror reports.
+	canon uint64
+	// digest is the full canonical digest, the parent of the next block of
+	// a prefix; known is false when neither the engine nor the mirror's
+	// own hashing gave one (an int hash whose parent was never seen).
+	digest vllm.BlockHash
+	known  bool
+	// copies counts how many of the engine's blocks hold this hash: vLLM
+	// can cache one hash in two blocks and evict them one at a time.
+	copies int
+}
+
+// mirror is one engine's cached blocks, as its events describe them, keyed
+// by the replica's (uid, incarnation) (plan §4 "Identity"). Its mutex also
+// guards the listener's sequence state, so that a restart reported by the
+// supervisor and a batch arriving from the engine are applied in one order.
+type mirror struct {
+	mu sync.Mutex
+
+	replicaID        string
+	uid, incarnation uint64
+	blockSize        uint32
+	root             vllm.BlockHash // NoneHash(PYTHONHASHSEED): the first block's parent
+
+	// byEngine maps the engine's hash (low 64 bits, the form removals can
+	// be matched in whichever form the engine sends) to what is held. It
+	// is also the engine-to-canonical map for engines that hash another
+	// way.
+	byEngine map[uint64]*block
+	// held counts, per canonical hash, the engine hashes that map to it;
+	// its keys are the reported set.
+	held map[uint64]int
+	// skipGroups are KV-cache groups seen to be other than full attention:
+	// removals carry a group but not its kind.
+	skipGroups map[int]bool
+
+	// pending is the net change per canonical hash since the last report:
+	// +1 stored, -1 removed. A hash stored and removed in between cancels.
+	pending map[uint64]int8
+	// reset makes the next report a reset with the whole set (restart,
+	// AllBlocksCleared, trust lost or regained, a new mirror).
+	reset bool
+	// untrusted: events were lost and replay could not recover them, so
+	// the set is unknown until the engine restarts or clears its cache.
+	untrusted bool
+
+	// Sequence state of the engine's publisher, owned by the listener.
+	seq seqState
+	// gen counts resets of the engine's identity, so a replay started for
+	// one engine process is not applied to the next.
+	gen uint64
+}
+
+type seqState struct {
+	started bool   // a batch of this engine has been applied
+	next    uint64 // the seq wanted next
+}
+
+func newMirror(replicaID string, uid uint64, blockSize uint32, hashSeed string) *mirror {
+	return &mirror{
+		replicaID: replicaID, uid: uid, blockSize: blockSize, root: vllm.NoneHash(hashSeed),
+		byEngine: map[uint64]*block{}, held: map[uint64]int{}, skipGroups: map[int]bool{},
+		pending: map[uint64]int8{}, reset: true,
+	}
+}
+
+// applyStats is what one batch did, for metrics.
+type applyStats struct {
+	stored, removed, cleared, skipped int
+	mismatches                        int
+	regainedTrust                     bool
+}
+
+// applyBatch applies a decoded batch's events in order. While untrusted,
+// events are ignored until an AllBlocksCleared, after which the set is
+// exactly known again (empty, then what follows).
+func (m *mirror) applyBatch(b vllm.EventBatch) applyStats {
+	var st applyStats
+	st.skipped = len(b.Skipped)
+	for _, ev := range b.Events {
+		switch e := ev.(type) {
+		case *vllm.AllBlocksCleared:
+			st.cleared++
+			if m.untrusted {
+				st.regainedTrust = true
+			}
+			m.clear()
+			m.untrusted = false
+		case *vllm.BlockStored:
+			if m.untrusted {
+				continue
+			}
+			st.stored += len(e.BlockHashes)
+			st.mismatches += m.stored(e)
+		case *vllm.BlockRemoved:
+			if m.untrusted {
+				continue
+			}
+			st.removed += len(e.BlockHashes)
+			m.removed(e)
+		}
+	}
+	return st
+}
+
+// clear forgets every block and schedules a reset.
+func (m *mirror) clear() {
+	clear(m.byEngine)
+	clear(m.held)
+	clear(m.pending)
+	m.reset = true
+}
+
+// newEngine starts over for a new engine process: its cache is empty and
+// its seq starts from 0 (plan §7.5: "resets on engine restart").
+func (m *mirror) newEngine(incarnation uint64) {
+	m.incarnation = incarnation
+	m.clear()
+	clear(m.skipGroups)
+	m.untrusted = false
+	m.seq = seqState{}
+	m.gen++
+}
+
+// markUntrusted gives up on the set until the engine restarts or clears.
+func (m *mirror) markUntrusted() {
+	m.clear()
+	m.untrusted = true
+}
+
+// stored adds the blocks of one event and returns how many of the
+// engine's hashes differ from the canonical ones.
+//
+// Each block's canonical hash is re-derived from its tokens and its
+// parent's canonical digest, the way a router will hash a prompt. An
+// engine that hashes another way (another algorithm, seed or extra keys)
+// would otherwise fill every index with hashes no prompt ever matches; the
+// mismatch counter tells the operator, and byEngine keeps removals working.
+// A block whose parent the mirror never saw cannot be derived, and is
+// taken as the engine reports it.
+func (m *mirror) stored(e *vllm.BlockStored) (mismatches int) {
+	if !e.OnGPU() {
+		return 0
+	}
+	if !e.FullAttention() {
+		if e.GroupIdx != nil {
+			m.skipGroups[*e.GroupIdx] = true
+		}
+		return 0
+	}
+	n := len(e.BlockHashes)
+	bs := e.BlockSize
+	if bs <= 0 {
+		bs = int(m.blockSize)
+	} else if m.blockSize != uint32(bs) {
+		m.blockSize = uint32(bs)
+	}
+	derive := bs > 0 && len(e.TokenIDs) == n*bs
+	parent, parentKnown := m.root, true
+	if e.ParentBlockHash != nil {
+		p := m.byEngine[e.ParentBlockHash.Uint64()]
+		parentKnown = p != nil && p.known
+		if parentKnown {
+			parent = p.digest
+		}
+	}
+	for i, h := range e.BlockHashes {
+		if derive && parentKnown {
+			d, err := vllm.HashBlock(parent, e.TokenIDs[i*bs:(i+1)*bs], extraKeys(e, i))
+			if err == nil {
+				if !h.Matches(d) {
+					mismatches++
+				}
+				m.store(h.Uint64(), block{canon: d.Uint64(), digest: d, known: true})
+				parent = d
+				continue
+			}
+		}
+		d, ok := h.Digest()
+		m.store(h.Uint64(), block{canon: h.Uint64(), digest: d, known: ok})
+		parent, parentKnown = d, ok
+	}
+	return mismatches
+}
+
+// extraKeys are block i's extra hash keys as the event gives them. Engines
+// from before extra_keys was published hashed the adapter's name alone.
+func extraKeys(e *vllm.BlockStored, i int) []any {
+	if e.ExtraKeys != nil {
+		if i < len(e.ExtraKeys) && e.ExtraKeys[i] != nil {
+			return []any(e.ExtraKeys[i])
+		}
+		return nil
+	}
+	if e.LoRAName != nil {
+		return []any{*e.LoRAName}
+	}
+	return nil
+}
+
+func (m *mirror) store(engine uint64, b block) {
+	if cur := m.byEngine[engine]; cur != nil {
+		cur.copies++
+		return
+	}
+	b.copies = 1
+	m.byEngine[engine] = &b
+	m.held[b.canon]++
+	if m.held[b.canon] == 1 {
+		m.mark(b.canon, +1)
+	}
+}
+
+func (m *mirror) removed(e *vllm.BlockRemoved) {
+	if !e.OnGPU() || (e.GroupIdx != nil && m.skipGroups[*e.GroupIdx]) {
+		return
+	}
+	for _, h := range e.BlockHashes {
+		b := m.byEngine[h.Uint64()]
+		if b == nil {
+			// A block from before this mirror, another group, or another
+			// medium: nothing of it is held.
+			continue
+		}
+		if b.copies--; b.copies > 0 {
+			continue
+		}
+		delete(m.byEngine, h.Uint64())
+		if m.held[b.canon]--; m.held[b.canon] == 0 {
+			delete(m.held, b.canon)
+			m.mark(b.canon, -1)
+		}
+	}
+}
+
+func (m *mirror) mark(canon uint64, d int8) {
+	if m.reset {
+		return // the next report carries the whole set anyway
+	}
+	if m.pending[canon] == -d {
+		delete(m.pending, canon)
+		return
+	}
+	m.pending[canon] = d
+}
+
+// report returns the change since the last report (nil when there is
+// none, or before the engine's first start), or with full the whole set
+// as a reset. Either way what it returns
+// is now reported.
+func (m *mirror) report(full bool) *llmgwv1.KVBlocks {
+	if m.incarnation == 0 {
+		// No engine has started yet: there is no (uid, incarnation) to
+		// report under, and the first report after its start is a reset.
+		return nil
+	}
+	out := &llmgwv1.KVBlocks{ReplicaId: m.replicaID, Uid: m.uid, Incarnation: m.incarnation,
+		Untrusted: m.untrusted, BlockSize: m.blockSize}
+	switch {
+	case full || m.reset:
+		out.Reset_ = true
+		out.Stored = make([]uint64, 0, len(m.held))
+		for h := range m.held {
+			out.Stored = append(out.Stored, h)
+		}
+		slices.Sort(out.Stored)
+	case len(m.pending) == 0:
+		return nil
+	default:
+		for h, d := range m.pending {
+			if d > 0 {
+				out.Stored = append(out.Stored, h)
+			} else {
+				out.Removed = append(out.Removed, h)
+			}
+		}
+		slices.Sort(out.Stored)
+		slices.Sort(out.Removed)
+	}
+	m.reset = false
+	clear(m.pending)
+	return out
+}
+
+// blocks is the reported set, sorted: for tests and the blocks gauge.
+func (m *mirror) blocks() []uint64 {
+	out := make([]uint64, 0, len(m.held))
+	for h := range m.held {
+		out = append(out, h)
+	}
+	slices.Sort(out)
+	return out
+}
