@@ -44,3 +44,23 @@ protocheck: ## fail when the committed generated code is stale
 
 clean:
 	rm -rf $(BIN)
+
+# --- HA cluster (issue: Control-plane cluster) ---
+# The compose tool: `docker compose` when the plugin is there, else docker-compose v1.
+COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE_FILE := deploy/compose/docker-compose.yml
+IMAGE ?= llmgw:dev
+
+.PHONY: image compose-up compose-down bench-failover
+
+image: build ## the FROM scratch image llmgw:dev, from the static binaries in bin/
+	docker build -f deploy/docker/Dockerfile -t $(IMAGE) $(BIN)
+
+compose-up: image ## 3 control nodes, 2 sim agents, 2 routers (router1 on 127.0.0.1:8080, router2 on :8081)
+	$(COMPOSE) -f $(COMPOSE_FILE) -p llmgw up -d
+
+compose-down: ## stop the compose cluster and remove its containers and state
+	$(COMPOSE) -f $(COMPOSE_FILE) -p llmgw down -v --remove-orphans
+
+bench-failover: ## kill -9 the leader of a 3-node cluster 100 times; time to a new leader and to the first write
+	$(GO) run ./scripts/failoverbench $(BENCH_FLAGS)
