@@ -55,6 +55,10 @@ func (res Result) Table() (header []string, rows [][]string) {
 		}
 		return strings.Join(parts, " ")
 	})
+	if slices.ContainsFunc(res.Runs, func(r Report) bool { return r.Decisions != nil }) {
+		row("session decisions", func(r Report) string { return r.Decisions.cell("session") })
+		row("prefix decisions", func(r Report) string { return r.Decisions.cell("prefix") })
+	}
 	return header, rows
 }
 

@@ -178,12 +178,22 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			src = rand.NewPCG(cfg.Workload.Seed, 0xa77)
 		}
 		r := &runner{cfg: cfg, wl: wl, targets: targets, arrivals: NewArrivals(src, max(cfg.Rate, 1e-9))}
+		before, scrapeErr := scrapeAllBounded(ctx, cfg.Client, targets)
 		samples := r.run(ctx)
 		labels, urls := make([]string, len(targets)), make([]string, len(targets))
 		for i, t := range targets {
 			labels[i], urls[i] = t.Label, t.URL
 		}
 		rep := Summarize(strings.Join(labels, "+"), strings.Join(urls, ","), wl.Name(), samples)
+		if scrapeErr == nil && ctx.Err() == nil {
+			var after Decisions
+			if after, scrapeErr = scrapeAllBounded(ctx, cfg.Client, targets); scrapeErr == nil {
+				rep.Decisions = after.since(before)
+			}
+		}
+		if scrapeErr != nil {
+			cfg.Logger.Debug("no router decisions for this run", "target", rep.Label, "err", scrapeErr)
+		}
 		cfg.Logger.Info("bench run finished", "target", rep.Label, "requests", rep.Requests, "errors", rep.Errors)
 		res.Runs = append(res.Runs, rep)
 		if err := ctx.Err(); err != nil {
@@ -191,6 +201,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 	return res, nil
+}
+
+// scrapeAllBounded is scrapeAll within a few seconds: the counters are a
+// report's extra, never a reason for the run to hang.
+func scrapeAllBounded(ctx context.Context, client *http.Client, targets []Target) (Decisions, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return scrapeAll(ctx, client, targets)
 }
 
 // runner is one run: it hands out turns of the workload's conversations to

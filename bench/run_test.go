@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,9 @@ type fakeRouter struct {
 	failEvery int // every failEvery-th request (1-based) gets a 503; 0 never
 	midEvery  int // every midEvery-th request breaks mid-stream; 0 never
 	block     chan struct{}
+	// metrics serves GET /metrics with decision counters: session hits
+	// count the requests answered, the rest stay put.
+	metrics bool
 
 	mu       sync.Mutex
 	n        int
@@ -42,6 +46,17 @@ func newFakeRouter() *fakeRouter {
 }
 
 func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.metrics && r.Method == http.MethodGet && r.URL.Path == "/metrics" {
+		f.mu.Lock()
+		n := f.n
+		f.mu.Unlock()
+		fmt.Fprintf(w, "# TYPE llmgw_router_session_decisions_total counter\n"+
+			"llmgw_router_session_decisions_total{decision=\"hit\"} %d\n"+
+			"llmgw_router_session_decisions_total{decision=\"new\"} 3\n"+
+			"llmgw_prefix_decisions_total{decision=\"miss\"} 7\n"+
+			"llmgw_router_scheduling_seconds_count 12\n", 100+n)
+		return
+	}
 	var body struct {
 		Model         string    `json:"model"`
 		Messages      []Message `json:"messages"`
@@ -280,7 +295,9 @@ func TestRunStopsOnCancel(t *testing.T) {
 	sent := make(chan struct{})
 	var once sync.Once
 	cfg.Client = &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		once.Do(func() { close(sent) })
+		if r.Method == http.MethodPost { // not the /metrics scrape
+			once.Do(func() { close(sent) })
+		}
 		return http.DefaultTransport.RoundTrip(r)
 	})}
 	t.Cleanup(http.DefaultTransport.(*http.Transport).CloseIdleConnections)
@@ -461,5 +478,49 @@ func TestParseTarget(t *testing.T) {
 				t.Fatalf("ParseTarget(%q) = %+v, %v; want %+v, error %v", tt.in, got, err, tt.want, tt.wantErr)
 			}
 		})
+	}
+}
+
+func TestRunReportsRouterDecisions(t *testing.T) {
+	fa, fb := newFakeRouter(), newFakeRouter()
+	fa.metrics, fb.metrics = true, true
+	cfg := testConfig(serve(t, fa).URL, serve(t, fb).URL)
+	cfg.RoundRobin, cfg.Requests = true, 20
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	// 10 requests each: the two routers' session hits rose by 20 in all;
+	// counters that did not move are not reported.
+	want := Decisions{"session": {"hit": 20}}
+	if got := res.Runs[0].Decisions; !reflect.DeepEqual(got, want) {
+		t.Fatalf("decisions %v, want %v", got, want)
+	}
+	_, rows := res.Table()
+	found := false
+	for _, r := range rows {
+		if r[0] == "session decisions" && r[1] == "hit=20" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("table has no session decisions row: %v", rows)
+	}
+
+	// A target without the counters (the plain fake answers /metrics 400)
+	// leaves the run without decisions rather than with a partial sum.
+	cfg = testConfig(serve(t, fa).URL, serve(t, newFakeRouter()).URL)
+	cfg.RoundRobin, cfg.Requests = true, 4
+	if res, err = Run(context.Background(), cfg); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if d := res.Runs[0].Decisions; d != nil {
+		t.Fatalf("decisions %v with one target unreadable, want none", d)
+	}
+	_, rows = res.Table()
+	for _, r := range rows {
+		if strings.HasSuffix(r[0], "decisions") {
+			t.Fatalf("table shows %q without decisions", r[0])
+		}
 	}
 }

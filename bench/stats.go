@@ -80,6 +80,10 @@ type Report struct {
 	// is the busiest replica's count over the mean: 1 is an even spread.
 	Replicas           map[string]int `json:"replicas"`
 	ReplicaMaxOverMean float64        `json:"replica_max_over_mean"`
+	// Decisions are the routers' own counts of session and prefix
+	// decisions taken during the run (summed over its targets), from their
+	// /metrics; absent when a target's could not be read.
+	Decisions Decisions `json:"router_decisions,omitempty"`
 
 	// ttft keeps the sorted TTFT samples for the chart's CDF.
 	ttft []float64

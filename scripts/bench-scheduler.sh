@@ -7,7 +7,8 @@
 #   2. a hot prefix (shared-prefix, one system prompt in 80% of requests),
 #      chat and debug, RUNS seeds, sampling each engine's in-flight;
 #   3. multi-turn through one router and alternating over two, RUNS pairs;
-# and prints one summary table per part. Every run starts from empty engine
+# and prints one summary table per part, with the routers' own session and
+# prefix decision counts (hit, new, load_override, ...) per run. Every run starts from empty engine
 # caches (POST /reset_prefix_cache), so no run inherits another's hits.
 #
 # Usage: scripts/bench-scheduler.sh [BIN_DIR [OUT_DIR]]
@@ -109,9 +110,11 @@ row() {
 	jq -r --arg n "$1" --arg infl "$(sed -n 's/.*max\/mean //p' "$out/$1.inflight")" \
 		'[$n, (.cache_hit_share * 1000 | round / 1000), (.ttft_seconds.p50 * 1e4 | round / 10),
 		  (.ttft_seconds.p90 * 1e4 | round / 10), (.ttft_seconds.p99 * 1e4 | round / 10),
-		  (.throughput_rps * 10 | round / 10), .errors, (.replica_max_over_mean * 100 | round / 100), $infl] | @tsv' "$out/$1.json"
+		  (.throughput_rps * 10 | round / 10), .errors, (.replica_max_over_mean * 100 | round / 100), $infl,
+		  (.router_decisions.session // {} | to_entries | map("\(.key)=\(.value)") | join(" ") | if . == "" then "-" else . end),
+		  (.router_decisions.prefix // {} | to_entries | map("\(.key)=\(.value)") | join(" ") | if . == "" then "-" else . end)] | @tsv' "$out/$1.json"
 }
-header() { printf '\n%s\nrun\thit\tttft_p50_ms\tttft_p90_ms\tttft_p99_ms\treq_s\terrors\treq_max/mean\tinflight_max/mean\n' "$1"; }
+header() { printf '\n%s\nrun\thit\tttft_p50_ms\tttft_p90_ms\tttft_p99_ms\treq_s\terrors\treq_max/mean\tinflight_max/mean\tsession\tprefix\n' "$1"; }
 
 header "1. multi-turn: debug (round robin) vs chat" >"$out/summary.txt"
 for seed in $(seq "$runs"); do
