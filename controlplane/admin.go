@@ -3,6 +3,10 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"strconv"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -95,12 +99,31 @@ func (a *adminService) ListReplicas(_ context.Context, req *llmgwv1.ListRequest)
 	return out, nil
 }
 
-func (a *adminService) ClusterStatus(context.Context, *llmgwv1.ClusterStatusRequest) (*llmgwv1.ClusterStatusResponse, error) {
-	_, leader := a.s.node.raft.LeaderWithID()
+// ClusterStatus is this server's view of the cluster, with autopilot's
+// figures (the leader's own judgement on the leader, an estimate from
+// gossip elsewhere). The answer's headers carry this server's Raft log
+// position and last contact, which the leader's autopilot reads.
+func (a *adminService) ClusterStatus(ctx context.Context, _ *llmgwv1.ClusterStatusRequest) (*llmgwv1.ClusterStatusResponse, error) {
+	s := a.s
+	idx, term, lc := s.localRaftStats()
+	_ = grpc.SetHeader(ctx, metadata.Pairs(
+		hdrLastIndex, strconv.FormatUint(idx, 10),
+		hdrLastTerm, strconv.FormatUint(term, 10),
+		hdrLastContact, strconv.FormatInt(lc.Milliseconds(), 10)))
+	_, leader := s.node.raft.LeaderWithID()
+	healthy, tolerance, voters := s.clusterFigures()
 	return &llmgwv1.ClusterStatusResponse{
-		Leader:   string(leader),
-		Servers:  a.s.servers(),
-		Revision: a.s.fsm.Revision(),
-		ServerId: a.s.cfg.NodeID,
+		Leader:           string(leader),
+		Servers:          s.servers(),
+		Revision:         s.fsm.Revision(),
+		ServerId:         s.cfg.NodeID,
+		Healthy:          healthy,
+		FailureTolerance: int32(tolerance),
+		Voters:           int32(voters),
+		MinVersion:       s.fsm.Config().GetMinVersion(),
 	}, nil
+}
+
+func errValidation(field, reason string) error {
+	return &fsm.ValidationError{Field: field, Reason: reason}
 }

@@ -46,6 +46,14 @@ func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	}
 	nodeID := hello.Node.Id
 	log := s.log.With("agent_node", nodeID, "epoch", hello.Epoch)
+	if isForwarded(ctx) {
+		// Another server forwards an agent's registration: commit it here
+		// (the leader) and confirm; the session stays on that server.
+		if err := s.proposeRegister(ctx, hello.Node); err != nil {
+			return toStatus(fmt.Errorf("register node %s: %w", nodeID, err))
+		}
+		return stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Welcome{Welcome: &llmgwv1.Welcome{ServerId: s.cfg.NodeID}}})
+	}
 	// The session counts from before registration: the leader must not see
 	// the node re-activated yet still detached, and mark it down again.
 	s.sessionStarted(nodeID)
@@ -239,9 +247,13 @@ func (s *Server) registerNode(ctx context.Context, n *llmgwv1.Node) error {
 			want.State = llmgwv1.NodeState_NODE_STATE_ACTIVE
 		}
 	}
-	// On a follower this is a NotLeaderError: the agent is refused with
-	// UNAVAILABLE and tries another server. (With HA, registration is to be
-	// forwarded to the leader instead.)
-	_, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_REGISTER_NODE, &llmgwv1.RegisterNodeCommand{Node: want})
+	// A follower forwards it to the leader (plan §5.3), holding while
+	// there is none; the agent is refused only when that fails.
+	return s.forwardRegister(ctx, want)
+}
+
+// proposeRegister commits a node registration; this node must lead.
+func (s *Server) proposeRegister(ctx context.Context, n *llmgwv1.Node) error {
+	_, _, err := s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_REGISTER_NODE, &llmgwv1.RegisterNodeCommand{Node: n})
 	return err
 }

@@ -21,16 +21,43 @@ type Config struct {
 	// RaftAddr is Raft's TCP transport; it must be reachable by the other
 	// servers (not a wildcard address).
 	RaftAddr string `yaml:"raft_addr"`
-	// GossipAddr is reserved for memberlist (plan §5.4, HA issue).
+	// GossipAddr is this server's memberlist address (plan §5.4): the
+	// address --join and `llmgwctl join` name. Empty runs without gossip: a
+	// single server, or a cluster formed by hand, whose Raft membership
+	// nothing reconciles.
 	GossipAddr string `yaml:"gossip_addr"`
 	// HTTPAddr serves /metrics, /healthz and /readyz.
 	HTTPAddr string `yaml:"http_addr"`
 	// Bootstrap starts a single-node cluster when there is no Raft state.
 	Bootstrap bool `yaml:"bootstrap"`
-	// BootstrapExpect and Join are the HA bootstrap (plan §5.2): accepted
-	// by the flags, refused by Validate until the HA issue lands.
-	BootstrapExpect int      `yaml:"bootstrap_expect"`
-	Join            []string `yaml:"join"`
+	// BootstrapExpect is the HA bootstrap (plan §5.2): once this many
+	// servers with the same expectation see each other over gossip and none
+	// has Raft state, the lowest id bootstraps them all as voters. It is
+	// also autopilot's MinQuorum: dead servers are never cleaned up below it.
+	BootstrapExpect int `yaml:"bootstrap_expect"`
+	// Join lists other servers' gossip addresses, joined in the background
+	// (every JoinRetryInterval) until one answers.
+	Join              []string      `yaml:"join"`
+	JoinRetryInterval time.Duration `yaml:"join_retry_interval"`
+	// Gossip tunes memberlist (zero values keep its LAN defaults).
+	Gossip GossipConfig `yaml:"gossip"`
+	// ServerStabilizationTime is how long a new server must be healthy
+	// before autopilot promotes it from non-voter to voter.
+	ServerStabilizationTime time.Duration `yaml:"server_stabilization_time"`
+	// CleanupDeadServers lets autopilot remove servers gossip reports dead,
+	// never below BootstrapExpect voters.
+	CleanupDeadServers bool `yaml:"cleanup_dead_servers"`
+	// AutopilotInterval is how often the leader refreshes autopilot's view
+	// of every server's health; it reconciles (promotes, cleans up) at
+	// ReconcileInterval.
+	AutopilotInterval time.Duration `yaml:"autopilot_interval"`
+	// RPCHoldTimeout is how long a server holds a write (or consistent
+	// read) while there is no leader or the leader changes, retrying,
+	// before answering UNAVAILABLE (Consul's rpc_hold_timeout).
+	RPCHoldTimeout time.Duration `yaml:"rpc_hold_timeout"`
+	// LeaveTimeout bounds each step of a graceful leave (leadership
+	// transfer, removal from Raft, the gossip leave).
+	LeaveTimeout time.Duration `yaml:"leave_timeout"`
 	// Version is this build's version, reported to clients.
 	Version string `yaml:"-"`
 
@@ -93,11 +120,15 @@ func DefaultConfig() Config {
 		NodeDownAfter:      15 * time.Second,
 		RescheduleAfter:    60 * time.Second,
 		DrainTimeout:       30 * time.Second,
+
+		JoinRetryInterval:       time.Second,
+		ServerStabilizationTime: 2 * time.Second,
+		CleanupDeadServers:      true,
+		AutopilotInterval:       500 * time.Millisecond,
+		RPCHoldTimeout:          5 * time.Second,
+		LeaveTimeout:            5 * time.Second,
 	}
 }
-
-// ErrNotYetSupported marks flags that belong to a later issue.
-var ErrNotYetSupported = errors.New("not yet supported (HA issue)")
 
 // Validate returns the first problem, naming the flag.
 func (c Config) Validate() error {
@@ -120,11 +151,27 @@ func (c Config) Validate() error {
 	if host, _, _ := net.SplitHostPort(c.RaftAddr); host == "" || net.ParseIP(host).IsUnspecified() {
 		return fmt.Errorf("--raft-addr: %q must name an address other servers can reach, not a wildcard", c.RaftAddr)
 	}
-	if c.BootstrapExpect != 0 {
-		return fmt.Errorf("--bootstrap-expect: %w; use --bootstrap for a single node", ErrNotYetSupported)
+	if c.Bootstrap && c.BootstrapExpect != 0 {
+		return errors.New("--bootstrap and --bootstrap-expect: give one (--bootstrap starts a single node; --bootstrap-expect N waits for N servers)")
 	}
-	if len(c.Join) != 0 {
-		return fmt.Errorf("--join: %w", ErrNotYetSupported)
+	if c.BootstrapExpect < 0 {
+		return fmt.Errorf("--bootstrap-expect: must be at least 1, got %d", c.BootstrapExpect)
+	}
+	if c.GossipAddr == "" {
+		switch {
+		case c.BootstrapExpect != 0:
+			return errors.New("--gossip-addr: required with --bootstrap-expect (servers find each other over gossip)")
+		case len(c.Join) != 0:
+			return errors.New("--gossip-addr: required with --join")
+		}
+	}
+	for _, j := range c.Join {
+		if err := checkAddr(j); err != nil {
+			return fmt.Errorf("--join: %w", err)
+		}
+	}
+	if c.Gossip.ProbeInterval < 0 || c.Gossip.ProbeTimeout < 0 || c.Gossip.GossipInterval < 0 || c.Gossip.PushPullInterval < 0 || c.Gossip.SuspicionMult < 0 {
+		return errors.New("gossip: timings must not be negative")
 	}
 	for _, d := range []struct {
 		flag string
@@ -135,6 +182,8 @@ func (c Config) Validate() error {
 		{"agent_timeout", c.AgentTimeout}, {"watch_wait", c.WatchWait},
 		{"reconcile_interval", c.ReconcileInterval}, {"apply_timeout", c.ApplyTimeout},
 		{"node_down_after", c.NodeDownAfter}, {"reschedule_after", c.RescheduleAfter}, {"drain_timeout", c.DrainTimeout},
+		{"join_retry_interval", c.JoinRetryInterval}, {"--server-stabilization-time", c.ServerStabilizationTime},
+		{"autopilot_interval", c.AutopilotInterval}, {"rpc_hold_timeout", c.RPCHoldTimeout}, {"leave_timeout", c.LeaveTimeout},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", d.flag, d.v)

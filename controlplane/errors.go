@@ -18,14 +18,23 @@ import (
 type NotLeaderError struct {
 	LeaderID       string
 	LeaderRaftAddr string
+	// LeaderGRPCAddr is where clients reach the leader, when gossip knows.
+	LeaderGRPCAddr string
 }
 
 func (e *NotLeaderError) Error() string {
-	if e.LeaderID == "" {
-		return "not the leader, and no leader is known"
+	switch {
+	case e.LeaderID == "":
+		return "no leader: this server is not the leader and knows none (an election, or this server is cut off from a quorum)"
+	case e.LeaderGRPCAddr != "":
+		return fmt.Sprintf("not the leader; the leader is %s at %s", e.LeaderID, e.LeaderGRPCAddr)
 	}
 	return fmt.Sprintf("not the leader; the leader is %s (raft %s)", e.LeaderID, e.LeaderRaftAddr)
 }
+
+// errOutcomeUnknown is a write whose leader lost office while committing
+// it: it may or may not have been applied, so it is not retried blindly.
+var errOutcomeUnknown = errors.New("leadership lost while committing; the write may or may not have been applied")
 
 // errCatchingUp is a consistent read on a leader that has not yet applied
 // every entry committed before its term; the client retries.
@@ -50,6 +59,16 @@ func toStatus(err error) error {
 	case errors.Is(err, fsm.ErrConflict):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.As(err, &nl), errors.Is(err, errStopped), errors.Is(err, errCatchingUp), errors.Is(err, raft.ErrEnqueueTimeout):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, errOutcomeUnknown):
+		return status.Error(codes.Aborted, err.Error())
+	case errors.Is(err, errNotPeer):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, errRefused):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, errNoGossip):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, errUnreachable):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())

@@ -29,6 +29,8 @@ type raftView interface {
 	isLeader() bool
 	lastContactSeconds() float64
 	revision() uint64
+	// clusterFigures is autopilot's health, failure tolerance and voters.
+	clusterFigures() (healthy bool, tolerance, voters int)
 }
 
 func newMetrics(v raftView) *metrics {
@@ -90,6 +92,15 @@ func newMetrics(v raftView) *metrics {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "llmgw_control_raft_last_contact_seconds", Help: "Time since this follower last heard from the leader; 0 on the leader.",
 		}, v.lastContactSeconds),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_control_autopilot_healthy", Help: "1 when autopilot judges every server healthy (the leader's judgement; other servers estimate from gossip).",
+		}, boolGauge(func() bool { h, _, _ := v.clusterFigures(); return h })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_control_autopilot_failure_tolerance", Help: "Voters that may fail before quorum is lost.",
+		}, func() float64 { _, ft, _ := v.clusterFigures(); return float64(ft) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_control_raft_voters", Help: "Voters in the Raft configuration.",
+		}, func() float64 { _, _, n := v.clusterFigures(); return float64(n) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "llmgw_control_raft_applied_revision", Help: "Revision (Raft index) of the last applied entry.",
 		}, func() float64 { return float64(v.revision()) }),

@@ -28,6 +28,9 @@ type raftNode struct {
 	transport *raft.NetworkTransport
 	store     *raftboltdb.BoltStore
 	adapter   *fsmAdapter
+	// existing is whether the node had Raft state when opened: such a node
+	// never bootstraps again (plan §5.2).
+	existing bool
 }
 
 // openRaft opens the stores in cfg.DataDir, starts Raft, and bootstraps a
@@ -80,7 +83,7 @@ func openRaft(cfg Config, f *fsm.FSM, log *slog.Logger, m *metrics, fatal func(e
 		store.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
-	n := &raftNode{raft: r, transport: trans, store: store, adapter: adapter}
+	n := &raftNode{raft: r, transport: trans, store: store, adapter: adapter, existing: existing}
 	switch {
 	case existing:
 		log.Info("raft state found; not bootstrapping")
@@ -91,6 +94,8 @@ func openRaft(cfg Config, f *fsm.FSM, log *slog.Logger, m *metrics, fatal func(e
 			return nil, fmt.Errorf("bootstrap: %w", err)
 		}
 		log.Info("bootstrapped a single-node cluster")
+	case cfg.BootstrapExpect > 0:
+		log.Info("no raft state: waiting for servers to bootstrap with", "bootstrap_expect", cfg.BootstrapExpect)
 	default:
 		log.Warn("no raft state and no --bootstrap: waiting to be joined")
 	}

@@ -78,7 +78,8 @@ func TestHCLogWriter(t *testing.T) {
 
 type stubView struct{}
 
-func (stubView) hasLeader() bool             { return false }
-func (stubView) isLeader() bool              { return false }
-func (stubView) lastContactSeconds() float64 { return 0 }
-func (stubView) revision() uint64            { return 0 }
+func (stubView) hasLeader() bool                  { return false }
+func (stubView) isLeader() bool                   { return false }
+func (stubView) lastContactSeconds() float64      { return 0 }
+func (stubView) revision() uint64                 { return 0 }
+func (stubView) clusterFigures() (bool, int, int) { return false, 0, 0 }

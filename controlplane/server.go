@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	autopilot "github.com/hashicorp/raft-autopilot"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
@@ -44,6 +45,24 @@ type Server struct {
 	// Barrier that applies everything committed before its term.
 	leaderReady atomic.Bool
 
+	// gossip is nil when --gossip-addr is empty. conns reach the other
+	// servers (forwarding, autopilot's checks).
+	gossip *gossip
+	conns  *connPool
+	// bootstrapProblem is why --bootstrap-expect refuses to bootstrap (a
+	// mismatched expectation), shown by /readyz; "" when none.
+	bootstrapProblem atomic.Value
+	// autopilotState is autopilot's last judgement while this node leads.
+	autopilotState atomic.Pointer[autopilot.State]
+	// removals tracks autopilot's removals of failed servers while leading.
+	removalsMu sync.Mutex
+	removals   *sync.WaitGroup
+	// leaving is closed by a graceful Leave once this server is out of the
+	// cluster: Run then stops, and the process exits (as Consul's does).
+	leaving   chan struct{}
+	leaveOnce sync.Once
+	leaveMu   sync.Mutex // one Leave at a time
+
 	sessionsMu sync.Mutex
 	sessions   map[string]int       // node id -> attached sessions
 	detachedAt map[string]time.Time // node id -> when its last session ended
@@ -72,7 +91,10 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		sessions:   map[string]int{},
 		detachedAt: map[string]time.Time{},
 		now:        time.Now,
+		conns:      newConnPool(),
+		leaving:    make(chan struct{}),
 	}
+	s.bootstrapProblem.Store("")
 	s.metrics = newMetrics(s)
 	return s, nil
 }
@@ -91,9 +113,14 @@ func (s *Server) HTTPAddr() string { return s.httpAddr }
 //  1. /readyz fails, so load balancers stop sending;
 //  2. gRPC: streams are cancelled, then the server stops (agents and
 //     routers move to another control node);
-//  3. the leader loop (placement) and the observer stop;
-//  4. Raft shuts down, then its transport and the Bolt store close;
-//  5. HTTP stops last, so /metrics and /healthz answer until the end.
+//  3. the leader loops (placement, membership, autopilot), the observer,
+//     the bootstrapper and the background join stop;
+//  4. gossip shuts down without a leave: peers see this server dead, not
+//     gone, so a restart does not shrink the cluster (a graceful leave is
+//     the Leave RPC, which then ends Run);
+//  5. Raft shuts down, then its transport and the Bolt store close, then
+//     the connections to peers;
+//  6. HTTP stops last, so /metrics and /healthz answer until the end.
 func (s *Server) Run(ctx context.Context) (err error) {
 	node, err := openRaft(s.cfg, s.fsm, s.log, s.metrics, s.fatal)
 	if err != nil {
@@ -112,12 +139,25 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("listen --http-addr %s: %w", s.cfg.HTTPAddr, err)
 	}
 	s.grpcAddr, s.httpAddr = grpcLis.Addr().String(), httpLis.Addr().String()
+	if s.cfg.GossipAddr != "" {
+		s.gossip = newGossip(serverMeta{
+			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: string(node.transport.LocalAddr()),
+			HTTP: s.httpAddr, Expect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap,
+		}, s.log, s.now)
+		if err := s.gossip.start(s.cfg.GossipAddr, s.cfg.Gossip); err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			node.close(s.log)
+			return err
+		}
+	}
 
 	// streams is cancelled first on shutdown: long-lived streams would hold
 	// a graceful stop forever.
 	streams, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
 	gs := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(s.forwardUnary),
 		// Clients detect a dead server by application heartbeats (plan
 		// §5.6); their gRPC keepalives, if any, must not get them cut off.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -148,10 +188,18 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	wg.Go(func() { s.observe(loops) })
 	wg.Go(func() { s.leaderLoop(loops) })
 	wg.Go(func() { s.waitReady(loops) })
-	s.log.Info("control node running", "grpc_addr", s.grpcAddr, "http_addr", s.httpAddr, "raft_addr", s.cfg.RaftAddr)
+	if s.gossip != nil && len(s.cfg.Join) > 0 {
+		wg.Go(func() { s.gossip.retryJoin(loops, s.cfg.Join, s.cfg.JoinRetryInterval) })
+	}
+	if s.cfg.BootstrapExpect > 0 && !node.existing {
+		wg.Go(func() { s.bootstrapLoop(loops) })
+	}
+	s.log.Info("control node running", "grpc_addr", s.grpcAddr, "http_addr", s.httpAddr, "raft_addr", s.cfg.RaftAddr, "gossip_addr", s.cfg.GossipAddr)
 
 	select {
 	case <-ctx.Done():
+	case <-s.leaving:
+		s.log.Info("stopping: left the cluster")
 	case err = <-s.fatalCh:
 		s.log.Error("stopping: fatal error", "err", err)
 	case err = <-serveErr:
@@ -170,7 +218,13 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	}
 	stopLoops()
 	wg.Wait()
+	if s.gossip != nil {
+		if gerr := s.gossip.shutdown(); gerr != nil {
+			s.log.Error("gossip shutdown", "err", gerr)
+		}
+	}
 	node.close(s.log)
+	s.conns.close()
 	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if herr := hs.Shutdown(shutCtx); herr != nil {
@@ -234,6 +288,8 @@ func (s *Server) httpHandler() http.Handler {
 		switch {
 		case !s.serving.Load():
 			http.Error(w, "not serving gRPC", http.StatusServiceUnavailable)
+		case s.bootstrapProblem.Load().(string) != "":
+			http.Error(w, "bootstrap refused: "+s.bootstrapProblem.Load().(string), http.StatusServiceUnavailable)
 		case !s.hasLeader():
 			http.Error(w, "no raft leader", http.StatusServiceUnavailable)
 		default:
@@ -278,8 +334,12 @@ func (s *Server) propose(ctx context.Context, t llmgwv1.CommandType, payload pro
 	start := time.Now()
 	f := s.node.raft.Apply(b, timeout)
 	if err := f.Error(); err != nil {
-		if errors.Is(err, raft.ErrNotLeader) || errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raft.ErrRaftShutdown) {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrRaftShutdown):
+			// Refused before it entered the log: safe to retry elsewhere.
 			return nil, 0, s.notLeader()
+		case errors.Is(err, raft.ErrLeadershipLost):
+			return nil, 0, fmt.Errorf("propose %s: %w", t, errOutcomeUnknown)
 		}
 		return nil, 0, fmt.Errorf("propose %s: %w", t, err)
 	}
@@ -290,12 +350,16 @@ func (s *Server) propose(ctx context.Context, t llmgwv1.CommandType, payload pro
 
 func (s *Server) notLeader() error {
 	addr, id := s.node.raft.LeaderWithID()
-	return &NotLeaderError{LeaderID: string(id), LeaderRaftAddr: string(addr)}
+	e := &NotLeaderError{LeaderID: string(id), LeaderRaftAddr: string(addr)}
+	if _, g, ok := s.leaderGRPC(); ok {
+		e.LeaderGRPCAddr = g
+	}
+	return e
 }
 
-// servers is the list of control servers this node knows, for clients'
-// failover (plan §5.6). Only this node's client addresses are known until
-// gossip carries the others' (HA issue).
+// servers is the list of control servers in the Raft configuration, with
+// the client addresses gossip carries, for clients' failover (plan §5.6).
+// Without gossip only this node's client addresses are known.
 func (s *Server) servers() []*llmgwv1.ControlServer {
 	_, leader := s.node.raft.LeaderWithID()
 	self := &llmgwv1.ControlServer{
@@ -303,17 +367,22 @@ func (s *Server) servers() []*llmgwv1.ControlServer {
 		GossipAddr: s.cfg.GossipAddr, HttpAddr: s.httpAddr, Version: s.cfg.Version,
 		Leader: string(leader) == s.cfg.NodeID,
 	}
-	out := []*llmgwv1.ControlServer{self}
-	cf := s.node.raft.GetConfiguration()
-	if cf.Error() != nil {
-		return out
+	if s.gossip != nil {
+		self.GossipAddr = s.gossip.addr()
 	}
-	for _, srv := range cf.Configuration().Servers {
+	out := []*llmgwv1.ControlServer{self}
+	for _, srv := range s.raftServers() {
 		if string(srv.ID) == s.cfg.NodeID {
 			self.Voter = srv.Suffrage == raft.Voter
 			continue
 		}
-		out = append(out, &llmgwv1.ControlServer{Id: string(srv.ID), RaftAddr: string(srv.Address), Leader: srv.ID == leader, Voter: srv.Suffrage == raft.Voter})
+		cs := &llmgwv1.ControlServer{Id: string(srv.ID), RaftAddr: string(srv.Address), Leader: srv.ID == leader, Voter: srv.Suffrage == raft.Voter}
+		if s.gossip != nil {
+			if m, ok := s.gossip.memberByID(string(srv.ID)); ok {
+				cs.GrpcAddr, cs.HttpAddr, cs.GossipAddr, cs.Version = m.meta.GRPC, m.meta.HTTP, m.gossipAddr, m.meta.Version
+			}
+		}
+		out = append(out, cs)
 	}
 	return out
 }
