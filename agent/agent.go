@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/load"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -32,6 +33,7 @@ type Agent struct {
 	log       *slog.Logger
 	metrics   *metrics
 	book      *book
+	kv        *kv.Hub
 	replicas  *replicaSet
 	epochPath string
 	attached  atomic.Bool
@@ -49,11 +51,18 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if logger == nil {
 		return nil, errors.New("agent: nil logger")
 	}
+	log := logger.With("node", cfg.NodeID)
+	m := newMetrics()
+	hub, err := kv.NewHub(log, m.reg)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	return &Agent{
 		cfg:       cfg,
-		log:       logger.With("node", cfg.NodeID),
-		metrics:   newMetrics(),
+		log:       log,
+		metrics:   m,
 		book:      newBook(),
+		kv:        hub,
 		epochPath: filepath.Join(cfg.DataDir, "epoch"),
 	}, nil
 }
@@ -100,7 +109,8 @@ func (a *Agent) nodeInfo() *llmgwv1.Node {
 // Run runs the agent until ctx is cancelled and returns once everything it
 // started has stopped. Shutdown order: the control session ends first (the
 // control node sees the agent leave); then the engines are stopped with
-// StopEnginesOnExit, or left running for the next agent otherwise; then the
+// StopEnginesOnExit, or left running for the next agent otherwise, each
+// replica's KV listener closing after its engine's supervisor; then the
 // load reader, so routers watch stopping engines' readings age into
 // "saturated" rather than lose them; then LoadService (its streams are
 // ended, then the gRPC server stops); the HTTP server goes last, so
@@ -116,7 +126,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	engines, stopEngines := context.WithCancel(context.Background())
 	defer stopEngines()
-	a.replicas = &replicaSet{cfg: &a.cfg, log: a.log, book: a.book, metrics: a.metrics, ports: ports,
+	a.replicas = &replicaSet{cfg: &a.cfg, log: a.log, book: a.book, kv: a.kv, metrics: a.metrics, ports: ports,
 		logDir: logDir, ctx: engines, running: map[string]*runner{}}
 	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
 	if err != nil {

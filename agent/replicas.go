@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/supervisor"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -24,6 +28,7 @@ type replicaSet struct {
 	cfg     *Config
 	log     *slog.Logger
 	book    *book
+	kv      *kv.Hub
 	metrics *metrics
 	ports   *portStore
 	logDir  string
@@ -44,6 +49,7 @@ type runner struct {
 
 	mu       sync.Mutex
 	sup      *supervisor.Supervisor
+	kvl      *kv.Listener // nil without KV events
 	detached bool
 }
 
@@ -51,6 +57,12 @@ func (r *runner) supervisor() *supervisor.Supervisor {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.sup
+}
+
+func (r *runner) listener() *kv.Listener {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.kvl
 }
 
 // apply converges on a desired set. It never blocks on an engine: starts and
@@ -136,7 +148,16 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	rep := r.replica
 	log := rs.log.With("replica", rep.GetId(), "model", rep.GetModel())
 	report := rs.reporter(r)
-	launch, err := rs.plan(rep, r.model)
+	launch, kvl, err := rs.plan(rep, r.model)
+	if kvl != nil {
+		// Closed once the supervisor has returned: the listener outlives
+		// every process of this placement, so a restarted engine connects
+		// to the same socket.
+		defer kvl.Close()
+		r.mu.Lock()
+		r.kvl = kvl
+		r.mu.Unlock()
+	}
 	if err != nil {
 		log.Error("cannot run replica", "err", err)
 		report(&llmgwv1.ReplicaStatus{ReplicaId: rep.GetId(), Uid: rep.GetUid(), Model: rep.GetModel(),
@@ -165,32 +186,85 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	}
 }
 
-// plan allocates the replica's ports and asks its engine's driver for a
-// launch.
-func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model) (engine.Launch, error) {
+// plan allocates the replica's ports, binds its KV-event listener where
+// the model has one, and asks its engine's driver for a launch. The
+// listener is returned even with an error, for the caller to close.
+func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model) (launch engine.Launch, kvl *kv.Listener, err error) {
 	if model == nil {
-		return engine.Launch{}, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
+		return engine.Launch{}, nil, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
 	}
 	spec := engine.Spec{Replica: rep, Model: model, Host: rs.cfg.AdvertiseAddr}
 	if ec, ok := rs.cfg.Engines[model.GetEngine()]; ok {
 		spec.Command, spec.Env = ec.Command, ec.Env
 	}
 	if model.GetEngine() != engine.External {
-		var err error
 		if spec.Port, err = rs.ports.get(rep.GetId()+"/http", rs.cfg.AdvertiseAddr); err != nil {
-			return engine.Launch{}, err
+			return engine.Launch{}, nil, err
 		}
 		if model.GetKvEvents() {
 			// KV-event sockets stay on loopback (plan §6).
 			if spec.KVEventsPort, err = rs.ports.get(rep.GetId()+"/kv-events", "127.0.0.1"); err != nil {
-				return engine.Launch{}, err
+				return engine.Launch{}, nil, err
 			}
 			if spec.KVReplayPort, err = rs.ports.get(rep.GetId()+"/kv-replay", "127.0.0.1"); err != nil {
-				return engine.Launch{}, err
+				return engine.Launch{}, nil, err
+			}
+			if kvl = rs.listenKV(rep, model, spec.KVEventsPort, spec.KVReplayPort); kvl == nil {
+				m := proto.Clone(model).(*llmgwv1.Model)
+				m.KvEvents = false
+				spec.Model = m
 			}
 		}
 	}
-	return engine.Plan(spec)
+	launch, err = engine.Plan(spec)
+	return launch, kvl, err
+}
+
+// kvTopic is the topic the vllm and sim drivers give engines.
+const kvTopic = "kv"
+
+// listenKV binds the KV-event listener of a replica's leader shard before
+// its engine starts (plan §6 "KV events", §7.5), for the engines that
+// publish vLLM's events. It returns nil where there is none to bind, and
+// on failure, which is logged: the engine then starts without events and
+// routers use tier 1 for it, rather than the replica not running at all
+// for want of an optimisation.
+func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port, replayPort int) *kv.Listener {
+	if eng := model.GetEngine(); eng != engine.VLLM && eng != engine.Sim {
+		return nil
+	}
+	if leaderNode(rep) != rs.cfg.NodeID {
+		return nil
+	}
+	cfg := kv.DefaultListenerConfig()
+	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), kvTopic
+	cfg.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(port)
+	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
+	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = engine.DefaultBlockSize
+	}
+	if cfg.HashSeed == "" {
+		cfg.HashSeed = engine.DefaultHashSeed
+	}
+	l, err := rs.kv.Listen(cfg, rs.log.With("model", rep.GetModel()))
+	if err != nil {
+		rs.log.Warn("cannot receive kv cache events; the engine starts without them and routers use tier 1 for it",
+			"replica", rep.GetId(), "model", rep.GetModel(), "err", err)
+		return nil
+	}
+	return l
+}
+
+// leaderNode is the node of a replica's rank-0 shard, the one that serves
+// HTTP and publishes KV events (plan §4).
+func leaderNode(rep *llmgwv1.Replica) string {
+	for _, sh := range rep.GetShards() {
+		if sh.GetRank() == 0 {
+			return sh.GetNode()
+		}
+	}
+	return rep.GetNode()
 }
 
 // reporter records a runner's statuses while it is the replica's current
@@ -206,6 +280,10 @@ func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
 		}
 		if st.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_RESTARTING {
 			rs.metrics.restarts.WithLabelValues(st.GetModel()).Inc()
+		}
+		if l := r.listener(); l != nil && st.GetIncarnation() > 0 {
+			// Reported as the process starts, before it can publish.
+			l.Engine(st.GetIncarnation())
 		}
 		rs.metrics.setPhase(st.GetReplicaId(), st.GetModel(), st.GetPhase())
 		rs.book.put(st)

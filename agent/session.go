@@ -20,6 +20,12 @@ import (
 // 10 s, so the application notices first).
 var errDeadServer = errors.New("control node missed three heartbeats")
 
+// kvFlushInterval is how often KV-cache changes go up the stream (plan §7.5
+// step 2). Often enough that a prefix cached by one request is known before
+// the next few arrive; seldom enough that a busy engine's churn goes as its
+// net effect.
+const kvFlushInterval = 250 * time.Millisecond
+
 // runSessions keeps one session with the control plane up until ctx ends:
 // it uses one address at a time, moves to the next on any failure, and waits
 // a jittered, doubling delay between attempts, reset by every welcome.
@@ -177,11 +183,15 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 		seq++
 		seen = ver
 		a.metrics.updates.WithLabelValues("full").Inc()
+		// Every replica's whole block set, as resets: the control node
+		// at the other end may have just started or taken over.
 		return send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
-			Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Full: true, Statuses: sts}}})
+			Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Full: true, Statuses: sts, Kv: a.kv.Full()}}})
 	}
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
+	kvTick := time.NewTicker(kvFlushInterval)
+	defer kvTick.Stop()
 	for {
 		select {
 		case <-sctx.Done():
@@ -242,6 +252,22 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 			a.metrics.updates.WithLabelValues("delta").Inc()
 			if err := send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
 				Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Statuses: ups, RemovedReplicas: rm}}}); err != nil {
+				return learned, welcomed, err
+			}
+		case <-kvTick.C:
+			if !welcomed {
+				// Changes wait in the mirrors; the welcome's full copy
+				// carries them.
+				continue
+			}
+			changes := a.kv.Changes()
+			if len(changes) == 0 {
+				continue
+			}
+			seq++
+			a.metrics.updates.WithLabelValues("delta").Inc()
+			if err := send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
+				Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Kv: changes}}}); err != nil {
 				return learned, welcomed, err
 			}
 		case <-hb.C:
