@@ -1,0 +1,106 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/llmgw/llmgw/agent/internal/fakeengine"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// A kv_events replica's engine is given a KV endpoint the agent listens
+// on; what the engine publishes reaches the control node as net changes,
+// and whole in every full copy (plan §7.5 step 2).
+func TestKVEventsReachControl(t *testing.T) {
+	ctl := startFakeControl(t, "c1")
+	c := testConfig(t, ctl.addr)
+	_, stop := startAgent(t, c)
+	waitFor(t, "the welcome's full copy", func() bool { _, u := ctl.snapshot(); return len(u) >= 1 })
+
+	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Desired{Desired: &llmgwv1.DesiredReplicas{
+		Revision: 3, Replicas: []*llmgwv1.Replica{{Id: "demo-0", Uid: 5, Model: "demo", Node: "n1"}},
+		Models: []*llmgwv1.Model{{Name: "demo", Engine: "sim", Model: "org/demo", Replicas: 1,
+			KvEvents: true, BlockSize: 4, HashSeed: "7"}},
+	}}}
+	kvOf := func(pred func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool) func() bool {
+		return func() bool {
+			_, ups := ctl.snapshot()
+			return slices.ContainsFunc(ups, func(u *llmgwv1.EphemeralUpdate) bool {
+				return slices.ContainsFunc(u.GetKv(), func(b *llmgwv1.KVBlocks) bool { return pred(u, b) })
+			})
+		}
+	}
+	waitFor(t, "the new engine's reset", kvOf(func(_ *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
+		return b.GetReplicaId() == "demo-0" && b.GetUid() == 5 && b.GetIncarnation() == 1 && b.GetReset_() &&
+			b.GetBlockSize() == 4 && len(b.GetStored()) == 0
+	}))
+
+	// The engine was told where to publish.
+	var endpoint string
+	waitFor(t, "the engine's start", func() bool {
+		recs, _ := fakeengine.Read(filepath.Join(c.DataDir, "engine.jsonl"))
+		for _, r := range recs {
+			if i := slices.Index(r.Argv, "--kv-events-config"); i >= 0 && i+1 < len(r.Argv) {
+				var cfg struct {
+					Endpoint string `json:"endpoint"`
+				}
+				if err := json.Unmarshal([]byte(r.Argv[i+1]), &cfg); err != nil {
+					t.Fatal(err)
+				}
+				endpoint = cfg.Endpoint
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.HasPrefix(endpoint, "tcp://127.0.0.1:") {
+		t.Fatalf("kv endpoint %q", endpoint)
+	}
+
+	// Publish as the engine would.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Dial(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })
+	tokens := []int{1, 2, 3, 4, 5, 6, 7, 8}
+	hs, err := vllm.BlockHashes(vllm.NoneHash("7"), tokens, 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, err := vllm.EncodeEventBatch(vllm.EventBatch{TS: 1, Events: []vllm.Event{&vllm.BlockStored{
+		BlockHashes: []vllm.ExternalBlockHash{vllm.ExternalHash(hs[0], true), vllm.ExternalHash(hs[1], true)},
+		TokenIDs:    tokens, BlockSize: 4, Medium: vllm.Ptr(vllm.MediumGPU)}}}, vllm.EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.SendMulti(zmq4.NewMsgFrom(vllm.PubFrames("kv", 0, payload)...)); err != nil {
+		t.Fatal(err)
+	}
+	want := []uint64{hs[0].Uint64(), hs[1].Uint64()}
+	slices.Sort(want)
+	waitFor(t, "the blocks as a delta", kvOf(func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
+		return !u.GetFull() && !b.GetReset_() && slices.Equal(b.GetStored(), want)
+	}))
+
+	// Every full copy holds them, as a reset.
+	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_FullCopyRequest{FullCopyRequest: &llmgwv1.FullCopyRequest{Reason: "test"}}}
+	waitFor(t, "the blocks in a full copy", kvOf(func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
+		return u.GetFull() && b.GetReset_() && b.GetIncarnation() == 1 && slices.Equal(b.GetStored(), want)
+	}))
+	hellos, ups := ctl.snapshot()
+	for _, h := range hellos {
+		checkOrder(t, ups, h.GetEpoch())
+	}
+	stop()
+}
