@@ -254,7 +254,9 @@ func (d *autopilotDelegate) FetchServerStats(ctx context.Context, servers map[ra
 	for id := range servers {
 		if string(id) == s.cfg.NodeID {
 			idx, term, _ := s.localRaftStats()
+			mu.Lock()
 			out[id] = &autopilot.ServerStats{LastIndex: idx, LastTerm: term}
+			mu.Unlock()
 			continue
 		}
 		m, ok := s.gossip.memberByID(string(id))

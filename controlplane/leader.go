@@ -44,6 +44,11 @@ func (s *Server) placeWhileLeading(ctx context.Context) {
 	// served from this FSM (as Consul does after its barrier).
 	s.leaderReady.Store(true)
 	defer s.leaderReady.Store(false)
+	// Membership and autopilot run beside placement, for the same term;
+	// this returns only after they have stopped.
+	var membership sync.WaitGroup
+	defer membership.Wait()
+	membership.Go(func() { s.membershipWhileLeading(ctx) })
 	s.log.Info("leading; placement started")
 	term := newLeaderTerm(s.now())
 	t := time.NewTicker(s.cfg.ReconcileInterval)
