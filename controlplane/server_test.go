@@ -65,6 +65,9 @@ func testConfig(t *testing.T, dir, raftAddr string) Config {
 	cfg.AgentTimeout = time.Minute
 	cfg.WatchWait = 200 * time.Millisecond
 	cfg.ReconcileInterval = 200 * time.Millisecond
+	// Without gossip no leader's gRPC address is known: a follower holds a
+	// write this long, then refuses it.
+	cfg.RPCHoldTimeout = 300 * time.Millisecond
 	return cfg
 }
 
