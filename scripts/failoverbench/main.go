@@ -203,12 +203,17 @@ func run(ctx context.Context, cfg config, log *slog.Logger) (*result, error) {
 
 	servers := make([]*server, cfg.servers)
 	gossip := make([]string, cfg.servers)
+	// A closed port may be handed out again at once: keep them distinct.
+	seen := map[string]bool{}
 	for i := range servers {
 		addrs := make([]string, 4)
 		for j := range addrs {
-			if addrs[j], err = freePort(); err != nil {
-				return nil, err
+			for addrs[j] == "" || seen[addrs[j]] {
+				if addrs[j], err = freePort(); err != nil {
+					return nil, err
+				}
 			}
+			seen[addrs[j]] = true
 		}
 		id := fmt.Sprintf("c%d", i+1)
 		gossip[i] = addrs[2]
