@@ -12,10 +12,11 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// TestThreeServers checks what must already hold with HA, on a cluster
-// formed by hand (joins arrive with the HA issue): followers refuse writes
-// and consistent reads with UNAVAILABLE, serve local reads and watches, and
-// a new leader takes over writes when the leader stops.
+// TestThreeServers checks a cluster formed by hand, without gossip: the
+// followers cannot learn the leader's gRPC address, so after holding they
+// refuse writes and consistent reads with UNAVAILABLE; they serve local
+// reads and watches, and a new leader takes over writes when the leader
+// stops. (ha_test.go covers clusters formed with --bootstrap-expect.)
 func TestThreeServers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()

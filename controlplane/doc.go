@@ -3,18 +3,49 @@
 // and llmgwctl talk to, the leader-only placement loop, and the node's own
 // /metrics, /healthz and /readyz.
 //
-// This milestone runs a single node (--bootstrap). What HA needs later —
-// gossip, joins, forwarding writes to the leader — has its place in Config
-// and in the shutdown order, and is refused clearly until it exists.
+// A node runs alone (--bootstrap) or in a cluster of 3 or 5 (plan §5.2):
+// memberlist among the servers carries each one's id, version, addresses and
+// --bootstrap-expect; Raft membership follows gossip on the leader, with
+// hashicorp/raft-autopilot promoting stable non-voters and cleaning up dead
+// servers, never below --bootstrap-expect voters.
 //
 // Decisions where the plan is silent:
 //
+//   - Bootstrap. Of the servers with the same expectation, only the lowest
+//     id bootstraps (with all of them as voters), after asking each whether
+//     it already has voters or a leader; the others are brought in by its
+//     heartbeats. A peer with another expectation stops the bootstrap
+//     (logged, and in /readyz), and a leader does not add it later.
+//   - Removed servers. `raft remove-peer` and a graceful leave tombstone the
+//     server id; tombstones spread over gossip (broadcast, push/pull as the
+//     backstop; last writer wins) so any later leader honours them. A
+//     tombstoned server is not added back when it shows up alive; an
+//     explicit Join (`llmgwctl join`, on it or naming its gossip address)
+//     clears the tombstone. Tombstones live in memory: a full restart of
+//     every server forgets them.
+//   - Leave ends the process: after leaving, Run returns nil (Consul's
+//     servers do the same). Stopping by signal does not leave: a restart
+//     must not shrink the cluster.
+//   - Forwarding. Writes, consistent reads and the raft verbs go to the
+//     leader's gRPC address (from gossip), marked so they are never
+//     forwarded twice; while there is no leader, or it refuses before
+//     logging the entry, the call is held and retried up to RPCHoldTimeout.
+//     A leader that loses office mid-commit answers ABORTED (the write may
+//     have been applied) rather than retry blindly. An agent's node
+//     registration rides a forwarded Attach (hello, welcome) because the
+//     proto has no registration RPC.
+//   - Autopilot's per-server figures (last log index and term, last
+//     contact) travel as gRPC headers on ClusterStatus, for want of proto
+//     fields. ClusterStatus' health and failure tolerance are autopilot's on
+//     the leader and a gossip-based estimate on other servers.
+
 //   - Revisions. A log entry the FSM rejects (bad model, stale remove) still
 //     moves the revision to its index, with no change; watchers get a mark.
-//   - Writes and consistent reads on a follower answer UNAVAILABLE naming the
-//     leader; forwarding comes with HA. A consistent read on a leader also
-//     waits for its post-election Barrier, since hashicorp/raft has no
-//     ReadIndex: a fresh leader may not have applied earlier terms yet.
+//   - Without gossip (no --gossip-addr) a follower cannot find the leader's
+//     gRPC address: writes and consistent reads there answer UNAVAILABLE
+//     naming the leader. A consistent read on a leader also waits for its
+//     post-election Barrier, since hashicorp/raft has no ReadIndex: a fresh
+//     leader may not have applied earlier terms yet.
 //   - Ready means: a leader is known, and when that is this node, it has
 //     passed the Barrier.
 //   - Removal drains first: placement marks an extra replica draining, and

@@ -216,6 +216,34 @@ func TestHAFormJoinLeave(t *testing.T) {
 			t.Fatalf("servers list lacks client addresses: %v", srv)
 		}
 	}
+
+	// An agent attached to a follower is registered through the leader,
+	// and its welcome lists every server for failover (plan §5.6).
+	actx, acancel := context.WithCancel(ctx)
+	agent, err := llmgwv1.NewAgentServiceClient(c.nodes[f].conn).Attach(actx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Hello{Hello: &llmgwv1.AgentHello{
+		Node: &llmgwv1.Node{Id: "n1", Address: "127.0.0.1", Gpus: 1}, Epoch: 7,
+	}}}); err != nil {
+		t.Fatal(err)
+	}
+	welcome := recvAgent(t, agent).GetWelcome()
+	if welcome == nil || len(welcome.Servers) != 3 {
+		t.Fatalf("welcome through a follower: %v", welcome)
+	}
+	for _, srv := range welcome.Servers {
+		if srv.GrpcAddr == "" {
+			t.Fatalf("welcome's server without a gRPC address: %v", srv)
+		}
+	}
+	nodes, err := c.admin(leader).ListNodes(ctx, &llmgwv1.ListRequest{Consistent: true})
+	if err != nil || len(nodes.Nodes) != 1 || nodes.Nodes[0].Id != "n1" {
+		t.Fatalf("node registered through a follower: %v %v", nodes, err)
+	}
+	acancel()
+
 	members, err := c.admin(f).Members(ctx, &llmgwv1.MembersRequest{})
 	if err != nil || len(members.Members) != 3 {
 		t.Fatalf("members: %v %v", members, err)
