@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 BIN := bin
 
-.PHONY: help build run test check proto fmt vet importcheck protocheck clean
+.PHONY: help build run test check proto fmt vet importcheck protocheck clean bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -64,3 +64,7 @@ compose-down: ## stop the compose cluster and remove its containers and state
 
 bench-failover: ## kill -9 the leader of a 3-node cluster 100 times; time to a new leader and to the first write
 	$(GO) run ./scripts/failoverbench $(BENCH_FLAGS)
+
+bench: build ## the scheduler figures of docs/benchmarks.md (~6 min; loopback ports 18380-18381, 17600-17605, 23000-23999; needs curl, jq)
+	./scripts/bench-scheduler.sh $(BIN) bench-out
+	$(GO) test -run XXX -bench BenchmarkPick -benchmem -count 3 ./router/scheduler
