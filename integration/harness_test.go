@@ -79,7 +79,11 @@ type devProcess struct {
 func startDev(t *testing.T, extra ...string) *devProcess {
 	t.Helper()
 	d := &devProcess{t: t, http: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &bytes.Buffer{}, done: make(chan error, 1)}
-	args := append([]string{"dev", "--http-addr", d.http, "--grpc-addr", d.grpc, "--data-dir", d.dataDir}, extra...)
+	// Every listening address is a free one, so a dev started here never
+	// collides with another package's tests or a dev the developer runs.
+	args := append([]string{"dev", "--http-addr", d.http, "--grpc-addr", d.grpc, "--data-dir", d.dataDir,
+		"--raft-addr", freeAddr(t), "--control-http-addr", freeAddr(t),
+		"--agent-http-addr", freeAddr(t), "--agent-grpc-addr", freeAddr(t)}, extra...)
 	d.cmd = exec.Command(bins.llmgw, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
