@@ -241,6 +241,7 @@ const (
 	AdminService_ListNodes_FullMethodName          = "/llmgw.v1.AdminService/ListNodes"
 	AdminService_ListReplicas_FullMethodName       = "/llmgw.v1.AdminService/ListReplicas"
 	AdminService_ClusterStatus_FullMethodName      = "/llmgw.v1.AdminService/ClusterStatus"
+	AdminService_DrainNode_FullMethodName          = "/llmgw.v1.AdminService/DrainNode"
 	AdminService_Join_FullMethodName               = "/llmgw.v1.AdminService/Join"
 	AdminService_Leave_FullMethodName              = "/llmgw.v1.AdminService/Leave"
 	AdminService_Members_FullMethodName            = "/llmgw.v1.AdminService/Members"
@@ -261,6 +262,9 @@ type AdminServiceClient interface {
 	ListNodes(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListNodesResponse, error)
 	ListReplicas(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListReplicasResponse, error)
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
+	// DrainNode marks a node draining (placement moves its replicas off one
+	// at a time, plan §5.5) or, with undrain, active again.
+	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
 	// Servers (plan §5.2). Join asks the server called to join the gossip
 	// pool through the given gossip addresses; Raft membership follows gossip.
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
@@ -343,6 +347,16 @@ func (c *adminServiceClient) ClusterStatus(ctx context.Context, in *ClusterStatu
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ClusterStatusResponse)
 	err := c.cc.Invoke(ctx, AdminService_ClusterStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DrainNodeResponse)
+	err := c.cc.Invoke(ctx, AdminService_DrainNode_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -451,6 +465,9 @@ type AdminServiceServer interface {
 	ListNodes(context.Context, *ListRequest) (*ListNodesResponse, error)
 	ListReplicas(context.Context, *ListRequest) (*ListReplicasResponse, error)
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
+	// DrainNode marks a node draining (placement moves its replicas off one
+	// at a time, plan §5.5) or, with undrain, active again.
+	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
 	// Servers (plan §5.2). Join asks the server called to join the gossip
 	// pool through the given gossip addresses; Raft membership follows gossip.
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
@@ -496,6 +513,9 @@ func (UnimplementedAdminServiceServer) ListReplicas(context.Context, *ListReques
 }
 func (UnimplementedAdminServiceServer) ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ClusterStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DrainNode not implemented")
 }
 func (UnimplementedAdminServiceServer) Join(context.Context, *JoinRequest) (*JoinResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Join not implemented")
@@ -646,6 +666,24 @@ func _AdminService_ClusterStatus_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(AdminServiceServer).ClusterStatus(ctx, req.(*ClusterStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DrainNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DrainNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DrainNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DrainNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DrainNode(ctx, req.(*DrainNodeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -806,6 +844,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ClusterStatus",
 			Handler:    _AdminService_ClusterStatus_Handler,
+		},
+		{
+			MethodName: "DrainNode",
+			Handler:    _AdminService_DrainNode_Handler,
 		},
 		{
 			MethodName: "Join",
