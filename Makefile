@@ -5,7 +5,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X main.version=$(VERSION)
 BIN := bin
 
-.PHONY: help build run test check proto fmt vet importcheck protocheck clean bench
+.PHONY: help build run test check proto fmt vet importcheck protocheck clean rules bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -17,7 +17,7 @@ build: ## build llmgw and llmgwctl (static) into bin/
 run: build ## start `llmgw dev`: the OpenAI API on :8080 over simulated replicas
 	$(BIN)/llmgw dev
 
-test: check ## the checks, then every test with -race (what CI runs)
+test: check rules ## the checks, the alert rules' tests, then every test with -race (what CI runs)
 	$(GO) test -race -count=1 -timeout 15m ./...
 
 check: fmt vet importcheck protocheck ## gofmt, go vet, the import rules of plan §3, generated code up to date
@@ -44,6 +44,11 @@ protocheck: ## fail when the committed generated code is stale
 
 clean:
 	rm -rf $(BIN)
+
+rules: ## promtool check rules and the alert rules' unit tests (deploy/prometheus; Debian's prometheus package)
+	promtool check rules deploy/prometheus/llmgw-alerts.yml
+	promtool check config deploy/prometheus/prometheus.yml
+	cd deploy/prometheus && promtool test rules llmgw-alerts_test.yml
 
 # --- HA cluster (issue: Control-plane cluster) ---
 # The compose tool: `docker compose` when the plugin is there, else docker-compose v1.
