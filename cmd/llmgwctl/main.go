@@ -65,7 +65,7 @@ func newRootCmd(out io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVarP(&c.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().DurationVar(&c.timeout, "timeout", 10*time.Second, "how long one call may take")
 	root.AddCommand(c.modelCmd(), c.nodeCmd(), c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
-		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd())
+		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd())
 	return root
 }
 
