@@ -207,7 +207,13 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 			return nil, invalid(fmt.Sprintf("adapters[%d].name", i), "%q is already used by model %q", ad.Name, owner)
 		}
 	}
+	// Revision moves only when what the replicas run changes, so placement
+	// rolls them exactly then (plan §4 "Changes roll"); a new replica count
+	// or routing setting keeps it.
 	m.Revision = a.index
+	if old, ok := a.f.models[m.Name]; ok && !NeedsRestart(old, m) {
+		m.Revision = old.Revision
+	}
 	a.f.models[m.Name] = m
 	a.put(m)
 	return proto.Clone(m), nil
@@ -318,6 +324,9 @@ func (a *applier) placeReplica(p *llmgwv1.PlaceReplicaCommand) (any, error) {
 	r.Uid = a.index
 	r.Revision = a.index
 	r.Draining = false
+	// What the replica runs is the model as of now; a later re-apply that
+	// needs a restart rolls it (placement compares the two).
+	r.ModelRevision = a.f.models[r.Model].GetRevision()
 	if p.Replica.Id == "" {
 		a.f.ordinals[r.Model] = newOrdinal + 1
 	}
@@ -364,6 +373,19 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 	a.f.config = c
 	a.put(c)
 	return proto.Clone(c), nil
+}
+
+// NeedsRestart reports whether replicas of model old must restart to run
+// model new: anything changed but the replica count, the routing settings
+// (profile, overrides) and the placement rules (node selector, which
+// placement applies by moving replicas itself). Revisions are ignored.
+func NeedsRestart(old, new *llmgwv1.Model) bool {
+	strip := func(m *llmgwv1.Model) *llmgwv1.Model {
+		c := proto.Clone(m).(*llmgwv1.Model)
+		c.Replicas, c.Profile, c.ProfileOverrides, c.NodeSelector, c.Revision = 0, "", nil, nil, 0
+		return c
+	}
+	return !proto.Equal(strip(old), strip(new))
 }
 
 // ClusterDefaults returns a copy of m with the cluster-wide defaults of c
