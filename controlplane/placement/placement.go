@@ -64,10 +64,11 @@ type nodeFree struct {
 //   - extra replicas are drained, highest ordinal first (the newest go
 //     first, so ids stay low and stable);
 //   - replicas that must move (on a DRAINING node, off the node_selector,
-//     of another size than gpus_per_replica) move one at a time: one
-//     replacement is placed while every other replica is ready, and the
-//     moving replicas are drained once the model has its count ready
-//     elsewhere — capacity never dips during a move;
+//     of another size than gpus_per_replica, or placed for an older model
+//     revision — a re-apply that needs a restart) move one at a time: a
+//     replacement is placed while every other replica is ready; once it is
+//     ready too, one moving replica drains; then the next — capacity never
+//     dips during a move (plan §4 "Changes roll", §5.5);
 //   - engine "external" runs nothing on the nodes and is left alone.
 func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)
@@ -137,10 +138,19 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			}
 			continue
 		}
-		readyStay := countReady(stay, ready)
 		missing := max(want-len(stay)-len(moving), 0)
-		if len(moving) > 0 && readyStay == len(stay) {
-			missing++ // one replacement, only while none is in flight
+		if len(moving) > 0 && countReady(stay, ready) == len(stay) {
+			// One move at a time: while every replica that stays is ready,
+			// either a replacement is up (a surplus over the count), so one
+			// moving replica drains, or none is, so one is placed. Serving
+			// capacity never dips below the count, and rises by at most one.
+			if surplus := len(stay) + len(moving) - want; surplus > 0 {
+				for _, r := range moving[:min(surplus, len(moving))] {
+					plan.Drain = append(plan.Drain, ref(r))
+				}
+			} else {
+				missing++
+			}
 		}
 		for i := 0; i < missing; i++ {
 			best := pick(nodes, perNode, m)
@@ -159,11 +169,15 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 
 // misplaced reports whether a replica must move, one at a time like any
 // move: its node is draining (or gone), no longer matches the model's
-// node_selector, or the model now wants another number of GPUs per replica.
-// So re-applying a model with a new selector or size rolls its replicas.
+// node_selector, the model now wants another number of GPUs per replica, or
+// the replica runs an older revision of the model (fsm.NeedsRestart). So
+// re-applying a model with a new spec, selector or size rolls its replicas.
+// A replica without a model revision (placed before replicas recorded it)
+// is taken as current rather than restarted for no change.
 func misplaced(r *llmgwv1.Replica, m *llmgwv1.Model, n *llmgwv1.Node) bool {
 	return n == nil || n.State == llmgwv1.NodeState_NODE_STATE_DRAINING ||
-		!Matches(n, m.NodeSelector) || len(r.GpuIndices) != int(m.GpusPerReplica)
+		!Matches(n, m.NodeSelector) || len(r.GpuIndices) != int(m.GpusPerReplica) ||
+		(r.ModelRevision != 0 && r.ModelRevision < m.Revision)
 }
 
 func countReady(rs []*llmgwv1.Replica, ready func(*llmgwv1.Replica) bool) int {

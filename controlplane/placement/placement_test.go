@@ -27,6 +27,23 @@ func replica(id, model, node string, uid uint64, gpus ...uint32) *llmgwv1.Replic
 	return &llmgwv1.Replica{Id: id, Uid: uid, Model: model, Node: node, GpuIndices: gpus}
 }
 
+func drainingOn(id, node string, uid uint64, gpus ...uint32) *llmgwv1.Replica {
+	r := replica(id, "m", node, uid, gpus...)
+	r.Draining = true
+	return r
+}
+
+func revised(replicas, gpus uint32, revision uint64) *llmgwv1.Model {
+	m := model("m", replicas, gpus)
+	m.Revision = revision
+	return m
+}
+
+func atRevision(r *llmgwv1.Replica, rev uint64) *llmgwv1.Replica {
+	r.ModelRevision = rev
+	return r
+}
+
 // render prints a plan compactly: "+model@node[gpus]" and "-id".
 func render(p Plan) string {
 	s := ""
@@ -113,10 +130,38 @@ func TestReconcile(t *testing.T) {
 			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{drainingNode, node("b", 4)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
 			Inputs{}, ""},
-		{"the next replacement once it is ready",
+		{"one moving replica drains once its replacement is ready",
 			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{drainingNode, node("b", 4)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
-			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, "+m@b[1] "},
+			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, "~m-0 "},
+		{"the next replacement once the first moved",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{drainingNode, node("b", 4)},
+				Replicas: []*llmgwv1.Replica{drainingOn("m-0", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
+			Inputs{Ready: func(r *llmgwv1.Replica) bool { return !r.Draining }}, "+m@b[1] "},
+		{"the next replacement waits for the others to be ready",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{drainingNode, node("b", 4)},
+				Replicas: []*llmgwv1.Replica{drainingOn("m-0", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
+			Inputs{}, ""},
+		{"a re-apply that needs a restart places one replacement",
+			&llmgwv1.State{Models: []*llmgwv1.Model{revised(2, 1, 9)}, Nodes: []*llmgwv1.Node{node("a", 4)},
+				Replicas: []*llmgwv1.Replica{atRevision(replica("m-0", "m", "a", 1, 0), 5), atRevision(replica("m-1", "m", "a", 2, 1), 5)}},
+			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, "+m@a[2] "},
+		{"the old revision drains one at a time",
+			&llmgwv1.State{Models: []*llmgwv1.Model{revised(2, 1, 9)}, Nodes: []*llmgwv1.Node{node("a", 4)},
+				Replicas: []*llmgwv1.Replica{atRevision(replica("m-0", "m", "a", 1, 0), 5), atRevision(replica("m-1", "m", "a", 2, 1), 5), atRevision(replica("m-2", "m", "a", 10, 2), 9)}},
+			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, "~m-0 "},
+		{"the replacement must be ready before the old one drains",
+			&llmgwv1.State{Models: []*llmgwv1.Model{revised(2, 1, 9)}, Nodes: []*llmgwv1.Node{node("a", 4)},
+				Replicas: []*llmgwv1.Replica{atRevision(replica("m-0", "m", "a", 1, 0), 5), atRevision(replica("m-1", "m", "a", 2, 1), 5), atRevision(replica("m-2", "m", "a", 10, 2), 9)}},
+			Inputs{Ready: func(r *llmgwv1.Replica) bool { return r.Id != "m-2" }}, ""},
+		{"a current replica is not rolled",
+			&llmgwv1.State{Models: []*llmgwv1.Model{revised(1, 1, 9)}, Nodes: []*llmgwv1.Node{node("a", 4)},
+				Replicas: []*llmgwv1.Replica{atRevision(replica("m-0", "m", "a", 10, 0), 9)}},
+			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, ""},
+		{"a replica without a model revision is taken as current",
+			&llmgwv1.State{Models: []*llmgwv1.Model{revised(1, 1, 9)}, Nodes: []*llmgwv1.Node{node("a", 4)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0)}},
+			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, ""},
 		{"moving replicas drain once the count is ready elsewhere",
 			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{drainingNode, node("b", 4)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0), replica("m-3", "m", "b", 4, 1)}},
@@ -176,5 +221,97 @@ func BenchmarkReconcile(b *testing.B) {
 		if p := Reconcile(st, Inputs{}); !p.Empty() {
 			b.Fatal("a settled fleet got decisions")
 		}
+	}
+}
+
+// TestMovesWalkOneAtATime plays placement forward — every placed replica
+// becomes ready on the next round, every drained one is removed — for a
+// drained node and for a rolling re-apply, and checks at every step that
+// the model keeps its count of ready replicas and never runs more than one
+// extra (plan §4 "Changes roll", §5.5).
+func TestMovesWalkOneAtATime(t *testing.T) {
+	tests := []struct {
+		name  string
+		setup func(st *llmgwv1.State)
+		done  func(r *llmgwv1.Replica) bool
+	}{
+		{"drain node a", func(st *llmgwv1.State) { st.Nodes[0].State = llmgwv1.NodeState_NODE_STATE_DRAINING },
+			func(r *llmgwv1.Replica) bool { return r.Node == "b" }},
+		{"re-apply rolls", func(st *llmgwv1.State) { st.Models[0].Revision = 50 },
+			func(r *llmgwv1.Replica) bool { return r.ModelRevision == 50 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const want = 3
+			m := revised(want, 1, 1)
+			st := &llmgwv1.State{Models: []*llmgwv1.Model{m}, Nodes: []*llmgwv1.Node{node("a", 4), node("b", 4)}}
+			for i := range want {
+				st.Replicas = append(st.Replicas, atRevision(replica(fmt.Sprintf("m-%d", i), "m", "a", uint64(i+1), uint32(i)), 1))
+			}
+			tt.setup(st)
+			ready := map[uint64]bool{1: true, 2: true, 3: true}
+			uid := uint64(100)
+			for step := 0; ; step++ {
+				if step > 50 {
+					t.Fatal("did not settle in 50 rounds")
+				}
+				serving, readyServing := 0, 0
+				for _, r := range st.Replicas {
+					if !r.Draining {
+						serving++
+						if ready[r.Uid] {
+							readyServing++
+						}
+					}
+				}
+				if serving > want+1 || readyServing < want {
+					t.Fatalf("step %d: %d serving, %d of them ready (want %d ready, at most %d serving)", step, serving, readyServing, want, want+1)
+				}
+				// Placed replicas become ready a round after they appear.
+				for _, r := range st.Replicas {
+					ready[r.Uid] = ready[r.Uid] || !r.Draining
+				}
+				p := Reconcile(st, Inputs{
+					Ready:   func(r *llmgwv1.Replica) bool { return ready[r.Uid] },
+					Drained: func(*llmgwv1.Replica) bool { return true },
+				})
+				if len(p.Drain) > 1 || len(p.Place) > 1 {
+					t.Fatalf("step %d: more than one move at once: %s", step, render(p))
+				}
+				if p.Empty() {
+					break
+				}
+				gone := map[string]bool{}
+				for _, r := range p.Remove {
+					gone[r.Id] = true
+				}
+				var next []*llmgwv1.Replica
+				for _, r := range st.Replicas {
+					if gone[r.Id] {
+						continue
+					}
+					for _, d := range p.Drain {
+						if d.Id == r.Id {
+							r.Draining = true
+						}
+					}
+					next = append(next, r)
+				}
+				for _, r := range p.Place {
+					uid++
+					r.Id, r.Uid, r.ModelRevision = fmt.Sprintf("m-%d", uid), uid, m.Revision
+					next = append(next, r)
+				}
+				st.Replicas = next
+			}
+			if len(st.Replicas) != want {
+				t.Fatalf("settled with %d replicas, want %d", len(st.Replicas), want)
+			}
+			for _, r := range st.Replicas {
+				if !tt.done(r) || r.Draining {
+					t.Fatalf("settled with %v", r)
+				}
+			}
+		})
 	}
 }
