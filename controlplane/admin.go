@@ -127,3 +127,33 @@ func (a *adminService) ClusterStatus(ctx context.Context, _ *llmgwv1.ClusterStat
 func errValidation(field, reason string) error {
 	return &fsm.ValidationError{Field: field, Reason: reason}
 }
+
+// DrainNode marks a node DRAINING — placement then moves its replicas off
+// one at a time, each replacement ready before the old one drains (plan
+// §5.5) — or, with undrain, ACTIVE again. Undrain refuses a node that is
+// DOWN: that is the leader's judgement, which its agent's return clears.
+func (a *adminService) DrainNode(ctx context.Context, req *llmgwv1.DrainNodeRequest) (*llmgwv1.DrainNodeResponse, error) {
+	if req.GetId() == "" {
+		return nil, toStatus(errValidation("id", "required"))
+	}
+	n, ok := a.s.fsm.Node(req.Id)
+	if !ok {
+		return nil, toStatus(fmt.Errorf("drain node %s: %w", req.Id, fsm.ErrNotFound))
+	}
+	want, verb := llmgwv1.NodeState_NODE_STATE_DRAINING, "drain"
+	if req.Undrain {
+		want, verb = llmgwv1.NodeState_NODE_STATE_ACTIVE, "undrain"
+		if n.State == llmgwv1.NodeState_NODE_STATE_DOWN {
+			return nil, toStatus(fmt.Errorf("undrain node %s: %w", req.Id, errNodeDown))
+		}
+	}
+	if n.State == want {
+		return &llmgwv1.DrainNodeResponse{Revision: a.s.fsm.Revision()}, nil
+	}
+	_, rev, err := a.s.propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_STATE, &llmgwv1.SetNodeStateCommand{Id: req.Id, State: want})
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("%s node %s: %w", verb, req.Id, err))
+	}
+	a.s.log.Info("node state set by operator", "target_node", req.Id, "state", want.String(), "revision", rev)
+	return &llmgwv1.DrainNodeResponse{Revision: rev}, nil
+}

@@ -40,6 +40,10 @@ var errOutcomeUnknown = errors.New("leadership lost while committing; the write 
 // every entry committed before its term; the client retries.
 var errCatchingUp = errors.New("the leader is still applying entries of earlier terms")
 
+// errNodeDown refuses an undrain of a node the leader marked down: its
+// agent's return makes it active, an operator's word does not.
+var errNodeDown = errors.New("the node is down; it becomes active when its agent attaches again")
+
 // toStatus maps an error to its gRPC status: the one place that does it
 // (plan §5.3).
 func toStatus(err error) error {
@@ -64,7 +68,7 @@ func toStatus(err error) error {
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, errNotPeer):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, errRefused):
+	case errors.Is(err, errRefused), errors.Is(err, errNodeDown):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, errNoGossip):
 		return status.Error(codes.FailedPrecondition, err.Error())

@@ -29,6 +29,7 @@ func TestToStatus(t *testing.T) {
 		{fmt.Errorf("remove peer: %w", errNotPeer), codes.NotFound},
 		{fmt.Errorf("leave: %w", errRefused), codes.FailedPrecondition},
 		{fmt.Errorf("join: %w", errNoGossip), codes.FailedPrecondition},
+		{fmt.Errorf("undrain: %w", errNodeDown), codes.FailedPrecondition},
 		{fmt.Errorf("join: %w", errUnreachable), codes.Unavailable},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{status.Error(codes.Aborted, "as is"), codes.Aborted},

@@ -93,6 +93,7 @@ func (s *Server) leaderGRPC() (id, addr string, ok bool) {
 var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdminService_ApplyModel_FullMethodName:  func(any) (proto.Message, bool) { return &llmgwv1.ApplyModelResponse{}, true },
 	llmgwv1.AdminService_DeleteModel_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.DeleteModelResponse{}, true },
+	llmgwv1.AdminService_DrainNode_FullMethodName:   func(any) (proto.Message, bool) { return &llmgwv1.DrainNodeResponse{}, true },
 	llmgwv1.AdminService_ListModels_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListModelsResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},

@@ -99,7 +99,7 @@ func (c *cli) modelCmd() *cobra.Command {
 }
 
 func (c *cli) nodeCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "node", Short: "Inspect GPU nodes"}
+	cmd := &cobra.Command{Use: "node", Short: "Inspect, drain and undrain GPU nodes"}
 	cmd.AddCommand(&cobra.Command{
 		Use:   "list",
 		Short: "List registered nodes",
@@ -122,6 +122,7 @@ func (c *cli) nodeCmd() *cobra.Command {
 			})
 		},
 	})
+	cmd.AddCommand(c.nodeDrainCmds()...)
 	return cmd
 }
 
