@@ -107,7 +107,8 @@ func (a *Agent) nodeInfo() *llmgwv1.Node {
 }
 
 // Run runs the agent until ctx is cancelled and returns once everything it
-// started has stopped. Shutdown order: the control session ends first (the
+// started has stopped. At start it re-adopts the engines an earlier agent
+// left running (see replicaSet.adopt). Shutdown order: the control session ends first (the
 // control node sees the agent leave); then the engines are stopped with
 // StopEnginesOnExit, or left running for the next agent otherwise, each
 // replica's KV listener closing after its engine's supervisor; then the
@@ -127,7 +128,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	engines, stopEngines := context.WithCancel(context.Background())
 	defer stopEngines()
 	a.replicas = &replicaSet{cfg: &a.cfg, log: a.log, book: a.book, kv: a.kv, metrics: a.metrics, ports: ports,
-		logDir: logDir, ctx: engines, running: map[string]*runner{}}
+		records: engineRecords{dir: filepath.Join(a.cfg.DataDir, "engines")},
+		logDir:  logDir, ctx: engines, running: map[string]*runner{}}
 	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
 	if err != nil {
 		return fmt.Errorf("agent: --http-addr: %w", err)
@@ -147,6 +149,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	a.log.Info("agent running", "http", a.HTTPAddr(), "grpc", a.GRPCAddr(), "control", a.cfg.Control)
+
+	// Before the first session, so its hello lists the adopted engines.
+	a.replicas.adopt(ctx)
 
 	a.runSessions(ctx)
 

@@ -32,7 +32,8 @@ type Config struct {
 	// AdvertiseAddr is the node's address (no port): engines listen on it
 	// and routers reach them there (plan §6 "Addresses").
 	AdvertiseAddr string
-	// DataDir keeps the session epoch, port assignments and engine logs.
+	// DataDir keeps the session epoch, port assignments, engine logs and
+	// the records of running engines the next agent re-adopts (plan §6).
 	DataDir string
 	// HTTPAddr serves /metrics, /healthz and /readyz.
 	HTTPAddr string

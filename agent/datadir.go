@@ -162,6 +162,39 @@ func (ps *portStore) get(key, host string) (int, error) {
 	return 0, fmt.Errorf("port range %d-%d: no free port for %s", ps.start, ps.end, key)
 }
 
+// hold records key's port as one an adopted engine already listens on
+// (plan §6): it is kept for key whether or not it is listenable, and get
+// never hands it to another key.
+func (ps *portStore) hold(key string, port int) error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if port < 1 || port > 65535 {
+		return fmt.Errorf("hold %s: port %d out of range", key, port)
+	}
+	for k, p := range ps.assigned {
+		if p == port && k != key {
+			return fmt.Errorf("hold %s: port %d is %s's", key, port, k)
+		}
+	}
+	if ps.assigned[key] == port {
+		return nil
+	}
+	ps.assigned[key] = port
+	return ps.saveLocked()
+}
+
+// held returns key's remembered port without checking it is free: the
+// port of an engine that is still running.
+func (ps *portStore) held(key string) (int, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	p, ok := ps.assigned[key]
+	if !ok {
+		return 0, fmt.Errorf("no port held for %s", key)
+	}
+	return p, nil
+}
+
 // release forgets every port whose key starts with prefix.
 func (ps *portStore) release(prefix string) error {
 	ps.mu.Lock()

@@ -21,6 +21,7 @@ type metrics struct {
 	desiredRevision prometheus.Gauge
 	phase           *prometheus.GaugeVec
 	restarts        *prometheus.CounterVec
+	adoptions       *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -48,9 +49,11 @@ func newMetrics() *metrics {
 			Help: "1 for each replica's current phase."}, []string{"replica", "model", "phase"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_engine_restarts_total",
 			Help: "Engine exits or readiness failures followed by a restart."}, []string{"model"}),
+		adoptions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_engine_adoptions_total",
+			Help: "Engines an earlier agent left running, by outcome at start: adopted, gone, unhealthy."}, []string{"result"}),
 	}
 	m.reg.MustRegister(m.attempts, m.sessions, m.attached, m.reattaches, m.reattachSeconds, m.updates,
-		m.fullRequests, m.desired, m.desiredRevision, m.phase, m.restarts,
+		m.fullRequests, m.desired, m.desiredRevision, m.phase, m.restarts, m.adoptions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -31,6 +31,7 @@ type replicaSet struct {
 	kv      *kv.Hub
 	metrics *metrics
 	ports   *portStore
+	records engineRecords
 	logDir  string
 	// ctx is the life of every supervisor: cancelled when the agent stops.
 	ctx context.Context
@@ -47,10 +48,19 @@ type runner struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 
+	// adopted is the engine an earlier agent left running that this
+	// runner takes over (plan §6); nil for a fresh start.
+	adopted *supervisor.Adoption
+
 	mu       sync.Mutex
 	sup      *supervisor.Supervisor
 	kvl      *kv.Listener // nil without KV events
 	detached bool
+	// launch and ports are what plan gave; recordedPid is the process the
+	// data dir's engine record names (0: none).
+	launch      engine.Launch
+	ports       map[string]int
+	recordedPid int
 }
 
 func (r *runner) supervisor() *supervisor.Supervisor {
@@ -93,7 +103,7 @@ func (rs *replicaSet) apply(d *llmgwv1.DesiredReplicas) {
 				"old_uid", old.replica.GetUid(), "uid", rep.GetUid())
 			old.cancel()
 		}
-		rs.startLocked(rep, models[rep.GetModel()], old)
+		rs.startLocked(rep, models[rep.GetModel()], old, nil)
 	}
 	for id, r := range rs.running {
 		if !want[id] {
@@ -123,9 +133,9 @@ func (rs *replicaSet) forget(id string, r *runner) {
 	}
 }
 
-func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner) {
+func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner, adopt *supervisor.Adoption) {
 	ctx, cancel := context.WithCancel(rs.ctx)
-	r := &runner{replica: rep, model: model, cancel: cancel, done: make(chan struct{})}
+	r := &runner{replica: rep, model: model, cancel: cancel, done: make(chan struct{}), adopted: adopt}
 	rs.running[rep.GetId()] = r
 	rs.wg.Add(1)
 	go func() {
@@ -148,7 +158,10 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	rep := r.replica
 	log := rs.log.With("replica", rep.GetId(), "model", rep.GetModel())
 	report := rs.reporter(r)
-	launch, kvl, err := rs.plan(rep, r.model)
+	launch, ports, kvl, err := rs.plan(rep, r.model, r.adopted)
+	r.mu.Lock()
+	r.launch, r.ports = launch, ports
+	r.mu.Unlock()
 	if kvl != nil {
 		// Closed once the supervisor has returned: the listener outlives
 		// every process of this placement, so a restarted engine connects
@@ -174,6 +187,7 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	sc.ProbeInterval = rs.cfg.ProbeInterval
 	sc.Backoff = rs.cfg.RestartBackoff
 	sc.Pdeathsig = rs.cfg.StopEnginesOnExit
+	sc.Adopt = r.adopted
 	sup := supervisor.New(sc, report, rs.log)
 	r.mu.Lock()
 	r.sup = sup
@@ -189,35 +203,58 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 // plan allocates the replica's ports, binds its KV-event listener where
 // the model has one, and asks its engine's driver for a launch. The
 // listener is returned even with an error, for the caller to close.
-func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model) (launch engine.Launch, kvl *kv.Listener, err error) {
+//
+// For an adopted engine the ports are the ones it already listens on (held
+// in the port store by adopt), and its listener catches up through the
+// engine's replay socket on the batches published while no agent listened
+// (plan §6 "KV events"). The launch is the one the engine was started with,
+// since drivers are pure; it is used should the engine need a restart.
+func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *supervisor.Adoption) (launch engine.Launch, ports map[string]int, kvl *kv.Listener, err error) {
 	if model == nil {
-		return engine.Launch{}, nil, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
+		return engine.Launch{}, nil, nil, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
 	}
 	spec := engine.Spec{Replica: rep, Model: model, Host: rs.cfg.AdvertiseAddr}
 	if ec, ok := rs.cfg.Engines[model.GetEngine()]; ok {
 		spec.Command, spec.Env = ec.Command, ec.Env
 	}
+	ports = map[string]int{}
+	port := func(purpose, host string) (int, error) {
+		key := rep.GetId() + "/" + purpose
+		p, err := 0, error(nil)
+		if adopted != nil {
+			p, err = rs.ports.held(key)
+		} else {
+			p, err = rs.ports.get(key, host)
+		}
+		ports[purpose] = p
+		return p, err
+	}
 	if model.GetEngine() != engine.External {
-		if spec.Port, err = rs.ports.get(rep.GetId()+"/http", rs.cfg.AdvertiseAddr); err != nil {
-			return engine.Launch{}, nil, err
+		if spec.Port, err = port("http", rs.cfg.AdvertiseAddr); err != nil {
+			return engine.Launch{}, nil, nil, err
 		}
 		if model.GetKvEvents() {
 			// KV-event sockets stay on loopback (plan §6).
-			if spec.KVEventsPort, err = rs.ports.get(rep.GetId()+"/kv-events", "127.0.0.1"); err != nil {
-				return engine.Launch{}, nil, err
+			if spec.KVEventsPort, err = port("kv-events", "127.0.0.1"); err != nil {
+				return engine.Launch{}, nil, nil, err
 			}
-			if spec.KVReplayPort, err = rs.ports.get(rep.GetId()+"/kv-replay", "127.0.0.1"); err != nil {
-				return engine.Launch{}, nil, err
+			if spec.KVReplayPort, err = port("kv-replay", "127.0.0.1"); err != nil {
+				return engine.Launch{}, nil, nil, err
 			}
-			if kvl = rs.listenKV(rep, model, spec.KVEventsPort, spec.KVReplayPort); kvl == nil {
+			if kvl = rs.listenKV(rep, model, spec.KVEventsPort, spec.KVReplayPort, adopted != nil); kvl == nil {
 				m := proto.Clone(model).(*llmgwv1.Model)
 				m.KvEvents = false
 				spec.Model = m
+			} else if adopted != nil {
+				// At once, so the catch-up replay lands in this
+				// incarnation's mirror rather than being reset by the
+				// supervisor's first report.
+				kvl.Engine(adopted.Incarnation)
 			}
 		}
 	}
 	launch, err = engine.Plan(spec)
-	return launch, kvl, err
+	return launch, ports, kvl, err
 }
 
 // kvTopic is the topic the vllm and sim drivers give engines.
@@ -229,7 +266,7 @@ const kvTopic = "kv"
 // on failure, which is logged: the engine then starts without events and
 // routers use tier 1 for it, rather than the replica not running at all
 // for want of an optimisation.
-func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port, replayPort int) *kv.Listener {
+func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port, replayPort int, catchUp bool) *kv.Listener {
 	if eng := model.GetEngine(); eng != engine.VLLM && eng != engine.Sim {
 		return nil
 	}
@@ -241,6 +278,7 @@ func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port,
 	cfg.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(port)
 	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
 	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
+	cfg.CatchUp = catchUp
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = engine.DefaultBlockSize
 	}
@@ -272,6 +310,9 @@ func leaderNode(rep *llmgwv1.Replica) string {
 // one's.
 func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
 	return func(st *llmgwv1.ReplicaStatus) {
+		// Before the currency check: a replaced placement's engine is
+		// stopped (and its record removed) before the new one starts.
+		rs.record(r, st)
 		rs.mu.Lock()
 		current := rs.running[r.replica.GetId()] == r
 		rs.mu.Unlock()

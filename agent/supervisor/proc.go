@@ -9,15 +9,21 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // proc is one started engine process, the leader of its own process group.
-// It is reaped by polling so that no goroutine waits on it.
+// It is reaped by polling so that no goroutine waits on it. An adopted proc
+// (started by an earlier agent) is not our child: it has no cmd, and its
+// exit is seen by polling kill(pid, 0) and /proc instead of wait4.
 type proc struct {
 	cmd    *exec.Cmd
 	pid    int
 	out    *os.File
 	exited bool
+
+	adopted   bool
+	startTime uint64
 }
 
 // poll reaps the process if it has exited and reports why it did. Once the
@@ -26,6 +32,13 @@ type proc struct {
 func (p *proc) poll() (bool, error) {
 	if p.exited {
 		return true, nil
+	}
+	if p.adopted {
+		if SameProcess(p.pid, p.startTime) {
+			return false, nil
+		}
+		p.finish()
+		return true, errors.New("adopted engine exited")
 	}
 	var ws syscall.WaitStatus
 	pid, err := syscall.Wait4(p.pid, &ws, syscall.WNOHANG, nil)
@@ -44,9 +57,19 @@ func (p *proc) poll() (bool, error) {
 	return true, exitError(ws)
 }
 
-// waitBlocking reaps a process already sent SIGKILL.
+// waitBlocking reaps a process already sent SIGKILL. An adopted process is
+// reaped by its new parent; it is waited for (bounded) by polling.
 func (p *proc) waitBlocking() {
 	if p.exited {
+		return
+	}
+	if p.adopted {
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if exited, _ := p.poll(); exited {
+				return
+			}
+		}
+		p.finish()
 		return
 	}
 	var ws syscall.WaitStatus
@@ -62,7 +85,9 @@ func (p *proc) waitBlocking() {
 func (p *proc) finish() {
 	p.exited = true
 	_ = syscall.Kill(-p.pid, syscall.SIGKILL)
-	_ = p.cmd.Process.Release()
+	if p.cmd != nil {
+		_ = p.cmd.Process.Release()
+	}
 }
 
 // closeLog closes the reading side of the engine's log once it is drained.
@@ -75,7 +100,9 @@ func (p *proc) closeLog() {
 
 // release lets go of a process left running on purpose.
 func (p *proc) release() {
-	_ = p.cmd.Process.Release()
+	if p.cmd != nil {
+		_ = p.cmd.Process.Release()
+	}
 	if p.out != nil {
 		p.out.Close()
 		p.out = nil

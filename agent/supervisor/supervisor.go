@@ -58,6 +58,9 @@ type Config struct {
 	Pdeathsig bool
 	// LogLines is how many of the engine's last lines are kept.
 	LogLines int
+	// Adopt, when set, is a running engine to watch before starting any
+	// (plan §6 "Engines outlive the agent"); a gone one is replaced at once.
+	Adopt *Adoption
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -160,22 +163,47 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		restarts    uint32
 		delay       time.Duration
 	)
+	adopt := s.cfg.Adopt
 	for {
-		incarnation++
+		var (
+			p       *proc
+			err     error
+			started time.Time
+			phase   = llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING
+		)
+		if adopt != nil {
+			// Checked healthy by the agent just before: READY at once,
+			// under the incarnation the engine already has.
+			incarnation, restarts = adopt.Incarnation, adopt.Restarts
+			var ok bool
+			if p, ok = s.adopted(adopt); ok {
+				started, phase = adopt.Started, llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+			} else {
+				s.log.Warn("engine to adopt is gone; starting a new one", "pid", adopt.Pid)
+			}
+			adopt = nil
+		}
+		if p == nil {
+			incarnation++
+			started = s.cfg.Now()
+			p, err = s.start()
+		}
 		st := s.status(incarnation, restarts)
-		p, err := s.start()
 		if err != nil {
 			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED, err.Error()
 			s.emit(st)
 			s.log.Warn("engine failed to start", "err", err)
 			delay = s.cfg.Backoff.Next(delay, 0)
 		} else {
-			started := s.cfg.Now()
 			st.Pid = int32(p.pid)
-			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING, ""
+			st.Phase, st.Message = phase, ""
 			s.emit(st)
-			s.log.Info("engine started", "pid", p.pid, "incarnation", incarnation)
-			why := s.watch(ctx, p, st)
+			if p.adopted {
+				s.log.Info("engine adopted", "pid", p.pid, "incarnation", incarnation)
+			} else {
+				s.log.Info("engine started", "pid", p.pid, "incarnation", incarnation)
+			}
+			why := s.watch(ctx, p, st, phase)
 			if errors.Is(why, errStopped) {
 				if s.detach.Load() {
 					s.log.Info("leaving engine running", "pid", p.pid)
@@ -256,13 +284,12 @@ func (s *Supervisor) runExternal(ctx context.Context) error {
 
 // watch probes a running engine and returns why it should no longer run:
 // errStopped on cancellation, or the exit or readiness failure.
-func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStatus) error {
+func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStatus, phase llmgwv1.ReplicaPhase) error {
 	poll := time.NewTicker(s.cfg.PollInterval)
 	defer poll.Stop()
 	started := s.cfg.Now()
 	nextProbe := started
 	failures := 0
-	phase := llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING
 	for {
 		s.drainLogs(p)
 		if exited, err := p.poll(); exited {
