@@ -173,6 +173,8 @@ func (c *cli) clusterCmd() *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("cluster status: %w", err)
 				}
+				// Servers by id, so the listing is the same whichever server answers.
+				sort.Slice(resp.Servers, func(i, j int) bool { return resp.Servers[i].Id < resp.Servers[j].Id })
 				if c.output == "json" {
 					return c.printJSON(resp)
 				}

@@ -153,7 +153,10 @@ func newFake() *fakeAdmin {
 		},
 		status: &llmgwv1.ClusterStatusResponse{
 			Leader: "c1", Revision: 41, ServerId: "c2", Healthy: true, FailureTolerance: 1, Voters: 3, MinVersion: "v0.2.0",
-			Servers: []*llmgwv1.ControlServer{{Id: "c1", GrpcAddr: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7401", GossipAddr: "10.0.0.1:7402", Leader: true, Voter: true, Version: "v0.2.0"}},
+			Servers: []*llmgwv1.ControlServer{
+				{Id: "c2", GrpcAddr: "10.0.0.2:7400", RaftAddr: "10.0.0.2:7401", GossipAddr: "10.0.0.2:7402", Voter: true, Version: "v0.2.0"},
+				{Id: "c1", GrpcAddr: "10.0.0.1:7400", RaftAddr: "10.0.0.1:7401", GossipAddr: "10.0.0.1:7402", Leader: true, Voter: true, Version: "v0.2.0"},
+			},
 		},
 		known: map[string]bool{"c1": true, "c2": true, "c3": true},
 	}
@@ -288,6 +291,9 @@ func TestServerAndRaftCommands(t *testing.T) {
 					if !strings.Contains(out, want) {
 						t.Errorf("no %q in\n%s", want, out)
 					}
+				}
+				if i, j := strings.Index(out, "\nc1 "), strings.Index(out, "\nc2 "); i < 0 || j < i {
+					t.Errorf("servers not listed by id:\n%s", out)
 				}
 			}},
 		{name: "cluster status JSON has a top-level leader", args: []string{"cluster", "status", "-o", "json"}, calls: []string{"ClusterStatus"},
