@@ -226,19 +226,35 @@ func (s *Store) StatusOf(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
 func (s *Store) copiesLocked() []*llmgwv1.EphemeralUpdate {
 	out := make([]*llmgwv1.EphemeralUpdate, 0, len(s.nodes))
 	for node, d := range s.nodes {
-		u := &llmgwv1.EphemeralUpdate{Node: node, Epoch: d.epoch, Seq: d.seq, Full: true}
-		for _, st := range d.statuses {
-			u.Statuses = append(u.Statuses, proto.Clone(st).(*llmgwv1.ReplicaStatus))
-		}
-		slices.SortFunc(u.Statuses, func(a, b *llmgwv1.ReplicaStatus) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
-		for id, k := range d.kv {
-			u.Kv = append(u.Kv, k.copy(id))
-		}
-		slices.SortFunc(u.Kv, func(a, b *llmgwv1.KVBlocks) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
-		out = append(out, u)
+		out = append(out, d.fullCopy(node))
 	}
 	slices.SortFunc(out, func(a, b *llmgwv1.EphemeralUpdate) int { return cmp.Compare(a.Node, b.Node) })
 	return out
+}
+
+func (d *nodeData) fullCopy(node string) *llmgwv1.EphemeralUpdate {
+	u := &llmgwv1.EphemeralUpdate{Node: node, Epoch: d.epoch, Seq: d.seq, Full: true}
+	for _, st := range d.statuses {
+		u.Statuses = append(u.Statuses, proto.Clone(st).(*llmgwv1.ReplicaStatus))
+	}
+	slices.SortFunc(u.Statuses, func(a, b *llmgwv1.ReplicaStatus) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
+	for id, k := range d.kv {
+		u.Kv = append(u.Kv, k.copy(id))
+	}
+	slices.SortFunc(u.Kv, func(a, b *llmgwv1.KVBlocks) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
+	return u
+}
+
+// FullCopy returns everything held for one node as a full update at the
+// held (epoch, seq): what another hop needs to catch up with it (plan §5.4).
+func (s *Store) FullCopy(node string) (*llmgwv1.EphemeralUpdate, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.nodes[node]
+	if !ok {
+		return nil, false
+	}
+	return d.fullCopy(node), true
 }
 
 // Subscribe returns a full copy of every node's data, as of one instant, and
