@@ -271,6 +271,23 @@ func TestClusterBadInput(t *testing.T) {
 	}
 }
 
+// TestLastVoterCannotLeave: `llmgwctl leave` against a one-server cluster is
+// refused, and the server goes on leading.
+func TestLastVoterCannotLeave(t *testing.T) {
+	s := newServer(t, "c1", serverOpts{extra: []string{"--bootstrap"}})
+	s.start()
+	c := &cluster{t: t, servers: []*controlServer{s}}
+	c.waitLeader(c.servers, formTimeout)
+	out, err := s.ctl("leave")
+	if err == nil || !strings.Contains(err.Error(), "last voter") {
+		t.Fatalf("leave of the last voter: %v (%q)", err, out)
+	}
+	c.waitPeers(c.servers, []string{"c1"}, 5*time.Second)
+	if l := c.waitLeader(c.servers, 5*time.Second); l != s {
+		t.Errorf("leader %s", l.id)
+	}
+}
+
 // TestBootstrapExpectMismatch: servers started with different
 // --bootstrap-expect values refuse to bootstrap, say why on /readyz naming
 // the flag, and no cluster forms.
