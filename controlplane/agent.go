@@ -58,6 +58,10 @@ func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	// the node re-activated yet still detached, and mark it down again.
 	s.sessionStarted(nodeID)
 	defer s.sessionEnded(nodeID)
+	// The other control nodes learn of the session (and its end) from the
+	// ephemeral plane, so the leader counts the node attached (plan §5.4).
+	s.plane.SessionStarted(nodeID, hello.Epoch)
+	defer s.plane.SessionEnded(nodeID, hello.Epoch)
 	if err := s.registerNode(ctx, hello.Node); err != nil {
 		log.Warn("agent hello refused: could not register node", "err", err)
 		return toStatus(fmt.Errorf("register node %s: %w", nodeID, err))
@@ -81,10 +85,10 @@ func (a *agentService) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	}()
 	// Returning ends the stream's context, which ends the receiver's Recv;
 	// it then exits without blocking (recvErr is buffered).
-	return a.send(ctx, stream, nodeID, servers, &lastHeard, askFull, recvErr)
+	return a.send(ctx, stream, nodeID, hello.Epoch, servers, &lastHeard, askFull, recvErr)
 }
 
-func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, servers []*llmgwv1.ControlServer, lastHeard *atomic.Int64, askFull <-chan string, recvErr <-chan error) error {
+func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, servers []*llmgwv1.ControlServer, lastHeard *atomic.Int64, askFull <-chan string, recvErr <-chan error) error {
 	s := a.s
 	hb := time.NewTicker(s.cfg.HeartbeatInterval)
 	defer hb.Stop()
@@ -121,6 +125,12 @@ func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_Att
 		case now := <-hb.C:
 			if now.Sub(time.Unix(0, lastHeard.Load())) > s.cfg.AgentTimeout {
 				return status.Errorf(codes.Unavailable, "agent %s sent nothing for %s", nodeID, s.cfg.AgentTimeout)
+			}
+			// The agent has a newer session elsewhere (it moved, and this
+			// one is a leftover): end this one, so it never speaks for the
+			// node again (plan §5.4).
+			if held, _, ok := s.eph.Held(nodeID); ok && held > epoch {
+				return status.Errorf(codes.Aborted, "agent %s has a newer session (epoch %d) than this one (%d)", nodeID, held, epoch)
 			}
 			switch {
 			case s.hasLeader():
@@ -166,7 +176,8 @@ func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_
 			}
 			return err
 		}
-		lastHeard.Store(time.Now().UnixNano())
+		received := time.Now()
+		lastHeard.Store(received.UnixNano())
 		switch body := msg.Body.(type) {
 		case *llmgwv1.AgentMessage_Heartbeat:
 		case *llmgwv1.AgentMessage_Hello:
@@ -183,6 +194,9 @@ func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_
 			u = s.ownKV(u, nodeID)
 			v := s.eph.Apply(u)
 			s.metrics.ephemeralUpdates.WithLabelValues(v.String()).Inc()
+			if v == ephemeral.Accepted {
+				s.plane.Forward(u, received)
+			}
 			if v == ephemeral.Gap {
 				e, q, _ := s.eph.Held(nodeID)
 				select {

@@ -96,6 +96,9 @@ type Config struct {
 	// DrainTimeout is how long a draining replica may take to stop before
 	// it is removed anyway.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// EphemeralTick is how often this node sends its agents' updates to the
+	// other control nodes, one batch per peer (plan §5.4).
+	EphemeralTick time.Duration `yaml:"ephemeral_tick"`
 }
 
 // DefaultConfig returns the defaults for one node on loopback, as
@@ -120,6 +123,7 @@ func DefaultConfig() Config {
 		NodeDownAfter:      15 * time.Second,
 		RescheduleAfter:    60 * time.Second,
 		DrainTimeout:       30 * time.Second,
+		EphemeralTick:      50 * time.Millisecond,
 
 		JoinRetryInterval:       time.Second,
 		ServerStabilizationTime: 2 * time.Second,
@@ -181,7 +185,7 @@ func (c Config) Validate() error {
 		{"leader_lease_timeout", c.LeaderLeaseTimeout}, {"heartbeat_interval", c.HeartbeatInterval},
 		{"agent_timeout", c.AgentTimeout}, {"watch_wait", c.WatchWait},
 		{"reconcile_interval", c.ReconcileInterval}, {"apply_timeout", c.ApplyTimeout},
-		{"node_down_after", c.NodeDownAfter}, {"reschedule_after", c.RescheduleAfter}, {"drain_timeout", c.DrainTimeout},
+		{"node_down_after", c.NodeDownAfter}, {"reschedule_after", c.RescheduleAfter}, {"drain_timeout", c.DrainTimeout}, {"ephemeral_tick", c.EphemeralTick},
 		{"join_retry_interval", c.JoinRetryInterval}, {"--server-stabilization-time", c.ServerStabilizationTime},
 		{"autopilot_interval", c.AutopilotInterval}, {"rpc_hold_timeout", c.RPCHoldTimeout}, {"leave_timeout", c.LeaveTimeout},
 	} {

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/llmgw/llmgw/controlplane/plane"
 )
 
 // serverMeta is what a control server tells the others about itself over
@@ -111,6 +114,9 @@ type gossip struct {
 	// to wake the bootstrapper and the leader's reconciler.
 	changed chan struct{}
 	now     func() time.Time
+	// plane gets the ephemeral plane's messages and takes part in
+	// push/pull with its digest; set before start.
+	plane *plane.Plane
 
 	mu         sync.Mutex
 	members    map[string]*member // by server id
@@ -377,15 +383,111 @@ func (d *gossipDelegate) NodeMeta(int) []byte {
 	}
 	return b
 }
-func (d *gossipDelegate) NotifyMsg(b []byte) { (*gossip)(d).mergeTombstones(b) }
+func (d *gossipDelegate) NotifyMsg(b []byte) {
+	if plane.IsPlaneMessage(b) {
+		if d.plane != nil {
+			d.plane.Receive(b)
+		}
+		return
+	}
+	(*gossip)(d).mergeTombstones(b)
+}
 func (d *gossipDelegate) GetBroadcasts(overhead, limit int) [][]byte {
 	return d.queue.GetBroadcasts(overhead, limit)
 }
-func (d *gossipDelegate) LocalState(bool) []byte { return (*gossip)(d).tombstonesJSON() }
-func (d *gossipDelegate) MergeRemoteState(b []byte, _ bool) {
-	if len(b) > 0 {
-		(*gossip)(d).mergeTombstones(b)
+
+// LocalState is this server's push/pull state: its tombstones and the
+// ephemeral plane's digest (see encodeState).
+func (d *gossipDelegate) LocalState(bool) []byte {
+	var digest []byte
+	if d.plane != nil {
+		digest = d.plane.LocalState()
 	}
+	return encodeState((*gossip)(d).tombstonesJSON(), digest)
+}
+func (d *gossipDelegate) MergeRemoteState(b []byte, _ bool) {
+	tombstones, digest, err := decodeState(b)
+	if err != nil {
+		d.log.Warn("gossip state ignored: undecodable", "err", err)
+		return
+	}
+	if len(tombstones) > 0 {
+		(*gossip)(d).mergeTombstones(tombstones)
+	}
+	if len(digest) > 0 && d.plane != nil {
+		d.plane.MergeRemoteState(digest)
+	}
+}
+
+// stateKind marks push/pull state that carries both tombstones and the
+// plane's digest: the kind byte, the tombstones' length (uvarint), the
+// tombstones (JSON), then the digest. State starting with '{' is
+// tombstones alone, as servers before the plane sent it.
+const stateKind byte = 0xC1
+
+func encodeState(tombstones, digest []byte) []byte {
+	b := []byte{stateKind}
+	b = binary.AppendUvarint(b, uint64(len(tombstones)))
+	b = append(b, tombstones...)
+	return append(b, digest...)
+}
+
+// decodeState splits push/pull state from another server: outside input.
+func decodeState(b []byte) (tombstones, digest []byte, err error) {
+	if len(b) == 0 {
+		return nil, nil, nil
+	}
+	if b[0] != stateKind {
+		return b, nil, nil
+	}
+	n, l := binary.Uvarint(b[1:])
+	if l <= 0 || n > uint64(len(b)-1-l) {
+		return nil, nil, errors.New("gossip state: bad tombstone length")
+	}
+	rest := b[1+l:]
+	return rest[:n], rest[n:], nil
+}
+
+// planeTransport reaches the other servers for the ephemeral plane over
+// memberlist's reliable send (plan §5.4: plain broadcast loses messages).
+type planeTransport Server
+
+func (t *planeTransport) Peers() []string {
+	g := t.gossip
+	if g == nil {
+		return nil
+	}
+	ml := g.ml.Load()
+	if ml == nil {
+		return nil
+	}
+	var out []string
+	for _, n := range ml.Members() {
+		if n.Name != g.self.ID && n.State == memberlist.StateAlive {
+			out = append(out, n.Name)
+		}
+	}
+	return out
+}
+
+func (t *planeTransport) Send(peer string, msg []byte) error {
+	if t.dropForward != nil && t.dropForward(peer, msg) {
+		return nil // lost, as a network would lose it
+	}
+	g := t.gossip
+	if g == nil {
+		return errNoGossip
+	}
+	ml := g.ml.Load()
+	for _, n := range ml.Members() {
+		if n.Name == peer {
+			if err := ml.SendReliable(n, msg); err != nil {
+				return fmt.Errorf("send to %s: %w", peer, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("send to %s: %w", peer, errNotPeer)
 }
 
 // gossipEvents is memberlist's EventDelegate.

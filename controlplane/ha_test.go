@@ -43,9 +43,20 @@ func haConfig(t *testing.T, id string, expect int) Config {
 // joining all the others, and waits until every one is ready.
 func newHACluster(t *testing.T, expect int, ids ...string) *haCluster {
 	t.Helper()
+	return newHAClusterWith(t, expect, nil, nil, ids...)
+}
+
+// newHAClusterWith is newHACluster with each server's config adjusted by
+// tune and the server by hook before it runs (either may be nil).
+func newHAClusterWith(t *testing.T, expect int, tune func(*Config), hook func(*Server), ids ...string) *haCluster {
+	t.Helper()
 	c := &haCluster{t: t, cfgs: map[string]Config{}, nodes: map[string]*running{}}
 	for _, id := range ids {
-		c.cfgs[id] = haConfig(t, id, expect)
+		cfg := haConfig(t, id, expect)
+		if tune != nil {
+			tune(&cfg)
+		}
+		c.cfgs[id] = cfg
 	}
 	for _, id := range ids {
 		cfg := c.cfgs[id]
@@ -55,7 +66,7 @@ func newHACluster(t *testing.T, expect int, ids ...string) *haCluster {
 			}
 		}
 		c.cfgs[id] = cfg
-		c.nodes[id] = launch(t, cfg, nil)
+		c.nodes[id] = launch(t, cfg, hook)
 	}
 	for _, id := range ids {
 		c.nodes[id].awaitReady(t)

@@ -161,12 +161,15 @@ func (s *Server) reconcileOnce(ctx context.Context, term *leaderTerm) (failed bo
 	return failed
 }
 
-// markDown marks ACTIVE nodes with no agent session for NodeDownAfter as
-// DOWN. Sessions are known only to the server they attach to until gossip
-// carries them (plan §5.4, HA issue), so only a leader that is the only
-// server judges; it would otherwise mark down nodes attached to a peer.
+// markDown marks ACTIVE nodes DOWN once no control node has held a session
+// for them for NodeDownAfter, counted from the later of the last session's
+// end and this leader's election: the grace after winning office, so a
+// failover never reschedules replicas that are still serving (plan §5.4).
+// Sessions on other servers are known from the ephemeral plane's session
+// lists; without gossip they are invisible, so a leader without gossip
+// judges only when it is the only server.
 func (s *Server) markDown(ctx context.Context, term *leaderTerm, st *llmgwv1.State, now time.Time) (failed bool) {
-	if len(s.servers()) != 1 {
+	if s.gossip == nil && len(s.servers()) != 1 {
 		return false
 	}
 	for _, n := range st.Nodes {

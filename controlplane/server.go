@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
+	"github.com/llmgw/llmgw/controlplane/plane"
 	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -31,6 +32,13 @@ type Server struct {
 	fsm     *fsm.FSM
 	eph     *ephemeral.Store
 	metrics *metrics
+	// plane forwards the agents' updates this node owns to the other
+	// control nodes and applies theirs (plan §5.4). Without gossip it has
+	// no peers and only keeps this node's sessions.
+	plane *plane.Plane
+	// dropForward, set by tests, loses plane messages to a peer as a
+	// network would.
+	dropForward func(peer string, msg []byte) bool
 
 	ready chan struct{}
 	// fatalCh carries the first fatal error (an unknown command) to Run.
@@ -96,6 +104,8 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 	}
 	s.bootstrapProblem.Store("")
 	s.metrics = newMetrics(s)
+	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: func() time.Time { return s.now() }},
+		s.eph, (*planeTransport)(s), plane.NewMetrics(s.metrics.reg), s.log.With("subsystem", "ephemeral-plane"))
 	return s, nil
 }
 
@@ -114,7 +124,8 @@ func (s *Server) HTTPAddr() string { return s.httpAddr }
 //  2. gRPC: streams are cancelled, then the server stops (agents and
 //     routers move to another control node);
 //  3. the leader loops (placement, membership, autopilot), the observer,
-//     the bootstrapper and the background join stop;
+//     the ephemeral plane's senders, the bootstrapper and the background
+//     join stop;
 //  4. gossip shuts down without a leave: peers see this server dead, not
 //     gone, so a restart does not shrink the cluster (a graceful leave is
 //     the Leave RPC, which then ends Run);
@@ -144,6 +155,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: string(node.transport.LocalAddr()),
 			HTTP: s.httpAddr, Expect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap,
 		}, s.log, s.now)
+		s.gossip.plane = s.plane
 		if err := s.gossip.start(s.cfg.GossipAddr, s.cfg.Gossip); err != nil {
 			grpcLis.Close()
 			httpLis.Close()
@@ -188,6 +200,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	wg.Go(func() { s.observe(loops) })
 	wg.Go(func() { s.leaderLoop(loops) })
 	wg.Go(func() { s.waitReady(loops) })
+	wg.Go(func() { s.plane.Run(loops) })
 	if s.gossip != nil && len(s.cfg.Join) > 0 {
 		wg.Go(func() { s.gossip.retryJoin(loops, s.cfg.Join, s.cfg.JoinRetryInterval) })
 	}
@@ -405,22 +418,33 @@ func (s *Server) sessionEnded(node string) {
 	s.metrics.agentSessions.Dec()
 }
 
-// detachedSince returns when node's last session on this server ended;
-// ok is false while one is attached. A node never seen has no time.
+// detachedSince returns when node's last session ended, on this server or
+// (as the ephemeral plane announced) on any other; ok is false while one is
+// attached anywhere. A node never seen attached has no time.
 func (s *Server) detachedSince(node string) (at time.Time, ok bool) {
+	live, remoteEnd := s.plane.Live(node)
 	s.sessionsMu.Lock()
 	defer s.sessionsMu.Unlock()
-	if s.sessions[node] > 0 {
+	if s.sessions[node] > 0 || live {
 		return time.Time{}, false
 	}
-	return s.detachedAt[node], true
+	at = s.detachedAt[node]
+	if remoteEnd.After(at) {
+		at = remoteEnd
+	}
+	return at, true
 }
 
+// connected is every node with an agent session on any control node.
 func (s *Server) connected() map[string]bool {
+	remote := s.plane.LiveNodes()
 	s.sessionsMu.Lock()
 	defer s.sessionsMu.Unlock()
-	out := make(map[string]bool, len(s.sessions))
+	out := make(map[string]bool, len(s.sessions)+len(remote))
 	for n := range s.sessions {
+		out[n] = true
+	}
+	for _, n := range remote {
 		out[n] = true
 	}
 	return out
