@@ -193,3 +193,119 @@ func TestEphemeralPlane(t *testing.T) {
 	a.cancel()
 	b.cancel()
 }
+
+// TestFailoverGrace: the leader is stopped; a node attached to a follower
+// is never counted down, a node whose only session was on the stopped
+// leader is not counted down within the grace after the new leader's
+// election, and once past it (no session anywhere) it is marked down and
+// its replica rescheduled with a new uid (plan §5.4, §5.5). Time is the
+// injected clock, shared by the servers.
+func TestFailoverGrace(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	clock := &fakeClock{now: time.Unix(1_000_000, 0)}
+	c := newHAClusterWith(t, 3, func(cfg *Config) {
+		cfg.ReconcileInterval = 20 * time.Millisecond
+		cfg.NodeDownAfter = time.Hour
+		cfg.RescheduleAfter = 2 * time.Hour
+	}, func(s *Server) { s.now = clock.Now }, "c1", "c2", "c3")
+	leader := c.agreedLeader(ctx, 3)
+	f := c.follower(leader)
+	a1 := attachAgent(ctx, t, c.nodes[f], "n1", 2, 1)
+	defer a1.cancel()
+	a2 := attachAgent(ctx, t, c.nodes[leader], "n2", 1, 1)
+	defer a2.cancel()
+	if _, err := c.admin(f).ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "m", Engine: "sim", Model: "x", Replicas: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	replicaOn := func(via, node string) *llmgwv1.Replica {
+		reps, err := c.admin(via).ListReplicas(ctx, &llmgwv1.ListRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range reps.Replicas {
+			if v.Replica.Node == node {
+				return v.Replica
+			}
+		}
+		return nil
+	}
+	waitFor(ctx, t, "a replica on each node", func() error {
+		if replicaOn(f, "n1") == nil || replicaOn(f, "n2") == nil {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+	onN2 := replicaOn(f, "n2")
+	for id := range c.nodes {
+		waitFor(ctx, t, id+" sees both agents attached", func() error {
+			ns, err := c.admin(id).ListNodes(ctx, &llmgwv1.ListRequest{})
+			if err != nil || !ns.Connected["n1"] || !ns.Connected["n2"] {
+				return fmt.Errorf("connected %v, %v", ns.GetConnected(), err)
+			}
+			return nil
+		})
+	}
+
+	c.stop(leader)
+	newLeader := c.agreedLeader(ctx, 3)
+	waitFor(ctx, t, "the new leader past its barrier", func() error {
+		if !c.nodes[newLeader].srv.leaderReady.Load() {
+			return fmt.Errorf("not ready")
+		}
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond) // its first reconcile rounds; not a timing assertion
+	state := func(id string) llmgwv1.NodeState {
+		ns, err := c.admin(newLeader).ListNodes(ctx, &llmgwv1.ListRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range ns.Nodes {
+			if n.Id == id {
+				return n.State
+			}
+		}
+		return llmgwv1.NodeState_NODE_STATE_UNSPECIFIED
+	}
+	clock.Advance(59 * time.Minute)
+	time.Sleep(200 * time.Millisecond) // several reconcile rounds at 20 ms; not a timing assertion
+	for _, n := range []string{"n1", "n2"} {
+		if st := state(n); st != llmgwv1.NodeState_NODE_STATE_ACTIVE {
+			t.Fatalf("%s is %v within the grace after the election", n, st)
+		}
+	}
+	clock.Advance(2 * time.Minute)
+	waitFor(ctx, t, "n2 down", func() error {
+		if st := state("n2"); st != llmgwv1.NodeState_NODE_STATE_DOWN {
+			return fmt.Errorf("n2 is %v", st)
+		}
+		return nil
+	})
+	if st := state("n1"); st != llmgwv1.NodeState_NODE_STATE_ACTIVE {
+		t.Fatalf("n1, attached to a live follower, is %v", st)
+	}
+	clock.Advance(3 * time.Hour)
+	waitFor(ctx, t, "n2's replica rescheduled on n1", func() error {
+		reps, err := c.admin(newLeader).ListReplicas(ctx, &llmgwv1.ListRequest{})
+		if err != nil {
+			return err
+		}
+		onN1 := 0
+		for _, v := range reps.Replicas {
+			if v.Replica.Node == "n2" {
+				return fmt.Errorf("still on n2: %v", v.Replica)
+			}
+			if v.Replica.Node == "n1" {
+				onN1++
+				if v.Replica.Uid == onN2.Uid {
+					return fmt.Errorf("rescheduled with the old uid %d", onN2.Uid)
+				}
+			}
+		}
+		if onN1 != 2 {
+			return fmt.Errorf("%d on n1", onN1)
+		}
+		return nil
+	})
+}
