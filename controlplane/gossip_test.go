@@ -197,3 +197,40 @@ func TestClusterBadInput(t *testing.T) {
 		t.Fatalf("peers: %v %v", peers, err)
 	}
 }
+
+func TestGossipStateRoundTrip(t *testing.T) {
+	tests := []struct {
+		name               string
+		b                  []byte
+		tombstones, digest string
+		bad                bool
+	}{
+		{"both", encodeState([]byte(`{"c1":{"r":true,"t":1}}`), []byte{0xD1, 1}), `{"c1":{"r":true,"t":1}}`, "\xd1\x01", false},
+		{"tombstones alone, as older servers send", []byte(`{"c1":{"r":true,"t":1}}`), `{"c1":{"r":true,"t":1}}`, "", false},
+		{"empty", nil, "", "", false},
+		{"length past the end", []byte{stateKind, 9, '{'}, "", "", true},
+		{"no length", []byte{stateKind}, "", "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tomb, dig, err := decodeState(tt.b)
+			if (err != nil) != tt.bad {
+				t.Fatalf("err %v", err)
+			}
+			if !tt.bad && (string(tomb) != tt.tombstones || string(dig) != tt.digest) {
+				t.Fatalf("got %q %q", tomb, dig)
+			}
+		})
+	}
+}
+
+func FuzzDecodeState(f *testing.F) {
+	f.Add(encodeState([]byte(`{}`), []byte{0xD1}))
+	f.Add([]byte(`{"c1":{"r":true,"t":1}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		tomb, dig, err := decodeState(b)
+		if err == nil && len(tomb)+len(dig) > len(b) {
+			t.Fatalf("decoded more than was given")
+		}
+	})
+}
