@@ -1,0 +1,477 @@
+// Package kvindex is the router's precise KV-cache index (plan §7.5 tier 2,
+// step 4): which replica holds which KV block, as the agents' mirrors report
+// it through the control plane's watch stream, so a prompt's block hashes can
+// be answered with "replica r holds its first n blocks".
+//
+// Leading blocks only, because that is what an engine can reuse: vLLM's
+// prefix cache chains each block's hash on its parent's, so a replica holding
+// block 5 but not block 4 must recompute from block 4 on, and block 5's copy
+// is worthless to this request.
+//
+// The index is a set per replica, not a count: the agent's mirror already
+// folds vLLM's duplicate stores of one hash into one presence (plan §7.5
+// step 2), so every update says "now held" or "no longer held".
+package kvindex
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Config bounds the index.
+type Config struct {
+	// MaxEntries bounds the (block, replica) pairs held. Stores past it are
+	// dropped and counted: the index then under-reports, which costs a
+	// missed preference and never a wrong one. At about 25 bytes an entry
+	// the default (8 Mi entries) is some 200 MiB — 1,000 replicas of 8k
+	// blocks each.
+	MaxEntries int
+}
+
+// DefaultConfig holds 8 Mi entries.
+func DefaultConfig() Config { return Config{MaxEntries: 8 << 20} }
+
+// Validate names the bad field.
+func (c Config) Validate() error {
+	if c.MaxEntries < 1 {
+		return fmt.Errorf("kv-index-max-entries: must be at least 1, got %d", c.MaxEntries)
+	}
+	return nil
+}
+
+// Replica identifies one replica incarnation's KV state, as KVBlocks names
+// it: a new uid is a new placement and a new incarnation a restarted engine,
+// and neither shares blocks with what came before (plan §4 "Identity").
+type Replica struct {
+	ID          string
+	UID         uint64
+	Incarnation uint64
+}
+
+// Status is what the index knows of one replica's KV state.
+type Status struct {
+	Replica
+	// Node is the agent that reported it.
+	Node string
+	// Untrusted: the agent lost events it could not replay, so the set is
+	// not known; the replica is to be routed by tier 1 until a reset.
+	Untrusted bool
+	// BlockSize is the engine's block size in tokens (0: not reported).
+	BlockSize uint32
+	// Blocks is how many blocks it holds.
+	Blocks int
+}
+
+// Match is one replica's answer to a lookup.
+type Match struct {
+	Replica
+	// Blocks is how many of the prompt's leading blocks it holds (≥ 1).
+	Blocks int
+	// Untrusted: Blocks is not to be believed (see Status.Untrusted).
+	Untrusted bool
+}
+
+// Update outcomes, as counted in llmgw_router_kvindex_updates_total{result}.
+const (
+	ResultApplied = "applied"
+	// ResultStale: an update for an older placement or incarnation than the
+	// one held (a late message); dropped.
+	ResultStale = "stale"
+	// ResultUnknown: a delta for a replica incarnation the index holds no
+	// base for; dropped, since applying it would invent a partial set. The
+	// agent's next full copy (every new session, every reset) brings it.
+	ResultUnknown = "unknown"
+	// ResultInvalid: an update without a replica id.
+	ResultInvalid = "invalid"
+)
+
+// ErrNoReplica is returned for updates that name no replica.
+var ErrNoReplica = errors.New("kvindex: update names no replica")
+
+// ErrStale and ErrUnknown are wrapped by Apply's refusals (see ResultStale
+// and ResultUnknown).
+var (
+	ErrFull    = fmt.Errorf("kvindex: more than %d replicas", MaxReplicas)
+	ErrStale   = errors.New("kvindex: update for an older replica incarnation")
+	ErrUnknown = errors.New("kvindex: delta for a replica incarnation without a base")
+)
+
+// replica is one replica incarnation's entry. slot is its interned index in
+// the holder sets, so a (block, replica) pair costs two bytes there rather
+// than a string.
+type replica struct {
+	Status
+	slot   uint16
+	blocks map[uint64]struct{}
+}
+
+// MaxReplicas is how many replicas the index holds at once: slots are
+// uint16. Replicas past it are not indexed and answer "no data" (tier 1).
+const MaxReplicas = 1<<16 - 1
+
+// inlineHolders is how many holders a block keeps inside its map value.
+const inlineHolders = 7
+
+// holders is the set of replica slots holding one block, inline in the map
+// value so a lookup costs one probe and a store no allocation: the issue's
+// fleet holds each block on 1–8 replicas. n == spilled marks a set that grew
+// past inlineHolders and lives in Index.spill instead.
+type holders struct {
+	ids [inlineHolders]uint16
+	n   uint16
+}
+
+const spilled = 0xffff
+
+// Index is the KV-block index. Safe for concurrent use: lookups share a read
+// lock, updates take the write lock (the watch client applies them from one
+// goroutine, a few times a second per node).
+type Index struct {
+	cfg Config
+
+	mu sync.RWMutex
+	// holders maps a block hash to the slots of the replicas holding it —
+	// 1 to a handful each, so a short array beats any set.
+	holders  map[uint64]holders
+	spill    map[uint64][]uint16 // holder sets past inlineHolders
+	replicas map[string]*replica // by replica id: one incarnation each
+	slots    []*replica          // by slot; nil when free
+	free     []uint16
+	entries  int
+	dropped  uint64 // stores refused at MaxEntries
+
+	m *metrics
+}
+
+// New builds an empty index; reg receives its metrics (nil for none).
+func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	x := &Index{cfg: cfg, holders: make(map[uint64]holders), spill: make(map[uint64][]uint16),
+		replicas: make(map[string]*replica)}
+	x.m = newMetrics(x, reg)
+	return x, nil
+}
+
+// ApplyNode applies the KV part of one accepted ephemeral update from node.
+// A full update replaces everything the index holds from that node, so a
+// replica absent from it is dropped (its blocks are unknown, not kept);
+// removed lists replicas the agent no longer runs. It returns the outcome of
+// each entry of kv, in order, for the caller's metrics.
+func (x *Index) ApplyNode(node string, full bool, kv []*llmgwv1.KVBlocks, removed []string) []error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if full {
+		keep := make(map[string]bool, len(kv))
+		for _, u := range kv {
+			keep[u.GetReplicaId()] = true
+		}
+		for id, r := range x.replicas {
+			if r.Node == node && !keep[id] {
+				x.dropLocked(r)
+			}
+		}
+	}
+	for _, id := range removed {
+		if r := x.replicas[id]; r != nil {
+			x.dropLocked(r)
+		}
+	}
+	errs := make([]error, len(kv))
+	for i, u := range kv {
+		errs[i] = x.applyLocked(node, u)
+		x.m.update(errs[i])
+	}
+	return errs
+}
+
+// Apply applies one replica's update (see ApplyNode).
+func (x *Index) Apply(node string, u *llmgwv1.KVBlocks) error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	err := x.applyLocked(node, u)
+	x.m.update(err)
+	return err
+}
+
+func (x *Index) applyLocked(node string, u *llmgwv1.KVBlocks) error {
+	id := u.GetReplicaId()
+	if id == "" {
+		return ErrNoReplica
+	}
+	want := Replica{ID: id, UID: u.GetUid(), Incarnation: u.GetIncarnation()}
+	r := x.replicas[id]
+	if r != nil && r.Replica != want {
+		if want.UID < r.UID || (r.UID == want.UID && r.Incarnation > want.Incarnation) {
+			return fmt.Errorf("%w: replica %s incarnation %d, holding %d", ErrStale, id, want.Incarnation, r.Incarnation)
+		}
+		if !u.GetReset_() {
+			// A new placement or incarnation starts with a reset; a delta for
+			// it means the reset was lost, and the old set is wrong anyway.
+			x.dropLocked(r)
+			return fmt.Errorf("%w: replica %s uid %d incarnation %d", ErrUnknown, id, want.UID, want.Incarnation)
+		}
+		x.dropLocked(r)
+		r = nil
+	}
+	if r == nil {
+		if !u.GetReset_() {
+			return fmt.Errorf("%w: replica %s uid %d incarnation %d", ErrUnknown, id, want.UID, want.Incarnation)
+		}
+		if r = x.addLocked(want); r == nil {
+			return fmt.Errorf("%w: replica %s", ErrFull, id)
+		}
+	}
+	r.Node = node
+	r.Untrusted = u.GetUntrusted()
+	if bs := u.GetBlockSize(); bs != 0 {
+		r.BlockSize = bs
+	}
+	if u.GetReset_() {
+		x.clearLocked(r)
+	}
+	for _, h := range u.GetRemoved() {
+		x.removeLocked(r, h)
+	}
+	for _, h := range u.GetStored() {
+		x.storeLocked(r, h)
+	}
+	r.Blocks = len(r.blocks)
+	return nil
+}
+
+func (x *Index) addLocked(id Replica) *replica {
+	r := &replica{Status: Status{Replica: id}, blocks: make(map[uint64]struct{})}
+	if n := len(x.free); n > 0 {
+		r.slot = x.free[n-1]
+		x.free = x.free[:n-1]
+		x.slots[r.slot] = r
+	} else if len(x.slots) < MaxReplicas {
+		r.slot = uint16(len(x.slots))
+		x.slots = append(x.slots, r)
+	} else {
+		return nil
+	}
+	x.replicas[id.ID] = r
+	return r
+}
+
+func (x *Index) storeLocked(r *replica, h uint64) {
+	if _, ok := r.blocks[h]; ok {
+		return
+	}
+	if x.entries >= x.cfg.MaxEntries {
+		x.dropped++
+		return
+	}
+	r.blocks[h] = struct{}{}
+	hs := x.holders[h]
+	switch {
+	case hs.n == spilled:
+		x.spill[h] = append(x.spill[h], r.slot)
+	case hs.n == inlineHolders:
+		x.spill[h] = append(append(make([]uint16, 0, 2*inlineHolders), hs.ids[:]...), r.slot)
+		x.holders[h] = holders{n: spilled}
+	default:
+		hs.ids[hs.n] = r.slot
+		hs.n++
+		x.holders[h] = hs
+	}
+	x.entries++
+}
+
+func (x *Index) removeLocked(r *replica, h uint64) {
+	if _, ok := r.blocks[h]; !ok {
+		return
+	}
+	delete(r.blocks, h)
+	x.unholdLocked(r.slot, h)
+	x.entries--
+}
+
+// unholdLocked takes slot out of h's holders, dropping the hash when none
+// are left so the map shrinks with the fleet's caches.
+func (x *Index) unholdLocked(slot uint16, h uint64) {
+	hs := x.holders[h]
+	if hs.n == spilled {
+		sp := x.spill[h]
+		i := slices.Index(sp, slot)
+		if i < 0 {
+			return
+		}
+		sp[i] = sp[len(sp)-1]
+		sp = sp[:len(sp)-1]
+		if len(sp) > inlineHolders {
+			x.spill[h] = sp
+			return
+		}
+		delete(x.spill, h)
+		var in holders
+		in.n = uint16(copy(in.ids[:], sp))
+		x.holders[h] = in
+		return
+	}
+	i := slices.Index(hs.ids[:hs.n], slot)
+	if i < 0 {
+		return
+	}
+	hs.n--
+	hs.ids[i] = hs.ids[hs.n]
+	if hs.n == 0 {
+		delete(x.holders, h)
+	} else {
+		x.holders[h] = hs
+	}
+}
+
+// holdersOf returns the slots holding h; the slice may alias hs or spill
+// and is valid until the next change.
+func (x *Index) holdersOf(h uint64, hs *holders) []uint16 {
+	*hs = x.holders[h]
+	if hs.n == spilled {
+		return x.spill[h]
+	}
+	return hs.ids[:hs.n]
+}
+
+func (x *Index) clearLocked(r *replica) {
+	for h := range r.blocks {
+		x.unholdLocked(r.slot, h)
+	}
+	x.entries -= len(r.blocks)
+	// A fresh map rather than clear(): a map keeps its peak size, and a
+	// reset is when an engine's set is likely to have shrunk.
+	r.blocks = make(map[uint64]struct{})
+	r.Blocks = 0
+}
+
+func (x *Index) dropLocked(r *replica) {
+	x.clearLocked(r)
+	delete(x.replicas, r.ID)
+	x.slots[r.slot] = nil
+	x.free = append(x.free, r.slot)
+}
+
+// Retain drops every replica keep rejects: those that left desired state or
+// were placed anew. Call it when the routing table changes.
+func (x *Index) Retain(keep func(Replica) bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	for _, r := range x.replicas {
+		if !keep(r.Replica) {
+			x.dropLocked(r)
+		}
+	}
+}
+
+// Lookup appends to dst, for every replica holding the first of hashes,
+// how many of hashes' leading blocks it holds — counting stops at a
+// replica's first missing block. Replicas holding none are not listed.
+// hashes are a prompt's block hashes in order (the low 64 bits of vLLM's,
+// as KVBlocks carries them).
+func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
+	if len(hashes) == 0 {
+		return dst
+	}
+	start := time.Now()
+	x.mu.RLock()
+	defer func() {
+		x.mu.RUnlock()
+		x.m.lookup.Observe(time.Since(start).Seconds())
+	}()
+	var buf [16]uint16
+	var hv holders
+	alive := append(buf[:0], x.holdersOf(hashes[0], &hv)...)
+	for i := 1; i < len(hashes) && len(alive) > 0; i++ {
+		hs := x.holdersOf(hashes[i], &hv)
+		k := 0
+		for _, s := range alive {
+			if slices.Contains(hs, s) {
+				alive[k] = s
+				k++
+			} else {
+				dst = x.appendMatch(dst, s, i)
+			}
+		}
+		alive = alive[:k]
+	}
+	for _, s := range alive {
+		dst = x.appendMatch(dst, s, len(hashes))
+	}
+	return dst
+}
+
+func (x *Index) appendMatch(dst []Match, slot uint16, n int) []Match {
+	r := x.slots[slot]
+	return append(dst, Match{Replica: r.Replica, Blocks: n, Untrusted: r.Untrusted})
+}
+
+// Status returns what the index holds for replica id; false when it has
+// heard nothing of it (no data yet).
+func (x *Index) Status(id string) (Status, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	r := x.replicas[id]
+	if r == nil {
+		return Status{}, false
+	}
+	return r.Status, true
+}
+
+// Blocks returns replica id's status and its block hashes, sorted; for
+// debugging and the exactness tests.
+func (x *Index) Blocks(id string) (Status, []uint64, bool) {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	r := x.replicas[id]
+	if r == nil {
+		return Status{}, nil, false
+	}
+	out := make([]uint64, 0, len(r.blocks))
+	for h := range r.blocks {
+		out = append(out, h)
+	}
+	slices.Sort(out)
+	return r.Status, out, true
+}
+
+// Replicas returns the status of every replica held, sorted by id.
+func (x *Index) Replicas() []Status {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	out := make([]Status, 0, len(x.replicas))
+	for _, r := range x.replicas {
+		out = append(out, r.Status)
+	}
+	slices.SortFunc(out, func(a, b Status) int {
+		if a.ID < b.ID {
+			return -1
+		} else if a.ID > b.ID {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// Size is the index's size: distinct block hashes, (block, replica)
+// entries, replicas, and stores dropped at MaxEntries since the start.
+type Size struct {
+	Blocks, Entries, Replicas int
+	Dropped                   uint64
+}
+
+// Size reports the index's size.
+func (x *Index) Size() Size {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return Size{Blocks: len(x.holders), Entries: x.entries, Replicas: len(x.replicas), Dropped: x.dropped}
+}
