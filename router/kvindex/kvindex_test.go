@@ -393,7 +393,9 @@ func reportPercentiles(b *testing.B, lat []time.Duration) {
 		return
 	}
 	slices.Sort(lat)
-	q := func(p float64) float64 { return float64(lat[min(int(p*float64(len(lat))), len(lat)-1)].Nanoseconds()) / 1e3 }
+	q := func(p float64) float64 {
+		return float64(lat[min(int(p*float64(len(lat))), len(lat)-1)].Nanoseconds()) / 1e3
+	}
 	b.ReportMetric(q(0.5), "p50-µs")
 	b.ReportMetric(q(0.99), "p99-µs")
 	b.ReportMetric(q(0.999), "p999-µs")
