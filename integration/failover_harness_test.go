@@ -270,7 +270,7 @@ func metric(addr, name string) (float64, bool) {
 	return sum, found
 }
 
-var attachedRE = regexp.MustCompile(`msg="attached to control node" addr=(\S+)`)
+var attachedRE = regexp.MustCompile(`msg="attached to control node" .*?\baddr=(\S+)`)
 
 // attachedTo is the control address of the agent's latest session, from
 // its log.
