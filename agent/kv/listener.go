@@ -148,13 +148,19 @@ func (l *Listener) Engine(incarnation uint64) {
 	m := l.mirror
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.incarnation == incarnation {
+	switch m.incarnation {
+	case incarnation:
+		return
+	case 0:
+		// The listener's first engine: whatever the mirror holds already
+		// came from this process (a catch-up replay of a re-adopted engine
+		// may have run before the supervisor named it). Resetting here
+		// would throw that away, and nothing would replay it again.
+		m.incarnation = incarnation
 		return
 	}
-	if m.incarnation != 0 {
-		l.hub.metrics.resets.WithLabelValues("restart").Inc()
-		l.log.Info("engine restarted; kv mirror reset", "incarnation", incarnation)
-	}
+	l.hub.metrics.resets.WithLabelValues("restart").Inc()
+	l.log.Info("engine restarted; kv mirror reset", "incarnation", incarnation)
 	m.newEngine(incarnation)
 }
 
