@@ -51,11 +51,26 @@
 //   - Removal drains first: placement marks an extra replica draining, and
 //     removes it once its agent reports it STOPPED or FAILED (or stops
 //     reporting it), or after DrainTimeout.
-//   - Liveness. An ACTIVE node without an agent session for NodeDownAfter
-//     (counted from the later of the session's end and the leader's
-//     election) is marked DOWN; after RescheduleAfter DOWN its replicas are
-//     placed elsewhere. Only a leader that is the only server judges, since
-//     sessions on other servers are invisible until gossip carries them.
+//   - Liveness. An ACTIVE node without an agent session on any server for
+//     NodeDownAfter (counted from the later of the last session's end and
+//     the leader's election: the grace after winning office) is marked
+//     DOWN; after RescheduleAfter DOWN its replicas are placed elsewhere
+//     with new uids. Sessions on other servers are known from the ephemeral
+//     plane's session lists (package plane); a server gossip no longer sees
+//     alive holds none. Without gossip only a lone leader judges.
+//   - The ephemeral plane (package plane) forwards each owned session's
+//     accepted updates to every other server over memberlist's reliable
+//     send, in a hand-written framing that shares memberlist's user
+//     messages and push/pull state with the tombstones (a kind byte tells
+//     them apart). A session whose node has a newer epoch held here is
+//     closed with ABORTED. An agent with no session anywhere keeps its data
+//     (routers keep routing while their own checks pass): the proto has no
+//     "stale" mark, so ListNodes.connected and the node's state say it.
+//   - Drain and roll. DrainNode sets DRAINING (undrain: ACTIVE; a DOWN node
+//     is refused). Model.revision moves only on changes that need a restart
+//     (fsm.NeedsRestart); replicas record model_revision, and placement
+//     rolls older ones like any move: one replacement, ready, then one
+//     drain.
 //   - A replica's status is read from its own node's reports and only for
 //     its uid, so an agent cannot speak for another node's replicas.
 //   - A fatal apply error (an unknown non-ignorable command) freezes the FSM
