@@ -37,12 +37,15 @@ func TestClusterForms(t *testing.T) {
 			if leaders != 1 {
 				t.Errorf("%d peers marked leader: %+v", leaders, peers)
 			}
-			st, err := leader.status()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if st.Voters != n || st.FailureTolerance != (n-1)/2 {
-				t.Errorf("voters %d, failure tolerance %d; want %d, %d", st.Voters, st.FailureTolerance, n, (n-1)/2)
+			// Autopilot needs a round or two to call every server healthy.
+			if err := eventuallyErr(formTimeout, func() error {
+				st, err := leader.status()
+				if err == nil && (!st.Healthy || st.Voters != n || st.FailureTolerance != (n-1)/2) {
+					return fmt.Errorf("healthy %t, voters %d, failure tolerance %d; want true, %d, %d", st.Healthy, st.Voters, st.FailureTolerance, n, (n-1)/2)
+				}
+				return err
+			}); err != nil {
+				t.Error(err)
 			}
 		})
 	}
