@@ -169,65 +169,6 @@ func TestImbalanced(t *testing.T) {
 	}
 }
 
-func TestSessionScorer(t *testing.T) {
-	four := func(loads ...float64) []Candidate {
-		var cs []Candidate
-		for i, l := range loads {
-			cs = append(cs, c(fmt.Sprint("r", i), l, 0, 0))
-		}
-		return cs
-	}
-	tests := []struct {
-		name     string
-		session  string
-		sentTo   string // remembered replica
-		cands    []Candidate
-		want     string // replica scoring 1, "" none
-		decision string
-	}{
-		{"no session", "", "", four(0, 0, 0, 0), "", ""},
-		{"remembered, idle fleet", "s1", "r2", four(0, 0, 0, 0), "r2", "hit"},
-		{"remembered, within the bound", "s1", "r2", four(2, 2, 3, 2), "r2", "hit"},
-		// sum 12 → bound ⌈1.25·13/4⌉ = 5: a replica at 6 may not take one more.
-		{"remembered, over the bound", "s1", "r2", four(2, 2, 6, 2), "rv", "load_override"},
-		{"remembered replica gone", "s1", "gone", four(0, 0, 0, 0), "rv", "moved"},
-		{"unseen goes to rendezvous", "s1", "", four(0, 0, 0, 0), "rv", "new"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			s, reg, _ := newSched(t, 1)
-			sc := s.Session(1.25)
-			r := &Request{Session: tt.session}
-			if tt.sentTo != "" {
-				sc.(Observer).Observe(r, &Candidate{Key: Key{ID: tt.sentTo, UID: 1}})
-			}
-			out := make([]float64, len(tt.cands))
-			sc.Score(r, tt.cands, out)
-			want := tt.want
-			if want == "rv" { // rendezvous among those within the bound
-				bound := sessionBound(1.25, tt.cands)
-				i := Rendezvous(sessionHash(tt.session), tt.cands, func(x *Candidate) bool { return x.Load()+1 <= bound })
-				want = tt.cands[i].Key.ID
-				if tt.cands[i].Load()+1 > bound {
-					t.Fatal("rendezvous chose a replica over the bound")
-				}
-			}
-			got := ""
-			for i, v := range out {
-				if v == 1 {
-					got = tt.cands[i].Key.ID
-				}
-			}
-			if got != want {
-				t.Fatalf("session replica %q, want %q (scores %v)", got, want, out)
-			}
-			if tt.decision != "" && counter(t, reg, "llmgw_router_session_decisions_total", tt.decision) != 1 {
-				t.Fatalf("decision %s not counted", tt.decision)
-			}
-		})
-	}
-}
-
 func TestPrefixScorer(t *testing.T) {
 	sys := strings.Repeat("You are a helpful assistant. ", 10)
 	h := func(s string) []uint64 { return prefix.Hashes(nil, s, prefix.DefaultChunk, 0) }
