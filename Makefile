@@ -70,6 +70,10 @@ compose-down: ## stop the compose cluster and remove its containers and state
 bench-failover: ## kill -9 the leader of a 3-node cluster 100 times; time to a new leader and to the first write
 	$(GO) run ./scripts/failoverbench $(BENCH_FLAGS)
 
+.PHONY: soak
+soak: ## the long failover variants (20 leader kills under load; reattach median and max) — LLMGW_SOAK=1
+	LLMGW_SOAK=1 $(GO) test -count=1 -v -timeout 30m -run 'TestFailover' ./integration/
+
 bench: build ## the scheduler figures of docs/benchmarks.md (~6 min; loopback ports 18380-18381, 17600-17605, 23000-23999; needs curl, jq)
 	./scripts/bench-scheduler.sh $(BIN) bench-out
 	$(GO) test -run XXX -bench BenchmarkPick -benchmem -count 3 ./router/scheduler
