@@ -85,15 +85,16 @@ func (NodeState) EnumDescriptor() ([]byte, []int) {
 type CommandType int32
 
 const (
-	CommandType_COMMAND_TYPE_UNSPECIFIED          CommandType = 0
-	CommandType_COMMAND_TYPE_UPSERT_MODEL         CommandType = 1
-	CommandType_COMMAND_TYPE_DELETE_MODEL         CommandType = 2
-	CommandType_COMMAND_TYPE_REGISTER_NODE        CommandType = 3
-	CommandType_COMMAND_TYPE_SET_NODE_STATE       CommandType = 4
-	CommandType_COMMAND_TYPE_PLACE_REPLICA        CommandType = 5
-	CommandType_COMMAND_TYPE_REMOVE_REPLICA       CommandType = 6
-	CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG   CommandType = 7
-	CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING CommandType = 8
+	CommandType_COMMAND_TYPE_UNSPECIFIED           CommandType = 0
+	CommandType_COMMAND_TYPE_UPSERT_MODEL          CommandType = 1
+	CommandType_COMMAND_TYPE_DELETE_MODEL          CommandType = 2
+	CommandType_COMMAND_TYPE_REGISTER_NODE         CommandType = 3
+	CommandType_COMMAND_TYPE_SET_NODE_STATE        CommandType = 4
+	CommandType_COMMAND_TYPE_PLACE_REPLICA         CommandType = 5
+	CommandType_COMMAND_TYPE_REMOVE_REPLICA        CommandType = 6
+	CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG    CommandType = 7
+	CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING  CommandType = 8
+	CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT CommandType = 9
 )
 
 // Enum value maps for CommandType.
@@ -108,17 +109,19 @@ var (
 		6: "COMMAND_TYPE_REMOVE_REPLICA",
 		7: "COMMAND_TYPE_SET_CLUSTER_CONFIG",
 		8: "COMMAND_TYPE_SET_REPLICA_DRAINING",
+		9: "COMMAND_TYPE_SET_ADAPTER_PLACEMENT",
 	}
 	CommandType_value = map[string]int32{
-		"COMMAND_TYPE_UNSPECIFIED":          0,
-		"COMMAND_TYPE_UPSERT_MODEL":         1,
-		"COMMAND_TYPE_DELETE_MODEL":         2,
-		"COMMAND_TYPE_REGISTER_NODE":        3,
-		"COMMAND_TYPE_SET_NODE_STATE":       4,
-		"COMMAND_TYPE_PLACE_REPLICA":        5,
-		"COMMAND_TYPE_REMOVE_REPLICA":       6,
-		"COMMAND_TYPE_SET_CLUSTER_CONFIG":   7,
-		"COMMAND_TYPE_SET_REPLICA_DRAINING": 8,
+		"COMMAND_TYPE_UNSPECIFIED":           0,
+		"COMMAND_TYPE_UPSERT_MODEL":          1,
+		"COMMAND_TYPE_DELETE_MODEL":          2,
+		"COMMAND_TYPE_REGISTER_NODE":         3,
+		"COMMAND_TYPE_SET_NODE_STATE":        4,
+		"COMMAND_TYPE_PLACE_REPLICA":         5,
+		"COMMAND_TYPE_REMOVE_REPLICA":        6,
+		"COMMAND_TYPE_SET_CLUSTER_CONFIG":    7,
+		"COMMAND_TYPE_SET_REPLICA_DRAINING":  8,
+		"COMMAND_TYPE_SET_ADAPTER_PLACEMENT": 9,
 	}
 )
 
@@ -219,6 +222,63 @@ func (ReplicaPhase) EnumDescriptor() ([]byte, []int) {
 	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{2}
 }
 
+type AdapterState int32
+
+const (
+	AdapterState_ADAPTER_STATE_UNSPECIFIED AdapterState = 0
+	AdapterState_ADAPTER_STATE_LOADING     AdapterState = 1
+	AdapterState_ADAPTER_STATE_LOADED      AdapterState = 2
+	AdapterState_ADAPTER_STATE_FAILED      AdapterState = 3
+	// Removed from the placement; unloaded once no request for it has run
+	// for a few seconds.
+	AdapterState_ADAPTER_STATE_UNLOADING AdapterState = 4
+)
+
+// Enum value maps for AdapterState.
+var (
+	AdapterState_name = map[int32]string{
+		0: "ADAPTER_STATE_UNSPECIFIED",
+		1: "ADAPTER_STATE_LOADING",
+		2: "ADAPTER_STATE_LOADED",
+		3: "ADAPTER_STATE_FAILED",
+		4: "ADAPTER_STATE_UNLOADING",
+	}
+	AdapterState_value = map[string]int32{
+		"ADAPTER_STATE_UNSPECIFIED": 0,
+		"ADAPTER_STATE_LOADING":     1,
+		"ADAPTER_STATE_LOADED":      2,
+		"ADAPTER_STATE_FAILED":      3,
+		"ADAPTER_STATE_UNLOADING":   4,
+	}
+)
+
+func (x AdapterState) Enum() *AdapterState {
+	p := new(AdapterState)
+	*p = x
+	return p
+}
+
+func (x AdapterState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (AdapterState) Descriptor() protoreflect.EnumDescriptor {
+	return file_llmgw_v1_llmgw_proto_enumTypes[3].Descriptor()
+}
+
+func (AdapterState) Type() protoreflect.EnumType {
+	return &file_llmgw_v1_llmgw_proto_enumTypes[3]
+}
+
+func (x AdapterState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use AdapterState.Descriptor instead.
+func (AdapterState) EnumDescriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{3}
+}
+
 type ChangeOp int32
 
 const (
@@ -252,11 +312,11 @@ func (x ChangeOp) String() string {
 }
 
 func (ChangeOp) Descriptor() protoreflect.EnumDescriptor {
-	return file_llmgw_v1_llmgw_proto_enumTypes[3].Descriptor()
+	return file_llmgw_v1_llmgw_proto_enumTypes[4].Descriptor()
 }
 
 func (ChangeOp) Type() protoreflect.EnumType {
-	return &file_llmgw_v1_llmgw_proto_enumTypes[3]
+	return &file_llmgw_v1_llmgw_proto_enumTypes[4]
 }
 
 func (x ChangeOp) Number() protoreflect.EnumNumber {
@@ -265,7 +325,7 @@ func (x ChangeOp) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeOp.Descriptor instead.
 func (ChangeOp) EnumDescriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{3}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{4}
 }
 
 // Adapter is one LoRA adapter a model may serve (plan §7.6).
@@ -974,9 +1034,10 @@ type State struct {
 	Config   *ClusterConfig `protobuf:"bytes,6,opt,name=config,proto3" json:"config,omitempty"`
 	// Next ordinal per model, so replica ids are not reused within a model's
 	// life.
-	NextOrdinal   map[string]uint64 `protobuf:"bytes,7,rep,name=next_ordinal,json=nextOrdinal,proto3" json:"next_ordinal,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	NextOrdinal       map[string]uint64   `protobuf:"bytes,7,rep,name=next_ordinal,json=nextOrdinal,proto3" json:"next_ordinal,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	AdapterPlacements []*AdapterPlacement `protobuf:"bytes,8,rep,name=adapter_placements,json=adapterPlacements,proto3" json:"adapter_placements,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
@@ -1058,6 +1119,88 @@ func (x *State) GetNextOrdinal() map[string]uint64 {
 	return nil
 }
 
+func (x *State) GetAdapterPlacements() []*AdapterPlacement {
+	if x != nil {
+		return x.AdapterPlacements
+	}
+	return nil
+}
+
+// AdapterPlacement says which replicas should hold one LoRA adapter (plan
+// §7.6). Adapter names are unique across models (they share the `model`
+// namespace of requests). The reported state per replica travels on the
+// ephemeral plane as AdapterStatus.
+type AdapterPlacement struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Model   string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Adapter string                 `protobuf:"bytes,2,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	// Replica ids that should hold it. Removing a replica here is the first
+	// step of an eviction: routers stop sending the adapter there, then the
+	// agent unloads it once idle.
+	Replicas      []string `protobuf:"bytes,3,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Revision      uint64   `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterPlacement) Reset() {
+	*x = AdapterPlacement{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterPlacement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterPlacement) ProtoMessage() {}
+
+func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterPlacement.ProtoReflect.Descriptor instead.
+func (*AdapterPlacement) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *AdapterPlacement) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *AdapterPlacement) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *AdapterPlacement) GetReplicas() []string {
+	if x != nil {
+		return x.Replicas
+	}
+	return nil
+}
+
+func (x *AdapterPlacement) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type Command struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  CommandType            `protobuf:"varint,1,opt,name=type,proto3,enum=llmgw.v1.CommandType" json:"type,omitempty"`
@@ -1073,7 +1216,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1228,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1241,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Command) GetType() CommandType {
@@ -1138,7 +1281,7 @@ type UpsertModelCommand struct {
 
 func (x *UpsertModelCommand) Reset() {
 	*x = UpsertModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1293,7 @@ func (x *UpsertModelCommand) String() string {
 func (*UpsertModelCommand) ProtoMessage() {}
 
 func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1306,7 @@ func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertModelCommand.ProtoReflect.Descriptor instead.
 func (*UpsertModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *UpsertModelCommand) GetModel() *Model {
@@ -1182,7 +1325,7 @@ type DeleteModelCommand struct {
 
 func (x *DeleteModelCommand) Reset() {
 	*x = DeleteModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1194,7 +1337,7 @@ func (x *DeleteModelCommand) String() string {
 func (*DeleteModelCommand) ProtoMessage() {}
 
 func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1207,7 +1350,7 @@ func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelCommand.ProtoReflect.Descriptor instead.
 func (*DeleteModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *DeleteModelCommand) GetName() string {
@@ -1226,7 +1369,7 @@ type RegisterNodeCommand struct {
 
 func (x *RegisterNodeCommand) Reset() {
 	*x = RegisterNodeCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1238,7 +1381,7 @@ func (x *RegisterNodeCommand) String() string {
 func (*RegisterNodeCommand) ProtoMessage() {}
 
 func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1251,7 +1394,7 @@ func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCommand.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RegisterNodeCommand) GetNode() *Node {
@@ -1271,7 +1414,7 @@ type SetNodeStateCommand struct {
 
 func (x *SetNodeStateCommand) Reset() {
 	*x = SetNodeStateCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1283,7 +1426,7 @@ func (x *SetNodeStateCommand) String() string {
 func (*SetNodeStateCommand) ProtoMessage() {}
 
 func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1296,7 +1439,7 @@ func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SetNodeStateCommand) GetId() string {
@@ -1324,7 +1467,7 @@ type PlaceReplicaCommand struct {
 
 func (x *PlaceReplicaCommand) Reset() {
 	*x = PlaceReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1336,7 +1479,7 @@ func (x *PlaceReplicaCommand) String() string {
 func (*PlaceReplicaCommand) ProtoMessage() {}
 
 func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1349,7 +1492,7 @@ func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReplicaCommand.ProtoReflect.Descriptor instead.
 func (*PlaceReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PlaceReplicaCommand) GetReplica() *Replica {
@@ -1370,7 +1513,7 @@ type RemoveReplicaCommand struct {
 
 func (x *RemoveReplicaCommand) Reset() {
 	*x = RemoveReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1525,7 @@ func (x *RemoveReplicaCommand) String() string {
 func (*RemoveReplicaCommand) ProtoMessage() {}
 
 func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1538,7 @@ func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaCommand.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RemoveReplicaCommand) GetId() string {
@@ -1422,7 +1565,7 @@ type SetReplicaDrainingCommand struct {
 
 func (x *SetReplicaDrainingCommand) Reset() {
 	*x = SetReplicaDrainingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1434,7 +1577,7 @@ func (x *SetReplicaDrainingCommand) String() string {
 func (*SetReplicaDrainingCommand) ProtoMessage() {}
 
 func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1447,7 +1590,7 @@ func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaDrainingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaDrainingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SetReplicaDrainingCommand) GetId() string {
@@ -1473,7 +1616,7 @@ type SetClusterConfigCommand struct {
 
 func (x *SetClusterConfigCommand) Reset() {
 	*x = SetClusterConfigCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1485,7 +1628,7 @@ func (x *SetClusterConfigCommand) String() string {
 func (*SetClusterConfigCommand) ProtoMessage() {}
 
 func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1498,12 +1641,58 @@ func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetClusterConfigCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetClusterConfigCommand) GetConfig() *ClusterConfig {
 	if x != nil {
 		return x.Config
+	}
+	return nil
+}
+
+// SetAdapterPlacementCommand replaces one adapter's placement; an empty
+// replica list deletes it.
+type SetAdapterPlacementCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Placement     *AdapterPlacement      `protobuf:"bytes,1,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetAdapterPlacementCommand) Reset() {
+	*x = SetAdapterPlacementCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetAdapterPlacementCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetAdapterPlacementCommand) ProtoMessage() {}
+
+func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetAdapterPlacementCommand.ProtoReflect.Descriptor instead.
+func (*SetAdapterPlacementCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
+	if x != nil {
+		return x.Placement
 	}
 	return nil
 }
@@ -1532,7 +1721,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1544,7 +1733,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1557,7 +1746,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -1655,14 +1844,16 @@ type EphemeralUpdate struct {
 	RemovedReplicas []string `protobuf:"bytes,6,rep,name=removed_replicas,json=removedReplicas,proto3" json:"removed_replicas,omitempty"`
 	// KV-cache block changes per replica (plan §7.5 tier 2). In a full copy
 	// every entry is a reset holding the replica's whole block set.
-	Kv            []*KVBlocks `protobuf:"bytes,7,rep,name=kv,proto3" json:"kv,omitempty"`
+	Kv []*KVBlocks `protobuf:"bytes,7,rep,name=kv,proto3" json:"kv,omitempty"`
+	// Adapter states per replica (plan §7.6); in a full copy, every one.
+	Adapters      []*AdapterStatus `protobuf:"bytes,8,rep,name=adapters,proto3" json:"adapters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1865,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1878,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -1739,6 +1930,126 @@ func (x *EphemeralUpdate) GetKv() []*KVBlocks {
 	return nil
 }
 
+func (x *EphemeralUpdate) GetAdapters() []*AdapterStatus {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
+// AdapterStatus is what the agent reports of one adapter on one replica.
+type AdapterStatus struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ReplicaId   string                 `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
+	Uid         uint64                 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	Incarnation uint64                 `protobuf:"varint,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Adapter     string                 `protobuf:"bytes,4,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	State       AdapterState           `protobuf:"varint,5,opt,name=state,proto3,enum=llmgw.v1.AdapterState" json:"state,omitempty"`
+	// For FAILED: why, and when a retry makes sense.
+	Reason             string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	RetryAfterUnixNano int64  `protobuf:"varint,7,opt,name=retry_after_unix_nano,json=retryAfterUnixNano,proto3" json:"retry_after_unix_nano,omitempty"`
+	// When a request for it last ran (from vllm:lora_requests_info): the
+	// leader evicts the least recently used idle adapter.
+	LastActiveUnixNano int64 `protobuf:"varint,8,opt,name=last_active_unix_nano,json=lastActiveUnixNano,proto3" json:"last_active_unix_nano,omitempty"`
+	// Requests for it running or waiting now.
+	Active        uint32 `protobuf:"varint,9,opt,name=active,proto3" json:"active,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterStatus) Reset() {
+	*x = AdapterStatus{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterStatus) ProtoMessage() {}
+
+func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
+func (*AdapterStatus) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *AdapterStatus) GetReplicaId() string {
+	if x != nil {
+		return x.ReplicaId
+	}
+	return ""
+}
+
+func (x *AdapterStatus) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *AdapterStatus) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *AdapterStatus) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *AdapterStatus) GetState() AdapterState {
+	if x != nil {
+		return x.State
+	}
+	return AdapterState_ADAPTER_STATE_UNSPECIFIED
+}
+
+func (x *AdapterStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *AdapterStatus) GetRetryAfterUnixNano() int64 {
+	if x != nil {
+		return x.RetryAfterUnixNano
+	}
+	return 0
+}
+
+func (x *AdapterStatus) GetLastActiveUnixNano() int64 {
+	if x != nil {
+		return x.LastActiveUnixNano
+	}
+	return 0
+}
+
+func (x *AdapterStatus) GetActive() uint32 {
+	if x != nil {
+		return x.Active
+	}
+	return 0
+}
+
 // KVBlocks is one replica's KV-cache change as the agent's mirror sees it:
 // net changes since the previous update, or a reset with the whole set.
 type KVBlocks struct {
@@ -1765,7 +2076,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1777,7 +2088,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1790,7 +2101,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -1867,7 +2178,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1879,7 +2190,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1892,7 +2203,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ControlServer) GetId() string {
@@ -1960,7 +2271,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1972,7 +2283,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1985,7 +2296,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -2010,7 +2321,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2333,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2346,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -2073,7 +2384,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2085,7 +2396,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2098,7 +2409,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -2170,7 +2481,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2182,7 +2493,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2195,7 +2506,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -2222,17 +2533,19 @@ func (x *Welcome) GetServers() []*ControlServer {
 // DesiredReplicas is the whole set of replicas a node should run, with the
 // models they belong to, as of one revision.
 type DesiredReplicas struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
-	Replicas      []*Replica             `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
-	Models        []*Model               `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Replicas []*Replica             `protobuf:"bytes,2,rep,name=replicas,proto3" json:"replicas,omitempty"`
+	Models   []*Model               `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	// Placements naming any of these replicas.
+	Adapters      []*AdapterPlacement `protobuf:"bytes,4,rep,name=adapters,proto3" json:"adapters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2244,7 +2557,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2257,7 +2570,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -2281,6 +2594,13 @@ func (x *DesiredReplicas) GetModels() []*Model {
 	return nil
 }
 
+func (x *DesiredReplicas) GetAdapters() []*AdapterPlacement {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
 type ControlMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Body:
@@ -2297,7 +2617,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2629,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2642,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -2422,7 +2742,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2434,7 +2754,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2447,7 +2767,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -2466,7 +2786,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2798,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2811,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -2513,7 +2833,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2525,7 +2845,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2538,7 +2858,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -2570,6 +2890,7 @@ type Change struct {
 	//	*Change_Node
 	//	*Change_Replica
 	//	*Change_Config
+	//	*Change_AdapterPlacement
 	Object        isChange_Object `protobuf_oneof:"object"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2577,7 +2898,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2589,7 +2910,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2602,7 +2923,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -2662,6 +2983,15 @@ func (x *Change) GetConfig() *ClusterConfig {
 	return nil
 }
 
+func (x *Change) GetAdapterPlacement() *AdapterPlacement {
+	if x != nil {
+		if x, ok := x.Object.(*Change_AdapterPlacement); ok {
+			return x.AdapterPlacement
+		}
+	}
+	return nil
+}
+
 type isChange_Object interface {
 	isChange_Object()
 }
@@ -2682,6 +3012,11 @@ type Change_Config struct {
 	Config *ClusterConfig `protobuf:"bytes,6,opt,name=config,proto3,oneof"`
 }
 
+type Change_AdapterPlacement struct {
+	// Keyed by adapter name.
+	AdapterPlacement *AdapterPlacement `protobuf:"bytes,7,opt,name=adapter_placement,json=adapterPlacement,proto3,oneof"`
+}
+
 func (*Change_Model) isChange_Object() {}
 
 func (*Change_Node) isChange_Object() {}
@@ -2689,6 +3024,8 @@ func (*Change_Node) isChange_Object() {}
 func (*Change_Replica) isChange_Object() {}
 
 func (*Change_Config) isChange_Object() {}
+
+func (*Change_AdapterPlacement) isChange_Object() {}
 
 // SnapshotBegin opens a framed snapshot at a revision: the client builds the
 // puts that follow aside and swaps them in atomically at SnapshotEnd.
@@ -2701,7 +3038,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2713,7 +3050,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2726,7 +3063,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -2745,7 +3082,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +3094,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +3107,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -2791,7 +3128,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2803,7 +3140,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2816,7 +3153,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -2844,7 +3181,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3193,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3206,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -2996,7 +3333,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3008,7 +3345,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3021,7 +3358,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -3034,7 +3371,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3046,7 +3383,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3059,7 +3396,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3079,7 +3416,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3091,7 +3428,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3104,7 +3441,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -3124,7 +3461,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3136,7 +3473,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3149,7 +3486,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -3175,7 +3512,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3524,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3537,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -3220,7 +3557,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3232,7 +3569,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3245,7 +3582,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -3265,7 +3602,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3614,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3627,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -3308,7 +3645,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3320,7 +3657,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3333,7 +3670,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 type LeaveResponse struct {
@@ -3346,7 +3683,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3358,7 +3695,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3371,7 +3708,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -3389,7 +3726,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3401,7 +3738,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3414,7 +3751,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
 }
 
 // Member is one server in the gossip pool.
@@ -3435,7 +3772,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3447,7 +3784,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3460,7 +3797,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *Member) GetId() string {
@@ -3521,7 +3858,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3533,7 +3870,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3546,7 +3883,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3564,7 +3901,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3913,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3926,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -3613,7 +3950,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3625,7 +3962,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3638,7 +3975,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -3713,7 +4050,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3725,7 +4062,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3738,7 +4075,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -3757,7 +4094,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3769,7 +4106,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3782,7 +4119,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -3800,7 +4137,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3812,7 +4149,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3825,7 +4162,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 type TransferLeadershipRequest struct {
@@ -3838,7 +4175,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3850,7 +4187,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3863,7 +4200,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -3882,7 +4219,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +4231,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +4244,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -3926,7 +4263,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3938,7 +4275,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3951,7 +4288,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -3971,7 +4308,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3983,7 +4320,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3996,7 +4333,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -4022,7 +4359,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4034,7 +4371,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4047,7 +4384,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -4066,7 +4403,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4078,7 +4415,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4091,7 +4428,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -4111,7 +4448,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4123,7 +4460,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4136,7 +4473,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -4156,7 +4493,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4168,7 +4505,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4181,7 +4518,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -4210,7 +4547,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4222,7 +4559,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4235,7 +4572,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -4271,7 +4608,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4283,7 +4620,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4296,7 +4633,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -4323,7 +4660,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4335,7 +4672,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4348,7 +4685,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -4373,7 +4710,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4385,7 +4722,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4398,7 +4735,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
 }
 
 type ClusterStatusResponse struct {
@@ -4421,7 +4758,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4433,7 +4770,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4446,7 +4783,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -4514,7 +4851,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4526,7 +4863,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4539,7 +4876,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -4570,7 +4907,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4582,7 +4919,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4595,7 +4932,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -4663,7 +5000,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4675,7 +5012,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4688,7 +5025,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -4715,6 +5052,130 @@ func (x *LoadSnapshot) GetReplicas() []*ReplicaLoad {
 func (x *LoadSnapshot) GetIntervalNanos() int64 {
 	if x != nil {
 		return x.IntervalNanos
+	}
+	return 0
+}
+
+type EnsureAdapterRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Adapter string                 `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	// How long to wait for LOADED; the server caps it.
+	TimeoutMs     int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnsureAdapterRequest) Reset() {
+	*x = EnsureAdapterRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnsureAdapterRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnsureAdapterRequest) ProtoMessage() {}
+
+func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
+func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+}
+
+func (x *EnsureAdapterRequest) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *EnsureAdapterRequest) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
+}
+
+type EnsureAdapterResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	State AdapterState           `protobuf:"varint,1,opt,name=state,proto3,enum=llmgw.v1.AdapterState" json:"state,omitempty"`
+	// Replicas reporting it LOADED.
+	LoadedOn []string `protobuf:"bytes,2,rep,name=loaded_on,json=loadedOn,proto3" json:"loaded_on,omitempty"`
+	Reason   string   `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// When every loaded adapter is busy and none can be evicted, or loading
+	// failed: how long the client should wait (503 Retry-After).
+	RetryAfterMs  int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EnsureAdapterResponse) Reset() {
+	*x = EnsureAdapterResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EnsureAdapterResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EnsureAdapterResponse) ProtoMessage() {}
+
+func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
+func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+}
+
+func (x *EnsureAdapterResponse) GetState() AdapterState {
+	if x != nil {
+		return x.State
+	}
+	return AdapterState_ADAPTER_STATE_UNSPECIFIED
+}
+
+func (x *EnsureAdapterResponse) GetLoadedOn() []string {
+	if x != nil {
+		return x.LoadedOn
+	}
+	return nil
+}
+
+func (x *EnsureAdapterResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EnsureAdapterResponse) GetRetryAfterMs() int64 {
+	if x != nil {
+		return x.RetryAfterMs
 	}
 	return 0
 }
@@ -4797,7 +5258,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"minVersion\x12,\n" +
 	"\x12default_block_size\x18\x02 \x01(\rR\x10defaultBlockSize\x12*\n" +
 	"\x11default_hash_seed\x18\x03 \x01(\tR\x0fdefaultHashSeed\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision\"\xef\x02\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\xba\x03\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
@@ -4805,10 +5266,16 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x05nodes\x18\x04 \x03(\v2\x0e.llmgw.v1.NodeR\x05nodes\x12-\n" +
 	"\breplicas\x18\x05 \x03(\v2\x11.llmgw.v1.ReplicaR\breplicas\x12/\n" +
 	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigR\x06config\x12C\n" +
-	"\fnext_ordinal\x18\a \x03(\v2 .llmgw.v1.State.NextOrdinalEntryR\vnextOrdinal\x1a>\n" +
+	"\fnext_ordinal\x18\a \x03(\v2 .llmgw.v1.State.NextOrdinalEntryR\vnextOrdinal\x12I\n" +
+	"\x12adapter_placements\x18\b \x03(\v2\x1a.llmgw.v1.AdapterPlacementR\x11adapterPlacements\x1a>\n" +
 	"\x10NextOrdinalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x86\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"z\n" +
+	"\x10AdapterPlacement\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\aadapter\x18\x02 \x01(\tR\aadapter\x12\x1a\n" +
+	"\breplicas\x18\x03 \x03(\tR\breplicas\x12\x1a\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\x86\x01\n" +
 	"\aCommand\x12)\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x15.llmgw.v1.CommandTypeR\x04type\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\rR\aversion\x12\x18\n" +
@@ -4832,7 +5299,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\x04R\x03uid\"J\n" +
 	"\x17SetClusterConfigCommand\x12/\n" +
-	"\x06config\x18\x01 \x01(\v2\x17.llmgw.v1.ClusterConfigR\x06config\"\xc8\x02\n" +
+	"\x06config\x18\x01 \x01(\v2\x17.llmgw.v1.ClusterConfigR\x06config\"V\n" +
+	"\x1aSetAdapterPlacementCommand\x128\n" +
+	"\tplacement\x18\x01 \x01(\v2\x1a.llmgw.v1.AdapterPlacementR\tplacement\"\xc8\x02\n" +
 	"\rReplicaStatus\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -4846,7 +5315,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x11updated_unix_nano\x18\t \x01(\x03R\x0fupdatedUnixNano\x12\x10\n" +
 	"\x03pid\x18\n" +
 	" \x01(\x05R\x03pid\x12\x1a\n" +
-	"\brestarts\x18\v \x01(\rR\brestarts\"\xeb\x01\n" +
+	"\brestarts\x18\v \x01(\rR\brestarts\"\x9a\x02\n" +
 	"\x0fEphemeralUpdate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
@@ -4854,7 +5323,19 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x04full\x18\x04 \x01(\bR\x04full\x123\n" +
 	"\bstatuses\x18\x05 \x03(\v2\x17.llmgw.v1.ReplicaStatusR\bstatuses\x12)\n" +
 	"\x10removed_replicas\x18\x06 \x03(\tR\x0fremovedReplicas\x12\"\n" +
-	"\x02kv\x18\a \x03(\v2\x12.llmgw.v1.KVBlocksR\x02kvJ\x04\b\b\x10\t\"\xe2\x01\n" +
+	"\x02kv\x18\a \x03(\v2\x12.llmgw.v1.KVBlocksR\x02kv\x123\n" +
+	"\badapters\x18\b \x03(\v2\x17.llmgw.v1.AdapterStatusR\badapters\"\xc0\x02\n" +
+	"\rAdapterStatus\x12\x1d\n" +
+	"\n" +
+	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x04R\vincarnation\x12\x18\n" +
+	"\aadapter\x18\x04 \x01(\tR\aadapter\x12,\n" +
+	"\x05state\x18\x05 \x01(\x0e2\x16.llmgw.v1.AdapterStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x121\n" +
+	"\x15retry_after_unix_nano\x18\a \x01(\x03R\x12retryAfterUnixNano\x121\n" +
+	"\x15last_active_unix_nano\x18\b \x01(\x03R\x12lastActiveUnixNano\x12\x16\n" +
+	"\x06active\x18\t \x01(\rR\x06active\"\xe2\x01\n" +
 	"\bKVBlocks\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -4892,11 +5373,12 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x121\n" +
-	"\aservers\x18\x03 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\"\x85\x01\n" +
+	"\aservers\x18\x03 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\"\xbd\x01\n" +
 	"\x0fDesiredReplicas\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12-\n" +
 	"\breplicas\x18\x02 \x03(\v2\x11.llmgw.v1.ReplicaR\breplicas\x12'\n" +
-	"\x06models\x18\x03 \x03(\v2\x0f.llmgw.v1.ModelR\x06models\"\xae\x02\n" +
+	"\x06models\x18\x03 \x03(\v2\x0f.llmgw.v1.ModelR\x06models\x126\n" +
+	"\badapters\x18\x04 \x03(\v2\x1a.llmgw.v1.AdapterPlacementR\badapters\"\xae\x02\n" +
 	"\x0eControlMessage\x12-\n" +
 	"\awelcome\x18\x01 \x01(\v2\x11.llmgw.v1.WelcomeH\x00R\awelcome\x125\n" +
 	"\adesired\x18\x02 \x01(\v2\x19.llmgw.v1.DesiredReplicasH\x00R\adesired\x123\n" +
@@ -4911,14 +5393,15 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aservers\x18\x01 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\"P\n" +
 	"\fWatchRequest\x12#\n" +
 	"\rfrom_revision\x18\x01 \x01(\x04R\ffromRevision\x12\x1b\n" +
-	"\tclient_id\x18\x02 \x01(\tR\bclientId\"\x83\x02\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\"\xce\x02\n" +
 	"\x06Change\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x12.llmgw.v1.ChangeOpR\x02op\x12'\n" +
 	"\x05model\x18\x03 \x01(\v2\x0f.llmgw.v1.ModelH\x00R\x05model\x12$\n" +
 	"\x04node\x18\x04 \x01(\v2\x0e.llmgw.v1.NodeH\x00R\x04node\x12-\n" +
 	"\areplica\x18\x05 \x01(\v2\x11.llmgw.v1.ReplicaH\x00R\areplica\x121\n" +
-	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigH\x00R\x06configB\b\n" +
+	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigH\x00R\x06config\x12I\n" +
+	"\x11adapter_placement\x18\a \x01(\v2\x1a.llmgw.v1.AdapterPlacementH\x00R\x10adapterPlacementB\b\n" +
 	"\x06object\"+\n" +
 	"\rSnapshotBegin\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\")\n" +
@@ -5042,12 +5525,21 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\x121\n" +
 	"\breplicas\x18\x03 \x03(\v2\x15.llmgw.v1.ReplicaLoadR\breplicas\x12%\n" +
-	"\x0einterval_nanos\x18\x04 \x01(\x03R\rintervalNanos*l\n" +
+	"\x0einterval_nanos\x18\x04 \x01(\x03R\rintervalNanos\"O\n" +
+	"\x14EnsureAdapterRequest\x12\x18\n" +
+	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x1d\n" +
+	"\n" +
+	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\"\xa0\x01\n" +
+	"\x15EnsureAdapterResponse\x12,\n" +
+	"\x05state\x18\x01 \x01(\x0e2\x16.llmgw.v1.AdapterStateR\x05state\x12\x1b\n" +
+	"\tloaded_on\x18\x02 \x03(\tR\bloadedOn\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12$\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs*l\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\xb7\x02\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\xdf\x02\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -5057,7 +5549,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x1aCOMMAND_TYPE_PLACE_REPLICA\x10\x05\x12\x1f\n" +
 	"\x1bCOMMAND_TYPE_REMOVE_REPLICA\x10\x06\x12#\n" +
 	"\x1fCOMMAND_TYPE_SET_CLUSTER_CONFIG\x10\a\x12%\n" +
-	"!COMMAND_TYPE_SET_REPLICA_DRAINING\x10\b*\xee\x01\n" +
+	"!COMMAND_TYPE_SET_REPLICA_DRAINING\x10\b\x12&\n" +
+	"\"COMMAND_TYPE_SET_ADAPTER_PLACEMENT\x10\t*\xee\x01\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -5066,7 +5559,13 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x18REPLICA_PHASE_RESTARTING\x10\x04\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STOPPING\x10\x05\x12\x19\n" +
 	"\x15REPLICA_PHASE_STOPPED\x10\x06\x12\x18\n" +
-	"\x14REPLICA_PHASE_FAILED\x10\a*N\n" +
+	"\x14REPLICA_PHASE_FAILED\x10\a*\x99\x01\n" +
+	"\fAdapterState\x12\x1d\n" +
+	"\x19ADAPTER_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15ADAPTER_STATE_LOADING\x10\x01\x12\x18\n" +
+	"\x14ADAPTER_STATE_LOADED\x10\x02\x12\x18\n" +
+	"\x14ADAPTER_STATE_FAILED\x10\x03\x12\x1b\n" +
+	"\x17ADAPTER_STATE_UNLOADING\x10\x04*N\n" +
 	"\bChangeOp\x12\x19\n" +
 	"\x15CHANGE_OP_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCHANGE_OP_PUT\x10\x01\x12\x14\n" +
@@ -5095,7 +5594,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fSnapshotSave\x12\x1d.llmgw.v1.SnapshotSaveRequest\x1a\x17.llmgw.v1.SnapshotChunk0\x01\x12O\n" +
 	"\x0fSnapshotRestore\x12\x17.llmgw.v1.SnapshotChunk\x1a!.llmgw.v1.SnapshotRestoreResponse(\x012T\n" +
 	"\vLoadService\x12E\n" +
-	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x01B/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
+	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012b\n" +
+	"\x0eAdapterService\x12P\n" +
+	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponseB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
 
 var (
 	file_llmgw_v1_llmgw_proto_rawDescOnce sync.Once
@@ -5109,188 +5610,203 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 	return file_llmgw_v1_llmgw_proto_rawDescData
 }
 
-var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
 	(ReplicaPhase)(0),                  // 2: llmgw.v1.ReplicaPhase
-	(ChangeOp)(0),                      // 3: llmgw.v1.ChangeOp
-	(*Adapter)(nil),                    // 4: llmgw.v1.Adapter
-	(*ProfileOverrides)(nil),           // 5: llmgw.v1.ProfileOverrides
-	(*Model)(nil),                      // 6: llmgw.v1.Model
-	(*Node)(nil),                       // 7: llmgw.v1.Node
-	(*Shard)(nil),                      // 8: llmgw.v1.Shard
-	(*Replica)(nil),                    // 9: llmgw.v1.Replica
-	(*ClusterConfig)(nil),              // 10: llmgw.v1.ClusterConfig
-	(*State)(nil),                      // 11: llmgw.v1.State
-	(*Command)(nil),                    // 12: llmgw.v1.Command
-	(*UpsertModelCommand)(nil),         // 13: llmgw.v1.UpsertModelCommand
-	(*DeleteModelCommand)(nil),         // 14: llmgw.v1.DeleteModelCommand
-	(*RegisterNodeCommand)(nil),        // 15: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),        // 16: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),        // 17: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),       // 18: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil),  // 19: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),    // 20: llmgw.v1.SetClusterConfigCommand
-	(*ReplicaStatus)(nil),              // 21: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 22: llmgw.v1.EphemeralUpdate
-	(*KVBlocks)(nil),                   // 23: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 24: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 25: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 26: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 27: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 28: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 29: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 30: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 31: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 32: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 33: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 34: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 35: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 36: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 37: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 38: llmgw.v1.WatchEvent
-	(*SnapshotSaveRequest)(nil),        // 39: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 40: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 41: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 42: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 43: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 44: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 45: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 46: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 47: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 48: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 49: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 50: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 51: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 52: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 53: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 54: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 55: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 56: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 57: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 58: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 59: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 60: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 61: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 62: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 63: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 64: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 65: llmgw.v1.ReplicaView
-	(*ListReplicasResponse)(nil),       // 66: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 67: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 68: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 69: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 70: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 71: llmgw.v1.LoadSnapshot
-	nil,                                // 72: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 73: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 74: llmgw.v1.Node.LabelsEntry
-	nil,                                // 75: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 76: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(AdapterState)(0),                  // 3: llmgw.v1.AdapterState
+	(ChangeOp)(0),                      // 4: llmgw.v1.ChangeOp
+	(*Adapter)(nil),                    // 5: llmgw.v1.Adapter
+	(*ProfileOverrides)(nil),           // 6: llmgw.v1.ProfileOverrides
+	(*Model)(nil),                      // 7: llmgw.v1.Model
+	(*Node)(nil),                       // 8: llmgw.v1.Node
+	(*Shard)(nil),                      // 9: llmgw.v1.Shard
+	(*Replica)(nil),                    // 10: llmgw.v1.Replica
+	(*ClusterConfig)(nil),              // 11: llmgw.v1.ClusterConfig
+	(*State)(nil),                      // 12: llmgw.v1.State
+	(*AdapterPlacement)(nil),           // 13: llmgw.v1.AdapterPlacement
+	(*Command)(nil),                    // 14: llmgw.v1.Command
+	(*UpsertModelCommand)(nil),         // 15: llmgw.v1.UpsertModelCommand
+	(*DeleteModelCommand)(nil),         // 16: llmgw.v1.DeleteModelCommand
+	(*RegisterNodeCommand)(nil),        // 17: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 18: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 19: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 20: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 21: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 22: llmgw.v1.SetClusterConfigCommand
+	(*SetAdapterPlacementCommand)(nil), // 23: llmgw.v1.SetAdapterPlacementCommand
+	(*ReplicaStatus)(nil),              // 24: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 25: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 26: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 27: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 28: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 29: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 30: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 31: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 32: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 33: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 34: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 35: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 36: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 37: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 38: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 39: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 40: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 41: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 42: llmgw.v1.WatchEvent
+	(*SnapshotSaveRequest)(nil),        // 43: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 44: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 45: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 46: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 47: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 48: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 49: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 50: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 51: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 52: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 53: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 54: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 55: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 56: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 57: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 58: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 59: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 60: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 61: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 62: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 63: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 64: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 65: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 66: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 67: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 68: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 69: llmgw.v1.ReplicaView
+	(*ListReplicasResponse)(nil),       // 70: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 71: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 72: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 73: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 74: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 75: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 76: llmgw.v1.EnsureAdapterRequest
+	(*EnsureAdapterResponse)(nil),      // 77: llmgw.v1.EnsureAdapterResponse
+	nil,                                // 78: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 79: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 80: llmgw.v1.Node.LabelsEntry
+	nil,                                // 81: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 82: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	72, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	73, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
-	5,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
-	4,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	74, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	78, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	79, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	6,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
+	5,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
+	80, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,  // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
-	8,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
-	6,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
-	7,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
-	9,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
-	10, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	75, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
-	1,  // 12: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
-	6,  // 13: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
-	7,  // 14: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
-	0,  // 15: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
-	9,  // 16: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
-	10, // 17: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
-	2,  // 18: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	21, // 19: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	23, // 20: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	7,  // 21: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	21, // 22: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	26, // 23: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	22, // 24: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	25, // 25: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	24, // 26: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	9,  // 27: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	6,  // 28: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	28, // 29: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	29, // 30: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	25, // 31: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	31, // 32: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	32, // 33: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	24, // 34: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	3,  // 35: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	6,  // 36: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	7,  // 37: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	9,  // 38: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	10, // 39: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	35, // 40: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	34, // 41: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	36, // 42: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	22, // 43: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	32, // 44: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	25, // 45: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	37, // 46: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	49, // 47: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	52, // 48: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
-	6,  // 49: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	6,  // 50: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	6,  // 51: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	7,  // 52: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	76, // 53: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	9,  // 54: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	21, // 55: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	65, // 56: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	24, // 57: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	70, // 58: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	27, // 59: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	33, // 60: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	58, // 61: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	60, // 62: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	62, // 63: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	62, // 64: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	62, // 65: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	67, // 66: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	42, // 67: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	44, // 68: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	46, // 69: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	48, // 70: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	51, // 71: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	54, // 72: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	56, // 73: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	39, // 74: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	40, // 75: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	69, // 76: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	30, // 77: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	38, // 78: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	59, // 79: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	61, // 80: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	63, // 81: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	64, // 82: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	66, // 83: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	68, // 84: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	43, // 85: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	45, // 86: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	47, // 87: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	50, // 88: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	53, // 89: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	55, // 90: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	57, // 91: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	40, // 92: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	41, // 93: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	71, // 94: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	77, // [77:95] is the sub-list for method output_type
-	59, // [59:77] is the sub-list for method input_type
-	59, // [59:59] is the sub-list for extension type_name
-	59, // [59:59] is the sub-list for extension extendee
-	0,  // [0:59] is the sub-list for field type_name
+	9,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
+	7,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
+	8,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
+	10, // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
+	11, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
+	81, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	13, // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
+	1,  // 13: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
+	7,  // 14: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
+	8,  // 15: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
+	0,  // 16: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
+	10, // 17: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
+	11, // 18: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
+	13, // 19: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
+	2,  // 20: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
+	24, // 21: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	27, // 22: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	26, // 23: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	3,  // 24: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
+	8,  // 25: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	24, // 26: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	30, // 27: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	25, // 28: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	29, // 29: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	28, // 30: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	10, // 31: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	7,  // 32: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	13, // 33: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
+	32, // 34: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	33, // 35: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	29, // 36: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	35, // 37: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	36, // 38: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	28, // 39: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	4,  // 40: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	7,  // 41: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	8,  // 42: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	10, // 43: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	11, // 44: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	13, // 45: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
+	39, // 46: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	38, // 47: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	40, // 48: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	25, // 49: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	36, // 50: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	29, // 51: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	41, // 52: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	53, // 53: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	56, // 54: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	7,  // 55: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	7,  // 56: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	7,  // 57: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	8,  // 58: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	82, // 59: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	10, // 60: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	24, // 61: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	69, // 62: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	28, // 63: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	74, // 64: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	3,  // 65: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	31, // 66: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	37, // 67: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	62, // 68: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	64, // 69: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	66, // 70: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	66, // 71: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	66, // 72: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	71, // 73: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	46, // 74: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	48, // 75: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	50, // 76: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	52, // 77: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	55, // 78: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	58, // 79: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	60, // 80: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	43, // 81: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	44, // 82: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	73, // 83: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	76, // 84: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	34, // 85: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	42, // 86: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	63, // 87: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	65, // 88: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	67, // 89: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	68, // 90: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	70, // 91: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	72, // 92: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	47, // 93: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	49, // 94: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	51, // 95: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	54, // 96: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	57, // 97: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	59, // 98: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	61, // 99: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	44, // 100: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	45, // 101: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	75, // 102: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	77, // 103: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	85, // [85:104] is the sub-list for method output_type
+	66, // [66:85] is the sub-list for method input_type
+	66, // [66:66] is the sub-list for extension type_name
+	66, // [66:66] is the sub-list for extension extendee
+	0,  // [0:66] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -5298,25 +5814,26 @@ func file_llmgw_v1_llmgw_proto_init() {
 	if File_llmgw_v1_llmgw_proto != nil {
 		return
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[23].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[26].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[26].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[29].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[30].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[33].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
 		(*Change_Config)(nil),
+		(*Change_AdapterPlacement)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[34].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[37].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -5330,10 +5847,10 @@ func file_llmgw_v1_llmgw_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   73,
+			NumEnums:      5,
+			NumMessages:   78,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_llmgw_v1_llmgw_proto_goTypes,
 		DependencyIndexes: file_llmgw_v1_llmgw_proto_depIdxs,

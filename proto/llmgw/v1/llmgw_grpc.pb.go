@@ -997,3 +997,113 @@ var LoadService_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "llmgw/v1/llmgw.proto",
 }
+
+const (
+	AdapterService_EnsureAdapter_FullMethodName = "/llmgw.v1.AdapterService/EnsureAdapter"
+)
+
+// AdapterServiceClient is the client API for AdapterService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type AdapterServiceClient interface {
+	// EnsureAdapter is idempotent: it places the adapter if no replica holds
+	// or is loading it (each cold adapter is loaded once, however many
+	// requests and routers ask at the same moment), then returns when a
+	// replica reports it LOADED, when loading FAILED, or at the timeout.
+	EnsureAdapter(ctx context.Context, in *EnsureAdapterRequest, opts ...grpc.CallOption) (*EnsureAdapterResponse, error)
+}
+
+type adapterServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewAdapterServiceClient(cc grpc.ClientConnInterface) AdapterServiceClient {
+	return &adapterServiceClient{cc}
+}
+
+func (c *adapterServiceClient) EnsureAdapter(ctx context.Context, in *EnsureAdapterRequest, opts ...grpc.CallOption) (*EnsureAdapterResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EnsureAdapterResponse)
+	err := c.cc.Invoke(ctx, AdapterService_EnsureAdapter_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// AdapterServiceServer is the server API for AdapterService service.
+// All implementations must embed UnimplementedAdapterServiceServer
+// for forward compatibility.
+type AdapterServiceServer interface {
+	// EnsureAdapter is idempotent: it places the adapter if no replica holds
+	// or is loading it (each cold adapter is loaded once, however many
+	// requests and routers ask at the same moment), then returns when a
+	// replica reports it LOADED, when loading FAILED, or at the timeout.
+	EnsureAdapter(context.Context, *EnsureAdapterRequest) (*EnsureAdapterResponse, error)
+	mustEmbedUnimplementedAdapterServiceServer()
+}
+
+// UnimplementedAdapterServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedAdapterServiceServer struct{}
+
+func (UnimplementedAdapterServiceServer) EnsureAdapter(context.Context, *EnsureAdapterRequest) (*EnsureAdapterResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EnsureAdapter not implemented")
+}
+func (UnimplementedAdapterServiceServer) mustEmbedUnimplementedAdapterServiceServer() {}
+func (UnimplementedAdapterServiceServer) testEmbeddedByValue()                        {}
+
+// UnsafeAdapterServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to AdapterServiceServer will
+// result in compilation errors.
+type UnsafeAdapterServiceServer interface {
+	mustEmbedUnimplementedAdapterServiceServer()
+}
+
+func RegisterAdapterServiceServer(s grpc.ServiceRegistrar, srv AdapterServiceServer) {
+	// If the following call panics, it indicates UnimplementedAdapterServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&AdapterService_ServiceDesc, srv)
+}
+
+func _AdapterService_EnsureAdapter_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EnsureAdapterRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdapterServiceServer).EnsureAdapter(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdapterService_EnsureAdapter_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdapterServiceServer).EnsureAdapter(ctx, req.(*EnsureAdapterRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// AdapterService_ServiceDesc is the grpc.ServiceDesc for AdapterService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var AdapterService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "llmgw.v1.AdapterService",
+	HandlerType: (*AdapterServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "EnsureAdapter",
+			Handler:    _AdapterService_EnsureAdapter_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "llmgw/v1/llmgw.proto",
+}
