@@ -21,6 +21,9 @@ var commandVersions = map[llmgwv1.CommandType]uint32{
 	llmgwv1.CommandType_COMMAND_TYPE_REMOVE_REPLICA:       1,
 	llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG:   1,
 	llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING: 1,
+	// New with LoRA adapters (plan §7.6): a server without it stops at the
+	// first one, so it is proposed only after a cluster upgrade (§13.3).
+	llmgwv1.CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT: 1,
 }
 
 // CommandVersion returns the version this build writes for t, or 0 when it
@@ -80,6 +83,8 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.SetClusterConfigCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING:
 		return &llmgwv1.SetReplicaDrainingCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT:
+		return &llmgwv1.SetAdapterPlacementCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

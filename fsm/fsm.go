@@ -41,6 +41,9 @@ type FSM struct {
 	replicas map[string]*llmgwv1.Replica
 	config   *llmgwv1.ClusterConfig
 	ordinals map[string]uint64
+	// adapters holds the adapter placements by adapter name (names are
+	// unique across models, plan §4).
+	adapters map[string]*llmgwv1.AdapterPlacement
 	log      []*llmgwv1.Change
 	// logFloor is the newest revision the log no longer covers: changes
 	// after it are all in the log.
@@ -68,6 +71,7 @@ func (f *FSM) reset() {
 	f.replicas = map[string]*llmgwv1.Replica{}
 	f.config = &llmgwv1.ClusterConfig{}
 	f.ordinals = map[string]uint64{}
+	f.adapters = map[string]*llmgwv1.AdapterPlacement{}
 	f.log = nil
 	f.logFloor = 0
 }
@@ -123,6 +127,8 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 		res, err = a.setReplicaDraining(p)
 	case *llmgwv1.SetClusterConfigCommand:
 		res, err = a.setClusterConfig(p)
+	case *llmgwv1.SetAdapterPlacementCommand:
+		res, err = a.setAdapterPlacement(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
@@ -176,6 +182,8 @@ func setObject(c *llmgwv1.Change, obj proto.Message) {
 		c.Object = &llmgwv1.Change_Replica{Replica: o}
 	case *llmgwv1.ClusterConfig:
 		c.Object = &llmgwv1.Change_Config{Config: o}
+	case *llmgwv1.AdapterPlacement:
+		c.Object = &llmgwv1.Change_AdapterPlacement{AdapterPlacement: o}
 	}
 }
 
@@ -216,6 +224,7 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 	}
 	a.f.models[m.Name] = m
 	a.put(m)
+	a.fitAdapterPlacements(m)
 	return proto.Clone(m), nil
 }
 
@@ -224,8 +233,13 @@ func (a *applier) deleteModel(p *llmgwv1.DeleteModelCommand) (any, error) {
 	if !ok {
 		return nil, fmt.Errorf("model %q: %w", p.Name, ErrNotFound)
 	}
-	// Its replicas go in the same command, so no revision ever shows a
-	// replica of a model that does not exist.
+	// Its adapter placements and replicas go in the same command, so no
+	// revision ever shows a replica of a model that does not exist.
+	for _, p := range sortedValues(a.f.adapters, func(p *llmgwv1.AdapterPlacement) string { return p.Adapter }) {
+		if p.Model == m.Name {
+			a.dropPlacement(p.Adapter)
+		}
+	}
 	for _, r := range sortedValues(a.f.replicas, func(r *llmgwv1.Replica) string { return r.Id }) {
 		if r.Model == m.Name {
 			delete(a.f.replicas, r.Id)
@@ -340,6 +354,7 @@ func (a *applier) removeReplica(p *llmgwv1.RemoveReplicaCommand) (any, error) {
 	if !ok || r.Uid != p.Uid {
 		return nil, nil // an older placement's remove: nothing left to do
 	}
+	a.dropReplicaFromPlacements(r.Id)
 	delete(a.f.replicas, r.Id)
 	a.del(&llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node})
 	return nil, nil
@@ -451,6 +466,9 @@ func (f *FSM) Restore(data []byte) error {
 	for k, v := range st.NextOrdinal {
 		f.ordinals[k] = v
 	}
+	for _, p := range st.AdapterPlacements {
+		f.adapters[p.Adapter] = p
+	}
 	f.notify()
 	return nil
 }
@@ -460,13 +478,14 @@ func (f *FSM) State() *llmgwv1.State {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	st := &llmgwv1.State{
-		Format:      SnapshotFormat,
-		Revision:    f.revision,
-		Models:      cloneSorted(f.models, func(m *llmgwv1.Model) string { return m.Name }),
-		Nodes:       cloneSorted(f.nodes, func(n *llmgwv1.Node) string { return n.Id }),
-		Replicas:    cloneSorted(f.replicas, func(r *llmgwv1.Replica) string { return r.Id }),
-		Config:      proto.Clone(f.config).(*llmgwv1.ClusterConfig),
-		NextOrdinal: map[string]uint64{},
+		Format:            SnapshotFormat,
+		Revision:          f.revision,
+		Models:            cloneSorted(f.models, func(m *llmgwv1.Model) string { return m.Name }),
+		Nodes:             cloneSorted(f.nodes, func(n *llmgwv1.Node) string { return n.Id }),
+		Replicas:          cloneSorted(f.replicas, func(r *llmgwv1.Replica) string { return r.Id }),
+		Config:            proto.Clone(f.config).(*llmgwv1.ClusterConfig),
+		NextOrdinal:       map[string]uint64{},
+		AdapterPlacements: cloneSorted(f.adapters, func(p *llmgwv1.AdapterPlacement) string { return p.Adapter }),
 	}
 	for k, v := range f.ordinals {
 		st.NextOrdinal[k] = v
@@ -540,8 +559,9 @@ func (f *FSM) Node(id string) (*llmgwv1.Node, bool) {
 	return proto.Clone(n).(*llmgwv1.Node), true
 }
 
-// NodeDesired returns what one node should run: its replicas (sorted by id)
-// and the models they belong to, at one revision.
+// NodeDesired returns what one node should run: its replicas (sorted by id),
+// the models they belong to and the adapter placements naming any of them
+// (sorted by adapter), at one revision.
 func (f *FSM) NodeDesired(node string) *llmgwv1.DesiredReplicas {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
@@ -557,6 +577,11 @@ func (f *FSM) NodeDesired(node string) *llmgwv1.DesiredReplicas {
 		}
 	}
 	d.Models = cloneSorted(models, func(m *llmgwv1.Model) string { return m.Name })
+	for _, p := range sortedValues(f.adapters, func(p *llmgwv1.AdapterPlacement) string { return p.Adapter }) {
+		if slices.ContainsFunc(p.Replicas, func(id string) bool { return f.replicas[id].GetNode() == node }) {
+			d.Adapters = append(d.Adapters, proto.Clone(p).(*llmgwv1.AdapterPlacement))
+		}
+	}
 	return d
 }
 
