@@ -212,8 +212,10 @@ func (a *agentService) receive(ctx context.Context, stream llmgwv1.AgentService_
 
 // ownKV drops the KV entries of replicas whose leader shard is not on the
 // sending node (plan §7.5 step 3): only the node that runs a replica's
-// engine knows its cache. The update keeps its node, epoch and seq, so the
-// acceptance rule is unchanged.
+// engine knows its cache. Adapter statuses are kept only for replicas
+// placed on the sending node (plan §7.6: the agent that loads an adapter
+// reports it). The update keeps its node, epoch and seq, so the acceptance
+// rule is unchanged.
 func (s *Server) ownKV(u *llmgwv1.EphemeralUpdate, nodeID string) *llmgwv1.EphemeralUpdate {
 	var keep []*llmgwv1.KVBlocks
 	for _, b := range u.Kv {
@@ -221,12 +223,19 @@ func (s *Server) ownKV(u *llmgwv1.EphemeralUpdate, nodeID string) *llmgwv1.Ephem
 			keep = append(keep, b)
 		}
 	}
-	if len(keep) == len(u.Kv) {
+	var keepAdapters []*llmgwv1.AdapterStatus
+	for _, a := range u.Adapters {
+		if r, ok := s.fsm.Replica(a.GetReplicaId()); ok && r.Node == nodeID {
+			keepAdapters = append(keepAdapters, a)
+		}
+	}
+	if len(keep) == len(u.Kv) && len(keepAdapters) == len(u.Adapters) {
 		return u
 	}
 	s.metrics.kvForeign.Add(float64(len(u.Kv) - len(keep)))
+	s.metrics.adapterForeign.Add(float64(len(u.Adapters) - len(keepAdapters)))
 	filtered := proto.Clone(u).(*llmgwv1.EphemeralUpdate)
-	filtered.Kv = keep
+	filtered.Kv, filtered.Adapters = keep, keepAdapters
 	return filtered
 }
 

@@ -21,6 +21,12 @@ type metrics struct {
 	watchOverflows   prometheus.Counter
 	watchSnapshots   prometheus.Counter
 	placements       *prometheus.CounterVec
+
+	// LoRA adapters (plan §7.6).
+	adapterForeign    prometheus.Counter
+	adapterPlacements *prometheus.CounterVec
+	adapterEnsure     *prometheus.HistogramVec
+	adapterWaiters    prometheus.Gauge
 }
 
 // raftView is what the gauges read from raft when scraped.
@@ -69,6 +75,19 @@ func newMetrics(v raftView) *metrics {
 		placements: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_control_placement_decisions_total", Help: "Placement decisions proposed by this node as leader, by action and result.",
 		}, []string{"action", "result"}),
+		adapterForeign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_control_adapter_foreign_total", Help: "Adapter statuses dropped because the sending agent's node does not run the replica.",
+		}),
+		adapterPlacements: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_control_adapter_placements_total", Help: "Adapter placement decisions committed by this node as leader: place (a cold adapter given a replica), evict (an idle adapter removed to make room), retry (a failed load placed again after its retry-after).",
+		}, []string{"action"}),
+		adapterEnsure: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgw_control_adapter_ensure_seconds", Help: "Time EnsureAdapter took on the leader, by the state it returned (loaded, failed, busy, timeout).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}, []string{"result"}),
+		adapterWaiters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_control_adapter_waiters", Help: "EnsureAdapter calls waiting on this node for an adapter to load.",
+		}),
 	}
 	boolGauge := func(f func() bool) func() float64 {
 		return func() float64 {
@@ -83,6 +102,7 @@ func newMetrics(v raftView) *metrics {
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.leaderChanges, m.commitSeconds, m.applySeconds, m.agentSessions, m.ephemeralUpdates, m.kvForeign,
 		m.watchers, m.watchOverflows, m.watchSnapshots, m.placements,
+		m.adapterForeign, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "llmgw_control_raft_has_leader", Help: "1 when this node knows a leader.",
 		}, boolGauge(v.hasLeader)),

@@ -151,7 +151,7 @@ func (w *watchService) sendDesired(stream llmgwv1.WatchService_WatchServer, sent
 func (w *watchService) sendSnapshot(stream llmgwv1.WatchService_WatchServer) (uint64, error) {
 	st := w.s.fsm.State()
 	w.s.metrics.watchSnapshots.Inc()
-	events := make([]*llmgwv1.WatchEvent, 0, 3+len(st.Models)+len(st.Nodes)+len(st.Replicas))
+	events := make([]*llmgwv1.WatchEvent, 0, 3+len(st.Models)+len(st.Nodes)+len(st.Replicas)+len(st.AdapterPlacements))
 	events = append(events, &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_SnapshotBegin{SnapshotBegin: &llmgwv1.SnapshotBegin{Revision: st.Revision}}})
 	put := func(c *llmgwv1.Change) {
 		c.Revision, c.Op = st.Revision, llmgwv1.ChangeOp_CHANGE_OP_PUT
@@ -165,6 +165,9 @@ func (w *watchService) sendSnapshot(stream llmgwv1.WatchService_WatchServer) (ui
 	}
 	for _, r := range st.Replicas {
 		put(&llmgwv1.Change{Object: &llmgwv1.Change_Replica{Replica: r}})
+	}
+	for _, p := range st.AdapterPlacements {
+		put(&llmgwv1.Change{Object: &llmgwv1.Change_AdapterPlacement{AdapterPlacement: p}})
 	}
 	put(&llmgwv1.Change{Object: &llmgwv1.Change_Config{Config: st.Config}})
 	events = append(events, &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_SnapshotEnd{SnapshotEnd: &llmgwv1.SnapshotEnd{Revision: st.Revision}}})

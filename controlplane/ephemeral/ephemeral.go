@@ -1,5 +1,5 @@
 // Package ephemeral holds the agents' high-churn data on a control node —
-// replica status and KV-cache blocks now, adapter status later — outside
+// replica status, KV-cache blocks and adapter status — outside
 // Raft (plan §5.4).
 //
 // Each agent's data is ordered by (node, epoch, seq), and every hop applies
@@ -55,6 +55,9 @@ type nodeData struct {
 	epoch, seq uint64
 	statuses   map[string]*llmgwv1.ReplicaStatus
 	kv         map[string]*kvState // by replica id
+	// adapters is the latest AdapterStatus per replica id and adapter name
+	// (plan §7.6): a status replaces the one held for its pair.
+	adapters map[string]map[string]*llmgwv1.AdapterStatus
 }
 
 // kvState is the KV-cache block set the agent's mirror last reported for one
@@ -130,7 +133,7 @@ func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
 		return v
 	}
 	if u.Full || !ok {
-		held = &nodeData{statuses: map[string]*llmgwv1.ReplicaStatus{}, kv: map[string]*kvState{}}
+		held = &nodeData{statuses: map[string]*llmgwv1.ReplicaStatus{}, kv: map[string]*kvState{}, adapters: map[string]map[string]*llmgwv1.AdapterStatus{}}
 		s.nodes[u.Node] = held
 	}
 	held.epoch, held.seq = u.Epoch, u.Seq
@@ -151,9 +154,21 @@ func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
 		// In a full copy every entry is a reset (proto: KVBlocks).
 		k.apply(b, b.Reset_ || u.Full)
 	}
+	for _, a := range u.Adapters {
+		if a.GetReplicaId() == "" || a.GetAdapter() == "" {
+			continue
+		}
+		byName, ok := held.adapters[a.ReplicaId]
+		if !ok {
+			byName = map[string]*llmgwv1.AdapterStatus{}
+			held.adapters[a.ReplicaId] = byName
+		}
+		byName[a.Adapter] = proto.Clone(a).(*llmgwv1.AdapterStatus)
+	}
 	for _, id := range u.RemovedReplicas {
 		delete(held.statuses, id)
 		delete(held.kv, id)
+		delete(held.adapters, id)
 	}
 	for sub := range s.subs {
 		sub.offer(proto.Clone(u).(*llmgwv1.EphemeralUpdate))
@@ -223,6 +238,25 @@ func (s *Store) StatusOf(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
 	return st
 }
 
+// AdaptersOf returns copies of the adapter statuses replica r's own node
+// last reported for it, by adapter name, only for the same placement (uid),
+// as StatusOf does.
+func (s *Store) AdaptersOf(r *llmgwv1.Replica) map[string]*llmgwv1.AdapterStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.nodes[r.GetNode()]
+	if !ok {
+		return nil
+	}
+	out := map[string]*llmgwv1.AdapterStatus{}
+	for name, a := range d.adapters[r.GetId()] {
+		if a.Uid == r.GetUid() {
+			out[name] = proto.Clone(a).(*llmgwv1.AdapterStatus)
+		}
+	}
+	return out
+}
+
 func (s *Store) copiesLocked() []*llmgwv1.EphemeralUpdate {
 	out := make([]*llmgwv1.EphemeralUpdate, 0, len(s.nodes))
 	for node, d := range s.nodes {
@@ -242,6 +276,14 @@ func (d *nodeData) fullCopy(node string) *llmgwv1.EphemeralUpdate {
 		u.Kv = append(u.Kv, k.copy(id))
 	}
 	slices.SortFunc(u.Kv, func(a, b *llmgwv1.KVBlocks) int { return cmp.Compare(a.ReplicaId, b.ReplicaId) })
+	for _, byName := range d.adapters {
+		for _, a := range byName {
+			u.Adapters = append(u.Adapters, proto.Clone(a).(*llmgwv1.AdapterStatus))
+		}
+	}
+	slices.SortFunc(u.Adapters, func(a, b *llmgwv1.AdapterStatus) int {
+		return cmp.Or(cmp.Compare(a.ReplicaId, b.ReplicaId), cmp.Compare(a.Adapter, b.Adapter))
+	})
 	return u
 }
 

@@ -199,3 +199,60 @@ func TestKVBlocksAreHeldForCopies(t *testing.T) {
 		t.Fatalf("a removed replica's blocks are kept: %v", copies[0].Kv)
 	}
 }
+
+func TestAdapterStatusesAreHeldForCopies(t *testing.T) {
+	ad := func(replica string, uid uint64, name string, st llmgwv1.AdapterState) *llmgwv1.AdapterStatus {
+		return &llmgwv1.AdapterStatus{ReplicaId: replica, Uid: uid, Incarnation: 1, Adapter: name, State: st}
+	}
+	s := NewStore()
+	full := upd(1, 1, true, "a")
+	full.Adapters = []*llmgwv1.AdapterStatus{ad("a", 1, "sql", llmgwv1.AdapterState_ADAPTER_STATE_LOADING), ad("a", 1, "legal", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)}
+	s.Apply(full)
+	d := upd(1, 2, false)
+	d.Adapters = []*llmgwv1.AdapterStatus{ad("a", 1, "sql", llmgwv1.AdapterState_ADAPTER_STATE_LOADED), ad("", 1, "x", 0), ad("a", 1, "", 0)}
+	s.Apply(d)
+	tests := []struct {
+		name    string
+		replica *llmgwv1.Replica
+		want    string
+	}{
+		{"same placement", &llmgwv1.Replica{Id: "a", Uid: 1, Node: "n1"}, "legal=ADAPTER_STATE_LOADED sql=ADAPTER_STATE_LOADED"},
+		{"another uid", &llmgwv1.Replica{Id: "a", Uid: 2, Node: "n1"}, ""},
+		{"another node", &llmgwv1.Replica{Id: "a", Uid: 1, Node: "n2"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := s.AdaptersOf(tt.replica)
+			var parts []string
+			for _, n := range []string{"legal", "sql"} {
+				if a, ok := got[n]; ok {
+					parts = append(parts, n+"="+a.State.String())
+				}
+			}
+			if fmt.Sprint(len(got)) != fmt.Sprint(len(parts)) || joinSpace(parts) != tt.want {
+				t.Fatalf("AdaptersOf = %v, want %q", got, tt.want)
+			}
+		})
+	}
+	fc, _ := s.FullCopy("n1")
+	if len(fc.Adapters) != 2 || fc.Adapters[0].Adapter != "legal" || fc.Adapters[1].State != llmgwv1.AdapterState_ADAPTER_STATE_LOADED {
+		t.Fatalf("full copy adapters: %v", fc.Adapters)
+	}
+	d = upd(1, 3, false)
+	d.RemovedReplicas = []string{"a"}
+	s.Apply(d)
+	if fc, _ := s.FullCopy("n1"); len(fc.Adapters) != 0 {
+		t.Fatalf("a removed replica's adapters are kept: %v", fc.Adapters)
+	}
+}
+
+func joinSpace(parts []string) string {
+	out := ""
+	for i, p := range parts {
+		if i > 0 {
+			out += " "
+		}
+		out += p
+	}
+	return out
+}
