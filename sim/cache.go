@@ -25,6 +25,11 @@ type CacheObserver interface {
 type StoredBlock struct {
 	Hash   vllm.BlockHash
 	Tokens []int
+	// LoRAName and LoRAID name the adapter of the request that computed
+	// the block ("" and 0 for the base model): vLLM's BlockStored carries
+	// them, and the name is part of the block's hash.
+	LoRAName string
+	LoRAID   int
 }
 
 type nopObserver struct{}
@@ -80,6 +85,10 @@ type allocation struct {
 	entries []*cacheEntry
 	// held is how many other physical blocks it holds.
 	held int
+	// loraName and loraID are the request's adapter, for the events of
+	// the blocks it stores.
+	loraName string
+	loraID   int
 }
 
 // hits is how many leading blocks of hashes are cached, capped so that at
@@ -176,7 +185,8 @@ func (c *prefixCache) commit(a *allocation, hashes []vllm.BlockHash, tokens []in
 		a.entries = append(a.entries, e)
 		a.held--
 		c.held--
-		stored = append(stored, StoredBlock{Hash: h, Tokens: tokens[i*blockSize : (i+1)*blockSize]})
+		stored = append(stored, StoredBlock{Hash: h, Tokens: tokens[i*blockSize : (i+1)*blockSize],
+			LoRAName: a.loraName, LoRAID: a.loraID})
 	}
 	if len(stored) > 0 {
 		c.observer.BlocksStored(parent, stored)

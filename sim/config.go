@@ -56,12 +56,20 @@ type Config struct {
 	// KVEventsBytesHashes publishes block hashes as 32-byte digests
 	// instead of ints: VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
 	KVEventsBytesHashes bool
-	// LoRA flags: accepted and recorded; adapters are a later issue.
+	// LoRA (lora.go): EnableLoRA is --enable-lora; MaxLoRAs bounds the
+	// adapters held at once; MaxLoRARank is checked and recorded;
+	// LoRAModules are --lora-modules items (name=path or JSON) loaded at
+	// start; AllowRuntimeLoRAUpdating (VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+	// serves the runtime load and unload API.
 	EnableLoRA               bool
 	MaxLoRAs                 int
 	MaxLoRARank              int
 	LoRAModules              []string
 	AllowRuntimeLoRAUpdating bool
+	// LoRALoadDelay is how long a runtime load takes: reading a PEFT
+	// adapter onto the GPU is not free, and a router waiting for a cold
+	// adapter should see it.
+	LoRALoadDelay time.Duration
 
 	// Seed makes generated text, request ids and injected failures
 	// reproducible.
@@ -212,6 +220,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("--max-lora-rank: %d: must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512", c.MaxLoRARank)
 	}
+	errs = append(errs, c.validateLoRA()...)
 	if c.DefaultMaxTokens < 1 {
 		bad("--sim-default-max-tokens: %d: must be at least 1", c.DefaultMaxTokens)
 	}

@@ -22,6 +22,8 @@ type genRequest struct {
 	includeUsage bool
 	cacheSalt    string
 	id           string
+	// lora is the adapter the request named, "" for the base model.
+	lora string
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -59,7 +61,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	g := genRequest{chat: true, model: s.responseModel(req.Model), tokens: s.tok.Encode(text),
 		stream: req.Stream, cacheSalt: req.CacheSalt,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		id:           "chatcmpl-" + s.baseRequestID(r)}
+		id:           "chatcmpl-" + s.baseRequestID(r), lora: s.loraName(req.Model)}
 	if !s.setMaxTokens(w, &g, maxTokens) {
 		return
 	}
@@ -103,7 +105,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	g := genRequest{model: s.responseModel(req.Model), tokens: tokens, stream: req.Stream,
 		cacheSalt:    req.CacheSalt,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		id:           "cmpl-" + s.baseRequestID(r)}
+		id:           "cmpl-" + s.baseRequestID(r), lora: s.loraName(req.Model)}
 	if !s.setMaxTokens(w, &g, req.MaxTokens) {
 		return
 	}
@@ -191,13 +193,17 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	}
 	ctx := r.Context()
 	log := s.log.With("request_id", g.id)
-	extra := vllm.RequestExtraKeys("", g.cacheSalt)
+	// The adapter's name is on every block's hash (vLLM since #27211), so
+	// an adapter's prefixes never match the base model's.
+	extra := vllm.RequestExtraKeys(g.lora, g.cacheSalt)
 	hashes, err := vllm.BlockHashes(s.noneHash, g.tokens, s.cfg.BlockSize, extra)
 	if err != nil {
 		writeError(w, vllm.NewError(http.StatusInternalServerError, vllm.ErrTypeInternalServer, err.Error()))
 		return
 	}
 	arrival := s.clock.Now()
+	act := s.lora.arrive(g.lora)
+	defer act.done()
 	seq, err := s.eng.admit(ctx, hashes, len(g.tokens), g.maxTokens)
 	if err != nil {
 		log.Debug("request left the queue", "err", err)
@@ -205,6 +211,11 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 		return
 	}
 	defer seq.release()
+	act.run()
+	if g.lora != "" {
+		id, _ := s.lora.lookup(g.lora) // 0 if unloaded since: the events then say so
+		seq.setLoRA(g.lora, id)
+	}
 	s.met.queueTime.Observe(s.clock.Now().Sub(arrival).Seconds())
 	s.met.prefixQueries.Add(float64(len(g.tokens)))
 	s.met.prefixHits.Add(float64(seq.CachedTokens))

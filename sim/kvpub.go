@@ -196,8 +196,8 @@ func (p *kvPublisher) BlocksStored(parent *vllm.BlockHash, blocks []StoredBlock)
 		BlockHashes: make([]vllm.ExternalBlockHash, len(blocks)),
 		BlockSize:   p.blockSize,
 		Medium:      vllm.Ptr(vllm.MediumGPU),
-		// One entry per block, None for blocks without extra keys: the
-		// simulator serves no adapters yet, and vLLM sends [None, ...].
+		// One entry per block, None for blocks without extra keys, as
+		// vLLM sends [None, ...] for a base-model request.
 		ExtraKeys:       make([]vllm.ExtraKeys, len(blocks)),
 		GroupIdx:        vllm.Ptr(0),
 		KVCacheSpecKind: vllm.Ptr(vllm.KVCacheSpecFullAttention),
@@ -208,6 +208,13 @@ func (p *kvPublisher) BlocksStored(parent *vllm.BlockHash, blocks []StoredBlock)
 	for i, b := range blocks {
 		e.BlockHashes[i] = vllm.ExternalHash(b.Hash, p.asInt)
 		e.TokenIDs = append(e.TokenIDs, b.Tokens...)
+		if b.LoRAName != "" {
+			// The adapter's name is every block's extra key.
+			e.ExtraKeys[i] = vllm.ExtraKeys{b.LoRAName}
+		}
+	}
+	if len(blocks) > 0 && blocks[0].LoRAName != "" {
+		e.LoRAName, e.LoRAID = vllm.Ptr(blocks[0].LoRAName), vllm.Ptr(blocks[0].LoRAID)
 	}
 	p.add(e)
 }

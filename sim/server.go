@@ -46,6 +46,7 @@ type Server struct {
 	eng      *engine
 	kv       *kvPublisher // nil unless --kv-events-config enables events
 	met      *metrics
+	lora     *loraSet
 	noneHash vllm.BlockHash
 	created  int64
 	handler  http.Handler
@@ -111,6 +112,14 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 	}
 	s.created = s.clock.Now().Unix()
 	s.met = newMetrics(&s.cfg, s.eng)
+	s.lora = newLoRASet(&s.cfg, func() float64 { return float64(s.clock.Now().UnixNano()) / 1e9 })
+	if err := s.lora.loadStatic(cfg.LoRAModules); err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	if cfg.EnableLoRA {
+		// vLLM exposes it only with LoRA enabled.
+		s.met.reg.MustRegister(newLoRAInfo(s.lora))
+	}
 	for _, w := range generatedWords {
 		s.wordIDs = append(s.wordIDs, s.tok.Encode(" "+w)...)
 	}
@@ -198,6 +207,12 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("GET /sim/faults", s.handleGetFaults)
 	mux.HandleFunc("POST /sim/faults", s.handleSetFaults)
 	mux.HandleFunc("GET /sim/blocks", s.handleBlocks)
+	mux.HandleFunc("GET /sim/adapters", s.handleAdapters)
+	if s.cfg.AllowRuntimeLoRAUpdating {
+		// vLLM registers the runtime LoRA routes only then.
+		mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+		mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		// FastAPI's shape for an unknown route.
 		writeJSON(w, http.StatusNotFound, map[string]string{"detail": "Not Found"})
@@ -242,10 +257,14 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	return b, true
 }
 
-// checkModel answers 404 for a model this engine does not serve. An empty
-// name means the default model, as vLLM allows.
+// checkModel answers 404 for a model this engine does not serve: neither
+// a served name nor a loaded adapter. An empty name means the default
+// model, as vLLM allows.
 func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
 	if model == "" || slices.Contains(s.cfg.ServedNames(), model) {
+		return true
+	}
+	if _, ok := s.lora.lookup(model); ok {
 		return true
 	}
 	writeError(w, vllm.ModelNotFound(model))
@@ -265,6 +284,7 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 			}},
 		})
 	}
+	list.Data = append(list.Data, s.adapterCards()...)
 	writeJSON(w, http.StatusOK, list)
 }
 

@@ -89,10 +89,6 @@ override it.`,
 			if err != nil {
 				return err
 			}
-			if cfg.EnableLoRA {
-				log.Warn("LoRA flags are accepted but not simulated yet",
-					"enable_lora", cfg.EnableLoRA, "lora_modules", cfg.LoRAModules)
-			}
 			ctx, stop := signalContext()
 			defer stop()
 			if err := srv.Run(ctx); err != nil {
@@ -114,10 +110,10 @@ override it.`,
 	f.BoolVar(&cfg.EnablePrefixCaching, "enable-prefix-caching", cfg.EnablePrefixCaching, "cache prompt prefixes")
 	f.BoolVar(&noPrefixCaching, "no-enable-prefix-caching", false, "disable prefix caching")
 	f.StringVar(&cfg.KVEventsConfig, "kv-events-config", "", "KV cache events configuration, JSON (vLLM's KVEventsConfig)")
-	f.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "enable LoRA adapters (accepted, not simulated yet)")
-	f.IntVar(&cfg.MaxLoRAs, "max-loras", cfg.MaxLoRAs, "LoRA adapters per batch (accepted, not simulated yet)")
-	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", cfg.MaxLoRARank, "maximum LoRA rank (accepted, not simulated yet)")
-	f.StringArrayVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA modules, name=path or JSON; one or more (accepted, not simulated yet)")
+	f.BoolVar(&cfg.EnableLoRA, "enable-lora", false, "enable LoRA adapters")
+	f.IntVar(&cfg.MaxLoRAs, "max-loras", cfg.MaxLoRAs, "LoRA adapters held at once (the simulator refuses a load beyond it)")
+	f.IntVar(&cfg.MaxLoRARank, "max-lora-rank", cfg.MaxLoRARank, "maximum LoRA rank (checked, recorded)")
+	f.StringArrayVar(&cfg.LoRAModules, "lora-modules", nil, "LoRA adapters loaded at start, name=path or JSON {\"name\",\"path\",\"base_model_name\"}; one or more; each path must exist")
 	f.IntVar(&cfg.MaxNumSeqs, "max-num-seqs", cfg.MaxNumSeqs, "sequences running at once; more wait")
 	f.IntVar(&cfg.NumGPUBlocks, "num-gpu-blocks-override", cfg.NumGPUBlocks, "KV cache capacity in blocks")
 	f.BoolVar(&cfg.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
@@ -127,6 +123,7 @@ override it.`,
 	f.Float64Var(&prefillUS, "sim-prefill-us-per-token", float64(cfg.PrefillPerToken)/float64(time.Microsecond), "prefill time per uncached prompt token, microseconds")
 	f.Float64Var(&decodeMS, "sim-decode-ms-per-token", float64(cfg.DecodePerToken)/float64(time.Millisecond), "decode time per generated token, milliseconds")
 	f.DurationVar(&cfg.StartupDelay, "sim-startup-delay", cfg.StartupDelay, "time spent \"loading weights\" before listening")
+	f.DurationVar(&cfg.LoRALoadDelay, "sim-lora-load-delay", cfg.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
 	f.IntVar(&cfg.DefaultMaxTokens, "sim-default-max-tokens", cfg.DefaultMaxTokens, "completion length when a request sets none")
 	f.Float64Var(&cfg.Faults.Slowdown, "sim-slowdown", 0, "fault injection: multiply prefill and decode times")
 	f.Float64Var(&cfg.Faults.FailRate, "sim-fail-rate", 0, "fault injection: share of requests failed with --sim-fail-status")
