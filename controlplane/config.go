@@ -99,6 +99,17 @@ type Config struct {
 	// EphemeralTick is how often this node sends its agents' updates to the
 	// other control nodes, one batch per peer (plan §5.4).
 	EphemeralTick time.Duration `yaml:"ephemeral_tick"`
+
+	// LoRA adapters (plan §7.6). AdapterWaitMax caps how long EnsureAdapter
+	// waits for LOADED (and is the wait when the caller names none).
+	// AdapterMinIdle is how long an adapter must have run nothing before
+	// it may be evicted (0: as soon as nothing runs), so a freshly loaded
+	// one is not evicted before its first request arrives.
+	// AdapterRetryAfter is the retry-after EnsureAdapter answers when every
+	// loaded adapter is busy or no replica is ready.
+	AdapterWaitMax    time.Duration `yaml:"adapter_wait_max"`
+	AdapterMinIdle    time.Duration `yaml:"adapter_min_idle"`
+	AdapterRetryAfter time.Duration `yaml:"adapter_retry_after"`
 }
 
 // DefaultConfig returns the defaults for one node on loopback, as
@@ -124,6 +135,9 @@ func DefaultConfig() Config {
 		RescheduleAfter:    60 * time.Second,
 		DrainTimeout:       30 * time.Second,
 		EphemeralTick:      50 * time.Millisecond,
+		AdapterWaitMax:     60 * time.Second,
+		AdapterMinIdle:     2 * time.Second,
+		AdapterRetryAfter:  time.Second,
 
 		JoinRetryInterval:       time.Second,
 		ServerStabilizationTime: 2 * time.Second,
@@ -188,6 +202,7 @@ func (c Config) Validate() error {
 		{"node_down_after", c.NodeDownAfter}, {"reschedule_after", c.RescheduleAfter}, {"drain_timeout", c.DrainTimeout}, {"ephemeral_tick", c.EphemeralTick},
 		{"join_retry_interval", c.JoinRetryInterval}, {"--server-stabilization-time", c.ServerStabilizationTime},
 		{"autopilot_interval", c.AutopilotInterval}, {"rpc_hold_timeout", c.RPCHoldTimeout}, {"leave_timeout", c.LeaveTimeout},
+		{"adapter_wait_max", c.AdapterWaitMax}, {"adapter_retry_after", c.AdapterRetryAfter},
 	} {
 		if d.v <= 0 {
 			return fmt.Errorf("%s: must be positive, got %s", d.flag, d.v)
@@ -198,6 +213,9 @@ func (c Config) Validate() error {
 	}
 	if c.ElectionTimeout < c.HeartbeatTimeout {
 		return fmt.Errorf("--election-timeout: %s must be at least --heartbeat-timeout %s (raft refuses it)", c.ElectionTimeout, c.HeartbeatTimeout)
+	}
+	if c.AdapterMinIdle < 0 {
+		return fmt.Errorf("adapter_min_idle: must not be negative, got %s", c.AdapterMinIdle)
 	}
 	if c.WatchQueue < 1 {
 		return fmt.Errorf("watch_queue: must be at least 1, got %d", c.WatchQueue)

@@ -44,6 +44,10 @@ var errCatchingUp = errors.New("the leader is still applying entries of earlier 
 // agent's return makes it active, an operator's word does not.
 var errNodeDown = errors.New("the node is down; it becomes active when its agent attaches again")
 
+// errUnknownAdapter is an EnsureAdapter for a name no model's catalog
+// lists (the router's 404).
+var errUnknownAdapter = errors.New("unknown adapter")
+
 // toStatus maps an error to its gRPC status: the one place that does it
 // (plan §5.3).
 func toStatus(err error) error {
@@ -58,7 +62,7 @@ func toStatus(err error) error {
 	switch {
 	case errors.As(err, &ve):
 		return status.Error(codes.InvalidArgument, ve.Error())
-	case errors.Is(err, fsm.ErrNotFound):
+	case errors.Is(err, fsm.ErrNotFound), errors.Is(err, errUnknownAdapter):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, fsm.ErrConflict):
 		return status.Error(codes.FailedPrecondition, err.Error())

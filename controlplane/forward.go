@@ -106,6 +106,9 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdminService_ListPeers_FullMethodName:          func(any) (proto.Message, bool) { return &llmgwv1.ListPeersResponse{}, true },
 	llmgwv1.AdminService_RemovePeer_FullMethodName:         func(any) (proto.Message, bool) { return &llmgwv1.RemovePeerResponse{}, true },
 	llmgwv1.AdminService_TransferLeadership_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.TransferLeadershipResponse{}, true },
+	// The leader places adapters and single-flights each cold one (plan
+	// §7.6), so every server's EnsureAdapter is answered there.
+	llmgwv1.AdapterService_EnsureAdapter_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.EnsureAdapterResponse{}, true },
 }
 
 // forwardUnary is the one place leader-only calls reach the leader: this

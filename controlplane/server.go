@@ -76,6 +76,13 @@ type Server struct {
 	detachedAt map[string]time.Time // node id -> when its last session ended
 	sessionSeq atomic.Uint64
 
+	// adapterMu serializes the leader's adapter placement decisions: the
+	// re-read of a placement under it is the single flight that loads each
+	// cold adapter once (plan §7.6). placedAt is when this node placed each
+	// adapter on a replica, so one just placed counts as recently used.
+	adapterMu sync.Mutex
+	placedAt  map[adapterKey]time.Time
+
 	// now is the clock of every time-based judgement (node down, drain
 	// timeout); tests replace it.
 	now func() time.Time
@@ -101,6 +108,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		now:        time.Now,
 		conns:      newConnPool(),
 		leaving:    make(chan struct{}),
+		placedAt:   map[adapterKey]time.Time{},
 	}
 	s.bootstrapProblem.Store("")
 	s.metrics = newMetrics(s)
@@ -179,6 +187,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	llmgwv1.RegisterAgentServiceServer(gs, &agentService{s: s})
 	llmgwv1.RegisterWatchServiceServer(gs, &watchService{s: s})
 	llmgwv1.RegisterAdminServiceServer(gs, &adminService{s: s})
+	llmgwv1.RegisterAdapterServiceServer(gs, &adapterService{s: s})
 	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 
 	loops, stopLoops := context.WithCancel(context.Background())
