@@ -1,0 +1,692 @@
+// Package adapters applies LoRA adapter placements to the node's engines
+// (plan §6 "Adapters", §7.6): it loads what the control plane placed on a
+// replica through vLLM's runtime LoRA API, unloads what was removed once
+// no request for it has run for a while, loads everything again after an
+// engine restart, and reports each adapter's state and last activity for
+// the agent's ephemeral updates.
+//
+// The engine is the truth: on every new engine incarnation the manager
+// lists the adapters it holds (/v1/models) before acting, so adapters an
+// adopted engine already holds are not loaded twice, and an engine's
+// activity is read from its own vllm:lora_requests_info.
+//
+// Reporting: one AdapterStatus per (replica, adapter) the engine holds or
+// is asked to hold. The proto has no removal list for adapters, so an
+// adapter that is no longer held (unloaded, or its failed placement
+// withdrawn) is reported once in a delta with state UNSPECIFIED; a full
+// copy simply leaves it out, and a removed replica takes its adapters
+// with it.
+package adapters
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// Config tunes the manager. The zero value of a duration means its
+// default (DefaultConfig).
+type Config struct {
+	// ScrapeInterval is how often each engine's activity is read.
+	ScrapeInterval time.Duration
+	// IdleGrace is how long an adapter removed from the placement must have
+	// had no request before it is unloaded (plan §7.6 "a few seconds").
+	IdleGrace time.Duration
+	// RequestTimeout bounds one call to an engine; a load reads weights
+	// from disk, so it is generous.
+	RequestTimeout time.Duration
+	// RetryInitial and RetryMax bound the backoff between loads of an
+	// adapter that failed for a reason that may pass (a 5xx, the engine
+	// unreachable). A 4xx (no such path, bad input) is not retried until
+	// the placement or the engine changes; its retry-after is RetryMax.
+	RetryInitial, RetryMax time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Client calls the engines; nil means a plain client.
+	Client *http.Client
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{ScrapeInterval: time.Second, IdleGrace: 5 * time.Second, RequestTimeout: 2 * time.Minute,
+		RetryInitial: 5 * time.Second, RetryMax: 5 * time.Minute}
+}
+
+// Validate checks the durations; errors name the field.
+func (c Config) Validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"scrape_interval", c.ScrapeInterval}, {"idle_grace", c.IdleGrace}, {"request_timeout", c.RequestTimeout},
+		{"retry_initial", c.RetryInitial}, {"retry_max", c.RetryMax}} {
+		if f.d < 0 {
+			errs = append(errs, fmt.Errorf("adapters: %s: %v must not be negative", f.name, f.d))
+		}
+	}
+	if c.RetryMax > 0 && c.RetryInitial > c.RetryMax {
+		errs = append(errs, fmt.Errorf("adapters: retry_initial: %v exceeds retry_max %v", c.RetryInitial, c.RetryMax))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *Config) fill() {
+	d := DefaultConfig()
+	for _, p := range []struct{ v, def *time.Duration }{{&c.ScrapeInterval, &d.ScrapeInterval},
+		{&c.IdleGrace, &d.IdleGrace}, {&c.RequestTimeout, &d.RequestTimeout},
+		{&c.RetryInitial, &d.RetryInitial}, {&c.RetryMax, &d.RetryMax}} {
+		if *p.v == 0 {
+			*p.v = *p.def
+		}
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{}
+	}
+}
+
+// tick is how often the manager looks for work besides being woken.
+const tick = 200 * time.Millisecond
+
+// activityStep is how far last-active must have moved before an adapter
+// that stays busy is reported again: the leader needs recency to pick the
+// least recently used, not every scrape.
+const activityStep = 5 * time.Second
+
+// Manager is the node's adapter manager. Apply, Engine and Forget are
+// called by the agent's replica set; Full, Changes and Notify by one
+// control session at a time; Run drives the engines. All are safe for
+// concurrent use.
+type Manager struct {
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics
+
+	mu       sync.Mutex
+	replicas map[string]*replica
+	version  uint64 // bumped on every reported change
+	seen     uint64 // what the session has read
+	wake     chan struct{}
+	notify   chan struct{}
+}
+
+// replica is one replica's engine and adapters.
+type replica struct {
+	id    string
+	model *llmgwv1.Model
+	// The engine: reachable at addr while ready; uid and incarnation
+	// stamp the statuses.
+	uid, incarnation uint64
+	addr             string
+	ready            bool
+	// synced: the engine's own list has been read for this incarnation.
+	synced     bool
+	scraping   bool
+	nextScrape time.Time
+	// placed are the adapters the desired state puts here.
+	placed  map[string]bool
+	entries map[string]*entry
+}
+
+// entry is one adapter on one replica.
+type entry struct {
+	st  *llmgwv1.AdapterStatus
+	ver uint64
+	// gone: no longer held, reported once as UNSPECIFIED then dropped.
+	gone     bool
+	inflight bool
+	// failures counts consecutive failed loads; retryable says whether
+	// the last may pass on its own; next is when to try again.
+	failures  int
+	retryable bool
+	next      time.Time
+}
+
+// New returns a manager whose metrics (llmgw_agent_adapter_*) are on reg.
+func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		return nil, errors.New("adapters: nil logger")
+	}
+	cfg.fill()
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("adapters: metrics: %w", err)
+	}
+	return &Manager{cfg: cfg, log: logger, metrics: m, replicas: map[string]*replica{},
+		wake: make(chan struct{}, 1), notify: make(chan struct{}, 1)}, nil
+}
+
+// Managed says whether the manager has anything to do for a model: vLLM
+// (or the simulator) serving adapters. llama.cpp loads its adapters at
+// start and has no runtime API (plan §6).
+func Managed(m *llmgwv1.Model) bool {
+	return m != nil && len(m.GetAdapters()) > 0 && (m.GetEngine() == "vllm" || m.GetEngine() == "sim")
+}
+
+// Apply takes a desired set's placements for the replicas in it. Replicas
+// of unmanaged models are ignored.
+func (m *Manager) Apply(d *llmgwv1.DesiredReplicas) {
+	models := map[string]*llmgwv1.Model{}
+	for _, md := range d.GetModels() {
+		models[md.GetName()] = md
+	}
+	placed := map[string]map[string]bool{}
+	for _, p := range d.GetAdapters() {
+		for _, id := range p.GetReplicas() {
+			if placed[id] == nil {
+				placed[id] = map[string]bool{}
+			}
+			placed[id][p.GetAdapter()] = true
+		}
+	}
+	m.mu.Lock()
+	for _, rep := range d.GetReplicas() {
+		md := models[rep.GetModel()]
+		if !Managed(md) {
+			continue
+		}
+		r := m.replicaLocked(rep.GetId(), md)
+		r.placed = placed[rep.GetId()]
+		if r.placed == nil {
+			r.placed = map[string]bool{}
+		}
+	}
+	m.mu.Unlock()
+	m.signal(m.wake)
+}
+
+func (m *Manager) replicaLocked(id string, model *llmgwv1.Model) *replica {
+	r := m.replicas[id]
+	if r == nil {
+		r = &replica{id: id, placed: map[string]bool{}, entries: map[string]*entry{}}
+		m.replicas[id] = r
+	}
+	r.model = model
+	return r
+}
+
+// Engine tells the manager of a replica's engine status, as the supervisor
+// reports it. A new uid or incarnation means a new process: it holds no
+// runtime adapters, so everything is listed and loaded again.
+func (m *Manager) Engine(st *llmgwv1.ReplicaStatus, model *llmgwv1.Model) {
+	if !Managed(model) {
+		return
+	}
+	m.mu.Lock()
+	r := m.replicaLocked(st.GetReplicaId(), model)
+	if inc := st.GetIncarnation(); inc > 0 && (inc != r.incarnation || st.GetUid() != r.uid) {
+		if r.incarnation != 0 {
+			m.log.Info("engine restarted; its adapters are reloaded", "replica", r.id, "incarnation", inc)
+		}
+		r.uid, r.incarnation, r.synced = st.GetUid(), inc, false
+		for name, e := range r.entries {
+			if e.gone {
+				delete(r.entries, name)
+				continue
+			}
+			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) {})
+			e.gone, e.failures, e.next = true, 0, time.Time{}
+		}
+	}
+	r.ready = st.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && st.GetAddress() != ""
+	if r.ready {
+		r.addr = st.GetAddress()
+	}
+	m.mu.Unlock()
+	m.signal(m.wake)
+}
+
+// Forget drops a replica the agent no longer runs; the session's removal
+// of the replica takes its adapters' statuses with it.
+func (m *Manager) Forget(id string) {
+	m.mu.Lock()
+	delete(m.replicas, id)
+	m.mu.Unlock()
+}
+
+// Notify holds a token when statuses changed since the last read.
+func (m *Manager) Notify() <-chan struct{} { return m.notify }
+
+// Full returns every held adapter's status, sorted by replica and adapter;
+// what it returns counts as reported.
+func (m *Manager) Full() []*llmgwv1.AdapterStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*llmgwv1.AdapterStatus
+	for _, r := range m.replicas {
+		for name, e := range r.entries {
+			if e.gone {
+				if !e.inflight {
+					delete(r.entries, name)
+				}
+				continue
+			}
+			out = append(out, proto.Clone(e.st).(*llmgwv1.AdapterStatus))
+		}
+	}
+	m.seen = m.version
+	sortStatuses(out)
+	return out
+}
+
+// Changes returns the statuses changed since the last Full or Changes,
+// removals as UNSPECIFIED; nil when nothing changed.
+func (m *Manager) Changes() []*llmgwv1.AdapterStatus {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []*llmgwv1.AdapterStatus
+	for _, r := range m.replicas {
+		for name, e := range r.entries {
+			if e.ver > m.seen {
+				st := proto.Clone(e.st).(*llmgwv1.AdapterStatus)
+				if e.gone {
+					st.State, st.Reason, st.RetryAfterUnixNano, st.Active = llmgwv1.AdapterState_ADAPTER_STATE_UNSPECIFIED, "", 0, 0
+				}
+				out = append(out, st)
+			}
+			if e.gone && !e.inflight {
+				delete(r.entries, name)
+			}
+		}
+	}
+	m.seen = m.version
+	sortStatuses(out)
+	return out
+}
+
+func sortStatuses(s []*llmgwv1.AdapterStatus) {
+	slices.SortFunc(s, func(a, b *llmgwv1.AdapterStatus) int {
+		if c := strings.Compare(a.GetReplicaId(), b.GetReplicaId()); c != 0 {
+			return c
+		}
+		return strings.Compare(a.GetAdapter(), b.GetAdapter())
+	})
+}
+
+func (m *Manager) signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// setLocked changes an entry's status through f and marks it for report.
+func (m *Manager) setLocked(r *replica, e *entry, f func(*llmgwv1.AdapterStatus)) {
+	f(e.st)
+	e.st.ReplicaId, e.st.Uid, e.st.Incarnation = r.id, r.uid, r.incarnation
+	m.version++
+	e.ver = m.version
+	m.signal(m.notify)
+}
+
+// entryLocked returns the live entry for name, creating it in state.
+func (m *Manager) entryLocked(r *replica, name string, state llmgwv1.AdapterState) *entry {
+	e := r.entries[name]
+	if e == nil || e.gone {
+		e = &entry{st: &llmgwv1.AdapterStatus{Adapter: name, State: state,
+			LastActiveUnixNano: m.cfg.Now().UnixNano()}}
+		r.entries[name] = e
+		m.setLocked(r, e, func(*llmgwv1.AdapterStatus) {})
+	}
+	return e
+}
+
+// Run drives the engines until ctx ends, and returns once every call it
+// started has returned (they are cancelled with ctx).
+func (m *Manager) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		m.step(ctx, &wg)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-m.wake:
+		}
+	}
+}
+
+// step starts whatever each replica needs: a scrape when one is due, the
+// loads of placed adapters it lacks, the unloads of removed ones now idle.
+func (m *Manager) step(ctx context.Context, wg *sync.WaitGroup) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.cfg.Now()
+	for _, r := range m.replicas {
+		if !r.ready {
+			continue
+		}
+		if !r.scraping && !now.Before(r.nextScrape) {
+			r.scraping = true
+			wg.Add(1)
+			go func(r *replica, addr string, inc uint64, list bool) {
+				defer wg.Done()
+				m.scrape(ctx, r, addr, inc, list)
+			}(r, r.addr, r.incarnation, !r.synced)
+		}
+		if !r.synced || r.model.GetMaxLoadedAdapters() == 0 {
+			// Before the engine's list is known nothing is decided; with
+			// N = 0 every adapter is the engine's from its start.
+			continue
+		}
+		for name := range r.placed {
+			e := r.entries[name]
+			switch {
+			case e == nil || e.gone:
+				m.startLoad(ctx, wg, r, name)
+			case e.inflight:
+			case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
+				// Placed again before it was unloaded.
+				m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_LOADED })
+			case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_FAILED && e.retryable && !now.Before(e.next):
+				m.startLoad(ctx, wg, r, name)
+			}
+		}
+		for name, e := range r.entries {
+			if r.placed[name] || e.gone || e.inflight {
+				continue
+			}
+			switch e.st.GetState() {
+			case llmgwv1.AdapterState_ADAPTER_STATE_FAILED:
+				// A withdrawn failed placement holds nothing.
+				m.setLocked(r, e, func(*llmgwv1.AdapterStatus) {})
+				e.gone = true
+			case llmgwv1.AdapterState_ADAPTER_STATE_LOADED:
+				m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING })
+				fallthrough
+			case llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
+				idle := e.st.GetActive() == 0 && now.Sub(time.Unix(0, e.st.GetLastActiveUnixNano())) >= m.cfg.IdleGrace
+				if idle && !now.Before(e.next) {
+					m.startUnload(ctx, wg, r, name, e)
+				}
+			}
+		}
+	}
+}
+
+// pathOf is the adapter's path in the model, "" if the model lacks it.
+func pathOf(model *llmgwv1.Model, name string) string {
+	for _, a := range model.GetAdapters() {
+		if a.GetName() == name {
+			return a.GetPath()
+		}
+	}
+	return ""
+}
+
+func (m *Manager) startLoad(ctx context.Context, wg *sync.WaitGroup, r *replica, name string) {
+	e := m.entryLocked(r, name, llmgwv1.AdapterState_ADAPTER_STATE_LOADING)
+	path := pathOf(r.model, name)
+	if path == "" {
+		m.failLocked(r, e, fmt.Sprintf("adapter %q is not one of model %q's adapters", name, r.model.GetName()), false)
+		return
+	}
+	m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) {
+		s.State, s.Reason, s.RetryAfterUnixNano = llmgwv1.AdapterState_ADAPTER_STATE_LOADING, "", 0
+	})
+	e.inflight = true
+	addr, inc := r.addr, r.incarnation
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		start := m.cfg.Now()
+		code, msg, err := m.call(ctx, addr, "/v1/load_lora_adapter", map[string]string{"lora_name": name, "lora_path": path})
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		e.inflight = false
+		if m.replicas[r.id] != r || r.incarnation != inc || e.gone {
+			return // the engine changed meanwhile: its state is listed anew
+		}
+		log := m.log.With("replica", r.id, "model", r.model.GetName(), "adapter", name)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			m.metrics.loads.WithLabelValues("failed").Inc()
+			log.Warn("adapter load failed", "err", err)
+			m.failLocked(r, e, err.Error(), true)
+		case code == http.StatusOK || (code == http.StatusBadRequest && strings.Contains(msg, "already been loaded")):
+			m.metrics.loads.WithLabelValues("ok").Inc()
+			m.metrics.loadSeconds.Observe(m.cfg.Now().Sub(start).Seconds())
+			log.Info("adapter loaded", "seconds", m.cfg.Now().Sub(start).Seconds())
+			e.failures = 0
+			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) {
+				s.State, s.Reason, s.RetryAfterUnixNano = llmgwv1.AdapterState_ADAPTER_STATE_LOADED, "", 0
+				// Counted as used now, so a fresh load is not the least
+				// recently used one.
+				s.LastActiveUnixNano = m.cfg.Now().UnixNano()
+			})
+		default:
+			m.metrics.loads.WithLabelValues("failed").Inc()
+			log.Warn("adapter load refused by the engine", "status", code, "err", msg)
+			m.failLocked(r, e, fmt.Sprintf("engine answered %d: %s", code, msg), code >= 500)
+		}
+	}()
+}
+
+// failLocked marks a load failed. A failure that may pass is retried with
+// a doubling delay; one that will not (4xx) only when the placement or the
+// engine changes, so a bad path is not loaded in a loop.
+func (m *Manager) failLocked(r *replica, e *entry, reason string, retryable bool) {
+	e.failures++
+	d := m.cfg.RetryMax
+	if retryable {
+		d = m.cfg.RetryInitial << min(e.failures-1, 16)
+		d = min(d, m.cfg.RetryMax)
+	}
+	e.retryable, e.next = retryable, m.cfg.Now().Add(d)
+	m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) {
+		s.State, s.Reason, s.RetryAfterUnixNano = llmgwv1.AdapterState_ADAPTER_STATE_FAILED, reason, e.next.UnixNano()
+	})
+}
+
+func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replica, name string, e *entry) {
+	e.inflight = true
+	addr, inc := r.addr, r.incarnation
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		code, msg, err := m.call(ctx, addr, "/v1/unload_lora_adapter", map[string]string{"lora_name": name})
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		e.inflight = false
+		if m.replicas[r.id] != r || r.incarnation != inc || e.gone {
+			return
+		}
+		log := m.log.With("replica", r.id, "model", r.model.GetName(), "adapter", name)
+		if err != nil || (code != http.StatusOK && code != http.StatusNotFound) {
+			if ctx.Err() != nil {
+				return
+			}
+			if err == nil {
+				err = fmt.Errorf("engine answered %d: %s", code, msg)
+			}
+			log.Warn("adapter unload failed; retried later", "err", err)
+			e.next = m.cfg.Now().Add(m.cfg.RetryInitial)
+			return
+		}
+		m.metrics.unloads.Inc()
+		log.Info("adapter unloaded")
+		m.setLocked(r, e, func(*llmgwv1.AdapterStatus) {})
+		e.gone = true
+	}()
+}
+
+// maxErrorBody bounds what is read of an engine's answer.
+const maxErrorBody = 64 << 10
+
+// call POSTs body as JSON and returns the status and, for an error, the
+// message of vLLM's error body (or the raw text).
+func (m *Manager) call(ctx context.Context, addr, path string, body any) (int, string, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return 0, "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+path, bytes.NewReader(b))
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: %w", path, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := m.cfg.Client.Do(req)
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	if resp.StatusCode == http.StatusOK {
+		return resp.StatusCode, "", nil
+	}
+	var e vllm.ErrorResponse
+	if json.Unmarshal(raw, &e) == nil && e.Error.Message != "" {
+		return resp.StatusCode, e.Error.Message, nil
+	}
+	return resp.StatusCode, strings.TrimSpace(string(raw)), nil
+}
+
+// scrape reads an engine: its adapter list first for a new incarnation,
+// then its activity.
+func (m *Manager) scrape(ctx context.Context, r *replica, addr string, inc uint64, list bool) {
+	var held []string
+	var err error
+	if list {
+		held, err = m.listAdapters(ctx, addr)
+	}
+	var act activity
+	var load vllm.Load
+	var loadErr error
+	if err == nil {
+		act, load, loadErr, err = m.readActivity(ctx, addr)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r.scraping = false
+	r.nextScrape = m.cfg.Now().Add(m.cfg.ScrapeInterval)
+	if m.replicas[r.id] != r || r.incarnation != inc {
+		return
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			m.log.Debug("reading engine adapters", "replica", r.id, "err", err)
+		}
+		return
+	}
+	now := m.cfg.Now()
+	if list {
+		r.synced = true
+		for _, name := range held {
+			e := m.entryLocked(r, name, llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+			if e.st.GetState() != llmgwv1.AdapterState_ADAPTER_STATE_LOADED {
+				m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_LOADED })
+			}
+		}
+	}
+	// An engine that says nothing runs or waits has no active adapter,
+	// whatever a stale lora_requests_info series still names.
+	idleEngine := loadErr == nil && load.Running+load.Waiting == 0
+	for name, e := range r.entries {
+		if e.gone {
+			continue
+		}
+		active := act.active[name] && !idleEngine
+		var n uint32
+		if active {
+			n = 1 // the metric names adapters, it does not count their requests
+		}
+		last := time.Unix(0, e.st.GetLastActiveUnixNano())
+		if was := e.st.GetActive() > 0; active != was || (active && now.Sub(last) >= activityStep) {
+			// Becoming idle is the last moment it was active, too.
+			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.Active, s.LastActiveUnixNano = n, now.UnixNano() })
+		} else if active {
+			// Kept current for the idle check without a report.
+			e.st.LastActiveUnixNano = now.UnixNano()
+		}
+	}
+}
+
+func (m *Manager) get(ctx context.Context, url string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.RequestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := m.cfg.Client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, vllm.MaxMetricsBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", url, err)
+	}
+	if len(b) > vllm.MaxMetricsBytes {
+		return nil, fmt.Errorf("GET %s: body over %d bytes", url, vllm.MaxMetricsBytes)
+	}
+	return b, nil
+}
+
+// listAdapters returns the adapters an engine serves: the cards of
+// /v1/models with a parent.
+func (m *Manager) listAdapters(ctx context.Context, addr string) ([]string, error) {
+	b, err := m.get(ctx, "http://"+addr+"/v1/models")
+	if err != nil {
+		return nil, err
+	}
+	return parseModels(b)
+}
+
+func parseModels(b []byte) ([]string, error) {
+	var list vllm.ModelList
+	if err := json.Unmarshal(b, &list); err != nil {
+		return nil, fmt.Errorf("/v1/models: %w", err)
+	}
+	var out []string
+	for _, c := range list.Data {
+		if c.Parent != nil && c.ID != "" {
+			out = append(out, c.ID)
+		}
+	}
+	return out, nil
+}
+
+func (m *Manager) readActivity(ctx context.Context, addr string) (activity, vllm.Load, error, error) {
+	b, err := m.get(ctx, "http://"+addr+"/metrics")
+	if err != nil {
+		return activity{}, vllm.Load{}, nil, err
+	}
+	act, err := parseActivity(b)
+	if err != nil {
+		return activity{}, vllm.Load{}, nil, err
+	}
+	load, loadErr := vllm.ParseLoad(bytes.NewReader(b), vllm.VLLMLoadNames)
+	return act, load, loadErr, nil
+}

@@ -1,0 +1,31 @@
+package adapters
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the manager's (plan §9), on the agent's registry.
+type metrics struct {
+	loads       *prometheus.CounterVec
+	unloads     prometheus.Counter
+	loadSeconds prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		loads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_adapter_loads_total",
+			Help: "LoRA adapter loads through engines' runtime API, by result (ok, failed)."}, []string{"result"}),
+		unloads: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_adapter_unloads_total",
+			Help: "LoRA adapters unloaded after being removed from the placement and idle."}),
+		loadSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "llmgw_agent_adapter_load_seconds",
+			Help:    "Time for an engine to load a LoRA adapter (successful loads).",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}}),
+	}
+	for _, r := range []string{"ok", "failed"} {
+		m.loads.WithLabelValues(r)
+	}
+	for _, c := range []prometheus.Collector{m.loads, m.unloads, m.loadSeconds} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
