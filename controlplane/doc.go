@@ -73,6 +73,20 @@
 //     drain.
 //   - A replica's status is read from its own node's reports and only for
 //     its uid, so an agent cannot speak for another node's replicas.
+//   - LoRA adapters (plan §7.6). EnsureAdapter is answered by the leader
+//     (forwarded like writes). Its placement decisions run one at a time
+//     under one lock; re-reading the placement under it is the single
+//     flight, and the committed placement is the record, so a cold adapter
+//     is placed once however many calls and routers ask. An adapter the
+//     agent has not reported, or reports LOADING, is never evicted; nor one
+//     with requests running or waiting, nor one used (or placed by this
+//     leader) within AdapterMinIdle. A load FAILED on every placed replica
+//     answers FAILED until its retry-after; after it the placement is
+//     removed and made anew, once per call that finds it expired — never
+//     in a loop; a failure without a retry-after is final until the model
+//     is re-applied. With max_loaded_adapters 0 a ready replica of the
+//     model counts as holding every adapter. Adapter statuses are kept only
+//     from the node that runs the replica.
 //   - A fatal apply error (an unknown non-ignorable command) freezes the FSM
 //     at its last good revision and stops Run with the error, rather than
 //     panic inside raft's goroutine.
