@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/agent/adapters"
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/load"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -34,6 +35,7 @@ type Agent struct {
 	metrics   *metrics
 	book      *book
 	kv        *kv.Hub
+	adapters  *adapters.Manager
 	replicas  *replicaSet
 	epochPath string
 	attached  atomic.Bool
@@ -57,12 +59,19 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	acfg := adapters.DefaultConfig()
+	acfg.Now = cfg.Now
+	ads, err := adapters.New(acfg, log, m.reg)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 	return &Agent{
 		cfg:       cfg,
 		log:       log,
 		metrics:   m,
 		book:      newBook(),
 		kv:        hub,
+		adapters:  ads,
 		epochPath: filepath.Join(cfg.DataDir, "epoch"),
 	}, nil
 }
@@ -109,7 +118,8 @@ func (a *Agent) nodeInfo() *llmgwv1.Node {
 // Run runs the agent until ctx is cancelled and returns once everything it
 // started has stopped. At start it re-adopts the engines an earlier agent
 // left running (see replicaSet.adopt). Shutdown order: the control session ends first (the
-// control node sees the agent leave); then the engines are stopped with
+// control node sees the agent leave); then the adapter manager, so no load
+// or unload is sent to an engine being stopped or handed over; then the engines are stopped with
 // StopEnginesOnExit, or left running for the next agent otherwise, each
 // replica's KV listener closing after its engine's supervisor; then the
 // load reader, so routers watch stopping engines' readings age into
@@ -127,7 +137,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	engines, stopEngines := context.WithCancel(context.Background())
 	defer stopEngines()
-	a.replicas = &replicaSet{cfg: &a.cfg, log: a.log, book: a.book, kv: a.kv, metrics: a.metrics, ports: ports,
+	a.replicas = &replicaSet{cfg: &a.cfg, log: a.log, book: a.book, kv: a.kv, adapters: a.adapters, metrics: a.metrics, ports: ports,
 		records: engineRecords{dir: filepath.Join(a.cfg.DataDir, "engines")},
 		logDir:  logDir, ctx: engines, running: map[string]*runner{}}
 	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
@@ -153,8 +163,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	// Before the first session, so its hello lists the adopted engines.
 	a.replicas.adopt(ctx)
 
+	adaptersCtx, stopAdapters := context.WithCancel(context.Background())
+	adaptersDone := make(chan struct{})
+	go func() { defer close(adaptersDone); _ = a.adapters.Run(adaptersCtx) }()
+
 	a.runSessions(ctx)
 
+	stopAdapters()
+	<-adaptersDone
 	if !a.cfg.StopEnginesOnExit {
 		a.replicas.detachAll()
 	}

@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/agent/adapters"
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/supervisor"
@@ -25,14 +26,16 @@ import (
 // It keeps running its last desired set when the control plane is out of
 // reach; only a new desired set changes what runs.
 type replicaSet struct {
-	cfg     *Config
-	log     *slog.Logger
-	book    *book
-	kv      *kv.Hub
-	metrics *metrics
-	ports   *portStore
-	records engineRecords
-	logDir  string
+	cfg  *Config
+	log  *slog.Logger
+	book *book
+	kv   *kv.Hub
+	// adapters loads the LoRA placements into the engines (plan §6).
+	adapters *adapters.Manager
+	metrics  *metrics
+	ports    *portStore
+	records  engineRecords
+	logDir   string
 	// ctx is the life of every supervisor: cancelled when the agent stops.
 	ctx context.Context
 
@@ -82,6 +85,7 @@ func (rs *replicaSet) apply(d *llmgwv1.DesiredReplicas) {
 	for _, m := range d.GetModels() {
 		models[m.GetName()] = m
 	}
+	rs.adapters.Apply(d)
 	rs.metrics.desired.Set(float64(len(d.GetReplicas())))
 	rs.metrics.desiredRevision.Set(float64(d.GetRevision()))
 	rs.mu.Lock()
@@ -127,6 +131,7 @@ func (rs *replicaSet) forget(id string, r *runner) {
 	}
 	delete(rs.running, id)
 	rs.book.remove(id)
+	rs.adapters.Forget(id)
 	rs.metrics.forgetReplica(id, r.replica.GetModel())
 	if err := rs.ports.release(id + "/"); err != nil {
 		rs.log.Warn("releasing ports", "replica", id, "err", err)
@@ -328,6 +333,10 @@ func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
 		}
 		rs.metrics.setPhase(st.GetReplicaId(), st.GetModel(), st.GetPhase())
 		rs.book.put(st)
+		if leaderNode(r.replica) == rs.cfg.NodeID {
+			// The leader shard serves HTTP, hence the runtime LoRA API.
+			rs.adapters.Engine(st, r.model)
+		}
 	}
 }
 

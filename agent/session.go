@@ -186,7 +186,8 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 		// Every replica's whole block set, as resets: the control node
 		// at the other end may have just started or taken over.
 		return send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
-			Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Full: true, Statuses: sts, Kv: a.kv.Full()}}})
+			Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Full: true, Statuses: sts, Kv: a.kv.Full(),
+			Adapters: a.adapters.Full()}}})
 	}
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
@@ -268,6 +269,21 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 			a.metrics.updates.WithLabelValues("delta").Inc()
 			if err := send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
 				Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Kv: changes}}}); err != nil {
+				return learned, welcomed, err
+			}
+		case <-a.adapters.Notify():
+			if !welcomed {
+				// The welcome's full copy carries them.
+				continue
+			}
+			changes := a.adapters.Changes()
+			if len(changes) == 0 {
+				continue
+			}
+			seq++
+			a.metrics.updates.WithLabelValues("delta").Inc()
+			if err := send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: &llmgwv1.EphemeralUpdate{
+				Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Adapters: changes}}}); err != nil {
 				return learned, welcomed, err
 			}
 		case <-hb.C:
