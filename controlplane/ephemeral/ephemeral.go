@@ -163,6 +163,12 @@ func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
 			byName = map[string]*llmgwv1.AdapterStatus{}
 			held.adapters[a.ReplicaId] = byName
 		}
+		if a.State == llmgwv1.AdapterState_ADAPTER_STATE_UNSPECIFIED {
+			// The agent's word for "no longer on this replica" (unloaded):
+			// forwarded as sent, held no more.
+			delete(byName, a.Adapter)
+			continue
+		}
 		byName[a.Adapter] = proto.Clone(a).(*llmgwv1.AdapterStatus)
 	}
 	for _, id := range u.RemovedReplicas {

@@ -239,6 +239,12 @@ func TestAdapterStatusesAreHeldForCopies(t *testing.T) {
 		t.Fatalf("full copy adapters: %v", fc.Adapters)
 	}
 	d = upd(1, 3, false)
+	d.Adapters = []*llmgwv1.AdapterStatus{ad("a", 1, "legal", llmgwv1.AdapterState_ADAPTER_STATE_UNSPECIFIED)}
+	s.Apply(d)
+	if fc, _ := s.FullCopy("n1"); len(fc.Adapters) != 1 || fc.Adapters[0].Adapter != "sql" {
+		t.Fatalf("an unloaded adapter is kept: %v", fc.Adapters)
+	}
+	d = upd(1, 4, false)
 	d.RemovedReplicas = []string{"a"}
 	s.Apply(d)
 	if fc, _ := s.FullCopy("n1"); len(fc.Adapters) != 0 {
