@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 type metrics struct {
 	prefix        *prometheus.CounterVec
+	kv            *prometheus.CounterVec
 	session       *prometheus.CounterVec
 	clamped       *prometheus.CounterVec
 	profileErrors *prometheus.CounterVec
@@ -16,6 +17,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		prefix: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_prefix_decisions_total",
 			Help: "Tier-1 prefix scorer decisions: hit, miss (placed by rendezvous), load_override (imbalance guard), no_prompt.",
+		}, []string{"decision"}),
+		// Beside the seeds' tier-1 counter, with the seeds' naming.
+		kv: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_kv_decisions_total",
+			Help: "Tier-2 (precise KV index) prefix decisions: hit, miss (tier 1 places it), load_override, untrusted, or why the index could not answer (no_data, tokenize_timeout, tokenize_error, multimodal, unsupported, short_prompt).",
 		}, []string{"decision"}),
 		session: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_router_session_decisions_total",
@@ -36,7 +42,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.prefix, m.session, m.clamped, m.profileErrors, m.latency)
+		reg.MustRegister(m.prefix, m.kv, m.session, m.clamped, m.profileErrors, m.latency)
 	}
 	return m
 }

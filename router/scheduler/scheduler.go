@@ -80,12 +80,18 @@ func (c *Candidate) Load() float64 { return c.Waiting + max(c.Running, float64(c
 // that a scorer must not make. Tier 2 fills it; until then it stays nil and
 // the Prefix scorer uses the tree.
 type KVQuery struct {
-	// Fallback, when set, is why the index could not answer; tier 1 decides.
+	// Fallback, when set, is why the index could not answer (one of the
+	// KV* reasons); tier 1 decides.
 	Fallback string
 	// Matched is how many of the prompt's leading blocks each replica (by
-	// ID) holds, out of Total.
+	// ID) holds, out of Total; a replica absent holds none.
 	Matched map[string]int
 	Total   int
+	// Untrusted replicas' KV state is unknown: tier 1 scores them.
+	Untrusted map[string]bool
+	// MinBlocks is the fewest leading blocks worth preferring a replica
+	// for; below one means one.
+	MinBlocks int
 }
 
 // Request is what the scheduler knows of a request.

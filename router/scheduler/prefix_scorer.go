@@ -1,0 +1,138 @@
+package scheduler
+
+// Prefix decisions, as counted in llmgw_prefix_decisions_total{decision}.
+const (
+	// DecisionHit: the tree named a candidate for the prompt's prefix.
+	DecisionHit = "hit"
+	// DecisionMiss: no remembered prefix among the candidates; placed by
+	// rendezvous hashing of the prompt's first chunk.
+	DecisionMiss = "miss"
+	// DecisionLoadOverride: load was lopsided, so prefix affinity was
+	// silenced for this request (the imbalance guard).
+	DecisionLoadOverride = "load_override"
+	// DecisionNoPrompt: the request had no text to match (a prompt under
+	// one chunk, or token ids only).
+	DecisionNoPrompt = "no_prompt"
+)
+
+// Tier-2 decisions, as counted in llmgw_kv_decisions_total{decision}: the
+// three the index itself took, then the reasons it could not answer (set
+// by whoever fills KVQuery.Fallback), each of which hands the request to
+// tier 1.
+const (
+	// KVHit: some candidate holds at least MinBlocks leading blocks.
+	KVHit = "hit"
+	// KVMiss: no candidate holds MinBlocks; tier 1 places the request.
+	KVMiss = "miss"
+	// KVLoadOverride: the imbalance guard silenced the index.
+	KVLoadOverride = "load_override"
+	// KVUntrusted: some candidates' KV state is untrusted (events lost
+	// beyond replay); those are scored by tier 1, the rest by the index.
+	KVUntrusted = "untrusted"
+
+	KVNoData          = "no_data"          // no candidate has reported KV state yet
+	KVTokenizeTimeout = "tokenize_timeout" // /tokenize over budget
+	KVTokenizeError   = "tokenize_error"   // /tokenize failed
+	KVMultimodal      = "multimodal"       // images or audio: not hashable by the router
+	KVUnsupported     = "unsupported"      // a prompt shape tier 2 does not read
+	KVShortPrompt     = "short_prompt"     // under one full block
+)
+
+// Prefix steers a request to the replica that has prefilled its prompt's
+// prefix: from tier 2's KVQuery when the request carries an answer (plan
+// §7.5 tier 2), else from the approximate tree (tier 1).
+//
+// A scorer rather than a filter on purpose: as a rule, a popular system
+// prompt would send everything to one replica — a fine hit rate and an
+// unusable p99. As one voice among several, the load scorers can outvote
+// it, and the imbalance guard silences it outright when load is lopsided.
+func (s *Scheduler) Prefix() Scorer { return &prefixScorer{s: s} }
+
+type prefixScorer struct{ s *Scheduler }
+
+func (*prefixScorer) Name() string { return "prefix" }
+
+func (p *prefixScorer) Score(r *Request, cands []Candidate, out []float64) {
+	if q := r.KV; q != nil {
+		if q.Fallback == "" && q.Total > 0 {
+			d := p.scoreKV(r, q, cands, out)
+			p.s.m.kv.WithLabelValues(d).Inc()
+			if d != KVMiss {
+				return
+			}
+			// Nobody holds the prefix by the index — but the index hears of
+			// a cached prefix a flush interval (250 ms) after the engine
+			// cached it, so the tree, which learnt of the send at once, still
+			// keeps a burst of one prefix together and routers agreeing.
+			clear(out)
+		} else {
+			p.s.m.kv.WithLabelValues(q.Fallback).Inc()
+		}
+	}
+	p.s.m.prefix.WithLabelValues(p.decide(r, cands, out)).Inc()
+}
+
+func (p *prefixScorer) decide(r *Request, cands []Candidate, out []float64) string {
+	if len(r.Prefix) == 0 {
+		return DecisionNoPrompt
+	}
+	// The guard first: a hit on a replica that cannot start the request soon
+	// is still the wrong place for it.
+	if p.s.cfg.Imbalance.Imbalanced(cands) {
+		return DecisionLoadOverride
+	}
+	if k, depth := p.s.tree.Match(r.Prefix, func(k Key) bool { return indexOf(cands, k) >= 0 }); depth > 0 {
+		out[indexOf(cands, k)] = 1
+		return DecisionHit
+	}
+	if i := Rendezvous(r.Prefix[0], cands, nil); i >= 0 {
+		out[i] = 1
+	}
+	return DecisionMiss
+}
+
+// scoreKV scores from the index (plan §7.5 step 5): the share of the
+// prompt's blocks each replica holds, so replicas sharing a system prompt
+// score alike and the one also holding this conversation scores higher.
+// The guard comes first; a best match under MinBlocks is a miss (a shared
+// BOS block or chat header says nothing about the conversation). Untrusted
+// candidates are scored by the tree, as a share of the prompt's chunks, so
+// they compete on the same scale rather than being shunned or favoured.
+func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []float64) string {
+	if p.s.cfg.Imbalance.Imbalanced(cands) {
+		return KVLoadOverride
+	}
+	best, untrusted := 0, false
+	for i := range cands {
+		id := cands[i].Key.ID
+		if q.Untrusted[id] {
+			untrusted = true
+			continue
+		}
+		m := min(q.Matched[id], q.Total)
+		best = max(best, m)
+		out[i] = float64(m) / float64(q.Total)
+	}
+	if best < max(q.MinBlocks, 1) {
+		clear(out)
+		if !untrusted {
+			return KVMiss
+		}
+	}
+	if untrusted && len(r.Prefix) > 0 {
+		isUntrusted := func(k Key) bool { return q.Untrusted[k.ID] && indexOf(cands, k) >= 0 }
+		if k, depth := p.s.tree.Match(r.Prefix, isUntrusted); depth > 0 {
+			out[indexOf(cands, k)] = min(float64(depth)/float64(len(r.Prefix)), 1)
+		}
+	}
+	if untrusted {
+		return KVUntrusted
+	}
+	return KVHit
+}
+
+func (p *prefixScorer) Observe(r *Request, chosen *Candidate) {
+	if len(r.Prefix) > 0 {
+		p.s.tree.Observe(r.Prefix, chosen.Key)
+	}
+}
