@@ -2,7 +2,9 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -161,7 +163,14 @@ func TestEphemeralPlane(t *testing.T) {
 		wantHeld(ctx, t, r, "n1", 200, 1)
 	}
 	// The old session's late delta is dropped everywhere, and c1 closes it.
-	a.send(phase("m-0", 1, 9, llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED))
+	// c1 may have closed it already, when the newer epoch reached it first:
+	// then the send sees the closed stream (io.EOF) and Recv has the status.
+	a.seq++
+	late := &llmgwv1.EphemeralUpdate{Node: a.node, Epoch: a.epoch, Seq: a.seq,
+		Statuses: []*llmgwv1.ReplicaStatus{phase("m-0", 1, 9, llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED)}}
+	if err := a.stream.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: late}}); err != nil && !errors.Is(err, io.EOF) {
+		t.Fatalf("agent send: %v", err)
+	}
 	for {
 		_, err := a.stream.Recv()
 		if err != nil {
