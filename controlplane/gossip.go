@@ -263,26 +263,17 @@ func (g *gossip) numMembers() int {
 	return ml.NumMembers()
 }
 
-// snapshot returns every server ever seen, by id, with its current status.
-// Suspicion is read from memberlist, which does not report it as an event.
+// snapshot returns every server ever seen, by id, with its status as the
+// event delegate last reported it. memberlist's suspicion is not read: it
+// is only visible through Members(), whose node structs memberlist mutates
+// under its own lock, so reading their State races (go test -race saw it).
+// A suspect server therefore shows as alive until it is declared dead.
 func (g *gossip) snapshot() map[string]member {
-	suspect := map[string]bool{}
-	if ml := g.ml.Load(); ml != nil {
-		for _, n := range ml.Members() {
-			if n.State == memberlist.StateSuspect {
-				suspect[n.Name] = true
-			}
-		}
-	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	out := make(map[string]member, len(g.members))
 	for id, m := range g.members {
-		c := *m
-		if c.status == statusAlive && suspect[id] {
-			c.status = statusSuspect
-		}
-		out[id] = c
+		out[id] = *m
 	}
 	return out
 }
@@ -452,21 +443,22 @@ func decodeState(b []byte) (tombstones, digest []byte, err error) {
 // memberlist's reliable send (plan §5.4: plain broadcast loses messages).
 type planeTransport Server
 
+// Peers and Send read the servers from the gossip's own table (kept by the
+// event delegate, which hands over copies), not from memberlist's
+// Members(): its node structs are mutated under memberlist's lock, and
+// reading them here raced.
 func (t *planeTransport) Peers() []string {
 	g := t.gossip
 	if g == nil {
 		return nil
 	}
-	ml := g.ml.Load()
-	if ml == nil {
-		return nil
-	}
 	var out []string
-	for _, n := range ml.Members() {
-		if n.Name != g.self.ID && n.State == memberlist.StateAlive {
-			out = append(out, n.Name)
+	for id, m := range g.snapshot() {
+		if id != g.self.ID && m.status == statusAlive {
+			out = append(out, id)
 		}
 	}
+	sort.Strings(out)
 	return out
 }
 
@@ -479,15 +471,23 @@ func (t *planeTransport) Send(peer string, msg []byte) error {
 		return errNoGossip
 	}
 	ml := g.ml.Load()
-	for _, n := range ml.Members() {
-		if n.Name == peer {
-			if err := ml.SendReliable(n, msg); err != nil {
-				return fmt.Errorf("send to %s: %w", peer, err)
-			}
-			return nil
-		}
+	m, ok := g.memberByID(peer)
+	if ml == nil || !ok || m.status != statusAlive {
+		return fmt.Errorf("send to %s: %w", peer, errNotPeer)
 	}
-	return fmt.Errorf("send to %s: %w", peer, errNotPeer)
+	host, port, err := net.SplitHostPort(m.gossipAddr)
+	p, perr := strconv.ParseUint(port, 10, 16)
+	if err != nil || perr != nil || net.ParseIP(host) == nil {
+		return fmt.Errorf("send to %s: bad gossip address %q", peer, m.gossipAddr)
+	}
+	// SendReliable reads only the node's name and address: a node of our own
+	// making is enough, and reliable (a stream per message) is what the
+	// plane needs (plan §5.4).
+	to := &memberlist.Node{Name: peer, Addr: net.ParseIP(host), Port: uint16(p)}
+	if err := ml.SendReliable(to, msg); err != nil {
+		return fmt.Errorf("send to %s: %w", peer, err)
+	}
+	return nil
 }
 
 // gossipEvents is memberlist's EventDelegate.
