@@ -7,6 +7,7 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -24,7 +25,9 @@ import (
 	"github.com/llmgw/llmgw/router/api"
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/scheduler"
+	"github.com/llmgw/llmgw/router/tokenize"
 	"github.com/llmgw/llmgw/router/watch"
 )
 
@@ -55,6 +58,13 @@ type Config struct {
 	// Scheduler configures the scheduler's memory (sessions, prefix tree)
 	// and its imbalance guard.
 	Scheduler scheduler.Config
+	// KVIndex bounds the precise KV index (plan §7.5 tier 2).
+	KVIndex kvindex.Config
+	// Tokenize configures tier 2's tokenization: its budget and cache.
+	Tokenize tokenize.Config
+	// KVMinBlocks is the fewest leading blocks a replica must hold for
+	// tier 2 to prefer it.
+	KVMinBlocks int
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -71,6 +81,9 @@ func DefaultConfig() Config {
 		ShutdownGrace:    30 * time.Second,
 		Breaker:          breaker.DefaultConfig(),
 		Scheduler:        scheduler.DefaultConfig(),
+		KVIndex:          kvindex.DefaultConfig(),
+		Tokenize:         tokenize.DefaultConfig(),
+		KVMinBlocks:      1,
 	}
 }
 
@@ -108,6 +121,15 @@ func (c Config) Validate() error {
 	if err := c.Scheduler.Validate(); err != nil {
 		return fmt.Errorf("scheduler.%w", err)
 	}
+	if err := c.KVIndex.Validate(); err != nil {
+		return fmt.Errorf("--%w", err)
+	}
+	if err := c.Tokenize.Validate(); err != nil {
+		return err
+	}
+	if c.KVMinBlocks < 1 {
+		return fmt.Errorf("--kv-min-blocks: must be at least 1, got %d", c.KVMinBlocks)
+	}
 	return nil
 }
 
@@ -120,7 +142,10 @@ type Router struct {
 	eps      *endpoint.Registry
 	sched    *scheduler.Scheduler
 	breakers *breaker.Set[scheduler.Key]
+	kv       *kvindex.Index
+	tok      *tokenize.Client
 	handler  *api.Handler
+	mux      *http.ServeMux
 	draining atomic.Bool
 }
 
@@ -148,6 +173,15 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		}
 		wcfg.StatePath = filepath.Join(cfg.DataDir, "router-state.bin")
 	}
+	kv, err := kvindex.New(cfg.KVIndex, reg)
+	if err != nil {
+		return nil, fmt.Errorf("router: kv index: %w", err)
+	}
+	wcfg.KV = kv
+	tok, err := tokenize.New(cfg.Tokenize, log, reg)
+	if err != nil {
+		return nil, fmt.Errorf("router: tokenize: %w", err)
+	}
 	wc, err := watch.New(wcfg, log, reg)
 	if err != nil {
 		return nil, fmt.Errorf("router: watch client: %w", err)
@@ -171,7 +205,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("router: breakers: %w", err)
 	}
 
-	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs}
+	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
 	acfg := api.Config{
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		ConnectTimeout:   cfg.ConnectTimeout,
@@ -180,6 +214,10 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		Ready:            r.ready,
 	}
 	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg)
+	r.handler.EnableKV(kv, tok, cfg.KVMinBlocks, reg)
+	r.mux = http.NewServeMux()
+	r.mux.Handle("/", r.handler)
+	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
 	return r, nil
 }
 
@@ -188,7 +226,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 func (r *Router) ready() bool { return !r.draining.Load() && r.eps.Synced() }
 
 // Handler serves the router's HTTP API; for tests and for embedding.
-func (r *Router) Handler() http.Handler { return r.handler }
+func (r *Router) Handler() http.Handler { return r.mux }
 
 // Run listens on HTTPAddr and serves until ctx is cancelled; see Serve.
 func (r *Router) Run(ctx context.Context) error {
@@ -234,7 +272,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			handlers.Add(1)
 			defer handlers.Done()
-			r.handler.ServeHTTP(w, req)
+			r.mux.ServeHTTP(w, req)
 		}),
 		BaseContext:       func(net.Listener) context.Context { return reqCtx },
 		ReadHeaderTimeout: 10 * time.Second,
@@ -264,6 +302,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	handlers.Wait()
 	r.handler.Close()
+	r.tok.Close()
 
 	stopBG()
 	bg.Wait()
@@ -297,5 +336,40 @@ func (r *Router) forget(ctx context.Context) {
 		keep := func(k scheduler.Key) bool { return live[k] }
 		r.sched.Retain(keep)
 		r.breakers.Retain(keep)
+		// KV state goes with the placement, not with readiness: an engine
+		// briefly unready keeps its cache, and the agent resets the set
+		// itself when the engine restarts (plan §7.5 step 2).
+		st := r.watch.Current()
+		r.kv.Retain(func(k kvindex.Replica) bool {
+			rep := st.Replicas[k.ID]
+			return rep != nil && rep.GetUid() == k.UID
+		})
 	}
+}
+
+// debugKVIndex serves the precise KV index read-only, for operators and the
+// exactness tests: GET /debug/kvindex lists every replica's status;
+// ?replica=<id> adds that replica's block hashes (the low 64 bits, as
+// KVBlocks and vLLM's int events carry them), sorted; 404 when the index
+// holds nothing for it.
+func (r *Router) debugKVIndex(w http.ResponseWriter, req *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	id := req.URL.Query().Get("replica")
+	if id == "" {
+		_ = json.NewEncoder(w).Encode(struct {
+			Size     kvindex.Size     `json:"size"`
+			Replicas []kvindex.Status `json:"replicas"`
+		}{r.kv.Size(), r.kv.Replicas()})
+		return
+	}
+	st, blocks, ok := r.kv.Blocks(id)
+	if !ok {
+		w.WriteHeader(http.StatusNotFound)
+		_ = json.NewEncoder(w).Encode(map[string]string{"error": "no kv state for replica " + id})
+		return
+	}
+	_ = json.NewEncoder(w).Encode(struct {
+		kvindex.Status
+		Hashes []uint64 `json:"hashes"`
+	}{st, blocks})
 }

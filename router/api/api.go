@@ -27,6 +27,7 @@ import (
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/prefix"
 	"github.com/llmgw/llmgw/router/scheduler"
+	"github.com/llmgw/llmgw/router/tokenize"
 )
 
 // Endpoints is the routing table the handler reads (endpoint.Registry).
@@ -98,6 +99,7 @@ type Handler struct {
 	transport *http.Transport
 	mux       *http.ServeMux
 	m         *metrics
+	kv        *tier2 // nil: tier 2 off (EnableKV)
 }
 
 // New builds the handler; reg receives its metrics and gather serves
@@ -246,7 +248,24 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 
 	sreq := &scheduler.Request{ID: rid, Model: req.Model, Session: r.Header.Get("X-Session-ID"),
 		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), req.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
-	prof := h.sched.ProfileFor(h.model(req.Model))
+	model := h.model(req.Model)
+	prof := h.sched.ProfileFor(model)
+	kind := tokenize.Chat
+	if strings.HasSuffix(r.URL.Path, "/v1/completions") {
+		kind = tokenize.Completion
+	}
+	sreq.KV = h.kv.query(r.Context(), h, model, kind, body, eps)
+	// tail keeps the end of the answer when tier 2 predicted something, so
+	// the engine's cached_tokens can be held against the prediction.
+	var tail *tailBuffer
+	var tap io.Writer
+	if sreq.KV != nil && sreq.KV.Fallback == "" {
+		tail = &tailBuffer{max: 256 << 10}
+		if req.Stream {
+			tail.max = 16 << 10 // the usage chunk is the last event
+		}
+		tap = tail
+	}
 
 	// tried holds every replica this request has been sent to, or whose
 	// breaker refused it, so each attempt goes somewhere new (plan §7.4).
@@ -264,8 +283,12 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 		}
 		attempt++
 		last := attempt == h.cfg.MaxAttempts || len(tried) == len(eps)
-		code, err := h.forward(w, r, body, ep, req.Stream, start, last, log, func() { h.sched.Observe(prof, sreq, cand) })
+		code, err := h.forward(w, r, body, ep, req.Stream, start, last, log, func() { h.sched.Observe(prof, sreq, cand) }, tap)
 		if err == nil {
+			if tail != nil && code == http.StatusOK {
+				h.kv.observe(sreq.KV, ep.ReplicaID, req.Stream, tail.b)
+				tail.b = tail.b[:0]
+			}
 			switch {
 			case code == clientClosed:
 				br.Release()
@@ -363,7 +386,7 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // answer, whatever happens to it; accepted runs just before, so the
 // scheduler records where the request really went (plan §7.5).
 func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, ep *endpoint.Endpoint,
-	stream bool, start time.Time, last bool, log *slog.Logger, accepted func()) (int, error) {
+	stream bool, start time.Time, last bool, log *slog.Logger, accepted func(), tail io.Writer) (int, error) {
 	release := ep.Acquire()
 	defer release()
 
@@ -403,7 +426,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
 	w.WriteHeader(resp.StatusCode)
 
-	n, err := h.copyFlushing(w, resp.Body, func() {
+	var src io.Reader = resp.Body
+	if tail != nil {
+		src = io.TeeReader(resp.Body, tail) // tail keeps the usage for tier 2's accounting
+	}
+	n, err := h.copyFlushing(w, src, func() {
 		if stream {
 			h.m.ttft.WithLabelValues(ep.Model).Observe(time.Since(start).Seconds())
 		}

@@ -92,6 +92,8 @@ type KVQuery struct {
 	// MinBlocks is the fewest leading blocks worth preferring a replica
 	// for; below one means one.
 	MinBlocks int
+	// BlockSize is the tokens per block the prompt was hashed with.
+	BlockSize int
 }
 
 // Request is what the scheduler knows of a request.

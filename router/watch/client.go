@@ -42,6 +42,18 @@ type Config struct {
 	// Jitter returns a number in [0, 1); it spreads reconnects so a fleet of
 	// routers does not stampede a server. Nil uses math/rand/v2.
 	Jitter func() float64
+	// KV, when set, receives the KV part of every accepted ephemeral
+	// update (plan §7.5 tier 2), in stream order.
+	KV KVSink
+}
+
+// KVSink takes agents' KV-cache changes (kvindex.Index). ApplyNode is
+// called from the client's one goroutine, in stream order, only for updates
+// the (epoch, seq) rule accepted: a full update replaces all the node's KV
+// state, removed lists replicas the node no longer runs. It returns one
+// error per entry of kv (nil: applied), for the client's log.
+type KVSink interface {
+	ApplyNode(node string, full bool, kv []*llmgwv1.KVBlocks, removed []string) []error
 }
 
 // DefaultConfig returns the timings of plan §5.6.
@@ -311,6 +323,14 @@ func (c *Client) handle(ev *llmgwv1.WatchEvent) error {
 		case accept:
 			c.work.applyEphemeral(u)
 			c.publish()
+			if c.cfg.KV != nil {
+				for i, err := range c.cfg.KV.ApplyNode(u.GetNode(), u.GetFull(), u.GetKv(), u.GetRemovedReplicas()) {
+					if err != nil {
+						c.log.Debug("watch: kv update not applied", "node", u.GetNode(),
+							"replica", u.GetKv()[i].GetReplicaId(), "err", err)
+					}
+				}
+			}
 		case stale:
 			c.m.dropped.WithLabelValues("stale").Inc()
 		case gap:

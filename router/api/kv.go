@@ -1,0 +1,243 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"math"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/kvindex"
+	"github.com/llmgw/llmgw/router/scheduler"
+	"github.com/llmgw/llmgw/router/tokenize"
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// KVIndex is the precise index tier 2 asks (kvindex.Index). Safe for
+// concurrent use.
+type KVIndex interface {
+	// Lookup appends how many of hashes' leading blocks each replica holds.
+	Lookup(hashes []uint64, dst []kvindex.Match) []kvindex.Match
+	// Status says what the index holds for a replica; false: nothing yet.
+	Status(id string) (kvindex.Status, bool)
+}
+
+// Tokenizer tokenizes through an engine within its budget
+// (tokenize.Client). Safe for concurrent use; the returned tokens are not
+// modified.
+type Tokenizer interface {
+	Tokenize(ctx context.Context, addr string, req tokenize.Request) ([]int, error)
+}
+
+// tier2 works out a request's KVQuery before scheduling (plan §7.5 tier 2,
+// steps 4–5): the scorer must not make a round trip, so the handler does.
+type tier2 struct {
+	idx       KVIndex
+	tok       Tokenizer
+	minBlocks int
+	m         *kvMetrics
+}
+
+// EnableKV turns tier 2 on for models with kv_events: requests are
+// tokenized through tok, hashed as vLLM does and looked up in idx; a
+// replica must hold minBlocks leading blocks to be preferred. Call it
+// before serving.
+func (h *Handler) EnableKV(idx KVIndex, tok Tokenizer, minBlocks int, reg prometheus.Registerer) {
+	h.kv = &tier2{idx: idx, tok: tok, minBlocks: minBlocks, m: newKVMetrics(reg)}
+}
+
+// query returns the KVQuery for a request to model m over eps, or nil
+// when the model does not use tier 2. Every way it can fail is a Fallback
+// reason: tier 1 then routes, and the request itself never fails for it.
+func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) *scheduler.KVQuery {
+	if t == nil || !m.GetKvEvents() || len(eps) == 0 {
+		return nil
+	}
+	fallback := func(why string) *scheduler.KVQuery { return &scheduler.KVQuery{Fallback: why} }
+	// No replica has reported yet: no point tokenizing.
+	known := false
+	for _, e := range eps {
+		if st, ok := t.idx.Status(e.ReplicaID); ok && st.UID == e.UID && st.Incarnation == e.Incarnation {
+			known = true
+			break
+		}
+	}
+	if !known {
+		return fallback(scheduler.KVNoData)
+	}
+	req, err := tokenize.Prepare(kind, m.GetName(), body)
+	switch {
+	case errors.Is(err, tokenize.ErrMultimodal):
+		return fallback(scheduler.KVMultimodal)
+	case err != nil:
+		return fallback(scheduler.KVUnsupported)
+	}
+	toks, err := t.tok.Tokenize(ctx, leastLoaded(h, eps).Address, req)
+	switch {
+	case errors.Is(err, tokenize.ErrTimeout):
+		return fallback(scheduler.KVTokenizeTimeout)
+	case err != nil:
+		return fallback(scheduler.KVTokenizeError)
+	}
+	bs := int(m.GetBlockSize())
+	if bs == 0 {
+		bs = 16 // vLLM's default, as the agent starts it (fsm fills it in for kv_events models)
+	}
+	// Adapters are not routed by the router yet (plan §7.6), so no LoRA
+	// name: the extra keys are the cache salt's alone.
+	hs, err := vllm.BlockHashes(vllm.NoneHash(m.GetHashSeed()), toks, bs, vllm.RequestExtraKeys("", cacheSalt(body)))
+	if err != nil {
+		return fallback(scheduler.KVUnsupported)
+	}
+	if len(hs) == 0 {
+		return fallback(scheduler.KVShortPrompt)
+	}
+	low := make([]uint64, len(hs))
+	for i, h := range hs {
+		low[i] = h.Uint64()
+	}
+	q := &scheduler.KVQuery{Total: len(low), Matched: map[string]int{}, MinBlocks: t.minBlocks}
+	byID := make(map[string]*endpoint.Endpoint, len(eps))
+	for _, e := range eps {
+		byID[e.ReplicaID] = e
+		// Untrusted replicas holding nothing of this prompt are untrusted
+		// too: "holds nothing" is exactly what cannot be believed.
+		if st, ok := t.idx.Status(e.ReplicaID); ok && st.Untrusted && st.UID == e.UID && st.Incarnation == e.Incarnation {
+			if q.Untrusted == nil {
+				q.Untrusted = map[string]bool{}
+			}
+			q.Untrusted[e.ReplicaID] = true
+		}
+	}
+	for _, mt := range t.idx.Lookup(low, nil) {
+		// Only the incarnation the router routes to: blocks of an engine
+		// that restarted are gone with it.
+		if e := byID[mt.ID]; e != nil && e.UID == mt.UID && e.Incarnation == mt.Incarnation && !mt.Untrusted {
+			q.Matched[mt.ID] = mt.Blocks
+		}
+	}
+	q.BlockSize = bs
+	return q
+}
+
+// leastLoaded is the replica to tokenize on: tokenizing is cheap, but not
+// free, and the busiest engine is the one that can least spare it.
+func leastLoaded(h *Handler, eps []*endpoint.Endpoint) *endpoint.Endpoint {
+	best, bestLoad := eps[0], math.Inf(1)
+	for _, e := range eps {
+		l := h.eps.LoadOf(e)
+		load := l.Waiting + max(l.Running, float64(l.Inflight))
+		if l.Saturated {
+			load += 1e6 // a stale reading: only if all are
+		}
+		if load < bestLoad {
+			best, bestLoad = e, load
+		}
+	}
+	return best
+}
+
+// cacheSalt is the request's cache_salt, or "".
+func cacheSalt(body []byte) string {
+	var f struct {
+		CacheSalt string `json:"cache_salt"`
+	}
+	_ = json.Unmarshal(body, &f)
+	return f.CacheSalt
+}
+
+// kvMetrics compare what the index predicted with what the engine then
+// reported cached: the one measure of whether tier 2 is exact in practice.
+type kvMetrics struct {
+	predicted, reported prometheus.Counter
+	diff                prometheus.Histogram
+}
+
+func newKVMetrics(reg prometheus.Registerer) *kvMetrics {
+	m := &kvMetrics{
+		predicted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_router_kv_predicted_blocks_total",
+			Help: "Leading blocks the KV index said the chosen replica held, for responses that reported cached_tokens.",
+		}),
+		reported: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_router_kv_reported_blocks_total",
+			Help: "Cached blocks the engine reported (usage.prompt_tokens_details.cached_tokens / block size) for the same responses.",
+		}),
+		diff: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "llmgw_router_kv_prediction_error_blocks",
+			Help:    "Reported minus predicted cached blocks per response (negative: the index over-promised).",
+			Buckets: []float64{-64, -16, -4, -1, 0, 1, 4, 16, 64},
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.predicted, m.reported, m.diff)
+	}
+	return m
+}
+
+// observe records one response's usage against the prediction for the
+// replica it went to. tail is the end of the response body: the whole
+// JSON of a non-streamed answer, or the last SSE events of a stream.
+func (t *tier2) observe(q *scheduler.KVQuery, replica string, stream bool, tail []byte) {
+	if t == nil || q == nil || q.Fallback != "" || q.BlockSize <= 0 || q.Untrusted[replica] {
+		return
+	}
+	cached, ok := cachedTokens(stream, tail)
+	if !ok {
+		return
+	}
+	pred := min(q.Matched[replica], q.Total)
+	rep := cached / q.BlockSize
+	t.m.predicted.Add(float64(pred))
+	t.m.reported.Add(float64(rep))
+	t.m.diff.Observe(float64(rep - pred))
+}
+
+// cachedTokens finds usage.prompt_tokens_details.cached_tokens in a
+// response body's end.
+func cachedTokens(stream bool, tail []byte) (int, bool) {
+	var r struct {
+		Usage *vllm.Usage `json:"usage"`
+	}
+	if !stream {
+		if json.Unmarshal(tail, &r) != nil || r.Usage == nil || r.Usage.PromptTokensDetails == nil {
+			return 0, false
+		}
+		return r.Usage.PromptTokensDetails.CachedTokens, true
+	}
+	lines := bytes.Split(tail, []byte("\n"))
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := bytes.TrimSpace(lines[i])
+		data, ok := bytes.CutPrefix(l, []byte("data:"))
+		if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
+			continue
+		}
+		if json.Unmarshal(bytes.TrimSpace(data), &r) == nil && r.Usage != nil && r.Usage.PromptTokensDetails != nil {
+			return r.Usage.PromptTokensDetails.CachedTokens, true
+		}
+	}
+	return 0, false
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	b   []byte
+	max int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	if len(p) >= t.max {
+		t.b = append(t.b[:0], p[len(p)-t.max:]...)
+		return n, nil
+	}
+	if over := len(t.b) + len(p) - t.max; over > 0 {
+		t.b = append(t.b[:0], t.b[over:]...)
+	}
+	t.b = append(t.b, p...)
+	return n, nil
+}
