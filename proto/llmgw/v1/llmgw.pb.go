@@ -95,21 +95,25 @@ const (
 	CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG    CommandType = 7
 	CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING  CommandType = 8
 	CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT CommandType = 9
+	// Behind the minimum-version gate (plan §4, §13.3): proposed only once
+	// every server reports the version that introduced it.
+	CommandType_COMMAND_TYPE_SET_NODE_LABELS CommandType = 10
 )
 
 // Enum value maps for CommandType.
 var (
 	CommandType_name = map[int32]string{
-		0: "COMMAND_TYPE_UNSPECIFIED",
-		1: "COMMAND_TYPE_UPSERT_MODEL",
-		2: "COMMAND_TYPE_DELETE_MODEL",
-		3: "COMMAND_TYPE_REGISTER_NODE",
-		4: "COMMAND_TYPE_SET_NODE_STATE",
-		5: "COMMAND_TYPE_PLACE_REPLICA",
-		6: "COMMAND_TYPE_REMOVE_REPLICA",
-		7: "COMMAND_TYPE_SET_CLUSTER_CONFIG",
-		8: "COMMAND_TYPE_SET_REPLICA_DRAINING",
-		9: "COMMAND_TYPE_SET_ADAPTER_PLACEMENT",
+		0:  "COMMAND_TYPE_UNSPECIFIED",
+		1:  "COMMAND_TYPE_UPSERT_MODEL",
+		2:  "COMMAND_TYPE_DELETE_MODEL",
+		3:  "COMMAND_TYPE_REGISTER_NODE",
+		4:  "COMMAND_TYPE_SET_NODE_STATE",
+		5:  "COMMAND_TYPE_PLACE_REPLICA",
+		6:  "COMMAND_TYPE_REMOVE_REPLICA",
+		7:  "COMMAND_TYPE_SET_CLUSTER_CONFIG",
+		8:  "COMMAND_TYPE_SET_REPLICA_DRAINING",
+		9:  "COMMAND_TYPE_SET_ADAPTER_PLACEMENT",
+		10: "COMMAND_TYPE_SET_NODE_LABELS",
 	}
 	CommandType_value = map[string]int32{
 		"COMMAND_TYPE_UNSPECIFIED":           0,
@@ -122,6 +126,7 @@ var (
 		"COMMAND_TYPE_SET_CLUSTER_CONFIG":    7,
 		"COMMAND_TYPE_SET_REPLICA_DRAINING":  8,
 		"COMMAND_TYPE_SET_ADAPTER_PLACEMENT": 9,
+		"COMMAND_TYPE_SET_NODE_LABELS":       10,
 	}
 )
 
@@ -675,8 +680,11 @@ type Node struct {
 	// The agent's gRPC address (LoadService), host:port; routers subscribe
 	// to it for load snapshots (plan §6).
 	AgentGrpcAddr string `protobuf:"bytes,9,opt,name=agent_grpc_addr,json=agentGrpcAddr,proto3" json:"agent_grpc_addr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Set once an operator relabels the node (SetNodeLabels): from then on
+	// the labels are the operator's and the agent's registration keeps them.
+	LabelsByOperator bool `protobuf:"varint,10,opt,name=labels_by_operator,json=labelsByOperator,proto3" json:"labels_by_operator,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Node) Reset() {
@@ -770,6 +778,13 @@ func (x *Node) GetAgentGrpcAddr() string {
 		return x.AgentGrpcAddr
 	}
 	return ""
+}
+
+func (x *Node) GetLabelsByOperator() bool {
+	if x != nil {
+		return x.LabelsByOperator
+	}
+	return false
 }
 
 // Shard is one process of a replica. Rank 0 is the leader: it serves HTTP
@@ -1697,6 +1712,67 @@ func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
 	return nil
 }
 
+// SetNodeLabelsCommand sets and removes an operator's labels on a node.
+type SetNodeLabelsCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Set           map[string]string      `protobuf:"bytes,2,rep,name=set,proto3" json:"set,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Remove        []string               `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeLabelsCommand) Reset() {
+	*x = SetNodeLabelsCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeLabelsCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeLabelsCommand) ProtoMessage() {}
+
+func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeLabelsCommand.ProtoReflect.Descriptor instead.
+func (*SetNodeLabelsCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SetNodeLabelsCommand) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetNodeLabelsCommand) GetSet() map[string]string {
+	if x != nil {
+		return x.Set
+	}
+	return nil
+}
+
+func (x *SetNodeLabelsCommand) GetRemove() []string {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
 // ReplicaStatus is what the agent observes of one replica. The agent's
 // status is the routers' only source of a replica's address (plan §6).
 type ReplicaStatus struct {
@@ -1721,7 +1797,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1733,7 +1809,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1746,7 +1822,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -1853,7 +1929,7 @@ type EphemeralUpdate struct {
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +1941,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +1954,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -1959,7 +2035,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1971,7 +2047,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1984,7 +2060,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AdapterStatus) GetReplicaId() string {
@@ -2076,7 +2152,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2088,7 +2164,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2101,7 +2177,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -2178,7 +2254,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2266,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2279,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ControlServer) GetId() string {
@@ -2271,7 +2347,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2283,7 +2359,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2296,7 +2372,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -2321,7 +2397,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2333,7 +2409,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2346,7 +2422,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -2384,7 +2460,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2396,7 +2472,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2409,7 +2485,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -2481,7 +2557,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2493,7 +2569,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2506,7 +2582,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -2545,7 +2621,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2557,7 +2633,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2570,7 +2646,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -2617,7 +2693,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2629,7 +2705,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2642,7 +2718,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -2742,7 +2818,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +2830,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +2843,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -2786,7 +2862,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2798,7 +2874,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2811,7 +2887,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -2833,7 +2909,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2845,7 +2921,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2858,7 +2934,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -2898,7 +2974,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2910,7 +2986,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2923,7 +2999,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -3038,7 +3114,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3050,7 +3126,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3063,7 +3139,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -3082,7 +3158,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3170,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3183,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -3128,7 +3204,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3140,7 +3216,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3153,7 +3229,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -3181,7 +3257,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3193,7 +3269,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3206,7 +3282,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -3325,6 +3401,118 @@ func (*WatchEvent_Heartbeat) isWatchEvent_Event() {}
 
 func (*WatchEvent_Mark) isWatchEvent_Event() {}
 
+type SetNodeLabelsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Set           map[string]string      `protobuf:"bytes,2,rep,name=set,proto3" json:"set,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Remove        []string               `protobuf:"bytes,3,rep,name=remove,proto3" json:"remove,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeLabelsRequest) Reset() {
+	*x = SetNodeLabelsRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeLabelsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeLabelsRequest) ProtoMessage() {}
+
+func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeLabelsRequest.ProtoReflect.Descriptor instead.
+func (*SetNodeLabelsRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *SetNodeLabelsRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetNodeLabelsRequest) GetSet() map[string]string {
+	if x != nil {
+		return x.Set
+	}
+	return nil
+}
+
+func (x *SetNodeLabelsRequest) GetRemove() []string {
+	if x != nil {
+		return x.Remove
+	}
+	return nil
+}
+
+type SetNodeLabelsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Node          *Node                  `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetNodeLabelsResponse) Reset() {
+	*x = SetNodeLabelsResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetNodeLabelsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetNodeLabelsResponse) ProtoMessage() {}
+
+func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetNodeLabelsResponse.ProtoReflect.Descriptor instead.
+func (*SetNodeLabelsResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *SetNodeLabelsResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *SetNodeLabelsResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
 type SnapshotSaveRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3333,7 +3521,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3345,7 +3533,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3546,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -3371,7 +3559,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3383,7 +3571,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3396,7 +3584,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3416,7 +3604,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3428,7 +3616,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3441,7 +3629,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -3461,7 +3649,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3661,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3674,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -3512,7 +3700,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3524,7 +3712,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3537,7 +3725,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -3557,7 +3745,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3569,7 +3757,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3582,7 +3770,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -3602,7 +3790,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3614,7 +3802,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3627,7 +3815,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -3645,7 +3833,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3657,7 +3845,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3670,7 +3858,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
 }
 
 type LeaveResponse struct {
@@ -3683,7 +3871,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3695,7 +3883,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3708,7 +3896,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -3726,7 +3914,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3738,7 +3926,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3751,7 +3939,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 // Member is one server in the gossip pool.
@@ -3766,13 +3954,16 @@ type Member struct {
 	Status string `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
 	// What the server was started with (plan §5.2: a mismatch is refused).
 	BootstrapExpect int32 `protobuf:"varint,7,opt,name=bootstrap_expect,json=bootstrapExpect,proto3" json:"bootstrap_expect,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Why the cluster refuses to add it to Raft (e.g. its version is below
+	// the cluster's minimum, plan §13.3); empty when it is not refused.
+	Refused       string `protobuf:"bytes,8,opt,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3784,7 +3975,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3797,7 +3988,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Member) GetId() string {
@@ -3849,6 +4040,13 @@ func (x *Member) GetBootstrapExpect() int32 {
 	return 0
 }
 
+func (x *Member) GetRefused() string {
+	if x != nil {
+		return x.Refused
+	}
+	return ""
+}
+
 type MembersResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Members       []*Member              `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
@@ -3858,7 +4056,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3870,7 +4068,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3883,7 +4081,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -3901,7 +4099,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3913,7 +4111,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3926,7 +4124,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -3950,7 +4148,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3962,7 +4160,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3975,7 +4173,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -4050,7 +4248,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4062,7 +4260,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4075,7 +4273,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -4094,7 +4292,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4106,7 +4304,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4119,7 +4317,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -4137,7 +4335,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4149,7 +4347,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4162,7 +4360,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 type TransferLeadershipRequest struct {
@@ -4175,7 +4373,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4187,7 +4385,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4200,7 +4398,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -4219,7 +4417,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4231,7 +4429,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4244,7 +4442,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -4263,7 +4461,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4275,7 +4473,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4288,7 +4486,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -4308,7 +4506,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4320,7 +4518,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4333,7 +4531,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -4359,7 +4557,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4371,7 +4569,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4384,7 +4582,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -4403,7 +4601,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4415,7 +4613,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4428,7 +4626,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -4448,7 +4646,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4460,7 +4658,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4473,7 +4671,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -4493,7 +4691,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4505,7 +4703,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4518,7 +4716,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -4547,7 +4745,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4559,7 +4757,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4572,7 +4770,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -4608,7 +4806,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4620,7 +4818,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4633,7 +4831,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -4660,7 +4858,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4870,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +4883,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -4710,7 +4908,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4722,7 +4920,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4735,7 +4933,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 type ClusterStatusResponse struct {
@@ -4758,7 +4956,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4770,7 +4968,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4783,7 +4981,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -4851,7 +5049,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4863,7 +5061,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4876,7 +5074,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -4907,7 +5105,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4919,7 +5117,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4932,7 +5130,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -5000,7 +5198,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5012,7 +5210,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5025,7 +5223,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -5067,7 +5265,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5079,7 +5277,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5092,7 +5290,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -5124,7 +5322,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5136,7 +5334,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5149,7 +5347,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -5223,7 +5421,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\brevision\x18\x12 \x01(\x04R\brevision\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xe4\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x03\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
@@ -5233,7 +5431,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x05state\x18\x06 \x01(\x0e2\x13.llmgw.v1.NodeStateR\x05state\x12&\n" +
 	"\x0fagent_http_addr\x18\a \x01(\tR\ragentHttpAddr\x12\x1a\n" +
 	"\brevision\x18\b \x01(\x04R\brevision\x12&\n" +
-	"\x0fagent_grpc_addr\x18\t \x01(\tR\ragentGrpcAddr\x1a9\n" +
+	"\x0fagent_grpc_addr\x18\t \x01(\tR\ragentGrpcAddr\x12,\n" +
+	"\x12labels_by_operator\x18\n" +
+	" \x01(\bR\x10labelsByOperator\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
@@ -5301,7 +5501,14 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x17SetClusterConfigCommand\x12/\n" +
 	"\x06config\x18\x01 \x01(\v2\x17.llmgw.v1.ClusterConfigR\x06config\"V\n" +
 	"\x1aSetAdapterPlacementCommand\x128\n" +
-	"\tplacement\x18\x01 \x01(\v2\x1a.llmgw.v1.AdapterPlacementR\tplacement\"\xc8\x02\n" +
+	"\tplacement\x18\x01 \x01(\v2\x1a.llmgw.v1.AdapterPlacementR\tplacement\"\xb1\x01\n" +
+	"\x14SetNodeLabelsCommand\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
+	"\x03set\x18\x02 \x03(\v2'.llmgw.v1.SetNodeLabelsCommand.SetEntryR\x03set\x12\x16\n" +
+	"\x06remove\x18\x03 \x03(\tR\x06remove\x1a6\n" +
+	"\bSetEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x02\n" +
 	"\rReplicaStatus\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -5418,7 +5625,17 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aservers\x18\x05 \x01(\v2\x14.llmgw.v1.ServerListH\x00R\aservers\x123\n" +
 	"\theartbeat\x18\x06 \x01(\v2\x13.llmgw.v1.HeartbeatH\x00R\theartbeat\x12,\n" +
 	"\x04mark\x18\a \x01(\v2\x16.llmgw.v1.RevisionMarkH\x00R\x04markB\a\n" +
-	"\x05event\"\x15\n" +
+	"\x05event\"\xb1\x01\n" +
+	"\x14SetNodeLabelsRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
+	"\x03set\x18\x02 \x03(\v2'.llmgw.v1.SetNodeLabelsRequest.SetEntryR\x03set\x12\x16\n" +
+	"\x06remove\x18\x03 \x03(\tR\x06remove\x1a6\n" +
+	"\bSetEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"W\n" +
+	"\x15SetNodeLabelsResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
+	"\x04node\x18\x02 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\"\x15\n" +
 	"\x13SnapshotSaveRequest\"#\n" +
 	"\rSnapshotChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"5\n" +
@@ -5437,7 +5654,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\rLeaveResponse\x12\x1d\n" +
 	"\n" +
 	"new_leader\x18\x01 \x01(\tR\tnewLeader\"\x10\n" +
-	"\x0eMembersRequest\"\xd0\x01\n" +
+	"\x0eMembersRequest\"\xea\x01\n" +
 	"\x06Member\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
@@ -5446,7 +5663,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\traft_addr\x18\x04 \x01(\tR\braftAddr\x12\x18\n" +
 	"\aversion\x18\x05 \x01(\tR\aversion\x12\x16\n" +
 	"\x06status\x18\x06 \x01(\tR\x06status\x12)\n" +
-	"\x10bootstrap_expect\x18\a \x01(\x05R\x0fbootstrapExpect\"=\n" +
+	"\x10bootstrap_expect\x18\a \x01(\x05R\x0fbootstrapExpect\x12\x18\n" +
+	"\arefused\x18\b \x01(\tR\arefused\"=\n" +
 	"\x0fMembersResponse\x12*\n" +
 	"\amembers\x18\x01 \x03(\v2\x10.llmgw.v1.MemberR\amembers\"\x12\n" +
 	"\x10ListPeersRequest\"\x84\x02\n" +
@@ -5539,7 +5757,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\xdf\x02\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\x81\x03\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -5550,7 +5768,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x1bCOMMAND_TYPE_REMOVE_REPLICA\x10\x06\x12#\n" +
 	"\x1fCOMMAND_TYPE_SET_CLUSTER_CONFIG\x10\a\x12%\n" +
 	"!COMMAND_TYPE_SET_REPLICA_DRAINING\x10\b\x12&\n" +
-	"\"COMMAND_TYPE_SET_ADAPTER_PLACEMENT\x10\t*\xee\x01\n" +
+	"\"COMMAND_TYPE_SET_ADAPTER_PLACEMENT\x10\t\x12 \n" +
+	"\x1cCOMMAND_TYPE_SET_NODE_LABELS\x10\n" +
+	"*\xee\x01\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -5573,7 +5793,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xc2\b\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\x94\t\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -5592,7 +5812,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"RemovePeer\x12\x1b.llmgw.v1.RemovePeerRequest\x1a\x1c.llmgw.v1.RemovePeerResponse\x12_\n" +
 	"\x12TransferLeadership\x12#.llmgw.v1.TransferLeadershipRequest\x1a$.llmgw.v1.TransferLeadershipResponse\x12H\n" +
 	"\fSnapshotSave\x12\x1d.llmgw.v1.SnapshotSaveRequest\x1a\x17.llmgw.v1.SnapshotChunk0\x01\x12O\n" +
-	"\x0fSnapshotRestore\x12\x17.llmgw.v1.SnapshotChunk\x1a!.llmgw.v1.SnapshotRestoreResponse(\x012T\n" +
+	"\x0fSnapshotRestore\x12\x17.llmgw.v1.SnapshotChunk\x1a!.llmgw.v1.SnapshotRestoreResponse(\x01\x12P\n" +
+	"\rSetNodeLabels\x12\x1e.llmgw.v1.SetNodeLabelsRequest\x1a\x1f.llmgw.v1.SetNodeLabelsResponse2T\n" +
 	"\vLoadService\x12E\n" +
 	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012b\n" +
 	"\x0eAdapterService\x12P\n" +
@@ -5611,7 +5832,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -5637,79 +5858,84 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*SetReplicaDrainingCommand)(nil),  // 21: llmgw.v1.SetReplicaDrainingCommand
 	(*SetClusterConfigCommand)(nil),    // 22: llmgw.v1.SetClusterConfigCommand
 	(*SetAdapterPlacementCommand)(nil), // 23: llmgw.v1.SetAdapterPlacementCommand
-	(*ReplicaStatus)(nil),              // 24: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 25: llmgw.v1.EphemeralUpdate
-	(*AdapterStatus)(nil),              // 26: llmgw.v1.AdapterStatus
-	(*KVBlocks)(nil),                   // 27: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 28: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 29: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 30: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 31: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 32: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 33: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 34: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 35: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 36: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 37: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 38: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 39: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 40: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 41: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 42: llmgw.v1.WatchEvent
-	(*SnapshotSaveRequest)(nil),        // 43: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 44: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 45: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 46: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 47: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 48: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 49: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 50: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 51: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 52: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 53: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 54: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 55: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 56: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 57: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 58: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 59: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 60: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 61: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 62: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 63: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 64: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 65: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 66: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 67: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 68: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 69: llmgw.v1.ReplicaView
-	(*ListReplicasResponse)(nil),       // 70: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 71: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 72: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 73: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 74: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 75: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 76: llmgw.v1.EnsureAdapterRequest
-	(*EnsureAdapterResponse)(nil),      // 77: llmgw.v1.EnsureAdapterResponse
-	nil,                                // 78: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 79: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 80: llmgw.v1.Node.LabelsEntry
-	nil,                                // 81: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 82: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*SetNodeLabelsCommand)(nil),       // 24: llmgw.v1.SetNodeLabelsCommand
+	(*ReplicaStatus)(nil),              // 25: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 26: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 27: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 28: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 29: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 30: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 31: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 32: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 33: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 34: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 35: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 36: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 37: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 38: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 39: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 40: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 41: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 42: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 43: llmgw.v1.WatchEvent
+	(*SetNodeLabelsRequest)(nil),       // 44: llmgw.v1.SetNodeLabelsRequest
+	(*SetNodeLabelsResponse)(nil),      // 45: llmgw.v1.SetNodeLabelsResponse
+	(*SnapshotSaveRequest)(nil),        // 46: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 47: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 48: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 49: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 50: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 51: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 52: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 53: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 54: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 55: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 56: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 57: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 58: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 59: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 60: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 61: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 62: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 63: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 64: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 65: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 66: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 67: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 68: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 69: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 70: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 71: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 72: llmgw.v1.ReplicaView
+	(*ListReplicasResponse)(nil),       // 73: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 74: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 75: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 76: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 77: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 78: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 79: llmgw.v1.EnsureAdapterRequest
+	(*EnsureAdapterResponse)(nil),      // 80: llmgw.v1.EnsureAdapterResponse
+	nil,                                // 81: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 82: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 83: llmgw.v1.Node.LabelsEntry
+	nil,                                // 84: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 85: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 86: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 87: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	78, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	79, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	81, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	82, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	6,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	5,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	80, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	83, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,  // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	9,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	7,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	8,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	10, // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	11, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	81, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	84, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	13, // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
 	1,  // 13: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
 	7,  // 14: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
@@ -5718,95 +5944,100 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	10, // 17: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
 	11, // 18: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
 	13, // 19: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	2,  // 20: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	24, // 21: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	27, // 22: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	26, // 23: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
-	3,  // 24: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
-	8,  // 25: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	24, // 26: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	30, // 27: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	25, // 28: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	29, // 29: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	28, // 30: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	10, // 31: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	7,  // 32: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	13, // 33: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
-	32, // 34: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	33, // 35: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	29, // 36: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	35, // 37: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	36, // 38: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	28, // 39: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	4,  // 40: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	7,  // 41: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	8,  // 42: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	10, // 43: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	11, // 44: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	13, // 45: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
-	39, // 46: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	38, // 47: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	40, // 48: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	25, // 49: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	36, // 50: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	29, // 51: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	41, // 52: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	53, // 53: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	56, // 54: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
-	7,  // 55: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	7,  // 56: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	7,  // 57: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	8,  // 58: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	82, // 59: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	10, // 60: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	24, // 61: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	69, // 62: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	28, // 63: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	74, // 64: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	3,  // 65: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	31, // 66: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	37, // 67: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	62, // 68: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	64, // 69: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	66, // 70: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	66, // 71: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	66, // 72: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	71, // 73: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	46, // 74: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	48, // 75: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	50, // 76: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	52, // 77: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	55, // 78: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	58, // 79: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	60, // 80: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	43, // 81: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	44, // 82: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	73, // 83: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	76, // 84: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	34, // 85: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	42, // 86: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	63, // 87: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	65, // 88: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	67, // 89: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	68, // 90: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	70, // 91: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	72, // 92: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	47, // 93: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	49, // 94: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	51, // 95: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	54, // 96: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	57, // 97: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	59, // 98: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	61, // 99: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	44, // 100: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	45, // 101: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	75, // 102: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	77, // 103: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	85, // [85:104] is the sub-list for method output_type
-	66, // [66:85] is the sub-list for method input_type
-	66, // [66:66] is the sub-list for extension type_name
-	66, // [66:66] is the sub-list for extension extendee
-	0,  // [0:66] is the sub-list for field type_name
+	85, // 20: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	2,  // 21: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
+	25, // 22: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	28, // 23: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	27, // 24: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	3,  // 25: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
+	8,  // 26: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	25, // 27: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	31, // 28: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	26, // 29: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	30, // 30: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	29, // 31: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	10, // 32: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	7,  // 33: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	13, // 34: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
+	33, // 35: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	34, // 36: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	30, // 37: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	36, // 38: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	37, // 39: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	29, // 40: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	4,  // 41: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	7,  // 42: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	8,  // 43: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	10, // 44: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	11, // 45: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	13, // 46: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
+	40, // 47: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	39, // 48: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	41, // 49: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	26, // 50: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	37, // 51: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	30, // 52: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	42, // 53: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	86, // 54: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	8,  // 55: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
+	56, // 56: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	59, // 57: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	7,  // 58: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	7,  // 59: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	7,  // 60: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	8,  // 61: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	87, // 62: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	10, // 63: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	25, // 64: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	72, // 65: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	29, // 66: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	77, // 67: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	3,  // 68: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	32, // 69: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	38, // 70: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	65, // 71: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	67, // 72: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	69, // 73: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	69, // 74: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	69, // 75: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	74, // 76: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	49, // 77: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	51, // 78: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	53, // 79: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	55, // 80: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	58, // 81: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	61, // 82: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	63, // 83: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	46, // 84: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	47, // 85: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	44, // 86: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	76, // 87: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	79, // 88: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	35, // 89: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	43, // 90: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	66, // 91: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	68, // 92: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	70, // 93: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	71, // 94: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	73, // 95: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	75, // 96: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	50, // 97: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	52, // 98: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	54, // 99: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	57, // 100: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	60, // 101: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	62, // 102: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	64, // 103: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	47, // 104: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	48, // 105: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	45, // 106: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	78, // 107: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	80, // 108: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	89, // [89:109] is the sub-list for method output_type
+	69, // [69:89] is the sub-list for method input_type
+	69, // [69:69] is the sub-list for extension type_name
+	69, // [69:69] is the sub-list for extension extendee
+	0,  // [0:69] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -5814,26 +6045,26 @@ func file_llmgw_v1_llmgw_proto_init() {
 	if File_llmgw_v1_llmgw_proto != nil {
 		return
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[26].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[27].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[29].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[30].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[33].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[34].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
 		(*Change_Config)(nil),
 		(*Change_AdapterPlacement)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[37].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[38].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -5848,7 +6079,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   78,
+			NumMessages:   83,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -250,6 +250,7 @@ const (
 	AdminService_TransferLeadership_FullMethodName = "/llmgw.v1.AdminService/TransferLeadership"
 	AdminService_SnapshotSave_FullMethodName       = "/llmgw.v1.AdminService/SnapshotSave"
 	AdminService_SnapshotRestore_FullMethodName    = "/llmgw.v1.AdminService/SnapshotRestore"
+	AdminService_SetNodeLabels_FullMethodName      = "/llmgw.v1.AdminService/SetNodeLabels"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -283,6 +284,11 @@ type AdminServiceClient interface {
 	// is refused and nothing changes).
 	SnapshotSave(ctx context.Context, in *SnapshotSaveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 	SnapshotRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
+	// SetNodeLabels relabels a node without restarting its agent (answered
+	// by the leader). It is behind the minimum-version gate (plan §13.3):
+	// FAILED_PRECONDITION, naming the servers below the version, until every
+	// server runs one that knows it.
+	SetNodeLabels(ctx context.Context, in *SetNodeLabelsRequest, opts ...grpc.CallOption) (*SetNodeLabelsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -455,6 +461,16 @@ func (c *adminServiceClient) SnapshotRestore(ctx context.Context, opts ...grpc.C
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AdminService_SnapshotRestoreClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse]
 
+func (c *adminServiceClient) SetNodeLabels(ctx context.Context, in *SetNodeLabelsRequest, opts ...grpc.CallOption) (*SetNodeLabelsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetNodeLabelsResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetNodeLabels_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -486,6 +502,11 @@ type AdminServiceServer interface {
 	// is refused and nothing changes).
 	SnapshotSave(*SnapshotSaveRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
+	// SetNodeLabels relabels a node without restarting its agent (answered
+	// by the leader). It is behind the minimum-version gate (plan §13.3):
+	// FAILED_PRECONDITION, naming the servers below the version, until every
+	// server runs one that knows it.
+	SetNodeLabels(context.Context, *SetNodeLabelsRequest) (*SetNodeLabelsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -540,6 +561,9 @@ func (UnimplementedAdminServiceServer) SnapshotSave(*SnapshotSaveRequest, grpc.S
 }
 func (UnimplementedAdminServiceServer) SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error {
 	return status.Error(codes.Unimplemented, "method SnapshotRestore not implemented")
+}
+func (UnimplementedAdminServiceServer) SetNodeLabels(context.Context, *SetNodeLabelsRequest) (*SetNodeLabelsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetNodeLabels not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -814,6 +838,24 @@ func _AdminService_SnapshotRestore_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type AdminService_SnapshotRestoreServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]
 
+func _AdminService_SetNodeLabels_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetNodeLabelsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetNodeLabels(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetNodeLabels_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetNodeLabels(ctx, req.(*SetNodeLabelsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -872,6 +914,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TransferLeadership",
 			Handler:    _AdminService_TransferLeadership_Handler,
+		},
+		{
+			MethodName: "SetNodeLabels",
+			Handler:    _AdminService_SetNodeLabels_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
