@@ -48,6 +48,9 @@ func saveState(path string, st *State) error {
 	for _, k := range slices.Sorted(maps.Keys(st.Replicas)) {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_Replica{Replica: st.Replicas[k]}})
 	}
+	for _, k := range slices.Sorted(maps.Keys(st.Placements)) {
+		change(&llmgwv1.Change{Object: &llmgwv1.Change_AdapterPlacement{AdapterPlacement: st.Placements[k]}})
+	}
 	if st.Config != nil {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_Config{Config: st.Config}})
 	}
@@ -59,6 +62,11 @@ func saveState(path string, st *State) error {
 		u := &llmgwv1.EphemeralUpdate{Node: node, Epoch: ne.Epoch, Seq: ne.Seq, Full: true}
 		for _, id := range slices.Sorted(maps.Keys(ne.Statuses)) {
 			u.Statuses = append(u.Statuses, ne.Statuses[id])
+		}
+		for _, id := range slices.Sorted(maps.Keys(ne.Adapters)) {
+			for _, name := range slices.Sorted(maps.Keys(ne.Adapters[id])) {
+				u.Adapters = append(u.Adapters, ne.Adapters[id][name])
+			}
 		}
 		events = append(events, &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Ephemeral{Ephemeral: u}})
 	}

@@ -26,6 +26,11 @@ type State struct {
 	Nodes    map[string]*llmgwv1.Node    // by id
 	Replicas map[string]*llmgwv1.Replica // by replica id
 	Config   *llmgwv1.ClusterConfig
+	// Placements are the LoRA adapters' placements, by adapter name (plan
+	// §7.6): the replicas that should hold each. A replica dropped from a
+	// placement is being evicted, so routers stop sending it the adapter
+	// before the agent unloads it.
+	Placements map[string]*llmgwv1.AdapterPlacement
 
 	// Ephemeral holds each agent's last accepted data, by node id.
 	Ephemeral map[string]*NodeEphemeral
@@ -41,31 +46,50 @@ type NodeEphemeral struct {
 	Epoch    uint64
 	Seq      uint64
 	Statuses map[string]*llmgwv1.ReplicaStatus // by replica id
+	// Adapters are the adapter states the agent reported, by replica id
+	// then adapter name (plan §7.6). An adapter missing is not held.
+	Adapters map[string]map[string]*llmgwv1.AdapterStatus
+}
+
+// AdapterStatus returns what the replica's node last reported of adapter
+// on it, or nil. As with Status, the caller compares uid and incarnation.
+func (s *State) AdapterStatus(r *llmgwv1.Replica, adapter string) *llmgwv1.AdapterStatus {
+	ne := s.Ephemeral[s.reportingNode(r)]
+	if ne == nil {
+		return nil
+	}
+	return ne.Adapters[r.GetId()][adapter]
 }
 
 // Status returns the latest status the replica's node reported for it, or
 // nil. The caller compares uids: a status for another uid is for an old
 // placement (plan §4 "Identity").
 func (s *State) Status(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
-	node := r.GetNode()
-	for _, sh := range r.GetShards() {
-		if sh.GetRank() == 0 && sh.GetNode() != "" {
-			node = sh.GetNode()
-		}
-	}
-	ne := s.Ephemeral[node]
+	ne := s.Ephemeral[s.reportingNode(r)]
 	if ne == nil {
 		return nil
 	}
 	return ne.Statuses[r.GetId()]
 }
 
+// reportingNode is the node whose agent reports the replica: rank 0's.
+func (s *State) reportingNode(r *llmgwv1.Replica) string {
+	node := r.GetNode()
+	for _, sh := range r.GetShards() {
+		if sh.GetRank() == 0 && sh.GetNode() != "" {
+			node = sh.GetNode()
+		}
+	}
+	return node
+}
+
 func emptyState() *State {
 	return &State{
 		Models:    map[string]*llmgwv1.Model{},
 		Nodes:     map[string]*llmgwv1.Node{},
-		Replicas:  map[string]*llmgwv1.Replica{},
-		Ephemeral: map[string]*NodeEphemeral{},
+		Replicas:   map[string]*llmgwv1.Replica{},
+		Placements: map[string]*llmgwv1.AdapterPlacement{},
+		Ephemeral:  map[string]*NodeEphemeral{},
 	}
 }
 
@@ -77,6 +101,10 @@ func (s *State) clone() *State {
 	c.Models = maps.Clone(s.Models)
 	c.Nodes = maps.Clone(s.Nodes)
 	c.Replicas = maps.Clone(s.Replicas)
+	c.Placements = maps.Clone(s.Placements)
+	if c.Placements == nil {
+		c.Placements = map[string]*llmgwv1.AdapterPlacement{} // a state saved before placements existed
+	}
 	c.Ephemeral = maps.Clone(s.Ephemeral)
 	return &c
 }
@@ -110,6 +138,12 @@ func (s *State) applyChange(ch *llmgwv1.Change) {
 			s.Config = o.Config
 		} else if del {
 			s.Config = nil
+		}
+	case *llmgwv1.Change_AdapterPlacement:
+		if put {
+			s.Placements[o.AdapterPlacement.GetAdapter()] = o.AdapterPlacement
+		} else if del {
+			delete(s.Placements, o.AdapterPlacement.GetAdapter())
 		}
 	}
 }
@@ -155,14 +189,38 @@ func (s *State) applyEphemeral(u *llmgwv1.EphemeralUpdate) {
 	ne := &NodeEphemeral{Epoch: u.GetEpoch(), Seq: u.GetSeq()}
 	if held := s.Ephemeral[u.GetNode()]; held != nil && !u.GetFull() {
 		ne.Statuses = maps.Clone(held.Statuses)
+		ne.Adapters = maps.Clone(held.Adapters)
 	} else {
 		ne.Statuses = make(map[string]*llmgwv1.ReplicaStatus, len(u.GetStatuses()))
+	}
+	if ne.Adapters == nil {
+		ne.Adapters = map[string]map[string]*llmgwv1.AdapterStatus{}
 	}
 	for _, st := range u.GetStatuses() {
 		ne.Statuses[st.GetReplicaId()] = st
 	}
+	// Each replica's adapter map is copied once before its first change, so
+	// published States keep theirs.
+	copied := map[string]bool{}
+	for _, a := range u.GetAdapters() {
+		id := a.GetReplicaId()
+		if !copied[id] {
+			ne.Adapters[id] = maps.Clone(ne.Adapters[id])
+			if ne.Adapters[id] == nil {
+				ne.Adapters[id] = map[string]*llmgwv1.AdapterStatus{}
+			}
+			copied[id] = true
+		}
+		// UNSPECIFIED in a delta is the agent's removal (it unloaded it).
+		if a.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNSPECIFIED {
+			delete(ne.Adapters[id], a.GetAdapter())
+		} else {
+			ne.Adapters[id][a.GetAdapter()] = a
+		}
+	}
 	for _, id := range u.GetRemovedReplicas() {
 		delete(ne.Statuses, id)
+		delete(ne.Adapters, id)
 	}
 	s.Ephemeral[u.GetNode()] = ne
 }
