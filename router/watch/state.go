@@ -85,8 +85,8 @@ func (s *State) reportingNode(r *llmgwv1.Replica) string {
 
 func emptyState() *State {
 	return &State{
-		Models:    map[string]*llmgwv1.Model{},
-		Nodes:     map[string]*llmgwv1.Node{},
+		Models:     map[string]*llmgwv1.Model{},
+		Nodes:      map[string]*llmgwv1.Node{},
 		Replicas:   map[string]*llmgwv1.Replica{},
 		Placements: map[string]*llmgwv1.AdapterPlacement{},
 		Ephemeral:  map[string]*NodeEphemeral{},
