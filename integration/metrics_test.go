@@ -125,7 +125,10 @@ func declaredMetrics(t *testing.T) map[string]bool {
 // name is exported by a running component, so a rename cannot silently
 // break an alert (plan §9). Control, agent and router of `llmgw dev` are
 // scraped after some traffic; a labelled vector that has no series yet must
-// be declared in a component's source under the same name.
+// be declared in a component's source under the same name. An unlabelled
+// histogram is exported even empty: llmgw_control_ephemeral_lag_seconds has
+// no samples on one control node (nothing is forwarded), and
+// TestPrometheusAlerts checks that a 3-node cluster fills it.
 func TestAlertedMetricsExported(t *testing.T) {
 	controlHTTP, agentHTTP := freeAddr(t), freeAddr(t)
 	d := startDev(t, "--raft-addr", freeAddr(t), "--control-http-addr", controlHTTP, "--agent-http-addr", agentHTTP,
