@@ -142,6 +142,22 @@ type view struct {
 	// byNode indexes routable endpoints by node and replica id, for
 	// applying a node's load snapshot.
 	byNode map[string]map[string]*Endpoint
+	// adapters resolves adapter names to their model (plan §7.6).
+	adapters map[string]AdapterRef
+	// holds lists, per endpoint of a model with max_loaded_adapters > 0,
+	// the adapters it holds (see Holds).
+	holds map[*Endpoint]map[string]bool
+	// changed is closed when a newer view replaces this one.
+	changed chan struct{}
+}
+
+// AdapterRef is what an adapter name in a request's `model` stands for.
+type AdapterRef struct {
+	// Model is the base model's name.
+	Model string
+	// Index is the adapter's position in the model's adapter list: the id
+	// llama.cpp knows it by (its --lora flags are given in this order).
+	Index int
 }
 
 // Registry turns the watch state into routable endpoints and keeps their
@@ -207,7 +223,7 @@ func New(cfg Config, src Source, log *slog.Logger, reg prometheus.Registerer) (*
 	}
 	r.subs = map[string]*subscription{}
 	r.subsView.Store(&map[string]*subscription{})
-	r.cur.Store(&view{})
+	r.cur.Store(&view{changed: make(chan struct{})})
 	r.rebuild(src.Current())
 	return r, nil
 }
@@ -233,7 +249,8 @@ func (r *Registry) rebuild(st *watch.State) {
 	for _, e := range r.cur.Load().all {
 		old[e.key()] = e
 	}
-	v := &view{state: st, models: make(map[string][]*Endpoint), byNode: make(map[string]map[string]*Endpoint)}
+	v := &view{state: st, models: make(map[string][]*Endpoint), byNode: make(map[string]map[string]*Endpoint),
+		adapters: adapterRefs(st), holds: map[*Endpoint]map[string]bool{}, changed: make(chan struct{})}
 	for _, rep := range st.Replicas {
 		s, ok := Routable(st, rep)
 		if !ok {
@@ -252,13 +269,90 @@ func (r *Registry) rebuild(st *watch.State) {
 			v.byNode[e.Node] = map[string]*Endpoint{}
 		}
 		v.byNode[e.Node][e.ReplicaID] = e
+		if h := heldAdapters(st, rep, e); h != nil {
+			v.holds[e] = h
+		}
 	}
 	for _, eps := range v.models {
 		slices.SortFunc(eps, func(a, b *Endpoint) int { return strings.Compare(a.ReplicaID, b.ReplicaID) })
 	}
-	r.cur.Store(v)
+	prev := r.cur.Swap(v)
+	close(prev.changed)
 	r.ready.Set(float64(len(v.all)))
 }
+
+// adapterRefs indexes every model's adapters by name. Adapter names are
+// unique across models (the control plane refuses a clash); a model of
+// the same name wins, so an adapter can never shadow a model.
+func adapterRefs(st *watch.State) map[string]AdapterRef {
+	out := map[string]AdapterRef{}
+	for _, m := range st.Models {
+		for i, a := range m.GetAdapters() {
+			if st.Models[a.GetName()] == nil {
+				out[a.GetName()] = AdapterRef{Model: m.GetName(), Index: i}
+			}
+		}
+	}
+	return out
+}
+
+// heldAdapters is what a routable replica of a model with
+// max_loaded_adapters > 0 holds: adapters still placed on it (an eviction
+// removes the placement first, so routers stop sending before the agent
+// unloads) and reported LOADED by this very incarnation — placed is not
+// loaded (plan §7.6). Nil for other models.
+func heldAdapters(st *watch.State, rep *llmgwv1.Replica, e *Endpoint) map[string]bool {
+	m := st.Models[rep.GetModel()]
+	if !loadsOnDemand(m) {
+		return nil
+	}
+	held := map[string]bool{}
+	for _, a := range m.GetAdapters() {
+		p := st.Placements[a.GetName()]
+		if p == nil || p.GetModel() != m.GetName() || !slices.Contains(p.GetReplicas(), rep.GetId()) {
+			continue
+		}
+		s := st.AdapterStatus(rep, a.GetName())
+		if s.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_LOADED && s.GetUid() == e.UID && s.GetIncarnation() == e.Incarnation {
+			held[a.GetName()] = true
+		}
+	}
+	return held
+}
+
+// loadsOnDemand reports whether m's replicas hold only the adapters placed
+// on them. With max_loaded_adapters 0 every replica loads every adapter at
+// start, and llama.cpp always does.
+func loadsOnDemand(m *llmgwv1.Model) bool {
+	return m.GetMaxLoadedAdapters() > 0 && m.GetEngine() != "llamacpp" && len(m.GetAdapters()) > 0
+}
+
+// Adapter resolves an adapter name to its base model; false when no model
+// in desired state lists it.
+func (r *Registry) Adapter(name string) (AdapterRef, bool) {
+	ref, ok := r.cur.Load().adapters[name]
+	return ref, ok
+}
+
+// Holds reports whether e can serve adapter now. For a model whose
+// replicas load adapters on demand it is what the agent reported LOADED
+// on e's incarnation and is still placed there; for the others every
+// routable replica holds every adapter of its model.
+func (r *Registry) Holds(e *Endpoint, adapter string) bool {
+	v := r.cur.Load()
+	ref, ok := v.adapters[adapter]
+	if !ok || ref.Model != e.Model || v.state == nil {
+		return false
+	}
+	if loadsOnDemand(v.state.Models[e.Model]) {
+		return v.holds[e][adapter] // an endpoint gone from the table holds nothing
+	}
+	return true
+}
+
+// Changed returns a channel closed once the routing table is rebuilt from
+// a newer state: what a request waiting for an adapter to load waits on.
+func (r *Registry) Changed() <-chan struct{} { return r.cur.Load().changed }
 
 // Lookup returns the routable endpoints of a model and whether the model
 // exists in desired state. The slice must not be modified.
