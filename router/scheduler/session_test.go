@@ -45,10 +45,13 @@ func TestSessionScorer(t *testing.T) {
 		{"remembered, at the bound", "s1", "r2", four(3, 3, 5, 3), "r2", SessionHit},
 		// sum 12 → bound ⌈1.25·13/4⌉ = 5: a replica at 6 is over it.
 		{"remembered, over the bound", "s1", "r2", four(2, 2, 6, 2), "rule", SessionLoadOverride},
-		// Only this router knows its own in-flight count, so it must not
-		// sway the verdict: another router would judge otherwise.
-		{"own in-flight is not the shared load", "s1", "r2",
-			with(four(2, 2, 2, 2), 2, func(c *Candidate) { c.Inflight = 20 }), "r2", SessionHit},
+		// The router's own requests are part of the engine's running
+		// count once the snapshot catches up: then they change nothing...
+		{"own in-flight within the snapshot", "s1", "r2",
+			with(four(2, 2, 2, 2), 2, func(c *Candidate) { c.Inflight = 2 }), "r2", SessionHit},
+		// ...and while they are ahead of it (a burst just sent), they count.
+		{"own in-flight ahead of the snapshot", "s1", "r2",
+			with(four(2, 2, 2, 2), 2, func(c *Candidate) { c.Inflight = 20 }), "rule", SessionLoadOverride},
 		{"remembered, stale reading", "s1", "r2",
 			with(four(0, 0, 0, 0), 2, func(c *Candidate) { c.Saturated = true }), "rule", SessionLoadOverride},
 		{"remembered replica gone", "s1", "gone", four(0, 0, 0, 0), "rule", SessionMoved},
@@ -110,6 +113,11 @@ func TestSessionReplica(t *testing.T) {
 		{"first over, second within", map[int]float64{0: 9}, nil, 1},
 		{"first two over, third within though busier than the fourth",
 			map[int]float64{0: 9, 1: 9, 2: 4, 3: 0}, nil, 2},
+		// sum 20 → bound 7: the session's own replica may be at the bound
+		// (its snapshot still counts the session's last turn)...
+		{"home at the bound stays", map[int]float64{0: 7, 1: 4, 2: 4, 3: 5}, nil, 0},
+		// ...a replica it moves to must have room for it.
+		{"move target at the bound is passed over", map[int]float64{0: 10, 1: 7, 2: 2, 3: 1}, nil, 2},
 		{"first stale", nil, map[int]bool{0: true}, 1},
 		{"all stale: plain rendezvous", nil, map[int]bool{0: true, 1: true, 2: true, 3: true}, 0},
 	}
@@ -133,10 +141,11 @@ func TestSessionReplica(t *testing.T) {
 }
 
 // TestSessionRoutersAgreeUnderLoad: two routers that share the agents'
-// snapshot but not their own in-flight counts, memory or randomness make
-// the same session decision — for sessions neither has seen, and when one
-// of them moves a session it remembers on an overloaded replica and the
-// other meets the session for the first time.
+// snapshot but not their memory, randomness or own in-flight counts (each
+// a part of the engine's running count, as in steady state) make the same
+// session decision — for sessions neither has seen, and when one of them
+// moves a session it remembers on an overloaded replica and the other
+// meets the session for the first time.
 func TestSessionRoutersAgreeUnderLoad(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	chosen := func(s *Scheduler, r *Request, cands []Candidate) int {
@@ -159,9 +168,10 @@ func TestSessionRoutersAgreeUnderLoad(t *testing.T) {
 			ca[i] = Candidate{Key: Key{ID: fmt.Sprint("demo-", i), UID: uint64(100 + i)},
 				Waiting: float64(rng.IntN(3)), Running: float64(rng.IntN(8)), Saturated: rng.IntN(20) == 0}
 			cb[i] = ca[i]
-			// Each router's own requests: different, and possibly ahead of
-			// the snapshot.
-			ca[i].Inflight, cb[i].Inflight = int64(rng.IntN(10)), int64(rng.IntN(10))
+			// Each router's own requests: different, both within the
+			// engine's count.
+			run := int(ca[i].Running)
+			ca[i].Inflight, cb[i].Inflight = int64(rng.IntN(run+1)), int64(rng.IntN(run+1))
 		}
 		r := &Request{Session: fmt.Sprint("session-", round)}
 		// a remembers the session on a random replica; b never saw it.
