@@ -29,9 +29,9 @@ import (
 type Config struct {
 	// MaxEntries bounds the (block, replica) pairs held. Stores past it are
 	// dropped and counted: the index then under-reports, which costs a
-	// missed preference and never a wrong one. At about 25 bytes an entry
-	// the default (8 Mi entries) is some 200 MiB — 1,000 replicas of 8k
-	// blocks each.
+	// missed preference and never a wrong one. At about 40 bytes an entry
+	// (BenchmarkBytesPerEntry) the default (8 Mi entries) is some 320 MiB —
+	// 1,000 replicas of 8k blocks each.
 	MaxEntries int
 }
 
@@ -109,7 +109,7 @@ var (
 type replica struct {
 	Status
 	slot   uint16
-	blocks map[uint64]struct{}
+	blocks hashSet
 }
 
 // MaxReplicas is how many replicas the index holds at once: slots are
@@ -138,8 +138,8 @@ type Index struct {
 
 	mu sync.RWMutex
 	// holders maps a block hash to the slots of the replicas holding it —
-	// 1 to a handful each, so a short array beats any set.
-	holders  map[uint64]holders
+	// 1 to a handful each, so a short array beats any set (table.go).
+	holders  blockTable
 	spill    map[uint64][]uint16 // holder sets past inlineHolders
 	replicas map[string]*replica // by replica id: one incarnation each
 	slots    []*replica          // by slot; nil when free
@@ -155,8 +155,8 @@ func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	x := &Index{cfg: cfg, holders: make(map[uint64]holders), spill: make(map[uint64][]uint16),
-		replicas: make(map[string]*replica)}
+	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
+	x.holders.init(minCap)
 	x.m = newMetrics(x, reg)
 	return x, nil
 }
@@ -244,12 +244,12 @@ func (x *Index) applyLocked(node string, u *llmgwv1.KVBlocks) error {
 	for _, h := range u.GetStored() {
 		x.storeLocked(r, h)
 	}
-	r.Blocks = len(r.blocks)
+	r.Blocks = r.blocks.Len()
 	return nil
 }
 
 func (x *Index) addLocked(id Replica) *replica {
-	r := &replica{Status: Status{Replica: id}, blocks: make(map[uint64]struct{})}
+	r := &replica{Status: Status{Replica: id}}
 	if n := len(x.free); n > 0 {
 		r.slot = x.free[n-1]
 		x.free = x.free[:n-1]
@@ -265,34 +265,33 @@ func (x *Index) addLocked(id Replica) *replica {
 }
 
 func (x *Index) storeLocked(r *replica, h uint64) {
-	if _, ok := r.blocks[h]; ok {
-		return
-	}
 	if x.entries >= x.cfg.MaxEntries {
-		x.dropped++
+		if !r.blocks.has(h) {
+			x.dropped++
+		}
 		return
 	}
-	r.blocks[h] = struct{}{}
-	hs := x.holders[h]
+	if !r.blocks.add(h) {
+		return
+	}
+	hs := x.holders.slot(h)
 	switch {
 	case hs.n == spilled:
 		x.spill[h] = append(x.spill[h], r.slot)
 	case hs.n == inlineHolders:
 		x.spill[h] = append(append(make([]uint16, 0, 2*inlineHolders), hs.ids[:]...), r.slot)
-		x.holders[h] = holders{n: spilled}
+		hs.n = spilled
 	default:
 		hs.ids[hs.n] = r.slot
 		hs.n++
-		x.holders[h] = hs
 	}
 	x.entries++
 }
 
 func (x *Index) removeLocked(r *replica, h uint64) {
-	if _, ok := r.blocks[h]; !ok {
+	if !r.blocks.remove(h) {
 		return
 	}
-	delete(r.blocks, h)
 	x.unholdLocked(r.slot, h)
 	x.entries--
 }
@@ -300,7 +299,11 @@ func (x *Index) removeLocked(r *replica, h uint64) {
 // unholdLocked takes slot out of h's holders, dropping the hash when none
 // are left so the map shrinks with the fleet's caches.
 func (x *Index) unholdLocked(slot uint16, h uint64) {
-	hs := x.holders[h]
+	at := x.holders.find(h)
+	if at < 0 {
+		return
+	}
+	hs := &x.holders.slots[at].holders
 	if hs.n == spilled {
 		sp := x.spill[h]
 		i := slices.Index(sp, slot)
@@ -314,9 +317,7 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 			return
 		}
 		delete(x.spill, h)
-		var in holders
-		in.n = uint16(copy(in.ids[:], sp))
-		x.holders[h] = in
+		hs.n = uint16(copy(hs.ids[:], sp))
 		return
 	}
 	i := slices.Index(hs.ids[:hs.n], slot)
@@ -326,16 +327,14 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 	hs.n--
 	hs.ids[i] = hs.ids[hs.n]
 	if hs.n == 0 {
-		delete(x.holders, h)
-	} else {
-		x.holders[h] = hs
+		x.holders.del(at)
 	}
 }
 
 // holdersOf returns the slots holding h; the slice may alias hs or spill
 // and is valid until the next change.
 func (x *Index) holdersOf(h uint64, hs *holders) []uint16 {
-	*hs = x.holders[h]
+	*hs = x.holders.get(h)
 	if hs.n == spilled {
 		return x.spill[h]
 	}
@@ -343,13 +342,11 @@ func (x *Index) holdersOf(h uint64, hs *holders) []uint16 {
 }
 
 func (x *Index) clearLocked(r *replica) {
-	for h := range r.blocks {
-		x.unholdLocked(r.slot, h)
-	}
-	x.entries -= len(r.blocks)
-	// A fresh map rather than clear(): a map keeps its peak size, and a
-	// reset is when an engine's set is likely to have shrunk.
-	r.blocks = make(map[uint64]struct{})
+	r.blocks.each(func(h uint64) { x.unholdLocked(r.slot, h) })
+	x.entries -= r.blocks.Len()
+	// A fresh set rather than emptying it in place: it would keep its peak
+	// size, and a reset is when an engine's set is likely to have shrunk.
+	r.blocks = hashSet{}
 	r.Blocks = 0
 }
 
@@ -387,11 +384,33 @@ func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
 		x.mu.RUnlock()
 		x.m.lookup.Observe(time.Since(start).Seconds())
 	}()
+	// The replicas still matching: the holders of block 0, narrowed block
+	// by block until none is left, so the walk costs one probe per block
+	// up to the longest match (plan §7.5: leading blocks only).
 	var buf [16]uint16
 	var hv holders
 	alive := append(buf[:0], x.holdersOf(hashes[0], &hv)...)
+	t := &x.holders
+	mask := len(t.slots) - 1
 	for i := 1; i < len(hashes) && len(alive) > 0; i++ {
-		hs := x.holdersOf(hashes[i], &hv)
+		// The probe inline: the loop stays small enough for the CPU to
+		// run ahead into the next blocks' cache misses.
+		h := hashes[i]
+		var hs []uint16
+		for j := int(mix(h, t.shift)); ; j = (j + 1) & mask {
+			s := &t.slots[j]
+			if s.n == 0 {
+				break
+			}
+			if s.key == h {
+				if s.n == spilled {
+					hs = x.spill[h]
+				} else {
+					hs = s.ids[:s.n]
+				}
+				break
+			}
+		}
 		k := 0
 		for _, s := range alive {
 			if slices.Contains(hs, s) {
@@ -435,10 +454,8 @@ func (x *Index) Blocks(id string) (Status, []uint64, bool) {
 	if r == nil {
 		return Status{}, nil, false
 	}
-	out := make([]uint64, 0, len(r.blocks))
-	for h := range r.blocks {
-		out = append(out, h)
-	}
+	out := make([]uint64, 0, r.blocks.Len())
+	r.blocks.each(func(h uint64) { out = append(out, h) })
 	slices.Sort(out)
 	return r.Status, out, true
 }
@@ -473,5 +490,5 @@ type Size struct {
 func (x *Index) Size() Size {
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	return Size{Blocks: len(x.holders), Entries: x.entries, Replicas: len(x.replicas), Dropped: x.dropped}
+	return Size{Blocks: x.holders.n, Entries: x.entries, Replicas: len(x.replicas), Dropped: x.dropped}
 }

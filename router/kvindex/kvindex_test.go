@@ -211,19 +211,23 @@ func checkInvariants(t testing.TB, x *Index) {
 		if x.slots[r.slot] != r {
 			t.Fatalf("replica %s: slot %d holds another", r.ID, r.slot)
 		}
-		if r.Blocks != len(r.blocks) {
-			t.Fatalf("replica %s: Blocks %d, set %d", r.ID, r.Blocks, len(r.blocks))
+		if r.Blocks != r.blocks.Len() {
+			t.Fatalf("replica %s: Blocks %d, set %d", r.ID, r.Blocks, r.blocks.Len())
 		}
-		for h := range r.blocks {
+		r.blocks.each(func(h uint64) {
 			var hv holders
 			if !slices.Contains(x.holdersOf(h, &hv), r.slot) {
 				t.Fatalf("replica %s holds %x but holders do not list it", r.ID, h)
 			}
-		}
-		n += len(r.blocks)
+		})
+		n += r.blocks.Len()
 	}
 	m := 0
-	for h := range x.holders {
+	for _, sl := range x.holders.slots {
+		if sl.n == 0 {
+			continue
+		}
+		h := sl.key
 		var hv holders
 		hs := x.holdersOf(h, &hv)
 		if hv.n == spilled && len(hs) <= inlineHolders {
@@ -237,7 +241,7 @@ func checkInvariants(t testing.TB, x *Index) {
 			if r == nil {
 				t.Fatalf("block %x held by free slot %d", h, s)
 			}
-			if _, ok := r.blocks[h]; !ok {
+			if !r.blocks.has(h) {
 				t.Fatalf("holders list %s for %x, its set does not", r.ID, h)
 			}
 		}
