@@ -28,13 +28,16 @@ var commandVersions = map[llmgwv1.CommandType]uint32{
 
 // CommandVersion returns the version this build writes for t, or 0 when it
 // does not know t.
-func CommandVersion(t llmgwv1.CommandType) uint32 { return commandVersions[t] }
+func CommandVersion(t llmgwv1.CommandType) uint32 {
+	v, _ := knownCommand(t)
+	return v
+}
 
 // NewCommand encodes one Raft log entry: the envelope {type, version,
 // payload} around payload. The payload must be the message type belongs to;
 // a mismatch is caught here, on the proposer, rather than on every node.
 func NewCommand(t llmgwv1.CommandType, payload proto.Message) ([]byte, error) {
-	v, ok := commandVersions[t]
+	v, ok := knownCommand(t)
 	if !ok {
 		return nil, fmt.Errorf("encode command: %w", &UnknownCommandError{Type: t})
 	}
@@ -85,6 +88,8 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.SetReplicaDrainingCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT:
 		return &llmgwv1.SetAdapterPlacementCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS:
+		return &llmgwv1.SetNodeLabelsCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

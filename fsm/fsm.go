@@ -3,6 +3,7 @@ package fsm
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -96,7 +97,7 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 	if err := proto.Unmarshal(data, &cmd); err != nil {
 		return nil, fmt.Errorf("apply index %d: %w: %v", index, ErrMalformed, err)
 	}
-	known, ok := commandVersions[cmd.Type]
+	known, ok := knownCommand(cmd.Type)
 	if !ok || cmd.Version > known || cmd.Version == 0 {
 		if cmd.Ignorable {
 			return nil, nil
@@ -129,6 +130,8 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 		res, err = a.setClusterConfig(p)
 	case *llmgwv1.SetAdapterPlacementCommand:
 		res, err = a.setAdapterPlacement(p)
+	case *llmgwv1.SetNodeLabelsCommand:
+		res, err = a.setNodeLabels(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
@@ -265,6 +268,12 @@ func (a *applier) registerNode(p *llmgwv1.RegisterNodeCommand) (any, error) {
 			n.State = old.State
 		}
 	}
+	// An operator's labels outlive the agent's re-registration (at every
+	// reattach): the agent's configured labels no longer apply.
+	if old, ok := a.f.nodes[n.Id]; ok && old.LabelsByOperator {
+		n.Labels = maps.Clone(old.Labels)
+		n.LabelsByOperator = true
+	}
 	n.Revision = a.index
 	a.f.nodes[n.Id] = n
 	a.put(n)
@@ -383,6 +392,11 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 	}
 	if c.DefaultBlockSize != 0 && !slices.Contains(BlockSizes, c.DefaultBlockSize) {
 		return nil, invalid("default_block_size", "must be one of %s, got %d", uintList(BlockSizes), c.DefaultBlockSize)
+	}
+	// The minimum version ratchets up only (plan §13.3): once a gated
+	// command may be in the log, no later write lets older servers back.
+	if old := a.f.config.GetMinVersion(); old != "" && CompareVersions(c.MinVersion, old) < 0 {
+		c.MinVersion = old
 	}
 	c.Revision = a.index
 	a.f.config = c

@@ -1,0 +1,13 @@
+//go:build llmgw_upgrade_old
+
+package fsm
+
+import llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+
+// NodeLabelsVersion is empty in the "old" build: it predates the command.
+const NodeLabelsVersion = ""
+
+// gatedCommands is empty in the "old" build (tag llmgw_upgrade_old): this
+// tree as the release before any gated command existed. A
+// SET_NODE_LABELS entry stops it loudly, as an unknown command must.
+var gatedCommands = map[llmgwv1.CommandType]gatedCommand{}
