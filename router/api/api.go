@@ -41,6 +41,12 @@ type Endpoints interface {
 	Models() []*llmgwv1.Model
 	// LoadOf returns an endpoint's current load.
 	LoadOf(e *endpoint.Endpoint) endpoint.Load
+	// Adapter resolves an adapter name to its base model (plan §7.6).
+	Adapter(name string) (endpoint.AdapterRef, bool)
+	// Holds reports whether an endpoint can serve the adapter now.
+	Holds(e *endpoint.Endpoint, adapter string) bool
+	// Changed is closed once the routing table is rebuilt.
+	Changed() <-chan struct{}
 }
 
 // Scheduler chooses replicas (scheduler.Scheduler, plan §7.3). Its
@@ -99,7 +105,9 @@ type Handler struct {
 	transport *http.Transport
 	mux       *http.ServeMux
 	m         *metrics
-	kv        *tier2 // nil: tier 2 off (EnableKV)
+	kv        *tier2    // nil: tier 2 off (EnableKV)
+	ad        *adapters // nil: cold adapters are refused (EnableAdapters)
+	adm       *adapterMetrics
 }
 
 // New builds the handler; reg receives its metrics and gather serves
@@ -128,7 +136,11 @@ func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slo
 			// Engines speak plain HTTP/1.1; compression would hold SSE chunks back.
 			DisableCompression: true,
 		},
-		m: newMetrics(reg),
+		m:   newMetrics(reg),
+		adm: newAdapterMetrics(),
+	}
+	if reg != nil {
+		h.adm.register(reg)
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/chat/completions", h.proxy)
@@ -155,9 +167,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mux.ServeHTTP(w, r)
 }
 
-// Close drops idle upstream connections. Call it after the HTTP server has
-// stopped.
-func (h *Handler) Close() { h.transport.CloseIdleConnections() }
+// Close stops the adapter loads requests were waiting on and drops idle
+// upstream connections. Call it after the HTTP server has stopped.
+func (h *Handler) Close() {
+	h.ad.close()
+	h.transport.CloseIdleConnections()
+}
 
 func newRequestID() string {
 	var b [16]byte
@@ -178,20 +193,36 @@ type modelList struct {
 	Data   []modelEntry `json:"data"`
 }
 
+// modelEntry is vLLM's model card: root is what was loaded (the model,
+// or the adapter's path), parent the base model of an adapter (null for a
+// base model).
 type modelEntry struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
+	ID      string  `json:"id"`
+	Object  string  `json:"object"`
+	Created int64   `json:"created"`
+	OwnedBy string  `json:"owned_by"`
+	Root    string  `json:"root"`
+	Parent  *string `json:"parent"`
 }
 
-// models lists the models in desired state, ready or not: a model being
-// rolled out exists, it only answers 503 for a moment. Desired state has no
-// creation time, so created is 0.
+// models lists the models in desired state, ready or not, each followed by
+// its adapters (plan §7.1): a model being rolled out exists, it only
+// answers 503 for a moment, and an adapter is servable whether or not a
+// replica holds it now. Desired state has no creation time, so created is 0.
 func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
 	out := modelList{Object: "list", Data: []modelEntry{}}
 	for _, m := range h.eps.Models() {
-		out.Data = append(out.Data, modelEntry{ID: m.GetName(), Object: "model", OwnedBy: "llmgw"})
+		root := m.GetModel()
+		if root == "" {
+			root = m.GetName()
+		}
+		out.Data = append(out.Data, modelEntry{ID: m.GetName(), Object: "model", OwnedBy: "llmgw", Root: root})
+		for _, a := range m.GetAdapters() {
+			if ref, ok := h.eps.Adapter(a.GetName()); ok && ref.Model == m.GetName() {
+				out.Data = append(out.Data, modelEntry{ID: a.GetName(), Object: "model", OwnedBy: "llmgw",
+					Root: a.GetPath(), Parent: &ref.Model})
+			}
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
@@ -239,22 +270,63 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 		errors.As(err, &ae)
 		return fail(ae)
 	}
-	eps, known := h.eps.Lookup(req.Model)
+	// `model` names a model or one of its adapters (plan §7.6), as with vLLM.
+	base, adapter := req.Model, ""
+	eps, known := h.eps.Lookup(base)
+	ref, isAdapter := endpoint.AdapterRef{}, false
+	if !known {
+		if ref, isAdapter = h.eps.Adapter(req.Model); isAdapter {
+			base, adapter = ref.Model, req.Model
+			eps, known = h.eps.Lookup(base)
+		}
+	}
 	if !known {
 		return fail(errModelNotFound(req.Model))
 	}
-	*modelLabel = req.Model
-	log := h.log.With("request_id", rid, "model", req.Model)
+	*modelLabel = base // adapters share their model's label: names are many, models few
+	log := h.log.With("request_id", rid, "model", base)
+	if adapter != "" {
+		log = log.With("adapter", adapter)
+		var aerr *apiError
+		if eps, aerr = h.holders(r.Context(), adapter, base, eps, log); aerr != nil {
+			if r.Context().Err() != nil {
+				return clientClosed
+			}
+			return fail(aerr)
+		}
+	}
+	model := h.model(base)
+	// The body goes out as the client sent it but for two fields: usage on
+	// streams (the router learns cached_tokens from it) and llama.cpp's
+	// adapter addressing.
+	stripUsage := false
+	if req.Stream && !wantsUsage(body) {
+		b, err := withUsage(body)
+		if err != nil {
+			var ae *apiError
+			if errors.As(err, &ae) {
+				return fail(ae)
+			}
+			return fail(errInvalidField("", err.Error()))
+		}
+		body, stripUsage = b, true
+	}
+	if adapter != "" && model.GetEngine() == "llamacpp" {
+		b, err := forLlamaCpp(body, base, ref.Index)
+		if err != nil {
+			return fail(errInvalidField("", err.Error()))
+		}
+		body = b
+	}
 
-	sreq := &scheduler.Request{ID: rid, Model: req.Model, Session: r.Header.Get("X-Session-ID"),
+	sreq := &scheduler.Request{ID: rid, Model: base, Adapter: adapter, Session: r.Header.Get("X-Session-ID"),
 		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), req.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
-	model := h.model(req.Model)
 	prof := h.sched.ProfileFor(model)
 	kind := tokenize.Chat
 	if strings.HasSuffix(r.URL.Path, "/v1/completions") {
 		kind = tokenize.Completion
 	}
-	sreq.KV = h.kv.query(r.Context(), h, model, kind, body, eps)
+	sreq.KV = h.kv.query(r.Context(), h, model, adapter, kind, body, eps)
 	// tail keeps the end of the answer when tier 2 predicted something, so
 	// the engine's cached_tokens can be held against the prediction.
 	var tail *tailBuffer
@@ -266,13 +338,14 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 		}
 		tap = tail
 	}
+	fw := forwarding{body: body, stream: req.Stream, stripUsage: stripUsage, adapter: adapter, tail: tap}
 
 	// tried holds every replica this request has been sent to, or whose
 	// breaker refused it, so each attempt goes somewhere new (plan §7.4).
 	tried := make([]*endpoint.Endpoint, 0, h.cfg.MaxAttempts)
 	var lastErr error
 	for attempt := 0; attempt < h.cfg.MaxAttempts; {
-		ep, cand := h.choose(prof, sreq, eps, tried)
+		ep, cand := h.choose(prof, sreq, eps, tried, adapter)
 		if ep == nil {
 			break
 		}
@@ -283,7 +356,7 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 		}
 		attempt++
 		last := attempt == h.cfg.MaxAttempts || len(tried) == len(eps)
-		code, err := h.forward(w, r, body, ep, req.Stream, start, last, log, func() { h.sched.Observe(prof, sreq, cand) }, tap)
+		code, err := h.forward(w, r, &fw, ep, start, last, log, func() { h.sched.Observe(prof, sreq, cand) })
 		if err == nil {
 			if tail != nil && code == http.StatusOK {
 				h.kv.observe(sreq.KV, ep.ReplicaID, req.Stream, tail.b)
@@ -304,13 +377,23 @@ func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.
 			log.Info("router: client went away", "replica", ep.ReplicaID)
 			return clientClosed
 		}
-		br.Failure()
 		lastErr = err
-		h.m.upstreamErrors.WithLabelValues(req.Model).Inc()
+		if errors.Is(err, errAdapterMissing) {
+			// The replica is healthy; the table was a moment behind.
+			br.Release()
+			h.adm.missing.Inc()
+			log.Info("router: replica does not hold the adapter; trying another", "replica", ep.ReplicaID)
+			continue
+		}
+		br.Failure()
+		h.m.upstreamErrors.WithLabelValues(base).Inc()
 		log.Warn("router: replica failed before the first byte; trying another", "replica", ep.ReplicaID, "err", err)
 	}
 	if lastErr == nil {
 		return fail(errNoReplica(req.Model))
+	}
+	if errors.Is(lastErr, errAdapterMissing) {
+		return fail(errAdapterCold(adapter, "no replica tried holds it now", 1))
 	}
 	return fail(errUpstream(lastErr))
 }
@@ -331,7 +414,7 @@ func (h *Handler) model(name string) *llmgwv1.Model {
 }
 
 // choose asks the scheduler among the endpoints not yet tried.
-func (h *Handler) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.Candidate) {
+func (h *Handler) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, tried []*endpoint.Endpoint, adapter string) (*endpoint.Endpoint, scheduler.Candidate) {
 	left := make([]*endpoint.Endpoint, 0, len(eps))
 	for _, e := range eps {
 		if !slices.Contains(tried, e) {
@@ -346,7 +429,8 @@ func (h *Handler) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, 
 		l := h.eps.LoadOf(e)
 		k := Key(e)
 		cands[i] = scheduler.Candidate{Key: k, Waiting: l.Waiting, Running: l.Running, KVUsage: l.KVUsage,
-			Inflight: l.Inflight, Weight: e.Weight, Saturated: l.Saturated, Breaker: h.breakerView(k)}
+			Inflight: l.Inflight, Weight: e.Weight, Saturated: l.Saturated, Breaker: h.breakerView(k),
+			HasAdapter: adapter != "" && h.eps.Holds(e, adapter)}
 	}
 	i := h.sched.Pick(prof, sreq, cands)
 	if i < 0 || i >= len(left) {
@@ -385,8 +469,22 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // retry elsewhere (plan §7.4). Once the response has started, it is the
 // answer, whatever happens to it; accepted runs just before, so the
 // scheduler records where the request really went (plan §7.5).
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, ep *endpoint.Endpoint,
-	stream bool, start time.Time, last bool, log *slog.Logger, accepted func(), tail io.Writer) (int, error) {
+// forwarding is what forward sends and how it treats the answer.
+type forwarding struct {
+	body   []byte
+	stream bool
+	// stripUsage drops the usage chunk the router added to the stream.
+	stripUsage bool
+	// adapter, when set, makes an engine's 404 before the first byte a
+	// reason to try another replica (plan §7.6).
+	adapter string
+	// tail, when set, receives the engine's bytes for tier 2's accounting.
+	tail io.Writer
+}
+
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, fw *forwarding, ep *endpoint.Endpoint,
+	start time.Time, last bool, log *slog.Logger, accepted func()) (int, error) {
+	body := fw.body
 	release := ep.Acquire()
 	defer release()
 
@@ -412,6 +510,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return 0, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
 	}
+	if resp.StatusCode == http.StatusNotFound && fw.adapter != "" && !last {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return 0, fmt.Errorf("replica %s, adapter %s: %w", ep.ReplicaID, fw.adapter, errAdapterMissing)
+	}
 
 	accepted()
 	hdr := w.Header()
@@ -427,14 +529,25 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 	w.WriteHeader(resp.StatusCode)
 
 	var src io.Reader = resp.Body
-	if tail != nil {
-		src = io.TeeReader(resp.Body, tail) // tail keeps the usage for tier 2's accounting
+	if fw.tail != nil {
+		src = io.TeeReader(resp.Body, fw.tail) // tail keeps the usage for tier 2's accounting
 	}
-	n, err := h.copyFlushing(w, src, func() {
-		if stream {
+	var dst io.Writer = w
+	var strip *usageStripper
+	if fw.stripUsage && resp.StatusCode == http.StatusOK {
+		strip = &usageStripper{dst: w}
+		dst = strip
+	}
+	n, err := h.copyFlushing(w, dst, src, func() {
+		if fw.stream {
 			h.m.ttft.WithLabelValues(ep.Model).Observe(time.Since(start).Seconds())
 		}
 	})
+	if strip != nil && err == nil {
+		if ferr := strip.Flush(); ferr != nil {
+			err = fmt.Errorf("write to client: %w", ferr)
+		}
+	}
 	if err != nil && r.Context().Err() == nil {
 		// Too late to answer with an error: the client sees a cut stream.
 		h.m.upstreamErrors.WithLabelValues(ep.Model).Inc()
@@ -447,9 +560,10 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, body []byte, e
 	return resp.StatusCode, nil
 }
 
-// copyFlushing copies src to w, flushing after every read so SSE chunks
-// reach the client one by one; first runs before the first byte is written.
-func (h *Handler) copyFlushing(w http.ResponseWriter, src io.Reader, first func()) (int64, error) {
+// copyFlushing copies src to dst (w, or a filter writing to w), flushing w
+// after every read so SSE chunks reach the client one by one; first runs
+// before the first byte is written.
+func (h *Handler) copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, first func()) (int64, error) {
 	rc := http.NewResponseController(w)
 	buf := make([]byte, 32<<10)
 	var n int64
@@ -459,7 +573,7 @@ func (h *Handler) copyFlushing(w http.ResponseWriter, src io.Reader, first func(
 			if n == 0 {
 				first()
 			}
-			if _, err := w.Write(buf[:k]); err != nil {
+			if _, err := dst.Write(buf[:k]); err != nil {
 				return n, fmt.Errorf("write to client: %w", err)
 			}
 			n += int64(k)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,49 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // table is a fixed routing table.
 type table struct {
 	models map[string][]*endpoint.Endpoint
+	// adapters resolve to their model; held lists, by replica id, the
+	// adapters each endpoint holds.
+	adapters map[string]endpoint.AdapterRef
+	mu       sync.Mutex
+	held     map[string]map[string]bool
+	changed  chan struct{}
+	// list is what Models returns; nil: demo and empty, if present.
+	list []*llmgwv1.Model
+}
+
+func (t *table) Adapter(name string) (endpoint.AdapterRef, bool) {
+	r, ok := t.adapters[name]
+	return r, ok
+}
+func (t *table) Holds(e *endpoint.Endpoint, adapter string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.held[e.ReplicaID][adapter]
+}
+func (t *table) Changed() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.changed == nil {
+		t.changed = make(chan struct{})
+	}
+	return t.changed
+}
+
+// hold marks replica as holding adapter and publishes the change.
+func (t *table) hold(replica, adapter string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.held == nil {
+		t.held = map[string]map[string]bool{}
+	}
+	if t.held[replica] == nil {
+		t.held[replica] = map[string]bool{}
+	}
+	t.held[replica][adapter] = true
+	if t.changed != nil {
+		close(t.changed)
+	}
+	t.changed = make(chan struct{})
 }
 
 func (t *table) Lookup(m string) ([]*endpoint.Endpoint, bool) {
@@ -34,6 +78,9 @@ func (t *table) Lookup(m string) ([]*endpoint.Endpoint, bool) {
 	return eps, ok
 }
 func (t *table) Models() []*llmgwv1.Model {
+	if t.list != nil {
+		return t.list
+	}
 	var out []*llmgwv1.Model
 	for _, n := range []string{"demo", "empty"} {
 		if _, ok := t.models[n]; ok {

@@ -53,7 +53,11 @@ func (h *Handler) EnableKV(idx KVIndex, tok Tokenizer, minBlocks int, reg promet
 // query returns the KVQuery for a request to model m over eps, or nil
 // when the model does not use tier 2. Every way it can fail is a Fallback
 // reason: tier 1 then routes, and the request itself never fails for it.
-func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) *scheduler.KVQuery {
+//
+// An adapter request is tokenized under the base model's name (adapters
+// share its tokenizer) and hashed with the adapter's name in the extra
+// keys, as vLLM hashes its blocks (plan §7.6).
+func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, adapter string, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) *scheduler.KVQuery {
 	if t == nil || !m.GetKvEvents() || len(eps) == 0 {
 		return nil
 	}
@@ -87,9 +91,7 @@ func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, kind to
 	if bs == 0 {
 		bs = 16 // vLLM's default, as the agent starts it (fsm fills it in for kv_events models)
 	}
-	// Adapters are not routed by the router yet (plan §7.6), so no LoRA
-	// name: the extra keys are the cache salt's alone.
-	hs, err := vllm.BlockHashes(vllm.NoneHash(m.GetHashSeed()), toks, bs, vllm.RequestExtraKeys("", cacheSalt(body)))
+	hs, err := vllm.BlockHashes(vllm.NoneHash(m.GetHashSeed()), toks, bs, vllm.RequestExtraKeys(adapter, cacheSalt(body)))
 	if err != nil {
 		return fallback(scheduler.KVUnsupported)
 	}
