@@ -15,12 +15,19 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
 	"github.com/llmgw/llmgw/router/breaker"
@@ -65,6 +72,9 @@ type Config struct {
 	// KVMinBlocks is the fewest leading blocks a replica must hold for
 	// tier 2 to prefer it.
 	KVMinBlocks int
+	// AdapterWait bounds how long a request for a cold LoRA adapter waits
+	// for a replica to report it loaded (plan §7.6).
+	AdapterWait time.Duration
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -84,6 +94,7 @@ func DefaultConfig() Config {
 		KVIndex:          kvindex.DefaultConfig(),
 		Tokenize:         tokenize.DefaultConfig(),
 		KVMinBlocks:      1,
+		AdapterWait:      api.DefaultAdapterWait,
 	}
 }
 
@@ -130,6 +141,9 @@ func (c Config) Validate() error {
 	if c.KVMinBlocks < 1 {
 		return fmt.Errorf("--kv-min-blocks: must be at least 1, got %d", c.KVMinBlocks)
 	}
+	if c.AdapterWait <= 0 {
+		return fmt.Errorf("--adapter-wait: must be positive, got %s", c.AdapterWait)
+	}
 	return nil
 }
 
@@ -145,6 +159,7 @@ type Router struct {
 	kv       *kvindex.Index
 	tok      *tokenize.Client
 	handler  *api.Handler
+	control  *controlAdapters
 	mux      *http.ServeMux
 	draining atomic.Bool
 }
@@ -215,6 +230,8 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	}
 	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg)
 	r.handler.EnableKV(kv, tok, cfg.KVMinBlocks, reg)
+	r.control = &controlAdapters{addrs: r.controlAddrs, conns: map[string]*grpc.ClientConn{}}
+	r.handler.EnableAdapters(r.control, cfg.AdapterWait)
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
 	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
@@ -245,7 +262,8 @@ func (r *Router) Run(ctx context.Context) error {
 //     in-flight requests (streams included) to finish;
 //  3. past the grace, remaining requests are cancelled (which cancels their
 //     engine requests) and their connections closed;
-//  4. only then stop the endpoint scrapers, the watch client (which saves
+//  4. the handler's adapter loads and their control-plane connections;
+//  5. only then stop the endpoint scrapers, the watch client (which saves
 //     the state a last time) and the forgetter: requests route from them
 //     to the end.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
@@ -301,7 +319,8 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		<-serveErr // http.ErrServerClosed
 	}
 	handlers.Wait()
-	r.handler.Close()
+	r.handler.Close() // after the requests: it ends the adapter loads they waited on
+	r.control.close()
 	r.tok.Close()
 
 	stopBG()
@@ -372,4 +391,75 @@ func (r *Router) debugKVIndex(w http.ResponseWriter, req *http.Request) {
 		kvindex.Status
 		Hashes []uint64 `json:"hashes"`
 	}{st, blocks})
+}
+
+// controlAddrs lists the control servers to ask: the configured ones,
+// then those the watch stream announced.
+func (r *Router) controlAddrs() []string {
+	addrs := slices.Clone(r.cfg.Control)
+	for _, s := range r.watch.Current().Servers {
+		if a := s.GetGrpcAddr(); a != "" && !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
+// controlAdapters calls AdapterService.EnsureAdapter on any control
+// server (followers forward it to the leader), moving to the next one when
+// a server is unreachable. Connections are dialled on first use and kept
+// until close.
+type controlAdapters struct {
+	addrs func() []string
+
+	mu    sync.Mutex
+	conns map[string]*grpc.ClientConn
+	next  int
+}
+
+func (c *controlAdapters) EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterRequest) (*llmgwv1.EnsureAdapterResponse, error) {
+	addrs := c.addrs()
+	var lastErr error
+	for range addrs {
+		conn, addr, err := c.conn(addrs)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		resp, err := llmgwv1.NewAdapterServiceClient(conn).EnsureAdapter(ctx, req)
+		if err == nil {
+			return resp, nil
+		}
+		lastErr = fmt.Errorf("ensure adapter %s at %s: %w", req.GetAdapter(), addr, err)
+		if ctx.Err() != nil || status.Code(err) != codes.Unavailable {
+			return nil, lastErr
+		}
+	}
+	return nil, lastErr
+}
+
+// conn returns a connection to the next address in rotation.
+func (c *controlAdapters) conn(addrs []string) (*grpc.ClientConn, string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	addr := addrs[c.next%len(addrs)]
+	c.next++
+	if cc := c.conns[addr]; cc != nil {
+		return cc, addr, nil
+	}
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, addr, fmt.Errorf("dial %s: %w", addr, err)
+	}
+	c.conns[addr] = cc
+	return cc, addr, nil
+}
+
+func (c *controlAdapters) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for addr, cc := range c.conns {
+		_ = cc.Close()
+		delete(c.conns, addr)
+	}
 }
