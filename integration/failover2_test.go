@@ -40,8 +40,9 @@ import (
 // sampled every 15 ms) never go backwards; afterwards its desired state is
 // the cluster's (its /v1/models lists exactly `llmgwctl model list`'s names,
 // at a revision no older than the last write), and its ephemeral view is the
-// cluster's: every READY replica answers through it and nothing else does.
-// Its chat load loses no request.
+// cluster's: after a new agent and replica that only its new server can
+// tell it about, every READY replica answers through it and nothing else
+// does. Its chat load loses no request.
 func TestFailoverRouterResumesElsewhere(t *testing.T) {
 	c := startCluster(t, 3)
 	c.waitLeader(c.servers, formTimeout)
@@ -101,7 +102,25 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 		t.Errorf("router still watches through the killed server %s: %v", target.id, got)
 	}
 
-	// (b) the ephemeral view: exactly the cluster's READY replicas answer.
+	// (b) the ephemeral view. Replicas change after the kill, so the router
+	// can learn of them only through its new server: a second agent joins
+	// and chat grows to 3 replicas, the new one there. (Not a scale down:
+	// a draining replica is stopped only at the drain timeout, 30 s.) Then
+	// exactly the cluster's READY replicas answer through the router.
+	t.Logf("router's desired state matched the cluster's %v after the kill", time.Since(killed).Round(time.Millisecond))
+	// The writer's models go first, or they take the new agent's GPUs.
+	for i := range 5 {
+		if _, err := writeOrDelete(context.Background(), adminOnce(t, writeVia.grpc), 5+i); err != nil {
+			t.Fatalf("deleting f%d: %v", i, err)
+		}
+	}
+	var liveAddrs []string
+	for _, s := range live {
+		liveAddrs = append(liveAddrs, s.grpc)
+	}
+	startAgentProc(t, "n2", liveAddrs)
+	applyModel(t, writeVia.grpc, "chat", 3)
+	waitServing(t, writeVia.grpc, "chat", 3, r)
 	list, err := clusterReplicas(writeVia.grpc)
 	if err != nil {
 		t.Fatal(err)
@@ -114,8 +133,8 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 			other[rv.Replica.ID] = true
 		}
 	}
-	if len(ready) != 2 {
-		t.Fatalf("cluster lists %d READY chat replicas after the kill, want 2: %+v", len(ready), list)
+	if len(ready) != 3 {
+		t.Fatalf("cluster lists %d READY chat replicas after the kill, want 3: %+v", len(ready), list)
 	}
 	seen := answeringReplicas(t, r.http, "chat", ready, 400)
 	for id := range seen {
@@ -124,20 +143,31 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 		}
 	}
 	l.checkNoFailures(t, 50)
-	t.Logf("router failover: %d revision samples %v..%v, %d writes, last at revision %d; stream opens %v",
-		len(revs), revs[0], revs[len(revs)-1], w.count(), lastRev, watchAddrs(r))
+	t.Logf("router failover: watch reopened %v after the kill; %d revision samples %v..%v, %d writes, last at revision %d; stream opens %v",
+		lastWatchOpen(r).Sub(killed).Round(time.Millisecond), len(revs), revs[0], revs[len(revs)-1], w.count(), lastRev, watchAddrs(r))
 }
 
-var streamOpenRE = regexp.MustCompile(`msg="watch: stream open" .*?\baddr=(\S+)`)
+var streamOpenRE = regexp.MustCompile(`time=(\S+) .*msg="watch: stream open" .*?\baddr=(\S+)`)
 
 // watchAddrs lists the servers the router opened its watch stream on, from
 // its log, oldest first.
 func watchAddrs(r *controlServer) []string {
 	var out []string
 	for _, m := range streamOpenRE.FindAllStringSubmatch(r.output(), -1) {
-		out = append(out, m[1])
+		out = append(out, m[2])
 	}
 	return out
+}
+
+// lastWatchOpen is when the router last opened its watch stream, from its
+// log (zero if it never did).
+func lastWatchOpen(r *controlServer) time.Time {
+	m := streamOpenRE.FindAllStringSubmatch(r.output(), -1)
+	if len(m) == 0 {
+		return time.Time{}
+	}
+	at, _ := time.Parse(time.RFC3339Nano, m[len(m)-1][1])
+	return at
 }
 
 // revisionSampler polls a router's llmgw_router_watch_revision.
@@ -256,6 +286,13 @@ func (w *writer) stop() uint64 {
 	w.cancel()
 	w.wg.Wait()
 	return w.rev.Load()
+}
+
+// adminOnce is an AdminService client closed at the end of the test.
+func adminOnce(t *testing.T, addr string) llmgwv1.AdminServiceClient {
+	a, closeConn := admin(t, addr)
+	t.Cleanup(closeConn)
+	return a
 }
 
 // clusterModels is the sorted names of `llmgwctl model list -o json`; nil
