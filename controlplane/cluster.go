@@ -205,10 +205,10 @@ func (s *Server) reconcileMembers(reported map[string]bool) {
 			if in || s.gossip.removed(id) {
 				continue
 			}
-			if s.expectMismatch(m.meta) || m.meta.Bootstrap {
-				if key := "mismatch/" + id; !reported[key] {
+			if why := s.refusal(m.meta); why != "" {
+				if key := "refused/" + id + "/" + why; !reported[key] {
 					reported[key] = true
-					s.log.Error("server not added to raft: its --bootstrap-expect differs", "member", id, "its_expect", m.meta.Expect, "our_expect", s.cfg.BootstrapExpect, "its_bootstrap", m.meta.Bootstrap)
+					s.log.Error("server refused: not added to raft", "member", id, "its_version", m.meta.Version, "reason", why)
 				}
 				continue
 			}

@@ -72,7 +72,7 @@ func toStatus(err error) error {
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, errNotPeer):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, errRefused), errors.Is(err, errNodeDown):
+	case errors.Is(err, errRefused), errors.Is(err, errNodeDown), errors.Is(err, errGate), errors.Is(err, errBelowMinVersion):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, errNoGossip):
 		return status.Error(codes.FailedPrecondition, err.Error())

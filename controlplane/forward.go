@@ -91,9 +91,10 @@ func (s *Server) leaderGRPC() (id, addr string, ok bool) {
 // and makes the empty response to decode the leader's answer into. Reads
 // are local unless consistent is asked (plan §5.3).
 var leaderOnly = map[string]func(req any) (proto.Message, bool){
-	llmgwv1.AdminService_ApplyModel_FullMethodName:  func(any) (proto.Message, bool) { return &llmgwv1.ApplyModelResponse{}, true },
-	llmgwv1.AdminService_DeleteModel_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.DeleteModelResponse{}, true },
-	llmgwv1.AdminService_DrainNode_FullMethodName:   func(any) (proto.Message, bool) { return &llmgwv1.DrainNodeResponse{}, true },
+	llmgwv1.AdminService_ApplyModel_FullMethodName:    func(any) (proto.Message, bool) { return &llmgwv1.ApplyModelResponse{}, true },
+	llmgwv1.AdminService_DeleteModel_FullMethodName:   func(any) (proto.Message, bool) { return &llmgwv1.DeleteModelResponse{}, true },
+	llmgwv1.AdminService_DrainNode_FullMethodName:     func(any) (proto.Message, bool) { return &llmgwv1.DrainNodeResponse{}, true },
+	llmgwv1.AdminService_SetNodeLabels_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.SetNodeLabelsResponse{}, true },
 	llmgwv1.AdminService_ListModels_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListModelsResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},

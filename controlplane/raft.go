@@ -19,6 +19,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/llmgw/llmgw/fsm"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
 // raftNode is the Raft member and the stores it owns, opened and closed
@@ -76,7 +77,7 @@ func openRaft(cfg Config, f *fsm.FSM, log *slog.Logger, m *metrics, fatal func(e
 		store.Close()
 		return nil, fmt.Errorf("check raft state: %w", err)
 	}
-	adapter := &fsmAdapter{fsm: f, fatal: fatal, metrics: m}
+	adapter := &fsmAdapter{fsm: f, fatal: fatal, metrics: m, version: cfg.Version}
 	r, err := raft.NewRaft(rc, adapter, store, store, snaps, trans)
 	if err != nil {
 		trans.Close()
@@ -130,6 +131,9 @@ type fsmAdapter struct {
 	fsm     *fsm.FSM
 	fatal   func(error)
 	metrics *metrics
+	// version is this build's; a committed min_version above it stops
+	// the node (plan §13.3).
+	version string
 	// stopped is set by a fatal error: from then on nothing more is
 	// applied, so this node stays at its last good revision rather than
 	// diverge, while Run shuts it down.
@@ -151,6 +155,9 @@ func (a *fsmAdapter) Apply(l *raft.Log) any {
 	if fsm.IsFatal(err) {
 		a.stopped.Store(true)
 		a.fatal(fmt.Errorf("raft entry %d: %w", l.Index, err))
+	}
+	if _, ok := v.(*llmgwv1.ClusterConfig); ok {
+		a.checkMinVersion()
 	}
 	return applyResult{value: v, err: err}
 }
@@ -174,7 +181,11 @@ func (a *fsmAdapter) Restore(rc io.ReadCloser) error {
 	if err != nil {
 		return fmt.Errorf("read snapshot: %w", err)
 	}
-	return a.fsm.Restore(b)
+	if err := a.fsm.Restore(b); err != nil {
+		return err
+	}
+	a.checkMinVersion()
+	return nil
 }
 
 type snapshotBytes []byte

@@ -60,6 +60,9 @@ type Server struct {
 	// bootstrapProblem is why --bootstrap-expect refuses to bootstrap (a
 	// mismatched expectation), shown by /readyz; "" when none.
 	bootstrapProblem atomic.Value
+	// versionProblem is why the cluster refuses this server (its version
+	// is below the cluster's minimum, plan §13.3), shown by /readyz.
+	versionProblem atomic.Value
 	// autopilotState is autopilot's last judgement while this node leads.
 	autopilotState atomic.Pointer[autopilot.State]
 	// removals tracks autopilot's removals of failed servers while leading.
@@ -111,6 +114,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		placedAt:   map[adapterKey]time.Time{},
 	}
 	s.bootstrapProblem.Store("")
+	s.versionProblem.Store("")
 	s.metrics = newMetrics(s)
 	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: func() time.Time { return s.now() }},
 		s.eph, (*planeTransport)(s), plane.NewMetrics(s.metrics.reg), s.log.With("subsystem", "ephemeral-plane"))
@@ -213,6 +217,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	if s.gossip != nil && len(s.cfg.Join) > 0 {
 		wg.Go(func() { s.gossip.retryJoin(loops, s.cfg.Join, s.cfg.JoinRetryInterval) })
 	}
+	if s.gossip != nil {
+		wg.Go(func() { s.watchMinVersion(loops, time.Second) })
+	}
 	if s.cfg.BootstrapExpect > 0 && !node.existing {
 		wg.Go(func() { s.bootstrapLoop(loops) })
 	}
@@ -310,6 +317,8 @@ func (s *Server) httpHandler() http.Handler {
 		switch {
 		case !s.serving.Load():
 			http.Error(w, "not serving gRPC", http.StatusServiceUnavailable)
+		case s.versionProblem.Load().(string) != "":
+			http.Error(w, "refused by the cluster: "+s.versionProblem.Load().(string), http.StatusServiceUnavailable)
 		case s.bootstrapProblem.Load().(string) != "":
 			http.Error(w, "bootstrap refused: "+s.bootstrapProblem.Load().(string), http.StatusServiceUnavailable)
 		case !s.hasLeader():
@@ -342,12 +351,15 @@ func (s *Server) revision() uint64 { return s.fsm.Revision() }
 // propose commits one command through Raft on the leader and returns what
 // the FSM made of it and the revision it was applied at.
 func (s *Server) propose(ctx context.Context, t llmgwv1.CommandType, payload proto.Message) (any, uint64, error) {
+	if s.node.raft.State() != raft.Leader {
+		return nil, 0, s.notLeader()
+	}
+	if err := s.gate(ctx, t); err != nil {
+		return nil, 0, err
+	}
 	b, err := fsm.NewCommand(t, payload)
 	if err != nil {
 		return nil, 0, err
-	}
-	if s.node.raft.State() != raft.Leader {
-		return nil, 0, s.notLeader()
 	}
 	timeout := s.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {

@@ -97,6 +97,7 @@ func (a *adminService) Members(context.Context, *llmgwv1.MembersRequest) (*llmgw
 		out.Members = append(out.Members, &llmgwv1.Member{
 			Id: id, GossipAddr: m.gossipAddr, GrpcAddr: m.meta.GRPC, RaftAddr: m.meta.Raft,
 			Version: m.meta.Version, Status: string(m.status), BootstrapExpect: int32(m.meta.Expect),
+			Refused: s.refusal(m.meta),
 		})
 	}
 	return out, nil
