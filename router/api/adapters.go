@@ -75,12 +75,18 @@ func (a *adapters) close() {
 	a.wg.Wait()
 }
 
-// ensure returns the flight for adapter, starting one if none is running.
-func (a *adapters) ensure(adapter string) *flight {
+// ensure returns the flight for adapter, starting one if none is running
+// and held (checked under the lock a flight ends under) is still false;
+// nil when it turned true, so a request that just missed a flight does not
+// start another for an adapter already routable.
+func (a *adapters) ensure(adapter string, held func() bool) *flight {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if f := a.flights[adapter]; f != nil {
 		return f
+	}
+	if held() {
+		return nil
 	}
 	f := &flight{done: make(chan struct{})}
 	a.flights[adapter] = f
@@ -132,14 +138,19 @@ func (h *Handler) holders(ctx context.Context, adapter, model string, eps []*end
 	}
 	start := time.Now()
 	result := "loaded"
+	h.adm.waiting.Inc()
 	defer func() {
+		h.adm.waiting.Dec()
 		h.adm.waited.WithLabelValues(result).Inc()
 		h.adm.waitSeconds.Observe(time.Since(start).Seconds())
 	}()
 	deadline := time.NewTimer(h.ad.wait)
 	defer deadline.Stop()
 	log.Info("router: adapter is cold; asking the control plane to load it", "adapter", adapter)
-	f := h.ad.ensure(adapter)
+	f := h.ad.ensure(adapter, func() bool { return len(h.held(adapter, eps)) > 0 })
+	if f == nil {
+		return h.held(adapter, eps), nil
+	}
 	select {
 	case <-f.done:
 	case <-ctx.Done():
@@ -222,6 +233,7 @@ type adapterMetrics struct {
 	waited        *prometheus.CounterVec
 	waitSeconds   prometheus.Histogram
 	missing       prometheus.Counter
+	waiting       prometheus.Gauge
 }
 
 func newAdapterMetrics() *adapterMetrics {
@@ -241,6 +253,9 @@ func newAdapterMetrics() *adapterMetrics {
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "llmgw_router_adapter_wait_seconds", Help: "Time requests waited for a cold adapter to load.", Buckets: buckets,
 		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_router_adapter_waiting_requests", Help: "Requests waiting for a cold adapter now.",
+		}),
 		missing: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgw_router_adapter_missing_total",
 			Help: "Engine 404s for an adapter the router thought it held, retried elsewhere.",
@@ -249,5 +264,5 @@ func newAdapterMetrics() *adapterMetrics {
 }
 
 func (m *adapterMetrics) register(reg prometheus.Registerer) {
-	reg.MustRegister(m.ensures, m.ensureSeconds, m.waited, m.waitSeconds, m.missing)
+	reg.MustRegister(m.ensures, m.ensureSeconds, m.waited, m.waitSeconds, m.missing, m.waiting)
 }
