@@ -64,8 +64,10 @@ func newRootCmd(out io.Writer) *cobra.Command {
 	root.PersistentFlags().StringVar(&c.addr, "addr", addr, "a control-plane server's gRPC address (env LLMGW_ADDR)")
 	root.PersistentFlags().StringVarP(&c.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().DurationVar(&c.timeout, "timeout", 10*time.Second, "how long one call may take")
-	root.AddCommand(c.modelCmd(), c.nodeCmd(), c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
-		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd())
+	node := c.nodeCmd()
+	node.AddCommand(c.nodeLabelCmd())
+	root.AddCommand(c.modelCmd(), node, c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
+		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd(), c.upgradeCmd())
 	return root
 }
 
