@@ -38,5 +38,8 @@ func newRouterCmd() *cobra.Command {
 	f.DurationVar(&cfg.ConnectTimeout, "connect-timeout", cfg.ConnectTimeout, "timeout for connecting to an engine")
 	f.DurationVar(&cfg.FirstByteTimeout, "first-byte-timeout", cfg.FirstByteTimeout, "timeout for an engine's response headers")
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "how long in-flight requests may finish after SIGTERM")
+	f.DurationVar(&cfg.Tokenize.Budget, "tokenize-budget", cfg.Tokenize.Budget, "how long tier-2 prefix routing may wait for /tokenize before falling back to tier 1")
+	f.IntVar(&cfg.KVMinBlocks, "kv-min-blocks", cfg.KVMinBlocks, "fewest leading KV blocks a replica must hold to be preferred by tier 2")
+	f.DurationVar(&cfg.AdapterWait, "adapter-wait", cfg.AdapterWait, "how long a request for a cold LoRA adapter waits for it to load")
 	return cmd
 }
