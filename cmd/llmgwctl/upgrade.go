@@ -7,10 +7,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -40,6 +42,18 @@ type upgradeServer struct {
 	LastIndex uint64 `json:"last_index"`
 	// Lag is how many entries it is behind the leader's last index.
 	Lag uint64 `json:"lag"`
+	// Answered is whether the server itself answered just now; its index,
+	// version and leader are then its own, not the leader's last reading.
+	Answered bool `json:"answered"`
+}
+
+// reading is what one server says of itself when asked directly: fresher
+// than autopilot's view, which the leader refreshes every interval and
+// which may predate a restart.
+type reading struct {
+	version   string
+	leader    string
+	lastIndex uint64
 }
 
 // upgradeReport is `upgrade check`'s answer.
@@ -57,7 +71,7 @@ type upgradeReport struct {
 // assess is the check itself, pure: the leader's ClusterStatus (health and
 // failure tolerance are autopilot's there), its peers, and how far behind
 // the leader a server may be and still count as caught up.
-func assess(st *llmgwv1.ClusterStatusResponse, peers []*llmgwv1.RaftPeer, maxLag uint64) upgradeReport {
+func assess(st *llmgwv1.ClusterStatusResponse, peers []*llmgwv1.RaftPeer, fresh map[string]reading, maxLag uint64) upgradeReport {
 	r := upgradeReport{Leader: st.Leader, Healthy: st.Healthy, FailureTolerance: st.FailureTolerance, MinVersion: st.MinVersion, Versions: map[string]int{}}
 	addrs := map[string]string{}
 	for _, s := range st.Servers {
@@ -67,15 +81,26 @@ func assess(st *llmgwv1.ClusterStatusResponse, peers []*llmgwv1.RaftPeer, maxLag
 	for _, p := range peers {
 		if p.Leader {
 			leaderIndex = p.LastIndex
+			if f, ok := fresh[p.Id]; ok {
+				leaderIndex = f.lastIndex
+			}
 		}
 	}
 	for _, p := range peers {
 		u := upgradeServer{ID: p.Id, GRPCAddr: addrs[p.Id], Version: p.Version, Voter: p.Voter, Leader: p.Leader, Healthy: p.Healthy, LastIndex: p.LastIndex}
-		if leaderIndex > p.LastIndex {
-			u.Lag = leaderIndex - p.LastIndex
+		f, answered := fresh[p.Id]
+		if answered {
+			u.Answered, u.Version, u.LastIndex = true, f.version, f.lastIndex
 		}
-		r.Versions[orDash(p.Version)]++
+		if leaderIndex > u.LastIndex {
+			u.Lag = leaderIndex - u.LastIndex
+		}
+		r.Versions[orDash(u.Version)]++
 		switch {
+		case fresh != nil && !answered:
+			r.Problems = append(r.Problems, fmt.Sprintf("%s does not answer", p.Id))
+		case answered && f.leader != st.Leader:
+			r.Problems = append(r.Problems, fmt.Sprintf("%s does not follow the leader %s yet (it sees %q)", p.Id, st.Leader, f.leader))
 		case !p.Healthy:
 			r.Problems = append(r.Problems, fmt.Sprintf("%s is not healthy (autopilot: no recent contact, or too far behind)", p.Id))
 		case u.Lag > maxLag:
@@ -102,9 +127,10 @@ func assess(st *llmgwv1.ClusterStatusResponse, peers []*llmgwv1.RaftPeer, maxLag
 
 // leaderView reads what a check needs: ClusterStatus from the leader (the
 // server --addr names may only estimate health) and the leader's peers.
-func (c *cli) leaderView(ctx context.Context) (*llmgwv1.ClusterStatusResponse, []*llmgwv1.RaftPeer, error) {
+func (c *cli) leaderView(ctx context.Context) (*llmgwv1.ClusterStatusResponse, []*llmgwv1.RaftPeer, map[string]reading, error) {
 	var st *llmgwv1.ClusterStatusResponse
 	var peers []*llmgwv1.RaftPeer
+	fresh := map[string]reading{}
 	err := c.admin(ctx, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 		var err error
 		if st, err = a.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}); err != nil {
@@ -118,26 +144,56 @@ func (c *cli) leaderView(ctx context.Context) (*llmgwv1.ClusterStatusResponse, [
 			return fmt.Errorf("raft list-peers: %w", err)
 		}
 		peers = lp.Peers
-		if st.ServerId == st.Leader {
-			return nil
-		}
+		// Ask every server itself (the leader first): its own version,
+		// leader and last index, as Nomad's upgrade scenario does.
+		var leaderStatus *llmgwv1.ClusterStatusResponse
 		for _, s := range st.Servers {
-			if s.Id == st.Leader && s.GrpcAddr != "" {
-				conn, err := grpc.NewClient(s.GrpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-				if err != nil {
-					return fmt.Errorf("connect to the leader %s: %w", s.GrpcAddr, err)
-				}
-				defer conn.Close()
-				ls, err := llmgwv1.NewAdminServiceClient(conn).ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
-				if err != nil {
-					return fmt.Errorf("cluster status from the leader %s: %w", s.Id, err)
-				}
-				st = ls
+			if s.GrpcAddr == "" {
+				continue
 			}
+			r, cs, err := askServer(ctx, s.GrpcAddr)
+			if err != nil || cs.ServerId != s.Id {
+				continue
+			}
+			fresh[s.Id] = r
+			if s.Id == st.Leader {
+				leaderStatus = cs
+			}
+		}
+		if leaderStatus != nil {
+			leaderStatus.Servers = st.Servers
+			st = leaderStatus
 		}
 		return nil
 	})
-	return st, peers, err
+	return st, peers, fresh, err
+}
+
+// askServer is one server's ClusterStatus, with the Raft figures its
+// headers carry.
+func askServer(ctx context.Context, addr string) (reading, *llmgwv1.ClusterStatusResponse, error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return reading{}, nil, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	var md metadata.MD
+	cs, err := llmgwv1.NewAdminServiceClient(conn).ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&md))
+	if err != nil {
+		return reading{}, nil, err
+	}
+	r := reading{leader: cs.Leader}
+	for _, s := range cs.Servers {
+		if s.Id == cs.ServerId {
+			r.version = s.Version
+		}
+	}
+	if v := md.Get("llmgw-raft-last-index"); len(v) == 1 {
+		r.lastIndex, _ = strconv.ParseUint(v[0], 10, 64)
+	}
+	return r, cs, nil
 }
 
 func (c *cli) upgradeCheckCmd() *cobra.Command {
@@ -150,11 +206,11 @@ func (c *cli) upgradeCheckCmd() *cobra.Command {
 			"server's version and the cluster's minimum version. Exits non-zero when a step must wait.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, peers, err := c.leaderView(cmd.Context())
+			st, peers, fresh, err := c.leaderView(cmd.Context())
 			if err != nil {
 				return fmt.Errorf("upgrade check: %w", err)
 			}
-			r := assess(st, peers, maxLag)
+			r := assess(st, peers, fresh, maxLag)
 			if c.output == "json" {
 				if err := c.printJSON(r); err != nil {
 					return err

@@ -33,7 +33,7 @@ func TestAssess(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := assess(tt.st, tt.peers, 16)
+			r := assess(tt.st, tt.peers, nil, 16)
 			if r.OK != (len(tt.problems) == 0) || len(r.Problems) != len(tt.problems) {
 				t.Fatalf("ok %v problems %q, want %q", r.OK, r.Problems, tt.problems)
 			}
@@ -44,8 +44,28 @@ func TestAssess(t *testing.T) {
 			}
 		})
 	}
-	if r := assess(healthy, peers(0, 0, true, true), 16); r.Versions["v0.2.0"] != 2 || r.Versions["v0.1.0"] != 1 {
+	if r := assess(healthy, peers(0, 0, true, true), nil, 16); r.Versions["v0.2.0"] != 2 || r.Versions["v0.1.0"] != 1 {
 		t.Fatalf("versions %v", r.Versions)
+	}
+	// The servers' own answers win over autopilot's (possibly stale) view.
+	fresh := []struct {
+		name     string
+		readings map[string]reading
+		problem  string
+	}{
+		{"all answer", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 199}, "c3": {"v0.2.0", "c1", 195}}, ""},
+		{"restarted server not back", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}}, "c3 does not answer"},
+		{"restarted server without leader", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}, "c3": {"v0.2.0", "", 0}}, "c3 does not follow the leader"},
+		{"restarted server behind", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}, "c3": {"v0.2.0", "c1", 100}}, "c3 is 100 entries behind"},
+	}
+	for _, tt := range fresh {
+		r := assess(healthy, peers(0, 0, true, true), tt.readings, 16)
+		if (tt.problem == "") != r.OK || (tt.problem != "" && !strings.Contains(strings.Join(r.Problems, ";"), tt.problem)) {
+			t.Errorf("%s: ok %v problems %q, want %q", tt.name, r.OK, r.Problems, tt.problem)
+		}
+		if tt.problem == "" && r.Versions["v0.2.0"] != 3 {
+			t.Errorf("%s: versions %v are not the servers' own", tt.name, r.Versions)
+		}
 	}
 }
 
