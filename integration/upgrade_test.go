@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -337,5 +338,64 @@ func upgradeRound(t *testing.T, oldBin, newBin string) []time.Duration {
 			t.Error(err)
 		}
 	}
+	checkOldRefused(t, c, oldBin)
 	return gaps
+}
+
+// checkOldRefused: once the gate is committed, a server running the old
+// release is refused at join: not added to Raft, listed with its reason in
+// members, and not ready.
+func checkOldRefused(t *testing.T, c *cluster, oldBin string) {
+	t.Helper()
+	c4 := newServer(t, "c4", serverOpts{join: []string{c.servers[0].gossip}})
+	startBinary(c4, oldBin)
+	if err := eventuallyErr(30*time.Second, func() error {
+		out, err := c.servers[0].ctl("server", "members", "-o", "json")
+		if err != nil {
+			return err
+		}
+		var v struct {
+			Members []struct {
+				ID      string `json:"id"`
+				Refused string `json:"refused"`
+			} `json:"members"`
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			return err
+		}
+		for _, m := range v.Members {
+			if m.ID == "c4" && strings.Contains(m.Refused, "below the cluster's minimum version "+newVersion) {
+				return nil
+			}
+		}
+		return fmt.Errorf("c4 not listed as refused: %s", out)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := eventuallyErr(30*time.Second, func() error {
+		resp, err := chatClient.Get("http://" + c4.http + "/readyz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode == 200 || !strings.Contains(string(b), "minimum version") {
+			return fmt.Errorf("c4 /readyz: %d %s", resp.StatusCode, b)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	peers, err := c.servers[0].peers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range peers {
+		if p.ID == "c4" {
+			t.Errorf("the old c4 was added to raft: %+v", peers)
+		}
+	}
+	if !strings.Contains(c4.output(), "refused by the cluster") {
+		t.Errorf("c4 does not say loudly that it is refused:\n%s", tail(c4.output(), 10))
+	}
 }
