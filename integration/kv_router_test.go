@@ -1,0 +1,250 @@
+package integration
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Precise prefix routing end to end (plan §7.5 tier 2; issue "Precise
+// prefix routing", "Exactness"): simulated engines publish KV events, the
+// agent mirrors them, the control plane forwards them, and every router's
+// index must equal each engine's real block set (/sim/blocks) within 1 s of
+// quiescence — in both encodings and both hash forms, with 1 % of event
+// batches dropped (repaired by replay), after an engine's kill -9 and after
+// a router's kill -9 and restart.
+
+// kvQuiesceBound is the issue's bound: identical within 1 s of the last
+// request (the agent batches every 250 ms, then two gRPC hops).
+const kvQuiesceBound = time.Second
+
+func TestKVRouterExactness(t *testing.T) {
+	tests := []struct {
+		name, encoding, intHashes string
+		// restarts: also kill -9 an engine and a second router, and check
+		// again after each.
+		restarts bool
+	}{
+		{"map-ints", "map", "1", true},
+		{"map-bytes", "map", "0", false},
+		{"array-ints", "array", "1", false},
+		{"array-bytes", "array", "0", false},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// The agent hands its environment to the engines it starts.
+			t.Setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", tc.intHashes)
+			base := 41000 + 250*i
+			d := startDev(t, "--port-range", fmt.Sprintf("%d-%d", base, base+249))
+			file := filepath.Join(t.TempDir(), "kvm.yaml")
+			// A cache of 64 blocks of 16 tokens: the traffic below stores,
+			// shares and evicts.
+			writeFile(t, file, "name: kvm\nengine: sim\nmodel: org/kvm\nreplicas: 2\ngpus_per_replica: 1\nkv_events: true\n"+
+				"extra_args: [\"--sim-decode-ms-per-token\", \"0\", \"--sim-prefill-us-per-token\", \"0\", \"--num-gpu-blocks-override\", \"64\", \"--max-model-len\", \"1024\","+
+				" \"--sim-kv-events-encoding\", \""+tc.encoding+"\", \"--sim-kv-drop-rate\", \"0.01\"]\n")
+			if out, err := d.ctl("model", "apply", "-f", file); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			d.waitReady("kvm", 2, 60*time.Second)
+			routers := []string{d.http}
+			var r2 *controlServer
+			if tc.restarts {
+				r2 = startRouterProc(t, "r2", d.grpc)
+				routers = append(routers, r2.http)
+				waitRouterServes(t, r2.http, "kvm")
+			}
+
+			kvTraffic(t, d.http, "kvm", 60, 0)
+			checkKVExact(t, d, "kvm", routers, "1% dropped")
+
+			if !tc.restarts {
+				return
+			}
+			// An engine's kill -9: the agent restarts it as a new
+			// incarnation, whose first batch is a reset.
+			victim := d.waitReady("kvm", 2, 10*time.Second)[0]
+			killGroup(victim.Status.PID)
+			_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
+			if !eventually(60*time.Second, func() bool {
+				for _, r := range d.modelReplicas("kvm") {
+					if r.Replica.ID == victim.Replica.ID && r.ready() && r.Status.Incarnation != victim.Status.Incarnation {
+						return true
+					}
+				}
+				return false
+			}) {
+				t.Fatalf("replica %s not back as a new incarnation", victim.Replica.ID)
+			}
+			d.waitReady("kvm", 2, 30*time.Second)
+			kvTraffic(t, d.http, "kvm", 30, 1)
+			checkKVExact(t, d, "kvm", routers, "engine restart")
+
+			// A router's kill -9 and restart: its index comes back from the
+			// full copies the control plane sends a (re)connected watcher.
+			// Known to fail at times (reported): the router restores each
+			// node's ephemeral epoch/seq from its data dir, judges the
+			// control plane's full copy at the same seq stale and drops it,
+			// so the KV index, which is not persisted, gets deltas without
+			// a base ("no kv state for replica").
+			r2.kill()
+			kvTraffic(t, d.http, "kvm", 20, 2)
+			// Debug: its refusals of KV updates are logged, for a failure.
+			r2.args = append(r2.args, "--log-level", "debug")
+			r2.start()
+			waitRouterServes(t, r2.http, "kvm")
+			checkKVExact(t, d, "kvm", routers, "router restart")
+		})
+	}
+}
+
+// waitRouterServes waits until a router answers a chat for model.
+func waitRouterServes(t *testing.T, addr, model string) {
+	t.Helper()
+	if !eventually(60*time.Second, func() bool { code, _ := chat(addr, model); return code == http.StatusOK }) {
+		t.Fatalf("router %s does not serve %s", addr, model)
+	}
+}
+
+// kvTraffic sends n chats through a router from 4 clients: five system
+// prompts of ~200 words shared by many requests, each with its own
+// question, so blocks are shared, stored and evicted.
+func kvTraffic(t *testing.T, addr, model string, n, round int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make(chan string, n)
+	next := make(chan int, n)
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				sys := strings.Repeat(fmt.Sprintf("rule %d of the house is to be kind. ", i%5), 25)
+				body, _ := json.Marshal(map[string]any{"model": model, "max_tokens": 4, "messages": []map[string]string{
+					{"role": "system", "content": sys},
+					{"role": "user", "content": fmt.Sprintf("question %d of round %d: %s", i, round, strings.Repeat("why ", i%7))},
+				}})
+				resp, err := chatClient.Post("http://"+addr+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					errs <- err.Error()
+					continue
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					errs <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Errorf("chat: %s", e)
+	}
+}
+
+// kvIndexView is GET /debug/kvindex?replica=ID.
+type kvIndexView struct {
+	ID          string
+	Incarnation uint64
+	Untrusted   bool
+	Hashes      []uint64 `json:"hashes"`
+}
+
+func getJSON(url string, v any) error {
+	resp, err := chatClient.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, b)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// checkKVExact ends the traffic's fault injection, reveals any gap at the
+// tail (a dropped last batch shows only when the next one arrives) with one
+// request straight to each engine, and then polls until every router's
+// index equals every engine's block set: within kvQuiesceBound of that last
+// request, or the test fails (after 10 s more, to tell slow from wrong).
+func checkKVExact(t *testing.T, d *devProcess, model string, routers []string, step string) {
+	t.Helper()
+	var engines []replicaView
+	for _, r := range d.modelReplicas(model) {
+		if r.ready() {
+			engines = append(engines, r)
+		}
+	}
+	for _, e := range engines {
+		resp, err := chatClient.Post("http://"+e.Status.Address+"/sim/faults", "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	for i, e := range engines {
+		// Long enough to fill blocks, so every engine holds some.
+		body := fmt.Sprintf(`{"model":%q,"prompt":"the last word %d on %s: %s","max_tokens":1}`, model, i, step, strings.Repeat("quiet now. ", 30))
+		resp, err := chatClient.Post("http://"+e.Status.Address+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	quiet := time.Now()
+	var diff string
+	same := func() bool {
+		for _, e := range engines {
+			var want struct {
+				BlockHashes []uint64 `json:"block_hashes"`
+			}
+			if err := getJSON("http://"+e.Status.Address+"/sim/blocks", &want); err != nil {
+				diff = err.Error()
+				return false
+			}
+			if len(want.BlockHashes) == 0 {
+				diff = "engine " + e.Replica.ID + " holds no blocks"
+				return false
+			}
+			for _, r := range routers {
+				var got kvIndexView
+				if err := getJSON("http://"+r+"/debug/kvindex?replica="+e.Replica.ID, &got); err != nil {
+					diff = err.Error()
+					return false
+				}
+				if got.Untrusted || !slices.Equal(got.Hashes, want.BlockHashes) {
+					diff = fmt.Sprintf("router %s replica %s: %d hashes (untrusted %v), engine %d", r, e.Replica.ID,
+						len(got.Hashes), got.Untrusted, len(want.BlockHashes))
+					return false
+				}
+			}
+		}
+		return true
+	}
+	for !same() {
+		if time.Since(quiet) > kvQuiesceBound+10*time.Second {
+			t.Fatalf("%s: indexes never matched the engines: %s", step, diff)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	took := time.Since(quiet)
+	t.Logf("%s: %d routers match %d engines %v after the last request", step, len(routers), len(engines), took.Round(time.Millisecond))
+	if took > kvQuiesceBound {
+		t.Errorf("%s: indexes matched only %v after the last request (bound %v); before: %s", step, took, kvQuiesceBound, diff)
+	}
+}
