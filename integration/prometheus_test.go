@@ -227,7 +227,9 @@ func (p *prometheusServer) query(expr string) (float64, bool) {
 // LlmgwAgentDisconnected; with its engines killed too the router answers
 // 5xx and LlmgwRouterErrorRate fires; restarting the agent resolves the
 // first. Killing a control node fires LlmgwControlNodeDown for it,
-// restarting it resolves it; killing two of three fires LlmgwNoLeader.
+// restarting it resolves it; killing two of three fires LlmgwNoLeader;
+// killing the third leaves the agent running and detached, which fires
+// LlmgwAgentDisconnected again, this time from its own gauge.
 func TestPrometheusAlerts(t *testing.T) {
 	if _, err := exec.LookPath("prometheus"); err != nil {
 		t.Skip("prometheus is not installed (Debian package prometheus; .ci/run installs it)")
@@ -337,5 +339,15 @@ func TestPrometheusAlerts(t *testing.T) {
 		return p.firing("LlmgwNoLeader", map[string]string{"job": "llmgw-control", "severity": "critical"})
 	}) {
 		t.Fatalf("LlmgwNoLeader did not fire with only %s up", survivor.id)
+	}
+
+	// No control node at all: the agent still answers its scrape but has
+	// no session, the alert's other half.
+	survivor.kill()
+	if !eventually(30*time.Second, func() bool {
+		return p.unhealthy(jobs[1:2], "up") == "" && p.firing("LlmgwAgentDisconnected", agentAlert)
+	}) {
+		attached, _ := metric(agent.http, "llmgw_agent_session_attached")
+		t.Fatalf("LlmgwAgentDisconnected did not fire for a running agent with no control node (attached=%v)", attached)
 	}
 }
