@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -44,11 +47,12 @@ func TestLoRARouterOnDemand(t *testing.T) {
 	}) {
 		t.Fatal("the second router never served the base model")
 	}
-	chat := func(model string) string {
-		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"select 1"}],"max_tokens":2}`, model)
+	watch := startAdapterWatch(ready)
+	chat := func(model string, maxTokens int) string {
+		return fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"select 1"}],"max_tokens":%d}`, model, maxTokens)
 	}
-	send := func(url, model string) int {
-		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chat(model)))
+	sendN := func(url, model string, maxTokens int) int {
+		resp, err := http.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(chat(model, maxTokens)))
 		if err != nil {
 			t.Errorf("%s: %v", model, err)
 			return 0
@@ -59,6 +63,7 @@ func TestLoRARouterOnDemand(t *testing.T) {
 		}
 		return resp.StatusCode
 	}
+	send := func(url, model string) int { return sendN(url, model, 2) }
 
 	// A burst for cold adapter a through both routers: one load.
 	var wg sync.WaitGroup
@@ -119,15 +124,285 @@ func TestLoRARouterOnDemand(t *testing.T) {
 			t.Errorf("%s: unknown adapter answered %d, want 404", u, c)
 		}
 	}
+
+	// Evictions under load (plan §7.6 "else evicts the least recently used
+	// idle adapter"). a and b stay busy — a worker each, back to back, with
+	// requests long enough for the agent's scrape to see them running —
+	// while every other held adapter has been idle for longer than the
+	// plane's adapter_min_idle (2 s). Then two adapters no engine holds
+	// are asked for until served: each needs a slot, so the plane must
+	// evict, and what it evicts must be idle.
+	stopHot := make(chan struct{})
+	var hot sync.WaitGroup
+	hotCodes := map[int]int{}
+	for i, name := range []string{"a", "b"} {
+		hot.Go(func() {
+			for {
+				select {
+				case <-stopHot:
+					return
+				default:
+				}
+				c := sendN(routers[i%2], name, 40)
+				mu.Lock()
+				hotCodes[c]++
+				mu.Unlock()
+				if c != 200 {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		})
+	}
+	time.Sleep(2500 * time.Millisecond)
+	held := watch.held()
+	var cold []string
+	for _, n := range names[2:] {
+		if !held[n] && len(cold) < 2 {
+			cold = append(cold, n)
+		}
+	}
+	coldTries := map[string]int{}
+	for i, name := range cold {
+		wg.Go(func() {
+			deadline := time.Now().Add(40 * time.Second)
+			for tries := 1; time.Now().Before(deadline); tries++ {
+				c := send(routers[i%2], name)
+				mu.Lock()
+				coldTries[name] = tries
+				mu.Unlock()
+				if c == 200 {
+					return
+				}
+				if c != 503 {
+					t.Errorf("cold adapter %s answered %d", name, c)
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			t.Errorf("cold adapter %s not served within 40s while a and b were busy", name)
+		})
+	}
+	wg.Wait()
+	close(stopHot)
+	hot.Wait()
+	watch.stop()
+	t.Logf("held before the cold requests %v; cold %v served after %v tries; a and b meanwhile: %v", held, cold, coldTries, hotCodes)
+	for c, n := range hotCodes {
+		if c != 200 {
+			t.Errorf("busy adapters a and b answered %d × %d while others were evicted, want only 200", n, c)
+		}
+	}
+	if err := d.stop(); err != nil {
+		t.Errorf("stopping dev: %v", err)
+	}
+	checkEvictions(t, watch, evictionDecisions(t, d.log.String()), len(cold))
+}
+
+// checkEvictions fails the test for every eviction that took a busy
+// adapter, judged twice: at the plane's decision (its "adapter evicted"
+// log line, checked against the engine's samples up to that moment) and at
+// the engine's unload (bracketed by two samples). Busy means a request for
+// the adapter running or waiting in the engine. Every unload must also
+// follow a decision for that adapter and replica, and at least want
+// evictions must have happened, so the check cannot pass vacuously.
+func checkEvictions(t *testing.T, w *adapterWatch, decisions []evictionDecision, want int) {
+	t.Helper()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	t.Logf("sampled the engines %d times (%d failed reads)", w.reads, w.errs)
+	for _, dec := range decisions {
+		busy, ok := w.busyAround(dec.replica, dec.adapter, dec.at)
+		t.Logf("plane evicted %s from %s for %s at %s: busy %d (sampled %v)", dec.adapter, dec.replica, dec.forAdapter,
+			dec.at.Format("15:04:05.000"), busy, ok)
+		if !ok {
+			t.Errorf("eviction of %s from %s at %s: no engine sample before it", dec.adapter, dec.replica, dec.at.Format(time.RFC3339Nano))
+		}
+		if busy > 0 {
+			t.Errorf("the plane evicted %s from %s while %d requests for it ran or waited", dec.adapter, dec.replica, busy)
+		}
+	}
+	for _, u := range w.unloads {
+		t.Logf("engine %s unloaded %s between %s and %s: busy %d", u.replica, u.adapter,
+			u.after.Format("15:04:05.000"), u.before.Format("15:04:05.000"), u.busy)
+		if u.busy > 0 {
+			t.Errorf("engine %s unloaded %s with %d requests for it running or waiting", u.replica, u.adapter, u.busy)
+		}
+		if !slices.ContainsFunc(decisions, func(d evictionDecision) bool {
+			return d.replica == u.replica && d.adapter == u.adapter && d.at.Before(u.before)
+		}) {
+			t.Errorf("engine %s unloaded %s with no eviction decided by the plane before it", u.replica, u.adapter)
+		}
+	}
+	if len(decisions) < want || len(w.unloads) < want {
+		t.Errorf("%d eviction decisions and %d unloads, want at least %d of each", len(decisions), len(w.unloads), want)
+	}
+}
+
+// evictionDecision is one "adapter evicted" line of the control plane.
+type evictionDecision struct {
+	at                           time.Time
+	adapter, replica, forAdapter string
+}
+
+var evictedRE = regexp.MustCompile(`time=(\S+) level=\S+ msg="adapter evicted"[^\n]*? model=(\S+) replica=(\S+) for=(\S+)`)
+
+// evictionDecisions reads the plane's eviction log lines from dev's
+// output (text format, times to the millisecond).
+func evictionDecisions(t *testing.T, log string) []evictionDecision {
+	t.Helper()
+	var out []evictionDecision
+	for _, m := range evictedRE.FindAllStringSubmatch(log, -1) {
+		at, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			t.Errorf("eviction log line time %q: %v", m[1], err)
+			continue
+		}
+		out = append(out, evictionDecision{at: at, adapter: m[2], replica: m[3], forAdapter: m[4]})
+	}
+	return out
+}
+
+// adapterWatch samples every engine's GET /sim/adapters back to back (a
+// goroutine per engine, a few milliseconds apart) until stop, keeping
+// each sample's busy adapters and every unload the engines count, each
+// bracketed by the two samples around it. Requests of a few tens of
+// milliseconds cannot run unseen between two samples.
+type adapterWatch struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	client *http.Client
+
+	mu      sync.Mutex
+	samples map[string][]adapterSample // by replica id, in time order
+	unloads []adapterUnload
+	reads   int
+	errs    int
+}
+
+// adapterSample is one read of an engine: when it was taken (after the
+// answer arrived) and, per adapter, its state and requests.
+type adapterSample struct {
+	at       time.Time
+	adapters map[string]simAdapterInfo
+}
+
+// adapterUnload is one unload an engine counted between two samples;
+// busy is the adapter's requests in the earlier sample, plus those still
+// in the later one if it shows the adapter unloaded (a running request
+// outlives the unload).
+type adapterUnload struct {
+	replica, adapter string
+	after, before    time.Time
+	busy             int
+}
+
+func startAdapterWatch(ready []replicaView) *adapterWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &adapterWatch{cancel: cancel, samples: map[string][]adapterSample{},
+		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{}}}
+	for _, r := range ready {
+		id, addr := r.Replica.ID, r.Status.Address
+		w.wg.Go(func() {
+			for ctx.Err() == nil {
+				w.sample(ctx, id, addr)
+				select {
+				case <-ctx.Done():
+				case <-time.After(2 * time.Millisecond):
+				}
+			}
+		})
+	}
+	return w
+}
+
+// stop ends the sampling and waits for it.
+func (w *adapterWatch) stop() {
+	w.cancel()
+	w.wg.Wait()
+	w.client.CloseIdleConnections()
+}
+
+func (w *adapterWatch) sample(ctx context.Context, id, addr string) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/sim/adapters", nil)
+	resp, err := w.client.Do(req)
+	var rep simAdaptersReport
+	if err == nil {
+		err = json.NewDecoder(resp.Body).Decode(&rep)
+		resp.Body.Close()
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.reads++
+	if err != nil {
+		if ctx.Err() == nil {
+			w.errs++
+		}
+		return
+	}
+	cur := adapterSample{at: time.Now(), adapters: map[string]simAdapterInfo{}}
+	for _, a := range rep.Adapters {
+		cur.adapters[a.Name] = a
+	}
+	if prev := w.samples[id]; len(prev) > 0 {
+		p := prev[len(prev)-1]
+		for name, a := range cur.adapters {
+			was := p.adapters[name]
+			for range a.Unloads - was.Unloads {
+				busy := was.Running + was.Waiting
+				if a.State == "unloaded" {
+					busy += a.Running + a.Waiting
+				}
+				w.unloads = append(w.unloads, adapterUnload{replica: id, adapter: name, after: p.at, before: cur.at, busy: busy})
+			}
+		}
+	}
+	w.samples[id] = append(w.samples[id], cur)
+}
+
+// held is every adapter some engine holds (loaded or loading) in its
+// latest sample.
+func (w *adapterWatch) held() map[string]bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]bool{}
+	for _, s := range w.samples {
+		if len(s) == 0 {
+			continue
+		}
+		for name, a := range s[len(s)-1].adapters {
+			if a.State != "unloaded" {
+				out[name] = true
+			}
+		}
+	}
+	return out
+}
+
+// busyAround is the adapter's requests on the replica at the decision:
+// the most in the last two samples taken before at plus a millisecond
+// (log times are truncated to it). ok is false with no such sample.
+// The caller holds mu.
+func (w *adapterWatch) busyAround(replica, adapter string, at time.Time) (busy int, ok bool) {
+	s := w.samples[replica]
+	i, _ := slices.BinarySearchFunc(s, at.Add(time.Millisecond), func(x adapterSample, t time.Time) int { return x.at.Compare(t) })
+	for j := max(0, i-2); j < i; j++ {
+		a := s[j].adapters[adapter]
+		busy, ok = max(busy, a.Running+a.Waiting), true
+	}
+	return busy, ok
+}
+
+type simAdapterInfo struct {
+	Name    string `json:"name"`
+	State   string `json:"state"`
+	Loads   int    `json:"loads"`
+	Unloads int    `json:"unloads"`
+	Running int    `json:"running"`
+	Waiting int    `json:"waiting"`
 }
 
 type simAdaptersReport struct {
-	MaxHeld  int `json:"max_held"`
-	Adapters []struct {
-		Name  string `json:"name"`
-		State string `json:"state"`
-		Loads int    `json:"loads"`
-	} `json:"adapters"`
+	MaxHeld  int              `json:"max_held"`
+	Adapters []simAdapterInfo `json:"adapters"`
 }
 
 func simAdapters(t *testing.T, addr string) simAdaptersReport {
