@@ -314,7 +314,7 @@ func TestJudgeEphemeral(t *testing.T) {
 		{"full, nothing held", nil, true, 1, 1, accept},
 		{"full, newer epoch", held, true, 11, 1, accept},
 		{"full, same epoch higher seq", held, true, 10, 6, accept},
-		{"full, same epoch same seq", held, true, 10, 5, stale},
+		{"full, same epoch same seq (a refresh)", held, true, 10, 5, accept},
 		{"full, older epoch", held, true, 9, 100, stale},
 		{"delta, next seq", held, false, 10, 6, accept},
 		{"delta, duplicate", held, false, 10, 5, stale},

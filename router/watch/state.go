@@ -165,8 +165,12 @@ const (
 
 func judgeEphemeral(held *NodeEphemeral, u *llmgwv1.EphemeralUpdate) ephemeralVerdict {
 	if u.GetFull() {
+		// A full copy at the held (epoch, seq) is the same data again, and
+		// is accepted: a router restarted from its saved state holds the
+		// seq but not what it does not save (the KV index), and the copy
+		// every new stream begins with is how that is rebuilt.
 		if held == nil || u.GetEpoch() > held.Epoch ||
-			(u.GetEpoch() == held.Epoch && u.GetSeq() > held.Seq) {
+			(u.GetEpoch() == held.Epoch && u.GetSeq() >= held.Seq) {
 			return accept
 		}
 		return stale
