@@ -101,6 +101,10 @@ func assess(st *llmgwv1.ClusterStatusResponse, peers []*llmgwv1.RaftPeer, fresh 
 			r.Problems = append(r.Problems, fmt.Sprintf("%s does not answer", p.Id))
 		case answered && f.leader != st.Leader:
 			r.Problems = append(r.Problems, fmt.Sprintf("%s does not follow the leader %s yet (it sees %q)", p.Id, st.Leader, f.leader))
+		case answered && p.Version != f.version:
+			// The gate judges by the leader's gossip view: until it has
+			// the new version, new commands would still be refused.
+			r.Problems = append(r.Problems, fmt.Sprintf("the leader does not see %s's version %s yet (gossip says %s)", p.Id, orDash(f.version), orDash(p.Version)))
 		case !p.Healthy:
 			r.Problems = append(r.Problems, fmt.Sprintf("%s is not healthy (autopilot: no recent contact, or too far behind)", p.Id))
 		case u.Lag > maxLag:

@@ -53,17 +53,18 @@ func TestAssess(t *testing.T) {
 		readings map[string]reading
 		problem  string
 	}{
-		{"all answer", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 199}, "c3": {"v0.2.0", "c1", 195}}, ""},
+		{"all answer", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 199}, "c3": {"v0.1.0", "c1", 195}}, ""},
 		{"restarted server not back", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}}, "c3 does not answer"},
 		{"restarted server without leader", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}, "c3": {"v0.2.0", "", 0}}, "c3 does not follow the leader"},
-		{"restarted server behind", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}, "c3": {"v0.2.0", "c1", 100}}, "c3 is 100 entries behind"},
+		{"leader's gossip view is stale", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}, "c3": {"v0.3.0", "c1", 200}}, "the leader does not see c3's version v0.3.0 yet"},
+		{"restarted server behind", map[string]reading{"c1": {"v0.2.0", "c1", 200}, "c2": {"v0.2.0", "c1", 200}, "c3": {"v0.1.0", "c1", 100}}, "c3 is 100 entries behind"},
 	}
 	for _, tt := range fresh {
 		r := assess(healthy, peers(0, 0, true, true), tt.readings, 16)
 		if (tt.problem == "") != r.OK || (tt.problem != "" && !strings.Contains(strings.Join(r.Problems, ";"), tt.problem)) {
 			t.Errorf("%s: ok %v problems %q, want %q", tt.name, r.OK, r.Problems, tt.problem)
 		}
-		if tt.problem == "" && r.Versions["v0.2.0"] != 3 {
+		if tt.problem == "" && r.Versions["v0.2.0"] != 2 {
 			t.Errorf("%s: versions %v are not the servers' own", tt.name, r.Versions)
 		}
 	}
