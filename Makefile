@@ -77,3 +77,13 @@ soak: ## the long failover variants (20 leader kills under load; reattach median
 bench: build ## the scheduler figures of docs/benchmarks.md (~6 min; loopback ports 18380-18381, 17600-17605, 23000-23999; needs curl, jq)
 	./scripts/bench-scheduler.sh $(BIN) bench-out
 	$(GO) test -run XXX -bench BenchmarkPick -benchmem -count 3 ./router/scheduler
+
+# --- Rolling upgrade (issue: Operations) ---
+.PHONY: build-upgrade-old upgrade-test
+UPGRADE_OLD_VERSION ?= v0.1.0
+
+build-upgrade-old: ## the "old" llmgw of the upgrade test: this tree without the gated commands (-tags llmgw_upgrade_old), version $(UPGRADE_OLD_VERSION)
+	CGO_ENABLED=0 $(GO) build -trimpath -tags llmgw_upgrade_old -ldflags '-s -w -X main.version=$(UPGRADE_OLD_VERSION)' -o $(BIN)/llmgw-old ./cmd/llmgw
+
+upgrade-test: ## the rolling-upgrade test (old build → new, 3 servers, under load); LLMGW_SOAK=1 for 5 rounds
+	$(GO) test -count=1 -v -timeout 20m -run 'TestRollingUpgrade' ./integration/

@@ -90,4 +90,16 @@
 //   - A fatal apply error (an unknown non-ignorable command) freezes the FSM
 //     at its last good revision and stops Run with the error, rather than
 //     panic inside raft's goroutine.
+//   - The minimum-version gate (plan §4, §13.3). A command type newer than
+//     the first release (fsm.Introduced) is proposed only when every server
+//     of the Raft configuration, voters and non-voters, reports that
+//     release or newer in its gossip metadata; otherwise FAILED_PRECONDITION
+//     names the servers below it. The gate is committed lazily, as
+//     ClusterConfig.min_version, right before the first such command, so a
+//     fully upgraded cluster can still be rolled back until a new command
+//     is used. After that a server below the minimum is refused at join
+//     (not added to Raft; Members.refused, /readyz and the log say why) and
+//     a server that applies the minimum entry with an older build stops.
+//     Versions compare as fsm.CompareVersions: "dev" builds above every
+//     release, an unknown version below.
 package controlplane
