@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -197,44 +198,62 @@ func TestLoRARouterOnDemand(t *testing.T) {
 	checkEvictions(t, watch, evictionDecisions(t, d.log.String()), len(cold))
 }
 
-// checkEvictions fails the test for every eviction that took a busy
-// adapter, judged twice: at the plane's decision (its "adapter evicted"
-// log line, checked against the engine's samples up to that moment) and at
-// the engine's unload (bracketed by two samples). Busy means a request for
-// the adapter running or waiting in the engine. Every unload must also
-// follow a decision for that adapter and replica, and at least want
-// evictions must have happened, so the check cannot pass vacuously.
+// checkEvictions fails the test for every problem evictionProblems finds
+// and logs every eviction it judged.
 func checkEvictions(t *testing.T, w *adapterWatch, decisions []evictionDecision, want int) {
 	t.Helper()
+	notes, problems := evictionProblems(w, decisions, want)
+	for _, n := range notes {
+		t.Log(n)
+	}
+	for _, p := range problems {
+		t.Error(p)
+	}
+}
+
+// evictionProblems judges every eviction twice: at the plane's decision
+// (its "adapter evicted" log line, against the engine's samples up to that
+// moment) and at the engine's unload (bracketed by two samples). Busy
+// means a request for the adapter running or waiting in the engine; a busy
+// eviction is a problem. Every unload must also follow a decision for that
+// adapter and replica, and at least want evictions must have happened, so
+// the check cannot pass vacuously.
+func evictionProblems(w *adapterWatch, decisions []evictionDecision, want int) (notes, problems []string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	t.Logf("sampled the engines %d times (%d failed reads)", w.reads, w.errs)
+	notes = append(notes, fmt.Sprintf("sampled the engines %d times (%d failed reads)", w.reads, w.errs))
 	for _, dec := range decisions {
 		busy, ok := w.busyAround(dec.replica, dec.adapter, dec.at)
-		t.Logf("plane evicted %s from %s for %s at %s: busy %d (sampled %v)", dec.adapter, dec.replica, dec.forAdapter,
-			dec.at.Format("15:04:05.000"), busy, ok)
+		notes = append(notes, fmt.Sprintf("plane evicted %s from %s for %s at %s: busy %d (sampled %v)", dec.adapter,
+			dec.replica, dec.forAdapter, dec.at.Format("15:04:05.000"), busy, ok))
 		if !ok {
-			t.Errorf("eviction of %s from %s at %s: no engine sample before it", dec.adapter, dec.replica, dec.at.Format(time.RFC3339Nano))
+			problems = append(problems, fmt.Sprintf("eviction of %s from %s at %s: no engine sample before it",
+				dec.adapter, dec.replica, dec.at.Format(time.RFC3339Nano)))
 		}
 		if busy > 0 {
-			t.Errorf("the plane evicted %s from %s while %d requests for it ran or waited", dec.adapter, dec.replica, busy)
+			problems = append(problems, fmt.Sprintf("the plane evicted %s from %s while %d requests for it ran or waited",
+				dec.adapter, dec.replica, busy))
 		}
 	}
 	for _, u := range w.unloads {
-		t.Logf("engine %s unloaded %s between %s and %s: busy %d", u.replica, u.adapter,
-			u.after.Format("15:04:05.000"), u.before.Format("15:04:05.000"), u.busy)
+		notes = append(notes, fmt.Sprintf("engine %s unloaded %s between %s and %s: busy %d", u.replica, u.adapter,
+			u.after.Format("15:04:05.000"), u.before.Format("15:04:05.000"), u.busy))
 		if u.busy > 0 {
-			t.Errorf("engine %s unloaded %s with %d requests for it running or waiting", u.replica, u.adapter, u.busy)
+			problems = append(problems, fmt.Sprintf("engine %s unloaded %s with %d requests for it running or waiting",
+				u.replica, u.adapter, u.busy))
 		}
 		if !slices.ContainsFunc(decisions, func(d evictionDecision) bool {
 			return d.replica == u.replica && d.adapter == u.adapter && d.at.Before(u.before)
 		}) {
-			t.Errorf("engine %s unloaded %s with no eviction decided by the plane before it", u.replica, u.adapter)
+			problems = append(problems, fmt.Sprintf("engine %s unloaded %s with no eviction decided by the plane before it",
+				u.replica, u.adapter))
 		}
 	}
 	if len(decisions) < want || len(w.unloads) < want {
-		t.Errorf("%d eviction decisions and %d unloads, want at least %d of each", len(decisions), len(w.unloads), want)
+		problems = append(problems, fmt.Sprintf("%d eviction decisions and %d unloads, want at least %d of each",
+			len(decisions), len(w.unloads), want))
 	}
+	return notes, problems
 }
 
 // evictionDecision is one "adapter evicted" line of the control plane.
@@ -429,4 +448,79 @@ func adapterLoads(t *testing.T, ready []replicaView, name string) int {
 		}
 	}
 	return n
+}
+
+// TestEvictionCheck shows the eviction check catches what it is for: an
+// engine that scripts its GET /sim/adapters answers (c idle then unloaded;
+// a busy then unloaded with its request still running; e busy, then
+// finished and unloaded between two samples) read by a real adapterWatch,
+// and decisions from log lines in the plane's format.
+func TestEvictionCheck(t *testing.T) {
+	reports := []string{
+		`{"adapters":[{"name":"a","state":"loaded","running":1},{"name":"c","state":"loaded"},{"name":"e","state":"loaded","waiting":1}]}`,
+		`{"adapters":[{"name":"a","state":"unloaded","unloads":1,"running":1},{"name":"c","state":"unloaded","unloads":1},{"name":"e","state":"unloaded","unloads":1}]}`,
+	}
+	var mu sync.Mutex
+	served := 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprint(w, reports[min(served, len(reports)-1)])
+		served++
+	}))
+	defer srv.Close()
+	var r replicaView
+	if err := json.Unmarshal([]byte(fmt.Sprintf(`{"replica":{"id":"lora-0"},"status":{"address":%q}}`,
+		strings.TrimPrefix(srv.URL, "http://"))), &r); err != nil {
+		t.Fatal(err)
+	}
+	w := startAdapterWatch([]replicaView{r})
+	if !eventually(10*time.Second, func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.unloads) == 3
+	}) {
+		t.Fatal("the watch never saw the three unloads")
+	}
+	w.stop()
+	first := w.samples["lora-0"][0].at
+	at := first.Add(-time.Millisecond).UTC().Format("2006-01-02T15:04:05.000Z07:00")
+	decisions := evictionDecisions(t, fmt.Sprintf(
+		"time=%s level=INFO msg=\"adapter evicted\" node=x model=a replica=lora-0 for=d\n"+
+			"time=%s level=INFO msg=\"adapter evicted\" model=c replica=lora-0 for=f\n", at, at))
+	if len(decisions) != 2 {
+		t.Fatalf("decisions %+v, want 2 from the log lines", decisions)
+	}
+	for _, tc := range []struct {
+		name      string
+		decisions []evictionDecision
+		want      int
+		problems  []string
+	}{
+		{name: "busy unloads, decisions before any sample", decisions: decisions, want: 1, problems: []string{
+			"eviction of a from lora-0", "eviction of c from lora-0",
+			"engine lora-0 unloaded a with 2 requests", "engine lora-0 unloaded e with 1 requests",
+			"engine lora-0 unloaded e with no eviction"}},
+		{name: "busy at the decision", want: 1, decisions: []evictionDecision{
+			{at: first.Add(time.Millisecond), adapter: "a", replica: "lora-0"},
+			{at: first.Add(time.Millisecond), adapter: "c", replica: "lora-0"},
+			{at: first.Add(time.Millisecond), adapter: "e", replica: "lora-0"}},
+			problems: []string{"the plane evicted a from lora-0 while 1", "engine lora-0 unloaded a with 2",
+				"the plane evicted e from lora-0 while 1", "engine lora-0 unloaded e with 1"}},
+		{name: "too few", want: 4, decisions: nil, problems: []string{
+			"engine lora-0 unloaded a with 2", "engine lora-0 unloaded a with no eviction",
+			"engine lora-0 unloaded c with no eviction", "engine lora-0 unloaded e with 1",
+			"engine lora-0 unloaded e with no eviction", "0 eviction decisions and 3 unloads, want at least 4"}},
+	} {
+		_, problems := evictionProblems(w, tc.decisions, tc.want)
+		slices.Sort(problems)
+		slices.Sort(tc.problems)
+		ok := len(problems) == len(tc.problems)
+		for i := range problems {
+			ok = ok && strings.HasPrefix(problems[i], tc.problems[i])
+		}
+		if !ok {
+			t.Errorf("%s: problems\n%s\nwant prefixes\n%s", tc.name, strings.Join(problems, "\n"), strings.Join(tc.problems, "\n"))
+		}
+	}
 }
