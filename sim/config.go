@@ -56,6 +56,13 @@ type Config struct {
 	// KVEventsBytesHashes publishes block hashes as 32-byte digests
 	// instead of ints: VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0.
 	KVEventsBytesHashes bool
+	// KVBufferSteps, when above 0, replaces the KV events config's
+	// buffer_steps (--sim-kv-buffer-steps). The agent writes
+	// --kv-events-config itself and a model's extra arguments may not
+	// override it, so this is how a test makes the replay buffer too small
+	// to close a gap (an unrepairable gap: the replica goes untrusted,
+	// plan §7.5). 0 keeps the config's own value.
+	KVBufferSteps int
 	// LoRA (lora.go): EnableLoRA is --enable-lora; MaxLoRAs bounds the
 	// adapters held at once; MaxLoRARank is checked and recorded;
 	// LoRAModules are --lora-modules items (name=path or JSON) loaded at
@@ -159,6 +166,20 @@ func DefaultConfig() Config {
 	}
 }
 
+// KVEvents is the KV events config the server publishes with:
+// --kv-events-config over vLLM's defaults, its buffer_steps replaced by
+// KVBufferSteps when that is set.
+func (c *Config) KVEvents() (KVEventsConfig, error) {
+	kv, err := ParseKVEventsConfig(c.KVEventsConfig)
+	if err != nil {
+		return kv, err
+	}
+	if c.KVBufferSteps > 0 {
+		kv.BufferSteps = c.KVBufferSteps
+	}
+	return kv, nil
+}
+
 // ServedNames is ServedModelNames, or Model when none are given.
 func (c *Config) ServedNames() []string {
 	if len(c.ServedModelNames) > 0 {
@@ -206,7 +227,9 @@ func (c *Config) Validate() error {
 			bad("PYTHONHASHSEED: %q: must be \"random\" or an integer in 0..4294967295", c.PythonHashSeed)
 		}
 	}
-	if _, err := ParseKVEventsConfig(c.KVEventsConfig); err != nil {
+	if c.KVBufferSteps < 0 {
+		bad("--sim-kv-buffer-steps: %d: must not be negative (0 keeps --kv-events-config's buffer_steps)", c.KVBufferSteps)
+	} else if _, err := c.KVEvents(); err != nil {
 		errs = append(errs, err)
 	}
 	if c.KVEventsEncoding != vllm.EncodingMap && c.KVEventsEncoding != vllm.EncodingArray {

@@ -36,10 +36,12 @@ type kvSetup struct {
 	endpoint string
 	replay   bool
 	buffer   int
-	encoding vllm.Encoding
-	bytes    bool
-	faults   Faults
-	topic    string
+	// bufferFlag is --sim-kv-buffer-steps (0: not given).
+	bufferFlag int
+	encoding   vllm.Encoding
+	bytes      bool
+	faults     Faults
+	topic      string
 }
 
 func startKV(t *testing.T, k kvSetup) *kvHarness {
@@ -69,6 +71,7 @@ func startKV(t *testing.T, k kvSetup) *kvHarness {
 	cfg.NumGPUBlocks, cfg.BlockSize, cfg.MaxModelLen = 24, 4, 96
 	cfg.KVEventsConfig, cfg.KVEventsEncoding, cfg.KVEventsBytesHashes = string(raw), k.encoding, k.bytes
 	cfg.Faults = k.faults
+	cfg.KVBufferSteps = k.bufferFlag
 	srv, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -341,13 +344,17 @@ func TestKVEventsDropGapAndReplay(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		buffer     int
+		bufferFlag int
 		repairable bool
 	}{
-		{"repairable", 100, true},
-		{"buffer too small", 1, false},
+		{"repairable", 100, 0, true},
+		{"buffer too small", 1, 0, false},
+		// The agent writes --kv-events-config; the flag still shrinks it.
+		{"buffer too small by flag", 100, 1, false},
+		{"buffer grown by flag", 1, 100, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := startKV(t, kvSetup{endpoint: "connect", replay: true, buffer: tc.buffer, topic: "kv"})
+			h := startKV(t, kvSetup{endpoint: "connect", replay: true, buffer: tc.buffer, bufferFlag: tc.bufferFlag, topic: "kv"})
 			m := mirror{}
 			h.complete(prompt(1, 20)...)
 			n1 := h.settle()
@@ -477,6 +484,47 @@ func TestParseKVEventsConfig(t *testing.T) {
 			}
 			if got.Enabled() != tc.enabled {
 				t.Errorf("Enabled() = %v", got.Enabled())
+			}
+		})
+	}
+}
+
+// --sim-kv-buffer-steps replaces the config's buffer_steps, and only
+// that; 0 keeps it and a negative value is refused, naming the flag.
+func TestConfigKVBufferSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		raw    string
+		flag   int
+		buffer int
+		err    string
+	}{
+		{"not given keeps vLLM's default", `{"enable_kv_cache_events":true}`, 0, 10000, ""},
+		{"not given keeps the config's", `{"enable_kv_cache_events":true,"buffer_steps":7}`, 0, 7, ""},
+		{"overrides the config's", `{"enable_kv_cache_events":true,"buffer_steps":7}`, 1, 1, ""},
+		{"overrides the default", `{"enable_kv_cache_events":true}`, 3, 3, ""},
+		{"negative", `{"enable_kv_cache_events":true}`, -1, 0, "--sim-kv-buffer-steps"},
+		{"a bad config is still refused", `{"buffer_steps":0}`, 5, 0, "buffer_steps"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.KVEventsConfig, cfg.KVBufferSteps = tc.raw, tc.flag
+			err := cfg.Validate()
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("Validate: %v, want an error naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			kv, err := cfg.KVEvents()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if kv.BufferSteps != tc.buffer || !kv.Enabled() {
+				t.Errorf("buffer_steps %d (enabled %v), want %d", kv.BufferSteps, kv.Enabled(), tc.buffer)
 			}
 		})
 	}

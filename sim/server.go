@@ -95,7 +95,7 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 		crashed: make(chan struct{}),
 	}
 	s.eng = newEngine(&s.cfg, nil)
-	if kv, _ := ParseKVEventsConfig(cfg.KVEventsConfig); kv.Enabled() { // valid: checked above
+	if kv, _ := cfg.KVEvents(); kv.Enabled() { // valid: checked above
 		s.kv = newKVPublisher(&s.cfg, kv, s.log, func() time.Time { return s.clock.Now() }, s.currentFaults)
 		s.eng = newEngine(&s.cfg, s.kv)
 	}

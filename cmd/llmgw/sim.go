@@ -131,6 +131,7 @@ override it.`,
 	f.IntVar(&cfg.Faults.CrashAfter, "sim-crash-after", 0, "fault injection: die abruptly when this many requests have arrived")
 	f.StringVar(&kvEncoding, "sim-kv-events-encoding", "map", "KV event encoding: map (vLLM since mid-2026) or array (older vLLM)")
 	f.Float64Var(&cfg.Faults.KVDropRate, "sim-kv-drop-rate", 0, "fault injection: share of KV event batches not sent (a seq gap replay can repair)")
+	f.IntVar(&cfg.KVBufferSteps, "sim-kv-buffer-steps", 0, "batches the KV replay buffer holds, replacing --kv-events-config's buffer_steps (0: keep it); small values make gaps unrepairable")
 	f.Float64Var(&cfg.Faults.KVReorderRate, "sim-kv-reorder-rate", 0, "fault injection: share of KV event batches sent after the next one")
 	return cmd
 }
