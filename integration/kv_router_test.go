@@ -182,10 +182,18 @@ func getJSON(url string, v any) error {
 // request straight to each engine, and then polls until every router's
 // index equals every engine's block set: within kvQuiesceBound of that last
 // request, or the test fails (after 10 s more, to tell slow from wrong).
-func checkKVExact(t *testing.T, d *devProcess, model string, routers []string, step string) {
+func checkKVExact(t *testing.T, d *devProcess, model string, routers []string, step string) time.Duration {
+	t.Helper()
+	return checkKVExactOf(t, d.modelReplicas(model), model, routers, step)
+}
+
+// checkKVExactOf is checkKVExact over a replica list read by the caller
+// (from whichever control node is up), and returns the time from the last
+// request to equality.
+func checkKVExactOf(t *testing.T, replicas []replicaView, model string, routers []string, step string) time.Duration {
 	t.Helper()
 	var engines []replicaView
-	for _, r := range d.modelReplicas(model) {
+	for _, r := range replicas {
 		if r.ready() {
 			engines = append(engines, r)
 		}
@@ -247,4 +255,5 @@ func checkKVExact(t *testing.T, d *devProcess, model string, routers []string, s
 	if took > kvQuiesceBound {
 		t.Errorf("%s: indexes matched only %v after the last request (bound %v); before: %s", step, took, kvQuiesceBound, diff)
 	}
+	return took
 }
