@@ -249,6 +249,7 @@ func (a *Agent) startLoad() (stop func(), err error) {
 		ln.Close()
 		return nil, fmt.Errorf("agent: %w", err)
 	}
+	a.replicas.loads = reader
 	readerCtx, stopReader := context.WithCancel(context.Background())
 	readerDone := make(chan struct{})
 	go func() { defer close(readerDone); _ = reader.Run(readerCtx) }()

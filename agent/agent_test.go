@@ -503,6 +503,8 @@ func TestValidate(t *testing.T) {
 		{"unknown engine", func(c *Config) { c.Engines = map[string]EngineConfig{"tgi": {}} }, "--tgi-command"},
 		{"ready timeout", func(c *Config) { c.ReadyTimeout = 0 }, "--ready-timeout"},
 		{"stop grace", func(c *Config) { c.StopGrace = 0 }, "--stop-grace"},
+		{"drain quiet", func(c *Config) { c.DrainQuiet = 0 }, "--drain-quiet"},
+		{"drain timeout", func(c *Config) { c.DrainTimeout = c.DrainQuiet / 2 }, "--drain-timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

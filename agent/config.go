@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/supervisor"
 )
@@ -60,6 +61,10 @@ type Config struct {
 	ReadyTimeout, StopGrace time.Duration
 	// HeartbeatInterval spaces heartbeats; three missed is a dead server.
 	HeartbeatInterval time.Duration
+	// DrainQuiet is how long a draining replica's engine must show no
+	// request running or waiting before it is stopped; DrainTimeout stops
+	// it however busy it is (package drain).
+	DrainQuiet, DrainTimeout time.Duration
 
 	// ProbeInterval spaces engine health probes.
 	ProbeInterval time.Duration
@@ -89,6 +94,8 @@ func DefaultConfig() Config {
 		ReadyTimeout:      10 * time.Minute,
 		StopGrace:         10 * time.Second,
 		HeartbeatInterval: 500 * time.Millisecond,
+		DrainQuiet:        drain.DefaultConfig().Quiet,
+		DrainTimeout:      drain.DefaultConfig().Timeout,
 		ProbeInterval:     time.Second,
 		RestartBackoff:    supervisor.DefaultBackoff(),
 		ReconnectInitial:  250 * time.Millisecond,
@@ -156,6 +163,9 @@ func (c *Config) Validate() error {
 	if c.HeartbeatInterval <= 0 {
 		return errors.New("--heartbeat-interval: must be positive")
 	}
+	if err := c.drainConfig().Validate(); err != nil {
+		return err
+	}
 	if c.ProbeInterval <= 0 {
 		return errors.New("probe interval: must be positive")
 	}
@@ -166,4 +176,8 @@ func (c *Config) Validate() error {
 		return errors.New("reconnect backoff: initial must be positive and at most max")
 	}
 	return nil
+}
+
+func (c *Config) drainConfig() drain.Config {
+	return drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now}
 }

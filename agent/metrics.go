@@ -22,6 +22,8 @@ type metrics struct {
 	phase           *prometheus.GaugeVec
 	restarts        *prometheus.CounterVec
 	adoptions       *prometheus.CounterVec
+	drains          *prometheus.CounterVec
+	drainSeconds    prometheus.Histogram
 }
 
 func newMetrics() *metrics {
@@ -51,8 +53,12 @@ func newMetrics() *metrics {
 			Help: "Engine exits or readiness failures followed by a restart."}, []string{"model"}),
 		adoptions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_engine_adoptions_total",
 			Help: "Engines an earlier agent left running, by outcome at start: adopted, gone, unhealthy."}, []string{"result"}),
+		drains: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_drains_total",
+			Help: "Draining replicas' engines stopped, by why: idle, not_serving, timeout."}, []string{"result"}),
+		drainSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "llmgw_agent_drain_seconds",
+			Help: "Time from seeing a replica draining to its engine stopped.", Buckets: prometheus.ExponentialBuckets(0.25, 2, 12)}),
 	}
-	m.reg.MustRegister(m.attempts, m.sessions, m.attached, m.reattaches, m.reattachSeconds, m.updates,
+	m.reg.MustRegister(m.drains, m.drainSeconds, m.attempts, m.sessions, m.attached, m.reattaches, m.reattachSeconds, m.updates,
 		m.fullRequests, m.desired, m.desiredRevision, m.phase, m.restarts, m.adoptions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

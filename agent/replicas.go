@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/agent/adapters"
+	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/supervisor"
@@ -32,10 +33,13 @@ type replicaSet struct {
 	kv   *kv.Hub
 	// adapters loads the LoRA placements into the engines (plan §6).
 	adapters *adapters.Manager
-	metrics  *metrics
-	ports    *portStore
-	records  engineRecords
-	logDir   string
+	// loads are the node's load readings, by which a draining engine is
+	// judged idle; set once, before any desired set is applied.
+	loads   drain.Loads
+	metrics *metrics
+	ports   *portStore
+	records engineRecords
+	logDir  string
 	// ctx is the life of every supervisor: cancelled when the agent stops.
 	ctx context.Context
 
@@ -48,8 +52,17 @@ type replicaSet struct {
 type runner struct {
 	replica *llmgwv1.Replica
 	model   *llmgwv1.Model
-	cancel  context.CancelFunc
-	done    chan struct{}
+	// ctx is the placement's life; cancel ends it, stopping the engine.
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// draining is set once the desired set marks the placement draining;
+	// undrain ends the wait for it to go idle, and drained is set when
+	// that wait stopped the engine. Guarded by replicaSet.mu.
+	draining bool
+	undrain  context.CancelFunc
+	drained  bool
 
 	// adopted is the engine an earlier agent left running that this
 	// runner takes over (plan §6); nil for a fresh start.
@@ -97,11 +110,33 @@ func (rs *replicaSet) apply(d *llmgwv1.DesiredReplicas) {
 			rs.log.Warn("desired set has a replica without id or twice", "replica", id)
 			continue
 		}
-		want[id] = true
 		old := rs.running[id]
 		if old != nil && old.replica.GetUid() == rep.GetUid() {
+			want[id] = true
+			switch {
+			case rep.GetDraining() && !old.draining:
+				rs.drainLocked(old)
+			case !rep.GetDraining() && old.draining:
+				// Today's control plane never takes a drain back (a
+				// placement drains once); should one, the replica is
+				// not left stopped while wanted.
+				rs.log.Info("replica no longer draining", "replica", id)
+				old.draining = false
+				old.undrain()
+				if old.drained {
+					rs.startLocked(rep, models[rep.GetModel()], old, nil)
+				}
+			}
 			continue
 		}
+		if rep.GetDraining() {
+			// Placed and draining at once: a new agent learning of a
+			// drain its predecessor did not finish, with no engine left
+			// to adopt. Nothing runs, so nothing is started; the
+			// control plane reads the missing status as drained.
+			continue
+		}
+		want[id] = true
 		if old != nil {
 			rs.log.Info("replica re-placed, replacing its engine", "replica", id,
 				"old_uid", old.replica.GetUid(), "uid", rep.GetUid())
@@ -140,7 +175,8 @@ func (rs *replicaSet) forget(id string, r *runner) {
 
 func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner, adopt *supervisor.Adoption) {
 	ctx, cancel := context.WithCancel(rs.ctx)
-	r := &runner{replica: rep, model: model, cancel: cancel, done: make(chan struct{}), adopted: adopt}
+	r := &runner{replica: rep, model: model, ctx: ctx, cancel: cancel, done: make(chan struct{}), adopted: adopt,
+		undrain: func() {}}
 	rs.running[rep.GetId()] = r
 	rs.wg.Add(1)
 	go func() {
@@ -156,6 +192,63 @@ func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, pr
 		}
 		rs.run(ctx, r)
 	}()
+}
+
+// drainLocked starts waiting for a draining placement's engine to go idle
+// (package drain), then stops it: the supervisor sends SIGTERM, SIGKILL
+// after the grace, and reports STOPPED, on which the control plane removes
+// the replica (plan §4 "Changes roll", §5.5). The placement stays in the
+// running set, stopped, until the desired set drops it. The wait is owned
+// by the placement's context: it ends when the placement is replaced or
+// removed, when the agent stops, or on undrain.
+func (rs *replicaSet) drainLocked(r *runner) {
+	r.draining = true
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.undrain = cancel
+	rs.wg.Add(1)
+	go func() {
+		defer rs.wg.Done()
+		defer cancel()
+		rs.drain(ctx, r)
+	}()
+}
+
+func (rs *replicaSet) drain(ctx context.Context, r *runner) {
+	id, uid := r.replica.GetId(), r.replica.GetUid()
+	log := rs.log.With("replica", id, "model", r.replica.GetModel())
+	began := rs.now()
+	log.Info("replica draining; its engine stops once idle", "quiet", rs.cfg.DrainQuiet, "timeout", rs.cfg.DrainTimeout)
+	out, err := drain.Wait(ctx, rs.cfg.drainConfig(), rs.loads, drain.Replica{ID: id, UID: uid, Serving: func() bool {
+		st := rs.book.status(id)
+		if st == nil || st.GetUid() != uid {
+			return false
+		}
+		p := st.GetPhase()
+		return p == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY || p == llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
+	}})
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Error("draining replica: cannot judge idleness; the control plane's drain timeout removes it", "err", err)
+		}
+		return
+	}
+	rs.mu.Lock()
+	if ctx.Err() != nil {
+		// Undrained, replaced or removed just as the wait ended.
+		rs.mu.Unlock()
+		return
+	}
+	r.drained = true
+	rs.mu.Unlock()
+	if out == drain.TimedOut {
+		log.Warn("draining replica still busy at the drain timeout; stopping its engine", "timeout", rs.cfg.DrainTimeout)
+	} else {
+		log.Info("draining replica idle; stopping its engine", "why", out.String())
+	}
+	r.cancel()
+	<-r.done
+	rs.metrics.drains.WithLabelValues(out.String()).Inc()
+	rs.metrics.drainSeconds.Observe(rs.now().Sub(began).Seconds())
 }
 
 // run plans a replica's launch and supervises it until ctx ends.

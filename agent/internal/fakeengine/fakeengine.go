@@ -4,7 +4,9 @@
 //
 // It records its argv and environment (one JSON line per start, appended to
 // the file named by LLMGW_FAKE_ENGINE), serves GET /health on the --host and
-// --port it was given, and exits on SIGTERM. LLMGW_FAKE_MODE bends it:
+// --port it was given, and exits on SIGTERM. With LLMGW_FAKE_BUSY naming a
+// file it also serves vLLM's load gauges on GET /metrics: one request
+// running while that file exists, none otherwise. LLMGW_FAKE_MODE bends it:
 //
 //	crash        exit with status 3 shortly after recording
 //	ignore-term  ignore SIGTERM (the supervisor must SIGKILL it)
@@ -30,6 +32,7 @@ import (
 const (
 	EnvRecord = "LLMGW_FAKE_ENGINE"
 	EnvMode   = "LLMGW_FAKE_MODE"
+	EnvBusy   = "LLMGW_FAKE_BUSY"
 	envChild  = "LLMGW_FAKE_GRANDCHILD"
 )
 
@@ -95,6 +98,14 @@ func run(path string) int {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" && mode != "unready" {
 			w.WriteHeader(http.StatusOK)
+			return
+		}
+		if busy := os.Getenv(EnvBusy); r.URL.Path == "/metrics" && busy != "" {
+			running := 0
+			if _, err := os.Stat(busy); err == nil {
+				running = 1
+			}
+			fmt.Fprintf(w, "vllm:num_requests_running %d\nvllm:num_requests_waiting 0\n", running)
 			return
 		}
 		http.Error(w, "not ready", http.StatusServiceUnavailable)
