@@ -95,12 +95,39 @@ func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_Att
 	var (
 		lastSent []byte
 		applied  <-chan struct{}
-		// noLeaderSince is when this session first saw no leader (zero
-		// while there is one). A node without a leader for three election
-		// timeouts ends its sessions, so agents move to the majority side
-		// of a partition (plan §5.4).
-		noLeaderSince time.Time
+		// A node without a leader for three election timeouts ends its
+		// sessions, so agents move to the majority side of a partition
+		// (plan §5.4). noLeaderSeen is when this session first saw no
+		// leader (zero while there is one), lastLed the last time it saw
+		// this node lead; leaderless fires at the deadline, so the close
+		// does not wait for the next heartbeat tick.
+		noLeaderSeen, lastLed time.Time
+		leaderless            = time.NewTimer(time.Hour)
 	)
+	leaderless.Stop()
+	defer leaderless.Stop()
+	// checkLeader ends the session once the node has been without a
+	// leader for three election timeouts, counted from its last contact
+	// with one (leaderlessSince).
+	checkLeader := func(now time.Time) error {
+		switch {
+		case s.isLeader():
+			noLeaderSeen, lastLed = time.Time{}, now
+			return nil
+		case s.hasLeader():
+			noLeaderSeen = time.Time{}
+			return nil
+		case noLeaderSeen.IsZero():
+			noLeaderSeen = now
+		}
+		since := leaderlessSince(s.node.raft.LastContact(), lastLed, noLeaderSeen)
+		limit := 3 * s.cfg.ElectionTimeout
+		if now.Sub(since) > limit {
+			return status.Errorf(codes.Unavailable, "control node %s has had no leader for %s; attach elsewhere", s.cfg.NodeID, now.Sub(since).Round(time.Millisecond))
+		}
+		leaderless.Reset(since.Add(limit).Sub(now) + time.Millisecond)
+		return nil
+	}
 	for recompute := true; ; {
 		if recompute {
 			_, applied = s.fsm.Applied()
@@ -132,13 +159,8 @@ func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_Att
 			if held, _, ok := s.eph.Held(nodeID); ok && held > epoch {
 				return status.Errorf(codes.Aborted, "agent %s has a newer session (epoch %d) than this one (%d)", nodeID, held, epoch)
 			}
-			switch {
-			case s.hasLeader():
-				noLeaderSince = time.Time{}
-			case noLeaderSince.IsZero():
-				noLeaderSince = now
-			case now.Sub(noLeaderSince) > 3*s.cfg.ElectionTimeout:
-				return status.Errorf(codes.Unavailable, "control node %s has had no leader for %s; attach elsewhere", s.cfg.NodeID, now.Sub(noLeaderSince).Round(time.Millisecond))
+			if err := checkLeader(now); err != nil {
+				return err
 			}
 			// The agent fails over along this list (plan §5.6): keep it
 			// current as servers and the leader change.
@@ -151,10 +173,34 @@ func (a *agentService) send(ctx context.Context, stream llmgwv1.AgentService_Att
 			if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Heartbeat{Heartbeat: &llmgwv1.Heartbeat{UnixNano: now.UnixNano()}}}); err != nil {
 				return err
 			}
+		case now := <-leaderless.C:
+			if err := checkLeader(now); err != nil {
+				return err
+			}
 		case <-applied:
 			recompute = true
 		}
 	}
+}
+
+// leaderlessSince is when this node lost its leader, for the rule that a
+// node without one for three election timeouts closes its agent sessions
+// (plan §5.4). Raft's last contact with a leader is the true start: raft
+// itself drops the leader only a heartbeat timeout (0.5–1 s) later, and the
+// session sees that on its next tick. A node that led more recently than
+// its last contact (raft does not count a leader's own contact) counts
+// from when it was last seen leading. With neither (no contact since
+// start), firstSeen — when the session first saw no leader — is all
+// there is.
+func leaderlessSince(lastContact, lastLed, firstSeen time.Time) time.Time {
+	since := lastContact
+	if lastLed.After(since) {
+		since = lastLed
+	}
+	if since.IsZero() {
+		return firstSeen
+	}
+	return since
 }
 
 // desiredKey is what makes two DesiredReplicas "the same set": everything
