@@ -168,7 +168,8 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 // --kv-events-config itself), a gap cannot be closed: the agent marks the
 // replica untrusted (llmgw_agent_kv_untrusted_replicas), the router's
 // index says so (/debug/kvindex), and requests for it fall back to tier 1,
-// counted as llmgw_kv_decisions_total{decision="untrusted"}.
+// counted as llmgw_kv_decisions_total{decision="untrusted"}. A cache reset
+// on the engine makes it trusted and exact again.
 func TestKVRouterUntrusted(t *testing.T) {
 	agentHTTP := freeAddr(t)
 	d := startDev(t, "--port-range", "42000-42249", "--agent-http-addr", agentHTTP)
@@ -206,6 +207,24 @@ func TestKVRouterUntrusted(t *testing.T) {
 	if after-before != n {
 		t.Errorf("llmgw_kv_decisions_total{decision=\"untrusted\"} rose by %v over %d requests for the untrusted replica, want %d", after-before, n, n)
 	}
+
+	// Trust comes back only with a known set: the engine's cache cleared
+	// (AllBlocksCleared), with the drops off so that batch arrives.
+	for _, path := range []string{"/sim/faults", "/reset_prefix_cache"} {
+		resp, err := chatClient.Post("http://"+rep.Status.Address+path, "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST %s: %d", path, resp.StatusCode)
+		}
+	}
+	checkKVExact(t, d, "kvu", []string{d.http}, "trusted again after a cache reset")
+	if n, _ := metric(agentHTTP, "llmgw_agent_kv_untrusted_replicas"); n != 0 {
+		t.Errorf("agent still counts %v untrusted replicas after the reset", n)
+	}
+
 	hits, _ := metricWith(d.http, "llmgw_kv_decisions_total", `decision="hit"`)
 	t.Logf("replica %s untrusted (%v unrepairable replays); then %v of %d requests counted untrusted; %v tier-2 hits before the gap",
 		rep.Replica.ID, unrepairable, after-before, n, hits)
