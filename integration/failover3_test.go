@@ -146,6 +146,19 @@ func (s *rollSampler) reset() {
 	s.minServing, s.maxDraining, s.maxStarting, s.samples = 1<<30, 0, 0, 0
 }
 
+// settle waits for two more samples, so the sampler has seen what the
+// test just saw.
+func (s *rollSampler) settle() {
+	s.mu.Lock()
+	from := s.samples
+	s.mu.Unlock()
+	eventually(10*time.Second, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.samples >= from+2
+	})
+}
+
 func (s *rollSampler) phase() (samples, minServing, maxDraining, maxStarting int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -243,6 +256,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 		t.Fatalf("chat not moved to n2 within 60s: %+v", list)
 	}
 	drainTook := time.Since(drainStart)
+	s.settle()
 	samples, minServing, maxDraining, maxStarting := s.phase()
 	drainDrains := s.drains(drainStart)
 	t.Logf("node drain n1: both replicas on n2 in %s (%d samples, min serving %d, max draining %d, max starting %d); per replica (drain mark → removed): %s",
@@ -274,6 +288,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 		t.Fatalf("chat not rolled within 60s: %+v", list)
 	}
 	rollTook := time.Since(rollStart)
+	s.settle()
 	samples, minServing, maxDraining, maxStarting = s.phase()
 	rollDrains := s.drains(rollStart)
 	t.Logf("re-apply chat: both replicas rolled in %s (%d samples, min serving %d, max draining %d, max starting %d); per replica (drain mark → removed): %s",
