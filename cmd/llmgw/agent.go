@@ -71,6 +71,8 @@ func newAgentCmd() *cobra.Command {
 	f.DurationVar(&cfg.ReadyTimeout, "ready-timeout", d.ReadyTimeout, "how long an engine may take to become ready")
 	f.DurationVar(&cfg.StopGrace, "stop-grace", d.StopGrace, "time between SIGTERM and SIGKILL when stopping an engine")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "heartbeat period; three missed means a dead control node")
+	f.DurationVar(&cfg.DrainQuiet, "drain-quiet", d.DrainQuiet, "how long a draining replica's engine must be idle before it is stopped")
+	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "stop a draining replica's engine after this long even if busy")
 	return cmd
 }
 
