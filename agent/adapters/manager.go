@@ -1,7 +1,8 @@
 // Package adapters applies LoRA adapter placements to the node's engines
 // (plan §6 "Adapters", §7.6): it loads what the control plane placed on a
 // replica through vLLM's runtime LoRA API, unloads what was removed once
-// no request for it has run for a while, loads everything again after an
+// no request for it has run for a while (at once, when a newly placed
+// adapter needs its slot), loads everything again after an
 // engine restart, and reports each adapter's state and last activity for
 // the agent's ephemeral updates.
 //
@@ -20,6 +21,7 @@ package adapters
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -143,6 +145,20 @@ type replica struct {
 	// placed are the adapters the desired state puts here.
 	placed  map[string]bool
 	entries map[string]*entry
+	// unloaded counts this replica's finished unloads, so a load refused
+	// as full is tried again after the next one (entry.fullAt).
+	unloaded uint64
+}
+
+// removedHeldLocked says whether an adapter removed from r's placement
+// still holds a slot in the engine (UNLOADING): its unload will make room.
+func (r *replica) removedHeldLocked() bool {
+	for name, e := range r.entries {
+		if !e.gone && !r.placed[name] && e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING {
+			return true
+		}
+	}
+	return false
 }
 
 // entry is one adapter on one replica.
@@ -157,6 +173,9 @@ type entry struct {
 	failures  int
 	retryable bool
 	next      time.Time
+	// fullAt, when not 0, is replica.unloaded+1 at a load the engine
+	// refused as full: the load waits until an unload has finished.
+	fullAt uint64
 }
 
 // New returns a manager whose metrics (llmgw_agent_adapter_*) are on reg.
@@ -392,39 +411,130 @@ func (m *Manager) step(ctx context.Context, wg *sync.WaitGroup) {
 			// N = 0 every adapter is the engine's from its start.
 			continue
 		}
-		for name := range r.placed {
-			e := r.entries[name]
-			switch {
-			case e == nil || e.gone:
-				m.startLoad(ctx, wg, r, name)
-			case e.inflight:
-			case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
-				// Placed again before it was unloaded.
-				m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_LOADED })
-			case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_FAILED && e.retryable && !now.Before(e.next):
-				m.startLoad(ctx, wg, r, name)
-			}
+		m.stepReplicaLocked(ctx, wg, r, now)
+	}
+}
+
+// stepReplicaLocked loads what is placed on r and unloads what was removed
+// (plan §7.6). A replica holds at most max_loaded_adapters N adapters, and
+// an engine at N refuses a load, so the order matters: when the loads
+// wanted would go past N, removed adapters that are idle right now (no
+// request for them running or waiting in the latest reading) are unloaded
+// first, without IdleGrace — the control plane removed them because it
+// judged them idle for its adapter_min_idle, and a request waits for the
+// new one — and the loads start as the unloads finish. IdleGrace applies
+// only to removals no load needs room from.
+func (m *Manager) stepReplicaLocked(ctx context.Context, wg *sync.WaitGroup, r *replica, now time.Time) {
+	var want []string
+	for name := range r.placed {
+		e := r.entries[name]
+		switch {
+		case e == nil || e.gone:
+			want = append(want, name)
+		case e.inflight:
+		case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
+			// Placed again before it was unloaded.
+			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_LOADED })
+		case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_LOADING:
+			// Waiting for room: refused as full, or not started for lack
+			// of a slot.
+			want = append(want, name)
+		case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_FAILED && e.retryable && !now.Before(e.next):
+			want = append(want, name)
 		}
-		for name, e := range r.entries {
-			if r.placed[name] || e.gone || e.inflight {
-				continue
-			}
-			switch e.st.GetState() {
-			case llmgwv1.AdapterState_ADAPTER_STATE_FAILED:
-				// A withdrawn failed placement holds nothing.
-				m.setLocked(r, e, func(*llmgwv1.AdapterStatus) {})
-				e.gone = true
-			case llmgwv1.AdapterState_ADAPTER_STATE_LOADED:
-				m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING })
-				fallthrough
-			case llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
-				idle := e.st.GetActive() == 0 && now.Sub(time.Unix(0, e.st.GetLastActiveUnixNano())) >= m.cfg.IdleGrace
-				if idle && !now.Before(e.next) {
-					m.startUnload(ctx, wg, r, name, e)
-				}
+	}
+	slices.Sort(want)
+	var removed []*entry
+	for name, e := range r.entries {
+		if r.placed[name] || e.gone || e.inflight {
+			continue
+		}
+		switch e.st.GetState() {
+		case llmgwv1.AdapterState_ADAPTER_STATE_FAILED, llmgwv1.AdapterState_ADAPTER_STATE_LOADING:
+			// A withdrawn failed or not yet started placement holds nothing.
+			m.setLocked(r, e, func(*llmgwv1.AdapterStatus) {})
+			e.gone = true
+		case llmgwv1.AdapterState_ADAPTER_STATE_LOADED:
+			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING })
+			fallthrough
+		case llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
+			if e.st.GetActive() == 0 && !now.Before(e.next) {
+				removed = append(removed, e)
 			}
 		}
 	}
+	// Least recently active first; ties by name, so the choice is stable.
+	slices.SortFunc(removed, func(a, b *entry) int {
+		if c := cmp.Compare(a.st.GetLastActiveUnixNano(), b.st.GetLastActiveUnixNano()); c != 0 {
+			return c
+		}
+		return strings.Compare(a.st.GetAdapter(), b.st.GetAdapter())
+	})
+	free := int(r.model.GetMaxLoadedAdapters()) - r.occupiedLocked()
+	freeing := r.freeingLocked()
+	short := len(want) - free - freeing
+	refused := 0
+	for _, name := range want {
+		if e := r.entries[name]; e != nil && !e.gone && e.fullAt != 0 {
+			refused++
+		}
+	}
+	// The engine said it is full for these, whatever the count says (it
+	// may hold more than the model's N, or count differently).
+	short = max(short, refused-freeing)
+	for _, e := range removed {
+		graceOver := now.Sub(time.Unix(0, e.st.GetLastActiveUnixNano())) >= m.cfg.IdleGrace
+		if graceOver || short > 0 {
+			short--
+			m.startUnload(ctx, wg, r, e.st.GetAdapter(), e)
+		}
+	}
+	for _, name := range want {
+		if e := r.entries[name]; e != nil && !e.gone && e.fullAt != 0 && e.fullAt == r.unloaded+1 {
+			// Refused as full: tried again once an unload has finished.
+			continue
+		}
+		if free <= 0 {
+			// No slot yet: reported LOADING (the control plane keeps it
+			// placed, and the router waits) until an unload frees one.
+			e := m.entryLocked(r, name, llmgwv1.AdapterState_ADAPTER_STATE_LOADING)
+			if e.st.GetState() != llmgwv1.AdapterState_ADAPTER_STATE_LOADING {
+				m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) {
+					s.State, s.Reason, s.RetryAfterUnixNano = llmgwv1.AdapterState_ADAPTER_STATE_LOADING, "", 0
+				})
+			}
+			continue
+		}
+		free--
+		m.startLoad(ctx, wg, r, name)
+	}
+}
+
+// occupiedLocked counts the adapters that hold a slot in r's engine:
+// loaded, being unloaded, or being loaded.
+func (r *replica) occupiedLocked() int {
+	n := 0
+	for _, e := range r.entries {
+		switch st := e.st.GetState(); {
+		case e.gone:
+		case st == llmgwv1.AdapterState_ADAPTER_STATE_LOADED, st == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
+			n++
+		case st == llmgwv1.AdapterState_ADAPTER_STATE_LOADING && e.inflight:
+			n++
+		}
+	}
+	return n
+}
+
+// freeingLocked counts the unloads under way on r: slots about to be free.
+func (r *replica) freeingLocked() int {
+	n := 0
+	for _, e := range r.entries {
+		if !e.gone && e.inflight && e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING {
+			n++
+		}
+	}
+	return n
 }
 
 // pathOf is the adapter's path in the model, "" if the model lacks it.
@@ -447,11 +557,12 @@ func (m *Manager) startLoad(ctx context.Context, wg *sync.WaitGroup, r *replica,
 	m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) {
 		s.State, s.Reason, s.RetryAfterUnixNano = llmgwv1.AdapterState_ADAPTER_STATE_LOADING, "", 0
 	})
-	e.inflight = true
+	e.inflight, e.fullAt = true, 0
 	addr, inc := r.addr, r.incarnation
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		defer m.signal(m.wake)
 		start := m.cfg.Now()
 		code, msg, err := m.call(ctx, addr, "/v1/load_lora_adapter", map[string]string{"lora_name": name, "lora_path": path})
 		m.mu.Lock()
@@ -480,6 +591,14 @@ func (m *Manager) startLoad(ctx context.Context, wg *sync.WaitGroup, r *replica,
 				// recently used one.
 				s.LastActiveUnixNano = m.cfg.Now().UnixNano()
 			})
+		case code >= 500 && r.removedHeldLocked():
+			// The engine is full, and an adapter removed from the
+			// placement still holds a slot: the load waits in LOADING for
+			// that unload (stepReplicaLocked makes room), not for a retry
+			// delay, and the control plane sees no failure.
+			m.metrics.loads.WithLabelValues("full").Inc()
+			log.Info("adapter load refused while a removed adapter is held; loaded after its unload", "status", code, "err", msg)
+			e.fullAt = r.unloaded + 1
 		default:
 			m.metrics.loads.WithLabelValues("failed").Inc()
 			log.Warn("adapter load refused by the engine", "status", code, "err", msg)
@@ -510,6 +629,8 @@ func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replic
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		// Woken when done: a load may be waiting for the slot.
+		defer m.signal(m.wake)
 		code, msg, err := m.call(ctx, addr, "/v1/unload_lora_adapter", map[string]string{"lora_name": name})
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -530,6 +651,7 @@ func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replic
 			return
 		}
 		m.metrics.unloads.Inc()
+		r.unloaded++
 		log.Info("adapter unloaded")
 		m.setLocked(r, e, func(*llmgwv1.AdapterStatus) {})
 		e.gone = true

@@ -30,7 +30,10 @@ type fakeEngine struct {
 	loads   map[string]int
 	unloads map[string]int
 	// fail answers a load of the name with this status and message.
-	fail    map[string]int
+	fail map[string]int
+	// max, when not 0, is --max-loras: a load beyond it gets the
+	// simulator's 500 "unload one first".
+	max     int
 	running []string
 	srv     *httptest.Server
 }
@@ -70,6 +73,11 @@ func newFakeEngine(t *testing.T, loaded ...string) *fakeEngine {
 		if code := f.fail[req.LoRAName]; code != 0 {
 			w.WriteHeader(code)
 			json.NewEncoder(w).Encode(vllm.NewError(code, "X", fmt.Sprintf("Loading lora %s failed: No adapter found for %s", req.LoRAName, req.LoRAPath)))
+			return
+		}
+		if f.max > 0 && len(f.loaded) >= f.max && !slices.Contains(f.loaded, req.LoRAName) {
+			w.WriteHeader(500)
+			json.NewEncoder(w).Encode(vllm.NewError(500, "InternalServerError", fmt.Sprintf("Loading lora %s failed: %d adapters are held and --max-loras is %d; unload one first", req.LoRAName, len(f.loaded), f.max)))
 			return
 		}
 		if slices.Contains(f.loaded, req.LoRAName) {
@@ -400,5 +408,96 @@ func TestConfigValidate(t *testing.T) {
 		if (tc.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 			t.Errorf("%v, want %q", err, tc.want)
 		}
+	}
+}
+
+// TestEvictionMakesRoomAtOnce: the control plane evicts a (it judged it
+// idle) and places c on a replica at max_loaded_adapters. The agent must
+// unload a first, without its IdleGrace (an hour here), and load c at once;
+// while a is busy c waits in LOADING, never FAILED (the plane would answer
+// failed and the router 503 until the retry delay, an hour here); a load
+// the engine refuses as full is tried again as soon as the unload is done.
+// IdleGrace still holds for a removal no load needs room from.
+func TestEvictionMakesRoomAtOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// engineMax is the engine's --max-loras, modelMax the model's N:
+		// an engine stricter than the model refuses a load the count
+		// allows.
+		engineMax, modelMax uint32
+		busy                bool // a is running when it is evicted
+		place               []string
+		wantLoadsC          int
+		wantRefusedFirst    bool // c's first load is refused as full
+		wantUnloadA         bool // a is unloaded without the clock moving
+	}{
+		{name: "idle evicted adapter unloaded, then loaded", engineMax: 2, modelMax: 2, place: []string{"b", "c"},
+			wantLoadsC: 1, wantUnloadA: true},
+		{name: "busy evicted adapter: the load waits in LOADING", engineMax: 2, modelMax: 2, busy: true, place: []string{"b", "c"},
+			wantLoadsC: 1, wantUnloadA: true},
+		{name: "refused as full: loaded after the unload", engineMax: 2, modelMax: 3, busy: true, place: []string{"b", "c"},
+			wantLoadsC: 2, wantRefusedFirst: true, wantUnloadA: true},
+		{name: "removal without a load to make room for keeps the grace", engineMax: 2, modelMax: 2, place: []string{"b"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := newFakeEngine(t)
+			eng.max = int(tc.engineMax)
+			h := start(t, eng, tc.modelMax)
+			h.place("a", "b")
+			h.engine(1)
+			h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+			h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+			if tc.busy {
+				eng.setRunning("a")
+				h.waitFor("a active", func() bool { return h.states()["a"].GetActive() == 1 })
+			}
+			h.place(tc.place...)
+			var seen []llmgwv1.AdapterState
+			record := func() map[string]*llmgwv1.AdapterStatus {
+				s := h.states()
+				if st, ok := s["c"]; ok && (len(seen) == 0 || seen[len(seen)-1] != st.GetState()) {
+					seen = append(seen, st.GetState())
+				}
+				return s
+			}
+			if tc.busy {
+				h.waitFor("a UNLOADING", func() bool {
+					return record()["a"].GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING
+				})
+				if tc.wantRefusedFirst {
+					h.waitFor("c refused", func() bool { record(); _, loads, _ := eng.state(); return loads["c"] == 1 })
+				}
+				// Several scrapes while a is busy: nothing unloads it.
+				for range 5 {
+					record()
+					time.Sleep(20 * time.Millisecond)
+				}
+				if _, _, unloads := eng.state(); unloads["a"] != 0 {
+					t.Fatal("a busy adapter was unloaded")
+				}
+				eng.setRunning()
+			}
+			if !tc.wantUnloadA {
+				for range 5 {
+					time.Sleep(20 * time.Millisecond)
+				}
+				if st := h.states()["a"]; st.GetState() != llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING {
+					t.Fatalf("a within its grace: %v", st)
+				}
+				h.clock.advance(2 * time.Hour)
+				h.waitFor("a unloaded after the grace", func() bool { _, ok := h.states()["a"]; return !ok })
+				return
+			}
+			h.waitFor("c LOADED", func() bool {
+				return record()["c"].GetState() == llmgwv1.AdapterState_ADAPTER_STATE_LOADED
+			})
+			if slices.Contains(seen, llmgwv1.AdapterState_ADAPTER_STATE_FAILED) {
+				t.Errorf("c went through FAILED: %v", seen)
+			}
+			loaded, loads, unloads := eng.state()
+			if !slices.Equal(loaded, []string{"b", "c"}) || loads["c"] != tc.wantLoadsC || unloads["a"] != 1 {
+				t.Errorf("engine holds %v after loads %v unloads %v", loaded, loads, unloads)
+			}
+		})
 	}
 }

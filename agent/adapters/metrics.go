@@ -12,14 +12,14 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		loads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_adapter_loads_total",
-			Help: "LoRA adapter loads through engines' runtime API, by result (ok, failed)."}, []string{"result"}),
+			Help: "LoRA adapter loads through engines' runtime API, by result (ok; failed; full: refused while a removed adapter held its slot, loaded after the unload)."}, []string{"result"}),
 		unloads: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_adapter_unloads_total",
 			Help: "LoRA adapters unloaded after being removed from the placement and idle."}),
 		loadSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "llmgw_agent_adapter_load_seconds",
 			Help:    "Time for an engine to load a LoRA adapter (successful loads).",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}}),
 	}
-	for _, r := range []string{"ok", "failed"} {
+	for _, r := range []string{"ok", "failed", "full"} {
 		m.loads.WithLabelValues(r)
 	}
 	for _, c := range []prometheus.Collector{m.loads, m.unloads, m.loadSeconds} {
