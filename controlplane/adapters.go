@@ -207,7 +207,9 @@ func (s *Server) placeAdapter(ctx context.Context, m *llmgwv1.Model, adapter str
 		if at := s.placedAt[adapterKey{name, replica}]; at.After(used) {
 			used = at
 		}
-		return placement.AdapterUse{Reported: true, Loading: st.State == llmgwv1.AdapterState_ADAPTER_STATE_LOADING, Active: st.Active, LastUsed: used}
+		return placement.AdapterUse{Reported: true, Loading: st.State == llmgwv1.AdapterState_ADAPTER_STATE_LOADING,
+			Loaded: st.State == llmgwv1.AdapterState_ADAPTER_STATE_LOADED, Failed: st.State == llmgwv1.AdapterState_ADAPTER_STATE_FAILED,
+			Active: st.Active, LastUsed: used}
 	}
 	choice, err := placement.ChooseAdapterReplica(in)
 	switch {

@@ -32,8 +32,15 @@ type AdapterUse struct {
 	// Reported is false when the agent has said nothing of it yet: it is
 	// being loaded, so it is not idle.
 	Reported bool
-	// Loading is true while the agent loads it: someone is waiting for it.
+	// Loading is true while the agent loads it (or waits for a slot to
+	// load it in): someone is waiting for it.
 	Loading bool
+	// Loaded: the engine holds it, so evicting it frees a slot there.
+	// Failed: its load failed, so it holds no slot in the engine, only one
+	// in the placement. An adapter reported neither (nor Loading) is in
+	// passing (being unloaded, or a state this code does not know) and is
+	// not evicted.
+	Loaded, Failed bool
 	// Active is the requests for it running or waiting.
 	Active uint32
 	// LastUsed is when a request for it last ran, or when it was placed if
@@ -70,9 +77,16 @@ type AdapterChoice struct {
 
 // ChooseAdapterReplica picks the replica for an adapter (plan §7.6): one
 // that already holds it; else a ready one with a free slot (fewer than Max
-// placed; the fewest, then the lowest id); else the least recently used idle
-// adapter on a ready replica is evicted (ties by replica id, then adapter
-// name). It never puts more than Max on a replica. It is pure: the leader
+// placed; the fewest, then the lowest id); else an adapter on a ready
+// replica is evicted: the least recently used idle LOADED one (ties by
+// replica id, then adapter name), else the least recently placed FAILED one
+// idle as long. A LOADED one goes first because a placement whose load
+// failed is what its callers are being answered from (a bad path is not
+// loaded again in a loop), and evicting it frees no engine slot; it is
+// reused only when nothing loaded is idle. An adapter not LOADED nor FAILED
+// (loading, waiting for a slot, being unloaded) is never evicted: that is
+// what re-evicted placements that never loaded and made evictions
+// outnumber loads. It never puts more than Max on a replica. It is pure: the leader
 // commits the choice, and the FSM refuses one made on a stale view.
 func ChooseAdapterReplica(in AdapterInputs) (AdapterChoice, error) {
 	rs := slices.Clone(in.Replicas)
@@ -100,9 +114,10 @@ func ChooseAdapterReplica(in AdapterInputs) (AdapterChoice, error) {
 	if free != nil {
 		return AdapterChoice{Replica: free.ID}, nil
 	}
-	var best AdapterChoice
-	var bestUsed time.Time
-	found := false
+	// Two candidates: the best LOADED (tier 0) and the best FAILED (tier 1).
+	var best [2]AdapterChoice
+	var bestUsed [2]time.Time
+	var found [2]bool
 	for _, r := range rs {
 		if !r.Ready {
 			continue
@@ -117,13 +132,23 @@ func ChooseAdapterReplica(in AdapterInputs) (AdapterChoice, error) {
 			if !u.Reported || u.Loading || u.Active > 0 || in.Now.Sub(u.LastUsed) < in.MinIdle {
 				continue
 			}
-			if !found || u.LastUsed.Before(bestUsed) {
-				best, bestUsed, found = AdapterChoice{Replica: r.ID, Evict: name}, u.LastUsed, true
+			tier := 0
+			switch {
+			case u.Loaded:
+			case u.Failed:
+				tier = 1
+			default:
+				continue
+			}
+			if !found[tier] || u.LastUsed.Before(bestUsed[tier]) {
+				best[tier], bestUsed[tier], found[tier] = AdapterChoice{Replica: r.ID, Evict: name}, u.LastUsed, true
 			}
 		}
 	}
-	if !found {
-		return AdapterChoice{}, ErrAllBusy
+	for tier := range best {
+		if found[tier] {
+			return best[tier], nil
+		}
 	}
-	return best, nil
+	return AdapterChoice{}, ErrAllBusy
 }
