@@ -2,7 +2,6 @@ package main
 
 import (
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/llmgw/llmgw/controlplane"
 )
@@ -59,37 +58,4 @@ func newControlCmd() *cobra.Command {
 	f.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "Raft election timeout")
 	cmd.MarkFlagsMutuallyExclusive("bootstrap", "bootstrap-expect")
 	return cmd
-}
-
-// loadUnderFlags decodes the file into cfg, which the flags are bound to,
-// then sets the flags given on the command line again, so they win.
-func loadUnderFlags(fs *pflag.FlagSet, path string, cfg *controlplane.Config) error {
-	type given struct {
-		flag  *pflag.Flag
-		value string
-		slice []string
-	}
-	var set []given
-	fs.Visit(func(f *pflag.Flag) {
-		g := given{flag: f, value: f.Value.String()}
-		if sv, ok := f.Value.(pflag.SliceValue); ok {
-			g.slice = append([]string(nil), sv.GetSlice()...)
-		}
-		set = append(set, g)
-	})
-	if err := controlplane.LoadConfigFile(path, cfg); err != nil {
-		return err
-	}
-	for _, g := range set {
-		if sv, ok := g.flag.Value.(pflag.SliceValue); ok {
-			if err := sv.Replace(g.slice); err != nil {
-				return err
-			}
-			continue
-		}
-		if err := g.flag.Value.Set(g.value); err != nil {
-			return err
-		}
-	}
-	return nil
 }
