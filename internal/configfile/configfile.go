@@ -11,6 +11,7 @@
 package configfile
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -20,21 +21,42 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
+// MaxSize bounds a configuration file: it is read whole before decoding, and
+// no real configuration comes near it.
+const MaxSize = 1 << 20
+
 // Decode reads one YAML document from r over *cfg: keys it leaves out keep
-// cfg's values, an unknown key or a second document is an error, and an
-// empty document changes nothing. On error *cfg is left as it was. It does
-// not validate: flags may still override, then the caller validates once.
+// cfg's values (a map in the file is merged into a map cfg already holds),
+// an unknown key, a second document or a file over MaxSize is an error, and
+// an empty document changes nothing. On error *cfg is left as it was: the
+// document is first decoded into a zero value of cfg's type, and only a
+// document that decodes cleanly is decoded again over cfg. It does not
+// validate: flags may still override, then the caller validates once.
 func Decode(r io.Reader, cfg any) error {
-	dec := yaml.NewDecoder(r)
-	dec.KnownFields(true)
-	// Decode into a copy so a half-read file loses nothing of cfg.
-	tmp, restore, err := shadow(cfg)
+	v := reflect.ValueOf(cfg)
+	if v.Kind() != reflect.Pointer || v.IsNil() {
+		return fmt.Errorf("configfile: decode target must be a non-nil pointer, got %T", cfg)
+	}
+	b, err := io.ReadAll(io.LimitReader(r, MaxSize+1))
 	if err != nil {
 		return err
 	}
-	if err := dec.Decode(tmp); err != nil {
+	if len(b) > MaxSize {
+		return fmt.Errorf("larger than %d bytes", MaxSize)
+	}
+	if err := decodeOne(b, reflect.New(v.Elem().Type()).Interface()); err != nil {
+		return err
+	}
+	return decodeOne(b, cfg)
+}
+
+// decodeOne decodes the single document of b strictly into target.
+func decodeOne(b []byte, target any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(target); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil
+			return nil // an empty file changes nothing
 		}
 		return err
 	}
@@ -42,7 +64,6 @@ func Decode(r io.Reader, cfg any) error {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return errors.New("more than one YAML document")
 	}
-	restore()
 	return nil
 }
 
@@ -57,16 +78,4 @@ func Load(path string, cfg any) error {
 		return fmt.Errorf("--config %s: %w", path, err)
 	}
 	return nil
-}
-
-// shadow returns a pointer to a copy of *cfg and a function that copies it
-// back over *cfg.
-func shadow(cfg any) (tmp any, commit func(), err error) {
-	v := reflect.ValueOf(cfg)
-	if v.Kind() != reflect.Pointer || v.IsNil() {
-		return nil, nil, fmt.Errorf("configfile: decode target must be a non-nil pointer, got %T", cfg)
-	}
-	cp := reflect.New(v.Elem().Type())
-	cp.Elem().Set(v.Elem())
-	return cp.Interface(), func() { v.Elem().Set(cp.Elem()) }, nil
 }

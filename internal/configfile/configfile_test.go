@@ -67,3 +67,29 @@ func TestLoadNamesTheFile(t *testing.T) {
 		t.Fatal("a missing file did not fail")
 	}
 }
+
+// TestFailedDecodeKeepsMaps: a default held in a map is not touched by a
+// file that fails half-way through (the map is shared, not copied, by a
+// shallow copy of the struct).
+func TestFailedDecodeKeepsMaps(t *testing.T) {
+	type withMap struct {
+		Labels map[string]string `yaml:"labels"`
+		N      int               `yaml:"n"`
+	}
+	cfg := withMap{Labels: map[string]string{"zone": "a"}}
+	err := Decode(strings.NewReader("labels: {zone: b, gpu: h100}\nn: many\n"), &cfg)
+	if err == nil {
+		t.Fatal("a bad value decoded")
+	}
+	if len(cfg.Labels) != 1 || cfg.Labels["zone"] != "a" {
+		t.Fatalf("labels after a failed decode = %v, want the default map untouched", cfg.Labels)
+	}
+}
+
+func TestDecodeRefusesHugeFile(t *testing.T) {
+	var s sample
+	big := "name: " + strings.Repeat("x", MaxSize) + "\n"
+	if err := Decode(strings.NewReader(big), &s); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Fatalf("err = %v, want the size bound", err)
+	}
+}
