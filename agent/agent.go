@@ -25,6 +25,7 @@ import (
 	"github.com/llmgw/llmgw/agent/adapters"
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/load"
+	"github.com/llmgw/llmgw/internal/grpcstop"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -268,14 +269,7 @@ func (a *Agent) startLoad() (stop func(), err error) {
 		stopReader()
 		<-readerDone
 		lsrv.Close()
-		graceful := make(chan struct{})
-		go func() { defer close(graceful); gsrv.GracefulStop() }()
-		select {
-		case <-graceful:
-		case <-time.After(5 * time.Second):
-			gsrv.Stop()
-			<-graceful
-		}
+		grpcstop.Stop(gsrv, 5*time.Second)
 		<-grpcDone
 	}, nil
 }

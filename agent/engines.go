@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/llmgw/llmgw/agent/supervisor"
+	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -172,10 +173,8 @@ func healthy(ctx context.Context, healthURL string, tries int, every time.Durati
 	var last error
 	for i := 0; i < tries; i++ {
 		if i > 0 {
-			select {
-			case <-ctx.Done():
+			if !backoff.Sleep(ctx, every) {
 				return ctx.Err()
-			case <-time.After(every):
 			}
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, healthURL, nil)
