@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/llmgw/llmgw/agent/adapters"
+	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/load"
 	"github.com/llmgw/llmgw/internal/grpcstop"
@@ -132,7 +133,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return fmt.Errorf("agent: data dir: %w", err)
 	}
-	ports, err := loadPortStore(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRangeStart, a.cfg.PortRangeEnd)
+	ports, err := datadir.LoadPorts(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRangeStart, a.cfg.PortRangeEnd)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

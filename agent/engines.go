@@ -16,6 +16,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -116,7 +117,7 @@ func (e engineRecords) save(r *engineRecord) error {
 	if err := os.MkdirAll(e.dir, 0o755); err != nil {
 		return fmt.Errorf("engine record %s: %w", r.ReplicaID, err)
 	}
-	if err := writeFileAtomic(e.path(r.ReplicaID), append(b, '\n')); err != nil {
+	if err := datadir.WriteFileAtomic(e.path(r.ReplicaID), append(b, '\n')); err != nil {
 		return fmt.Errorf("engine record %s: %w", r.ReplicaID, err)
 	}
 	return nil
@@ -230,7 +231,7 @@ func (rs *replicaSet) adopt(ctx context.Context) {
 			continue
 		}
 		for key, port := range rec.Ports {
-			if err := rs.ports.hold(rec.ReplicaID+"/"+key, port); err != nil {
+			if err := rs.ports.Hold(rec.ReplicaID+"/"+key, port); err != nil {
 				log.Warn("adopted engine's port", "err", err)
 			}
 		}

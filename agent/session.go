@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -101,7 +102,7 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 	if err != nil {
 		return nil, false, failed("attach", err)
 	}
-	epoch, err := nextEpoch(a.epochPath, a.now().UnixNano())
+	epoch, err := datadir.NextEpoch(a.epochPath, a.now().UnixNano())
 	if err != nil {
 		return nil, false, err
 	}
