@@ -133,7 +133,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return fmt.Errorf("agent: data dir: %w", err)
 	}
-	ports, err := datadir.LoadPorts(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRangeStart, a.cfg.PortRangeEnd)
+	ports, err := datadir.LoadPorts(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRange.Start, a.cfg.PortRange.End)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}

