@@ -187,31 +187,3 @@ func FuzzParseEngineRecord(f *testing.F) {
 		}
 	})
 }
-
-// TestPortStoreHold: an adopted engine's port stays its own — held even
-// though it is not listenable, and never handed to another key.
-func TestPortStoreHold(t *testing.T) {
-	ps, err := loadPortStore(filepath.Join(t.TempDir(), "ports.json"), 20000, 20002)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps.listenable = func(string, int) bool { return true }
-	steps := []struct {
-		name    string
-		do      func() (int, error)
-		want    int
-		wantErr bool
-	}{
-		{"hold", func() (int, error) { return 20000, ps.hold("a/http", 20000) }, 20000, false},
-		{"held", func() (int, error) { return ps.held("a/http") }, 20000, false},
-		{"another key skips it", func() (int, error) { return ps.get("b/http", "127.0.0.1") }, 20001, false},
-		{"hold of another's port", func() (int, error) { return 0, ps.hold("c/http", 20001) }, 0, true},
-		{"nothing held", func() (int, error) { return ps.held("c/http") }, 0, true},
-	}
-	for _, s := range steps {
-		got, err := s.do()
-		if (err != nil) != s.wantErr || got != s.want {
-			t.Errorf("%s: %d, %v; want %d, error %v", s.name, got, err, s.want, s.wantErr)
-		}
-	}
-}

@@ -23,8 +23,10 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/llmgw/llmgw/agent/adapters"
+	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/load"
+	"github.com/llmgw/llmgw/internal/grpcstop"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -131,7 +133,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := os.MkdirAll(logDir, 0o755); err != nil {
 		return fmt.Errorf("agent: data dir: %w", err)
 	}
-	ports, err := loadPortStore(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRangeStart, a.cfg.PortRangeEnd)
+	ports, err := datadir.LoadPorts(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRange.Start, a.cfg.PortRange.End)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
@@ -268,14 +270,7 @@ func (a *Agent) startLoad() (stop func(), err error) {
 		stopReader()
 		<-readerDone
 		lsrv.Close()
-		graceful := make(chan struct{})
-		go func() { defer close(graceful); gsrv.GracefulStop() }()
-		select {
-		case <-graceful:
-		case <-time.After(5 * time.Second):
-			gsrv.Stop()
-			<-graceful
-		}
+		grpcstop.Stop(gsrv, 5*time.Second)
 		<-grpcDone
 	}, nil
 }

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/internal/fakeengine"
 	"github.com/llmgw/llmgw/agent/supervisor"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -162,7 +163,7 @@ func testConfig(t *testing.T, control ...string) Config {
 	c.GRPCAddr = "127.0.0.1:0"
 	c.GPUs = 2
 	c.Version = "test"
-	c.PortRangeStart, c.PortRangeEnd = 31000, 31999
+	c.PortRange = PortRange{Start: 31000, End: 31999}
 	c.Engines = map[string]EngineConfig{"sim": {Command: []string{self},
 		Env: map[string]string{fakeengine.EnvRecord: filepath.Join(c.DataDir, "engine.jsonl")}}}
 	c.StopEnginesOnExit = true
@@ -255,7 +256,7 @@ func TestSessionRunsDesiredReplicas(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := parseEpoch(b); got != h.GetEpoch() {
+	if got, _ := datadir.ParseEpoch(b); got != h.GetEpoch() {
 		t.Fatalf("persisted epoch %d, hello carried %d", got, h.GetEpoch())
 	}
 
@@ -408,123 +409,6 @@ func TestEnginesOutliveAgentUnlessAsked(t *testing.T) {
 	}
 }
 
-func TestNextEpoch(t *testing.T) {
-	tests := []struct {
-		name    string
-		file    string
-		now     int64
-		want    uint64
-		wantErr bool
-	}{
-		{"no file takes the clock", "", 100, 100, false},
-		{"clock behind the persisted epoch", "200\n", 100, 201, false},
-		{"clock ahead", "50", 100, 100, false},
-		{"corrupt file refused", "fifty", 100, 0, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "epoch")
-			if tt.file != "" {
-				if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			got, err := nextEpoch(path, tt.now)
-			if (err != nil) != tt.wantErr || got != tt.want {
-				t.Fatalf("nextEpoch = %d, %v; want %d (error %v)", got, err, tt.want, tt.wantErr)
-			}
-			if err != nil {
-				return
-			}
-			again, err := nextEpoch(path, tt.now)
-			if err != nil || again != got+1 {
-				t.Fatalf("second epoch %d, %v; want %d", again, err, got+1)
-			}
-		})
-	}
-}
-
-func TestPortStore(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ports.json")
-	busy := map[int]bool{20001: true}
-	load := func() *portStore {
-		ps, err := loadPortStore(path, 20000, 20003)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ps.listenable = func(_ string, p int) bool { return !busy[p] }
-		return ps
-	}
-	ps := load()
-	steps := []struct {
-		key     string
-		want    int
-		wantErr bool
-	}{
-		{"a/http", 20000, false},
-		{"b/http", 20002, false}, // 20001 is held by someone else
-		{"a/http", 20000, false}, // the same key keeps its port
-		{"c/http", 20003, false},
-		{"d/http", 0, true}, // range exhausted
-	}
-	for _, s := range steps {
-		got, err := ps.get(s.key, "127.0.0.1")
-		if (err != nil) != s.wantErr || got != s.want {
-			t.Fatalf("get(%s) = %d, %v; want %d", s.key, got, err, s.want)
-		}
-	}
-	// Remembered across a restart.
-	if got, _ := load().get("b/http", "127.0.0.1"); got != 20002 {
-		t.Errorf("after reload b/http got %d, want 20002", got)
-	}
-	if err := ps.release("a/"); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := ps.get("d/http", "127.0.0.1"); got != 20000 {
-		t.Errorf("released port not reused: got %d", got)
-	}
-}
-
-func TestValidate(t *testing.T) {
-	tests := []struct {
-		name string
-		edit func(*Config)
-		want string
-	}{
-		{"ok", func(*Config) {}, ""},
-		{"node id", func(c *Config) { c.NodeID = "" }, "--node-id"},
-		{"no control", func(c *Config) { c.Control = nil }, "--control"},
-		{"control without port", func(c *Config) { c.Control = []string{"c1"} }, "--control"},
-		{"advertise with port", func(c *Config) { c.AdvertiseAddr = "10.0.0.1:80" }, "--advertise-addr"},
-		{"data dir", func(c *Config) { c.DataDir = "" }, "--data-dir"},
-		{"http addr", func(c *Config) { c.HTTPAddr = "nope" }, "--http-addr"},
-		{"gpus", func(c *Config) { c.GPUs = -1 }, "--gpus"},
-		{"port range", func(c *Config) { c.PortRangeStart, c.PortRangeEnd = 30000, 20000 }, "--port-range"},
-		{"unknown engine", func(c *Config) { c.Engines = map[string]EngineConfig{"tgi": {}} }, "--tgi-command"},
-		{"ready timeout", func(c *Config) { c.ReadyTimeout = 0 }, "--ready-timeout"},
-		{"stop grace", func(c *Config) { c.StopGrace = 0 }, "--stop-grace"},
-		{"drain quiet", func(c *Config) { c.DrainQuiet = 0 }, "--drain-quiet"},
-		{"drain timeout", func(c *Config) { c.DrainTimeout = c.DrainQuiet / 2 }, "--drain-timeout"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultConfig()
-			c.NodeID = "n1"
-			tt.edit(&c)
-			err := c.Validate()
-			if tt.want == "" {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.HasPrefix(err.Error(), tt.want+":") {
-				t.Fatalf("Validate = %v, want an error naming %s", err, tt.want)
-			}
-		})
-	}
-}
-
 func TestBook(t *testing.T) {
 	b := newBook()
 	st := func(id string, p llmgwv1.ReplicaPhase) *llmgwv1.ReplicaStatus {
@@ -546,35 +430,6 @@ func TestBook(t *testing.T) {
 	if ups, rm, _ := b.since(v2); len(ups)+len(rm) != 0 {
 		t.Fatalf("nothing changed, yet since returned %v %v", ups, rm)
 	}
-}
-
-func FuzzParseEpoch(f *testing.F) {
-	for _, s := range []string{"1", "18446744073709551615\n", "", "-1", " 42 ", "1e9"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		v, err := parseEpoch(b)
-		if err == nil && strings.TrimSpace(string(b)) == "" {
-			t.Fatalf("empty input parsed as %d", v)
-		}
-	})
-}
-
-func FuzzParsePorts(f *testing.F) {
-	for _, s := range []string{`{"a/http":20000}`, `{}`, `null`, `{"x":0}`, `{"x":70000}`, `[1]`, `{"x":"1"}`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := parsePorts(b)
-		if err != nil {
-			return
-		}
-		for k, p := range m {
-			if p < 1 || p > 65535 {
-				t.Fatalf("accepted %q -> %d", k, p)
-			}
-		}
-	})
 }
 
 var testLogOut io.Writer = io.Discard

@@ -3,8 +3,11 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/llmgw/llmgw/agent/drain"
@@ -12,72 +15,123 @@ import (
 	"github.com/llmgw/llmgw/agent/supervisor"
 )
 
-// EngineConfig overrides how one engine kind is run on this node.
+// EngineConfig overrides how one engine kind is run on this node. In the
+// --config file it is engines.<kind>: {command: [...], env: {...}}.
 type EngineConfig struct {
 	// Command is the program and its leading arguments; empty means the
 	// driver's default (vllm, llama-server, this binary's `sim`). It is how
 	// tests run the vLLM driver against the simulator.
-	Command []string
+	Command []string `yaml:"command"`
 	// Env is added to every such engine's environment, after the driver's.
-	Env map[string]string
+	Env map[string]string `yaml:"env"`
 }
 
-// Config is an agent's configuration. Errors from Validate name the flag of
-// `llmgw agent` that sets the field.
+// PortRange is an inclusive range of TCP ports. It is written start-end
+// ("20000-20999") both on the command line and in the --config file: it
+// implements encoding.TextUnmarshaler for the file and pflag.Value (Set,
+// String, Type) for the flag, so the two spell it the same way.
+type PortRange struct {
+	Start int `yaml:"start"`
+	End   int `yaml:"end"`
+}
+
+// String returns the range as start-end.
+func (r PortRange) String() string { return fmt.Sprintf("%d-%d", r.Start, r.End) }
+
+// Set parses start-end. It does not check the bounds: Validate does, so
+// that a bad range is reported with every other problem.
+func (r *PortRange) Set(s string) error {
+	a, b, ok := strings.Cut(s, "-")
+	start, err1 := strconv.Atoi(strings.TrimSpace(a))
+	end, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !ok || err1 != nil || err2 != nil {
+		return fmt.Errorf("%q is not start-end", s)
+	}
+	r.Start, r.End = start, end
+	return nil
+}
+
+// Type names the flag's value in --help.
+func (*PortRange) Type() string { return "start-end" }
+
+// UnmarshalText reads the file's port_range.
+func (r *PortRange) UnmarshalText(b []byte) error {
+	if err := r.Set(string(b)); err != nil {
+		return fmt.Errorf("port_range: %w", err)
+	}
+	return nil
+}
+
+// MarshalText writes the range as the file spells it.
+func (r PortRange) MarshalText() ([]byte, error) { return []byte(r.String()), nil }
+
+// Config is an agent's configuration. The yaml tags are the keys of
+// `llmgw agent --config`: the flag names with underscores, except --label
+// (labels: {k: v}) and --<kind>-command (engines.<kind>.command). Errors
+// from Validate name both the flag and the key.
 type Config struct {
 	// NodeID names this node in the cluster. Required.
-	NodeID string
+	NodeID string `yaml:"node_id"`
 	// Control lists control-node gRPC addresses (host:port); the agent uses
 	// one at a time and learns the rest from the control plane (plan §5.6).
-	Control []string
+	Control []string `yaml:"control"`
 	// AdvertiseAddr is the node's address (no port): engines listen on it
 	// and routers reach them there (plan §6 "Addresses").
-	AdvertiseAddr string
+	AdvertiseAddr string `yaml:"advertise_addr"`
 	// DataDir keeps the session epoch, port assignments, engine logs and
 	// the records of running engines the next agent re-adopts (plan §6).
-	DataDir string
+	DataDir string `yaml:"data_dir"`
 	// HTTPAddr serves /metrics, /healthz and /readyz.
-	HTTPAddr string
+	HTTPAddr string `yaml:"http_addr"`
 	// GRPCAddr serves LoadService to routers (plan §6 "Load snapshots").
 	// Routers are told AdvertiseAddr with the port actually bound, so port
 	// 0 works.
-	GRPCAddr string
+	GRPCAddr string `yaml:"grpc_addr"`
 	// LoadInterval spaces the reads of each engine's /metrics and the
 	// snapshots sent to routers.
-	LoadInterval time.Duration
-	GPUs         int
-	Labels       map[string]string
-	Version      string
-	// PortRangeStart..PortRangeEnd (inclusive) is where engine ports come
-	// from.
-	PortRangeStart, PortRangeEnd int
+	LoadInterval time.Duration `yaml:"load_interval"`
+	// GPUs is how many GPUs the node offers the scheduler.
+	GPUs int `yaml:"gpus"`
+	// Labels are the node's labels, which placement constraints match.
+	Labels map[string]string `yaml:"labels"`
+	// Version is the agent's build, reported to the control plane; set by
+	// the binary, not configured.
+	Version string `yaml:"-"`
+	// PortRange is where engine ports come from.
+	PortRange PortRange `yaml:"port_range"`
 	// Engines is keyed by engine name: vllm, llamacpp, sim.
-	Engines map[string]EngineConfig
+	Engines map[string]EngineConfig `yaml:"engines"`
 	// StopEnginesOnExit stops every engine before Run returns, and has the
 	// kernel kill them should the agent die. Otherwise engines outlive the
 	// agent (plan §6).
-	StopEnginesOnExit bool
-	// ReadyTimeout bounds an engine's start; StopGrace is SIGTERM's grace.
-	ReadyTimeout, StopGrace time.Duration
+	StopEnginesOnExit bool `yaml:"stop_engines_on_exit"`
+	// ReadyTimeout bounds an engine's start.
+	ReadyTimeout time.Duration `yaml:"ready_timeout"`
+	// StopGrace is SIGTERM's grace before SIGKILL.
+	StopGrace time.Duration `yaml:"stop_grace"`
 	// HeartbeatInterval spaces heartbeats; three missed is a dead server.
-	HeartbeatInterval time.Duration
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
 	// DrainQuiet is how long a draining replica's engine must show no
 	// request running or waiting before it is stopped; DrainTimeout stops
 	// it however busy it is (package drain).
-	DrainQuiet, DrainTimeout time.Duration
+	DrainQuiet   time.Duration `yaml:"drain_quiet"`
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+
+	// The settings below have no flag; only the file sets them.
 
 	// ProbeInterval spaces engine health probes.
-	ProbeInterval time.Duration
+	ProbeInterval time.Duration `yaml:"probe_interval"`
 	// RestartBackoff spaces restarts of a crashing engine.
-	RestartBackoff supervisor.Backoff
+	RestartBackoff supervisor.Backoff `yaml:"restart_backoff"`
 	// ReconnectInitial doubles per failed session up to ReconnectMax, with
 	// jitter, so a fleet of agents does not stampede a recovering server.
-	ReconnectInitial, ReconnectMax time.Duration
+	ReconnectInitial time.Duration `yaml:"reconnect_initial"`
+	ReconnectMax     time.Duration `yaml:"reconnect_max"`
 	// Jitter returns a value in [0, 1); nil means math/rand/v2. Tests inject
 	// it to make reconnect delays deterministic.
-	Jitter func() float64
+	Jitter func() float64 `yaml:"-"`
 	// Now is the clock used for epochs; nil means time.Now.
-	Now func() time.Time
+	Now func() time.Time `yaml:"-"`
 }
 
 // DefaultConfig returns the defaults of plan §5.6 and §6.
@@ -89,8 +143,7 @@ func DefaultConfig() Config {
 		HTTPAddr:          "127.0.0.1:7404", // 7400-7403 are a control node's
 		GRPCAddr:          "127.0.0.1:7405",
 		LoadInterval:      50 * time.Millisecond,
-		PortRangeStart:    20000,
-		PortRangeEnd:      20999,
+		PortRange:         PortRange{Start: 20000, End: 20999},
 		ReadyTimeout:      10 * time.Minute,
 		StopGrace:         10 * time.Second,
 		HeartbeatInterval: 500 * time.Millisecond,
@@ -103,79 +156,102 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports the first bad field, naming its flag.
+// opt names a setting that both a flag and a file key set, as the errors of
+// Validate spell it: "--flag (key)".
+func opt(flag, key string) string { return "--" + flag + " (" + key + ")" }
+
+// Validate reports every problem at once (errors.Join), so an operator
+// fixes a configuration in one pass rather than one error per start. Each
+// problem starts with the setting it is about: the flag of `llmgw agent`
+// and the key of its --config file ("--data-dir (data_dir): required"), or
+// the key alone for the settings only the file sets.
 func (c *Config) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %w", name, fmt.Errorf(format, args...)))
+	}
+	positive := func(name string, d time.Duration) {
+		if d <= 0 {
+			bad(name, "must be positive, got %s", d)
+		}
+	}
+	listenAddr := func(name, addr string) {
+		if _, p, err := net.SplitHostPort(addr); err != nil {
+			bad(name, "%q is not host:port: %w", addr, err)
+		} else if _, err := strconv.ParseUint(p, 10, 16); err != nil {
+			bad(name, "bad port %q", p)
+		}
+	}
+
 	if c.NodeID == "" {
-		return errors.New("--node-id: required")
+		bad(opt("node-id", "node_id"), "required")
 	}
 	if len(c.Control) == 0 {
-		return errors.New("--control: at least one control address is required")
+		bad(opt("control", "control"), "at least one control address is required")
 	}
 	for _, a := range c.Control {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("--control: %q is not host:port: %w", a, err)
+			bad(opt("control", "control"), "%q is not host:port: %w", a, err)
 		}
 	}
 	if c.AdvertiseAddr == "" {
-		return errors.New("--advertise-addr: required")
-	}
-	if _, _, err := net.SplitHostPort(c.AdvertiseAddr); err == nil {
-		return fmt.Errorf("--advertise-addr: %q must be an address without a port", c.AdvertiseAddr)
+		bad(opt("advertise-addr", "advertise_addr"), "required")
+	} else if _, _, err := net.SplitHostPort(c.AdvertiseAddr); err == nil {
+		bad(opt("advertise-addr", "advertise_addr"), "%q must be an address without a port", c.AdvertiseAddr)
 	}
 	if c.DataDir == "" {
-		return errors.New("--data-dir: required")
+		bad(opt("data-dir", "data_dir"), "required")
 	}
-	if _, p, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-		return fmt.Errorf("--http-addr: %q is not host:port: %w", c.HTTPAddr, err)
-	} else if _, err := strconv.ParseUint(p, 10, 16); err != nil {
-		return fmt.Errorf("--http-addr: bad port %q", p)
-	}
-	if _, p, err := net.SplitHostPort(c.GRPCAddr); err != nil {
-		return fmt.Errorf("--grpc-addr: %q is not host:port: %w", c.GRPCAddr, err)
-	} else if _, err := strconv.ParseUint(p, 10, 16); err != nil {
-		return fmt.Errorf("--grpc-addr: bad port %q", p)
-	}
-	if c.LoadInterval <= 0 {
-		return fmt.Errorf("--load-interval: must be positive, got %s", c.LoadInterval)
-	}
+	listenAddr(opt("http-addr", "http_addr"), c.HTTPAddr)
+	listenAddr(opt("grpc-addr", "grpc_addr"), c.GRPCAddr)
+	positive(opt("load-interval", "load_interval"), c.LoadInterval)
 	if c.GPUs < 0 {
-		return errors.New("--gpus: must not be negative")
+		bad(opt("gpus", "gpus"), "must not be negative, got %d", c.GPUs)
 	}
-	if c.PortRangeStart < 1 || c.PortRangeEnd > 65535 || c.PortRangeStart > c.PortRangeEnd {
-		return fmt.Errorf("--port-range: %d-%d is not a range within 1-65535", c.PortRangeStart, c.PortRangeEnd)
+	if _, ok := c.Labels[""]; ok {
+		bad(opt("label", "labels"), "a label needs a key")
 	}
-	for name, e := range c.Engines {
+	if r := c.PortRange; r.Start < 1 || r.End > 65535 || r.Start > r.End {
+		bad(opt("port-range", "port_range"), "%s is not a range within 1-65535", r)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Engines)) {
+		e := c.Engines[name]
 		switch name {
 		case engine.VLLM, engine.LlamaCpp, engine.Sim:
 		default:
-			return fmt.Errorf("--%s-command: unknown engine %q", name, name)
+			bad("engines."+name, "unknown engine (known: %s, %s, %s)", engine.VLLM, engine.LlamaCpp, engine.Sim)
+			continue
 		}
 		if len(e.Command) > 0 && e.Command[0] == "" {
-			return fmt.Errorf("--%s-command: empty program", name)
+			bad(opt(name+"-command", "engines."+name+".command"), "empty program")
+		}
+		for _, k := range slices.Sorted(maps.Keys(e.Env)) {
+			if k == "" || strings.ContainsAny(k, "=\x00") {
+				bad("engines."+name+".env", "%q is not an environment variable name", k)
+			}
 		}
 	}
-	if c.ReadyTimeout <= 0 {
-		return errors.New("--ready-timeout: must be positive")
+	positive(opt("ready-timeout", "ready_timeout"), c.ReadyTimeout)
+	positive(opt("stop-grace", "stop_grace"), c.StopGrace)
+	positive(opt("heartbeat-interval", "heartbeat_interval"), c.HeartbeatInterval)
+	// What drain.Config.Validate checks, named for the agent's user.
+	positive(opt("drain-quiet", "drain_quiet"), c.DrainQuiet)
+	if c.DrainTimeout < c.DrainQuiet {
+		bad(opt("drain-timeout", "drain_timeout"), "%s must be at least --drain-quiet %s", c.DrainTimeout, c.DrainQuiet)
 	}
-	if c.StopGrace <= 0 {
-		return errors.New("--stop-grace: must be positive")
+	positive("probe_interval", c.ProbeInterval)
+	positive("restart_backoff.initial", c.RestartBackoff.Initial)
+	if c.RestartBackoff.Max < c.RestartBackoff.Initial {
+		bad("restart_backoff.max", "%s must be at least restart_backoff.initial %s", c.RestartBackoff.Max, c.RestartBackoff.Initial)
 	}
-	if c.HeartbeatInterval <= 0 {
-		return errors.New("--heartbeat-interval: must be positive")
+	if c.RestartBackoff.StableAfter < 0 {
+		bad("restart_backoff.stable_after", "must not be negative, got %s", c.RestartBackoff.StableAfter)
 	}
-	if err := c.drainConfig().Validate(); err != nil {
-		return err
+	positive("reconnect_initial", c.ReconnectInitial)
+	if c.ReconnectMax < c.ReconnectInitial {
+		bad("reconnect_max", "%s must be at least reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
 	}
-	if c.ProbeInterval <= 0 {
-		return errors.New("probe interval: must be positive")
-	}
-	if c.RestartBackoff.Initial <= 0 || c.RestartBackoff.Max < c.RestartBackoff.Initial {
-		return errors.New("restart backoff: initial must be positive and at most max")
-	}
-	if c.ReconnectInitial <= 0 || c.ReconnectMax < c.ReconnectInitial {
-		return errors.New("reconnect backoff: initial must be positive and at most max")
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
 func (c *Config) drainConfig() drain.Config {

@@ -16,7 +16,9 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/supervisor"
+	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -115,7 +117,7 @@ func (e engineRecords) save(r *engineRecord) error {
 	if err := os.MkdirAll(e.dir, 0o755); err != nil {
 		return fmt.Errorf("engine record %s: %w", r.ReplicaID, err)
 	}
-	if err := writeFileAtomic(e.path(r.ReplicaID), append(b, '\n')); err != nil {
+	if err := datadir.WriteFileAtomic(e.path(r.ReplicaID), append(b, '\n')); err != nil {
 		return fmt.Errorf("engine record %s: %w", r.ReplicaID, err)
 	}
 	return nil
@@ -172,10 +174,8 @@ func healthy(ctx context.Context, healthURL string, tries int, every time.Durati
 	var last error
 	for i := 0; i < tries; i++ {
 		if i > 0 {
-			select {
-			case <-ctx.Done():
+			if !backoff.Sleep(ctx, every) {
 				return ctx.Err()
-			case <-time.After(every):
 			}
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, healthURL, nil)
@@ -231,7 +231,7 @@ func (rs *replicaSet) adopt(ctx context.Context) {
 			continue
 		}
 		for key, port := range rec.Ports {
-			if err := rs.ports.hold(rec.ReplicaID+"/"+key, port); err != nil {
+			if err := rs.ports.Hold(rec.ReplicaID+"/"+key, port); err != nil {
 				log.Warn("adopted engine's port", "err", err)
 			}
 		}

@@ -114,9 +114,9 @@ func TestValidateLoadFields(t *testing.T) {
 		want string
 	}{
 		{"port 0", func(c *Config) { c.GRPCAddr = "127.0.0.1:0" }, ""},
-		{"grpc addr", func(c *Config) { c.GRPCAddr = "nope" }, "--grpc-addr"},
-		{"grpc port", func(c *Config) { c.GRPCAddr = "127.0.0.1:99999" }, "--grpc-addr"},
-		{"load interval", func(c *Config) { c.LoadInterval = 0 }, "--load-interval"},
+		{"grpc addr", func(c *Config) { c.GRPCAddr = "nope" }, "--grpc-addr (grpc_addr)"},
+		{"grpc port", func(c *Config) { c.GRPCAddr = "127.0.0.1:99999" }, "--grpc-addr (grpc_addr)"},
+		{"load interval", func(c *Config) { c.LoadInterval = 0 }, "--load-interval (load_interval)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/agent/adapters"
+	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/kv"
@@ -37,7 +38,7 @@ type replicaSet struct {
 	// judged idle; set once, before any desired set is applied.
 	loads   drain.Loads
 	metrics *metrics
-	ports   *portStore
+	ports   *datadir.Ports
 	records engineRecords
 	logDir  string
 	// ctx is the life of every supervisor: cancelled when the agent stops.
@@ -168,7 +169,7 @@ func (rs *replicaSet) forget(id string, r *runner) {
 	rs.book.remove(id)
 	rs.adapters.Forget(id)
 	rs.metrics.forgetReplica(id, r.replica.GetModel())
-	if err := rs.ports.release(id + "/"); err != nil {
+	if err := rs.ports.Release(id + "/"); err != nil {
 		rs.log.Warn("releasing ports", "replica", id, "err", err)
 	}
 }
@@ -320,9 +321,9 @@ func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *
 		key := rep.GetId() + "/" + purpose
 		p, err := 0, error(nil)
 		if adopted != nil {
-			p, err = rs.ports.held(key)
+			p, err = rs.ports.Held(key)
 		} else {
-			p, err = rs.ports.get(key, host)
+			p, err = rs.ports.Get(key, host)
 		}
 		ports[purpose] = p
 		return p, err

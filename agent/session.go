@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -12,6 +11,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/agent/datadir"
+	"github.com/llmgw/llmgw/internal/addrs"
+	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -28,66 +30,35 @@ const kvFlushInterval = 250 * time.Millisecond
 
 // runSessions keeps one session with the control plane up until ctx ends:
 // it uses one address at a time, moves to the next on any failure, and waits
-// a jittered, doubling delay between attempts, reset by every welcome.
+// a jittered, doubling delay between attempts, reset by every welcome
+// (design §5.6). The rotation is the servers the control plane named, then
+// any configured address it did not name.
 func (a *Agent) runSessions(ctx context.Context) {
-	addrs := slices.Clone(a.cfg.Control)
-	delay := time.Duration(0)
+	list := slices.Clone(a.cfg.Control)
+	var ring addrs.Ring
+	wait := backoff.New(a.cfg.ReconnectInitial, a.cfg.ReconnectMax, a.cfg.Jitter)
 	var lostAt time.Time
-	for i := 0; ; i++ {
-		addr := addrs[i%len(addrs)]
+	for {
+		addr := ring.Next(list)
 		a.metrics.attempts.Inc()
 		learned, welcomed, err := a.session(ctx, addr, lostAt)
 		if ctx.Err() != nil {
 			return
 		}
 		if welcomed {
-			delay = 0
+			wait.Reset()
 			lostAt = a.now()
 			if len(learned) > 0 {
-				addrs = mergeAddrs(learned, a.cfg.Control)
-				// Start the rotation after the server just lost.
-				i = slices.Index(addrs, addr)
-				if i < 0 {
-					i = -1
-				}
+				list = addrs.Merge(learned, a.cfg.Control)
+				ring.StartAfter(list, addr)
 			}
 		}
-		delay = a.nextReconnect(delay)
+		delay := wait.Next()
 		a.log.Warn("control session ended", "addr", addr, "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, delay) {
 			return
-		case <-t.C:
 		}
 	}
-}
-
-// nextReconnect doubles the delay within bounds and draws it from
-// [d/2, d), so agents that lost the same server do not return in step.
-func (a *Agent) nextReconnect(prev time.Duration) time.Duration {
-	d := a.cfg.ReconnectInitial
-	if prev > 0 {
-		d = min(max(prev*2, d), a.cfg.ReconnectMax)
-	}
-	j := rand.Float64
-	if a.cfg.Jitter != nil {
-		j = a.cfg.Jitter
-	}
-	return d/2 + time.Duration(j()*float64(d/2))
-}
-
-// mergeAddrs puts the servers the control plane named first, then any
-// configured address it did not name, without duplicates.
-func mergeAddrs(learned, configured []string) []string {
-	out := make([]string, 0, len(learned)+len(configured))
-	for _, s := range append(slices.Clone(learned), configured...) {
-		if s != "" && !slices.Contains(out, s) {
-			out = append(out, s)
-		}
-	}
-	return out
 }
 
 func serverAddrs(servers []*llmgwv1.ControlServer) []string {
@@ -131,7 +102,7 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 	if err != nil {
 		return nil, false, failed("attach", err)
 	}
-	epoch, err := nextEpoch(a.epochPath, a.now().UnixNano())
+	epoch, err := datadir.NextEpoch(a.epochPath, a.now().UnixNano())
 	if err != nil {
 		return nil, false, err
 	}

@@ -5,12 +5,18 @@ import "time"
 // Backoff spaces the restarts of a crashing engine: a crash loop must not
 // burn a node's CPU (or a GPU's memory) reloading weights, yet an engine that
 // crashed once after running well for a long time deserves a quick restart.
+//
+// It is not internal/backoff: restarts are spaced exactly (no jitter — one
+// node's engines do not stampede anything), and the reset is judged by how
+// long the engine ran, not by a call after a success. The yaml tags are the
+// agent's --config keys under restart_backoff.
 type Backoff struct {
 	// Initial is the first delay; each crash in a row doubles it up to Max.
-	Initial, Max time.Duration
+	Initial time.Duration `yaml:"initial"`
+	Max     time.Duration `yaml:"max"`
 	// StableAfter is how long an engine must have run for its next crash to
 	// count as the first in a row again.
-	StableAfter time.Duration
+	StableAfter time.Duration `yaml:"stable_after"`
 }
 
 // DefaultBackoff is 500 ms doubling to 30 s, reset after a stable minute.

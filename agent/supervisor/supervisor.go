@@ -28,6 +28,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -228,15 +229,11 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			s.emit(st)
 			s.log.Warn("engine down, restarting", "err", why, "delay", delay, "restarts", restarts)
 		}
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, delay) {
 			st := s.status(incarnation, restarts)
 			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED, "stopped"
 			s.emit(st)
 			return nil
-		case <-t.C:
 		}
 	}
 }

@@ -2,47 +2,33 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/llmgw/llmgw/agent"
 )
 
-// newAgentCmd wires `llmgw agent`: flags into agent.Config, then Run until
-// SIGINT or SIGTERM.
+// newAgentCmd wires `llmgw agent`: the defaults, then --config's YAML file,
+// then the flags given, into agent.Config; then Run until SIGINT or SIGTERM.
 func newAgentCmd() *cobra.Command {
-	d := agent.DefaultConfig()
-	cfg := d
-	var (
-		labels     []string
-		portRange  string
-		engineCmds = map[string]*string{"vllm": new(string), "llamacpp": new(string), "sim": new(string)}
-	)
+	var af *agentFlags
 	cmd := &cobra.Command{
 		Use:   "agent",
 		Short: "Run the node agent: supervise this node's engines for the control plane",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := af.config(cmd.Flags())
+			if err != nil {
+				return err
+			}
 			logger, err := newLogger(cmd)
 			if err != nil {
 				return err
 			}
-			if cfg.Labels, err = parseLabels(labels); err != nil {
-				return err
-			}
-			if cfg.PortRangeStart, cfg.PortRangeEnd, err = parsePortRange(portRange); err != nil {
-				return err
-			}
-			cfg.Engines = map[string]agent.EngineConfig{}
-			for name, v := range engineCmds {
-				if f := strings.Fields(*v); len(f) > 0 {
-					cfg.Engines[name] = agent.EngineConfig{Command: f}
-				}
-			}
-			cfg.Version = version
 			a, err := agent.New(cfg, logger)
 			if err != nil {
 				return err
@@ -52,8 +38,31 @@ func newAgentCmd() *cobra.Command {
 			return a.Run(ctx)
 		},
 	}
+	af = bindAgentFlags(cmd.Flags())
+	return cmd
+}
+
+// agentFlags is `llmgw agent`'s flags. Most are bound straight to an
+// agent.Config field, so loadUnderFlags can put the file under them; the
+// few written in another shape than the file's are kept aside and applied
+// by config when given: --label k=v (the file's labels: {k: v}) and
+// --<kind>-command "prog args" (the file's engines.<kind>.command list).
+type agentFlags struct {
+	cfg        agent.Config
+	configFile string
+	labels     []string
+	engineCmds map[string]*string
+}
+
+// bindAgentFlags defines the flags on fs, their defaults agent's.
+func bindAgentFlags(f *pflag.FlagSet) *agentFlags {
+	af := &agentFlags{
+		cfg:        agent.DefaultConfig(),
+		engineCmds: map[string]*string{"vllm": new(string), "llamacpp": new(string), "sim": new(string)},
+	}
+	cfg, d := &af.cfg, agent.DefaultConfig()
 	host, _ := os.Hostname()
-	f := cmd.Flags()
+	f.StringVar(&af.configFile, "config", "", "YAML configuration file (keys as the flags, with underscores; labels: {k: v}; engines: {vllm: {command: [...], env: {...}}}); flags override it")
 	f.StringVar(&cfg.NodeID, "node-id", host, "this node's id in the cluster")
 	f.StringSliceVar(&cfg.Control, "control", d.Control, "control node gRPC addresses, host:port[,host:port...]")
 	f.StringVar(&cfg.AdvertiseAddr, "advertise-addr", d.AdvertiseAddr, "the node's address (no port); engines listen on it")
@@ -62,10 +71,10 @@ func newAgentCmd() *cobra.Command {
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", d.GRPCAddr, "address for LoadService, which routers subscribe to; advertised with --advertise-addr and the bound port")
 	f.DurationVar(&cfg.LoadInterval, "load-interval", d.LoadInterval, "how often each engine's /metrics is read and a load snapshot sent to routers")
 	f.IntVar(&cfg.GPUs, "gpus", 0, "number of GPUs this node offers")
-	f.StringArrayVar(&labels, "label", nil, "node label k=v (repeatable)")
-	f.StringVar(&portRange, "port-range", fmt.Sprintf("%d-%d", d.PortRangeStart, d.PortRangeEnd), "engine ports, start-end inclusive")
-	for name, v := range engineCmds {
-		f.StringVar(v, name+"-command", "", "program and leading arguments for "+name+" engines, space-separated (no shell)")
+	f.StringArrayVar(&af.labels, "label", nil, "node label k=v (repeatable); given, replaces the file's labels")
+	f.Var(&cfg.PortRange, "port-range", "engine ports, start-end inclusive")
+	for name, v := range af.engineCmds {
+		f.StringVar(v, name+"-command", "", "program and leading arguments for "+name+" engines, space-separated (no shell); given, replaces the file's engines."+name+".command")
 	}
 	f.BoolVar(&cfg.StopEnginesOnExit, "stop-engines-on-exit", false, "stop every engine when the agent exits (default: engines outlive the agent)")
 	f.DurationVar(&cfg.ReadyTimeout, "ready-timeout", d.ReadyTimeout, "how long an engine may take to become ready")
@@ -73,7 +82,46 @@ func newAgentCmd() *cobra.Command {
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "heartbeat period; three missed means a dead control node")
 	f.DurationVar(&cfg.DrainQuiet, "drain-quiet", d.DrainQuiet, "how long a draining replica's engine must be idle before it is stopped")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "stop a draining replica's engine after this long even if busy")
-	return cmd
+	return af
+}
+
+// config returns the configuration fs was parsed into: the defaults, then
+// the --config file, then every flag given (design §2). It does not
+// validate; agent.New does.
+func (af *agentFlags) config(fs *pflag.FlagSet) (agent.Config, error) {
+	if af.configFile != "" {
+		if err := loadUnderFlags(fs, af.configFile, &af.cfg); err != nil {
+			return agent.Config{}, err
+		}
+	}
+	cfg := af.cfg
+	if fs.Changed("label") {
+		labels, err := parseLabels(af.labels)
+		if err != nil {
+			return agent.Config{}, err
+		}
+		cfg.Labels = labels
+	}
+	// A copy: af.cfg's map is the file's and stays as it was.
+	engines := maps.Clone(cfg.Engines)
+	for name, v := range af.engineCmds {
+		if !fs.Changed(name + "-command") {
+			continue
+		}
+		if engines == nil {
+			engines = map[string]agent.EngineConfig{}
+		}
+		e := engines[name]
+		e.Command = strings.Fields(*v)
+		if len(e.Command) == 0 && len(e.Env) == 0 {
+			delete(engines, name)
+		} else {
+			engines[name] = e
+		}
+	}
+	cfg.Engines = engines
+	cfg.Version = version
+	return cfg, nil
 }
 
 func parseLabels(in []string) (map[string]string, error) {
@@ -86,14 +134,4 @@ func parseLabels(in []string) (map[string]string, error) {
 		out[k] = v
 	}
 	return out, nil
-}
-
-func parsePortRange(s string) (int, int, error) {
-	a, b, ok := strings.Cut(s, "-")
-	start, err1 := strconv.Atoi(strings.TrimSpace(a))
-	end, err2 := strconv.Atoi(strings.TrimSpace(b))
-	if !ok || err1 != nil || err2 != nil {
-		return 0, 0, fmt.Errorf("--port-range: %q is not start-end", s)
-	}
-	return start, end, nil
 }

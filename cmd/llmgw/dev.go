@@ -105,7 +105,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	acfg.Version = version
 	acfg.StopEnginesOnExit = true
 	acfg.StopGrace = 5 * time.Second
-	if _, err := fmt.Sscanf(o.portRange, "%d-%d", &acfg.PortRangeStart, &acfg.PortRangeEnd); err != nil {
+	if _, err := fmt.Sscanf(o.portRange, "%d-%d", &acfg.PortRange.Start, &acfg.PortRange.End); err != nil {
 		return fmt.Errorf("--port-range: %q is not FIRST-LAST", o.portRange)
 	}
 	acfg.Engines = map[string]agent.EngineConfig{}

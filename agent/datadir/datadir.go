@@ -1,4 +1,10 @@
-package agent
+// Package datadir is what the agent keeps in its data dir across restarts
+// (design §5.4, §6): the session epoch, which must only grow, and the port
+// each replica's engine was given, so a restarted agent hands a replica the
+// same port and re-adopts engines still listening on theirs. Every file is
+// replaced atomically, so a crash leaves the old or the new content, never a
+// torn file.
+package datadir
 
 import (
 	"encoding/json"
@@ -12,10 +18,10 @@ import (
 	"sync"
 )
 
-// writeFileAtomic replaces path with data so that a crash leaves either the
+// WriteFileAtomic replaces path with data so that a crash leaves either the
 // old or the new content, never a torn file: the epoch must survive a power
 // cut to keep sessions ordered (plan §5.4).
-func writeFileAtomic(path string, data []byte) error {
+func WriteFileAtomic(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
 	if err != nil {
 		return err
@@ -42,8 +48,8 @@ func writeFileAtomic(path string, data []byte) error {
 	return nil
 }
 
-// parseEpoch decodes the epoch file: one decimal, surrounding space allowed.
-func parseEpoch(b []byte) (uint64, error) {
+// ParseEpoch decodes the epoch file: one decimal, surrounding space allowed.
+func ParseEpoch(b []byte) (uint64, error) {
 	s := strings.TrimSpace(string(b))
 	v, err := strconv.ParseUint(s, 10, 64)
 	if err != nil {
@@ -52,12 +58,12 @@ func parseEpoch(b []byte) (uint64, error) {
 	return v, nil
 }
 
-// nextEpoch picks and persists the epoch of a new session:
+// NextEpoch picks and persists the epoch of a new session:
 // max(last persisted + 1, now) (plan §5.4). The clock term keeps epochs
 // increasing even if the data dir is lost; the persisted term keeps them
 // increasing when the clock steps back. A corrupt file is refused rather than
 // guessed at: reusing an epoch would make control nodes drop live updates.
-func nextEpoch(path string, nowNano int64) (uint64, error) {
+func NextEpoch(path string, nowNano int64) (uint64, error) {
 	var last uint64
 	b, err := os.ReadFile(path)
 	switch {
@@ -65,7 +71,7 @@ func nextEpoch(path string, nowNano int64) (uint64, error) {
 	case err != nil:
 		return 0, fmt.Errorf("read epoch: %w", err)
 	default:
-		if last, err = parseEpoch(b); err != nil {
+		if last, err = ParseEpoch(b); err != nil {
 			return 0, fmt.Errorf("%s: %w", path, err)
 		}
 	}
@@ -73,16 +79,17 @@ func nextEpoch(path string, nowNano int64) (uint64, error) {
 	if nowNano > 0 && uint64(nowNano) > next {
 		next = uint64(nowNano)
 	}
-	if err := writeFileAtomic(path, []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
+	if err := WriteFileAtomic(path, []byte(strconv.FormatUint(next, 10)+"\n")); err != nil {
 		return 0, fmt.Errorf("persist epoch: %w", err)
 	}
 	return next, nil
 }
 
-// portStore hands out engine ports from the configured range and remembers
+// Ports hands out engine ports from the configured range and remembers
 // them per key (replica id and purpose) in the data dir, so a replica gets
-// the same port after an agent restart.
-type portStore struct {
+// the same port after an agent restart. It is safe for concurrent use: every
+// replica's runner asks it for ports.
+type Ports struct {
 	mu         sync.Mutex
 	path       string
 	start, end int
@@ -91,8 +98,10 @@ type portStore struct {
 	listenable func(host string, port int) bool
 }
 
-func loadPortStore(path string, start, end int) (*portStore, error) {
-	ps := &portStore{path: path, start: start, end: end, assigned: map[string]int{}, listenable: listenable}
+// LoadPorts reads the ports file at path (none yet is an empty store) and
+// hands out ports from start..end inclusive.
+func LoadPorts(path string, start, end int) (*Ports, error) {
+	ps := &Ports{path: path, start: start, end: end, assigned: map[string]int{}, listenable: listenable}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return ps, nil
@@ -135,8 +144,8 @@ func listenable(host string, port int) bool {
 	return true
 }
 
-// get returns key's port, reusing the remembered one while it is free.
-func (ps *portStore) get(key, host string) (int, error) {
+// Get returns key's port, reusing the remembered one while it is free.
+func (ps *Ports) Get(key, host string) (int, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if p, ok := ps.assigned[key]; ok && p >= ps.start && p <= ps.end && ps.listenable(host, p) {
@@ -162,10 +171,10 @@ func (ps *portStore) get(key, host string) (int, error) {
 	return 0, fmt.Errorf("port range %d-%d: no free port for %s", ps.start, ps.end, key)
 }
 
-// hold records key's port as one an adopted engine already listens on
-// (plan §6): it is kept for key whether or not it is listenable, and get
+// Hold records key's port as one an adopted engine already listens on
+// (plan §6): it is kept for key whether or not it is listenable, and Get
 // never hands it to another key.
-func (ps *portStore) hold(key string, port int) error {
+func (ps *Ports) Hold(key string, port int) error {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if port < 1 || port > 65535 {
@@ -183,9 +192,9 @@ func (ps *portStore) hold(key string, port int) error {
 	return ps.saveLocked()
 }
 
-// held returns key's remembered port without checking it is free: the
+// Held returns key's remembered port without checking it is free: the
 // port of an engine that is still running.
-func (ps *portStore) held(key string) (int, error) {
+func (ps *Ports) Held(key string) (int, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	p, ok := ps.assigned[key]
@@ -195,8 +204,8 @@ func (ps *portStore) held(key string) (int, error) {
 	return p, nil
 }
 
-// release forgets every port whose key starts with prefix.
-func (ps *portStore) release(prefix string) error {
+// Release forgets every port whose key starts with prefix.
+func (ps *Ports) Release(prefix string) error {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	changed := false
@@ -212,12 +221,12 @@ func (ps *portStore) release(prefix string) error {
 	return ps.saveLocked()
 }
 
-func (ps *portStore) saveLocked() error {
+func (ps *Ports) saveLocked() error {
 	b, err := json.MarshalIndent(ps.assigned, "", "  ")
 	if err != nil {
 		return err
 	}
-	if err := writeFileAtomic(ps.path, append(b, '\n')); err != nil {
+	if err := WriteFileAtomic(ps.path, append(b, '\n')); err != nil {
 		return fmt.Errorf("persist ports: %w", err)
 	}
 	return nil
