@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,10 +26,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/addrs"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/scheduler"
@@ -94,7 +95,7 @@ func DefaultConfig() Config {
 		KVIndex:          kvindex.DefaultConfig(),
 		Tokenize:         tokenize.DefaultConfig(),
 		KVMinBlocks:      1,
-		AdapterWait:      api.DefaultAdapterWait,
+		AdapterWait:      director.DefaultAdapterWait,
 	}
 }
 
@@ -221,6 +222,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	}
 
 	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
+	r.control = &controlAdapters{addrs: r.controlAddrs, conns: map[string]*grpc.ClientConn{}}
 	acfg := api.Config{
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		ConnectTimeout:   cfg.ConnectTimeout,
@@ -228,10 +230,9 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		MaxAttempts:      api.DefaultConfig().MaxAttempts,
 		Ready:            r.ready,
 	}
-	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg)
-	r.handler.EnableKV(kv, tok, cfg.KVMinBlocks, reg)
-	r.control = &controlAdapters{addrs: r.controlAddrs, conns: map[string]*grpc.ClientConn{}}
-	r.handler.EnableAdapters(r.control, cfg.AdapterWait)
+	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg,
+		api.WithKV(kv, tok, cfg.KVMinBlocks),
+		api.WithAdapters(r.control, cfg.AdapterWait))
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
 	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
@@ -349,7 +350,7 @@ func (r *Router) forget(ctx context.Context) {
 		for _, m := range r.eps.Models() {
 			eps, _ := r.eps.Lookup(m.GetName())
 			for _, e := range eps {
-				live[api.Key(e)] = true
+				live[director.Key(e)] = true
 			}
 		}
 		keep := func(k scheduler.Key) bool { return live[k] }
@@ -396,13 +397,11 @@ func (r *Router) debugKVIndex(w http.ResponseWriter, req *http.Request) {
 // controlAddrs lists the control servers to ask: the configured ones,
 // then those the watch stream announced.
 func (r *Router) controlAddrs() []string {
-	addrs := slices.Clone(r.cfg.Control)
+	var learned []string
 	for _, s := range r.watch.Current().Servers {
-		if a := s.GetGrpcAddr(); a != "" && !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
-		}
+		learned = append(learned, s.GetGrpcAddr())
 	}
-	return addrs
+	return addrs.Merge(r.cfg.Control, learned)
 }
 
 // controlAdapters calls AdapterService.EnsureAdapter on any control
@@ -414,14 +413,14 @@ type controlAdapters struct {
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
-	next  int
+	ring  addrs.Ring
 }
 
 func (c *controlAdapters) EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterRequest) (*llmgwv1.EnsureAdapterResponse, error) {
-	addrs := c.addrs()
+	list := c.addrs()
 	var lastErr error
-	for range addrs {
-		conn, addr, err := c.conn(addrs)
+	for range list {
+		conn, addr, err := c.conn(list)
 		if err != nil {
 			lastErr = err
 			continue
@@ -439,11 +438,10 @@ func (c *controlAdapters) EnsureAdapter(ctx context.Context, req *llmgwv1.Ensure
 }
 
 // conn returns a connection to the next address in rotation.
-func (c *controlAdapters) conn(addrs []string) (*grpc.ClientConn, string, error) {
+func (c *controlAdapters) conn(list []string) (*grpc.ClientConn, string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	addr := addrs[c.next%len(addrs)]
-	c.next++
+	addr := c.ring.Next(list)
 	if cc := c.conns[addr]; cc != nil {
 		return cc, addr, nil
 	}

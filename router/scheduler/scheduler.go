@@ -69,11 +69,19 @@ type Candidate struct {
 	pos int // index in the caller's slice
 }
 
-// Load is the replica's load as the plan's formulas use it: waiting plus
-// what it is serving. The engine's running count includes this router's
-// requests once the scrape catches up, and the router's own count leads it,
-// so the larger of the two stands for "serving" without counting twice.
-func (c *Candidate) Load() float64 { return c.Waiting + max(c.Running, float64(c.Inflight)) }
+// ReplicaLoad is a replica's load as the design's formulas use it (design
+// §7.3): waiting plus what it is serving. The engine's running count
+// includes this router's requests once the scrape catches up, and the
+// router's own count leads it, so the larger of the two stands for
+// "serving" without counting twice. It is the one definition: the
+// scheduler's scorers and guard and the router's choice of a replica to
+// tokenize on all rank replicas by it.
+func ReplicaLoad(waiting, running float64, inflight int64) float64 {
+	return waiting + max(running, float64(inflight))
+}
+
+// Load is the candidate's ReplicaLoad.
+func (c *Candidate) Load() float64 { return ReplicaLoad(c.Waiting, c.Running, c.Inflight) }
 
 // KVQuery is the precise index's answer for one request (plan §7.5 tier 2),
 // worked out before scheduling because it needs a round trip (tokenizing)
