@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,43 +40,49 @@ import (
 	"github.com/llmgw/llmgw/router/watch"
 )
 
-// Config configures a Router. Start from DefaultConfig.
+// Config configures a Router. Start from DefaultConfig. `llmgw router`
+// binds its flags to it and decodes --config's YAML file into it: every
+// key is a flag's name with underscores (--http-addr is http_addr), and the
+// settings without a flag keep their component's prefix (breaker_*,
+// scheduler_*, kv_index_*, tokenize_*) at the top level, so one name
+// finds a setting whichever way it was given.
 type Config struct {
 	// ID names the router to the control plane; defaults to the host name.
-	ID string
+	ID string `yaml:"id"`
 	// Control lists control servers' gRPC addresses (host:port); more are
 	// learned from the stream.
-	Control []string
+	Control []string `yaml:"control"`
 	// HTTPAddr is where the OpenAI API, /metrics, /healthz and /readyz are served.
-	HTTPAddr string
+	HTTPAddr string `yaml:"http_addr"`
 	// DataDir, when set, keeps the last state so a router restarted while
 	// the control plane is down still routes.
-	DataDir string
+	DataDir string `yaml:"data_dir"`
 	// MaxBodyBytes bounds request bodies (413 beyond).
-	MaxBodyBytes int64
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// ScrapeInterval is how often each routable replica's /metrics is read;
 	// a reading older than three intervals counts as saturated.
-	ScrapeInterval time.Duration
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 	// ConnectTimeout and FirstByteTimeout bound each attempt at an engine.
-	ConnectTimeout, FirstByteTimeout time.Duration
+	ConnectTimeout   time.Duration `yaml:"connect_timeout"`
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// ShutdownGrace is how long in-flight requests may run after shutdown
 	// begins before they are cut.
-	ShutdownGrace time.Duration
-	// Breaker configures the per-replica circuit breakers (plan §7.4).
-	Breaker breaker.Config
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// Breaker configures the per-replica circuit breakers (design §7.4).
+	Breaker breaker.Config `yaml:",inline"`
 	// Scheduler configures the scheduler's memory (sessions, prefix tree)
 	// and its imbalance guard.
-	Scheduler scheduler.Config
-	// KVIndex bounds the precise KV index (plan §7.5 tier 2).
-	KVIndex kvindex.Config
+	Scheduler scheduler.Config `yaml:",inline"`
+	// KVIndex bounds the precise KV index (design §7.5 tier 2).
+	KVIndex kvindex.Config `yaml:",inline"`
 	// Tokenize configures tier 2's tokenization: its budget and cache.
-	Tokenize tokenize.Config
+	Tokenize tokenize.Config `yaml:",inline"`
 	// KVMinBlocks is the fewest leading blocks a replica must hold for
 	// tier 2 to prefer it.
-	KVMinBlocks int
+	KVMinBlocks int `yaml:"kv_min_blocks"`
 	// AdapterWait bounds how long a request for a cold LoRA adapter waits
-	// for a replica to report it loaded (plan §7.6).
-	AdapterWait time.Duration
+	// for a replica to report it loaded (design §7.6).
+	AdapterWait time.Duration `yaml:"adapter_wait"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -99,53 +106,52 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate reports the first bad field, named as its flag.
+// flagKey names a setting that has a flag the way the user may have written
+// it: the flag, and its key in the configuration file.
+func flagKey(name string) string { return "--" + name + " (" + strings.ReplaceAll(name, "-", "_") + ")" }
+
+// Validate reports every bad field, one line each, named by its flag and
+// file key (or by the key alone where there is no flag).
 func (c Config) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{flagKey(name)}, args...)...))
+	}
 	if len(c.Control) == 0 {
-		return errors.New("--control: at least one control address is required")
+		bad("control", "at least one control address is required")
 	}
 	for _, a := range c.Control {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("--control: %q: %w", a, err)
+			bad("control", "%q: %w", a, err)
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-		return fmt.Errorf("--http-addr: %q: %w", c.HTTPAddr, err)
+		bad("http-addr", "%q: %w", c.HTTPAddr, err)
 	}
 	if c.MaxBodyBytes <= 0 {
-		return fmt.Errorf("--max-body-bytes: must be positive, got %d", c.MaxBodyBytes)
+		bad("max-body-bytes", "must be positive, got %d", c.MaxBodyBytes)
 	}
 	if c.ScrapeInterval <= 0 {
-		return fmt.Errorf("--scrape-interval: must be positive, got %s", c.ScrapeInterval)
+		bad("scrape-interval", "must be positive, got %s", c.ScrapeInterval)
 	}
 	if c.ConnectTimeout <= 0 {
-		return fmt.Errorf("--connect-timeout: must be positive, got %s", c.ConnectTimeout)
+		bad("connect-timeout", "must be positive, got %s", c.ConnectTimeout)
 	}
 	if c.FirstByteTimeout <= 0 {
-		return fmt.Errorf("--first-byte-timeout: must be positive, got %s", c.FirstByteTimeout)
+		bad("first-byte-timeout", "must be positive, got %s", c.FirstByteTimeout)
 	}
 	if c.ShutdownGrace < 0 {
-		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
-	}
-	if err := c.Breaker.Validate(); err != nil {
-		return fmt.Errorf("--%w", err)
-	}
-	if err := c.Scheduler.Validate(); err != nil {
-		return fmt.Errorf("scheduler.%w", err)
-	}
-	if err := c.KVIndex.Validate(); err != nil {
-		return fmt.Errorf("--%w", err)
-	}
-	if err := c.Tokenize.Validate(); err != nil {
-		return err
+		bad("shutdown-grace", "must not be negative, got %s", c.ShutdownGrace)
 	}
 	if c.KVMinBlocks < 1 {
-		return fmt.Errorf("--kv-min-blocks: must be at least 1, got %d", c.KVMinBlocks)
+		bad("kv-min-blocks", "must be at least 1, got %d", c.KVMinBlocks)
 	}
 	if c.AdapterWait <= 0 {
-		return fmt.Errorf("--adapter-wait: must be positive, got %s", c.AdapterWait)
+		bad("adapter-wait", "must be positive, got %s", c.AdapterWait)
 	}
-	return nil
+	// The components name their own keys (and tokenize its flag).
+	errs = append(errs, c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
+	return errors.Join(errs...)
 }
 
 // Router is one router process's worth of components.

@@ -9,6 +9,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -189,37 +190,40 @@ func NewRand(seed uint64) Rand {
 	return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
-// Config configures a Scheduler. Start from DefaultConfig.
+// Config configures a Scheduler. Start from DefaultConfig. In the router's
+// configuration file its keys sit at the top level, as scheduler_*; there
+// are no flags for them.
 type Config struct {
 	// Sessions bounds the remembered session → replica pairs (LRU).
-	Sessions int
+	Sessions int `yaml:"scheduler_sessions"`
 	// TreeEntries bounds the approximate prefix tree (LRU).
-	TreeEntries int
+	TreeEntries int `yaml:"scheduler_tree_entries"`
 	// Imbalance is the guard that silences prefix affinity when load is
 	// lopsided.
-	Imbalance Imbalance
+	Imbalance Imbalance `yaml:",inline"`
 	// Rand is the randomness of pickers and ties; nil draws from a seed
 	// taken at New. Must be safe for concurrent use.
-	Rand Rand
+	Rand Rand `yaml:"-"`
 	// Now is the clock of the Load scorer and of the latency metric.
-	Now func() time.Time
+	Now func() time.Time `yaml:"-"`
 }
 
 // DefaultConfig remembers 64k sessions and 256k prefix chunks (some
-// 30 MiB together) with the plan's imbalance guard.
+// 30 MiB together) with the design's imbalance guard.
 func DefaultConfig() Config {
 	return Config{Sessions: 1 << 16, TreeEntries: 1 << 18, Imbalance: DefaultImbalance()}
 }
 
-// Validate names the bad field.
+// Validate reports every bad field, each named by its configuration key.
 func (c Config) Validate() error {
+	var errs []error
 	if c.Sessions < 1 {
-		return fmt.Errorf("sessions: must be at least 1, got %d", c.Sessions)
+		errs = append(errs, fmt.Errorf("scheduler_sessions: must be at least 1, got %d", c.Sessions))
 	}
 	if c.TreeEntries < 1 {
-		return fmt.Errorf("tree-entries: must be at least 1, got %d", c.TreeEntries)
+		errs = append(errs, fmt.Errorf("scheduler_tree_entries: must be at least 1, got %d", c.TreeEntries))
 	}
-	return c.Imbalance.Validate()
+	return errors.Join(append(errs, c.Imbalance.Validate())...)
 }
 
 // Scheduler is a router's scheduler. Safe for concurrent use.
