@@ -108,7 +108,9 @@ func DefaultConfig() Config {
 
 // flagKey names a setting that has a flag the way the user may have written
 // it: the flag, and its key in the configuration file.
-func flagKey(name string) string { return "--" + name + " (" + strings.ReplaceAll(name, "-", "_") + ")" }
+func flagKey(name string) string {
+	return "--" + name + " (" + strings.ReplaceAll(name, "-", "_") + ")"
+}
 
 // Validate reports every bad field, one line each, named by its flag and
 // file key (or by the key alone where there is no flag).

@@ -190,7 +190,7 @@ type Target struct {
 	// Name named ("" for the base model itself) and AdapterIndex its place
 	// in the model's list, which llama.cpp addresses it by.
 	Base, Adapter string
-	AdapterIndex int
+	AdapterIndex  int
 	// Model is Base's desired state: an empty one (the default profile)
 	// if it vanished since the lookup.
 	Model *llmgwv1.Model
