@@ -15,7 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,10 +27,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/addrs"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/scheduler"
@@ -38,43 +40,49 @@ import (
 	"github.com/llmgw/llmgw/router/watch"
 )
 
-// Config configures a Router. Start from DefaultConfig.
+// Config configures a Router. Start from DefaultConfig. `llmgw router`
+// binds its flags to it and decodes --config's YAML file into it: every
+// key is a flag's name with underscores (--http-addr is http_addr), and the
+// settings without a flag keep their component's prefix (breaker_*,
+// scheduler_*, kv_index_*, tokenize_*) at the top level, so one name
+// finds a setting whichever way it was given.
 type Config struct {
 	// ID names the router to the control plane; defaults to the host name.
-	ID string
+	ID string `yaml:"id"`
 	// Control lists control servers' gRPC addresses (host:port); more are
 	// learned from the stream.
-	Control []string
+	Control []string `yaml:"control"`
 	// HTTPAddr is where the OpenAI API, /metrics, /healthz and /readyz are served.
-	HTTPAddr string
+	HTTPAddr string `yaml:"http_addr"`
 	// DataDir, when set, keeps the last state so a router restarted while
 	// the control plane is down still routes.
-	DataDir string
+	DataDir string `yaml:"data_dir"`
 	// MaxBodyBytes bounds request bodies (413 beyond).
-	MaxBodyBytes int64
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// ScrapeInterval is how often each routable replica's /metrics is read;
 	// a reading older than three intervals counts as saturated.
-	ScrapeInterval time.Duration
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 	// ConnectTimeout and FirstByteTimeout bound each attempt at an engine.
-	ConnectTimeout, FirstByteTimeout time.Duration
+	ConnectTimeout   time.Duration `yaml:"connect_timeout"`
+	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
 	// ShutdownGrace is how long in-flight requests may run after shutdown
 	// begins before they are cut.
-	ShutdownGrace time.Duration
-	// Breaker configures the per-replica circuit breakers (plan §7.4).
-	Breaker breaker.Config
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// Breaker configures the per-replica circuit breakers (design §7.4).
+	Breaker breaker.Config `yaml:",inline"`
 	// Scheduler configures the scheduler's memory (sessions, prefix tree)
 	// and its imbalance guard.
-	Scheduler scheduler.Config
-	// KVIndex bounds the precise KV index (plan §7.5 tier 2).
-	KVIndex kvindex.Config
+	Scheduler scheduler.Config `yaml:",inline"`
+	// KVIndex bounds the precise KV index (design §7.5 tier 2).
+	KVIndex kvindex.Config `yaml:",inline"`
 	// Tokenize configures tier 2's tokenization: its budget and cache.
-	Tokenize tokenize.Config
+	Tokenize tokenize.Config `yaml:",inline"`
 	// KVMinBlocks is the fewest leading blocks a replica must hold for
 	// tier 2 to prefer it.
-	KVMinBlocks int
+	KVMinBlocks int `yaml:"kv_min_blocks"`
 	// AdapterWait bounds how long a request for a cold LoRA adapter waits
-	// for a replica to report it loaded (plan §7.6).
-	AdapterWait time.Duration
+	// for a replica to report it loaded (design §7.6).
+	AdapterWait time.Duration `yaml:"adapter_wait"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -94,57 +102,58 @@ func DefaultConfig() Config {
 		KVIndex:          kvindex.DefaultConfig(),
 		Tokenize:         tokenize.DefaultConfig(),
 		KVMinBlocks:      1,
-		AdapterWait:      api.DefaultAdapterWait,
+		AdapterWait:      director.DefaultAdapterWait,
 	}
 }
 
-// Validate reports the first bad field, named as its flag.
+// flagKey names a setting that has a flag the way the user may have written
+// it: the flag, and its key in the configuration file.
+func flagKey(name string) string {
+	return "--" + name + " (" + strings.ReplaceAll(name, "-", "_") + ")"
+}
+
+// Validate reports every bad field, one line each, named by its flag and
+// file key (or by the key alone where there is no flag).
 func (c Config) Validate() error {
+	var errs []error
+	bad := func(name, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{flagKey(name)}, args...)...))
+	}
 	if len(c.Control) == 0 {
-		return errors.New("--control: at least one control address is required")
+		bad("control", "at least one control address is required")
 	}
 	for _, a := range c.Control {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("--control: %q: %w", a, err)
+			bad("control", "%q: %w", a, err)
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-		return fmt.Errorf("--http-addr: %q: %w", c.HTTPAddr, err)
+		bad("http-addr", "%q: %w", c.HTTPAddr, err)
 	}
 	if c.MaxBodyBytes <= 0 {
-		return fmt.Errorf("--max-body-bytes: must be positive, got %d", c.MaxBodyBytes)
+		bad("max-body-bytes", "must be positive, got %d", c.MaxBodyBytes)
 	}
 	if c.ScrapeInterval <= 0 {
-		return fmt.Errorf("--scrape-interval: must be positive, got %s", c.ScrapeInterval)
+		bad("scrape-interval", "must be positive, got %s", c.ScrapeInterval)
 	}
 	if c.ConnectTimeout <= 0 {
-		return fmt.Errorf("--connect-timeout: must be positive, got %s", c.ConnectTimeout)
+		bad("connect-timeout", "must be positive, got %s", c.ConnectTimeout)
 	}
 	if c.FirstByteTimeout <= 0 {
-		return fmt.Errorf("--first-byte-timeout: must be positive, got %s", c.FirstByteTimeout)
+		bad("first-byte-timeout", "must be positive, got %s", c.FirstByteTimeout)
 	}
 	if c.ShutdownGrace < 0 {
-		return fmt.Errorf("--shutdown-grace: must not be negative, got %s", c.ShutdownGrace)
-	}
-	if err := c.Breaker.Validate(); err != nil {
-		return fmt.Errorf("--%w", err)
-	}
-	if err := c.Scheduler.Validate(); err != nil {
-		return fmt.Errorf("scheduler.%w", err)
-	}
-	if err := c.KVIndex.Validate(); err != nil {
-		return fmt.Errorf("--%w", err)
-	}
-	if err := c.Tokenize.Validate(); err != nil {
-		return err
+		bad("shutdown-grace", "must not be negative, got %s", c.ShutdownGrace)
 	}
 	if c.KVMinBlocks < 1 {
-		return fmt.Errorf("--kv-min-blocks: must be at least 1, got %d", c.KVMinBlocks)
+		bad("kv-min-blocks", "must be at least 1, got %d", c.KVMinBlocks)
 	}
 	if c.AdapterWait <= 0 {
-		return fmt.Errorf("--adapter-wait: must be positive, got %s", c.AdapterWait)
+		bad("adapter-wait", "must be positive, got %s", c.AdapterWait)
 	}
-	return nil
+	// The components name their own keys (and tokenize its flag).
+	errs = append(errs, c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
+	return errors.Join(errs...)
 }
 
 // Router is one router process's worth of components.
@@ -221,6 +230,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	}
 
 	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
+	r.control = &controlAdapters{addrs: r.controlAddrs, conns: map[string]*grpc.ClientConn{}}
 	acfg := api.Config{
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		ConnectTimeout:   cfg.ConnectTimeout,
@@ -228,10 +238,9 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		MaxAttempts:      api.DefaultConfig().MaxAttempts,
 		Ready:            r.ready,
 	}
-	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg)
-	r.handler.EnableKV(kv, tok, cfg.KVMinBlocks, reg)
-	r.control = &controlAdapters{addrs: r.controlAddrs, conns: map[string]*grpc.ClientConn{}}
-	r.handler.EnableAdapters(r.control, cfg.AdapterWait)
+	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg,
+		api.WithKV(kv, tok, cfg.KVMinBlocks),
+		api.WithAdapters(r.control, cfg.AdapterWait))
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
 	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
@@ -349,7 +358,7 @@ func (r *Router) forget(ctx context.Context) {
 		for _, m := range r.eps.Models() {
 			eps, _ := r.eps.Lookup(m.GetName())
 			for _, e := range eps {
-				live[api.Key(e)] = true
+				live[director.Key(e)] = true
 			}
 		}
 		keep := func(k scheduler.Key) bool { return live[k] }
@@ -396,13 +405,11 @@ func (r *Router) debugKVIndex(w http.ResponseWriter, req *http.Request) {
 // controlAddrs lists the control servers to ask: the configured ones,
 // then those the watch stream announced.
 func (r *Router) controlAddrs() []string {
-	addrs := slices.Clone(r.cfg.Control)
+	var learned []string
 	for _, s := range r.watch.Current().Servers {
-		if a := s.GetGrpcAddr(); a != "" && !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
-		}
+		learned = append(learned, s.GetGrpcAddr())
 	}
-	return addrs
+	return addrs.Merge(r.cfg.Control, learned)
 }
 
 // controlAdapters calls AdapterService.EnsureAdapter on any control
@@ -414,14 +421,14 @@ type controlAdapters struct {
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
-	next  int
+	ring  addrs.Ring
 }
 
 func (c *controlAdapters) EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterRequest) (*llmgwv1.EnsureAdapterResponse, error) {
-	addrs := c.addrs()
+	list := c.addrs()
 	var lastErr error
-	for range addrs {
-		conn, addr, err := c.conn(addrs)
+	for range list {
+		conn, addr, err := c.conn(list)
 		if err != nil {
 			lastErr = err
 			continue
@@ -439,11 +446,10 @@ func (c *controlAdapters) EnsureAdapter(ctx context.Context, req *llmgwv1.Ensure
 }
 
 // conn returns a connection to the next address in rotation.
-func (c *controlAdapters) conn(addrs []string) (*grpc.ClientConn, string, error) {
+func (c *controlAdapters) conn(list []string) (*grpc.ClientConn, string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	addr := addrs[c.next%len(addrs)]
-	c.next++
+	addr := c.ring.Next(list)
 	if cc := c.conns[addr]; cc != nil {
 		return cc, addr, nil
 	}

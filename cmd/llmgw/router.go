@@ -2,19 +2,27 @@ package main
 
 import (
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/llmgw/llmgw/router"
 )
 
-// newRouterCmd wires `llmgw router`: flags into router.Config, then Run
-// until SIGINT or SIGTERM.
+// newRouterCmd wires `llmgw router`: values come from the defaults, then
+// --config's YAML file (keys as the flags, with underscores), then the flags
+// given; then Run until SIGINT or SIGTERM.
 func newRouterCmd() *cobra.Command {
 	cfg := router.DefaultConfig()
+	var configFile string
 	cmd := &cobra.Command{
 		Use:   "router",
 		Short: "Serve the OpenAI API, routing each request to the least loaded ready replica",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if configFile != "" {
+				if err := loadUnderFlags(cmd.Flags(), configFile, &cfg); err != nil {
+					return err
+				}
+			}
 			log, err := newLogger(cmd)
 			if err != nil {
 				return err
@@ -28,7 +36,15 @@ func newRouterCmd() *cobra.Command {
 			return r.Run(ctx)
 		},
 	}
-	f := cmd.Flags()
+	bindRouterFlags(cmd.Flags(), &cfg, &configFile)
+	return cmd
+}
+
+// bindRouterFlags binds the router's flags to cfg and --config to
+// configFile. Each flag's key in the configuration file is its name with
+// underscores.
+func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
+	f.StringVar(configFile, "config", "", "YAML configuration file (keys as the flags, with underscores); flags override it")
 	f.StringVar(&cfg.ID, "id", cfg.ID, "router id reported to the control plane (default: host name)")
 	f.StringSliceVar(&cfg.Control, "control", cfg.Control, "control servers' gRPC addresses, host:port[,...]")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address for the OpenAI API, /metrics, /healthz, /readyz")
@@ -41,5 +57,4 @@ func newRouterCmd() *cobra.Command {
 	f.DurationVar(&cfg.Tokenize.Budget, "tokenize-budget", cfg.Tokenize.Budget, "how long tier-2 prefix routing may wait for /tokenize before falling back to tier 1")
 	f.IntVar(&cfg.KVMinBlocks, "kv-min-blocks", cfg.KVMinBlocks, "fewest leading KV blocks a replica must hold to be preferred by tier 2")
 	f.DurationVar(&cfg.AdapterWait, "adapter-wait", cfg.AdapterWait, "how long a request for a cold LoRA adapter waits for it to load")
-	return cmd
 }

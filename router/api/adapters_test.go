@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
 )
 
@@ -50,7 +51,7 @@ func (f *fakeAdapterService) EnsureAdapter(ctx context.Context, req *llmgwv1.Ens
 	return resp, nil
 }
 
-// grpcControl adapts the generated client to AdapterControl.
+// grpcControl adapts the generated client to director.AdapterControl.
 type grpcControl struct{ c llmgwv1.AdapterServiceClient }
 
 func (g grpcControl) EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterRequest) (*llmgwv1.EnsureAdapterResponse, error) {
@@ -58,7 +59,7 @@ func (g grpcControl) EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapt
 }
 
 // serveAdapters runs svc on a loopback gRPC server and returns a client.
-func serveAdapters(t *testing.T, svc *fakeAdapterService) AdapterControl {
+func serveAdapters(t *testing.T, svc *fakeAdapterService) director.AdapterControl {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,13 +78,14 @@ func serveAdapters(t *testing.T, svc *fakeAdapterService) AdapterControl {
 }
 
 // loraRouter is a router over tb whose cold adapters are ensured through ctl.
-func loraRouter(t *testing.T, tb *table, ctl AdapterControl, wait time.Duration) (string, *prometheus.Registry) {
+func loraRouter(t *testing.T, tb *table, ctl director.AdapterControl, wait time.Duration) (string, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	h := New(DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.NewTextHandler(io.Discard, nil)), reg, reg)
+	var opts []Option
 	if ctl != nil {
-		h.EnableAdapters(ctl, wait)
+		opts = append(opts, WithAdapters(ctl, wait))
 	}
+	h := New(DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.NewTextHandler(io.Discard, nil)), reg, reg, opts...)
 	s := newServer(t, h)
 	return s, reg
 }
@@ -213,7 +215,7 @@ func TestAdapterRouting(t *testing.T) {
 					tb.hold(rep, a)
 				}
 			}
-			var ctl AdapterControl
+			var ctl director.AdapterControl
 			svc := &fakeAdapterService{answer: tt.answer}
 			if tt.loadOn != "" {
 				svc.onReply = func(*llmgwv1.EnsureAdapterResponse) { tb.hold(tt.loadOn, "sql") }

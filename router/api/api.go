@@ -1,20 +1,38 @@
-// Package api is the router's OpenAI-compatible HTTP surface (plan §7.1):
-// it reads just enough of a request to choose a replica, forwards the
-// original bytes there, and streams the answer back as it arrives.
+// Package api is the router's OpenAI-compatible HTTP surface (design
+// §7.1): the completion endpoints, /v1/models, the probes and /metrics. A
+// completion request runs as a pipeline of stages, in the shape of the
+// Gateway API Inference Extension (handler → director → scheduler →
+// proxy), each given only what it needs:
+//
+//  1. decode and sniff: read the body within its limit, and just enough of
+//     it (router/openai) to route it;
+//  2. resolve: the model and adapter the name means, and the replicas that
+//     may serve it, waiting for a cold adapter (router/director, §7.6);
+//  3. prepare: the body as the engine must get it, tier 1's prefix hashes
+//     and tier 2's tokens and block hashes (router/director, §7.5);
+//  4. schedule: a replica for each attempt, never one tried before
+//     (router/director over router/scheduler, §7.3);
+//  5. forward: to that replica, retried elsewhere only before the first
+//     byte reached the client (router/proxy, §7.4);
+//  6. account: the request's metrics, tier 2's prediction held against
+//     what the engine reported; the scheduler's memory learns where the
+//     request went the moment a replica accepts it, and each attempt's
+//     breaker its outcome as the attempt ends, since both must not wait for
+//     the answer to finish.
+//
+// The handler does no routing of its own: it runs the stages in order and
+// answers a refusal from any of them with OpenAI's error body.
 package api
 
 import (
-	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -22,45 +40,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/breaker"
-	"github.com/llmgw/llmgw/router/endpoint"
-	"github.com/llmgw/llmgw/router/prefix"
+	"github.com/llmgw/llmgw/router/director"
+	"github.com/llmgw/llmgw/router/openai"
+	"github.com/llmgw/llmgw/router/proxy"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
 )
 
-// Endpoints is the routing table the handler reads (endpoint.Registry).
-// Implementations are safe for concurrent use and never block on the
-// control plane.
+// Endpoints is the routing table the handler reads (endpoint.Registry):
+// desired models for /v1/models, and what the director reads. Safe for
+// concurrent use; never blocks on the control plane.
 type Endpoints interface {
-	// Lookup returns a model's routable endpoints and whether the model is
-	// in desired state. The slice is not modified by the caller.
-	Lookup(model string) (eps []*endpoint.Endpoint, known bool)
-	// Models returns the desired models, sorted by name.
-	Models() []*llmgwv1.Model
-	// LoadOf returns an endpoint's current load.
-	LoadOf(e *endpoint.Endpoint) endpoint.Load
-	// Adapter resolves an adapter name to its base model (plan §7.6).
-	Adapter(name string) (endpoint.AdapterRef, bool)
-	// Holds reports whether an endpoint can serve the adapter now.
-	Holds(e *endpoint.Endpoint, adapter string) bool
-	// Changed is closed once the routing table is rebuilt.
-	Changed() <-chan struct{}
+	director.Table
 }
 
-// Scheduler chooses replicas (scheduler.Scheduler, plan §7.3). Its
+// Scheduler chooses replicas (scheduler.Scheduler, design §7.3). Its
 // methods are called concurrently.
 type Scheduler interface {
-	// ProfileFor returns the model's scheduling profile.
-	ProfileFor(m *llmgwv1.Model) *scheduler.Profile
-	// Pick returns an index into cands, or -1 when none may take r now.
-	Pick(p *scheduler.Profile, r *scheduler.Request, cands []scheduler.Candidate) int
-	// Observe records where r was sent, once the replica accepted it.
-	Observe(p *scheduler.Profile, r *scheduler.Request, chosen scheduler.Candidate)
+	director.Scheduler
 }
 
-// Breakers are the per-replica circuit breakers (breaker.Set).
+// Breakers are the per-replica circuit breakers (breaker.Set): the
+// scheduler reads them, the proxy drives them.
 type Breakers interface {
 	// Get returns the replica's breaker, creating a closed one.
 	Get(k scheduler.Key) *breaker.Breaker
@@ -78,13 +80,13 @@ type Config struct {
 	// non-streamed completion sends its headers only when it is done, so
 	// this is also the longest non-streamed generation.
 	FirstByteTimeout time.Duration
-	// MaxAttempts bounds the replicas tried for one request (plan §7.4).
+	// MaxAttempts bounds the replicas tried for one request (design §7.4).
 	MaxAttempts int
 	// Ready reports readiness for /readyz; nil means always ready.
 	Ready func() bool
 }
 
-// DefaultConfig returns the defaults of plan §7.1.
+// DefaultConfig returns the defaults of design §7.1.
 func DefaultConfig() Config {
 	return Config{
 		MaxBodyBytes:     4 << 20,
@@ -94,25 +96,60 @@ func DefaultConfig() Config {
 	}
 }
 
-// Handler serves the router's HTTP API. Close releases its idle upstream
-// connections once no request runs.
+// Option turns on an optional stage of the pipeline.
+type Option func(*[]director.Option)
+
+// WithKV turns tier 2 on for models with kv_events (design §7.5): requests
+// are tokenized through tok, hashed as vLLM does and looked up in idx; a
+// replica must hold minBlocks leading blocks to be preferred.
+func WithKV(idx director.KVIndex, tok director.Tokenizer, minBlocks int) Option {
+	return func(o *[]director.Option) { *o = append(*o, director.WithKV(idx, tok, minBlocks)) }
+}
+
+// WithAdapters lets requests for a cold adapter wait up to wait for it to
+// load, asking ctl to place it (design §7.6); wait <= 0 takes
+// director.DefaultAdapterWait. Without it such requests get 503.
+func WithAdapters(ctl director.AdapterControl, wait time.Duration) Option {
+	return func(o *[]director.Option) { *o = append(*o, director.WithAdapters(ctl, wait)) }
+}
+
+// resolver is stage 2 (director.Director): on error, the target's Base is
+// set when the name resolved to a model, and an error while ctx is done
+// means the client went away.
+type resolver interface {
+	Resolve(ctx context.Context, name string, log *slog.Logger) (director.Target, *openai.Error)
+}
+
+// preparer is stage 3 (director.Director); the plan it returns is stage
+// 4's route and answers to stage 6.
+type preparer interface {
+	Prepare(ctx context.Context, t director.Target, in director.Input) (*director.Plan, *openai.Error)
+}
+
+// forwarder is stage 5 (proxy.Proxy): when the result carries an error,
+// nothing has been written to the client.
+type forwarder interface {
+	Serve(w http.ResponseWriter, r *http.Request, req *proxy.Request) proxy.Result
+}
+
+// Handler serves the router's HTTP API. Close releases what its stages
+// hold once no request runs.
 type Handler struct {
-	cfg       Config
-	eps       Endpoints
-	sched     Scheduler
-	breakers  Breakers
-	log       *slog.Logger
-	transport *http.Transport
-	mux       *http.ServeMux
-	m         *metrics
-	kv        *tier2    // nil: tier 2 off (EnableKV)
-	ad        *adapters // nil: cold adapters are refused (EnableAdapters)
-	adm       *adapterMetrics
+	cfg     Config
+	eps     Endpoints
+	log     *slog.Logger
+	mux     *http.ServeMux
+	m       *metrics
+	dir     *director.Director
+	resolve resolver
+	prepare preparer
+	fwd     forwarder
+	proxy   *proxy.Proxy
 }
 
 // New builds the handler; reg receives its metrics and gather serves
 // /metrics (normally the same registry).
-func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer) *Handler {
+func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer, opts ...Option) *Handler {
 	d := DefaultConfig()
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = d.MaxBodyBytes
@@ -126,25 +163,18 @@ func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slo
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = d.MaxAttempts
 	}
-	h := &Handler{
-		cfg: cfg, eps: eps, sched: sched, breakers: breakers, log: log,
-		transport: &http.Transport{
-			DialContext:           (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-			ResponseHeaderTimeout: cfg.FirstByteTimeout,
-			MaxIdleConnsPerHost:   64,
-			IdleConnTimeout:       90 * time.Second,
-			// Engines speak plain HTTP/1.1; compression would hold SSE chunks back.
-			DisableCompression: true,
-		},
-		m:   newMetrics(reg),
-		adm: newAdapterMetrics(),
+	var dopts []director.Option
+	for _, o := range opts {
+		o(&dopts)
 	}
-	if reg != nil {
-		h.adm.register(reg)
-	}
+	dir := director.New(eps, sched, breakers, reg, dopts...)
+	px := proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
+		MaxAttempts: cfg.MaxAttempts}, breakers, reg)
+	h := &Handler{cfg: cfg, eps: eps, log: log, m: newMetrics(reg),
+		dir: dir, resolve: dir, prepare: dir, fwd: px, proxy: px}
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/chat/completions", h.proxy)
-	mux.HandleFunc("/v1/completions", h.proxy)
+	mux.HandleFunc("/v1/chat/completions", h.complete)
+	mux.HandleFunc("/v1/completions", h.complete)
 	mux.HandleFunc("GET /v1/models", h.models)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.HandleFunc("GET /readyz", h.readyz)
@@ -170,8 +200,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // Close stops the adapter loads requests were waiting on and drops idle
 // upstream connections. Call it after the HTTP server has stopped.
 func (h *Handler) Close() {
-	h.ad.close()
-	h.transport.CloseIdleConnections()
+	h.dir.Close()
+	h.proxy.Close()
 }
 
 func newRequestID() string {
@@ -206,7 +236,7 @@ type modelEntry struct {
 }
 
 // models lists the models in desired state, ready or not, each followed by
-// its adapters (plan §7.1): a model being rolled out exists, it only
+// its adapters (design §7.1): a model being rolled out exists, it only
 // answers 503 for a moment, and an adapter is servable whether or not a
 // replica holds it now. Desired state has no creation time, so created is 0.
 func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
@@ -228,15 +258,14 @@ func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(out)
 }
 
-// proxy serves the completion endpoints.
-func (h *Handler) proxy(w http.ResponseWriter, r *http.Request) {
+// complete serves the completion endpoints: the pipeline, then the
+// request's metrics.
+func (h *Handler) complete(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	h.m.inflight.Inc()
 	defer h.m.inflight.Dec()
-	rid := r.Header.Get("X-Request-ID")
-	model := "" // the label is set only for models that exist, so junk names cannot grow it
-	code := h.serveProxy(w, r, start, rid, &model)
-	label := model
+	code, model := h.run(w, r, start)
+	label := model // set only for models that exist, so junk names cannot grow it
 	if label == "" {
 		label = "_unknown"
 	}
@@ -244,383 +273,109 @@ func (h *Handler) proxy(w http.ResponseWriter, r *http.Request) {
 	h.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())
 }
 
-// clientClosed is recorded when the client went away before an answer.
-const clientClosed = 499
-
-func (h *Handler) serveProxy(w http.ResponseWriter, r *http.Request, start time.Time, rid string, modelLabel *string) int {
-	fail := func(err *apiError) int {
+// run takes one completion request through the stages and returns the
+// status the client got and the base model it was for ("" when the name
+// resolved to none). Adapters share their model's label: names are many,
+// models few.
+func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (code int, model string) {
+	rid := r.Header.Get("X-Request-ID")
+	refuse := func(err *openai.Error) int {
 		h.log.Debug("router: request refused", "request_id", rid, "err", err)
-		writeError(w, err)
+		openai.WriteError(w, err)
 		return err.Status
 	}
+
+	// 1. Decode and sniff.
+	body, req, aerr := h.decode(w, r)
+	if aerr != nil {
+		return refuse(aerr), ""
+	}
+
+	// 2. Resolve the model and adapter, and the replicas that may serve it.
+	tgt, aerr := h.resolve.Resolve(r.Context(), req.Model, h.log.With("request_id", rid))
+	if aerr != nil {
+		if tgt.Adapter != "" && r.Context().Err() != nil {
+			return proxy.ClientClosed, tgt.Base
+		}
+		return refuse(aerr), tgt.Base
+	}
+	log := h.log.With("request_id", rid, "model", tgt.Base)
+	if tgt.Adapter != "" {
+		log = log.With("adapter", tgt.Adapter)
+	}
+
+	// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
+	kind := tokenize.Chat
+	if strings.HasSuffix(r.URL.Path, "/v1/completions") {
+		kind = tokenize.Completion
+	}
+	plan, aerr := h.prepare.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-ID"),
+		Kind: kind, Body: body, Stream: req.Stream, Prompt: req.Prompt})
+	if aerr != nil {
+		return refuse(aerr), tgt.Base
+	}
+
+	// 4 and 5. Schedule each attempt (the plan is the route) and forward.
+	res := h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
+		Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
+		Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: plan.Tail(),
+		Start: start, Log: log})
+	if res.Err != nil {
+		return refuse(res.Err), tgt.Base
+	}
+
+	// 6. Account: tier 2's prediction against what the engine reported
+	// (the caller records the metrics).
+	if res.Replica != nil {
+		plan.Done(res.Replica.ReplicaID, res.Code)
+	}
+	return res.Code, tgt.Base
+}
+
+// decode is stage 1: the body within MaxBodyBytes, and what the router
+// reads of it.
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai.Request, *openai.Error) {
 	if r.Method != http.MethodPost {
-		return fail(errMethod("POST"))
+		return nil, openai.Request{}, openai.MethodNotAllowed("POST")
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return fail(errTooLarge(h.cfg.MaxBodyBytes))
+			return nil, openai.Request{}, openai.TooLarge(h.cfg.MaxBodyBytes)
 		}
-		return fail(errInvalidField("", "reading the body: "+err.Error()))
+		return nil, openai.Request{}, openai.InvalidField("", "reading the body: "+err.Error())
 	}
-	req, err := sniff(body)
+	req, err := openai.Sniff(body)
 	if err != nil {
-		var ae *apiError
+		var ae *openai.Error
 		errors.As(err, &ae)
-		return fail(ae)
+		return nil, openai.Request{}, ae
 	}
-	// `model` names a model or one of its adapters (plan §7.6), as with vLLM.
-	base, adapter := req.Model, ""
-	eps, known := h.eps.Lookup(base)
-	ref, isAdapter := endpoint.AdapterRef{}, false
-	if !known {
-		if ref, isAdapter = h.eps.Adapter(req.Model); isAdapter {
-			base, adapter = ref.Model, req.Model
-			eps, known = h.eps.Lookup(base)
-		}
-	}
-	if !known {
-		return fail(errModelNotFound(req.Model))
-	}
-	*modelLabel = base // adapters share their model's label: names are many, models few
-	log := h.log.With("request_id", rid, "model", base)
-	if adapter != "" {
-		log = log.With("adapter", adapter)
-		var aerr *apiError
-		if eps, aerr = h.holders(r.Context(), adapter, base, eps, log); aerr != nil {
-			if r.Context().Err() != nil {
-				return clientClosed
-			}
-			return fail(aerr)
-		}
-	}
-	model := h.model(base)
-	// The body goes out as the client sent it but for two fields: usage on
-	// streams (the router learns cached_tokens from it) and llama.cpp's
-	// adapter addressing.
-	stripUsage := false
-	if req.Stream && !wantsUsage(body) {
-		b, err := withUsage(body)
-		if err != nil {
-			var ae *apiError
-			if errors.As(err, &ae) {
-				return fail(ae)
-			}
-			return fail(errInvalidField("", err.Error()))
-		}
-		body, stripUsage = b, true
-	}
-	if adapter != "" && model.GetEngine() == "llamacpp" {
-		b, err := forLlamaCpp(body, base, ref.Index)
-		if err != nil {
-			return fail(errInvalidField("", err.Error()))
-		}
-		body = b
-	}
-
-	sreq := &scheduler.Request{ID: rid, Model: base, Adapter: adapter, Session: r.Header.Get("X-Session-ID"),
-		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), req.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
-	prof := h.sched.ProfileFor(model)
-	kind := tokenize.Chat
-	if strings.HasSuffix(r.URL.Path, "/v1/completions") {
-		kind = tokenize.Completion
-	}
-	sreq.KV = h.kv.query(r.Context(), h, model, adapter, kind, body, eps)
-	// tail keeps the end of the answer when tier 2 predicted something, so
-	// the engine's cached_tokens can be held against the prediction.
-	var tail *tailBuffer
-	var tap io.Writer
-	if sreq.KV != nil && sreq.KV.Fallback == "" {
-		tail = &tailBuffer{max: 256 << 10}
-		if req.Stream {
-			tail.max = 16 << 10 // the usage chunk is the last event
-		}
-		tap = tail
-	}
-	fw := forwarding{body: body, stream: req.Stream, stripUsage: stripUsage, adapter: adapter, tail: tap}
-
-	// tried holds every replica this request has been sent to, or whose
-	// breaker refused it, so each attempt goes somewhere new (plan §7.4).
-	tried := make([]*endpoint.Endpoint, 0, h.cfg.MaxAttempts)
-	var lastErr error
-	for attempt := 0; attempt < h.cfg.MaxAttempts; {
-		ep, cand := h.choose(prof, sreq, eps, tried, adapter)
-		if ep == nil {
-			break
-		}
-		tried = append(tried, ep)
-		br := h.breakers.Get(cand.Key)
-		if br.Acquire() != nil {
-			continue // another request took its probe; not an attempt
-		}
-		attempt++
-		last := attempt == h.cfg.MaxAttempts || len(tried) == len(eps)
-		code, err := h.forward(w, r, &fw, ep, start, last, log, func() { h.sched.Observe(prof, sreq, cand) })
-		if err == nil {
-			if tail != nil && code == http.StatusOK {
-				h.kv.observe(sreq.KV, ep.ReplicaID, req.Stream, tail.b)
-				tail.b = tail.b[:0]
-			}
-			switch {
-			case code == clientClosed:
-				br.Release()
-			case code >= 500:
-				br.Failure()
-			default:
-				br.Success()
-			}
-			return code
-		}
-		if r.Context().Err() != nil {
-			br.Release()
-			log.Info("router: client went away", "replica", ep.ReplicaID)
-			return clientClosed
-		}
-		lastErr = err
-		if errors.Is(err, errAdapterMissing) {
-			// The replica is healthy; the table was a moment behind.
-			br.Release()
-			h.adm.missing.Inc()
-			log.Info("router: replica does not hold the adapter; trying another", "replica", ep.ReplicaID)
-			continue
-		}
-		br.Failure()
-		h.m.upstreamErrors.WithLabelValues(base).Inc()
-		log.Warn("router: replica failed before the first byte; trying another", "replica", ep.ReplicaID, "err", err)
-	}
-	if lastErr == nil {
-		return fail(errNoReplica(req.Model))
-	}
-	if errors.Is(lastErr, errAdapterMissing) {
-		return fail(errAdapterCold(adapter, "no replica tried holds it now", 1))
-	}
-	return fail(errUpstream(lastErr))
-}
-
-// maxPrefixChunks bounds the prompt text the prefix tree keys on: 128
-// chunks of 64 bytes, 8 KiB — past a system prompt and a few turns, where
-// replicas' caches stop differing in ways the tree could tell apart.
-const maxPrefixChunks = 128
-
-// model returns the desired-state model named name, or an empty one (the
-// default profile) if it vanished since Lookup.
-func (h *Handler) model(name string) *llmgwv1.Model {
-	ms := h.eps.Models()
-	if i, ok := slices.BinarySearchFunc(ms, name, func(m *llmgwv1.Model, n string) int { return strings.Compare(m.GetName(), n) }); ok {
-		return ms[i]
-	}
-	return &llmgwv1.Model{Name: name}
-}
-
-// choose asks the scheduler among the endpoints not yet tried.
-func (h *Handler) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, tried []*endpoint.Endpoint, adapter string) (*endpoint.Endpoint, scheduler.Candidate) {
-	left := make([]*endpoint.Endpoint, 0, len(eps))
-	for _, e := range eps {
-		if !slices.Contains(tried, e) {
-			left = append(left, e)
-		}
-	}
-	if len(left) == 0 {
-		return nil, scheduler.Candidate{}
-	}
-	cands := make([]scheduler.Candidate, len(left))
-	for i, e := range left {
-		l := h.eps.LoadOf(e)
-		k := Key(e)
-		cands[i] = scheduler.Candidate{Key: k, Waiting: l.Waiting, Running: l.Running, KVUsage: l.KVUsage,
-			Inflight: l.Inflight, Weight: e.Weight, Saturated: l.Saturated, Breaker: h.breakerView(k),
-			HasAdapter: adapter != "" && h.eps.Holds(e, adapter)}
-	}
-	i := h.sched.Pick(prof, sreq, cands)
-	if i < 0 || i >= len(left) {
-		return nil, scheduler.Candidate{}
-	}
-	return left[i], cands[i]
-}
-
-// Key is an endpoint's identity for per-replica state (plan §4).
-func Key(e *endpoint.Endpoint) scheduler.Key {
-	return scheduler.Key{ID: e.ReplicaID, UID: e.UID, Incarnation: e.Incarnation}
-}
-
-func (h *Handler) breakerView(k scheduler.Key) scheduler.BreakerView {
-	b := h.breakers.Peek(k)
-	if b == nil {
-		return scheduler.BreakerClosed
-	}
-	switch st, due := b.View(); {
-	case st == breaker.Closed:
-		return scheduler.BreakerClosed
-	case due:
-		return scheduler.BreakerProbeDue
-	default:
-		return scheduler.BreakerCoolingDown
-	}
-}
-
-// hopHeaders are per-connection headers a proxy must not forward (RFC 9110 §7.6.1).
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
-// forward sends the request to ep. It returns an error only while nothing
-// has been written to the client — a connection failure, or a 5xx when
-// another replica may still be tried (last is false) — so the caller may
-// retry elsewhere (plan §7.4). Once the response has started, it is the
-// answer, whatever happens to it; accepted runs just before, so the
-// scheduler records where the request really went (plan §7.5).
-// forwarding is what forward sends and how it treats the answer.
-type forwarding struct {
-	body   []byte
-	stream bool
-	// stripUsage drops the usage chunk the router added to the stream.
-	stripUsage bool
-	// adapter, when set, makes an engine's 404 before the first byte a
-	// reason to try another replica (plan §7.6).
-	adapter string
-	// tail, when set, receives the engine's bytes for tier 2's accounting.
-	tail io.Writer
-}
-
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, fw *forwarding, ep *endpoint.Endpoint,
-	start time.Time, last bool, log *slog.Logger, accepted func()) (int, error) {
-	body := fw.body
-	release := ep.Acquire()
-	defer release()
-
-	// The request's context: a client that goes away cancels the engine's work.
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost,
-		"http://"+ep.Address+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return 0, fmt.Errorf("build request for %s: %w", ep.Address, err)
-	}
-	out.Header = r.Header.Clone()
-	for _, k := range hopHeaders {
-		out.Header.Del(k)
-	}
-	out.Header.Del("Content-Length")
-	out.ContentLength = int64(len(body))
-
-	resp, err := h.transport.RoundTrip(out)
-	if err != nil {
-		return 0, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode >= 500 && !last {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return 0, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
-	}
-	if resp.StatusCode == http.StatusNotFound && fw.adapter != "" && !last {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return 0, fmt.Errorf("replica %s, adapter %s: %w", ep.ReplicaID, fw.adapter, errAdapterMissing)
-	}
-
-	accepted()
-	hdr := w.Header()
-	for k, v := range resp.Header {
-		hdr[k] = v
-	}
-	for _, k := range hopHeaders {
-		hdr.Del(k)
-	}
-	hdr.Del("Content-Length") // the server frames what we copy
-	hdr.Set("X-Llmgw-Replica", ep.ReplicaID)
-	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
-	w.WriteHeader(resp.StatusCode)
-
-	var src io.Reader = resp.Body
-	if fw.tail != nil {
-		src = io.TeeReader(resp.Body, fw.tail) // tail keeps the usage for tier 2's accounting
-	}
-	var dst io.Writer = w
-	var strip *usageStripper
-	if fw.stripUsage && resp.StatusCode == http.StatusOK {
-		strip = &usageStripper{dst: w}
-		dst = strip
-	}
-	n, err := h.copyFlushing(w, dst, src, func() {
-		if fw.stream {
-			h.m.ttft.WithLabelValues(ep.Model).Observe(time.Since(start).Seconds())
-		}
-	})
-	if strip != nil && err == nil {
-		if ferr := strip.Flush(); ferr != nil {
-			err = fmt.Errorf("write to client: %w", ferr)
-		}
-	}
-	if err != nil && r.Context().Err() == nil {
-		// Too late to answer with an error: the client sees a cut stream.
-		h.m.upstreamErrors.WithLabelValues(ep.Model).Inc()
-		log.Warn("router: response cut short", "replica", ep.ReplicaID, "bytes", n, "err", err)
-	}
-	log.Debug("router: request done", "replica", ep.ReplicaID, "status", resp.StatusCode, "bytes", n)
-	if r.Context().Err() != nil {
-		return clientClosed, nil
-	}
-	return resp.StatusCode, nil
-}
-
-// copyFlushing copies src to dst (w, or a filter writing to w), flushing w
-// after every read so SSE chunks reach the client one by one; first runs
-// before the first byte is written.
-func (h *Handler) copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, first func()) (int64, error) {
-	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	var n int64
-	for {
-		k, rerr := src.Read(buf)
-		if k > 0 {
-			if n == 0 {
-				first()
-			}
-			if _, err := dst.Write(buf[:k]); err != nil {
-				return n, fmt.Errorf("write to client: %w", err)
-			}
-			n += int64(k)
-			if err := rc.Flush(); err != nil {
-				return n, fmt.Errorf("flush to client: %w", err)
-			}
-		}
-		if rerr == io.EOF {
-			return n, nil
-		}
-		if rerr != nil {
-			return n, fmt.Errorf("read from engine: %w", rerr)
-		}
-	}
+	return body, req, nil
 }
 
 type metrics struct {
-	requests       *prometheus.CounterVec
-	duration       *prometheus.HistogramVec
-	ttft           *prometheus.HistogramVec
-	upstreamErrors *prometheus.CounterVec
-	inflight       prometheus.Gauge
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	inflight prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	buckets := []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_router_requests_total",
 			Help: "Completion requests by model and HTTP status (499: the client went away).",
 		}, []string{"model", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "llmgw_router_request_duration_seconds", Help: "End-to-end request latency.", Buckets: buckets,
-		}, []string{"model"}),
-		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "llmgw_router_ttft_seconds", Help: "Time to the first streamed byte sent to the client.", Buckets: buckets,
-		}, []string{"model"}),
-		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "llmgw_router_upstream_errors_total",
-			Help: "Engine failures: connection errors, 5xx answers retried elsewhere, streams cut short.",
+			Name: "llmgw_router_request_duration_seconds", Help: "End-to-end request latency.", Buckets: proxy.LatencyBuckets(),
 		}, []string{"model"}),
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmgw_router_inflight", Help: "Completion requests being served.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.ttft, m.upstreamErrors, m.inflight)
+		reg.MustRegister(m.requests, m.duration, m.inflight)
 	}
 	return m
 }

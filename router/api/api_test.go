@@ -358,24 +358,3 @@ func TestModelsAndProbes(t *testing.T) {
 		}
 	}
 }
-
-func FuzzSniff(f *testing.F) {
-	for _, s := range []string{
-		`{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
-		`{"model":"demo","stream":null}`, `{"Model":"demo"}`, `{"model":1}`, `[]`, `null`, ``, `{"model":"a","model":"b"}`,
-	} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, body []byte) {
-		got, err := sniff(body)
-		if err != nil {
-			if _, ok := err.(*apiError); !ok {
-				t.Fatalf("error %T is not an API error", err)
-			}
-			return
-		}
-		if got.Model == "" || !json.Valid(body) || len(got.Prompt) > maxPromptBytes {
-			t.Fatalf("accepted %q as %+v", body, got)
-		}
-	})
-}

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/scheduler"
 )
@@ -105,7 +106,7 @@ func TestEngineKilledUnderLoad(t *testing.T) {
 	if f := send(60); f != 0 {
 		t.Fatalf("%d requests failed after the engine died; each should have been retried elsewhere", f)
 	}
-	k := Key(eps[0])
+	k := director.Key(eps[0])
 	if st, _ := brs.Get(k).View(); st != breaker.Open {
 		t.Fatalf("dead replica's breaker is %s, want open", st)
 	}
@@ -124,33 +125,5 @@ func TestEngineKilledUnderLoad(t *testing.T) {
 	}
 	if st, _ := brs.Get(k).View(); st != breaker.Closed {
 		t.Fatalf("after a successful probe the breaker is %s, want closed", st)
-	}
-}
-
-func TestSniffPrompt(t *testing.T) {
-	long := strings.Repeat("x", maxPromptBytes+10)
-	tests := []struct {
-		name, body, want string
-	}{
-		{"chat strings", `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]}`, "system\x00be brief\x00user\x00hi\x00"},
-		{"chat parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{}},{"type":"text","text":"b"}]}]}`, "user\x00ab\x00"},
-		{"unreadable content ends the prefix", `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":7},{"role":"user","content":"b"}]}`, "user\x00a\x00user\x00"},
-		{"messages not a list", `{"model":"m","messages":"hi"}`, ""},
-		{"prompt string", `{"model":"m","prompt":"once upon"}`, "once upon"},
-		{"prompt batch", `{"model":"m","prompt":["first","second"]}`, "first"},
-		{"prompt tokens", `{"model":"m","prompt":[1,2,3]}`, "[1,2,3]"},
-		{"prompt token batch", `{"model":"m","prompt":[[1,2],[3]]}`, "[1,2]"},
-		{"bounded", `{"model":"m","prompt":"` + long + `"}`, long[:maxPromptBytes]},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := sniff([]byte(tt.body))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got.Prompt != tt.want {
-				t.Fatalf("prompt %q, want %q", got.Prompt, tt.want)
-			}
-		})
 	}
 }

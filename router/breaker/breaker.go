@@ -38,15 +38,16 @@ func (s State) String() string {
 }
 
 // Config configures breakers. The zero value is not usable; start from
-// DefaultConfig.
+// DefaultConfig. In the router's configuration file its keys sit at the
+// top level, as breaker_*; there are no flags for them.
 type Config struct {
 	// Failures is how many consecutive failures open the breaker.
-	Failures int
+	Failures int `yaml:"breaker_failures"`
 	// Cooldown is how long an open breaker refuses requests before it lets
 	// a probe through.
-	Cooldown time.Duration
+	Cooldown time.Duration `yaml:"breaker_cooldown"`
 	// Now is the clock; nil uses time.Now. Tests inject one.
-	Now func() time.Time
+	Now func() time.Time `yaml:"-"`
 }
 
 // DefaultConfig opens after 3 consecutive failures and probes after 5 s:
@@ -54,15 +55,16 @@ type Config struct {
 // engine restart by the agent's supervisor takes to be noticed.
 func DefaultConfig() Config { return Config{Failures: 3, Cooldown: 5 * time.Second} }
 
-// Validate names the bad field.
+// Validate reports every bad field, each named by its configuration key.
 func (c Config) Validate() error {
+	var errs []error
 	if c.Failures < 1 {
-		return fmt.Errorf("breaker-failures: must be at least 1, got %d", c.Failures)
+		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.Failures))
 	}
 	if c.Cooldown <= 0 {
-		return fmt.Errorf("breaker-cooldown: must be positive, got %s", c.Cooldown)
+		errs = append(errs, fmt.Errorf("breaker_cooldown: must be positive, got %s", c.Cooldown))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // ErrOpen is returned by Acquire when the breaker lets nothing through.

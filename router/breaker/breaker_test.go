@@ -84,17 +84,33 @@ func TestConfigValidate(t *testing.T) {
 	tests := []struct {
 		name string
 		cfg  Config
-		want string
+		want []string // each problem's key, in order; nil: valid
 	}{
-		{"default", DefaultConfig(), ""},
-		{"failures", Config{Failures: 0, Cooldown: time.Second}, "breaker-failures"},
-		{"cooldown", Config{Failures: 1}, "breaker-cooldown"},
+		{"default", DefaultConfig(), nil},
+		{"failures", Config{Failures: 0, Cooldown: time.Second}, []string{"breaker_failures"}},
+		{"cooldown", Config{Failures: 1}, []string{"breaker_cooldown"}},
+		{"both at once", Config{Failures: -1, Cooldown: -time.Second}, []string{"breaker_failures", "breaker_cooldown"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.cfg.Validate()
-			if (err == nil) != (tt.want == "") || (err != nil && !strings.HasPrefix(err.Error(), tt.want)) {
-				t.Fatalf("Validate = %v, want prefix %q", err, tt.want)
+			if tt.want == nil {
+				if err != nil {
+					t.Fatalf("Validate = %v, want nil", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("Validate = nil, want problems with %v", tt.want)
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(tt.want) {
+				t.Fatalf("Validate = %q, want %d problems (%v)", err, len(tt.want), tt.want)
+			}
+			for i, key := range tt.want {
+				if !strings.HasPrefix(lines[i], key+": ") {
+					t.Errorf("problem %d = %q, want it to name %s", i, lines[i], key)
+				}
 			}
 		})
 	}

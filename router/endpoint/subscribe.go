@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -98,10 +98,11 @@ func (r *Registry) covered(node string) bool {
 }
 
 // runSub keeps s's stream up until ctx ends, reconnecting with a jittered,
-// doubling delay that a stream which delivered anything resets.
+// doubling delay (internal/backoff) that a stream which delivered anything
+// resets, so routers that lost the same agent do not return in step.
 func (r *Registry) runSub(ctx context.Context, s *subscription) {
 	log := r.log.With("node", s.node, "addr", s.addr)
-	var delay time.Duration
+	wait := r.subscribeBackoff()
 	for {
 		got, err := r.subscribeOnce(ctx, s)
 		s.lastAt.Store(0)
@@ -109,32 +110,20 @@ func (r *Registry) runSub(ctx context.Context, s *subscription) {
 			return
 		}
 		if got {
-			delay = 0
+			wait.Reset()
 		}
-		delay = r.nextSubscribeDelay(delay)
+		delay := wait.Next()
 		log.Debug("endpoint: load subscription ended", "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, delay) {
 			return
-		case <-t.C:
 		}
 	}
 }
 
-// nextSubscribeDelay doubles within bounds and draws from [d/2, d), so
-// routers that lost the same agent do not return in step.
-func (r *Registry) nextSubscribeDelay(prev time.Duration) time.Duration {
-	d := r.cfg.SubscribeInitial
-	if prev > 0 {
-		d = min(max(prev*2, d), r.cfg.SubscribeMax)
-	}
-	j := rand.Float64
-	if r.cfg.Jitter != nil {
-		j = r.cfg.Jitter
-	}
-	return d/2 + time.Duration(j()*float64(d/2))
+// subscribeBackoff is one subscription's reconnect delays: from
+// SubscribeInitial doubling to SubscribeMax, each drawn from [d/2, d).
+func (r *Registry) subscribeBackoff() *backoff.Backoff {
+	return backoff.New(r.cfg.SubscribeInitial, r.cfg.SubscribeMax, r.cfg.Jitter)
 }
 
 // subscribeOnce runs one stream until it fails; it reports whether any

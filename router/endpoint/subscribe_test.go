@@ -307,18 +307,17 @@ func TestSubscribeDelay(t *testing.T) {
 	cfg.SubscribeInitial, cfg.SubscribeMax = 100*time.Millisecond, 400*time.Millisecond
 	cfg.Jitter = func() float64 { return 0.5 }
 	r := &Registry{cfg: cfg}
-	tests := []struct {
-		prev, want time.Duration
-	}{
-		{0, 75 * time.Millisecond},                         // 100 → [50, 100) at 0.5
-		{75 * time.Millisecond, 112500 * time.Microsecond}, // 150 → [75, 150)
-		{300 * time.Millisecond, 300 * time.Millisecond},   // 600, capped at 400 → [200, 400)
-		{time.Hour, 300 * time.Millisecond},
-	}
-	for _, tt := range tests {
-		if got := r.nextSubscribeDelay(tt.prev); got != tt.want {
-			t.Errorf("nextSubscribeDelay(%s) = %s, want %s", tt.prev, got, tt.want)
+	b := r.subscribeBackoff()
+	// Nominal 100, 200, 400, 400 (capped), each drawn from [d/2, d) at 0.5.
+	want := []time.Duration{75 * time.Millisecond, 150 * time.Millisecond, 300 * time.Millisecond, 300 * time.Millisecond}
+	for i, w := range want {
+		if got := b.Next(); got != w {
+			t.Errorf("delay %d = %s, want %s", i, got, w)
 		}
+	}
+	b.Reset()
+	if got := b.Next(); got != want[0] {
+		t.Errorf("after a stream that delivered: %s, want %s", got, want[0])
 	}
 }
 

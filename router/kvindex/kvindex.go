@@ -31,17 +31,18 @@ type Config struct {
 	// dropped and counted: the index then under-reports, which costs a
 	// missed preference and never a wrong one. At about 40 bytes an entry
 	// (BenchmarkBytesPerEntry) the default (8 Mi entries) is some 320 MiB —
-	// 1,000 replicas of 8k blocks each.
-	MaxEntries int
+	// 1,000 replicas of 8k blocks each. Configuration key (no flag):
+	// kv_index_max_entries.
+	MaxEntries int `yaml:"kv_index_max_entries"`
 }
 
 // DefaultConfig holds 8 Mi entries.
 func DefaultConfig() Config { return Config{MaxEntries: 8 << 20} }
 
-// Validate names the bad field.
+// Validate names the bad field by its configuration key.
 func (c Config) Validate() error {
 	if c.MaxEntries < 1 {
-		return fmt.Errorf("kv-index-max-entries: must be at least 1, got %d", c.MaxEntries)
+		return fmt.Errorf("kv_index_max_entries: must be at least 1, got %d", c.MaxEntries)
 	}
 	return nil
 }

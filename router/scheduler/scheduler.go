@@ -9,6 +9,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -69,11 +70,19 @@ type Candidate struct {
 	pos int // index in the caller's slice
 }
 
-// Load is the replica's load as the plan's formulas use it: waiting plus
-// what it is serving. The engine's running count includes this router's
-// requests once the scrape catches up, and the router's own count leads it,
-// so the larger of the two stands for "serving" without counting twice.
-func (c *Candidate) Load() float64 { return c.Waiting + max(c.Running, float64(c.Inflight)) }
+// ReplicaLoad is a replica's load as the design's formulas use it (design
+// §7.3): waiting plus what it is serving. The engine's running count
+// includes this router's requests once the scrape catches up, and the
+// router's own count leads it, so the larger of the two stands for
+// "serving" without counting twice. It is the one definition: the
+// scheduler's scorers and guard and the router's choice of a replica to
+// tokenize on all rank replicas by it.
+func ReplicaLoad(waiting, running float64, inflight int64) float64 {
+	return waiting + max(running, float64(inflight))
+}
+
+// Load is the candidate's ReplicaLoad.
+func (c *Candidate) Load() float64 { return ReplicaLoad(c.Waiting, c.Running, c.Inflight) }
 
 // KVQuery is the precise index's answer for one request (plan §7.5 tier 2),
 // worked out before scheduling because it needs a round trip (tokenizing)
@@ -181,37 +190,40 @@ func NewRand(seed uint64) Rand {
 	return &lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
 }
 
-// Config configures a Scheduler. Start from DefaultConfig.
+// Config configures a Scheduler. Start from DefaultConfig. In the router's
+// configuration file its keys sit at the top level, as scheduler_*; there
+// are no flags for them.
 type Config struct {
 	// Sessions bounds the remembered session → replica pairs (LRU).
-	Sessions int
+	Sessions int `yaml:"scheduler_sessions"`
 	// TreeEntries bounds the approximate prefix tree (LRU).
-	TreeEntries int
+	TreeEntries int `yaml:"scheduler_tree_entries"`
 	// Imbalance is the guard that silences prefix affinity when load is
 	// lopsided.
-	Imbalance Imbalance
+	Imbalance Imbalance `yaml:",inline"`
 	// Rand is the randomness of pickers and ties; nil draws from a seed
 	// taken at New. Must be safe for concurrent use.
-	Rand Rand
+	Rand Rand `yaml:"-"`
 	// Now is the clock of the Load scorer and of the latency metric.
-	Now func() time.Time
+	Now func() time.Time `yaml:"-"`
 }
 
 // DefaultConfig remembers 64k sessions and 256k prefix chunks (some
-// 30 MiB together) with the plan's imbalance guard.
+// 30 MiB together) with the design's imbalance guard.
 func DefaultConfig() Config {
 	return Config{Sessions: 1 << 16, TreeEntries: 1 << 18, Imbalance: DefaultImbalance()}
 }
 
-// Validate names the bad field.
+// Validate reports every bad field, each named by its configuration key.
 func (c Config) Validate() error {
+	var errs []error
 	if c.Sessions < 1 {
-		return fmt.Errorf("sessions: must be at least 1, got %d", c.Sessions)
+		errs = append(errs, fmt.Errorf("scheduler_sessions: must be at least 1, got %d", c.Sessions))
 	}
 	if c.TreeEntries < 1 {
-		return fmt.Errorf("tree-entries: must be at least 1, got %d", c.TreeEntries)
+		errs = append(errs, fmt.Errorf("scheduler_tree_entries: must be at least 1, got %d", c.TreeEntries))
 	}
-	return c.Imbalance.Validate()
+	return errors.Join(append(errs, c.Imbalance.Validate())...)
 }
 
 // Scheduler is a router's scheduler. Safe for concurrent use.

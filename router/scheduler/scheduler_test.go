@@ -484,10 +484,14 @@ func TestConfigValidate(t *testing.T) {
 		want   string
 	}{
 		{"default", func(*Config) {}, ""},
-		{"sessions", func(c *Config) { c.Sessions = 0 }, "sessions:"},
-		{"tree", func(c *Config) { c.TreeEntries = -1 }, "tree-entries:"},
-		{"ratio", func(c *Config) { c.Imbalance.Ratio = 0.5 }, "imbalance-ratio:"},
-		{"gap", func(c *Config) { c.Imbalance.MinGap = math.NaN() }, "imbalance-min-gap:"},
+		{"sessions", func(c *Config) { c.Sessions = 0 }, "scheduler_sessions:"},
+		{"tree", func(c *Config) { c.TreeEntries = -1 }, "scheduler_tree_entries:"},
+		{"ratio", func(c *Config) { c.Imbalance.Ratio = 0.5 }, "scheduler_imbalance_ratio:"},
+		{"gap", func(c *Config) { c.Imbalance.MinGap = math.NaN() }, "scheduler_imbalance_min_gap:"},
+		{"every problem at once", func(c *Config) {
+			c.Sessions, c.TreeEntries, c.Imbalance = 0, 0, Imbalance{Ratio: math.Inf(1), MinGap: -1}
+		}, "scheduler_sessions: must be at least 1, got 0\nscheduler_tree_entries: must be at least 1, got 0\n" +
+			"scheduler_imbalance_ratio: must be a finite number >= 1, got +Inf\nscheduler_imbalance_min_gap: must be a finite number >= 0, got -1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"sync"
@@ -82,22 +83,23 @@ func (c *Candidate) weight() float64 {
 // busiest candidate's load exceeds Ratio × the mean and is at least MinGap
 // above the idlest. Both conditions, because a ratio alone fires on 2 vs 0.
 type Imbalance struct {
-	Ratio  float64
-	MinGap float64
+	Ratio  float64 `yaml:"scheduler_imbalance_ratio"`
+	MinGap float64 `yaml:"scheduler_imbalance_min_gap"`
 }
 
-// DefaultImbalance is the plan's 1.5 × mean and a gap of 4.
+// DefaultImbalance is the design's 1.5 × mean and a gap of 4.
 func DefaultImbalance() Imbalance { return Imbalance{Ratio: 1.5, MinGap: 4} }
 
-// Validate names the bad field.
+// Validate reports every bad field, each named by its configuration key.
 func (b Imbalance) Validate() error {
+	var errs []error
 	if !(b.Ratio >= 1) || math.IsInf(b.Ratio, 0) {
-		return fmt.Errorf("imbalance-ratio: must be a finite number >= 1, got %v", b.Ratio)
+		errs = append(errs, fmt.Errorf("scheduler_imbalance_ratio: must be a finite number >= 1, got %v", b.Ratio))
 	}
 	if !(b.MinGap >= 0) || math.IsInf(b.MinGap, 0) {
-		return fmt.Errorf("imbalance-min-gap: must be a finite number >= 0, got %v", b.MinGap)
+		errs = append(errs, fmt.Errorf("scheduler_imbalance_min_gap: must be a finite number >= 0, got %v", b.MinGap))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Imbalanced reports whether load over cands is lopsided.

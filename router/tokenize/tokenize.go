@@ -33,13 +33,14 @@ import (
 // Config configures a Client. Start from DefaultConfig.
 type Config struct {
 	// Budget bounds one tokenization, the engine's round trip included;
-	// past it the request is routed by tier 1 (plan §7.5: about 20 ms).
-	Budget time.Duration
+	// past it the request is routed by tier 1 (design §7.5: about 20 ms).
+	// Flag --tokenize-budget.
+	Budget time.Duration `yaml:"tokenize_budget"`
 	// CacheTokens bounds the cached answers by their total token count
 	// (8 bytes each): LRU beyond it.
-	CacheTokens int
+	CacheTokens int `yaml:"tokenize_cache_tokens"`
 	// MaxResponseBytes bounds an engine's /tokenize answer.
-	MaxResponseBytes int64
+	MaxResponseBytes int64 `yaml:"tokenize_max_response_bytes"`
 }
 
 // DefaultConfig is a 20 ms budget and 4 Mi cached tokens (32 MiB).
@@ -47,18 +48,20 @@ func DefaultConfig() Config {
 	return Config{Budget: 20 * time.Millisecond, CacheTokens: 4 << 20, MaxResponseBytes: 16 << 20}
 }
 
-// Validate names the bad field.
+// Validate reports every bad field, each named by its flag and
+// configuration key, or by the key alone where there is no flag.
 func (c Config) Validate() error {
+	var errs []error
 	if c.Budget <= 0 {
-		return fmt.Errorf("--tokenize-budget: must be positive, got %s", c.Budget)
+		errs = append(errs, fmt.Errorf("--tokenize-budget (tokenize_budget): must be positive, got %s", c.Budget))
 	}
 	if c.CacheTokens < 0 {
-		return fmt.Errorf("--tokenize-cache-tokens: must not be negative, got %d", c.CacheTokens)
+		errs = append(errs, fmt.Errorf("tokenize_cache_tokens: must not be negative, got %d", c.CacheTokens))
 	}
 	if c.MaxResponseBytes <= 0 {
-		return fmt.Errorf("tokenize.max-response-bytes: must be positive, got %d", c.MaxResponseBytes)
+		errs = append(errs, fmt.Errorf("tokenize_max_response_bytes: must be positive, got %d", c.MaxResponseBytes))
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Why a prompt was not tokenized; each is a reason for tier 1, not a

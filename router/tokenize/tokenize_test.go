@@ -218,9 +218,11 @@ func TestConfigValidate(t *testing.T) {
 		cfg  Config
 		want string
 	}{
-		{Config{Budget: 0, CacheTokens: 1, MaxResponseBytes: 1}, "--tokenize-budget"},
-		{Config{Budget: 1, CacheTokens: -1, MaxResponseBytes: 1}, "--tokenize-cache-tokens"},
-		{Config{Budget: 1, CacheTokens: 1, MaxResponseBytes: 0}, "max-response-bytes"},
+		{Config{Budget: 0, CacheTokens: 1, MaxResponseBytes: 1}, "--tokenize-budget (tokenize_budget): "},
+		{Config{Budget: 1, CacheTokens: -1, MaxResponseBytes: 1}, "tokenize_cache_tokens: "},
+		{Config{Budget: 1, CacheTokens: 1, MaxResponseBytes: 0}, "tokenize_max_response_bytes: "},
+		{Config{Budget: -1, CacheTokens: -1, MaxResponseBytes: -1}, "--tokenize-budget (tokenize_budget): must be positive, got -1ns\n" +
+			"tokenize_cache_tokens: must not be negative, got -1\ntokenize_max_response_bytes: must be positive, got -1"},
 	} {
 		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.want)

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -14,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/internal/addrs"
+	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -28,7 +28,10 @@ type Config struct {
 	// HeartbeatTimeout is how long a stream may stay silent before the
 	// server is taken for dead: three missed 500 ms heartbeats (plan §5.6).
 	HeartbeatTimeout time.Duration
-	// BackoffMin and BackoffMax bound the jittered wait between attempts.
+	// BackoffMin and BackoffMax bound the wait between attempts: it
+	// doubles from BackoffMin to BackoffMax, drawn from [d/2, d)
+	// (internal/backoff), and starts again at BackoffMin after a stream
+	// that delivered anything.
 	BackoffMin, BackoffMax time.Duration
 	// StatePath, when set, is where the last state is saved and loaded from
 	// at start, so a router started while the control plane is unreachable
@@ -96,9 +99,6 @@ func (c *Config) fillDefaults() {
 	if c.SaveInterval == 0 {
 		c.SaveInterval = d.SaveInterval
 	}
-	if c.Jitter == nil {
-		c.Jitter = rand.Float64
-	}
 }
 
 // errResync ends a session so the next one starts with full copies: the
@@ -127,7 +127,7 @@ type Client struct {
 	asideRev uint64
 	dirty    bool // work has changes not yet published
 	unsaved  bool // a published state not yet written to StatePath
-	next     int  // index of the next address to try
+	ring     addrs.Ring
 }
 
 // New makes a client and, when StatePath holds a saved state, publishes it
@@ -176,10 +176,8 @@ func (c *Client) publish() {
 // goroutine it started has stopped; it saves the state a last time on the
 // way out.
 func (c *Client) Run(ctx context.Context) error {
-	backoff := c.cfg.BackoffMin
+	wait := backoff.New(c.cfg.BackoffMin, c.cfg.BackoffMax, c.cfg.Jitter)
 	var lastSave time.Time
-	saveTick := time.NewTicker(c.cfg.SaveInterval)
-	defer saveTick.Stop()
 	defer c.save()
 	for {
 		addr := c.nextAddr()
@@ -195,16 +193,10 @@ func (c *Client) Run(ctx context.Context) error {
 		c.m.reconnects.Inc()
 		c.log.Warn("watch: stream ended; switching control server", "addr", addr, "err", err)
 		if progressed {
-			backoff = c.cfg.BackoffMin
+			wait.Reset()
 		}
-		wait := time.Duration(float64(backoff) * (0.5 + c.cfg.Jitter()))
-		backoff = min(2*backoff, c.cfg.BackoffMax)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, wait.Next()) {
 			return nil
-		case <-t.C:
 		}
 	}
 }
@@ -213,15 +205,11 @@ func (c *Client) Run(ctx context.Context) error {
 // stream announced, so a router configured with one address still fails
 // over to the rest of the cluster.
 func (c *Client) nextAddr() string {
-	addrs := slices.Clone(c.cfg.Addrs)
+	var learned []string
 	for _, s := range c.work.Servers {
-		if a := s.GetGrpcAddr(); a != "" && !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
-		}
+		learned = append(learned, s.GetGrpcAddr())
 	}
-	a := addrs[c.next%len(addrs)]
-	c.next++
-	return a
+	return c.ring.Next(addrs.Merge(c.cfg.Addrs, learned))
 }
 
 // session runs one stream. progressed reports whether the server sent

@@ -1,4 +1,4 @@
-package api
+package openai
 
 import (
 	"encoding/json"
@@ -6,48 +6,50 @@ import (
 	"strings"
 )
 
-// sniffed is all the router reads of a request body; the body itself is
-// forwarded byte for byte (plan §7.1).
-type sniffed struct {
+// Request is all the router reads of a request body; the body itself is
+// forwarded byte for byte (design §7.1).
+type Request struct {
 	Model  string
 	Stream bool
 	// Prompt is the prompt's leading text as the prefix tree keys it
-	// (plan §7.5 tier 1): each chat message as "role\x00content\x00" in
-	// order, or the completion prompt. At most maxPromptBytes; "" when the
+	// (design §7.5 tier 1): each chat message as "role\x00content\x00" in
+	// order, or the completion prompt. At most MaxPromptBytes; "" when the
 	// request has no text the router understands. It is a routing hint
 	// only: a shape it cannot read costs affinity, never the request.
 	Prompt string
 }
 
-// maxPromptBytes bounds the prompt text kept for routing.
-const maxPromptBytes = maxPrefixChunks * 64
+// MaxPromptBytes bounds the prompt text kept for routing: 8 KiB, past a
+// system prompt and a few turns, where replicas' caches stop differing in
+// ways the prefix tree could tell apart.
+const MaxPromptBytes = 8 << 10
 
-// sniff reads model and stream from a JSON request body. Keys match
+// Sniff reads model, stream and the prompt's text from a JSON request body. Keys match
 // exactly, as the engines' own parsers do (encoding/json would also accept
 // "Model"), and the whole body must be valid JSON, so the router refuses
 // what the engine would refuse rather than forward garbage.
-func sniff(body []byte) (sniffed, error) {
+func Sniff(body []byte) (Request, error) {
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(body, &fields); err != nil {
-		return sniffed{}, errInvalidJSON(err)
+		return Request{}, InvalidJSON(err)
 	}
 	if fields == nil {
-		return sniffed{}, errInvalidJSON(errors.New("the body must be a JSON object"))
+		return Request{}, InvalidJSON(errors.New("the body must be a JSON object"))
 	}
-	var out sniffed
+	var out Request
 	raw, ok := fields["model"]
 	if !ok {
-		return sniffed{}, errInvalidField("model", "model is required")
+		return Request{}, InvalidField("model", "model is required")
 	}
 	if err := json.Unmarshal(raw, &out.Model); err != nil {
-		return sniffed{}, errInvalidField("model", "model must be a string")
+		return Request{}, InvalidField("model", "model must be a string")
 	}
 	if out.Model == "" {
-		return sniffed{}, errInvalidField("model", "model must not be empty")
+		return Request{}, InvalidField("model", "model must not be empty")
 	}
 	if raw, ok := fields["stream"]; ok && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &out.Stream); err != nil {
-			return sniffed{}, errInvalidField("stream", "stream must be a boolean")
+			return Request{}, InvalidField("stream", "stream must be a boolean")
 		}
 	}
 	if raw, ok := fields["messages"]; ok {
@@ -71,7 +73,7 @@ func chatText(raw json.RawMessage) string {
 	}
 	var b strings.Builder
 	for _, m := range msgs {
-		if b.Len() >= maxPromptBytes {
+		if b.Len() >= MaxPromptBytes {
 			break
 		}
 		b.WriteString(m.Role)
@@ -120,8 +122,8 @@ func promptText(raw json.RawMessage) string {
 }
 
 func truncate(s string) string {
-	if len(s) > maxPromptBytes {
-		return s[:maxPromptBytes]
+	if len(s) > MaxPromptBytes {
+		return s[:MaxPromptBytes]
 	}
 	return s
 }

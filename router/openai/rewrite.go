@@ -1,4 +1,4 @@
-package api
+package openai
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"strconv"
 )
 
-// The router forwards a request's bytes as the client sent them (plan
+// The router forwards a request's bytes as the client sent them (design
 // §7.1), with two exceptions that edit single top-level fields in place:
 // a stream gets stream_options.include_usage so the engine reports
 // cached_tokens, and a llama.cpp adapter request names the base model and
@@ -93,9 +93,9 @@ func setFields(body []byte, fields map[string]string, order []string) ([]byte, e
 	return out, nil
 }
 
-// wantsUsage reports whether a request already asks for usage on its
+// WantsUsage reports whether a request already asks for usage on its
 // stream: stream_options.include_usage is true.
-func wantsUsage(body []byte) bool {
+func WantsUsage(body []byte) bool {
 	var f struct {
 		StreamOptions *struct {
 			IncludeUsage bool `json:"include_usage"`
@@ -104,9 +104,9 @@ func wantsUsage(body []byte) bool {
 	return json.Unmarshal(body, &f) == nil && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
 }
 
-// withUsage returns body asking for usage on the stream (plan §7.1),
+// WithUsage returns body asking for usage on the stream (design §7.1),
 // keeping the client's other stream options.
-func withUsage(body []byte) ([]byte, error) {
+func WithUsage(body []byte) ([]byte, error) {
 	var f struct {
 		StreamOptions json.RawMessage `json:"stream_options"`
 	}
@@ -116,7 +116,7 @@ func withUsage(body []byte) ([]byte, error) {
 	opts := map[string]json.RawMessage{}
 	if len(f.StreamOptions) > 0 && string(f.StreamOptions) != "null" {
 		if err := json.Unmarshal(f.StreamOptions, &opts); err != nil {
-			return nil, errInvalidField("stream_options", "stream_options must be an object")
+			return nil, InvalidField("stream_options", "stream_options must be an object")
 		}
 	}
 	opts["include_usage"] = json.RawMessage("true")
@@ -127,11 +127,11 @@ func withUsage(body []byte) ([]byte, error) {
 	return setFields(body, map[string]string{"stream_options": string(v)}, []string{"stream_options"})
 }
 
-// forLlamaCpp returns body addressed to llama.cpp's server: `model` the
+// ForLlamaCpp returns body addressed to llama.cpp's server: `model` the
 // base model, the adapter as `lora` by its index in the model's list, the
 // order the agent passes --lora in (llama.cpp zeroes the scale of every
 // adapter a request does not list).
-func forLlamaCpp(body []byte, base string, index int) ([]byte, error) {
+func ForLlamaCpp(body []byte, base string, index int) ([]byte, error) {
 	m, _ := json.Marshal(base)
 	return setFields(body, map[string]string{
 		"model": string(m),
@@ -139,17 +139,21 @@ func forLlamaCpp(body []byte, base string, index int) ([]byte, error) {
 	}, []string{"model", "lora"})
 }
 
-// usageStripper passes an SSE stream through event by event, dropping the
+// UsageStripper passes an SSE stream through event by event, dropping the
 // usage-only chunk (empty choices, a usage object) the router asked for
-// and the client did not (plan §7.1). Each complete event is written as
+// and the client did not (design §7.1). Each complete event is written as
 // soon as its blank line arrives, so streaming stays incremental; only a
 // partial event waits for the rest of itself.
-type usageStripper struct {
+type UsageStripper struct {
 	dst     io.Writer
 	pending []byte
 }
 
-func (s *usageStripper) Write(p []byte) (int, error) {
+// NewUsageStripper returns a stripper writing to dst; call Flush once the
+// stream has ended.
+func NewUsageStripper(dst io.Writer) *UsageStripper { return &UsageStripper{dst: dst} }
+
+func (s *UsageStripper) Write(p []byte) (int, error) {
 	s.pending = append(s.pending, p...)
 	var out []byte
 	for {
@@ -173,7 +177,7 @@ func (s *usageStripper) Write(p []byte) (int, error) {
 
 // Flush writes a trailing partial event as it is: the engine ended the
 // stream without its blank line.
-func (s *usageStripper) Flush() error {
+func (s *UsageStripper) Flush() error {
 	if len(s.pending) == 0 {
 		return nil
 	}

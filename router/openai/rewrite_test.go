@@ -1,4 +1,4 @@
-package api
+package openai
 
 import (
 	"bytes"
@@ -12,16 +12,16 @@ func TestRewrites(t *testing.T) {
 		do             func([]byte) ([]byte, error)
 		wantErr        bool
 	}{
-		{"usage inserted first, rest byte for byte", `{"model":"m", "stream" :true}`, `{"stream_options":{"include_usage":true},"model":"m", "stream" :true}`, withUsage, false},
-		{"usage merged into present options", `{"stream_options": {"continuous_usage_stats":true} ,"model":"m"}`, `{"stream_options": {"continuous_usage_stats":true,"include_usage":true} ,"model":"m"}`, withUsage, false},
-		{"null options", `{"stream_options":null}`, `{"stream_options":{"include_usage":true}}`, withUsage, false},
-		{"options not an object", `{"stream_options":[1]}`, ``, withUsage, true},
-		{"empty object", `{}`, `{"stream_options":{"include_usage":true}}`, withUsage, false},
+		{"usage inserted first, rest byte for byte", `{"model":"m", "stream" :true}`, `{"stream_options":{"include_usage":true},"model":"m", "stream" :true}`, WithUsage, false},
+		{"usage merged into present options", `{"stream_options": {"continuous_usage_stats":true} ,"model":"m"}`, `{"stream_options": {"continuous_usage_stats":true,"include_usage":true} ,"model":"m"}`, WithUsage, false},
+		{"null options", `{"stream_options":null}`, `{"stream_options":{"include_usage":true}}`, WithUsage, false},
+		{"options not an object", `{"stream_options":[1]}`, ``, WithUsage, true},
+		{"empty object", `{}`, `{"stream_options":{"include_usage":true}}`, WithUsage, false},
 		{"llama.cpp", ` {"model":"sql","lora":[{"id":9,"scale":0.5}]}`, ` {"model":"base","lora":[{"id":2,"scale":1}]}`,
-			func(b []byte) ([]byte, error) { return forLlamaCpp(b, "base", 2) }, false},
+			func(b []byte) ([]byte, error) { return ForLlamaCpp(b, "base", 2) }, false},
 		{"llama.cpp inserts lora", `{"model":"sql"}`, `{"lora":[{"id":0,"scale":1}],"model":"base"}`,
-			func(b []byte) ([]byte, error) { return forLlamaCpp(b, "base", 0) }, false},
-		{"not an object", `[1]`, ``, withUsage, true},
+			func(b []byte) ([]byte, error) { return ForLlamaCpp(b, "base", 0) }, false},
+		{"not an object", `[1]`, ``, WithUsage, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,10 +58,10 @@ func TestUsageStripper(t *testing.T) {
 	}
 }
 
-// stripAll feeds in through a usageStripper in pieces of size n.
+// stripAll feeds in through a UsageStripper in pieces of size n.
 func stripAll(in []byte, n int) string {
 	var out bytes.Buffer
-	s := &usageStripper{dst: &out}
+	s := &UsageStripper{dst: &out}
 	for len(in) > 0 {
 		k := min(n, len(in))
 		s.Write(in[:k])
@@ -94,14 +94,14 @@ func FuzzWithUsage(f *testing.F) {
 	f.Add([]byte(`{"stream_options":{"include_usage":false},"stream_options":{}}`))
 	f.Add([]byte(`{}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
-		if _, err := sniff(in); err != nil {
+		if _, err := Sniff(in); err != nil {
 			return // the handler refuses it before any rewrite
 		}
-		out, err := withUsage(in)
+		out, err := WithUsage(in)
 		if err != nil {
 			return
 		}
-		if !json.Valid(out) || !wantsUsage(out) {
+		if !json.Valid(out) || !WantsUsage(out) {
 			t.Fatalf("rewrite of %q gave %q", in, out)
 		}
 	})

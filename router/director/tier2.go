@@ -1,9 +1,7 @@
-package api
+package director
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 
@@ -12,6 +10,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/kvindex"
+	"github.com/llmgw/llmgw/router/openai"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
 	"github.com/llmgw/llmgw/vllm"
@@ -33,31 +32,26 @@ type Tokenizer interface {
 	Tokenize(ctx context.Context, addr string, req tokenize.Request) ([]int, error)
 }
 
-// tier2 works out a request's KVQuery before scheduling (plan §7.5 tier 2,
-// steps 4–5): the scorer must not make a round trip, so the handler does.
+// tier2 works out a request's KVQuery before scheduling (design §7.5 tier
+// 2, steps 4–5). It reads the loads only to choose the replica to tokenize
+// on.
 type tier2 struct {
 	idx       KVIndex
 	tok       Tokenizer
+	loads     Loads
 	minBlocks int
 	m         *kvMetrics
 }
 
-// EnableKV turns tier 2 on for models with kv_events: requests are
-// tokenized through tok, hashed as vLLM does and looked up in idx; a
-// replica must hold minBlocks leading blocks to be preferred. Call it
-// before serving.
-func (h *Handler) EnableKV(idx KVIndex, tok Tokenizer, minBlocks int, reg prometheus.Registerer) {
-	h.kv = &tier2{idx: idx, tok: tok, minBlocks: minBlocks, m: newKVMetrics(reg)}
-}
-
 // query returns the KVQuery for a request to model m over eps, or nil
-// when the model does not use tier 2. Every way it can fail is a Fallback
-// reason: tier 1 then routes, and the request itself never fails for it.
+// when tier 2 is off or the model does not use it. Every way it can fail
+// is a Fallback reason: tier 1 then routes, and the request itself never
+// fails for it.
 //
 // An adapter request is tokenized under the base model's name (adapters
 // share its tokenizer) and hashed with the adapter's name in the extra
-// keys, as vLLM hashes its blocks (plan §7.6).
-func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, adapter string, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) *scheduler.KVQuery {
+// keys, as vLLM hashes its blocks (design §7.6).
+func (t *tier2) query(ctx context.Context, m *llmgwv1.Model, adapter string, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) *scheduler.KVQuery {
 	if t == nil || !m.GetKvEvents() || len(eps) == 0 {
 		return nil
 	}
@@ -80,7 +74,7 @@ func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, adapter
 	case err != nil:
 		return fallback(scheduler.KVUnsupported)
 	}
-	toks, err := t.tok.Tokenize(ctx, leastLoaded(h, eps).Address, req)
+	toks, err := t.tok.Tokenize(ctx, t.leastLoaded(eps).Address, req)
 	switch {
 	case errors.Is(err, tokenize.ErrTimeout):
 		return fallback(scheduler.KVTokenizeTimeout)
@@ -91,7 +85,7 @@ func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, adapter
 	if bs == 0 {
 		bs = 16 // vLLM's default, as the agent starts it (fsm fills it in for kv_events models)
 	}
-	hs, err := vllm.BlockHashes(vllm.NoneHash(m.GetHashSeed()), toks, bs, vllm.RequestExtraKeys(adapter, cacheSalt(body)))
+	hs, err := vllm.BlockHashes(vllm.NoneHash(m.GetHashSeed()), toks, bs, vllm.RequestExtraKeys(adapter, openai.CacheSalt(body)))
 	if err != nil {
 		return fallback(scheduler.KVUnsupported)
 	}
@@ -127,12 +121,13 @@ func (t *tier2) query(ctx context.Context, h *Handler, m *llmgwv1.Model, adapter
 }
 
 // leastLoaded is the replica to tokenize on: tokenizing is cheap, but not
-// free, and the busiest engine is the one that can least spare it.
-func leastLoaded(h *Handler, eps []*endpoint.Endpoint) *endpoint.Endpoint {
+// free, and the busiest engine is the one that can least spare it. Load is
+// the scheduler's own measure.
+func (t *tier2) leastLoaded(eps []*endpoint.Endpoint) *endpoint.Endpoint {
 	best, bestLoad := eps[0], math.Inf(1)
 	for _, e := range eps {
-		l := h.eps.LoadOf(e)
-		load := l.Waiting + max(l.Running, float64(l.Inflight))
+		l := t.loads.LoadOf(e)
+		load := scheduler.ReplicaLoad(l.Waiting, l.Running, l.Inflight)
 		if l.Saturated {
 			load += 1e6 // a stale reading: only if all are
 		}
@@ -141,15 +136,6 @@ func leastLoaded(h *Handler, eps []*endpoint.Endpoint) *endpoint.Endpoint {
 		}
 	}
 	return best
-}
-
-// cacheSalt is the request's cache_salt, or "".
-func cacheSalt(body []byte) string {
-	var f struct {
-		CacheSalt string `json:"cache_salt"`
-	}
-	_ = json.Unmarshal(body, &f)
-	return f.CacheSalt
 }
 
 // kvMetrics compare what the index predicted with what the engine then
@@ -188,7 +174,7 @@ func (t *tier2) observe(q *scheduler.KVQuery, replica string, stream bool, tail 
 	if t == nil || q == nil || q.Fallback != "" || q.BlockSize <= 0 || q.Untrusted[replica] {
 		return
 	}
-	cached, ok := cachedTokens(stream, tail)
+	cached, ok := openai.CachedTokens(stream, tail)
 	if !ok {
 		return
 	}
@@ -197,32 +183,6 @@ func (t *tier2) observe(q *scheduler.KVQuery, replica string, stream bool, tail 
 	t.m.predicted.Add(float64(pred))
 	t.m.reported.Add(float64(rep))
 	t.m.diff.Observe(float64(rep - pred))
-}
-
-// cachedTokens finds usage.prompt_tokens_details.cached_tokens in a
-// response body's end.
-func cachedTokens(stream bool, tail []byte) (int, bool) {
-	var r struct {
-		Usage *vllm.Usage `json:"usage"`
-	}
-	if !stream {
-		if json.Unmarshal(tail, &r) != nil || r.Usage == nil || r.Usage.PromptTokensDetails == nil {
-			return 0, false
-		}
-		return r.Usage.PromptTokensDetails.CachedTokens, true
-	}
-	lines := bytes.Split(tail, []byte("\n"))
-	for i := len(lines) - 1; i >= 0; i-- {
-		l := bytes.TrimSpace(lines[i])
-		data, ok := bytes.CutPrefix(l, []byte("data:"))
-		if !ok || !bytes.Contains(data, []byte(`"usage"`)) {
-			continue
-		}
-		if json.Unmarshal(bytes.TrimSpace(data), &r) == nil && r.Usage != nil && r.Usage.PromptTokensDetails != nil {
-			return r.Usage.PromptTokensDetails.CachedTokens, true
-		}
-	}
-	return 0, false
 }
 
 // tailBuffer keeps the last max bytes written to it.

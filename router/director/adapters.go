@@ -1,11 +1,9 @@
-package api
+package director
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"sync"
 	"time"
 
@@ -13,11 +11,12 @@ import (
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/openai"
 )
 
-// AdapterControl asks the control plane to place a cold adapter (plan §7.6,
+// AdapterControl asks the control plane to place a cold adapter (design §7.6,
 // AdapterService.EnsureAdapter on any control server). It is called
-// concurrently, at most once at a time per adapter by this handler; it
+// concurrently, at most once at a time per adapter by this router; it
 // returns when the control plane answers or ctx ends.
 type AdapterControl interface {
 	EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterRequest) (*llmgwv1.EnsureAdapterResponse, error)
@@ -30,7 +29,6 @@ type AdapterControl interface {
 type adapters struct {
 	ctl  AdapterControl
 	wait time.Duration
-	log  *slog.Logger
 	m    *adapterMetrics
 
 	// ctx ends the flights at Close; wg waits for them.
@@ -50,16 +48,14 @@ type flight struct {
 	err  error
 }
 
-// EnableAdapters lets requests for a cold adapter wait up to wait for it
-// to load, asking ctl to place it; wait <= 0 takes DefaultAdapterWait.
-// Without it such requests get 503. Call it before serving; Close stops
-// the flights in progress.
-func (h *Handler) EnableAdapters(ctl AdapterControl, wait time.Duration) {
+// newAdapters returns the single flights of cold adapters, each waited
+// for up to wait (DefaultAdapterWait when wait <= 0); close stops them.
+func newAdapters(ctl AdapterControl, wait time.Duration, m *adapterMetrics) *adapters {
 	if wait <= 0 {
 		wait = DefaultAdapterWait
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	h.ad = &adapters{ctl: ctl, wait: wait, log: h.log, m: h.adm, ctx: ctx, cancel: cancel, flights: map[string]*flight{}}
+	return &adapters{ctl: ctl, wait: wait, m: m, ctx: ctx, cancel: cancel, flights: map[string]*flight{}}
 }
 
 // DefaultAdapterWait is how long a request waits for a cold adapter: a
@@ -122,54 +118,54 @@ func ensureResult(resp *llmgwv1.EnsureAdapterResponse, err error) string {
 }
 
 // holders returns the endpoints of eps that hold adapter now, waiting for a
-// cold one to be loaded (plan §7.6): a request for an adapter goes only to
+// cold one to be loaded (design §7.6): a request for an adapter goes only to
 // a replica holding it, since any other answers 404. eps empty: nothing to
 // wait for (the model has no ready replica; the caller answers 503).
-func (h *Handler) holders(ctx context.Context, adapter, model string, eps []*endpoint.Endpoint, log *slog.Logger) ([]*endpoint.Endpoint, *apiError) {
+func (r *resolver) holders(ctx context.Context, adapter, model string, eps []*endpoint.Endpoint, log *slog.Logger) ([]*endpoint.Endpoint, *openai.Error) {
 	if len(eps) == 0 {
 		return eps, nil
 	}
-	changed := h.eps.Changed()
-	if hs := h.held(adapter, eps); len(hs) > 0 {
+	changed := r.holdings.Changed()
+	if hs := r.held(adapter, eps); len(hs) > 0 {
 		return hs, nil
 	}
-	if h.ad == nil {
-		return nil, errAdapterCold(adapter, "adapters are not loaded on demand by this router", 1)
+	if r.ad == nil {
+		return nil, openai.AdapterCold(adapter, "adapters are not loaded on demand by this router", 1)
 	}
 	start := time.Now()
 	result := "loaded"
-	h.adm.waiting.Inc()
+	r.m.waiting.Inc()
 	defer func() {
-		h.adm.waiting.Dec()
-		h.adm.waited.WithLabelValues(result).Inc()
-		h.adm.waitSeconds.Observe(time.Since(start).Seconds())
+		r.m.waiting.Dec()
+		r.m.waited.WithLabelValues(result).Inc()
+		r.m.waitSeconds.Observe(time.Since(start).Seconds())
 	}()
-	deadline := time.NewTimer(h.ad.wait)
+	deadline := time.NewTimer(r.ad.wait)
 	defer deadline.Stop()
 	log.Info("router: adapter is cold; asking the control plane to load it", "adapter", adapter)
-	f := h.ad.ensure(adapter, func() bool { return len(h.held(adapter, eps)) > 0 })
+	f := r.ad.ensure(adapter, func() bool { return len(r.held(adapter, eps)) > 0 })
 	if f == nil {
-		return h.held(adapter, eps), nil
+		return r.held(adapter, eps), nil
 	}
 	select {
 	case <-f.done:
 	case <-ctx.Done():
 		result = "client_gone"
-		return nil, errAdapterCold(adapter, "the client went away", 0)
+		return nil, openai.AdapterCold(adapter, "the client went away", 0)
 	case <-deadline.C:
 		result = "timeout"
-		return nil, errAdapterCold(adapter, fmt.Sprintf("not loaded within %s", h.ad.wait), 1)
+		return nil, openai.AdapterCold(adapter, fmt.Sprintf("not loaded within %s", r.ad.wait), 1)
 	}
 	if f.err != nil {
 		result = "error"
 		log.Warn("router: EnsureAdapter failed", "adapter", adapter, "err", f.err)
-		return nil, errAdapterCold(adapter, "the control plane could not be asked to load it: "+f.err.Error(), 1)
+		return nil, openai.AdapterCold(adapter, "the control plane could not be asked to load it: "+f.err.Error(), 1)
 	}
 	resp := f.resp
 	switch {
 	case resp.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_FAILED:
 		result = "failed"
-		return nil, errAdapterCold(adapter, "loading failed: "+resp.GetReason(), retrySeconds(resp.GetRetryAfterMs()))
+		return nil, openai.AdapterCold(adapter, "loading failed: "+resp.GetReason(), retrySeconds(resp.GetRetryAfterMs()))
 	case resp.GetState() != llmgwv1.AdapterState_ADAPTER_STATE_LOADED:
 		result = "busy"
 		if resp.GetRetryAfterMs() == 0 {
@@ -179,34 +175,34 @@ func (h *Handler) holders(ctx context.Context, adapter, model string, eps []*end
 		if why == "" {
 			why = "no replica has a free adapter slot"
 		}
-		return nil, errAdapterCold(adapter, why, retrySeconds(resp.GetRetryAfterMs()))
+		return nil, openai.AdapterCold(adapter, why, retrySeconds(resp.GetRetryAfterMs()))
 	}
 	// Loaded on the control plane's word; route once this router's table
 	// shows it too, so the request goes where the adapter is.
 	for {
-		if hs := h.held(adapter, eps); len(hs) > 0 {
+		if hs := r.held(adapter, eps); len(hs) > 0 {
 			return hs, nil
 		}
 		select {
 		case <-changed:
-			changed = h.eps.Changed()
-			if fresh, _ := h.eps.Lookup(model); len(fresh) > 0 {
+			changed = r.holdings.Changed()
+			if fresh, _ := r.models.Lookup(model); len(fresh) > 0 {
 				eps = fresh
 			}
 		case <-ctx.Done():
 			result = "client_gone"
-			return nil, errAdapterCold(adapter, "the client went away", 0)
+			return nil, openai.AdapterCold(adapter, "the client went away", 0)
 		case <-deadline.C:
 			result = "timeout"
-			return nil, errAdapterCold(adapter, fmt.Sprintf("reported loaded on %v but not routable here within %s", resp.GetLoadedOn(), h.ad.wait), 1)
+			return nil, openai.AdapterCold(adapter, fmt.Sprintf("reported loaded on %v but not routable here within %s", resp.GetLoadedOn(), r.ad.wait), 1)
 		}
 	}
 }
 
-func (h *Handler) held(adapter string, eps []*endpoint.Endpoint) []*endpoint.Endpoint {
+func (r *resolver) held(adapter string, eps []*endpoint.Endpoint) []*endpoint.Endpoint {
 	var out []*endpoint.Endpoint
 	for _, e := range eps {
-		if h.eps.Holds(e, adapter) {
+		if r.holdings.Holds(e, adapter) {
 			out = append(out, e)
 		}
 	}
@@ -218,27 +214,20 @@ func retrySeconds(ms int64) int {
 	return max(1, int((ms+999)/1000))
 }
 
-func errAdapterCold(adapter, why string, retryAfter int) *apiError {
-	return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "adapter_unavailable",
-		Message: fmt.Sprintf("the adapter %q is not loaded: %s", adapter, why), RetryAfter: retryAfter}
-}
-
-// errAdapterMissing is an engine's 404 for an adapter it was thought to
-// hold (it was just evicted, or the engine restarted): retried elsewhere.
-var errAdapterMissing = errors.New("the engine does not hold the adapter")
-
 type adapterMetrics struct {
 	ensures       *prometheus.CounterVec
 	ensureSeconds prometheus.Histogram
 	waited        *prometheus.CounterVec
 	waitSeconds   prometheus.Histogram
-	missing       prometheus.Counter
 	waiting       prometheus.Gauge
 }
 
-func newAdapterMetrics() *adapterMetrics {
+// newAdapterMetrics registers the cold-adapter metrics with reg (nil for
+// none), whether or not cold adapters are loaded on demand: a router that
+// refuses them still counts the refusals.
+func newAdapterMetrics(reg prometheus.Registerer) *adapterMetrics {
 	buckets := []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
-	return &adapterMetrics{
+	m := &adapterMetrics{
 		ensures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_router_adapter_waits_total",
 			Help: "EnsureAdapter calls for cold adapters (one per adapter at a time, shared by the requests waiting), by result: loaded, failed, busy, timeout, error.",
@@ -256,13 +245,9 @@ func newAdapterMetrics() *adapterMetrics {
 		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmgw_router_adapter_waiting_requests", Help: "Requests waiting for a cold adapter now.",
 		}),
-		missing: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "llmgw_router_adapter_missing_total",
-			Help: "Engine 404s for an adapter the router thought it held, retried elsewhere.",
-		}),
 	}
-}
-
-func (m *adapterMetrics) register(reg prometheus.Registerer) {
-	reg.MustRegister(m.ensures, m.ensureSeconds, m.waited, m.waitSeconds, m.missing, m.waiting)
+	if reg != nil {
+		reg.MustRegister(m.ensures, m.ensureSeconds, m.waited, m.waitSeconds, m.waiting)
+	}
+	return m
 }

@@ -1,0 +1,149 @@
+package router
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/kvindex"
+	"github.com/llmgw/llmgw/router/scheduler"
+	"github.com/llmgw/llmgw/router/tokenize"
+)
+
+// TestConfigValidateEveryProblem breaks several settings at once: each is
+// reported, on its own line, by the flag and key the user wrote (or the key
+// alone where there is no flag).
+func TestConfigValidateEveryProblem(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   []string // each line's start, in order
+	}{
+		{"flags", func(c *Config) {
+			c.Control = []string{"host"}
+			c.HTTPAddr = "8080"
+			c.MaxBodyBytes = 0
+			c.KVMinBlocks = 0
+		}, []string{"--control (control): ", "--http-addr (http_addr): ", "--max-body-bytes (max_body_bytes): ", "--kv-min-blocks (kv_min_blocks): "}},
+		{"every address", func(c *Config) { c.Control = []string{"a", "b:1", "c"} },
+			[]string{`--control (control): "a": `, `--control (control): "c": `}},
+		{"flags and keys without flags", func(c *Config) {
+			c.ScrapeInterval = 0
+			c.AdapterWait = -time.Second
+			c.Breaker.Failures = 0
+			c.Scheduler.Imbalance.Ratio = 0
+			c.KVIndex.MaxEntries = 0
+			c.Tokenize.Budget = 0
+			c.Tokenize.CacheTokens = -1
+		}, []string{"--scrape-interval (scrape_interval): ", "--adapter-wait (adapter_wait): ", "breaker_failures: ",
+			"scheduler_imbalance_ratio: ", "kv_index_max_entries: ", "--tokenize-budget (tokenize_budget): ", "tokenize_cache_tokens: "}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			tt.mutate(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatalf("Validate = nil, want %d problems", len(tt.want))
+			}
+			lines := strings.Split(err.Error(), "\n")
+			if len(lines) != len(tt.want) {
+				t.Fatalf("Validate reported %d problems, want %d:\n%s", len(lines), len(tt.want), err)
+			}
+			for i, w := range tt.want {
+				if !strings.HasPrefix(lines[i], w) {
+					t.Errorf("problem %d = %q, want it to start %q", i, lines[i], w)
+				}
+			}
+		})
+	}
+}
+
+// everyKey sets every key of the router's configuration file, each to a
+// value its default is not.
+const everyKey = `
+id: r-7
+control: [10.0.0.1:7400, 10.0.0.2:7400]
+http_addr: 127.0.0.1:9090
+data_dir: /var/lib/llmgw/router
+max_body_bytes: 1048576
+scrape_interval: 250ms
+connect_timeout: 3s
+first_byte_timeout: 2m
+shutdown_grace: 45s
+breaker_failures: 5
+breaker_cooldown: 7s
+scheduler_sessions: 1024
+scheduler_tree_entries: 2048
+scheduler_imbalance_ratio: 2.5
+scheduler_imbalance_min_gap: 8
+kv_index_max_entries: 4096
+tokenize_budget: 35ms
+tokenize_cache_tokens: 9999
+tokenize_max_response_bytes: 65536
+kv_min_blocks: 2
+adapter_wait: 10s
+`
+
+// TestConfigFileEveryKey decodes a file with every key strictly: a key the
+// struct does not have (a typo, a flag whose field lost its tag) fails the
+// decode, and a field no key reached fails the comparison.
+func TestConfigFileEveryKey(t *testing.T) {
+	got := DefaultConfig()
+	if err := configfile.Decode(strings.NewReader(everyKey), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := Config{
+		ID: "r-7", Control: []string{"10.0.0.1:7400", "10.0.0.2:7400"}, HTTPAddr: "127.0.0.1:9090",
+		DataDir: "/var/lib/llmgw/router", MaxBodyBytes: 1 << 20, ScrapeInterval: 250 * time.Millisecond,
+		ConnectTimeout: 3 * time.Second, FirstByteTimeout: 2 * time.Minute, ShutdownGrace: 45 * time.Second,
+		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
+		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
+			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}},
+		KVIndex:     kvindex.Config{MaxEntries: 4096},
+		Tokenize:    tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
+		KVMinBlocks: 2,
+		AdapterWait: 10 * time.Second,
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)
+	}
+	if err := got.Validate(); err != nil {
+		t.Fatalf("the example file does not validate: %v", err)
+	}
+	// Every decodable field differs from its default, so a field added
+	// without a key here is caught.
+	for _, path := range unchanged(reflect.ValueOf(DefaultConfig()), reflect.ValueOf(got), "") {
+		t.Errorf("field %s has no key in the example file", path)
+	}
+
+	t.Run("unknown key", func(t *testing.T) {
+		c := DefaultConfig()
+		err := configfile.Decode(strings.NewReader("http_adr: :9090\n"), &c)
+		if err == nil || !strings.Contains(err.Error(), "http_adr") {
+			t.Fatalf("Decode = %v, want an error naming http_adr", err)
+		}
+	})
+}
+
+// unchanged lists the YAML-decodable leaf fields that are equal in a and b.
+func unchanged(a, b reflect.Value, prefix string) []string {
+	var out []string
+	for i := range a.NumField() {
+		f := a.Type().Field(i)
+		if f.Tag.Get("yaml") == "-" {
+			continue
+		}
+		if f.Type.Kind() == reflect.Struct && f.Type != reflect.TypeFor[time.Duration]() {
+			out = append(out, unchanged(a.Field(i), b.Field(i), prefix+f.Name+".")...)
+			continue
+		}
+		if reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()) {
+			out = append(out, prefix+f.Name)
+		}
+	}
+	return out
+}

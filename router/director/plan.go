@@ -1,0 +1,192 @@
+package director
+
+import (
+	"context"
+	"errors"
+	"io"
+	"slices"
+
+	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/openai"
+	"github.com/llmgw/llmgw/router/prefix"
+	"github.com/llmgw/llmgw/router/scheduler"
+	"github.com/llmgw/llmgw/router/tokenize"
+)
+
+// maxPrefixChunks bounds the prompt text the prefix tree keys on: the
+// sniffed prompt's bound in chunks (128 of 64 bytes).
+const maxPrefixChunks = openai.MaxPromptBytes / prefix.DefaultChunk
+
+// Input is what Prepare reads of a request besides its target.
+type Input struct {
+	// ID is the request's X-Request-ID; Session its X-Session-ID.
+	ID, Session string
+	// Kind is the endpoint's prompt form (chat or completion), for tier
+	// 2's tokenization.
+	Kind tokenize.Kind
+	// Body is the request body as the client sent it, Stream and Prompt
+	// what openai.Sniff read of it.
+	Body   []byte
+	Stream bool
+	Prompt string
+}
+
+// Plan is one request ready for the proxy: the body to send, and the
+// route that chooses a replica for each attempt and learns where the
+// request went. It belongs to the request's goroutine.
+type Plan struct {
+	Target
+	// Body is what goes to the engine: as the client sent it but for two
+	// fields, usage on streams (the router learns cached_tokens from it)
+	// and llama.cpp's adapter addressing (design §7.1, §7.6).
+	Body   []byte
+	Stream bool
+	// StripUsage is set when the router asked for usage the client did
+	// not: the usage chunk is dropped from the client's stream.
+	StripUsage bool
+
+	pick    *chooser
+	kv      *tier2
+	profile *scheduler.Profile
+	req     *scheduler.Request
+	chosen  scheduler.Candidate
+	// tail keeps the end of the answer when tier 2 predicted something,
+	// so the engine's cached_tokens can be held against the prediction.
+	tail *tailBuffer
+}
+
+// Prepare is stage 3: it edits the body as the engine must get it, and
+// works out the scheduler's request, tier 2's KV query included (design
+// §7.5: the scorer must not make a round trip, so it is made here, within
+// the tokenize budget). Tier 2 never fails a request: every way it can
+// fail is a fallback to tier 1. The error is a body the router cannot
+// edit (400).
+func (d *Director) Prepare(ctx context.Context, t Target, in Input) (*Plan, *openai.Error) {
+	return d.prep.prepare(ctx, t, in, d.pick)
+}
+
+// preparer is stage 3: the body's edits, tier 1's hashes, tier 2's query.
+type preparer struct {
+	profiles Profiles
+	kv       *tier2 // nil: tier 2 off
+}
+
+func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *chooser) (*Plan, *openai.Error) {
+	pl := &Plan{Target: t, Body: in.Body, Stream: in.Stream, pick: pick, kv: p.kv}
+	if in.Stream && !openai.WantsUsage(pl.Body) {
+		b, err := openai.WithUsage(pl.Body)
+		if err != nil {
+			var ae *openai.Error
+			if errors.As(err, &ae) {
+				return nil, ae
+			}
+			return nil, openai.InvalidField("", err.Error())
+		}
+		pl.Body, pl.StripUsage = b, true
+	}
+	if t.Adapter != "" && t.Model.GetEngine() == "llamacpp" {
+		b, err := openai.ForLlamaCpp(pl.Body, t.Base, t.AdapterIndex)
+		if err != nil {
+			return nil, openai.InvalidField("", err.Error())
+		}
+		pl.Body = b
+	}
+	pl.req = &scheduler.Request{ID: in.ID, Model: t.Base, Adapter: t.Adapter, Session: in.Session,
+		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), in.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
+	pl.profile = p.profiles.ProfileFor(t.Model)
+	pl.req.KV = p.kv.query(ctx, t.Model, t.Adapter, in.Kind, pl.Body, t.Endpoints)
+	if pl.req.KV != nil && pl.req.KV.Fallback == "" {
+		pl.tail = &tailBuffer{max: 256 << 10}
+		if in.Stream {
+			pl.tail.max = 16 << 10 // the usage chunk is the last event
+		}
+	}
+	return pl, nil
+}
+
+// Next is stage 4, run for each attempt: it asks the scheduler for a
+// replica among the plan's endpoints not in tried, and returns it with its
+// key; nil when none is left or the scheduler's filters leave none.
+func (p *Plan) Next(tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.Key) {
+	ep, cand := p.pick.choose(p.profile, p.req, p.Endpoints, tried, p.Adapter)
+	if ep == nil {
+		return nil, scheduler.Key{}
+	}
+	p.chosen = cand
+	return ep, cand.Key
+}
+
+// Accepted records that the replica Next returned last accepted the
+// request (design §7.5: where it went, never what was proposed). Call it
+// before the answer reaches the client, so the next request with the same
+// prefix sees it.
+func (p *Plan) Accepted() { p.pick.sched.Observe(p.profile, p.req, p.chosen) }
+
+// Tail is where the proxy copies the accepted answer for Done to read; nil
+// when there is no tier-2 prediction to check.
+func (p *Plan) Tail() io.Writer {
+	if p.tail == nil {
+		return nil
+	}
+	return p.tail
+}
+
+// Done is the director's part of stage 6: once replica answered with
+// code, tier 2's prediction is held against the cached tokens it reported.
+func (p *Plan) Done(replica string, code int) {
+	if p.tail == nil || code != 200 {
+		return
+	}
+	p.kv.observe(p.req.KV, replica, p.Stream, p.tail.b)
+	p.tail.b = p.tail.b[:0]
+}
+
+// chooser is stage 4: each attempt's candidates and the scheduler's pick.
+type chooser struct {
+	loads    Loads
+	holdings Holdings
+	breakers BreakerViews
+	sched    Picker
+}
+
+// choose asks the scheduler among the endpoints not yet tried.
+func (c *chooser) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, tried []*endpoint.Endpoint, adapter string) (*endpoint.Endpoint, scheduler.Candidate) {
+	left := make([]*endpoint.Endpoint, 0, len(eps))
+	for _, e := range eps {
+		if !slices.Contains(tried, e) {
+			left = append(left, e)
+		}
+	}
+	if len(left) == 0 {
+		return nil, scheduler.Candidate{}
+	}
+	cands := make([]scheduler.Candidate, len(left))
+	for i, e := range left {
+		l := c.loads.LoadOf(e)
+		k := Key(e)
+		cands[i] = scheduler.Candidate{Key: k, Waiting: l.Waiting, Running: l.Running, KVUsage: l.KVUsage,
+			Inflight: l.Inflight, Weight: e.Weight, Saturated: l.Saturated, Breaker: c.breakerView(k),
+			HasAdapter: adapter != "" && c.holdings.Holds(e, adapter)}
+	}
+	i := c.sched.Pick(prof, sreq, cands)
+	if i < 0 || i >= len(left) {
+		return nil, scheduler.Candidate{}
+	}
+	return left[i], cands[i]
+}
+
+func (c *chooser) breakerView(k scheduler.Key) scheduler.BreakerView {
+	b := c.breakers.Peek(k)
+	if b == nil {
+		return scheduler.BreakerClosed
+	}
+	switch st, due := b.View(); {
+	case st == breaker.Closed:
+		return scheduler.BreakerClosed
+	case due:
+		return scheduler.BreakerProbeDue
+	default:
+		return scheduler.BreakerCoolingDown
+	}
+}

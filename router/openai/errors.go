@@ -1,0 +1,117 @@
+// Package openai is what the router knows of the OpenAI wire format
+// (design §7.1): the few fields it reads of a request (Sniff), the two it
+// edits in place (WithUsage, ForLlamaCpp), the usage chunk it strips from
+// a stream it asked usage for (UsageStripper), the cached_tokens it reads
+// back for tier 2's accounting (CachedTokens), and the error body every
+// refusal is sent in (Error). It holds no state and does no I/O beyond
+// the writer it is given, so the router's pipeline stages share one
+// definition of each and can be tested without a network.
+package openai
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+)
+
+// Error is an error the client sees, in OpenAI's shape (design §7.1), so
+// the OpenAI SDKs surface it as they would OpenAI's own. Every stage of the
+// router's pipeline refuses a request with one; the handler writes it.
+type Error struct {
+	Status  int
+	Type    string
+	Code    string
+	Param   string
+	Message string
+	// RetryAfter, when positive, is sent as Retry-After (seconds).
+	RetryAfter int
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
+
+// InvalidJSON is the 400 for a body that is not a JSON object.
+func InvalidJSON(err error) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_json",
+		Message: "request body is not valid JSON: " + err.Error()}
+}
+
+// InvalidField is the 400 for a field the router reads or edits in the wrong
+// shape; param names it, or is "" for the body as a whole.
+func InvalidField(param, msg string) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_value",
+		Param: param, Message: msg}
+}
+
+// ModelNotFound is the 404 for a name that is neither a model nor an adapter.
+func ModelNotFound(model string) *Error {
+	return &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "model_not_found",
+		Param: "model", Message: fmt.Sprintf("the model %q does not exist", model)}
+}
+
+// TooLarge is the 413 for a body over the router's limit.
+func TooLarge(limit int64) *Error {
+	return &Error{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error", Code: "request_too_large",
+		Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
+}
+
+// NoReplica is the 503 for a model no replica can take a request of now.
+func NoReplica(model string) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_replica_available",
+		Message: fmt.Sprintf("no replica of %q is ready; retry shortly", model), RetryAfter: 1}
+}
+
+// Upstream is the 502 for a request every replica tried failed before answering.
+func Upstream(err error) *Error {
+	return &Error{Status: http.StatusBadGateway, Type: "server_error", Code: "upstream_error",
+		Message: "the engine failed: " + err.Error()}
+}
+
+// MethodNotAllowed is the 405 for an endpoint that takes only allow.
+func MethodNotAllowed(allow string) *Error {
+	return &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		Message: "use " + allow}
+}
+
+type errorBody struct {
+	Error errorFields `json:"error"`
+}
+
+type errorFields struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+// AdapterCold is the 503 for an adapter no replica the request may go to
+// holds, for the reason why (with Retry-After when retryAfter is positive).
+func AdapterCold(adapter, why string, retryAfter int) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "adapter_unavailable",
+		Message: fmt.Sprintf("the adapter %q is not loaded: %s", adapter, why), RetryAfter: retryAfter}
+}
+
+// WriteError sends e (or a 500 for any other error) as OpenAI's error body.
+func WriteError(w http.ResponseWriter, err error) {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
+	}
+	body := errorBody{Error: errorFields{Message: e.Message, Type: e.Type}}
+	if e.Param != "" {
+		body.Error.Param = &e.Param
+	}
+	if e.Code != "" {
+		body.Error.Code = &e.Code
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	if e.Status == http.StatusMethodNotAllowed {
+		h.Set("Allow", http.MethodPost)
+	}
+	if e.RetryAfter > 0 {
+		h.Set("Retry-After", fmt.Sprint(e.RetryAfter))
+	}
+	w.WriteHeader(e.Status)
+	_ = json.NewEncoder(w).Encode(body)
+}

@@ -1,0 +1,357 @@
+// Package proxy is the last stage of the router's request pipeline: it
+// forwards a planned request to the replica its route chooses and streams
+// the answer back as it arrives, flushing every read so SSE chunks reach
+// the client one by one (design §7.1). A replica that fails before the
+// first byte reached the client — a connection error, a 5xx, a 404 for an
+// adapter it was thought to hold — is given up for another the route
+// chooses, never one already tried; once the answer has started it is the
+// answer, whatever happens to it (design §7.4). Each attempt passes the
+// replica's circuit breaker and reports its outcome to it.
+//
+// It knows connections and bytes, not models: where to go next is the
+// route's decision (router/director), what the client sees on a refusal is
+// the caller's (router/api).
+package proxy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/openai"
+	"github.com/llmgw/llmgw/router/scheduler"
+)
+
+// ClientClosed is the status recorded when the client went away before it
+// had its answer (nginx's 499); nothing more is written to it.
+const ClientClosed = 499
+
+// Route chooses each attempt's replica and learns where the request went
+// (director.Plan). It belongs to one request; its methods are called from
+// that request's goroutine, in the order Next, then at most one Accepted.
+type Route interface {
+	// Next returns the replica for the next attempt, among the request's
+	// endpoints not in tried, and its key; nil when none can take it now.
+	Next(tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.Key)
+	// Accepted is told that the replica Next returned last accepted the
+	// request: its answer is about to reach the client.
+	Accepted()
+}
+
+// Breakers are the per-replica circuit breakers (breaker.Set). Safe for
+// concurrent use.
+type Breakers interface {
+	// Get returns the replica's breaker, creating a closed one.
+	Get(k scheduler.Key) *breaker.Breaker
+}
+
+// Config configures a Proxy.
+type Config struct {
+	// ConnectTimeout bounds dialling an engine.
+	ConnectTimeout time.Duration
+	// FirstByteTimeout bounds the wait for an engine's response headers. A
+	// non-streamed completion sends its headers only when it is done, so
+	// this is also the longest non-streamed generation.
+	FirstByteTimeout time.Duration
+	// MaxAttempts bounds the replicas tried for one request (design §7.4).
+	MaxAttempts int
+}
+
+// Request is one planned request as the proxy forwards it.
+type Request struct {
+	// Route chooses the replicas; Replicas is how many it chooses among,
+	// so the attempt that has tried them all knows it is the last.
+	Route    Route
+	Replicas int
+	// Name is `model` as the client sent it (for the 503 when no replica
+	// takes it); Model the base model, the metrics' label.
+	Name, Model string
+	// Adapter, when set, makes an engine's 404 before the first byte a
+	// reason to try another replica (design §7.6).
+	Adapter string
+	// Body is what goes to the engine.
+	Body   []byte
+	Stream bool
+	// StripUsage drops the usage chunk the router added to the stream.
+	StripUsage bool
+	// Tail, when set, receives a copy of the accepted answer's bytes.
+	Tail io.Writer
+	// Start is when the request arrived, for the time to first byte.
+	Start time.Time
+	// Log is the request's logger.
+	Log *slog.Logger
+}
+
+// Result is how a request ended.
+type Result struct {
+	// Code is the status the client got; ClientClosed when it went away.
+	Code int
+	// Replica is the endpoint whose answer the client got; nil when none.
+	Replica *endpoint.Endpoint
+	// Err, when set, is the refusal to send: no replica answered and
+	// nothing has been written to the client yet. Code is then its status.
+	Err *openai.Error
+}
+
+// Proxy forwards requests to engines. Safe for concurrent use; Close drops
+// its idle upstream connections.
+type Proxy struct {
+	cfg       Config
+	breakers  Breakers
+	transport *http.Transport
+	m         *metrics
+}
+
+// New returns a proxy; reg receives its metrics (nil for none).
+func New(cfg Config, breakers Breakers, reg prometheus.Registerer) *Proxy {
+	return &Proxy{
+		cfg: cfg, breakers: breakers,
+		transport: &http.Transport{
+			DialContext:           (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+			ResponseHeaderTimeout: cfg.FirstByteTimeout,
+			MaxIdleConnsPerHost:   64,
+			IdleConnTimeout:       90 * time.Second,
+			// Engines speak plain HTTP/1.1; compression would hold SSE chunks back.
+			DisableCompression: true,
+		},
+		m: newMetrics(reg),
+	}
+}
+
+// Close drops idle upstream connections. Call it once no request runs.
+func (p *Proxy) Close() { p.transport.CloseIdleConnections() }
+
+// errAdapterMissing is an engine's 404 for an adapter it was thought to
+// hold (it was just evicted, or the engine restarted): retried elsewhere.
+var errAdapterMissing = errors.New("the engine does not hold the adapter")
+
+// Serve is stage 5: it forwards req to the replicas its route chooses
+// until one answers, and settles each attempt with the replica's breaker.
+// A replica whose breaker refuses it (another request holds its probe) is
+// skipped without counting as an attempt. When Result.Err is set nothing
+// has been written and the caller answers with it.
+func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Result {
+	log := req.Log
+	// tried holds every replica this request has been sent to, or whose
+	// breaker refused it, so each attempt goes somewhere new (design §7.4).
+	tried := make([]*endpoint.Endpoint, 0, p.cfg.MaxAttempts)
+	var lastErr error
+	for attempt := 0; attempt < p.cfg.MaxAttempts; {
+		ep, key := req.Route.Next(tried)
+		if ep == nil {
+			break
+		}
+		tried = append(tried, ep)
+		br := p.breakers.Get(key)
+		if br.Acquire() != nil {
+			continue // another request took its probe; not an attempt
+		}
+		attempt++
+		last := attempt == p.cfg.MaxAttempts || len(tried) == req.Replicas
+		code, err := p.forward(w, r, req, ep, last, log)
+		if err == nil {
+			settle(br, code)
+			return Result{Code: code, Replica: ep}
+		}
+		if r.Context().Err() != nil {
+			br.Release()
+			log.Info("router: client went away", "replica", ep.ReplicaID)
+			return Result{Code: ClientClosed}
+		}
+		lastErr = err
+		if errors.Is(err, errAdapterMissing) {
+			// The replica is healthy; the table was a moment behind.
+			br.Release()
+			p.m.adapterMissing.Inc()
+			log.Info("router: replica does not hold the adapter; trying another", "replica", ep.ReplicaID)
+			continue
+		}
+		br.Failure()
+		p.m.upstreamErrors.WithLabelValues(req.Model).Inc()
+		log.Warn("router: replica failed before the first byte; trying another", "replica", ep.ReplicaID, "err", err)
+	}
+	var refusal *openai.Error
+	switch {
+	case lastErr == nil:
+		refusal = openai.NoReplica(req.Name)
+	case errors.Is(lastErr, errAdapterMissing):
+		refusal = openai.AdapterCold(req.Adapter, "no replica tried holds it now", 1)
+	default:
+		refusal = openai.Upstream(lastErr)
+	}
+	return Result{Code: refusal.Status, Err: refusal}
+}
+
+// settle is the breaker's part of accounting for an attempt that
+// answered: a 5xx counts against the replica, a client gone counts for
+// nothing, anything else is a success.
+func settle(br *breaker.Breaker, code int) {
+	switch {
+	case code == ClientClosed:
+		br.Release()
+	case code >= 500:
+		br.Failure()
+	default:
+		br.Success()
+	}
+}
+
+// hopHeaders are per-connection headers a proxy must not forward (RFC 9110 §7.6.1).
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// forward sends the request to ep. It returns an error only while nothing
+// has been written to the client — a connection failure, or a 5xx (or an
+// adapter's 404) when another replica may still be tried (last is false) —
+// so the caller may retry elsewhere (design §7.4). Once the response has
+// started, it is the answer, whatever happens to it; the route's Accepted
+// runs just before, so the scheduler records where the request really went
+// (design §7.5).
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep *endpoint.Endpoint, last bool, log *slog.Logger) (int, error) {
+	body := req.Body
+	release := ep.Acquire()
+	defer release()
+
+	// The request's context: a client that goes away cancels the engine's work.
+	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost,
+		"http://"+ep.Address+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		return 0, fmt.Errorf("build request for %s: %w", ep.Address, err)
+	}
+	out.Header = r.Header.Clone()
+	for _, k := range hopHeaders {
+		out.Header.Del(k)
+	}
+	out.Header.Del("Content-Length")
+	out.ContentLength = int64(len(body))
+
+	resp, err := p.transport.RoundTrip(out)
+	if err != nil {
+		return 0, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 && !last {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return 0, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
+	}
+	if resp.StatusCode == http.StatusNotFound && req.Adapter != "" && !last {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return 0, fmt.Errorf("replica %s, adapter %s: %w", ep.ReplicaID, req.Adapter, errAdapterMissing)
+	}
+
+	req.Route.Accepted()
+	hdr := w.Header()
+	for k, v := range resp.Header {
+		hdr[k] = v
+	}
+	for _, k := range hopHeaders {
+		hdr.Del(k)
+	}
+	hdr.Del("Content-Length") // the server frames what we copy
+	hdr.Set("X-Llmgw-Replica", ep.ReplicaID)
+	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
+	w.WriteHeader(resp.StatusCode)
+
+	var src io.Reader = resp.Body
+	if req.Tail != nil {
+		src = io.TeeReader(resp.Body, req.Tail) // the tail keeps the usage for tier 2's accounting
+	}
+	var dst io.Writer = w
+	var strip *openai.UsageStripper
+	if req.StripUsage && resp.StatusCode == http.StatusOK {
+		strip = openai.NewUsageStripper(w)
+		dst = strip
+	}
+	n, err := copyFlushing(w, dst, src, func() {
+		if req.Stream {
+			p.m.ttft.WithLabelValues(ep.Model).Observe(time.Since(req.Start).Seconds())
+		}
+	})
+	if strip != nil && err == nil {
+		if ferr := strip.Flush(); ferr != nil {
+			err = fmt.Errorf("write to client: %w", ferr)
+		}
+	}
+	if err != nil && r.Context().Err() == nil {
+		// Too late to answer with an error: the client sees a cut stream.
+		p.m.upstreamErrors.WithLabelValues(ep.Model).Inc()
+		log.Warn("router: response cut short", "replica", ep.ReplicaID, "bytes", n, "err", err)
+	}
+	log.Debug("router: request done", "replica", ep.ReplicaID, "status", resp.StatusCode, "bytes", n)
+	if r.Context().Err() != nil {
+		return ClientClosed, nil
+	}
+	return resp.StatusCode, nil
+}
+
+// copyFlushing copies src to dst (w, or a filter writing to w), flushing w
+// after every read so SSE chunks reach the client one by one; first runs
+// before the first byte is written.
+func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, first func()) (int64, error) {
+	rc := http.NewResponseController(w)
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		k, rerr := src.Read(buf)
+		if k > 0 {
+			if n == 0 {
+				first()
+			}
+			if _, err := dst.Write(buf[:k]); err != nil {
+				return n, fmt.Errorf("write to client: %w", err)
+			}
+			n += int64(k)
+			if err := rc.Flush(); err != nil {
+				return n, fmt.Errorf("flush to client: %w", err)
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, fmt.Errorf("read from engine: %w", rerr)
+		}
+	}
+}
+
+type metrics struct {
+	ttft           *prometheus.HistogramVec
+	upstreamErrors *prometheus.CounterVec
+	adapterMissing prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgw_router_ttft_seconds", Help: "Time to the first streamed byte sent to the client.", Buckets: LatencyBuckets(),
+		}, []string{"model"}),
+		upstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_upstream_errors_total",
+			Help: "Engine failures: connection errors, 5xx answers retried elsewhere, streams cut short.",
+		}, []string{"model"}),
+		adapterMissing: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_router_adapter_missing_total",
+			Help: "Engine 404s for an adapter the router thought it held, retried elsewhere.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.ttft, m.upstreamErrors, m.adapterMissing)
+	}
+	return m
+}
+
+// LatencyBuckets are the buckets of the router's latency histograms, from
+// 5 ms to the longest non-streamed generation: one set, so the end-to-end
+// and first-byte histograms can be read against each other.
+func LatencyBuckets() []float64 {
+	return []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+}
