@@ -70,7 +70,7 @@ func unused(table []rule, pkgs []pkg) []string {
 	for _, r := range table {
 		hit := false
 		for _, p := range pkgs {
-			if from, ok := rel(p.ImportPath); ok && covers(r.Prefix, from) {
+			if from, ok := rel(p.ImportPath); ok && r.covers(from) {
 				hit = true
 				break
 			}

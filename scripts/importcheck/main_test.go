@@ -84,12 +84,25 @@ func TestCheck(t *testing.T) {
 // line keyed by its prefix, which adds to its component's rule.
 func TestSubpackageRule(t *testing.T) {
 	const m = module + "/"
-	table := append(append([]rule(nil), rules...), rule{
-		Prefix: "controlplane/store",
-		InRepo: []string{"fsm", "proto"},
-		Deny:   networked,
-		Why:    "test: the raft store knows neither membership nor the gRPC services",
-	})
+	table := append(append([]rule(nil), rules...),
+		rule{
+			Prefix: "controlplane/store",
+			InRepo: []string{"fsm", "proto"},
+			Deny:   networked,
+			Why:    "test: the raft store knows neither membership nor the gRPC services",
+		},
+		rule{
+			Prefix: "controlplane/service",
+			Exact:  true,
+			InRepo: []string{"proto", "fsm", "controlplane/store"},
+			Why:    "test: the services see the store, and nothing else of the control plane",
+		},
+		rule{
+			Prefix: "controlplane/service/admin",
+			InRepo: []string{"proto", "fsm", "controlplane/service", "controlplane/snapfile"},
+			Why:    "test: the admin service also writes snapshot files",
+		},
+	)
 	tests := []struct {
 		name string
 		p    pkg
@@ -101,6 +114,10 @@ func TestSubpackageRule(t *testing.T) {
 		{"the store may import its own subpackages", pkg{ImportPath: m + "controlplane/store", Imports: []string{m + "controlplane/store/boltlog"}}, 0},
 		{"the store may import internal", pkg{ImportPath: m + "controlplane/store", Imports: []string{m + "internal/backoff"}}, 0},
 		{"a sibling may import the store", pkg{ImportPath: m + "controlplane/service", Imports: []string{m + "controlplane/store", "google.golang.org/grpc"}}, 0},
+		{"an exact rule holds for its package", pkg{ImportPath: m + "controlplane/service", Imports: []string{m + "controlplane/snapfile"}}, 1},
+		{"an exact rule leaves the packages below it to their own rules", pkg{ImportPath: m + "controlplane/service/admin", Imports: []string{m + "controlplane/service", m + "controlplane/snapfile"}}, 0},
+		{"the rule below still holds", pkg{ImportPath: m + "controlplane/service/admin", Imports: []string{m + "controlplane/store"}}, 1},
+		{"a package with no rule of its own keeps its component's", pkg{ImportPath: m + "controlplane/leader", Imports: []string{m + "controlplane/snapfile", m + "fsm"}}, 0},
 		{"the store still may not import router", pkg{ImportPath: m + "controlplane/store", Imports: []string{m + "router"}}, 2},
 	}
 	for _, tt := range tests {
@@ -116,25 +133,30 @@ func TestSubpackageRule(t *testing.T) {
 // could never fail.
 func TestUnused(t *testing.T) {
 	pkgs := []pkg{{ImportPath: module + "/router/scheduler"}, {ImportPath: module + "/internal/backoff"}, {ImportPath: "example.com/other/routers"}}
-	table := []rule{{Prefix: "router"}, {Prefix: "router/scheduler"}, {Prefix: "internal"}, {Prefix: ""}, {Prefix: "routers"}, {Prefix: "router/schedule"}}
+	table := []rule{{Prefix: "router"}, {Prefix: "router/scheduler"}, {Prefix: "internal"}, {Prefix: ""}, {Prefix: "routers"}, {Prefix: "router/schedule"}, {Prefix: "router", Exact: true}}
 	got := unused(table, pkgs)
-	if len(got) != 2 || !strings.Contains(got[0], `"routers"`) || !strings.Contains(got[1], `"router/schedule"`) {
-		t.Fatalf("unused() = %q, want the rules \"routers\" and \"router/schedule\"", got)
+	if len(got) != 3 || !strings.Contains(got[0], `"routers"`) || !strings.Contains(got[1], `"router/schedule"`) || !strings.Contains(got[2], `"router"`) {
+		t.Fatalf("unused() = %q, want the rules \"routers\", \"router/schedule\" and the exact \"router\"", got)
 	}
 }
 
 // TestTable: every rule of the project's table says why it exists, and no
 // prefix has two rules (the second would read as an override, and is not).
 func TestTable(t *testing.T) {
-	seen := map[string]bool{}
+	type key struct {
+		prefix string
+		exact  bool
+	}
+	seen := map[key]bool{}
 	for _, r := range rules {
 		if strings.TrimSpace(r.Why) == "" {
 			t.Errorf("rule %q has no Why", r.Prefix)
 		}
-		if seen[r.Prefix] {
+		if k := (key{r.Prefix, r.Exact}); seen[k] {
 			t.Errorf("prefix %q has two rules", r.Prefix)
+		} else {
+			seen[k] = true
 		}
-		seen[r.Prefix] = true
 		if r.AnyInRepo && (len(r.InRepo) > 0 || r.Leaves) {
 			t.Errorf("rule %q: AnyInRepo ignores InRepo and Leaves", r.Prefix)
 		}

@@ -15,6 +15,11 @@ type rule struct {
 	// Prefix is a package path relative to the module root. The rule covers
 	// that package and every package below it; "" covers the whole module.
 	Prefix string
+	// Exact narrows the rule to the package at Prefix alone, for a package
+	// whose subpackages have rules of their own (controlplane/service and
+	// controlplane/service/admin): a rule covering a tree would have to allow
+	// what every package below it imports.
+	Exact bool
 	// InRepo lists the in-repo trees (paths relative to the module root, each
 	// with everything below it) a covered package may import besides its own
 	// tree (Prefix/...) and the shared trees. Empty: none. Ignored when
@@ -54,8 +59,12 @@ var networked = []string{
 
 // rules is the table scripts/importcheck enforces. A package no rule covers
 // (cmd, integration, scripts) may import anything but what the "" rule
-// denies. To constrain a new subpackage (controlplane/store, say), add a line
-// with its Prefix; the rule of its component keeps applying.
+// denies. To constrain a new subpackage, add a line with its Prefix; the rule
+// of its component keeps applying, so the line lists the component's trees
+// again next to the siblings it may use:
+//
+//	{Prefix: "controlplane/store", InRepo: []string{"proto", "fsm", "controlplane/logadapt"}, Why: "..."},
+//	{Prefix: "controlplane/service", Exact: true, InRepo: []string{"proto", "fsm", "controlplane/store", ...}, Why: "..."},
 var rules = []rule{
 	{
 		Prefix:    "",
@@ -143,7 +152,7 @@ func check(table []rule, p pkg) []string {
 		}
 		seen[imp] = true
 		for _, r := range table {
-			if !covers(r.Prefix, from) {
+			if !r.covers(from) {
 				continue
 			}
 			if why := r.forbids(from, imp); why != "" {
@@ -192,6 +201,14 @@ func orNothing(trees []string) string {
 		return "nothing"
 	}
 	return "only " + strings.Join(trees, ", ")
+}
+
+// covers reports whether r applies to the package at relative path p.
+func (r rule) covers(p string) bool {
+	if r.Exact {
+		return p == r.Prefix
+	}
+	return covers(r.Prefix, p)
 }
 
 func (r rule) label() string {
