@@ -95,7 +95,7 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 
 	var cmd llmgwv1.Command
 	if err := proto.Unmarshal(data, &cmd); err != nil {
-		return nil, fmt.Errorf("apply index %d: %w: %v", index, ErrMalformed, err)
+		return nil, fmt.Errorf("apply index %d: %w: %w", index, ErrMalformed, err)
 	}
 	known, ok := knownCommand(cmd.Type)
 	if !ok || cmd.Version > known || cmd.Version == 0 {
@@ -106,7 +106,7 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 	}
 	payload := payloadFor(cmd.Type)
 	if err := proto.Unmarshal(cmd.Payload, payload); err != nil {
-		return nil, fmt.Errorf("apply index %d %s: %w: %v", index, cmd.Type, ErrMalformed, err)
+		return nil, fmt.Errorf("apply index %d %s: %w: %w", index, cmd.Type, ErrMalformed, err)
 	}
 	a := applier{f: f, index: index}
 	var res any
@@ -455,7 +455,7 @@ func (f *FSM) Snapshot() ([]byte, error) {
 func (f *FSM) Restore(data []byte) error {
 	var st llmgwv1.State
 	if err := proto.Unmarshal(data, &st); err != nil {
-		return fmt.Errorf("restore: %w: %v", ErrMalformed, err)
+		return fmt.Errorf("restore: %w: %w", ErrMalformed, err)
 	}
 	if st.Format == 0 || st.Format > SnapshotFormat {
 		return fmt.Errorf("restore: snapshot format %d is not known to this build (knows up to %d): %w", st.Format, SnapshotFormat, ErrUnknownCommand)

@@ -37,7 +37,7 @@ func (realClock) Sleep(ctx context.Context, d time.Duration) error {
 }
 
 // errNoRoom is returned by tryReset while sequences hold cached blocks.
-var errNoRoom = errors.New("Failed to reset prefix cache because some blocks are not freed yet")
+var errNoRoom = errors.New("Failed to reset prefix cache because some blocks are not freed yet") //nolint:staticcheck // ST1005: vLLM's wording, verbatim
 
 // engine is the scheduler: at most maxSeqs sequences run, each holding its
 // KV blocks in the cache; the rest wait in arrival order. A request is

@@ -155,7 +155,7 @@ func (l *loraSet) loadStatic(items []string) error {
 // adapter: the path must exist on this machine.
 func checkAdapterPath(path string) error {
 	if _, err := os.Stat(path); err != nil {
-		return fmt.Errorf("No adapter found for %s", path)
+		return fmt.Errorf("No adapter found for %s", path) //nolint:staticcheck // ST1005: vLLM's LoRAAdapterNotFoundError wording, verbatim
 	}
 	return nil
 }

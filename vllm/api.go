@@ -183,7 +183,7 @@ func DecodeTokenizeRequest(body []byte) (TokenizeRequest, error) {
 		r.AddSpecialTokens = probe.AddSpecialTokens != nil && *probe.AddSpecialTokens
 		r.AddGenerationPrompt = probe.AddGenerationPrompt == nil || *probe.AddGenerationPrompt
 		if r.AddGenerationPrompt && r.ContinueFinalMessage {
-			return TokenizeRequest{}, fmt.Errorf("%w: Cannot set both `continue_final_message` and `add_generation_prompt` to True.", ErrBadRequest)
+			return TokenizeRequest{}, fmt.Errorf("%w: Cannot set both `continue_final_message` and `add_generation_prompt` to True.", ErrBadRequest) //nolint:staticcheck // ST1005: vLLM's wording, verbatim
 		}
 	case hasPrompt:
 		r.Messages = nil

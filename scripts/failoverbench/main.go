@@ -362,7 +362,7 @@ func killLeader(ctx context.Context, cfg config, leader *server, servers []*serv
 			case <-time.After(cfg.poll):
 			}
 		}
-		wrote <- written{err: fmt.Errorf("no write committed within %s: %v", cfg.giveUpAfter, last)}
+		wrote <- written{err: fmt.Errorf("no write committed within %s: %w", cfg.giveUpAfter, last)}
 	}()
 
 	tick := time.NewTicker(cfg.poll)

@@ -1,0 +1,256 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+)
+
+const module = "github.com/llmgw/llmgw"
+
+// rule is one line of the dependency table of design §3: what the packages
+// under Prefix may import. Every rule covering a package applies to it, so a
+// rule for a subpackage (router/scheduler) only adds to the rule of its
+// component (router), and never relaxes it.
+type rule struct {
+	// Prefix is a package path relative to the module root. The rule covers
+	// that package and every package below it; "" covers the whole module.
+	Prefix string
+	// Exact narrows the rule to the package at Prefix alone, for a package
+	// whose subpackages have rules of their own (controlplane/service and
+	// controlplane/service/admin): a rule covering a tree would have to allow
+	// what every package below it imports.
+	Exact bool
+	// InRepo lists the in-repo trees (paths relative to the module root, each
+	// with everything below it) a covered package may import besides its own
+	// tree (Prefix/...) and the shared trees. Empty: none. Ignored when
+	// AnyInRepo is set.
+	InRepo []string
+	// AnyInRepo lifts the in-repo restriction: the rule only denies (Deny).
+	AnyInRepo bool
+	// Leaves makes each package under Prefix a leaf: it may not import the
+	// other packages of its own tree or the shared trees either, only InRepo.
+	Leaves bool
+	// Deny lists import paths no covered package may import, stdlib and
+	// outside modules included: "net" is that package alone, "net/http/..."
+	// net/http and everything below it, "github.com/hashicorp/raft..." every
+	// path beginning so (raft, raft-boltdb, raft-autopilot).
+	Deny []string
+	// Why is printed with each violation: what the rule protects, citing
+	// the design.
+	Why string
+}
+
+// sharedTrees may be imported by any package: the stdlib-only helpers of
+// internal/ (design §3).
+var sharedTrees = []string{"internal"}
+
+// networked is what "imports nothing networked" forbids: the stdlib's
+// sockets and HTTP, and every networking library in go.mod. net/url and
+// net/netip are values, not sockets, and stay allowed.
+var networked = []string{
+	"net",
+	"net/http/...",
+	"net/rpc/...",
+	"google.golang.org/grpc/...",
+	"github.com/hashicorp/memberlist/...",
+	"github.com/go-zeromq/zmq4/...",
+	"github.com/coder/websocket/...",
+}
+
+// rules is the table scripts/importcheck enforces. A package no rule covers
+// (cmd, integration, scripts) may import anything but what the "" rule
+// denies. To constrain a new subpackage, add a line with its Prefix; the rule
+// of its component keeps applying, so the line lists the component's trees
+// again next to the siblings it may use:
+//
+//	{Prefix: "controlplane/store", InRepo: []string{"proto", "fsm", "controlplane/logadapt"}, Why: "..."},
+//	{Prefix: "controlplane/service", Exact: true, InRepo: []string{"proto", "fsm", "controlplane/store", ...}, Why: "..."},
+var rules = []rule{
+	{
+		Prefix:    "",
+		AnyInRepo: true,
+		Deny:      []string{"gopkg.in/yaml.v2/...", "gopkg.in/yaml.v3/...", "sigs.k8s.io/yaml/...", "github.com/goccy/go-yaml/..."},
+		Why:       "one YAML library in the module: go.yaml.in/yaml/v3, through internal/configfile",
+	},
+	{
+		Prefix: "proto",
+		Why:    "proto/llmgw/v1 is generated code and imports no other package of the repository (design §3)",
+	},
+	{
+		Prefix: "fsm",
+		InRepo: []string{"proto"},
+		Deny: append([]string{
+			"github.com/hashicorp/raft...",
+			"math/rand/...",
+			"crypto/rand",
+		}, networked...),
+		Why: "the FSM is deterministic: no raft, randomness or network imports, only proto (design §3, §4)",
+	},
+	{
+		Prefix: "vllm",
+		Why:    "vllm describes vLLM's wire formats and imports no other package of the repository (design §3)",
+	},
+	{
+		Prefix: "controlplane",
+		InRepo: []string{"proto", "fsm"},
+		Why:    "controlplane meets agent and router only through proto and fsm (design §3)",
+	},
+	{
+		Prefix: "agent",
+		InRepo: []string{"proto", "vllm"},
+		Why:    "agent meets controlplane and router only through proto (design §3)",
+	},
+	{
+		Prefix: "router",
+		InRepo: []string{"proto", "vllm"},
+		Why:    "router meets controlplane and agent only through proto (design §3)",
+	},
+	{
+		Prefix:    "router/scheduler",
+		AnyInRepo: true,
+		Deny:      networked,
+		Why:       "the scheduler core imports nothing networked, so it can be tested and benchmarked alone (design §3, §7.3)",
+	},
+	{
+		Prefix: "sim",
+		InRepo: []string{"vllm"},
+		Why:    "the simulator speaks vLLM's formats and knows nothing of llmgw (design §3, §8)",
+	},
+	{
+		Prefix: "bench",
+		InRepo: []string{"proto"},
+		Why:    "bench drives a cluster through proto only (design §3, §10)",
+	},
+	{
+		Prefix: "internal",
+		Leaves: true,
+		Why:    "internal/... are leaf helpers anyone may import; they import no package of the repository, not even each other (design §3)",
+	},
+}
+
+// pkg is the part of `go list -json` the check reads.
+type pkg struct {
+	ImportPath   string
+	Imports      []string
+	TestImports  []string
+	XTestImports []string
+}
+
+// check returns one line per import of p, its tests included, that a rule
+// of table forbids: a test that wires the router to the agent is a layering
+// leak too. Each import is reported once per rule it breaks.
+func check(table []rule, p pkg) []string {
+	from, ok := rel(p.ImportPath)
+	if !ok {
+		return nil
+	}
+	var bad []string
+	seen := map[string]bool{}
+	for _, imp := range concat(p.Imports, p.TestImports, p.XTestImports) {
+		if seen[imp] || imp == p.ImportPath {
+			continue
+		}
+		seen[imp] = true
+		for _, r := range table {
+			if !r.covers(from) {
+				continue
+			}
+			if why := r.forbids(from, imp); why != "" {
+				bad = append(bad, fmt.Sprintf("%s imports %s: %s (rule %q: %s)", p.ImportPath, imp, why, r.Prefix, r.Why))
+			}
+		}
+	}
+	return bad
+}
+
+// forbids says why r forbids package from (relative path) importing imp, or
+// "" when r allows it.
+func (r rule) forbids(from, imp string) string {
+	for _, d := range r.Deny {
+		if matches(d, imp) {
+			return "denied by " + d
+		}
+	}
+	to, inRepo := rel(imp)
+	if !inRepo || r.AnyInRepo {
+		return ""
+	}
+	if !r.Leaves {
+		if covers(r.Prefix, to) {
+			return ""
+		}
+		for _, s := range sharedTrees {
+			if covers(s, to) {
+				return ""
+			}
+		}
+	}
+	for _, a := range r.InRepo {
+		if covers(a, to) {
+			return ""
+		}
+	}
+	if r.Leaves {
+		return fmt.Sprintf("from the repository, a package under %s may import %s", r.label(), orNothing(r.InRepo))
+	}
+	return fmt.Sprintf("from the repository, %s may import only itself, %s", r.label(), strings.Join(concat(sharedTrees, r.InRepo), ", "))
+}
+
+func orNothing(trees []string) string {
+	if len(trees) == 0 {
+		return "nothing"
+	}
+	return "only " + strings.Join(trees, ", ")
+}
+
+// covers reports whether r applies to the package at relative path p.
+func (r rule) covers(p string) bool {
+	if r.Exact {
+		return p == r.Prefix
+	}
+	return covers(r.Prefix, p)
+}
+
+func (r rule) label() string {
+	if r.Prefix == "" {
+		return "the module"
+	}
+	return r.Prefix
+}
+
+// rel is an import path relative to the module root ("" for the root
+// package itself), and whether the path is in the module at all.
+func rel(path string) (string, bool) {
+	if path == module {
+		return "", true
+	}
+	rest, ok := strings.CutPrefix(path, module+"/")
+	return rest, ok
+}
+
+// covers reports whether tree (relative, "" for the whole module) holds the
+// package at relative path p.
+func covers(tree, p string) bool {
+	return tree == "" || p == tree || strings.HasPrefix(p, tree+"/")
+}
+
+// matches reports whether import path imp matches pattern: "a/b/..." is a/b
+// and everything below it, "a/b..." every path beginning with a/b, anything
+// else that path alone.
+func matches(pattern, imp string) bool {
+	if base, ok := strings.CutSuffix(pattern, "/..."); ok {
+		return imp == base || strings.HasPrefix(imp, base+"/")
+	}
+	if base, ok := strings.CutSuffix(pattern, "..."); ok {
+		return strings.HasPrefix(imp, base)
+	}
+	return imp == pattern
+}
+
+func concat(lists ...[]string) []string {
+	var all []string
+	for _, l := range lists {
+		all = append(all, l...)
+	}
+	return all
+}
