@@ -9,8 +9,9 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// TestKnownSetNew: this build knows SET_NODE_LABELS, introduced in
-// NodeLabelsVersion; every older type needs no version.
+// TestKnownSetNew: this build knows SET_NODE_LABELS and
+// SET_SERVER_REMOVED, introduced in NodeLabelsVersion and
+// ServerRemovedVersion; every older type needs no version.
 func TestKnownSetNew(t *testing.T) {
 	tests := []struct {
 		typ        llmgwv1.CommandType
@@ -20,6 +21,7 @@ func TestKnownSetNew(t *testing.T) {
 		{llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL, true, ""},
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT, true, ""},
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, true, "v0.2.0"},
+		{llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, true, "v0.2.0"},
 		{llmgwv1.CommandType_COMMAND_TYPE_UNSPECIFIED, false, ""},
 		{llmgwv1.CommandType(999), false, ""},
 	}
