@@ -22,7 +22,7 @@ func TestKnownSetOld(t *testing.T) {
 		payload proto.Message // the entry a new leader would write
 	}{
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, &llmgwv1.SetNodeLabelsCommand{Id: "n1", Set: map[string]string{"a": "1"}}},
-		{llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, &llmgwv1.SetServerRemovedCommand{ServerId: "c3", Removed: true}},
+		{llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, &llmgwv1.SetServerRemovedCommand{ServerId: "c3", Removed: true, AtUnixNano: 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.typ.String(), func(t *testing.T) {

@@ -13,32 +13,42 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-func setRemoved(t testing.TB, id string, removed bool) []byte {
-	return mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, &llmgwv1.SetServerRemovedCommand{ServerId: id, Removed: removed})
+func setRemoved(t testing.TB, id string, removed bool, at int64) []byte {
+	return mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, &llmgwv1.SetServerRemovedCommand{ServerId: id, Removed: removed, AtUnixNano: at})
 }
 
-// TestSetServerRemoved: the newest command for a server decides; a
-// cleared record stays known; other servers have no record; an empty id is
-// refused and changes nothing.
+// TestSetServerRemoved: the newest verb for a server decides, whatever
+// order the commands are logged in; a cleared record stays known; other
+// servers have no record; a command without an id or a time is refused
+// and changes nothing.
 func TestSetServerRemoved(t *testing.T) {
-	type want struct{ removed, known bool }
+	type want struct {
+		removed, known bool
+		at             int64
+		rev            uint64 // the revision that set the record
+	}
 	tests := []struct {
 		name    string
-		cmds    [][]byte
+		cmds    [][]byte // applied at 100, 101, ...
 		want    map[string]want
 		invalid string
 	}{
-		{name: "removed", cmds: [][]byte{setRemoved(t, "c3", true)},
-			want: map[string]want{"c3": {true, true}, "c2": {false, false}}},
-		{name: "removed then joined", cmds: [][]byte{setRemoved(t, "c3", true), setRemoved(t, "c3", false)},
-			want: map[string]want{"c3": {false, true}}},
-		{name: "joined then removed again", cmds: [][]byte{setRemoved(t, "c3", true), setRemoved(t, "c3", false), setRemoved(t, "c3", true)},
-			want: map[string]want{"c3": {true, true}}},
-		{name: "cleared without a removal", cmds: [][]byte{setRemoved(t, "c4", false)},
-			want: map[string]want{"c4": {false, true}}},
-		{name: "servers are independent", cmds: [][]byte{setRemoved(t, "c3", true), setRemoved(t, "c4", true), setRemoved(t, "c3", false)},
-			want: map[string]want{"c3": {false, true}, "c4": {true, true}}},
-		{name: "no id", cmds: [][]byte{setRemoved(t, "", true)}, invalid: "server_id"},
+		{name: "removed", cmds: [][]byte{setRemoved(t, "c3", true, 10)},
+			want: map[string]want{"c3": {true, true, 10, 100}, "c2": {}}},
+		{name: "removed then joined", cmds: [][]byte{setRemoved(t, "c3", true, 10), setRemoved(t, "c3", false, 11)},
+			want: map[string]want{"c3": {false, true, 11, 101}}},
+		{name: "joined then removed again", cmds: [][]byte{setRemoved(t, "c3", true, 10), setRemoved(t, "c3", false, 11), setRemoved(t, "c3", true, 12)},
+			want: map[string]want{"c3": {true, true, 12, 102}}},
+		{name: "an older join logged later changes nothing", cmds: [][]byte{setRemoved(t, "c3", true, 12), setRemoved(t, "c3", false, 11)},
+			want: map[string]want{"c3": {true, true, 12, 100}}},
+		{name: "same time: the later command wins", cmds: [][]byte{setRemoved(t, "c3", true, 12), setRemoved(t, "c3", false, 12)},
+			want: map[string]want{"c3": {false, true, 12, 101}}},
+		{name: "cleared without a removal", cmds: [][]byte{setRemoved(t, "c4", false, 5)},
+			want: map[string]want{"c4": {false, true, 5, 100}}},
+		{name: "servers are independent", cmds: [][]byte{setRemoved(t, "c3", true, 10), setRemoved(t, "c4", true, 1), setRemoved(t, "c3", false, 11)},
+			want: map[string]want{"c3": {false, true, 11, 102}, "c4": {true, true, 1, 101}}},
+		{name: "no id", cmds: [][]byte{setRemoved(t, "", true, 10)}, invalid: "server_id"},
+		{name: "no time", cmds: [][]byte{setRemoved(t, "c3", true, 0)}, invalid: "at_unix_nano"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -67,21 +77,24 @@ func TestSetServerRemoved(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			last := uint64(100 + len(tt.cmds) - 1)
-			if r, ok := res.(*llmgwv1.ServerRemoval); !ok || r.Revision != last {
-				t.Fatalf("result %v, want the record at revision %d", res, last)
+			// The result is the record as it stands after the command.
+			if r, ok := res.(*llmgwv1.ServerRemoval); !ok {
+				t.Fatalf("result %v, want a *ServerRemoval", res)
+			} else if cur, _ := f.ServerRemoved(r.ServerId); !proto.Equal(r, cur) {
+				t.Fatalf("result %v, record %v", r, cur)
 			}
 			for id, w := range tt.want {
-				if removed, known := f.ServerRemoved(id); removed != w.removed || known != w.known {
-					t.Errorf("ServerRemoved(%s) = %v, %v; want %v, %v", id, removed, known, w.removed, w.known)
+				r, known := f.ServerRemoved(id)
+				if known != w.known || r.GetRemoved() != w.removed || r.GetAtUnixNano() != w.at || r.GetRevision() != w.rev {
+					t.Errorf("ServerRemoved(%s) = %v, %v; want %+v", id, r, known, w)
 				}
 			}
 			// The list agrees with the lookups, sorted.
 			var ids []string
 			for _, r := range f.ServerRemovals() {
 				ids = append(ids, r.ServerId)
-				if removed, _ := f.ServerRemoved(r.ServerId); removed != r.Removed {
-					t.Errorf("ServerRemovals has %s removed=%v, ServerRemoved says %v", r.ServerId, r.Removed, removed)
+				if cur, _ := f.ServerRemoved(r.ServerId); !proto.Equal(cur, r) {
+					t.Errorf("ServerRemovals has %v, ServerRemoved says %v", r, cur)
 				}
 			}
 			if !slices.IsSorted(ids) {
@@ -95,7 +108,7 @@ func TestSetServerRemoved(t *testing.T) {
 // removals marshal identically, and the records survive a snapshot and
 // restore, which is what keeps them across a restart of every server.
 func TestServerRemovalsDeterministic(t *testing.T) {
-	cmds := append(history(t), setRemoved(t, "c5", true), setRemoved(t, "c3", true), setRemoved(t, "c4", true), setRemoved(t, "c4", false))
+	cmds := append(history(t), setRemoved(t, "c5", true, 30), setRemoved(t, "c3", true, 10), setRemoved(t, "c4", true, 20), setRemoved(t, "c4", false, 21))
 	a, b := New(Config{}), New(Config{})
 	applyAll(t, a, cmds)
 	applyAll(t, b, cmds)
@@ -114,8 +127,8 @@ func TestServerRemovalsDeterministic(t *testing.T) {
 		t.Fatal("snapshot -> restore -> snapshot differs")
 	}
 	for id, want := range map[string]bool{"c3": true, "c4": false, "c5": true} {
-		if removed, known := c.ServerRemoved(id); !known || removed != want {
-			t.Errorf("after restore ServerRemoved(%s) = %v, %v; want %v, true", id, removed, known, want)
+		if r, known := c.ServerRemoved(id); !known || r.Removed != want {
+			t.Errorf("after restore ServerRemoved(%s) = %v, %v; want removed %v", id, r, known, want)
 		}
 	}
 	got := c.ServerRemovals()
@@ -139,7 +152,7 @@ func TestServerRemovalsDeterministic(t *testing.T) {
 func TestServerRemovalNoChange(t *testing.T) {
 	f := New(Config{})
 	applyAll(t, f, history(t)[:1])
-	if _, err := f.Apply(50, setRemoved(t, "c3", true)); err != nil {
+	if _, err := f.Apply(50, setRemoved(t, "c3", true, 1)); err != nil {
 		t.Fatal(err)
 	}
 	if got, ok := f.ChangesSince(2); !ok || len(got) != 0 || f.Revision() != 50 {

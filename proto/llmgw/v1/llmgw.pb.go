@@ -1161,7 +1161,7 @@ func (x *State) GetServerRemovals() []*ServerRemoval {
 // ServerRemoval is the replicated record of one control-plane server's
 // removal (design §5.2). The leader keeps a removed server out of Raft when
 // it shows up alive over gossip; only an explicit join clears the record.
-// A cleared record is kept (removed false) so it outranks a stale gossip
+// A cleared record is kept (removed false) so it outranks an older gossip
 // tombstone. Being in Raft, it survives a restart of every server, which
 // gossip's tombstones do not.
 type ServerRemoval struct {
@@ -1169,7 +1169,11 @@ type ServerRemoval struct {
 	ServerId string                 `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	Removed  bool                   `protobuf:"varint,2,opt,name=removed,proto3" json:"removed,omitempty"`
 	// Revision of the command that last set it.
-	Revision      uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// When the operator's verb happened (the proposer's clock): records are
+	// last-writer-wins by this time, in the state and against gossip's
+	// tombstones, which carry the same clock.
+	AtUnixNano    int64 `protobuf:"varint,4,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1221,6 +1225,13 @@ func (x *ServerRemoval) GetRemoved() bool {
 func (x *ServerRemoval) GetRevision() uint64 {
 	if x != nil {
 		return x.Revision
+	}
+	return 0
+}
+
+func (x *ServerRemoval) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
 	}
 	return 0
 }
@@ -1859,11 +1870,14 @@ func (x *SetNodeLabelsCommand) GetRemove() []string {
 
 // SetServerRemovedCommand records that an operator removed a control-plane
 // server from Raft (removed true: remove-peer, leave) or asked it back
-// (removed false: join). Raft's order makes the last one win.
+// (removed false: join), at at_unix_nano (required). A command older than
+// the record it meets changes nothing: the newest verb wins whatever order
+// the proposals were logged in.
 type SetServerRemovedCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ServerId      string                 `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
 	Removed       bool                   `protobuf:"varint,2,opt,name=removed,proto3" json:"removed,omitempty"`
+	AtUnixNano    int64                  `protobuf:"varint,3,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1910,6 +1924,13 @@ func (x *SetServerRemovedCommand) GetRemoved() bool {
 		return x.Removed
 	}
 	return false
+}
+
+func (x *SetServerRemovedCommand) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
 }
 
 // ReplicaStatus is what the agent observes of one replica. The agent's
@@ -5751,11 +5772,13 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x0fserver_removals\x18\t \x03(\v2\x17.llmgw.v1.ServerRemovalR\x0eserverRemovals\x1a>\n" +
 	"\x10NextOrdinalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"b\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x84\x01\n" +
 	"\rServerRemoval\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
 	"\aremoved\x18\x02 \x01(\bR\aremoved\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"z\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12 \n" +
+	"\fat_unix_nano\x18\x04 \x01(\x03R\n" +
+	"atUnixNano\"z\n" +
 	"\x10AdapterPlacement\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aadapter\x18\x02 \x01(\tR\aadapter\x12\x1a\n" +
@@ -5793,10 +5816,12 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06remove\x18\x03 \x03(\tR\x06remove\x1a6\n" +
 	"\bSetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"r\n" +
 	"\x17SetServerRemovedCommand\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
-	"\aremoved\x18\x02 \x01(\bR\aremoved\"\xc8\x02\n" +
+	"\aremoved\x18\x02 \x01(\bR\aremoved\x12 \n" +
+	"\fat_unix_nano\x18\x03 \x01(\x03R\n" +
+	"atUnixNano\"\xc8\x02\n" +
 	"\rReplicaStatus\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
