@@ -90,6 +90,22 @@ func (l *loraAgent) setActive(t *testing.T, adapter string, n uint32) {
 
 func (l *loraAgent) stop() { l.a.cancel(); l.wg.Wait() }
 
+// modelReplicas is the model's replicas by id, as s has applied them.
+func modelReplicas(s *Server, model string) map[string]*llmgwv1.Replica {
+	out := map[string]*llmgwv1.Replica{}
+	for _, r := range s.fsm.State().Replicas {
+		if r.Model == model {
+			out[r.Id] = r
+		}
+	}
+	return out
+}
+
+// replicaReady: READY for this uid, and not draining, as s knows it.
+func replicaReady(s *Server, r *llmgwv1.Replica) bool {
+	return !r.Draining && s.eph.StatusOf(r).GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+}
+
 // adapterPuts counts the committed placements that put adapter on a
 // replica it was not on before.
 func adapterPuts(s *Server, adapter string) int {
@@ -141,9 +157,9 @@ func TestEnsureAdapter(t *testing.T) {
 	agent := startLoraAgent(ctx, t, r, "n1", 2)
 	defer agent.stop()
 	waitFor(ctx, t, "both replicas ready", func() error {
-		reps := r.srv.modelReplicas("lora")
+		reps := modelReplicas(r.srv, "lora")
 		for _, rep := range reps {
-			if !r.srv.replicaReady(rep) {
+			if !replicaReady(r.srv, rep) {
 				return status.Errorf(codes.Unavailable, "%s not ready", rep.Id)
 			}
 		}
@@ -190,7 +206,7 @@ func TestEnsureAdapter(t *testing.T) {
 	agent.setActive(t, "sql", 1)
 	agent.setActive(t, "legal", 2)
 	waitFor(ctx, t, "activity reported", func() error {
-		for _, rep := range r.srv.modelReplicas("lora") {
+		for _, rep := range modelReplicas(r.srv, "lora") {
 			for _, st := range r.srv.eph.AdaptersOf(rep) {
 				if st.Active == 0 {
 					return status.Error(codes.Unavailable, "not yet")
@@ -210,7 +226,7 @@ func TestEnsureAdapter(t *testing.T) {
 	// legal goes idle: it is the one evicted, and chat takes its replica.
 	agent.setActive(t, "legal", 0)
 	waitFor(ctx, t, "legal idle", func() error {
-		for _, st := range r.srv.eph.AdaptersOf(r.srv.modelReplicas("lora")[legalOn]) {
+		for _, st := range r.srv.eph.AdaptersOf(modelReplicas(r.srv, "lora")[legalOn]) {
 			if st.Active != 0 {
 				return status.Error(codes.Unavailable, "not yet")
 			}

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,7 +31,7 @@ func TestThreeServers(t *testing.T) {
 	for _, id := range []string{"c2", "c3"} {
 		cfg := cfgFor(id, false)
 		others[id] = launch(t, cfg, nil)
-		if err := c1.srv.node.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(cfg.RaftAddr), 0, 10*time.Second).Error(); err != nil {
+		if err := c1.srv.store.Raw().AddVoter(raft.ServerID(id), raft.ServerAddress(cfg.RaftAddr), 0, 10*time.Second).Error(); err != nil {
 			t.Fatalf("add voter %s: %v", id, err)
 		}
 	}
@@ -74,7 +75,7 @@ func TestThreeServers(t *testing.T) {
 			t.Fatal("no new leader")
 		}
 		for _, r := range others {
-			if r.srv.leaderReady.Load() {
+			if r.srv.store.LeaderReady() {
 				leader = r
 			}
 		}
@@ -86,5 +87,53 @@ func TestThreeServers(t *testing.T) {
 	}
 	if del.Revision <= applied.Revision {
 		t.Fatalf("revision went from %d to %d", applied.Revision, del.Revision)
+	}
+}
+
+// TestClusterBadInput: refusals that leave the cluster unchanged — the
+// last voter leaving, joining an address nobody answers, joining nothing.
+func TestClusterBadInput(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cfg := haConfig(t, "solo", 0)
+	cfg.Bootstrap = true
+	r := start(t, cfg)
+	defer r.stop(t)
+	a := llmgwv1.NewAdminServiceClient(r.conn)
+	tests := []struct {
+		name string
+		call func() error
+		want codes.Code
+		msg  string
+	}{
+		{"last voter leaves", func() error { _, err := a.Leave(ctx, &llmgwv1.LeaveRequest{}); return err }, codes.FailedPrecondition, "last voter"},
+		{"join unreachable", func() error {
+			_, err := a.Join(ctx, &llmgwv1.JoinRequest{GossipAddrs: []string{freeAddr(t)}})
+			return err
+		}, codes.Unavailable, "none answered"},
+		{"join nothing", func() error { _, err := a.Join(ctx, &llmgwv1.JoinRequest{}); return err }, codes.InvalidArgument, "gossip_addrs"},
+		{"join garbage", func() error { _, err := a.Join(ctx, &llmgwv1.JoinRequest{GossipAddrs: []string{"nope"}}); return err }, codes.InvalidArgument, "host:port"},
+		{"remove unknown", func() error { _, err := a.RemovePeer(ctx, &llmgwv1.RemovePeerRequest{Id: "ghost"}); return err }, codes.NotFound, "ghost"},
+		{"remove self", func() error { _, err := a.RemovePeer(ctx, &llmgwv1.RemovePeerRequest{Id: "solo"}); return err }, codes.FailedPrecondition, "leader"},
+		{"transfer to unknown", func() error {
+			_, err := a.TransferLeadership(ctx, &llmgwv1.TransferLeadershipRequest{To: "ghost"})
+			return err
+		}, codes.NotFound, "ghost"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			if status.Code(err) != tt.want || !strings.Contains(err.Error(), tt.msg) {
+				t.Fatalf("got %v, want %v containing %q", err, tt.want, tt.msg)
+			}
+		})
+	}
+	cs, err := a.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
+	if err != nil || cs.Leader != "solo" || cs.Voters != 1 || !cs.Healthy {
+		t.Fatalf("cluster changed: %v %v", cs, err)
+	}
+	peers, err := a.ListPeers(ctx, &llmgwv1.ListPeersRequest{})
+	if err != nil || len(peers.Peers) != 1 || !peers.Peers[0].Leader {
+		t.Fatalf("peers: %v %v", peers, err)
 	}
 }

@@ -5,11 +5,19 @@ import (
 	"fmt"
 	"net"
 	"time"
+
+	"github.com/llmgw/llmgw/controlplane/cluster"
+	"github.com/llmgw/llmgw/controlplane/gossip"
 )
 
-// Config configures a control node. Validate's errors name the flag
-// ("--grpc-addr: ...") or, for settings only the config file has, its key
-// ("drain_timeout: ...").
+// GossipConfig tunes memberlist (package gossip); the zero value keeps its
+// LAN defaults.
+type GossipConfig = gossip.Config
+
+// Config configures a control node. Its YAML keys (--config, design §2)
+// are the flags' names with underscores. Validate's errors name the flag
+// and the key ("--grpc-addr (grpc_addr): ...") or, for settings only the
+// config file has, the key alone ("drain_timeout: ...").
 type Config struct {
 	// NodeID names this server in Raft and to clients; stable across
 	// restarts.
@@ -36,7 +44,8 @@ type Config struct {
 	// also autopilot's MinQuorum: dead servers are never cleaned up below it.
 	BootstrapExpect int `yaml:"bootstrap_expect"`
 	// Join lists other servers' gossip addresses, joined in the background
-	// (every JoinRetryInterval) until one answers.
+	// until one answers: the first retry after JoinRetryInterval, backing
+	// off with jitter to ten times it.
 	Join              []string      `yaml:"join"`
 	JoinRetryInterval time.Duration `yaml:"join_retry_interval"`
 	// Gossip tunes memberlist (zero values keep its LAN defaults).
@@ -148,87 +157,126 @@ func DefaultConfig() Config {
 	}
 }
 
-// Validate returns the first problem, naming the flag.
+// setting names a setting as the user wrote it: its flag and file key, or
+// the key alone for a setting only the config file has.
+type setting struct{ flag, key string }
+
+func (s setting) String() string {
+	if s.flag == "" {
+		return s.key
+	}
+	return "--" + s.flag + " (" + s.key + ")"
+}
+
+// flagged is a setting with a flag of `llmgw control`; its key is the
+// flag's name with underscores.
+func flagged(flag string) setting {
+	key := []byte(flag)
+	for i, c := range key {
+		if c == '-' {
+			key[i] = '_'
+		}
+	}
+	return setting{flag: flag, key: string(key)}
+}
+
+// fileOnly is a setting only the config file has.
+func fileOnly(key string) setting { return setting{key: key} }
+
+// Validate reports every problem of c, joined (errors.Join), each naming
+// the setting as the user wrote it.
 func (c Config) Validate() error {
+	var errs []error
+	bad := func(s setting, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{s}, args...)...))
+	}
 	if c.NodeID == "" {
-		return errors.New("--node-id: required")
+		bad(flagged("node-id"), "required")
 	}
 	if c.DataDir == "" {
-		return errors.New("--data-dir: required")
+		bad(flagged("data-dir"), "required")
 	}
-	for _, a := range []struct{ flag, addr string }{{"--grpc-addr", c.GRPCAddr}, {"--raft-addr", c.RaftAddr}, {"--http-addr", c.HTTPAddr}} {
-		if err := checkAddr(a.addr); err != nil {
-			return fmt.Errorf("%s: %w", a.flag, err)
+	for _, a := range []struct {
+		s    setting
+		addr string
+	}{{flagged("grpc-addr"), c.GRPCAddr}, {flagged("raft-addr"), c.RaftAddr}, {flagged("http-addr"), c.HTTPAddr}} {
+		if err := cluster.CheckAddr(a.addr); err != nil {
+			bad(a.s, "%w", err)
 		}
 	}
 	if c.GossipAddr != "" {
-		if err := checkAddr(c.GossipAddr); err != nil {
-			return fmt.Errorf("--gossip-addr: %w", err)
+		if err := cluster.CheckAddr(c.GossipAddr); err != nil {
+			bad(flagged("gossip-addr"), "%w", err)
 		}
 	}
-	if host, _, _ := net.SplitHostPort(c.RaftAddr); host == "" || net.ParseIP(host).IsUnspecified() {
-		return fmt.Errorf("--raft-addr: %q must name an address other servers can reach, not a wildcard", c.RaftAddr)
+	if cluster.CheckAddr(c.RaftAddr) == nil {
+		if host, _, _ := net.SplitHostPort(c.RaftAddr); host == "" || net.ParseIP(host).IsUnspecified() {
+			bad(flagged("raft-addr"), "%q must name an address other servers can reach, not a wildcard", c.RaftAddr)
+		}
 	}
 	if c.Bootstrap && c.BootstrapExpect != 0 {
-		return errors.New("--bootstrap and --bootstrap-expect: give one (--bootstrap starts a single node; --bootstrap-expect N waits for N servers)")
+		errs = append(errs, fmt.Errorf("%s and %s: give one (--bootstrap starts a single node; --bootstrap-expect N waits for N servers)", flagged("bootstrap"), flagged("bootstrap-expect")))
 	}
 	if c.BootstrapExpect < 0 {
-		return fmt.Errorf("--bootstrap-expect: must be at least 1, got %d", c.BootstrapExpect)
+		bad(flagged("bootstrap-expect"), "must be at least 1, got %d", c.BootstrapExpect)
 	}
 	if c.GossipAddr == "" {
-		switch {
-		case c.BootstrapExpect != 0:
-			return errors.New("--gossip-addr: required with --bootstrap-expect (servers find each other over gossip)")
-		case len(c.Join) != 0:
-			return errors.New("--gossip-addr: required with --join")
+		if c.BootstrapExpect != 0 {
+			bad(flagged("gossip-addr"), "required with --bootstrap-expect (servers find each other over gossip)")
+		}
+		if len(c.Join) != 0 {
+			bad(flagged("gossip-addr"), "required with --join")
 		}
 	}
 	for _, j := range c.Join {
-		if err := checkAddr(j); err != nil {
-			return fmt.Errorf("--join: %w", err)
+		if err := cluster.CheckAddr(j); err != nil {
+			bad(flagged("join"), "%w", err)
 		}
 	}
-	if c.Gossip.ProbeInterval < 0 || c.Gossip.ProbeTimeout < 0 || c.Gossip.GossipInterval < 0 || c.Gossip.PushPullInterval < 0 || c.Gossip.SuspicionMult < 0 {
-		return errors.New("gossip: timings must not be negative")
+	for _, g := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"probe_interval", c.Gossip.ProbeInterval}, {"probe_timeout", c.Gossip.ProbeTimeout},
+		{"gossip_interval", c.Gossip.GossipInterval}, {"push_pull_interval", c.Gossip.PushPullInterval},
+	} {
+		if g.v < 0 {
+			bad(fileOnly("gossip."+g.key), "must not be negative, got %s", g.v)
+		}
+	}
+	if c.Gossip.SuspicionMult < 0 {
+		bad(fileOnly("gossip.suspicion_mult"), "must not be negative, got %d", c.Gossip.SuspicionMult)
 	}
 	for _, d := range []struct {
-		flag string
-		v    time.Duration
+		s setting
+		v time.Duration
 	}{
-		{"--heartbeat-timeout", c.HeartbeatTimeout}, {"--election-timeout", c.ElectionTimeout},
-		{"leader_lease_timeout", c.LeaderLeaseTimeout}, {"heartbeat_interval", c.HeartbeatInterval},
-		{"agent_timeout", c.AgentTimeout}, {"watch_wait", c.WatchWait},
-		{"reconcile_interval", c.ReconcileInterval}, {"apply_timeout", c.ApplyTimeout},
-		{"node_down_after", c.NodeDownAfter}, {"reschedule_after", c.RescheduleAfter}, {"drain_timeout", c.DrainTimeout}, {"ephemeral_tick", c.EphemeralTick},
-		{"join_retry_interval", c.JoinRetryInterval}, {"--server-stabilization-time", c.ServerStabilizationTime},
-		{"autopilot_interval", c.AutopilotInterval}, {"rpc_hold_timeout", c.RPCHoldTimeout}, {"leave_timeout", c.LeaveTimeout},
-		{"adapter_wait_max", c.AdapterWaitMax}, {"adapter_retry_after", c.AdapterRetryAfter},
+		{flagged("heartbeat-timeout"), c.HeartbeatTimeout}, {flagged("election-timeout"), c.ElectionTimeout},
+		{fileOnly("leader_lease_timeout"), c.LeaderLeaseTimeout}, {fileOnly("heartbeat_interval"), c.HeartbeatInterval},
+		{fileOnly("agent_timeout"), c.AgentTimeout}, {fileOnly("watch_wait"), c.WatchWait},
+		{fileOnly("reconcile_interval"), c.ReconcileInterval}, {fileOnly("apply_timeout"), c.ApplyTimeout},
+		{fileOnly("node_down_after"), c.NodeDownAfter}, {fileOnly("reschedule_after"), c.RescheduleAfter},
+		{fileOnly("drain_timeout"), c.DrainTimeout}, {fileOnly("ephemeral_tick"), c.EphemeralTick},
+		{fileOnly("join_retry_interval"), c.JoinRetryInterval}, {flagged("server-stabilization-time"), c.ServerStabilizationTime},
+		{fileOnly("autopilot_interval"), c.AutopilotInterval}, {flagged("rpc-hold-timeout"), c.RPCHoldTimeout},
+		{fileOnly("leave_timeout"), c.LeaveTimeout},
+		{fileOnly("adapter_wait_max"), c.AdapterWaitMax}, {fileOnly("adapter_retry_after"), c.AdapterRetryAfter},
 	} {
 		if d.v <= 0 {
-			return fmt.Errorf("%s: must be positive, got %s", d.flag, d.v)
+			bad(d.s, "must be positive, got %s", d.v)
 		}
 	}
-	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
-		return fmt.Errorf("leader_lease_timeout: %s must not exceed --heartbeat-timeout %s (raft refuses it)", c.LeaderLeaseTimeout, c.HeartbeatTimeout)
+	if c.HeartbeatTimeout > 0 && c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		bad(fileOnly("leader_lease_timeout"), "%s must not exceed %s %s (raft refuses it)", c.LeaderLeaseTimeout, flagged("heartbeat-timeout"), c.HeartbeatTimeout)
 	}
-	if c.ElectionTimeout < c.HeartbeatTimeout {
-		return fmt.Errorf("--election-timeout: %s must be at least --heartbeat-timeout %s (raft refuses it)", c.ElectionTimeout, c.HeartbeatTimeout)
+	if c.HeartbeatTimeout > 0 && c.ElectionTimeout > 0 && c.ElectionTimeout < c.HeartbeatTimeout {
+		bad(flagged("election-timeout"), "%s must be at least %s %s (raft refuses it)", c.ElectionTimeout, flagged("heartbeat-timeout"), c.HeartbeatTimeout)
 	}
 	if c.AdapterMinIdle < 0 {
-		return fmt.Errorf("adapter_min_idle: must not be negative, got %s", c.AdapterMinIdle)
+		bad(fileOnly("adapter_min_idle"), "must not be negative, got %s", c.AdapterMinIdle)
 	}
 	if c.WatchQueue < 1 {
-		return fmt.Errorf("watch_queue: must be at least 1, got %d", c.WatchQueue)
+		bad(fileOnly("watch_queue"), "must be at least 1, got %d", c.WatchQueue)
 	}
-	return nil
-}
-
-func checkAddr(addr string) error {
-	if addr == "" {
-		return errors.New("required (host:port)")
-	}
-	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
-		return fmt.Errorf("%q is not host:port", addr)
-	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -259,7 +259,7 @@ func TestFailoverGrace(t *testing.T) {
 	c.stop(leader)
 	newLeader := c.agreedLeader(ctx, 3)
 	waitFor(ctx, t, "the new leader past its barrier", func() error {
-		if !c.nodes[newLeader].srv.leaderReady.Load() {
+		if !c.nodes[newLeader].srv.store.LeaderReady() {
 			return fmt.Errorf("not ready")
 		}
 		return nil

@@ -79,6 +79,19 @@ func newHAClusterWith(t *testing.T, expect int, tune func(*Config), hook func(*S
 	return c
 }
 
+// awaitServing waits until Run has wired the server and serves gRPC and
+// HTTP, for a test that reads its parts before it is ready (the serving
+// flag orders those reads after Run's writes).
+func (r *running) awaitServing(ctx context.Context, t *testing.T) {
+	t.Helper()
+	waitFor(ctx, t, r.srv.cfg.NodeID+" serving", func() error {
+		if !r.srv.serving.Load() {
+			return fmt.Errorf("not yet")
+		}
+		return nil
+	})
+}
+
 // stopQuietly stops a server that may have stopped already.
 func (r *running) stopQuietly() {
 	if r.conn != nil {
@@ -423,16 +436,19 @@ func TestBootstrapExpectMismatch(t *testing.T) {
 	ra, rb := launch(t, a, nil), launch(t, b, nil)
 	defer ra.stopQuietly()
 	defer rb.stopQuietly()
+	for _, r := range []*running{ra, rb} {
+		r.awaitServing(ctx, t)
+	}
 	waitFor(ctx, t, "mismatch reported", func() error {
 		for _, r := range []*running{ra, rb} {
-			if p, _ := r.srv.bootstrapProblem.Load().(string); !strings.Contains(p, "--bootstrap-expect") {
+			if p := r.srv.members.BootstrapProblem(); !strings.Contains(p, "--bootstrap-expect") {
 				return fmt.Errorf("%s: problem %q", r.srv.cfg.NodeID, p)
 			}
 		}
 		return nil
 	})
 	for _, r := range []*running{ra, rb} {
-		if r.srv.hasLeader() || len(r.srv.raftServers()) != 0 {
+		if r.srv.store.HasLeader() || len(r.srv.store.Servers()) != 0 {
 			t.Fatalf("%s bootstrapped despite the mismatch", r.srv.cfg.NodeID)
 		}
 		resp, err := http.Get("http://" + r.srv.HTTPAddr() + "/readyz")

@@ -11,84 +11,67 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/raft"
-	autopilot "github.com/hashicorp/raft-autopilot"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/controlplane/cluster"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
+	"github.com/llmgw/llmgw/controlplane/gate"
+	"github.com/llmgw/llmgw/controlplane/gossip"
+	"github.com/llmgw/llmgw/controlplane/leader"
 	"github.com/llmgw/llmgw/controlplane/plane"
+	"github.com/llmgw/llmgw/controlplane/service"
+	"github.com/llmgw/llmgw/controlplane/service/adapter"
+	"github.com/llmgw/llmgw/controlplane/service/admin"
+	"github.com/llmgw/llmgw/controlplane/service/agent"
+	"github.com/llmgw/llmgw/controlplane/service/watch"
+	"github.com/llmgw/llmgw/controlplane/sessions"
+	"github.com/llmgw/llmgw/controlplane/store"
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/grpcstop"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
 // Server is one control node. Create it with New, run it with Run; it is
 // not reusable after Run returns.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	fsm     *fsm.FSM
-	eph     *ephemeral.Store
-	metrics *metrics
-	// plane forwards the agents' updates this node owns to the other
-	// control nodes and applies theirs (plan §5.4). Without gossip it has
-	// no peers and only keeps this node's sessions.
-	plane *plane.Plane
-	// dropForward, set by tests, loses plane messages to a peer as a
-	// network would.
-	dropForward func(peer string, msg []byte) bool
+	cfg      Config
+	log      *slog.Logger
+	fsm      *fsm.FSM
+	eph      *ephemeral.Store
+	reg      *prometheus.Registry
+	metrics  metrics
+	plane    *plane.Plane
+	sessions *sessions.Registry
 
 	ready chan struct{}
 	// fatalCh carries the first fatal error (an unknown command) to Run.
 	fatalCh chan error
+	serving atomic.Bool
 
-	// Set by Run before ready is closed; read-only afterwards.
-	node     *raftNode
+	// Set by Run before anything it starts runs; read-only afterwards.
+	store    *store.Store
+	gossip   *gossip.Gossip // nil without --gossip-addr
+	members  *cluster.Cluster
 	grpcAddr string
 	httpAddr string
-	serving  atomic.Bool
-	// leaderReady is true while this node leads and has passed the
-	// Barrier that applies everything committed before its term.
-	leaderReady atomic.Bool
-
-	// gossip is nil when --gossip-addr is empty. conns reach the other
-	// servers (forwarding, autopilot's checks).
-	gossip *gossip
-	conns  *connPool
-	// bootstrapProblem is why --bootstrap-expect refuses to bootstrap (a
-	// mismatched expectation), shown by /readyz; "" when none.
-	bootstrapProblem atomic.Value
-	// versionProblem is why the cluster refuses this server (its version
-	// is below the cluster's minimum, plan §13.3), shown by /readyz.
-	versionProblem atomic.Value
-	// autopilotState is autopilot's last judgement while this node leads.
-	autopilotState atomic.Pointer[autopilot.State]
-	// removals tracks autopilot's removals of failed servers while leading.
-	removalsMu sync.Mutex
-	removals   *sync.WaitGroup
-	// leaving is closed by a graceful Leave once this server is out of the
-	// cluster: Run then stops, and the process exits (as Consul's does).
-	leaving   chan struct{}
-	leaveOnce sync.Once
-	leaveMu   sync.Mutex // one Leave at a time
-
-	sessionsMu sync.Mutex
-	sessions   map[string]int       // node id -> attached sessions
-	detachedAt map[string]time.Time // node id -> when its last session ended
-	sessionSeq atomic.Uint64
-
-	// adapterMu serializes the leader's adapter placement decisions: the
-	// re-read of a placement under it is the single flight that loads each
-	// cold adapter once (plan §7.6). placedAt is when this node placed each
-	// adapter on a replica, so one just placed counts as recently used.
-	adapterMu sync.Mutex
-	placedAt  map[adapterKey]time.Time
 
 	// now is the clock of every time-based judgement (node down, drain
-	// timeout); tests replace it.
+	// timeout, tombstones); tests replace it before Run.
 	now func() time.Time
+	// dropForward, set by tests, loses plane messages to a peer as a
+	// network would.
+	dropForward func(peer string, msg []byte) bool
+}
+
+// metrics are the node's per-package metrics, all in one registry.
+type metrics struct {
+	store  *store.Metrics
+	leader *leader.Metrics
+	agent  *agent.Metrics
+	watch  *watch.Metrics
+	plane  *plane.Metrics
 }
 
 // New checks cfg and prepares a server; it opens nothing until Run.
@@ -100,26 +83,30 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		return nil, errors.New("controlplane: nil logger")
 	}
 	s := &Server{
-		cfg:        cfg,
-		log:        logger.With("node", cfg.NodeID),
-		fsm:        fsm.New(fsm.Config{}),
-		eph:        ephemeral.NewStore(),
-		ready:      make(chan struct{}),
-		fatalCh:    make(chan error, 1),
-		sessions:   map[string]int{},
-		detachedAt: map[string]time.Time{},
-		now:        time.Now,
-		conns:      newConnPool(),
-		leaving:    make(chan struct{}),
-		placedAt:   map[adapterKey]time.Time{},
+		cfg:     cfg,
+		log:     logger.With("node", cfg.NodeID),
+		fsm:     fsm.New(fsm.Config{}),
+		eph:     ephemeral.NewStore(),
+		reg:     prometheus.NewRegistry(),
+		ready:   make(chan struct{}),
+		fatalCh: make(chan error, 1),
+		now:     time.Now,
 	}
-	s.bootstrapProblem.Store("")
-	s.versionProblem.Store("")
-	s.metrics = newMetrics(s)
-	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: func() time.Time { return s.now() }},
-		s.eph, (*planeTransport)(s), plane.NewMetrics(s.metrics.reg), s.log.With("subsystem", "ephemeral-plane"))
+	s.metrics = metrics{
+		store:  store.NewMetrics(s.reg),
+		leader: leader.NewMetrics(s.reg),
+		agent:  agent.NewMetrics(s.reg),
+		watch:  watch.NewMetrics(s.reg),
+		plane:  plane.NewMetrics(s.reg),
+	}
+	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: s.clock},
+		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
+	s.sessions = sessions.New(s.plane, s.clock, s.reg)
 	return s, nil
 }
+
+// clock is s.now, read at each call so tests may replace it before Run.
+func (s *Server) clock() time.Time { return s.now() }
 
 // Ready is closed once the node has a leader and serves gRPC and HTTP.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
@@ -130,14 +117,17 @@ func (s *Server) GRPCAddr() string { return s.grpcAddr }
 func (s *Server) HTTPAddr() string { return s.httpAddr }
 
 // Run opens the stores, starts Raft, serves gRPC and HTTP and runs the
-// leader loops until ctx is done or a fatal error occurs. It returns after
-// everything it started has stopped. Shutdown order:
+// leader loops until ctx is done, a fatal error occurs or the server has
+// left the cluster. It returns after everything it started has stopped.
+// Shutdown order:
 //  1. /readyz fails, so load balancers stop sending;
-//  2. gRPC: streams are cancelled, then the server stops (agents and
-//     routers move to another control node);
-//  3. the leader loops (placement, membership, autopilot), the observer,
-//     the ephemeral plane's senders, the bootstrapper and the background
-//     join stop;
+//  2. gRPC: streams are cancelled, then the server stops gracefully (at
+//     most 2 s, then hard): agents and routers move to another control
+//     node;
+//  3. the loops stop and are waited for: the leader's (placement,
+//     membership, autopilot), the leadership watch and the observer, the
+//     ephemeral plane's senders, the bootstrapper, the --join retries and
+//     the minimum-version watch;
 //  4. gossip shuts down without a leave: peers see this server dead, not
 //     gone, so a restart does not shrink the cluster (a graceful leave is
 //     the Leave RPC, which then ends Run);
@@ -145,53 +135,64 @@ func (s *Server) HTTPAddr() string { return s.httpAddr }
 //     the connections to peers;
 //  6. HTTP stops last, so /metrics and /healthz answer until the end.
 func (s *Server) Run(ctx context.Context) (err error) {
-	node, err := openRaft(s.cfg, s.fsm, s.log, s.metrics, s.fatal)
+	st, err := store.Open(store.Config{
+		NodeID: s.cfg.NodeID, DataDir: s.cfg.DataDir, RaftAddr: s.cfg.RaftAddr,
+		Bootstrap: s.cfg.Bootstrap, BootstrapExpect: s.cfg.BootstrapExpect,
+		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ElectionTimeout: s.cfg.ElectionTimeout, LeaderLeaseTimeout: s.cfg.LeaderLeaseTimeout,
+		ApplyTimeout: s.cfg.ApplyTimeout, Version: s.cfg.Version, ClientAddr: s.clientAddr,
+	}, s.fsm, s.metrics.store, s.log, s.fatal)
 	if err != nil {
 		return err
 	}
-	s.node = node
+	s.store = st
 	grpcLis, err := net.Listen("tcp", s.cfg.GRPCAddr)
 	if err != nil {
-		node.close(s.log)
+		st.Close()
 		return fmt.Errorf("listen --grpc-addr %s: %w", s.cfg.GRPCAddr, err)
 	}
 	httpLis, err := net.Listen("tcp", s.cfg.HTTPAddr)
 	if err != nil {
 		grpcLis.Close()
-		node.close(s.log)
+		st.Close()
 		return fmt.Errorf("listen --http-addr %s: %w", s.cfg.HTTPAddr, err)
 	}
 	s.grpcAddr, s.httpAddr = grpcLis.Addr().String(), httpLis.Addr().String()
+	var g cluster.Gossip // a nil interface without gossip
 	if s.cfg.GossipAddr != "" {
-		s.gossip = newGossip(serverMeta{
-			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: string(node.transport.LocalAddr()),
+		s.gossip = gossip.New(gossip.Meta{
+			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: st.RaftAddr(),
 			HTTP: s.httpAddr, Expect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap,
-		}, s.log, s.now)
-		s.gossip.plane = s.plane
-		if err := s.gossip.start(s.cfg.GossipAddr, s.cfg.Gossip); err != nil {
+		}, s.plane, s.log, s.clock)
+		if err := s.gossip.Start(s.cfg.GossipAddr, s.cfg.Gossip); err != nil {
 			grpcLis.Close()
 			httpLis.Close()
-			node.close(s.log)
+			st.Close()
 			return err
 		}
+		g = s.gossip
 	}
+	pool := cluster.NewPool()
+	s.members = cluster.New(cluster.Config{
+		NodeID: s.cfg.NodeID, Version: s.cfg.Version,
+		GRPCAddr: s.grpcAddr, HTTPAddr: s.httpAddr, GossipAddr: s.cfg.GossipAddr,
+		BootstrapExpect: s.cfg.BootstrapExpect, Join: s.cfg.Join, JoinRetryInterval: s.cfg.JoinRetryInterval,
+		ServerStabilizationTime: s.cfg.ServerStabilizationTime, CleanupDeadServers: s.cfg.CleanupDeadServers,
+		AutopilotInterval: s.cfg.AutopilotInterval, ReconcileInterval: s.cfg.ReconcileInterval,
+		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ApplyTimeout: s.cfg.ApplyTimeout, LeaveTimeout: s.cfg.LeaveTimeout,
+	}, st, st.Raw(), g, s.fsm, pool, s.log, s.clock)
+	s.registerGauges()
+	gated := gate.New(s.cfg.Version, st, s.fsm, s.members, s.log)
+	lead := leader.New(leader.Config{
+		ReconcileInterval: s.cfg.ReconcileInterval, NodeDownAfter: s.cfg.NodeDownAfter,
+		RescheduleAfter: s.cfg.RescheduleAfter, DrainTimeout: s.cfg.DrainTimeout,
+		AdapterMinIdle: s.cfg.AdapterMinIdle, AdapterRetryAfter: s.cfg.AdapterRetryAfter,
+	}, gated, s.fsm, s.eph, s.sessions, s.members, s.metrics.leader, s.log, s.clock)
 
 	// streams is cancelled first on shutdown: long-lived streams would hold
 	// a graceful stop forever.
 	streams, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
-	gs := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(s.forwardUnary),
-		// Clients detect a dead server by application heartbeats (plan
-		// §5.6); their gRPC keepalives, if any, must not get them cut off.
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-			return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
-		}))
-	llmgwv1.RegisterAgentServiceServer(gs, &agentService{s: s})
-	llmgwv1.RegisterWatchServiceServer(gs, &watchService{s: s})
-	llmgwv1.RegisterAdminServiceServer(gs, &adminService{s: s})
-	llmgwv1.RegisterAdapterServiceServer(gs, &adapterService{s: s})
+	gs := s.grpcServer(streams, gated, lead)
 	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
 
 	loops, stopLoops := context.WithCancel(context.Background())
@@ -210,24 +211,25 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 	})
 	s.serving.Store(true)
-	wg.Go(func() { s.observe(loops) })
-	wg.Go(func() { s.leaderLoop(loops) })
+	wg.Go(func() { st.Observe(loops) })
+	wg.Go(func() {
+		// Each term: membership and autopilot beside placement; the term
+		// ends only after both have stopped.
+		st.RunLeadership(loops, func(term context.Context) {
+			var membership sync.WaitGroup
+			defer membership.Wait()
+			membership.Go(func() { s.members.WhileLeading(term) })
+			lead.Place(term)
+		})
+	})
 	wg.Go(func() { s.waitReady(loops) })
 	wg.Go(func() { s.plane.Run(loops) })
-	if s.gossip != nil && len(s.cfg.Join) > 0 {
-		wg.Go(func() { s.gossip.retryJoin(loops, s.cfg.Join, s.cfg.JoinRetryInterval) })
-	}
-	if s.gossip != nil {
-		wg.Go(func() { s.watchMinVersion(loops, time.Second) })
-	}
-	if s.cfg.BootstrapExpect > 0 && !node.existing {
-		wg.Go(func() { s.bootstrapLoop(loops) })
-	}
+	wg.Go(func() { s.members.Run(loops) })
 	s.log.Info("control node running", "grpc_addr", s.grpcAddr, "http_addr", s.httpAddr, "raft_addr", s.cfg.RaftAddr, "gossip_addr", s.cfg.GossipAddr)
 
 	select {
 	case <-ctx.Done():
-	case <-s.leaving:
+	case <-s.members.Left():
 		s.log.Info("stopping: left the cluster")
 	case err = <-s.fatalCh:
 		s.log.Error("stopping: fatal error", "err", err)
@@ -237,23 +239,16 @@ func (s *Server) Run(ctx context.Context) (err error) {
 
 	s.serving.Store(false)
 	cancelStreams()
-	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(2 * time.Second):
-		gs.Stop()
-		<-stopped
-	}
+	grpcstop.Stop(gs, 2*time.Second)
 	stopLoops()
 	wg.Wait()
 	if s.gossip != nil {
-		if gerr := s.gossip.shutdown(); gerr != nil {
+		if gerr := s.gossip.Shutdown(); gerr != nil {
 			s.log.Error("gossip shutdown", "err", gerr)
 		}
 	}
-	node.close(s.log)
-	s.conns.close()
+	st.Close()
+	pool.Close()
 	shutCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if herr := hs.Shutdown(shutCtx); herr != nil {
@@ -264,6 +259,37 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	return err
 }
 
+// grpcServer is the node's gRPC server with its four services: leader-only
+// unary calls forwarded (package service), every stream ended when
+// streams is.
+func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *leader.Leader) *grpc.Server {
+	fwd := service.NewForwarder(s.cfg.NodeID, s.cfg.RPCHoldTimeout, s.store, s.members)
+	gs := grpc.NewServer(
+		grpc.ChainUnaryInterceptor(fwd.Unary),
+		// Clients detect a dead server by application heartbeats (design
+		// §5.6); their gRPC keepalives, if any, must not get them cut off.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
+		}))
+	llmgwv1.RegisterAgentServiceServer(gs, agent.New(agent.Config{
+		Self: s.cfg.NodeID, HeartbeatInterval: s.cfg.HeartbeatInterval, AgentTimeout: s.cfg.AgentTimeout,
+		ElectionTimeout: s.cfg.ElectionTimeout, RPCHoldTimeout: s.cfg.RPCHoldTimeout, ApplyTimeout: s.cfg.ApplyTimeout,
+	}, agent.Deps{
+		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Reports: s.eph,
+		Plane: s.plane, Sessions: s.sessions, Metrics: s.metrics.agent,
+	}, s.log))
+	llmgwv1.RegisterWatchServiceServer(gs, watch.New(watch.Config{
+		HeartbeatInterval: s.cfg.HeartbeatInterval, WatchWait: s.cfg.WatchWait, WatchQueue: s.cfg.WatchQueue,
+	}, s.fsm, s.eph, s.members, s.metrics.watch, s.log))
+	llmgwv1.RegisterAdminServiceServer(gs, admin.New(s.cfg.NodeID, admin.Deps{
+		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Membership: s.members,
+		Reports: s.eph, Sessions: s.sessions,
+	}, s.log))
+	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
+	return gs
+}
+
 func (s *Server) fatal(err error) {
 	select {
 	case s.fatalCh <- err:
@@ -271,12 +297,21 @@ func (s *Server) fatal(err error) {
 	}
 }
 
+// clientAddr is where clients reach server id (for the store's
+// NotLeaderError); nothing before the membership exists.
+func (s *Server) clientAddr(id string) (string, bool) {
+	if s.members == nil {
+		return "", false
+	}
+	return s.members.ClientAddr(id)
+}
+
 // waitReady closes ready once a leader is known and, when that is this
 // node, it has applied everything committed before its term.
 func (s *Server) waitReady(ctx context.Context) {
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()
-	for !s.hasLeader() || (s.isLeader() && !s.leaderReady.Load()) {
+	for !s.store.HasLeader() || (s.store.IsLeader() && !s.store.LeaderReady()) {
 		select {
 		case <-ctx.Done():
 			return
@@ -286,189 +321,26 @@ func (s *Server) waitReady(ctx context.Context) {
 	close(s.ready)
 }
 
-// observe counts leader changes from raft's observer.
-func (s *Server) observe(ctx context.Context) {
-	ch := make(chan raft.Observation, 16)
-	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
-		_, ok := o.Data.(raft.LeaderObservation)
-		return ok
-	})
-	s.node.raft.RegisterObserver(obs)
-	defer s.node.raft.DeregisterObserver(obs)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case o := <-ch:
-			lo := o.Data.(raft.LeaderObservation)
-			s.metrics.leaderChanges.Inc()
-			s.log.Info("leader changed", "leader", string(lo.LeaderID), "leader_addr", string(lo.LeaderAddr))
-		}
+// planeTransport is the ephemeral plane's reach to the other servers:
+// gossip's reliable send, or nobody without gossip. It reads s.gossip,
+// which Run sets before the plane runs.
+type planeTransport struct{ s *Server }
+
+func (t planeTransport) Peers() []string {
+	if t.s.gossip == nil {
+		return nil
 	}
+	return t.s.gossip.Peers()
 }
 
-func (s *Server) httpHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		switch {
-		case !s.serving.Load():
-			http.Error(w, "not serving gRPC", http.StatusServiceUnavailable)
-		case s.versionProblem.Load().(string) != "":
-			http.Error(w, "refused by the cluster: "+s.versionProblem.Load().(string), http.StatusServiceUnavailable)
-		case s.bootstrapProblem.Load().(string) != "":
-			http.Error(w, "bootstrap refused: "+s.bootstrapProblem.Load().(string), http.StatusServiceUnavailable)
-		case !s.hasLeader():
-			http.Error(w, "no raft leader", http.StatusServiceUnavailable)
-		default:
-			fmt.Fprintln(w, "ready")
-		}
-	})
-	return mux
-}
-
-// raftView, for the metrics.
-func (s *Server) hasLeader() bool {
-	_, id := s.node.raft.LeaderWithID()
-	return id != ""
-}
-func (s *Server) isLeader() bool { return s.node.raft.State() == raft.Leader }
-func (s *Server) lastContactSeconds() float64 {
-	if s.isLeader() {
-		return 0
+func (t planeTransport) Send(peer string, msg []byte) error {
+	if t.s.dropForward != nil && t.s.dropForward(peer, msg) {
+		return nil // lost, as a network would lose it
 	}
-	lc := s.node.raft.LastContact()
-	if lc.IsZero() {
-		return 0
+	if t.s.gossip == nil {
+		return cluster.ErrNoGossip
 	}
-	return time.Since(lc).Seconds()
-}
-func (s *Server) revision() uint64 { return s.fsm.Revision() }
-
-// propose commits one command through Raft on the leader and returns what
-// the FSM made of it and the revision it was applied at.
-func (s *Server) propose(ctx context.Context, t llmgwv1.CommandType, payload proto.Message) (any, uint64, error) {
-	if s.node.raft.State() != raft.Leader {
-		return nil, 0, s.notLeader()
-	}
-	if err := s.gate(ctx, t); err != nil {
-		return nil, 0, err
-	}
-	b, err := fsm.NewCommand(t, payload)
-	if err != nil {
-		return nil, 0, err
-	}
-	timeout := s.cfg.ApplyTimeout
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
-		timeout = max(time.Until(dl), time.Millisecond)
-	}
-	start := time.Now()
-	f := s.node.raft.Apply(b, timeout)
-	if err := f.Error(); err != nil {
-		switch {
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrRaftShutdown):
-			// Refused before it entered the log: safe to retry elsewhere.
-			return nil, 0, s.notLeader()
-		case errors.Is(err, raft.ErrLeadershipLost):
-			return nil, 0, fmt.Errorf("propose %s: %w", t, errOutcomeUnknown)
-		}
-		return nil, 0, fmt.Errorf("propose %s: %w", t, err)
-	}
-	s.metrics.commitSeconds.Observe(time.Since(start).Seconds())
-	res, _ := f.Response().(applyResult)
-	return res.value, f.Index(), res.err
-}
-
-func (s *Server) notLeader() error {
-	addr, id := s.node.raft.LeaderWithID()
-	e := &NotLeaderError{LeaderID: string(id), LeaderRaftAddr: string(addr)}
-	if _, g, ok := s.leaderGRPC(); ok {
-		e.LeaderGRPCAddr = g
-	}
-	return e
-}
-
-// servers is the list of control servers in the Raft configuration, with
-// the client addresses gossip carries, for clients' failover (plan §5.6).
-// Without gossip only this node's client addresses are known.
-func (s *Server) servers() []*llmgwv1.ControlServer {
-	_, leader := s.node.raft.LeaderWithID()
-	self := &llmgwv1.ControlServer{
-		Id: s.cfg.NodeID, GrpcAddr: s.grpcAddr, RaftAddr: string(s.node.transport.LocalAddr()),
-		GossipAddr: s.cfg.GossipAddr, HttpAddr: s.httpAddr, Version: s.cfg.Version,
-		Leader: string(leader) == s.cfg.NodeID,
-	}
-	if s.gossip != nil {
-		self.GossipAddr = s.gossip.addr()
-	}
-	out := []*llmgwv1.ControlServer{self}
-	for _, srv := range s.raftServers() {
-		if string(srv.ID) == s.cfg.NodeID {
-			self.Voter = srv.Suffrage == raft.Voter
-			continue
-		}
-		cs := &llmgwv1.ControlServer{Id: string(srv.ID), RaftAddr: string(srv.Address), Leader: srv.ID == leader, Voter: srv.Suffrage == raft.Voter}
-		if s.gossip != nil {
-			if m, ok := s.gossip.memberByID(string(srv.ID)); ok {
-				cs.GrpcAddr, cs.HttpAddr, cs.GossipAddr, cs.Version = m.meta.GRPC, m.meta.HTTP, m.gossipAddr, m.meta.Version
-			}
-		}
-		out = append(out, cs)
-	}
-	return out
-}
-
-func (s *Server) sessionStarted(node string) {
-	s.sessionsMu.Lock()
-	defer s.sessionsMu.Unlock()
-	s.sessions[node]++
-	delete(s.detachedAt, node)
-	s.metrics.agentSessions.Inc()
-}
-
-func (s *Server) sessionEnded(node string) {
-	s.sessionsMu.Lock()
-	defer s.sessionsMu.Unlock()
-	if s.sessions[node]--; s.sessions[node] <= 0 {
-		delete(s.sessions, node)
-		s.detachedAt[node] = s.now()
-	}
-	s.metrics.agentSessions.Dec()
-}
-
-// detachedSince returns when node's last session ended, on this server or
-// (as the ephemeral plane announced) on any other; ok is false while one is
-// attached anywhere. A node never seen attached has no time.
-func (s *Server) detachedSince(node string) (at time.Time, ok bool) {
-	live, remoteEnd := s.plane.Live(node)
-	s.sessionsMu.Lock()
-	defer s.sessionsMu.Unlock()
-	if s.sessions[node] > 0 || live {
-		return time.Time{}, false
-	}
-	at = s.detachedAt[node]
-	if remoteEnd.After(at) {
-		at = remoteEnd
-	}
-	return at, true
-}
-
-// connected is every node with an agent session on any control node.
-func (s *Server) connected() map[string]bool {
-	remote := s.plane.LiveNodes()
-	s.sessionsMu.Lock()
-	defer s.sessionsMu.Unlock()
-	out := make(map[string]bool, len(s.sessions)+len(remote))
-	for n := range s.sessions {
-		out[n] = true
-	}
-	for _, n := range remote {
-		out[n] = true
-	}
-	return out
+	return t.s.gossip.Send(peer, msg)
 }
 
 // ctxStream replaces a stream's context so Run can end every stream.

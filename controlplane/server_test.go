@@ -437,7 +437,7 @@ func TestServerEndToEnd(t *testing.T) {
 	waitDesired("keep-1 removed", func(d *llmgwv1.DesiredReplicas) bool { return len(d.Replicas) == 1 && d.Replicas[0].Id == "keep-0" })
 	// Take a Raft snapshot so the restart goes through Restore, then the
 	// log entries after it.
-	if err := r.srv.node.raft.Snapshot().Error(); err != nil {
+	if err := r.srv.store.Raw().Snapshot().Error(); err != nil {
 		t.Fatalf("raft snapshot: %v", err)
 	}
 	if _, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "after", Engine: "sim", Model: "m", Replicas: 1}}); err != nil {
@@ -466,47 +466,6 @@ func TestServerEndToEnd(t *testing.T) {
 	}
 	if logs := r2.logs.String(); !strings.Contains(logs, "raft state found") || !strings.Contains(logs, "restored from snapshot") || strings.Contains(logs, "bootstrapped") {
 		t.Fatalf("restart bootstrapped again:\n%s", logs)
-	}
-}
-
-func TestConfigValidate(t *testing.T) {
-	tests := []struct {
-		name   string
-		mutate func(c *Config)
-		want   string // prefix of the error; "" = valid
-	}{
-		{"valid", func(*Config) {}, ""},
-		{"no node id", func(c *Config) { c.NodeID = "" }, "--node-id:"},
-		{"no data dir", func(c *Config) { c.DataDir = "" }, "--data-dir:"},
-		{"bad grpc addr", func(c *Config) { c.GRPCAddr = "nope" }, "--grpc-addr:"},
-		{"wildcard raft addr", func(c *Config) { c.RaftAddr = "0.0.0.0:7401" }, "--raft-addr:"},
-		{"bootstrap expect", func(c *Config) { c.BootstrapExpect = 3 }, ""},
-		{"bootstrap and bootstrap expect", func(c *Config) { c.Bootstrap, c.BootstrapExpect = true, 3 }, "--bootstrap and --bootstrap-expect:"},
-		{"negative bootstrap expect", func(c *Config) { c.BootstrapExpect = -1 }, "--bootstrap-expect: must be at least 1"},
-		{"bootstrap expect without gossip", func(c *Config) { c.BootstrapExpect, c.GossipAddr = 3, "" }, "--gossip-addr: required with --bootstrap-expect"},
-		{"join", func(c *Config) { c.Join = []string{"a:1"} }, ""},
-		{"bad join addr", func(c *Config) { c.Join = []string{"nope"} }, "--join:"},
-		{"join without gossip", func(c *Config) { c.Join, c.GossipAddr = []string{"a:1"}, "" }, "--gossip-addr: required with --join"},
-		{"zero stabilization", func(c *Config) { c.ServerStabilizationTime = 0 }, "--server-stabilization-time:"},
-		{"zero heartbeat", func(c *Config) { c.HeartbeatTimeout = 0 }, "--heartbeat-timeout:"},
-		{"election below heartbeat", func(c *Config) { c.ElectionTimeout = 100 * time.Millisecond }, "--election-timeout:"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultConfig()
-			c.NodeID = "c1"
-			tt.mutate(&c)
-			err := c.Validate()
-			if tt.want == "" {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
-				return
-			}
-			if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
-				t.Fatalf("Validate: %v, want prefix %q", err, tt.want)
-			}
-		})
 	}
 }
 

@@ -1,0 +1,151 @@
+package cluster
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	autopilot "github.com/hashicorp/raft-autopilot"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/llmgw/llmgw/controlplane/gossip"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Raft figures a server attaches to its ClusterStatus answer as gRPC
+// headers, so the leader's autopilot can judge its health. The proto has no
+// fields for them (see the package doc). The AdminService sets them; the
+// autopilot delegate reads them.
+const (
+	HeaderLastIndex   = "llmgw-raft-last-index"
+	HeaderLastTerm    = "llmgw-raft-last-term"
+	HeaderLastContact = "llmgw-raft-last-contact-ms"
+)
+
+// autopilotDelegate is autopilot's view of the application: gossip says who
+// is alive, each server's ClusterStatus headers say how far its log is.
+type autopilotDelegate Cluster
+
+func (d *autopilotDelegate) AutopilotConfig() *autopilot.Config {
+	return &autopilot.Config{
+		CleanupDeadServers:      d.cfg.CleanupDeadServers,
+		LastContactThreshold:    max(200*time.Millisecond, d.cfg.HeartbeatTimeout/2),
+		MaxTrailingLogs:         250,
+		MinQuorum:               uint(d.cfg.BootstrapExpect),
+		ServerStabilizationTime: d.cfg.ServerStabilizationTime,
+	}
+}
+
+func (d *autopilotDelegate) NotifyState(st *autopilot.State) { d.autopilotState.Store(st) }
+
+func (d *autopilotDelegate) FetchServerStats(ctx context.Context, servers map[raft.ServerID]*autopilot.Server) map[raft.ServerID]*autopilot.ServerStats {
+	c := (*Cluster)(d)
+	out := map[raft.ServerID]*autopilot.ServerStats{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for id := range servers {
+		if string(id) == c.cfg.NodeID {
+			idx, term, _ := c.raft.LocalStats()
+			mu.Lock()
+			out[id] = &autopilot.ServerStats{LastIndex: idx, LastTerm: term}
+			mu.Unlock()
+			continue
+		}
+		m, ok := c.g.Member(string(id))
+		if !ok || !m.Status.Live() {
+			continue
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, max(c.cfg.AutopilotInterval/2, 100*time.Millisecond))
+			defer cancel()
+			var hdr metadata.MD
+			_, err := llmgwv1.NewAdminServiceClient(c.pool.Conn(m.Meta.GRPC)).ClusterStatus(cctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&hdr))
+			if err != nil {
+				return
+			}
+			num := func(k string) int64 {
+				v := hdr.Get(k)
+				if len(v) == 0 {
+					return -1
+				}
+				n, err := strconv.ParseInt(v[0], 10, 64)
+				if err != nil {
+					return -1
+				}
+				return n
+			}
+			idx, term, lc := num(HeaderLastIndex), num(HeaderLastTerm), num(HeaderLastContact)
+			if idx < 0 || term < 0 || lc < 0 {
+				return
+			}
+			mu.Lock()
+			out[id] = &autopilot.ServerStats{LastIndex: uint64(idx), LastTerm: uint64(term), LastContact: time.Duration(lc) * time.Millisecond}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+func (d *autopilotDelegate) KnownServers() map[raft.ServerID]*autopilot.Server {
+	c := (*Cluster)(d)
+	members := c.g.Snapshot()
+	leader := raft.ServerID(c.raft.LeaderID())
+	out := map[raft.ServerID]*autopilot.Server{}
+	add := func(id, addr, version string, st autopilot.NodeStatus) {
+		out[raft.ServerID(id)] = &autopilot.Server{
+			ID: raft.ServerID(id), Name: id, Address: raft.ServerAddress(addr), NodeStatus: st,
+			Version: version, RaftVersion: raft.ProtocolVersionMax, IsLeader: raft.ServerID(id) == leader,
+			NodeType: autopilot.NodeVoter,
+		}
+	}
+	for id, m := range members {
+		st := autopilot.NodeUnknown
+		switch m.Status {
+		case gossip.StatusAlive, gossip.StatusSuspect:
+			st = autopilot.NodeAlive
+		case gossip.StatusDead:
+			st = autopilot.NodeFailed
+		case gossip.StatusLeft:
+			st = autopilot.NodeLeft
+		}
+		if c.g.Removed(id) {
+			st = autopilot.NodeLeft
+		}
+		add(id, m.Meta.Raft, m.Meta.Version, st)
+	}
+	// A server in the configuration that gossip has not (yet) seen is
+	// unknown, never "stale": autopilot would otherwise remove it the moment
+	// a new leader's gossip view lags.
+	for _, srv := range c.raft.Servers() {
+		if _, ok := out[srv.ID]; !ok {
+			add(string(srv.ID), string(srv.Address), "", autopilot.NodeUnknown)
+		}
+	}
+	return out
+}
+
+// RemoveFailedServer removes a server gossip reports dead or left;
+// autopilot has already kept the removal above MinQuorum. It must return
+// at once, so the removal runs in a goroutine WhileLeading waits for.
+func (d *autopilotDelegate) RemoveFailedServer(srv *autopilot.Server) {
+	c := (*Cluster)(d)
+	if srv.NodeStatus != autopilot.NodeFailed && srv.NodeStatus != autopilot.NodeLeft {
+		return
+	}
+	c.removalsMu.Lock()
+	defer c.removalsMu.Unlock()
+	if c.removals == nil {
+		return
+	}
+	c.removals.Go(func() {
+		if err := c.raft.RemoveServer(string(srv.ID)); err != nil {
+			c.log.Warn("autopilot: removing a failed server failed", "member", string(srv.ID), "err", err)
+			return
+		}
+		c.log.Warn("autopilot: failed server removed from raft", "member", string(srv.ID), "status", string(srv.NodeStatus))
+	})
+}

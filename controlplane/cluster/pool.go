@@ -1,0 +1,73 @@
+package cluster
+
+import (
+	"context"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+)
+
+// mdForwarded marks a call one server forwarded to another: the receiver
+// answers it itself (or refuses), never forwards it again, so a leader
+// change in flight cannot make calls bounce between servers.
+const mdForwarded = "llmgw-forwarded"
+
+// IsForwarded reports whether an incoming call was forwarded by another
+// server.
+func IsForwarded(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return len(md.Get(mdForwarded)) > 0
+}
+
+// ForwardedContext marks an outgoing call to another server as forwarded
+// by server from.
+func ForwardedContext(ctx context.Context, from string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, mdForwarded, from)
+}
+
+// Pool holds one client connection per peer gRPC address, for forwarding,
+// bootstrap's and autopilot's questions to the other servers. Connections
+// are created lazily and closed together when the node stops.
+type Pool struct {
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	closed bool
+}
+
+// NewPool returns an empty pool.
+func NewPool() *Pool { return &Pool{conns: map[string]*grpc.ClientConn{}} }
+
+// Conn returns the connection to addr; a closed pool (or a bad address)
+// yields a connection whose calls fail, never nil.
+func (p *Pool) Conn(addr string) grpc.ClientConnInterface {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.conns[addr]; ok {
+		return c
+	}
+	c, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil || p.closed {
+		// NewClient fails only on a malformed target; the call on this
+		// placeholder fails the same way a dead peer would.
+		c, _ = grpc.NewClient("passthrough:///invalid.invalid:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if p.closed {
+			c.Close()
+			return c
+		}
+	}
+	p.conns[addr] = c
+	return c
+}
+
+// Close closes every connection; later Conns fail their calls.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for a, c := range p.conns {
+		c.Close()
+		delete(p.conns, a)
+	}
+}

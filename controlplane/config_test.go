@@ -1,0 +1,170 @@
+package controlplane
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/internal/configfile"
+)
+
+// problems splits Validate's joined error into one line per problem.
+func problems(err error) []string {
+	if err == nil {
+		return nil
+	}
+	var out []string
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			out = append(out, e.Error())
+		}
+		return out
+	}
+	return []string{err.Error()}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(c *Config)
+		// want are the prefixes of the problems, in order; none = valid.
+		want []string
+	}{
+		{"valid", func(*Config) {}, nil},
+		{"no node id", func(c *Config) { c.NodeID = "" }, []string{"--node-id (node_id): required"}},
+		{"no data dir", func(c *Config) { c.DataDir = "" }, []string{"--data-dir (data_dir): required"}},
+		{"bad grpc addr", func(c *Config) { c.GRPCAddr = "nope" }, []string{`--grpc-addr (grpc_addr): "nope" is not host:port`}},
+		{"wildcard raft addr", func(c *Config) { c.RaftAddr = "0.0.0.0:7401" }, []string{"--raft-addr (raft_addr): \"0.0.0.0:7401\" must name an address"}},
+		{"bootstrap expect", func(c *Config) { c.BootstrapExpect = 3 }, nil},
+		{"bootstrap and bootstrap expect", func(c *Config) { c.Bootstrap, c.BootstrapExpect = true, 3 },
+			[]string{"--bootstrap (bootstrap) and --bootstrap-expect (bootstrap_expect): give one"}},
+		{"negative bootstrap expect", func(c *Config) { c.BootstrapExpect = -1 }, []string{"--bootstrap-expect (bootstrap_expect): must be at least 1"}},
+		{"bootstrap expect without gossip", func(c *Config) { c.BootstrapExpect, c.GossipAddr = 3, "" },
+			[]string{"--gossip-addr (gossip_addr): required with --bootstrap-expect"}},
+		{"join", func(c *Config) { c.Join = []string{"a:1"} }, nil},
+		{"bad join addr", func(c *Config) { c.Join = []string{"nope"} }, []string{"--join (join):"}},
+		{"join without gossip", func(c *Config) { c.Join, c.GossipAddr = []string{"a:1"}, "" }, []string{"--gossip-addr (gossip_addr): required with --join"}},
+		{"zero stabilization", func(c *Config) { c.ServerStabilizationTime = 0 }, []string{"--server-stabilization-time (server_stabilization_time): must be positive"}},
+		{"zero heartbeat", func(c *Config) { c.HeartbeatTimeout = 0 }, []string{"--heartbeat-timeout (heartbeat_timeout): must be positive, got 0s"}},
+		{"election below heartbeat", func(c *Config) { c.ElectionTimeout = 100 * time.Millisecond },
+			[]string{"--election-timeout (election_timeout): 100ms must be at least --heartbeat-timeout (heartbeat_timeout) 500ms"}},
+		{"lease above heartbeat", func(c *Config) { c.LeaderLeaseTimeout = time.Second }, []string{"leader_lease_timeout: 1s must not exceed --heartbeat-timeout"}},
+		{"file-only setting", func(c *Config) { c.DrainTimeout = -time.Second }, []string{"drain_timeout: must be positive, got -1s"}},
+		{"negative gossip timing", func(c *Config) { c.Gossip.ProbeTimeout = -time.Second }, []string{"gossip.probe_timeout: must not be negative"}},
+		{"watch queue", func(c *Config) { c.WatchQueue = 0 }, []string{"watch_queue: must be at least 1, got 0"}},
+		{"several problems at once, each reported", func(c *Config) {
+			c.NodeID, c.GRPCAddr, c.HeartbeatTimeout, c.AdapterMinIdle = "", "nope", 0, -time.Second
+			c.Join, c.GossipAddr = []string{"a:1"}, ""
+		}, []string{
+			"--node-id (node_id): required",
+			"--grpc-addr (grpc_addr):",
+			"--gossip-addr (gossip_addr): required with --join",
+			"--heartbeat-timeout (heartbeat_timeout): must be positive",
+			"adapter_min_idle: must not be negative",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.NodeID = "c1"
+			tt.mutate(&c)
+			got := problems(c.Validate())
+			if len(got) != len(tt.want) {
+				t.Fatalf("Validate reported %d problems, want %d:\n%s", len(got), len(tt.want), strings.Join(got, "\n"))
+			}
+			for i, want := range tt.want {
+				if !strings.HasPrefix(got[i], want) {
+					t.Errorf("problem %d is %q, want prefix %q", i, got[i], want)
+				}
+			}
+		})
+	}
+}
+
+// TestValidateErrorsAreErrors: a problem that wraps a cause keeps it, so a
+// caller can still test it with errors.Is.
+func TestValidateErrorsAreErrors(t *testing.T) {
+	c := DefaultConfig()
+	c.NodeID = "c1"
+	c.GRPCAddr = "nope"
+	err := c.Validate()
+	var one interface{ Unwrap() error }
+	if err == nil || !errors.As(err, &one) || one.Unwrap() == nil {
+		t.Fatalf("Validate = %v: the address problem does not wrap its cause", err)
+	}
+}
+
+// TestDecodeConfig: a control node's YAML file (design §2) decodes into
+// Config through configfile.Decode: keys are the flags' names with
+// underscores, absent keys keep their values, unknown keys and the
+// build-only version are refused, and a refused file changes nothing.
+func TestDecodeConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		wantErr string
+		check   func(t *testing.T, c Config)
+	}{
+		{"empty keeps defaults", "", "", func(t *testing.T, c Config) {
+			d := DefaultConfig()
+			if c.GRPCAddr != d.GRPCAddr || c.HeartbeatTimeout != d.HeartbeatTimeout || c.NodeID != "" {
+				t.Fatalf("changed: %+v", c)
+			}
+		}},
+		{"fields and durations", "node_id: c1\ngrpc_addr: 10.0.0.1:7400\nbootstrap: true\nheartbeat_timeout: 200ms\njoin: [a:1, b:2]\n", "", func(t *testing.T, c Config) {
+			if c.NodeID != "c1" || c.GRPCAddr != "10.0.0.1:7400" || !c.Bootstrap || c.HeartbeatTimeout != 200*time.Millisecond || len(c.Join) != 2 {
+				t.Fatalf("decoded %+v", c)
+			}
+			if c.ElectionTimeout != DefaultConfig().ElectionTimeout {
+				t.Fatal("an absent key lost its default")
+			}
+		}},
+		{"nested gossip tuning", "gossip:\n  probe_interval: 100ms\n  suspicion_mult: 2\n", "", func(t *testing.T, c Config) {
+			if c.Gossip.ProbeInterval != 100*time.Millisecond || c.Gossip.SuspicionMult != 2 {
+				t.Fatalf("decoded %+v", c.Gossip)
+			}
+		}},
+		{"unknown key", "grpc_adr: x:1\n", "grpc_adr", nil},
+		{"bad duration", "election_timeout: soon\n", "line 1", nil},
+		{"version is not from the file", "version: 9\n", "version", nil},
+		{"two documents", "node_id: a\n---\nnode_id: b\n", "more than one", nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			err := configfile.Decode(strings.NewReader(tt.yaml), &c)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Decode: %v, want an error mentioning %q", err, tt.wantErr)
+				}
+				if c.GRPCAddr != DefaultConfig().GRPCAddr || c.NodeID != "" {
+					t.Fatal("a refused file changed the config")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			tt.check(t, c)
+		})
+	}
+}
+
+// FuzzDecodeConfig: the file is outside input; no panic, and a refusal
+// leaves the config as it was.
+func FuzzDecodeConfig(f *testing.F) {
+	f.Add("node_id: c1\nheartbeat_timeout: 200ms\njoin: [a:1]\n")
+	f.Add("{")
+	f.Add("watch_queue: -1\n")
+	f.Fuzz(func(t *testing.T, doc string) {
+		c := DefaultConfig()
+		if err := configfile.Decode(strings.NewReader(doc), &c); err != nil {
+			if c.GRPCAddr != DefaultConfig().GRPCAddr || c.NodeID != "" {
+				t.Fatal("a refused file changed the config")
+			}
+			return
+		}
+		_ = c.Validate()
+	})
+}

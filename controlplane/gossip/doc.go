@@ -1,0 +1,31 @@
+// Package gossip is a control server's memberlist member (design §5.2,
+// §5.4): what each server tells the others about itself (Meta: id, version,
+// gRPC, Raft and HTTP addresses, bootstrap expectation), its view of every
+// server ever seen and its status, the tombstones of servers removed from
+// Raft, and the reliable transport the ephemeral plane (package plane)
+// sends over.
+//
+// It is mechanism, not policy: package cluster decides what membership
+// means for Raft (bootstrap, reconcile, autopilot, the operators' verbs)
+// from what this package reports.
+//
+// Design:
+//   - The node name is the server id, so a restarted server replaces its
+//     old entry rather than appearing twice. Metadata is outside input: a
+//     member whose metadata does not decode, or whose name and id differ,
+//     is ignored with a warning, never a crash.
+//   - Statuses come from memberlist's event delegate, kept in this
+//     package's own table: memberlist forgets dead members from Members(),
+//     and its node structs are mutated under its own lock (reading them
+//     raced under -race). A suspect server therefore shows as alive until
+//     it is declared dead.
+//   - Tombstones are last-writer-wins records (removed or cleared, with a
+//     time), spread by broadcast and, as the backstop, in push/pull state,
+//     so any later leader honours a removal. They live in memory: a full
+//     restart of every server forgets them.
+//   - Memberlist's user messages and push/pull state are shared with the
+//     ephemeral plane: a kind byte tells plane messages from tombstones,
+//     and the state is framed (kind byte, tombstones' length, tombstones,
+//     the plane's digest); state starting with '{' is tombstones alone, as
+//     servers before the plane sent it.
+package gossip

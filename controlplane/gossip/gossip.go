@@ -1,0 +1,417 @@
+package gossip
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+
+	"github.com/llmgw/llmgw/controlplane/logadapt"
+	"github.com/llmgw/llmgw/controlplane/plane"
+)
+
+// Config tunes memberlist; the zero value keeps DefaultLANConfig's
+// timings. Tests shorten them so deaths are noticed in about a second.
+type Config struct {
+	ProbeInterval    time.Duration `yaml:"probe_interval"`
+	ProbeTimeout     time.Duration `yaml:"probe_timeout"`
+	GossipInterval   time.Duration `yaml:"gossip_interval"`
+	SuspicionMult    int           `yaml:"suspicion_mult"`
+	PushPullInterval time.Duration `yaml:"push_pull_interval"`
+}
+
+// Plane is the end of the ephemeral plane (package plane) that shares
+// memberlist with the tombstones: its messages arrive through Receive, and
+// its digest rides in push/pull state. Its methods must not block.
+type Plane interface {
+	Receive(msg []byte)
+	LocalState() []byte
+	MergeRemoteState(digest []byte)
+}
+
+// Gossip is this server's memberlist member. It keeps its own view of every
+// server ever seen and the tombstones of servers removed from Raft, which
+// it spreads to the others. Its methods are safe for concurrent use.
+type Gossip struct {
+	log   *slog.Logger
+	self  Meta
+	ml    atomic.Pointer[memberlist.Memberlist]
+	queue *memberlist.TransmitLimitedQueue
+	// changed is signalled (without blocking) on every membership change,
+	// to wake the bootstrapper and the leader's reconciler.
+	changed chan struct{}
+	now     func() time.Time
+	plane   Plane
+
+	mu         sync.Mutex
+	members    map[string]*Member // by server id
+	tombstones map[string]tombstone
+}
+
+// tombstone is a last-writer-wins record of a removal: Removed says whether
+// the id is currently kept out of Raft; At orders records for the same id,
+// so a later explicit join (Removed false) clears an earlier removal.
+type tombstone struct {
+	Removed bool  `json:"r"`
+	At      int64 `json:"t"`
+}
+
+// New returns a member for self that is not yet in any pool; p (may be
+// nil) gets the ephemeral plane's messages; now stamps tombstones.
+func New(self Meta, p Plane, log *slog.Logger, now func() time.Time) *Gossip {
+	g := &Gossip{
+		log:        log,
+		self:       self,
+		changed:    make(chan struct{}, 1),
+		now:        now,
+		plane:      p,
+		members:    map[string]*Member{},
+		tombstones: map[string]tombstone{},
+	}
+	g.queue = &memberlist.TransmitLimitedQueue{
+		NumNodes:       func() int { return max(1, g.numMembers()) },
+		RetransmitMult: 4,
+	}
+	return g
+}
+
+// Start binds memberlist on addr (--gossip-addr).
+func (g *Gossip) Start(addr string, tune Config) error {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("--gossip-addr: %w", err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return fmt.Errorf("--gossip-addr: port %q: %w", portStr, err)
+	}
+	c := memberlist.DefaultLANConfig()
+	c.Name = g.self.ID
+	c.BindAddr, c.BindPort = host, port
+	c.AdvertisePort = port
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		c.AdvertiseAddr = "" // memberlist picks a private address
+	} else {
+		c.AdvertiseAddr = host
+	}
+	if tune.ProbeInterval > 0 {
+		c.ProbeInterval = tune.ProbeInterval
+	}
+	if tune.ProbeTimeout > 0 {
+		c.ProbeTimeout = tune.ProbeTimeout
+	}
+	if tune.GossipInterval > 0 {
+		c.GossipInterval = tune.GossipInterval
+	}
+	if tune.SuspicionMult > 0 {
+		c.SuspicionMult = tune.SuspicionMult
+	}
+	if tune.PushPullInterval > 0 {
+		c.PushPullInterval = tune.PushPullInterval
+	}
+	c.Delegate = (*delegate)(g)
+	c.Events = (*events)(g)
+	c.Logger = logadapt.NewMemberlistLogger(g.log.With("subsystem", "memberlist"))
+	if _, err := g.self.Encode(); err != nil {
+		return err
+	}
+	ml, err := memberlist.Create(c)
+	if err != nil {
+		return fmt.Errorf("gossip on %s: %w", addr, err)
+	}
+	g.ml.Store(ml)
+	return nil
+}
+
+// Self is this server's metadata.
+func (g *Gossip) Self() Meta { return g.self }
+
+// Addr is the bound gossip address (useful with port 0).
+func (g *Gossip) Addr() string {
+	n := g.ml.Load().LocalNode()
+	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+}
+
+// Join contacts the given gossip addresses; it reports how many answered.
+func (g *Gossip) Join(addrs []string) (int, error) {
+	n, err := g.ml.Load().Join(addrs)
+	if err != nil {
+		return n, fmt.Errorf("gossip join %v: %w", addrs, err)
+	}
+	return n, nil
+}
+
+// Leave tells the others this server leaves on purpose (status left, not
+// dead), so the leader removes it from Raft and never adds it back.
+func (g *Gossip) Leave(timeout time.Duration) error {
+	return g.ml.Load().Leave(timeout)
+}
+
+// Shutdown stops memberlist without a leave: the others see this server
+// dead, not gone.
+func (g *Gossip) Shutdown() error {
+	ml := g.ml.Load()
+	if ml == nil {
+		return nil
+	}
+	if err := ml.Shutdown(); err != nil {
+		return fmt.Errorf("gossip shutdown: %w", err)
+	}
+	return nil
+}
+
+// Changed is signalled (at most one pending signal) on every membership
+// change.
+func (g *Gossip) Changed() <-chan struct{} { return g.changed }
+
+func (g *Gossip) notify() {
+	select {
+	case g.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (g *Gossip) numMembers() int {
+	ml := g.ml.Load()
+	if ml == nil {
+		return 1
+	}
+	return ml.NumMembers()
+}
+
+// Snapshot returns every server ever seen, by id, with its status as the
+// event delegate last reported it.
+func (g *Gossip) Snapshot() map[string]Member {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make(map[string]Member, len(g.members))
+	for id, m := range g.members {
+		out[id] = *m
+	}
+	return out
+}
+
+// Member returns a server's gossip entry.
+func (g *Gossip) Member(id string) (Member, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	m, ok := g.members[id]
+	if !ok {
+		return Member{}, false
+	}
+	return *m, true
+}
+
+func (g *Gossip) track(n *memberlist.Node, status Status) {
+	meta, err := DecodeMeta(n.Meta)
+	if err != nil {
+		g.log.Warn("gossip member ignored: bad metadata", "member", n.Name, "err", err)
+		return
+	}
+	if meta.ID != n.Name {
+		g.log.Warn("gossip member ignored: name and id differ", "member", n.Name, "id", meta.ID)
+		return
+	}
+	g.mu.Lock()
+	prev, seen := g.members[meta.ID]
+	g.members[meta.ID] = &Member{Meta: meta, GossipAddr: n.Address(), Status: status}
+	g.mu.Unlock()
+	if !seen || prev.Status != status {
+		g.log.Info("gossip member", "member", meta.ID, "status", string(status), "gossip_addr", n.Address(), "raft_addr", meta.Raft, "grpc_addr", meta.GRPC)
+	}
+	g.notify()
+}
+
+// Removed reports whether id is tombstoned (kept out of Raft).
+func (g *Gossip) Removed(id string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.tombstones[id].Removed
+}
+
+// SetRemoved records (or clears) a removal and spreads it to the others.
+func (g *Gossip) SetRemoved(id string, removed bool) {
+	t := tombstone{Removed: removed, At: g.now().UnixNano()}
+	g.mu.Lock()
+	if old, ok := g.tombstones[id]; ok && old.At >= t.At {
+		t.At = old.At + 1
+	}
+	g.tombstones[id] = t
+	g.mu.Unlock()
+	b, _ := json.Marshal(map[string]tombstone{id: t})
+	if g.queue != nil {
+		g.queue.QueueBroadcast(tombstoneBroadcast(b))
+	}
+}
+
+// mergeTombstones applies records from another server, newest per id wins.
+func (g *Gossip) mergeTombstones(b []byte) {
+	var in map[string]tombstone
+	if err := json.Unmarshal(b, &in); err != nil {
+		g.log.Warn("gossip tombstones ignored: undecodable", "err", err)
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id, t := range in {
+		if id == "" {
+			continue
+		}
+		if old, ok := g.tombstones[id]; !ok || t.At > old.At {
+			g.tombstones[id] = t
+		}
+	}
+}
+
+func (g *Gossip) tombstonesJSON() []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b, _ := json.Marshal(g.tombstones)
+	return b
+}
+
+type tombstoneBroadcast []byte
+
+func (b tombstoneBroadcast) Invalidates(memberlist.Broadcast) bool { return false }
+func (b tombstoneBroadcast) Message() []byte                       { return b }
+func (b tombstoneBroadcast) Finished()                             {}
+
+// delegate is memberlist's Delegate: metadata out, tombstones both ways.
+// Its methods run on memberlist's receive loop and must not block.
+type delegate Gossip
+
+func (d *delegate) NodeMeta(int) []byte {
+	b, err := d.self.Encode()
+	if err != nil {
+		return nil // Start refused it already
+	}
+	return b
+}
+func (d *delegate) NotifyMsg(b []byte) {
+	if plane.IsPlaneMessage(b) {
+		if d.plane != nil {
+			d.plane.Receive(b)
+		}
+		return
+	}
+	(*Gossip)(d).mergeTombstones(b)
+}
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
+	return d.queue.GetBroadcasts(overhead, limit)
+}
+
+// LocalState is this server's push/pull state: its tombstones and the
+// ephemeral plane's digest (see encodeState).
+func (d *delegate) LocalState(bool) []byte {
+	var digest []byte
+	if d.plane != nil {
+		digest = d.plane.LocalState()
+	}
+	return encodeState((*Gossip)(d).tombstonesJSON(), digest)
+}
+func (d *delegate) MergeRemoteState(b []byte, _ bool) {
+	tombstones, digest, err := decodeState(b)
+	if err != nil {
+		d.log.Warn("gossip state ignored: undecodable", "err", err)
+		return
+	}
+	if len(tombstones) > 0 {
+		(*Gossip)(d).mergeTombstones(tombstones)
+	}
+	if len(digest) > 0 && d.plane != nil {
+		d.plane.MergeRemoteState(digest)
+	}
+}
+
+// stateKind marks push/pull state that carries both tombstones and the
+// plane's digest: the kind byte, the tombstones' length (uvarint), the
+// tombstones (JSON), then the digest. State starting with '{' is
+// tombstones alone, as servers before the plane sent it.
+const stateKind byte = 0xC1
+
+func encodeState(tombstones, digest []byte) []byte {
+	b := []byte{stateKind}
+	b = binary.AppendUvarint(b, uint64(len(tombstones)))
+	b = append(b, tombstones...)
+	return append(b, digest...)
+}
+
+// decodeState splits push/pull state from another server: outside input.
+func decodeState(b []byte) (tombstones, digest []byte, err error) {
+	if len(b) == 0 {
+		return nil, nil, nil
+	}
+	if b[0] != stateKind {
+		return b, nil, nil
+	}
+	n, l := binary.Uvarint(b[1:])
+	if l <= 0 || n > uint64(len(b)-1-l) {
+		return nil, nil, errors.New("gossip state: bad tombstone length")
+	}
+	rest := b[1+l:]
+	return rest[:n], rest[n:], nil
+}
+
+// events is memberlist's EventDelegate.
+type events Gossip
+
+func (e *events) NotifyJoin(n *memberlist.Node)   { (*Gossip)(e).track(n, StatusAlive) }
+func (e *events) NotifyUpdate(n *memberlist.Node) { (*Gossip)(e).track(n, StatusAlive) }
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	st := StatusDead
+	if n.State == memberlist.StateLeft {
+		st = StatusLeft
+	}
+	(*Gossip)(e).track(n, st)
+}
+
+// errNotAlive is a plane send to a server gossip does not see alive.
+var errNotAlive = errors.New("not alive in gossip")
+
+// Peers and Send are the ephemeral plane's transport (plane.Transport)
+// over memberlist's reliable send (design §5.4: plain broadcast loses
+// messages). They read the servers from this package's own table (kept by
+// the event delegate, which hands over copies), not from memberlist's
+// Members(): its node structs are mutated under memberlist's lock, and
+// reading them here raced.
+func (g *Gossip) Peers() []string {
+	var out []string
+	for id, m := range g.Snapshot() {
+		if id != g.self.ID && m.Status == StatusAlive {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Send delivers msg to peer over a reliable (TCP) memberlist message.
+func (g *Gossip) Send(peer string, msg []byte) error {
+	ml := g.ml.Load()
+	m, ok := g.Member(peer)
+	if ml == nil || !ok || m.Status != StatusAlive {
+		return fmt.Errorf("send to %s: %w", peer, errNotAlive)
+	}
+	host, port, err := net.SplitHostPort(m.GossipAddr)
+	p, perr := strconv.ParseUint(port, 10, 16)
+	if err != nil || perr != nil || net.ParseIP(host) == nil {
+		return fmt.Errorf("send to %s: bad gossip address %q", peer, m.GossipAddr)
+	}
+	// SendReliable reads only the node's name and address: a node of our own
+	// making is enough, and reliable (a stream per message) is what the
+	// plane needs (design §5.4).
+	to := &memberlist.Node{Name: peer, Addr: net.ParseIP(host), Port: uint16(p)}
+	if err := ml.SendReliable(to, msg); err != nil {
+		return fmt.Errorf("send to %s: %w", peer, err)
+	}
+	return nil
+}

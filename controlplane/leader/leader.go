@@ -1,0 +1,91 @@
+package leader
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Config is what the leader's work takes from the node's configuration.
+type Config struct {
+	// ReconcileInterval re-runs placement without a state change (to
+	// retry what did not fit).
+	ReconcileInterval time.Duration
+	NodeDownAfter     time.Duration
+	RescheduleAfter   time.Duration
+	DrainTimeout      time.Duration
+	AdapterMinIdle    time.Duration
+	AdapterRetryAfter time.Duration
+}
+
+// Proposer commits commands on the leader (package gate over package
+// store): the FSM's result and the revision it was applied at, or why not.
+type Proposer interface {
+	Propose(ctx context.Context, t llmgwv1.CommandType, payload proto.Message) (any, uint64, error)
+}
+
+// Desired is the replicated desired state (package fsm). Reads return
+// copies; Applied's channel is closed at the next applied entry.
+type Desired interface {
+	State() *llmgwv1.State
+	Applied() (uint64, <-chan struct{})
+	AdapterModel(adapter string) (*llmgwv1.Model, bool)
+	AdapterPlacement(adapter string) (*llmgwv1.AdapterPlacement, bool)
+}
+
+// Reports are the agents' reports (package ephemeral): a replica's status
+// and adapters only for its own uid and from its own node. Changed's
+// channel is closed at the next accepted update.
+type Reports interface {
+	StatusOf(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus
+	AdaptersOf(r *llmgwv1.Replica) map[string]*llmgwv1.AdapterStatus
+	Changed() <-chan struct{}
+}
+
+// Sessions says since when a node has had no agent session on any server
+// (package sessions); ok is false while one is attached anywhere.
+type Sessions interface {
+	DetachedSince(node string) (at time.Time, ok bool)
+}
+
+// Cluster says whether this server sees every server's agent sessions
+// (package cluster): without gossip only a lone server does.
+type Cluster interface {
+	SessionsVisible() bool
+}
+
+// Leader does the leader's work. Place runs per term; EnsureAdapter is
+// called by the AdapterService on the leader.
+type Leader struct {
+	cfg      Config
+	propose  Proposer
+	state    Desired
+	reports  Reports
+	sessions Sessions
+	cluster  Cluster
+	metrics  *Metrics
+	log      *slog.Logger
+	now      func() time.Time
+
+	// adapterMu serializes the adapter placement decisions: the re-read of
+	// a placement under it is the single flight that loads each cold
+	// adapter once (design §7.6). placedAt is when this node placed each
+	// adapter on a replica, so one just placed counts as recently used.
+	adapterMu sync.Mutex
+	placedAt  map[adapterKey]time.Time
+}
+
+type adapterKey struct{ adapter, replica string }
+
+// New returns the leader's work over its dependencies; now is the clock of
+// every time-based judgement (node down, drain timeout, adapter idleness),
+// which tests replace.
+func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessions, cluster Cluster, m *Metrics, log *slog.Logger, now func() time.Time) *Leader {
+	return &Leader{cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
+		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}}
+}

@@ -1,0 +1,10 @@
+// Package logadapt re-logs the output of the hashicorp libraries the control
+// plane embeds — raft and raft-autopilot (hclog), memberlist (the standard
+// log package) — through the node's slog logger, so their lines share the
+// process's format, levels and keys (design §9).
+//
+// Why a package of its own: the Raft store (package store) and the
+// membership (package cluster, package gossip) each embed one of these
+// libraries; one adapter for all keeps a key renamed here renamed
+// everywhere, and keeps those packages from importing each other for it.
+package logadapt

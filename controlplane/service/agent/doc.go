@@ -1,0 +1,24 @@
+// Package agent is the AgentService (design §5.3): Attach, one session per
+// agent. This server owns the sessions attached to it (design §5.4): it
+// applies their updates by the (epoch, seq) rule, forwards the accepted
+// ones to the other servers over the ephemeral plane, and sends each agent
+// its node's desired replicas, the server list it fails over along
+// (design §5.6), and heartbeats.
+//
+// Decisions where the design is silent:
+//   - An agent's node registration is committed through the leader. The
+//     proto has no registration RPC, so a follower forwards it on an
+//     Attach marked forwarded: the hello registers, the welcome confirms,
+//     and the leader keeps no session for it. The session counts from
+//     before registration, so the leader never sees the node re-activated
+//     yet detached, and marks it down again.
+//   - A session whose node has a newer epoch held here is closed with
+//     ABORTED: it must never speak for the node again.
+//   - A server without a leader for three election timeouts (counted from
+//     its last contact with one) ends its sessions, so agents move to the
+//     majority side of a partition (design §5.4).
+//   - A replica's status, and its adapters' (design §7.6), are kept only
+//     from the node that runs it; KV entries only from the node of its
+//     rank-0 shard (design §7.5): an agent cannot speak for another node's
+//     replicas.
+package agent

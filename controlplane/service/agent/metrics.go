@@ -1,0 +1,27 @@
+package agent
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the sessions' figures (design §9).
+type Metrics struct {
+	ephemeralUpdates *prometheus.CounterVec
+	kvForeign        prometheus.Counter
+	adapterForeign   prometheus.Counter
+}
+
+// NewMetrics registers the sessions' metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		ephemeralUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_control_ephemeral_updates_total", Help: "Agent updates received, by what the acceptance rule did with them.",
+		}, []string{"verdict"}),
+		kvForeign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_control_kv_foreign_total", Help: "KV entries dropped because the sending agent's node does not run the replica's leader shard.",
+		}),
+		adapterForeign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_control_adapter_foreign_total", Help: "Adapter statuses dropped because the sending agent's node does not run the replica.",
+		}),
+	}
+	reg.MustRegister(m.ephemeralUpdates, m.kvForeign, m.adapterForeign)
+	return m
+}

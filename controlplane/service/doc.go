@@ -1,0 +1,26 @@
+// Package service holds what the control plane's gRPC services (design
+// §5.3) share, and each service lives in a subpackage of its own:
+//
+//   - service/admin   AdminService: everything llmgwctl needs;
+//   - service/agent   AgentService.Attach: one session per agent;
+//   - service/watch   WatchService.Watch: the routers' merged stream;
+//   - service/adapter AdapterService.EnsureAdapter (design §7.6).
+//
+// Each declares the small interfaces it needs of the rest of the node (the
+// Raft store, the replicated state, the membership, the agents' reports),
+// with the contract written on them, and takes nothing else: a service
+// never sees the node's wiring, so it can be read, and tested, on its own.
+//
+// What lives here, because it must be one thing for all of them:
+//   - ToStatus, the one place errors become gRPC codes (design §5.3:
+//     NotLeader is UNAVAILABLE and carries the leader's address).
+//   - Forwarding (design §5.3): writes, consistent reads and the raft verbs
+//     go to the leader's gRPC address (from gossip), marked so they are
+//     never forwarded twice; while there is no leader, or it refuses before
+//     logging the entry, the call is held and retried, backing off with
+//     jitter, up to RPCHoldTimeout (Consul's rpc_hold_timeout). A leader
+//     that loses office mid-commit answers ABORTED (the write may have been
+//     applied) rather than retry blindly. Without gossip a follower cannot
+//     find the leader's address: such calls answer UNAVAILABLE naming the
+//     leader.
+package service

@@ -1,0 +1,47 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/llmgw/llmgw/controlplane/cluster"
+	"github.com/llmgw/llmgw/controlplane/store"
+	"github.com/llmgw/llmgw/fsm"
+)
+
+func TestToStatus(t *testing.T) {
+	tests := []struct {
+		err  error
+		want codes.Code
+	}{
+		{nil, codes.OK},
+		{fmt.Errorf("apply: %w", &fsm.ValidationError{Field: "replicas", Reason: "must be at least 1"}), codes.InvalidArgument},
+		{fmt.Errorf("delete: %w", fsm.ErrNotFound), codes.NotFound},
+		{fmt.Errorf("place: %w", fsm.ErrConflict), codes.FailedPrecondition},
+		{fmt.Errorf("write: %w", &store.NotLeaderError{}), codes.Unavailable},
+		{ErrCatchingUp, codes.Unavailable},
+		{fmt.Errorf("propose: %w", raft.ErrEnqueueTimeout), codes.Unavailable},
+		{fmt.Errorf("propose: %w", store.ErrOutcomeUnknown), codes.Aborted},
+		{fmt.Errorf("remove peer: %w", cluster.ErrNotPeer), codes.NotFound},
+		{fmt.Errorf("leave: %w", cluster.ErrRefused), codes.FailedPrecondition},
+		{fmt.Errorf("join: %w", cluster.ErrNoGossip), codes.FailedPrecondition},
+		{fmt.Errorf("undrain: %w", ErrNodeDown), codes.FailedPrecondition},
+		{fmt.Errorf("join: %w", cluster.ErrUnreachable), codes.Unavailable},
+		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{status.Error(codes.Aborted, "as is"), codes.Aborted},
+		{errors.New("boom"), codes.Internal},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprint(tt.err), func(t *testing.T) {
+			if got := status.Code(ToStatus(tt.err)); got != tt.want {
+				t.Fatalf("ToStatus(%v) = %v, want %v", tt.err, got, tt.want)
+			}
+		})
+	}
+}
