@@ -35,6 +35,31 @@ func TestKnownSetNew(t *testing.T) {
 	}
 }
 
+// TestAdmitted: a gated command is admitted once the committed minimum
+// version reaches the release that introduced it; an ungated one always;
+// an unknown one never.
+func TestAdmitted(t *testing.T) {
+	labels, removed := llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED
+	tests := []struct {
+		typ  llmgwv1.CommandType
+		min  string
+		want bool
+	}{
+		{llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL, "", true},
+		{removed, "", false},
+		{removed, "v0.1.0", false},
+		{removed, ServerRemovedVersion, true},
+		{removed, "v0.3.0", true},
+		{labels, NodeLabelsVersion, true},
+		{llmgwv1.CommandType(999), "v9.0.0", false},
+	}
+	for _, tt := range tests {
+		if got := Admitted(tt.typ, tt.min); got != tt.want {
+			t.Errorf("Admitted(%s, %q) = %v, want %v", tt.typ, tt.min, got, tt.want)
+		}
+	}
+}
+
 func TestSetNodeLabels(t *testing.T) {
 	labels := func(id string, set map[string]string, remove ...string) []byte {
 		return mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, &llmgwv1.SetNodeLabelsCommand{Id: id, Set: set, Remove: remove})

@@ -26,7 +26,7 @@ func TestKnownSetOld(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.typ.String(), func(t *testing.T) {
-			if Known(tt.typ) || Introduced(tt.typ) != "" || CommandVersion(tt.typ) != 0 {
+			if Known(tt.typ) || Introduced(tt.typ) != "" || CommandVersion(tt.typ) != 0 || Admitted(tt.typ, "v9.0.0") {
 				t.Fatalf("old build knows %s", tt.typ)
 			}
 			if _, err := NewCommand(tt.typ, tt.payload); !errors.Is(err, ErrUnknownCommand) {
