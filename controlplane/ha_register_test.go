@@ -18,15 +18,20 @@ import (
 // TestFollowerRegistersNode: an agent attached to a follower is registered
 // by the leader through ServerService.RegisterNode; when the leader serves
 // no ServerService (an older release) the follower replays the hello
-// instead, and the node is registered all the same.
+// instead, and the node is registered all the same. The build playing the
+// previous release (release.go) only ever replays the hello.
 func TestFollowerRegistersNode(t *testing.T) {
+	const viaRPC, viaHello = `msg="node registered for a peer's agent session" `, "forwarded as a hello"
 	tests := []struct {
 		name            string
 		noServerService bool
 		leaderLogs      string
 	}{
-		{"RegisterNode", false, `msg="node registered for a peer's agent session" `},
-		{"older leader: the hello", true, "forwarded as a hello"},
+		{"RegisterNode", false, viaRPC},
+		{"older leader: the hello", true, viaHello},
+	}
+	if asPreviousRelease {
+		tests[0].leaderLogs = viaHello
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -41,11 +46,11 @@ func TestFollowerRegistersNode(t *testing.T) {
 				t.Fatal("the welcome came before the registration was committed")
 			}
 			logs := c.nodes[leader].logs.String()
-			if !strings.Contains(logs, tt.leaderLogs) || (!tt.noServerService && !strings.Contains(logs, "from="+follower)) {
+			if !strings.Contains(logs, tt.leaderLogs) || (tt.leaderLogs == viaRPC && !strings.Contains(logs, "from="+follower)) {
 				t.Fatalf("the leader's log does not say %q (from %s):\n%s", tt.leaderLogs, follower, logs)
 			}
-			if tt.noServerService && strings.Contains(logs, `msg="node registered for a peer's agent session" `) {
-				t.Fatal("a leader without ServerService registered through it")
+			if tt.leaderLogs == viaHello && strings.Contains(logs, viaRPC) {
+				t.Fatal("registered through ServerService where only the hello may be")
 			}
 		})
 	}
@@ -53,7 +58,7 @@ func TestFollowerRegistersNode(t *testing.T) {
 
 // TestClusterStatusRaftFields: ClusterStatus carries the server's Raft
 // figures as fields, and the same figures as the headers older readers
-// use.
+// use. The build playing the previous release sends the headers only.
 func TestClusterStatusRaftFields(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -65,6 +70,15 @@ func TestClusterStatusRaftFields(t *testing.T) {
 			cs, err := c.admin(id).ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&md))
 			if err != nil {
 				return err
+			}
+			if len(md.Get(cluster.HeaderLastIndex)) != 1 || len(md.Get(cluster.HeaderLastTerm)) != 1 || len(md.Get(cluster.HeaderLastContact)) != 1 {
+				return fmt.Errorf("headers missing: %v", md)
+			}
+			if asPreviousRelease {
+				if cs.RaftLastIndex != nil || cs.RaftLastTerm != nil || cs.RaftLastContactMs != nil {
+					t.Fatalf("the previous release's build sent the fields: %v", cs)
+				}
+				return nil
 			}
 			if cs.RaftLastIndex == nil || cs.RaftLastTerm == nil || cs.RaftLastContactMs == nil {
 				return fmt.Errorf("fields missing: %v", cs)
@@ -78,9 +92,6 @@ func TestClusterStatusRaftFields(t *testing.T) {
 			hdr := func(k string) uint64 {
 				n, _ := strconv.ParseUint(md.Get(k)[0], 10, 64)
 				return n
-			}
-			if len(md.Get(cluster.HeaderLastIndex)) != 1 || len(md.Get(cluster.HeaderLastTerm)) != 1 || len(md.Get(cluster.HeaderLastContact)) != 1 {
-				return fmt.Errorf("headers missing: %v", md)
 			}
 			// One reading of LocalStats fills both.
 			if hdr(cluster.HeaderLastIndex) != cs.GetRaftLastIndex() || hdr(cluster.HeaderLastTerm) != cs.GetRaftLastTerm() || int64(hdr(cluster.HeaderLastContact)) != cs.GetRaftLastContactMs() {
