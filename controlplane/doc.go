@@ -20,7 +20,7 @@
 //	placement    the pure placement decisions (§5.5)
 //	service      error mapping and forwarding to the leader (§5.3), and one
 //	             package per gRPC service: service/admin, service/agent,
-//	             service/watch, service/adapter
+//	             service/watch, service/adapter, service/server
 //	snapfile     the snapshot file format (§13.4)
 //	logadapt     hashicorp libraries' logs through slog (§9)
 //

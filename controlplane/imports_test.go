@@ -69,6 +69,7 @@ var layers = map[string][]string{
 	"service/agent":   {"service", "ephemeral"},
 	"service/watch":   {"service", "ephemeral"},
 	"service/adapter": {"service"},
+	"service/server":  {"service"},
 }
 
 // TestPackageLayers checks layers: a new import between the control

@@ -25,6 +25,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/service/adapter"
 	"github.com/llmgw/llmgw/controlplane/service/admin"
 	"github.com/llmgw/llmgw/controlplane/service/agent"
+	"github.com/llmgw/llmgw/controlplane/service/server"
 	"github.com/llmgw/llmgw/controlplane/service/watch"
 	"github.com/llmgw/llmgw/controlplane/sessions"
 	"github.com/llmgw/llmgw/controlplane/store"
@@ -63,6 +64,9 @@ type Server struct {
 	// dropForward, set by tests, loses plane messages to a peer as a
 	// network would.
 	dropForward func(peer string, msg []byte) bool
+	// withoutServerService, set by tests, serves no ServerService, as a
+	// server of an older release.
+	withoutServerService bool
 }
 
 // metrics are the node's per-package metrics, all in one registry.
@@ -172,6 +176,14 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		g = s.gossip
 	}
 	pool := cluster.NewPool()
+	// The gate reads membership's versions, and membership records
+	// removals through the gate: the gate comes first, reading the
+	// membership set just below.
+	gated := gate.New(s.cfg.Version, st, s.fsm, membersVersions{s}, s.log)
+	var removals cluster.Proposer = gated
+	if asPreviousRelease {
+		removals = nil // that release kept removals in gossip only
+	}
 	s.members = cluster.New(cluster.Config{
 		NodeID: s.cfg.NodeID, Version: s.cfg.Version,
 		GRPCAddr: s.grpcAddr, HTTPAddr: s.httpAddr, GossipAddr: s.cfg.GossipAddr,
@@ -179,9 +191,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		ServerStabilizationTime: s.cfg.ServerStabilizationTime, CleanupDeadServers: s.cfg.CleanupDeadServers,
 		AutopilotInterval: s.cfg.AutopilotInterval, ReconcileInterval: s.cfg.ReconcileInterval,
 		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ApplyTimeout: s.cfg.ApplyTimeout, LeaveTimeout: s.cfg.LeaveTimeout,
-	}, st, st.Raw(), g, s.fsm, pool, s.log, s.clock)
+	}, st, st.Raw(), g, s.fsm, removals, pool, s.log, s.clock)
 	s.registerGauges()
-	gated := gate.New(s.cfg.Version, st, s.fsm, s.members, s.log)
 	lead := leader.New(leader.Config{
 		ReconcileInterval: s.cfg.ReconcileInterval, NodeDownAfter: s.cfg.NodeDownAfter,
 		RescheduleAfter: s.cfg.RescheduleAfter, DrainTimeout: s.cfg.DrainTimeout,
@@ -259,13 +270,17 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	return err
 }
 
-// grpcServer is the node's gRPC server with its four services: leader-only
+// grpcServer is the node's gRPC server with its five services: leader-only
 // unary calls forwarded (package service), every stream ended when
 // streams is.
 func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *leader.Leader) *grpc.Server {
 	fwd := service.NewForwarder(s.cfg.NodeID, s.cfg.RPCHoldTimeout, s.store, s.members)
+	unary := []grpc.UnaryServerInterceptor{fwd.Unary}
+	if asPreviousRelease {
+		unary = append(unary, previousReleaseStatus)
+	}
 	gs := grpc.NewServer(
-		grpc.ChainUnaryInterceptor(fwd.Unary),
+		grpc.ChainUnaryInterceptor(unary...),
 		// Clients detect a dead server by application heartbeats (design
 		// §5.6); their gRPC keepalives, if any, must not get them cut off.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -275,6 +290,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	llmgwv1.RegisterAgentServiceServer(gs, agent.New(agent.Config{
 		Self: s.cfg.NodeID, HeartbeatInterval: s.cfg.HeartbeatInterval, AgentTimeout: s.cfg.AgentTimeout,
 		ElectionTimeout: s.cfg.ElectionTimeout, RPCHoldTimeout: s.cfg.RPCHoldTimeout, ApplyTimeout: s.cfg.ApplyTimeout,
+		HelloForwardOnly: asPreviousRelease,
 	}, agent.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Reports: s.eph,
 		Plane: s.plane, Sessions: s.sessions, Metrics: s.metrics.agent,
@@ -287,8 +303,18 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 		Reports: s.eph, Sessions: s.sessions,
 	}, s.log))
 	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
+	if !asPreviousRelease && !s.withoutServerService {
+		llmgwv1.RegisterServerServiceServer(gs, server.New(gated, s.log))
+	}
 	return gs
 }
+
+// membersVersions is the gate's view of the servers' versions: the
+// membership's, read at each check (the membership is created after the
+// gate).
+type membersVersions struct{ s *Server }
+
+func (v membersVersions) ConfigVersions() map[string]string { return v.s.members.ConfigVersions() }
 
 func (s *Server) fatal(err error) {
 	select {

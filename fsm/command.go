@@ -90,6 +90,8 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.SetAdapterPlacementCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS:
 		return &llmgwv1.SetNodeLabelsCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED:
+		return &llmgwv1.SetServerRemovedCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

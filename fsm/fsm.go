@@ -45,6 +45,9 @@ type FSM struct {
 	// adapters holds the adapter placements by adapter name (names are
 	// unique across models, plan §4).
 	adapters map[string]*llmgwv1.AdapterPlacement
+	// removals holds the removal records of control-plane servers by
+	// server id (servers.go).
+	removals map[string]*llmgwv1.ServerRemoval
 	log      []*llmgwv1.Change
 	// logFloor is the newest revision the log no longer covers: changes
 	// after it are all in the log.
@@ -73,6 +76,7 @@ func (f *FSM) reset() {
 	f.config = &llmgwv1.ClusterConfig{}
 	f.ordinals = map[string]uint64{}
 	f.adapters = map[string]*llmgwv1.AdapterPlacement{}
+	f.removals = map[string]*llmgwv1.ServerRemoval{}
 	f.log = nil
 	f.logFloor = 0
 }
@@ -132,6 +136,8 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 		res, err = a.setAdapterPlacement(p)
 	case *llmgwv1.SetNodeLabelsCommand:
 		res, err = a.setNodeLabels(p)
+	case *llmgwv1.SetServerRemovedCommand:
+		res, err = a.setServerRemoved(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
@@ -483,6 +489,9 @@ func (f *FSM) Restore(data []byte) error {
 	for _, p := range st.AdapterPlacements {
 		f.adapters[p.Adapter] = p
 	}
+	for _, r := range st.ServerRemovals {
+		f.removals[r.ServerId] = r
+	}
 	f.notify()
 	return nil
 }
@@ -500,6 +509,7 @@ func (f *FSM) State() *llmgwv1.State {
 		Config:            proto.Clone(f.config).(*llmgwv1.ClusterConfig),
 		NextOrdinal:       map[string]uint64{},
 		AdapterPlacements: cloneSorted(f.adapters, func(p *llmgwv1.AdapterPlacement) string { return p.Adapter }),
+		ServerRemovals:    cloneSorted(f.removals, func(r *llmgwv1.ServerRemoval) string { return r.ServerId }),
 	}
 	for k, v := range f.ordinals {
 		st.NextOrdinal[k] = v

@@ -33,3 +33,17 @@ func knownCommand(t llmgwv1.CommandType) (uint32, bool) {
 	g, ok := gatedCommands[t]
 	return g.schema, ok
 }
+
+// Admitted reports whether a cluster whose committed minimum version is min
+// already admits commands of type t without another gate check: this build
+// knows t, and t is either known to every release or introduced at or below
+// min. Background work that must never open the gate by itself (and so
+// commit a minimum version the operator did not ask for) proposes a gated
+// command only when it is admitted.
+func Admitted(t llmgwv1.CommandType, min string) bool {
+	if !Known(t) {
+		return false
+	}
+	want := Introduced(t)
+	return want == "" || (min != "" && AtLeast(min, want))
+}

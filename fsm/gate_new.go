@@ -7,10 +7,17 @@ import llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 // NodeLabelsVersion is the release that introduced SET_NODE_LABELS.
 const NodeLabelsVersion = "v0.2.0"
 
+// ServerRemovedVersion is the release that introduced SET_SERVER_REMOVED,
+// the replicated removal records of control-plane servers (servers.go). It
+// ships in the same release as SET_NODE_LABELS: no release separates them,
+// so the "old" build, the previous release, knows neither.
+const ServerRemovedVersion = "v0.2.0"
+
 // gatedCommands are the command types behind the minimum-version gate. A
 // build with the tag llmgw_upgrade_old leaves them out (gate_old.go): it is
 // this tree as the previous release, which the upgrade test runs as the
 // "old" binary (plan §12, §13.3).
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{
-	llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS: {schema: 1, introduced: NodeLabelsVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS:    {schema: 1, introduced: NodeLabelsVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED: {schema: 1, introduced: ServerRemovedVersion},
 }

@@ -9,8 +9,9 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// TestKnownSetNew: this build knows SET_NODE_LABELS, introduced in
-// NodeLabelsVersion; every older type needs no version.
+// TestKnownSetNew: this build knows SET_NODE_LABELS and
+// SET_SERVER_REMOVED, introduced in NodeLabelsVersion and
+// ServerRemovedVersion; every older type needs no version.
 func TestKnownSetNew(t *testing.T) {
 	tests := []struct {
 		typ        llmgwv1.CommandType
@@ -20,6 +21,7 @@ func TestKnownSetNew(t *testing.T) {
 		{llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL, true, ""},
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT, true, ""},
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, true, "v0.2.0"},
+		{llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, true, "v0.2.0"},
 		{llmgwv1.CommandType_COMMAND_TYPE_UNSPECIFIED, false, ""},
 		{llmgwv1.CommandType(999), false, ""},
 	}
@@ -29,6 +31,31 @@ func TestKnownSetNew(t *testing.T) {
 		}
 		if got := Introduced(tt.typ); got != tt.introduced {
 			t.Errorf("Introduced(%s) = %q, want %q", tt.typ, got, tt.introduced)
+		}
+	}
+}
+
+// TestAdmitted: a gated command is admitted once the committed minimum
+// version reaches the release that introduced it; an ungated one always;
+// an unknown one never.
+func TestAdmitted(t *testing.T) {
+	labels, removed := llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED
+	tests := []struct {
+		typ  llmgwv1.CommandType
+		min  string
+		want bool
+	}{
+		{llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL, "", true},
+		{removed, "", false},
+		{removed, "v0.1.0", false},
+		{removed, ServerRemovedVersion, true},
+		{removed, "v0.3.0", true},
+		{labels, NodeLabelsVersion, true},
+		{llmgwv1.CommandType(999), "v9.0.0", false},
+	}
+	for _, tt := range tests {
+		if got := Admitted(tt.typ, tt.min); got != tt.want {
+			t.Errorf("Admitted(%s, %q) = %v, want %v", tt.typ, tt.min, got, tt.want)
 		}
 	}
 }

@@ -7,7 +7,12 @@ import llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 // NodeLabelsVersion is empty in the "old" build: it predates the command.
 const NodeLabelsVersion = ""
 
+// ServerRemovedVersion is empty in the "old" build: it predates the
+// command.
+const ServerRemovedVersion = ""
+
 // gatedCommands is empty in the "old" build (tag llmgw_upgrade_old): this
 // tree as the release before any gated command existed. A
-// SET_NODE_LABELS entry stops it loudly, as an unknown command must.
+// SET_NODE_LABELS or SET_SERVER_REMOVED entry stops it loudly, as an
+// unknown command must.
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{}

@@ -145,8 +145,9 @@ func (w *commitWriter) stop() []string {
 	return w.failed
 }
 
-// raftTerm is the highest last-log term any live server reports (in the
-// ClusterStatus headers autopilot reads): each election moves it by one.
+// raftTerm is the highest last-log term any live server reports in its
+// ClusterStatus (the raft_last_term field; the header an old server sends
+// instead): each election moves it by one.
 func raftTerm(t *testing.T, servers []*controlServer) uint64 {
 	t.Helper()
 	var term uint64
@@ -154,13 +155,15 @@ func raftTerm(t *testing.T, servers []*controlServer) uint64 {
 		a, closeConn := admin(t, s.grpc)
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		var md metadata.MD
-		_, err := a.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&md))
+		cs, err := a.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&md))
 		cancel()
 		closeConn()
 		if err != nil {
 			continue
 		}
-		if v := md.Get("llmgw-raft-last-term"); len(v) == 1 {
+		if cs.RaftLastTerm != nil {
+			term = max(term, cs.GetRaftLastTerm())
+		} else if v := md.Get("llmgw-raft-last-term"); len(v) == 1 {
 			n, _ := strconv.ParseUint(v[0], 10, 64)
 			term = max(term, n)
 		}

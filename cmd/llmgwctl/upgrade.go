@@ -173,8 +173,8 @@ func (c *cli) leaderView(ctx context.Context) (*llmgwv1.ClusterStatusResponse, [
 	return st, peers, fresh, err
 }
 
-// askServer is one server's ClusterStatus, with the Raft figures its
-// headers carry.
+// askServer is one server's ClusterStatus, with the Raft figures it
+// reports of itself.
 func askServer(ctx context.Context, addr string) (reading, *llmgwv1.ClusterStatusResponse, error) {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -188,16 +188,29 @@ func askServer(ctx context.Context, addr string) (reading, *llmgwv1.ClusterStatu
 	if err != nil {
 		return reading{}, nil, err
 	}
-	r := reading{leader: cs.Leader}
+	r := reading{leader: cs.Leader, lastIndex: raftLastIndex(cs, md)}
 	for _, s := range cs.Servers {
 		if s.Id == cs.ServerId {
 			r.version = s.Version
 		}
 	}
-	if v := md.Get("llmgw-raft-last-index"); len(v) == 1 {
-		r.lastIndex, _ = strconv.ParseUint(v[0], 10, 64)
-	}
 	return r, cs, nil
+}
+
+// raftLastIndex is the last log index a server reports of itself in its
+// ClusterStatus: the response field, or for a server older than it (in a
+// rolling upgrade) the llmgw-raft-last-index header it sent instead; 0
+// when it sent neither. Drop the header fallback one release after the
+// fields were added, with the servers' headers.
+func raftLastIndex(cs *llmgwv1.ClusterStatusResponse, md metadata.MD) uint64 {
+	if cs.RaftLastIndex != nil {
+		return cs.GetRaftLastIndex()
+	}
+	if v := md.Get("llmgw-raft-last-index"); len(v) == 1 {
+		n, _ := strconv.ParseUint(v[0], 10, 64)
+		return n
+	}
+	return 0
 }
 
 func (c *cli) upgradeCheckCmd() *cobra.Command {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/metadata"
+
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -151,5 +153,31 @@ func TestParseLabelArgs(t *testing.T) {
 				t.Errorf("%v: set %v", tt.args, set)
 			}
 		}
+	}
+}
+
+// TestRaftLastIndex: the field when the server sends it, else the header
+// of a server older than the field, else 0.
+func TestRaftLastIndex(t *testing.T) {
+	idx := func(n uint64) *uint64 { return &n }
+	tests := []struct {
+		name string
+		cs   *llmgwv1.ClusterStatusResponse
+		md   metadata.MD
+		want uint64
+	}{
+		{"field", &llmgwv1.ClusterStatusResponse{RaftLastIndex: idx(42)}, nil, 42},
+		{"field wins over the header", &llmgwv1.ClusterStatusResponse{RaftLastIndex: idx(42)}, metadata.Pairs("llmgw-raft-last-index", "7"), 42},
+		{"field set to 0", &llmgwv1.ClusterStatusResponse{RaftLastIndex: idx(0)}, metadata.Pairs("llmgw-raft-last-index", "7"), 0},
+		{"old server: header", &llmgwv1.ClusterStatusResponse{}, metadata.Pairs("llmgw-raft-last-index", "7"), 7},
+		{"neither", &llmgwv1.ClusterStatusResponse{}, nil, 0},
+		{"bad header", &llmgwv1.ClusterStatusResponse{}, metadata.Pairs("llmgw-raft-last-index", "x"), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := raftLastIndex(tt.cs, tt.md); got != tt.want {
+				t.Fatalf("raftLastIndex = %d, want %d", got, tt.want)
+			}
+		})
 	}
 }

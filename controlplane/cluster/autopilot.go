@@ -16,9 +16,11 @@ import (
 )
 
 // Raft figures a server attaches to its ClusterStatus answer as gRPC
-// headers, so the leader's autopilot can judge its health. The proto has no
-// fields for them (see the package doc). The AdminService sets them; the
-// autopilot delegate reads them.
+// headers, so the leader's autopilot can judge its health: how servers
+// before ClusterStatusResponse's raft_last_* fields sent them. The
+// AdminService sends both for one release, so an older leader still reads
+// a newer server; the autopilot delegate reads the fields and falls back
+// to these for an older server. Drop them one release after the fields.
 const (
 	HeaderLastIndex   = "llmgw-raft-last-index"
 	HeaderLastTerm    = "llmgw-raft-last-term"
@@ -26,7 +28,7 @@ const (
 )
 
 // autopilotDelegate is autopilot's view of the application: gossip says who
-// is alive, each server's ClusterStatus headers say how far its log is.
+// is alive, each server's ClusterStatus says how far its log is.
 type autopilotDelegate Cluster
 
 func (d *autopilotDelegate) AutopilotConfig() *autopilot.Config {
@@ -62,27 +64,16 @@ func (d *autopilotDelegate) FetchServerStats(ctx context.Context, servers map[ra
 			cctx, cancel := context.WithTimeout(ctx, max(c.cfg.AutopilotInterval/2, 100*time.Millisecond))
 			defer cancel()
 			var hdr metadata.MD
-			_, err := llmgwv1.NewAdminServiceClient(c.pool.Conn(m.Meta.GRPC)).ClusterStatus(cctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&hdr))
+			cs, err := llmgwv1.NewAdminServiceClient(c.pool.Conn(m.Meta.GRPC)).ClusterStatus(cctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&hdr))
 			if err != nil {
 				return
 			}
-			num := func(k string) int64 {
-				v := hdr.Get(k)
-				if len(v) == 0 {
-					return -1
-				}
-				n, err := strconv.ParseInt(v[0], 10, 64)
-				if err != nil {
-					return -1
-				}
-				return n
-			}
-			idx, term, lc := num(HeaderLastIndex), num(HeaderLastTerm), num(HeaderLastContact)
-			if idx < 0 || term < 0 || lc < 0 {
+			st, ok := reportedStats(cs, hdr)
+			if !ok {
 				return
 			}
 			mu.Lock()
-			out[id] = &autopilot.ServerStats{LastIndex: uint64(idx), LastTerm: uint64(term), LastContact: time.Duration(lc) * time.Millisecond}
+			out[id] = st
 			mu.Unlock()
 		})
 	}
@@ -93,6 +84,7 @@ func (d *autopilotDelegate) FetchServerStats(ctx context.Context, servers map[ra
 func (d *autopilotDelegate) KnownServers() map[raft.ServerID]*autopilot.Server {
 	c := (*Cluster)(d)
 	members := c.g.Snapshot()
+	removed := c.removedServers()
 	leader := raft.ServerID(c.raft.LeaderID())
 	out := map[raft.ServerID]*autopilot.Server{}
 	add := func(id, addr, version string, st autopilot.NodeStatus) {
@@ -112,7 +104,7 @@ func (d *autopilotDelegate) KnownServers() map[raft.ServerID]*autopilot.Server {
 		case gossip.StatusLeft:
 			st = autopilot.NodeLeft
 		}
-		if c.g.Removed(id) {
+		if removed[id] {
 			st = autopilot.NodeLeft
 		}
 		add(id, m.Meta.Raft, m.Meta.Version, st)
@@ -148,4 +140,37 @@ func (d *autopilotDelegate) RemoveFailedServer(srv *autopilot.Server) {
 		}
 		c.log.Warn("autopilot: failed server removed from raft", "member", string(srv.ID), "status", string(srv.NodeStatus))
 	})
+}
+
+// reportedStats is a server's Raft figures as its ClusterStatus answer
+// reports them: the response's raft_last_* fields, or, from a server older
+// than them (a rolling upgrade), the headers it sent instead. ok is false
+// when it sent neither whole, or a figure that is not a number or is
+// negative.
+func reportedStats(cs *llmgwv1.ClusterStatusResponse, hdr metadata.MD) (*autopilot.ServerStats, bool) {
+	if cs.RaftLastIndex != nil && cs.RaftLastTerm != nil && cs.RaftLastContactMs != nil {
+		if cs.GetRaftLastContactMs() < 0 {
+			return nil, false
+		}
+		return &autopilot.ServerStats{
+			LastIndex: cs.GetRaftLastIndex(), LastTerm: cs.GetRaftLastTerm(),
+			LastContact: time.Duration(cs.GetRaftLastContactMs()) * time.Millisecond,
+		}, true
+	}
+	num := func(k string) int64 {
+		v := hdr.Get(k)
+		if len(v) == 0 {
+			return -1
+		}
+		n, err := strconv.ParseInt(v[0], 10, 64)
+		if err != nil {
+			return -1
+		}
+		return n
+	}
+	idx, term, lc := num(HeaderLastIndex), num(HeaderLastTerm), num(HeaderLastContact)
+	if idx < 0 || term < 0 || lc < 0 {
+		return nil, false
+	}
+	return &autopilot.ServerStats{LastIndex: uint64(idx), LastTerm: uint64(term), LastContact: time.Duration(lc) * time.Millisecond}, true
 }

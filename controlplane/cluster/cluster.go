@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 	autopilot "github.com/hashicorp/raft-autopilot"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -89,15 +91,29 @@ type Gossip interface {
 	// Snapshot is every server ever seen, by id; Member one of them.
 	Snapshot() map[string]gossip.Member
 	Member(id string) (gossip.Member, bool)
-	// Removed and SetRemoved read and spread tombstones.
-	Removed(id string) bool
-	SetRemoved(id string, removed bool)
+	// Tombstones is a copy of the removal records gossip spreads, by
+	// server id; SetRemoved records (or clears) one here, spreads it and
+	// returns its time (Unix ns).
+	Tombstones() map[string]gossip.Tombstone
+	SetRemoved(id string, removed bool) int64
 }
 
 // Desired is the replicated state membership reads: the cluster's
-// committed minimum version (design §13.3).
+// committed minimum version (design §13.3) and the replicated removal
+// records of servers (removals.go). Reads return copies.
 type Desired interface {
 	Config() *llmgwv1.ClusterConfig
+	ServerRemoved(id string) (*llmgwv1.ServerRemoval, bool)
+	ServerRemovals() []*llmgwv1.ServerRemoval
+}
+
+// Proposer commits a command on the leader through the minimum-version
+// gate (package gate): what the FSM made of it and its revision, or why
+// not — the gate's refusal while a server of the configuration runs an
+// older release, a NotLeaderError on a follower, the FSM's validation
+// error.
+type Proposer interface {
+	Propose(ctx context.Context, t llmgwv1.CommandType, payload proto.Message) (any, uint64, error)
 }
 
 // Cluster is this server's membership. Create it with New once the client
@@ -110,8 +126,10 @@ type Cluster struct {
 	ap    autopilot.Raft
 	g     Gossip // nil without gossip
 	state Desired
-	pool  *Pool
-	now   func() time.Time
+	// propose records removals in the replicated state (nil: gossip only).
+	propose Proposer
+	pool    *Pool
+	now     func() time.Time
 
 	// bootstrapProblem is why --bootstrap-expect refuses to bootstrap (a
 	// mismatched expectation), shown by /readyz; "" when none.
@@ -132,10 +150,11 @@ type Cluster struct {
 }
 
 // New returns the membership of this server. ap is the raft member
-// autopilot drives (store.Raw); g is nil without gossip; pool reaches the
-// other servers.
-func New(cfg Config, r Raft, ap autopilot.Raft, g Gossip, state Desired, pool *Pool, log *slog.Logger, now func() time.Time) *Cluster {
-	c := &Cluster{cfg: cfg, log: log, raft: r, ap: ap, g: g, state: state, pool: pool, now: now, leaving: make(chan struct{})}
+// autopilot drives (store.Raw); g is nil without gossip; p records
+// removals in the replicated state (nil keeps them in gossip only); pool
+// reaches the other servers.
+func New(cfg Config, r Raft, ap autopilot.Raft, g Gossip, state Desired, p Proposer, pool *Pool, log *slog.Logger, now func() time.Time) *Cluster {
+	c := &Cluster{cfg: cfg, log: log, raft: r, ap: ap, g: g, state: state, propose: p, pool: pool, now: now, leaving: make(chan struct{})}
 	c.bootstrapProblem.Store("")
 	c.versionProblem.Store("")
 	return c

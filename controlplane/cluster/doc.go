@@ -16,11 +16,13 @@
 //     one that left is removed; raft-autopilot promotes stable non-voters
 //     and cleans up dead servers, never below --bootstrap-expect voters.
 //     Autopilot's per-server figures (last log index and term, last
-//     contact) travel as gRPC headers on ClusterStatus, for want of proto
-//     fields.
+//     contact) are each server's ClusterStatus raft_last_* fields, or the
+//     gRPC headers a server older than them sends instead.
 //   - Removed servers. `raft remove-peer` and a graceful leave tombstone the
-//     server id (package gossip spreads the tombstones); a tombstoned
-//     server is not added back when it shows up alive.
+//     server id; a tombstoned server is not added back when it shows up
+//     alive. Package gossip spreads the tombstones; once every server can
+//     apply it, the replicated state keeps them too, so they survive a
+//     restart of every server (removals.go).
 //   - Leave ends the process: after leaving, Left is closed and the node
 //     stops (Consul's servers do the same). Stopping by signal does not
 //     leave: a restart must not shrink the cluster.

@@ -45,6 +45,7 @@ func (c *Cluster) WhileLeading(ctx context.Context) {
 	t := time.NewTicker(c.cfg.ReconcileInterval)
 	defer t.Stop()
 	for {
+		c.syncRemovals(ctx, reported)
 		c.reconcile(reported)
 		select {
 		case <-ctx.Done():
@@ -60,6 +61,7 @@ func (c *Cluster) WhileLeading(ctx context.Context) {
 // that left. A removed (tombstoned) server is not added back until an
 // explicit join clears it; a refused server (Refusal) is not added.
 func (c *Cluster) reconcile(reported map[string]bool) {
+	removed := c.removedServers()
 	inConf := map[string]raft.Server{}
 	for _, srv := range c.raft.Servers() {
 		inConf[string(srv.ID)] = srv
@@ -71,7 +73,7 @@ func (c *Cluster) reconcile(reported map[string]bool) {
 		_, in := inConf[id]
 		switch m.Status {
 		case gossip.StatusAlive, gossip.StatusSuspect:
-			if in || c.g.Removed(id) {
+			if in || removed[id] {
 				continue
 			}
 			if why := c.refusal(m.Meta); why != "" {

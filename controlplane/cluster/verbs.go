@@ -67,8 +67,11 @@ func (c *Cluster) Join(addrs []string) (int, error) {
 			}
 		}
 	}
+	// Cleared in gossip here; the leader copies a clear newer than the
+	// replicated record into it (removals.go), and honours it meanwhile.
+	removed := c.removedServers()
 	for id := range cleared {
-		if c.g.Removed(id) {
+		if removed[id] {
 			c.log.Info("removal cleared by an explicit join", "member", id)
 		}
 		c.g.SetRemoved(id, false)
@@ -157,9 +160,12 @@ func (c *Cluster) Peers() ([]*llmgwv1.RaftPeer, error) {
 
 // RemovePeer removes a server from Raft (on the leader) and tombstones it,
 // so it is not added back when it shows up alive over gossip again: it
-// comes back only through an explicit join. The leader cannot remove
-// itself (transfer leadership first, or make it leave), nor the last voter.
-func (c *Cluster) RemovePeer(id string) error {
+// comes back only through an explicit join. The tombstone is spread by
+// gossip and, once every server can apply it, recorded in the replicated
+// state, which keeps it across a restart of every server (removals.go).
+// The leader cannot remove itself (transfer leadership first, or make it
+// leave), nor the last voter.
+func (c *Cluster) RemovePeer(ctx context.Context, id string) error {
 	if id == "" {
 		return fmt.Errorf("remove peer: %w", errValidation("id", "required"))
 	}
@@ -185,7 +191,9 @@ func (c *Cluster) RemovePeer(id string) error {
 		return fmt.Errorf("remove peer %q: %w: it is the last voter", id, ErrRefused)
 	}
 	if c.g != nil {
-		c.g.SetRemoved(id, true)
+		// Without gossip membership is the operator's: no tombstone is
+		// needed, and none is committed (it could open the gate).
+		c.recordRemoval(ctx, id, true, c.g.SetRemoved(id, true))
 	}
 	if err := c.raft.RemoveServer(id); err != nil {
 		return fmt.Errorf("remove peer %q: %w", id, err)

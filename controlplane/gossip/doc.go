@@ -22,7 +22,9 @@
 //   - Tombstones are last-writer-wins records (removed or cleared, with a
 //     time), spread by broadcast and, as the backstop, in push/pull state,
 //     so any later leader honours a removal. They live in memory: a full
-//     restart of every server forgets them.
+//     restart of every server forgets them, which is why package cluster
+//     also keeps them in the replicated state once every server can apply
+//     that (fsm's SET_SERVER_REMOVED), and uses these alone before.
 //   - Memberlist's user messages and push/pull state are shared with the
 //     ephemeral plane: a kind byte tells plane messages from tombstones,
 //     and the state is framed (kind byte, tombstones' length, tombstones,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"sort"
 	"strconv"
@@ -54,13 +55,15 @@ type Gossip struct {
 
 	mu         sync.Mutex
 	members    map[string]*Member // by server id
-	tombstones map[string]tombstone
+	tombstones map[string]Tombstone
 }
 
-// tombstone is a last-writer-wins record of a removal: Removed says whether
-// the id is currently kept out of Raft; At orders records for the same id,
-// so a later explicit join (Removed false) clears an earlier removal.
-type tombstone struct {
+// Tombstone is a last-writer-wins record of a removal: Removed says whether
+// the id is currently kept out of Raft; At (Unix ns, the clock of the
+// server that wrote it) orders records for the same id, so a later explicit
+// join (Removed false) clears an earlier removal. Package cluster weighs
+// them against the replicated records (fsm) by the same clock.
+type Tombstone struct {
 	Removed bool  `json:"r"`
 	At      int64 `json:"t"`
 }
@@ -75,7 +78,7 @@ func New(self Meta, p Plane, log *slog.Logger, now func() time.Time) *Gossip {
 		now:        now,
 		plane:      p,
 		members:    map[string]*Member{},
-		tombstones: map[string]tombstone{},
+		tombstones: map[string]Tombstone{},
 	}
 	g.queue = &memberlist.TransmitLimitedQueue{
 		NumNodes:       func() int { return max(1, g.numMembers()) },
@@ -238,24 +241,34 @@ func (g *Gossip) Removed(id string) bool {
 	return g.tombstones[id].Removed
 }
 
-// SetRemoved records (or clears) a removal and spreads it to the others.
-func (g *Gossip) SetRemoved(id string, removed bool) {
-	t := tombstone{Removed: removed, At: g.now().UnixNano()}
+// Tombstones returns a copy of every tombstone, by server id.
+func (g *Gossip) Tombstones() map[string]Tombstone {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return maps.Clone(g.tombstones)
+}
+
+// SetRemoved records (or clears) a removal, spreads it to the others and
+// returns its time: now, or just after the id's previous record, so it
+// supersedes that one whatever the clock did.
+func (g *Gossip) SetRemoved(id string, removed bool) int64 {
+	t := Tombstone{Removed: removed, At: g.now().UnixNano()}
 	g.mu.Lock()
 	if old, ok := g.tombstones[id]; ok && old.At >= t.At {
 		t.At = old.At + 1
 	}
 	g.tombstones[id] = t
 	g.mu.Unlock()
-	b, _ := json.Marshal(map[string]tombstone{id: t})
+	b, _ := json.Marshal(map[string]Tombstone{id: t})
 	if g.queue != nil {
 		g.queue.QueueBroadcast(tombstoneBroadcast(b))
 	}
+	return t.At
 }
 
 // mergeTombstones applies records from another server, newest per id wins.
 func (g *Gossip) mergeTombstones(b []byte) {
-	var in map[string]tombstone
+	var in map[string]Tombstone
 	if err := json.Unmarshal(b, &in); err != nil {
 		g.log.Warn("gossip tombstones ignored: undecodable", "err", err)
 		return

@@ -159,3 +159,26 @@ func FuzzDecodeState(f *testing.F) {
 		}
 	})
 }
+
+// TestTombstonesCopyAndTime: SetRemoved returns the time it recorded, just
+// after the previous record when the clock has not moved, and Tombstones
+// is a copy the caller owns.
+func TestTombstonesCopyAndTime(t *testing.T) {
+	clock := time.Unix(100, 0)
+	g := New(Meta{ID: "c1"}, nil, slog.New(slog.DiscardHandler), func() time.Time { return clock })
+	at := g.SetRemoved("c4", true)
+	if at != clock.UnixNano() {
+		t.Fatalf("SetRemoved at %d, want the clock's %d", at, clock.UnixNano())
+	}
+	if again := g.SetRemoved("c4", false); again != at+1 {
+		t.Fatalf("second SetRemoved at %d, want %d (just after the first)", again, at+1)
+	}
+	ts := g.Tombstones()
+	if got := ts["c4"]; got.Removed || got.At != at+1 || len(ts) != 1 {
+		t.Fatalf("Tombstones = %v", ts)
+	}
+	ts["c9"] = Tombstone{Removed: true, At: 1}
+	if _, ok := g.Tombstones()["c9"]; ok {
+		t.Fatal("Tombstones shares its map with the caller")
+	}
+}

@@ -4,7 +4,9 @@
 //   - service/admin   AdminService: everything llmgwctl needs;
 //   - service/agent   AgentService.Attach: one session per agent;
 //   - service/watch   WatchService.Watch: the routers' merged stream;
-//   - service/adapter AdapterService.EnsureAdapter (design §7.6).
+//   - service/adapter AdapterService.EnsureAdapter (design §7.6);
+//   - service/server  ServerService: what control servers ask of each
+//     other (RegisterNode, a follower's agent registration).
 //
 // Each declares the small interfaces it needs of the rest of the node (the
 // Raft store, the replicated state, the membership, the agents' reports),

@@ -49,7 +49,7 @@ type Raft interface {
 	LeaderID() string
 	LastIndex() uint64
 	// LocalStats is this server's last log index and term and how long ago
-	// it heard from the leader: the figures ClusterStatus' headers carry.
+	// it heard from the leader: the figures ClusterStatus carries.
 	LocalStats() (index, term uint64, lastContact time.Duration)
 	// Restore replaces the cluster's state with body (an fsm snapshot the
 	// FSM accepts) at revision index; a NotLeaderError when this server
@@ -73,7 +73,7 @@ type Membership interface {
 	Join(addrs []string) (joined int, err error)
 	Members() []*llmgwv1.Member
 	Peers() ([]*llmgwv1.RaftPeer, error)
-	RemovePeer(id string) error
+	RemovePeer(ctx context.Context, id string) error
 	TransferLeadership(ctx context.Context, to string) (leader string, err error)
 	Leave(ctx context.Context) (newLeader string, err error)
 }
@@ -206,8 +206,11 @@ func (a *Service) ListReplicas(_ context.Context, req *llmgwv1.ListRequest) (*ll
 
 // ClusterStatus is this server's view of the cluster, with autopilot's
 // figures (the leader's own judgement on the leader, an estimate from
-// gossip elsewhere). The answer's headers carry this server's Raft log
-// position and last contact, which the leader's autopilot reads.
+// gossip elsewhere), and this server's Raft log position and last contact,
+// which the leader's autopilot and `llmgwctl upgrade` read. Those are sent
+// twice for this release: as the raft_last_* fields, and as the headers
+// servers before the fields sent, which an older leader in a rolling
+// upgrade still reads. Drop the headers one release after the fields.
 func (a *Service) ClusterStatus(ctx context.Context, _ *llmgwv1.ClusterStatusRequest) (*llmgwv1.ClusterStatusResponse, error) {
 	idx, term, lc := a.raft.LocalStats()
 	_ = grpc.SetHeader(ctx, metadata.Pairs(
@@ -216,14 +219,17 @@ func (a *Service) ClusterStatus(ctx context.Context, _ *llmgwv1.ClusterStatusReq
 		cluster.HeaderLastContact, strconv.FormatInt(lc.Milliseconds(), 10)))
 	healthy, tolerance, voters := a.peers.Figures()
 	return &llmgwv1.ClusterStatusResponse{
-		Leader:           a.raft.LeaderID(),
-		Servers:          a.peers.Servers(),
-		Revision:         a.state.Revision(),
-		ServerId:         a.self,
-		Healthy:          healthy,
-		FailureTolerance: int32(tolerance),
-		Voters:           int32(voters),
-		MinVersion:       a.state.Config().GetMinVersion(),
+		Leader:            a.raft.LeaderID(),
+		Servers:           a.peers.Servers(),
+		Revision:          a.state.Revision(),
+		ServerId:          a.self,
+		Healthy:           healthy,
+		FailureTolerance:  int32(tolerance),
+		Voters:            int32(voters),
+		MinVersion:        a.state.Config().GetMinVersion(),
+		RaftLastIndex:     proto.Uint64(idx),
+		RaftLastTerm:      proto.Uint64(term),
+		RaftLastContactMs: proto.Int64(lc.Milliseconds()),
 	}, nil
 }
 

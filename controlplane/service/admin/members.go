@@ -38,8 +38,8 @@ func (a *Service) ListPeers(context.Context, *llmgwv1.ListPeersRequest) (*llmgwv
 
 // RemovePeer removes a server from Raft (answered by the leader) and
 // tombstones it, so it comes back only through an explicit join.
-func (a *Service) RemovePeer(_ context.Context, req *llmgwv1.RemovePeerRequest) (*llmgwv1.RemovePeerResponse, error) {
-	if err := a.members.RemovePeer(req.Id); err != nil {
+func (a *Service) RemovePeer(ctx context.Context, req *llmgwv1.RemovePeerRequest) (*llmgwv1.RemovePeerResponse, error) {
+	if err := a.members.RemovePeer(ctx, req.Id); err != nil {
 		return nil, service.ToStatus(err)
 	}
 	return &llmgwv1.RemovePeerResponse{}, nil

@@ -31,6 +31,11 @@ type Config struct {
 	// ApplyTimeout bounds its forward to the leader.
 	RPCHoldTimeout time.Duration
 	ApplyTimeout   time.Duration
+	// HelloForwardOnly forwards registrations only by replaying the
+	// agent's hello, never with ServerService.RegisterNode: how releases
+	// before that RPC forwarded them. Only the build that plays the
+	// previous release in the upgrade test sets it.
+	HelloForwardOnly bool
 }
 
 // Proposer commits commands on the leader through the minimum-version gate
@@ -146,11 +151,15 @@ func (a *Service) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	nodeID := hello.Node.Id
 	log := a.log.With("agent_node", nodeID, "epoch", hello.Epoch)
 	if service.IsForwarded(ctx) {
-		// Another server forwards an agent's registration: commit it here
-		// (the leader) and confirm; the session stays on that server.
+		// A server older than ServerService.RegisterNode forwards an
+		// agent's registration by replaying its hello: commit it here (the
+		// leader) and confirm; the session stays on that server. Kept for
+		// one release after RegisterNode, for such servers in a rolling
+		// upgrade.
 		if err := a.proposeRegister(ctx, hello.Node); err != nil {
 			return service.ToStatus(fmt.Errorf("register node %s: %w", nodeID, err))
 		}
+		log.Info("node registered for a peer's agent session, forwarded as a hello (a server older than ServerService)")
 		return stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Welcome{Welcome: &llmgwv1.Welcome{ServerId: a.cfg.Self}}})
 	}
 	// The session counts from before registration: the leader must not see
@@ -425,8 +434,9 @@ func (a *Service) proposeRegister(ctx context.Context, n *llmgwv1.Node) error {
 }
 
 // registerOnLeader commits the registration here when this server leads,
-// or forwards it on an Attach marked forwarded: the hello registers, the
-// welcome confirms, and the leader keeps no session for it.
+// or has the leader commit it with ServerService.RegisterNode. A leader
+// older than that RPC answers UNIMPLEMENTED; the registration then goes as
+// those releases sent it (forwardHello).
 func (a *Service) registerOnLeader(ctx context.Context, n *llmgwv1.Node) error {
 	if a.raft.IsLeader() {
 		return a.proposeRegister(ctx, n)
@@ -437,7 +447,25 @@ func (a *Service) registerOnLeader(ctx context.Context, n *llmgwv1.Node) error {
 	}
 	cctx, cancel := context.WithTimeout(service.ForwardedContext(ctx, a.cfg.Self), a.cfg.ApplyTimeout)
 	defer cancel()
-	stream, err := llmgwv1.NewAgentServiceClient(a.peers.Conn(addr)).Attach(cctx)
+	if !a.cfg.HelloForwardOnly {
+		_, err := llmgwv1.NewServerServiceClient(a.peers.Conn(addr)).RegisterNode(cctx, &llmgwv1.RegisterNodeRequest{Node: n, ServerId: a.cfg.Self})
+		if status.Code(err) != codes.Unimplemented {
+			if err != nil {
+				return fmt.Errorf("register on the leader at %s: %w", addr, err)
+			}
+			return nil
+		}
+		a.log.Debug("the leader predates ServerService.RegisterNode: forwarding the registration as a hello", "agent_node", n.Id, "leader_addr", addr)
+	}
+	return a.forwardHello(cctx, addr, n)
+}
+
+// forwardHello forwards a registration on an Attach marked forwarded, as
+// servers before ServerService did: the hello registers, the welcome
+// confirms, and the leader keeps no session for it. Drop it one release
+// after RegisterNode, with the leader's side in Attach.
+func (a *Service) forwardHello(ctx context.Context, addr string, n *llmgwv1.Node) error {
+	stream, err := llmgwv1.NewAgentServiceClient(a.peers.Conn(addr)).Attach(ctx)
 	if err != nil {
 		return fmt.Errorf("forward registration to the leader at %s: %w", addr, err)
 	}

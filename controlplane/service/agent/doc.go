@@ -6,12 +6,15 @@
 // (design §5.6), and heartbeats.
 //
 // Decisions where the design is silent:
-//   - An agent's node registration is committed through the leader. The
-//     proto has no registration RPC, so a follower forwards it on an
-//     Attach marked forwarded: the hello registers, the welcome confirms,
-//     and the leader keeps no session for it. The session counts from
-//     before registration, so the leader never sees the node re-activated
-//     yet detached, and marks it down again.
+//   - An agent's node registration is committed through the leader: a
+//     follower has the leader commit it with ServerService.RegisterNode
+//     (package service/server). A leader older than that RPC answers
+//     UNIMPLEMENTED; the follower then forwards the registration as those
+//     releases did, on an Attach marked forwarded: the hello registers, the
+//     welcome confirms, and the leader keeps no session for it. The leader
+//     still answers such an Attach for one release, for older followers.
+//     The session counts from before registration, so the leader never
+//     sees the node re-activated yet detached, and marks it down again.
 //   - A session whose node has a newer epoch held here is closed with
 //     ABORTED: it must never speak for the node again.
 //   - A server without a leader for three election timeouts (counted from

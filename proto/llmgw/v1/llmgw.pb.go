@@ -98,6 +98,8 @@ const (
 	// Behind the minimum-version gate (plan §4, §13.3): proposed only once
 	// every server reports the version that introduced it.
 	CommandType_COMMAND_TYPE_SET_NODE_LABELS CommandType = 10
+	// Gated too: records (or clears) a control-plane server's removal.
+	CommandType_COMMAND_TYPE_SET_SERVER_REMOVED CommandType = 11
 )
 
 // Enum value maps for CommandType.
@@ -114,6 +116,7 @@ var (
 		8:  "COMMAND_TYPE_SET_REPLICA_DRAINING",
 		9:  "COMMAND_TYPE_SET_ADAPTER_PLACEMENT",
 		10: "COMMAND_TYPE_SET_NODE_LABELS",
+		11: "COMMAND_TYPE_SET_SERVER_REMOVED",
 	}
 	CommandType_value = map[string]int32{
 		"COMMAND_TYPE_UNSPECIFIED":           0,
@@ -127,6 +130,7 @@ var (
 		"COMMAND_TYPE_SET_REPLICA_DRAINING":  8,
 		"COMMAND_TYPE_SET_ADAPTER_PLACEMENT": 9,
 		"COMMAND_TYPE_SET_NODE_LABELS":       10,
+		"COMMAND_TYPE_SET_SERVER_REMOVED":    11,
 	}
 )
 
@@ -1051,8 +1055,14 @@ type State struct {
 	// life.
 	NextOrdinal       map[string]uint64   `protobuf:"bytes,7,rep,name=next_ordinal,json=nextOrdinal,proto3" json:"next_ordinal,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	AdapterPlacements []*AdapterPlacement `protobuf:"bytes,8,rep,name=adapter_placements,json=adapterPlacements,proto3" json:"adapter_placements,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Control-plane servers an operator removed from Raft (remove-peer,
+	// leave) or brought back (join), sorted by server_id. A snapshot holding
+	// any is written only after the minimum-version gate committed the
+	// release that introduced them, so an older server restoring it stops at
+	// that min_version rather than drop them.
+	ServerRemovals []*ServerRemoval `protobuf:"bytes,9,rep,name=server_removals,json=serverRemovals,proto3" json:"server_removals,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
@@ -1141,6 +1151,91 @@ func (x *State) GetAdapterPlacements() []*AdapterPlacement {
 	return nil
 }
 
+func (x *State) GetServerRemovals() []*ServerRemoval {
+	if x != nil {
+		return x.ServerRemovals
+	}
+	return nil
+}
+
+// ServerRemoval is the replicated record of one control-plane server's
+// removal (design §5.2). The leader keeps a removed server out of Raft when
+// it shows up alive over gossip; only an explicit join clears the record.
+// A cleared record is kept (removed false) so it outranks an older gossip
+// tombstone. Being in Raft, it survives a restart of every server, which
+// gossip's tombstones do not.
+type ServerRemoval struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ServerId string                 `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Removed  bool                   `protobuf:"varint,2,opt,name=removed,proto3" json:"removed,omitempty"`
+	// Revision of the command that last set it.
+	Revision uint64 `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
+	// When the operator's verb happened (the proposer's clock): records are
+	// last-writer-wins by this time, in the state and against gossip's
+	// tombstones, which carry the same clock.
+	AtUnixNano    int64 `protobuf:"varint,4,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerRemoval) Reset() {
+	*x = ServerRemoval{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerRemoval) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerRemoval) ProtoMessage() {}
+
+func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerRemoval.ProtoReflect.Descriptor instead.
+func (*ServerRemoval) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ServerRemoval) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *ServerRemoval) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
+func (x *ServerRemoval) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ServerRemoval) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
 // AdapterPlacement says which replicas should hold one LoRA adapter (plan
 // §7.6). Adapter names are unique across models (they share the `model`
 // namespace of requests). The reported state per replica travels on the
@@ -1160,7 +1255,7 @@ type AdapterPlacement struct {
 
 func (x *AdapterPlacement) Reset() {
 	*x = AdapterPlacement{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1172,7 +1267,7 @@ func (x *AdapterPlacement) String() string {
 func (*AdapterPlacement) ProtoMessage() {}
 
 func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1185,7 +1280,7 @@ func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterPlacement.ProtoReflect.Descriptor instead.
 func (*AdapterPlacement) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AdapterPlacement) GetModel() string {
@@ -1231,7 +1326,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1243,7 +1338,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1256,7 +1351,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Command) GetType() CommandType {
@@ -1296,7 +1391,7 @@ type UpsertModelCommand struct {
 
 func (x *UpsertModelCommand) Reset() {
 	*x = UpsertModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1308,7 +1403,7 @@ func (x *UpsertModelCommand) String() string {
 func (*UpsertModelCommand) ProtoMessage() {}
 
 func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1321,7 +1416,7 @@ func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertModelCommand.ProtoReflect.Descriptor instead.
 func (*UpsertModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UpsertModelCommand) GetModel() *Model {
@@ -1340,7 +1435,7 @@ type DeleteModelCommand struct {
 
 func (x *DeleteModelCommand) Reset() {
 	*x = DeleteModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1352,7 +1447,7 @@ func (x *DeleteModelCommand) String() string {
 func (*DeleteModelCommand) ProtoMessage() {}
 
 func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1365,7 +1460,7 @@ func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelCommand.ProtoReflect.Descriptor instead.
 func (*DeleteModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *DeleteModelCommand) GetName() string {
@@ -1384,7 +1479,7 @@ type RegisterNodeCommand struct {
 
 func (x *RegisterNodeCommand) Reset() {
 	*x = RegisterNodeCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1491,7 @@ func (x *RegisterNodeCommand) String() string {
 func (*RegisterNodeCommand) ProtoMessage() {}
 
 func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1504,7 @@ func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCommand.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RegisterNodeCommand) GetNode() *Node {
@@ -1429,7 +1524,7 @@ type SetNodeStateCommand struct {
 
 func (x *SetNodeStateCommand) Reset() {
 	*x = SetNodeStateCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1441,7 +1536,7 @@ func (x *SetNodeStateCommand) String() string {
 func (*SetNodeStateCommand) ProtoMessage() {}
 
 func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1454,7 +1549,7 @@ func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SetNodeStateCommand) GetId() string {
@@ -1482,7 +1577,7 @@ type PlaceReplicaCommand struct {
 
 func (x *PlaceReplicaCommand) Reset() {
 	*x = PlaceReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1494,7 +1589,7 @@ func (x *PlaceReplicaCommand) String() string {
 func (*PlaceReplicaCommand) ProtoMessage() {}
 
 func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1507,7 +1602,7 @@ func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReplicaCommand.ProtoReflect.Descriptor instead.
 func (*PlaceReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PlaceReplicaCommand) GetReplica() *Replica {
@@ -1528,7 +1623,7 @@ type RemoveReplicaCommand struct {
 
 func (x *RemoveReplicaCommand) Reset() {
 	*x = RemoveReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1540,7 +1635,7 @@ func (x *RemoveReplicaCommand) String() string {
 func (*RemoveReplicaCommand) ProtoMessage() {}
 
 func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1553,7 +1648,7 @@ func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaCommand.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveReplicaCommand) GetId() string {
@@ -1580,7 +1675,7 @@ type SetReplicaDrainingCommand struct {
 
 func (x *SetReplicaDrainingCommand) Reset() {
 	*x = SetReplicaDrainingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1687,7 @@ func (x *SetReplicaDrainingCommand) String() string {
 func (*SetReplicaDrainingCommand) ProtoMessage() {}
 
 func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1700,7 @@ func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaDrainingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaDrainingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetReplicaDrainingCommand) GetId() string {
@@ -1631,7 +1726,7 @@ type SetClusterConfigCommand struct {
 
 func (x *SetClusterConfigCommand) Reset() {
 	*x = SetClusterConfigCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1738,7 @@ func (x *SetClusterConfigCommand) String() string {
 func (*SetClusterConfigCommand) ProtoMessage() {}
 
 func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1751,7 @@ func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetClusterConfigCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetClusterConfigCommand) GetConfig() *ClusterConfig {
@@ -1677,7 +1772,7 @@ type SetAdapterPlacementCommand struct {
 
 func (x *SetAdapterPlacementCommand) Reset() {
 	*x = SetAdapterPlacementCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +1784,7 @@ func (x *SetAdapterPlacementCommand) String() string {
 func (*SetAdapterPlacementCommand) ProtoMessage() {}
 
 func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +1797,7 @@ func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAdapterPlacementCommand.ProtoReflect.Descriptor instead.
 func (*SetAdapterPlacementCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
@@ -1724,7 +1819,7 @@ type SetNodeLabelsCommand struct {
 
 func (x *SetNodeLabelsCommand) Reset() {
 	*x = SetNodeLabelsCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1831,7 @@ func (x *SetNodeLabelsCommand) String() string {
 func (*SetNodeLabelsCommand) ProtoMessage() {}
 
 func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1844,7 @@ func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetNodeLabelsCommand) GetId() string {
@@ -1771,6 +1866,71 @@ func (x *SetNodeLabelsCommand) GetRemove() []string {
 		return x.Remove
 	}
 	return nil
+}
+
+// SetServerRemovedCommand records that an operator removed a control-plane
+// server from Raft (removed true: remove-peer, leave) or asked it back
+// (removed false: join), at at_unix_nano (required). A command older than
+// the record it meets changes nothing: the newest verb wins whatever order
+// the proposals were logged in.
+type SetServerRemovedCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ServerId      string                 `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Removed       bool                   `protobuf:"varint,2,opt,name=removed,proto3" json:"removed,omitempty"`
+	AtUnixNano    int64                  `protobuf:"varint,3,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetServerRemovedCommand) Reset() {
+	*x = SetServerRemovedCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetServerRemovedCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetServerRemovedCommand) ProtoMessage() {}
+
+func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetServerRemovedCommand.ProtoReflect.Descriptor instead.
+func (*SetServerRemovedCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *SetServerRemovedCommand) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *SetServerRemovedCommand) GetRemoved() bool {
+	if x != nil {
+		return x.Removed
+	}
+	return false
+}
+
+func (x *SetServerRemovedCommand) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
 }
 
 // ReplicaStatus is what the agent observes of one replica. The agent's
@@ -1797,7 +1957,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1809,7 +1969,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1822,7 +1982,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -1929,7 +2089,7 @@ type EphemeralUpdate struct {
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2101,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2114,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -2035,7 +2195,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2047,7 +2207,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2060,7 +2220,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *AdapterStatus) GetReplicaId() string {
@@ -2152,7 +2312,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2324,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2337,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -2254,7 +2414,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2426,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2439,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ControlServer) GetId() string {
@@ -2347,7 +2507,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2519,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2532,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -2397,7 +2557,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2409,7 +2569,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2422,7 +2582,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -2460,7 +2620,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2472,7 +2632,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2485,7 +2645,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -2557,7 +2717,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2569,7 +2729,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2582,7 +2742,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -2621,7 +2781,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2633,7 +2793,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2646,7 +2806,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -2693,7 +2853,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2705,7 +2865,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2718,7 +2878,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -2818,7 +2978,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2830,7 +2990,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2843,7 +3003,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -2862,7 +3022,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +3034,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +3047,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -2909,7 +3069,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2921,7 +3081,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2934,7 +3094,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -2974,7 +3134,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2986,7 +3146,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2999,7 +3159,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -3114,7 +3274,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3126,7 +3286,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3139,7 +3299,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -3158,7 +3318,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3170,7 +3330,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3183,7 +3343,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -3204,7 +3364,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3216,7 +3376,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3229,7 +3389,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -3257,7 +3417,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3269,7 +3429,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3282,7 +3442,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -3412,7 +3572,7 @@ type SetNodeLabelsRequest struct {
 
 func (x *SetNodeLabelsRequest) Reset() {
 	*x = SetNodeLabelsRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3424,7 +3584,7 @@ func (x *SetNodeLabelsRequest) String() string {
 func (*SetNodeLabelsRequest) ProtoMessage() {}
 
 func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3437,7 +3597,7 @@ func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SetNodeLabelsRequest) GetId() string {
@@ -3471,7 +3631,7 @@ type SetNodeLabelsResponse struct {
 
 func (x *SetNodeLabelsResponse) Reset() {
 	*x = SetNodeLabelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3483,7 +3643,7 @@ func (x *SetNodeLabelsResponse) String() string {
 func (*SetNodeLabelsResponse) ProtoMessage() {}
 
 func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3496,7 +3656,7 @@ func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SetNodeLabelsResponse) GetRevision() uint64 {
@@ -3521,7 +3681,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3533,7 +3693,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3546,7 +3706,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -3559,7 +3719,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3571,7 +3731,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3584,7 +3744,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3604,7 +3764,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3616,7 +3776,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3629,7 +3789,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -3649,7 +3809,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3661,7 +3821,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3674,7 +3834,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -3700,7 +3860,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3712,7 +3872,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3725,7 +3885,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -3745,7 +3905,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3757,7 +3917,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3770,7 +3930,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -3790,7 +3950,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3802,7 +3962,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3815,7 +3975,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -3833,7 +3993,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3845,7 +4005,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3858,7 +4018,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 type LeaveResponse struct {
@@ -3871,7 +4031,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3883,7 +4043,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3896,7 +4056,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -3914,7 +4074,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3926,7 +4086,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3939,7 +4099,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 // Member is one server in the gossip pool.
@@ -3963,7 +4123,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3975,7 +4135,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3988,7 +4148,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Member) GetId() string {
@@ -4056,7 +4216,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4068,7 +4228,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4081,7 +4241,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -4099,7 +4259,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4111,7 +4271,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4124,7 +4284,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -4148,7 +4308,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4160,7 +4320,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4173,7 +4333,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -4248,7 +4408,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4260,7 +4420,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4273,7 +4433,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -4292,7 +4452,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4304,7 +4464,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4317,7 +4477,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -4335,7 +4495,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4347,7 +4507,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4360,7 +4520,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 type TransferLeadershipRequest struct {
@@ -4373,7 +4533,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4385,7 +4545,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4398,7 +4558,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -4417,7 +4577,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4429,7 +4589,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4442,7 +4602,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -4461,7 +4621,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4473,7 +4633,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4486,7 +4646,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -4506,7 +4666,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4518,7 +4678,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4531,7 +4691,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -4557,7 +4717,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4569,7 +4729,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4582,7 +4742,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -4601,7 +4761,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4613,7 +4773,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4626,7 +4786,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -4646,7 +4806,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4658,7 +4818,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4671,7 +4831,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -4691,7 +4851,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4703,7 +4863,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4716,7 +4876,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -4745,7 +4905,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4757,7 +4917,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4770,7 +4930,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -4806,7 +4966,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4818,7 +4978,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4831,7 +4991,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -4858,7 +5018,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4870,7 +5030,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4883,7 +5043,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -4908,7 +5068,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4920,7 +5080,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4933,7 +5093,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
 }
 
 type ClusterStatusResponse struct {
@@ -4949,14 +5109,23 @@ type ClusterStatusResponse struct {
 	FailureTolerance int32 `protobuf:"varint,6,opt,name=failure_tolerance,json=failureTolerance,proto3" json:"failure_tolerance,omitempty"`
 	Voters           int32 `protobuf:"varint,7,opt,name=voters,proto3" json:"voters,omitempty"`
 	// The cluster's minimum version (the upgrade gate, plan §13.3).
-	MinVersion    string `protobuf:"bytes,8,opt,name=min_version,json=minVersion,proto3" json:"min_version,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MinVersion string `protobuf:"bytes,8,opt,name=min_version,json=minVersion,proto3" json:"min_version,omitempty"`
+	// The answering server's own Raft figures, which the leader's autopilot
+	// and `llmgwctl upgrade` read: its last log index and term, and how long
+	// ago it last heard from the leader (0 on the leader). Unset on servers
+	// older than these fields, which send them only as the gRPC headers
+	// llmgw-raft-last-index, -last-term and -last-contact-ms; readers fall
+	// back to those. Servers send both for one release.
+	RaftLastIndex     *uint64 `protobuf:"varint,9,opt,name=raft_last_index,json=raftLastIndex,proto3,oneof" json:"raft_last_index,omitempty"`
+	RaftLastTerm      *uint64 `protobuf:"varint,10,opt,name=raft_last_term,json=raftLastTerm,proto3,oneof" json:"raft_last_term,omitempty"`
+	RaftLastContactMs *int64  `protobuf:"varint,11,opt,name=raft_last_contact_ms,json=raftLastContactMs,proto3,oneof" json:"raft_last_contact_ms,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4968,7 +5137,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4981,7 +5150,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -5040,6 +5209,27 @@ func (x *ClusterStatusResponse) GetMinVersion() string {
 	return ""
 }
 
+func (x *ClusterStatusResponse) GetRaftLastIndex() uint64 {
+	if x != nil && x.RaftLastIndex != nil {
+		return *x.RaftLastIndex
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetRaftLastTerm() uint64 {
+	if x != nil && x.RaftLastTerm != nil {
+		return *x.RaftLastTerm
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetRaftLastContactMs() int64 {
+	if x != nil && x.RaftLastContactMs != nil {
+		return *x.RaftLastContactMs
+	}
+	return 0
+}
+
 type LoadSubscribeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ClientId      string                 `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
@@ -5049,7 +5239,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5061,7 +5251,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5074,7 +5264,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -5105,7 +5295,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5117,7 +5307,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5130,7 +5320,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -5198,7 +5388,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5210,7 +5400,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5223,7 +5413,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -5265,7 +5455,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5277,7 +5467,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5290,7 +5480,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -5322,7 +5512,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5334,7 +5524,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5347,7 +5537,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -5376,6 +5566,117 @@ func (x *EnsureAdapterResponse) GetRetryAfterMs() int64 {
 		return x.RetryAfterMs
 	}
 	return 0
+}
+
+type RegisterNodeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node as its agent reported it in its hello (id, addresses,
+	// capacity, labels, version): what the leader commits. state is
+	// unspecified (keep the current one) or ACTIVE (a node back from DOWN);
+	// revision is ignored.
+	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
+	// The server holding the agent's session, for the leader's log.
+	ServerId      string `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeRequest) Reset() {
+	*x = RegisterNodeRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeRequest) ProtoMessage() {}
+
+func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
+func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
+}
+
+func (x *RegisterNodeRequest) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
+}
+
+func (x *RegisterNodeRequest) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+type RegisterNodeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The revision that committed the registration.
+	Revision uint64 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The node as committed.
+	Node          *Node `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RegisterNodeResponse) Reset() {
+	*x = RegisterNodeResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RegisterNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RegisterNodeResponse) ProtoMessage() {}
+
+func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
+func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *RegisterNodeResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *RegisterNodeResponse) GetNode() *Node {
+	if x != nil {
+		return x.Node
+	}
+	return nil
 }
 
 var File_llmgw_v1_llmgw_proto protoreflect.FileDescriptor
@@ -5458,7 +5759,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"minVersion\x12,\n" +
 	"\x12default_block_size\x18\x02 \x01(\rR\x10defaultBlockSize\x12*\n" +
 	"\x11default_hash_seed\x18\x03 \x01(\tR\x0fdefaultHashSeed\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision\"\xba\x03\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\xfc\x03\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
@@ -5467,10 +5768,17 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\breplicas\x18\x05 \x03(\v2\x11.llmgw.v1.ReplicaR\breplicas\x12/\n" +
 	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigR\x06config\x12C\n" +
 	"\fnext_ordinal\x18\a \x03(\v2 .llmgw.v1.State.NextOrdinalEntryR\vnextOrdinal\x12I\n" +
-	"\x12adapter_placements\x18\b \x03(\v2\x1a.llmgw.v1.AdapterPlacementR\x11adapterPlacements\x1a>\n" +
+	"\x12adapter_placements\x18\b \x03(\v2\x1a.llmgw.v1.AdapterPlacementR\x11adapterPlacements\x12@\n" +
+	"\x0fserver_removals\x18\t \x03(\v2\x17.llmgw.v1.ServerRemovalR\x0eserverRemovals\x1a>\n" +
 	"\x10NextOrdinalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"z\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x84\x01\n" +
+	"\rServerRemoval\x12\x1b\n" +
+	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
+	"\aremoved\x18\x02 \x01(\bR\aremoved\x12\x1a\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\x12 \n" +
+	"\fat_unix_nano\x18\x04 \x01(\x03R\n" +
+	"atUnixNano\"z\n" +
 	"\x10AdapterPlacement\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
 	"\aadapter\x18\x02 \x01(\tR\aadapter\x12\x1a\n" +
@@ -5508,7 +5816,12 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06remove\x18\x03 \x03(\tR\x06remove\x1a6\n" +
 	"\bSetEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc8\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"r\n" +
+	"\x17SetServerRemovedCommand\x12\x1b\n" +
+	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
+	"\aremoved\x18\x02 \x01(\bR\aremoved\x12 \n" +
+	"\fat_unix_nano\x18\x03 \x01(\x03R\n" +
+	"atUnixNano\"\xc8\x02\n" +
 	"\rReplicaStatus\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -5717,7 +6030,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14ListReplicasResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
 	"\breplicas\x18\x02 \x03(\v2\x15.llmgw.v1.ReplicaViewR\breplicas\"\x16\n" +
-	"\x14ClusterStatusRequest\"\x9b\x02\n" +
+	"\x14ClusterStatusRequest\"\xe9\x03\n" +
 	"\x15ClusterStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x121\n" +
 	"\aservers\x18\x02 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\x12\x1a\n" +
@@ -5727,7 +6040,14 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x11failure_tolerance\x18\x06 \x01(\x05R\x10failureTolerance\x12\x16\n" +
 	"\x06voters\x18\a \x01(\x05R\x06voters\x12\x1f\n" +
 	"\vmin_version\x18\b \x01(\tR\n" +
-	"minVersion\"3\n" +
+	"minVersion\x12+\n" +
+	"\x0fraft_last_index\x18\t \x01(\x04H\x00R\rraftLastIndex\x88\x01\x01\x12)\n" +
+	"\x0eraft_last_term\x18\n" +
+	" \x01(\x04H\x01R\fraftLastTerm\x88\x01\x01\x124\n" +
+	"\x14raft_last_contact_ms\x18\v \x01(\x03H\x02R\x11raftLastContactMs\x88\x01\x01B\x12\n" +
+	"\x10_raft_last_indexB\x11\n" +
+	"\x0f_raft_last_termB\x17\n" +
+	"\x15_raft_last_contact_ms\"3\n" +
 	"\x14LoadSubscribeRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xdb\x01\n" +
 	"\vReplicaLoad\x12\x1d\n" +
@@ -5752,12 +6072,18 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x05state\x18\x01 \x01(\x0e2\x16.llmgw.v1.AdapterStateR\x05state\x12\x1b\n" +
 	"\tloaded_on\x18\x02 \x03(\tR\bloadedOn\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12$\n" +
-	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs*l\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\"V\n" +
+	"\x13RegisterNodeRequest\x12\"\n" +
+	"\x04node\x18\x01 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\x12\x1b\n" +
+	"\tserver_id\x18\x02 \x01(\tR\bserverId\"V\n" +
+	"\x14RegisterNodeResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
+	"\x04node\x18\x02 \x01(\v2\x0e.llmgw.v1.NodeR\x04node*l\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\x81\x03\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\xa6\x03\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -5770,7 +6096,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"!COMMAND_TYPE_SET_REPLICA_DRAINING\x10\b\x12&\n" +
 	"\"COMMAND_TYPE_SET_ADAPTER_PLACEMENT\x10\t\x12 \n" +
 	"\x1cCOMMAND_TYPE_SET_NODE_LABELS\x10\n" +
-	"*\xee\x01\n" +
+	"\x12#\n" +
+	"\x1fCOMMAND_TYPE_SET_SERVER_REMOVED\x10\v*\xee\x01\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -5817,7 +6144,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\vLoadService\x12E\n" +
 	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012b\n" +
 	"\x0eAdapterService\x12P\n" +
-	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponseB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
+	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponse2^\n" +
+	"\rServerService\x12M\n" +
+	"\fRegisterNode\x12\x1d.llmgw.v1.RegisterNodeRequest\x1a\x1e.llmgw.v1.RegisterNodeResponseB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
 
 var (
 	file_llmgw_v1_llmgw_proto_rawDescOnce sync.Once
@@ -5832,7 +6161,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -5847,197 +6176,206 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*Replica)(nil),                    // 10: llmgw.v1.Replica
 	(*ClusterConfig)(nil),              // 11: llmgw.v1.ClusterConfig
 	(*State)(nil),                      // 12: llmgw.v1.State
-	(*AdapterPlacement)(nil),           // 13: llmgw.v1.AdapterPlacement
-	(*Command)(nil),                    // 14: llmgw.v1.Command
-	(*UpsertModelCommand)(nil),         // 15: llmgw.v1.UpsertModelCommand
-	(*DeleteModelCommand)(nil),         // 16: llmgw.v1.DeleteModelCommand
-	(*RegisterNodeCommand)(nil),        // 17: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),        // 18: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),        // 19: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),       // 20: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil),  // 21: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),    // 22: llmgw.v1.SetClusterConfigCommand
-	(*SetAdapterPlacementCommand)(nil), // 23: llmgw.v1.SetAdapterPlacementCommand
-	(*SetNodeLabelsCommand)(nil),       // 24: llmgw.v1.SetNodeLabelsCommand
-	(*ReplicaStatus)(nil),              // 25: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 26: llmgw.v1.EphemeralUpdate
-	(*AdapterStatus)(nil),              // 27: llmgw.v1.AdapterStatus
-	(*KVBlocks)(nil),                   // 28: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 29: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 30: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 31: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 32: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 33: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 34: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 35: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 36: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 37: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 38: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 39: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 40: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 41: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 42: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 43: llmgw.v1.WatchEvent
-	(*SetNodeLabelsRequest)(nil),       // 44: llmgw.v1.SetNodeLabelsRequest
-	(*SetNodeLabelsResponse)(nil),      // 45: llmgw.v1.SetNodeLabelsResponse
-	(*SnapshotSaveRequest)(nil),        // 46: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 47: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 48: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 49: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 50: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 51: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 52: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 53: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 54: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 55: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 56: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 57: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 58: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 59: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 60: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 61: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 62: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 63: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 64: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 65: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 66: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 67: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 68: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 69: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 70: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 71: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 72: llmgw.v1.ReplicaView
-	(*ListReplicasResponse)(nil),       // 73: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 74: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 75: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 76: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 77: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 78: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 79: llmgw.v1.EnsureAdapterRequest
-	(*EnsureAdapterResponse)(nil),      // 80: llmgw.v1.EnsureAdapterResponse
-	nil,                                // 81: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 82: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 83: llmgw.v1.Node.LabelsEntry
-	nil,                                // 84: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 85: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 86: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 87: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*ServerRemoval)(nil),              // 13: llmgw.v1.ServerRemoval
+	(*AdapterPlacement)(nil),           // 14: llmgw.v1.AdapterPlacement
+	(*Command)(nil),                    // 15: llmgw.v1.Command
+	(*UpsertModelCommand)(nil),         // 16: llmgw.v1.UpsertModelCommand
+	(*DeleteModelCommand)(nil),         // 17: llmgw.v1.DeleteModelCommand
+	(*RegisterNodeCommand)(nil),        // 18: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 19: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 20: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 21: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 22: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 23: llmgw.v1.SetClusterConfigCommand
+	(*SetAdapterPlacementCommand)(nil), // 24: llmgw.v1.SetAdapterPlacementCommand
+	(*SetNodeLabelsCommand)(nil),       // 25: llmgw.v1.SetNodeLabelsCommand
+	(*SetServerRemovedCommand)(nil),    // 26: llmgw.v1.SetServerRemovedCommand
+	(*ReplicaStatus)(nil),              // 27: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 28: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 29: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 30: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 31: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 32: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 33: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 34: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 35: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 36: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 37: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 38: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 39: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 40: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 41: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 42: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 43: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 44: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 45: llmgw.v1.WatchEvent
+	(*SetNodeLabelsRequest)(nil),       // 46: llmgw.v1.SetNodeLabelsRequest
+	(*SetNodeLabelsResponse)(nil),      // 47: llmgw.v1.SetNodeLabelsResponse
+	(*SnapshotSaveRequest)(nil),        // 48: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 49: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 50: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 51: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 52: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 53: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 54: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 55: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 56: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 57: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 58: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 59: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 60: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 61: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 62: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 63: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 64: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 65: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 66: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 67: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 68: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 69: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 70: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 71: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 72: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 73: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 74: llmgw.v1.ReplicaView
+	(*ListReplicasResponse)(nil),       // 75: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 76: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 77: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 78: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 79: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 80: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 81: llmgw.v1.EnsureAdapterRequest
+	(*EnsureAdapterResponse)(nil),      // 82: llmgw.v1.EnsureAdapterResponse
+	(*RegisterNodeRequest)(nil),        // 83: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 84: llmgw.v1.RegisterNodeResponse
+	nil,                                // 85: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 86: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 87: llmgw.v1.Node.LabelsEntry
+	nil,                                // 88: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 89: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 90: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 91: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	81, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	82, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	85, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	86, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	6,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	5,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	83, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	87, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,  // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	9,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	7,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	8,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	10, // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	11, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	84, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
-	13, // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
-	1,  // 13: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
-	7,  // 14: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
-	8,  // 15: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
-	0,  // 16: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
-	10, // 17: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
-	11, // 18: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
-	13, // 19: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	85, // 20: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
-	2,  // 21: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	25, // 22: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	28, // 23: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	27, // 24: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
-	3,  // 25: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
-	8,  // 26: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	25, // 27: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	31, // 28: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	26, // 29: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	30, // 30: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	29, // 31: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	10, // 32: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	7,  // 33: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	13, // 34: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
-	33, // 35: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	34, // 36: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	30, // 37: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	36, // 38: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	37, // 39: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	29, // 40: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	4,  // 41: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	7,  // 42: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	8,  // 43: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	10, // 44: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	11, // 45: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	13, // 46: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
-	40, // 47: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	39, // 48: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	41, // 49: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	26, // 50: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	37, // 51: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	30, // 52: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	42, // 53: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	86, // 54: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
-	8,  // 55: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
-	56, // 56: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	59, // 57: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
-	7,  // 58: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	7,  // 59: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	7,  // 60: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	8,  // 61: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	87, // 62: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	10, // 63: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	25, // 64: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	72, // 65: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	29, // 66: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	77, // 67: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	3,  // 68: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	32, // 69: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	38, // 70: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	65, // 71: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	67, // 72: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	69, // 73: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	69, // 74: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	69, // 75: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	74, // 76: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	49, // 77: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	51, // 78: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	53, // 79: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	55, // 80: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	58, // 81: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	61, // 82: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	63, // 83: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	46, // 84: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	47, // 85: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	44, // 86: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	76, // 87: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	79, // 88: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	35, // 89: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	43, // 90: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	66, // 91: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	68, // 92: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	70, // 93: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	71, // 94: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	73, // 95: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	75, // 96: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	50, // 97: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	52, // 98: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	54, // 99: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	57, // 100: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	60, // 101: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	62, // 102: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	64, // 103: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	47, // 104: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	48, // 105: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	45, // 106: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	78, // 107: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	80, // 108: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	89, // [89:109] is the sub-list for method output_type
-	69, // [69:89] is the sub-list for method input_type
-	69, // [69:69] is the sub-list for extension type_name
-	69, // [69:69] is the sub-list for extension extendee
-	0,  // [0:69] is the sub-list for field type_name
+	88, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	14, // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
+	13, // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
+	1,  // 14: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
+	7,  // 15: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
+	8,  // 16: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
+	0,  // 17: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
+	10, // 18: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
+	11, // 19: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
+	14, // 20: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
+	89, // 21: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	2,  // 22: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
+	27, // 23: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	30, // 24: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	29, // 25: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	3,  // 26: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
+	8,  // 27: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	27, // 28: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	33, // 29: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	28, // 30: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	32, // 31: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	31, // 32: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	10, // 33: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	7,  // 34: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	14, // 35: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
+	35, // 36: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	36, // 37: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	32, // 38: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	38, // 39: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	39, // 40: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	31, // 41: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	4,  // 42: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	7,  // 43: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	8,  // 44: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	10, // 45: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	11, // 46: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	14, // 47: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
+	42, // 48: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	41, // 49: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	43, // 50: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	28, // 51: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	39, // 52: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	32, // 53: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	44, // 54: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	90, // 55: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	8,  // 56: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
+	58, // 57: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	61, // 58: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	7,  // 59: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	7,  // 60: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	7,  // 61: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	8,  // 62: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	91, // 63: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	10, // 64: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	27, // 65: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	74, // 66: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	31, // 67: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	79, // 68: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	3,  // 69: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	8,  // 70: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	8,  // 71: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	34, // 72: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	40, // 73: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	67, // 74: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	69, // 75: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	71, // 76: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	71, // 77: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	71, // 78: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	76, // 79: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	51, // 80: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	53, // 81: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	55, // 82: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	57, // 83: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	60, // 84: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	63, // 85: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	65, // 86: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	48, // 87: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	49, // 88: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	46, // 89: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	78, // 90: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	81, // 91: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	83, // 92: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	37, // 93: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	45, // 94: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	68, // 95: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	70, // 96: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	72, // 97: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	73, // 98: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	75, // 99: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	77, // 100: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	52, // 101: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	54, // 102: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	56, // 103: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	59, // 104: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	62, // 105: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	64, // 106: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	66, // 107: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	49, // 108: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	50, // 109: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	47, // 110: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	80, // 111: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	82, // 112: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	84, // 113: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	93, // [93:114] is the sub-list for method output_type
+	72, // [72:93] is the sub-list for method input_type
+	72, // [72:72] is the sub-list for extension type_name
+	72, // [72:72] is the sub-list for extension extendee
+	0,  // [0:72] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -6045,26 +6383,26 @@ func file_llmgw_v1_llmgw_proto_init() {
 	if File_llmgw_v1_llmgw_proto != nil {
 		return
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[27].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[29].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[30].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[32].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[34].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[36].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
 		(*Change_Config)(nil),
 		(*Change_AdapterPlacement)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[38].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[40].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -6073,15 +6411,16 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*WatchEvent_Heartbeat)(nil),
 		(*WatchEvent_Mark)(nil),
 	}
+	file_llmgw_v1_llmgw_proto_msgTypes[72].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   83,
+			NumMessages:   87,
 			NumExtensions: 0,
-			NumServices:   5,
+			NumServices:   6,
 		},
 		GoTypes:           file_llmgw_v1_llmgw_proto_goTypes,
 		DependencyIndexes: file_llmgw_v1_llmgw_proto_depIdxs,

@@ -1153,3 +1153,119 @@ var AdapterService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "llmgw/v1/llmgw.proto",
 }
+
+const (
+	ServerService_RegisterNode_FullMethodName = "/llmgw.v1.ServerService/RegisterNode"
+)
+
+// ServerServiceClient is the client API for ServerService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type ServerServiceClient interface {
+	// RegisterNode commits an agent's registration on the leader, for the
+	// server that holds the agent's session (answered by the leader; a
+	// follower answers UNAVAILABLE naming it, and does not forward). The
+	// leader applies it exactly as the registration of an agent attached to
+	// itself. A server older than this RPC answers UNIMPLEMENTED: the caller
+	// then forwards the agent's hello over AgentService.Attach, as those
+	// servers do.
+	RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error)
+}
+
+type serverServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewServerServiceClient(cc grpc.ClientConnInterface) ServerServiceClient {
+	return &serverServiceClient{cc}
+}
+
+func (c *serverServiceClient) RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterNodeResponse)
+	err := c.cc.Invoke(ctx, ServerService_RegisterNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ServerServiceServer is the server API for ServerService service.
+// All implementations must embed UnimplementedServerServiceServer
+// for forward compatibility.
+type ServerServiceServer interface {
+	// RegisterNode commits an agent's registration on the leader, for the
+	// server that holds the agent's session (answered by the leader; a
+	// follower answers UNAVAILABLE naming it, and does not forward). The
+	// leader applies it exactly as the registration of an agent attached to
+	// itself. A server older than this RPC answers UNIMPLEMENTED: the caller
+	// then forwards the agent's hello over AgentService.Attach, as those
+	// servers do.
+	RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error)
+	mustEmbedUnimplementedServerServiceServer()
+}
+
+// UnimplementedServerServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedServerServiceServer struct{}
+
+func (UnimplementedServerServiceServer) RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterNode not implemented")
+}
+func (UnimplementedServerServiceServer) mustEmbedUnimplementedServerServiceServer() {}
+func (UnimplementedServerServiceServer) testEmbeddedByValue()                       {}
+
+// UnsafeServerServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ServerServiceServer will
+// result in compilation errors.
+type UnsafeServerServiceServer interface {
+	mustEmbedUnimplementedServerServiceServer()
+}
+
+func RegisterServerServiceServer(s grpc.ServiceRegistrar, srv ServerServiceServer) {
+	// If the following call panics, it indicates UnimplementedServerServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&ServerService_ServiceDesc, srv)
+}
+
+func _ServerService_RegisterNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ServerServiceServer).RegisterNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ServerService_RegisterNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ServerServiceServer).RegisterNode(ctx, req.(*RegisterNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// ServerService_ServiceDesc is the grpc.ServiceDesc for ServerService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var ServerService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "llmgw.v1.ServerService",
+	HandlerType: (*ServerServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "RegisterNode",
+			Handler:    _ServerService_RegisterNode_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "llmgw/v1/llmgw.proto",
+}
