@@ -95,6 +95,28 @@ var rules = []rule{
 		InRepo: []string{"proto", "fsm"},
 		Why:    "controlplane meets agent and router only through proto and fsm (design §3)",
 	},
+	// The control plane split by job (design §3, §5): each package may use
+	// only the siblings listed, so a new dependency between them is a
+	// decision made here. The root, which wires one node, may import them
+	// all; nothing below imports the root.
+	cpLayer("controlplane/logadapt", false, "adapts hclog and memberlist logs to slog; a leaf"),
+	cpLayer("controlplane/snapfile", false, "the snapshot file format; a leaf"),
+	cpLayer("controlplane/ephemeral", false, "the ephemeral store; a leaf"),
+	cpLayer("controlplane/placement", false, "placement decisions are pure functions of the state; a leaf"),
+	cpLayer("controlplane/sessions", false, "who is attached where; a leaf"),
+	cpLayer("controlplane/gate", false, "the minimum-version gate; a leaf"),
+	cpLayer("controlplane/plane", false, "the ephemeral plane over memberlist", "controlplane/ephemeral"),
+	cpLayer("controlplane/store", false, "the Raft store", "controlplane/logadapt"),
+	cpLayer("controlplane/gossip", false, "the memberlist member", "controlplane/logadapt", "controlplane/plane"),
+	cpLayer("controlplane/cluster", false, "membership: bootstrap, join, autopilot", "controlplane/gossip", "controlplane/logadapt"),
+	cpLayer("controlplane/leader", false, "the leader's loops", "controlplane/placement"),
+	cpLayer("controlplane/service", true, "errors to codes in one place and forwarding; the services see the rest through the interfaces they declare",
+		"controlplane/cluster", "controlplane/gate", "controlplane/leader", "controlplane/store"),
+	cpLayer("controlplane/service/admin", false, "AdminService", "controlplane/service", "controlplane/cluster", "controlplane/snapfile"),
+	cpLayer("controlplane/service/agent", false, "AgentService", "controlplane/service", "controlplane/ephemeral"),
+	cpLayer("controlplane/service/watch", false, "WatchService", "controlplane/service", "controlplane/ephemeral"),
+	cpLayer("controlplane/service/adapter", false, "AdapterService", "controlplane/service"),
+	cpLayer("controlplane/service/server", false, "ServerService", "controlplane/service"),
 	{
 		Prefix: "agent",
 		InRepo: []string{"proto", "vllm"},
@@ -253,4 +275,15 @@ func concat(lists ...[]string) []string {
 		all = append(all, l...)
 	}
 	return all
+}
+
+// cpLayer is the rule of one control-plane package: proto and fsm as for
+// the whole control plane, plus the sibling packages it may use.
+func cpLayer(prefix string, exact bool, job string, siblings ...string) rule {
+	return rule{
+		Prefix: prefix,
+		Exact:  exact,
+		InRepo: append([]string{"proto", "fsm"}, siblings...),
+		Why:    prefix + " (" + job + ") may import only proto, fsm, internal and the control-plane packages its rule lists (design §3)",
+	}
 }
