@@ -134,7 +134,7 @@ func TestEphemeralPlane(t *testing.T) {
 	waitFor(ctx, t, "c3 sees n1 attached", func() error {
 		ns, err := c.admin("c3").ListNodes(ctx, &llmgwv1.ListRequest{})
 		if err != nil || !ns.Connected["n1"] {
-			return fmt.Errorf("connected %v, %v", ns.GetConnected(), err)
+			return fmt.Errorf("connected %v, %w", ns.GetConnected(), err)
 		}
 		return nil
 	})
@@ -250,7 +250,7 @@ func TestFailoverGrace(t *testing.T) {
 		waitFor(ctx, t, id+" sees both agents attached", func() error {
 			ns, err := c.admin(id).ListNodes(ctx, &llmgwv1.ListRequest{})
 			if err != nil || !ns.Connected["n1"] || !ns.Connected["n2"] {
-				return fmt.Errorf("connected %v, %v", ns.GetConnected(), err)
+				return fmt.Errorf("connected %v, %w", ns.GetConnected(), err)
 			}
 			return nil
 		})

@@ -124,7 +124,7 @@ func TestEndToEnd(t *testing.T) {
 	cfg.HTTPAddr = "127.0.0.1:0"
 	cfg.DataDir = t.TempDir()
 	cfg.ScrapeInterval = 20 * time.Millisecond
-	r, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -295,7 +295,7 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 func (l *Listener) untrustLocked(why string, args ...any) {
 	l.mirror.markUntrusted()
 	l.hub.metrics.resets.WithLabelValues("untrusted").Inc()
-	l.log.Warn("kv state untrusted until the engine restarts or clears its cache: "+why, args...)
+	l.log.Warn("kv state untrusted until the engine restarts or clears its cache", append([]any{"why", why}, args...)...)
 }
 
 // repair asks the replay socket for every batch from the wanted seq on and

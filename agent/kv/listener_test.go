@@ -2,7 +2,6 @@ package kv
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"slices"
 	"strings"
@@ -17,7 +16,7 @@ import (
 	"github.com/llmgw/llmgw/vllm"
 )
 
-var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+var quiet = slog.New(slog.DiscardHandler)
 
 // fakeEngine publishes KV events as vLLM does — a PUB socket connecting to
 // the listener, seq from 0, a replay ROUTER serving its last `buffer`

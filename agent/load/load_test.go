@@ -24,7 +24,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+var discard = slog.New(slog.DiscardHandler)
 
 const vllmText = `# TYPE vllm:num_requests_running gauge
 vllm:num_requests_running{engine="0",model_name="demo"} 3.0

@@ -57,7 +57,7 @@ func (c *Cluster) Join(addrs []string) (int, error) {
 	n, err := c.g.Join(addrs)
 	if n == 0 {
 		c.log.Warn("join failed", "addrs", addrs, "err", err)
-		return 0, fmt.Errorf("join %v: none answered: %w (%v)", addrs, ErrUnreachable, err)
+		return 0, fmt.Errorf("join %v: none answered: %w (%w)", addrs, ErrUnreachable, err)
 	}
 	cleared := map[string]bool{c.cfg.NodeID: true}
 	for id, m := range c.g.Snapshot() {
@@ -240,7 +240,7 @@ func (c *Cluster) transfer(ctx context.Context, to string) (string, error) {
 		id, addr = string(target.ID), string(target.Address)
 	}
 	if err := c.raft.TransferLeadership(id, addr); err != nil {
-		return "", fmt.Errorf("%w: %v", ErrRefused, err)
+		return "", fmt.Errorf("%w: %w", ErrRefused, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.LeaveTimeout)
 	defer cancel()

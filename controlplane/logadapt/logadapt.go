@@ -39,7 +39,7 @@ func (w *HCLogWriter) Write(p []byte) (int, error) {
 		}
 		var entry map[string]any
 		if err := json.Unmarshal(line, &entry); err != nil {
-			w.Log.Info(string(line))
+			w.Log.Info(string(line)) //nolint:sloglint // another library's message, passed on as it wrote it
 			continue
 		}
 		level := slog.LevelInfo
@@ -67,7 +67,7 @@ func (w *HCLogWriter) Write(p []byte) (int, error) {
 			}
 			attrs = append(attrs, k, v)
 		}
-		w.Log.Log(context.Background(), level, msg, attrs...)
+		w.Log.Log(context.Background(), level, msg, attrs...) //nolint:sloglint // hclog's message, passed on as it wrote it
 	}
 	return len(p), nil
 }
@@ -97,7 +97,7 @@ func (w *MemberlistWriter) Write(p []byte) (int, error) {
 			}
 		}
 		line = bytes.TrimPrefix(line, []byte("memberlist: "))
-		w.Log.Log(context.Background(), level, string(line))
+		w.Log.Log(context.Background(), level, string(line)) //nolint:sloglint // memberlist's message, passed on as it wrote it
 	}
 	return len(p), nil
 }

@@ -3,7 +3,6 @@ package plane
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
 	"testing"
@@ -70,7 +69,7 @@ func newMesh(t *testing.T, ids ...string) *mesh {
 	for _, id := range ids {
 		st := ephemeral.NewStore()
 		p := New(Config{Self: id, Tick: 5 * time.Millisecond, Keepalive: 50 * time.Millisecond}, st, meshTransport{m, id},
-			NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+			NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
 		m.planes[id], m.stores[id] = p, st
 	}
 	for _, p := range m.planes {
@@ -207,7 +206,7 @@ func TestForwardRepairAndSupersede(t *testing.T) {
 // TestReorder: deltas that arrive early wait for the one they follow.
 func TestReorder(t *testing.T) {
 	st := ephemeral.NewStore()
-	p := New(Config{Self: "b"}, st, meshTransport{&mesh{planes: map[string]*Plane{}}, "b"}, NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	p := New(Config{Self: "b"}, st, meshTransport{&mesh{planes: map[string]*Plane{}}, "b"}, NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
 	send := func(us ...*llmgwv1.EphemeralUpdate) {
 		var fs []forwarded
 		for _, u := range us {

@@ -85,7 +85,7 @@ func loraRouter(t *testing.T, tb *table, ctl director.AdapterControl, wait time.
 	if ctl != nil {
 		opts = append(opts, WithAdapters(ctl, wait))
 	}
-	h := New(DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.NewTextHandler(io.Discard, nil)), reg, reg, opts...)
+	h := New(DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg, opts...)
 	s := newServer(t, h)
 	return s, reg
 }

@@ -143,7 +143,7 @@ func newRouter(t *testing.T, tb *table, mutate func(*Config)) *httptest.Server {
 		mutate(&cfg)
 	}
 	reg := prometheus.NewRegistry()
-	h := New(cfg, tb, inOrder{}, breakers(t), slog.New(slog.NewTextHandler(io.Discard, nil)), reg, reg)
+	h := New(cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 	s := httptest.NewServer(h)
 	t.Cleanup(func() { s.Close(); h.Close() })
 	return s

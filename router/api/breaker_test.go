@@ -59,7 +59,7 @@ func TestEngineKilledUnderLoad(t *testing.T) {
 	clk := &manualClock{t: time.Unix(1000, 0)}
 	scfg := scheduler.DefaultConfig()
 	scfg.Rand = scheduler.NewRand(1)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := slog.New(slog.DiscardHandler)
 	sched, err := scheduler.New(scfg, log, nil)
 	if err != nil {
 		t.Fatal(err)

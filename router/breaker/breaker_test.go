@@ -1,6 +1,7 @@
 package breaker
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -63,7 +64,7 @@ func TestBreaker(t *testing.T) {
 						t.Fatalf("step %d: Acquire = %v, want ok", i, err)
 					}
 				case 'x':
-					if err := b.Acquire(); err != ErrOpen {
+					if err := b.Acquire(); !errors.Is(err, ErrOpen) {
 						t.Fatalf("step %d: Acquire = %v, want ErrOpen", i, err)
 					}
 				case 'w':

@@ -67,7 +67,7 @@ type noBreakers struct{}
 
 func (noBreakers) Peek(scheduler.Key) *breaker.Breaker { return nil }
 
-var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+var discard = slog.New(slog.DiscardHandler)
 
 func ep(id string) *endpoint.Endpoint {
 	return &endpoint.Endpoint{ReplicaID: id, UID: 1, Incarnation: 1, Model: "base", Address: id + ":80"}

@@ -1,7 +1,6 @@
 package endpoint
 
 import (
-	"io"
 	"log/slog"
 	"testing"
 
@@ -78,7 +77,7 @@ func TestAdapters(t *testing.T) {
 					st.Ephemeral["n1"].Adapters[r][a] = &llmgwv1.AdapterStatus{ReplicaId: r, Adapter: a, State: s.state, Uid: s.uid, Incarnation: s.inc}
 				}
 			}
-			reg, err := New(DefaultConfig(), newFakeSource(st), slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+			reg, err := New(DefaultConfig(), newFakeSource(st), slog.New(slog.DiscardHandler), nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -109,7 +108,7 @@ type statusOfLoRA struct {
 
 func TestChangedClosesOnRebuild(t *testing.T) {
 	src := newFakeSource(stateOf([]string{"demo"}))
-	reg, err := New(DefaultConfig(), src, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	reg, err := New(DefaultConfig(), src, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

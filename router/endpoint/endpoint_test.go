@@ -161,7 +161,7 @@ func TestRoutable(t *testing.T) {
 
 func newTestRegistry(t *testing.T, cfg Config, src Source) *Registry {
 	t.Helper()
-	r, err := New(cfg, src, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	r, err := New(cfg, src, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -44,7 +45,7 @@ func FuzzSniff(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got, err := Sniff(body)
 		if err != nil {
-			if _, ok := err.(*Error); !ok {
+			if e := (*Error)(nil); !errors.As(err, &e) {
 				t.Fatalf("error %T is not an API error", err)
 			}
 			return

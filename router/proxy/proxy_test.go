@@ -92,7 +92,7 @@ func newProxy(t *testing.T, attempts int) (*Proxy, *breaker.Set[scheduler.Key]) 
 func serve(t *testing.T, p *Proxy, req *Request) (Result, *httptest.ResponseRecorder) {
 	t.Helper()
 	if req.Log == nil {
-		req.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+		req.Log = slog.New(slog.DiscardHandler)
 	}
 	if req.Replicas == 0 {
 		req.Replicas = len(req.Route.(*route).eps)

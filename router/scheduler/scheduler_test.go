@@ -2,7 +2,6 @@ package scheduler
 
 import (
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"slices"
@@ -35,7 +34,7 @@ func newSched(t testing.TB, seed uint64) (*Scheduler, *prometheus.Registry, *clo
 	cfg := DefaultConfig()
 	cfg.Rand, cfg.Now = NewRand(seed), clk.Now
 	reg := prometheus.NewRegistry()
-	s, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+	s, err := New(cfg, slog.New(slog.DiscardHandler), reg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -86,7 +85,7 @@ func start(t *testing.T, mutate func(*Config)) *harness {
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	c, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	c, err := New(cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
