@@ -139,6 +139,15 @@ func TestEndToEnd(t *testing.T) {
 	go func() { done <- r.Serve(ctx, ln) }()
 
 	waitStatus(t, base+"/readyz", 200)
+	// Ready means the desired state is whole; the replica's status comes in
+	// the ephemeral copy right after it, on its own event.
+	deadline := time.Now().Add(10 * time.Second)
+	for eps, _ := r.eps.Lookup("demo"); len(eps) == 0; eps, _ = r.eps.Lookup("demo") {
+		if time.Now().After(deadline) {
+			t.Fatal("demo-0 never became routable after the router was ready")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"demo","stream":true,"messages":[]}`))
 	if err != nil {
@@ -146,7 +155,8 @@ func TestEndToEnd(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 || resp.Header.Get("X-Llmgw-Replica") != "demo-0" {
-		t.Fatalf("status %d replica %q", resp.StatusCode, resp.Header.Get("X-Llmgw-Replica"))
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("status %d replica %q: %s", resp.StatusCode, resp.Header.Get("X-Llmgw-Replica"), b)
 	}
 	<-started
 
