@@ -24,7 +24,7 @@ func reap(pid int) {
 // --stop-engines-on-exit leaves its engine and a record of it; the next
 // agent on the same data dir supervises the same process under the same
 // incarnation, READY before any desired set arrives, and the first desired
-// set decides its fate (plan §6).
+// set decides its fate (design §6).
 func TestReadoptsEnginesAfterRestart(t *testing.T) {
 	tests := []struct {
 		name string

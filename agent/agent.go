@@ -1,8 +1,8 @@
-// Package agent is the node agent (plan §6): it holds one session with the
-// control plane at a time (failing over between control nodes, plan §5.6),
+// Package agent is the node agent (design §6): it holds one session with the
+// control plane at a time (failing over between control nodes, design §5.6),
 // runs the replicas the control plane places on its node through the engine
 // drivers and supervisors, and streams what it sees of them back as numbered
-// ephemeral updates (plan §5.4).
+// ephemeral updates (design §5.4).
 package agent
 
 import (
@@ -207,7 +207,7 @@ func (a *Agent) handler() http.Handler {
 		}
 		w.Write([]byte("ok\n"))
 	})
-	// The engine's last lines, for `llmgwctl replica logs` (plan §6).
+	// The engine's last lines, for `llmgwctl replica logs` (design §6).
 	mux.HandleFunc("GET /v1/replicas/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
 		if a.replicas == nil {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
@@ -225,7 +225,7 @@ func (a *Agent) handler() http.Handler {
 }
 
 // startLoad opens the gRPC listener, starts the load reader and serves
-// LoadService (plan §6 "Load snapshots"). The returned func stops them in
+// LoadService (design §6 "Load snapshots"). The returned func stops them in
 // order and waits: the reader, then every subscriber stream, then the
 // server — gracefully, or cut after a grace if a stuck router holds a send.
 func (a *Agent) startLoad() (stop func(), err error) {

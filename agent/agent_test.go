@@ -198,7 +198,7 @@ func startAgent(t *testing.T, c Config) (*Agent, func()) {
 	return a, stop
 }
 
-// checkOrder verifies the numbering rule of plan §5.4 on one session's
+// checkOrder verifies the numbering rule of design §5.4 on one session's
 // updates: full copy with seq 1 first, then seq+1 each.
 func checkOrder(t *testing.T, ups []*llmgwv1.EphemeralUpdate, epoch uint64) {
 	t.Helper()

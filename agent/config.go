@@ -73,17 +73,17 @@ type Config struct {
 	// NodeID names this node in the cluster. Required.
 	NodeID string `yaml:"node_id"`
 	// Control lists control-node gRPC addresses (host:port); the agent uses
-	// one at a time and learns the rest from the control plane (plan §5.6).
+	// one at a time and learns the rest from the control plane (design §5.6).
 	Control []string `yaml:"control"`
 	// AdvertiseAddr is the node's address (no port): engines listen on it
-	// and routers reach them there (plan §6 "Addresses").
+	// and routers reach them there (design §6 "Addresses").
 	AdvertiseAddr string `yaml:"advertise_addr"`
 	// DataDir keeps the session epoch, port assignments, engine logs and
-	// the records of running engines the next agent re-adopts (plan §6).
+	// the records of running engines the next agent re-adopts (design §6).
 	DataDir string `yaml:"data_dir"`
 	// HTTPAddr serves /metrics, /healthz and /readyz.
 	HTTPAddr string `yaml:"http_addr"`
-	// GRPCAddr serves LoadService to routers (plan §6 "Load snapshots").
+	// GRPCAddr serves LoadService to routers (design §6 "Load snapshots").
 	// Routers are told AdvertiseAddr with the port actually bound, so port
 	// 0 works.
 	GRPCAddr string `yaml:"grpc_addr"`
@@ -103,7 +103,7 @@ type Config struct {
 	Engines map[string]EngineConfig `yaml:"engines"`
 	// StopEnginesOnExit stops every engine before Run returns, and has the
 	// kernel kill them should the agent die. Otherwise engines outlive the
-	// agent (plan §6).
+	// agent (design §6).
 	StopEnginesOnExit bool `yaml:"stop_engines_on_exit"`
 	// ReadyTimeout bounds an engine's start.
 	ReadyTimeout time.Duration `yaml:"ready_timeout"`
@@ -134,7 +134,7 @@ type Config struct {
 	Now func() time.Time `yaml:"-"`
 }
 
-// DefaultConfig returns the defaults of plan §5.6 and §6.
+// DefaultConfig returns the defaults of design §5.6 and §6.
 func DefaultConfig() Config {
 	return Config{
 		Control:           []string{"127.0.0.1:7400"},

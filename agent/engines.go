@@ -24,7 +24,7 @@ import (
 
 // engineRecord is what the agent keeps in its data dir about each engine
 // process it runs, so that the next agent can re-adopt the engine instead
-// of reloading it (plan §6 "Engines outlive the agent": vLLM takes minutes
+// of reloading it (design §6 "Engines outlive the agent": vLLM takes minutes
 // to load weights; an agent upgrade must not cost that). It is written when
 // a process starts and removed when the agent stops it or sees it exit; an
 // agent that exits leaving engines running leaves their records behind.
@@ -201,7 +201,7 @@ func healthy(ctx context.Context, healthURL string, tries int, every time.Durati
 // gets before it is stopped rather than adopted.
 const adoptTries = 3
 
-// adopt takes over the engines an earlier agent left running (plan §6):
+// adopt takes over the engines an earlier agent left running (design §6):
 // each whose process is still the one recorded and answers its health
 // check is supervised again under its old incarnation, before any session
 // starts, so the first hello already lists it READY. The control plane's

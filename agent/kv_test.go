@@ -17,7 +17,7 @@ import (
 
 // A kv_events replica's engine is given a KV endpoint the agent listens
 // on; what the engine publishes reaches the control node as net changes,
-// and whole in every full copy (plan §7.5 step 2).
+// and whole in every full copy (design §7.5 step 2).
 func TestKVEventsReachControl(t *testing.T) {
 	ctl := startFakeControl(t, "c1")
 	c := testConfig(t, ctl.addr)

@@ -10,7 +10,7 @@ import (
 	"github.com/llmgw/llmgw/vllm"
 )
 
-// LoadTargets lists the engines the load reader reads (plan §6 "Load
+// LoadTargets lists the engines the load reader reads (design §6 "Load
 // snapshots"): every current placement whose latest status is READY with an
 // address, under the incarnation that status reports. A starting or
 // restarting engine has no load worth reading; routers do not send it

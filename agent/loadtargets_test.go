@@ -34,7 +34,7 @@ func TestLoadNames(t *testing.T) {
 	}
 }
 
-// TestLoadServiceServesRunningReplicas checks the wiring of plan §6 "Load
+// TestLoadServiceServesRunningReplicas checks the wiring of design §6 "Load
 // snapshots": the hello advertises LoadService on the advertise address and
 // the bound port, and a subscriber is told of every READY replica under its
 // incarnation. The fake engine serves no /metrics, so the replica is listed

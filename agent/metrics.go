@@ -7,7 +7,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// metrics are the agent's own, on its own registry (plan §9).
+// metrics are the agent's own, on its own registry (design §9).
 type metrics struct {
 	reg             *prometheus.Registry
 	attempts        prometheus.Counter

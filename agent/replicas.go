@@ -22,7 +22,7 @@ import (
 
 // replicaSet makes the node run its desired replicas: one supervisor per
 // replica, keyed by (id, uid). A new uid under a known id is a new replica
-// (plan §4 "Identity"): the old engine is stopped before the new one starts,
+// (design §4 "Identity"): the old engine is stopped before the new one starts,
 // since both would want the same port and GPUs.
 //
 // It keeps running its last desired set when the control plane is out of
@@ -32,7 +32,7 @@ type replicaSet struct {
 	log  *slog.Logger
 	book *book
 	kv   *kv.Hub
-	// adapters loads the LoRA placements into the engines (plan §6).
+	// adapters loads the LoRA placements into the engines (design §6).
 	adapters *adapters.Manager
 	// loads are the node's load readings, by which a draining engine is
 	// judged idle; set once, before any desired set is applied.
@@ -66,7 +66,7 @@ type runner struct {
 	drained  bool
 
 	// adopted is the engine an earlier agent left running that this
-	// runner takes over (plan §6); nil for a fresh start.
+	// runner takes over (design §6); nil for a fresh start.
 	adopted *supervisor.Adoption
 
 	mu       sync.Mutex
@@ -198,7 +198,7 @@ func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, pr
 // drainLocked starts waiting for a draining placement's engine to go idle
 // (package drain), then stops it: the supervisor sends SIGTERM, SIGKILL
 // after the grace, and reports STOPPED, on which the control plane removes
-// the replica (plan §4 "Changes roll", §5.5). The placement stays in the
+// the replica (design §4 "Changes roll", §5.5). The placement stays in the
 // running set, stopped, until the desired set drops it. The wait is owned
 // by the placement's context: it ends when the placement is replaced or
 // removed, when the agent stops, or on undrain.
@@ -306,7 +306,7 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 // For an adopted engine the ports are the ones it already listens on (held
 // in the port store by adopt), and its listener catches up through the
 // engine's replay socket on the batches published while no agent listened
-// (plan §6 "KV events"). The launch is the one the engine was started with,
+// (design §6 "KV events"). The launch is the one the engine was started with,
 // since drivers are pure; it is used should the engine need a restart.
 func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *supervisor.Adoption) (launch engine.Launch, ports map[string]int, kvl *kv.Listener, err error) {
 	if model == nil {
@@ -333,7 +333,7 @@ func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *
 			return engine.Launch{}, nil, nil, err
 		}
 		if model.GetKvEvents() {
-			// KV-event sockets stay on loopback (plan §6).
+			// KV-event sockets stay on loopback (design §6).
 			if spec.KVEventsPort, err = port("kv-events", "127.0.0.1"); err != nil {
 				return engine.Launch{}, nil, nil, err
 			}
@@ -360,7 +360,7 @@ func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *
 const kvTopic = "kv"
 
 // listenKV binds the KV-event listener of a replica's leader shard before
-// its engine starts (plan §6 "KV events", §7.5), for the engines that
+// its engine starts (design §6 "KV events", §7.5), for the engines that
 // publish vLLM's events. It returns nil where there is none to bind, and
 // on failure, which is logged: the engine then starts without events and
 // routers use tier 1 for it, rather than the replica not running at all
@@ -394,7 +394,7 @@ func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port,
 }
 
 // leaderNode is the node of a replica's rank-0 shard, the one that serves
-// HTTP and publishes KV events (plan §4).
+// HTTP and publishes KV events (design §4).
 func leaderNode(rep *llmgwv1.Replica) string {
 	for _, sh := range rep.GetShards() {
 		if sh.GetRank() == 0 {
@@ -456,7 +456,7 @@ func (rs *replicaSet) logs(id string) ([]string, bool) {
 }
 
 // detachAll marks every engine to be left running when the agent stops
-// (plan §6 "Engines outlive the agent"). Called before the supervisors'
+// (design §6 "Engines outlive the agent"). Called before the supervisors'
 // context is cancelled, so none of them stops its engine; a replica removed
 // from the desired set before this is still stopped.
 func (rs *replicaSet) detachAll() {

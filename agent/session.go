@@ -18,11 +18,11 @@ import (
 )
 
 // errDeadServer ends a session whose server fell silent: three heartbeat
-// intervals without a message (plan §5.6; gRPC keepalive cannot go below
+// intervals without a message (design §5.6; gRPC keepalive cannot go below
 // 10 s, so the application notices first).
 var errDeadServer = errors.New("control node missed three heartbeats")
 
-// kvFlushInterval is how often KV-cache changes go up the stream (plan §7.5
+// kvFlushInterval is how often KV-cache changes go up the stream (design §7.5
 // step 2). Often enough that a prefix cached by one request is known before
 // the next few arrive; seldom enough that a busy engine's churn goes as its
 // net effect.

@@ -2,7 +2,7 @@
 // reports what a person comparing routing policies looks at: time to first
 // token, inter-token latency, end-to-end latency, throughput, errors, the
 // share of prompt tokens served from the prefix cache, and how requests
-// spread over replicas (plan §10).
+// spread over replicas (design §10).
 //
 // It speaks plain HTTP and parses the SSE stream by hand rather than through
 // an SDK, because the numbers that matter are per chunk: an SDK that hands

@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Workload names accepted by WorkloadConfig.Name (plan §10).
+// Workload names accepted by WorkloadConfig.Name (design §10).
 const (
 	SharedPrefix = "shared-prefix"
 	MultiTurn    = "multi-turn"
@@ -35,7 +35,7 @@ type Request struct {
 	Model    string
 	Messages []Message
 	// SessionID goes out as X-Session-ID, the router's affinity key
-	// (plan §7.1); empty sends no header.
+	// (design §7.1); empty sends no header.
 	SessionID string
 	MaxTokens int
 }

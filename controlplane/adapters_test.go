@@ -136,7 +136,7 @@ func adapterPuts(s *Server, adapter string) int {
 // second adapter takes the free slot; with every loaded adapter busy the
 // answer is a retry-after; an idle one is evicted (removed from the
 // placement first); a failed load answers FAILED with its reason; unknown
-// names are NOT_FOUND (plan §7.6).
+// names are NOT_FOUND (design §7.6).
 func TestEnsureAdapter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()

@@ -29,7 +29,7 @@ type Config struct {
 	// RaftAddr is Raft's TCP transport; it must be reachable by the other
 	// servers (not a wildcard address).
 	RaftAddr string `yaml:"raft_addr"`
-	// GossipAddr is this server's memberlist address (plan §5.4): the
+	// GossipAddr is this server's memberlist address (design §5.4): the
 	// address --join and `llmgwctl join` name. Empty runs without gossip: a
 	// single server, or a cluster formed by hand, whose Raft membership
 	// nothing reconciles.
@@ -38,7 +38,7 @@ type Config struct {
 	HTTPAddr string `yaml:"http_addr"`
 	// Bootstrap starts a single-node cluster when there is no Raft state.
 	Bootstrap bool `yaml:"bootstrap"`
-	// BootstrapExpect is the HA bootstrap (plan §5.2): once this many
+	// BootstrapExpect is the HA bootstrap (design §5.2): once this many
 	// servers with the same expectation see each other over gossip and none
 	// has Raft state, the lowest id bootstraps them all as voters. It is
 	// also autopilot's MinQuorum: dead servers are never cleaned up below it.
@@ -70,14 +70,14 @@ type Config struct {
 	// Version is this build's version, reported to clients.
 	Version string `yaml:"-"`
 
-	// Raft timings (plan §5.1): the library's 1 s defaults measured p99
+	// Raft timings (design §5.1): the library's 1 s defaults measured p99
 	// 2.6 s to a new leader on a LAN.
 	HeartbeatTimeout   time.Duration `yaml:"heartbeat_timeout"`
 	ElectionTimeout    time.Duration `yaml:"election_timeout"`
 	LeaderLeaseTimeout time.Duration `yaml:"leader_lease_timeout"`
 
 	// HeartbeatInterval is how often sessions and watch streams get an
-	// application heartbeat (plan §5.6: gRPC keepalive cannot go below
+	// application heartbeat (design §5.6: gRPC keepalive cannot go below
 	// 10 s). AgentTimeout ends an agent session that sent nothing for that
 	// long (default three heartbeats).
 	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
@@ -96,20 +96,20 @@ type Config struct {
 
 	// NodeDownAfter is how long an ACTIVE node may have no agent session
 	// before the leader marks it DOWN; counted from the later of the
-	// session's end and the leader's election (plan §5.4: a failover never
+	// session's end and the leader's election (design §5.4: a failover never
 	// reschedules replicas that are still serving).
 	NodeDownAfter time.Duration `yaml:"node_down_after"`
 	// RescheduleAfter is how long a node stays DOWN before its replicas are
-	// placed elsewhere (plan §5.5).
+	// placed elsewhere (design §5.5).
 	RescheduleAfter time.Duration `yaml:"reschedule_after"`
 	// DrainTimeout is how long a draining replica may take to stop before
 	// it is removed anyway.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
 	// EphemeralTick is how often this node sends its agents' updates to the
-	// other control nodes, one batch per peer (plan §5.4).
+	// other control nodes, one batch per peer (design §5.4).
 	EphemeralTick time.Duration `yaml:"ephemeral_tick"`
 
-	// LoRA adapters (plan §7.6). AdapterWaitMax caps how long EnsureAdapter
+	// LoRA adapters (design §7.6). AdapterWaitMax caps how long EnsureAdapter
 	// waits for LOADED (and is the wait when the caller names none).
 	// AdapterMinIdle is how long an adapter must have run nothing before
 	// it may be evicted (0: as soon as nothing runs), so a freshly loaded

@@ -79,7 +79,7 @@ func wantHeld(ctx context.Context, t *testing.T, r *running, node string, epoch,
 // another with the agent's epoch and seq; a lost forward is repaired by
 // the gap's full-copy request, a lost last delta by the push/pull digest;
 // the agent moving to another server with a newer epoch supersedes its old
-// session everywhere, and the old session is closed (plan §5.4).
+// session everywhere, and the old session is closed (design §5.4).
 func TestEphemeralPlane(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -207,7 +207,7 @@ func TestEphemeralPlane(t *testing.T) {
 // is never counted down, a node whose only session was on the stopped
 // leader is not counted down within the grace after the new leader's
 // election, and once past it (no session anywhere) it is marked down and
-// its replica rescheduled with a new uid (plan §5.4, §5.5). Time is the
+// its replica rescheduled with a new uid (design §5.4, §5.5). Time is the
 // injected clock, shared by the servers.
 func TestFailoverGrace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -242,7 +242,7 @@ func TestHAFormJoinLeave(t *testing.T) {
 	}
 
 	// An agent attached to a follower is registered through the leader,
-	// and its welcome lists every server for failover (plan §5.6).
+	// and its welcome lists every server for failover (design §5.6).
 	actx, acancel := context.WithCancel(ctx)
 	agent, err := llmgwv1.NewAgentServiceClient(c.nodes[f].conn).Attach(actx)
 	if err != nil {

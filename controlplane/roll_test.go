@@ -47,7 +47,7 @@ func autoAgent(ctx context.Context, t *testing.T, r *running, node string, gpus 
 // TestDrainAndRoll: draining a node moves its replicas off one at a time,
 // and re-applying a model with a changed spec rolls its replicas one at a
 // time; a watcher never sees the model with fewer than its count serving
-// or more than one extra (plan §4 "Changes roll", §5.5).
+// or more than one extra (design §4 "Changes roll", §5.5).
 func TestDrainAndRoll(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

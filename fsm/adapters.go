@@ -9,7 +9,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// setAdapterPlacement replaces one adapter's placement (plan §7.6); an empty
+// setAdapterPlacement replaces one adapter's placement (design §7.6); an empty
 // replica list deletes it. The leader decides where an adapter goes; the FSM
 // only refuses what must never be recorded, whatever view the leader
 // decided on: an adapter outside its model's catalog, a replica of another

@@ -10,7 +10,7 @@ import (
 
 // commandVersions is the payload schema version this build writes and
 // understands for each command type. A type introduced (or changed) in a
-// later version is proposed only once every server knows it (plan §13.3);
+// later version is proposed only once every server knows it (design §13.3);
 // until then an older server that meets it stops rather than guess.
 var commandVersions = map[llmgwv1.CommandType]uint32{
 	llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL:         1,
@@ -21,7 +21,7 @@ var commandVersions = map[llmgwv1.CommandType]uint32{
 	llmgwv1.CommandType_COMMAND_TYPE_REMOVE_REPLICA:       1,
 	llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG:   1,
 	llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING: 1,
-	// New with LoRA adapters (plan §7.6): a server without it stops at the
+	// New with LoRA adapters (design §7.6): a server without it stops at the
 	// first one, so it is proposed only after a cluster upgrade (§13.3).
 	llmgwv1.CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT: 1,
 }

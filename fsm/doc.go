@@ -1,4 +1,4 @@
-// Package fsm is llmgw's replicated desired state (plan §4): the objects kept
+// Package fsm is llmgw's replicated desired state (design §4): the objects kept
 // in Raft, the commands that change them, and snapshot/restore.
 //
 // Everything here is deterministic: no clock, no randomness, no network and

@@ -33,7 +33,7 @@ var (
 	ErrMalformed = errors.New("malformed command")
 	// ErrUnknownCommand means a non-ignorable command of a type or version
 	// this build does not know. Skipping it could make this node diverge from
-	// newer ones, so the raft adapter stops the node loudly instead (plan §4).
+	// newer ones, so the raft adapter stops the node loudly instead (design §4).
 	ErrUnknownCommand = errors.New("unknown command")
 )
 

@@ -14,7 +14,7 @@ import (
 )
 
 // SnapshotFormat is the version of State this build writes. Restore refuses
-// a newer one rather than drop fields it does not know (plan §4).
+// a newer one rather than drop fields it does not know (design §4).
 const SnapshotFormat = 1
 
 // DefaultChangeLogSize is how many changes the FSM keeps for watchers to
@@ -43,7 +43,7 @@ type FSM struct {
 	config   *llmgwv1.ClusterConfig
 	ordinals map[string]uint64
 	// adapters holds the adapter placements by adapter name (names are
-	// unique across models, plan §4).
+	// unique across models, design §4).
 	adapters map[string]*llmgwv1.AdapterPlacement
 	// removals holds the removal records of control-plane servers by
 	// server id (servers.go).
@@ -204,7 +204,7 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 	if err := ValidateModel(m); err != nil {
 		return nil, err
 	}
-	// Adapters share the OpenAI "model" namespace with models (plan §4), so
+	// Adapters share the OpenAI "model" namespace with models (design §4), so
 	// a name may be used once across the cluster.
 	owners := map[string]string{}
 	for _, other := range a.f.models {
@@ -225,7 +225,7 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 		}
 	}
 	// Revision moves only when what the replicas run changes, so placement
-	// rolls them exactly then (plan §4 "Changes roll"); a new replica count
+	// rolls them exactly then (design §4 "Changes roll"); a new replica count
 	// or routing setting keeps it.
 	m.Revision = a.index
 	if old, ok := a.f.models[m.Name]; ok && !NeedsRestart(old, m) {
@@ -399,7 +399,7 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 	if c.DefaultBlockSize != 0 && !slices.Contains(BlockSizes, c.DefaultBlockSize) {
 		return nil, invalid("default_block_size", "must be one of %s, got %d", uintList(BlockSizes), c.DefaultBlockSize)
 	}
-	// The minimum version ratchets up only (plan §13.3): once a gated
+	// The minimum version ratchets up only (design §13.3): once a gated
 	// command may be in the log, no later write lets older servers back.
 	if old := a.f.config.GetMinVersion(); old != "" && CompareVersions(c.MinVersion, old) < 0 {
 		c.MinVersion = old
@@ -424,7 +424,7 @@ func NeedsRestart(old, new *llmgwv1.Model) bool {
 }
 
 // ClusterDefaults returns a copy of m with the cluster-wide defaults of c
-// filled in where m leaves them unset (plan §4 ClusterConfig): they take
+// filled in where m leaves them unset (design §4 ClusterConfig): they take
 // precedence over ModelDefaults' built-in ones. Only kv_events models get a
 // block size from it, as ModelDefaults does.
 func ClusterDefaults(m *llmgwv1.Model, c *llmgwv1.ClusterConfig) *llmgwv1.Model {

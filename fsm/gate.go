@@ -6,7 +6,7 @@ import llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 // its payload schema version and the release that introduced it. The
 // control plane proposes it only when every server in the Raft
 // configuration reports at least that release, and commits the release as
-// ClusterConfig.min_version first (plan §4, §13.3).
+// ClusterConfig.min_version first (design §4, §13.3).
 type gatedCommand struct {
 	schema     uint32
 	introduced string

@@ -16,7 +16,7 @@ const ServerRemovedVersion = "v0.2.0"
 // gatedCommands are the command types behind the minimum-version gate. A
 // build with the tag llmgw_upgrade_old leaves them out (gate_old.go): it is
 // this tree as the previous release, which the upgrade test runs as the
-// "old" binary (plan §12, §13.3).
+// "old" binary (design §12, §13.3).
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{
 	llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS:    {schema: 1, introduced: NodeLabelsVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED: {schema: 1, introduced: ServerRemovedVersion},

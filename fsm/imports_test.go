@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// TestDeterministicImports checks plan §3/§4 by reading this package's
+// TestDeterministicImports checks design §3/§4 by reading this package's
 // imports: the FSM imports only proto, and nothing that could make two nodes
 // differ (clock, randomness, network, files, raft).
 func TestDeterministicImports(t *testing.T) {
@@ -35,7 +35,7 @@ func TestDeterministicImports(t *testing.T) {
 				}
 			}
 			if strings.HasPrefix(path, "github.com/llmgw/llmgw/") && path != "github.com/llmgw/llmgw/proto/llmgw/v1" {
-				t.Errorf("%s imports %s: fsm may import only proto (plan §3)", name, path)
+				t.Errorf("%s imports %s: fsm may import only proto (design §3)", name, path)
 			}
 		}
 	}

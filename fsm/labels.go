@@ -55,7 +55,7 @@ func checkLabelKey(field, k string) error {
 	return nil
 }
 
-// setNodeLabels applies an operator's relabel (plan §13.3's gated command):
+// setNodeLabels applies an operator's relabel (design §13.3's gated command):
 // the node's labels become the operator's from here on, kept across the
 // agent's re-registrations.
 func (a *applier) setNodeLabels(p *llmgwv1.SetNodeLabelsCommand) (any, error) {

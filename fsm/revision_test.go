@@ -8,7 +8,7 @@ import (
 
 // TestModelRevisionMovesOnlyForRestarts: re-applying a model bumps its
 // revision exactly when its replicas must restart, and a replica records
-// the model revision it was placed for (plan §4 "Changes roll").
+// the model revision it was placed for (design §4 "Changes roll").
 func TestModelRevisionMovesOnlyForRestarts(t *testing.T) {
 	tests := []struct {
 		name    string

@@ -21,7 +21,7 @@ var (
 	Profiles = []string{"chat", "batch", "long-context", "debug"}
 	Tasks    = []string{"generate", "embed"}
 	// Scorers and Pickers are the built-ins of the router's scheduling
-	// framework (plan §7.3) that profile_overrides may name.
+	// framework (design §7.3) that profile_overrides may name.
 	Scorers = []string{"session", "queue", "kv", "inflight", "weight", "load", "prefix"}
 	Pickers = []string{"p2c", "max-score", "softmax", "round-robin"}
 	// LoRARanks are the values vLLM accepts for --max-lora-rank.
@@ -44,7 +44,7 @@ const (
 var nameRE = regexp.MustCompile(`^` + NamePattern + `$`)
 
 // vllmManagedFlags are the vLLM flags the agent's driver sets from the model
-// and the placement (plan §6); the same flag in extra_args would fight it.
+// and the placement (design §6); the same flag in extra_args would fight it.
 var vllmManagedFlags = map[string]string{
 	"--host": "the agent binds the node's advertise address", "--port": "the agent allocates it",
 	"--served-model-name": "it is the model's name", "--block-size": "use block_size",
@@ -54,7 +54,7 @@ var vllmManagedFlags = map[string]string{
 }
 
 // managedFlags holds them per engine; the simulator takes vLLM's flags
-// (plan §8).
+// (design §8).
 var managedFlags = map[string]map[string]string{
 	"vllm": vllmManagedFlags,
 	"sim":  vllmManagedFlags,

@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// Versions order servers for the minimum-version gate (plan §4, §13.3).
+// Versions order servers for the minimum-version gate (design §4, §13.3).
 // Release builds carry a semantic version (-ldflags -X main.version=v0.2.0);
 // anything else is one of two special cases, decided here once so the gate,
 // the join check and llmgwctl agree:

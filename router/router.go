@@ -1,7 +1,7 @@
-// Package router is llmgw's OpenAI-compatible router (plan §7): it follows
+// Package router is llmgw's OpenAI-compatible router (design §7): it follows
 // the control plane's watch stream, keeps each model's routable replicas
 // and their load, and proxies each request to the replica its model's
-// scheduling profile chooses (plan §7.3). Routers are
+// scheduling profile chooses (design §7.3). Routers are
 // stateless and many; none waits on the control plane to serve traffic.
 package router
 
@@ -344,7 +344,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 const forgetEvery = time.Second
 
 // forget drops the scheduler's memory and the breakers of replicas that are
-// no longer routable (plan §7.5 "Forget"), until ctx is cancelled.
+// no longer routable (design §7.5 "Forget"), until ctx is cancelled.
 func (r *Router) forget(ctx context.Context) {
 	t := time.NewTicker(forgetEvery)
 	defer t.Stop()
@@ -366,7 +366,7 @@ func (r *Router) forget(ctx context.Context) {
 		r.breakers.Retain(keep)
 		// KV state goes with the placement, not with readiness: an engine
 		// briefly unready keeps its cache, and the agent resets the set
-		// itself when the engine restarts (plan §7.5 step 2).
+		// itself when the engine restarts (design §7.5 step 2).
 		st := r.watch.Current()
 		r.kv.Retain(func(k kvindex.Replica) bool {
 			rep := st.Replicas[k.ID]

@@ -7,7 +7,7 @@ import (
 )
 
 // CacheObserver is told what the prefix cache stores and evicts, in the
-// shape of vLLM's KV events (plan §7.5): one BlocksStored per commit, with
+// shape of vLLM's KV events (design §7.5): one BlocksStored per commit, with
 // the parent of its first block (nil for a prompt's first block); one
 // BlocksRemoved per evicted block; AllBlocksCleared on a reset. The KV
 // event publisher (a later issue) hooks in here.

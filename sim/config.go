@@ -61,7 +61,7 @@ type Config struct {
 	// --kv-events-config itself and a model's extra arguments may not
 	// override it, so this is how a test makes the replay buffer too small
 	// to close a gap (an unrepairable gap: the replica goes untrusted,
-	// plan §7.5). 0 keeps the config's own value.
+	// design §7.5). 0 keeps the config's own value.
 	KVBufferSteps int
 	// LoRA (lora.go): EnableLoRA is --enable-lora; MaxLoRAs bounds the
 	// adapters held at once; MaxLoRARank is checked and recorded;
@@ -99,7 +99,7 @@ type Config struct {
 	Faults Faults
 }
 
-// Faults are the simulator's fault-injection knobs (plan §8). The zero
+// Faults are the simulator's fault-injection knobs (design §8). The zero
 // value injects nothing.
 type Faults struct {
 	// Slowdown multiplies every prefill and decode time; 0 means 1.

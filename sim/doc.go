@@ -1,4 +1,4 @@
-// Package sim is the engine simulator (plan §8): an HTTP server that speaks
+// Package sim is the engine simulator (design §8): an HTTP server that speaks
 // vLLM's OpenAI-compatible protocol faithfully enough that the agent and the
 // router cannot tell it from vLLM, on machines with no GPU.
 //

@@ -27,7 +27,7 @@ func (s *storedHashes) BlocksStored(_ *vllm.BlockHash, blocks []StoredBlock) {
 func (s *storedHashes) BlocksRemoved([]vllm.BlockHash) {}
 func (s *storedHashes) AllBlocksCleared()              {}
 
-// TestCachedBlocksHashLikeTheRouter is tier 2's premise (plan §7.5): the
+// TestCachedBlocksHashLikeTheRouter is tier 2's premise (design §7.5): the
 // router tokenizes through /tokenize, hashes with vllm.BlockHashes and the
 // same PYTHONHASHSEED, and must arrive at the hashes the engine caches.
 func TestCachedBlocksHashLikeTheRouter(t *testing.T) {

@@ -17,10 +17,10 @@ import (
 	"github.com/llmgw/llmgw/vllm"
 )
 
-// KV-cache events (plan §8): the simulator publishes what its prefix cache
+// KV-cache events (design §8): the simulator publishes what its prefix cache
 // stores and evicts exactly as vLLM's ZmqEventPublisher does, so the
 // agent's KV listener and mirror — and through them the router's precise
-// index (plan §7.5 tier 2) — can be built and tested without a GPU. The
+// index (design §7.5 tier 2) — can be built and tested without a GPU. The
 // events are taken from the cache itself (CacheObserver), so they agree
 // with what the simulator will actually hit, which is the property the
 // whole tier rests on.
@@ -125,7 +125,7 @@ func checkZMQEndpoint(ep string) error {
 // socket binds when the endpoint has a wildcard ("*" or "::") or is ipc
 // or inproc, and otherwise connects — so an engine given a plain address
 // connects out to a subscriber that bound first, which is how the agent
-// runs it (plan §6).
+// runs it (design §6).
 func BindsEndpoint(ep string) bool {
 	return strings.Contains(ep, "*") || strings.Contains(ep, "::") ||
 		strings.HasPrefix(ep, "ipc://") || strings.HasPrefix(ep, "inproc://")

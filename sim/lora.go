@@ -86,7 +86,7 @@ func (c *Config) validateLoRA() []error {
 // bounds one batch and --max-cpu-loras its cache, from which it evicts the
 // least recently used adapter to make room. Refusing instead makes an
 // agent or control plane that over-fills a replica fail loudly in tests
-// (plan §7.6 "never more than N per replica"), which is the simulator's job.
+// (design §7.6 "never more than N per replica"), which is the simulator's job.
 //
 // It is safe for concurrent use.
 type loraSet struct {

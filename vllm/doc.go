@@ -1,4 +1,4 @@
-// Package vllm is what llmgw knows of vLLM's wire formats (plan §3): metric
+// Package vllm is what llmgw knows of vLLM's wire formats (design §3): metric
 // names and labels, the /tokenize and /detokenize bodies, the OpenAI shapes
 // vLLM serves, its error body, and its sha256_cbor prefix-cache block hash.
 //

@@ -9,7 +9,7 @@ import (
 )
 
 // KV-cache events: the batches vLLM's ZmqEventPublisher sends as the third
-// frame of every message (plan §7.5 tier 2). They are the only exact account
+// frame of every message (design §7.5 tier 2). They are the only exact account
 // of what an engine's prefix cache holds, which is what lets the router
 // prefer the replica that has already prefilled a prompt's prefix instead
 // of guessing from where it sent similar prompts before.

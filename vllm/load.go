@@ -12,7 +12,7 @@ import (
 )
 
 // llama.cpp's llama-server (with --metrics) names its load gauges
-// differently (plan §6 "Drivers"): a reader maps them through LoadNames.
+// differently (design §6 "Drivers"): a reader maps them through LoadNames.
 // The KV ratio disappeared from newer llama-server builds, so it is
 // optional, as vLLM's is.
 const (
@@ -25,7 +25,7 @@ const (
 // tens of KiB; anything far beyond is not an engine we understand.
 const MaxMetricsBytes = 4 << 20
 
-// Load is one reading of an engine's load gauges (plan §7.2).
+// Load is one reading of an engine's load gauges (design §7.2).
 type Load struct {
 	// Waiting and Running are requests queued and in the running batch,
 	// summed over the engine's series (data-parallel engines, model names).

@@ -1,6 +1,6 @@
 package vllm
 
-// Metric names as vLLM's V1 PrometheusStatLogger exposes them (plan §7.2).
+// Metric names as vLLM's V1 PrometheusStatLogger exposes them (design §7.2).
 // Counters carry the "_total" suffix that Python's prometheus_client appends
 // on exposition: the constants are the names a scraper sees, which is what
 // both the simulator (registering them with client_golang, which appends

@@ -6,7 +6,7 @@ import (
 )
 
 // StreamOptions is the OpenAI stream_options object. A router sets
-// IncludeUsage on every stream to learn cached_tokens (plan §7.1).
+// IncludeUsage on every stream to learn cached_tokens (design §7.1).
 type StreamOptions struct {
 	IncludeUsage         bool `json:"include_usage"`
 	ContinuousUsageStats bool `json:"continuous_usage_stats,omitempty"`

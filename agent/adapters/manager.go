@@ -1,5 +1,5 @@
 // Package adapters applies LoRA adapter placements to the node's engines
-// (plan §6 "Adapters", §7.6): it loads what the control plane placed on a
+// (design §6 "Adapters", §7.6): it loads what the control plane placed on a
 // replica through vLLM's runtime LoRA API, unloads what was removed once
 // no request for it has run for a while (at once, when a newly placed
 // adapter needs its slot), loads everything again after an
@@ -47,7 +47,7 @@ type Config struct {
 	// ScrapeInterval is how often each engine's activity is read.
 	ScrapeInterval time.Duration
 	// IdleGrace is how long an adapter removed from the placement must have
-	// had no request before it is unloaded (plan §7.6 "a few seconds").
+	// had no request before it is unloaded (design §7.6 "a few seconds").
 	IdleGrace time.Duration
 	// RequestTimeout bounds one call to an engine; a load reads weights
 	// from disk, so it is generous.
@@ -197,7 +197,7 @@ func New(cfg Config, logger *slog.Logger, reg prometheus.Registerer) (*Manager, 
 
 // Managed says whether the manager has anything to do for a model: vLLM
 // (or the simulator) serving adapters. llama.cpp loads its adapters at
-// start and has no runtime API (plan §6).
+// start and has no runtime API (design §6).
 func Managed(m *llmgwv1.Model) bool {
 	return m != nil && len(m.GetAdapters()) > 0 && (m.GetEngine() == "vllm" || m.GetEngine() == "sim")
 }
@@ -416,7 +416,7 @@ func (m *Manager) step(ctx context.Context, wg *sync.WaitGroup) {
 }
 
 // stepReplicaLocked loads what is placed on r and unloads what was removed
-// (plan §7.6). A replica holds at most max_loaded_adapters N adapters, and
+// (design §7.6). A replica holds at most max_loaded_adapters N adapters, and
 // an engine at N refuses a load, so the order matters: when the loads
 // wanted would go past N, removed adapters that are idle right now (no
 // request for them running or waiting in the latest reading) are unloaded

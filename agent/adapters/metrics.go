@@ -2,7 +2,7 @@ package adapters
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics are the manager's (plan §9), on the agent's registry.
+// metrics are the manager's (design §9), on the agent's registry.
 type metrics struct {
 	loads       *prometheus.CounterVec
 	unloads     prometheus.Counter

@@ -20,7 +20,7 @@ import (
 
 // WriteFileAtomic replaces path with data so that a crash leaves either the
 // old or the new content, never a torn file: the epoch must survive a power
-// cut to keep sessions ordered (plan §5.4).
+// cut to keep sessions ordered (design §5.4).
 func WriteFileAtomic(path string, data []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
 	if err != nil {
@@ -59,7 +59,7 @@ func ParseEpoch(b []byte) (uint64, error) {
 }
 
 // NextEpoch picks and persists the epoch of a new session:
-// max(last persisted + 1, now) (plan §5.4). The clock term keeps epochs
+// max(last persisted + 1, now) (design §5.4). The clock term keeps epochs
 // increasing even if the data dir is lost; the persisted term keeps them
 // increasing when the clock steps back. A corrupt file is refused rather than
 // guessed at: reusing an epoch would make control nodes drop live updates.
@@ -172,7 +172,7 @@ func (ps *Ports) Get(key, host string) (int, error) {
 }
 
 // Hold records key's port as one an adopted engine already listens on
-// (plan §6): it is kept for key whether or not it is listenable, and Get
+// (design §6): it is kept for key whether or not it is listenable, and Get
 // never hands it to another key.
 func (ps *Ports) Hold(key string, port int) error {
 	ps.mu.Lock()

@@ -1,4 +1,4 @@
-// Package drain decides when a draining replica's engine may stop (plan §4
+// Package drain decides when a draining replica's engine may stop (design §4
 // "Changes roll", §5.5). The control plane marks a replica draining so that
 // routers stop choosing it, and removes it once its agent reports the engine
 // STOPPED; the agent stops the engine as soon as nothing runs or waits in

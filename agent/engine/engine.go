@@ -1,5 +1,5 @@
 // Package engine holds the drivers that turn a placed replica into a process
-// the supervisor can run (plan §6 "Drivers"): argv, environment, the address
+// the supervisor can run (design §6 "Drivers"): argv, environment, the address
 // routers will be told, and the URL that says the engine is ready.
 //
 // Drivers are pure: they start nothing and read nothing but their input, so
@@ -20,7 +20,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// Engine names as models spell them (plan §4).
+// Engine names as models spell them (design §4).
 const (
 	VLLM     = "vllm"
 	LlamaCpp = "llamacpp"
@@ -45,7 +45,7 @@ type Spec struct {
 	Replica *llmgwv1.Replica
 	Model   *llmgwv1.Model
 	// Host is the node's advertised address: engines listen on it so routers
-	// on other machines reach them (plan §6 "Addresses").
+	// on other machines reach them (design §6 "Addresses").
 	Host string
 	// Port is the engine's HTTP port, allocated by the agent.
 	Port int

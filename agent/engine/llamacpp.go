@@ -2,7 +2,7 @@ package engine
 
 import "strconv"
 
-// planLlamaCpp builds llama-server's argv (plan §6). llama.cpp cannot load
+// planLlamaCpp builds llama-server's argv (design §6). llama.cpp cannot load
 // adapters at run time the way vLLM does, so every adapter is loaded at start
 // and left unapplied until a request names it.
 func planLlamaCpp(s Spec) (Launch, error) {

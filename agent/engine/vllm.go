@@ -9,7 +9,7 @@ import (
 
 // kvEventsConfig is vLLM's KVEventsConfig as --kv-events-config takes it.
 // The endpoints are loopback and not wildcards: the agent binds the SUB side
-// and vLLM connects to a non-wildcard endpoint (plan §6 "KV events").
+// and vLLM connects to a non-wildcard endpoint (design §6 "KV events").
 type kvEventsConfig struct {
 	Enable         bool   `json:"enable_kv_cache_events"`
 	Publisher      string `json:"publisher"`
@@ -19,7 +19,7 @@ type kvEventsConfig struct {
 }
 
 // planVLLM builds `vllm serve` (or the simulator, which takes the same
-// flags) exactly as plan §6 lists it.
+// flags) exactly as design §6 lists it.
 func planVLLM(s Spec, def []string) (Launch, error) {
 	if err := checkListen(s); err != nil {
 		return Launch{}, err
@@ -76,7 +76,7 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 			argv = append(argv, "--max-lora-rank", strconv.FormatUint(uint64(r), 10))
 		}
 		if m.GetMaxLoadedAdapters() == 0 {
-			// Every adapter registered at start (plan §7.6).
+			// Every adapter registered at start (design §7.6).
 			argv = append(argv, "--lora-modules")
 			for _, a := range ads {
 				argv = append(argv, loraModule(a.GetName(), a.GetPath(), m.GetModel()))

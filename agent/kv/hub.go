@@ -16,7 +16,7 @@ import (
 // Hub holds the mirrors of every engine on the node and is where the
 // control session reads them. Listeners write to it; one session at a time
 // reads it, with Full on every new session or full-copy request and Changes
-// on every flush (plan §7.5 step 2). Changes made while no session is up
+// on every flush (design §7.5 step 2). Changes made while no session is up
 // are not lost: the next session's full copy carries them.
 //
 // It is safe for concurrent use.

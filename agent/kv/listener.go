@@ -24,7 +24,7 @@ type ListenerConfig struct {
 	// Endpoint is where the SUB socket binds, the endpoint the engine's PUB
 	// is told to connect to: tcp://127.0.0.1:PORT. vLLM connects rather
 	// than binds to a non-wildcard endpoint, so the agent binds first and
-	// the engine may start, crash and restart against it (plan §6).
+	// the engine may start, crash and restart against it (design §6).
 	Endpoint string
 	// ReplayEndpoint is the engine's replay ROUTER socket; empty means the
 	// engine has none, and every gap makes the replica untrusted.
@@ -302,7 +302,7 @@ func (l *Listener) untrustLocked(why string, args ...any) {
 // applies them. seen, when hasSeen, is the live seq that showed the gap:
 // the replay must reach it. A replay that starts past the wanted seq (the
 // engine's buffer no longer holds it), has holes, or does not answer in
-// time leaves the gap open, and the replica untrusted (plan §7.5).
+// time leaves the gap open, and the replica untrusted (design §7.5).
 func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
 	met := l.hub.metrics
 	m := l.mirror

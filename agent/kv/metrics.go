@@ -2,7 +2,7 @@ package kv
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics are the KV listener's and mirror's (plan §9), on the agent's
+// metrics are the KV listener's and mirror's (design §9), on the agent's
 // registry. Per-replica detail is in the logs; the counters say whether
 // tier 2 can be trusted on this node at all.
 type metrics struct {

@@ -1,4 +1,4 @@
-// Package kv is the agent's half of precise prefix routing (plan §7.5 tier
+// Package kv is the agent's half of precise prefix routing (design §7.5 tier
 // 2, steps 1–2): a listener per engine that receives the engine's KV-cache
 // events over ZMQ, and a mirror of each engine's cached blocks whose net
 // changes go up the control session.
@@ -37,7 +37,7 @@ type block struct {
 }
 
 // mirror is one engine's cached blocks, as its events describe them, keyed
-// by the replica's (uid, incarnation) (plan §4 "Identity"). Its mutex also
+// by the replica's (uid, incarnation) (design §4 "Identity"). Its mutex also
 // guards the listener's sequence state, so that a restart reported by the
 // supervisor and a batch arriving from the engine are applied in one order.
 type mirror struct {
@@ -138,7 +138,7 @@ func (m *mirror) clear() {
 }
 
 // newEngine starts over for a new engine process: its cache is empty and
-// its seq starts from 0 (plan §7.5: "resets on engine restart").
+// its seq starts from 0 (design §7.5: "resets on engine restart").
 func (m *mirror) newEngine(incarnation uint64) {
 	m.incarnation = incarnation
 	m.clear()

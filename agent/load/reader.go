@@ -1,4 +1,4 @@
-// Package load is the agent's side of load snapshots (plan §6 "Load
+// Package load is the agent's side of load snapshots (design §6 "Load
 // snapshots", §7.2): a Reader reads every running engine's /metrics each
 // interval (50 ms by default) and folds the readings into one compact
 // snapshot per node, and a Server streams that snapshot to every router
@@ -64,7 +64,7 @@ type Config struct {
 	Now func() time.Time
 }
 
-// DefaultConfig reads every 50 ms (plan §6) and gives an engine a second to
+// DefaultConfig reads every 50 ms (design §6) and gives an engine a second to
 // answer.
 func DefaultConfig() Config {
 	return Config{Interval: 50 * time.Millisecond, ReadTimeout: time.Second}

@@ -18,7 +18,7 @@ type Snapshots interface {
 	Latest() (*llmgwv1.LoadSnapshot, <-chan struct{})
 }
 
-// Server is LoadService (plan §6): every subscriber gets the current
+// Server is LoadService (design §6): every subscriber gets the current
 // snapshot at once, then each newer one. A subscriber that cannot keep up
 // skips to the newest snapshot rather than queue old ones, and never slows
 // the reader or another subscriber: each Subscribe call sends from its own

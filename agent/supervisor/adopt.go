@@ -11,7 +11,7 @@ import (
 )
 
 // Adoption describes an engine an earlier agent started and left running
-// (plan §6 "Engines outlive the agent"). The supervisor watches it instead
+// (design §6 "Engines outlive the agent"). The supervisor watches it instead
 // of starting one: it is not the agent's child, so it is watched by polling
 // kill(pid, 0) and /proc rather than wait4, and it keeps its incarnation —
 // the process is the same one routers and KV mirrors already know by

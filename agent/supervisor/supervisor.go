@@ -1,5 +1,5 @@
 // Package supervisor runs one replica's engine for as long as the replica is
-// wanted (plan §6 "Supervisor"): it starts the process in its own process
+// wanted (design §6 "Supervisor"): it starts the process in its own process
 // group, probes it until ready, keeps probing, restarts it with backoff when
 // it exits, stops it with SIGTERM then SIGKILL, and reports every phase
 // change.
@@ -7,7 +7,7 @@
 // The supervisor owns no goroutine but the one running Run. It reaps the
 // engine by polling wait4 and reads the engine's output from a file rather
 // than a pipe, so nothing blocks on the engine: an agent that leaves its
-// engines running (plan §6 "Engines outlive the agent") returns at once, and
+// engines running (design §6 "Engines outlive the agent") returns at once, and
 // the engine is not killed by a broken pipe when the agent goes away.
 package supervisor
 
@@ -60,7 +60,7 @@ type Config struct {
 	// LogLines is how many of the engine's last lines are kept.
 	LogLines int
 	// Adopt, when set, is a running engine to watch before starting any
-	// (plan §6 "Engines outlive the agent"); a gone one is replaced at once.
+	// (design §6 "Engines outlive the agent"); a gone one is replaced at once.
 	Adopt *Adoption
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time

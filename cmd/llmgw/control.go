@@ -6,7 +6,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane"
 )
 
-// newControlCmd runs one control-plane node (plan §2, §5). Values come from
+// newControlCmd runs one control-plane node (design §2, §5). Values come from
 // the defaults, then --config's YAML file, then the flags given.
 func newControlCmd() *cobra.Command {
 	cfg := controlplane.DefaultConfig()

@@ -38,7 +38,7 @@ func newDevCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run a control node, an agent with simulated replicas and a router in one process",
-		Long: `dev is the quickstart (plan §2): one control node (single-node Raft), one agent
+		Long: `dev is the quickstart (design §2): one control node (single-node Raft), one agent
 (node "dev") running the model "demo" on simulated vLLM engines, and a router
 serving the OpenAI API. The three are the real components and talk gRPC over
 loopback, as they would across machines. Ctrl-C stops everything, engines

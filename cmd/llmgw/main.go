@@ -1,4 +1,4 @@
-// Command llmgw is the one server binary (plan §2): control, agent, router,
+// Command llmgw is the one server binary (design §2): control, agent, router,
 // sim and dev are its subcommands, so install and upgrade are one file.
 // This package is wiring only.
 package main

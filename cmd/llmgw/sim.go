@@ -14,7 +14,7 @@ import (
 	"github.com/llmgw/llmgw/vllm"
 )
 
-// newSimCmd is `llmgw sim`, the vLLM-compatible engine simulator (plan §8).
+// newSimCmd is `llmgw sim`, the vLLM-compatible engine simulator (design §8).
 // Its serve subcommand takes vLLM's flags so the agent's vLLM driver can
 // start it with the very argv it gives `vllm serve`.
 func newSimCmd() *cobra.Command {

@@ -14,7 +14,7 @@ import (
 	"github.com/llmgw/llmgw/bench"
 )
 
-// benchCmd is `llmgwctl bench` (plan §10): it drives routers over the OpenAI
+// benchCmd is `llmgwctl bench` (design §10): it drives routers over the OpenAI
 // API, not the control plane, so --addr plays no part.
 func (c *cli) benchCmd() *cobra.Command {
 	cfg := bench.DefaultConfig()

@@ -1,4 +1,4 @@
-// Command llmgwctl is the operator's CLI (plan §2, §5.2): it talks to any
+// Command llmgwctl is the operator's CLI (design §2, §5.2): it talks to any
 // control-plane server through AdminService. This package is wiring only.
 package main
 

@@ -9,7 +9,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// nodeDrainCmds are `node drain ID` and `node undrain ID` (plan §5.5): a
+// nodeDrainCmds are `node drain ID` and `node undrain ID` (design §5.5): a
 // draining node gets no new replicas and its replicas move off one at a
 // time, each replacement ready before the old one drains.
 func (c *cli) nodeDrainCmds() []*cobra.Command {

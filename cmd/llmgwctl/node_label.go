@@ -40,7 +40,7 @@ func parseLabelArgs(id string, args []string) (map[string]string, []string, erro
 // nodeLabelCmd is `node label ID key=value ... key- ...`: an operator
 // relabels a node without restarting its agent. Its labels are the
 // operator's from then on. The command is new in fsm.NodeLabelsVersion and
-// refused until every control server runs it (plan §13.3).
+// refused until every control server runs it (design §13.3).
 func (c *cli) nodeLabelCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "label ID key=value... [key-...]",

@@ -13,7 +13,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// raftCmd is the Raft configuration as the leader holds it (plan §5.2). Every
+// raftCmd is the Raft configuration as the leader holds it (design §5.2). Every
 // call is answered by the leader, wherever --addr points, so two operators
 // looking at different servers see the same peers.
 func (c *cli) raftCmd() *cobra.Command {

@@ -15,7 +15,7 @@ import (
 
 // joinCmd is `llmgwctl join ADDR...` and `llmgwctl server join ADDR...`: the
 // server --addr names joins the gossip pool through the given gossip
-// addresses (plan §5.2). Raft membership follows gossip, so the joined server
+// addresses (design §5.2). Raft membership follows gossip, so the joined server
 // becomes a non-voter at once and a voter when autopilot finds it stable;
 // this command does not wait for either.
 func (c *cli) joinCmd() *cobra.Command {
@@ -144,7 +144,7 @@ func expect(n int32) string {
 	return strconv.Itoa(int(n))
 }
 
-// serverCmd groups the operators' verbs on servers (plan §5.2), as Nomad's
+// serverCmd groups the operators' verbs on servers (design §5.2), as Nomad's
 // `server` command does; `join` and `leave` are also top-level.
 func (c *cli) serverCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "server", Short: "Control-plane servers: members, join, leave"}

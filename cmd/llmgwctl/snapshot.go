@@ -17,7 +17,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// snapshotCmd is backup and restore of the desired state (plan §13.4). The
+// snapshotCmd is backup and restore of the desired state (design §13.4). The
 // file is the server's, checksummed (controlplane/snapfile); llmgwctl checks
 // it before writing it to disk and before sending it, so an operator hears
 // of a bad file from the tool in their hand.

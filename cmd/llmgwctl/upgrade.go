@@ -18,7 +18,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// upgradeCmd guides a rolling upgrade of the control plane (plan §13.3):
+// upgradeCmd guides a rolling upgrade of the control plane (design §13.3):
 // `check` says whether the next server may be restarted, `plan` prints
 // the procedure with the exact commands for this cluster.
 func (c *cli) upgradeCmd() *cobra.Command {
@@ -218,7 +218,7 @@ func (c *cli) upgradeCheckCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "check",
 		Short: "Is the cluster ready for the next server's restart: leader, healthy, caught up, failure tolerance ≥ 1; versions and min version",
-		Long: "Checks what plan §13.3 asks before each step of a rolling upgrade: a leader, autopilot healthy, every\n" +
+		Long: "Checks what design §13.3 asks before each step of a rolling upgrade: a leader, autopilot healthy, every\n" +
 			"server a healthy voter within --max-lag entries of the leader, failure tolerance at least 1. Prints each\n" +
 			"server's version and the cluster's minimum version. Exits non-zero when a step must wait.",
 		Args: cobra.NoArgs,
@@ -296,7 +296,7 @@ type upgradePlan struct {
 	Notes   []string `json:"notes"`
 }
 
-// makePlan orders the upgrade (plan §13.3): snapshot first; followers one
+// makePlan orders the upgrade (design §13.3): snapshot first; followers one
 // at a time, by id; then leadership to the first upgraded server and the
 // old leader last. Each step ends with the check that gates the next.
 func makePlan(st *llmgwv1.ClusterStatusResponse, addr, to string) (upgradePlan, error) {
@@ -393,7 +393,7 @@ func (c *cli) upgradePlanCmd() *cobra.Command {
 			if c.output == "json" {
 				return c.printJSON(p)
 			}
-			fmt.Fprintf(c.out, "Rolling upgrade (plan §13.3), leader %s; followers first, the leader last.\n", p.Leader)
+			fmt.Fprintf(c.out, "Rolling upgrade (design §13.3), leader %s; followers first, the leader last.\n", p.Leader)
 			if len(p.Skipped) > 0 {
 				fmt.Fprintf(c.out, "Already at %s or newer: %s\n", to, strings.Join(p.Skipped, ", "))
 			}

@@ -1,6 +1,6 @@
 // Package ephemeral holds the agents' high-churn data on a control node —
 // replica status, KV-cache blocks and adapter status — outside
-// Raft (plan §5.4).
+// Raft (design §5.4).
 //
 // Each agent's data is ordered by (node, epoch, seq), and every hop applies
 // the same acceptance rule: a full copy newer than what is held replaces it;
@@ -56,12 +56,12 @@ type nodeData struct {
 	statuses   map[string]*llmgwv1.ReplicaStatus
 	kv         map[string]*kvState // by replica id
 	// adapters is the latest AdapterStatus per replica id and adapter name
-	// (plan §7.6): a status replaces the one held for its pair.
+	// (design §7.6): a status replaces the one held for its pair.
 	adapters map[string]map[string]*llmgwv1.AdapterStatus
 }
 
 // kvState is the KV-cache block set the agent's mirror last reported for one
-// replica (plan §7.5), kept so a watcher that connects later gets it whole.
+// replica (design §7.5), kept so a watcher that connects later gets it whole.
 type kvState struct {
 	uid, incarnation uint64
 	blockSize        uint32
@@ -218,7 +218,7 @@ func (s *Store) Held(node string) (epoch, seq uint64, ok bool) {
 // Status returns a copy of the latest status a node reported for a replica.
 // Callers look a replica up on the node its placement names, so an agent
 // that reports another node's replica changes nothing anyone reads
-// (plan §11: an agent reports only its own replicas).
+// (design §11: an agent reports only its own replicas).
 func (s *Store) Status(node, replicaID string) (*llmgwv1.ReplicaStatus, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -294,7 +294,7 @@ func (d *nodeData) fullCopy(node string) *llmgwv1.EphemeralUpdate {
 }
 
 // FullCopy returns everything held for one node as a full update at the
-// held (epoch, seq): what another hop needs to catch up with it (plan §5.4).
+// held (epoch, seq): what another hop needs to catch up with it (design §5.4).
 func (s *Store) FullCopy(node string) (*llmgwv1.EphemeralUpdate, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

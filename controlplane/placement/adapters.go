@@ -13,7 +13,7 @@ var ErrNoReplica = errors.New("no ready replica of the model to load the adapter
 
 // ErrAllBusy means every replica holds max_loaded_adapters adapters and
 // none of them is idle: nothing may be evicted, so the caller answers with
-// a retry-after (the router's 503 Retry-After, plan §7.6).
+// a retry-after (the router's 503 Retry-After, design §7.6).
 var ErrAllBusy = errors.New("every loaded adapter is busy; none is idle to evict")
 
 // AdapterReplica is one replica of the adapter's model as the leader sees
@@ -75,7 +75,7 @@ type AdapterChoice struct {
 	Evict string
 }
 
-// ChooseAdapterReplica picks the replica for an adapter (plan §7.6): one
+// ChooseAdapterReplica picks the replica for an adapter (design §7.6): one
 // that already holds it; else a ready one with a free slot (fewer than Max
 // placed; the fewest, then the lowest id); else an adapter on a ready
 // replica is evicted: the least recently used idle LOADED one (ties by

@@ -1,4 +1,4 @@
-// Package placement decides where replicas run (plan §5.5). It is pure: it
+// Package placement decides where replicas run (design §5.5). It is pure: it
 // reads a copy of the desired state and returns decisions; the leader turns
 // each decision into a Raft command, and the FSM re-checks every one of them
 // (a GPU given twice is refused there), so a decision made on a stale view is
@@ -20,7 +20,7 @@ type Plan struct {
 	// indices set), in the order they should be proposed.
 	Place []*llmgwv1.Replica
 	// Drain holds replicas to mark draining (id and uid set): routers stop
-	// choosing them and the agent stops each engine once idle (plan §4
+	// choosing them and the agent stops each engine once idle (design §4
 	// "Changes roll").
 	Drain []*llmgwv1.Replica
 	// Remove holds replicas to remove now (id and uid set): drained ones,
@@ -68,7 +68,7 @@ type nodeFree struct {
 //     revision — a re-apply that needs a restart) move one at a time: a
 //     replacement is placed while every other replica is ready; once it is
 //     ready too, one moving replica drains; then the next — capacity never
-//     dips during a move (plan §4 "Changes roll", §5.5);
+//     dips during a move (design §4 "Changes roll", §5.5);
 //   - engine "external" runs nothing on the nodes and is left alone.
 func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)

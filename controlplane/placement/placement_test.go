@@ -228,7 +228,7 @@ func BenchmarkReconcile(b *testing.B) {
 // becomes ready on the next round, every drained one is removed — for a
 // drained node and for a rolling re-apply, and checks at every step that
 // the model keeps its count of ready replicas and never runs more than one
-// extra (plan §4 "Changes roll", §5.5).
+// extra (design §4 "Changes roll", §5.5).
 func TestMovesWalkOneAtATime(t *testing.T) {
 	tests := []struct {
 		name  string

@@ -2,7 +2,7 @@ package plane
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// Metrics are the plane's figures (plan §9: ephemeral-plane lag and drops),
+// Metrics are the plane's figures (design §9: ephemeral-plane lag and drops),
 // registered in the control node's own registry.
 type Metrics struct {
 	forwarded        prometheus.Counter

@@ -1,4 +1,4 @@
-// Package plane is the ephemeral plane between control nodes (plan §5.4):
+// Package plane is the ephemeral plane between control nodes (design §5.4):
 // each control node owns the agent sessions attached to it and forwards
 // their updates — unchanged, with the agent's own (node, epoch, seq) — to
 // every other control node, so every node's watchers see every agent.
@@ -21,7 +21,7 @@
 //
 // The session lists are also how the cluster knows which agents are
 // attached anywhere: a node is down only when no control node holds a live
-// session for it (plan §5.4 "grace").
+// session for it (design §5.4 "grace").
 package plane
 
 import (

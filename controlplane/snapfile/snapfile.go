@@ -1,4 +1,4 @@
-// Package snapfile is the format of llmgw's backup files (plan §13.4): what
+// Package snapfile is the format of llmgw's backup files (design §13.4): what
 // `llmgwctl snapshot save` writes, `restore` sends back and `inspect` reads.
 //
 // A file is a fixed header followed by the body, which is the FSM's snapshot

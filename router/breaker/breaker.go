@@ -1,4 +1,4 @@
-// Package breaker is the router's per-replica circuit breaker (plan §7.4):
+// Package breaker is the router's per-replica circuit breaker (design §7.4):
 // a replica that keeps failing is taken out of rotation for a cooldown, then
 // given one probe request; a success puts it back, a failure restarts the
 // cooldown. Without it every request would pay a connect timeout to a dead

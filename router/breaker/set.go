@@ -7,7 +7,7 @@ import (
 )
 
 // Set holds one breaker per replica incarnation, created on first use.
-// Keys are the caller's replica identity — (uid, incarnation) per plan §4 —
+// Keys are the caller's replica identity — (uid, incarnation) per design §4 —
 // so a restarted engine starts with a closed breaker. Safe for concurrent use.
 type Set[K comparable] struct {
 	cfg   Config

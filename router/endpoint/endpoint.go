@@ -1,7 +1,7 @@
 // Package endpoint is the router's view of the replicas it may send
-// requests to (plan §7.2): which replicas are routable per model, where they
+// requests to (design §7.2): which replicas are routable per model, where they
 // listen, and how loaded each is — by the engine's own gauges, streamed by
-// each node's agent (plan §6 "Load snapshots") or, for an agent that serves
+// each node's agent (design §6 "Load snapshots") or, for an agent that serves
 // no snapshots, scraped by the router itself — and by the router's own count
 // of requests in flight.
 package endpoint
@@ -25,7 +25,7 @@ import (
 
 // Endpoint is one routable replica incarnation. An Endpoint is replaced, not
 // changed, when the replica restarts or moves, so per-replica state (load,
-// in-flight) is never carried over to another engine (plan §4 "Identity").
+// in-flight) is never carried over to another engine (design §4 "Identity").
 type Endpoint struct {
 	ReplicaID   string
 	UID         uint64
@@ -74,7 +74,7 @@ type Load struct {
 	Inflight int64
 	// Saturated is set when there is no reading younger than the registry's
 	// StaleAfter: an engine that cannot answer its metrics is taken to be
-	// too busy to answer requests (plan §7.2).
+	// too busy to answer requests (design §7.2).
 	Saturated bool
 }
 
@@ -87,7 +87,7 @@ type Config struct {
 	// saturated.
 	StaleAfter time.Duration
 	// StaleIntervals is how many of its agent's intervals a snapshot
-	// reading stays fresh (plan §7.2 "a few intervals").
+	// reading stays fresh (design §7.2 "a few intervals").
 	StaleIntervals int
 	// SubscribeInitial doubles per failed subscription up to SubscribeMax,
 	// with jitter, between attempts to reach an agent's LoadService.
@@ -142,7 +142,7 @@ type view struct {
 	// byNode indexes routable endpoints by node and replica id, for
 	// applying a node's load snapshot.
 	byNode map[string]map[string]*Endpoint
-	// adapters resolves adapter names to their model (plan §7.6).
+	// adapters resolves adapter names to their model (design §7.6).
 	adapters map[string]AdapterRef
 	// holds lists, per endpoint of a model with max_loaded_adapters > 0,
 	// the adapters it holds (see Holds).
@@ -228,7 +228,7 @@ func New(cfg Config, src Source, log *slog.Logger, reg prometheus.Registerer) (*
 	return r, nil
 }
 
-// Routable reports whether a replica may receive traffic (plan §5.3): it is
+// Routable reports whether a replica may receive traffic (design §5.3): it is
 // in desired state, not draining, its model exists, and its latest status
 // for the same uid is READY with an address.
 func Routable(st *watch.State, rep *llmgwv1.Replica) (*llmgwv1.ReplicaStatus, bool) {
@@ -300,7 +300,7 @@ func adapterRefs(st *watch.State) map[string]AdapterRef {
 // max_loaded_adapters > 0 holds: adapters still placed on it (an eviction
 // removes the placement first, so routers stop sending before the agent
 // unloads) and reported LOADED by this very incarnation — placed is not
-// loaded (plan §7.6). Nil for other models.
+// loaded (design §7.6). Nil for other models.
 func heldAdapters(st *watch.State, rep *llmgwv1.Replica, e *Endpoint) map[string]bool {
 	m := st.Models[rep.GetModel()]
 	if !loadsOnDemand(m) {

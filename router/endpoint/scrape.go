@@ -8,7 +8,7 @@ import (
 )
 
 // Reading is one reading of an engine's load, from the router's own scrape
-// or from its agent's load snapshot (plan §6, §7.2).
+// or from its agent's load snapshot (design §6, §7.2).
 type Reading struct {
 	Waiting float64
 	Running float64

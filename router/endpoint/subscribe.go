@@ -23,7 +23,7 @@ const (
 	maxAgentInterval = time.Minute
 )
 
-// subscription is one agent's LoadService stream (plan §6 "Load
+// subscription is one agent's LoadService stream (design §6 "Load
 // snapshots"), kept while its node has routable replicas.
 type subscription struct {
 	node, addr string
@@ -156,7 +156,7 @@ func (r *Registry) subscribeOnce(ctx context.Context, s *subscription) (got bool
 var errBadSnapshot = errors.New("bad load snapshot")
 
 // applySnapshot stores each reading on the endpoint of the same replica,
-// uid and incarnation on the snapshot's node (plan §4 "Identity"); a
+// uid and incarnation on the snapshot's node (design §4 "Identity"); a
 // reading for any other incarnation is dropped. A reading's age is taken on
 // the agent's clock (snapshot time minus scrape time) and laid onto the
 // router's, so clock skew between machines does not age or rejuvenate it.

@@ -1,4 +1,4 @@
-// Package kvindex is the router's precise KV-cache index (plan §7.5 tier 2,
+// Package kvindex is the router's precise KV-cache index (design §7.5 tier 2,
 // step 4): which replica holds which KV block, as the agents' mirrors report
 // it through the control plane's watch stream, so a prompt's block hashes can
 // be answered with "replica r holds its first n blocks".
@@ -9,7 +9,7 @@
 // is worthless to this request.
 //
 // The index is a set per replica, not a count: the agent's mirror already
-// folds vLLM's duplicate stores of one hash into one presence (plan §7.5
+// folds vLLM's duplicate stores of one hash into one presence (design §7.5
 // step 2), so every update says "now held" or "no longer held".
 package kvindex
 
@@ -49,7 +49,7 @@ func (c Config) Validate() error {
 
 // Replica identifies one replica incarnation's KV state, as KVBlocks names
 // it: a new uid is a new placement and a new incarnation a restarted engine,
-// and neither shares blocks with what came before (plan §4 "Identity").
+// and neither shares blocks with what came before (design §4 "Identity").
 type Replica struct {
 	ID          string
 	UID         uint64
@@ -387,7 +387,7 @@ func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
 	}()
 	// The replicas still matching: the holders of block 0, narrowed block
 	// by block until none is left, so the walk costs one probe per block
-	// up to the longest match (plan §7.5: leading blocks only).
+	// up to the longest match (design §7.5: leading blocks only).
 	var buf [16]uint16
 	var hv holders
 	alive := append(buf[:0], x.holdersOf(hashes[0], &hv)...)

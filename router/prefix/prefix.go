@@ -1,4 +1,4 @@
-// Package prefix is tier 1 of prefix-aware routing (plan §7.5): an
+// Package prefix is tier 1 of prefix-aware routing (design §7.5): an
 // approximate memory of which replica each prompt prefix was last sent to.
 //
 // Approximate because the router never sees the engine's cache: it only
@@ -28,7 +28,7 @@ const DefaultChunk = 64
 // (whole chunks only: a partial tail says nothing two prompts could share
 // reliably) up to max chunks, and returns it. Hash i covers text[:chunk*(i+1)].
 // FNV-1a 64 with a final mix: stable across processes and routers, which the
-// rendezvous placement of unseen prefixes relies on (plan §7.3).
+// rendezvous placement of unseen prefixes relies on (design §7.3).
 func Hashes(dst []uint64, text string, chunk, max int) []uint64 {
 	if chunk <= 0 {
 		chunk = DefaultChunk
@@ -58,7 +58,7 @@ func Mix(x uint64) uint64 {
 
 // Tree remembers, for up to a bounded number of prefix hashes, the replica
 // each was last sent to; the least recently used entries go first. K is the
-// caller's replica identity (per plan §4, its uid and incarnation). Safe for
+// caller's replica identity (per design §4, its uid and incarnation). Safe for
 // concurrent use.
 type Tree[K comparable] struct {
 	max int
@@ -101,7 +101,7 @@ func (t *Tree[K]) Match(hashes []uint64, accept func(K) bool) (replica K, depth 
 
 // Observe records that a request with these prefix hashes was sent to
 // replica. Call it after the pick, with where the request really went, never
-// with what a scorer proposed (plan §7.5).
+// with what a scorer proposed (design §7.5).
 func (t *Tree[K]) Observe(hashes []uint64, replica K) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -1,6 +1,6 @@
 package scheduler
 
-// BreakerOpen drops replicas whose circuit breaker is open (plan §7.4).
+// BreakerOpen drops replicas whose circuit breaker is open (design §7.4).
 // A replica whose cooldown has passed is kept even while healthy peers
 // remain: its probe is how it gets back into rotation, and a failed probe
 // costs one retry before the first byte, never a client error. With every
@@ -49,7 +49,7 @@ func (c *Candidate) healthy(t, kv float64) bool {
 }
 
 // AdapterAffinity sends an adapter's requests to replicas that hold it
-// (plan §7.6): holders with headroom, else any holder, else every replica
+// (design §7.6): holders with headroom, else any holder, else every replica
 // (which will load it on demand once placement exists). Requests for the
 // base model pass untouched.
 func AdapterAffinity(t, c float64) Filter { return adapterAffinity{t, c} }

@@ -13,7 +13,7 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
-		// The seeds' name, kept so dashboards carry over (plan §9).
+		// The seeds' name, kept so dashboards carry over (design §9).
 		prefix: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_prefix_decisions_total",
 			Help: "Tier-1 prefix scorer decisions: hit, miss (placed by rendezvous), load_override (imbalance guard), no_prompt.",

@@ -91,7 +91,7 @@ func (p *prefixScorer) decide(r *Request, cands []Candidate, out []float64) stri
 	return DecisionMiss
 }
 
-// scoreKV scores from the index (plan §7.5 step 5): the share of the
+// scoreKV scores from the index (design §7.5 step 5): the share of the
 // prompt's blocks each replica holds, so replicas sharing a system prompt
 // score alike and the one also holding this conversation scores higher.
 // The guard comes first; a best match under MinBlocks is a miss (a shared

@@ -8,7 +8,7 @@ import (
 	"github.com/llmgw/llmgw/router/prefix"
 )
 
-// TestPrefixScorerKV: tier 2's scoring (plan §7.5 step 5) — shares of
+// TestPrefixScorerKV: tier 2's scoring (design §7.5 step 5) — shares of
 // leading blocks, the guard first, MinBlocks, untrusted replicas by the
 // tree, and each fallback counted and handed to tier 1.
 func TestPrefixScorerKV(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 )
 
 // Names accepted in a model's profile and profile_overrides: the same lists
-// as fsm's validation (the router may not import fsm, plan §3), checked again
+// as fsm's validation (the router may not import fsm, design §3), checked again
 // here so a router never routes on a config it does not understand.
 var (
 	Profiles = []string{"chat", "batch", "long-context", "debug"}
@@ -22,7 +22,7 @@ var (
 // model whose profile config is refused.
 const DefaultProfile = "chat"
 
-// Params are the thresholds the built-in profiles share (plan §7.3).
+// Params are the thresholds the built-in profiles share (design §7.3).
 type Params struct {
 	// TargetWaiting is the queue a replica may have and still count as
 	// having headroom (Queue, PoolPriority, AdapterAffinity).

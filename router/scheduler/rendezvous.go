@@ -6,7 +6,7 @@ import "github.com/llmgw/llmgw/router/prefix"
 // chooses for key among those eligible accepts (nil: all), or -1. It
 // depends only on the key and the candidates' IDs and UIDs, which every
 // router sees alike, so routers that have never talked place an unseen
-// session or prefix on the same replica (plan §7.3); removing a replica
+// session or prefix on the same replica (design §7.3); removing a replica
 // moves only the keys that were on it.
 func Rendezvous(key uint64, cands []Candidate, eligible func(*Candidate) bool) int {
 	best, bestH := -1, uint64(0)

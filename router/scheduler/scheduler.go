@@ -1,7 +1,7 @@
-// Package scheduler chooses the replica a request goes to (plan §7.3): the
+// Package scheduler chooses the replica a request goes to (design §7.3): the
 // candidates pass filters, then weighted scorers, then a picker, and
 // observers are told where the request went. It imports nothing networked,
-// so it can be tested and benchmarked alone (plan §3).
+// so it can be tested and benchmarked alone (design §3).
 //
 // One Scheduler serves a router: it holds the memory shared by every model
 // (sessions, the approximate prefix tree, recent sends) and builds each
@@ -24,7 +24,7 @@ import (
 )
 
 // Key identifies a replica incarnation: everything kept per replica is keyed
-// by it (plan §4 "Identity"), and ID and UID are what every router sees
+// by it (design §4 "Identity"), and ID and UID are what every router sees
 // alike, so rendezvous hashing over them agrees across routers.
 type Key struct {
 	ID          string
@@ -59,7 +59,7 @@ type Candidate struct {
 	// Weight is the replica's share of traffic relative to its peers
 	// (desired state, default 1; zero or less counts as 1).
 	Weight float64
-	// Saturated marks a replica without a fresh load reading (plan §7.2).
+	// Saturated marks a replica without a fresh load reading (design §7.2).
 	Saturated bool
 	// Breaker is the replica's circuit breaker state.
 	Breaker BreakerView
@@ -84,7 +84,7 @@ func ReplicaLoad(waiting, running float64, inflight int64) float64 {
 // Load is the candidate's ReplicaLoad.
 func (c *Candidate) Load() float64 { return ReplicaLoad(c.Waiting, c.Running, c.Inflight) }
 
-// KVQuery is the precise index's answer for one request (plan §7.5 tier 2),
+// KVQuery is the precise index's answer for one request (design §7.5 tier 2),
 // worked out before scheduling because it needs a round trip (tokenizing)
 // that a scorer must not make. Tier 2 fills it; until then it stays nil and
 // the Prefix scorer uses the tree.
@@ -143,13 +143,13 @@ type Picker interface {
 }
 
 // Observer is told where a request was actually sent (never what a scorer
-// proposed: plan §7.5). Scorers with memory implement it.
+// proposed: design §7.5). Scorers with memory implement it.
 type Observer interface {
 	Observe(r *Request, chosen *Candidate)
 }
 
 // Retainer holds per-replica memory and drops what keep rejects: replicas
-// that are gone (Forget, plan §7.5).
+// that are gone (Forget, design §7.5).
 type Retainer interface {
 	Retain(keep func(Key) bool)
 }
@@ -343,7 +343,7 @@ func (s *Scheduler) Observe(p *Profile, r *Request, chosen Candidate) {
 
 // Retain forgets every replica keep rejects: call it when the routing
 // table changes, so the tree, sessions and send counts of a replica that is
-// gone stop steering requests (plan §7.5 "Forget").
+// gone stop steering requests (design §7.5 "Forget").
 func (s *Scheduler) Retain(keep func(Key) bool) {
 	s.tree.RetainReplicas(keep)
 	s.sessions.RetainReplicas(keep)

@@ -79,7 +79,7 @@ func (c *Candidate) weight() float64 {
 	return 1
 }
 
-// Imbalance is the guard of plan §7.3: load counts as lopsided when the
+// Imbalance is the guard of design §7.3: load counts as lopsided when the
 // busiest candidate's load exceeds Ratio × the mean and is at least MinGap
 // above the idlest. Both conditions, because a ratio alone fires on 2 vs 0.
 type Imbalance struct {

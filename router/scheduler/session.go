@@ -45,7 +45,7 @@ func sessionBound(f float64, cands []Candidate) float64 {
 }
 
 // withinBound reports whether c, with a fresh reading, has load at most
-// limit. A stale reading counts as saturated (plan §7.2).
+// limit. A stale reading counts as saturated (design §7.2).
 func withinBound(c *Candidate, limit float64) bool {
 	return !c.Saturated && c.Load() <= limit
 }
@@ -88,7 +88,7 @@ func sessionReplica(h uint64, bound float64, cands []Candidate) int {
 }
 
 // Session keeps a conversation on the replica that holds its history
-// (plan §7.5 tier 0). The session's replica scores 1, the others 0:
+// (design §7.5 tier 0). The session's replica scores 1, the others 0:
 //
 //   - the replica this router last sent the session to, while its load is
 //     at most the bound (f × the mean, see sessionBound; the previous turn
@@ -99,7 +99,7 @@ func sessionReplica(h uint64, bound float64, cands []Candidate) int {
 // Memory is a hint that keeps a moved session where it went while it fits;
 // agreement between routers comes from the shared rule, not from memory: a
 // router meeting a session mid-conversation, or moving one, computes the
-// replica the other router's rule computed (plan §7.3 "Routers agree
+// replica the other router's rule computed (design §7.3 "Routers agree
 // without talking"). Requests without X-Session-ID score 0 everywhere.
 func (s *Scheduler) Session(f float64) Scorer { return &session{f: f, s: s} }
 

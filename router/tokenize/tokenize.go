@@ -1,5 +1,5 @@
 // Package tokenize turns a request's prompt into the engine's token ids
-// through a replica's /tokenize (plan §7.5 tier 2, step 4), so the router can
+// through a replica's /tokenize (design §7.5 tier 2, step 4), so the router can
 // hash the prompt's blocks exactly as the engine will.
 //
 // Through the engine rather than a tokenizer in the router, because only the
@@ -68,7 +68,7 @@ func (c Config) Validate() error {
 // failure of the request.
 var (
 	// ErrMultimodal: the prompt has images or audio, whose placeholder
-	// tokens and hashes the router cannot reproduce (plan §7.5).
+	// tokens and hashes the router cannot reproduce (design §7.5).
 	ErrMultimodal = errors.New("tokenize: multimodal prompt")
 	// ErrUnsupported: a prompt shape tier 2 does not handle (a batch of
 	// prompts, no prompt at all, unreadable messages).

@@ -26,7 +26,7 @@ type Config struct {
 	// from; the client adds the servers it learns from the stream.
 	Addrs []string
 	// HeartbeatTimeout is how long a stream may stay silent before the
-	// server is taken for dead: three missed 500 ms heartbeats (plan §5.6).
+	// server is taken for dead: three missed 500 ms heartbeats (design §5.6).
 	HeartbeatTimeout time.Duration
 	// BackoffMin and BackoffMax bound the wait between attempts: it
 	// doubles from BackoffMin to BackoffMax, drawn from [d/2, d)
@@ -35,18 +35,18 @@ type Config struct {
 	BackoffMin, BackoffMax time.Duration
 	// StatePath, when set, is where the last state is saved and loaded from
 	// at start, so a router started while the control plane is unreachable
-	// still routes (plan §7.1).
+	// still routes (design §7.1).
 	StatePath string
 	// SaveInterval bounds how often the state is written to StatePath.
 	SaveInterval time.Duration
 	// DialOptions are added to the gRPC dial (credentials default to
-	// insecure until mTLS lands, plan §11).
+	// insecure until mTLS lands, design §11).
 	DialOptions []grpc.DialOption
 	// Jitter returns a number in [0, 1); it spreads reconnects so a fleet of
 	// routers does not stampede a server. Nil uses math/rand/v2.
 	Jitter func() float64
 	// KV, when set, receives the KV part of every accepted ephemeral
-	// update (plan §7.5 tier 2), in stream order.
+	// update (design §7.5 tier 2), in stream order.
 	KV KVSink
 }
 
@@ -59,7 +59,7 @@ type KVSink interface {
 	ApplyNode(node string, full bool, kv []*llmgwv1.KVBlocks, removed []string) []error
 }
 
-// DefaultConfig returns the timings of plan §5.6.
+// DefaultConfig returns the timings of design §5.6.
 func DefaultConfig() Config {
 	return Config{
 		HeartbeatTimeout: 1500 * time.Millisecond,
@@ -254,7 +254,7 @@ func (c *Client) session(ctx context.Context, addr string, afterEvent func()) (p
 	}
 }
 
-// handle applies one event to the working state (plan §5.3): changes after
+// handle applies one event to the working state (design §5.3): changes after
 // the held revision, framed snapshots built aside and swapped in whole,
 // ephemeral data by the (epoch, seq) rule. A non-nil error ends the session.
 func (c *Client) handle(ev *llmgwv1.WatchEvent) error {

@@ -1,6 +1,6 @@
 // Package watch keeps the router's copy of the cluster: desired state from
 // the control plane's merged watch stream and the agents' ephemeral data
-// (plan §5.3, §7.2). Traffic never waits on it: the router routes from the
+// (design §5.3, §7.2). Traffic never waits on it: the router routes from the
 // last State it published, whether or not a control node is reachable.
 package watch
 
@@ -36,18 +36,18 @@ type State struct {
 	Ephemeral map[string]*NodeEphemeral
 
 	// Servers is the last control-server list received; the client also dials
-	// these on failover (plan §5.6).
+	// these on failover (design §5.6).
 	Servers []*llmgwv1.ControlServer
 }
 
-// NodeEphemeral is one agent's ephemeral data at (Epoch, Seq) (plan §5.4).
+// NodeEphemeral is one agent's ephemeral data at (Epoch, Seq) (design §5.4).
 // A replica missing from Statuses is unknown, not down.
 type NodeEphemeral struct {
 	Epoch    uint64
 	Seq      uint64
 	Statuses map[string]*llmgwv1.ReplicaStatus // by replica id
 	// Adapters are the adapter states the agent reported, by replica id
-	// then adapter name (plan §7.6). An adapter missing is not held.
+	// then adapter name (design §7.6). An adapter missing is not held.
 	Adapters map[string]map[string]*llmgwv1.AdapterStatus
 }
 
@@ -63,7 +63,7 @@ func (s *State) AdapterStatus(r *llmgwv1.Replica, adapter string) *llmgwv1.Adapt
 
 // Status returns the latest status the replica's node reported for it, or
 // nil. The caller compares uids: a status for another uid is for an old
-// placement (plan §4 "Identity").
+// placement (design §4 "Identity").
 func (s *State) Status(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
 	ne := s.Ephemeral[s.reportingNode(r)]
 	if ne == nil {
@@ -148,7 +148,7 @@ func (s *State) applyChange(ch *llmgwv1.Change) {
 	}
 }
 
-// ephemeralVerdict is what the (epoch, seq) rule of plan §5.4 says about an
+// ephemeralVerdict is what the (epoch, seq) rule of design §5.4 says about an
 // update relative to what is held for its node.
 type ephemeralVerdict int
 

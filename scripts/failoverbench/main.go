@@ -1,5 +1,5 @@
 // Command failoverbench measures how long an llmgw control plane is without
-// a leader after the leader dies (issue "Control-plane cluster", plan §5.1):
+// a leader after the leader dies (issue "Control-plane cluster", design §5.1):
 // it starts a cluster of real `llmgw control` processes on loopback, then
 // kills -9 the leader again and again, restarting it and waiting for full
 // health before the next trial. For each kill it records
@@ -11,7 +11,7 @@
 //     loop (every --poll) from the kill until one succeeds.
 //
 // and prints p50, p99 and max of each with n. The target is p99 ≤ 1.5 s to a
-// new leader with the 500 ms heartbeat and election timeouts (plan §5.1).
+// new leader with the 500 ms heartbeat and election timeouts (design §5.1).
 //
 // Run it with `make bench-failover` (BENCH_FLAGS=... passes flags).
 package main

@@ -1,4 +1,4 @@
-// The wire contract between llmgw's components (plan §3, §5.3). Control plane,
+// The wire contract between llmgw's components (design §3, §5.3). Control plane,
 // agents, routers and llmgwctl meet only here: nothing else is shared.
 //
 // Rules that keep this file evolvable:
@@ -95,7 +95,7 @@ const (
 	CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG    CommandType = 7
 	CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING  CommandType = 8
 	CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT CommandType = 9
-	// Behind the minimum-version gate (plan §4, §13.3): proposed only once
+	// Behind the minimum-version gate (design §4, §13.3): proposed only once
 	// every server reports the version that introduced it.
 	CommandType_COMMAND_TYPE_SET_NODE_LABELS CommandType = 10
 	// Gated too: records (or clears) a control-plane server's removal.
@@ -337,7 +337,7 @@ func (ChangeOp) EnumDescriptor() ([]byte, []int) {
 	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{4}
 }
 
-// Adapter is one LoRA adapter a model may serve (plan §7.6).
+// Adapter is one LoRA adapter a model may serve (design §7.6).
 type Adapter struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -390,7 +390,7 @@ func (x *Adapter) GetPath() string {
 	return ""
 }
 
-// ProfileOverrides tunes a model's scheduling profile (plan §7.3). Zero
+// ProfileOverrides tunes a model's scheduling profile (design §7.3). Zero
 // means "the profile's default".
 type ProfileOverrides struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
@@ -672,7 +672,7 @@ type Node struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Id    string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The node's advertised address (an IP or host name, no port): engines
-	// listen on it (plan §6).
+	// listen on it (design §6).
 	Address string            `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	Gpus    uint32            `protobuf:"varint,3,opt,name=gpus,proto3" json:"gpus,omitempty"`
 	Labels  map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
@@ -682,7 +682,7 @@ type Node struct {
 	AgentHttpAddr string `protobuf:"bytes,7,opt,name=agent_http_addr,json=agentHttpAddr,proto3" json:"agent_http_addr,omitempty"`
 	Revision      uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The agent's gRPC address (LoadService), host:port; routers subscribe
-	// to it for load snapshots (plan §6).
+	// to it for load snapshots (design §6).
 	AgentGrpcAddr string `protobuf:"bytes,9,opt,name=agent_grpc_addr,json=agentGrpcAddr,proto3" json:"agent_grpc_addr,omitempty"`
 	// Set once an operator relabels the node (SetNodeLabels): from then on
 	// the labels are the operator's and the agent's registration keeps them.
@@ -852,7 +852,7 @@ type Replica struct {
 	// <model>-<ordinal>, for people.
 	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
 	// The Raft index of the command that last placed it. Everything kept per
-	// replica is keyed by (uid, incarnation) (plan §4 "Identity").
+	// replica is keyed by (uid, incarnation) (design §4 "Identity").
 	Uid        uint64   `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
 	Model      string   `protobuf:"bytes,3,opt,name=model,proto3" json:"model,omitempty"`
 	Node       string   `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
@@ -860,12 +860,12 @@ type Replica struct {
 	Weight     float64  `protobuf:"fixed64,6,opt,name=weight,proto3" json:"weight,omitempty"`
 	Shards     []*Shard `protobuf:"bytes,7,rep,name=shards,proto3" json:"shards,omitempty"`
 	// Set when the replica is to be removed: routers stop choosing it, the
-	// agent stops the engine once idle (plan §4 "Changes roll").
+	// agent stops the engine once idle (design §4 "Changes roll").
 	Draining bool   `protobuf:"varint,8,opt,name=draining,proto3" json:"draining,omitempty"`
 	Revision uint64 `protobuf:"varint,9,opt,name=revision,proto3" json:"revision,omitempty"`
 	// The Model.revision this replica was placed for. Re-applying a model
 	// changes its revision; placement then rolls replicas whose
-	// model_revision is older, one at a time (plan §4 "Changes roll").
+	// model_revision is older, one at a time (design §4 "Changes roll").
 	ModelRevision uint64 `protobuf:"varint,10,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -971,7 +971,7 @@ func (x *Replica) GetModelRevision() uint64 {
 	return 0
 }
 
-// ClusterConfig holds cluster-wide settings (plan §4, §13.3).
+// ClusterConfig holds cluster-wide settings (design §4, §13.3).
 type ClusterConfig struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	MinVersion       string                 `protobuf:"bytes,1,opt,name=min_version,json=minVersion,proto3" json:"min_version,omitempty"`
@@ -1044,7 +1044,7 @@ func (x *ClusterConfig) GetRevision() uint64 {
 // sorted by id so two FSMs with the same history marshal identically.
 type State struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Format version of the snapshot (plan §4: snapshots are versioned).
+	// Format version of the snapshot (design §4: snapshots are versioned).
 	Format   uint32         `protobuf:"varint,1,opt,name=format,proto3" json:"format,omitempty"`
 	Revision uint64         `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
 	Models   []*Model       `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
@@ -1934,7 +1934,7 @@ func (x *SetServerRemovedCommand) GetAtUnixNano() int64 {
 }
 
 // ReplicaStatus is what the agent observes of one replica. The agent's
-// status is the routers' only source of a replica's address (plan §6).
+// status is the routers' only source of a replica's address (design §6).
 type ReplicaStatus struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	ReplicaId string                 `protobuf:"bytes,1,opt,name=replica_id,json=replicaId,proto3" json:"replica_id,omitempty"`
@@ -2065,7 +2065,7 @@ func (x *ReplicaStatus) GetRestarts() uint32 {
 // EphemeralUpdate is one agent's ephemeral data, full or as a delta. Every
 // hop accepts a full copy with a newer epoch (or the same epoch and a higher
 // seq), or a delta whose seq is exactly the next; anything else is dropped
-// and a full copy asked for (plan §5.4).
+// and a full copy asked for (design §5.4).
 type EphemeralUpdate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -2078,10 +2078,10 @@ type EphemeralUpdate struct {
 	Statuses []*ReplicaStatus `protobuf:"bytes,5,rep,name=statuses,proto3" json:"statuses,omitempty"`
 	// Replicas the agent no longer runs (delta only).
 	RemovedReplicas []string `protobuf:"bytes,6,rep,name=removed_replicas,json=removedReplicas,proto3" json:"removed_replicas,omitempty"`
-	// KV-cache block changes per replica (plan §7.5 tier 2). In a full copy
+	// KV-cache block changes per replica (design §7.5 tier 2). In a full copy
 	// every entry is a reset holding the replica's whole block set.
 	Kv []*KVBlocks `protobuf:"bytes,7,rep,name=kv,proto3" json:"kv,omitempty"`
-	// Adapter states per replica (plan §7.6); in a full copy, every one.
+	// Adapter states per replica (design §7.6); in a full copy, every one.
 	Adapters      []*AdapterStatus `protobuf:"bytes,8,rep,name=adapters,proto3" json:"adapters,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2397,7 +2397,7 @@ func (x *KVBlocks) GetBlockSize() uint32 {
 }
 
 // ControlServer describes one control-plane node, so clients can fail over
-// (plan §5.6).
+// (design §5.6).
 type ControlServer struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -2547,7 +2547,7 @@ type AgentHello struct {
 	// The node as the agent sees it: id, address, capacity, labels, version.
 	Node *Node `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
 	// Chosen by the agent: max(last persisted + 1, now in Unix ns), saved
-	// before the hello is sent (plan §5.4).
+	// before the hello is sent (design §5.4).
 	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// The replicas the agent already runs (re-adopted engines).
 	Running       []*ReplicaStatus `protobuf:"bytes,3,rep,name=running,proto3" json:"running,omitempty"`
@@ -4112,10 +4112,10 @@ type Member struct {
 	Version    string                 `protobuf:"bytes,5,opt,name=version,proto3" json:"version,omitempty"`
 	// alive | suspect | dead | left
 	Status string `protobuf:"bytes,6,opt,name=status,proto3" json:"status,omitempty"`
-	// What the server was started with (plan §5.2: a mismatch is refused).
+	// What the server was started with (design §5.2: a mismatch is refused).
 	BootstrapExpect int32 `protobuf:"varint,7,opt,name=bootstrap_expect,json=bootstrapExpect,proto3" json:"bootstrap_expect,omitempty"`
 	// Why the cluster refuses to add it to Raft (e.g. its version is below
-	// the cluster's minimum, plan §13.3); empty when it is not refused.
+	// the cluster's minimum, design §13.3); empty when it is not refused.
 	Refused       string `protobuf:"bytes,8,opt,name=refused,proto3" json:"refused,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5103,12 +5103,12 @@ type ClusterStatusResponse struct {
 	Servers  []*ControlServer `protobuf:"bytes,2,rep,name=servers,proto3" json:"servers,omitempty"`
 	Revision uint64           `protobuf:"varint,3,opt,name=revision,proto3" json:"revision,omitempty"`
 	ServerId string           `protobuf:"bytes,4,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
-	// Autopilot's figures (plan §5.2): overall health and how many voters
+	// Autopilot's figures (design §5.2): overall health and how many voters
 	// may fail before quorum is lost.
 	Healthy          bool  `protobuf:"varint,5,opt,name=healthy,proto3" json:"healthy,omitempty"`
 	FailureTolerance int32 `protobuf:"varint,6,opt,name=failure_tolerance,json=failureTolerance,proto3" json:"failure_tolerance,omitempty"`
 	Voters           int32 `protobuf:"varint,7,opt,name=voters,proto3" json:"voters,omitempty"`
-	// The cluster's minimum version (the upgrade gate, plan §13.3).
+	// The cluster's minimum version (the upgrade gate, design §13.3).
 	MinVersion string `protobuf:"bytes,8,opt,name=min_version,json=minVersion,proto3" json:"min_version,omitempty"`
 	// The answering server's own Raft figures, which the leader's autopilot
 	// and `llmgwctl upgrade` read: its last log index and term, and how long

@@ -1,4 +1,4 @@
-// The wire contract between llmgw's components (plan §3, §5.3). Control plane,
+// The wire contract between llmgw's components (design §3, §5.3). Control plane,
 // agents, routers and llmgwctl meet only here: nothing else is shared.
 //
 // Rules that keep this file evolvable:
@@ -264,9 +264,9 @@ type AdminServiceClient interface {
 	ListReplicas(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListReplicasResponse, error)
 	ClusterStatus(ctx context.Context, in *ClusterStatusRequest, opts ...grpc.CallOption) (*ClusterStatusResponse, error)
 	// DrainNode marks a node draining (placement moves its replicas off one
-	// at a time, plan §5.5) or, with undrain, active again.
+	// at a time, design §5.5) or, with undrain, active again.
 	DrainNode(ctx context.Context, in *DrainNodeRequest, opts ...grpc.CallOption) (*DrainNodeResponse, error)
-	// Servers (plan §5.2). Join asks the server called to join the gossip
+	// Servers (design §5.2). Join asks the server called to join the gossip
 	// pool through the given gossip addresses; Raft membership follows gossip.
 	Join(ctx context.Context, in *JoinRequest, opts ...grpc.CallOption) (*JoinResponse, error)
 	// Leave makes the server called leave gracefully: a leader transfers
@@ -278,14 +278,14 @@ type AdminServiceClient interface {
 	ListPeers(ctx context.Context, in *ListPeersRequest, opts ...grpc.CallOption) (*ListPeersResponse, error)
 	RemovePeer(ctx context.Context, in *RemovePeerRequest, opts ...grpc.CallOption) (*RemovePeerResponse, error)
 	TransferLeadership(ctx context.Context, in *TransferLeadershipRequest, opts ...grpc.CallOption) (*TransferLeadershipResponse, error)
-	// Backup (plan §13.4). SnapshotSave streams the leader's current state as
+	// Backup (design §13.4). SnapshotSave streams the leader's current state as
 	// a checksummed snapshot file; SnapshotRestore replaces the cluster's
 	// desired state with one, after checking it whole (a corrupted snapshot
 	// is refused and nothing changes).
 	SnapshotSave(ctx context.Context, in *SnapshotSaveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 	SnapshotRestore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotRestoreResponse], error)
 	// SetNodeLabels relabels a node without restarting its agent (answered
-	// by the leader). It is behind the minimum-version gate (plan §13.3):
+	// by the leader). It is behind the minimum-version gate (design §13.3):
 	// FAILED_PRECONDITION, naming the servers below the version, until every
 	// server runs one that knows it.
 	SetNodeLabels(ctx context.Context, in *SetNodeLabelsRequest, opts ...grpc.CallOption) (*SetNodeLabelsResponse, error)
@@ -482,9 +482,9 @@ type AdminServiceServer interface {
 	ListReplicas(context.Context, *ListRequest) (*ListReplicasResponse, error)
 	ClusterStatus(context.Context, *ClusterStatusRequest) (*ClusterStatusResponse, error)
 	// DrainNode marks a node draining (placement moves its replicas off one
-	// at a time, plan §5.5) or, with undrain, active again.
+	// at a time, design §5.5) or, with undrain, active again.
 	DrainNode(context.Context, *DrainNodeRequest) (*DrainNodeResponse, error)
-	// Servers (plan §5.2). Join asks the server called to join the gossip
+	// Servers (design §5.2). Join asks the server called to join the gossip
 	// pool through the given gossip addresses; Raft membership follows gossip.
 	Join(context.Context, *JoinRequest) (*JoinResponse, error)
 	// Leave makes the server called leave gracefully: a leader transfers
@@ -496,14 +496,14 @@ type AdminServiceServer interface {
 	ListPeers(context.Context, *ListPeersRequest) (*ListPeersResponse, error)
 	RemovePeer(context.Context, *RemovePeerRequest) (*RemovePeerResponse, error)
 	TransferLeadership(context.Context, *TransferLeadershipRequest) (*TransferLeadershipResponse, error)
-	// Backup (plan §13.4). SnapshotSave streams the leader's current state as
+	// Backup (design §13.4). SnapshotSave streams the leader's current state as
 	// a checksummed snapshot file; SnapshotRestore replaces the cluster's
 	// desired state with one, after checking it whole (a corrupted snapshot
 	// is refused and nothing changes).
 	SnapshotSave(*SnapshotSaveRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	SnapshotRestore(grpc.ClientStreamingServer[SnapshotChunk, SnapshotRestoreResponse]) error
 	// SetNodeLabels relabels a node without restarting its agent (answered
-	// by the leader). It is behind the minimum-version gate (plan §13.3):
+	// by the leader). It is behind the minimum-version gate (design §13.3):
 	// FAILED_PRECONDITION, naming the servers below the version, until every
 	// server runs one that knows it.
 	SetNodeLabels(context.Context, *SetNodeLabelsRequest) (*SetNodeLabelsResponse, error)
