@@ -95,7 +95,7 @@ func (c *cli) removePeerCmd() *cobra.Command {
 
 // transferLeadershipCmd hands leadership to another voter: a planned move
 // costs tens of milliseconds of writes where a crash costs an election
-// (control-plane anchors §0.3), so upgrades and maintenance start with it.
+// (design §13.3), so upgrades and maintenance start with it.
 func (c *cli) transferLeadershipCmd() *cobra.Command {
 	var to string
 	cmd := &cobra.Command{

@@ -57,7 +57,7 @@ func (c *Cluster) retryJoin(ctx context.Context) {
 // bootstrap is --bootstrap-expect (design §5.2). It ends once this server
 // is part of a Raft configuration — bootstrapped by itself or added by a
 // leader — or ctx ends. The rules, each against a known split brain
-// (anchors §4.6):
+// (as Nomad's maybeBootstrap guards against them):
 //   - a server with Raft state never bootstraps (it is not started at all);
 //   - a peer started with another expectation (or with --bootstrap) stops
 //     the bootstrap, with an error in the log and in /readyz;

@@ -4,7 +4,7 @@
 // every other control node, so every node's watchers see every agent.
 //
 // How it stays whole without a reliable broadcast (memberlist's loses most
-// messages on 5 nodes, control-plane anchors §4.12):
+// messages on 5 nodes; Serf re-queues and Consul fans out with SendReliable, design §5.4):
 //   - once per tick, one batched message per peer, over memberlist's
 //     reliable (TCP) send; one sender goroutine per peer, so a dead peer
 //     stalls only its own queue;
