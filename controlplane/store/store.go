@@ -78,7 +78,7 @@ func Open(cfg Config, f *fsm.FSM, m *Metrics, log *slog.Logger, fatal func(error
 	bolt, err := raftboltdb.New(raftboltdb.Options{
 		Path: filepath.Join(dir, "raft.db"),
 		// The freelist is rewritten on every commit otherwise, and the log
-		// store only grows (design §5.1; Consul and Nomad set NoFreelistSync too).
+		// store only grows (design §5.1; Consul and Nomad expose the same option).
 		BoltOptions: &bbolt.Options{NoFreelistSync: true, FreelistType: bbolt.FreelistMapType, Timeout: time.Second},
 	})
 	if err != nil {
