@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/supervisor"
+	"github.com/llmgw/llmgw/internal/configfile"
 )
 
 // EngineConfig overrides how one engine kind is run on this node. In the
@@ -156,102 +156,95 @@ func DefaultConfig() Config {
 	}
 }
 
-// opt names a setting that both a flag and a file key set, as the errors of
-// Validate spell it: "--flag (key)".
-func opt(flag, key string) string { return "--" + flag + " (" + key + ")" }
-
 // Validate reports every problem at once (errors.Join), so an operator
 // fixes a configuration in one pass rather than one error per start. Each
 // problem starts with the setting it is about: the flag of `llmgw agent`
 // and the key of its --config file ("--data-dir (data_dir): required"), or
 // the key alone for the settings only the file sets.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(name, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %w", name, fmt.Errorf(format, args...)))
-	}
+	var p configfile.Problems
 	positive := func(name string, d time.Duration) {
 		if d <= 0 {
-			bad(name, "must be positive, got %s", d)
+			p.Add(name, "must be positive, got %s", d)
 		}
 	}
 	listenAddr := func(name, addr string) {
-		if _, p, err := net.SplitHostPort(addr); err != nil {
-			bad(name, "%q is not host:port: %w", addr, err)
-		} else if _, err := strconv.ParseUint(p, 10, 16); err != nil {
-			bad(name, "bad port %q", p)
+		if _, port, err := net.SplitHostPort(addr); err != nil {
+			p.Add(name, "%q is not host:port: %w", addr, err)
+		} else if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			p.Add(name, "bad port %q", port)
 		}
 	}
 
 	if c.NodeID == "" {
-		bad(opt("node-id", "node_id"), "required")
+		p.Add(configfile.Flag("node-id"), "required")
 	}
 	if len(c.Control) == 0 {
-		bad(opt("control", "control"), "at least one control address is required")
+		p.Add(configfile.Flag("control"), "at least one control address is required")
 	}
 	for _, a := range c.Control {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			bad(opt("control", "control"), "%q is not host:port: %w", a, err)
+			p.Add(configfile.Flag("control"), "%q is not host:port: %w", a, err)
 		}
 	}
 	if c.AdvertiseAddr == "" {
-		bad(opt("advertise-addr", "advertise_addr"), "required")
+		p.Add(configfile.Flag("advertise-addr"), "required")
 	} else if _, _, err := net.SplitHostPort(c.AdvertiseAddr); err == nil {
-		bad(opt("advertise-addr", "advertise_addr"), "%q must be an address without a port", c.AdvertiseAddr)
+		p.Add(configfile.Flag("advertise-addr"), "%q must be an address without a port", c.AdvertiseAddr)
 	}
 	if c.DataDir == "" {
-		bad(opt("data-dir", "data_dir"), "required")
+		p.Add(configfile.Flag("data-dir"), "required")
 	}
-	listenAddr(opt("http-addr", "http_addr"), c.HTTPAddr)
-	listenAddr(opt("grpc-addr", "grpc_addr"), c.GRPCAddr)
-	positive(opt("load-interval", "load_interval"), c.LoadInterval)
+	listenAddr(configfile.Flag("http-addr"), c.HTTPAddr)
+	listenAddr(configfile.Flag("grpc-addr"), c.GRPCAddr)
+	positive(configfile.Flag("load-interval"), c.LoadInterval)
 	if c.GPUs < 0 {
-		bad(opt("gpus", "gpus"), "must not be negative, got %d", c.GPUs)
+		p.Add(configfile.Flag("gpus"), "must not be negative, got %d", c.GPUs)
 	}
 	if _, ok := c.Labels[""]; ok {
-		bad(opt("label", "labels"), "a label needs a key")
+		p.Add(configfile.FlagKey("label", "labels"), "a label needs a key")
 	}
 	if r := c.PortRange; r.Start < 1 || r.End > 65535 || r.Start > r.End {
-		bad(opt("port-range", "port_range"), "%s is not a range within 1-65535", r)
+		p.Add(configfile.Flag("port-range"), "%s is not a range within 1-65535", r)
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Engines)) {
 		e := c.Engines[name]
 		switch name {
 		case engine.VLLM, engine.LlamaCpp, engine.Sim:
 		default:
-			bad("engines."+name, "unknown engine (known: %s, %s, %s)", engine.VLLM, engine.LlamaCpp, engine.Sim)
+			p.Add("engines."+name, "unknown engine (known: %s, %s, %s)", engine.VLLM, engine.LlamaCpp, engine.Sim)
 			continue
 		}
 		if len(e.Command) > 0 && e.Command[0] == "" {
-			bad(opt(name+"-command", "engines."+name+".command"), "empty program")
+			p.Add(configfile.FlagKey(name+"-command", "engines."+name+".command"), "empty program")
 		}
 		for _, k := range slices.Sorted(maps.Keys(e.Env)) {
 			if k == "" || strings.ContainsAny(k, "=\x00") {
-				bad("engines."+name+".env", "%q is not an environment variable name", k)
+				p.Add("engines."+name+".env", "%q is not an environment variable name", k)
 			}
 		}
 	}
-	positive(opt("ready-timeout", "ready_timeout"), c.ReadyTimeout)
-	positive(opt("stop-grace", "stop_grace"), c.StopGrace)
-	positive(opt("heartbeat-interval", "heartbeat_interval"), c.HeartbeatInterval)
+	positive(configfile.Flag("ready-timeout"), c.ReadyTimeout)
+	positive(configfile.Flag("stop-grace"), c.StopGrace)
+	positive(configfile.Flag("heartbeat-interval"), c.HeartbeatInterval)
 	// What drain.Config.Validate checks, named for the agent's user.
-	positive(opt("drain-quiet", "drain_quiet"), c.DrainQuiet)
+	positive(configfile.Flag("drain-quiet"), c.DrainQuiet)
 	if c.DrainTimeout < c.DrainQuiet {
-		bad(opt("drain-timeout", "drain_timeout"), "%s must be at least --drain-quiet %s", c.DrainTimeout, c.DrainQuiet)
+		p.Add(configfile.Flag("drain-timeout"), "%s must be at least --drain-quiet %s", c.DrainTimeout, c.DrainQuiet)
 	}
 	positive("probe_interval", c.ProbeInterval)
 	positive("restart_backoff.initial", c.RestartBackoff.Initial)
 	if c.RestartBackoff.Max < c.RestartBackoff.Initial {
-		bad("restart_backoff.max", "%s must be at least restart_backoff.initial %s", c.RestartBackoff.Max, c.RestartBackoff.Initial)
+		p.Add("restart_backoff.max", "%s must be at least restart_backoff.initial %s", c.RestartBackoff.Max, c.RestartBackoff.Initial)
 	}
 	if c.RestartBackoff.StableAfter < 0 {
-		bad("restart_backoff.stable_after", "must not be negative, got %s", c.RestartBackoff.StableAfter)
+		p.Add("restart_backoff.stable_after", "must not be negative, got %s", c.RestartBackoff.StableAfter)
 	}
 	positive("reconnect_initial", c.ReconnectInitial)
 	if c.ReconnectMax < c.ReconnectInitial {
-		bad("reconnect_max", "%s must be at least reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
+		p.Add("reconnect_max", "%s must be at least reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 func (c *Config) drainConfig() drain.Config {

@@ -1,13 +1,12 @@
 package controlplane
 
 import (
-	"errors"
-	"fmt"
 	"net"
 	"time"
 
 	"github.com/llmgw/llmgw/controlplane/cluster"
 	"github.com/llmgw/llmgw/controlplane/gossip"
+	"github.com/llmgw/llmgw/internal/configfile"
 )
 
 // GossipConfig tunes memberlist (package gossip); the zero value keeps its
@@ -157,80 +156,51 @@ func DefaultConfig() Config {
 	}
 }
 
-// setting names a setting as the user wrote it: its flag and file key, or
-// the key alone for a setting only the config file has.
-type setting struct{ flag, key string }
-
-func (s setting) String() string {
-	if s.flag == "" {
-		return s.key
-	}
-	return "--" + s.flag + " (" + s.key + ")"
-}
-
-// flagged is a setting with a flag of `llmgw control`; its key is the
-// flag's name with underscores.
-func flagged(flag string) setting {
-	key := []byte(flag)
-	for i, c := range key {
-		if c == '-' {
-			key[i] = '_'
-		}
-	}
-	return setting{flag: flag, key: string(key)}
-}
-
-// fileOnly is a setting only the config file has.
-func fileOnly(key string) setting { return setting{key: key} }
-
 // Validate reports every problem of c, joined (errors.Join), each naming
 // the setting as the user wrote it.
 func (c Config) Validate() error {
-	var errs []error
-	bad := func(s setting, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{s}, args...)...))
-	}
+	var p configfile.Problems
 	if c.NodeID == "" {
-		bad(flagged("node-id"), "required")
+		p.Add(configfile.Flag("node-id"), "required")
 	}
 	if c.DataDir == "" {
-		bad(flagged("data-dir"), "required")
+		p.Add(configfile.Flag("data-dir"), "required")
 	}
 	for _, a := range []struct {
-		s    setting
-		addr string
-	}{{flagged("grpc-addr"), c.GRPCAddr}, {flagged("raft-addr"), c.RaftAddr}, {flagged("http-addr"), c.HTTPAddr}} {
+		setting string
+		addr    string
+	}{{configfile.Flag("grpc-addr"), c.GRPCAddr}, {configfile.Flag("raft-addr"), c.RaftAddr}, {configfile.Flag("http-addr"), c.HTTPAddr}} {
 		if err := cluster.CheckAddr(a.addr); err != nil {
-			bad(a.s, "%w", err)
+			p.Add(a.setting, "%w", err)
 		}
 	}
 	if c.GossipAddr != "" {
 		if err := cluster.CheckAddr(c.GossipAddr); err != nil {
-			bad(flagged("gossip-addr"), "%w", err)
+			p.Add(configfile.Flag("gossip-addr"), "%w", err)
 		}
 	}
 	if cluster.CheckAddr(c.RaftAddr) == nil {
 		if host, _, _ := net.SplitHostPort(c.RaftAddr); host == "" || net.ParseIP(host).IsUnspecified() {
-			bad(flagged("raft-addr"), "%q must name an address other servers can reach, not a wildcard", c.RaftAddr)
+			p.Add(configfile.Flag("raft-addr"), "%q must name an address other servers can reach, not a wildcard", c.RaftAddr)
 		}
 	}
 	if c.Bootstrap && c.BootstrapExpect != 0 {
-		errs = append(errs, fmt.Errorf("%s and %s: give one (--bootstrap starts a single node; --bootstrap-expect N waits for N servers)", flagged("bootstrap"), flagged("bootstrap-expect")))
+		p.Add(configfile.Flag("bootstrap")+" and "+configfile.Flag("bootstrap-expect"), "give one (--bootstrap starts a single node; --bootstrap-expect N waits for N servers)")
 	}
 	if c.BootstrapExpect < 0 {
-		bad(flagged("bootstrap-expect"), "must be at least 1, got %d", c.BootstrapExpect)
+		p.Add(configfile.Flag("bootstrap-expect"), "must be at least 1, got %d", c.BootstrapExpect)
 	}
 	if c.GossipAddr == "" {
 		if c.BootstrapExpect != 0 {
-			bad(flagged("gossip-addr"), "required with --bootstrap-expect (servers find each other over gossip)")
+			p.Add(configfile.Flag("gossip-addr"), "required with --bootstrap-expect (servers find each other over gossip)")
 		}
 		if len(c.Join) != 0 {
-			bad(flagged("gossip-addr"), "required with --join")
+			p.Add(configfile.Flag("gossip-addr"), "required with --join")
 		}
 	}
 	for _, j := range c.Join {
 		if err := cluster.CheckAddr(j); err != nil {
-			bad(flagged("join"), "%w", err)
+			p.Add(configfile.Flag("join"), "%w", err)
 		}
 	}
 	for _, g := range []struct {
@@ -241,42 +211,42 @@ func (c Config) Validate() error {
 		{"gossip_interval", c.Gossip.GossipInterval}, {"push_pull_interval", c.Gossip.PushPullInterval},
 	} {
 		if g.v < 0 {
-			bad(fileOnly("gossip."+g.key), "must not be negative, got %s", g.v)
+			p.Add("gossip."+g.key, "must not be negative, got %s", g.v)
 		}
 	}
 	if c.Gossip.SuspicionMult < 0 {
-		bad(fileOnly("gossip.suspicion_mult"), "must not be negative, got %d", c.Gossip.SuspicionMult)
+		p.Add("gossip.suspicion_mult", "must not be negative, got %d", c.Gossip.SuspicionMult)
 	}
 	for _, d := range []struct {
-		s setting
-		v time.Duration
+		setting string
+		v       time.Duration
 	}{
-		{flagged("heartbeat-timeout"), c.HeartbeatTimeout}, {flagged("election-timeout"), c.ElectionTimeout},
-		{fileOnly("leader_lease_timeout"), c.LeaderLeaseTimeout}, {fileOnly("heartbeat_interval"), c.HeartbeatInterval},
-		{fileOnly("agent_timeout"), c.AgentTimeout}, {fileOnly("watch_wait"), c.WatchWait},
-		{fileOnly("reconcile_interval"), c.ReconcileInterval}, {fileOnly("apply_timeout"), c.ApplyTimeout},
-		{fileOnly("node_down_after"), c.NodeDownAfter}, {fileOnly("reschedule_after"), c.RescheduleAfter},
-		{fileOnly("drain_timeout"), c.DrainTimeout}, {fileOnly("ephemeral_tick"), c.EphemeralTick},
-		{fileOnly("join_retry_interval"), c.JoinRetryInterval}, {flagged("server-stabilization-time"), c.ServerStabilizationTime},
-		{fileOnly("autopilot_interval"), c.AutopilotInterval}, {flagged("rpc-hold-timeout"), c.RPCHoldTimeout},
-		{fileOnly("leave_timeout"), c.LeaveTimeout},
-		{fileOnly("adapter_wait_max"), c.AdapterWaitMax}, {fileOnly("adapter_retry_after"), c.AdapterRetryAfter},
+		{configfile.Flag("heartbeat-timeout"), c.HeartbeatTimeout}, {configfile.Flag("election-timeout"), c.ElectionTimeout},
+		{"leader_lease_timeout", c.LeaderLeaseTimeout}, {"heartbeat_interval", c.HeartbeatInterval},
+		{"agent_timeout", c.AgentTimeout}, {"watch_wait", c.WatchWait},
+		{"reconcile_interval", c.ReconcileInterval}, {"apply_timeout", c.ApplyTimeout},
+		{"node_down_after", c.NodeDownAfter}, {"reschedule_after", c.RescheduleAfter},
+		{"drain_timeout", c.DrainTimeout}, {"ephemeral_tick", c.EphemeralTick},
+		{"join_retry_interval", c.JoinRetryInterval}, {configfile.Flag("server-stabilization-time"), c.ServerStabilizationTime},
+		{"autopilot_interval", c.AutopilotInterval}, {configfile.Flag("rpc-hold-timeout"), c.RPCHoldTimeout},
+		{"leave_timeout", c.LeaveTimeout},
+		{"adapter_wait_max", c.AdapterWaitMax}, {"adapter_retry_after", c.AdapterRetryAfter},
 	} {
 		if d.v <= 0 {
-			bad(d.s, "must be positive, got %s", d.v)
+			p.Add(d.setting, "must be positive, got %s", d.v)
 		}
 	}
 	if c.HeartbeatTimeout > 0 && c.LeaderLeaseTimeout > c.HeartbeatTimeout {
-		bad(fileOnly("leader_lease_timeout"), "%s must not exceed %s %s (raft refuses it)", c.LeaderLeaseTimeout, flagged("heartbeat-timeout"), c.HeartbeatTimeout)
+		p.Add("leader_lease_timeout", "%s must not exceed %s %s (raft refuses it)", c.LeaderLeaseTimeout, configfile.Flag("heartbeat-timeout"), c.HeartbeatTimeout)
 	}
 	if c.HeartbeatTimeout > 0 && c.ElectionTimeout > 0 && c.ElectionTimeout < c.HeartbeatTimeout {
-		bad(flagged("election-timeout"), "%s must be at least %s %s (raft refuses it)", c.ElectionTimeout, flagged("heartbeat-timeout"), c.HeartbeatTimeout)
+		p.Add(configfile.Flag("election-timeout"), "%s must be at least %s %s (raft refuses it)", c.ElectionTimeout, configfile.Flag("heartbeat-timeout"), c.HeartbeatTimeout)
 	}
 	if c.AdapterMinIdle < 0 {
-		bad(fileOnly("adapter_min_idle"), "must not be negative, got %s", c.AdapterMinIdle)
+		p.Add("adapter_min_idle", "must not be negative, got %s", c.AdapterMinIdle)
 	}
 	if c.WatchQueue < 1 {
-		bad(fileOnly("watch_queue"), "must be at least 1, got %d", c.WatchQueue)
+		p.Add("watch_queue", "must be at least 1, got %d", c.WatchQueue)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }

@@ -8,14 +8,12 @@ package router
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/addrs"
+	"github.com/llmgw/llmgw/internal/configfile"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
@@ -106,54 +105,45 @@ func DefaultConfig() Config {
 	}
 }
 
-// flagKey names a setting that has a flag the way the user may have written
-// it: the flag, and its key in the configuration file.
-func flagKey(name string) string {
-	return "--" + name + " (" + strings.ReplaceAll(name, "-", "_") + ")"
-}
-
 // Validate reports every bad field, one line each, named by its flag and
 // file key (or by the key alone where there is no flag).
 func (c Config) Validate() error {
-	var errs []error
-	bad := func(name, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{flagKey(name)}, args...)...))
-	}
+	var p configfile.Problems
 	if len(c.Control) == 0 {
-		bad("control", "at least one control address is required")
+		p.Add(configfile.Flag("control"), "at least one control address is required")
 	}
 	for _, a := range c.Control {
 		if _, _, err := net.SplitHostPort(a); err != nil {
-			bad("control", "%q: %w", a, err)
+			p.Add(configfile.Flag("control"), "%q: %w", a, err)
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-		bad("http-addr", "%q: %w", c.HTTPAddr, err)
+		p.Add(configfile.Flag("http-addr"), "%q: %w", c.HTTPAddr, err)
 	}
 	if c.MaxBodyBytes <= 0 {
-		bad("max-body-bytes", "must be positive, got %d", c.MaxBodyBytes)
+		p.Add(configfile.Flag("max-body-bytes"), "must be positive, got %d", c.MaxBodyBytes)
 	}
 	if c.ScrapeInterval <= 0 {
-		bad("scrape-interval", "must be positive, got %s", c.ScrapeInterval)
+		p.Add(configfile.Flag("scrape-interval"), "must be positive, got %s", c.ScrapeInterval)
 	}
 	if c.ConnectTimeout <= 0 {
-		bad("connect-timeout", "must be positive, got %s", c.ConnectTimeout)
+		p.Add(configfile.Flag("connect-timeout"), "must be positive, got %s", c.ConnectTimeout)
 	}
 	if c.FirstByteTimeout <= 0 {
-		bad("first-byte-timeout", "must be positive, got %s", c.FirstByteTimeout)
+		p.Add(configfile.Flag("first-byte-timeout"), "must be positive, got %s", c.FirstByteTimeout)
 	}
 	if c.ShutdownGrace < 0 {
-		bad("shutdown-grace", "must not be negative, got %s", c.ShutdownGrace)
+		p.Add(configfile.Flag("shutdown-grace"), "must not be negative, got %s", c.ShutdownGrace)
 	}
 	if c.KVMinBlocks < 1 {
-		bad("kv-min-blocks", "must be at least 1, got %d", c.KVMinBlocks)
+		p.Add(configfile.Flag("kv-min-blocks"), "must be at least 1, got %d", c.KVMinBlocks)
 	}
 	if c.AdapterWait <= 0 {
-		bad("adapter-wait", "must be positive, got %s", c.AdapterWait)
+		p.Add(configfile.Flag("adapter-wait"), "must be positive, got %s", c.AdapterWait)
 	}
 	// The components name their own keys (and tokenize its flag).
-	errs = append(errs, c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
-	return errors.Join(errs...)
+	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
+	return p.Err()
 }
 
 // Router is one router process's worth of components.

@@ -1,10 +1,14 @@
-// Package configfile reads a server role's YAML configuration file.
+// Package configfile reads a server role's YAML configuration file and
+// collects the problems its Validate finds.
 //
 // Every server role (control, agent, router) takes --config (design §2):
 // the defaults, then the file, then the flags given on the command line, in
 // that order of precedence. The file is decoded strictly: an unknown key is
 // an error rather than a silently ignored typo, which is how a misspelt
 // setting would otherwise reach production unnoticed.
+//
+// Every role's Validate reports through Problems: every problem at once,
+// each naming the setting as the user wrote it (Flag, FlagKey, or the key).
 //
 // It is the one internal leaf that imports a module beyond the standard
 // library: the project's single YAML library, go.yaml.in/yaml/v3.

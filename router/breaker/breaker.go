@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/configfile"
 )
 
 // State is where a breaker stands.
@@ -57,14 +59,14 @@ func DefaultConfig() Config { return Config{Failures: 3, Cooldown: 5 * time.Seco
 
 // Validate reports every bad field, each named by its configuration key.
 func (c Config) Validate() error {
-	var errs []error
+	var p configfile.Problems
 	if c.Failures < 1 {
-		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.Failures))
+		p.Add("breaker_failures", "must be at least 1, got %d", c.Failures)
 	}
 	if c.Cooldown <= 0 {
-		errs = append(errs, fmt.Errorf("breaker_cooldown: must be positive, got %s", c.Cooldown))
+		p.Add("breaker_cooldown", "must be positive, got %s", c.Cooldown)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 // ErrOpen is returned by Acquire when the breaker lets nothing through.

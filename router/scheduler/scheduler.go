@@ -9,8 +9,6 @@
 package scheduler
 
 import (
-	"errors"
-	"fmt"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmgw/llmgw/internal/configfile"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/prefix"
 )
@@ -216,14 +215,15 @@ func DefaultConfig() Config {
 
 // Validate reports every bad field, each named by its configuration key.
 func (c Config) Validate() error {
-	var errs []error
+	var p configfile.Problems
 	if c.Sessions < 1 {
-		errs = append(errs, fmt.Errorf("scheduler_sessions: must be at least 1, got %d", c.Sessions))
+		p.Add("scheduler_sessions", "must be at least 1, got %d", c.Sessions)
 	}
 	if c.TreeEntries < 1 {
-		errs = append(errs, fmt.Errorf("scheduler_tree_entries: must be at least 1, got %d", c.TreeEntries))
+		p.Add("scheduler_tree_entries", "must be at least 1, got %d", c.TreeEntries)
 	}
-	return errors.Join(append(errs, c.Imbalance.Validate())...)
+	p.Join(c.Imbalance.Validate())
+	return p.Err()
 }
 
 // Scheduler is a router's scheduler. Safe for concurrent use.

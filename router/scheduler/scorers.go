@@ -1,11 +1,11 @@
 package scheduler
 
 import (
-	"errors"
-	"fmt"
 	"math"
 	"sync"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/configfile"
 )
 
 // Queue prefers short queues: 1 − min(waiting / t, 1). t is the queue a
@@ -92,14 +92,14 @@ func DefaultImbalance() Imbalance { return Imbalance{Ratio: 1.5, MinGap: 4} }
 
 // Validate reports every bad field, each named by its configuration key.
 func (b Imbalance) Validate() error {
-	var errs []error
+	var p configfile.Problems
 	if !(b.Ratio >= 1) || math.IsInf(b.Ratio, 0) {
-		errs = append(errs, fmt.Errorf("scheduler_imbalance_ratio: must be a finite number >= 1, got %v", b.Ratio))
+		p.Add("scheduler_imbalance_ratio", "must be a finite number >= 1, got %v", b.Ratio)
 	}
 	if !(b.MinGap >= 0) || math.IsInf(b.MinGap, 0) {
-		errs = append(errs, fmt.Errorf("scheduler_imbalance_min_gap: must be a finite number >= 0, got %v", b.MinGap))
+		p.Add("scheduler_imbalance_min_gap", "must be a finite number >= 0, got %v", b.MinGap)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 // Imbalanced reports whether load over cands is lopsided.

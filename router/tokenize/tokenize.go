@@ -27,6 +27,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -51,17 +52,17 @@ func DefaultConfig() Config {
 // Validate reports every bad field, each named by its flag and
 // configuration key, or by the key alone where there is no flag.
 func (c Config) Validate() error {
-	var errs []error
+	var p configfile.Problems
 	if c.Budget <= 0 {
-		errs = append(errs, fmt.Errorf("--tokenize-budget (tokenize_budget): must be positive, got %s", c.Budget))
+		p.Add(configfile.Flag("tokenize-budget"), "must be positive, got %s", c.Budget)
 	}
 	if c.CacheTokens < 0 {
-		errs = append(errs, fmt.Errorf("tokenize_cache_tokens: must not be negative, got %d", c.CacheTokens))
+		p.Add("tokenize_cache_tokens", "must not be negative, got %d", c.CacheTokens)
 	}
 	if c.MaxResponseBytes <= 0 {
-		errs = append(errs, fmt.Errorf("tokenize_max_response_bytes: must be positive, got %d", c.MaxResponseBytes))
+		p.Add("tokenize_max_response_bytes", "must be positive, got %d", c.MaxResponseBytes)
 	}
-	return errors.Join(errs...)
+	return p.Err()
 }
 
 // Why a prompt was not tokenized; each is a reason for tier 1, not a
