@@ -186,6 +186,12 @@ func TestServerEndToEnd(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "engine:") {
 		t.Fatalf("bad model: %v", err)
 	}
+	// The model policy runs here, at the entry point; Apply does not run it
+	// (fsm.validateApplied says why).
+	_, err = admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", Replicas: 1, ExtraArgs: []string{"--trust-remote-code"}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "extra_args[0]: --trust-remote-code") {
+		t.Fatalf("remote code without allow_remote_code: %v", err)
+	}
 	if _, err := admin.DeleteModel(ctx, &llmgwv1.DeleteModelRequest{Name: "nope"}); status.Code(err) != codes.NotFound {
 		t.Fatalf("delete unknown: %v", err)
 	}

@@ -201,7 +201,7 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 		return nil, invalid("model", "required")
 	}
 	m := ModelDefaults(ClusterDefaults(p.Model, a.f.config))
-	if err := ValidateModel(m); err != nil {
+	if err := validateApplied(m); err != nil {
 		return nil, err
 	}
 	// Adapters share the OpenAI "model" namespace with models (design §4), so

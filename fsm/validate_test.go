@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -112,5 +114,113 @@ func TestModelDefaults(t *testing.T) {
 	ext := ModelDefaults(&llmgwv1.Model{Engine: "external"})
 	if ext.GpusPerReplica != 0 || ext.BlockSize != 0 {
 		t.Fatalf("external got GPU/block defaults: %v", ext)
+	}
+}
+
+// TestModelPolicy holds the model policy: each rule refuses without its
+// allow flag, naming the field and the flag that would allow it, and accepts
+// with it.
+func TestModelPolicy(t *testing.T) {
+	vllm := func(args ...string) func(m *llmgwv1.Model) {
+		return func(m *llmgwv1.Model) { m.Engine, m.ExtraArgs = "vllm", args }
+	}
+	external := func(endpoints ...string) func(m *llmgwv1.Model) {
+		return func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints = "external", "", 0, endpoints
+		}
+	}
+	const remote, linkLocal = "allow_remote_code: true", "allow_link_local_endpoints: true"
+	tests := []struct {
+		name   string
+		mutate func(m *llmgwv1.Model)
+		field  string // "" = valid even without the allow flag
+		reason string // substring of the reason; names the allow flag
+	}{
+		{"trust remote code", vllm("--enforce-eager", "--max-num-seqs=8", "--trust-remote-code"), "extra_args[2]", "--trust-remote-code runs code from the model repository; set " + remote},
+		{"trust remote code with a value", vllm("--trust-remote-code=true"), "extra_args[0]", "--trust-remote-code runs code"},
+		{"trust remote code with underscores", vllm("--trust_remote_code"), "extra_args[0]", "--trust-remote-code runs code"},
+		{"trust remote code abbreviated", vllm("--trust-rem"), "extra_args[0]", "--trust-remote-code runs code"},
+		{"trust remote code on the simulator", func(m *llmgwv1.Model) { m.ExtraArgs = []string{"--trust-remote-code"} }, "extra_args[0]", remote},
+		{"no trust remote code", vllm("--no-trust-remote-code"), "", ""},
+		{"tool parser plugin", vllm("--tool-parser-plugin", "/models/x/parser.py"), "extra_args[0]", "--tool-parser-plugin imports and runs a Python file; set " + remote},
+		{"reasoning parser plugin", vllm("--reasoning_parser_plugin=/p.py"), "extra_args[0]", "--reasoning-parser-plugin imports"},
+		{"reasoning parser is not an abbreviation", vllm("--reasoning-parser", "deepseek_r1"), "", ""},
+		{"config file", vllm("--config", "/etc/vllm.yaml"), "extra_args[0]", "--config reads further engine flags from a file llmgw cannot check; set " + remote},
+		{"config format is another flag", vllm("--config-format", "hf"), "", ""},
+		{"worker extension from the image", vllm("--worker-extension-cls", "pkg.Ext"), "", ""},
+		{"tokenizer mode custom", vllm("--tokenizer-mode", "custom"), "", ""},
+		{"a value is not a flag", vllm("--chat-template", "config"), "", ""},
+		{"llama.cpp has no such flag", func(m *llmgwv1.Model) {
+			m.Engine, m.ExtraArgs = "llamacpp", []string{"--trust-remote-code", "--jinja"}
+		}, "", ""},
+
+		{"public endpoint", external("https://api.example.com/v1", "http://10.0.0.7:8000"), "", ""},
+		{"loopback endpoint", external("http://127.0.0.1:8000/v1"), "", ""},
+		{"metadata address", external("https://api.example.com", "http://169.254.169.254/latest/meta-data/"), "endpoints[1]", `"169.254.169.254" is a link-local address, where cloud metadata services answer; set ` + linkLocal},
+		{"link-local IPv4", external("http://169.254.10.1:8000"), "endpoints[0]", "link-local"},
+		{"link-local IPv6", external("http://[fe80::1]:8000"), "endpoints[0]", "link-local"},
+		{"link-local IPv6 with a zone", external("http://[fe80::a9fe:a9fe%25eth0]/"), "endpoints[0]", "link-local"},
+		{"IPv4-mapped link-local", external("http://[::ffff:169.254.169.254]/"), "endpoints[0]", "link-local"},
+		{"GCE metadata name", external("http://metadata.google.internal/computeMetadata/v1/"), "endpoints[0]", "the GCE metadata service; set " + linkLocal},
+		{"GCE metadata name, upper case, rooted", external("http://METADATA.google.internal./"), "endpoints[0]", "GCE metadata"},
+		{"bare metadata name", external("http://metadata"), "endpoints[0]", "GCE metadata"},
+		{"EC2 IPv6 metadata", external("http://[fd00:ec2::254]/"), "endpoints[0]", "EC2 metadata"},
+		{"Alibaba metadata", external("http://100.100.100.200/latest/meta-data"), "endpoints[0]", "Alibaba"},
+		{"decimal IPv4", external("http://2852039166/"), "endpoints[0]", "not a dotted-quad"},
+		{"hex IPv4", external("http://0xa9fea9fe/"), "endpoints[0]", "not a dotted-quad"},
+		{"short IPv4", external("http://169.254.43518/"), "endpoints[0]", "not a dotted-quad"},
+		{"no host", external("http://:8080/v1"), "endpoints[0]", "must name a host"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := validModel()
+			tt.mutate(m)
+			err := ValidateModel(ModelDefaults(m))
+			if tt.field == "" {
+				if err != nil {
+					t.Fatalf("ValidateModel: %v, want nil", err)
+				}
+				return
+			}
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("ValidateModel: %v, want a *ValidationError", err)
+			}
+			if ve.Field != tt.field || !strings.Contains(ve.Reason, tt.reason) {
+				t.Fatalf("ValidateModel: field %q reason %q, want field %q reason containing %q", ve.Field, ve.Reason, tt.field, tt.reason)
+			}
+			// The allow flag the message names makes the model valid; a
+			// missing host is no policy and stays refused.
+			allowed := proto.Clone(m).(*llmgwv1.Model)
+			allowed.AllowRemoteCode = strings.Contains(ve.Reason, remote)
+			allowed.AllowLinkLocalEndpoints = strings.Contains(ve.Reason, linkLocal)
+			err = ValidateModel(ModelDefaults(allowed))
+			switch {
+			case allowed.AllowRemoteCode || allowed.AllowLinkLocalEndpoints:
+				if err != nil {
+					t.Fatalf("with the allow flag: %v, want nil", err)
+				}
+			case err == nil:
+				t.Fatalf("a refusal that names no allow flag was accepted on a second look")
+			}
+		})
+	}
+}
+
+// TestApplyKeepsPolicyOut holds why the policy is not part of Apply: an
+// UpsertModel entry an older leader committed (before the policy existed) is
+// stored on replay by every build, so servers of two releases keep the same
+// state.
+func TestApplyKeepsPolicyOut(t *testing.T) {
+	m := &llmgwv1.Model{Name: "remote", Engine: "vllm", Model: "x", Replicas: 1, ExtraArgs: []string{"--trust-remote-code"}}
+	if err := ValidateModel(ModelDefaults(m)); err == nil {
+		t.Fatal("ValidateModel accepted --trust-remote-code without allow_remote_code")
+	}
+	f := New(Config{})
+	if _, err := f.Apply(2, upsert(t, m)); err != nil {
+		t.Fatalf("Apply refused an entry an older leader may have committed: %v", err)
+	}
+	if _, ok := f.Model("remote"); !ok {
+		t.Fatal("the model of the applied entry is not stored")
 	}
 }

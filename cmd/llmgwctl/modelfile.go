@@ -35,6 +35,10 @@ type modelFile struct {
 	MaxLoRARank       int               `yaml:"max_lora_rank"`
 	Task              string            `yaml:"task"`
 	Endpoints         []string          `yaml:"endpoints"`
+	// The model policy's explicit permissions (fsm.ValidateModel says what
+	// each allows); both default to false.
+	AllowRemoteCode         bool `yaml:"allow_remote_code"`
+	AllowLinkLocalEndpoints bool `yaml:"allow_link_local_endpoints"`
 }
 
 type overridesFile struct {
@@ -96,6 +100,9 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 		HashSeed:     f.HashSeed,
 		Task:         f.Task,
 		Endpoints:    f.Endpoints,
+
+		AllowRemoteCode:         f.AllowRemoteCode,
+		AllowLinkLocalEndpoints: f.AllowLinkLocalEndpoints,
 	}
 	var err error
 	set := func(field string, v int, dst *uint32) {

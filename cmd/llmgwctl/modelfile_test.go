@@ -28,6 +28,11 @@ func TestParseModelFile(t *testing.T) {
 		{"two documents", "name: a\nengine: sim\nmodel: m\n---\nname: b\n", "more than one document"},
 		{"empty", "", "empty"},
 		{"not yaml", "{{{", "model file"},
+		{"remote code refused", "name: demo\nengine: vllm\nmodel: m\nextra_args: [--enforce-eager, --trust-remote-code]\n", "extra_args[1]: --trust-remote-code runs code from the model repository; set allow_remote_code: true"},
+		{"remote code allowed", "name: demo\nengine: vllm\nmodel: m\nextra_args: [--trust-remote-code]\nallow_remote_code: true\n", ""},
+		{"allow_remote_code not a bool", "name: demo\nengine: vllm\nmodel: m\nallow_remote_code: please\n", "allow_remote_code"},
+		{"metadata endpoint refused", "name: ext\nengine: external\nendpoints: [\"http://169.254.169.254/\"]\n", "endpoints[0]: \"169.254.169.254\" is a link-local address"},
+		{"metadata endpoint allowed", "name: ext\nengine: external\nendpoints: [\"http://169.254.169.254/\"]\nallow_link_local_endpoints: true\n", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,6 +43,11 @@ func TestParseModelFile(t *testing.T) {
 				}
 				if m.Replicas < 1 || m.Profile == "" {
 					t.Fatalf("defaults not filled: %v", m)
+				}
+				for key, got := range map[string]bool{"allow_remote_code": m.AllowRemoteCode, "allow_link_local_endpoints": m.AllowLinkLocalEndpoints} {
+					if want := strings.Contains(tt.in, key+": true"); got != want {
+						t.Fatalf("%s = %v, want %v", key, got, want)
+					}
 				}
 				return
 			}

@@ -506,9 +506,17 @@ type Model struct {
 	// For engine "external": the base URLs of engines llmgw does not run.
 	Endpoints []string `protobuf:"bytes,17,rep,name=endpoints,proto3" json:"endpoints,omitempty"`
 	// Revision of the command that last changed this model.
-	Revision      uint64 `protobuf:"varint,18,opt,name=revision,proto3" json:"revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Revision uint64 `protobuf:"varint,18,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Lets extra_args hold the engine flags that run code from outside the
+	// engine's image, such as vLLM's --trust-remote-code (the list is in
+	// fsm/validate.go). Without it the entry points refuse them (design §4).
+	AllowRemoteCode bool `protobuf:"varint,19,opt,name=allow_remote_code,json=allowRemoteCode,proto3" json:"allow_remote_code,omitempty"`
+	// Lets an external model's endpoints be link-local addresses
+	// (169.254.0.0/16, fe80::/10) or cloud metadata service names and
+	// addresses, where a router's request could reach the node's credentials.
+	AllowLinkLocalEndpoints bool `protobuf:"varint,20,opt,name=allow_link_local_endpoints,json=allowLinkLocalEndpoints,proto3" json:"allow_link_local_endpoints,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
 }
 
 func (x *Model) Reset() {
@@ -665,6 +673,20 @@ func (x *Model) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *Model) GetAllowRemoteCode() bool {
+	if x != nil {
+		return x.AllowRemoteCode
+	}
+	return false
+}
+
+func (x *Model) GetAllowLinkLocalEndpoints() bool {
+	if x != nil {
+		return x.AllowLinkLocalEndpoints
+	}
+	return false
 }
 
 // Node is a GPU machine running an agent.
@@ -5697,7 +5719,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06picker\x18\x06 \x01(\tR\x06picker\x1a:\n" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xc4\x05\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xad\x06\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -5719,7 +5741,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\rmax_lora_rank\x18\x0f \x01(\rR\vmaxLoraRank\x12\x12\n" +
 	"\x04task\x18\x10 \x01(\tR\x04task\x12\x1c\n" +
 	"\tendpoints\x18\x11 \x03(\tR\tendpoints\x12\x1a\n" +
-	"\brevision\x18\x12 \x01(\x04R\brevision\x1a?\n" +
+	"\brevision\x18\x12 \x01(\x04R\brevision\x12*\n" +
+	"\x11allow_remote_code\x18\x13 \x01(\bR\x0fallowRemoteCode\x12;\n" +
+	"\x1aallow_link_local_endpoints\x18\x14 \x01(\bR\x17allowLinkLocalEndpoints\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x03\n" +
