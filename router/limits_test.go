@@ -414,3 +414,40 @@ func TestLimitListenerClose(t *testing.T) {
 		t.Fatal("Accept waiting for room did not return after Close")
 	}
 }
+
+// TestConnectionTimeouts: a client trickling its headers, and a kept-alive
+// connection left idle, are closed at their timeouts rather than held.
+func TestConnectionTimeouts(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {}, func(c *Config) {
+		c.ReadHeaderTimeout = timeout
+		c.IdleTimeout = timeout
+	})
+	tests := []struct {
+		name string
+		send string // then nothing more
+		want string // the start of what the router sends before closing
+	}{
+		{"headers never end", "GET /healthz HTTP/1.1\r\nHost: r\r\nX-Slow: ", ""},
+		{"idle after a request", "GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n", "HTTP/1.1 200 OK"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := dial(t, addr) // reads fail after 10 s: the router must close first
+			start := time.Now()
+			if _, err := io.WriteString(c, tt.send); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(c)
+			if err != nil {
+				t.Fatalf("connection still open after %s (%v); got %q", time.Since(start), err, got)
+			}
+			if !strings.HasPrefix(string(got), tt.want) {
+				t.Fatalf("got %q, want it to start %q", got, tt.want)
+			}
+			if took := time.Since(start); took < timeout {
+				t.Fatalf("closed after %s, before the %s timeout", took, timeout)
+			}
+		})
+	}
+}
