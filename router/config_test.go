@@ -28,6 +28,17 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 			c.MaxBodyBytes = 0
 			c.KVMinBlocks = 0
 		}, []string{"--control (control): ", "--http-addr (http_addr): ", "--max-body-bytes (max_body_bytes): ", "--kv-min-blocks (kv_min_blocks): "}},
+		{"limits", func(c *Config) {
+			c.ReadHeaderTimeout = 0
+			c.BodyTimeout = -time.Second
+			c.IdleTimeout = 0
+			c.MaxHeaderBytes = 0
+			c.MaxHeaderCount = -1
+			c.MaxConnections = 0
+			c.MaxInflight = 0
+		}, []string{"--read-header-timeout (read_header_timeout): ", "--body-timeout (body_timeout): ", "--idle-timeout (idle_timeout): ",
+			"--max-header-bytes (max_header_bytes): ", "--max-header-count (max_header_count): ",
+			"--max-connections (max_connections): ", "--max-inflight (max_inflight): "}},
 		{"every address", func(c *Config) { c.Control = []string{"a", "b:1", "c"} },
 			[]string{`--control (control): "a": `, `--control (control): "c": `}},
 		{"flags and keys without flags", func(c *Config) {
@@ -74,6 +85,13 @@ scrape_interval: 250ms
 connect_timeout: 3s
 first_byte_timeout: 2m
 shutdown_grace: 45s
+read_header_timeout: 5s
+body_timeout: 30s
+idle_timeout: 90s
+max_header_bytes: 32768
+max_header_count: 50
+max_connections: 2000
+max_inflight: 500
 breaker_failures: 5
 breaker_cooldown: 7s
 scheduler_sessions: 1024
@@ -100,6 +118,8 @@ func TestConfigFileEveryKey(t *testing.T) {
 		ID: "r-7", Control: []string{"10.0.0.1:7400", "10.0.0.2:7400"}, HTTPAddr: "127.0.0.1:9090",
 		DataDir: "/var/lib/llmgw/router", MaxBodyBytes: 1 << 20, ScrapeInterval: 250 * time.Millisecond,
 		ConnectTimeout: 3 * time.Second, FirstByteTimeout: 2 * time.Minute, ShutdownGrace: 45 * time.Second,
+		ReadHeaderTimeout: 5 * time.Second, BodyTimeout: 30 * time.Second, IdleTimeout: 90 * time.Second,
+		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxInflight: 500,
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
 			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}},

@@ -64,6 +64,24 @@ type Config struct {
 	// ConnectTimeout and FirstByteTimeout bound each attempt at an engine.
 	ConnectTimeout   time.Duration `yaml:"connect_timeout"`
 	FirstByteTimeout time.Duration `yaml:"first_byte_timeout"`
+	// ReadHeaderTimeout bounds reading a request's headers; BodyTimeout
+	// reading its whole body (nginx's client_body_timeout, 408 past it);
+	// IdleTimeout how long a kept-alive connection waits for its next
+	// request. They keep slow and idle clients from holding connections.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	BodyTimeout       time.Duration `yaml:"body_timeout"`
+	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes and MaxHeaderCount bound a request's headers (431
+	// beyond), which are held in memory and forwarded to the engine.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	MaxHeaderCount int `yaml:"max_header_count"`
+	// MaxConnections bounds the connections open at once: past it new ones
+	// wait in the kernel's backlog until one closes. MaxInflight bounds the
+	// requests served at once (503 with Retry-After beyond), so requests
+	// being served go on while extra ones are refused; /healthz, /readyz
+	// and /metrics are not counted.
+	MaxConnections int `yaml:"max_connections"`
+	MaxInflight    int `yaml:"max_inflight"`
 	// ShutdownGrace is how long in-flight requests may run after shutdown
 	// begins before they are cut.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
@@ -89,19 +107,26 @@ type Config struct {
 func DefaultConfig() Config {
 	a := api.DefaultConfig()
 	return Config{
-		Control:          []string{"127.0.0.1:7400"},
-		HTTPAddr:         ":8080",
-		MaxBodyBytes:     a.MaxBodyBytes,
-		ScrapeInterval:   200 * time.Millisecond,
-		ConnectTimeout:   a.ConnectTimeout,
-		FirstByteTimeout: a.FirstByteTimeout,
-		ShutdownGrace:    30 * time.Second,
-		Breaker:          breaker.DefaultConfig(),
-		Scheduler:        scheduler.DefaultConfig(),
-		KVIndex:          kvindex.DefaultConfig(),
-		Tokenize:         tokenize.DefaultConfig(),
-		KVMinBlocks:      1,
-		AdapterWait:      director.DefaultAdapterWait,
+		Control:           []string{"127.0.0.1:7400"},
+		HTTPAddr:          ":8080",
+		MaxBodyBytes:      a.MaxBodyBytes,
+		ScrapeInterval:    200 * time.Millisecond,
+		ConnectTimeout:    a.ConnectTimeout,
+		FirstByteTimeout:  a.FirstByteTimeout,
+		ShutdownGrace:     30 * time.Second,
+		ReadHeaderTimeout: 10 * time.Second,
+		BodyTimeout:       60 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		MaxHeaderCount:    100,
+		MaxConnections:    4096,
+		MaxInflight:       1024,
+		Breaker:           breaker.DefaultConfig(),
+		Scheduler:         scheduler.DefaultConfig(),
+		KVIndex:           kvindex.DefaultConfig(),
+		Tokenize:          tokenize.DefaultConfig(),
+		KVMinBlocks:       1,
+		AdapterWait:       director.DefaultAdapterWait,
 	}
 }
 
@@ -140,6 +165,27 @@ func (c Config) Validate() error {
 	}
 	if c.AdapterWait <= 0 {
 		p.Add(configfile.Flag("adapter-wait"), "must be positive, got %s", c.AdapterWait)
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		bad("read-header-timeout", "must be positive, got %s", c.ReadHeaderTimeout)
+	}
+	if c.BodyTimeout <= 0 {
+		bad("body-timeout", "must be positive, got %s", c.BodyTimeout)
+	}
+	if c.IdleTimeout <= 0 {
+		bad("idle-timeout", "must be positive, got %s", c.IdleTimeout)
+	}
+	if c.MaxHeaderBytes <= 0 {
+		bad("max-header-bytes", "must be positive, got %d", c.MaxHeaderBytes)
+	}
+	if c.MaxHeaderCount <= 0 {
+		bad("max-header-count", "must be positive, got %d", c.MaxHeaderCount)
+	}
+	if c.MaxConnections <= 0 {
+		bad("max-connections", "must be positive, got %d", c.MaxConnections)
+	}
+	if c.MaxInflight <= 0 {
+		bad("max-inflight", "must be positive, got %d", c.MaxInflight)
 	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
@@ -285,18 +331,21 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	bg.Go(func() { r.forget(bgCtx) })
 
 	var handlers sync.WaitGroup
+	lim := newLimits(r.cfg, r.mux)
 	srv := &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 			handlers.Add(1)
 			defer handlers.Done()
-			r.mux.ServeHTTP(w, req)
+			lim.ServeHTTP(w, req)
 		}),
 		BaseContext:       func(net.Listener) context.Context { return reqCtx },
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: r.cfg.ReadHeaderTimeout,
+		IdleTimeout:       r.cfg.IdleTimeout,
+		MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
+	go func() { serveErr <- srv.Serve(newLimitListener(ln, r.cfg.MaxConnections)) }()
 	r.log.Info("router: serving", "addr", ln.Addr().String(), "control", r.cfg.Control)
 
 	var err error

@@ -55,7 +55,7 @@ included.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.httpAddr, "http-addr", ":8080", "the router's OpenAI API")
+	f.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "the router's OpenAI API (loopback: dev has no authentication)")
 	f.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7400", "the control plane's gRPC (llmgwctl's --addr)")
 	f.StringVar(&o.raftAddr, "raft-addr", "127.0.0.1:7401", "the control node's Raft transport")
 	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz")

@@ -33,6 +33,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -343,6 +344,9 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return nil, openai.Request{}, openai.TooLarge(h.cfg.MaxBodyBytes)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) { // the server's body timeout
+			return nil, openai.Request{}, openai.BodyTimeout()
 		}
 		return nil, openai.Request{}, openai.InvalidField("", "reading the body: "+err.Error())
 	}

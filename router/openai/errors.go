@@ -55,6 +55,27 @@ func TooLarge(limit int64) *Error {
 		Message: fmt.Sprintf("request body exceeds %d bytes", limit)}
 }
 
+// HeadersTooLarge is the 431 for a request with more header fields, or
+// more header bytes, than the router takes; what names the limit passed.
+func HeadersTooLarge(what string) *Error {
+	return &Error{Status: http.StatusRequestHeaderFieldsTooLarge, Type: "invalid_request_error", Code: "headers_too_large",
+		Message: "request headers exceed the router's limit: " + what}
+}
+
+// BodyTimeout is the 408 for a body that did not arrive in time.
+func BodyTimeout() *Error {
+	return &Error{Status: http.StatusRequestTimeout, Type: "invalid_request_error", Code: "request_timeout",
+		Message: "the request body did not arrive in time"}
+}
+
+// Overloaded is the 503 for a request beyond the router's in-flight limit;
+// the client retries after retryAfter seconds, most likely on a router
+// with room.
+func Overloaded(limit, retryAfter int) *Error {
+	return &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "router_overloaded",
+		Message: fmt.Sprintf("the router is serving its limit of %d requests; retry shortly", limit), RetryAfter: retryAfter}
+}
+
 // NoReplica is the 503 for a model no replica can take a request of now.
 func NoReplica(model string) *Error {
 	return &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_replica_available",

@@ -209,6 +209,12 @@ func settle(br *breaker.Breaker, code int) {
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
 	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// credentialHeaders are the client's credentials: they are for the router
+// (or whatever stands in front of it), never for an engine, which would
+// log them or hand them to whoever controls it. The engines are reached
+// without credentials of the client's.
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
+
 // forward sends the request to ep. It returns an error only while nothing
 // has been written to the client — a connection failure, or a 5xx (or an
 // adapter's 404) when another replica may still be tried (last is false) —
@@ -229,6 +235,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	}
 	out.Header = r.Header.Clone()
 	for _, k := range hopHeaders {
+		out.Header.Del(k)
+	}
+	for _, k := range credentialHeaders {
 		out.Header.Del(k)
 	}
 	out.Header.Del("Content-Length")

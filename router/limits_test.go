@@ -1,0 +1,453 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// startRouter serves a router on loopback in front of one engine (demo-0),
+// with cfg changed by mutate, and returns its address once demo-0 is
+// routable. The engine's /metrics reports it idle; every other request goes
+// to engine. Cleanup stops the router and checks that Serve returned.
+func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) string {
+	t.Helper()
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			io.WriteString(w, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+			return
+		}
+		engine(w, r)
+	}))
+	t.Cleanup(eng.Close)
+	cfg := DefaultConfig()
+	cfg.ID = "r-test"
+	cfg.Control = []string{control(t, strings.TrimPrefix(eng.URL, "http://"))}
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.ScrapeInterval = 20 * time.Millisecond
+	mutate(&cfg)
+	r, err := New(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Serve did not return after its context ended")
+		}
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for eps, _ := r.eps.Lookup("demo"); len(eps) == 0 || !r.ready(); eps, _ = r.eps.Lookup("demo") {
+		if time.Now().After(deadline) {
+			t.Fatal("demo-0 never became routable")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return ln.Addr().String()
+}
+
+// newClient is an HTTP client of its own, so no connection outlives the test.
+func newClient(t *testing.T) *http.Client {
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 10 * time.Second}
+}
+
+const completion = `{"model":"demo","messages":[]}`
+
+// errorCode is the code of an OpenAI error body, "" when body is not one.
+func errorCode(body []byte) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	if json.Unmarshal(body, &e) != nil {
+		return ""
+	}
+	return e.Error.Code
+}
+
+// dial opens a raw connection that fails the test's reads after 10 s.
+func dial(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	return c
+}
+
+// TestBodyTimeout: a body that stops arriving is cut at the body timeout
+// with a 408, while an answer streaming for longer than the timeout, after
+// its body came, is not (the deadline is lifted once the body is read, and
+// the next request on the connection has its own).
+func TestBodyTimeout(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		select { // longer than the body timeout: the answer must outlive it
+		case <-time.After(3 * timeout):
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	}, func(c *Config) { c.BodyTimeout = timeout })
+
+	t.Run("slow body", func(t *testing.T) {
+		c := dial(t, addr)
+		start := time.Now()
+		fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+			len(completion), completion[:10])
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("no answer to a body that stopped (%v after %s)", err, time.Since(start))
+		}
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusRequestTimeout || errorCode(body) != "request_timeout" {
+			t.Fatalf("status %d body %s, want 408 request_timeout", resp.StatusCode, body)
+		}
+		if took := time.Since(start); took < timeout {
+			t.Fatalf("cut after %s, before the %s timeout", took, timeout)
+		}
+	})
+	t.Run("long answer", func(t *testing.T) {
+		client := newClient(t)
+		for i := range 2 { // the second on the same connection: the deadline was the first request's only
+			resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json",
+				strings.NewReader(`{"model":"demo","stream":true,"messages":[]}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || string(body) != "data: one\n\ndata: [DONE]\n\n" {
+				t.Fatalf("request %d: stream = %q, %v; want it whole", i, body, err)
+			}
+		}
+	})
+}
+
+// TestHeaderLimits: too many header fields, or too many bytes of them, get
+// a 431 (in OpenAI's shape where the router's handler answers) and never
+// reach the engine; a request within both limits goes through.
+func TestHeaderLimits(t *testing.T) {
+	var reached atomic.Int32
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		io.WriteString(w, `{"ok":true}`)
+	}, func(c *Config) {})
+	many := func(n int) http.Header {
+		h := http.Header{}
+		for i := range n {
+			h.Set(fmt.Sprintf("X-H-%d", i), "v")
+		}
+		return h
+	}
+	big := func(n int) http.Header { return http.Header{"X-Big": {strings.Repeat("a", n)}} }
+	tests := []struct {
+		name     string
+		header   http.Header
+		want     int
+		wantCode string // "" for any body; "-" for one not in OpenAI's shape
+	}{
+		{"within", many(90), 200, ""},
+		{"too many", many(101), 431, "headers_too_large"},
+		{"over the bytes, within Go's slack", big(65 << 10), 431, "headers_too_large"},
+		// Go's server refuses it at --max-header-bytes, before any handler:
+		// its plain 431 shows the rest was never read.
+		{"far over the bytes", big(512 << 10), 431, "-"},
+	}
+	client := newClient(t)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := reached.Load()
+			req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(completion))
+			req.Header = tt.header
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			code := errorCode(body)
+			if tt.wantCode == "-" && code == "" {
+				code = "-"
+			}
+			if resp.StatusCode != tt.want || (tt.wantCode != "" && code != tt.wantCode) {
+				t.Fatalf("status %d body %.200s, want %d %s", resp.StatusCode, body, tt.want, tt.wantCode)
+			}
+			if got := reached.Load() - before; (tt.want == 200) != (got == 1) {
+				t.Fatalf("the engine saw %d requests", got)
+			}
+		})
+	}
+}
+
+// TestEngineNeverSeesCredentials: the client's Authorization, Cookie and
+// Proxy-Authorization stay at the router; its other headers go on.
+func TestEngineNeverSeesCredentials(t *testing.T) {
+	seen := make(chan http.Header, 1)
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Clone()
+		io.WriteString(w, `{"ok":true}`)
+	}, func(c *Config) {})
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(completion))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer sk-secret")
+	req.Header.Set("Cookie", "session=secret")
+	req.Header.Set("Proxy-Authorization", "Basic c2VjcmV0")
+	req.Header.Set("X-Keep", "1")
+	resp, err := newClient(t).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	h := <-seen
+	for _, k := range []string{"Authorization", "Cookie", "Proxy-Authorization"} {
+		if v := h.Get(k); v != "" {
+			t.Errorf("the engine saw %s: %q", k, v)
+		}
+	}
+	if h.Get("X-Keep") != "1" {
+		t.Errorf("the engine did not see the client's other headers: %v", h)
+	}
+}
+
+// TestInflightLimit: beyond --max-inflight a request gets a 503 with
+// Retry-After at once, /healthz still answers, and the request being served
+// completes; once it has, the next is served.
+func TestInflightLimit(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(started)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		io.WriteString(w, `{"ok":true}`)
+	}, func(c *Config) { c.MaxInflight = 1 })
+	client := newClient(t)
+	post := func() (*http.Response, []byte, error) {
+		resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(completion))
+		if err != nil {
+			return nil, nil, err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return resp, body, err
+	}
+	type result struct {
+		resp *http.Response
+		body []byte
+		err  error
+	}
+	first := make(chan result, 1)
+	go func() { resp, body, err := post(); first <- result{resp, body, err} }()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("the first request never reached the engine")
+	}
+
+	resp, body, err := post()
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") != "1" || errorCode(body) != "router_overloaded" {
+		close(release)
+		<-first
+		t.Fatalf("beyond the limit: %v %v %s; want 503 router_overloaded with Retry-After: 1", err, resp, body)
+	}
+	hz, err := client.Get("http://" + addr + "/healthz")
+	if err != nil || hz.StatusCode != 200 {
+		t.Errorf("/healthz at the limit: %v %v", err, hz)
+	}
+	if hz != nil {
+		hz.Body.Close()
+	}
+
+	close(release)
+	select {
+	case r := <-first:
+		if r.err != nil || r.resp.StatusCode != 200 {
+			t.Fatalf("the request being served: %v %v %s", r.err, r.resp, r.body)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the request being served did not complete")
+	}
+	if resp, body, err := post(); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after the first completed: %v %v %s", err, resp, body)
+	}
+}
+
+// TestMaxConnections: past --max-connections a new connection is not
+// served until one closes, while the requests on the open ones complete.
+func TestMaxConnections(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: one\n\n")
+		w.(http.Flusher).Flush()
+		close(started)
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
+	}, func(c *Config) { c.MaxConnections = 2 })
+	get := func(c net.Conn, r *bufio.Reader) (*http.Response, error) {
+		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n"); err != nil {
+			return nil, err
+		}
+		resp, err := http.ReadResponse(r, nil)
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+		}
+		return resp, err
+	}
+
+	// A: a stream in flight.
+	a := dial(t, addr)
+	fmt.Fprintf(a, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(completion), completion)
+	ar := bufio.NewReader(a)
+	aResp, err := http.ReadResponse(ar, nil)
+	if err != nil {
+		t.Fatalf("stream on A: %v", err)
+	}
+	<-started
+	// B: served, then idle.
+	b := dial(t, addr)
+	if resp, err := get(b, bufio.NewReader(b)); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("B: %v %v", err, resp)
+	}
+	// C: beyond the cap, not served while A and B are open.
+	c := dial(t, addr)
+	cr := bufio.NewReader(c)
+	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	if resp, err := get(c, cr); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("C, a third connection with a cap of 2, was answered: %v %v", resp, err)
+	}
+	b.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(cr, nil) // the request C sent before
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("C after B closed: %v %v", err, resp)
+	}
+	io.ReadAll(resp.Body)
+
+	// A's stream completes.
+	close(release)
+	body, err := io.ReadAll(aResp.Body)
+	if err != nil || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
+		t.Fatalf("A's stream: %q %v", body, err)
+	}
+}
+
+// TestLimitListenerClose: Close ends an Accept waiting for room, so a
+// router full of connections still shuts down.
+func TestLimitListenerClose(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := newLimitListener(inner, 1)
+	dial(t, inner.Addr().String())
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	accepted := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept() // no room: waits
+		if err == nil {
+			c.Close()
+		}
+		accepted <- err
+	}()
+	ln.Close()
+	select {
+	case err := <-accepted:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Accept after Close = %v, want net.ErrClosed", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Accept waiting for room did not return after Close")
+	}
+}
+
+// TestConnectionTimeouts: a client trickling its headers, and a kept-alive
+// connection left idle, are closed at their timeouts rather than held.
+func TestConnectionTimeouts(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {}, func(c *Config) {
+		c.ReadHeaderTimeout = timeout
+		c.IdleTimeout = timeout
+	})
+	tests := []struct {
+		name string
+		send string // then nothing more
+		want string // the start of what the router sends before closing
+	}{
+		{"headers never end", "GET /healthz HTTP/1.1\r\nHost: r\r\nX-Slow: ", ""},
+		{"idle after a request", "GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n", "HTTP/1.1 200 OK"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := dial(t, addr) // reads fail after 10 s: the router must close first
+			start := time.Now()
+			if _, err := io.WriteString(c, tt.send); err != nil {
+				t.Fatal(err)
+			}
+			got, err := io.ReadAll(c)
+			if err != nil {
+				t.Fatalf("connection still open after %s (%v); got %q", time.Since(start), err, got)
+			}
+			if !strings.HasPrefix(string(got), tt.want) {
+				t.Fatalf("got %q, want it to start %q", got, tt.want)
+			}
+			if took := time.Since(start); took < timeout {
+				t.Fatalf("closed after %s, before the %s timeout", took, timeout)
+			}
+		})
+	}
+}
