@@ -167,25 +167,25 @@ func (c Config) Validate() error {
 		p.Add(configfile.Flag("adapter-wait"), "must be positive, got %s", c.AdapterWait)
 	}
 	if c.ReadHeaderTimeout <= 0 {
-		bad("read-header-timeout", "must be positive, got %s", c.ReadHeaderTimeout)
+		p.Add(configfile.Flag("read-header-timeout"), "must be positive, got %s", c.ReadHeaderTimeout)
 	}
 	if c.BodyTimeout <= 0 {
-		bad("body-timeout", "must be positive, got %s", c.BodyTimeout)
+		p.Add(configfile.Flag("body-timeout"), "must be positive, got %s", c.BodyTimeout)
 	}
 	if c.IdleTimeout <= 0 {
-		bad("idle-timeout", "must be positive, got %s", c.IdleTimeout)
+		p.Add(configfile.Flag("idle-timeout"), "must be positive, got %s", c.IdleTimeout)
 	}
 	if c.MaxHeaderBytes <= 0 {
-		bad("max-header-bytes", "must be positive, got %d", c.MaxHeaderBytes)
+		p.Add(configfile.Flag("max-header-bytes"), "must be positive, got %d", c.MaxHeaderBytes)
 	}
 	if c.MaxHeaderCount <= 0 {
-		bad("max-header-count", "must be positive, got %d", c.MaxHeaderCount)
+		p.Add(configfile.Flag("max-header-count"), "must be positive, got %d", c.MaxHeaderCount)
 	}
 	if c.MaxConnections <= 0 {
-		bad("max-connections", "must be positive, got %d", c.MaxConnections)
+		p.Add(configfile.Flag("max-connections"), "must be positive, got %d", c.MaxConnections)
 	}
 	if c.MaxInflight <= 0 {
-		bad("max-inflight", "must be positive, got %d", c.MaxInflight)
+		p.Add(configfile.Flag("max-inflight"), "must be positive, got %d", c.MaxInflight)
 	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
