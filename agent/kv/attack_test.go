@@ -1,0 +1,90 @@
+package kv
+
+import (
+	"encoding/binary"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/llmgw/llmgw/agent/kv/zmtp"
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// zmtpGreeting is a ZMTP 3.0 NULL-mechanism greeting, as a client sends it.
+func zmtpGreeting() []byte {
+	g := make([]byte, 64)
+	g[0], g[9], g[10], g[11] = 0xFF, 0x7F, 3, 0
+	copy(g[12:32], "NULL")
+	return g
+}
+
+// zmtpReady is a READY command frame announcing a PUB socket.
+func zmtpReady() []byte {
+	body := []byte{5}
+	body = append(body, "READY"...)
+	body = append(body, 11)
+	body = append(body, "Socket-Type"...)
+	body = binary.BigEndian.AppendUint32(body, 3)
+	body = append(body, "PUB"...)
+	return append([]byte{0x04, byte(len(body))}, body...)
+}
+
+// longHeader is a long frame's header declaring size bytes.
+func longHeader(flags byte, size uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{flags | 0x02}, size)
+}
+
+// TestListenerSurvivesHostilePeer is the attack a peer on the KV socket
+// made: it connects to the listener's endpoint (where the engine's PUB
+// connects) and sends frames that made zmq4 allocate or index from what
+// they declare. Each must cost the peer its connection and nothing more:
+// the agent stays up, counts the refusal, and an engine connecting next is
+// still mirrored.
+func TestListenerSurvivesHostilePeer(t *testing.T) {
+	huge := uint64(1) << 62 // past Go's largest allocation: makeslice panics
+	attacks := []struct {
+		name   string
+		stream [][]byte // written one packet at a time
+	}{
+		{"huge first frame", [][]byte{zmtpGreeting(), longHeader(0x04, huge)}},
+		{"huge frame after the handshake", [][]byte{zmtpGreeting(), zmtpReady(), longHeader(0, huge)}},
+		{"frame over the cap", [][]byte{zmtpGreeting(), zmtpReady(), longHeader(0, zmtp.DefaultMaxMessageBytes+1)}},
+		{"message over the cap in frames", [][]byte{zmtpGreeting(), zmtpReady(),
+			longHeader(0x01, zmtp.DefaultMaxMessageBytes/2), make([]byte, zmtp.DefaultMaxMessageBytes/2),
+			longHeader(0, zmtp.DefaultMaxMessageBytes/2+1)}},
+		// zmq4 v0.17.0 slices a metadata property's name and value length
+		// without checking they are inside the READY body.
+		{"truncated metadata", [][]byte{zmtpGreeting(), {0x04, 7, 5, 'R', 'E', 'A', 'D', 'Y', 1}}},
+		{"metadata without a value length", [][]byte{zmtpGreeting(), {0x04, 9, 5, 'R', 'E', 'A', 'D', 'Y', 1, 'a', 0}}},
+	}
+	for _, tc := range attacks {
+		t.Run(tc.name, func(t *testing.T) {
+			h := start(t, setup{enc: vllm.EncodingMap})
+			addr := strings.TrimPrefix(h.l.Endpoint(), "tcp://")
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for _, p := range tc.stream {
+				if _, err := c.Write(p); err != nil {
+					break // the agent may close on us part way
+				}
+			}
+			// The agent ends the connection: reads drain its greeting and
+			// READY, then stop.
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.Copy(io.Discard, c); err != nil {
+				t.Fatalf("the agent did not close the hostile connection: %v", err)
+			}
+			waitFor(t, "the refused frame to be counted", func() bool { return value(h.hub.metrics.framesRefused) == 1 })
+
+			// The legitimate engine's stream still arrives.
+			_, ev := h.eng.stored(nil, toks(1, 2*testBS))
+			h.eng.publish(false, ev)
+			h.converged(t)
+		})
+	}
+}
