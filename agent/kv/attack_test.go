@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/llmgw/llmgw/agent/kv/zmtp"
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -86,5 +89,88 @@ func TestListenerSurvivesHostilePeer(t *testing.T) {
 			h.eng.publish(false, ev)
 			h.converged(t)
 		})
+	}
+}
+
+// TestReplaySurvivesHostileListener is the other direction: the agent's
+// replay DEALER dials whatever listens on the engine's replay port. A
+// listener there that answers with a huge frame fails the replay (the
+// replica becomes untrusted, as for any failed replay) and nothing more.
+func TestReplaySurvivesHostileListener(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		ready := zmtpReady()
+		ready = append(ready[:len(ready)-3], "ROUTER"...)
+		ready[1], ready[len(ready)-10] = byte(len(ready)-2), 6
+		for _, p := range [][]byte{zmtpGreeting(), ready, longHeader(0, 1<<62)} {
+			if _, err := c.Write(p); err != nil {
+				return
+			}
+		}
+		_, _ = io.Copy(io.Discard, c) // until the agent hangs up
+	}()
+
+	reg := prometheus.NewRegistry()
+	hub, err := NewHub(quiet, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultListenerConfig()
+	cfg.ReplicaID, cfg.Endpoint, cfg.Topic, cfg.BlockSize = "demo-0", "tcp://127.0.0.1:0", "kv", testBS
+	cfg.ReplayEndpoint, cfg.CatchUp = "tcp://"+ln.Addr().String(), true
+	l, err := hub.Listen(cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	waitFor(t, "the failed replay to untrust the replica", func() bool {
+		_, u, _ := hub.Blocks("demo-0")
+		return u
+	})
+	if n := value(hub.metrics.framesRefused); n != 1 {
+		t.Errorf("frames refused = %v, want 1", n)
+	}
+	if n := value(hub.metrics.replays); n != 1 {
+		t.Errorf("replays = %v, want 1 (failed)", n)
+	}
+	select {
+	case <-served:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the agent did not hang up on the hostile replay listener")
+	}
+}
+
+// panicky is a socket whose Recv panics, as a zmq4 bug would.
+type panicky struct{ zmq4.Socket }
+
+func (panicky) Recv() (zmq4.Msg, error) { panic("zmq4 bug") }
+
+// TestReceiveSurvivesLibraryPanic: a panic of zmq4 on the listener's own
+// goroutine stops that listener's receiving and untrusts its replica; it
+// does not take the agent down.
+func TestReceiveSurvivesLibraryPanic(t *testing.T) {
+	hub, err := NewHub(quiet, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &Listener{cfg: DefaultListenerConfig(), log: quiet, hub: hub, sub: panicky{},
+		mirror: newMirror("demo-0", 1, testBS, "0"), msgs: make(chan zmq4.Msg, 1)}
+	hub.add(l.mirror)
+	l.wg.Add(1)
+	go l.receive(t.Context())
+	l.wg.Wait()
+	if _, u, _ := hub.Blocks("demo-0"); !u {
+		t.Error("the replica is trusted after its socket panicked")
 	}
 }
