@@ -23,14 +23,14 @@ func zmtpGreeting() []byte {
 	return g
 }
 
-// zmtpReady is a READY command frame announcing a PUB socket.
-func zmtpReady() []byte {
+// zmtpReady is a READY command frame announcing a socket of the type.
+func zmtpReady(sockType string) []byte {
 	body := []byte{5}
 	body = append(body, "READY"...)
 	body = append(body, 11)
 	body = append(body, "Socket-Type"...)
-	body = binary.BigEndian.AppendUint32(body, 3)
-	body = append(body, "PUB"...)
+	body = binary.BigEndian.AppendUint32(body, uint32(len(sockType)))
+	body = append(body, sockType...)
 	return append([]byte{0x04, byte(len(body))}, body...)
 }
 
@@ -52,9 +52,9 @@ func TestListenerSurvivesHostilePeer(t *testing.T) {
 		stream [][]byte // written one packet at a time
 	}{
 		{"huge first frame", [][]byte{zmtpGreeting(), longHeader(0x04, huge)}},
-		{"huge frame after the handshake", [][]byte{zmtpGreeting(), zmtpReady(), longHeader(0, huge)}},
-		{"frame over the cap", [][]byte{zmtpGreeting(), zmtpReady(), longHeader(0, zmtp.DefaultMaxMessageBytes+1)}},
-		{"message over the cap in frames", [][]byte{zmtpGreeting(), zmtpReady(),
+		{"huge frame after the handshake", [][]byte{zmtpGreeting(), zmtpReady("PUB"), longHeader(0, huge)}},
+		{"frame over the cap", [][]byte{zmtpGreeting(), zmtpReady("PUB"), longHeader(0, zmtp.DefaultMaxMessageBytes+1)}},
+		{"message over the cap in frames", [][]byte{zmtpGreeting(), zmtpReady("PUB"),
 			longHeader(0x01, zmtp.DefaultMaxMessageBytes/2), make([]byte, zmtp.DefaultMaxMessageBytes/2),
 			longHeader(0, zmtp.DefaultMaxMessageBytes/2+1)}},
 		// zmq4 v0.17.0 slices a metadata property's name and value length
@@ -110,10 +110,7 @@ func TestReplaySurvivesHostileListener(t *testing.T) {
 			return
 		}
 		defer c.Close()
-		ready := zmtpReady()
-		ready = append(ready[:len(ready)-3], "ROUTER"...)
-		ready[1], ready[len(ready)-10] = byte(len(ready)-2), 6
-		for _, p := range [][]byte{zmtpGreeting(), ready, longHeader(0, 1<<62)} {
+		for _, p := range [][]byte{zmtpGreeting(), zmtpReady("ROUTER"), longHeader(0, 1<<62)} {
 			if _, err := c.Write(p); err != nil {
 				return
 			}
