@@ -219,7 +219,7 @@ func (c *conn) Read(p []byte) (int, error) {
 }
 
 func (c *conn) refuse(err error) {
-	c.err = err
+	c.err = refusal{err}
 	c.once.Do(func() {
 		_ = c.Conn.Close()
 		if c.p.Refused != nil {
@@ -227,6 +227,18 @@ func (c *conn) refuse(err error) {
 		}
 	})
 }
+
+// refusal is a refusal as reads return it: a net.Error that is not a
+// timeout, which zmq4 takes as the connection closed (it then drops it from
+// the socket) rather than as a passing error.
+type refusal struct{ err error }
+
+func (r refusal) Error() string { return r.err.Error() }
+func (r refusal) Unwrap() error { return r.err }
+func (refusal) Timeout() bool   { return false }
+func (refusal) Temporary() bool { return false }
+
+var _ net.Error = refusal{}
 
 type phase int
 
