@@ -60,6 +60,8 @@ func TestListenerSurvivesHostilePeer(t *testing.T) {
 		// zmq4 v0.17.0 slices a metadata property's name and value length
 		// without checking they are inside the READY body.
 		{"truncated metadata", [][]byte{zmtpGreeting(), {0x04, 7, 5, 'R', 'E', 'A', 'D', 'Y', 1}}},
+		// zmq4 v0.17.0 panics on a socket type it does not know.
+		{"unknown socket type", [][]byte{zmtpGreeting(), zmtpReady("FOO")}},
 		{"metadata without a value length", [][]byte{zmtpGreeting(), {0x04, 9, 5, 'R', 'E', 'A', 'D', 'Y', 1, 'a', 0}}},
 	}
 	for _, tc := range attacks {

@@ -118,7 +118,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 		msgs:   make(chan zmq4.Msg, cfg.QueueSize), cancel: cancel,
 	}
 	l.zlog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
-	ctx = zmtp.WithPolicy(ctx, l.policy())
+	ctx = zmtp.WithPolicy(ctx, l.policy(zmq4.Pub, zmq4.XPub))
 	l.sub = zmq4.NewSub(ctx, zmq4.WithLogger(l.zlog))
 	if err := l.sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
 		cancel()
@@ -187,8 +187,8 @@ func (l *Listener) Close() {
 // policy is the limits on the peers of the listener's sockets: the engine,
 // or whatever else connects to the SUB's port or listens on the replay
 // port (design §6: both stay on loopback, which bounds who, not what).
-func (l *Listener) policy() zmtp.Policy {
-	return zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, Refused: func(remote net.Addr, err error) {
+func (l *Listener) policy(peers ...zmq4.SocketType) zmtp.Policy {
+	return zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Refused: func(remote net.Addr, err error) {
 		l.hub.metrics.framesRefused.Inc()
 		l.log.Warn("kv socket: peer refused, connection closed", "remote", remote.String(), "err", err)
 	}}
@@ -405,7 +405,7 @@ var errReplayTimeout = errors.New("no reply in time")
 // fetchReplay runs one replay request through a fresh DEALER socket and
 // returns the batches replied before the end marker.
 func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayReply, error) {
-	rctx, cancel := context.WithCancel(zmtp.WithPolicy(ctx, l.policy()))
+	rctx, cancel := context.WithCancel(zmtp.WithPolicy(ctx, l.policy(zmq4.Router, zmq4.Dealer, zmq4.Rep)))
 	defer cancel()
 	idle := time.AfterFunc(l.cfg.ReplayTimeout, cancel)
 	defer idle.Stop()

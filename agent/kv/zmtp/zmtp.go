@@ -13,7 +13,8 @@
 // has read the offending header, when
 //   - the greeting is not a ZMTP 3.x NULL-mechanism greeting,
 //   - the first frame is not a well-formed READY command (every metadata
-//     property inside its body), or the handshake takes too long,
+//     property inside its body, one Socket-Type of a known socket type:
+//     zmq4 panics on an unknown one), or the handshake takes too long,
 //   - a frame's declared length, or a multipart message's running total,
 //     exceeds the cap, or a message has more frames than any socket here
 //     sends.
@@ -28,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -70,6 +72,10 @@ type Policy struct {
 	// HandshakeTimeout bounds the peer's greeting and READY; 0 means
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// PeerTypes, if set, are the socket types the peer may announce; a
+	// peer announcing another is refused (zmq4 would refuse it too, but
+	// without closing the connection). Any known type passes if empty.
+	PeerTypes []zmq4.SocketType
 	// Refused, if set, is called once per refused connection with the
 	// peer's address and the reason (wrapping ErrRefused), so the caller
 	// can count and log it. It runs on zmq4's goroutine: keep it short.
@@ -161,7 +167,7 @@ func (l *listener) Accept() (net.Conn, error) {
 // on, so that its reads deliver only what p allows.
 func Guard(c net.Conn, p Policy) net.Conn {
 	p = p.withDefaults()
-	g := &conn{Conn: c, p: p, g: newGuard(p.MaxMessageBytes)}
+	g := &conn{Conn: c, p: p, g: newGuard(p.MaxMessageBytes, p.PeerTypes)}
 	_ = c.SetReadDeadline(time.Now().Add(p.HandshakeTimeout))
 	return g
 }
@@ -263,6 +269,7 @@ const (
 // moment it is complete.
 type guard struct {
 	max   uint64
+	peers []zmq4.SocketType
 	phase phase
 	held  []byte // greeting or READY frame, until checked
 	emit  []byte // feed's output when it is not a slice of its input
@@ -274,7 +281,17 @@ type guard struct {
 	msgFrame int
 }
 
-func newGuard(max uint64) *guard { return &guard{max: max} }
+func newGuard(max uint64, peers []zmq4.SocketType) *guard {
+	if len(peers) == 0 {
+		peers = knownTypes
+	}
+	return &guard{max: max, peers: peers}
+}
+
+// knownTypes are the socket types zmq4 knows: SocketType.IsCompatible
+// panics on any other.
+var knownTypes = []zmq4.SocketType{zmq4.Pair, zmq4.Pub, zmq4.Sub, zmq4.Req, zmq4.Rep, zmq4.Dealer,
+	zmq4.Router, zmq4.Pull, zmq4.Push, zmq4.XPub, zmq4.XSub}
 
 func (g *guard) handshakeDone() bool { return g.phase == phaseFrames }
 
@@ -381,7 +398,7 @@ func (g *guard) handshake(b []byte, i int) (int, error) {
 			g.held = append(g.held, b[i:i+int(k)]...)
 			i += int(k)
 		}
-		if err := checkReady(g.held); err != nil {
+		if err := checkReady(g.held, g.peers); err != nil {
 			return i, err
 		}
 	}
@@ -433,10 +450,16 @@ func readyWant(f []byte) (uint64, error) {
 	return uint64(hl) + n, nil
 }
 
-// checkReady checks the READY command in frame f: its name, and that every
+// checkReady checks the READY command in frame f: its name, that every
 // metadata property (name length, name, 4-byte value length, value) lies
-// inside the body, as zmq4's parser assumes without checking.
-func checkReady(f []byte) error {
+// inside the body, as zmq4's parser assumes without checking, and that it
+// announces one of the peer types.
+//
+// zmq4 title-cases property names and takes the last "Socket-Type"; a name
+// it could map there folds to "socket-type", so exactly one name folding to
+// it, spelt "Socket-Type" (as libzmq and zmq4 send it), leaves no doubt
+// which value zmq4 will use.
+func checkReady(f []byte, peers []zmq4.SocketType) error {
 	body := f[2:]
 	if f[0]&flagLong != 0 {
 		body = f[9:]
@@ -444,17 +467,31 @@ func checkReady(f []byte) error {
 	if len(body) == 0 || int(body[0]) > len(body)-1 || string(body[1:1+int(body[0])]) != "READY" {
 		return fmt.Errorf("%w: the handshake's first command is not READY", ErrRefused)
 	}
+	var types []string
 	for p := body[1+int(body[0]):]; len(p) > 0; {
 		k := int(p[0])
 		if len(p) < 1+k+4 {
 			return fmt.Errorf("%w: READY metadata property truncated", ErrRefused)
 		}
+		name := string(p[1 : 1+k])
 		v := uint64(p[1+k])<<24 | uint64(p[2+k])<<16 | uint64(p[3+k])<<8 | uint64(p[4+k])
 		p = p[1+k+4:]
 		if v > uint64(len(p)) {
 			return fmt.Errorf("%w: READY metadata value of %d bytes with %d left", ErrRefused, v, len(p))
 		}
+		if strings.EqualFold(name, "socket-type") {
+			if name != "Socket-Type" {
+				return fmt.Errorf("%w: READY metadata property %q", ErrRefused, name)
+			}
+			types = append(types, string(p[:v]))
+		}
 		p = p[v:]
+	}
+	if len(types) != 1 {
+		return fmt.Errorf("%w: READY metadata with %d socket types", ErrRefused, len(types))
+	}
+	if !slices.Contains(peers, zmq4.SocketType(types[0])) {
+		return fmt.Errorf("%w: peer socket type %q", ErrRefused, types[0])
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 // run feeds in to a guard in reads of at most chunk bytes and returns what
 // it delivered and the refusal, if any.
 func run(max uint64, in []byte, chunk int) ([]byte, error) {
-	g := newGuard(max)
+	g := newGuard(max, nil)
 	var out []byte
 	for len(in) > 0 {
 		k := min(chunk, len(in))
@@ -99,6 +99,10 @@ func TestGuard(t *testing.T) {
 		{"name past the body", cat(greeting(), frame(0x04, []byte{9, 'R'})), 64, "not READY"},
 		{"truncated property name", cat(greeting(), frame(0x04, append(append([]byte{5}, "READY"...), 1))), 64, "truncated"},
 		{"no value length", cat(greeting(), frame(0x04, append(append([]byte{5}, "READY"...), 1, 'a', 0))), 64, "truncated"},
+		{"no socket type", cat(greeting(), ready("Identity", "x")), 64, "0 socket types"},
+		{"unknown socket type", cat(greeting(), ready("Socket-Type", "FOO")), 64, "socket type \"FOO\""},
+		{"two socket types", cat(greeting(), ready("Socket-Type", "PUB", "Socket-Type", "FOO")), 64, "2 socket types"},
+		{"socket type spelt otherwise", cat(greeting(), ready("socket-type", "PUB")), 64, "property"},
 		{"value past the body", cat(greeting(), frame(0x04, append(append([]byte{5}, "READY"...), 1, 'a', 0, 0, 0, 9, 'x'))), 64, "value of 9"},
 	}
 	for _, tc := range tests {
@@ -131,17 +135,32 @@ func pipeEnds(t *testing.T) (net.Conn, net.Conn) {
 	return a, b
 }
 
+func TestGuardPeerTypes(t *testing.T) {
+	for _, tc := range []struct {
+		announce string
+		ok       bool
+	}{{"PUB", true}, {"XPUB", true}, {"REQ", false}, {"PUSH", false}} {
+		g := newGuard(100, []zmq4.SocketType{zmq4.Pub, zmq4.XPub})
+		_, err := g.feed(cat(greeting(), ready("Socket-Type", tc.announce)))
+		if (err == nil) != tc.ok {
+			t.Errorf("a %s peer: err %v, want ok=%v", tc.announce, err, tc.ok)
+		}
+	}
+}
+
 func TestConnRefusalClosesAndReports(t *testing.T) {
 	near, peer := pipeEnds(t)
 	reported := make(chan error, 2)
 	c := Guard(near, Policy{MaxMessageBytes: 100, Refused: func(_ net.Addr, err error) { reported <- err }})
-	go func() { _, _ = peer.Write(cat(greeting(), ready(), frame(0, []byte("ok")), long(0, 101))) }()
+	go func() {
+		_, _ = peer.Write(cat(greeting(), ready("Socket-Type", "PUB"), frame(0, []byte("ok")), long(0, 101)))
+	}()
 	got, err := io.ReadAll(c)
 	var ne net.Error
 	if !errors.Is(err, ErrRefused) || !errors.As(err, &ne) || ne.Timeout() {
 		t.Fatalf("read error %v, want a refusal that is a non-timeout net.Error", err)
 	}
-	if want := cat(greeting(), ready(), frame(0, []byte("ok")), long(0, 101)[:8]); !bytes.Equal(got, want) {
+	if want := cat(greeting(), ready("Socket-Type", "PUB"), frame(0, []byte("ok")), long(0, 101)[:8]); !bytes.Equal(got, want) {
 		t.Errorf("delivered %q, want %q", got, want)
 	}
 	select {
@@ -192,8 +211,8 @@ func TestConnNoDeadlineAfterHandshake(t *testing.T) {
 	near, peer := pipeEnds(t)
 	rec := &deadlines{Conn: near}
 	c := Guard(rec, Policy{HandshakeTimeout: time.Minute})
-	go func() { _, _ = peer.Write(cat(greeting(), ready(), frame(0, []byte("x")))) }()
-	want := cat(greeting(), ready(), frame(0, []byte("x")))
+	go func() { _, _ = peer.Write(cat(greeting(), ready("Socket-Type", "PUB"), frame(0, []byte("x")))) }()
+	want := cat(greeting(), ready("Socket-Type", "PUB"), frame(0, []byte("x")))
 	got := make([]byte, len(want))
 	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read %q, %v; want %q", got, err, want)
@@ -290,6 +309,8 @@ func FuzzZMTPFrames(f *testing.F) {
 		cat(greeting(), frame(0x04, append(append([]byte{5}, "READY"...), 1, 'a', 0))),
 		cat(greeting(), frame(0x04, append(append([]byte{5}, "READY"...), 1, 'a', 0, 0, 0, 9, 'x'))),
 		cat(greeting(), ready("Socket-Type", "ROUTER", "Identity", "x"), frame(0, nil)),
+		cat(greeting(), ready("Socket-Type", "FOO")),
+		cat(greeting(), ready("sOCKET-tYPE", "PUB")),
 	} {
 		f.Add(s, uint8(7))
 	}
