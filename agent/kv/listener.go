@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/llmgw/llmgw/agent/kv/zmtp"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -46,12 +47,17 @@ type ListenerConfig struct {
 	CatchUp bool
 	// QueueSize bounds the messages waiting while a replay runs.
 	QueueSize int
+	// MaxMessageBytes caps what a peer of either socket may declare: each
+	// frame's length and a message's total. A peer that declares more
+	// loses its connection before zmq4 allocates anything (package zmtp).
+	MaxMessageBytes uint64
 }
 
 // DefaultListenerConfig has vLLM's defaults (topic "", block size 16) and
 // the agent's timings; the caller sets the replica and endpoints.
 func DefaultListenerConfig() ListenerConfig {
-	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, QueueSize: 4096}
+	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, QueueSize: 4096,
+		MaxMessageBytes: zmtp.DefaultMaxMessageBytes}
 }
 
 // Validate reports the first bad field by its name.
@@ -69,6 +75,8 @@ func (c ListenerConfig) Validate() error {
 		return errors.New("kv listener: replay_timeout: must be positive")
 	case c.QueueSize <= 0:
 		return errors.New("kv listener: queue_size: must be at least 1")
+	case c.MaxMessageBytes == 0:
+		return errors.New("kv listener: max_message_bytes: must be at least 1")
 	}
 	return nil
 }
@@ -110,6 +118,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 		msgs:   make(chan zmq4.Msg, cfg.QueueSize), cancel: cancel,
 	}
 	l.zlog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
+	ctx = zmtp.WithPolicy(ctx, l.policy(zmq4.Pub, zmq4.XPub))
 	l.sub = zmq4.NewSub(ctx, zmq4.WithLogger(l.zlog))
 	if err := l.sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
 		cancel()
@@ -117,7 +126,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 		h.metrics.listenFailures.Inc()
 		return nil, fmt.Errorf("kv listener: subscribe: %w", err)
 	}
-	if err := l.sub.Listen(cfg.Endpoint); err != nil {
+	if err := l.sub.Listen(zmtp.Endpoint(cfg.Endpoint)); err != nil {
 		cancel()
 		_ = l.sub.Close()
 		h.metrics.listenFailures.Inc()
@@ -175,11 +184,47 @@ func (l *Listener) Close() {
 	})
 }
 
+// policy is the limits on the peers of the listener's sockets: the engine,
+// or whatever else connects to the SUB's port or listens on the replay
+// port (design §6: both stay on loopback, which bounds who, not what).
+func (l *Listener) policy(peers ...zmq4.SocketType) zmtp.Policy {
+	return zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Refused: func(remote net.Addr, err error) {
+		l.hub.metrics.framesRefused.Inc()
+		l.log.Warn("kv socket: peer refused, connection closed", "remote", remote.String(), "err", err)
+	}}
+}
+
+// errLibraryPanic marks a panic of zmq4 caught on a goroutine of ours.
+var errLibraryPanic = errors.New("zmq4 panicked")
+
+// safely runs a zmq4 call on this goroutine with a panic turned into an
+// error: zmq4's own goroutines are out of reach (package zmtp keeps the
+// peer's bytes from them), but the calls the listener makes are not.
+func safely(f func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", errLibraryPanic, r)
+		}
+	}()
+	return f()
+}
+
 func (l *Listener) receive(ctx context.Context) {
 	defer l.wg.Done()
 	for {
-		msg, err := l.sub.Recv()
+		var msg zmq4.Msg
+		err := safely(func() (err error) { msg, err = l.sub.Recv(); return err })
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, errLibraryPanic) {
+			// The socket's state is unknown now: stop receiving rather
+			// than panic again on every call. The replica is served by
+			// tier 1 until its listener is made anew.
+			l.mirror.mu.Lock()
+			l.untrustLocked("kv socket failed", "err", err)
+			l.mirror.mu.Unlock()
+			l.log.Error("kv events: receiving stopped", "err", err)
 			return
 		}
 		if err != nil {
@@ -360,7 +405,7 @@ var errReplayTimeout = errors.New("no reply in time")
 // fetchReplay runs one replay request through a fresh DEALER socket and
 // returns the batches replied before the end marker.
 func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayReply, error) {
-	rctx, cancel := context.WithCancel(ctx)
+	rctx, cancel := context.WithCancel(zmtp.WithPolicy(ctx, l.policy(zmq4.Router, zmq4.Dealer, zmq4.Rep)))
 	defer cancel()
 	idle := time.AfterFunc(l.cfg.ReplayTimeout, cancel)
 	defer idle.Stop()
@@ -373,15 +418,16 @@ func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayR
 		}
 		return fmt.Errorf("replay from %s: %w", l.cfg.ReplayEndpoint, err)
 	}
-	if err := d.Dial(l.cfg.ReplayEndpoint); err != nil {
+	if err := safely(func() error { return d.Dial(zmtp.Endpoint(l.cfg.ReplayEndpoint)) }); err != nil {
 		return nil, timedOut(err)
 	}
-	if err := d.SendMulti(zmq4.NewMsgFrom(vllm.ReplayRequestFrames(from)...)); err != nil {
+	if err := safely(func() error { return d.SendMulti(zmq4.NewMsgFrom(vllm.ReplayRequestFrames(from)...)) }); err != nil {
 		return nil, timedOut(err)
 	}
 	var out []vllm.ReplayReply
 	for {
-		msg, err := d.Recv()
+		var msg zmq4.Msg
+		err := safely(func() (err error) { msg, err = d.Recv(); return err })
 		if err != nil {
 			return nil, timedOut(err)
 		}

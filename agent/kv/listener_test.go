@@ -429,6 +429,7 @@ func TestListenerConfigValidate(t *testing.T) {
 		{"block size", func(c *ListenerConfig) { c.BlockSize = 0 }, "block_size"},
 		{"timeout", func(c *ListenerConfig) { c.ReplayTimeout = 0 }, "replay_timeout"},
 		{"queue", func(c *ListenerConfig) { c.QueueSize = 0 }, "queue_size"},
+		{"message cap", func(c *ListenerConfig) { c.MaxMessageBytes = 0 }, "max_message_bytes"},
 	}
 	for _, tc := range tests {
 		c := ok

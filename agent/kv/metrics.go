@@ -14,6 +14,7 @@ type metrics struct {
 	resets         *prometheus.CounterVec
 	mismatches     prometheus.Counter
 	listenFailures prometheus.Counter
+	framesRefused  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
@@ -35,6 +36,8 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 			Help: "Blocks whose engine hash differs from the one derived from their tokens (an engine hashing another way)."}),
 		listenFailures: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_listen_failures_total",
 			Help: "KV-event sockets that could not be bound; those engines run without events."}),
+		framesRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_frames_refused_total",
+			Help: "ZMTP frames refused on KV-event and replay sockets (over the size cap, or a malformed handshake); each closed its connection."}),
 	}
 	blocks := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmgw_agent_kv_blocks",
 		Help: "Distinct KV-cache blocks held in the mirrors of this node's engines."},
@@ -43,7 +46,7 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 		Help: "Replicas whose KV state is untrusted after a gap replay could not close."},
 		func() float64 { _, u := h.totals(); return float64(u) })
 	for _, c := range []prometheus.Collector{m.events, m.batches, m.badBatches, m.gaps, m.replays, m.resets,
-		m.mismatches, m.listenFailures, blocks, untrusted} {
+		m.mismatches, m.listenFailures, m.framesRefused, blocks, untrusted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
