@@ -121,18 +121,20 @@ func (s *controlServer) stop() {
 		return
 	}
 	_ = s.cmd.Process.Signal(os.Interrupt)
+	grace := within(20 * time.Second)
 	select {
 	case <-s.done:
-	case <-time.After(20 * time.Second):
-		s.t.Errorf("%s did not stop within 20s of SIGINT", s.id)
+	case <-time.After(grace):
+		s.t.Errorf("%s did not stop within %v of SIGINT", s.id, grace)
 		_ = s.cmd.Process.Kill()
 		<-s.done
 	}
 	s.cmd = nil
 }
 
-// exited waits up to timeout for the process to end by itself and returns
-// its error (nil for exit status 0); ok is false if it is still running.
+// exited waits up to within(timeout) for the process to end by itself and
+// returns its error (nil for exit status 0); ok is false if it is still
+// running.
 func (s *controlServer) exited(timeout time.Duration) (err error, ok bool) {
 	if s.cmd == nil {
 		return nil, true
@@ -141,7 +143,7 @@ func (s *controlServer) exited(timeout time.Duration) (err error, ok bool) {
 	case err = <-s.done:
 		s.cmd = nil
 		return err, true
-	case <-time.After(timeout):
+	case <-time.After(within(timeout)):
 		return nil, false
 	}
 }
@@ -157,7 +159,7 @@ func (s *controlServer) ctl(args ...string) (string, error) {
 }
 
 func ctlAt(addr string, args ...string) (string, error) {
-	cmd := exec.Command(bins.llmgwctl, append([]string{"--addr", addr, "--timeout", "15s"}, args...)...)
+	cmd := exec.Command(bins.llmgwctl, append([]string{"--addr", addr, "--timeout", within(15 * time.Second).String()}, args...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		var ee *exec.ExitError
@@ -314,7 +316,7 @@ func (c *cluster) waitLeader(among []*controlServer, timeout time.Duration) *con
 		return slices.ContainsFunc(among, func(s *controlServer) bool { return s.id == leader })
 	})
 	if !ok {
-		c.t.Fatalf("no agreed leader within %v: %s", timeout, strings.Join(last, "; "))
+		c.t.Fatalf("no agreed leader within %v: %s", within(timeout), strings.Join(last, "; "))
 	}
 	return c.server(leader)
 }
@@ -351,9 +353,38 @@ func (c *cluster) waitPeers(among []*controlServer, wantVoters []string, timeout
 		return true
 	})
 	if !ok {
-		c.t.Fatalf("peers are not the voters %v within %v: %s", want, timeout, why)
+		c.t.Fatalf("peers are not the voters %v within %v: %s", want, within(timeout), why)
 	}
 	return got
+}
+
+// neverPeer checks, for within(d), that no server in among lists id as a
+// Raft peer: what it takes to show a thing does not happen is the time it
+// would take to happen (gossip adds a member it sees within a few rounds),
+// so this watches that long, sampling every 100 ms. Failed reads are
+// skipped, but some must succeed.
+func (c *cluster) neverPeer(among []*controlServer, id string, d time.Duration) {
+	c.t.Helper()
+	read := 0
+	var lastErr error
+	end := time.Now().Add(within(d))
+	for time.Now().Before(end) {
+		for _, s := range among {
+			p, err := s.peers()
+			if err != nil {
+				lastErr = err
+				continue
+			}
+			read++
+			if slices.ContainsFunc(p, func(x peerView) bool { return x.ID == id }) {
+				c.t.Fatalf("%s lists %s as a Raft peer again: %+v", s.id, id, p)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if read == 0 {
+		c.t.Fatalf("could not read the peers of %v for %v to see that %s stays out: %v", ids(among), within(d), id, lastErr)
+	}
 }
 
 func ids(list []*controlServer) []string {
@@ -388,7 +419,7 @@ func admin(t *testing.T, addr string) (llmgwv1.AdminServiceClient, func()) {
 // writeModel commits one change: model w<i mod 20>, whose replica count
 // alternates every 20 writes so each write is a real change.
 func writeModel(ctx context.Context, a llmgwv1.AdminServiceClient, i int) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, within(10*time.Second))
 	defer cancel()
 	_, err := a.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{
 		Name: fmt.Sprintf("w%d", i%20), Engine: "sim", Model: "llmgw/writer",

@@ -120,9 +120,12 @@ func TestClusterGrowShrink(t *testing.T) {
 	c.waitPeers(rest, ids(rest), formTimeout)
 	// A few more writes after the change, then stop the writer.
 	base := writes.Load()
-	eventually(10*time.Second, func() bool { return writes.Load() >= base+10 })
+	more := eventually(10*time.Second, func() bool { return writes.Load() >= base+10 })
 	cancel()
 	wg.Wait()
+	if !more {
+		t.Errorf("%d writes committed within %v after the new leader, want 10", writes.Load()-base, within(10*time.Second))
+	}
 	if n := failures.Load(); n > 0 {
 		t.Errorf("%d of %d writes failed during the leave; first: %v", n, n+writes.Load(), firstErr.Load())
 	}
@@ -134,13 +137,8 @@ func TestClusterGrowShrink(t *testing.T) {
 	if err, ok := leader.exited(0); ok {
 		t.Logf("%s exited after leaving (%v)", leader.id, err)
 	}
-	time.Sleep(3 * time.Second)
-	peers := c.waitPeers(rest, ids(rest), 5*time.Second)
-	for _, p := range peers {
-		if p.ID == leader.id {
-			t.Errorf("%s is back in the Raft configuration: %+v", leader.id, peers)
-		}
-	}
+	c.neverPeer(rest, leader.id, 3*time.Second)
+	c.waitPeers(rest, ids(rest), 5*time.Second)
 }
 
 // TestRemoveDeadPeer: a killed server is removed with `raft remove-peer`;
@@ -163,7 +161,12 @@ func TestRemoveDeadPeer(t *testing.T) {
 	c.waitPeers(rest, ids(rest), 10*time.Second)
 
 	dead.start()
-	time.Sleep(5 * time.Second)
+	// Once it answers, it gossips; then it has the time it would take to
+	// be added back.
+	if err := eventuallyErr(20*time.Second, func() error { _, err := dead.status(); return err }); err != nil {
+		t.Fatalf("restarted %s does not answer within %v: %v", dead.id, within(20*time.Second), err)
+	}
+	c.neverPeer(rest, dead.id, 5*time.Second)
 	c.waitPeers(rest, ids(rest), 5*time.Second)
 }
 

@@ -25,7 +25,7 @@ import (
 func TestDevServesOpenAI(t *testing.T) {
 	d := startDev(t)
 	client := openai.NewClient(option.WithBaseURL("http://"+d.http+"/v1"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), within(60*time.Second))
 	defer cancel()
 
 	t.Run("chat completion", func(t *testing.T) {
@@ -165,7 +165,10 @@ func TestEngineKilledUnderTraffic(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(500 * time.Millisecond)
+	// Traffic before the kill.
+	if !eventually(10*time.Second, func() bool { return sent.Load() >= 10 }) {
+		t.Fatalf("only %d requests answered within %v before the kill", sent.Load(), within(10*time.Second))
+	}
 	if err := syscall.Kill(victim.Status.PID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill engine %d: %v", victim.Status.PID, err)
 	}
@@ -177,11 +180,16 @@ func TestEngineKilledUnderTraffic(t *testing.T) {
 		}
 		return false
 	})
-	time.Sleep(500 * time.Millisecond) // traffic over the restarted replica too
+	// Traffic over the restarted replica too.
+	base := sent.Load()
+	more := restarted && eventually(10*time.Second, func() bool { return sent.Load() >= base+10 })
 	close(stop)
 	wg.Wait()
 	if !restarted {
-		t.Fatalf("replica %s was not restarted as a new incarnation", victim.Replica.ID)
+		t.Fatalf("replica %s was not restarted as a new incarnation within %v", victim.Replica.ID, within(60*time.Second))
+	}
+	if !more {
+		t.Fatalf("only %d requests answered within %v after the restart", sent.Load()-base, within(10*time.Second))
 	}
 	if n := failed.Load(); n > 0 {
 		t.Fatalf("%d of %d requests failed while an engine was killed; first: %v", n, sent.Load(), firstErr.Load())

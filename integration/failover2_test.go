@@ -67,12 +67,15 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 	samples := sampleRevision(r.http, 15*time.Millisecond)
 	l := startLoad("chat", 2, r)
 	w := startWriter(t, writeVia.grpc)
-	time.Sleep(time.Second)
+	l.carry(t, time.Second, 20, "before the kill")
+	if !eventually(10*time.Second, func() bool { return w.count() >= 5 }) {
+		t.Fatalf("the writer committed %d changes before the kill within %v, want 5", w.count(), within(10*time.Second))
+	}
 	killed := time.Now()
 	target.kill()
 	// Writes go on through the new leader's term for 2 s or more, then stop.
 	if !eventually(30*time.Second, func() bool { return time.Since(killed) > 2*time.Second && w.doneSince(killed) >= 20 }) {
-		t.Fatalf("the writer committed %d changes after the kill within 30s", w.doneSince(killed))
+		t.Fatalf("the writer committed %d changes after the kill within %v, want 20", w.doneSince(killed), within(30*time.Second))
 	}
 	lastRev := w.stop()
 	live := without(c.servers, target)
@@ -86,7 +89,12 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 		return want != nil && slices.Equal(want, got) && uint64(rev) >= lastRev
 	}) {
 		rev, _ := metric(r.http, "llmgw_router_watch_revision")
-		t.Fatalf("router models %v at revision %v; cluster %v, last write at revision %d", got, rev, want, lastRev)
+		t.Fatalf("router models %v at revision %v within %v; cluster %v, last write at revision %d", got, rev, within(30*time.Second), want, lastRev)
+	}
+	// Enough samples to have watched the router move, however slowly a
+	// loaded machine scrapes.
+	if !eventually(30*time.Second, func() bool { return samples.count() >= 50 }) {
+		t.Errorf("only %d revision samples within %v", samples.count(), within(30*time.Second))
 	}
 	revs := samples.stop()
 	for i := 1; i < len(revs); i++ {
@@ -173,6 +181,7 @@ func lastWatchOpen(r *controlServer) time.Time {
 type revisionSampler struct {
 	stopc chan struct{}
 	done  chan []float64
+	n     atomic.Int64 // samples so far
 }
 
 func sampleRevision(addr string, every time.Duration) *revisionSampler {
@@ -189,12 +198,16 @@ func sampleRevision(addr string, every time.Duration) *revisionSampler {
 			case <-tick.C:
 				if v, ok := metric(addr, "llmgw_router_watch_revision"); ok {
 					revs = append(revs, v)
+					s.n.Add(1)
 				}
 			}
 		}
 	}()
 	return s
 }
+
+// count is how many samples were taken so far.
+func (s *revisionSampler) count() int64 { return s.n.Load() }
 
 // stop ends the sampling and returns the samples in order (at least one).
 func (s *revisionSampler) stop() []float64 {
@@ -250,7 +263,7 @@ func startWriter(t *testing.T, addr string) *writer {
 }
 
 func writeOrDelete(ctx context.Context, a llmgwv1.AdminServiceClient, i int) (uint64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, within(10*time.Second))
 	defer cancel()
 	name := fmt.Sprintf("f%d", i%5)
 	if (i/5)%2 == 0 {
@@ -396,19 +409,20 @@ func answeringReplicas(t *testing.T, addr, model string, want map[string]bool, m
 // and a router on each side routes every request through the partition
 // and after it heals.
 //
-// The servers run on 127.0.0.11-13. The cut is made by process, not by
-// address: a connection dialled to 127.0.0.x leaves with source 127.0.0.1
-// (the preferred source of the local 127.0.0.0/8 route), so a rule like
-// `-s 127.0.0.13 -d 127.0.0.11` would catch memberlist's UDP (sent from
-// its bound socket) but not Raft's or memberlist's TCP dials. Each server
-// runs as root with a group id of its own, and iptables' owner match on
+// The servers run on 127.X.Y.11-13 (partitionHosts). The cut is made by
+// process, not by address: a connection dialled to 127.X.Y.z leaves with
+// source 127.0.0.1 (the preferred source of the local 127.0.0.0/8 route),
+// so a rule like `-s 127.X.Y.13 -d 127.X.Y.11` would catch memberlist's
+// UDP (sent from its bound socket) but not Raft's or memberlist's TCP
+// dials. Each server runs as root with a group id of its own (serverGID,
+// unique to this run like the addresses), and iptables' owner match on
 // OUTPUT (lo) drops what the cut server sends to the others' addresses
 // and what they send to its address. The agent, the routers, llmgwctl and
 // the engines keep group 0 and reach every server: only server-to-server
 // traffic is cut, as in a partition between control nodes' racks.
 func TestFailoverPartitionAgentServer(t *testing.T) {
 	iptablesOrSkip(t)
-	hosts := []string{"127.0.0.11", "127.0.0.12", "127.0.0.13"}
+	hosts := partitionHosts()
 	for _, h := range hosts {
 		l, err := net.Listen("tcp", h+":0")
 		if err != nil {
@@ -419,7 +433,7 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 	c := startClusterOn(t, hosts)
 	c.waitLeader(c.servers, formTimeout)
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
-	minority := c.servers[2] // 127.0.0.13
+	minority := c.servers[2] // 127.X.Y.13
 	majority := without(c.servers, minority)
 	if ld := c.waitLeader(c.servers, formTimeout); ld == minority {
 		if _, err := minority.ctl("raft", "transfer-leadership", "--to", majority[0].id); err != nil {
@@ -448,7 +462,7 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 	}
 
 	l := startLoad("chat", 2, routers...)
-	time.Sleep(time.Second)
+	l.carry(t, time.Second, 20, "before the cut")
 	sessions, _ := metric(agent.http, "llmgw_agent_sessions_total")
 	p := cut(t, c, minority)
 	var moved time.Duration
@@ -461,14 +475,14 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 		}
 		return false
 	}) {
-		t.Fatalf("agent did not move to the majority within 30s of the cut; its log:\n%s", tail(agent.output(), 20))
+		t.Fatalf("agent did not move to the majority within %v of the cut; its log:\n%s", within(30*time.Second), tail(agent.output(), 20))
 	}
 	// It left because the cut server, leaderless, closed the session.
 	if !strings.Contains(agent.output(), "has had no leader") {
 		t.Errorf("the agent's session did not end for want of a leader; its log:\n%s", tail(agent.output(), 20))
 	}
 	// The partition lasts a while longer, with the agent on the majority.
-	time.Sleep(4 * time.Second)
+	l.carry(t, 4*time.Second, 100, "the partition")
 	during := waitServing(t, majority[0].grpc, "chat", 2)
 	if st, err := minority.status(); err != nil {
 		t.Logf("cluster status on the cut server %s: %v", minority.id, err)
@@ -481,7 +495,7 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 	c.waitLeader(c.servers, formTimeout)
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
 	after := waitServing(t, minority.grpc, "chat", 2, routers...)
-	time.Sleep(2 * time.Second) // traffic after the heal
+	l.carry(t, 2*time.Second, 40, "after the heal")
 	l.checkNoFailures(t, 100)
 	for name, list := range map[string][]replicaView{"during the partition": during, "after the heal": after} {
 		if d := uidDiff(before, list); d != "" {
@@ -535,9 +549,34 @@ func nodeUp(t *testing.T, addr, node string) {
 	t.Errorf("node %s is not listed: %s", node, out)
 }
 
-// serverGID is the group a server of startClusterOn runs as: 47100 plus
-// its index, so iptables can tell its packets from everyone else's.
-func serverGID(i int) uint32 { return 47100 + uint32(i) + 1 }
+// The iptables rules of a partition are the machine's, not this
+// process's: a second run of this test at the same time (another checkout's
+// `make test` on a shared CI machine) whose rules named the same groups and
+// addresses would cut this run's servers too, at a moment of its choosing
+// (seen: a server cut before the test's own cut, so the agent's hello timed
+// out and it attached elsewhere). So the groups and addresses are this
+// process's own, derived from its pid, which no other live process has.
+
+// partitionGIDBase is this run's first group id: 1,000,000 + 4·pid (pids
+// are below 2^22), with serverGID(i) = base+1+i and base itself for the
+// probe rule.
+func partitionGIDBase() uint32 { return 1_000_000 + 4*uint32(os.Getpid()) }
+
+// serverGID is the group a server of startClusterOn runs as, so iptables
+// can tell its packets from everyone else's.
+func serverGID(i int) uint32 { return partitionGIDBase() + uint32(i) + 1 }
+
+// partitionHosts are this run's three loopback addresses for the cut
+// servers, 127.X.Y.11-13 with X.Y the low 16 bits of the pid (all of
+// 127/8 is loopback on Linux).
+func partitionHosts() []string {
+	pid := os.Getpid()
+	var out []string
+	for i := 11; i <= 13; i++ {
+		out = append(out, fmt.Sprintf("127.%d.%d.%d", byte(pid>>8), byte(pid), i))
+	}
+	return out
+}
 
 // startClusterOn is startCluster with server i on hosts[i] (all its ports
 // there) and running as group serverGID(i).
@@ -629,7 +668,8 @@ func iptablesOrSkip(t *testing.T) {
 	if _, err := exec.LookPath("iptables"); err != nil {
 		t.Skip("partitioning loopback needs the iptables command (Debian package iptables)")
 	}
-	probe := []string{"OUTPUT", "-o", "lo", "-d", "127.0.0.19", "-m", "owner", "--gid-owner", "47199", "-j", "DROP"}
+	probe := []string{"OUTPUT", "-o", "lo", "-d", strings.TrimSuffix(partitionHosts()[0], ".11") + ".19",
+		"-m", "owner", "--gid-owner", strconv.Itoa(int(partitionGIDBase())), "-j", "DROP"}
 	if err := iptables("-I", probe...); err != nil {
 		t.Skipf("iptables cannot add an owner-match rule here: %v", err)
 	}
@@ -639,7 +679,9 @@ func iptablesOrSkip(t *testing.T) {
 }
 
 func iptables(op string, rule ...string) error {
-	out, err := exec.Command("iptables", append([]string{"-w", "5", op}, rule...)...).CombinedOutput()
+	// -w: wait for the xtables lock another process may hold.
+	wait := strconv.Itoa(int(within(5*time.Second) / time.Second))
+	out, err := exec.Command("iptables", append([]string{"-w", wait, op}, rule...)...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("iptables %s %s: %w: %s", op, strings.Join(rule, " "), err, strings.TrimSpace(string(out)))
 	}

@@ -148,15 +148,18 @@ func (s *rollSampler) reset() {
 
 // settle waits for two more samples, so the sampler has seen what the
 // test just saw.
-func (s *rollSampler) settle() {
+func (s *rollSampler) settle(t *testing.T) {
+	t.Helper()
 	s.mu.Lock()
 	from := s.samples
 	s.mu.Unlock()
-	eventually(10*time.Second, func() bool {
+	if !eventually(10*time.Second, func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return s.samples >= from+2
-	})
+	}) {
+		t.Fatalf("the replica sampler took no two samples within %v", within(10*time.Second))
+	}
 }
 
 func (s *rollSampler) phase() (samples, minServing, maxDraining, maxStarting int) {
@@ -216,7 +219,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 		out, err := ctlAt(via, "node", "list")
 		return err == nil && strings.Contains(out, "n2")
 	}) {
-		t.Fatal("n2 not registered within 30s")
+		t.Fatalf("n2 not registered within %v", within(30*time.Second))
 	}
 	r1 := startRouterProc(t, "r1", addrs...)
 	r2 := startRouterProc(t, "r2", addrs[2], addrs[1], addrs[0])
@@ -230,7 +233,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 	l := startLoad("chat", 2, r1, r2)
 	s := sampleRoll(via, "chat")
 	defer s.stop()
-	time.Sleep(time.Second)
+	l.carry(t, time.Second, 20, "before the drain")
 
 	// Drain n1: both replicas move to n2, one at a time.
 	drainStart := time.Now()
@@ -253,10 +256,10 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 	}
 	if !eventually(60*time.Second, moved("n2", "")) {
 		list, _ := rollReplicas(via, "chat")
-		t.Fatalf("chat not moved to n2 within 60s: %+v", list)
+		t.Fatalf("chat not moved to n2 within %v: %+v", within(60*time.Second), list)
 	}
 	drainTook := time.Since(drainStart)
-	s.settle()
+	s.settle(t)
 	samples, minServing, maxDraining, maxStarting := s.phase()
 	drainDrains := s.drains(drainStart)
 	t.Logf("node drain n1: both replicas on n2 in %s (%d samples, min serving %d, max draining %d, max starting %d); per replica (drain mark → removed): %s",
@@ -285,10 +288,10 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 	}
 	if !eventually(60*time.Second, moved("n1", oldRev)) {
 		list, _ := rollReplicas(via, "chat")
-		t.Fatalf("chat not rolled within 60s: %+v", list)
+		t.Fatalf("chat not rolled within %v: %+v", within(60*time.Second), list)
 	}
 	rollTook := time.Since(rollStart)
-	s.settle()
+	s.settle(t)
 	samples, minServing, maxDraining, maxStarting = s.phase()
 	rollDrains := s.drains(rollStart)
 	t.Logf("re-apply chat: both replicas rolled in %s (%d samples, min serving %d, max draining %d, max starting %d); per replica (drain mark → removed): %s",

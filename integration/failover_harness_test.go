@@ -162,12 +162,13 @@ func waitServing(t *testing.T, addr, model string, n int, routers ...*controlSer
 		return true
 	})
 	if !ok {
-		t.Fatalf("model %s: %d of %d replicas ready (or a router does not serve it) within 90s", model, len(ready), n)
+		t.Fatalf("model %s: %d of %d replicas ready (or a router does not serve it) within %v", model, len(ready), n, within(90*time.Second))
 	}
 	return ready
 }
 
-var chatClient = &http.Client{Timeout: 30 * time.Second}
+// chatClient's timeout is within(30s), set by TestMain.
+var chatClient = &http.Client{}
 
 func chat(addr, model string) (int, string) {
 	body := fmt.Sprintf(`{"model":%q,"messages":[{"role":"user","content":"ping"}],"max_tokens":4}`, model)
@@ -214,6 +215,25 @@ func startLoad(model string, workers int, routers ...*controlServer) *load {
 		}
 	}
 	return l
+}
+
+// answered is how many requests have been answered so far, 200 or not.
+func (l *load) answered() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.ok.Load() + int64(len(l.failed))
+}
+
+// carry holds a phase of the scenario (a fault in force, the time after
+// it) for at least hold and until the load has had n more requests
+// answered, so the phase carried traffic however slow the machine is. It
+// fails the test if those requests are not answered within(hold + 30s).
+func (l *load) carry(t *testing.T, hold time.Duration, n int64, phase string) {
+	t.Helper()
+	start, base := time.Now(), l.answered()
+	if !eventually(hold+30*time.Second, func() bool { return time.Since(start) >= hold && l.answered() >= base+n }) {
+		t.Fatalf("%s: %d requests answered within %v, want %d", phase, l.answered()-base, within(hold+30*time.Second), n)
+	}
 }
 
 // stop ends the load and returns the successes and failures.

@@ -49,7 +49,7 @@ func (f *failoverSetup) agentServer(t *testing.T) *controlServer {
 		ok, _ := metric(f.agent.http, "llmgw_agent_session_attached")
 		return s != nil && s.running() && ok == 1
 	}) {
-		t.Fatalf("agent is not attached to a live server; its log:\n%s", tail(f.agent.output(), 20))
+		t.Fatalf("agent is not attached to a live server within %v; its log:\n%s", within(20*time.Second), tail(f.agent.output(), 20))
 	}
 	return s
 }
@@ -62,14 +62,14 @@ func (f *failoverSetup) killAndTime(t *testing.T, s *controlServer) time.Duratio
 	killed := time.Now()
 	s.kill()
 	var took time.Duration
-	deadline := killed.Add(30 * time.Second)
+	limit := within(30 * time.Second)
 	for {
 		if n, ok := metric(f.agent.http, "llmgw_agent_sessions_total"); ok && n > before {
 			took = time.Since(killed)
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent did not reattach within 30s of killing %s", s.id)
+		if time.Since(killed) > limit {
+			t.Fatalf("agent did not reattach within %v of killing %s; its log:\n%s", limit, s.id, tail(f.agent.output(), 20))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -107,7 +107,7 @@ func TestFailoverLeaderKill(t *testing.T) {
 			t.Fatalf("making %s the leader: %v", target.id, err)
 		}
 		times = append(times, f.killAndTime(t, target))
-		time.Sleep(500 * time.Millisecond) // traffic through the new leader's term
+		l.carry(t, 500*time.Millisecond, 20, "the new leader's term") // traffic through it
 		target.start()
 		f.c.waitLeader(f.c.servers, formTimeout)
 		f.c.waitPeers(f.c.servers, ids(f.c.servers), formTimeout)
@@ -137,9 +137,9 @@ func TestFailoverFollowerKill(t *testing.T) {
 	r3 := startRouterProc(t, "r3", target.grpc, without(f.c.servers, target)[0].grpc)
 	waitServing(t, f.c.servers[0].grpc, "chat", 2, r3)
 	l := startLoad("chat", 2, append(f.routers, r3)...)
-	time.Sleep(time.Second)
+	l.carry(t, time.Second, 20, "before the kill")
 	took := f.killAndTime(t, target)
-	time.Sleep(2 * time.Second)
+	l.carry(t, 2*time.Second, 40, "after the kill")
 	l.checkNoFailures(t, 50)
 	t.Logf("reattach after follower kill -9: %v", took)
 }
@@ -155,18 +155,18 @@ func TestFailoverAgentRestartReadopts(t *testing.T) {
 		t.Fatalf("agent records engines %v, want 2", pids)
 	}
 	l := startLoad("chat", 2, f.routers...)
-	time.Sleep(time.Second)
+	l.carry(t, time.Second, 20, "before the agent's kill")
 	f.agent.kill()
-	time.Sleep(time.Second) // serving with no agent at all
+	l.carry(t, time.Second, 20, "with no agent running") // serving with no agent at all
 	f.agent.start()
 	if !eventually(30*time.Second, func() bool {
 		n, ok := metric(f.agent.http, "llmgw_agent_engine_adoptions_total")
 		return ok && n == 2
 	}) {
-		t.Fatalf("agent did not re-adopt 2 engines; its log:\n%s", tail(f.agent.output(), 30))
+		t.Fatalf("agent did not re-adopt 2 engines within %v; its log:\n%s", within(30*time.Second), tail(f.agent.output(), 30))
 	}
 	after := waitServing(t, f.c.servers[0].grpc, "chat", 2)
-	time.Sleep(2 * time.Second)
+	l.carry(t, 2*time.Second, 40, "after the agent's restart")
 	l.checkNoFailures(t, 50)
 	if got := recordedEngines(f.agent); !slices.Equal(got, pids) {
 		t.Errorf("engine pids %v after the restart, want the same %v", got, pids)

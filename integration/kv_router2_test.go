@@ -103,7 +103,7 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 			a, _ := metric(agent.http, "llmgw_agent_session_attached")
 			return ok && n == 2 && a == 1
 		}) {
-			t.Fatalf("agent did not re-adopt 2 engines and attach; its log:\n%s", tail(agent.output(), 30))
+			t.Fatalf("agent did not re-adopt 2 engines and attach within %v; its log:\n%s", within(30*time.Second), tail(agent.output(), 30))
 		}
 		check("agent restart")
 		if n, _ := metricWith(agent.http, "llmgw_agent_kv_replays_total", `result="repaired"`); n < 2 {
@@ -152,7 +152,7 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 		n, _ := metric(srv.http, "llmgw_control_kv_foreign_total")
 		return n >= before+1
 	}) {
-		t.Fatalf("%s never counted the foreign report in llmgw_control_kv_foreign_total", srv.id)
+		t.Fatalf("%s did not count the foreign report in llmgw_control_kv_foreign_total within %v", srv.id, within(10*time.Second))
 	}
 	check("foreign report refused")
 
@@ -270,7 +270,7 @@ func attachedServer(t *testing.T, c *cluster, agent *controlServer) *controlServ
 		a, _ := metric(agent.http, "llmgw_agent_session_attached")
 		return s != nil && s.running() && a == 1
 	}) {
-		t.Fatalf("agent is not attached to a live server; its log:\n%s", tail(agent.output(), 20))
+		t.Fatalf("agent is not attached to a live server within %v; its log:\n%s", within(20*time.Second), tail(agent.output(), 20))
 	}
 	return s
 }
@@ -301,7 +301,7 @@ func killControl(t *testing.T, c *cluster, s *controlServer, agent *controlServe
 		}
 		return true
 	}) {
-		t.Fatalf("after killing %s: agent (attached there: %v) or routers %v did not move within 30s", s.id, agentOn, ids(moving))
+		t.Fatalf("after killing %s: agent (attached there: %v) or routers %v did not move within %v", s.id, agentOn, ids(moving), within(30*time.Second))
 	}
 	t.Logf("killed %s (agent there: %v, routers there: %v); they moved in %v", s.id, agentOn, ids(moving), time.Since(killed).Round(time.Millisecond))
 }
@@ -340,7 +340,7 @@ func foreignKVReport(t *testing.T, addr, node string, victim replicaView) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), within(20*time.Second))
 	defer cancel()
 	stream, err := llmgwv1.NewAgentServiceClient(conn).Attach(ctx)
 	if err != nil {

@@ -24,7 +24,11 @@ import (
 // a router's kill -9 and restart.
 
 // kvQuiesceBound is the bound: identical within 1 s of the last
-// request (the agent batches every 250 ms, then two gRPC hops).
+// request (the agent batches every 250 ms, then two gRPC hops). It is a
+// bound for a machine that is not overloaded: checkKVExactOf holds the
+// indexes to within(kvQuiesceBound), the same bound on an idle machine and
+// a scaled one on a loaded machine, where a process may wait a second for
+// a CPU, and logs the figure either way.
 const kvQuiesceBound = time.Second
 
 func TestKVRouterExactness(t *testing.T) {
@@ -110,7 +114,7 @@ func TestKVRouterExactness(t *testing.T) {
 func waitRouterServes(t *testing.T, addr, model string) {
 	t.Helper()
 	if !eventually(60*time.Second, func() bool { code, _ := chat(addr, model); return code == http.StatusOK }) {
-		t.Fatalf("router %s does not serve %s", addr, model)
+		t.Fatalf("router %s does not serve %s within %v", addr, model, within(60*time.Second))
 	}
 }
 
@@ -180,8 +184,9 @@ func getJSON(url string, v any) error {
 // checkKVExact ends the traffic's fault injection, reveals any gap at the
 // tail (a dropped last batch shows only when the next one arrives) with one
 // request straight to each engine, and then polls until every router's
-// index equals every engine's block set: within kvQuiesceBound of that last
-// request, or the test fails (after 10 s more, to tell slow from wrong).
+// index equals every engine's block set: within within(kvQuiesceBound) of
+// that last request, or the test fails (after within(10 s) more, to tell
+// slow from wrong).
 func checkKVExact(t *testing.T, d *devProcess, model string, routers []string, step string) time.Duration {
 	t.Helper()
 	return checkKVExactOf(t, d.modelReplicas(model), model, routers, step)
@@ -244,16 +249,17 @@ func checkKVExactOf(t *testing.T, replicas []replicaView, model string, routers 
 		}
 		return true
 	}
+	bound := within(kvQuiesceBound)
 	for !same() {
-		if time.Since(quiet) > kvQuiesceBound+10*time.Second {
-			t.Fatalf("%s: indexes never matched the engines: %s", step, diff)
+		if time.Since(quiet) > bound+within(10*time.Second) {
+			t.Fatalf("%s: indexes never matched the engines within %v: %s", step, bound+within(10*time.Second), diff)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	took := time.Since(quiet)
 	t.Logf("%s: %d routers match %d engines %v after the last request", step, len(routers), len(engines), took.Round(time.Millisecond))
-	if took > kvQuiesceBound {
-		t.Errorf("%s: indexes matched only %v after the last request (bound %v); before: %s", step, took, kvQuiesceBound, diff)
+	if took > bound {
+		t.Errorf("%s: indexes matched only %v after the last request (bound %v, the issue's %v scaled for load); before: %s", step, took, bound, kvQuiesceBound, diff)
 	}
 	return took
 }

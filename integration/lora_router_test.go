@@ -46,7 +46,7 @@ func TestLoRARouterOnDemand(t *testing.T) {
 		code, _ := postTo(t, routers[1]+"/v1/chat/completions", `{"model":"lora","messages":[{"role":"user","content":"x"}],"max_tokens":1}`)
 		return code == 200
 	}) {
-		t.Fatal("the second router never served the base model")
+		t.Fatalf("the second router did not serve the base model within %v", within(30*time.Second))
 	}
 	watch := startAdapterWatch(ready)
 	chat := func(model string, maxTokens int) string {
@@ -136,6 +136,7 @@ func TestLoRARouterOnDemand(t *testing.T) {
 	stopHot := make(chan struct{})
 	var hot sync.WaitGroup
 	hotCodes := map[int]int{}
+	hotServed := map[string]int{}
 	for i, name := range []string{"a", "b"} {
 		hot.Go(func() {
 			for {
@@ -147,6 +148,9 @@ func TestLoRARouterOnDemand(t *testing.T) {
 				c := sendN(routers[i%2], name, 40)
 				mu.Lock()
 				hotCodes[c]++
+				if c == 200 {
+					hotServed[name]++
+				}
 				mu.Unlock()
 				if c != 200 {
 					time.Sleep(100 * time.Millisecond)
@@ -154,7 +158,19 @@ func TestLoRARouterOnDemand(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(2500 * time.Millisecond)
+	// The others' idle time is the plane's timer, so it takes its time: 2.5
+	// s from now, after the skewed traffic ended. By then a and b must have
+	// been served, so they are held and busy.
+	idleFrom := time.Now()
+	if !eventually(2500*time.Millisecond+30*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Since(idleFrom) >= 2500*time.Millisecond && hotServed["a"] > 0 && hotServed["b"] > 0
+	}) {
+		mu.Lock()
+		t.Errorf("busy adapters served %v within %v, want a and b", hotServed, within(2500*time.Millisecond+30*time.Second))
+		mu.Unlock()
+	}
 	held := watch.held()
 	var cold []string
 	for _, n := range names[2:] {
@@ -165,7 +181,8 @@ func TestLoRARouterOnDemand(t *testing.T) {
 	coldTries := map[string]int{}
 	for i, name := range cold {
 		wg.Go(func() {
-			deadline := time.Now().Add(40 * time.Second)
+			limit := within(40 * time.Second)
+			deadline := time.Now().Add(limit)
 			for tries := 1; time.Now().Before(deadline); tries++ {
 				c := send(routers[i%2], name)
 				mu.Lock()
@@ -179,7 +196,7 @@ func TestLoRARouterOnDemand(t *testing.T) {
 				}
 				time.Sleep(200 * time.Millisecond)
 			}
-			t.Errorf("cold adapter %s not served within 40s while a and b were busy", name)
+			t.Errorf("cold adapter %s not served within %v while a and b were busy", name, limit)
 		})
 	}
 	wg.Wait()
@@ -317,7 +334,7 @@ type adapterUnload struct {
 func startAdapterWatch(ready []replicaView) *adapterWatch {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &adapterWatch{cancel: cancel, samples: map[string][]adapterSample{},
-		client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{}}}
+		client: &http.Client{Timeout: within(5 * time.Second), Transport: &http.Transport{}}}
 	for _, r := range ready {
 		id, addr := r.Replica.ID, r.Status.Address
 		w.wg.Go(func() {

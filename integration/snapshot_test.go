@@ -60,7 +60,7 @@ func TestSnapshotSaveRestore(t *testing.T) {
 		rs := src.modelReplicas("second")
 		return len(rs) == 1 && rs[0].Replica.Node != ""
 	}) {
-		t.Fatal("the second model was not placed")
+		t.Fatalf("the second model was not placed within %v", within(30*time.Second))
 	}
 	snap := filepath.Join(t.TempDir(), "backup.snap")
 	if out, err := src.ctl("snapshot", "save", snap); err != nil || !strings.Contains(out, "saved revision") {

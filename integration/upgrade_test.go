@@ -137,6 +137,33 @@ func (w *commitWriter) gap(from, to time.Time) (time.Duration, int) {
 	return max(longest, to.Sub(prev)), n
 }
 
+// waitCommits waits until n writes have committed since from: with n = 2
+// after setTarget, the second began after the switch (the first may be a
+// write in flight to the old target), so the writer is on the new one.
+func (w *commitWriter) waitCommits(t *testing.T, from time.Time, n int, what string) {
+	t.Helper()
+	count := func() int {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		c := 0
+		for _, at := range w.ok {
+			if at.After(from) {
+				c++
+			}
+		}
+		return c
+	}
+	if !eventually(30*time.Second, func() bool { return count() >= n }) {
+		w.mu.Lock()
+		last := "none"
+		if len(w.failed) > 0 {
+			last = w.failed[len(w.failed)-1]
+		}
+		w.mu.Unlock()
+		t.Fatalf("%s: %d writes committed within %v, want %d; last failed write: %s", what, count(), within(30*time.Second), n, last)
+	}
+}
+
 func (w *commitWriter) stop() []string {
 	w.cancel()
 	w.wg.Wait()
@@ -153,7 +180,7 @@ func raftTerm(t *testing.T, servers []*controlServer) uint64 {
 	var term uint64
 	for _, s := range servers {
 		a, closeConn := admin(t, s.grpc)
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), within(2*time.Second))
 		var md metadata.MD
 		cs, err := a.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&md))
 		cancel()
@@ -202,7 +229,7 @@ func upgradeCheck(addr, upgraded, want string) error {
 func setLabels(t *testing.T, addr string) error {
 	a, closeConn := admin(t, addr)
 	defer closeConn()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), within(10*time.Second))
 	defer cancel()
 	_, err := a.SetNodeLabels(ctx, &llmgwv1.SetNodeLabelsRequest{Id: "n1", Set: map[string]string{"upgraded": "yes"}})
 	return err
@@ -269,10 +296,18 @@ func upgradeRound(t *testing.T, oldBin, newBin string) []time.Duration {
 	waitServing(t, addrs[0], "chat", 2, routers...)
 
 	l := startLoad("chat", 2, routers...)
-	// Snapshot first (plan §13.3).
+	// Snapshot first (plan §13.3), as an operator does: with a leader. A
+	// loaded machine holds spurious elections (500 ms heartbeat timeout),
+	// and a snapshot save, unlike a write, is not held through one: it
+	// answers "no leader" at once. So wait for a leader, and try again
+	// (saving changes nothing) until the deadline.
 	snap := filepath.Join(t.TempDir(), "before-upgrade.snap")
-	if _, err := ctlAt(addrs[0], "snapshot", "save", snap); err != nil {
-		t.Fatalf("snapshot before the upgrade: %v", err)
+	if err := eventuallyErr(30*time.Second, func() error {
+		c.waitLeader(c.servers, formTimeout)
+		_, err := ctlAt(addrs[0], "snapshot", "save", snap)
+		return err
+	}); err != nil {
+		t.Fatalf("snapshot before the upgrade within %v: %v", within(30*time.Second), err)
 	}
 	if err := setLabels(t, addrs[0]); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("SetNodeLabels on the old cluster: %v, want FAILED_PRECONDITION", err)
@@ -291,8 +326,9 @@ func upgradeRound(t *testing.T, oldBin, newBin string) []time.Duration {
 	for i, s := range order {
 		others := without(c.servers, s)
 		// The writer goes through a server this step does not restart.
+		switched := time.Now()
 		w.setTarget(clients[others[len(others)-1].id])
-		time.Sleep(200 * time.Millisecond)
+		w.waitCommits(t, switched, 2, fmt.Sprintf("step %d: the writer's switch to %s", i+1, others[len(others)-1].id))
 		termBefore := raftTerm(t, c.servers)
 		start := time.Now()
 		if s == leader {
