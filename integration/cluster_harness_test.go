@@ -23,7 +23,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// controlServer is one `llmgw control` process of an HA cluster (plan §5.2),
+// controlServer is one `llmgw control` process of an HA cluster (design §5.2),
 // on its own loopback ports. It can be killed, stopped and started again
 // with the same data directory and flags, as an operator's server would be.
 type controlServer struct {

@@ -17,7 +17,7 @@ import (
 const formTimeout = 45 * time.Second
 
 // TestClusterForms: servers started with --bootstrap-expect N and --join one
-// another form one cluster (plan §5.2): exactly one leader, and every server
+// another form one cluster (design §5.2): exactly one leader, and every server
 // agrees on the voters.
 func TestClusterForms(t *testing.T) {
 	for _, n := range []int{3, 5} {

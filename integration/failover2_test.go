@@ -29,9 +29,9 @@ import (
 )
 
 // The two failover tests of issue "Failover" that need more than a kill:
-// a router whose watch server dies mid-write (plan §5.3), and a control
+// a router whose watch server dies mid-write (design §5.3), and a control
 // server partitioned from the majority with an agent and a router on it
-// (plan §5.4, §5.6).
+// (design §5.4, §5.6).
 
 // TestFailoverRouterResumesElsewhere: a router watching through the leader
 // sees it killed -9 while a writer on another server applies and deletes
@@ -402,7 +402,7 @@ func answeringReplicas(t *testing.T, addr, model string, want map[string]bool, m
 }
 
 // TestFailoverPartitionAgentServer cuts the control server an agent and a
-// router are attached to off from the other two (plan §5.4): the cut
+// router are attached to off from the other two (design §5.4): the cut
 // server has no leader, closes its agent sessions after three election
 // timeouts, and the agent moves to the majority; its replicas keep serving
 // under the same uids (no node is counted down, nothing is rescheduled),

@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// The drain and roll test of issue "Failover" (plan §4 "Changes roll",
+// The drain and roll test of issue "Failover" (design §4 "Changes roll",
 // §5.5): `llmgwctl node drain` and a model re-apply under two routers' chat
 // load move replicas one at a time, a replacement ready before each old one
 // drains, the agent stopping each draining engine once idle, and no client
@@ -198,7 +198,7 @@ func (s *rollSampler) drains(from time.Time) []string {
 // re-apply of chat with other extra_args rolls both back onto n1. In both,
 // never fewer than 2 replicas serve, replacements start one at a time (two
 // may drain at once: an old one may drain as soon as the count serves
-// elsewhere, plan §5.5), every placement is marked draining before it
+// elsewhere, design §5.5), every placement is marked draining before it
 // goes, every draining engine is stopped by its agent once idle (not by the
 // control plane's 30 s drain timeout), and no client request fails. The
 // time each took is logged for docs/benchmarks.md.

@@ -20,7 +20,7 @@ import (
 	"time"
 )
 
-// Helpers of the failover tests (issue "Failover", plan §5.3-§5.6, §6): an
+// Helpers of the failover tests (issue "Failover", design §5.3-§5.6, §6): an
 // agent and routers as real processes beside a real 3-server cluster, a
 // steady chat load that counts every failed client request, and readers
 // of the processes' /metrics and logs.
@@ -45,7 +45,7 @@ func llmgwProcess(t *testing.T, id string, args ...string) *controlServer {
 var portRanges atomic.Int32
 
 // startAgentProc runs `llmgw agent` with 2 GPUs, engines on a port range of
-// its own, and engines left running when it exits (plan §6).
+// its own, and engines left running when it exits (design §6).
 func startAgentProc(t *testing.T, node string, control []string) *controlServer {
 	t.Helper()
 	base := 33000 + 100*int(portRanges.Add(1))

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Failover with real processes (issue "Failover", plan §5.3-§5.6, §6): no
+// Failover with real processes (issue "Failover", design §5.3-§5.6, §6): no
 // control-node failure or agent restart costs a client request. Each test
 // has a short variant; LLMGW_SOAK=1 (make soak) runs the long ones.
 
@@ -146,7 +146,7 @@ func TestFailoverFollowerKill(t *testing.T) {
 
 // TestFailoverAgentRestartReadopts: kill -9 the agent process under load
 // and start it again: the same engine pids are re-adopted, the replicas
-// stay READY under the same uids, and no client request fails (plan §6).
+// stay READY under the same uids, and no client request fails (design §6).
 func TestFailoverAgentRestartReadopts(t *testing.T) {
 	f := startFailoverSetup(t)
 	before := waitServing(t, f.c.servers[0].grpc, "chat", 2)

@@ -1,5 +1,5 @@
 // Package integration runs llmgw's real binaries on loopback and drives them
-// as an operator and a client would (plan §12). Nothing here reaches into a
+// as an operator and a client would (design §12). Nothing here reaches into a
 // component's internals: processes, HTTP, gRPC and llmgwctl only.
 //
 // # Waits and deadlines on a loaded machine

@@ -19,7 +19,7 @@ import (
 	"github.com/llmgw/llmgw/agent/kv"
 )
 
-// The agent's KV listener against the real simulator process (plan §7.5
+// The agent's KV listener against the real simulator process (design §7.5
 // step 2): after a burst of requests that stores and evicts blocks, with
 // batches dropped on the way, the mirror equals the engine's own block set
 // once both are quiet — in both encodings and both hash forms.
@@ -35,7 +35,7 @@ func TestKVAgentMirrorsSimulator(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			hub, err := kv.NewHub(slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+			hub, err := kv.NewHub(slog.New(slog.DiscardHandler), reg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -18,7 +18,7 @@ import (
 )
 
 // Precise prefix routing's exactness under the faults TestKVRouterExactness
-// does not reach (issue "Precise prefix routing", "Must show"; plan §7.5):
+// does not reach (issue "Precise prefix routing", "Must show"; design §7.5):
 // an agent restarted with its engines left running, the control nodes the
 // agent and the routers are attached to killed, an agent that reports
 // another node's replica, and a gap the engine's replay buffer cannot

@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// Precise prefix routing end to end (plan §7.5 tier 2; issue "Precise
+// Precise prefix routing end to end (design §7.5 tier 2; issue "Precise
 // prefix routing", "Exactness"): simulated engines publish KV events, the
 // agent mirrors them, the control plane forwards them, and every router's
 // index must equal each engine's real block set (/sim/blocks) within 1 s of

@@ -14,7 +14,7 @@ import (
 )
 
 // TestLoRAAdaptersAtStart: a simulated model whose adapters are all
-// registered at start (max_loaded_adapters: 0, plan §7.6) gets them on
+// registered at start (max_loaded_adapters: 0, design §7.6) gets them on
 // every replica through the driver's --lora-modules; each engine lists
 // them in /v1/models, serves a request naming one, and refuses an adapter
 // it does not have with vLLM's 404. The requests go to the engines'

@@ -16,7 +16,7 @@ import (
 	"time"
 )
 
-// TestLoRARouterOnDemand (issue "LoRA adapters", plan §7.6): 2 sim
+// TestLoRARouterOnDemand (issue "LoRA adapters", design §7.6): 2 sim
 // replicas holding at most 2 adapters each, 6 adapters, two routers (the
 // dev's and a second `llmgw router`). A burst for one cold adapter through
 // both routers loads it once; skewed traffic over all six never has more
@@ -126,7 +126,7 @@ func TestLoRARouterOnDemand(t *testing.T) {
 		}
 	}
 
-	// Evictions under load (plan §7.6 "else evicts the least recently used
+	// Evictions under load (design §7.6 "else evicts the least recently used
 	// idle adapter"). a and b stay busy — a worker each, back to back, with
 	// requests long enough for the agent's scrape to see them running —
 	// while every other held adapter has been idle for longer than the

@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"os"
@@ -87,7 +88,7 @@ func scrapeNames(t *testing.T, addr string) map[string]bool {
 			names[f[2]] = true
 		}
 	}
-	if err := sc.Err(); err != nil && err != io.EOF {
+	if err := sc.Err(); err != nil && !errors.Is(err, io.EOF) {
 		t.Fatalf("scrape %s: %v", addr, err)
 	}
 	return names
@@ -123,7 +124,7 @@ func declaredMetrics(t *testing.T) map[string]bool {
 
 // TestAlertedMetricsExported: every metric the alert rules and the dashboard
 // name is exported by a running component, so a rename cannot silently
-// break an alert (plan §9). Control, agent and router of `llmgw dev` are
+// break an alert (design §9). Control, agent and router of `llmgw dev` are
 // scraped after some traffic; a labelled vector that has no series yet must
 // be declared in a component's source under the same name. An unlabelled
 // histogram is exported even empty: llmgw_control_ephemeral_lag_seconds has

@@ -223,7 +223,7 @@ func (p *prometheusServer) query(expr string) (float64, bool) {
 	return v, err == nil
 }
 
-// TestPrometheusAlerts (plan §9): a real Prometheus with the shipped rules
+// TestPrometheusAlerts (design §9): a real Prometheus with the shipped rules
 // (their `for:` shortened) scrapes a 3-node control plane, an agent running
 // a sim model and a router serving it, every target up. The plane's lag
 // histogram fills between the three nodes. Killing the agent fires
@@ -295,7 +295,7 @@ func TestPrometheusAlerts(t *testing.T) {
 	if !eventually(20*time.Second, func() bool { return p.firing("LlmgwAgentDisconnected", agentAlert) }) {
 		t.Fatalf("LlmgwAgentDisconnected did not fire within %v of the agent's kill", within(20*time.Second))
 	}
-	// Its engines outlive it (plan §6); kill them too and every request
+	// Its engines outlive it (design §6); kill them too and every request
 	// through the router fails with a 5xx.
 	killEngines(t, agent)
 	if !eventually(30*time.Second, func() bool {

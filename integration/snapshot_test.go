@@ -46,7 +46,7 @@ func desiredState(t *testing.T, d *devProcess) (models any, replicas []json.RawM
 	return models, replicas
 }
 
-// TestSnapshotSaveRestore (plan §13.4): a snapshot saved on one cluster and
+// TestSnapshotSaveRestore (design §13.4): a snapshot saved on one cluster and
 // restored into a fresh one gives the same desired state; a corrupted file
 // is refused with a clear error and changes nothing.
 func TestSnapshotSaveRestore(t *testing.T) {

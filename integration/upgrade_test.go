@@ -23,7 +23,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// Rolling upgrade with real processes (issue "Operations", plan §13.3): a
+// Rolling upgrade with real processes (issue "Operations", design §13.3): a
 // 3-server cluster of "old" binaries is upgraded to "new" ones one server
 // at a time while two routers carry chat traffic and a writer commits
 // through a server that is not being restarted. The old binary is this
@@ -212,7 +212,7 @@ func upgradeCheck(addr, upgraded, want string) error {
 		} `json:"servers"`
 	}
 	if jerr := json.Unmarshal([]byte(out), &r); jerr != nil {
-		return fmt.Errorf("upgrade check: %v (%v)", err, jerr)
+		return fmt.Errorf("upgrade check: %w (%w)", err, jerr)
 	}
 	if !r.OK {
 		return fmt.Errorf("upgrade check: %s", strings.Join(r.Problem, "; "))
@@ -296,7 +296,7 @@ func upgradeRound(t *testing.T, oldBin, newBin string) []time.Duration {
 	waitServing(t, addrs[0], "chat", 2, routers...)
 
 	l := startLoad("chat", 2, routers...)
-	// Snapshot first (plan §13.3), as an operator does: with a leader. A
+	// Snapshot first (design §13.3), as an operator does: with a leader. A
 	// loaded machine holds spurious elections (500 ms heartbeat timeout),
 	// and a snapshot save, unlike a write, is not held through one: it
 	// answers "no leader" at once. So wait for a leader, and try again
