@@ -64,7 +64,13 @@ func startAgentProc(t *testing.T, node string, control []string, extra ...string
 // startRouterProc runs `llmgw router` watching through control.
 func startRouterProc(t *testing.T, id string, control ...string) *controlServer {
 	t.Helper()
-	r := llmgwProcess(t, id, "router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", uniqueAddr(t))
+	return startRouterWith(t, id, control)
+}
+
+// startRouterWith is startRouterProc with extra flags.
+func startRouterWith(t *testing.T, id string, control []string, extra ...string) *controlServer {
+	t.Helper()
+	r := llmgwProcess(t, id, append([]string{"router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", uniqueAddr(t)}, extra...)...)
 	r.http = r.args[slicesIndex(r.args, "--http-addr")+1]
 	r.start()
 	return r
