@@ -238,8 +238,9 @@ func TestKVRouterUntrusted(t *testing.T) {
 	}
 
 	hits, _ := metricWith(d.http, "llmgw_kv_decisions_total", `decision="hit"`)
-	t.Logf("replica %s untrusted (%v unrepairable replays); then %v of %d requests counted untrusted; %v tier-2 hits before the gap; the dev router's decisions (default budget): %v",
-		rep.Replica.ID, unrepairable, after["untrusted"]-before["untrusted"], n, hits, kvDecisions(d.http))
+	timeouts, _ := metricWith(d.http, "llmgw_router_tokenize_total", `result="timeout"`)
+	t.Logf("replica %s untrusted (%v unrepairable replays); then %v of %d requests counted untrusted; %v tier-2 hits before the gap; the dev router (default /tokenize budget): decisions %v, %v tokenizations over budget",
+		rep.Replica.ID, unrepairable, after["untrusted"]-before["untrusted"], n, hits, kvDecisions(d.http), timeouts)
 }
 
 var kvDecisionRE = regexp.MustCompile(`^llmgw_kv_decisions_total\{.*?decision="([^"]+)".*\} (\S+)$`)
