@@ -22,7 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -430,7 +432,15 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 		}
 		l.Close()
 	}
-	c := startClusterOn(t, hosts)
+	// Only the rule under test may end the agent's sessions: the liveness
+	// windows that also could on a loaded machine (an agent silent for
+	// 1.5 s, a server silent for three 500 ms heartbeats: a process
+	// unscheduled for a second) are widened, the server's to 10 s and the
+	// agent's to 3 × 2 s. The leaderless rule (three 500 ms election
+	// timeouts) keeps the defaults.
+	liveness := filepath.Join(t.TempDir(), "control.yaml")
+	writeFile(t, liveness, "agent_timeout: 10s\n")
+	c := startClusterOn(t, hosts, "--config", liveness)
 	c.waitLeader(c.servers, formTimeout)
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
 	minority := c.servers[2] // 127.X.Y.13
@@ -450,7 +460,7 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 		}
 		return out
 	}
-	agent := startAgentProc(t, "n1", order(minority))
+	agent := startAgentProc(t, "n1", order(minority), "--heartbeat-interval", "2s")
 	routers := []*controlServer{
 		startRouterProc(t, "rmin", order(minority)...),
 		startRouterProc(t, "rmaj", order(majority[0])...),
@@ -460,6 +470,10 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 	if got := attachedTo(agent); got != minority.grpc {
 		t.Fatalf("agent is attached to %q, want %s (%s), the first address it was given", got, minority.grpc, minority.id)
 	}
+
+	// A second session on the cut server, the test's own, records the
+	// status the server ends its sessions with (see sessionWitness).
+	witness := startWitness(t, minority.grpc, "witness")
 
 	l := startLoad("chat", 2, routers...)
 	l.carry(t, time.Second, 20, "before the cut")
@@ -477,9 +491,24 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 	}) {
 		t.Fatalf("agent did not move to the majority within %v of the cut; its log:\n%s", within(30*time.Second), tail(agent.output(), 20))
 	}
-	// It left because the cut server, leaderless, closed the session.
-	if !strings.Contains(agent.output(), "has had no leader") {
-		t.Errorf("the agent's session did not end for want of a leader; its log:\n%s", tail(agent.output(), 20))
+	// It left because the cut server, leaderless, closed the session. The
+	// server's word for it is the witness's status; the agent's log gives
+	// the same status, or — when a send of the agent met the closed stream
+	// before its receive read the status (reported: the agent does not then
+	// read the status) — "send <addr>: EOF", which with the widened
+	// windows above only the server's close can cause. Its own dead-server
+	// timer ("missed three heartbeats") or anything else is a failure.
+	wend, werr := witness.wait(t, 10*time.Second)
+	if werr == nil || !strings.Contains(werr.Error(), "has had no leader") {
+		t.Errorf("the cut server ended the witness's session with %v, want it to have had no leader", werr)
+	}
+	t.Logf("the cut server ended its sessions %v after the cut: %v", wend.Sub(p.at).Round(time.Millisecond), werr)
+	switch end := sessionEnd(agent, minority.grpc); {
+	case strings.Contains(end, "has had no leader"):
+	case strings.Contains(end, "send "+minority.grpc+": EOF"):
+		t.Logf("the agent's log lost the server's status to a send (agent defect, reported): %s", end)
+	default:
+		t.Errorf("the agent's session on %s did not end for want of a leader: %q; its log:\n%s", minority.id, end, tail(agent.output(), 20))
 	}
 	// The partition lasts a while longer, with the agent on the majority.
 	l.carry(t, 4*time.Second, 100, "the partition")
@@ -503,6 +532,111 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 		}
 	}
 	t.Logf("partition of %s: the agent moved to %s %v after the cut", minority.id, attachedTo(agent), moved.Round(time.Millisecond))
+}
+
+var sessionEndRE = regexp.MustCompile(`msg="control session ended" .*?\baddr=(\S+) err="((?:[^"\\]|\\.)*)"`)
+
+// sessionEnd is the error of the agent's first session on addr that
+// ended, from its log ("" if none did).
+func sessionEnd(a *controlServer, addr string) string {
+	for _, m := range sessionEndRE.FindAllStringSubmatch(a.output(), -1) {
+		if m[1] == addr {
+			return m[2]
+		}
+	}
+	return ""
+}
+
+// sessionWitness is one session of the agent protocol the test holds on a
+// server, as a node with no GPUs (nothing is placed on it), heartbeating
+// every 100 ms: it keeps the status the server ended the session with. A
+// send that meets the closed stream answers io.EOF, and the status is
+// then read from the receive side; `llmgw agent` logs the EOF instead
+// (reported), so its log is not always the server's word.
+type sessionWitness struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	closed chan struct{} // closed when the server ended the session
+	at     time.Time     // then
+	err    error         // with this status
+}
+
+// startWitness attaches to addr as node and waits for the welcome; the
+// session lasts until the server ends it or the test does.
+func startWitness(t *testing.T, addr, node string) *sessionWitness {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &sessionWitness{cancel: cancel, closed: make(chan struct{})}
+	t.Cleanup(func() {
+		w.cancel()
+		w.wg.Wait()
+		conn.Close()
+	})
+	stream, err := llmgwv1.NewAgentServiceClient(conn).Attach(ctx)
+	if err != nil {
+		t.Fatalf("witness attach to %s: %v", addr, err)
+	}
+	if err := stream.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Hello{Hello: &llmgwv1.AgentHello{
+		Node: &llmgwv1.Node{Id: node, Address: "127.0.0.1"}, Epoch: uint64(time.Now().UnixNano())}}}); err != nil {
+		t.Fatalf("witness hello to %s: %v", addr, err)
+	}
+	welcomed := make(chan struct{})
+	w.wg.Go(func() {
+		for first := true; ; {
+			m, err := stream.Recv()
+			if err != nil {
+				w.at, w.err = time.Now(), err
+				close(w.closed)
+				return
+			}
+			if first && m.GetWelcome() != nil {
+				first = false
+				close(welcomed)
+			}
+		}
+	})
+	w.wg.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.closed:
+				return
+			case <-tick.C:
+			}
+			if stream.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Heartbeat{
+				Heartbeat: &llmgwv1.Heartbeat{UnixNano: time.Now().UnixNano()}}}) != nil {
+				return // the receive side reads why
+			}
+		}
+	})
+	select {
+	case <-welcomed:
+	case <-w.closed:
+		t.Fatalf("%s refused the witness's session: %v", addr, w.err)
+	case <-time.After(within(20 * time.Second)):
+		t.Fatalf("%s did not welcome the witness within %v", addr, within(20*time.Second))
+	}
+	return w
+}
+
+// wait is when and with what status the server ended the session; it
+// fails the test if the server did not within(timeout).
+func (w *sessionWitness) wait(t *testing.T, timeout time.Duration) (time.Time, error) {
+	t.Helper()
+	select {
+	case <-w.closed:
+		return w.at, w.err
+	case <-time.After(within(timeout)):
+		t.Fatalf("the server did not end the witness's session within %v", within(timeout))
+		return time.Time{}, nil
+	}
 }
 
 // uidDiff says how two READY lists differ in replica ids and uids; "" if
@@ -579,8 +713,8 @@ func partitionHosts() []string {
 }
 
 // startClusterOn is startCluster with server i on hosts[i] (all its ports
-// there) and running as group serverGID(i).
-func startClusterOn(t *testing.T, hosts []string) *cluster {
+// there) and running as group serverGID(i); extra flags go to every server.
+func startClusterOn(t *testing.T, hosts []string, extra ...string) *cluster {
 	t.Helper()
 	c := &cluster{t: t}
 	for i, h := range hosts {
@@ -594,6 +728,7 @@ func startClusterOn(t *testing.T, hosts []string) *cluster {
 			}
 		}
 		s.args = append(s.args, "--bootstrap-expect", strconv.Itoa(len(hosts)), "--join", strings.Join(join, ","))
+		s.args = append(s.args, extra...)
 	}
 	for i, s := range c.servers {
 		startAs(s, serverGID(i))

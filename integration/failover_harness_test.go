@@ -45,13 +45,15 @@ func llmgwProcess(t *testing.T, id string, args ...string) *controlServer {
 var portRanges atomic.Int32
 
 // startAgentProc runs `llmgw agent` with 2 GPUs, engines on a port range of
-// its own, and engines left running when it exits (design §6).
-func startAgentProc(t *testing.T, node string, control []string) *controlServer {
+// its own, and engines left running when it exits (design §6); extra flags
+// go last.
+func startAgentProc(t *testing.T, node string, control []string, extra ...string) *controlServer {
 	t.Helper()
 	base := 33000 + 100*int(portRanges.Add(1))
-	a := llmgwProcess(t, node, "agent", "--node-id", node, "--control", strings.Join(control, ","),
+	args := append([]string{"agent", "--node-id", node, "--control", strings.Join(control, ","),
 		"--advertise-addr", "127.0.0.1", "--http-addr", uniqueAddr(t), "--grpc-addr", uniqueAddr(t),
-		"--gpus", "2", "--port-range", fmt.Sprintf("%d-%d", base, base+99), "--stop-grace", "2s")
+		"--gpus", "2", "--port-range", fmt.Sprintf("%d-%d", base, base+99), "--stop-grace", "2s"}, extra...)
+	a := llmgwProcess(t, node, args...)
 	a.http = a.args[slicesIndex(a.args, "--http-addr")+1]
 	a.start()
 	// Engines outlive the agent on purpose; the test does not.
@@ -62,7 +64,13 @@ func startAgentProc(t *testing.T, node string, control []string) *controlServer 
 // startRouterProc runs `llmgw router` watching through control.
 func startRouterProc(t *testing.T, id string, control ...string) *controlServer {
 	t.Helper()
-	r := llmgwProcess(t, id, "router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", uniqueAddr(t))
+	return startRouterWith(t, id, control)
+}
+
+// startRouterWith is startRouterProc with extra flags.
+func startRouterWith(t *testing.T, id string, control []string, extra ...string) *controlServer {
+	t.Helper()
+	r := llmgwProcess(t, id, append([]string{"router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", uniqueAddr(t)}, extra...)...)
 	r.http = r.args[slicesIndex(r.args, "--http-addr")+1]
 	r.start()
 	return r

@@ -138,19 +138,20 @@ var timeoutScale, timeoutScaleWhy = scaleFromEnv(os.Getenv("LLMGW_TEST_TIMEOUT_S
 // scaleFromEnv is the timeout scale: the knob when set, else 3 in CI, else
 // 1 + the load per CPU (negative when unknown), capped at 4.
 func scaleFromEnv(knob, ci string, load float64) (float64, string) {
+	ignored := ""
 	if knob != "" {
 		if v, err := strconv.ParseFloat(knob, 64); err == nil && v >= 1 {
 			return v, "LLMGW_TEST_TIMEOUT_SCALE=" + knob
 		}
-		fmt.Fprintf(os.Stderr, "integration: ignoring LLMGW_TEST_TIMEOUT_SCALE=%q: not a number >= 1\n", knob)
+		ignored = fmt.Sprintf("; LLMGW_TEST_TIMEOUT_SCALE=%q ignored: not a number >= 1", knob)
 	}
 	if ci != "" && ci != "0" && !strings.EqualFold(ci, "false") {
-		return 3, "CI=" + ci
+		return 3, "CI=" + ci + ignored
 	}
 	if load < 0 {
-		return 1, "load unknown"
+		return 1, "load unknown" + ignored
 	}
-	return min(4, 1+load), fmt.Sprintf("load %.2f per CPU", load)
+	return min(4, 1+load), fmt.Sprintf("load %.2f per CPU%s", load, ignored)
 }
 
 // loadPerCPU is the 1-minute load average over the CPUs Go may use; -1 if

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -179,6 +180,12 @@ func TestKVRouterUntrusted(t *testing.T) {
 		t.Fatalf("%v: %s", err, out)
 	}
 	rep := d.waitReady("kvu", 1, 60*time.Second)[0]
+	// The requests counted below go through a second router whose
+	// /tokenize budget is generous: with the default 20 ms, a loaded
+	// machine's request falls back as tokenize_timeout before the index is
+	// asked, and is not counted untrusted.
+	r2 := startRouterWith(t, "r2", []string{d.grpc}, "--tokenize-budget", within(2*time.Second).String())
+	waitRouterServes(t, r2.http, "kvu")
 
 	// Enough batches that a drop is certain (0.8^40 ≈ 1e-4 per round).
 	var view kvIndexView
@@ -199,13 +206,18 @@ func TestKVRouterUntrusted(t *testing.T) {
 	if unrepairable < 1 {
 		t.Errorf("replica untrusted, yet no replay counted unrepairable (%v)", unrepairable)
 	}
+	if !eventually(10*time.Second, func() bool {
+		return getJSON("http://"+r2.http+"/debug/kvindex?replica="+rep.Replica.ID, &view) == nil && view.Untrusted
+	}) {
+		t.Fatalf("the second router does not call %s untrusted within %v", rep.Replica.ID, within(10*time.Second))
+	}
 
-	before, _ := metricWith(d.http, "llmgw_kv_decisions_total", `decision="untrusted"`)
+	before := kvDecisions(r2.http)
 	const n = 12
-	kvTraffic(t, d.http, "kvu", n, 99)
-	after, _ := metricWith(d.http, "llmgw_kv_decisions_total", `decision="untrusted"`)
-	if after-before != n {
-		t.Errorf("llmgw_kv_decisions_total{decision=\"untrusted\"} rose by %v over %d requests for the untrusted replica, want %d", after-before, n, n)
+	kvTraffic(t, r2.http, "kvu", n, 99)
+	after := kvDecisions(r2.http)
+	if got := after["untrusted"] - before["untrusted"]; got != n {
+		t.Errorf("llmgw_kv_decisions_total{decision=\"untrusted\"} rose by %v over %d requests for the untrusted replica, want %d (all decisions before %v, after %v)", got, n, n, before, after)
 	}
 
 	// Trust comes back only with a known set: the engine's cache cleared
@@ -226,8 +238,32 @@ func TestKVRouterUntrusted(t *testing.T) {
 	}
 
 	hits, _ := metricWith(d.http, "llmgw_kv_decisions_total", `decision="hit"`)
-	t.Logf("replica %s untrusted (%v unrepairable replays); then %v of %d requests counted untrusted; %v tier-2 hits before the gap",
-		rep.Replica.ID, unrepairable, after-before, n, hits)
+	timeouts, _ := metricWith(d.http, "llmgw_router_tokenize_total", `result="timeout"`)
+	t.Logf("replica %s untrusted (%v unrepairable replays); then %v of %d requests counted untrusted; %v tier-2 hits before the gap; the dev router (default /tokenize budget): decisions %v, %v tokenizations over budget",
+		rep.Replica.ID, unrepairable, after["untrusted"]-before["untrusted"], n, hits, kvDecisions(d.http), timeouts)
+}
+
+var kvDecisionRE = regexp.MustCompile(`^llmgw_kv_decisions_total\{.*?decision="([^"]+)".*\} (\S+)$`)
+
+// kvDecisions is a router's llmgw_kv_decisions_total by decision (summed
+// over any other labels); empty if it could not be read.
+func kvDecisions(addr string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if m := kvDecisionRE.FindStringSubmatch(sc.Text()); m != nil {
+			if v, err := strconv.ParseFloat(m[2], 64); err == nil {
+				out[m[1]] += v
+			}
+		}
+	}
+	return out
 }
 
 // liveReplicas is the model's replicas as any running server lists them.
