@@ -10,10 +10,12 @@
 //
 //   - Every wait is for a condition (eventually, eventuallyErr, waitLeader,
 //     waitServing, ...), with a deadline and a failure message naming what
-//     did not happen. A time.Sleep is only ever pacing (between retries) or
-//     the length of a fault the scenario holds; "give it a moment" is a
-//     wait for the condition that moment was for (load.waitMore: requests
-//     served since; commitWriter.waitCommits: writes committed since).
+//     did not happen. A time.Sleep is only ever pacing (between retries or
+//     samples); "give it a moment" is a wait for the condition that moment
+//     was for (load.carry: a phase held at least so long and until n more
+//     requests were answered; commitWriter.waitCommits: writes committed
+//     since). A check that a thing does not happen (cluster.neverPeer)
+//     watches for a stated length, which is not scaled.
 //   - A deadline is written as the time an idle developer machine needs,
 //     with room, and scaled by within(d): d times the timeout scale, the
 //     suite's one knob for load. The scale is LLMGW_TEST_TIMEOUT_SCALE when
