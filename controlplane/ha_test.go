@@ -2,12 +2,14 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -68,8 +70,45 @@ func newHAClusterWith(t *testing.T, expect int, tune func(*Config), hook func(*S
 		c.cfgs[id] = cfg
 		c.nodes[id] = launch(t, cfg, hook)
 	}
-	for _, id := range ids {
-		c.nodes[id].awaitReady(t)
+	// Wait for all of them at once: a server that failed to start (its
+	// picked port taken meanwhile by another test's connection, which a
+	// busy machine makes likely) is started again on fresh addresses — it
+	// joins the others itself — instead of leaving the rest to wait for a
+	// third server that never comes.
+	pending := slices.Clone(ids)
+	relaunched := 0
+	deadline := time.Now().Add(60 * time.Second)
+	for len(pending) > 0 {
+		left := pending[:0]
+		for _, id := range pending {
+			r := c.nodes[id]
+			select {
+			case <-r.srv.Ready():
+				r.awaitReady(t) // ready already: dials its client
+				continue
+			case err := <-r.done:
+				if relaunched < 5 && addrInUse(err) {
+					relaunched++
+					cfg := haConfig(t, id, expect)
+					if tune != nil {
+						tune(&cfg)
+					}
+					cfg.Join = c.cfgs[id].Join
+					c.cfgs[id] = cfg
+					t.Logf("%s did not start (%v); again on fresh addresses", id, err)
+					c.nodes[id] = launch(t, cfg, hook)
+				} else {
+					t.Fatalf("%s: Run returned before ready: %v\n%s", id, err, r.logs)
+				}
+			default:
+			}
+			left = append(left, id)
+		}
+		pending = left
+		if len(pending) > 0 && time.Now().After(deadline) {
+			t.Fatalf("servers %v not ready within 60s", pending)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	t.Cleanup(func() {
 		for _, r := range c.nodes {
@@ -464,4 +503,10 @@ func TestBootstrapExpectMismatch(t *testing.T) {
 			t.Fatalf("%s logged no refusal", r.srv.cfg.NodeID)
 		}
 	}
+}
+
+// addrInUse reports whether err is a listen on an address another socket
+// took: raft's transport does not wrap the error, so its text counts too.
+func addrInUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE) || (err != nil && strings.Contains(err.Error(), "address already in use"))
 }
