@@ -432,29 +432,7 @@ func TestHAKillRestartRemove(t *testing.T) {
 
 	r := launch(t, c.cfgs[victim], nil)
 	c.nodes[victim] = r
-	waitFor(ctx, t, "the removed server alive in gossip", func() error {
-		ms, err := c.admin(cur).Members(ctx, &llmgwv1.MembersRequest{})
-		if err != nil {
-			return err
-		}
-		for _, m := range ms.Members {
-			if m.Id == victim && m.Status == "alive" {
-				return nil
-			}
-		}
-		return fmt.Errorf("members %v", ms.Members)
-	})
-	// Several reconcile rounds pass; it must still be out.
-	for range 10 {
-		got, err := c.peerIDs(ctx, cur)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(got, remaining) {
-			t.Fatalf("removed server came back by itself: peers %v", got)
-		}
-		time.Sleep(100 * time.Millisecond) // spacing the checks; not a timing assertion
-	}
+	c.staysOut(ctx, cur, victim, remaining, "removed server came back by itself")
 	// An explicit join brings it back (as a non-voter, then promoted).
 	if _, err := c.admin(cur).Join(ctx, &llmgwv1.JoinRequest{GossipAddrs: []string{c.cfgs[victim].GossipAddr}}); err != nil {
 		t.Fatalf("explicit join: %v", err)
@@ -509,4 +487,34 @@ func TestBootstrapExpectMismatch(t *testing.T) {
 // took: raft's transport does not wrap the error, so its text counts too.
 func addrInUse(err error) bool {
 	return errors.Is(err, syscall.EADDRINUSE) || (err != nil && strings.Contains(err.Error(), "address already in use"))
+}
+
+// staysOut waits until victim is alive in leader's gossip, then checks over
+// several reconcile rounds that leader's Raft peers stay want: a removed
+// server showing up alive is not added back by itself.
+func (c *haCluster) staysOut(ctx context.Context, leader, victim string, want []string, cameBack string) {
+	t := c.t
+	t.Helper()
+	waitFor(ctx, t, "the removed server alive in the leader's gossip", func() error {
+		ms, err := c.admin(leader).Members(ctx, &llmgwv1.MembersRequest{})
+		if err != nil {
+			return err
+		}
+		for _, m := range ms.Members {
+			if m.Id == victim && m.Status == "alive" {
+				return nil
+			}
+		}
+		return fmt.Errorf("members %v", ms.Members)
+	})
+	for range 10 {
+		got, err := c.peerIDs(ctx, leader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: peers %v", cameBack, got)
+		}
+		time.Sleep(100 * time.Millisecond) // spacing the checks; not a timing assertion
+	}
 }
