@@ -100,6 +100,9 @@ const (
 	CommandType_COMMAND_TYPE_SET_NODE_LABELS CommandType = 10
 	// Gated too: records (or clears) a control-plane server's removal.
 	CommandType_COMMAND_TYPE_SET_SERVER_REMOVED CommandType = 11
+	// Gated: creates or revokes a router API key (design §11).
+	CommandType_COMMAND_TYPE_PUT_API_KEY    CommandType = 12
+	CommandType_COMMAND_TYPE_DELETE_API_KEY CommandType = 13
 )
 
 // Enum value maps for CommandType.
@@ -117,6 +120,8 @@ var (
 		9:  "COMMAND_TYPE_SET_ADAPTER_PLACEMENT",
 		10: "COMMAND_TYPE_SET_NODE_LABELS",
 		11: "COMMAND_TYPE_SET_SERVER_REMOVED",
+		12: "COMMAND_TYPE_PUT_API_KEY",
+		13: "COMMAND_TYPE_DELETE_API_KEY",
 	}
 	CommandType_value = map[string]int32{
 		"COMMAND_TYPE_UNSPECIFIED":           0,
@@ -131,6 +136,8 @@ var (
 		"COMMAND_TYPE_SET_ADAPTER_PLACEMENT": 9,
 		"COMMAND_TYPE_SET_NODE_LABELS":       10,
 		"COMMAND_TYPE_SET_SERVER_REMOVED":    11,
+		"COMMAND_TYPE_PUT_API_KEY":           12,
+		"COMMAND_TYPE_DELETE_API_KEY":        13,
 	}
 )
 
@@ -335,6 +342,64 @@ func (x ChangeOp) Number() protoreflect.EnumNumber {
 // Deprecated: Use ChangeOp.Descriptor instead.
 func (ChangeOp) EnumDescriptor() ([]byte, []int) {
 	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{4}
+}
+
+type KeyringOp int32
+
+const (
+	KeyringOp_KEYRING_OP_UNSPECIFIED KeyringOp = 0
+	KeyringOp_KEYRING_OP_LIST        KeyringOp = 1
+	// Adds a key; gossip keeps using the primary.
+	KeyringOp_KEYRING_OP_INSTALL KeyringOp = 2
+	// Makes an installed key the primary (the one gossip encrypts with).
+	KeyringOp_KEYRING_OP_USE KeyringOp = 3
+	// Removes a key that is not the primary.
+	KeyringOp_KEYRING_OP_REMOVE KeyringOp = 4
+)
+
+// Enum value maps for KeyringOp.
+var (
+	KeyringOp_name = map[int32]string{
+		0: "KEYRING_OP_UNSPECIFIED",
+		1: "KEYRING_OP_LIST",
+		2: "KEYRING_OP_INSTALL",
+		3: "KEYRING_OP_USE",
+		4: "KEYRING_OP_REMOVE",
+	}
+	KeyringOp_value = map[string]int32{
+		"KEYRING_OP_UNSPECIFIED": 0,
+		"KEYRING_OP_LIST":        1,
+		"KEYRING_OP_INSTALL":     2,
+		"KEYRING_OP_USE":         3,
+		"KEYRING_OP_REMOVE":      4,
+	}
+)
+
+func (x KeyringOp) Enum() *KeyringOp {
+	p := new(KeyringOp)
+	*p = x
+	return p
+}
+
+func (x KeyringOp) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KeyringOp) Descriptor() protoreflect.EnumDescriptor {
+	return file_llmgw_v1_llmgw_proto_enumTypes[5].Descriptor()
+}
+
+func (KeyringOp) Type() protoreflect.EnumType {
+	return &file_llmgw_v1_llmgw_proto_enumTypes[5]
+}
+
+func (x KeyringOp) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KeyringOp.Descriptor instead.
+func (KeyringOp) EnumDescriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{5}
 }
 
 // Adapter is one LoRA adapter a model may serve (design §7.6).
@@ -1083,8 +1148,11 @@ type State struct {
 	// release that introduced them, so an older server restoring it stops at
 	// that min_version rather than drop them.
 	ServerRemovals []*ServerRemoval `protobuf:"bytes,9,rep,name=server_removals,json=serverRemovals,proto3" json:"server_removals,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Router API keys (design §11), sorted by name. Only a hash of each
+	// secret is replicated.
+	ApiKeys       []*ApiKey `protobuf:"bytes,10,rep,name=api_keys,json=apiKeys,proto3" json:"api_keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
@@ -1180,6 +1248,96 @@ func (x *State) GetServerRemovals() []*ServerRemoval {
 	return nil
 }
 
+func (x *State) GetApiKeys() []*ApiKey {
+	if x != nil {
+		return x.ApiKeys
+	}
+	return nil
+}
+
+// ApiKey is one router API key (design §11). The secret is shown once, by
+// llmgwctl when it is created, and exists nowhere else: the cluster holds
+// only its SHA-256, which a router compares in constant time. A hash of a
+// 256-bit random secret needs no slow KDF: there is nothing to guess.
+type ApiKey struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Unique; what logs and metrics name the caller by.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// SHA-256 of the secret (32 bytes).
+	SecretSha256 []byte `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	// Models (and adapters) the key may use; empty for every model.
+	Models        []string `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	CreatedUnix   int64    `protobuf:"varint,4,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	Revision      uint64   `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApiKey) Reset() {
+	*x = ApiKey{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApiKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApiKey) ProtoMessage() {}
+
+func (x *ApiKey) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
+func (*ApiKey) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ApiKey) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ApiKey) GetSecretSha256() []byte {
+	if x != nil {
+		return x.SecretSha256
+	}
+	return nil
+}
+
+func (x *ApiKey) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *ApiKey) GetCreatedUnix() int64 {
+	if x != nil {
+		return x.CreatedUnix
+	}
+	return 0
+}
+
+func (x *ApiKey) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // ServerRemoval is the replicated record of one control-plane server's
 // removal (design §5.2). The leader keeps a removed server out of Raft when
 // it shows up alive over gossip; only an explicit join clears the record.
@@ -1202,7 +1360,7 @@ type ServerRemoval struct {
 
 func (x *ServerRemoval) Reset() {
 	*x = ServerRemoval{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1372,7 @@ func (x *ServerRemoval) String() string {
 func (*ServerRemoval) ProtoMessage() {}
 
 func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1385,7 @@ func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerRemoval.ProtoReflect.Descriptor instead.
 func (*ServerRemoval) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ServerRemoval) GetServerId() string {
@@ -1277,7 +1435,7 @@ type AdapterPlacement struct {
 
 func (x *AdapterPlacement) Reset() {
 	*x = AdapterPlacement{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1447,7 @@ func (x *AdapterPlacement) String() string {
 func (*AdapterPlacement) ProtoMessage() {}
 
 func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1460,7 @@ func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterPlacement.ProtoReflect.Descriptor instead.
 func (*AdapterPlacement) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *AdapterPlacement) GetModel() string {
@@ -1348,7 +1506,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1360,7 +1518,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1373,7 +1531,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Command) GetType() CommandType {
@@ -1413,7 +1571,7 @@ type UpsertModelCommand struct {
 
 func (x *UpsertModelCommand) Reset() {
 	*x = UpsertModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1425,7 +1583,7 @@ func (x *UpsertModelCommand) String() string {
 func (*UpsertModelCommand) ProtoMessage() {}
 
 func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1438,7 +1596,7 @@ func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertModelCommand.ProtoReflect.Descriptor instead.
 func (*UpsertModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *UpsertModelCommand) GetModel() *Model {
@@ -1457,7 +1615,7 @@ type DeleteModelCommand struct {
 
 func (x *DeleteModelCommand) Reset() {
 	*x = DeleteModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1469,7 +1627,7 @@ func (x *DeleteModelCommand) String() string {
 func (*DeleteModelCommand) ProtoMessage() {}
 
 func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1482,10 +1640,99 @@ func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelCommand.ProtoReflect.Descriptor instead.
 func (*DeleteModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteModelCommand) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// PutApiKeyCommand creates a key; a name already in use is refused.
+type PutApiKeyCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           *ApiKey                `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutApiKeyCommand) Reset() {
+	*x = PutApiKeyCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutApiKeyCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutApiKeyCommand) ProtoMessage() {}
+
+func (x *PutApiKeyCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutApiKeyCommand.ProtoReflect.Descriptor instead.
+func (*PutApiKeyCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *PutApiKeyCommand) GetKey() *ApiKey {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+type DeleteApiKeyCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteApiKeyCommand) Reset() {
+	*x = DeleteApiKeyCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteApiKeyCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteApiKeyCommand) ProtoMessage() {}
+
+func (x *DeleteApiKeyCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteApiKeyCommand.ProtoReflect.Descriptor instead.
+func (*DeleteApiKeyCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeleteApiKeyCommand) GetName() string {
 	if x != nil {
 		return x.Name
 	}
@@ -1501,7 +1748,7 @@ type RegisterNodeCommand struct {
 
 func (x *RegisterNodeCommand) Reset() {
 	*x = RegisterNodeCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1513,7 +1760,7 @@ func (x *RegisterNodeCommand) String() string {
 func (*RegisterNodeCommand) ProtoMessage() {}
 
 func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1526,7 +1773,7 @@ func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCommand.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RegisterNodeCommand) GetNode() *Node {
@@ -1546,7 +1793,7 @@ type SetNodeStateCommand struct {
 
 func (x *SetNodeStateCommand) Reset() {
 	*x = SetNodeStateCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1558,7 +1805,7 @@ func (x *SetNodeStateCommand) String() string {
 func (*SetNodeStateCommand) ProtoMessage() {}
 
 func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1571,7 +1818,7 @@ func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *SetNodeStateCommand) GetId() string {
@@ -1599,7 +1846,7 @@ type PlaceReplicaCommand struct {
 
 func (x *PlaceReplicaCommand) Reset() {
 	*x = PlaceReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1611,7 +1858,7 @@ func (x *PlaceReplicaCommand) String() string {
 func (*PlaceReplicaCommand) ProtoMessage() {}
 
 func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1624,7 +1871,7 @@ func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReplicaCommand.ProtoReflect.Descriptor instead.
 func (*PlaceReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PlaceReplicaCommand) GetReplica() *Replica {
@@ -1645,7 +1892,7 @@ type RemoveReplicaCommand struct {
 
 func (x *RemoveReplicaCommand) Reset() {
 	*x = RemoveReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1657,7 +1904,7 @@ func (x *RemoveReplicaCommand) String() string {
 func (*RemoveReplicaCommand) ProtoMessage() {}
 
 func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1670,7 +1917,7 @@ func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaCommand.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RemoveReplicaCommand) GetId() string {
@@ -1697,7 +1944,7 @@ type SetReplicaDrainingCommand struct {
 
 func (x *SetReplicaDrainingCommand) Reset() {
 	*x = SetReplicaDrainingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1709,7 +1956,7 @@ func (x *SetReplicaDrainingCommand) String() string {
 func (*SetReplicaDrainingCommand) ProtoMessage() {}
 
 func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1722,7 +1969,7 @@ func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaDrainingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaDrainingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetReplicaDrainingCommand) GetId() string {
@@ -1748,7 +1995,7 @@ type SetClusterConfigCommand struct {
 
 func (x *SetClusterConfigCommand) Reset() {
 	*x = SetClusterConfigCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1760,7 +2007,7 @@ func (x *SetClusterConfigCommand) String() string {
 func (*SetClusterConfigCommand) ProtoMessage() {}
 
 func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1773,7 +2020,7 @@ func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetClusterConfigCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetClusterConfigCommand) GetConfig() *ClusterConfig {
@@ -1794,7 +2041,7 @@ type SetAdapterPlacementCommand struct {
 
 func (x *SetAdapterPlacementCommand) Reset() {
 	*x = SetAdapterPlacementCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +2053,7 @@ func (x *SetAdapterPlacementCommand) String() string {
 func (*SetAdapterPlacementCommand) ProtoMessage() {}
 
 func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +2066,7 @@ func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAdapterPlacementCommand.ProtoReflect.Descriptor instead.
 func (*SetAdapterPlacementCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
@@ -1841,7 +2088,7 @@ type SetNodeLabelsCommand struct {
 
 func (x *SetNodeLabelsCommand) Reset() {
 	*x = SetNodeLabelsCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +2100,7 @@ func (x *SetNodeLabelsCommand) String() string {
 func (*SetNodeLabelsCommand) ProtoMessage() {}
 
 func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +2113,7 @@ func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetNodeLabelsCommand) GetId() string {
@@ -1906,7 +2153,7 @@ type SetServerRemovedCommand struct {
 
 func (x *SetServerRemovedCommand) Reset() {
 	*x = SetServerRemovedCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1918,7 +2165,7 @@ func (x *SetServerRemovedCommand) String() string {
 func (*SetServerRemovedCommand) ProtoMessage() {}
 
 func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1931,7 +2178,7 @@ func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServerRemovedCommand.ProtoReflect.Descriptor instead.
 func (*SetServerRemovedCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetServerRemovedCommand) GetServerId() string {
@@ -1979,7 +2226,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1991,7 +2238,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2004,7 +2251,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -2111,7 +2358,7 @@ type EphemeralUpdate struct {
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2123,7 +2370,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2136,7 +2383,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -2217,7 +2464,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2476,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2489,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *AdapterStatus) GetReplicaId() string {
@@ -2334,7 +2581,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2346,7 +2593,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2359,7 +2606,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -2436,7 +2683,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2448,7 +2695,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2461,7 +2708,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ControlServer) GetId() string {
@@ -2529,7 +2776,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2541,7 +2788,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2554,7 +2801,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -2579,7 +2826,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2591,7 +2838,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2604,7 +2851,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -2642,7 +2889,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2654,7 +2901,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2667,7 +2914,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -2739,7 +2986,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2751,7 +2998,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2764,7 +3011,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -2803,7 +3050,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2815,7 +3062,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2828,7 +3075,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -2875,7 +3122,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2887,7 +3134,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2900,7 +3147,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -3000,7 +3247,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3012,7 +3259,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3025,7 +3272,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -3044,7 +3291,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3303,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3316,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -3091,7 +3338,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3103,7 +3350,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3116,7 +3363,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -3149,6 +3396,7 @@ type Change struct {
 	//	*Change_Replica
 	//	*Change_Config
 	//	*Change_AdapterPlacement
+	//	*Change_ApiKey
 	Object        isChange_Object `protobuf_oneof:"object"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3156,7 +3404,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3168,7 +3416,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3181,7 +3429,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -3250,6 +3498,15 @@ func (x *Change) GetAdapterPlacement() *AdapterPlacement {
 	return nil
 }
 
+func (x *Change) GetApiKey() *ApiKey {
+	if x != nil {
+		if x, ok := x.Object.(*Change_ApiKey); ok {
+			return x.ApiKey
+		}
+	}
+	return nil
+}
+
 type isChange_Object interface {
 	isChange_Object()
 }
@@ -3275,6 +3532,11 @@ type Change_AdapterPlacement struct {
 	AdapterPlacement *AdapterPlacement `protobuf:"bytes,7,opt,name=adapter_placement,json=adapterPlacement,proto3,oneof"`
 }
 
+type Change_ApiKey struct {
+	// Keyed by key name.
+	ApiKey *ApiKey `protobuf:"bytes,8,opt,name=api_key,json=apiKey,proto3,oneof"`
+}
+
 func (*Change_Model) isChange_Object() {}
 
 func (*Change_Node) isChange_Object() {}
@@ -3284,6 +3546,8 @@ func (*Change_Replica) isChange_Object() {}
 func (*Change_Config) isChange_Object() {}
 
 func (*Change_AdapterPlacement) isChange_Object() {}
+
+func (*Change_ApiKey) isChange_Object() {}
 
 // SnapshotBegin opens a framed snapshot at a revision: the client builds the
 // puts that follow aside and swaps them in atomically at SnapshotEnd.
@@ -3296,7 +3560,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3308,7 +3572,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3321,7 +3585,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -3340,7 +3604,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3616,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3629,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -3386,7 +3650,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3398,7 +3662,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3411,7 +3675,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -3439,7 +3703,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3451,7 +3715,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3464,7 +3728,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -3583,6 +3847,471 @@ func (*WatchEvent_Heartbeat) isWatchEvent_Event() {}
 
 func (*WatchEvent_Mark) isWatchEvent_Event() {}
 
+type CreateApiKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	SecretSha256  []byte                 `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	Models        []string               `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateApiKeyRequest) Reset() {
+	*x = CreateApiKeyRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateApiKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateApiKeyRequest) ProtoMessage() {}
+
+func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
+func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *CreateApiKeyRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateApiKeyRequest) GetSecretSha256() []byte {
+	if x != nil {
+		return x.SecretSha256
+	}
+	return nil
+}
+
+func (x *CreateApiKeyRequest) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+type CreateApiKeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           *ApiKey                `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateApiKeyResponse) Reset() {
+	*x = CreateApiKeyResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateApiKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateApiKeyResponse) ProtoMessage() {}
+
+func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
+func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *CreateApiKeyResponse) GetKey() *ApiKey {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *CreateApiKeyResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type ListApiKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// secret_sha256 is never set in a listing.
+	Keys          []*ApiKey `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Revision      uint64    `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListApiKeysResponse) Reset() {
+	*x = ListApiKeysResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListApiKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListApiKeysResponse) ProtoMessage() {}
+
+func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ListApiKeysResponse) GetKeys() []*ApiKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ListApiKeysResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type RevokeApiKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeApiKeyRequest) Reset() {
+	*x = RevokeApiKeyRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeApiKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeApiKeyRequest) ProtoMessage() {}
+
+func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
+func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *RevokeApiKeyRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RevokeApiKeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeApiKeyResponse) Reset() {
+	*x = RevokeApiKeyResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeApiKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeApiKeyResponse) ProtoMessage() {}
+
+func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeApiKeyResponse.ProtoReflect.Descriptor instead.
+func (*RevokeApiKeyResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *RevokeApiKeyResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type KeyringRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Op    KeyringOp              `protobuf:"varint,1,opt,name=op,proto3,enum=llmgw.v1.KeyringOp" json:"op,omitempty"`
+	// The key, base64 as in the key file (16, 24 or 32 bytes); empty for LIST.
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringRequest) Reset() {
+	*x = KeyringRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringRequest) ProtoMessage() {}
+
+func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
+func (*KeyringRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+}
+
+func (x *KeyringRequest) GetOp() KeyringOp {
+	if x != nil {
+		return x.Op
+	}
+	return KeyringOp_KEYRING_OP_UNSPECIFIED
+}
+
+func (x *KeyringRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+// KeyringKey is a key as a listing shows it: never the key itself, its
+// fingerprint (the first 8 bytes of its SHA-256, hex).
+type KeyringKey struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fingerprint   string                 `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	Primary       bool                   `protobuf:"varint,2,opt,name=primary,proto3" json:"primary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringKey) Reset() {
+	*x = KeyringKey{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringKey) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringKey) ProtoMessage() {}
+
+func (x *KeyringKey) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringKey.ProtoReflect.Descriptor instead.
+func (*KeyringKey) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+}
+
+func (x *KeyringKey) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
+}
+
+func (x *KeyringKey) GetPrimary() bool {
+	if x != nil {
+		return x.Primary
+	}
+	return false
+}
+
+type ServerKeyring struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ServerId string                 `protobuf:"bytes,1,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Keys     []*KeyringKey          `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Set when the operation failed on this server.
+	Error         string `protobuf:"bytes,3,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ServerKeyring) Reset() {
+	*x = ServerKeyring{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ServerKeyring) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ServerKeyring) ProtoMessage() {}
+
+func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ServerKeyring.ProtoReflect.Descriptor instead.
+func (*ServerKeyring) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *ServerKeyring) GetServerId() string {
+	if x != nil {
+		return x.ServerId
+	}
+	return ""
+}
+
+func (x *ServerKeyring) GetKeys() []*KeyringKey {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *ServerKeyring) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type KeyringResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Servers       []*ServerKeyring       `protobuf:"bytes,1,rep,name=servers,proto3" json:"servers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyringResponse) Reset() {
+	*x = KeyringResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyringResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyringResponse) ProtoMessage() {}
+
+func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
+func (*KeyringResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *KeyringResponse) GetServers() []*ServerKeyring {
+	if x != nil {
+		return x.Servers
+	}
+	return nil
+}
+
 type SetNodeLabelsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
@@ -3594,7 +4323,7 @@ type SetNodeLabelsRequest struct {
 
 func (x *SetNodeLabelsRequest) Reset() {
 	*x = SetNodeLabelsRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3606,7 +4335,7 @@ func (x *SetNodeLabelsRequest) String() string {
 func (*SetNodeLabelsRequest) ProtoMessage() {}
 
 func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3619,7 +4348,7 @@ func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SetNodeLabelsRequest) GetId() string {
@@ -3653,7 +4382,7 @@ type SetNodeLabelsResponse struct {
 
 func (x *SetNodeLabelsResponse) Reset() {
 	*x = SetNodeLabelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3665,7 +4394,7 @@ func (x *SetNodeLabelsResponse) String() string {
 func (*SetNodeLabelsResponse) ProtoMessage() {}
 
 func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3678,7 +4407,7 @@ func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SetNodeLabelsResponse) GetRevision() uint64 {
@@ -3703,7 +4432,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3715,7 +4444,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3728,7 +4457,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -3741,7 +4470,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3753,7 +4482,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3766,7 +4495,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3786,7 +4515,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3798,7 +4527,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3811,7 +4540,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -3831,7 +4560,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3843,7 +4572,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3856,7 +4585,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -3882,7 +4611,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +4623,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +4636,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -3927,7 +4656,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3939,7 +4668,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3952,7 +4681,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -3972,7 +4701,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3984,7 +4713,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3997,7 +4726,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -4015,7 +4744,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4027,7 +4756,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4040,7 +4769,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 type LeaveResponse struct {
@@ -4053,7 +4782,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4065,7 +4794,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4078,7 +4807,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -4096,7 +4825,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4108,7 +4837,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4121,7 +4850,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
 }
 
 // Member is one server in the gossip pool.
@@ -4145,7 +4874,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4157,7 +4886,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4170,7 +4899,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *Member) GetId() string {
@@ -4238,7 +4967,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4250,7 +4979,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4263,7 +4992,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -4281,7 +5010,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4293,7 +5022,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4306,7 +5035,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -4330,7 +5059,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4342,7 +5071,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4355,7 +5084,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -4430,7 +5159,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4442,7 +5171,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4455,7 +5184,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -4474,7 +5203,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4486,7 +5215,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4499,7 +5228,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -4517,7 +5246,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +5258,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +5271,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
 }
 
 type TransferLeadershipRequest struct {
@@ -4555,7 +5284,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4567,7 +5296,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4580,7 +5309,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -4599,7 +5328,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4611,7 +5340,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4624,7 +5353,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -4643,7 +5372,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4655,7 +5384,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4668,7 +5397,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -4688,7 +5417,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4700,7 +5429,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4713,7 +5442,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -4739,7 +5468,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4751,7 +5480,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4764,7 +5493,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -4783,7 +5512,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4795,7 +5524,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4808,7 +5537,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -4828,7 +5557,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4840,7 +5569,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4853,7 +5582,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -4873,7 +5602,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4885,7 +5614,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4898,7 +5627,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -4927,7 +5656,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4939,7 +5668,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4952,7 +5681,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -4988,7 +5717,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5000,7 +5729,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5013,7 +5742,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -5040,7 +5769,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5052,7 +5781,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5065,7 +5794,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -5090,7 +5819,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5102,7 +5831,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5115,7 +5844,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
 }
 
 type ClusterStatusResponse struct {
@@ -5147,7 +5876,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5159,7 +5888,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5172,7 +5901,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -5261,7 +5990,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5273,7 +6002,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5286,7 +6015,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -5317,7 +6046,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5329,7 +6058,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5342,7 +6071,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -5410,7 +6139,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5422,7 +6151,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5435,7 +6164,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -5477,7 +6206,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5489,7 +6218,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5502,7 +6231,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -5534,7 +6263,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5546,7 +6275,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5559,7 +6288,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -5605,7 +6334,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5617,7 +6346,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5630,7 +6359,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -5659,7 +6388,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5671,7 +6400,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5684,7 +6413,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -5783,7 +6512,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"minVersion\x12,\n" +
 	"\x12default_block_size\x18\x02 \x01(\rR\x10defaultBlockSize\x12*\n" +
 	"\x11default_hash_seed\x18\x03 \x01(\tR\x0fdefaultHashSeed\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision\"\xfc\x03\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\"\xa9\x04\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
@@ -5793,10 +6522,18 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigR\x06config\x12C\n" +
 	"\fnext_ordinal\x18\a \x03(\v2 .llmgw.v1.State.NextOrdinalEntryR\vnextOrdinal\x12I\n" +
 	"\x12adapter_placements\x18\b \x03(\v2\x1a.llmgw.v1.AdapterPlacementR\x11adapterPlacements\x12@\n" +
-	"\x0fserver_removals\x18\t \x03(\v2\x17.llmgw.v1.ServerRemovalR\x0eserverRemovals\x1a>\n" +
+	"\x0fserver_removals\x18\t \x03(\v2\x17.llmgw.v1.ServerRemovalR\x0eserverRemovals\x12+\n" +
+	"\bapi_keys\x18\n" +
+	" \x03(\v2\x10.llmgw.v1.ApiKeyR\aapiKeys\x1a>\n" +
 	"\x10NextOrdinalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x84\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x98\x01\n" +
+	"\x06ApiKey\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
+	"\rsecret_sha256\x18\x02 \x01(\fR\fsecretSha256\x12\x16\n" +
+	"\x06models\x18\x03 \x03(\tR\x06models\x12!\n" +
+	"\fcreated_unix\x18\x04 \x01(\x03R\vcreatedUnix\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\"\x84\x01\n" +
 	"\rServerRemoval\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
 	"\aremoved\x18\x02 \x01(\bR\aremoved\x12\x1a\n" +
@@ -5816,6 +6553,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x12UpsertModelCommand\x12%\n" +
 	"\x05model\x18\x01 \x01(\v2\x0f.llmgw.v1.ModelR\x05model\"(\n" +
 	"\x12DeleteModelCommand\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"6\n" +
+	"\x10PutApiKeyCommand\x12\"\n" +
+	"\x03key\x18\x01 \x01(\v2\x10.llmgw.v1.ApiKeyR\x03key\")\n" +
+	"\x13DeleteApiKeyCommand\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
 	"\x13RegisterNodeCommand\x12\"\n" +
 	"\x04node\x18\x01 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\"P\n" +
@@ -5937,7 +6678,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aservers\x18\x01 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\"P\n" +
 	"\fWatchRequest\x12#\n" +
 	"\rfrom_revision\x18\x01 \x01(\x04R\ffromRevision\x12\x1b\n" +
-	"\tclient_id\x18\x02 \x01(\tR\bclientId\"\xce\x02\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\"\xfb\x02\n" +
 	"\x06Change\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x12.llmgw.v1.ChangeOpR\x02op\x12'\n" +
@@ -5945,7 +6686,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x04node\x18\x04 \x01(\v2\x0e.llmgw.v1.NodeH\x00R\x04node\x12-\n" +
 	"\areplica\x18\x05 \x01(\v2\x11.llmgw.v1.ReplicaH\x00R\areplica\x121\n" +
 	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigH\x00R\x06config\x12I\n" +
-	"\x11adapter_placement\x18\a \x01(\v2\x1a.llmgw.v1.AdapterPlacementH\x00R\x10adapterPlacementB\b\n" +
+	"\x11adapter_placement\x18\a \x01(\v2\x1a.llmgw.v1.AdapterPlacementH\x00R\x10adapterPlacement\x12+\n" +
+	"\aapi_key\x18\b \x01(\v2\x10.llmgw.v1.ApiKeyH\x00R\x06apiKeyB\b\n" +
 	"\x06object\"+\n" +
 	"\rSnapshotBegin\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\")\n" +
@@ -5962,7 +6704,34 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aservers\x18\x05 \x01(\v2\x14.llmgw.v1.ServerListH\x00R\aservers\x123\n" +
 	"\theartbeat\x18\x06 \x01(\v2\x13.llmgw.v1.HeartbeatH\x00R\theartbeat\x12,\n" +
 	"\x04mark\x18\a \x01(\v2\x16.llmgw.v1.RevisionMarkH\x00R\x04markB\a\n" +
-	"\x05event\"\xb1\x01\n" +
+	"\x05event\"f\n" +
+	"\x13CreateApiKeyRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
+	"\rsecret_sha256\x18\x02 \x01(\fR\fsecretSha256\x12\x16\n" +
+	"\x06models\x18\x03 \x03(\tR\x06models\"V\n" +
+	"\x14CreateApiKeyResponse\x12\"\n" +
+	"\x03key\x18\x01 \x01(\v2\x10.llmgw.v1.ApiKeyR\x03key\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"W\n" +
+	"\x13ListApiKeysResponse\x12$\n" +
+	"\x04keys\x18\x01 \x03(\v2\x10.llmgw.v1.ApiKeyR\x04keys\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\")\n" +
+	"\x13RevokeApiKeyRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"2\n" +
+	"\x14RevokeApiKeyResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"G\n" +
+	"\x0eKeyringRequest\x12#\n" +
+	"\x02op\x18\x01 \x01(\x0e2\x13.llmgw.v1.KeyringOpR\x02op\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"H\n" +
+	"\n" +
+	"KeyringKey\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\x12\x18\n" +
+	"\aprimary\x18\x02 \x01(\bR\aprimary\"l\n" +
+	"\rServerKeyring\x12\x1b\n" +
+	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12(\n" +
+	"\x04keys\x18\x02 \x03(\v2\x14.llmgw.v1.KeyringKeyR\x04keys\x12\x14\n" +
+	"\x05error\x18\x03 \x01(\tR\x05error\"D\n" +
+	"\x0fKeyringResponse\x121\n" +
+	"\aservers\x18\x01 \x03(\v2\x17.llmgw.v1.ServerKeyringR\aservers\"\xb1\x01\n" +
 	"\x14SetNodeLabelsRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x129\n" +
 	"\x03set\x18\x02 \x03(\v2'.llmgw.v1.SetNodeLabelsRequest.SetEntryR\x03set\x12\x16\n" +
@@ -6107,7 +6876,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\xa6\x03\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\xe5\x03\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -6121,7 +6890,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\"COMMAND_TYPE_SET_ADAPTER_PLACEMENT\x10\t\x12 \n" +
 	"\x1cCOMMAND_TYPE_SET_NODE_LABELS\x10\n" +
 	"\x12#\n" +
-	"\x1fCOMMAND_TYPE_SET_SERVER_REMOVED\x10\v*\xee\x01\n" +
+	"\x1fCOMMAND_TYPE_SET_SERVER_REMOVED\x10\v\x12\x1c\n" +
+	"\x18COMMAND_TYPE_PUT_API_KEY\x10\f\x12\x1f\n" +
+	"\x1bCOMMAND_TYPE_DELETE_API_KEY\x10\r*\xee\x01\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -6140,11 +6911,17 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\bChangeOp\x12\x19\n" +
 	"\x15CHANGE_OP_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rCHANGE_OP_PUT\x10\x01\x12\x14\n" +
-	"\x10CHANGE_OP_DELETE\x10\x022N\n" +
+	"\x10CHANGE_OP_DELETE\x10\x02*\x7f\n" +
+	"\tKeyringOp\x12\x1a\n" +
+	"\x16KEYRING_OP_UNSPECIFIED\x10\x00\x12\x13\n" +
+	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
+	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
+	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x042N\n" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\x94\t\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xb7\v\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -6164,13 +6941,18 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x12TransferLeadership\x12#.llmgw.v1.TransferLeadershipRequest\x1a$.llmgw.v1.TransferLeadershipResponse\x12H\n" +
 	"\fSnapshotSave\x12\x1d.llmgw.v1.SnapshotSaveRequest\x1a\x17.llmgw.v1.SnapshotChunk0\x01\x12O\n" +
 	"\x0fSnapshotRestore\x12\x17.llmgw.v1.SnapshotChunk\x1a!.llmgw.v1.SnapshotRestoreResponse(\x01\x12P\n" +
-	"\rSetNodeLabels\x12\x1e.llmgw.v1.SetNodeLabelsRequest\x1a\x1f.llmgw.v1.SetNodeLabelsResponse2T\n" +
+	"\rSetNodeLabels\x12\x1e.llmgw.v1.SetNodeLabelsRequest\x1a\x1f.llmgw.v1.SetNodeLabelsResponse\x12M\n" +
+	"\fCreateApiKey\x12\x1d.llmgw.v1.CreateApiKeyRequest\x1a\x1e.llmgw.v1.CreateApiKeyResponse\x12C\n" +
+	"\vListApiKeys\x12\x15.llmgw.v1.ListRequest\x1a\x1d.llmgw.v1.ListApiKeysResponse\x12M\n" +
+	"\fRevokeApiKey\x12\x1d.llmgw.v1.RevokeApiKeyRequest\x1a\x1e.llmgw.v1.RevokeApiKeyResponse\x12>\n" +
+	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse2T\n" +
 	"\vLoadService\x12E\n" +
 	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012b\n" +
 	"\x0eAdapterService\x12P\n" +
-	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponse2^\n" +
+	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponse2\xa1\x01\n" +
 	"\rServerService\x12M\n" +
-	"\fRegisterNode\x12\x1d.llmgw.v1.RegisterNodeRequest\x1a\x1e.llmgw.v1.RegisterNodeResponseB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
+	"\fRegisterNode\x12\x1d.llmgw.v1.RegisterNodeRequest\x1a\x1e.llmgw.v1.RegisterNodeResponse\x12A\n" +
+	"\fLocalKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x17.llmgw.v1.ServerKeyringB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
 
 var (
 	file_llmgw_v1_llmgw_proto_rawDescOnce sync.Once
@@ -6184,222 +6966,253 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 	return file_llmgw_v1_llmgw_proto_rawDescData
 }
 
-var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
+var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
 	(ReplicaPhase)(0),                  // 2: llmgw.v1.ReplicaPhase
 	(AdapterState)(0),                  // 3: llmgw.v1.AdapterState
 	(ChangeOp)(0),                      // 4: llmgw.v1.ChangeOp
-	(*Adapter)(nil),                    // 5: llmgw.v1.Adapter
-	(*ProfileOverrides)(nil),           // 6: llmgw.v1.ProfileOverrides
-	(*Model)(nil),                      // 7: llmgw.v1.Model
-	(*Node)(nil),                       // 8: llmgw.v1.Node
-	(*Shard)(nil),                      // 9: llmgw.v1.Shard
-	(*Replica)(nil),                    // 10: llmgw.v1.Replica
-	(*ClusterConfig)(nil),              // 11: llmgw.v1.ClusterConfig
-	(*State)(nil),                      // 12: llmgw.v1.State
-	(*ServerRemoval)(nil),              // 13: llmgw.v1.ServerRemoval
-	(*AdapterPlacement)(nil),           // 14: llmgw.v1.AdapterPlacement
-	(*Command)(nil),                    // 15: llmgw.v1.Command
-	(*UpsertModelCommand)(nil),         // 16: llmgw.v1.UpsertModelCommand
-	(*DeleteModelCommand)(nil),         // 17: llmgw.v1.DeleteModelCommand
-	(*RegisterNodeCommand)(nil),        // 18: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),        // 19: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),        // 20: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),       // 21: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil),  // 22: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),    // 23: llmgw.v1.SetClusterConfigCommand
-	(*SetAdapterPlacementCommand)(nil), // 24: llmgw.v1.SetAdapterPlacementCommand
-	(*SetNodeLabelsCommand)(nil),       // 25: llmgw.v1.SetNodeLabelsCommand
-	(*SetServerRemovedCommand)(nil),    // 26: llmgw.v1.SetServerRemovedCommand
-	(*ReplicaStatus)(nil),              // 27: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 28: llmgw.v1.EphemeralUpdate
-	(*AdapterStatus)(nil),              // 29: llmgw.v1.AdapterStatus
-	(*KVBlocks)(nil),                   // 30: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 31: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 32: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 33: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 34: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 35: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 36: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 37: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 38: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 39: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 40: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 41: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 42: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 43: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 44: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 45: llmgw.v1.WatchEvent
-	(*SetNodeLabelsRequest)(nil),       // 46: llmgw.v1.SetNodeLabelsRequest
-	(*SetNodeLabelsResponse)(nil),      // 47: llmgw.v1.SetNodeLabelsResponse
-	(*SnapshotSaveRequest)(nil),        // 48: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 49: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 50: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 51: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 52: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 53: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 54: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 55: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 56: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 57: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 58: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 59: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 60: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 61: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 62: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 63: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 64: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 65: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 66: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 67: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 68: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 69: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 70: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 71: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 72: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 73: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 74: llmgw.v1.ReplicaView
-	(*ListReplicasResponse)(nil),       // 75: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 76: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 77: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 78: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 79: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 80: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 81: llmgw.v1.EnsureAdapterRequest
-	(*EnsureAdapterResponse)(nil),      // 82: llmgw.v1.EnsureAdapterResponse
-	(*RegisterNodeRequest)(nil),        // 83: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 84: llmgw.v1.RegisterNodeResponse
-	nil,                                // 85: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 86: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 87: llmgw.v1.Node.LabelsEntry
-	nil,                                // 88: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 89: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 90: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 91: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(KeyringOp)(0),                     // 5: llmgw.v1.KeyringOp
+	(*Adapter)(nil),                    // 6: llmgw.v1.Adapter
+	(*ProfileOverrides)(nil),           // 7: llmgw.v1.ProfileOverrides
+	(*Model)(nil),                      // 8: llmgw.v1.Model
+	(*Node)(nil),                       // 9: llmgw.v1.Node
+	(*Shard)(nil),                      // 10: llmgw.v1.Shard
+	(*Replica)(nil),                    // 11: llmgw.v1.Replica
+	(*ClusterConfig)(nil),              // 12: llmgw.v1.ClusterConfig
+	(*State)(nil),                      // 13: llmgw.v1.State
+	(*ApiKey)(nil),                     // 14: llmgw.v1.ApiKey
+	(*ServerRemoval)(nil),              // 15: llmgw.v1.ServerRemoval
+	(*AdapterPlacement)(nil),           // 16: llmgw.v1.AdapterPlacement
+	(*Command)(nil),                    // 17: llmgw.v1.Command
+	(*UpsertModelCommand)(nil),         // 18: llmgw.v1.UpsertModelCommand
+	(*DeleteModelCommand)(nil),         // 19: llmgw.v1.DeleteModelCommand
+	(*PutApiKeyCommand)(nil),           // 20: llmgw.v1.PutApiKeyCommand
+	(*DeleteApiKeyCommand)(nil),        // 21: llmgw.v1.DeleteApiKeyCommand
+	(*RegisterNodeCommand)(nil),        // 22: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 23: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 24: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 25: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 26: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 27: llmgw.v1.SetClusterConfigCommand
+	(*SetAdapterPlacementCommand)(nil), // 28: llmgw.v1.SetAdapterPlacementCommand
+	(*SetNodeLabelsCommand)(nil),       // 29: llmgw.v1.SetNodeLabelsCommand
+	(*SetServerRemovedCommand)(nil),    // 30: llmgw.v1.SetServerRemovedCommand
+	(*ReplicaStatus)(nil),              // 31: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 32: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 33: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 34: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 35: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 36: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 37: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 38: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 39: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 40: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 41: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 42: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 43: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 44: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 45: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 46: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 47: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 48: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 49: llmgw.v1.WatchEvent
+	(*CreateApiKeyRequest)(nil),        // 50: llmgw.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),       // 51: llmgw.v1.CreateApiKeyResponse
+	(*ListApiKeysResponse)(nil),        // 52: llmgw.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),        // 53: llmgw.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),       // 54: llmgw.v1.RevokeApiKeyResponse
+	(*KeyringRequest)(nil),             // 55: llmgw.v1.KeyringRequest
+	(*KeyringKey)(nil),                 // 56: llmgw.v1.KeyringKey
+	(*ServerKeyring)(nil),              // 57: llmgw.v1.ServerKeyring
+	(*KeyringResponse)(nil),            // 58: llmgw.v1.KeyringResponse
+	(*SetNodeLabelsRequest)(nil),       // 59: llmgw.v1.SetNodeLabelsRequest
+	(*SetNodeLabelsResponse)(nil),      // 60: llmgw.v1.SetNodeLabelsResponse
+	(*SnapshotSaveRequest)(nil),        // 61: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 62: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 63: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 64: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 65: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 66: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 67: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 68: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 69: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 70: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 71: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 72: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 73: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 74: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 75: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 76: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 77: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 78: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 79: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 80: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 81: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 82: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 83: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 84: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 85: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 86: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 87: llmgw.v1.ReplicaView
+	(*ListReplicasResponse)(nil),       // 88: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 89: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 90: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 91: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 92: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 93: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 94: llmgw.v1.EnsureAdapterRequest
+	(*EnsureAdapterResponse)(nil),      // 95: llmgw.v1.EnsureAdapterResponse
+	(*RegisterNodeRequest)(nil),        // 96: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 97: llmgw.v1.RegisterNodeResponse
+	nil,                                // 98: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 99: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 100: llmgw.v1.Node.LabelsEntry
+	nil,                                // 101: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 102: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 103: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 104: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	85, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	86, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
-	6,  // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
-	5,  // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	87, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
-	0,  // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
-	9,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
-	7,  // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
-	8,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
-	10, // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
-	11, // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	88, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
-	14, // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
-	13, // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
-	1,  // 14: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
-	7,  // 15: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
-	8,  // 16: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
-	0,  // 17: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
-	10, // 18: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
-	11, // 19: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
-	14, // 20: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	89, // 21: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
-	2,  // 22: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	27, // 23: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	30, // 24: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	29, // 25: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
-	3,  // 26: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
-	8,  // 27: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	27, // 28: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	33, // 29: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	28, // 30: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	32, // 31: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	31, // 32: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	10, // 33: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	7,  // 34: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	14, // 35: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
-	35, // 36: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	36, // 37: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	32, // 38: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	38, // 39: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	39, // 40: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	31, // 41: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	4,  // 42: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	7,  // 43: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	8,  // 44: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	10, // 45: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	11, // 46: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	14, // 47: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
-	42, // 48: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	41, // 49: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	43, // 50: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	28, // 51: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	39, // 52: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	32, // 53: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	44, // 54: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	90, // 55: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
-	8,  // 56: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
-	58, // 57: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	61, // 58: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
-	7,  // 59: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	7,  // 60: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	7,  // 61: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	8,  // 62: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	91, // 63: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	10, // 64: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	27, // 65: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	74, // 66: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	31, // 67: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	79, // 68: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	3,  // 69: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	8,  // 70: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
-	8,  // 71: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	34, // 72: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	40, // 73: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	67, // 74: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	69, // 75: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	71, // 76: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	71, // 77: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	71, // 78: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	76, // 79: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	51, // 80: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	53, // 81: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	55, // 82: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	57, // 83: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	60, // 84: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	63, // 85: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	65, // 86: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	48, // 87: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	49, // 88: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	46, // 89: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	78, // 90: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	81, // 91: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	83, // 92: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	37, // 93: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	45, // 94: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	68, // 95: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	70, // 96: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	72, // 97: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	73, // 98: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	75, // 99: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	77, // 100: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	52, // 101: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	54, // 102: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	56, // 103: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	59, // 104: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	62, // 105: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	64, // 106: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	66, // 107: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	49, // 108: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	50, // 109: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	47, // 110: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	80, // 111: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	82, // 112: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	84, // 113: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	93, // [93:114] is the sub-list for method output_type
-	72, // [72:93] is the sub-list for method input_type
-	72, // [72:72] is the sub-list for extension type_name
-	72, // [72:72] is the sub-list for extension extendee
-	0,  // [0:72] is the sub-list for field type_name
+	98,  // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	99,  // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	7,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
+	6,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
+	100, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
+	10,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
+	8,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
+	9,   // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
+	11,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
+	12,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
+	101, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	16,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
+	15,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
+	14,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
+	1,   // 15: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
+	8,   // 16: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
+	14,  // 17: llmgw.v1.PutApiKeyCommand.key:type_name -> llmgw.v1.ApiKey
+	9,   // 18: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
+	0,   // 19: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
+	11,  // 20: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
+	12,  // 21: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
+	16,  // 22: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
+	102, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	2,   // 24: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
+	31,  // 25: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	34,  // 26: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	33,  // 27: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	3,   // 28: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
+	9,   // 29: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	31,  // 30: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	37,  // 31: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	32,  // 32: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	36,  // 33: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	35,  // 34: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	11,  // 35: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	8,   // 36: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	16,  // 37: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
+	39,  // 38: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	40,  // 39: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	36,  // 40: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	42,  // 41: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	43,  // 42: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	35,  // 43: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	4,   // 44: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	8,   // 45: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	9,   // 46: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	11,  // 47: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	12,  // 48: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	16,  // 49: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
+	14,  // 50: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
+	46,  // 51: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	45,  // 52: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	47,  // 53: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	32,  // 54: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	43,  // 55: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	36,  // 56: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	48,  // 57: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	14,  // 58: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
+	14,  // 59: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
+	5,   // 60: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
+	56,  // 61: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
+	57,  // 62: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
+	103, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	9,   // 64: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
+	71,  // 65: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	74,  // 66: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	8,   // 67: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	8,   // 68: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	8,   // 69: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	9,   // 70: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	104, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	11,  // 72: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	31,  // 73: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	87,  // 74: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	35,  // 75: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	92,  // 76: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	3,   // 77: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	9,   // 78: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	9,   // 79: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	38,  // 80: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	44,  // 81: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	80,  // 82: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	82,  // 83: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	84,  // 84: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	84,  // 85: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	84,  // 86: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	89,  // 87: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	64,  // 88: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	66,  // 89: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	68,  // 90: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	70,  // 91: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	73,  // 92: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	76,  // 93: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	78,  // 94: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	61,  // 95: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	62,  // 96: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	59,  // 97: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	50,  // 98: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	84,  // 99: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	53,  // 100: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	55,  // 101: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	91,  // 102: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	94,  // 103: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	96,  // 104: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	55,  // 105: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	41,  // 106: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	49,  // 107: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	81,  // 108: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	83,  // 109: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	85,  // 110: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	86,  // 111: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	88,  // 112: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	90,  // 113: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	65,  // 114: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	67,  // 115: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	69,  // 116: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	72,  // 117: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	75,  // 118: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	77,  // 119: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	79,  // 120: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	62,  // 121: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	63,  // 122: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	60,  // 123: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	51,  // 124: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	52,  // 125: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	54,  // 126: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	58,  // 127: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	93,  // 128: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	95,  // 129: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	97,  // 130: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	57,  // 131: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	106, // [106:132] is the sub-list for method output_type
+	80,  // [80:106] is the sub-list for method input_type
+	80,  // [80:80] is the sub-list for extension type_name
+	80,  // [80:80] is the sub-list for extension extendee
+	0,   // [0:80] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -6407,26 +7220,27 @@ func file_llmgw_v1_llmgw_proto_init() {
 	if File_llmgw_v1_llmgw_proto != nil {
 		return
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[29].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[32].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[32].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[35].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[36].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[39].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
 		(*Change_Config)(nil),
 		(*Change_AdapterPlacement)(nil),
+		(*Change_ApiKey)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[40].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[43].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -6435,14 +7249,14 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*WatchEvent_Heartbeat)(nil),
 		(*WatchEvent_Mark)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[72].OneofWrappers = []any{}
+	file_llmgw_v1_llmgw_proto_msgTypes[84].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   87,
+			NumEnums:      6,
+			NumMessages:   99,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

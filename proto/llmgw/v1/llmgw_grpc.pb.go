@@ -251,6 +251,10 @@ const (
 	AdminService_SnapshotSave_FullMethodName       = "/llmgw.v1.AdminService/SnapshotSave"
 	AdminService_SnapshotRestore_FullMethodName    = "/llmgw.v1.AdminService/SnapshotRestore"
 	AdminService_SetNodeLabels_FullMethodName      = "/llmgw.v1.AdminService/SetNodeLabels"
+	AdminService_CreateApiKey_FullMethodName       = "/llmgw.v1.AdminService/CreateApiKey"
+	AdminService_ListApiKeys_FullMethodName        = "/llmgw.v1.AdminService/ListApiKeys"
+	AdminService_RevokeApiKey_FullMethodName       = "/llmgw.v1.AdminService/RevokeApiKey"
+	AdminService_Keyring_FullMethodName            = "/llmgw.v1.AdminService/Keyring"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -289,6 +293,16 @@ type AdminServiceClient interface {
 	// FAILED_PRECONDITION, naming the servers below the version, until every
 	// server runs one that knows it.
 	SetNodeLabels(ctx context.Context, in *SetNodeLabelsRequest, opts ...grpc.CallOption) (*SetNodeLabelsResponse, error)
+	// Router API keys (design §11; answered by the leader, gated). The
+	// caller makes the secret and sends only its hash, so the secret never
+	// crosses the network.
+	CreateApiKey(ctx context.Context, in *CreateApiKeyRequest, opts ...grpc.CallOption) (*CreateApiKeyResponse, error)
+	ListApiKeys(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListApiKeysResponse, error)
+	RevokeApiKey(ctx context.Context, in *RevokeApiKeyRequest, opts ...grpc.CallOption) (*RevokeApiKeyResponse, error)
+	// Keyring manages the gossip encryption keyring of every server (design
+	// §11): the server called runs the operation on each server it knows
+	// over ServerService.LocalKeyring and reports each one's answer.
+	Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error)
 }
 
 type adminServiceClient struct {
@@ -471,6 +485,46 @@ func (c *adminServiceClient) SetNodeLabels(ctx context.Context, in *SetNodeLabel
 	return out, nil
 }
 
+func (c *adminServiceClient) CreateApiKey(ctx context.Context, in *CreateApiKeyRequest, opts ...grpc.CallOption) (*CreateApiKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateApiKeyResponse)
+	err := c.cc.Invoke(ctx, AdminService_CreateApiKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListApiKeys(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListApiKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListApiKeysResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListApiKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RevokeApiKey(ctx context.Context, in *RevokeApiKeyRequest, opts ...grpc.CallOption) (*RevokeApiKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RevokeApiKeyResponse)
+	err := c.cc.Invoke(ctx, AdminService_RevokeApiKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(KeyringResponse)
+	err := c.cc.Invoke(ctx, AdminService_Keyring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -507,6 +561,16 @@ type AdminServiceServer interface {
 	// FAILED_PRECONDITION, naming the servers below the version, until every
 	// server runs one that knows it.
 	SetNodeLabels(context.Context, *SetNodeLabelsRequest) (*SetNodeLabelsResponse, error)
+	// Router API keys (design §11; answered by the leader, gated). The
+	// caller makes the secret and sends only its hash, so the secret never
+	// crosses the network.
+	CreateApiKey(context.Context, *CreateApiKeyRequest) (*CreateApiKeyResponse, error)
+	ListApiKeys(context.Context, *ListRequest) (*ListApiKeysResponse, error)
+	RevokeApiKey(context.Context, *RevokeApiKeyRequest) (*RevokeApiKeyResponse, error)
+	// Keyring manages the gossip encryption keyring of every server (design
+	// §11): the server called runs the operation on each server it knows
+	// over ServerService.LocalKeyring and reports each one's answer.
+	Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -564,6 +628,18 @@ func (UnimplementedAdminServiceServer) SnapshotRestore(grpc.ClientStreamingServe
 }
 func (UnimplementedAdminServiceServer) SetNodeLabels(context.Context, *SetNodeLabelsRequest) (*SetNodeLabelsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeLabels not implemented")
+}
+func (UnimplementedAdminServiceServer) CreateApiKey(context.Context, *CreateApiKeyRequest) (*CreateApiKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateApiKey not implemented")
+}
+func (UnimplementedAdminServiceServer) ListApiKeys(context.Context, *ListRequest) (*ListApiKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListApiKeys not implemented")
+}
+func (UnimplementedAdminServiceServer) RevokeApiKey(context.Context, *RevokeApiKeyRequest) (*RevokeApiKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RevokeApiKey not implemented")
+}
+func (UnimplementedAdminServiceServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -856,6 +932,78 @@ func _AdminService_SetNodeLabels_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_CreateApiKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateApiKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).CreateApiKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_CreateApiKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).CreateApiKey(ctx, req.(*CreateApiKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListApiKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListApiKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListApiKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListApiKeys(ctx, req.(*ListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RevokeApiKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RevokeApiKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RevokeApiKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RevokeApiKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RevokeApiKey(ctx, req.(*RevokeApiKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Keyring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Keyring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Keyring(ctx, req.(*KeyringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -918,6 +1066,22 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetNodeLabels",
 			Handler:    _AdminService_SetNodeLabels_Handler,
+		},
+		{
+			MethodName: "CreateApiKey",
+			Handler:    _AdminService_CreateApiKey_Handler,
+		},
+		{
+			MethodName: "ListApiKeys",
+			Handler:    _AdminService_ListApiKeys_Handler,
+		},
+		{
+			MethodName: "RevokeApiKey",
+			Handler:    _AdminService_RevokeApiKey_Handler,
+		},
+		{
+			MethodName: "Keyring",
+			Handler:    _AdminService_Keyring_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
@@ -1156,6 +1320,7 @@ var AdapterService_ServiceDesc = grpc.ServiceDesc{
 
 const (
 	ServerService_RegisterNode_FullMethodName = "/llmgw.v1.ServerService/RegisterNode"
+	ServerService_LocalKeyring_FullMethodName = "/llmgw.v1.ServerService/LocalKeyring"
 )
 
 // ServerServiceClient is the client API for ServerService service.
@@ -1170,6 +1335,9 @@ type ServerServiceClient interface {
 	// then forwards the agent's hello over AgentService.Attach, as those
 	// servers do.
 	RegisterNode(ctx context.Context, in *RegisterNodeRequest, opts ...grpc.CallOption) (*RegisterNodeResponse, error)
+	// LocalKeyring runs a keyring operation on the server called only, and
+	// persists the result in its data directory.
+	LocalKeyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*ServerKeyring, error)
 }
 
 type serverServiceClient struct {
@@ -1190,6 +1358,16 @@ func (c *serverServiceClient) RegisterNode(ctx context.Context, in *RegisterNode
 	return out, nil
 }
 
+func (c *serverServiceClient) LocalKeyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*ServerKeyring, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ServerKeyring)
+	err := c.cc.Invoke(ctx, ServerService_LocalKeyring_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ServerServiceServer is the server API for ServerService service.
 // All implementations must embed UnimplementedServerServiceServer
 // for forward compatibility.
@@ -1202,6 +1380,9 @@ type ServerServiceServer interface {
 	// then forwards the agent's hello over AgentService.Attach, as those
 	// servers do.
 	RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error)
+	// LocalKeyring runs a keyring operation on the server called only, and
+	// persists the result in its data directory.
+	LocalKeyring(context.Context, *KeyringRequest) (*ServerKeyring, error)
 	mustEmbedUnimplementedServerServiceServer()
 }
 
@@ -1214,6 +1395,9 @@ type UnimplementedServerServiceServer struct{}
 
 func (UnimplementedServerServiceServer) RegisterNode(context.Context, *RegisterNodeRequest) (*RegisterNodeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RegisterNode not implemented")
+}
+func (UnimplementedServerServiceServer) LocalKeyring(context.Context, *KeyringRequest) (*ServerKeyring, error) {
+	return nil, status.Error(codes.Unimplemented, "method LocalKeyring not implemented")
 }
 func (UnimplementedServerServiceServer) mustEmbedUnimplementedServerServiceServer() {}
 func (UnimplementedServerServiceServer) testEmbeddedByValue()                       {}
@@ -1254,6 +1438,24 @@ func _ServerService_RegisterNode_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _ServerService_LocalKeyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(KeyringRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ServerServiceServer).LocalKeyring(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ServerService_LocalKeyring_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ServerServiceServer).LocalKeyring(ctx, req.(*KeyringRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // ServerService_ServiceDesc is the grpc.ServiceDesc for ServerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1264,6 +1466,10 @@ var ServerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RegisterNode",
 			Handler:    _ServerService_RegisterNode_Handler,
+		},
+		{
+			MethodName: "LocalKeyring",
+			Handler:    _ServerService_LocalKeyring_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
