@@ -11,8 +11,8 @@ import (
 	"fmt"
 	"io"
 	"math/big"
-	"net/url"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
@@ -48,9 +48,9 @@ type CertOptions struct {
 	// IPs and DNS are extra SANs, for a server reached by an address other
 	// clients check (llmgw's own clients check roles, not addresses, so
 	// these are for other tools such as curl against /metrics).
-	IPs []net.IP
-	DNS []string
-	Now func() time.Time
+	IPs  []net.IP
+	DNS  []string
+	Now  func() time.Time
 	Rand io.Reader
 }
 
