@@ -181,10 +181,10 @@ func TestIdentityAndFiles(t *testing.T) {
 			t.Errorf("%v accepted", id)
 		}
 	}
-	if p := (Files{CA: "ca.pem"}).Problems(); len(p) != 2 || !strings.Contains(p[0], "--tls-cert") {
-		t.Errorf("problems %q", p)
+	if m := (Files{CA: "ca.pem"}).Missing(); len(m) != 2 || m[0] != "tls-cert" || m[1] != "tls-key" {
+		t.Errorf("missing %q", m)
 	}
-	if p := (Files{}).Problems(); p != nil {
+	if p := (Files{}).Missing(); p != nil {
 		t.Errorf("empty files: %q", p)
 	}
 	dir := t.TempDir()

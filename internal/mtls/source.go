@@ -27,19 +27,20 @@ type Files struct {
 // all of them).
 func (f Files) Enabled() bool { return f.CA != "" || f.Cert != "" || f.Key != "" }
 
-// Problems lists what is wrong with f, each naming the flag the user wrote
-// (prefix is "--" for flags; keys are the flag names).
-func (f Files) Problems() []string {
+// Missing lists the flags (tls-ca, tls-cert, tls-key) left empty while
+// another is set, for a Validate to report as configfile.Flag(name):
+// "required when any of --tls-ca, --tls-cert, --tls-key is given".
+func (f Files) Missing() []string {
 	if !f.Enabled() {
 		return nil
 	}
-	var p []string
+	var m []string
 	for _, x := range []struct{ flag, v string }{{"tls-ca", f.CA}, {"tls-cert", f.Cert}, {"tls-key", f.Key}} {
 		if x.v == "" {
-			p = append(p, fmt.Sprintf("--%s: required when any of --tls-ca, --tls-cert, --tls-key is given", x.flag))
+			m = append(m, x.flag)
 		}
 	}
-	return p
+	return m
 }
 
 // reloadEvery bounds how often a Source looks at its files: a renewed
@@ -72,8 +73,8 @@ type Source struct {
 // identity, not to match its key, or not to be signed by the CA: each is
 // found at start rather than at the first peer's handshake.
 func Load(f Files) (*Source, error) {
-	if p := f.Problems(); len(p) > 0 {
-		return nil, errors.New(p[0])
+	if m := f.Missing(); len(m) > 0 {
+		return nil, fmt.Errorf("--%s: required when any of --tls-ca, --tls-cert, --tls-key is given", m[0])
 	}
 	s := &Source{files: f, now: time.Now}
 	if err := s.load(); err != nil {
