@@ -60,7 +60,7 @@ const maxErrorBody = 4 << 10
 
 // send makes one streamed chat request to baseURL and returns the sample and
 // the answer's text. It never returns an error: failures are samples too.
-func send(ctx context.Context, hc *http.Client, baseURL, label, requestID string, req Request, start time.Time, now func() time.Time) (Sample, string) {
+func send(ctx context.Context, hc *http.Client, baseURL, label, requestID, apiKey string, req Request, start time.Time, now func() time.Time) (Sample, string) {
 	s := Sample{Target: label, RequestID: requestID, SessionID: req.SessionID, Model: req.Model}
 	body := chatBody{Model: req.Model, Messages: req.Messages, MaxTokens: req.MaxTokens, Stream: true}
 	body.StreamOptions.IncludeUsage = true
@@ -79,6 +79,9 @@ func send(ctx context.Context, hc *http.Client, baseURL, label, requestID string
 	}
 	if req.SessionID != "" {
 		hreq.Header.Set("X-Session-ID", req.SessionID)
+	}
+	if apiKey != "" {
+		hreq.Header.Set("Authorization", "Bearer "+apiKey)
 	}
 	t0 := now()
 	s.Start = t0.Sub(start)

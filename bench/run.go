@@ -72,6 +72,11 @@ type Config struct {
 	// RequestTimeout bounds one request, stream included.
 	RequestTimeout time.Duration
 
+	// APIKey, when set, is sent as `Authorization: Bearer APIKey` on every
+	// request: the routers of a cluster with API keys (design §11) answer
+	// 401 without one.
+	APIKey string
+
 	// Client makes the requests; nil uses a transport of the run's own,
 	// closed when the run ends.
 	Client *http.Client
@@ -334,7 +339,7 @@ func (r *runner) do(ctx context.Context, conv Conversation, req Request) {
 	t := r.targets[int(n%uint64(len(r.targets)))]
 	id := fmt.Sprintf("bench-%d-%d-%d", r.cfg.Workload.Seed, r.start.Unix(), n)
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
-	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, id, req, r.start, r.cfg.Now)
+	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, id, r.cfg.APIKey, req, r.start, r.cfg.Now)
 	cancel()
 	if !s.OK() {
 		r.cfg.Logger.Debug("request failed", "request_id", id, "replica", s.Replica, "model", s.Model, "kind", s.ErrKind, "err", s.Err)

@@ -29,6 +29,8 @@ type fakeRouter struct {
 	// metrics serves GET /metrics with decision counters: session hits
 	// count the requests answered, the rest stay put.
 	metrics bool
+	// apiKey, when set, is the only key answered; anything else gets 401.
+	apiKey string
 
 	mu       sync.Mutex
 	n        int
@@ -65,6 +67,11 @@ func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		StreamOptions struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
+	}
+	if f.apiKey != "" && r.Header.Get("Authorization") != "Bearer "+f.apiKey {
+		w.WriteHeader(http.StatusUnauthorized)
+		io.WriteString(w, `{"error":{"message":"invalid api key","type":"invalid_request_error","code":"invalid_api_key"}}`)
+		return
 	}
 	if r.URL.Path != "/v1/chat/completions" || json.NewDecoder(r.Body).Decode(&body) != nil || !body.Stream || !body.StreamOptions.IncludeUsage || body.Model == "" {
 		http.Error(w, `{"error":{"message":"bad request"}}`, http.StatusBadRequest)
@@ -190,6 +197,27 @@ func TestRunCountsErrorsHitsAndReplicas(t *testing.T) {
 	}
 	if r.TTFT.P50 > r.TTFT.P90 || r.TTFT.P90 > r.TTFT.P99 || r.TTFT.P99 > r.TTFT.Max {
 		t.Fatalf("percentiles out of order: %+v", r.TTFT)
+	}
+}
+
+func TestRunSendsTheAPIKey(t *testing.T) {
+	f := newFakeRouter()
+	f.apiKey = "sk-llmgw-test"
+	s := serve(t, f)
+	for _, tt := range []struct {
+		key        string
+		wantErrors int
+	}{{"", 6}, {"sk-llmgw-other", 6}, {"sk-llmgw-test", 0}} {
+		cfg := testConfig(s.URL)
+		cfg.Requests, cfg.Concurrency, cfg.APIKey = 6, 2, tt.key
+		res, err := Run(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		r := res.Runs[0]
+		if r.Errors != tt.wantErrors || r.ErrorsByKind["http_401"] != tt.wantErrors {
+			t.Errorf("key %q: %d errors %v, want %d http_401", tt.key, r.Errors, r.ErrorsByKind, tt.wantErrors)
+		}
 	}
 }
 

@@ -96,6 +96,7 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	f.StringArrayVar(&targets, "target", nil, "router base URL, or label=URL; repeat to compare several side by side")
 	f.BoolVar(&cfg.RoundRobin, "targets-round-robin", false, "one run alternating requests over all targets, as behind a round-robin balancer")
 	f.StringVar(&cfg.Workload.Model, "model", "", "model name sent in every request")
+	f.StringVar(&cfg.APIKey, "api-key", os.Getenv("LLMGW_API_KEY"), "router API key sent as `Authorization: Bearer KEY` (env LLMGW_API_KEY)")
 	f.StringVar(&cfg.Workload.Name, "workload", cfg.Workload.Name, "workload: "+strings.Join(bench.WorkloadNames(), ", "))
 	f.Uint64Var(&cfg.Workload.Seed, "seed", 1, "seed of the prompts and arrivals, for repeatable runs")
 	f.IntVar(&cfg.Workload.MaxTokens, "max-tokens", 0, "max_tokens of each request (0: 128)")
