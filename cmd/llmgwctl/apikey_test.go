@@ -30,7 +30,7 @@ type keyAdmin struct {
 	leak bool
 }
 
-func (f *keyAdmin) CreateApiKey(_ context.Context, r *llmgwv1.CreateApiKeyRequest) (*llmgwv1.CreateApiKeyResponse, error) {
+func (f *keyAdmin) CreateApiKey(_ context.Context, r *llmgwv1.CreateApiKeyRequest) (*llmgwv1.CreateApiKeyResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, k := range f.keys {
@@ -44,7 +44,7 @@ func (f *keyAdmin) CreateApiKey(_ context.Context, r *llmgwv1.CreateApiKeyReques
 	return &llmgwv1.CreateApiKeyResponse{Key: &llmgwv1.ApiKey{Name: k.Name, Models: k.Models, CreatedUnix: k.CreatedUnix, Revision: k.Revision}, Revision: k.Revision}, nil
 }
 
-func (f *keyAdmin) ListApiKeys(context.Context, *llmgwv1.ListRequest) (*llmgwv1.ListApiKeysResponse, error) {
+func (f *keyAdmin) ListApiKeys(context.Context, *llmgwv1.ListRequest) (*llmgwv1.ListApiKeysResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := &llmgwv1.ListApiKeysResponse{Revision: 20}
@@ -58,7 +58,7 @@ func (f *keyAdmin) ListApiKeys(context.Context, *llmgwv1.ListRequest) (*llmgwv1.
 	return out, nil
 }
 
-func (f *keyAdmin) RevokeApiKey(_ context.Context, r *llmgwv1.RevokeApiKeyRequest) (*llmgwv1.RevokeApiKeyResponse, error) {
+func (f *keyAdmin) RevokeApiKey(_ context.Context, r *llmgwv1.RevokeApiKeyRequest) (*llmgwv1.RevokeApiKeyResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for i, k := range f.keys {

@@ -24,7 +24,7 @@ import (
 // CreateApiKey stores a new key under a name not in use (ALREADY_EXISTS
 // otherwise). Its creation time is this server's clock. Models may name
 // models not applied yet (fsm/apikeys.go).
-func (a *Service) CreateApiKey(ctx context.Context, req *llmgwv1.CreateApiKeyRequest) (*llmgwv1.CreateApiKeyResponse, error) {
+func (a *Service) CreateApiKey(ctx context.Context, req *llmgwv1.CreateApiKeyRequest) (*llmgwv1.CreateApiKeyResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
 	k := &llmgwv1.ApiKey{Name: req.GetName(), SecretSha256: req.GetSecretSha256(), Models: req.GetModels(), CreatedUnix: time.Now().Unix()}
 	if err := fsm.ValidateAPIKey(k); err != nil {
 		return nil, service.ToStatus(fmt.Errorf("create api key: %w", err))
@@ -39,7 +39,7 @@ func (a *Service) CreateApiKey(ctx context.Context, req *llmgwv1.CreateApiKeyReq
 }
 
 // ListApiKeys lists every key by name, never its hash.
-func (a *Service) ListApiKeys(_ context.Context, req *llmgwv1.ListRequest) (*llmgwv1.ListApiKeysResponse, error) {
+func (a *Service) ListApiKeys(_ context.Context, req *llmgwv1.ListRequest) (*llmgwv1.ListApiKeysResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
 	st, err := a.read(req)
 	if err != nil {
 		return nil, err
@@ -53,7 +53,7 @@ func (a *Service) ListApiKeys(_ context.Context, req *llmgwv1.ListRequest) (*llm
 
 // RevokeApiKey deletes a key (NOT_FOUND for an unknown name); routers
 // refuse its secret as soon as the change reaches them.
-func (a *Service) RevokeApiKey(ctx context.Context, req *llmgwv1.RevokeApiKeyRequest) (*llmgwv1.RevokeApiKeyResponse, error) {
+func (a *Service) RevokeApiKey(ctx context.Context, req *llmgwv1.RevokeApiKeyRequest) (*llmgwv1.RevokeApiKeyResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
 	if req.GetName() == "" {
 		return nil, service.ToStatus(errValidation("name", "required"))
 	}
