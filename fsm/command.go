@@ -92,6 +92,10 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.SetNodeLabelsCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED:
 		return &llmgwv1.SetServerRemovedCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY:
+		return &llmgwv1.PutApiKeyCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY:
+		return &llmgwv1.DeleteApiKeyCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

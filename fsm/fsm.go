@@ -48,7 +48,9 @@ type FSM struct {
 	// removals holds the removal records of control-plane servers by
 	// server id (servers.go).
 	removals map[string]*llmgwv1.ServerRemoval
-	log      []*llmgwv1.Change
+	// apiKeys holds the router API keys by name (apikeys.go).
+	apiKeys map[string]*llmgwv1.ApiKey
+	log     []*llmgwv1.Change
 	// logFloor is the newest revision the log no longer covers: changes
 	// after it are all in the log.
 	logFloor uint64
@@ -77,6 +79,7 @@ func (f *FSM) reset() {
 	f.ordinals = map[string]uint64{}
 	f.adapters = map[string]*llmgwv1.AdapterPlacement{}
 	f.removals = map[string]*llmgwv1.ServerRemoval{}
+	f.apiKeys = map[string]*llmgwv1.ApiKey{}
 	f.log = nil
 	f.logFloor = 0
 }
@@ -138,6 +141,10 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 		res, err = a.setNodeLabels(p)
 	case *llmgwv1.SetServerRemovedCommand:
 		res, err = a.setServerRemoved(p)
+	case *llmgwv1.PutApiKeyCommand:
+		res, err = a.putAPIKey(p)
+	case *llmgwv1.DeleteApiKeyCommand:
+		res, err = a.deleteAPIKey(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
@@ -193,6 +200,8 @@ func setObject(c *llmgwv1.Change, obj proto.Message) {
 		c.Object = &llmgwv1.Change_Config{Config: o}
 	case *llmgwv1.AdapterPlacement:
 		c.Object = &llmgwv1.Change_AdapterPlacement{AdapterPlacement: o}
+	case *llmgwv1.ApiKey:
+		c.Object = &llmgwv1.Change_ApiKey{ApiKey: o}
 	}
 }
 
@@ -492,6 +501,9 @@ func (f *FSM) Restore(data []byte) error {
 	for _, r := range st.ServerRemovals {
 		f.removals[r.ServerId] = r
 	}
+	for _, k := range st.ApiKeys {
+		f.apiKeys[k.Name] = k
+	}
 	f.notify()
 	return nil
 }
@@ -510,6 +522,7 @@ func (f *FSM) State() *llmgwv1.State {
 		NextOrdinal:       map[string]uint64{},
 		AdapterPlacements: cloneSorted(f.adapters, func(p *llmgwv1.AdapterPlacement) string { return p.Adapter }),
 		ServerRemovals:    cloneSorted(f.removals, func(r *llmgwv1.ServerRemoval) string { return r.ServerId }),
+		ApiKeys:           cloneSorted(f.apiKeys, func(k *llmgwv1.ApiKey) string { return k.Name }),
 	}
 	for k, v := range f.ordinals {
 		st.NextOrdinal[k] = v

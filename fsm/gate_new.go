@@ -13,6 +13,12 @@ const NodeLabelsVersion = "v0.2.0"
 // so the "old" build, the previous release, knows neither.
 const ServerRemovedVersion = "v0.2.0"
 
+// APIKeysVersion is the release that introduced PUT_API_KEY and
+// DELETE_API_KEY, the router API keys (apikeys.go). No release has been
+// cut since SET_NODE_LABELS, so they ship in the same one and the "old"
+// build knows none of them.
+const APIKeysVersion = "v0.2.0"
+
 // gatedCommands are the command types behind the minimum-version gate. A
 // build with the tag llmgw_upgrade_old leaves them out (gate_old.go): it is
 // this tree as the previous release, which the upgrade test runs as the
@@ -20,4 +26,6 @@ const ServerRemovedVersion = "v0.2.0"
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{
 	llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS:    {schema: 1, introduced: NodeLabelsVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED: {schema: 1, introduced: ServerRemovedVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY:        {schema: 1, introduced: APIKeysVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY:     {schema: 1, introduced: APIKeysVersion},
 }

@@ -11,8 +11,11 @@ const NodeLabelsVersion = ""
 // command.
 const ServerRemovedVersion = ""
 
+// APIKeysVersion is empty in the "old" build: it predates the commands.
+const APIKeysVersion = ""
+
 // gatedCommands is empty in the "old" build (tag llmgw_upgrade_old): this
 // tree as the release before any gated command existed. A
-// SET_NODE_LABELS or SET_SERVER_REMOVED entry stops it loudly, as an
-// unknown command must.
+// SET_NODE_LABELS, SET_SERVER_REMOVED, PUT_API_KEY or DELETE_API_KEY entry
+// stops it loudly, as an unknown command must.
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{}

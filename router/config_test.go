@@ -104,6 +104,7 @@ tokenize_cache_tokens: 9999
 tokenize_max_response_bytes: 65536
 kv_min_blocks: 2
 adapter_wait: 10s
+require_api_key: true
 `
 
 // TestConfigFileEveryKey decodes a file with every key strictly: a key the
@@ -123,10 +124,11 @@ func TestConfigFileEveryKey(t *testing.T) {
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
 			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}},
-		KVIndex:     kvindex.Config{MaxEntries: 4096},
-		Tokenize:    tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
-		KVMinBlocks: 2,
-		AdapterWait: 10 * time.Second,
+		KVIndex:       kvindex.Config{MaxEntries: 4096},
+		Tokenize:      tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
+		KVMinBlocks:   2,
+		AdapterWait:   10 * time.Second,
+		RequireAPIKey: true,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)

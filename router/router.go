@@ -30,6 +30,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
+	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -100,6 +101,10 @@ type Config struct {
 	// AdapterWait bounds how long a request for a cold LoRA adapter waits
 	// for a replica to report it loaded (design §7.6).
 	AdapterWait time.Duration `yaml:"adapter_wait"`
+	// RequireAPIKey refuses requests without a valid API key even while
+	// the cluster has none (design §11); otherwise keys are required once
+	// any exists (router/auth).
+	RequireAPIKey bool `yaml:"require_api_key"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -273,6 +278,10 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		FirstByteTimeout: cfg.FirstByteTimeout,
 		MaxAttempts:      api.DefaultConfig().MaxAttempts,
 		Ready:            r.ready,
+		// The keys of the state the watch client published last: a
+		// revocation applies to the next request after it arrives.
+		Keys:       func() *auth.Set { return wc.Current().APIKeys },
+		RequireKey: cfg.RequireAPIKey,
 	}
 	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg,
 		api.WithKV(kv, tok, cfg.KVMinBlocks),

@@ -64,4 +64,5 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.DurationVar(&cfg.Tokenize.Budget, "tokenize-budget", cfg.Tokenize.Budget, "how long tier-2 prefix routing may wait for /tokenize before falling back to tier 1")
 	f.IntVar(&cfg.KVMinBlocks, "kv-min-blocks", cfg.KVMinBlocks, "fewest leading KV blocks a replica must hold to be preferred by tier 2")
 	f.DurationVar(&cfg.AdapterWait, "adapter-wait", cfg.AdapterWait, "how long a request for a cold LoRA adapter waits for it to load")
+	f.BoolVar(&cfg.RequireAPIKey, "require-api-key", cfg.RequireAPIKey, "refuse requests without a valid API key even while the cluster has none (keys are required once any exists)")
 }

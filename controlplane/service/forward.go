@@ -68,6 +68,11 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdminService_DeleteModel_FullMethodName:   func(any) (proto.Message, bool) { return &llmgwv1.DeleteModelResponse{}, true },
 	llmgwv1.AdminService_DrainNode_FullMethodName:     func(any) (proto.Message, bool) { return &llmgwv1.DrainNodeResponse{}, true },
 	llmgwv1.AdminService_SetNodeLabels_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.SetNodeLabelsResponse{}, true },
+	llmgwv1.AdminService_CreateApiKey_FullMethodName:  func(any) (proto.Message, bool) { return &llmgwv1.CreateApiKeyResponse{}, true },
+	llmgwv1.AdminService_RevokeApiKey_FullMethodName:  func(any) (proto.Message, bool) { return &llmgwv1.RevokeApiKeyResponse{}, true },
+	llmgwv1.AdminService_ListApiKeys_FullMethodName: func(r any) (proto.Message, bool) {
+		return &llmgwv1.ListApiKeysResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
+	},
 	llmgwv1.AdminService_ListModels_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListModelsResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},

@@ -22,6 +22,12 @@
 //
 // The handler does no routing of its own: it runs the stages in order and
 // answers a refusal from any of them with OpenAI's error body.
+//
+// Before any of them, every /v1/ request is checked for an API key once
+// the cluster has any, or always with RequireKey (router/auth, design
+// §11): 401 without a valid one. The key's name is logged and labels the
+// request metrics; a key limited to some models gets 403 for others, told
+// before the name is resolved, and /v1/models lists only what it may use.
 package api
 
 import (
@@ -41,6 +47,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/openai"
@@ -85,6 +93,12 @@ type Config struct {
 	MaxAttempts int
 	// Ready reports readiness for /readyz; nil means always ready.
 	Ready func() bool
+	// Keys returns the router API keys in force now (the watch client's
+	// current state); nil, or a nil set, means none.
+	Keys func() *auth.Set
+	// RequireKey refuses requests without a valid key even while the
+	// cluster has no key (--require-api-key).
+	RequireKey bool
 }
 
 // DefaultConfig returns the defaults of design §7.1.
@@ -187,7 +201,8 @@ func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slo
 }
 
 // ServeHTTP gives every request an X-Request-ID (the client's, or a new
-// one), echoed in the response and forwarded to the engine.
+// one), echoed in the response and forwarded to the engine, and checks the
+// API key of every /v1/ request (the probes and /metrics need none).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("X-Request-ID")
 	if id == "" || len(id) > 128 {
@@ -195,7 +210,39 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("X-Request-ID", id)
 	}
 	w.Header().Set("X-Request-ID", id)
+	if strings.HasPrefix(r.URL.Path, "/v1/") {
+		var keys *auth.Set
+		if h.cfg.Keys != nil {
+			keys = h.cfg.Keys()
+		}
+		key, aerr := auth.Check(keys, h.cfg.RequireKey, r.Header)
+		if aerr != nil {
+			h.log.Debug("router: request refused", "request_id", id, "path", r.URL.Path, "err", aerr)
+			w.Header().Set("WWW-Authenticate", auth.Challenge)
+			openai.WriteError(w, aerr)
+			if isCompletion(r.URL.Path) {
+				h.m.requests.WithLabelValues("_unknown", strconv.Itoa(aerr.Status), "").Inc()
+			}
+			return
+		}
+		if key != nil {
+			r = r.WithContext(context.WithValue(r.Context(), keyCtx{}, key))
+		}
+	}
 	h.mux.ServeHTTP(w, r)
+}
+
+// keyCtx carries the request's API key, once checked.
+type keyCtx struct{}
+
+// keyOf is the API key the request presented; nil while the check is off.
+func keyOf(r *http.Request) *llmgwv1.ApiKey {
+	k, _ := r.Context().Value(keyCtx{}).(*llmgwv1.ApiKey)
+	return k
+}
+
+func isCompletion(path string) bool {
+	return path == "/v1/chat/completions" || path == "/v1/completions"
 }
 
 // Close stops the adapter loads requests were waiting on and drops idle
@@ -240,16 +287,20 @@ type modelEntry struct {
 // its adapters (design §7.1): a model being rolled out exists, it only
 // answers 503 for a moment, and an adapter is servable whether or not a
 // replica holds it now. Desired state has no creation time, so created is 0.
-func (h *Handler) models(w http.ResponseWriter, _ *http.Request) {
+// A key limited to some models sees only those (auth.Allows).
+func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
+	key := keyOf(r)
 	out := modelList{Object: "list", Data: []modelEntry{}}
 	for _, m := range h.eps.Models() {
 		root := m.GetModel()
 		if root == "" {
 			root = m.GetName()
 		}
-		out.Data = append(out.Data, modelEntry{ID: m.GetName(), Object: "model", OwnedBy: "llmgw", Root: root})
+		if auth.Allows(key, m.GetName(), "") {
+			out.Data = append(out.Data, modelEntry{ID: m.GetName(), Object: "model", OwnedBy: "llmgw", Root: root})
+		}
 		for _, a := range m.GetAdapters() {
-			if ref, ok := h.eps.Adapter(a.GetName()); ok && ref.Model == m.GetName() {
+			if ref, ok := h.eps.Adapter(a.GetName()); ok && ref.Model == m.GetName() && auth.Allows(key, a.GetName(), ref.Model) {
 				out.Data = append(out.Data, modelEntry{ID: a.GetName(), Object: "model", OwnedBy: "llmgw",
 					Root: a.GetPath(), Parent: &ref.Model})
 			}
@@ -270,7 +321,9 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request) {
 	if label == "" {
 		label = "_unknown"
 	}
-	h.m.requests.WithLabelValues(label, strconv.Itoa(code)).Inc()
+	// Key names come from the replicated state, so they are bounded too;
+	// "" is a request without a key (the check is off).
+	h.m.requests.WithLabelValues(label, strconv.Itoa(code), keyOf(r).GetName()).Inc()
 	h.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())
 }
 
@@ -280,8 +333,13 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request) {
 // models few.
 func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (code int, model string) {
 	rid := r.Header.Get("X-Request-ID")
+	key := keyOf(r)
+	reqLog := h.log.With("request_id", rid)
+	if key != nil {
+		reqLog = reqLog.With("key", key.GetName())
+	}
 	refuse := func(err *openai.Error) int {
-		h.log.Debug("router: request refused", "request_id", rid, "err", err)
+		reqLog.Debug("router: request refused", "err", err)
 		openai.WriteError(w, err)
 		return err.Status
 	}
@@ -292,15 +350,21 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (
 		return refuse(aerr), ""
 	}
 
+	// The key's models, before resolving: a key may not make the control
+	// plane load an adapter it may not use (router/auth).
+	if base, ok := h.mayUse(key, req.Model); !ok {
+		return refuse(auth.Forbidden(req.Model)), base
+	}
+
 	// 2. Resolve the model and adapter, and the replicas that may serve it.
-	tgt, aerr := h.resolve.Resolve(r.Context(), req.Model, h.log.With("request_id", rid))
+	tgt, aerr := h.resolve.Resolve(r.Context(), req.Model, reqLog)
 	if aerr != nil {
 		if tgt.Adapter != "" && r.Context().Err() != nil {
 			return proxy.ClientClosed, tgt.Base
 		}
 		return refuse(aerr), tgt.Base
 	}
-	log := h.log.With("request_id", rid, "model", tgt.Base)
+	log := reqLog.With("model", tgt.Base)
 	if tgt.Adapter != "" {
 		log = log.With("adapter", tgt.Adapter)
 	}
@@ -331,6 +395,22 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (
 		plan.Done(res.Replica.ReplicaID, res.Code)
 	}
 	return res.Code, tgt.Base
+}
+
+// mayUse reports whether key may use the model or adapter called name, and
+// the base model it names when it exists ("" otherwise), for the metrics.
+func (h *Handler) mayUse(key *llmgwv1.ApiKey, name string) (string, bool) {
+	base := ""
+	if _, known := h.eps.Lookup(name); known {
+		base = name
+	} else if ref, ok := h.eps.Adapter(name); ok {
+		base = ref.Model
+	}
+	adapterOf := ""
+	if base != name {
+		adapterOf = base
+	}
+	return base, auth.Allows(key, name, adapterOf)
 }
 
 // decode is stage 1: the body within MaxBodyBytes, and what the router
@@ -369,8 +449,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_router_requests_total",
-			Help: "Completion requests by model and HTTP status (499: the client went away).",
-		}, []string{"model", "code"}),
+			Help: "Completion requests by model, HTTP status (499: the client went away) and API key name (\"\": none).",
+		}, []string{"model", "code", "key"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmgw_router_request_duration_seconds", Help: "End-to-end request latency.", Buckets: proxy.LatencyBuckets(),
 		}, []string{"model"}),

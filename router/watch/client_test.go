@@ -404,7 +404,7 @@ func TestDecodeStateRefusesDamage(t *testing.T) {
 
 func FuzzDecodeState(f *testing.F) {
 	var b bytes.Buffer
-	for _, ev := range []*llmgwv1.WatchEvent{evBegin(3), evModel(3, put, "a"), evEnd(3),
+	for _, ev := range []*llmgwv1.WatchEvent{evBegin(3), evModel(3, put, "a"), evKey(3, put, "k", "s"), evEnd(3),
 		evEph("n", 1, 1, true, status("a-0", 1, llmgwv1.ReplicaPhase_REPLICA_PHASE_READY, "x:1"))} {
 		_, _ = protodelim.MarshalTo(&b, ev)
 	}

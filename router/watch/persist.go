@@ -51,6 +51,12 @@ func saveState(path string, st *State) error {
 	for _, k := range slices.Sorted(maps.Keys(st.Placements)) {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_AdapterPlacement{AdapterPlacement: st.Placements[k]}})
 	}
+	// The keys' hashes are kept too, so a router restarted while the
+	// control plane is down still checks keys; it honours a revocation made
+	// meanwhile once its stream resumes. The file is the owner's alone.
+	for _, k := range st.APIKeys.Keys() {
+		change(&llmgwv1.Change{Object: &llmgwv1.Change_ApiKey{ApiKey: k}})
+	}
 	if st.Config != nil {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_Config{Config: st.Config}})
 	}

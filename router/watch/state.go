@@ -8,6 +8,7 @@ import (
 	"maps"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/router/auth"
 )
 
 // State is one consistent view of the cluster as the router knows it.
@@ -31,6 +32,13 @@ type State struct {
 	// placement is being evicted, so routers stop sending it the adapter
 	// before the agent unloads it.
 	Placements map[string]*llmgwv1.AdapterPlacement
+	// APIKeys are the router API keys (design §11), hashes included; nil
+	// when there are none. A published State's set is never changed.
+	APIKeys *auth.Set
+	// keysOwned says APIKeys belongs to this State alone and may be
+	// changed in place; clone shares the set and clears it on both, so a
+	// key change copies the set once, not every publish.
+	keysOwned bool
 
 	// Ephemeral holds each agent's last accepted data, by node id.
 	Ephemeral map[string]*NodeEphemeral
@@ -95,7 +103,7 @@ func emptyState() *State {
 
 // clone copies the top-level maps so the copy can be changed without
 // touching a published State; the values are shared because nothing mutates
-// them in place.
+// them in place. The API keys are shared until either side changes them.
 func (s *State) clone() *State {
 	c := *s
 	c.Models = maps.Clone(s.Models)
@@ -106,6 +114,7 @@ func (s *State) clone() *State {
 		c.Placements = map[string]*llmgwv1.AdapterPlacement{} // a state saved before placements existed
 	}
 	c.Ephemeral = maps.Clone(s.Ephemeral)
+	c.keysOwned, s.keysOwned = false, false
 	return &c
 }
 
@@ -144,6 +153,19 @@ func (s *State) applyChange(ch *llmgwv1.Change) {
 			s.Placements[o.AdapterPlacement.GetAdapter()] = o.AdapterPlacement
 		} else if del {
 			delete(s.Placements, o.AdapterPlacement.GetAdapter())
+		}
+	case *llmgwv1.Change_ApiKey:
+		if !put && !del {
+			return
+		}
+		if !s.keysOwned {
+			s.APIKeys = s.APIKeys.Clone()
+			s.keysOwned = true
+		}
+		if put {
+			s.APIKeys.Put(o.ApiKey)
+		} else {
+			s.APIKeys.Delete(o.ApiKey.GetName())
 		}
 	}
 }

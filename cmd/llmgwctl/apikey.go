@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/llmgw/llmgw/fsm"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// SecretPrefix starts every API key secret llmgwctl makes, so one is
+// recognised in a leaked file or a secret scanner's rules.
+const SecretPrefix = "sk-llmgw-"
+
+// newSecret makes a secret of 256 random bits: nothing to guess, so the
+// cluster's plain SHA-256 of it needs no slow KDF (design §11).
+func newSecret(random io.Reader) (string, error) {
+	var b [32]byte
+	if _, err := io.ReadFull(random, b[:]); err != nil {
+		return "", fmt.Errorf("make a secret: %w", err)
+	}
+	return SecretPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// apikeyCmd is `apikey create|list|revoke`: router API keys (design §11).
+// The secret is made here and printed once; only its SHA-256 is sent, so
+// it crosses no network and no server's log.
+func (c *cli) apikeyCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "apikey", Short: "Create, list and revoke router API keys"}
+
+	var models []string
+	create := &cobra.Command{
+		Use:   "create NAME [--models a,b]",
+		Short: "Create a key and print its secret, once; routers require keys once any exists",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			secret, err := newSecret(rand.Reader)
+			if err != nil {
+				return err
+			}
+			h := sha256.Sum256([]byte(secret))
+			req := &llmgwv1.CreateApiKeyRequest{Name: args[0], SecretSha256: h[:], Models: models}
+			if err := fsm.ValidateAPIKey(&llmgwv1.ApiKey{Name: req.Name, SecretSha256: req.SecretSha256, Models: req.Models}); err != nil {
+				return fmt.Errorf("apikey create: %w", err)
+			}
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.CreateApiKey(ctx, req)
+				if err != nil {
+					return fmt.Errorf("apikey create %s: %w", req.Name, err)
+				}
+				if c.output == "json" {
+					return c.printJSON(map[string]any{"name": req.Name, "models": orEmpty(req.Models),
+						"revision": resp.Revision, "secret": secret})
+				}
+				_, err = fmt.Fprintf(c.out, "api key %s created at revision %d for %s\n"+
+					"its secret, shown only now (the cluster keeps only its hash):\n%s\n",
+					req.Name, resp.Revision, modelsOf(req.Models), secret)
+				return err
+			})
+		},
+	}
+	create.Flags().StringSliceVar(&models, "models", nil, "models (and adapters) the key may use, a,b,...; a model brings its adapters (default: every model)")
+
+	var consistent bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List keys: names, models, creation times (never a secret)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.ListApiKeys(ctx, &llmgwv1.ListRequest{Consistent: consistent})
+				if err != nil {
+					return fmt.Errorf("apikey list: %w", err)
+				}
+				for _, k := range resp.Keys {
+					k.SecretSha256 = nil // never shown, even if a server sent it
+				}
+				if c.output == "json" {
+					return c.printJSON(messages(resp.Keys))
+				}
+				rows := make([][]string, 0, len(resp.Keys))
+				for _, k := range resp.Keys {
+					rows = append(rows, []string{k.Name, modelsOf(k.Models),
+						time.Unix(k.CreatedUnix, 0).UTC().Format(time.RFC3339), fmt.Sprint(k.Revision)})
+				}
+				return c.printTable([]string{"NAME", "MODELS", "CREATED", "REVISION"}, rows)
+			})
+		},
+	}
+	list.Flags().BoolVar(&consistent, "consistent", false, "read from the leader, after confirming its leadership")
+
+	revoke := &cobra.Command{
+		Use:   "revoke NAME",
+		Short: "Revoke a key: every router refuses its secret once the change reaches it",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.RevokeApiKey(ctx, &llmgwv1.RevokeApiKeyRequest{Name: args[0]})
+				if err != nil {
+					return fmt.Errorf("apikey revoke %s: %w", args[0], err)
+				}
+				// The check is on while any key exists: say so when this was
+				// the last one (router/auth).
+				left, err := a.ListApiKeys(ctx, &llmgwv1.ListRequest{})
+				last := err == nil && len(left.Keys) == 0
+				if c.output == "json" {
+					return c.printJSON(map[string]any{"name": args[0], "revision": resp.Revision, "last_key": last})
+				}
+				if _, err := fmt.Fprintf(c.out, "api key %s revoked at revision %d\n", args[0], resp.Revision); err != nil {
+					return err
+				}
+				if last {
+					_, err = fmt.Fprintln(c.out, "no API key is left: routers without --require-api-key accept requests without a key again")
+				}
+				return err
+			})
+		},
+	}
+	cmd.AddCommand(create, list, revoke)
+	return cmd
+}
+
+func modelsOf(models []string) string {
+	if len(models) == 0 {
+		return "every model"
+	}
+	return strings.Join(models, ",")
+}
+
+func orEmpty(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
