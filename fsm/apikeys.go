@@ -83,6 +83,15 @@ func (a *applier) putAPIKey(p *llmgwv1.PutApiKeyCommand) (any, error) {
 	k.Revision = a.index
 	a.f.apiKeys[k.Name] = k
 	a.put(k)
+	if !a.f.config.GetApiKeysRequired() {
+		c := &llmgwv1.ClusterConfig{}
+		if a.f.config != nil {
+			c = proto.Clone(a.f.config).(*llmgwv1.ClusterConfig)
+		}
+		c.ApiKeysRequired, c.Revision = true, a.index
+		a.f.config = c
+		a.put(c)
+	}
 	return proto.Clone(k), nil
 }
 

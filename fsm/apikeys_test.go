@@ -162,15 +162,41 @@ func TestAPIKeyChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, ok := f.ChangesSince(2)
-	if !ok || len(got) != 2 {
-		t.Fatalf("ChangesSince(2) = %v, %v; want a put and a delete", got, ok)
+	if !ok || len(got) != 3 {
+		t.Fatalf("ChangesSince(2) = %v, %v; want a put, the config requiring keys, and a delete", got, ok)
 	}
-	put, del := got[0], got[1]
+	put, cfg, del := got[0], got[1], got[2]
+	if cfg.Revision != 10 || !cfg.GetConfig().GetApiKeysRequired() {
+		t.Errorf("config change = %v, want api_keys_required at revision 10", cfg)
+	}
 	if put.Revision != 10 || put.Op != llmgwv1.ChangeOp_CHANGE_OP_PUT || !bytes.Equal(put.GetApiKey().GetSecretSha256(), keyHash("s1")) || put.GetApiKey().GetRevision() != 10 {
 		t.Errorf("put change = %v", put)
 	}
 	if del.Revision != 11 || del.Op != llmgwv1.ChangeOp_CHANGE_OP_DELETE || del.GetApiKey().GetName() != "a" || del.GetApiKey().GetSecretSha256() != nil {
 		t.Errorf("delete change = %v", del)
+	}
+}
+
+// TestAPIKeysRequiredStaysSet: the first key sets api_keys_required;
+// revoking every key and rewriting the cluster config leave it set, so
+// routers fail closed.
+func TestAPIKeysRequiredStaysSet(t *testing.T) {
+	f := New(Config{})
+	applyAll(t, f, history(t)[:1])
+	if f.Config().GetApiKeysRequired() {
+		t.Fatal("required before any key")
+	}
+	if _, err := f.Apply(10, putKey(t, "a", "s1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Apply(11, deleteKey(t, "a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Apply(12, mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG, &llmgwv1.SetClusterConfigCommand{Config: &llmgwv1.ClusterConfig{DefaultBlockSize: 16}})); err != nil {
+		t.Fatal(err)
+	}
+	if c := f.Config(); !c.GetApiKeysRequired() || c.GetDefaultBlockSize() != 16 {
+		t.Fatalf("config after revoke and rewrite = %v, want keys still required", c)
 	}
 }
 

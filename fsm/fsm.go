@@ -413,6 +413,9 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 	if old := a.f.config.GetMinVersion(); old != "" && CompareVersions(c.MinVersion, old) < 0 {
 		c.MinVersion = old
 	}
+	// So does the API key requirement (apikeys.go): no config write turns
+	// the routers' check off once a key has existed.
+	c.ApiKeysRequired = c.ApiKeysRequired || a.f.config.GetApiKeysRequired()
 	c.Revision = a.index
 	a.f.config = c
 	a.put(c)

@@ -280,8 +280,9 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		Ready:            r.ready,
 		// The keys of the state the watch client published last: a
 		// revocation applies to the next request after it arrives.
-		Keys:       func() *auth.Set { return wc.Current().APIKeys },
-		RequireKey: cfg.RequireAPIKey,
+		Keys:         func() *auth.Set { return wc.Current().APIKeys },
+		RequireKey:   cfg.RequireAPIKey,
+		KeysRequired: func() bool { return wc.Current().Config.GetApiKeysRequired() },
 	}
 	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg,
 		api.WithKV(kv, tok, cfg.KVMinBlocks),

@@ -107,8 +107,8 @@ func (c *cli) apikeyCmd() *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("apikey revoke %s: %w", args[0], err)
 				}
-				// The check is on while any key exists: say so when this was
-				// the last one (router/auth).
+				// With no key left every request is refused (the cluster
+				// requires keys once one has existed, router/auth): say so.
 				left, err := a.ListApiKeys(ctx, &llmgwv1.ListRequest{})
 				last := err == nil && len(left.Keys) == 0
 				if c.output == "json" {
@@ -118,7 +118,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 					return err
 				}
 				if last {
-					_, err = fmt.Fprintln(c.out, "no API key is left: routers without --require-api-key accept requests without a key again")
+					_, err = fmt.Fprintln(c.out, "no API key is left: routers refuse every request until one is created (llmgwctl apikey create NAME)")
 				}
 				return err
 			})

@@ -99,6 +99,10 @@ type Config struct {
 	// RequireKey refuses requests without a valid key even while the
 	// cluster has no key (--require-api-key).
 	RequireKey bool
+	// KeysRequired reports the cluster's own requirement (ClusterConfig
+	// api_keys_required, set by the first key ever created): with it, no
+	// key left means no request passes. nil means false.
+	KeysRequired func() bool
 }
 
 // DefaultConfig returns the defaults of design §7.1.
@@ -215,7 +219,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if h.cfg.Keys != nil {
 			keys = h.cfg.Keys()
 		}
-		key, aerr := auth.Check(keys, h.cfg.RequireKey, r.Header)
+		require := h.cfg.RequireKey || (h.cfg.KeysRequired != nil && h.cfg.KeysRequired())
+		key, aerr := auth.Check(keys, require, r.Header)
 		if aerr != nil {
 			h.log.Debug("router: request refused", "request_id", id, "path", r.URL.Path, "err", aerr)
 			w.Header().Set("WWW-Authenticate", auth.Challenge)

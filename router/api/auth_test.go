@@ -25,7 +25,10 @@ func apiKey(name, secret string, models ...string) *llmgwv1.ApiKey {
 }
 
 // keySource is the watch client's current key set, swapped by the test.
-type keySource struct{ cur atomic.Pointer[auth.Set] }
+type keySource struct {
+	cur      atomic.Pointer[auth.Set]
+	required atomic.Bool
+}
 
 func (k *keySource) set(keys ...*llmgwv1.ApiKey) {
 	s := (*auth.Set)(nil).Clone()
@@ -57,6 +60,7 @@ func authRouter(t *testing.T, src *keySource, require bool) (*httptest.Server, *
 	cfg := DefaultConfig()
 	cfg.Keys = func() *auth.Set { return src.cur.Load() }
 	cfg.RequireKey = require
+	cfg.KeysRequired = src.required.Load
 	reg := prometheus.NewRegistry()
 	h := New(cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 	s := httptest.NewServer(h)
@@ -250,6 +254,17 @@ func TestAPIKeysModelList(t *testing.T) {
 // TestRequireAPIKey: with RequireKey, no key in the cluster means every
 // request is refused; without it, the check is off and the engine gets
 // the request.
+// TestKeysRequiredByTheCluster: once the cluster requires keys (its first
+// key ever), revoking the last one refuses every request.
+func TestKeysRequiredByTheCluster(t *testing.T) {
+	src := &keySource{}
+	src.required.Store(true)
+	srv, _, _ := authRouter(t, src, false)
+	if resp := post(t, srv.URL+"/v1/chat/completions", `{"model":"demo"}`, nil); resp.StatusCode != 401 {
+		t.Fatalf("no keys left, cluster requires them: %d, want 401", resp.StatusCode)
+	}
+}
+
 func TestRequireAPIKey(t *testing.T) {
 	for _, require := range []bool{true, false} {
 		srv, _, _ := authRouter(t, &keySource{}, require)

@@ -7,8 +7,9 @@
 // Rules:
 //   - The check is on once any key exists, or always with --require-api-key.
 //     While it is off every request is anonymous (no key) and allowed.
-//     Revoking the last key turns it off again unless the router requires
-//     keys: an operator who means "no one" keeps --require-api-key set.
+//     The first key ever created also sets the cluster's api_keys_required
+//     (fsm), which nothing clears: revoking the last key then refuses
+//     every request rather than open the router to everyone.
 //   - A request presents `Authorization: Bearer SECRET`. The router hashes
 //     the secret, finds the key by hash and compares the two hashes with
 //     subtle.ConstantTimeCompare. Finding it through a map leaks nothing

@@ -1065,8 +1065,13 @@ type ClusterConfig struct {
 	DefaultBlockSize uint32                 `protobuf:"varint,2,opt,name=default_block_size,json=defaultBlockSize,proto3" json:"default_block_size,omitempty"`
 	DefaultHashSeed  string                 `protobuf:"bytes,3,opt,name=default_hash_seed,json=defaultHashSeed,proto3" json:"default_hash_seed,omitempty"`
 	Revision         uint64                 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set by the first router API key created and never cleared (design
+	// §11): from then on routers refuse requests without a valid key even
+	// when every key has been revoked. Revoking the last key in an incident
+	// must lock the door, not open it.
+	ApiKeysRequired bool `protobuf:"varint,5,opt,name=api_keys_required,json=apiKeysRequired,proto3" json:"api_keys_required,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ClusterConfig) Reset() {
@@ -1125,6 +1130,13 @@ func (x *ClusterConfig) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *ClusterConfig) GetApiKeysRequired() bool {
+	if x != nil {
+		return x.ApiKeysRequired
+	}
+	return false
 }
 
 // State is the whole replicated state, as snapshots carry it. Lists are
@@ -6506,13 +6518,14 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\bdraining\x18\b \x01(\bR\bdraining\x12\x1a\n" +
 	"\brevision\x18\t \x01(\x04R\brevision\x12%\n" +
 	"\x0emodel_revision\x18\n" +
-	" \x01(\x04R\rmodelRevision\"\xa6\x01\n" +
+	" \x01(\x04R\rmodelRevision\"\xd2\x01\n" +
 	"\rClusterConfig\x12\x1f\n" +
 	"\vmin_version\x18\x01 \x01(\tR\n" +
 	"minVersion\x12,\n" +
 	"\x12default_block_size\x18\x02 \x01(\rR\x10defaultBlockSize\x12*\n" +
 	"\x11default_hash_seed\x18\x03 \x01(\tR\x0fdefaultHashSeed\x12\x1a\n" +
-	"\brevision\x18\x04 \x01(\x04R\brevision\"\xa9\x04\n" +
+	"\brevision\x18\x04 \x01(\x04R\brevision\x12*\n" +
+	"\x11api_keys_required\x18\x05 \x01(\bR\x0fapiKeysRequired\"\xa9\x04\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
