@@ -157,6 +157,9 @@ type Cluster struct {
 	// every reconcile, and again when it advertises another address.
 	certifiedMu sync.Mutex
 	certifiedAt map[string]string
+	// notCertified is why each member's last verification failed, for
+	// Members (deleted once one succeeds).
+	notCertified map[string]string
 	// unverified counts failed verifications (a member kept out of Raft).
 	unverified atomic.Uint64
 }
@@ -167,7 +170,7 @@ type Cluster struct {
 // reaches the other servers.
 func New(cfg Config, r Raft, ap autopilot.Raft, g Gossip, state Desired, p Proposer, pool *Pool, log *slog.Logger, now func() time.Time) *Cluster {
 	c := &Cluster{cfg: cfg, log: log, raft: r, ap: ap, g: g, state: state, propose: p, pool: pool, now: now, leaving: make(chan struct{}),
-		certifiedAt: map[string]string{}}
+		certifiedAt: map[string]string{}, notCertified: map[string]string{}}
 	c.bootstrapProblem.Store("")
 	c.versionProblem.Store("")
 	return c

@@ -66,6 +66,9 @@ func (c *Cluster) certified(ctx context.Context, m gossip.Member, reported map[s
 	defer cancel()
 	if err := c.cfg.Verify(vctx, id, addr); err != nil {
 		c.unverified.Add(1)
+		c.certifiedMu.Lock()
+		c.notCertified[id] = "server certificate not verified: " + err.Error()
+		c.certifiedMu.Unlock()
 		if key := "unverified/" + id + "/" + err.Error(); !reported[key] {
 			reported[key] = true
 			c.log.Error("server not verified: kept out of raft", "member", id, "raft_addr", addr, "err", err)
@@ -74,6 +77,7 @@ func (c *Cluster) certified(ctx context.Context, m gossip.Member, reported map[s
 	}
 	c.certifiedMu.Lock()
 	c.certifiedAt[id] = addr
+	delete(c.notCertified, id)
 	c.certifiedMu.Unlock()
 	c.log.Info("server certificate verified", "member", id, "raft_addr", addr)
 	return true
@@ -83,3 +87,11 @@ func (c *Cluster) certified(ctx context.Context, m gossip.Member, reported map[s
 // (llmgw_control_servers_unverified_total): each is a member that claimed
 // to be a server and was kept out of Raft.
 func (c *Cluster) Unverified() uint64 { return c.unverified.Load() }
+
+// notCertifiedReason is why the last verification of member id failed, ""
+// when none did (or it was verified since).
+func (c *Cluster) notCertifiedReason(id string) string {
+	c.certifiedMu.Lock()
+	defer c.certifiedMu.Unlock()
+	return c.notCertified[id]
+}
