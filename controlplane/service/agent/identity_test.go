@@ -105,8 +105,8 @@ func TestOwnStatuses(t *testing.T) {
 	}, Metrics: NewMetrics(prometheus.NewRegistry())}, nil)
 	u := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 1, Seq: 1, Full: true, Statuses: []*llmgwv1.ReplicaStatus{
 		{ReplicaId: "m-0", Node: "n1", Address: "10.0.0.1:8000"},
-		{ReplicaId: "m-1", Node: "n1", Address: "6.6.6.6:8000"}, // placed on n2
-		{ReplicaId: "m-0", Node: "n2", Address: "6.6.6.6:8000"}, // names another node
+		{ReplicaId: "m-1", Node: "n1", Address: "6.6.6.6:8000"},  // placed on n2
+		{ReplicaId: "m-0", Node: "n2", Address: "6.6.6.6:8000"},  // names another node
 		{ReplicaId: "m-9", Node: "n1", Address: "10.0.0.1:8001"}, // not known here yet
 	}}
 	got := a.ownKV(u, "n1")
