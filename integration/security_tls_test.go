@@ -375,9 +375,11 @@ func TestTLSRogueAgent(t *testing.T) {
 			Running: []*llmgwv1.ReplicaStatus{statusAt(node, evilAddr)}}
 	}
 	n2conn := dialAs(t, s.grpc, p.source(mtls.RoleAgent, "n2"))
-	_, err = attachAgent(t, n2conn, evilHello("n1", huge))
-	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "agent certificate is for node n2; cannot attach as n1") {
-		t.Fatalf("n2's certificate attaching as n1: %v, want PERMISSION_DENIED naming both nodes", err)
+	for _, e := range []uint64{huge, uint64(time.Now().UnixNano())} {
+		_, err = attachAgent(t, n2conn, evilHello("n1", e))
+		if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "agent certificate is for node n2; cannot attach as n1") {
+			t.Fatalf("n2's certificate attaching as n1 (epoch %d): %v, want PERMISSION_DENIED naming both nodes", e, err)
+		}
 	}
 	// n1's own certificate, stolen or misused, cannot lock the real agent
 	// out with an epoch no later session could beat.
@@ -447,8 +449,9 @@ func (s *controlServer) members() (membersView, error) {
 // `llmgw control --join` became a Raft voter within seconds and received
 // every model. In a TLS cluster, a server without a certificate, or with a
 // server certificate of another CA, joins gossip (gossip is not what
-// guards Raft here) but is never added to Raft and receives no model; a
-// server given an agent's certificate does not even start. A write through
+// guards Raft here) but is never added to Raft and receives no model, nor
+// is one counted or bootstrapped with while the cluster forms; a server
+// given an agent's certificate does not even start. A write through
 // a follower still works: followers forward over mutual TLS.
 func TestTLSOnlyCertifiedServersJoin(t *testing.T) {
 	p := newPKI(t)
@@ -465,6 +468,10 @@ func TestTLSOnlyCertifiedServersJoin(t *testing.T) {
 		}
 		s.args = append(s.args, "--bootstrap-expect", "3", "--join", strings.Join(join, ","))
 	}
+	// c0 has no certificate and the lowest id, and expects the same three:
+	// were it counted, the servers would wait for it to bootstrap them.
+	c0 := newServer(t, "c0", serverOpts{expect: 3, join: []string{servers[0].gossip}})
+	c0.start()
 	for _, s := range servers {
 		s.start()
 	}
@@ -498,12 +505,12 @@ func TestTLSOnlyCertifiedServersJoin(t *testing.T) {
 		}
 		seen := 0
 		for _, m := range v.Members {
-			if (m.ID == "c4" || m.ID == "c5") && m.Status == "alive" && strings.Contains(m.Refused, "server certificate not verified") {
+			if (m.ID == "c0" || m.ID == "c4" || m.ID == "c5") && m.Status == "alive" && strings.Contains(m.Refused, "server certificate not verified") {
 				seen++
 			}
 		}
-		if seen != 2 {
-			return fmt.Errorf("c4 and c5 are not both listed alive and unverified: %+v", v.Members)
+		if seen != 3 {
+			return fmt.Errorf("c0, c4 and c5 are not all listed alive and unverified: %+v", v.Members)
 		}
 		return nil
 	}); err != nil {
@@ -513,11 +520,12 @@ func TestTLSOnlyCertifiedServersJoin(t *testing.T) {
 	// it took the bare server of the issue to become a voter.
 	c.neverPeer(servers, "c4", 3*time.Second)
 	c.neverPeer(servers, "c5", time.Second)
+	c.neverPeer(servers, "c0", time.Second)
 	c.waitPeers(servers, []string{"c1", "c2", "c3"}, 5*time.Second)
-	if v, ok := metric(leader.http, "llmgw_control_servers_unverified_total"); !ok || v < 2 {
-		t.Fatalf("llmgw_control_servers_unverified_total on the leader = %v (read %v), want at least 2", v, ok)
+	if v, ok := metric(leader.http, "llmgw_control_servers_unverified_total"); !ok || v < 3 {
+		t.Fatalf("llmgw_control_servers_unverified_total on the leader = %v (read %v), want at least 3", v, ok)
 	}
-	for _, rogue := range []*controlServer{c4, c5} {
+	for _, rogue := range []*controlServer{c0, c4, c5} {
 		out, err := rogue.ctl("model", "list", "-o", "json")
 		if err != nil {
 			t.Fatalf("%s model list: %v", rogue.id, err)

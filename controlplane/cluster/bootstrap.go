@@ -64,7 +64,8 @@ func (c *Cluster) retryJoin(ctx context.Context) {
 //   - a peer that already has voters or a leader means a cluster exists:
 //     wait for its leader to add this server;
 //   - in a TLS cluster, a member whose server certificate is not verified
-//     (certified) does not count and is not bootstrapped with;
+//     (certified) is ignored: it neither counts, nor stops the bootstrap,
+//     nor is bootstrapped with;
 //   - otherwise, once `expect` servers with the same expectation see each
 //     other, only the lowest id bootstraps, with all of them as voters; the
 //     others are brought in by its first heartbeats. One bootstrapper means
@@ -94,14 +95,18 @@ func (c *Cluster) bootstrap(ctx context.Context) {
 			if !m.Status.Live() {
 				continue
 			}
+			if id != c.cfg.NodeID && !c.certified(ctx, m, reported) {
+				// An unverified member neither counts towards the
+				// expectation, nor stops the bootstrap, nor is
+				// bootstrapped with.
+				continue
+			}
 			switch {
 			case m.Meta.Bootstrap:
 				problem = fmt.Sprintf("server %s was started with --bootstrap, this one with --bootstrap-expect %d: refusing to bootstrap", id, expect)
 			case m.Meta.Expect != 0 && m.Meta.Expect != expect:
 				problem = fmt.Sprintf("server %s expects %d servers (--bootstrap-expect), this one %d: refusing to bootstrap; start every server with the same value", id, m.Meta.Expect, expect)
-			case m.Meta.Expect == expect && (id == c.cfg.NodeID || c.certified(ctx, m, reported)):
-				// An unverified member neither counts towards the
-				// expectation nor is bootstrapped with.
+			case m.Meta.Expect == expect:
 				peers = append(peers, m)
 			}
 			if problem != "" && !reported[problem] {
