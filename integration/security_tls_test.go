@@ -470,9 +470,26 @@ func TestTLSOnlyCertifiedServersJoin(t *testing.T) {
 	}
 	// c0 has no certificate and the lowest id, and expects the same three:
 	// were it counted, the servers would wait for it to bootstrap them.
+	// It is in c1's gossip before c2 and c3 start, so the three never see
+	// each other without it.
 	c0 := newServer(t, "c0", serverOpts{expect: 3, join: []string{servers[0].gossip}})
+	servers[0].start()
 	c0.start()
-	for _, s := range servers {
+	if err := eventuallyErr(20*time.Second, func() error {
+		v, err := servers[0].members()
+		if err != nil {
+			return err
+		}
+		for _, m := range v.Members {
+			if m.ID == "c0" && m.Status == "alive" {
+				return nil
+			}
+		}
+		return fmt.Errorf("c1 does not list c0: %+v", v.Members)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range servers[1:] {
 		s.start()
 	}
 	c := &cluster{t: t, servers: servers}
