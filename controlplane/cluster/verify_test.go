@@ -51,7 +51,7 @@ func listen(t *testing.T, src *mtls.Source) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lis net.Listener = l
+	lis := net.Listener(l)
 	if src != nil {
 		lis = tls.NewListener(l, src.ServerConfig(mtls.RoleServer))
 	}
