@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -182,4 +183,49 @@ func FuzzDecodeConfig(f *testing.F) {
 		}
 		_ = c.Validate()
 	})
+}
+
+// TestLoadTLS: a server's certificate must be a server's, named as its
+// --node-id (the others verify exactly that before letting it into Raft);
+// anything else refuses to start, naming what it found and what it needs.
+func TestLoadTLS(t *testing.T) {
+	dir := t.TempDir()
+	caDir := filepath.Join(dir, "ca")
+	if _, err := mtls.CreateCA(caDir, mtls.CAOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	files := func(role mtls.Role, name string) mtls.Files {
+		cert, key, err := mtls.CreateCert(caDir, filepath.Join(dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mtls.Files{CA: filepath.Join(caDir, mtls.CAFile), Cert: cert, Key: key}
+	}
+	tests := []struct {
+		name  string
+		files mtls.Files
+		err   string // "" loads
+	}{
+		{"none", mtls.Files{}, ""},
+		{"its own", files(mtls.RoleServer, "c1"), ""},
+		{"another server's", files(mtls.RoleServer, "c2"), "is the certificate of server/c2; this server needs one for server/c1 (--node-id c1)"},
+		{"an agent's", files(mtls.RoleAgent, "c1"), "is the certificate of agent/c1"},
+		{"a missing file", mtls.Files{CA: filepath.Join(caDir, mtls.CAFile), Cert: filepath.Join(dir, "nope.pem"), Key: filepath.Join(dir, "nope-key.pem")}, "nope.pem"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.NodeID, c.TLS = "c1", tt.files
+			src, err := loadTLS(c)
+			if tt.err == "" {
+				if err != nil || (src == nil) != !tt.files.Enabled() {
+					t.Fatalf("loadTLS = %v, %v", src, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Fatalf("loadTLS: %v, want an error containing %q", err, tt.err)
+			}
+		})
+	}
 }
