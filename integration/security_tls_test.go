@@ -451,8 +451,9 @@ func (s *controlServer) members() (membersView, error) {
 // server certificate of another CA, joins gossip (gossip is not what
 // guards Raft here) but is never added to Raft and receives no model, nor
 // is one counted or bootstrapped with while the cluster forms; a server
-// given an agent's certificate does not even start. A write through
-// a follower still works: followers forward over mutual TLS.
+// given an agent's certificate does not even start. Writes and agent
+// registrations through a follower still work: followers forward to the
+// leader over mutual TLS, as servers.
 func TestTLSOnlyCertifiedServersJoin(t *testing.T) {
 	p := newPKI(t)
 	var servers []*controlServer
@@ -499,6 +500,15 @@ func TestTLSOnlyCertifiedServersJoin(t *testing.T) {
 	follower := without(servers, leader)[0]
 	if _, err := follower.ctl("model", "apply", "-f", "../deploy/examples/second.yaml"); err != nil {
 		t.Fatalf("a write through follower %s: %v", follower.id, err)
+	}
+	// An agent attached to a follower is registered by the leader, which
+	// the follower asks as a server (ServerService.RegisterNode).
+	if _, err := attachAgent(t, dialAs(t, follower.grpc, p.source(mtls.RoleAgent, "n1")), &llmgwv1.AgentHello{
+		Node: &llmgwv1.Node{Id: "n1", Address: "127.0.0.1", Gpus: 1}, Epoch: uint64(time.Now().UnixNano())}); err != nil {
+		t.Fatalf("agent n1 attaching to follower %s: %v", follower.id, err)
+	}
+	if out, err := leader.ctl("node", "list"); err != nil || !strings.Contains(out, "n1") {
+		t.Fatalf("the leader does not list n1: %v: %s", err, out)
 	}
 
 	// c6 holds an agent's certificate: it refuses to start as a server.
