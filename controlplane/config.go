@@ -7,6 +7,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/cluster"
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // GossipConfig tunes memberlist (package gossip); the zero value keeps its
@@ -68,6 +69,19 @@ type Config struct {
 	LeaveTimeout time.Duration `yaml:"leave_timeout"`
 	// Version is this build's version, reported to clients.
 	Version string `yaml:"-"`
+
+	// TLS is the CA, certificate and key (--tls-ca, --tls-cert, --tls-key;
+	// tls_ca, tls_cert, tls_key) of mutual TLS on every gRPC service and the
+	// Raft transport (design §11). The certificate must be a server's,
+	// named as NodeID: it is the identity the other servers check before
+	// letting this one into Raft. Without it every connection is plain text
+	// and every caller may do anything, so the listeners must then be on
+	// loopback unless Insecure.
+	TLS mtls.Files `yaml:",inline"`
+	// Insecure allows plain-text listeners beyond loopback (--insecure):
+	// the operator's explicit acceptance that anyone who can reach them
+	// may act as any server, agent or admin.
+	Insecure bool `yaml:"insecure"`
 
 	// Raft timings (design §5.1): the library's 1 s defaults measured p99
 	// 2.6 s to a new leader on a LAN.
@@ -247,6 +261,16 @@ func (c Config) Validate() error {
 	}
 	if c.WatchQueue < 1 {
 		p.Add("watch_queue", "must be at least 1, got %d", c.WatchQueue)
+	}
+	for _, m := range c.TLS.Missing() {
+		p.Add(configfile.Flag(m), "required when any of --tls-ca, --tls-cert, --tls-key is given")
+	}
+	if !c.TLS.Enabled() && !c.Insecure {
+		for _, a := range []struct{ flag, addr string }{{"grpc-addr", c.GRPCAddr}, {"raft-addr", c.RaftAddr}, {"gossip-addr", c.GossipAddr}} {
+			if a.addr != "" && cluster.CheckAddr(a.addr) == nil && !mtls.IsLoopback(a.addr) {
+				p.Add(configfile.Flag(a.flag), "%q is beyond loopback and there is no TLS: anyone who can reach it could act as any server, agent or admin; give --tls-ca, --tls-cert and --tls-key, bind 127.0.0.1, or pass --insecure to accept the risk", a.addr)
+			}
+		}
 	}
 	return p.Err()
 }

@@ -2,11 +2,13 @@ package controlplane
 
 import (
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // problems splits Validate's joined error into one line per problem.
@@ -35,7 +37,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no node id", func(c *Config) { c.NodeID = "" }, []string{"--node-id (node_id): required"}},
 		{"no data dir", func(c *Config) { c.DataDir = "" }, []string{"--data-dir (data_dir): required"}},
 		{"bad grpc addr", func(c *Config) { c.GRPCAddr = "nope" }, []string{`--grpc-addr (grpc_addr): "nope" is not host:port`}},
-		{"wildcard raft addr", func(c *Config) { c.RaftAddr = "0.0.0.0:7401" }, []string{"--raft-addr (raft_addr): \"0.0.0.0:7401\" must name an address"}},
+		{"wildcard raft addr", func(c *Config) { c.RaftAddr, c.Insecure = "0.0.0.0:7401", true }, []string{"--raft-addr (raft_addr): \"0.0.0.0:7401\" must name an address"}},
 		{"bootstrap expect", func(c *Config) { c.BootstrapExpect = 3 }, nil},
 		{"bootstrap and bootstrap expect", func(c *Config) { c.Bootstrap, c.BootstrapExpect = true, 3 },
 			[]string{"--bootstrap (bootstrap) and --bootstrap-expect (bootstrap_expect): give one"}},
@@ -53,6 +55,15 @@ func TestConfigValidate(t *testing.T) {
 		{"file-only setting", func(c *Config) { c.DrainTimeout = -time.Second }, []string{"drain_timeout: must be positive, got -1s"}},
 		{"negative gossip timing", func(c *Config) { c.Gossip.ProbeTimeout = -time.Second }, []string{"gossip.probe_timeout: must not be negative"}},
 		{"watch queue", func(c *Config) { c.WatchQueue = 0 }, []string{"watch_queue: must be at least 1, got 0"}},
+		{"half a TLS setup", func(c *Config) { c.TLS.Cert = "c.pem" }, []string{
+			"--tls-ca (tls_ca): required when any of", "--tls-key (tls_key): required when any of"}},
+		{"plain text beyond loopback", func(c *Config) { c.GRPCAddr, c.GossipAddr = "10.0.0.1:7400", "0.0.0.0:7402" }, []string{
+			`--grpc-addr (grpc_addr): "10.0.0.1:7400" is beyond loopback and there is no TLS`,
+			`--gossip-addr (gossip_addr): "0.0.0.0:7402" is beyond loopback and there is no TLS`}},
+		{"plain text beyond loopback, --insecure", func(c *Config) { c.GRPCAddr, c.RaftAddr, c.Insecure = "10.0.0.1:7400", "10.0.0.1:7401", true }, nil},
+		{"TLS beyond loopback", func(c *Config) {
+			c.GRPCAddr, c.RaftAddr, c.TLS = "10.0.0.1:7400", "10.0.0.1:7401", mtls.Files{CA: "ca.pem", Cert: "c.pem", Key: "k.pem"}
+		}, nil},
 		{"several problems at once, each reported", func(c *Config) {
 			c.NodeID, c.GRPCAddr, c.HeartbeatTimeout, c.AdapterMinIdle = "", "nope", 0, -time.Second
 			c.Join, c.GossipAddr = []string{"a:1"}, ""
@@ -128,6 +139,11 @@ func TestDecodeConfig(t *testing.T) {
 		{"unknown key", "grpc_adr: x:1\n", "grpc_adr", nil},
 		{"bad duration", "election_timeout: soon\n", "line 1", nil},
 		{"version is not from the file", "version: 9\n", "version", nil},
+		{"tls keys at the top level", "tls_ca: /p/ca.pem\ntls_cert: /p/c1.pem\ntls_key: /p/c1-key.pem\ninsecure: true\n", "", func(t *testing.T, c Config) {
+			if c.TLS != (mtls.Files{CA: "/p/ca.pem", Cert: "/p/c1.pem", Key: "/p/c1-key.pem"}) || !c.Insecure {
+				t.Fatalf("decoded %+v insecure %v", c.TLS, c.Insecure)
+			}
+		}},
 		{"two documents", "node_id: a\n---\nnode_id: b\n", "more than one", nil},
 	}
 	for _, tt := range tests {
@@ -167,4 +183,49 @@ func FuzzDecodeConfig(f *testing.F) {
 		}
 		_ = c.Validate()
 	})
+}
+
+// TestLoadTLS: a server's certificate must be a server's, named as its
+// --node-id (the others verify exactly that before letting it into Raft);
+// anything else refuses to start, naming what it found and what it needs.
+func TestLoadTLS(t *testing.T) {
+	dir := t.TempDir()
+	caDir := filepath.Join(dir, "ca")
+	if _, err := mtls.CreateCA(caDir, mtls.CAOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	files := func(role mtls.Role, name string) mtls.Files {
+		cert, key, err := mtls.CreateCert(caDir, filepath.Join(dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mtls.Files{CA: filepath.Join(caDir, mtls.CAFile), Cert: cert, Key: key}
+	}
+	tests := []struct {
+		name  string
+		files mtls.Files
+		err   string // "" loads
+	}{
+		{"none", mtls.Files{}, ""},
+		{"its own", files(mtls.RoleServer, "c1"), ""},
+		{"another server's", files(mtls.RoleServer, "c2"), "is the certificate of server/c2; this server needs one for server/c1 (--node-id c1)"},
+		{"an agent's", files(mtls.RoleAgent, "c1"), "is the certificate of agent/c1"},
+		{"a missing file", mtls.Files{CA: filepath.Join(caDir, mtls.CAFile), Cert: filepath.Join(dir, "nope.pem"), Key: filepath.Join(dir, "nope-key.pem")}, "nope.pem"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.NodeID, c.TLS = "c1", tt.files
+			src, err := loadTLS(c)
+			if tt.err == "" {
+				if err != nil || (src == nil) != !tt.files.Enabled() {
+					t.Fatalf("loadTLS = %v, %v", src, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Fatalf("loadTLS: %v, want an error containing %q", err, tt.err)
+			}
+		})
+	}
 }

@@ -18,7 +18,8 @@
 //	sessions     which nodes have an agent session, here or anywhere (§5.4)
 //	leader       the leader's work: placement, liveness, adapters (§5.5, §7.6)
 //	placement    the pure placement decisions (§5.5)
-//	service      error mapping and forwarding to the leader (§5.3), and one
+//	service      error mapping, authorization by certificate (§11) and
+//	             forwarding to the leader (§5.3), and one
 //	             package per gRPC service: service/admin, service/agent,
 //	             service/watch, service/adapter, service/server
 //	snapfile     the snapshot file format (§13.4)
@@ -47,6 +48,15 @@
 //     minimum version above this build) freezes the FSM at its last good
 //     revision and stops Run with the error, rather than panic inside
 //     raft's goroutine.
+//   - Mutual TLS (design §11). With --tls-ca/--tls-cert/--tls-key, gRPC and
+//     the Raft transport require a certificate of the cluster's CA; the
+//     node's own must be a server's named as --node-id, or it refuses to
+//     start. Every call is authorized by its caller's role before it is
+//     forwarded (service.Authorizer); the Raft transport admits servers
+//     only; the leader adds a gossip member to Raft, and a bootstrapper
+//     counts it, only after a handshake with its Raft address shows a
+//     server certificate naming it (cluster.VerifyByTLS). Without TLS every
+//     listener must be on loopback, or --insecure given.
 //   - Revisions. A log entry the FSM rejects (bad model, stale remove) still
 //     moves the revision to its index, with no change; watchers get a mark.
 package controlplane

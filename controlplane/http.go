@@ -79,5 +79,8 @@ func (s *Server) registerGauges() {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "llmgw_control_raft_applied_revision", Help: "Revision (Raft index) of the last applied entry.",
 		}, func() float64 { return float64(s.fsm.Revision()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "llmgw_control_servers_unverified_total", Help: "Gossip members kept out of Raft because their server certificate could not be verified (design §11); counted per attempt.",
+		}, func() float64 { return float64(s.members.Unverified()) }),
 	)
 }

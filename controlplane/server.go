@@ -31,6 +31,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/store"
 	"github.com/llmgw/llmgw/fsm"
 	"github.com/llmgw/llmgw/internal/grpcstop"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -45,6 +46,8 @@ type Server struct {
 	metrics  metrics
 	plane    *plane.Plane
 	sessions *sessions.Registry
+	// tls is this server's certificate and CA (nil: plain text).
+	tls *mtls.Source
 
 	ready chan struct{}
 	// fatalCh carries the first fatal error (an unknown command) to Run.
@@ -86,7 +89,12 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 	if logger == nil {
 		return nil, errors.New("controlplane: nil logger")
 	}
+	src, err := loadTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
+		tls:     src,
 		cfg:     cfg,
 		log:     logger.With("node", cfg.NodeID),
 		fsm:     fsm.New(fsm.Config{}),
@@ -107,6 +115,26 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
 	s.sessions = sessions.New(s.plane, s.clock, s.reg)
 	return s, nil
+}
+
+// loadTLS loads cfg.TLS (nil without it) and checks that the certificate
+// is this server's: role server, named as --node-id. The other servers
+// verify exactly that before letting it into Raft (design §11), so a
+// mismatch would only surface later as a server kept out.
+func loadTLS(cfg Config) (*mtls.Source, error) {
+	if !cfg.TLS.Enabled() {
+		return nil, nil
+	}
+	src, err := mtls.Load(cfg.TLS)
+	if err != nil {
+		return nil, err
+	}
+	want := mtls.Identity{Role: mtls.RoleServer, Name: cfg.NodeID}
+	if got := src.Identity(); got != want {
+		return nil, fmt.Errorf("--tls-cert %s is the certificate of %s; this server needs one for %s (--node-id %s): make it with llmgwctl tls cert create --role server --name %s",
+			cfg.TLS.Cert, got, want, cfg.NodeID, cfg.NodeID)
+	}
+	return src, nil
 }
 
 // clock is s.now, read at each call so tests may replace it before Run.
@@ -143,7 +171,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		NodeID: s.cfg.NodeID, DataDir: s.cfg.DataDir, RaftAddr: s.cfg.RaftAddr,
 		Bootstrap: s.cfg.Bootstrap, BootstrapExpect: s.cfg.BootstrapExpect,
 		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ElectionTimeout: s.cfg.ElectionTimeout, LeaderLeaseTimeout: s.cfg.LeaderLeaseTimeout,
-		ApplyTimeout: s.cfg.ApplyTimeout, Version: s.cfg.Version, ClientAddr: s.clientAddr,
+		ApplyTimeout: s.cfg.ApplyTimeout, Version: s.cfg.Version, ClientAddr: s.clientAddr, TLS: s.tls,
 	}, s.fsm, s.metrics.store, s.log, s.fatal)
 	if err != nil {
 		return err
@@ -175,7 +203,11 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 		g = s.gossip
 	}
-	pool := cluster.NewPool()
+	pool := cluster.NewPool(s.tls)
+	var verify cluster.VerifyServer // nil on plain text: gossip is trusted
+	if s.tls != nil {
+		verify = cluster.VerifyByTLS(s.tls)
+	}
 	// The gate reads membership's versions, and membership records
 	// removals through the gate: the gate comes first, reading the
 	// membership set just below.
@@ -191,6 +223,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		ServerStabilizationTime: s.cfg.ServerStabilizationTime, CleanupDeadServers: s.cfg.CleanupDeadServers,
 		AutopilotInterval: s.cfg.AutopilotInterval, ReconcileInterval: s.cfg.ReconcileInterval,
 		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ApplyTimeout: s.cfg.ApplyTimeout, LeaveTimeout: s.cfg.LeaveTimeout,
+		Verify: verify,
 	}, st, st.Raw(), g, s.fsm, removals, pool, s.log, s.clock)
 	s.registerGauges()
 	lead := leader.New(leader.Config{
@@ -270,21 +303,24 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	return err
 }
 
-// grpcServer is the node's gRPC server with its five services: leader-only
-// unary calls forwarded (package service), every stream ended when
-// streams is.
+// grpcServer is the node's gRPC server with its five services: mutual TLS
+// when configured, every call authorized by the caller's certificate
+// before anything else (design §11), leader-only unary calls forwarded
+// (package service), every stream ended when streams is.
 func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *leader.Leader) *grpc.Server {
 	fwd := service.NewForwarder(s.cfg.NodeID, s.cfg.RPCHoldTimeout, s.store, s.members)
-	unary := []grpc.UnaryServerInterceptor{fwd.Unary}
+	authz := service.NewAuthorizer(s.tls != nil)
+	unary := []grpc.UnaryServerInterceptor{authz.Unary, fwd.Unary}
 	if asPreviousRelease {
 		unary = append(unary, previousReleaseStatus)
 	}
 	gs := grpc.NewServer(
+		grpc.Creds(mtls.ServerCredentials(s.tls)),
 		grpc.ChainUnaryInterceptor(unary...),
 		// Clients detect a dead server by application heartbeats (design
 		// §5.6); their gRPC keepalives, if any, must not get them cut off.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		grpc.ChainStreamInterceptor(authz.Stream, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
 		}))
 	llmgwv1.RegisterAgentServiceServer(gs, agent.New(agent.Config{

@@ -32,16 +32,19 @@ type controlServer struct {
 	grpc, raft, gossip, http string
 	dataDir, logPath         string
 	args                     []string
+	ctlArgs                  []string // llmgwctl's extra flags (its certificate)
 	cmd                      *exec.Cmd
 	done                     chan error
 }
 
 // serverOpts says how a server starts: expect is --bootstrap-expect (0 for
-// none), join the gossip addresses for --join.
+// none), join the gossip addresses for --join; ctl are the flags llmgwctl
+// needs to talk to it (a TLS server's: an admin certificate).
 type serverOpts struct {
 	expect int
 	join   []string
 	extra  []string
+	ctl    []string
 }
 
 // newServer allocates ports and a data directory; start runs it.
@@ -49,7 +52,7 @@ func newServer(t *testing.T, id string, o serverOpts) *controlServer {
 	t.Helper()
 	dir := t.TempDir()
 	s := &controlServer{t: t, id: id, grpc: uniqueAddr(t), raft: uniqueAddr(t), gossip: uniqueAddr(t), http: uniqueAddr(t),
-		dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, id+".log")}
+		dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, id+".log"), ctlArgs: o.ctl}
 	s.args = []string{"control", "--node-id", id, "--data-dir", s.dataDir,
 		"--grpc-addr", s.grpc, "--raft-addr", s.raft, "--gossip-addr", s.gossip, "--http-addr", s.http}
 	if o.expect > 0 {
@@ -155,7 +158,7 @@ func (s *controlServer) output() string {
 
 // ctl runs llmgwctl against this server.
 func (s *controlServer) ctl(args ...string) (string, error) {
-	return ctlAt(s.grpc, args...)
+	return ctlAt(s.grpc, append(append([]string(nil), s.ctlArgs...), args...)...)
 }
 
 func ctlAt(addr string, args ...string) (string, error) {

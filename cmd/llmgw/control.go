@@ -56,6 +56,10 @@ func newControlCmd() *cobra.Command {
 	f.DurationVar(&cfg.RPCHoldTimeout, "rpc-hold-timeout", cfg.RPCHoldTimeout, "how long a write is held and retried while there is no leader, before UNAVAILABLE")
 	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "Raft heartbeat timeout")
 	f.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "Raft election timeout")
+	f.StringVar(&cfg.TLS.CA, "tls-ca", cfg.TLS.CA, "CA certificate: with --tls-cert and --tls-key, mutual TLS on gRPC and Raft, callers authorized by their certificates' roles")
+	f.StringVar(&cfg.TLS.Cert, "tls-cert", cfg.TLS.Cert, "this server's certificate (role server, named as --node-id)")
+	f.StringVar(&cfg.TLS.Key, "tls-key", cfg.TLS.Key, "the key of --tls-cert")
+	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "allow plain-text gRPC, Raft and gossip beyond loopback (anyone who can reach them may act as any server, agent or admin)")
 	cmd.MarkFlagsMutuallyExclusive("bootstrap", "bootstrap-expect")
 	return cmd
 }

@@ -13,9 +13,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -24,10 +24,12 @@ var version = "dev"
 // defaultAddr is where `llmgw dev` serves the control plane's gRPC.
 const defaultAddr = "127.0.0.1:7400"
 
-// cli carries what every command shares: where to connect, how to print,
-// and where output goes (so tests can capture it).
+// cli carries what every command shares: where to connect and with which
+// certificate, how to print, and where output goes (so tests can capture
+// it).
 type cli struct {
 	addr    string
+	tls     mtls.Files
 	output  string
 	timeout time.Duration
 	out     io.Writer
@@ -49,6 +51,9 @@ func newRootCmd(out io.Writer) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
+			if m := c.tls.Missing(); len(m) > 0 {
+				return fmt.Errorf("--%s: required when any of --tls-ca, --tls-cert, --tls-key is given", m[0])
+			}
 			switch c.output {
 			case "table", "json":
 				return nil
@@ -62,12 +67,16 @@ func newRootCmd(out io.Writer) *cobra.Command {
 		addr = defaultAddr
 	}
 	root.PersistentFlags().StringVar(&c.addr, "addr", addr, "a control-plane server's gRPC address (env LLMGW_ADDR)")
+	pf := root.PersistentFlags()
+	pf.StringVar(&c.tls.CA, "tls-ca", os.Getenv("LLMGW_TLS_CA"), "CA certificate the server's certificate must chain to (env LLMGW_TLS_CA); with --tls-cert and --tls-key, mutual TLS")
+	pf.StringVar(&c.tls.Cert, "tls-cert", os.Getenv("LLMGW_TLS_CERT"), "this client's certificate, normally an admin's (env LLMGW_TLS_CERT)")
+	pf.StringVar(&c.tls.Key, "tls-key", os.Getenv("LLMGW_TLS_KEY"), "the key of --tls-cert (env LLMGW_TLS_KEY)")
 	root.PersistentFlags().StringVarP(&c.output, "output", "o", "table", "output format: table or json")
 	root.PersistentFlags().DurationVar(&c.timeout, "timeout", 10*time.Second, "how long one call may take")
 	node := c.nodeCmd()
 	node.AddCommand(c.nodeLabelCmd())
 	root.AddCommand(c.modelCmd(), node, c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
-		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd(), c.upgradeCmd())
+		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd(), c.upgradeCmd(), c.tlsCmd())
 	root.AddCommand(c.apikeyCmd())
 	return root
 }
@@ -75,7 +84,11 @@ func newRootCmd(out io.Writer) *cobra.Command {
 // admin dials the server and runs fn with a client and a context bounded by
 // --timeout. The connection lives for one call: llmgwctl is short-lived.
 func (c *cli) admin(ctx context.Context, fn func(context.Context, llmgwv1.AdminServiceClient) error) error {
-	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := c.credentials()
+	if err != nil {
+		return err
+	}
+	conn, err := grpc.NewClient(c.addr, creds)
 	if err != nil {
 		return fmt.Errorf("connect to %s: %w", c.addr, err)
 	}
@@ -83,6 +96,19 @@ func (c *cli) admin(ctx context.Context, fn func(context.Context, llmgwv1.AdminS
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	return plainError(fn(ctx, llmgwv1.NewAdminServiceClient(conn)))
+}
+
+// credentials are how llmgwctl dials a server: mutual TLS with --tls-*,
+// expecting a server's certificate, or plain text without them.
+func (c *cli) credentials() (grpc.DialOption, error) {
+	if !c.tls.Enabled() {
+		return mtls.DialOption(nil, mtls.RoleServer), nil
+	}
+	src, err := mtls.Load(c.tls)
+	if err != nil {
+		return nil, err
+	}
+	return mtls.DialOption(src, mtls.RoleServer), nil
 }
 
 // plainError turns a gRPC status into the server's message, which already

@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/llmgw/llmgw/fsm"
@@ -135,7 +134,11 @@ func (c *cli) leaderView(ctx context.Context) (*llmgwv1.ClusterStatusResponse, [
 	var st *llmgwv1.ClusterStatusResponse
 	var peers []*llmgwv1.RaftPeer
 	fresh := map[string]reading{}
-	err := c.admin(ctx, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+	creds, err := c.credentials()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	err = c.admin(ctx, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 		var err error
 		if st, err = a.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}); err != nil {
 			return fmt.Errorf("cluster status: %w", err)
@@ -155,7 +158,7 @@ func (c *cli) leaderView(ctx context.Context) (*llmgwv1.ClusterStatusResponse, [
 			if s.GrpcAddr == "" {
 				continue
 			}
-			r, cs, err := askServer(ctx, s.GrpcAddr)
+			r, cs, err := askServer(ctx, s.GrpcAddr, creds)
 			if err != nil || cs.ServerId != s.Id {
 				continue
 			}
@@ -175,8 +178,8 @@ func (c *cli) leaderView(ctx context.Context) (*llmgwv1.ClusterStatusResponse, [
 
 // askServer is one server's ClusterStatus, with the Raft figures it
 // reports of itself.
-func askServer(ctx context.Context, addr string) (reading, *llmgwv1.ClusterStatusResponse, error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+func askServer(ctx context.Context, addr string, creds grpc.DialOption) (reading, *llmgwv1.ClusterStatusResponse, error) {
+	conn, err := grpc.NewClient(addr, creds)
 	if err != nil {
 		return reading{}, nil, err
 	}

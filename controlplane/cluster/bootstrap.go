@@ -63,6 +63,9 @@ func (c *Cluster) retryJoin(ctx context.Context) {
 //     the bootstrap, with an error in the log and in /readyz;
 //   - a peer that already has voters or a leader means a cluster exists:
 //     wait for its leader to add this server;
+//   - in a TLS cluster, a member whose server certificate is not verified
+//     (certified) is ignored: it neither counts, nor stops the bootstrap,
+//     nor is bootstrapped with;
 //   - otherwise, once `expect` servers with the same expectation see each
 //     other, only the lowest id bootstraps, with all of them as voters; the
 //     others are brought in by its first heartbeats. One bootstrapper means
@@ -90,6 +93,12 @@ func (c *Cluster) bootstrap(ctx context.Context) {
 		for _, id := range gossip.SortedIDs(c.g.Snapshot()) {
 			m, _ := c.g.Member(id)
 			if !m.Status.Live() {
+				continue
+			}
+			if id != c.cfg.NodeID && !c.certified(ctx, m, reported) {
+				// An unverified member neither counts towards the
+				// expectation, nor stops the bootstrap, nor is
+				// bootstrapped with.
 				continue
 			}
 			switch {

@@ -47,6 +47,10 @@ type Config struct {
 	HeartbeatTimeout               time.Duration
 	ApplyTimeout                   time.Duration
 	LeaveTimeout                   time.Duration
+	// Verify, when set (a TLS cluster), must succeed for a gossip member
+	// before it is added to Raft or bootstrapped with (VerifyByTLS); nil
+	// trusts gossip, as a plain-text cluster on loopback must.
+	Verify VerifyServer
 }
 
 // Raft is this server's Raft member (package store) as membership uses it.
@@ -147,6 +151,17 @@ type Cluster struct {
 	leaving   chan struct{}
 	leaveOnce sync.Once
 	leaveMu   sync.Mutex // one Leave at a time
+
+	// certifiedMu guards certifiedAt: the Raft address each server id was
+	// last verified at (Config.Verify), so a server is dialed once, not at
+	// every reconcile, and again when it advertises another address.
+	certifiedMu sync.Mutex
+	certifiedAt map[string]string
+	// notCertified is why each member's last verification failed, for
+	// Members (deleted once one succeeds).
+	notCertified map[string]string
+	// unverified counts failed verifications (a member kept out of Raft).
+	unverified atomic.Uint64
 }
 
 // New returns the membership of this server. ap is the raft member
@@ -154,7 +169,8 @@ type Cluster struct {
 // removals in the replicated state (nil keeps them in gossip only); pool
 // reaches the other servers.
 func New(cfg Config, r Raft, ap autopilot.Raft, g Gossip, state Desired, p Proposer, pool *Pool, log *slog.Logger, now func() time.Time) *Cluster {
-	c := &Cluster{cfg: cfg, log: log, raft: r, ap: ap, g: g, state: state, propose: p, pool: pool, now: now, leaving: make(chan struct{})}
+	c := &Cluster{cfg: cfg, log: log, raft: r, ap: ap, g: g, state: state, propose: p, pool: pool, now: now, leaving: make(chan struct{}),
+		certifiedAt: map[string]string{}, notCertified: map[string]string{}}
 	c.bootstrapProblem.Store("")
 	c.versionProblem.Store("")
 	return c

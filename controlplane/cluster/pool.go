@@ -7,6 +7,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // mdForwarded marks a call one server forwarded to another: the receiver
@@ -29,15 +31,20 @@ func ForwardedContext(ctx context.Context, from string) context.Context {
 
 // Pool holds one client connection per peer gRPC address, for forwarding,
 // bootstrap's and autopilot's questions to the other servers. Connections
-// are created lazily and closed together when the node stops.
+// are created lazily and closed together when the node stops. With TLS
+// they present this server's certificate and accept only a peer holding a
+// server certificate of the same CA (design §11).
 type Pool struct {
+	tls    *mtls.Source
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	closed bool
 }
 
-// NewPool returns an empty pool.
-func NewPool() *Pool { return &Pool{conns: map[string]*grpc.ClientConn{}} }
+// NewPool returns an empty pool dialing with src (nil: plain text).
+func NewPool(src *mtls.Source) *Pool {
+	return &Pool{tls: src, conns: map[string]*grpc.ClientConn{}}
+}
 
 // Conn returns the connection to addr; a closed pool (or a bad address)
 // yields a connection whose calls fail, never nil.
@@ -47,7 +54,7 @@ func (p *Pool) Conn(addr string) grpc.ClientConnInterface {
 	if c, ok := p.conns[addr]; ok {
 		return c
 	}
-	c, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c, err := grpc.NewClient("passthrough:///"+addr, mtls.DialOption(p.tls, mtls.RoleServer))
 	if err != nil || p.closed {
 		// NewClient fails only on a malformed target; the call on this
 		// placeholder fails the same way a dead peer would.

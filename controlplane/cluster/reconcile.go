@@ -46,7 +46,7 @@ func (c *Cluster) WhileLeading(ctx context.Context) {
 	defer t.Stop()
 	for {
 		c.syncRemovals(ctx, reported)
-		c.reconcile(reported)
+		c.reconcile(ctx, reported)
 		select {
 		case <-ctx.Done():
 			return
@@ -59,8 +59,10 @@ func (c *Cluster) WhileLeading(ctx context.Context) {
 // reconcile adds live servers that gossip knows and Raft does not as
 // non-voters (autopilot promotes them once stable), and removes servers
 // that left. A removed (tombstoned) server is not added back until an
-// explicit join clears it; a refused server (Refusal) is not added.
-func (c *Cluster) reconcile(reported map[string]bool) {
+// explicit join clears it; a refused server (Refusal) is not added, nor,
+// in a TLS cluster, one whose server certificate is not verified
+// (certified): gossip alone must not make a voter.
+func (c *Cluster) reconcile(ctx context.Context, reported map[string]bool) {
 	removed := c.removedServers()
 	inConf := map[string]raft.Server{}
 	for _, srv := range c.raft.Servers() {
@@ -81,6 +83,9 @@ func (c *Cluster) reconcile(reported map[string]bool) {
 					reported[key] = true
 					c.log.Error("server refused: not added to raft", "member", id, "its_version", m.Meta.Version, "reason", why)
 				}
+				continue
+			}
+			if !c.certified(ctx, m, reported) {
 				continue
 			}
 			if err := c.raft.AddNonvoter(id, m.Meta.Raft); err != nil {

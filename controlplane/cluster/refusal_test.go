@@ -38,7 +38,7 @@ func TestRefusal(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			c := New(Config{NodeID: "c1", BootstrapExpect: 3}, nil, nil, nil, state, nil, NewPool(), slog.New(slog.DiscardHandler), time.Now)
+			c := New(Config{NodeID: "c1", BootstrapExpect: 3}, nil, nil, nil, state, nil, NewPool(nil), slog.New(slog.DiscardHandler), time.Now)
 			got := c.refusal(tt.meta)
 			if (tt.reason == "") != (got == "") || !strings.Contains(got, tt.reason) {
 				t.Fatalf("refusal %q, want %q", got, tt.reason)

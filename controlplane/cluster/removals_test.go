@@ -106,7 +106,7 @@ func newRemovalsCluster(t *testing.T, min string, refuse bool) (*Cluster, *fakeG
 		}
 	}
 	g := &fakeGossip{ts: map[string]gossip.Tombstone{}, now: 100}
-	c := New(Config{NodeID: "c1"}, nil, nil, g, p.f, p, NewPool(), slog.New(slog.DiscardHandler), time.Now)
+	c := New(Config{NodeID: "c1"}, nil, nil, g, p.f, p, NewPool(nil), slog.New(slog.DiscardHandler), time.Now)
 	return c, g, p
 }
 

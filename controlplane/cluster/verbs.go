@@ -96,7 +96,9 @@ func sameAddr(a, b string) bool {
 }
 
 // Members lists every server gossip has seen, as this server sees it, with
-// why the cluster refuses it, if it does. Without gossip it is this server.
+// why the cluster refuses it, if it does: its version or expectation, or,
+// on the leader of a TLS cluster, its unverified certificate. Without gossip
+// it is this server.
 func (c *Cluster) Members() []*llmgwv1.Member {
 	if c.g == nil {
 		self := c.Servers()[0]
@@ -109,10 +111,14 @@ func (c *Cluster) Members() []*llmgwv1.Member {
 	var out []*llmgwv1.Member
 	for _, id := range gossip.SortedIDs(ms) {
 		m := ms[id]
+		refused := c.refusal(m.Meta)
+		if refused == "" {
+			refused = c.notCertifiedReason(id)
+		}
 		out = append(out, &llmgwv1.Member{
 			Id: id, GossipAddr: m.GossipAddr, GrpcAddr: m.Meta.GRPC, RaftAddr: m.Meta.Raft,
 			Version: m.Meta.Version, Status: string(m.Status), BootstrapExpect: int32(m.Meta.Expect),
-			Refused: c.refusal(m.Meta),
+			Refused: refused,
 		})
 	}
 	return out

@@ -17,6 +17,7 @@ import (
 
 	"github.com/llmgw/llmgw/controlplane/logadapt"
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // Config is what the store takes from the node's configuration.
@@ -27,6 +28,11 @@ type Config struct {
 	DataDir string
 	// RaftAddr is the TCP transport's address.
 	RaftAddr string
+	// TLS, when set, makes the transport mutual TLS in both directions,
+	// with server certificates only (design §11): whoever holds none can
+	// neither send this node Raft RPCs (votes, entries, snapshots) nor
+	// receive its log. Nil is plain TCP.
+	TLS *mtls.Source
 	// Bootstrap starts a single-node cluster when there is no Raft state;
 	// BootstrapExpect only shapes the log line of a node that waits.
 	Bootstrap       bool
@@ -89,7 +95,7 @@ func Open(cfg Config, f *fsm.FSM, m *Metrics, log *slog.Logger, fatal func(error
 		bolt.Close()
 		return nil, fmt.Errorf("open raft snapshot store: %w", err)
 	}
-	trans, err := raft.NewTCPTransportWithLogger(cfg.RaftAddr, nil, 3, 10*time.Second, hlog)
+	trans, err := newTransport(cfg.RaftAddr, cfg.TLS, hlog)
 	if err != nil {
 		bolt.Close()
 		return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	"github.com/llmgw/llmgw/controlplane/service"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -150,6 +151,14 @@ func (a *Service) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	}
 	nodeID := hello.Node.Id
 	log := a.log.With("agent_node", nodeID, "epoch", hello.Epoch)
+	if err := checkIdentity(ctx, nodeID); err != nil {
+		log.Warn("agent hello refused", "err", err)
+		return err
+	}
+	if err := checkEpoch(hello.Epoch, time.Now()); err != nil {
+		log.Warn("agent hello refused", "err", err)
+		return err
+	}
 	if service.IsForwarded(ctx) {
 		// A server older than ServerService.RegisterNode forwards an
 		// agent's registration by replaying its hello: commit it here (the
@@ -194,6 +203,45 @@ func (a *Service) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	// Returning ends the stream's context, which ends the receiver's Recv;
 	// it then exits without blocking (recvErr is buffered).
 	return a.send(ctx, stream, nodeID, hello.Epoch, servers, &lastHeard, askFull, recvErr)
+}
+
+// checkIdentity refuses a hello for a node the caller's certificate does
+// not name (design §11): an agent attaches only as its own node. A server
+// may send any hello (a follower forwarding a registration to the leader,
+// after checking its own agent's certificate); on plain text nothing is
+// known of the caller and the hello is taken as before identities existed.
+// Other roles never get here: the Authorizer admits only agents and servers
+// to Attach.
+func checkIdentity(ctx context.Context, nodeID string) error {
+	id, ok := mtls.FromContext(ctx)
+	switch {
+	case !ok, id.Role == mtls.RoleServer:
+		return nil
+	case id.Role != mtls.RoleAgent:
+		return status.Errorf(codes.PermissionDenied, "attach as node %s needs the agent certificate of node %s; caller is %s", nodeID, nodeID, id)
+	case id.Name != nodeID:
+		return status.Errorf(codes.PermissionDenied, "agent certificate is for node %s; cannot attach as %s", id.Name, nodeID)
+	}
+	return nil
+}
+
+// maxEpochAhead is how far past this server's clock a session epoch may
+// be. An agent's epoch is max(last persisted + 1, now in Unix ns) (design
+// §5.4), so a legitimate one is near now; an epoch far beyond it would win
+// over every later session of the node — the real agent's, whose clock
+// cannot catch up — and lock it out until then. A day leaves room for a
+// badly set clock; an agent whose persisted epoch is beyond it is refused
+// with this message until its clock (or its epoch file) is put right.
+const maxEpochAhead = 24 * time.Hour
+
+// checkEpoch refuses a hello epoch more than maxEpochAhead past now.
+func checkEpoch(epoch uint64, now time.Time) error {
+	limit := uint64(now.Add(maxEpochAhead).UnixNano())
+	if epoch > limit {
+		return status.Errorf(codes.InvalidArgument, "attach: session epoch %d is more than %s ahead of this server's clock (%d): a newer session could never replace it; fix the agent's clock or its persisted epoch",
+			epoch, maxEpochAhead, now.UnixNano())
+	}
+	return nil
 }
 
 func (a *Service) send(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, servers []*llmgwv1.ControlServer, lastHeard *atomic.Int64, askFull <-chan string, recvErr <-chan error) error {
@@ -362,13 +410,20 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 	}
 }
 
-// ownKV drops the KV entries of replicas whose leader shard is not on the
-// sending node (design §7.5 step 3): only the node that runs a replica's
-// engine knows its cache. Adapter statuses are kept only for replicas
+// ownKV drops what the sending node may not report: statuses of other
+// nodes' replicas (ownStatus, design §11), and KV entries of replicas whose
+// leader shard is not on the sending node (design §7.5 step 3): only the
+// node that runs a replica's engine knows its cache. Adapter statuses are kept only for replicas
 // placed on the sending node (design §7.6: the agent that loads an adapter
 // reports it). The update keeps its node, epoch and seq, so the acceptance
 // rule is unchanged.
 func (a *Service) ownKV(u *llmgwv1.EphemeralUpdate, nodeID string) *llmgwv1.EphemeralUpdate {
+	var keepStatuses []*llmgwv1.ReplicaStatus
+	for _, s := range u.Statuses {
+		if a.ownStatus(s, nodeID) {
+			keepStatuses = append(keepStatuses, s)
+		}
+	}
 	var keep []*llmgwv1.KVBlocks
 	for _, b := range u.Kv {
 		if r, ok := a.state.Replica(b.GetReplicaId()); ok && leaderNode(r) == nodeID {
@@ -381,14 +436,29 @@ func (a *Service) ownKV(u *llmgwv1.EphemeralUpdate, nodeID string) *llmgwv1.Ephe
 			keepAdapters = append(keepAdapters, s)
 		}
 	}
-	if len(keep) == len(u.Kv) && len(keepAdapters) == len(u.Adapters) {
+	if len(keep) == len(u.Kv) && len(keepAdapters) == len(u.Adapters) && len(keepStatuses) == len(u.Statuses) {
 		return u
 	}
 	a.metrics.kvForeign.Add(float64(len(u.Kv) - len(keep)))
 	a.metrics.adapterForeign.Add(float64(len(u.Adapters) - len(keepAdapters)))
+	a.metrics.statusForeign.Add(float64(len(u.Statuses) - len(keepStatuses)))
 	filtered := proto.Clone(u).(*llmgwv1.EphemeralUpdate)
-	filtered.Kv, filtered.Adapters = keep, keepAdapters
+	filtered.Kv, filtered.Adapters, filtered.Statuses = keep, keepAdapters, keepStatuses
 	return filtered
+}
+
+// ownStatus reports whether a replica status may come from node (design
+// §11: an agent reports only its own node's replicas): it must not name
+// another node, and a replica this server knows must have its leader shard
+// there. A replica not (yet) known here is kept — a lagging server may not
+// have applied the placement its agent already runs — and no router reads
+// a status from any node but the replica's own.
+func (a *Service) ownStatus(s *llmgwv1.ReplicaStatus, node string) bool {
+	if s.GetNode() != "" && s.GetNode() != node {
+		return false
+	}
+	r, ok := a.state.Replica(s.GetReplicaId())
+	return !ok || leaderNode(r) == node
 }
 
 // leaderNode is the node of a replica's rank-0 shard, which serves HTTP and

@@ -23,5 +23,17 @@
 //   - A replica's status, and its adapters' (design §7.6), are kept only
 //     from the node that runs it; KV entries only from the node of its
 //     rank-0 shard (design §7.5): an agent cannot speak for another node's
-//     replicas.
+//     replicas. Statuses of other nodes' replicas are dropped and counted
+//     (llmgw_control_status_foreign_total), the session kept: a stale
+//     status after a re-placement is an agent's honest mistake, and what
+//     matters is that no router reads it.
+//   - With mutual TLS an agent attaches only as the node its certificate
+//     names (design §11), refused with PERMISSION_DENIED otherwise; a
+//     server's certificate may send any hello (a follower forwarding a
+//     registration it has checked). Which roles may call Attach at all is
+//     service.Authorizer's.
+//   - A hello whose epoch is more than a day past this server's clock is
+//     refused (INVALID_ARGUMENT): such an epoch would outrank every later
+//     session of the node, so whoever sent it — a stolen certificate, or on
+//     plain text anyone — would lock the real agent out.
 package agent

@@ -7,6 +7,7 @@ type Metrics struct {
 	ephemeralUpdates *prometheus.CounterVec
 	kvForeign        prometheus.Counter
 	adapterForeign   prometheus.Counter
+	statusForeign    prometheus.Counter
 }
 
 // NewMetrics registers the sessions' metrics with reg.
@@ -21,7 +22,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		adapterForeign: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgw_control_adapter_foreign_total", Help: "Adapter statuses dropped because the sending agent's node does not run the replica.",
 		}),
+		statusForeign: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_control_status_foreign_total", Help: "Replica statuses dropped because they name another node, or the replica's leader shard is on another node.",
+		}),
 	}
-	reg.MustRegister(m.ephemeralUpdates, m.kvForeign, m.adapterForeign)
+	reg.MustRegister(m.ephemeralUpdates, m.kvForeign, m.adapterForeign, m.statusForeign)
 	return m
 }

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/llmgw/llmgw/internal/mtls"
+)
+
+// tlsInitCmd makes a whole cluster's certificates in one idempotent step:
+// the CA if DIR/ca holds none, and a certificate for every name given that
+// does not have one yet, each role in its own folder (DIR/server,
+// DIR/agent, ...). It exists for one-shot setups — the compose cluster's
+// certs container, a test bench — where a command that fails the second
+// time it runs (tls ca create refuses to overwrite) would need a shell
+// around it, and a FROM scratch image has none. Renewal is tls cert create,
+// which replaces a pair in place.
+func (c *cli) tlsInitCmd() *cobra.Command {
+	names := map[mtls.Role]*[]string{}
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "init --dir DIR [--server N,...] [--agent N,...] [--router N,...] [--admin N,...]",
+		Short: "Create the CA and every missing certificate of a cluster (idempotent)",
+		Args:  cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error {
+			caDir := filepath.Join(dir, "ca")
+			if _, err := os.Stat(filepath.Join(caDir, mtls.CAFile)); errors.Is(err, os.ErrNotExist) {
+				p, err := mtls.CreateCA(caDir, mtls.CAOptions{})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(c.out, "created %s\n", p)
+			} else if err != nil {
+				return err
+			}
+			for _, role := range mtls.Roles {
+				for _, name := range *names[role] {
+					out := filepath.Join(dir, string(role))
+					certPath, _ := mtls.CertFiles(out, name)
+					if _, err := os.Stat(certPath); err == nil {
+						fmt.Fprintf(c.out, "kept    %s\n", certPath)
+						continue
+					}
+					p, _, err := mtls.CreateCert(caDir, out, mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
+					if err != nil {
+						return fmt.Errorf("--%s %s: %w", role, name, err)
+					}
+					fmt.Fprintf(c.out, "created %s\n", p)
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", "", "directory for ca/ and one folder per role (required)")
+	_ = cmd.MarkFlagRequired("dir")
+	for _, role := range mtls.Roles {
+		names[role] = new([]string)
+		cmd.Flags().StringSliceVar(names[role], string(role), nil, fmt.Sprintf("names to certify as %s (comma-separated)", strings.ToLower(string(role))))
+	}
+	return cmd
+}
