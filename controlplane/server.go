@@ -20,6 +20,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/gate"
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/controlplane/leader"
+	"github.com/llmgw/llmgw/controlplane/limits"
 	"github.com/llmgw/llmgw/controlplane/plane"
 	"github.com/llmgw/llmgw/controlplane/service"
 	"github.com/llmgw/llmgw/controlplane/service/adapter"
@@ -45,6 +46,7 @@ type Server struct {
 	metrics  metrics
 	plane    *plane.Plane
 	sessions *sessions.Registry
+	limiter  *limits.Limiter
 
 	ready chan struct{}
 	// fatalCh carries the first fatal error (an unknown command) to Run.
@@ -106,6 +108,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: s.clock},
 		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
 	s.sessions = sessions.New(s.plane, s.clock, s.reg)
+	s.limiter = limits.New(cfg.Limits.limiterConfig(), s.reg)
 	return s, nil
 }
 
@@ -279,14 +282,14 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	if asPreviousRelease {
 		unary = append(unary, previousReleaseStatus)
 	}
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(s.cfg.Limits.grpcOptions(),
 		grpc.ChainUnaryInterceptor(unary...),
 		// Clients detect a dead server by application heartbeats (design
 		// §5.6); their gRPC keepalives, if any, must not get them cut off.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
-		}))
+		}, s.limiter.Stream))...)
 	llmgwv1.RegisterAgentServiceServer(gs, agent.New(agent.Config{
 		Self: s.cfg.NodeID, HeartbeatInterval: s.cfg.HeartbeatInterval, AgentTimeout: s.cfg.AgentTimeout,
 		ElectionTimeout: s.cfg.ElectionTimeout, RPCHoldTimeout: s.cfg.RPCHoldTimeout, ApplyTimeout: s.cfg.ApplyTimeout,

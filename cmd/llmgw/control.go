@@ -56,6 +56,11 @@ func newControlCmd() *cobra.Command {
 	f.DurationVar(&cfg.RPCHoldTimeout, "rpc-hold-timeout", cfg.RPCHoldTimeout, "how long a write is held and retried while there is no leader, before UNAVAILABLE")
 	f.DurationVar(&cfg.HeartbeatTimeout, "heartbeat-timeout", cfg.HeartbeatTimeout, "Raft heartbeat timeout")
 	f.DurationVar(&cfg.ElectionTimeout, "election-timeout", cfg.ElectionTimeout, "Raft election timeout")
+	l := &cfg.Limits
+	f.IntVar(&l.GRPCMaxRecvBytes, "grpc-max-recv-bytes", l.GRPCMaxRecvBytes, "largest gRPC message accepted (an agent's full copy is the largest legitimate one)")
+	f.IntVar(&l.GRPCMaxSendBytes, "grpc-max-send-bytes", l.GRPCMaxSendBytes, "largest gRPC message sent (at most what clients accept, 64 MiB)")
+	f.IntVar(&l.MaxWatchStreamsPerIdentity, "max-watch-streams-per-identity", l.MaxWatchStreamsPerIdentity, "concurrent watch streams one certificate identity may hold on this server")
+	f.IntVar(&l.MaxAgentSessionsPerIdentity, "max-agent-sessions-per-identity", l.MaxAgentSessionsPerIdentity, "concurrent agent sessions one certificate identity may hold on this server")
 	cmd.MarkFlagsMutuallyExclusive("bootstrap", "bootstrap-expect")
 	return cmd
 }
