@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"github.com/llmgw/llmgw/controlplane/limits"
+	"github.com/llmgw/llmgw/controlplane/service/agent"
 	"github.com/llmgw/llmgw/controlplane/snapfile"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/grpcsize"
@@ -83,6 +84,12 @@ func (c LimitsConfig) limiterConfig() limits.Config {
 			limits.Attach: {Max: c.MaxAgentSessionsPerAddress, Setting: "max_agent_sessions_per_address"},
 		},
 	}
+}
+
+// agentBounds is what one agent session may make this node hold.
+func (c LimitsConfig) agentBounds() agent.Bounds {
+	return agent.Bounds{ReplicaSlack: c.AgentReplicaSlack, AdaptersPerReplica: c.AgentAdaptersPerReplica,
+		KVBlocksPerReplica: c.AgentKVBlocksPerReplica, MaxStatusBytes: c.AgentMaxStatusBytes}
 }
 
 // validate adds c's problems to p.

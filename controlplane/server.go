@@ -293,7 +293,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	llmgwv1.RegisterAgentServiceServer(gs, agent.New(agent.Config{
 		Self: s.cfg.NodeID, HeartbeatInterval: s.cfg.HeartbeatInterval, AgentTimeout: s.cfg.AgentTimeout,
 		ElectionTimeout: s.cfg.ElectionTimeout, RPCHoldTimeout: s.cfg.RPCHoldTimeout, ApplyTimeout: s.cfg.ApplyTimeout,
-		HelloForwardOnly: asPreviousRelease,
+		HelloForwardOnly: asPreviousRelease, Bounds: s.cfg.Limits.agentBounds(),
 	}, agent.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Reports: s.eph,
 		Plane: s.plane, Sessions: s.sessions, Metrics: s.metrics.agent,

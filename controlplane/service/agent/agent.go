@@ -36,6 +36,8 @@ type Config struct {
 	// before that RPC forwarded them. Only the build that plays the
 	// previous release in the upgrade test sets it.
 	HelloForwardOnly bool
+	// Bounds limit what one session may make this server hold (bounds.go).
+	Bounds Bounds
 }
 
 // Proposer commits commands on the leader through the minimum-version gate
@@ -74,6 +76,11 @@ type Peers interface {
 type Reports interface {
 	// Apply applies an update by the (epoch, seq) rule.
 	Apply(u *llmgwv1.EphemeralUpdate) ephemeral.Verdict
+	// ApplyWithin applies an update from a session within a budget,
+	// dropping the node's data when it would break it.
+	ApplyWithin(u *llmgwv1.EphemeralUpdate, b ephemeral.Budget) (ephemeral.Verdict, error)
+	// Drop forgets a node's data held for epoch.
+	Drop(node string, epoch uint64) bool
 	// Held is the (epoch, seq) held for a node.
 	Held(node string) (epoch, seq uint64, ok bool)
 }
@@ -320,11 +327,15 @@ func desiredKey(d *llmgwv1.DesiredReplicas) []byte {
 }
 
 func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, lastHeard *atomic.Int64, askFull chan<- string) error {
+	budget := &sessionBudget{state: a.state, node: nodeID, bounds: a.cfg.Bounds}
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
+			}
+			if recvTooLarge(err) {
+				return a.cut(nodeID, epoch, "message_bytes", err)
 			}
 			return err
 		}
@@ -344,8 +355,11 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 				continue
 			}
 			u = a.ownKV(u, nodeID)
-			v := a.reports.Apply(u)
+			v, err := a.applyBounded(u, budget)
 			a.metrics.ephemeralUpdates.WithLabelValues(v.String()).Inc()
+			if fl, ok := errors.AsType[*errFlood](err); ok {
+				return a.cut(nodeID, epoch, fl.reason, fl)
+			}
 			if v == ephemeral.Accepted {
 				a.plane.Forward(u, received)
 			}

@@ -7,6 +7,7 @@ type Metrics struct {
 	ephemeralUpdates *prometheus.CounterVec
 	kvForeign        prometheus.Counter
 	adapterForeign   prometheus.Counter
+	sessionsCut      *prometheus.CounterVec
 }
 
 // NewMetrics registers the sessions' metrics with reg.
@@ -23,5 +24,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.ephemeralUpdates, m.kvForeign, m.adapterForeign)
+	m.sessionsCut = newSessionsCut(reg)
 	return m
 }
