@@ -303,7 +303,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	}, s.fsm, s.eph, s.members, s.metrics.watch, s.log))
 	llmgwv1.RegisterAdminServiceServer(gs, admin.New(s.cfg.NodeID, admin.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Membership: s.members,
-		Reports: s.eph, Sessions: s.sessions,
+		Reports: s.eph, Sessions: s.sessions, RestoreMaxBytes: uint64(s.cfg.Limits.SnapshotRestoreMaxBytes),
 	}, s.log))
 	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
 	if !asPreviousRelease && !s.withoutServerService {

@@ -50,7 +50,11 @@ func TestApplyWithin(t *testing.T) {
 		}, Accepted, ""},
 		{"removals make room", []*llmgwv1.EphemeralUpdate{
 			upd(1, 1, true, names("r", 4)...),
-			func() *llmgwv1.EphemeralUpdate { u := upd(1, 2, false, "x"); u.RemovedReplicas = []string{"r0"}; return u }(),
+			func() *llmgwv1.EphemeralUpdate {
+				u := upd(1, 2, false, "x")
+				u.RemovedReplicas = []string{"r0"}
+				return u
+			}(),
 		}, Accepted, ""},
 		{"kv blocks over", []*llmgwv1.EphemeralUpdate{withKV(upd(1, 1, true, "r0"), "r0", 11)}, OverBudget, "kv_blocks"},
 		{"kv blocks re-stored do not add", []*llmgwv1.EphemeralUpdate{
