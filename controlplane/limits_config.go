@@ -15,7 +15,9 @@ import (
 type LimitsConfig struct {
 	// GRPCMaxRecvBytes bounds one message received. The largest a peer
 	// legitimately sends is an agent's full copy (statuses plus its
-	// replicas' KV block sets); 16 MiB holds some 1.5 million KV hashes.
+	// replicas' KV block sets); 4 MiB, gRPC's own default, holds some
+	// 400 k KV hashes. Each message received costs about five times its
+	// size on the heap while it is decoded, per concurrent session.
 	GRPCMaxRecvBytes int `yaml:"grpc_max_recv_bytes"`
 	// GRPCMaxSendBytes bounds one message sent: the largest is a watch
 	// stream's full copy of one node's reports or a DesiredReplicas, both
@@ -54,14 +56,14 @@ type LimitsConfig struct {
 // reason for each.
 func DefaultLimits() LimitsConfig {
 	return LimitsConfig{
-		GRPCMaxRecvBytes:      16 << 20,
+		GRPCMaxRecvBytes:      4 << 20,
 		GRPCMaxSendBytes:      64 << 20,
 		GRPCMaxStreamsPerConn: 1024,
 
 		MaxWatchStreamsPerIdentity:  64,
 		MaxAgentSessionsPerIdentity: 4,
 		MaxWatchStreamsPerAddress:   256,
-		MaxAgentSessionsPerAddress:  256,
+		MaxAgentSessionsPerAddress:  64,
 
 		AgentReplicaSlack:       8,
 		AgentAdaptersPerReplica: 64,

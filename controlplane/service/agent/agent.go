@@ -331,11 +331,13 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
+			// Before the context's check: gRPC refusing a message over
+			// the limit also resets the stream.
+			if recvTooLarge(err) {
+				return a.cut(nodeID, epoch, "message_bytes", err, false)
+			}
 			if ctx.Err() != nil {
 				return nil
-			}
-			if recvTooLarge(err) {
-				return a.cut(nodeID, epoch, "message_bytes", err)
 			}
 			return err
 		}
@@ -358,7 +360,7 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 			v, err := a.applyBounded(u, budget)
 			a.metrics.ephemeralUpdates.WithLabelValues(v.String()).Inc()
 			if fl, ok := errors.AsType[*errFlood](err); ok {
-				return a.cut(nodeID, epoch, fl.reason, fl)
+				return a.cut(nodeID, epoch, fl.reason, fl, v == ephemeral.OverBudget && fl.reason != "status_bytes")
 			}
 			if v == ephemeral.Accepted {
 				a.plane.Forward(u, received)

@@ -107,11 +107,12 @@ func (a *Service) applyBounded(u *llmgwv1.EphemeralUpdate, b *sessionBudget) (ep
 }
 
 // cut ends a session that broke a bound or sent a message over the gRPC
-// limit: its reports are dropped, so the memory they held returns, and the
-// agent is told why. Its next session starts afresh with a full copy.
-func (a *Service) cut(nodeID string, epoch uint64, reason string, err error) error {
+// limit: its reports are dropped (the store has done it when dropped is
+// set), so the memory they held returns, and the agent is told why. Its
+// next session starts afresh with a full copy.
+func (a *Service) cut(nodeID string, epoch uint64, reason string, err error, dropped bool) error {
 	a.metrics.sessionsCut.WithLabelValues(reason).Inc()
-	dropped := a.reports.Drop(nodeID, epoch)
+	dropped = a.reports.Drop(nodeID, epoch) || dropped
 	a.log.Warn("agent session ended: it sent more than this server holds for a node", "agent_node", nodeID, "epoch", epoch,
 		"reason", reason, "reports_dropped", dropped, "err", err)
 	return status.Errorf(codes.ResourceExhausted, "session ended by control node %s, its reports dropped: %v", a.cfg.Self, err)
