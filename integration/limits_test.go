@@ -2,8 +2,13 @@ package integration
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -271,4 +276,85 @@ func TestAgentFloodIsCut(t *testing.T) {
 	if sent != 3 || status.Code(err) == codes.ResourceExhausted {
 		t.Errorf("an honest session after the floods: %d of 3 updates sent, ended with %v", sent, err)
 	}
+}
+
+// zmtpGreeting is a ZMTP 3.0 NULL-mechanism greeting, as a peer sends it.
+func zmtpGreeting() []byte {
+	g := make([]byte, 64)
+	g[0], g[9], g[10], g[11] = 0xFF, 0x7F, 3, 0
+	copy(g[12:32], "NULL")
+	return g
+}
+
+// zmtpReadyPub is a READY command announcing a PUB socket.
+func zmtpReadyPub() []byte {
+	body := append([]byte{5}, "READY"...)
+	body = append(body, 11)
+	body = append(body, "Socket-Type"...)
+	body = binary.BigEndian.AppendUint32(body, 3)
+	body = append(body, "PUB"...)
+	return append([]byte{0x04, byte(len(body))}, body...)
+}
+
+// TestKVSocketOversizedFrame: a peer on an engine's KV-event socket of a
+// real `llmgw agent` claims frames larger than --kv-max-frame-bytes — past
+// any allocation, and just over the flag's 1 MiB (under the 16 MiB
+// default, so the flag is what refuses it). Each costs the peer its
+// connection: the agent keeps running, counts the refusals, and the
+// replica keeps serving.
+func TestKVSocketOversizedFrame(t *testing.T) {
+	s := limitedServer(t, "")
+	a := startAgentProc(t, "n1", []string{s.grpc}, "--kv-max-frame-bytes", "1048576")
+	file := filepath.Join(t.TempDir(), "kvx.yaml")
+	writeFile(t, file, kvModelYAML("kvx", 1))
+	if out, err := s.ctl("model", "apply", "-f", file); err != nil {
+		t.Fatalf("model apply: %v: %s", err, out)
+	}
+	rep := waitServing(t, s.grpc, "kvx", 1)[0]
+	b, err := os.ReadFile(filepath.Join(a.dataDir, "ports.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ports map[string]int
+	if err := json.Unmarshal(b, &ports); err != nil {
+		t.Fatal(err)
+	}
+	port, ok := ports[rep.Replica.ID+"/kv-events"]
+	if !ok {
+		t.Fatalf("no kv-events port for %s in the agent's ports file: %v", rep.Replica.ID, ports)
+	}
+	huge := binary.BigEndian.AppendUint64([]byte{0x02}, 1<<62)
+	overFlag := binary.BigEndian.AppendUint64([]byte{0x02}, 1<<20+1)
+	for i, frame := range [][]byte{huge, overFlag} {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range [][]byte{zmtpGreeting(), zmtpReadyPub(), frame} {
+			if _, err := c.Write(p); err != nil {
+				break // closed on us part way
+			}
+		}
+		_ = c.SetReadDeadline(time.Now().Add(within(10 * time.Second)))
+		if _, err := io.Copy(io.Discard, c); err != nil {
+			t.Fatalf("attack %d: the agent did not close the connection: %v", i, err)
+		}
+		c.Close()
+		if !eventually(10*time.Second, func() bool {
+			v, _ := metric(a.http, "llmgw_agent_kv_frames_refused_total")
+			return v >= float64(i+1)
+		}) {
+			v, _ := metric(a.http, "llmgw_agent_kv_frames_refused_total")
+			t.Fatalf("attack %d: llmgw_agent_kv_frames_refused_total = %v, want %d", i, v, i+1)
+		}
+	}
+	if !a.running() {
+		t.Fatal("the agent exited")
+	}
+	resp, err := http.Get("http://" + a.http + "/healthz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("agent /healthz after the attacks: %v %v", resp, err)
+	}
+	resp.Body.Close()
+	waitServing(t, s.grpc, "kvx", 1)
 }
