@@ -128,19 +128,19 @@ func TestWatchStreamCapPerCaller(t *testing.T) {
 }
 
 // floodSession runs one anonymous agent session for node and sends it
-// updates; it returns the error that ended the session and how many
-// updates went out before it did.
-func floodSession(ctx context.Context, conn *grpc.ClientConn, node string, epoch uint64, updates func(seq uint64) *llmgwv1.EphemeralUpdate, n int) (error, int) {
+// updates; it returns how many updates went out and the error that ended
+// the session.
+func floodSession(ctx context.Context, conn *grpc.ClientConn, node string, epoch uint64, updates func(seq uint64) *llmgwv1.EphemeralUpdate, n int) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := llmgwv1.NewAgentServiceClient(conn).Attach(ctx)
 	if err != nil {
-		return err, 0
+		return 0, err
 	}
 	if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Hello{Hello: &llmgwv1.AgentHello{
 		Node: &llmgwv1.Node{Id: node, Address: "127.0.0.1"}, Epoch: epoch,
 	}}}); err != nil {
-		return err, 0
+		return 0, err
 	}
 	ended := make(chan error, 1)
 	go func() {
@@ -160,9 +160,9 @@ func floodSession(ctx context.Context, conn *grpc.ClientConn, node string, epoch
 	}
 	select {
 	case err := <-ended:
-		return err, sent
+		return sent, err
 	case <-time.After(within(20 * time.Second)):
-		return errors.New("the session was not ended"), sent
+		return sent, errors.New("the session was not ended")
 	}
 }
 
@@ -202,7 +202,7 @@ func TestAgentFloodIsCut(t *testing.T) {
 	const node = "flood"
 
 	// 300 k statuses in deltas of 10 k, after a small full copy.
-	err, sent := floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
+	sent, err := floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
 		if seq == 1 {
 			return statuses(node, epoch, 1, true, 0, 1)
 		}
@@ -218,7 +218,7 @@ func TestAgentFloodIsCut(t *testing.T) {
 	peak := before
 	for i := range 20 {
 		epoch++
-		err, _ := floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
+		_, err := floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
 			return statuses(node, epoch, seq, true, 0, 50000)
 		}, 1)
 		if status.Code(err) != codes.ResourceExhausted {
@@ -228,7 +228,7 @@ func TestAgentFloodIsCut(t *testing.T) {
 	}
 	// One message over grpc_max_recv_bytes.
 	epoch++
-	err, _ = floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
+	_, err = floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
 		return statuses(node, epoch, seq, true, 0, 300000)
 	}, 1)
 	if status.Code(err) != codes.ResourceExhausted {
@@ -270,7 +270,7 @@ func TestAgentFloodIsCut(t *testing.T) {
 	}
 	// An honest session for the node is still accepted.
 	epoch++
-	err, sent = floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
+	sent, err = floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
 		return statuses(node, epoch, seq, seq == 1, 0, 2)
 	}, 3)
 	if sent != 3 || status.Code(err) == codes.ResourceExhausted {
