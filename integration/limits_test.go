@@ -131,6 +131,9 @@ func TestWatchStreamCapPerCaller(t *testing.T) {
 // updates; it returns how many updates went out and the error that ended
 // the session.
 func floodSession(ctx context.Context, conn *grpc.ClientConn, node string, epoch uint64, updates func(seq uint64) *llmgwv1.EphemeralUpdate, n int) (int, error) {
+	// Built before the hello: a slow (race-instrumented) build of a huge
+	// update must not look like a silent agent.
+	first := updates(1)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := llmgwv1.NewAgentServiceClient(conn).Attach(ctx)
@@ -153,7 +156,11 @@ func floodSession(ctx context.Context, conn *grpc.ClientConn, node string, epoch
 	}()
 	sent := 0
 	for seq := uint64(1); sent < n; seq++ {
-		if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: updates(seq)}}); err != nil {
+		u := first
+		if seq > 1 {
+			u = updates(seq)
+		}
+		if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: u}}); err != nil {
 			break // the server ended the stream; Recv has why
 		}
 		sent++
@@ -226,10 +233,10 @@ func TestAgentFloodIsCut(t *testing.T) {
 		}
 		peak = max(peak, heap())
 	}
-	// One message over grpc_max_recv_bytes.
+	// One message over grpc_max_recv_bytes (100 k statuses are 6 MB).
 	epoch++
 	_, err = floodSession(ctx, conn, node, epoch, func(seq uint64) *llmgwv1.EphemeralUpdate {
-		return statuses(node, epoch, seq, true, 0, 300000)
+		return statuses(node, epoch, seq, true, 0, 100000)
 	}, 1)
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized message: session ended with %v, want RESOURCE_EXHAUSTED", err)
