@@ -327,7 +327,7 @@ func desiredKey(d *llmgwv1.DesiredReplicas) []byte {
 }
 
 func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, lastHeard *atomic.Int64, askFull chan<- string) error {
-	budget := &sessionBudget{state: a.state, node: nodeID, bounds: a.cfg.Bounds}
+	budget := &sessionBudget{state: a.state, node: nodeID, bounds: a.cfg.Bounds, now: time.Now}
 	for {
 		msg, err := stream.Recv()
 		if err != nil {

@@ -3,6 +3,7 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -33,16 +34,27 @@ type Bounds struct {
 
 func (b Bounds) enabled() bool { return b != Bounds{} }
 
+// shrinkGrace is how long a session keeps the budget of a larger desired
+// set after it shrank: the agent learns of the removal, stops the engines
+// and reports the replicas removed only some time later, and an update it
+// sends meanwhile still holds their statuses. It is the default
+// drain_timeout, the longest a removal waits for an engine to stop.
+const shrinkGrace = 30 * time.Second
+
 // sessionBudget is the ephemeral budget of one session, recomputed when the
 // state has moved (its node's desired set may have changed).
 type sessionBudget struct {
-	state   Desired
-	node    string
-	bounds  Bounds
+	state  Desired
+	node   string
+	bounds Bounds
+	now    func() time.Time
+
 	applied uint64
 	valid   bool
-	desired int
-	budget  ephemeral.Budget
+	// desired is the count the budget follows: the node's desired
+	// replicas, or a larger count seen within shrinkGrace (peakUntil).
+	desired   int
+	peakUntil time.Time
 }
 
 // get returns the budget for the state as applied now.
@@ -50,18 +62,27 @@ func (s *sessionBudget) get() ephemeral.Budget {
 	if !s.bounds.enabled() {
 		return ephemeral.Budget{}
 	}
-	if applied, _ := s.state.Applied(); !s.valid || applied != s.applied {
-		s.applied, s.valid = applied, true
-		s.desired = len(s.state.NodeDesired(s.node).GetReplicas())
-		// At least one: a zero field would not bound.
-		replicas := max(s.desired+s.bounds.ReplicaSlack, 1)
-		s.budget = ephemeral.Budget{
-			Statuses: replicas,
-			Adapters: replicas * s.bounds.AdaptersPerReplica,
-			KVBlocks: replicas * s.bounds.KVBlocksPerReplica,
+	now := s.now()
+	if applied, _ := s.state.Applied(); !s.valid || applied != s.applied || (!s.peakUntil.IsZero() && now.After(s.peakUntil)) {
+		s.applied = applied
+		n := len(s.state.NodeDesired(s.node).GetReplicas())
+		switch {
+		case !s.valid || n >= s.desired:
+			s.desired, s.peakUntil = n, time.Time{}
+		case s.peakUntil.IsZero():
+			s.peakUntil = now.Add(shrinkGrace) // keep the larger count a while
+		case now.After(s.peakUntil):
+			s.desired, s.peakUntil = n, time.Time{}
 		}
+		s.valid = true
 	}
-	return s.budget
+	// At least one: a zero field would not bound.
+	replicas := max(s.desired+s.bounds.ReplicaSlack, 1)
+	return ephemeral.Budget{
+		Statuses: replicas,
+		Adapters: replicas * s.bounds.AdaptersPerReplica,
+		KVBlocks: replicas * s.bounds.KVBlocksPerReplica,
+	}
 }
 
 // errFlood ends a session that broke a bound; reason is its metric label.

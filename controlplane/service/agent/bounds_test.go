@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -42,7 +43,7 @@ func TestSessionBudget(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := &desiredOf{n: tc.desired, rev: 1}
-			b := &sessionBudget{state: d, node: "n1", bounds: tc.bounds}
+			b := &sessionBudget{state: d, node: "n1", bounds: tc.bounds, now: time.Now}
 			if got := b.get(); got != tc.want {
 				t.Fatalf("budget %+v, want %+v", got, tc.want)
 			}
@@ -50,7 +51,7 @@ func TestSessionBudget(t *testing.T) {
 	}
 	// Recomputed only when the state moved.
 	d := &desiredOf{n: 1, rev: 1}
-	b := &sessionBudget{state: d, node: "n1", bounds: bounds}
+	b := &sessionBudget{state: d, node: "n1", bounds: bounds, now: time.Now}
 	b.get()
 	b.get()
 	if d.calls != 1 {
@@ -59,6 +60,38 @@ func TestSessionBudget(t *testing.T) {
 	d.rev, d.n = 2, 5
 	if got := b.get(); got.Statuses != 7 || d.calls != 2 {
 		t.Fatalf("after the state moved: %+v with %d reads, want 7 statuses from a second read", got, d.calls)
+	}
+}
+
+// TestSessionBudgetShrinkGrace: when the node's desired set shrinks, the
+// larger budget holds for shrinkGrace, so an agent that has not yet
+// reported the removed replicas is not cut for them.
+func TestSessionBudgetShrinkGrace(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	now := t0
+	d := &desiredOf{n: 10, rev: 1}
+	b := &sessionBudget{state: d, node: "n1", bounds: Bounds{ReplicaSlack: 2, AdaptersPerReplica: 1, KVBlocksPerReplica: 1, MaxStatusBytes: 1}, now: func() time.Time { return now }}
+	steps := []struct {
+		at       time.Duration
+		desired  int
+		statuses int
+	}{
+		{0, 10, 12},
+		{time.Second, 0, 12},                  // shrank: the old budget holds
+		{shrinkGrace, 0, 12},                  // still within the grace
+		{shrinkGrace + 2*time.Second, 0, 2},   // the grace is over
+		{shrinkGrace + 3*time.Second, 4, 6},   // growing applies at once
+		{shrinkGrace + 4*time.Second, 3, 6},   // a new shrink, a new grace
+		{2*shrinkGrace + 5*time.Second, 3, 5}, // over
+	}
+	for i, st := range steps {
+		now = t0.Add(st.at)
+		if st.desired != d.n {
+			d.n, d.rev = st.desired, d.rev+1
+		}
+		if got := b.get().Statuses; got != st.statuses {
+			t.Fatalf("step %d (at %v, %d desired): budget of %d statuses, want %d", i, st.at, st.desired, got, st.statuses)
+		}
 	}
 }
 
