@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/agent/kv/zmtp"
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/configfile"
 )
@@ -116,6 +117,10 @@ type Config struct {
 	// it however busy it is (package drain).
 	DrainQuiet   time.Duration `yaml:"drain_quiet"`
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// KVMaxFrameBytes caps a frame, and a message's frames together, that
+	// an engine's KV-event sockets accept (design §11 "Limits"): a peer
+	// declaring more loses its connection before anything is allocated.
+	KVMaxFrameBytes uint64 `yaml:"kv_max_frame_bytes"`
 
 	// The settings below have no flag; only the file sets them.
 
@@ -149,6 +154,7 @@ func DefaultConfig() Config {
 		HeartbeatInterval: 500 * time.Millisecond,
 		DrainQuiet:        drain.DefaultConfig().Quiet,
 		DrainTimeout:      drain.DefaultConfig().Timeout,
+		KVMaxFrameBytes:   zmtp.DefaultMaxMessageBytes,
 		ProbeInterval:     time.Second,
 		RestartBackoff:    supervisor.DefaultBackoff(),
 		ReconnectInitial:  250 * time.Millisecond,
@@ -231,6 +237,11 @@ func (c *Config) Validate() error {
 	positive(configfile.Flag("drain-quiet"), c.DrainQuiet)
 	if c.DrainTimeout < c.DrainQuiet {
 		p.Add(configfile.Flag("drain-timeout"), "%s must be at least --drain-quiet %s", c.DrainTimeout, c.DrainQuiet)
+	}
+	// A vLLM batch for a long prompt is about a megabyte; 1 GiB is past
+	// any use and still well below what a 64-bit length could claim.
+	if c.KVMaxFrameBytes < 64<<10 || c.KVMaxFrameBytes > 1<<30 {
+		p.Add(configfile.Flag("kv-max-frame-bytes"), "must be between 65536 and 1073741824, got %d", c.KVMaxFrameBytes)
 	}
 	positive("probe_interval", c.ProbeInterval)
 	positive("restart_backoff.initial", c.RestartBackoff.Initial)

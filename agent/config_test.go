@@ -113,6 +113,7 @@ stop_grace: 30s
 heartbeat_interval: 1s
 drain_quiet: 2s
 drain_timeout: 10m
+kv_max_frame_bytes: 1048576
 probe_interval: 2s
 restart_backoff: {initial: 1s, max: 1m, stable_after: 5m}
 reconnect_initial: 500ms
@@ -145,6 +146,7 @@ func TestConfigFileKeys(t *testing.T) {
 		HeartbeatInterval: time.Second,
 		DrainQuiet:        2 * time.Second,
 		DrainTimeout:      10 * time.Minute,
+		KVMaxFrameBytes:   1 << 20,
 		ProbeInterval:     2 * time.Second,
 		RestartBackoff:    supervisor.Backoff{Initial: time.Second, Max: time.Minute, StableAfter: 5 * time.Minute},
 		ReconnectInitial:  500 * time.Millisecond,

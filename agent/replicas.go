@@ -378,6 +378,9 @@ func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port,
 	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
 	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
 	cfg.CatchUp = catchUp
+	if rs.cfg.KVMaxFrameBytes != 0 {
+		cfg.MaxMessageBytes = rs.cfg.KVMaxFrameBytes
+	}
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = engine.DefaultBlockSize
 	}

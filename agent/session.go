@@ -14,6 +14,7 @@ import (
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/backoff"
+	"github.com/llmgw/llmgw/internal/grpcsize"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -77,7 +78,7 @@ func serverAddrs(servers []*llmgwv1.ControlServer) []string {
 // Only this goroutine sends on the stream; one goroutine it owns receives,
 // and is waited for before session returns.
 func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (learned []string, welcomed bool, err error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
 	if err != nil {
 		return nil, false, fmt.Errorf("dial %s: %w", addr, err)
 	}

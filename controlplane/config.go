@@ -132,6 +132,9 @@ type Config struct {
 	AdapterWaitMax    time.Duration `yaml:"adapter_wait_max"`
 	AdapterMinIdle    time.Duration `yaml:"adapter_min_idle"`
 	AdapterRetryAfter time.Duration `yaml:"adapter_retry_after"`
+
+	// Limits bounds what peers can make this node hold (design §11).
+	Limits LimitsConfig `yaml:",inline"`
 }
 
 // DefaultConfig returns the defaults for one node on loopback, as
@@ -167,6 +170,8 @@ func DefaultConfig() Config {
 		AutopilotInterval:       500 * time.Millisecond,
 		RPCHoldTimeout:          5 * time.Second,
 		LeaveTimeout:            5 * time.Second,
+
+		Limits: DefaultLimits(),
 	}
 }
 
@@ -272,5 +277,6 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	c.Limits.validate(&p)
 	return p.Err()
 }

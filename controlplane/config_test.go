@@ -64,6 +64,17 @@ func TestConfigValidate(t *testing.T) {
 		{"TLS beyond loopback", func(c *Config) {
 			c.GRPCAddr, c.RaftAddr, c.TLS = "10.0.0.1:7400", "10.0.0.1:7401", mtls.Files{CA: "ca.pem", Cert: "c.pem", Key: "k.pem"}
 		}, nil},
+		{"limits", func(c *Config) {
+			c.Limits.GRPCMaxRecvBytes, c.Limits.MaxWatchStreamsPerAddress, c.Limits.AgentMaxStatusBytes = 10, 0, 0
+		}, []string{
+			"--grpc-max-recv-bytes (grpc_max_recv_bytes): must be at least 65536, got 10",
+			"max_watch_streams_per_address: must be at least 1, got 0",
+			"agent_max_status_bytes: must be at least 256",
+		}},
+		{"send above what clients accept", func(c *Config) { c.Limits.GRPCMaxSendBytes = 128 << 20 },
+			[]string{"--grpc-max-send-bytes (grpc_max_send_bytes): must not exceed"}},
+		{"restore above the format", func(c *Config) { c.Limits.SnapshotRestoreMaxBytes = 1 << 30 },
+			[]string{"snapshot_restore_max_bytes: must not exceed"}},
 		{"several problems at once, each reported", func(c *Config) {
 			c.NodeID, c.GRPCAddr, c.HeartbeatTimeout, c.AdapterMinIdle = "", "nope", 0, -time.Second
 			c.Join, c.GossipAddr = []string{"a:1"}, ""
@@ -134,6 +145,11 @@ func TestDecodeConfig(t *testing.T) {
 		{"nested gossip tuning", "gossip:\n  probe_interval: 100ms\n  suspicion_mult: 2\n", "", func(t *testing.T, c Config) {
 			if c.Gossip.ProbeInterval != 100*time.Millisecond || c.Gossip.SuspicionMult != 2 {
 				t.Fatalf("decoded %+v", c.Gossip)
+			}
+		}},
+		{"limits at the top level", "max_watch_streams_per_address: 8\nagent_replica_slack: 0\n", "", func(t *testing.T, c Config) {
+			if c.Limits.MaxWatchStreamsPerAddress != 8 || c.Limits.AgentReplicaSlack != 0 || c.Limits.GRPCMaxRecvBytes != DefaultLimits().GRPCMaxRecvBytes {
+				t.Fatalf("decoded %+v", c.Limits)
 			}
 		}},
 		{"unknown key", "grpc_adr: x:1\n", "grpc_adr", nil},

@@ -20,6 +20,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/gate"
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/controlplane/leader"
+	"github.com/llmgw/llmgw/controlplane/limits"
 	"github.com/llmgw/llmgw/controlplane/plane"
 	"github.com/llmgw/llmgw/controlplane/service"
 	"github.com/llmgw/llmgw/controlplane/service/adapter"
@@ -47,7 +48,8 @@ type Server struct {
 	plane    *plane.Plane
 	sessions *sessions.Registry
 	// tls is this server's certificate and CA (nil: plain text).
-	tls *mtls.Source
+	tls     *mtls.Source
+	limiter *limits.Limiter
 
 	ready chan struct{}
 	// fatalCh carries the first fatal error (an unknown command) to Run.
@@ -114,6 +116,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: s.clock},
 		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
 	s.sessions = sessions.New(s.plane, s.clock, s.reg)
+	s.limiter = limits.New(cfg.Limits.limiterConfig(), s.reg)
 	return s, nil
 }
 
@@ -314,7 +317,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	if asPreviousRelease {
 		unary = append(unary, previousReleaseStatus)
 	}
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(s.cfg.Limits.grpcOptions(),
 		grpc.Creds(mtls.ServerCredentials(s.tls)),
 		grpc.ChainUnaryInterceptor(unary...),
 		// Clients detect a dead server by application heartbeats (design
@@ -322,11 +325,11 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.ChainStreamInterceptor(authz.Stream, func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			return h(srv, &ctxStream{ServerStream: ss, ctx: mergeDone(ss.Context(), streams)})
-		}))
+		}, s.limiter.Stream))...)
 	llmgwv1.RegisterAgentServiceServer(gs, agent.New(agent.Config{
 		Self: s.cfg.NodeID, HeartbeatInterval: s.cfg.HeartbeatInterval, AgentTimeout: s.cfg.AgentTimeout,
 		ElectionTimeout: s.cfg.ElectionTimeout, RPCHoldTimeout: s.cfg.RPCHoldTimeout, ApplyTimeout: s.cfg.ApplyTimeout,
-		HelloForwardOnly: asPreviousRelease,
+		HelloForwardOnly: asPreviousRelease, Bounds: s.cfg.Limits.agentBounds(),
 	}, agent.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Reports: s.eph,
 		Plane: s.plane, Sessions: s.sessions, Metrics: s.metrics.agent,
@@ -336,7 +339,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	}, s.fsm, s.eph, s.members, s.metrics.watch, s.log))
 	llmgwv1.RegisterAdminServiceServer(gs, admin.New(s.cfg.NodeID, admin.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Membership: s.members,
-		Reports: s.eph, Sessions: s.sessions,
+		Reports: s.eph, Sessions: s.sessions, RestoreMaxBytes: uint64(s.cfg.Limits.SnapshotRestoreMaxBytes),
 	}, s.log))
 	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
 	if !asPreviousRelease && !s.withoutServerService {

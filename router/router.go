@@ -27,6 +27,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/internal/grpcsize"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
@@ -232,6 +233,8 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	wcfg := watch.DefaultConfig()
 	wcfg.ClientID = cfg.ID
 	wcfg.Addrs = cfg.Control
+	// A watch stream's messages may be as large as a server sends (design §11).
+	wcfg.DialOptions = append(wcfg.DialOptions, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return nil, fmt.Errorf("--data-dir: %w", err)

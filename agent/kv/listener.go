@@ -45,8 +45,10 @@ type ListenerConfig struct {
 	// running before this listener (re-adopted after an agent restart),
 	// whose earlier batches the mirror never saw.
 	CatchUp bool
-	// QueueSize bounds the messages waiting while a replay runs.
-	QueueSize int
+	// QueueSize bounds the messages waiting while a replay runs, and
+	// QueueBytes their bytes (queuebytes.go).
+	QueueSize  int
+	QueueBytes int
 	// MaxMessageBytes caps what a peer of either socket may declare: each
 	// frame's length and a message's total. A peer that declares more
 	// loses its connection before zmq4 allocates anything (package zmtp).
@@ -57,7 +59,7 @@ type ListenerConfig struct {
 // the agent's timings; the caller sets the replica and endpoints.
 func DefaultListenerConfig() ListenerConfig {
 	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, QueueSize: 4096,
-		MaxMessageBytes: zmtp.DefaultMaxMessageBytes}
+		QueueBytes: DefaultQueueBytes, MaxMessageBytes: zmtp.DefaultMaxMessageBytes}
 }
 
 // Validate reports the first bad field by its name.
@@ -75,6 +77,8 @@ func (c ListenerConfig) Validate() error {
 		return errors.New("kv listener: replay_timeout: must be positive")
 	case c.QueueSize <= 0:
 		return errors.New("kv listener: queue_size: must be at least 1")
+	case c.QueueBytes <= 0:
+		return errors.New("kv listener: queue_bytes: must be at least 1")
 	case c.MaxMessageBytes == 0:
 		return errors.New("kv listener: max_message_bytes: must be at least 1")
 	}
@@ -95,6 +99,7 @@ type Listener struct {
 	mirror *mirror
 	sub    zmq4.Socket
 	msgs   chan zmq4.Msg
+	queued *byteBudget // the bytes in msgs
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
@@ -115,7 +120,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	l := &Listener{
 		cfg: cfg, log: logger.With("replica", cfg.ReplicaID), hub: h,
 		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed),
-		msgs:   make(chan zmq4.Msg, cfg.QueueSize), cancel: cancel,
+		msgs:   make(chan zmq4.Msg, cfg.QueueSize), queued: newByteBudget(cfg.QueueBytes), cancel: cancel,
 	}
 	l.zlog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
 	ctx = zmtp.WithPolicy(ctx, l.policy(zmq4.Pub, zmq4.XPub))
@@ -233,6 +238,9 @@ func (l *Listener) receive(ctx context.Context) {
 			l.log.Debug("kv events: receive", "err", err)
 			continue
 		}
+		if l.queued.reserve(ctx, msgBytes(msg)) != nil {
+			return
+		}
 		select {
 		case l.msgs <- msg:
 		case <-ctx.Done():
@@ -254,6 +262,7 @@ func (l *Listener) process(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case msg := <-l.msgs:
+			l.queued.release(msgBytes(msg))
 			l.handle(ctx, msg)
 		}
 	}

@@ -60,6 +60,11 @@ func newControlCmd() *cobra.Command {
 	f.StringVar(&cfg.TLS.Cert, "tls-cert", cfg.TLS.Cert, "this server's certificate (role server, named as --node-id)")
 	f.StringVar(&cfg.TLS.Key, "tls-key", cfg.TLS.Key, "the key of --tls-cert")
 	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "allow plain-text gRPC, Raft and gossip beyond loopback (anyone who can reach them may act as any server, agent or admin)")
+	l := &cfg.Limits
+	f.IntVar(&l.GRPCMaxRecvBytes, "grpc-max-recv-bytes", l.GRPCMaxRecvBytes, "largest gRPC message accepted (an agent's full copy is the largest legitimate one)")
+	f.IntVar(&l.GRPCMaxSendBytes, "grpc-max-send-bytes", l.GRPCMaxSendBytes, "largest gRPC message sent (at most what clients accept, 64 MiB)")
+	f.IntVar(&l.MaxWatchStreamsPerIdentity, "max-watch-streams-per-identity", l.MaxWatchStreamsPerIdentity, "concurrent watch streams one certificate identity may hold on this server")
+	f.IntVar(&l.MaxAgentSessionsPerIdentity, "max-agent-sessions-per-identity", l.MaxAgentSessionsPerIdentity, "concurrent agent sessions one certificate identity may hold on this server")
 	cmd.MarkFlagsMutuallyExclusive("bootstrap", "bootstrap-expect")
 	return cmd
 }

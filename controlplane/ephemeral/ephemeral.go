@@ -12,6 +12,7 @@ package ephemeral
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 
@@ -32,6 +33,10 @@ const (
 	// Gap: something between what is held and this update is missing;
 	// dropped, and the sender should be asked for a full copy.
 	Gap
+	// OverBudget: applying the update would hold more for its node than
+	// the Budget allows; everything held for the node was dropped and
+	// nothing was sent to subscribers (ApplyWithin).
+	OverBudget
 )
 
 func (v Verdict) String() string {
@@ -42,6 +47,8 @@ func (v Verdict) String() string {
 		return "stale"
 	case Gap:
 		return "gap"
+	case OverBudget:
+		return "over_budget"
 	}
 	return "unknown"
 }
@@ -119,18 +126,76 @@ func (s *Store) Changed() <-chan struct{} {
 	return s.changed
 }
 
+// Budget bounds what the store holds for one node (design §11 "Limits"): an
+// agent session's reports must stay within what its node can run. A zero
+// field does not bound.
+type Budget struct {
+	Statuses int // replica statuses
+	Adapters int // adapter statuses, over all replicas
+	KVBlocks int // KV block hashes, over all replicas
+}
+
+// Usage is what the store holds for one node, in Budget's terms.
+type Usage Budget
+
+// OverBudgetError says which bound an update broke.
+type OverBudgetError struct {
+	What       string // "statuses", "adapters" or "kv_blocks"
+	Held, Max  int
+	Node       string
+	Epoch, Seq uint64
+}
+
+func (e *OverBudgetError) Error() string {
+	return fmt.Sprintf("update %d of node %s (epoch %d) would hold %d %s, above the %d allowed", e.Seq, e.Node, e.Epoch, e.Held, e.What, e.Max)
+}
+
+func (d *nodeData) usage() Usage {
+	u := Usage{Statuses: len(d.statuses)}
+	for _, k := range d.kv {
+		u.KVBlocks += len(k.blocks)
+	}
+	for _, byName := range d.adapters {
+		u.Adapters += len(byName)
+	}
+	return u
+}
+
+// over returns the first bound of b that u breaks.
+func (b Budget) over(u Usage) (what string, held, limit int, ok bool) {
+	for _, c := range []struct {
+		what      string
+		held, max int
+	}{{"statuses", u.Statuses, b.Statuses}, {"adapters", u.Adapters, b.Adapters}, {"kv_blocks", u.KVBlocks, b.KVBlocks}} {
+		if c.max > 0 && c.held > c.max {
+			return c.what, c.held, c.max, true
+		}
+	}
+	return "", 0, 0, false
+}
+
 // Apply applies u by the acceptance rule and, when accepted, queues it
 // unchanged (same node, epoch, seq) for every subscriber.
 func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
+	v, _ := s.ApplyWithin(u, Budget{})
+	return v
+}
+
+// ApplyWithin is Apply for an update from an agent session, bounded by b:
+// when the update, once applied, leaves the node holding more than b
+// allows, everything held for the node is dropped (so the memory returns),
+// nothing reaches the subscribers, and the verdict is OverBudget with an
+// *OverBudgetError. The caller ends the session (package agent).
+func (s *Store) ApplyWithin(u *llmgwv1.EphemeralUpdate, b Budget) (Verdict, error) {
 	if u.GetNode() == "" {
-		return Stale
+		return Stale, nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	held, ok := s.nodes[u.Node]
 	v := verdict(held, ok, u)
 	if v != Accepted {
-		return v
+		return v, nil
 	}
 	if u.Full || !ok {
 		held = &nodeData{statuses: map[string]*llmgwv1.ReplicaStatus{}, kv: map[string]*kvState{}, adapters: map[string]map[string]*llmgwv1.AdapterStatus{}}
@@ -176,12 +241,30 @@ func (s *Store) Apply(u *llmgwv1.EphemeralUpdate) Verdict {
 		delete(held.kv, id)
 		delete(held.adapters, id)
 	}
+	if what, n, limit, over := b.over(held.usage()); over {
+		delete(s.nodes, u.Node)
+		return OverBudget, &OverBudgetError{What: what, Held: n, Max: limit, Node: u.Node, Epoch: u.Epoch, Seq: u.Seq}
+	}
 	for sub := range s.subs {
 		sub.offer(proto.Clone(u).(*llmgwv1.EphemeralUpdate))
 	}
 	close(s.changed)
 	s.changed = make(chan struct{})
-	return Accepted
+	return Accepted, nil
+}
+
+// Drop forgets what is held for node when it is of epoch (a session that
+// was ended for breaking a limit): a later session's data is kept. It
+// reports whether anything was dropped. Subscribers are not told: what
+// they hold was within bounds, and the agent's next session replaces it.
+func (s *Store) Drop(node string, epoch uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.nodes[node]; ok && d.epoch == epoch {
+		delete(s.nodes, node)
+		return true
+	}
+	return false
 }
 
 func verdict(held *nodeData, ok bool, u *llmgwv1.EphemeralUpdate) Verdict {

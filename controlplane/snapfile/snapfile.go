@@ -69,29 +69,39 @@ func Encode(revision uint64, body []byte) []byte {
 	return append(out, body...)
 }
 
+// ParseHeader checks a header — magic, format version, reserved field —
+// and returns it. It does not look at the body.
+func ParseHeader(b []byte) (Header, error) {
+	var h Header
+	if len(b) < HeaderSize {
+		return h, fmt.Errorf("%w: %d bytes is shorter than the %d-byte header", ErrCorrupt, len(b), HeaderSize)
+	}
+	if !bytes.Equal(b[:8], []byte(Magic)) {
+		return h, fmt.Errorf("%w: not an llmgw snapshot (magic %q, want %q)", ErrCorrupt, b[:8], Magic)
+	}
+	h.Version = binary.BigEndian.Uint16(b[8:])
+	if h.Version == 0 {
+		return h, fmt.Errorf("%w: format version 0", ErrCorrupt)
+	}
+	if h.Version > Version {
+		return h, fmt.Errorf("%w: format %d, this build reads up to %d", ErrVersion, h.Version, Version)
+	}
+	if r := binary.BigEndian.Uint16(b[10:]); r != 0 {
+		return h, fmt.Errorf("%w: reserved header field is %d, want 0", ErrCorrupt, r)
+	}
+	h.Revision = binary.BigEndian.Uint64(b[12:])
+	h.Length = binary.BigEndian.Uint64(b[20:])
+	copy(h.SHA256[:], b[28:HeaderSize])
+	return h, nil
+}
+
 // Decode checks a whole file and returns its header and body (a sub-slice
 // of file). Any error wraps ErrCorrupt or ErrVersion and says what is wrong.
 func Decode(file []byte) (Header, []byte, error) {
-	var h Header
-	if len(file) < HeaderSize {
-		return h, nil, fmt.Errorf("%w: %d bytes is shorter than the %d-byte header", ErrCorrupt, len(file), HeaderSize)
+	h, err := ParseHeader(file)
+	if err != nil {
+		return h, nil, err
 	}
-	if !bytes.Equal(file[:8], []byte(Magic)) {
-		return h, nil, fmt.Errorf("%w: not an llmgw snapshot (magic %q, want %q)", ErrCorrupt, file[:8], Magic)
-	}
-	h.Version = binary.BigEndian.Uint16(file[8:])
-	if h.Version == 0 {
-		return h, nil, fmt.Errorf("%w: format version 0", ErrCorrupt)
-	}
-	if h.Version > Version {
-		return h, nil, fmt.Errorf("%w: format %d, this build reads up to %d", ErrVersion, h.Version, Version)
-	}
-	if r := binary.BigEndian.Uint16(file[10:]); r != 0 {
-		return h, nil, fmt.Errorf("%w: reserved header field is %d, want 0", ErrCorrupt, r)
-	}
-	h.Revision = binary.BigEndian.Uint64(file[12:])
-	h.Length = binary.BigEndian.Uint64(file[20:])
-	copy(h.SHA256[:], file[28:HeaderSize])
 	body := file[HeaderSize:]
 	if h.Length > MaxBody {
 		return h, nil, fmt.Errorf("%w: body length %d is above the %d-byte limit", ErrCorrupt, h.Length, MaxBody)
@@ -106,14 +116,48 @@ func Decode(file []byte) (Header, []byte, error) {
 }
 
 // ReadAll reads a whole file from r, refusing one larger than a header plus
-// MaxBody, and decodes it.
-func ReadAll(r io.Reader) (Header, []byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, HeaderSize+MaxBody+1))
-	if err != nil {
+// MaxBody, and decodes it. It is Read with MaxBody.
+func ReadAll(r io.Reader) (Header, []byte, error) { return Read(r, MaxBody) }
+
+// Read reads a file from r header first (design §11 "Limits"): the header
+// is checked — magic, version, a declared length of at most maxBody — before
+// any of the body is read, so a stream of garbage is refused after
+// HeaderSize bytes; the body is then read up to its declared length, the
+// buffer growing with the bytes that actually arrive (a header that lies
+// about its length costs only what was sent), and must be followed by the
+// end of r and match its checksum. maxBody above MaxBody is MaxBody.
+func Read(r io.Reader, maxBody uint64) (Header, []byte, error) {
+	maxBody = min(maxBody, MaxBody)
+	head := make([]byte, HeaderSize)
+	if n, err := io.ReadFull(r, head); err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return Header{}, nil, fmt.Errorf("%w: %d bytes is shorter than the %d-byte header", ErrCorrupt, n, HeaderSize)
+		}
 		return Header{}, nil, fmt.Errorf("read snapshot file: %w", err)
 	}
-	if len(b) > HeaderSize+MaxBody {
-		return Header{}, nil, fmt.Errorf("%w: larger than the %d-byte limit", ErrCorrupt, HeaderSize+MaxBody)
+	h, err := ParseHeader(head)
+	if err != nil {
+		return h, nil, err
 	}
-	return Decode(b)
+	if h.Length > maxBody {
+		return h, nil, fmt.Errorf("%w: body length %d is above the %d-byte limit", ErrCorrupt, h.Length, maxBody)
+	}
+	var body bytes.Buffer
+	n, err := io.Copy(&body, io.LimitReader(r, int64(h.Length)))
+	if err != nil {
+		return h, nil, fmt.Errorf("read snapshot file: %w", err)
+	}
+	if uint64(n) != h.Length {
+		return h, nil, fmt.Errorf("%w: header says %d body bytes, file has %d (truncated)", ErrCorrupt, h.Length, n)
+	}
+	var extra [1]byte
+	if k, err := io.ReadFull(r, extra[:]); k > 0 {
+		return h, nil, fmt.Errorf("%w: bytes after the %d-byte body (extended)", ErrCorrupt, h.Length)
+	} else if err != nil && !errors.Is(err, io.EOF) {
+		return h, nil, fmt.Errorf("read snapshot file: %w", err)
+	}
+	if sum := sha256.Sum256(body.Bytes()); sum != h.SHA256 {
+		return h, nil, fmt.Errorf("%w: body checksum %x does not match the header's %x", ErrCorrupt, sum[:8], h.SHA256[:8])
+	}
+	return h, body.Bytes(), nil
 }

@@ -50,7 +50,62 @@ func TestDecodeRefuses(t *testing.T) {
 			if _, _, err := Decode(tc.file); !errors.Is(err, tc.want) {
 				t.Fatalf("Decode: got %v, want %v", err, tc.want)
 			}
+			if _, _, err := Read(bytes.NewReader(tc.file), MaxBody); !errors.Is(err, tc.want) {
+				t.Fatalf("Read: got %v, want %v", err, tc.want)
+			}
 		})
+	}
+}
+
+// counting reads from an endless source, counting the bytes it handed out.
+type counting struct {
+	head []byte
+	n    int
+}
+
+func (c *counting) Read(p []byte) (int, error) {
+	k := copy(p, c.head)
+	c.head = c.head[k:]
+	for i := k; i < len(p); i++ {
+		p[i] = 0x5A
+	}
+	c.n += len(p)
+	return len(p), nil
+}
+
+// TestReadChecksTheHeaderFirst: a stream of garbage, or a header declaring
+// more than the cap, is refused after the header, with the body unread.
+func TestReadChecksTheHeaderFirst(t *testing.T) {
+	big := Encode(1, nil)
+	big[20] = 0x01 // 2^56 bytes declared
+	capped := Encode(1, bytes.Repeat([]byte{1}, 2000))
+	for _, tc := range []struct {
+		name string
+		head []byte
+		max  uint64
+	}{
+		{"garbage", []byte("GET / HTTP/1.1\r\n"), MaxBody},
+		{"length beyond the format's limit", big, MaxBody},
+		{"length beyond the caller's cap", capped[:HeaderSize], 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &counting{head: tc.head}
+			if _, _, err := Read(src, tc.max); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Read: %v, want ErrCorrupt", err)
+			}
+			if src.n > HeaderSize {
+				t.Fatalf("read %d bytes before refusing, want at most the %d-byte header", src.n, HeaderSize)
+			}
+		})
+	}
+}
+
+// A header that lies about its length costs the reader only the bytes
+// that arrive, not the length it declared.
+func TestReadTruncatedBodyIsRefused(t *testing.T) {
+	f := Encode(1, bytes.Repeat([]byte{1}, 1<<20))
+	if _, _, err := Read(bytes.NewReader(f[:HeaderSize+10]), MaxBody); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Read of a truncated body: %v, want ErrCorrupt", err)
 	}
 }
 
@@ -63,6 +118,10 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, body, err := Decode(b)
+		rh, rbody, rerr := Read(bytes.NewReader(b), MaxBody)
+		if (err == nil) != (rerr == nil) || rh != h || !bytes.Equal(rbody, body) {
+			t.Fatalf("Read and Decode disagree: %v / %v", rerr, err)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrVersion) {
 				t.Fatalf("unexpected error kind: %v", err)

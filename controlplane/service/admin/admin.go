@@ -99,6 +99,9 @@ type Deps struct {
 	Membership Membership
 	Reports    Reports
 	Sessions   Sessions
+	// RestoreMaxBytes bounds a restored snapshot's body (0: the file
+	// format's snapfile.MaxBody).
+	RestoreMaxBytes uint64
 }
 
 // Service is the AdminService of server self.
@@ -112,13 +115,15 @@ type Service struct {
 	members  Membership
 	reports  Reports
 	sessions Sessions
-	log      *slog.Logger
+	// restoreMax bounds a restored snapshot's body (snapshot.go).
+	restoreMax uint64
+	log        *slog.Logger
 }
 
 // New returns the AdminService of server self.
 func New(self string, d Deps, log *slog.Logger) *Service {
 	return &Service{self: self, propose: d.Propose, state: d.State, raft: d.Raft, peers: d.Peers,
-		members: d.Membership, reports: d.Reports, sessions: d.Sessions, log: log}
+		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, log: log}
 }
 
 func errValidation(field, reason string) error {

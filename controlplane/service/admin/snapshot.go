@@ -1,7 +1,6 @@
 package admin
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -82,33 +81,19 @@ func (a *Service) SnapshotSave(req *llmgwv1.SnapshotSaveRequest, stream llmgwv1.
 // SnapshotRestore replaces the cluster's desired state with a snapshot
 // file's, through Raft's user restore on the leader: the leader installs it
 // and every follower receives it as a snapshot. The file is checked whole
-// first — checksum, format, and a trial restore into a scratch FSM — so a
-// bad file is refused with nothing changed (raft panics if the FSM refuses a
-// user restore, so nothing may be left for the real FSM to refuse).
+// first — header before the body (readRestore), checksum, format, and a
+// trial restore into a scratch FSM — so a bad file is refused with nothing
+// changed (raft panics if the FSM refuses a user restore, so nothing may be
+// left for the real FSM to refuse).
 //
 // Nodes are the agents' registrations, not the operator's intent: those
 // registered in the cluster now are kept as they are, and the file's other
 // nodes are added (placement reschedules their replicas if they never come
 // back). Models, replicas, cluster config and ordinals are the file's.
 func (a *Service) SnapshotRestore(stream llmgwv1.AdminService_SnapshotRestoreServer) error {
-	var buf bytes.Buffer
-	for {
-		c, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return err
-		}
-		if buf.Len()+len(c.GetData()) > snapfile.HeaderSize+snapfile.MaxBody {
-			return service.ToStatus(invalidSnapshot(fmt.Errorf("%w: larger than the %d-byte limit", snapfile.ErrCorrupt, snapfile.HeaderSize+snapfile.MaxBody)))
-		}
-		buf.Write(c.GetData())
-	}
-	file := buf.Bytes()
-	st, err := checkSnapshot(file)
+	st, file, err := a.readRestore(stream)
 	if err != nil {
-		return service.ToStatus(invalidSnapshot(err))
+		return err
 	}
 	ctx := stream.Context()
 	if !a.raft.IsLeader() && !service.IsForwarded(ctx) {
@@ -158,13 +143,59 @@ func (a *Service) SnapshotRestore(stream llmgwv1.AdminService_SnapshotRestoreSer
 	return stream.SendAndClose(&llmgwv1.SnapshotRestoreResponse{Revision: rev})
 }
 
-// checkSnapshot decodes a snapshot file and restores it into a scratch FSM,
-// returning its state.
-func checkSnapshot(file []byte) (*llmgwv1.State, error) {
-	h, body, err := snapfile.Decode(file)
-	if err != nil {
-		return nil, err
+// readRestore reads a restore's file from its stream header first (design
+// §11 "Limits"): a stream that does not open with a valid header declaring
+// at most the restore cap is refused after its first chunk, before any body
+// is buffered (snapfile.Read), and the body buffer grows only with the
+// bytes that arrive. It returns the file's state, checked, and the file to
+// forward; errors are gRPC statuses.
+func (a *Service) readRestore(stream llmgwv1.AdminService_SnapshotRestoreServer) (*llmgwv1.State, []byte, error) {
+	r := &chunkReader{recv: stream.Recv}
+	limit := a.restoreMax
+	if limit == 0 {
+		limit = snapfile.MaxBody
 	}
+	h, body, err := snapfile.Read(r, limit)
+	if err != nil {
+		if r.err != nil && !errors.Is(r.err, io.EOF) {
+			return nil, nil, r.err // the stream's own failure, as gRPC gave it
+		}
+		return nil, nil, service.ToStatus(invalidSnapshot(err))
+	}
+	st, err := checkSnapshot(h, body)
+	if err != nil {
+		return nil, nil, service.ToStatus(invalidSnapshot(err))
+	}
+	return st, snapfile.Encode(h.Revision, body), nil
+}
+
+// chunkReader reads a stream of SnapshotChunks as bytes.
+type chunkReader struct {
+	recv func() (*llmgwv1.SnapshotChunk, error)
+	buf  []byte
+	err  error // the error recv returned, io.EOF at the end
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	for len(r.buf) == 0 {
+		if r.err != nil {
+			return 0, r.err
+		}
+		c, err := r.recv()
+		if err != nil {
+			r.err = err
+			return 0, err
+		}
+		r.buf = c.GetData()
+	}
+	n := copy(p, r.buf)
+	r.buf = r.buf[n:]
+	return n, nil
+}
+
+// checkSnapshot restores a decoded snapshot file's body into a scratch FSM,
+// returning its state.
+func checkSnapshot(h snapfile.Header, body []byte) (*llmgwv1.State, error) {
 	scratch := fsm.New(fsm.Config{})
 	if err := scratch.Restore(body); err != nil {
 		return nil, err

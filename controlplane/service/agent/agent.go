@@ -37,6 +37,8 @@ type Config struct {
 	// before that RPC forwarded them. Only the build that plays the
 	// previous release in the upgrade test sets it.
 	HelloForwardOnly bool
+	// Bounds limit what one session may make this server hold (bounds.go).
+	Bounds Bounds
 }
 
 // Proposer commits commands on the leader through the minimum-version gate
@@ -75,6 +77,11 @@ type Peers interface {
 type Reports interface {
 	// Apply applies an update by the (epoch, seq) rule.
 	Apply(u *llmgwv1.EphemeralUpdate) ephemeral.Verdict
+	// ApplyWithin applies an update from a session within a budget,
+	// dropping the node's data when it would break it.
+	ApplyWithin(u *llmgwv1.EphemeralUpdate, b ephemeral.Budget) (ephemeral.Verdict, error)
+	// Drop forgets a node's data held for epoch.
+	Drop(node string, epoch uint64) bool
 	// Held is the (epoch, seq) held for a node.
 	Held(node string) (epoch, seq uint64, ok bool)
 }
@@ -368,9 +375,15 @@ func desiredKey(d *llmgwv1.DesiredReplicas) []byte {
 }
 
 func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, lastHeard *atomic.Int64, askFull chan<- string) error {
+	budget := &sessionBudget{state: a.state, node: nodeID, bounds: a.cfg.Bounds, now: time.Now}
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
+			// Before the context's check: gRPC refusing a message over
+			// the limit also resets the stream.
+			if recvTooLarge(err) {
+				return a.cut(nodeID, epoch, "message_bytes", err, false)
+			}
 			if ctx.Err() != nil {
 				return nil
 			}
@@ -392,8 +405,11 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 				continue
 			}
 			u = a.ownKV(u, nodeID)
-			v := a.reports.Apply(u)
+			v, err := a.applyBounded(u, budget)
 			a.metrics.ephemeralUpdates.WithLabelValues(v.String()).Inc()
+			if fl, ok := errors.AsType[*errFlood](err); ok {
+				return a.cut(nodeID, epoch, fl.reason, fl, v == ephemeral.OverBudget && fl.reason != "status_bytes")
+			}
 			if v == ephemeral.Accepted {
 				a.plane.Forward(u, received)
 			}

@@ -8,6 +8,7 @@ type Metrics struct {
 	kvForeign        prometheus.Counter
 	adapterForeign   prometheus.Counter
 	statusForeign    prometheus.Counter
+	sessionsCut      *prometheus.CounterVec
 }
 
 // NewMetrics registers the sessions' metrics with reg.
@@ -27,5 +28,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	reg.MustRegister(m.ephemeralUpdates, m.kvForeign, m.adapterForeign, m.statusForeign)
+	m.sessionsCut = newSessionsCut(reg)
 	return m
 }
