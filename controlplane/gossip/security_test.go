@@ -25,7 +25,7 @@ func (r *recorder) Receive(msg []byte) {
 	defer r.mu.Unlock()
 	r.got = append(r.got, append([]byte(nil), msg...))
 }
-func (r *recorder) LocalState() []byte       { return nil }
+func (r *recorder) LocalState() []byte      { return nil }
 func (r *recorder) MergeRemoteState([]byte) {}
 func (r *recorder) count() int {
 	r.mu.Lock()

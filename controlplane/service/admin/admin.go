@@ -90,7 +90,7 @@ type Sessions interface {
 	Connected() map[string]bool
 }
 
-// Deps are the Service's dependencies; all are required.
+// Deps are the Service's dependencies; all are required but Keyring.
 type Deps struct {
 	Propose    Proposer
 	State      Desired
@@ -99,6 +99,9 @@ type Deps struct {
 	Membership Membership
 	Reports    Reports
 	Sessions   Sessions
+	// Keyring is this server's own keyring operation; nil reports this
+	// server as not serving them.
+	Keyring LocalKeyring
 }
 
 // Service is the AdminService of server self.
@@ -112,13 +115,14 @@ type Service struct {
 	members  Membership
 	reports  Reports
 	sessions Sessions
+	keyring  LocalKeyring
 	log      *slog.Logger
 }
 
 // New returns the AdminService of server self.
 func New(self string, d Deps, log *slog.Logger) *Service {
 	return &Service{self: self, propose: d.Propose, state: d.State, raft: d.Raft, peers: d.Peers,
-		members: d.Membership, reports: d.Reports, sessions: d.Sessions, log: log}
+		members: d.Membership, reports: d.Reports, sessions: d.Sessions, keyring: d.Keyring, log: log}
 }
 
 func errValidation(field, reason string) error {
