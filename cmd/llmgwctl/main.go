@@ -68,6 +68,7 @@ func newRootCmd(out io.Writer) *cobra.Command {
 	node.AddCommand(c.nodeLabelCmd())
 	root.AddCommand(c.modelCmd(), node, c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
 		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd(), c.upgradeCmd())
+	root.AddCommand(c.keyringCmd())
 	return root
 }
 
