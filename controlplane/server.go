@@ -170,6 +170,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			st.Close()
 			return err
 		}
+		// tune.TLS (the server's mtls source) carries gossip's streams over
+		// mTLS; nil keeps them plain.
 		tune := s.cfg.Gossip
 		tune.Keyring = s.keyring
 		s.gossip = gossip.New(gossip.Meta{
