@@ -150,7 +150,7 @@ func TestKeyringFansOut(t *testing.T) {
 			members: []*llmgwv1.Member{member("c1", "alive"), member("c2", "alive")},
 			answers: map[string]answer{"c2:1": keys("aa")},
 			local:   keys("aa"), req: &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_INSTALL, Key: "AAAA"},
-			code:    codes.InvalidArgument,
+			code: codes.InvalidArgument,
 		},
 	}
 	for _, tt := range tests {
