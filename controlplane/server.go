@@ -170,15 +170,14 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			st.Close()
 			return err
 		}
-		// tune.TLS (the server's mtls source) carries gossip's streams over
+		// sec.TLS (the server's mtls source) carries gossip's streams over
 		// mTLS; nil keeps them plain.
-		tune := s.cfg.Gossip
-		tune.Keyring = s.keyring
+		sec := gossip.Security{Keyring: s.keyring}
 		s.gossip = gossip.New(gossip.Meta{
 			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: st.RaftAddr(),
 			HTTP: s.httpAddr, Expect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap,
 		}, s.plane, s.log, s.clock)
-		if err := s.gossip.Start(s.cfg.GossipAddr, tune); err != nil {
+		if err := s.gossip.Start(s.cfg.GossipAddr, s.cfg.Gossip, sec); err != nil {
 			grpcLis.Close()
 			httpLis.Close()
 			st.Close()

@@ -34,21 +34,18 @@ func (r *recorder) count() int {
 }
 
 // startMember runs a member with id on a loopback port of its own.
-func startMember(t *testing.T, id string, tune Config) (*Gossip, *recorder) {
+func startMember(t *testing.T, id string, sec Security) (*Gossip, *recorder) {
 	t.Helper()
 	p := &recorder{}
 	g := New(Meta{ID: id, GRPC: "127.0.0.1:1", Raft: "127.0.0.1:2"}, p, slog.New(slog.DiscardHandler), time.Now)
-	if err := g.Start("127.0.0.1:0", tune); err != nil {
+	if err := g.Start("127.0.0.1:0", fast, sec); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = g.Shutdown() })
 	return g, p
 }
 
-func with(c Config, kr *Keyring, src *mtls.Source) Config {
-	c.Keyring, c.TLS = kr, src
-	return c
-}
+func with(kr *Keyring, src *mtls.Source) Security { return Security{Keyring: kr, TLS: src} }
 
 // keyring makes a keyring holding key, in a data dir of its own.
 func keyring(t *testing.T, key []byte) *Keyring {
@@ -102,15 +99,15 @@ func staysOut(t *testing.T, d time.Duration, want int, in ...*Gossip) {
 // join nor by being joined, and the pool never lists it.
 func TestEncryptedGossipKeepsOutOtherKeys(t *testing.T) {
 	key := testKey(7, 32)
-	a, _ := startMember(t, "a", with(fast, keyring(t, key), nil))
-	b, _ := startMember(t, "b", with(fast, keyring(t, key), nil))
+	a, _ := startMember(t, "a", with(keyring(t, key), nil))
+	b, _ := startMember(t, "b", with(keyring(t, key), nil))
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatalf("same key: %v", err)
 	}
 	waitFor(t, "a and b see each other", func() bool { return alive(a) == 2 && alive(b) == 2 })
 
-	other, _ := startMember(t, "other-key", with(fast, keyring(t, testKey(8, 32)), nil))
-	plain, _ := startMember(t, "no-key", fast)
+	other, _ := startMember(t, "other-key", with(keyring(t, testKey(8, 32)), nil))
+	plain, _ := startMember(t, "no-key", Security{})
 	for _, g := range []*Gossip{other, plain} {
 		if _, err := g.Join([]string{a.Addr()}); err == nil {
 			t.Errorf("%s joined a pool encrypted with another key", g.Self().ID)
@@ -134,7 +131,7 @@ func TestKeyringRotationKeepsThePool(t *testing.T) {
 	var planes []*recorder
 	for _, id := range []string{"a", "b", "c"} {
 		kr := keyring(t, oldKey)
-		g, p := startMember(t, id, with(fast, kr, nil))
+		g, p := startMember(t, id, with(kr, nil))
 		members, rings, planes = append(members, g), append(rings, kr), append(planes, p)
 	}
 	for _, g := range members[1:] {
@@ -194,7 +191,7 @@ func TestKeyringRotationKeepsThePool(t *testing.T) {
 			t.Fatalf("%s received nothing", g.Self().ID)
 		}
 	}
-	stale, _ := startMember(t, "stale", with(fast, keyring(t, oldKey), nil))
+	stale, _ := startMember(t, "stale", with(keyring(t, oldKey), nil))
 	if _, err := stale.Join([]string{members[0].Addr()}); err == nil {
 		t.Fatal("a member with only the removed key joined")
 	}
@@ -234,8 +231,8 @@ func (c *testCA) source(role mtls.Role, name string) *mtls.Source {
 // certificate of another CA cannot join, whichever side starts the join.
 func TestTLSGossipNeedsAServerCertificate(t *testing.T) {
 	ca := newTestCA(t)
-	a, _ := startMember(t, "a", with(fast, nil, ca.source(mtls.RoleServer, "a")))
-	b, pb := startMember(t, "b", with(fast, nil, ca.source(mtls.RoleServer, "b")))
+	a, _ := startMember(t, "a", with(nil, ca.source(mtls.RoleServer, "a")))
+	b, pb := startMember(t, "b", with(nil, ca.source(mtls.RoleServer, "b")))
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatalf("two servers: %v", err)
 	}
@@ -254,7 +251,7 @@ func TestTLSGossipNeedsAServerCertificate(t *testing.T) {
 		{"foreign", newTestCA(t).source(mtls.RoleServer, "foreign")},
 	}
 	for _, o := range outsiders {
-		g, _ := startMember(t, o.id, with(fast, nil, o.src))
+		g, _ := startMember(t, o.id, with(nil, o.src))
 		if _, err := g.Join([]string{a.Addr()}); err == nil {
 			t.Errorf("%s joined the TLS pool", o.id)
 		}
@@ -270,9 +267,9 @@ func TestTLSGossipNeedsAServerCertificate(t *testing.T) {
 // another server.
 func TestTLSGossipChecksTheName(t *testing.T) {
 	ca := newTestCA(t)
-	a, _ := startMember(t, "a", with(fast, nil, ca.source(mtls.RoleServer, "a")))
+	a, _ := startMember(t, "a", with(nil, ca.source(mtls.RoleServer, "a")))
 	// "b" runs with the certificate of "imposter".
-	b, _ := startMember(t, "b", with(fast, nil, ca.source(mtls.RoleServer, "imposter")))
+	b, _ := startMember(t, "b", with(nil, ca.source(mtls.RoleServer, "imposter")))
 	// b dials a by address, with no name to check: the join succeeds. a's
 	// streams to "b" by name are what the check refuses.
 	if _, err := b.Join([]string{a.Addr()}); err != nil {

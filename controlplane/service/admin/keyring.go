@@ -10,9 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/controlplane/service"
-	"github.com/llmgw/llmgw/controlplane/service/server"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -36,14 +34,15 @@ const keyringTimeout = 5 * time.Second
 // (it keeps its old keys, and must get the step before the next one).
 // The call itself fails only for a request that no server could run.
 func (a *Service) Keyring(ctx context.Context, req *llmgwv1.KeyringRequest) (*llmgwv1.KeyringResponse, error) {
-	if _, err := server.KeyringRequestKey(req); err != nil {
+	if _, err := service.KeyringKey(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	type target struct{ id, addr string }
 	var targets []target
 	reached := map[string]bool{}
 	for _, m := range a.members.Members() {
-		if !gossip.Status(m.Status).Live() || reached[m.Id] {
+		// Live is alive or suspect (not yet declared dead), as gossip says.
+		if (m.Status != "alive" && m.Status != "suspect") || reached[m.Id] {
 			continue
 		}
 		reached[m.Id] = true

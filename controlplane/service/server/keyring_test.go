@@ -1,11 +1,11 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
+	"errors"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,60 +13,68 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/llmgw/llmgw/controlplane/gossip"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-func key(b byte) []byte { return []byte(strings.Repeat(string(rune(b)), 32)) }
+// fakeKeyring records the operations it is asked, refuses with err, and
+// lists fps.
+type fakeKeyring struct {
+	calls []string
+	key   []byte
+	err   error
+	fps   []string
+}
 
-func b64(k []byte) string { return base64.StdEncoding.EncodeToString(k) }
+func (k *fakeKeyring) do(op string, key []byte) error {
+	k.calls = append(k.calls, op)
+	k.key = key
+	return k.err
+}
+func (k *fakeKeyring) Install(key []byte) error { return k.do("install", key) }
+func (k *fakeKeyring) Use(key []byte) error     { return k.do("use", key) }
+func (k *fakeKeyring) Remove(key []byte) error  { return k.do("remove", key) }
+func (k *fakeKeyring) Fingerprints() []string   { return k.fps }
 
-// TestLocalKeyring: each operation on a real keyring answers this server's
-// keys (fingerprints, primary first) after it; an operation the keyring
-// refuses is the answer's error, not the call's; a request no server could
-// run is INVALID_ARGUMENT; a server without a keyring says so.
+// TestLocalKeyring: each operation reaches the keyring with the decoded
+// key and answers this server's keys after it (fingerprints, primary
+// first); the keyring's refusal is the answer's error, not the call's; a
+// request no server could run is INVALID_ARGUMENT and reaches nothing.
 func TestLocalKeyring(t *testing.T) {
-	k1, k2 := key('a'), key('b')
-	fp1, fp2 := gossip.Fingerprint(k1), gossip.Fingerprint(k2)
-	install := &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_INSTALL, Key: b64(k2)}
+	key := bytes.Repeat([]byte{'k'}, 32)
+	k64 := base64.StdEncoding.EncodeToString(key)
+	refusal := errors.New("remove 1234: it is the primary key")
 	tests := []struct {
 		name    string
-		before  []*llmgwv1.KeyringRequest
 		req     *llmgwv1.KeyringRequest
+		err     error
 		code    codes.Code
-		keys    []string // fingerprints, primary first
-		errPart string   // in the answer's error
+		call    string // the keyring operation expected, "" for none
+		errPart string // in the answer's error
 	}{
-		{"list", nil, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_LIST}, codes.OK, []string{fp1}, ""},
-		{"install", nil, install, codes.OK, []string{fp1, fp2}, ""},
-		{"use", []*llmgwv1.KeyringRequest{install}, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_USE, Key: b64(k2)}, codes.OK, []string{fp2, fp1}, ""},
-		{"use a key not installed", nil, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_USE, Key: b64(k2)}, codes.OK, []string{fp1}, "not installed"},
-		{"remove the primary", []*llmgwv1.KeyringRequest{install}, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_REMOVE, Key: b64(k1)}, codes.OK, []string{fp1, fp2}, "primary key"},
-		{"remove", []*llmgwv1.KeyringRequest{install}, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_REMOVE, Key: b64(k2)}, codes.OK, []string{fp1}, ""},
-		{"no op", nil, &llmgwv1.KeyringRequest{}, codes.InvalidArgument, nil, ""},
-		{"bad key", nil, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_INSTALL, Key: "AAAA"}, codes.InvalidArgument, nil, ""},
-		{"key not base64", nil, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_INSTALL, Key: "*"}, codes.InvalidArgument, nil, ""},
-		{"list with a key", nil, &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_LIST, Key: b64(k1)}, codes.InvalidArgument, nil, ""},
+		{"list", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_LIST}, nil, codes.OK, "", ""},
+		{"install", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_INSTALL, Key: k64}, nil, codes.OK, "install", ""},
+		{"use", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_USE, Key: k64}, nil, codes.OK, "use", ""},
+		{"remove", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_REMOVE, Key: k64}, nil, codes.OK, "remove", ""},
+		{"refused", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_REMOVE, Key: k64}, refusal, codes.OK, "remove", "primary key"},
+		{"no op", &llmgwv1.KeyringRequest{}, nil, codes.InvalidArgument, "", ""},
+		{"short key", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_INSTALL, Key: "AAAA"}, nil, codes.InvalidArgument, "", ""},
+		{"key not base64", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_USE, Key: "*"}, nil, codes.InvalidArgument, "", ""},
+		{"list with a key", &llmgwv1.KeyringRequest{Op: llmgwv1.KeyringOp_KEYRING_OP_LIST, Key: k64}, nil, codes.InvalidArgument, "", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			keyFile := filepath.Join(t.TempDir(), "key")
-			if err := os.WriteFile(keyFile, []byte(b64(k1)), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			kr, err := gossip.OpenKeyring(t.TempDir(), keyFile)
-			if err != nil {
-				t.Fatal(err)
-			}
+			kr := &fakeKeyring{err: tt.err, fps: []string{"aaaa", "bbbb"}}
 			s := New(&fakeProposer{}, slog.New(slog.DiscardHandler)).WithKeyring("c1", kr)
-			for _, b := range tt.before {
-				if r, err := s.LocalKeyring(context.Background(), b); err != nil || r.Error != "" {
-					t.Fatalf("%s: %v %v", b.Op, err, r)
-				}
-			}
 			got, err := s.LocalKeyring(context.Background(), tt.req)
 			if status.Code(err) != tt.code {
 				t.Fatalf("err %v, want %s", err, tt.code)
+			}
+			var want []string
+			if tt.call != "" {
+				want = []string{tt.call}
+			}
+			if !slices.Equal(kr.calls, want) || tt.call != "" && !bytes.Equal(kr.key, key) {
+				t.Fatalf("keyring asked %v with %q, want %v with the key", kr.calls, kr.key, want)
 			}
 			if tt.code != codes.OK {
 				return
@@ -74,15 +82,8 @@ func TestLocalKeyring(t *testing.T) {
 			if got.ServerId != "c1" || (tt.errPart == "") != (got.Error == "") || !strings.Contains(got.Error, tt.errPart) {
 				t.Fatalf("answer %v, want server c1 and error %q", got, tt.errPart)
 			}
-			var fps []string
-			for i, k := range got.Keys {
-				if k.Primary != (i == 0) {
-					t.Fatalf("key %d primary=%v", i, k.Primary)
-				}
-				fps = append(fps, k.Fingerprint)
-			}
-			if !slices.Equal(fps, tt.keys) {
-				t.Fatalf("keys %v, want %v", fps, tt.keys)
+			if len(got.Keys) != 2 || got.Keys[0].Fingerprint != "aaaa" || !got.Keys[0].Primary || got.Keys[1].Fingerprint != "bbbb" || got.Keys[1].Primary {
+				t.Fatalf("keys %v, want aaaa (primary), bbbb", got.Keys)
 			}
 		})
 	}
