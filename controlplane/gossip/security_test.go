@@ -123,15 +123,26 @@ func TestEncryptedGossipKeepsOutOtherKeys(t *testing.T) {
 // TestKeyringRotationKeepsThePool: install, use and remove run on every
 // member in turn, with reliable sends flowing throughout; the pool stays
 // whole, no send fails, and a member that only knows the old key can no
-// longer join afterwards.
+// longer join afterwards. With TLS too, the two layers together.
 func TestKeyringRotationKeepsThePool(t *testing.T) {
+	t.Run("keyring", func(t *testing.T) { testRotation(t, nil) })
+	t.Run("keyring and TLS", func(t *testing.T) { testRotation(t, newTestCA(t)) })
+}
+
+func testRotation(t *testing.T, ca *testCA) {
+	source := func(id string) *mtls.Source {
+		if ca == nil {
+			return nil
+		}
+		return ca.source(mtls.RoleServer, id)
+	}
 	oldKey, newKey := testKey(1, 32), testKey(2, 32)
 	var members []*Gossip
 	var rings []*Keyring
 	var planes []*recorder
 	for _, id := range []string{"a", "b", "c"} {
 		kr := keyring(t, oldKey)
-		g, p := startMember(t, id, with(kr, nil))
+		g, p := startMember(t, id, with(kr, source(id)))
 		members, rings, planes = append(members, g), append(rings, kr), append(planes, p)
 	}
 	for _, g := range members[1:] {
@@ -183,6 +194,7 @@ func TestKeyringRotationKeepsThePool(t *testing.T) {
 	if len(sendErrs) > 0 {
 		t.Fatalf("%d of %d reliable sends failed during the rotation; first: %v", len(sendErrs), sent, sendErrs[0])
 	}
+	t.Logf("%d reliable sends during the rotation, none failed", sent)
 	for i, g := range members {
 		if alive(g) != 3 {
 			t.Fatalf("%s sees %d alive after the rotation", g.Self().ID, alive(g))
@@ -191,7 +203,7 @@ func TestKeyringRotationKeepsThePool(t *testing.T) {
 			t.Fatalf("%s received nothing", g.Self().ID)
 		}
 	}
-	stale, _ := startMember(t, "stale", with(keyring(t, oldKey), nil))
+	stale, _ := startMember(t, "stale", with(keyring(t, oldKey), source("stale")))
 	if _, err := stale.Join([]string{members[0].Addr()}); err == nil {
 		t.Fatal("a member with only the removed key joined")
 	}

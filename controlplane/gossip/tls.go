@@ -41,6 +41,14 @@ type tlsTransport struct {
 	*memberlist.NetTransport
 	src    *mtls.Source
 	logger *log.Logger
+	// server is made once, so its session ticket keys last; sessions is
+	// the dialer's cache. Streams that read an answer (push/pull) resume
+	// sessions and skip a full handshake's signatures; one-way sends (the
+	// plane's batches) close before the ticket arrives, and pay a full
+	// handshake each: about 1 ms of CPU on the two sides together, measured
+	// on loopback, against 0.15 ms for a plain stream.
+	server   *tls.Config
+	sessions tls.ClientSessionCache
 
 	streams chan net.Conn
 	done    chan struct{}
@@ -53,6 +61,7 @@ var _ memberlist.NodeAwareTransport = (*tlsTransport)(nil)
 func newTLSTransport(inner *memberlist.NetTransport, src *mtls.Source, logger *log.Logger) *tlsTransport {
 	t := &tlsTransport{
 		NetTransport: inner, src: src, logger: logger,
+		server: src.ServerConfig(mtls.RoleServer), sessions: tls.NewLRUClientSessionCache(64),
 		streams: make(chan net.Conn), done: make(chan struct{}), slots: make(chan struct{}, maxHandshakes),
 	}
 	t.wg.Go(t.accept)
@@ -83,7 +92,7 @@ func (t *tlsTransport) accept() {
 }
 
 func (t *tlsTransport) serve(c net.Conn) {
-	tc := tls.Server(c, t.src.ServerConfig(mtls.RoleServer))
+	tc := tls.Server(c, t.server)
 	_ = tc.SetDeadline(time.Now().Add(handshakeTimeout))
 	if err := tc.Handshake(); err != nil {
 		t.logger.Printf("[WARN] memberlist: refusing a gossip stream from %s: %v", c.RemoteAddr(), err)
@@ -115,6 +124,7 @@ func (t *tlsTransport) DialAddressTimeout(a memberlist.Address, timeout time.Dur
 		return nil, err
 	}
 	cfg := t.src.ClientConfig(mtls.RoleServer)
+	cfg.ClientSessionCache = t.sessions
 	if a.Name != "" {
 		verify := cfg.VerifyConnection
 		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
