@@ -68,8 +68,8 @@ func (c *cli) keyringCmd() *cobra.Command {
 	return cmd
 }
 
-// keyring runs one operation and prints each server's keys: one row per
-// key, or one row with the server's error.
+// keyring runs one operation and prints each server's keys, one row per
+// key, and the server's error, if any, on a row of its own.
 func (c *cli) keyring(ctx context.Context, verb string, req *llmgwv1.KeyringRequest) error {
 	return c.admin(ctx, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 		resp, err := a.Keyring(ctx, req)
@@ -94,9 +94,6 @@ func keyringRows(resp *llmgwv1.KeyringResponse) [][]string {
 		if s.Error != "" || len(s.Keys) == 0 {
 			rows = append(rows, []string{s.ServerId, "-", "-", orDash(s.Error)})
 		}
-		if s.Error != "" {
-			continue
-		}
 		for _, k := range s.Keys {
 			primary := ""
 			if k.Primary {
@@ -120,6 +117,6 @@ func keyringFailures(verb string, resp *llmgwv1.KeyringResponse) error {
 	if len(failed) == 0 {
 		return nil
 	}
-	return fmt.Errorf("keyring %s failed on %d of %d servers (repeat it before the next step): %s",
+	return fmt.Errorf("keyring %s failed on %d of %d servers: %s",
 		verb, len(failed), len(resp.Servers), strings.Join(failed, "; "))
 }

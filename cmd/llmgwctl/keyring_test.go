@@ -77,7 +77,7 @@ func TestKeyringCommands(t *testing.T) {
 		{"install", []string{"keyring", "install", key}, ok, llmgwv1.KeyringOp_KEYRING_OP_INSTALL, []string{"c2 bbbb - -"}, ""},
 		{"use", []string{"keyring", "use", key}, ok, llmgwv1.KeyringOp_KEYRING_OP_USE, nil, ""},
 		{"remove fails on one server", []string{"keyring", "remove", key}, partial, llmgwv1.KeyringOp_KEYRING_OP_REMOVE,
-			[]string{"c1 aaaa * -", "c2 - - not alive in gossip"}, "failed on 1 of 2 servers (repeat it before the next step): c2: not alive"},
+			[]string{"c1 aaaa * -", "c2 - - not alive in gossip"}, "failed on 1 of 2 servers: c2: not alive"},
 		{"bad key", []string{"keyring", "install", "c2hvcnQ="}, ok, 0, nil, "keyring install: key of 5 bytes"},
 		{"no key", []string{"keyring", "use"}, ok, 0, nil, "accepts 1 arg"},
 	}

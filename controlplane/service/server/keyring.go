@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -49,6 +50,7 @@ func (s *Service) LocalKeyring(_ context.Context, req *llmgwv1.KeyringRequest) (
 		out.Error = errNoKeyring.Error()
 		return out, nil
 	}
+	before := s.keyring.Fingerprints()
 	switch req.GetOp() {
 	case llmgwv1.KeyringOp_KEYRING_OP_INSTALL:
 		err = s.keyring.Install(key)
@@ -57,13 +59,14 @@ func (s *Service) LocalKeyring(_ context.Context, req *llmgwv1.KeyringRequest) (
 	case llmgwv1.KeyringOp_KEYRING_OP_REMOVE:
 		err = s.keyring.Remove(key)
 	}
+	after := s.keyring.Fingerprints()
 	if err != nil {
 		out.Error = err.Error()
 		s.log.Warn("gossip keyring operation refused", "op", req.GetOp().String(), "err", err)
-	} else if req.GetOp() != llmgwv1.KeyringOp_KEYRING_OP_LIST {
-		s.log.Info("gossip keyring changed", "op", req.GetOp().String(), "keys", len(s.keyring.Fingerprints()))
+	} else if !slices.Equal(before, after) {
+		s.log.Info("gossip keyring changed", "op", req.GetOp().String(), "keys", after)
 	}
-	for i, fp := range s.keyring.Fingerprints() {
+	for i, fp := range after {
 		out.Keys = append(out.Keys, &llmgwv1.KeyringKey{Fingerprint: fp, Primary: i == 0})
 	}
 	return out, nil
