@@ -132,6 +132,18 @@ func (c *cluster) neverMember(among []*controlServer, id string, d time.Duration
 	}
 }
 
+// waitDead waits until s sees the stopped server dead in gossip, so that
+// seeing it alive later means it came back.
+func waitDead(t *testing.T, s, dead *controlServer) {
+	t.Helper()
+	if !eventually(30*time.Second, func() bool {
+		m, err := s.members()
+		return err == nil && m[dead.id] == "dead"
+	}) {
+		t.Fatalf("%s does not see the stopped %s dead within %v", s.id, dead.id, within(30*time.Second))
+	}
+}
+
 // keyringView is `llmgwctl keyring ... -o json`.
 type keyringView struct {
 	Servers []struct {
@@ -147,16 +159,26 @@ type keyringView struct {
 // keyring runs `llmgwctl keyring ARGS -o json` at s and returns each
 // server's keys as "fp*,fp" (primary starred), by server id.
 func (s *controlServer) keyring(args ...string) (map[string]string, error) {
+	got, _, err := s.keyringAnswers(args...)
+	return got, err
+}
+
+// keyringAnswers is keyring with each server's error, by server id, read
+// even when the command failed (it prints the table first).
+func (s *controlServer) keyringAnswers(args ...string) (keys, errs map[string]string, err error) {
 	out, err := s.ctl(append(append([]string{"keyring"}, args...), "-o", "json")...)
-	if err != nil {
-		return nil, err
-	}
 	var v keyringView
-	if err := json.Unmarshal([]byte(out), &v); err != nil {
-		return nil, fmt.Errorf("decode keyring: %w: %s", err, out)
+	if jerr := json.Unmarshal([]byte(out), &v); jerr != nil {
+		if err == nil {
+			err = fmt.Errorf("decode keyring: %w: %s", jerr, out)
+		}
+		return nil, nil, err
 	}
-	got := map[string]string{}
+	got, errs := map[string]string{}, map[string]string{}
 	for _, srv := range v.Servers {
+		if srv.Error != "" {
+			errs[srv.ServerID] = srv.Error
+		}
 		var ks []string
 		for _, k := range srv.Keys {
 			if k.Primary {
@@ -167,7 +189,7 @@ func (s *controlServer) keyring(args ...string) (map[string]string, error) {
 		}
 		got[srv.ServerID] = strings.Join(ks, ",")
 	}
-	return got, nil
+	return got, errs, err
 }
 
 // sameOnAll checks that keyring answers for every id in want with keys.
@@ -291,6 +313,7 @@ func TestKeyringRotationUnderLoad(t *testing.T) {
 	// with the new key.
 	restarted := c.servers[2]
 	restarted.stop()
+	waitDead(t, c.servers[0], restarted)
 	restarted.start()
 	c.waitLeader(c.servers, formTimeout)
 	c.waitAlive(c.servers, all, formTimeout)
@@ -303,4 +326,48 @@ func TestKeyringRotationUnderLoad(t *testing.T) {
 	stale := newServer(t, "c4", serverOpts{join: []string{c.servers[0].gossip}, extra: []string{"--gossip-key-file", oldFile}})
 	stale.start()
 	c.neverMember(c.servers, "c4", 4*time.Second)
+}
+
+// TestKeyringCatchUpAfterMissedRotation: a server down for a whole
+// rotation is reported as not reached at each step (and the command
+// fails), comes back with only the removed key and stays out of gossip;
+// install and use of the current key run on it alone (--addr naming it)
+// bring it back in, and the last remove then succeeds everywhere.
+func TestKeyringCatchUpAfterMissedRotation(t *testing.T) {
+	oldFile, oldKey := keyFile(t)
+	c := startKeyedCluster(t, 3, oldFile)
+	c1, c3 := c.servers[0], c.servers[2]
+	c3.stop()
+	c.waitLeader(c.servers[:2], formTimeout)
+	waitDead(t, c1, c3)
+	_, newKey := keyFile(t)
+	for _, step := range [][]string{{"install", newKey}, {"use", newKey}, {"remove", oldKey}} {
+		keys, errs, err := c1.keyringAnswers(step...)
+		if err == nil || !strings.Contains(errs["c3"], "not alive in gossip") || len(keys) != 3 || len(errs) != 1 {
+			t.Fatalf("%s with c3 down: keys %v, errors %v, %v; want c3 alone reported not reached, and the command to fail", step[0], keys, errs, err)
+		}
+	}
+	c3.start()
+	// Its --join retries (every second) cannot get through with the removed
+	// key alone: c1 never sees it alive again.
+	end := time.Now().Add(4 * time.Second)
+	for time.Now().Before(end) {
+		if m, err := c1.members(); err == nil && m["c3"] == "alive" {
+			t.Fatalf("c3 rejoined gossip with only the removed key: %v", m)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for _, step := range [][]string{{"install", newKey}, {"use", newKey}} {
+		keys, errs, err := c3.keyringAnswers(step...)
+		if err == nil || keys["c3"] == "" || errs["c3"] != "" {
+			t.Fatalf("%s at c3: keys %v, errors %v, %v; want it done on c3, the others not reached", step[0], keys, errs, err)
+		}
+	}
+	c.waitAlive(c.servers, ids(c.servers), formTimeout)
+	got, err := c1.keyring("remove", oldKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newFP := strings.Split(got["c1"], ",")[0]
+	sameOnAll(t, "remove after the catch-up", got, ids(c.servers), newFP)
 }
