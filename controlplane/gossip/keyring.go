@@ -236,6 +236,12 @@ func (k *Keyring) Use(key []byte) error {
 
 // Remove drops a key that is not the primary; removing one not installed
 // is a no-op, so a step retried after a partial failure is safe.
+//
+// memberlist's RemoveKey shifts the keys after the removed one in place,
+// under the slice a message being decrypted may be reading: removing the
+// last key (the old one at the end of a rotation: [new, old]) writes
+// nothing shared; removing one from the middle of three or more may make
+// a message in flight at that instant fail to decrypt.
 func (k *Keyring) Remove(key []byte) error {
 	return k.change(func(keys [][]byte) ([][]byte, error) {
 		i := index(keys, key)
