@@ -50,6 +50,12 @@ type Config struct {
 	JoinRetryInterval time.Duration `yaml:"join_retry_interval"`
 	// Gossip tunes memberlist (zero values keep its LAN defaults).
 	Gossip GossipConfig `yaml:"gossip"`
+	// GossipKeyFile holds one base64 key (16, 24 or 32 bytes) that
+	// encrypts and authenticates gossip (design §11). The keyring it starts
+	// is persisted in the data dir and wins over the file from then on, so
+	// a server restarted after a rotation (llmgwctl keyring) has the
+	// current keys.
+	GossipKeyFile string `yaml:"gossip_key_file"`
 	// ServerStabilizationTime is how long a new server must be healthy
 	// before autopilot promotes it from non-voter to voter.
 	ServerStabilizationTime time.Duration `yaml:"server_stabilization_time"`
@@ -215,6 +221,14 @@ func (c Config) Validate() error {
 		}
 		if len(c.Join) != 0 {
 			p.Add(configfile.Flag("gossip-addr"), "required with --join")
+		}
+	}
+	if c.GossipKeyFile != "" {
+		if c.GossipAddr == "" {
+			p.Add(configfile.Flag("gossip-key-file"), "needs --gossip-addr (it encrypts gossip)")
+		}
+		if _, err := gossip.ReadKeyFile(c.GossipKeyFile); err != nil {
+			p.Add(configfile.Flag("gossip-key-file"), "%w", err)
 		}
 	}
 	for _, j := range c.Join {

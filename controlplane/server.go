@@ -58,7 +58,8 @@ type Server struct {
 
 	// Set by Run before anything it starts runs; read-only afterwards.
 	store    *store.Store
-	gossip   *gossip.Gossip // nil without --gossip-addr
+	gossip   *gossip.Gossip  // nil without --gossip-addr
+	keyring  *gossip.Keyring // nil without --gossip-key-file
 	members  *cluster.Cluster
 	grpcAddr string
 	httpAddr string
@@ -194,11 +195,21 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	s.grpcAddr, s.httpAddr = grpcLis.Addr().String(), httpLis.Addr().String()
 	var g cluster.Gossip // a nil interface without gossip
 	if s.cfg.GossipAddr != "" {
+		if s.keyring, err = gossip.OpenKeyring(s.cfg.DataDir, s.cfg.GossipKeyFile); err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			st.Close()
+			return err
+		}
+		// With TLS, gossip's TCP streams (joins, push/pull, reliable
+		// sends) need a server certificate too; the keyring encrypts all of
+		// it, UDP included (design §11).
+		sec := gossip.Security{Keyring: s.keyring, TLS: s.tls}
 		s.gossip = gossip.New(gossip.Meta{
 			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: st.RaftAddr(),
 			HTTP: s.httpAddr, Expect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap,
 		}, s.plane, s.log, s.clock)
-		if err := s.gossip.Start(s.cfg.GossipAddr, s.cfg.Gossip); err != nil {
+		if err := s.gossip.Start(s.cfg.GossipAddr, s.cfg.Gossip, sec); err != nil {
 			grpcLis.Close()
 			httpLis.Close()
 			st.Close()
@@ -337,13 +348,18 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	llmgwv1.RegisterWatchServiceServer(gs, watch.New(watch.Config{
 		HeartbeatInterval: s.cfg.HeartbeatInterval, WatchWait: s.cfg.WatchWait, WatchQueue: s.cfg.WatchQueue,
 	}, s.fsm, s.eph, s.members, s.metrics.watch, s.log))
+	var kr server.Keyring // a nil interface without a keyring
+	if s.keyring != nil {
+		kr = s.keyring
+	}
+	serverSvc := server.New(gated, s.log).WithKeyring(s.cfg.NodeID, kr)
 	llmgwv1.RegisterAdminServiceServer(gs, admin.New(s.cfg.NodeID, admin.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Membership: s.members,
-		Reports: s.eph, Sessions: s.sessions, RestoreMaxBytes: uint64(s.cfg.Limits.SnapshotRestoreMaxBytes),
+		Reports: s.eph, Sessions: s.sessions, RestoreMaxBytes: uint64(s.cfg.Limits.SnapshotRestoreMaxBytes), Keyring: serverSvc,
 	}, s.log))
 	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
 	if !asPreviousRelease && !s.withoutServerService {
-		llmgwv1.RegisterServerServiceServer(gs, server.New(gated, s.log))
+		llmgwv1.RegisterServerServiceServer(gs, serverSvc)
 	}
 	return gs
 }

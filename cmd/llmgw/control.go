@@ -47,6 +47,7 @@ func newControlCmd() *cobra.Command {
 	f.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "address for agents, routers and llmgwctl (host:port)")
 	f.StringVar(&cfg.RaftAddr, "raft-addr", cfg.RaftAddr, "Raft transport address other servers reach (host:port, not a wildcard)")
 	f.StringVar(&cfg.GossipAddr, "gossip-addr", cfg.GossipAddr, "memberlist address other servers --join (host:port); empty runs without gossip")
+	f.StringVar(&cfg.GossipKeyFile, "gossip-key-file", cfg.GossipKeyFile, "file holding a base64 key (16, 24 or 32 bytes; llmgwctl keyring generate) that encrypts gossip; the keyring persisted in --data-dir wins over it once rotated")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address for /metrics, /healthz and /readyz (host:port)")
 	f.BoolVar(&cfg.Bootstrap, "bootstrap", cfg.Bootstrap, "start a single-node cluster if this node has no Raft state")
 	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "bootstrap once this many servers (same value on each) see each other over gossip; also the minimum quorum autopilot keeps")

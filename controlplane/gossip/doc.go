@@ -30,4 +30,19 @@
 //     and the state is framed (kind byte, tombstones' length, tombstones,
 //     the plane's digest); state starting with '{' is tombstones alone, as
 //     servers before the plane sent it.
+//   - Encryption (design §11): with --gossip-key-file every message, UDP
+//     and TCP, is encrypted and authenticated with memberlist's keyring,
+//     and anything not encrypted with one of its keys is refused both ways,
+//     so a process without the key can neither read gossip nor join it.
+//     The keyring is persisted in the data dir (gossip.keyring, 0600, the
+//     primary first) before each change takes effect, and wins over the
+//     key file on restart, so a rotated cluster restarts with the keys it
+//     now uses. Rotation is install, use, remove, each on every server
+//     before the next (llmgwctl keyring).
+//   - TLS (design §11: only servers join gossip): with a TLS source,
+//     memberlist's streams — joins, push/pull, reliable sends — run over
+//     mutual TLS demanding a server certificate of the cluster's CA, and a
+//     stream dialed to a named member demands a certificate naming it. UDP
+//     has no TLS: with no keyring beside TLS, forged UDP gossip is still
+//     possible, though such a sender can join neither Raft nor any stream.
 package gossip

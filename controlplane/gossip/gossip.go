@@ -18,6 +18,7 @@ import (
 
 	"github.com/llmgw/llmgw/controlplane/logadapt"
 	"github.com/llmgw/llmgw/controlplane/plane"
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // Config tunes memberlist; the zero value keeps DefaultLANConfig's
@@ -28,6 +29,18 @@ type Config struct {
 	GossipInterval   time.Duration `yaml:"gossip_interval"`
 	SuspicionMult    int           `yaml:"suspicion_mult"`
 	PushPullInterval time.Duration `yaml:"push_pull_interval"`
+}
+
+// Security is how gossip is protected (design §11); the zero value is
+// plain text, for loopback and tests.
+type Security struct {
+	// Keyring encrypts and authenticates every gossip message; nil runs
+	// gossip unencrypted. With it memberlist refuses anything not
+	// encrypted with one of its keys, both ways.
+	Keyring *Keyring
+	// TLS carries memberlist's streams (joins, push/pull, reliable sends)
+	// over mutual TLS with server certificates only; nil is plain TCP.
+	TLS *mtls.Source
 }
 
 // Plane is the end of the ephemeral plane (package plane) that shares
@@ -87,8 +100,8 @@ func New(self Meta, p Plane, log *slog.Logger, now func() time.Time) *Gossip {
 	return g
 }
 
-// Start binds memberlist on addr (--gossip-addr).
-func (g *Gossip) Start(addr string, tune Config) error {
+// Start binds memberlist on addr (--gossip-addr), protected by sec.
+func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("--gossip-addr: %w", err)
@@ -121,14 +134,39 @@ func (g *Gossip) Start(addr string, tune Config) error {
 	if tune.PushPullInterval > 0 {
 		c.PushPullInterval = tune.PushPullInterval
 	}
+	if sec.Keyring != nil {
+		c.Keyring = sec.Keyring.Memberlist()
+		c.GossipVerifyIncoming, c.GossipVerifyOutgoing = true, true
+	}
 	c.Delegate = (*delegate)(g)
 	c.Events = (*events)(g)
 	c.Logger = logadapt.NewMemberlistLogger(g.log.With("subsystem", "memberlist"))
 	if _, err := g.self.Encode(); err != nil {
 		return err
 	}
+	if sec.TLS != nil {
+		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: c.Logger})
+		if err != nil {
+			return fmt.Errorf("gossip on %s: %w", addr, err)
+		}
+		if port == 0 {
+			c.BindPort = nt.GetAutoBindPort()
+			c.AdvertisePort = c.BindPort
+		}
+		c.Transport = newTLSTransport(nt, sec.TLS, c.Logger)
+	}
+	switch {
+	case sec.Keyring != nil:
+	case sec.TLS != nil:
+		g.log.Warn("gossip streams need a server certificate, but UDP gossip is not authenticated without --gossip-key-file", "gossip_addr", addr)
+	case !mtls.IsLoopback(addr):
+		g.log.Warn("gossip is neither encrypted nor authenticated: whoever reaches it can join; give --gossip-key-file and TLS", "gossip_addr", addr)
+	}
 	ml, err := memberlist.Create(c)
 	if err != nil {
+		if c.Transport != nil {
+			_ = c.Transport.Shutdown()
+		}
 		return fmt.Errorf("gossip on %s: %w", addr, err)
 	}
 	g.ml.Store(ml)

@@ -90,7 +90,7 @@ type Sessions interface {
 	Connected() map[string]bool
 }
 
-// Deps are the Service's dependencies; all are required.
+// Deps are the Service's dependencies; all are required but Keyring.
 type Deps struct {
 	Propose    Proposer
 	State      Desired
@@ -102,6 +102,9 @@ type Deps struct {
 	// RestoreMaxBytes bounds a restored snapshot's body (0: the file
 	// format's snapfile.MaxBody).
 	RestoreMaxBytes uint64
+	// Keyring is this server's own keyring operation; nil reports this
+	// server as not serving them.
+	Keyring LocalKeyring
 }
 
 // Service is the AdminService of server self.
@@ -117,13 +120,14 @@ type Service struct {
 	sessions Sessions
 	// restoreMax bounds a restored snapshot's body (snapshot.go).
 	restoreMax uint64
+	keyring    LocalKeyring
 	log        *slog.Logger
 }
 
 // New returns the AdminService of server self.
 func New(self string, d Deps, log *slog.Logger) *Service {
 	return &Service{self: self, propose: d.Propose, state: d.State, raft: d.Raft, peers: d.Peers,
-		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, log: log}
+		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, log: log}
 }
 
 func errValidation(field, reason string) error {

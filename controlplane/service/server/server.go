@@ -24,6 +24,10 @@ type Service struct {
 	llmgwv1.UnimplementedServerServiceServer
 	propose Proposer
 	log     *slog.Logger
+
+	// Set by WithKeyring before serving.
+	self    string
+	keyring Keyring
 }
 
 // New returns the ServerService.
