@@ -22,11 +22,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
@@ -100,15 +100,26 @@ type Config struct {
 	// AdapterWait bounds how long a request for a cold LoRA adapter waits
 	// for a replica to report it loaded (design §7.6).
 	AdapterWait time.Duration `yaml:"adapter_wait"`
+	// TLS is the CA, certificate and key (--tls-ca, --tls-cert,
+	// --tls-key; design §11). Given, the router watches and calls control
+	// servers only over mutual TLS to a server certificate, and subscribes
+	// to each agent only over mutual TLS to that node's agent certificate;
+	// its own certificate must be of role router. Empty is plain text.
+	TLS mtls.Files `yaml:",inline"`
+	// Insecure lets --http-addr bind beyond loopback without TLS (see
+	// Validate for why that is refused otherwise).
+	Insecure bool `yaml:"insecure"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
-// the API on :8080.
+// the API on 127.0.0.1:8080 — loopback, so that the defaults are safe
+// (design §11): serving a network is a choice made with --http-addr and
+// TLS or --insecure.
 func DefaultConfig() Config {
 	a := api.DefaultConfig()
 	return Config{
 		Control:           []string{"127.0.0.1:7400"},
-		HTTPAddr:          ":8080",
+		HTTPAddr:          "127.0.0.1:8080",
 		MaxBodyBytes:      a.MaxBodyBytes,
 		ScrapeInterval:    200 * time.Millisecond,
 		ConnectTimeout:    a.ConnectTimeout,
@@ -144,6 +155,11 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		p.Add(configfile.Flag("http-addr"), "%q: %w", c.HTTPAddr, err)
+	} else if !c.TLS.Enabled() && !c.Insecure && !mtls.IsLoopback(c.HTTPAddr) {
+		p.Add(configfile.Flag("http-addr"), "%s: refusing to serve beyond loopback without TLS: "+
+			"the router would reach control servers and agents in plain text, so anyone on the network could pose as one "+
+			"and be sent your users' requests; give --tls-ca, --tls-cert and --tls-key, bind 127.0.0.1, or pass --insecure to accept the risk",
+			c.HTTPAddr)
 	}
 	if c.MaxBodyBytes <= 0 {
 		p.Add(configfile.Flag("max-body-bytes"), "must be positive, got %d", c.MaxBodyBytes)
@@ -187,6 +203,9 @@ func (c Config) Validate() error {
 	if c.MaxInflight <= 0 {
 		p.Add(configfile.Flag("max-inflight"), "must be positive, got %d", c.MaxInflight)
 	}
+	for _, f := range c.TLS.Missing() {
+		p.Add(configfile.Flag(f), "required when any of --tls-ca, --tls-cert, --tls-key is given")
+	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
 	return p.Err()
@@ -214,6 +233,10 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	src, err := loadTLS(&cfg)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.ID == "" {
 		host, err := os.Hostname()
 		if err != nil {
@@ -227,6 +250,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	wcfg := watch.DefaultConfig()
 	wcfg.ClientID = cfg.ID
 	wcfg.Addrs = cfg.Control
+	wcfg.TLS = src
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return nil, fmt.Errorf("--data-dir: %w", err)
@@ -251,6 +275,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	ecfg.ScrapeInterval = cfg.ScrapeInterval
 	ecfg.StaleAfter = 3 * cfg.ScrapeInterval
 	ecfg.ClientID = cfg.ID
+	ecfg.TLS = src
 	eps, err := endpoint.New(ecfg, wc, log, reg)
 	if err != nil {
 		return nil, fmt.Errorf("router: endpoints: %w", err)
@@ -266,7 +291,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	}
 
 	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
-	r.control = &controlAdapters{addrs: r.controlAddrs, conns: map[string]*grpc.ClientConn{}}
+	r.control = &controlAdapters{addrs: r.controlAddrs, tls: src, conns: map[string]*grpc.ClientConn{}}
 	acfg := api.Config{
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		ConnectTimeout:   cfg.ConnectTimeout,
@@ -281,6 +306,30 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	r.mux.Handle("/", r.handler)
 	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
 	return r, nil
+}
+
+// loadTLS loads cfg.TLS, nil when it is not given. The certificate must be
+// a router's, and the router's id is the certificate's name (design §11:
+// the identity is the certificate's): an --id naming another router is
+// refused rather than reported under a name nobody can verify.
+func loadTLS(cfg *Config) (*mtls.Source, error) {
+	if !cfg.TLS.Enabled() {
+		return nil, nil
+	}
+	src, err := mtls.Load(cfg.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	id := src.Identity()
+	if id.Role != mtls.RoleRouter {
+		return nil, fmt.Errorf("router: --tls-cert %s is the certificate of %s; a router needs one of role router", cfg.TLS.Cert, id)
+	}
+	if cfg.ID == "" {
+		cfg.ID = id.Name
+	} else if cfg.ID != id.Name {
+		return nil, fmt.Errorf("router: --id %s differs from the name in --tls-cert %s (%s): leave --id out, or give it %s", cfg.ID, cfg.TLS.Cert, id, id.Name)
+	}
+	return src, nil
 }
 
 // ready is the router's /readyz: it has a complete desired state to route
@@ -457,6 +506,9 @@ func (r *Router) controlAddrs() []string {
 // until close.
 type controlAdapters struct {
 	addrs func() []string
+	// tls is the router's certificate source (nil: plain text); the peer
+	// must hold a server certificate.
+	tls *mtls.Source
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
@@ -492,7 +544,7 @@ func (c *controlAdapters) conn(list []string) (*grpc.ClientConn, string, error) 
 	if cc := c.conns[addr]; cc != nil {
 		return cc, addr, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, mtls.DialOption(c.tls, mtls.RoleServer))
 	if err != nil {
 		return nil, addr, fmt.Errorf("dial %s: %w", addr, err)
 	}

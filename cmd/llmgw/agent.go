@@ -82,6 +82,11 @@ func bindAgentFlags(f *pflag.FlagSet) *agentFlags {
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "heartbeat period; three missed means a dead control node")
 	f.DurationVar(&cfg.DrainQuiet, "drain-quiet", d.DrainQuiet, "how long a draining replica's engine must be idle before it is stopped")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "stop a draining replica's engine after this long even if busy")
+	// Security (design §11).
+	f.StringVar(&cfg.TLS.CA, "tls-ca", "", "CA certificate (PEM); with --tls-cert and --tls-key, every gRPC connection is mutual TLS")
+	f.StringVar(&cfg.TLS.Cert, "tls-cert", "", "this agent's certificate (PEM): role agent, named --node-id")
+	f.StringVar(&cfg.TLS.Key, "tls-key", "", "the private key of --tls-cert (PEM)")
+	f.BoolVar(&cfg.Insecure, "insecure", false, "allow listening beyond loopback without TLS (anyone who can reach the agent can read its load and act as a router)")
 	return af
 }
 

@@ -42,6 +42,7 @@ func TestRouterFlagKeys(t *testing.T) {
 		"int":         {"4321", "4321"},
 		"int64":       {"4321", "4321"},
 		"duration":    {"1234ms", (1234 * time.Millisecond).String()},
+		"bool":        {"true", "true"},
 	}
 	fs, _ := routerFlags(t)
 	n := 0
