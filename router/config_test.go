@@ -40,6 +40,8 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 		}, []string{"--read-header-timeout (read_header_timeout): ", "--body-timeout (body_timeout): ", "--idle-timeout (idle_timeout): ",
 			"--max-header-bytes (max_header_bytes): ", "--max-header-count (max_header_count): ",
 			"--max-connections (max_connections): ", "--max-inflight (max_inflight): "}},
+		{"half an HTTPS setup", func(c *Config) { c.HTTPSCert = "api.pem" }, []string{"--https-key (https_key): required with --https-cert"}},
+		{"the other half", func(c *Config) { c.HTTPSKey = "api-key.pem" }, []string{"--https-cert (https_cert): required with --https-key"}},
 		{"every address", func(c *Config) { c.Control = []string{"a", "b:1", "c"} },
 			[]string{`--control (control): "a": `, `--control (control): "c": `}},
 		{"flags and keys without flags", func(c *Config) {
@@ -153,6 +155,8 @@ tls_ca: /etc/llmgw/ca.pem
 tls_cert: /etc/llmgw/r-7.pem
 tls_key: /etc/llmgw/r-7-key.pem
 insecure: true
+https_cert: /etc/llmgw/api.pem
+https_key: /etc/llmgw/api-key.pem
 `
 
 // TestConfigFileEveryKey decodes a file with every key strictly: a key the
@@ -178,6 +182,8 @@ func TestConfigFileEveryKey(t *testing.T) {
 		AdapterWait: 10 * time.Second,
 		TLS:         mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/r-7.pem", Key: "/etc/llmgw/r-7-key.pem"},
 		Insecure:    true,
+		HTTPSCert:   "/etc/llmgw/api.pem",
+		HTTPSKey:    "/etc/llmgw/api-key.pem",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)

@@ -109,6 +109,12 @@ type Config struct {
 	// Insecure lets --http-addr bind beyond loopback without TLS (see
 	// Validate for why that is refused otherwise).
 	Insecure bool `yaml:"insecure"`
+	// HTTPSCert and HTTPSKey, given, serve the OpenAI API and the
+	// router's other endpoints over HTTPS with this pair (a web
+	// certificate for the router's clients, not one of the cluster's CA),
+	// so that prompts and API keys do not cross the network in clear.
+	HTTPSCert string `yaml:"https_cert"`
+	HTTPSKey  string `yaml:"https_key"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -206,6 +212,12 @@ func (c Config) Validate() error {
 	for _, f := range c.TLS.Missing() {
 		p.Add(configfile.Flag(f), "required when any of --tls-ca, --tls-cert, --tls-key is given")
 	}
+	if c.HTTPSCert != "" && c.HTTPSKey == "" {
+		p.Add(configfile.Flag("https-key"), "required with --https-cert")
+	}
+	if c.HTTPSKey != "" && c.HTTPSCert == "" {
+		p.Add(configfile.Flag("https-cert"), "required with --https-key")
+	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
 	return p.Err()
@@ -214,6 +226,7 @@ func (c Config) Validate() error {
 // Router is one router process's worth of components.
 type Router struct {
 	cfg      Config
+	https    *httpsCert // nil: plain HTTP
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	watch    *watch.Client
@@ -236,6 +249,12 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	src, err := loadTLS(&cfg)
 	if err != nil {
 		return nil, err
+	}
+	var https *httpsCert
+	if cfg.HTTPSCert != "" {
+		if https, err = loadHTTPSCert(cfg.HTTPSCert, cfg.HTTPSKey, time.Now); err != nil {
+			return nil, fmt.Errorf("router: %w", err)
+		}
 	}
 	if cfg.ID == "" {
 		host, err := os.Hostname()
@@ -290,7 +309,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("router: breakers: %w", err)
 	}
 
-	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
+	r := &Router{cfg: cfg, https: https, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
 	r.control = &controlAdapters{addrs: r.controlAddrs, tls: src, conns: map[string]*grpc.ClientConn{}}
 	acfg := api.Config{
 		MaxBodyBytes:     cfg.MaxBodyBytes,
@@ -394,8 +413,18 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(newLimitListener(ln, r.cfg.MaxConnections)) }()
-	r.log.Info("router: serving", "addr", ln.Addr().String(), "control", r.cfg.Control)
+	limited := newLimitListener(ln, r.cfg.MaxConnections)
+	scheme := "http"
+	if r.https != nil {
+		// ServeTLS sets up HTTP/2 as Serve does for plain text; the TLS
+		// handshake is bounded by ReadHeaderTimeout like the headers.
+		srv.TLSConfig = r.https.tlsConfig()
+		scheme = "https"
+		go func() { serveErr <- srv.ServeTLS(limited, "", "") }()
+	} else {
+		go func() { serveErr <- srv.Serve(limited) }()
+	}
+	r.log.Info("router: serving", "addr", ln.Addr().String(), "scheme", scheme, "control", r.cfg.Control)
 
 	var err error
 	select {

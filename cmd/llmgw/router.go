@@ -69,4 +69,6 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.StringVar(&cfg.TLS.Cert, "tls-cert", cfg.TLS.Cert, "this router's certificate (PEM), role router; its name is the router's --id")
 	f.StringVar(&cfg.TLS.Key, "tls-key", cfg.TLS.Key, "the private key of --tls-cert (PEM)")
 	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "allow --http-addr beyond loopback without TLS (anyone on the network could pose as a control server or agent)")
+	f.StringVar(&cfg.HTTPSCert, "https-cert", cfg.HTTPSCert, "serve the API over HTTPS with this certificate (PEM; a web certificate for clients, re-read when renewed)")
+	f.StringVar(&cfg.HTTPSKey, "https-key", cfg.HTTPSKey, "the private key of --https-cert (PEM)")
 }
