@@ -3,6 +3,8 @@ package integration
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -551,6 +553,45 @@ func TestProcAddr(t *testing.T) {
 		ip, port, err := procAddr(tt.in)
 		if err != nil || ip.String() != tt.ip || port != tt.port {
 			t.Errorf("procAddr(%q) = %v, %d, %v; want %s, %d", tt.in, ip, port, err, tt.ip, tt.port)
+		}
+	}
+}
+
+// TestEdgeRouterHTTPS: with --https-cert and --https-key the router's API
+// is served over HTTPS only.
+func TestEdgeRouterHTTPS(t *testing.T) {
+	p := newPKI(t)
+	f := p.files(mtls.RoleRouter, "api")
+	addr := uniqueAddr(t)
+	r := llmgwProcess(t, "router", routerArgs(t, addr, "--https-cert", f.Cert, "--https-key", f.Key)...)
+	r.start()
+	pool := x509.NewCertPool()
+	caPEM, err := os.ReadFile(f.CA)
+	if err != nil || !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("read CA: %v", err)
+	}
+	// The certificate names router.llmgw (and no IP), so that is the name
+	// the client checks while dialing loopback.
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: mtls.RoleRouter.DNSName()}}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: within(10 * time.Second)}
+	var status int
+	if !eventually(20*time.Second, func() bool {
+		resp, err := client.Get("https://" + addr + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		status = resp.StatusCode
+		return resp.TLS != nil && status == http.StatusOK
+	}) {
+		t.Fatalf("no HTTPS answer from the router within %v (last status %d):\n%s", within(20*time.Second), status, tail(r.output(), 20))
+	}
+	plain := &http.Client{Timeout: within(10 * time.Second), Transport: &http.Transport{DisableKeepAlives: true}}
+	if resp, err := plain.Get("http://" + addr + "/healthz"); err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			t.Fatal("the HTTPS router answered a plain-HTTP request")
 		}
 	}
 }
