@@ -27,6 +27,7 @@ import (
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/load"
 	"github.com/llmgw/llmgw/internal/grpcstop"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -41,6 +42,8 @@ type Agent struct {
 	replicas  *replicaSet
 	epochPath string
 	attached  atomic.Bool
+	// tls is the agent's certificate source, nil in plain text.
+	tls *mtls.Source
 
 	mu       sync.Mutex
 	httpAddr string
@@ -56,6 +59,10 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, errors.New("agent: nil logger")
 	}
 	log := logger.With("node", cfg.NodeID)
+	src, err := loadTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
 	m := newMetrics()
 	hub, err := kv.NewHub(log, m.reg)
 	if err != nil {
@@ -75,7 +82,29 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		kv:        hub,
 		adapters:  ads,
 		epochPath: filepath.Join(cfg.DataDir, "epoch"),
+		tls:       src,
 	}, nil
+}
+
+// loadTLS loads cfg.TLS, nil when it is not given, and refuses a
+// certificate that is not this node's agent certificate: a control server
+// lets an agent attach only as the node its certificate names (design §11),
+// so any other certificate would be refused there on every attempt — better
+// said once, at start, naming the flag.
+func loadTLS(cfg Config) (*mtls.Source, error) {
+	if !cfg.TLS.Enabled() {
+		return nil, nil
+	}
+	src, err := mtls.Load(cfg.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	want := mtls.Identity{Role: mtls.RoleAgent, Name: cfg.NodeID}
+	if id := src.Identity(); id != want {
+		return nil, fmt.Errorf("agent: --tls-cert %s is the certificate of %s, but this agent is %s (--node-id %s): give it a certificate of role agent named %s",
+			cfg.TLS.Cert, id, want, cfg.NodeID, cfg.NodeID)
+	}
+	return src, nil
 }
 
 // HTTPAddr is the address the agent's HTTP server listens on, once Run has
@@ -208,7 +237,15 @@ func (a *Agent) handler() http.Handler {
 		w.Write([]byte("ok\n"))
 	})
 	// The engine's last lines, for `llmgwctl replica logs` (design §6).
+	// They may hold prompts (vLLM's request log prints them), and this
+	// listener is plain HTTP with no caller identity, so beyond loopback
+	// they are served only under --insecure (design §11): /metrics and the
+	// probes stay open to scrapers, the engines' output does not.
 	mux.HandleFunc("GET /v1/replicas/{id}/logs", func(w http.ResponseWriter, r *http.Request) {
+		if !a.cfg.Insecure && !fromLoopback(r) {
+			http.Error(w, "engine logs are served to loopback only (they may hold prompts); run the agent with --insecure to serve them to the network", http.StatusForbidden)
+			return
+		}
 		if a.replicas == nil {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 			return
@@ -257,7 +294,7 @@ func (a *Agent) startLoad() (stop func(), err error) {
 	go func() { defer close(readerDone); _ = reader.Run(readerCtx) }()
 
 	lsrv := load.NewServer(reader, a.log, a.metrics.reg)
-	gsrv := grpc.NewServer()
+	gsrv := grpc.NewServer(serverOptions(a.tls, loadCallers)...)
 	llmgwv1.RegisterLoadServiceServer(gsrv, lsrv)
 	grpcDone := make(chan struct{})
 	go func() {
@@ -273,6 +310,16 @@ func (a *Agent) startLoad() (stop func(), err error) {
 		grpcstop.Stop(gsrv, 5*time.Second)
 		<-grpcDone
 	}, nil
+}
+
+// fromLoopback reports whether r came from a loopback address.
+func fromLoopback(r *http.Request) bool {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func isLoopback(host string) bool {

@@ -53,13 +53,13 @@ type fakeControl struct {
 	beats   int
 }
 
-func startFakeControl(t *testing.T, id string) *fakeControl {
+func startFakeControl(t *testing.T, id string, opts ...grpc.ServerOption) *fakeControl {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeControl{id: id, addr: ln.Addr().String(), srv: grpc.NewServer(), push: make(chan *llmgwv1.ControlMessage, 16)}
+	f := &fakeControl{id: id, addr: ln.Addr().String(), srv: grpc.NewServer(opts...), push: make(chan *llmgwv1.ControlMessage, 16)}
 	llmgwv1.RegisterAgentServiceServer(f.srv, f)
 	f.wg.Add(1)
 	go func() { defer f.wg.Done(); _ = f.srv.Serve(ln) }()

@@ -14,6 +14,7 @@ import (
 	"github.com/llmgw/llmgw/agent/kv/zmtp"
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // EngineConfig overrides how one engine kind is run on this node. In the
@@ -121,6 +122,17 @@ type Config struct {
 	// an engine's KV-event sockets accept (design §11 "Limits"): a peer
 	// declaring more loses its connection before anything is allocated.
 	KVMaxFrameBytes uint64 `yaml:"kv_max_frame_bytes"`
+	// TLS is the CA, certificate and key (--tls-ca, --tls-cert, --tls-key;
+	// design §11). Given, the agent dials control servers over mutual TLS,
+	// demanding a server certificate, and serves LoadService to routers
+	// only; its own certificate must be of role agent and name NodeID, the
+	// one node a control server lets it attach as. Empty is plain text.
+	TLS mtls.Files `yaml:",inline"`
+	// Insecure lets the agent listen beyond loopback without TLS. Without
+	// it a plain-text --grpc-addr or --http-addr beyond loopback is refused
+	// at start: anyone who can reach them could read the node's load and
+	// engines' logs, and routers could not tell this agent from another.
+	Insecure bool `yaml:"insecure"`
 
 	// The settings below have no flag; only the file sets them.
 
@@ -254,6 +266,16 @@ func (c *Config) Validate() error {
 	positive("reconnect_initial", c.ReconnectInitial)
 	if c.ReconnectMax < c.ReconnectInitial {
 		p.Add("reconnect_max", "%s must be at least reconnect_initial %s", c.ReconnectMax, c.ReconnectInitial)
+	}
+	for _, f := range c.TLS.Missing() {
+		p.Add(configfile.Flag(f), "required when any of --tls-ca, --tls-cert, --tls-key is given")
+	}
+	if !c.TLS.Enabled() {
+		for _, l := range []struct{ flag, addr string }{{"grpc-addr", c.GRPCAddr}, {"http-addr", c.HTTPAddr}} {
+			if _, _, err := net.SplitHostPort(l.addr); err == nil { // else reported above
+				p.Join(mtls.CheckListen(configfile.Flag(l.flag), l.addr, nil, c.Insecure))
+			}
+		}
 	}
 	return p.Err()
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // problems splits a Validate error into the setting each line names (what
@@ -62,6 +63,14 @@ func TestValidate(t *testing.T) {
 			c.RestartBackoff = supervisor.Backoff{Initial: 0, Max: -1, StableAfter: -1}
 		}, []string{"restart_backoff.initial", "restart_backoff.max", "restart_backoff.stable_after"}},
 		{"reconnect", func(c *Config) { c.ReconnectInitial, c.ReconnectMax = time.Second, time.Millisecond }, []string{"reconnect_max"}},
+		{"grpc beyond loopback without TLS", func(c *Config) { c.GRPCAddr = "0.0.0.0:7405" }, []string{"--grpc-addr (grpc_addr) 0.0.0.0:7405"}},
+		{"http on every interface without TLS", func(c *Config) { c.HTTPAddr = ":7404" }, []string{"--http-addr (http_addr) :7404"}},
+		{"beyond loopback with --insecure", func(c *Config) { c.GRPCAddr, c.HTTPAddr, c.Insecure = "0.0.0.0:7405", "10.0.0.1:7404", true }, nil},
+		{"beyond loopback with TLS", func(c *Config) {
+			c.GRPCAddr, c.HTTPAddr = "0.0.0.0:7405", "0.0.0.0:7404"
+			c.TLS = mtls.Files{CA: "ca.pem", Cert: "n1.pem", Key: "n1-key.pem"}
+		}, nil},
+		{"half a TLS setup", func(c *Config) { c.TLS.CA = "ca.pem" }, []string{"--tls-cert (tls_cert)", "--tls-key (tls_key)"}},
 		{"several problems at once", func(c *Config) {
 			c.NodeID = ""
 			c.AdvertiseAddr = "10.0.0.1:80"
@@ -118,6 +127,10 @@ probe_interval: 2s
 restart_backoff: {initial: 1s, max: 1m, stable_after: 5m}
 reconnect_initial: 500ms
 reconnect_max: 20s
+tls_ca: /etc/llmgw/ca.pem
+tls_cert: /etc/llmgw/gpu-7.pem
+tls_key: /etc/llmgw/gpu-7-key.pem
+insecure: true
 `
 
 func TestConfigFileKeys(t *testing.T) {
@@ -151,6 +164,8 @@ func TestConfigFileKeys(t *testing.T) {
 		RestartBackoff:    supervisor.Backoff{Initial: time.Second, Max: time.Minute, StableAfter: 5 * time.Minute},
 		ReconnectInitial:  500 * time.Millisecond,
 		ReconnectMax:      20 * time.Second,
+		TLS:               mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/gpu-7.pem", Key: "/etc/llmgw/gpu-7-key.pem"},
+		Insecure:          true,
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)
@@ -177,9 +192,12 @@ func unchangedKeys(t *testing.T, got, def reflect.Value, prefix string) []string
 	typ := got.Type()
 	for i := range typ.NumField() {
 		f := typ.Field(i)
-		tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		tag, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
 		switch {
 		case !f.IsExported() || tag == "-":
+			continue
+		case tag == "" && opts == "inline":
+			out = append(out, unchangedKeys(t, got.Field(i), def.Field(i), prefix)...)
 			continue
 		case tag == "":
 			t.Errorf("%s%s has no yaml tag", prefix, f.Name)

@@ -9,12 +9,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/backoff"
 	"github.com/llmgw/llmgw/internal/grpcsize"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -78,7 +78,10 @@ func serverAddrs(servers []*llmgwv1.ControlServer) []string {
 // Only this goroutine sends on the stream; one goroutine it owns receives,
 // and is waited for before session returns.
 func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (learned []string, welcomed bool, err error) {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
+	// With TLS the peer must hold a server certificate of this cluster's
+	// CA, whatever address was dialed: a control address learned from the
+	// plane or mistyped cannot take the agent's session (design §11).
+	conn, err := grpc.NewClient(addr, mtls.DialOption(a.tls, mtls.RoleServer), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
 	if err != nil {
 		return nil, false, fmt.Errorf("dial %s: %w", addr, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/configfile"
+	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/scheduler"
@@ -39,6 +40,8 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 		}, []string{"--read-header-timeout (read_header_timeout): ", "--body-timeout (body_timeout): ", "--idle-timeout (idle_timeout): ",
 			"--max-header-bytes (max_header_bytes): ", "--max-header-count (max_header_count): ",
 			"--max-connections (max_connections): ", "--max-inflight (max_inflight): "}},
+		{"half an HTTPS setup", func(c *Config) { c.HTTPSCert = "api.pem" }, []string{"--https-key (https_key): required with --https-cert"}},
+		{"the other half", func(c *Config) { c.HTTPSKey = "api-key.pem" }, []string{"--https-cert (https_cert): required with --https-key"}},
 		{"every address", func(c *Config) { c.Control = []string{"a", "b:1", "c"} },
 			[]string{`--control (control): "a": `, `--control (control): "c": `}},
 		{"flags and keys without flags", func(c *Config) {
@@ -68,6 +71,50 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 				if !strings.HasPrefix(lines[i], w) {
 					t.Errorf("problem %d = %q, want it to start %q", i, lines[i], w)
 				}
+			}
+		})
+	}
+}
+
+// TestConfigListenBeyondLoopback: the API may bind beyond loopback only
+// with TLS for the router's cluster connections, or with --insecure; the
+// refusal names the flag and says why and what to do (design §11).
+func TestConfigListenBeyondLoopback(t *testing.T) {
+	tlsFiles := mtls.Files{CA: "ca.pem", Cert: "r.pem", Key: "r-key.pem"}
+	tests := []struct {
+		name     string
+		addr     string
+		tls      mtls.Files
+		insecure bool
+		want     []string // each line's start; nil: valid
+	}{
+		{"default is loopback", DefaultConfig().HTTPAddr, mtls.Files{}, false, nil},
+		{"localhost", "localhost:8080", mtls.Files{}, false, nil},
+		{"every interface", ":8080", mtls.Files{}, false, []string{"--http-addr (http_addr): :8080: refusing to serve beyond loopback without TLS"}},
+		{"one interface", "10.0.0.7:8080", mtls.Files{}, false, []string{"--http-addr (http_addr): 10.0.0.7:8080: refusing"}},
+		{"--insecure", ":8080", mtls.Files{}, true, nil},
+		{"TLS", "0.0.0.0:8080", tlsFiles, false, nil},
+		{"half a TLS setup", "127.0.0.1:8080", mtls.Files{Cert: "r.pem"}, false, []string{"--tls-ca (tls_ca): ", "--tls-key (tls_key): "}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.HTTPAddr, c.TLS, c.Insecure = tt.addr, tt.tls, tt.insecure
+			err := c.Validate()
+			var lines []string
+			if err != nil {
+				lines = strings.Split(err.Error(), "\n")
+			}
+			if len(lines) != len(tt.want) {
+				t.Fatalf("Validate = %v, want %d problems %q", err, len(tt.want), tt.want)
+			}
+			for i, w := range tt.want {
+				if !strings.HasPrefix(lines[i], w) {
+					t.Errorf("problem %d = %q, want it to start %q", i, lines[i], w)
+				}
+			}
+			if len(tt.want) > 0 && strings.Contains(tt.want[0], "refusing") && !strings.Contains(err.Error(), "--insecure") {
+				t.Errorf("the refusal does not say how to proceed: %v", err)
 			}
 		})
 	}
@@ -105,6 +152,12 @@ tokenize_max_response_bytes: 65536
 kv_min_blocks: 2
 adapter_wait: 10s
 require_api_key: true
+tls_ca: /etc/llmgw/ca.pem
+tls_cert: /etc/llmgw/r-7.pem
+tls_key: /etc/llmgw/r-7-key.pem
+insecure: true
+https_cert: /etc/llmgw/api.pem
+https_key: /etc/llmgw/api-key.pem
 `
 
 // TestConfigFileEveryKey decodes a file with every key strictly: a key the
@@ -128,6 +181,10 @@ func TestConfigFileEveryKey(t *testing.T) {
 		Tokenize:      tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
 		KVMinBlocks:   2,
 		AdapterWait:   10 * time.Second,
+		TLS:           mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/r-7.pem", Key: "/etc/llmgw/r-7-key.pem"},
+		Insecure:      true,
+		HTTPSCert:     "/etc/llmgw/api.pem",
+		HTTPSKey:      "/etc/llmgw/api-key.pem",
 		RequireAPIKey: true,
 	}
 	if !reflect.DeepEqual(got, want) {

@@ -22,12 +22,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/grpcsize"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
@@ -106,15 +106,32 @@ type Config struct {
 	// the cluster has none (design §11); otherwise keys are required once
 	// any exists (router/auth).
 	RequireAPIKey bool `yaml:"require_api_key"`
+	// TLS is the CA, certificate and key (--tls-ca, --tls-cert,
+	// --tls-key; design §11). Given, the router watches and calls control
+	// servers only over mutual TLS to a server certificate, and subscribes
+	// to each agent only over mutual TLS to that node's agent certificate;
+	// its own certificate must be of role router. Empty is plain text.
+	TLS mtls.Files `yaml:",inline"`
+	// Insecure lets --http-addr bind beyond loopback without TLS (see
+	// Validate for why that is refused otherwise).
+	Insecure bool `yaml:"insecure"`
+	// HTTPSCert and HTTPSKey, given, serve the OpenAI API and the
+	// router's other endpoints over HTTPS with this pair (a web
+	// certificate for the router's clients, not one of the cluster's CA),
+	// so that prompts and API keys do not cross the network in clear.
+	HTTPSCert string `yaml:"https_cert"`
+	HTTPSKey  string `yaml:"https_key"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
-// the API on :8080.
+// the API on 127.0.0.1:8080 — loopback, so that the defaults are safe
+// (design §11): serving a network is a choice made with --http-addr and
+// TLS or --insecure.
 func DefaultConfig() Config {
 	a := api.DefaultConfig()
 	return Config{
 		Control:           []string{"127.0.0.1:7400"},
-		HTTPAddr:          ":8080",
+		HTTPAddr:          "127.0.0.1:8080",
 		MaxBodyBytes:      a.MaxBodyBytes,
 		ScrapeInterval:    200 * time.Millisecond,
 		ConnectTimeout:    a.ConnectTimeout,
@@ -150,6 +167,11 @@ func (c Config) Validate() error {
 	}
 	if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 		p.Add(configfile.Flag("http-addr"), "%q: %w", c.HTTPAddr, err)
+	} else if !c.TLS.Enabled() && !c.Insecure && !mtls.IsLoopback(c.HTTPAddr) {
+		p.Add(configfile.Flag("http-addr"), "%s: refusing to serve beyond loopback without TLS: "+
+			"the router would reach control servers and agents in plain text, so anyone on the network could pose as one "+
+			"and be sent your users' requests; give --tls-ca, --tls-cert and --tls-key, bind 127.0.0.1, or pass --insecure to accept the risk",
+			c.HTTPAddr)
 	}
 	if c.MaxBodyBytes <= 0 {
 		p.Add(configfile.Flag("max-body-bytes"), "must be positive, got %d", c.MaxBodyBytes)
@@ -193,6 +215,15 @@ func (c Config) Validate() error {
 	if c.MaxInflight <= 0 {
 		p.Add(configfile.Flag("max-inflight"), "must be positive, got %d", c.MaxInflight)
 	}
+	for _, f := range c.TLS.Missing() {
+		p.Add(configfile.Flag(f), "required when any of --tls-ca, --tls-cert, --tls-key is given")
+	}
+	if c.HTTPSCert != "" && c.HTTPSKey == "" {
+		p.Add(configfile.Flag("https-key"), "required with --https-cert")
+	}
+	if c.HTTPSKey != "" && c.HTTPSCert == "" {
+		p.Add(configfile.Flag("https-cert"), "required with --https-key")
+	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
 	return p.Err()
@@ -201,6 +232,7 @@ func (c Config) Validate() error {
 // Router is one router process's worth of components.
 type Router struct {
 	cfg      Config
+	https    *httpsCert // nil: plain HTTP
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	watch    *watch.Client
@@ -220,6 +252,16 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	src, err := loadTLS(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	var https *httpsCert
+	if cfg.HTTPSCert != "" {
+		if https, err = loadHTTPSCert(cfg.HTTPSCert, cfg.HTTPSKey, time.Now); err != nil {
+			return nil, fmt.Errorf("router: %w", err)
+		}
+	}
 	if cfg.ID == "" {
 		host, err := os.Hostname()
 		if err != nil {
@@ -235,6 +277,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	wcfg.Addrs = cfg.Control
 	// A watch stream's messages may be as large as a server sends (design §11).
 	wcfg.DialOptions = append(wcfg.DialOptions, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
+	wcfg.TLS = src
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 			return nil, fmt.Errorf("--data-dir: %w", err)
@@ -259,6 +302,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	ecfg.ScrapeInterval = cfg.ScrapeInterval
 	ecfg.StaleAfter = 3 * cfg.ScrapeInterval
 	ecfg.ClientID = cfg.ID
+	ecfg.TLS = src
 	eps, err := endpoint.New(ecfg, wc, log, reg)
 	if err != nil {
 		return nil, fmt.Errorf("router: endpoints: %w", err)
@@ -273,8 +317,8 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		return nil, fmt.Errorf("router: breakers: %w", err)
 	}
 
-	r := &Router{cfg: cfg, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
-	r.control = &controlAdapters{addrs: r.controlAddrs, conns: map[string]*grpc.ClientConn{}}
+	r := &Router{cfg: cfg, https: https, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
+	r.control = &controlAdapters{addrs: r.controlAddrs, tls: src, conns: map[string]*grpc.ClientConn{}}
 	acfg := api.Config{
 		MaxBodyBytes:     cfg.MaxBodyBytes,
 		ConnectTimeout:   cfg.ConnectTimeout,
@@ -294,6 +338,30 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	r.mux.Handle("/", r.handler)
 	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
 	return r, nil
+}
+
+// loadTLS loads cfg.TLS, nil when it is not given. The certificate must be
+// a router's, and the router's id is the certificate's name (design §11:
+// the identity is the certificate's): an --id naming another router is
+// refused rather than reported under a name nobody can verify.
+func loadTLS(cfg *Config) (*mtls.Source, error) {
+	if !cfg.TLS.Enabled() {
+		return nil, nil
+	}
+	src, err := mtls.Load(cfg.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	id := src.Identity()
+	if id.Role != mtls.RoleRouter {
+		return nil, fmt.Errorf("router: --tls-cert %s is the certificate of %s; a router needs one of role router", cfg.TLS.Cert, id)
+	}
+	if cfg.ID == "" {
+		cfg.ID = id.Name
+	} else if cfg.ID != id.Name {
+		return nil, fmt.Errorf("router: --id %s differs from the name in --tls-cert %s (%s): leave --id out, or give it %s", cfg.ID, cfg.TLS.Cert, id, id.Name)
+	}
+	return src, nil
 }
 
 // ready is the router's /readyz: it has a complete desired state to route
@@ -358,8 +426,18 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(newLimitListener(ln, r.cfg.MaxConnections)) }()
-	r.log.Info("router: serving", "addr", ln.Addr().String(), "control", r.cfg.Control)
+	limited := newLimitListener(ln, r.cfg.MaxConnections)
+	scheme := "http"
+	if r.https != nil {
+		// ServeTLS sets up HTTP/2 as Serve does for plain text; the TLS
+		// handshake is bounded by ReadHeaderTimeout like the headers.
+		srv.TLSConfig = r.https.tlsConfig()
+		scheme = "https"
+		go func() { serveErr <- srv.ServeTLS(limited, "", "") }()
+	} else {
+		go func() { serveErr <- srv.Serve(limited) }()
+	}
+	r.log.Info("router: serving", "addr", ln.Addr().String(), "scheme", scheme, "control", r.cfg.Control)
 
 	var err error
 	select {
@@ -470,6 +548,9 @@ func (r *Router) controlAddrs() []string {
 // until close.
 type controlAdapters struct {
 	addrs func() []string
+	// tls is the router's certificate source (nil: plain text); the peer
+	// must hold a server certificate.
+	tls *mtls.Source
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn
@@ -505,7 +586,7 @@ func (c *controlAdapters) conn(list []string) (*grpc.ClientConn, string, error) 
 	if cc := c.conns[addr]; cc != nil {
 		return cc, addr, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, mtls.DialOption(c.tls, mtls.RoleServer))
 	if err != nil {
 		return nil, addr, fmt.Errorf("dial %s: %w", addr, err)
 	}

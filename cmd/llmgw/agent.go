@@ -83,6 +83,11 @@ func bindAgentFlags(f *pflag.FlagSet) *agentFlags {
 	f.DurationVar(&cfg.DrainQuiet, "drain-quiet", d.DrainQuiet, "how long a draining replica's engine must be idle before it is stopped")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "stop a draining replica's engine after this long even if busy")
 	f.Uint64Var(&cfg.KVMaxFrameBytes, "kv-max-frame-bytes", d.KVMaxFrameBytes, "largest frame (and message) an engine's KV-event sockets accept; a peer declaring more is disconnected")
+	// Security (design §11).
+	f.StringVar(&cfg.TLS.CA, "tls-ca", "", "CA certificate (PEM); with --tls-cert and --tls-key, every gRPC connection is mutual TLS")
+	f.StringVar(&cfg.TLS.Cert, "tls-cert", "", "this agent's certificate (PEM): role agent, named --node-id")
+	f.StringVar(&cfg.TLS.Key, "tls-key", "", "the private key of --tls-cert (PEM)")
+	f.BoolVar(&cfg.Insecure, "insecure", false, "allow listening beyond loopback without TLS (anyone who can reach the agent can read its load and act as a router)")
 	return af
 }
 

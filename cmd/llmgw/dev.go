@@ -16,6 +16,7 @@ import (
 
 	"github.com/llmgw/llmgw/agent"
 	"github.com/llmgw/llmgw/controlplane"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router"
 )
@@ -81,6 +82,9 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	}
 	if o.gpus < o.replicas {
 		return fmt.Errorf("--gpus: %d cannot hold %d replicas of one GPU each", o.gpus, o.replicas)
+	}
+	if err := o.checkLoopback(); err != nil {
+		return err
 	}
 
 	ccfg := controlplane.DefaultConfig()
@@ -165,6 +169,24 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	case err := <-group.failed:
 		return err
 	}
+}
+
+// checkLoopback refuses any dev listener beyond loopback (design §11): dev
+// runs with no TLS and no API keys, so whoever could reach one of its
+// ports could administer the cluster or use its models. Serving a network
+// is for control, agent and router run as themselves, where TLS or
+// --insecure is an explicit choice. (The engines bind the agent's advertise
+// address, 127.0.0.1 here, and gossip is off.)
+func (o devOptions) checkLoopback() error {
+	for _, l := range []struct{ flag, addr string }{
+		{"http-addr", o.httpAddr}, {"grpc-addr", o.grpcAddr}, {"raft-addr", o.raftAddr},
+		{"control-http-addr", o.controlHTTPAddr}, {"agent-http-addr", o.agentHTTPAddr}, {"agent-grpc-addr", o.agentGRPCAddr},
+	} {
+		if !mtls.IsLoopback(l.addr) {
+			return fmt.Errorf("--%s %s: llmgw dev listens on loopback only (it has no TLS and no authentication); use 127.0.0.1, or run llmgw control, agent and router to serve a network", l.flag, l.addr)
+		}
+	}
+	return nil
 }
 
 // applyDemo writes the demo model through AdminService, as llmgwctl would:

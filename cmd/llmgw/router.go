@@ -65,4 +65,11 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.IntVar(&cfg.KVMinBlocks, "kv-min-blocks", cfg.KVMinBlocks, "fewest leading KV blocks a replica must hold to be preferred by tier 2")
 	f.DurationVar(&cfg.AdapterWait, "adapter-wait", cfg.AdapterWait, "how long a request for a cold LoRA adapter waits for it to load")
 	f.BoolVar(&cfg.RequireAPIKey, "require-api-key", cfg.RequireAPIKey, "refuse requests without a valid API key even while the cluster has none (keys are required once any exists)")
+	// Security (design §11).
+	f.StringVar(&cfg.TLS.CA, "tls-ca", cfg.TLS.CA, "CA certificate (PEM); with --tls-cert and --tls-key, the router reaches control servers and agents only over mutual TLS")
+	f.StringVar(&cfg.TLS.Cert, "tls-cert", cfg.TLS.Cert, "this router's certificate (PEM), role router; its name is the router's --id")
+	f.StringVar(&cfg.TLS.Key, "tls-key", cfg.TLS.Key, "the private key of --tls-cert (PEM)")
+	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "allow --http-addr beyond loopback without TLS (anyone on the network could pose as a control server or agent)")
+	f.StringVar(&cfg.HTTPSCert, "https-cert", cfg.HTTPSCert, "serve the API over HTTPS with this certificate (PEM; a web certificate for clients, re-read when renewed)")
+	f.StringVar(&cfg.HTTPSKey, "https-key", cfg.HTTPSKey, "the private key of --https-cert (PEM)")
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/watch"
 )
@@ -94,6 +95,10 @@ type Config struct {
 	SubscribeInitial, SubscribeMax time.Duration
 	// ClientID names the router to agents.
 	ClientID string
+	// TLS, when set, is the router's certificate source for LoadService:
+	// each agent dialed must present the agent certificate of the node it
+	// serves (design §11). Nil is plain text.
+	TLS *mtls.Source
 	// Jitter returns a value in [0, 1); nil means math/rand/v2.
 	Jitter func() float64
 	// Client does the scrapes; its timeout should not exceed ScrapeInterval.

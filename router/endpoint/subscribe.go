@@ -2,6 +2,7 @@ package endpoint
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -9,9 +10,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/llmgw/llmgw/internal/backoff"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -129,7 +131,7 @@ func (r *Registry) subscribeBackoff() *backoff.Backoff {
 // subscribeOnce runs one stream until it fails; it reports whether any
 // snapshot arrived.
 func (r *Registry) subscribeOnce(ctx context.Context, s *subscription) (got bool, err error) {
-	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(s.addr, agentCreds(r.cfg.TLS, s.node))
 	if err != nil {
 		return false, fmt.Errorf("load subscription to %s: %w", s.addr, err)
 	}
@@ -195,3 +197,31 @@ func (r *Registry) applySnapshot(s *subscription, snap *llmgwv1.LoadSnapshot) er
 }
 
 func validLoad(v float64) bool { return v >= 0 && !math.IsInf(v, 0) && !math.IsNaN(v) }
+
+// agentCreds are the credentials for dialing node's LoadService: with TLS,
+// the peer must hold an agent certificate of the cluster's CA and, beyond
+// the role, the one naming node. The address came from the agent's own
+// report, which the control plane takes only from that node's certificate,
+// but an address can be reused or redirected; the name check makes sure
+// the loads the router routes on are the node's own.
+func agentCreds(src *mtls.Source, node string) grpc.DialOption {
+	if src == nil {
+		return mtls.DialOption(nil, mtls.RoleAgent)
+	}
+	cfg := src.ClientConfig(mtls.RoleAgent)
+	verifyRole := cfg.VerifyConnection
+	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+		if err := verifyRole(cs); err != nil {
+			return err
+		}
+		id, err := mtls.IdentityOf(cs.PeerCertificates[0])
+		if err != nil {
+			return fmt.Errorf("tls: %w", err)
+		}
+		if id.Name != node {
+			return fmt.Errorf("tls: the LoadService of node %s presented the certificate of %s", node, id)
+		}
+		return nil
+	}
+	return grpc.WithTransportCredentials(credentials.NewTLS(cfg))
+}

@@ -32,14 +32,14 @@ type fakeAgent struct {
 	subscribes atomic.Int64
 }
 
-func startFakeAgent(t *testing.T) *fakeAgent {
+func startFakeAgent(t *testing.T, opts ...grpc.ServerOption) *fakeAgent {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := &fakeAgent{addr: ln.Addr().String(), push: make(chan *llmgwv1.LoadSnapshot, 64), kick: make(chan struct{})}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	llmgwv1.RegisterLoadServiceServer(srv, a)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()

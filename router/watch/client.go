@@ -10,10 +10,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/backoff"
+	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -39,8 +39,12 @@ type Config struct {
 	StatePath string
 	// SaveInterval bounds how often the state is written to StatePath.
 	SaveInterval time.Duration
-	// DialOptions are added to the gRPC dial (credentials default to
-	// insecure until mTLS lands, design §11).
+	// TLS, when set, is the router's certificate source: every control
+	// server dialed must then present a server certificate of the
+	// cluster's CA (design §11), whatever address the stream announced.
+	// Nil is plain text.
+	TLS *mtls.Source
+	// DialOptions are added to the gRPC dial, after the credentials.
 	DialOptions []grpc.DialOption
 	// Jitter returns a number in [0, 1); it spreads reconnects so a fleet of
 	// routers does not stampede a server. Nil uses math/rand/v2.
@@ -215,7 +219,7 @@ func (c *Client) nextAddr() string {
 // session runs one stream. progressed reports whether the server sent
 // anything, which resets the backoff.
 func (c *Client) session(ctx context.Context, addr string, afterEvent func()) (progressed bool, err error) {
-	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, c.cfg.DialOptions...)
+	opts := append([]grpc.DialOption{mtls.DialOption(c.cfg.TLS, mtls.RoleServer)}, c.cfg.DialOptions...)
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
 		return false, fmt.Errorf("dial %s: %w", addr, err)
