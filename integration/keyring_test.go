@@ -56,8 +56,8 @@ func startKeyedCluster(t *testing.T, n int, file string) *cluster {
 	return c
 }
 
-// members is `llmgwctl server members` as id → status.
-func (s *controlServer) members() (map[string]string, error) {
+// memberStatus is `llmgwctl server members` as id → status.
+func (s *controlServer) memberStatus() (map[string]string, error) {
 	out, err := s.ctl("server", "members", "-o", "json")
 	if err != nil {
 		return nil, err
@@ -85,7 +85,7 @@ func (c *cluster) waitAlive(among []*controlServer, want []string, timeout time.
 	var why string
 	if !eventually(timeout, func() bool {
 		for _, s := range among {
-			m, err := s.members()
+			m, err := s.memberStatus()
 			if err != nil {
 				why = fmt.Sprintf("%s: %v", s.id, err)
 				return false
@@ -116,7 +116,7 @@ func (c *cluster) neverMember(among []*controlServer, id string, d time.Duration
 	end := time.Now().Add(d)
 	for time.Now().Before(end) {
 		for _, s := range among {
-			m, err := s.members()
+			m, err := s.memberStatus()
 			if err != nil {
 				continue
 			}
@@ -137,7 +137,7 @@ func (c *cluster) neverMember(among []*controlServer, id string, d time.Duration
 func waitDead(t *testing.T, s, dead *controlServer) {
 	t.Helper()
 	if !eventually(30*time.Second, func() bool {
-		m, err := s.members()
+		m, err := s.memberStatus()
 		return err == nil && m[dead.id] == "dead"
 	}) {
 		t.Fatalf("%s does not see the stopped %s dead within %v", s.id, dead.id, within(30*time.Second))
@@ -233,7 +233,7 @@ func TestGossipKeyKeepsOutOtherKeys(t *testing.T) {
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
 	c.waitAlive(c.servers, ids(c.servers), formTimeout)
 	for _, o := range outsiders {
-		if m, err := o.members(); err == nil && len(m) != 1 {
+		if m, err := o.memberStatus(); err == nil && len(m) != 1 {
 			t.Errorf("%s, without the cluster's key, sees %v", o.id, m)
 		}
 	}
@@ -352,7 +352,7 @@ func TestKeyringCatchUpAfterMissedRotation(t *testing.T) {
 	// key alone: c1 never sees it alive again.
 	end := time.Now().Add(4 * time.Second)
 	for time.Now().Before(end) {
-		if m, err := c1.members(); err == nil && m["c3"] == "alive" {
+		if m, err := c1.memberStatus(); err == nil && m["c3"] == "alive" {
 			t.Fatalf("c3 rejoined gossip with only the removed key: %v", m)
 		}
 		time.Sleep(100 * time.Millisecond)
