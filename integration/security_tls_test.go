@@ -430,7 +430,7 @@ func TestTLSRogueAgent(t *testing.T) {
 // membersView is `llmgwctl server members -o json`, the part tests read.
 type membersView struct {
 	Members []struct {
-		ID      string `json:"id"`
+		ID     string `json:"id"`
 		Status string `json:"status"`
 	} `json:"members"`
 }
