@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -133,13 +134,21 @@ func TestTLSDial(t *testing.T) {
 // second run keeps them all (it is a one-shot container's command).
 func TestTLSInit(t *testing.T) {
 	dir := t.TempDir()
-	args := []string{"tls", "init", "--dir", dir, "--server", "c1,c2", "--agent", "n1", "--router", "r1", "--admin", "ops"}
+	args := []string{"tls", "init", "--dir", dir, "--server", "c1,c2", "--agent", "n1", "--router", "r1", "--admin", "ops",
+		"--gossip-key-file", filepath.Join(dir, "gossip.key")}
 	out, err := runArgs(args...)
 	if err != nil {
 		t.Fatalf("tls init: %v\n%s", err, out)
 	}
-	if n := strings.Count(out, "created"); n != 6 {
-		t.Fatalf("first run created %d files, want the CA and 5 certificates:\n%s", n, out)
+	if n := strings.Count(out, "created"); n != 7 {
+		t.Fatalf("first run created %d files, want the CA, 5 certificates and the gossip key:\n%s", n, out)
+	}
+	key, err := os.ReadFile(filepath.Join(dir, "gossip.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gossip.DecodeKey(string(key)); err != nil {
+		t.Fatalf("gossip key: %v", err)
 	}
 	want := map[string]mtls.Identity{
 		"server/c1": {Role: mtls.RoleServer, Name: "c1"}, "server/c2": {Role: mtls.RoleServer, Name: "c2"},
@@ -161,7 +170,7 @@ func TestTLSInit(t *testing.T) {
 		}
 	}
 	out, err = runArgs(args...)
-	if err != nil || strings.Contains(out, "created") || strings.Count(out, "kept") != 5 {
+	if err != nil || strings.Contains(out, "created") || strings.Count(out, "kept") != 6 {
 		t.Fatalf("second run: %v\n%s", err, out)
 	}
 	after, _ := os.ReadFile(filepath.Join(dir, "server", "c1.pem"))
