@@ -70,10 +70,18 @@ IMAGE ?= llmgw:dev
 image: build ## the FROM scratch image llmgw:dev, from the static binaries in bin/
 	docker build -f deploy/docker/Dockerfile -t $(IMAGE) $(BIN)
 
-compose-up: image ## 3 control nodes, 2 sim agents, 2 routers (router1 on 127.0.0.1:8080, router2 on :8081)
+compose-up: image ## 3 control nodes, 2 sim agents, 2 routers (router1 on 127.0.0.1:8080, router2 on :8081), TLS everywhere
 	$(COMPOSE) -f $(COMPOSE_FILE) -p llmgw up -d
+	@echo
+	@echo "Every connection is mutual TLS; the certificates and gossip key are in deploy/compose/pki."
+	@echo "Operate the cluster as its admin:"
+	@echo "  export LLMGW_ADDR=127.0.0.1:7400 LLMGW_TLS_CA=$(CURDIR)/deploy/compose/pki/ca/ca.pem \\"
+	@echo "    LLMGW_TLS_CERT=$(CURDIR)/deploy/compose/pki/admin/admin.pem LLMGW_TLS_KEY=$(CURDIR)/deploy/compose/pki/admin/admin-key.pem"
+	@echo "Routers require an API key. Make one (the secret is printed once):"
+	@echo "  $(BIN)/llmgwctl apikey create me"
+	@echo "  curl -H 'Authorization: Bearer SECRET' http://127.0.0.1:8080/v1/models"
 
-compose-down: ## stop the compose cluster and remove its containers and state
+compose-down: ## stop the compose cluster and remove its containers and state (deploy/compose/pki is kept: rm -r it for new certificates)
 	$(COMPOSE) -f $(COMPOSE_FILE) -p llmgw down -v --remove-orphans
 
 bench-failover: ## kill -9 the leader of a 3-node cluster 100 times; time to a new leader and to the first write

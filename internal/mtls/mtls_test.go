@@ -223,3 +223,40 @@ func TestCheckListen(t *testing.T) {
 		}
 	}
 }
+
+// TestCABundleRotation is the CA rotation of docs/security.md: while the
+// CA file holds both the old and the new CA, certificates of either are
+// accepted, so components can move to new certificates one at a time;
+// once the file holds only the new CA, the old ones are refused.
+func TestCABundleRotation(t *testing.T) {
+	dir := t.TempDir()
+	oldF := pki(t, filepath.Join(dir, "old"), Identity{RoleServer, "s1"}, Identity{RoleAgent, "n1"})
+	newF := pki(t, filepath.Join(dir, "new"), Identity{RoleServer, "s1"}, Identity{RoleAgent, "n1"})
+	oldCA, err := os.ReadFile(oldF["s1"].CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCA, err := os.ReadFile(newF["s1"].CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := filepath.Join(dir, "bundle.pem")
+	if err := os.WriteFile(bundle, append(append([]byte{}, oldCA...), newCA...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	with := func(f Files, ca string) *Source { f.CA = ca; return load(t, f) }
+	// Mid-rotation: the server already has its new certificate, the agent
+	// still its old one; both trust the bundle.
+	srv, cli := with(newF["s1"], bundle), with(oldF["n1"], bundle)
+	if _, cerr, serr := handshake(t, srv, nil, cli, RoleServer); cerr != nil || serr != nil {
+		t.Fatalf("mixed certificates under the bundle: %v / %v", cerr, serr)
+	}
+	// Done: only the new CA is trusted, and the old certificate is refused.
+	srv = with(newF["s1"], newF["s1"].CA)
+	if _, _, serr := handshake(t, srv, nil, cli, RoleServer); serr == nil {
+		t.Fatal("an old-CA certificate was accepted after the rotation")
+	}
+	if _, cerr, serr := handshake(t, srv, nil, with(newF["n1"], newF["n1"].CA), RoleServer); cerr != nil || serr != nil {
+		t.Fatalf("new certificates after the rotation: %v / %v", cerr, serr)
+	}
+}
