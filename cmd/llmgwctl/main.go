@@ -95,7 +95,17 @@ func (c *cli) admin(ctx context.Context, fn func(context.Context, llmgwv1.AdminS
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	return plainError(fn(ctx, llmgwv1.NewAdminServiceClient(conn)))
+	return c.hintTLS(plainError(fn(ctx, llmgwv1.NewAdminServiceClient(conn))))
+}
+
+// hintTLS adds what gRPC's own message does not say: a plain-text call to
+// a TLS server fails with "error reading server preface: EOF", which an
+// operator cannot read as "give certificates".
+func (c *cli) hintTLS(err error) error {
+	if err == nil || c.tls.Enabled() || !strings.Contains(err.Error(), "server preface") {
+		return err
+	}
+	return fmt.Errorf("%w (the server may require TLS: give --tls-ca, --tls-cert and --tls-key, or LLMGW_TLS_CA, LLMGW_TLS_CERT and LLMGW_TLS_KEY)", err)
 }
 
 // credentials are how llmgwctl dials a server: mutual TLS with --tls-*,
