@@ -56,7 +56,7 @@ included.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "the router's OpenAI API (loopback: dev has no authentication)")
+	f.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "the router's OpenAI API (loopback only: dev runs without TLS)")
 	f.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7400", "the control plane's gRPC (llmgwctl's --addr)")
 	f.StringVar(&o.raftAddr, "raft-addr", "127.0.0.1:7401", "the control node's Raft transport")
 	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz")
@@ -183,7 +183,7 @@ func (o devOptions) checkLoopback() error {
 		{"control-http-addr", o.controlHTTPAddr}, {"agent-http-addr", o.agentHTTPAddr}, {"agent-grpc-addr", o.agentGRPCAddr},
 	} {
 		if !mtls.IsLoopback(l.addr) {
-			return fmt.Errorf("--%s %s: llmgw dev listens on loopback only (it has no TLS and no authentication); use 127.0.0.1, or run llmgw control, agent and router to serve a network", l.flag, l.addr)
+			return fmt.Errorf("--%s %s: llmgw dev listens on loopback only (it runs without TLS); use 127.0.0.1, or run llmgw control, agent and router to serve a network", l.flag, l.addr)
 		}
 	}
 	return nil
