@@ -384,23 +384,28 @@ func TestEdgeTLSEndToEnd(t *testing.T) {
 		t.Fatalf("the router received no load snapshot from the agent over TLS:\n%s", tail(router.output(), 20))
 	}
 
-	out, err := ctl("replica", "list", "-o", "json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Both replicas ready (the chat above needed only one).
 	var statuses []*llmgwv1.ReplicaStatus
 	legit := map[string]bool{}
-	for _, r := range decodeReplicas(t, out) {
-		if r.Replica.Model == "m" && r.ready() {
-			uid, _ := strconv.ParseUint(r.Status.UID, 10, 64)
-			inc, _ := strconv.ParseUint(r.Status.Incarnation, 10, 64)
-			statuses = append(statuses, &llmgwv1.ReplicaStatus{ReplicaId: r.Replica.ID, Uid: uid, Incarnation: inc, Model: "m", Node: "n1",
-				Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY, UpdatedUnixNano: time.Now().UnixNano()})
-			legit[r.Replica.ID] = true
+	var out string
+	if !eventually(60*time.Second, func() bool {
+		var err error
+		if out, err = ctl("replica", "list", "-o", "json"); err != nil {
+			return false
 		}
-	}
-	if len(statuses) != 2 {
-		t.Fatalf("%d ready replicas of m, want 2: %s", len(statuses), out)
+		statuses, legit = nil, map[string]bool{}
+		for _, r := range decodeReplicas(t, out) {
+			if r.Replica.Model == "m" && r.ready() {
+				uid, _ := strconv.ParseUint(r.Status.UID, 10, 64)
+				inc, _ := strconv.ParseUint(r.Status.Incarnation, 10, 64)
+				statuses = append(statuses, &llmgwv1.ReplicaStatus{ReplicaId: r.Replica.ID, Uid: uid, Incarnation: inc, Model: "m", Node: "n1",
+					Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY, UpdatedUnixNano: time.Now().UnixNano()})
+				legit[r.Replica.ID] = true
+			}
+		}
+		return len(statuses) == 2
+	}) {
+		t.Fatalf("%d ready replicas of m within %v, want 2: %s", len(statuses), within(60*time.Second), out)
 	}
 
 	var stolen atomic.Int64
