@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -30,29 +29,25 @@ func (c *cli) tlsInitCmd() *cobra.Command {
 		Short: "Create the CA and every missing certificate of a cluster (idempotent)",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {
-			caDir := filepath.Join(dir, "ca")
-			if _, err := os.Stat(filepath.Join(caDir, mtls.CAFile)); errors.Is(err, os.ErrNotExist) {
-				p, err := mtls.CreateCA(caDir, mtls.CAOptions{})
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(c.out, "created %s\n", p)
-			} else if err != nil {
+			tree := mtls.Tree(dir)
+			created, err := tree.EnsureCA()
+			if err != nil {
 				return err
+			}
+			if created {
+				fmt.Fprintf(c.out, "created %s\n", tree.Files(mtls.Identity{}).CA)
 			}
 			for _, role := range mtls.Roles {
 				for _, name := range *names[role] {
-					out := filepath.Join(dir, string(role))
-					certPath, _ := mtls.CertFiles(out, name)
-					if _, err := os.Stat(certPath); err == nil {
-						fmt.Fprintf(c.out, "kept    %s\n", certPath)
-						continue
-					}
-					p, _, err := mtls.CreateCert(caDir, out, mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
+					f, created, err := tree.Ensure(mtls.Identity{Role: role, Name: name})
 					if err != nil {
 						return fmt.Errorf("--%s %s: %w", role, name, err)
 					}
-					fmt.Fprintf(c.out, "created %s\n", p)
+					verb := "kept   "
+					if created {
+						verb = "created"
+					}
+					fmt.Fprintf(c.out, "%s %s\n", verb, f.Cert)
 				}
 			}
 			if gossipKey != "" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"path"
 	"strings"
 )
 
@@ -212,10 +213,21 @@ func (r rule) forbids(from, imp string) string {
 			return ""
 		}
 	}
+	if r.Leaves && testHelperOf(from, to) {
+		return ""
+	}
 	if r.Leaves {
 		return fmt.Sprintf("from the repository, a package under %s may import %s", r.label(), orNothing(r.InRepo))
 	}
 	return fmt.Sprintf("from the repository, %s may import only itself, %s", r.label(), strings.Join(concat(sharedTrees, r.InRepo), ", "))
+}
+
+// testHelperOf reports whether package from is the test helper of package
+// to: to/Ttest, T being to's last element, the standard library's
+// net/http/httptest shape (internal/mtls/mtlstest). A leaf's test helper
+// is part of the leaf: it may import it and nothing else a leaf may not.
+func testHelperOf(from, to string) bool {
+	return path.Dir(from) == to && path.Base(from) == path.Base(to)+"test"
 }
 
 func orNothing(trees []string) string {
