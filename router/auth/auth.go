@@ -122,14 +122,20 @@ func Check(keys *Set, require bool, h http.Header) (*llmgwv1.ApiKey, *openai.Err
 	}
 	secret, ok := bearer(h.Get("Authorization"))
 	if !ok {
-		return nil, Unauthorized("no API key given: send it as Authorization: Bearer KEY")
+		return nil, Unauthorized(noKey)
 	}
 	k, ok := keys.Lookup(secret)
 	if !ok {
-		return nil, Unauthorized("the API key given is not valid")
+		return nil, Unauthorized(badKey)
 	}
 	return k, nil
 }
+
+// The two 401 messages: fixed texts, never what was presented.
+const (
+	noKey  = "no API key given: send it as Authorization: Bearer KEY"
+	badKey = "the API key given is not valid"
+)
 
 // bearer reads the token of an RFC 6750 Bearer credential; the scheme is
 // case-insensitive.
