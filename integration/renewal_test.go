@@ -211,6 +211,10 @@ func (w *certWitness) close() {
 // new connections (their rotations reach a witness only after every real
 // server failed). Each process has one mtls.Source for listening and
 // dialing, so the new serial on its listener is the pair its dials read.
+//
+// Each check bites: with mtls.Source never re-reading its files the
+// listeners keep presenting the old serials, and with its dials keeping the
+// first pair the witness sees a router's old certificate.
 func TestCertRenewalUnderLoad(t *testing.T) {
 	requireClusterTLS(t)
 	p := newPKI(t)
@@ -313,6 +317,8 @@ func TestCertRenewalUnderLoad(t *testing.T) {
 	if _, err := c1.ctl("cluster", "status"); err != nil {
 		t.Fatalf("llmgwctl with the renewed admin certificate: %v", err)
 	}
+	// carry and checkNoFailures: at least 20 requests answered in each
+	// phase, none of them failed.
 	l.carry(t, time.Second, 20, "after the renewal")
 	duringOK := l.answered() - beforeOK
 
