@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -15,57 +14,24 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
-
-// testCA is a CA in a temporary directory issuing role certificates.
-type testCA struct {
-	t   *testing.T
-	dir string
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := mtls.CreateCA(filepath.Join(dir, "ca"), mtls.CAOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{t: t, dir: dir}
-}
-
-func (c *testCA) files(role mtls.Role, name string) mtls.Files {
-	c.t.Helper()
-	cert, key, err := mtls.CreateCert(filepath.Join(c.dir, "ca"), filepath.Join(c.dir, string(role)),
-		mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return mtls.Files{CA: filepath.Join(c.dir, "ca", mtls.CAFile), Cert: cert, Key: key}
-}
-
-func (c *testCA) source(role mtls.Role, name string) *mtls.Source {
-	c.t.Helper()
-	s, err := mtls.Load(c.files(role, name))
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return s
-}
 
 // TestTLSCertificateMustBeThisAgents: the agent refuses to start with a
 // certificate a control server would refuse on every attach — another
 // role's, or another node's.
 func TestTLSCertificateMustBeThisAgents(t *testing.T) {
-	ca := newTestCA(t)
+	ca := mtlstest.New(t)
 	tests := []struct {
 		name    string
 		files   mtls.Files
 		wantErr string
 	}{
-		{"this node's agent certificate", ca.files(mtls.RoleAgent, "n1"), ""},
-		{"another node's", ca.files(mtls.RoleAgent, "n2"), "agent/n2, but this agent is agent/n1"},
-		{"a router's", ca.files(mtls.RoleRouter, "n1"), "router/n1, but this agent is agent/n1"},
-		{"a server's", ca.files(mtls.RoleServer, "n1"), "server/n1, but this agent is agent/n1"},
+		{"this node's agent certificate", ca.Files(mtls.RoleAgent, "n1"), ""},
+		{"another node's", ca.Files(mtls.RoleAgent, "n2"), "agent/n2, but this agent is agent/n1"},
+		{"a router's", ca.Files(mtls.RoleRouter, "n1"), "router/n1, but this agent is agent/n1"},
+		{"a server's", ca.Files(mtls.RoleServer, "n1"), "server/n1, but this agent is agent/n1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,13 +58,13 @@ func TestTLSCertificateMustBeThisAgents(t *testing.T) {
 // every other caller — another role (PermissionDenied naming the role
 // expected), another CA's router, plain text.
 func TestTLSSessionAndLoadService(t *testing.T) {
-	ca := newTestCA(t)
+	ca := mtlstest.New(t)
 	// A control "server" with an agent certificate comes first in the
 	// rotation: the agent must refuse it and attach to the real one.
-	impostor := startFakeControl(t, "impostor", grpc.Creds(mtls.ServerCredentials(ca.source(mtls.RoleAgent, "evil"))))
-	real := startFakeControl(t, "c1", grpc.Creds(mtls.ServerCredentials(ca.source(mtls.RoleServer, "c1"))))
+	impostor := startFakeControl(t, "impostor", grpc.Creds(mtls.ServerCredentials(ca.Source(mtls.RoleAgent, "evil"))))
+	real := startFakeControl(t, "c1", grpc.Creds(mtls.ServerCredentials(ca.Source(mtls.RoleServer, "c1"))))
 	c := testConfig(t, impostor.addr, real.addr)
-	c.TLS = ca.files(mtls.RoleAgent, "n1")
+	c.TLS = ca.Files(mtls.RoleAgent, "n1")
 	a, _ := startAgent(t, c)
 	waitFor(t, "attach to the control node with a server certificate", func() bool {
 		h, _ := real.snapshot()
@@ -127,18 +93,18 @@ func TestTLSSessionAndLoadService(t *testing.T) {
 		}
 		return err
 	}
-	other := newTestCA(t)
+	other := mtlstest.New(t)
 	tests := []struct {
 		name     string
 		dial     grpc.DialOption
 		wantCode codes.Code
 		wantMsg  string
 	}{
-		{"router", mtls.DialOption(ca.source(mtls.RoleRouter, "r1"), mtls.RoleAgent), codes.OK, ""},
-		{"server", mtls.DialOption(ca.source(mtls.RoleServer, "c1"), mtls.RoleAgent), codes.PermissionDenied, "expected role router"},
-		{"another agent", mtls.DialOption(ca.source(mtls.RoleAgent, "n2"), mtls.RoleAgent), codes.PermissionDenied, "expected role router"},
-		{"admin", mtls.DialOption(ca.source(mtls.RoleAdmin, "ops"), mtls.RoleAgent), codes.PermissionDenied, "expected role router"},
-		{"router of another CA", mtls.DialOption(other.source(mtls.RoleRouter, "r1"), mtls.RoleAgent), codes.Unavailable, ""},
+		{"router", mtls.DialOption(ca.Source(mtls.RoleRouter, "r1"), mtls.RoleAgent), codes.OK, ""},
+		{"server", mtls.DialOption(ca.Source(mtls.RoleServer, "c1"), mtls.RoleAgent), codes.PermissionDenied, "expected role router"},
+		{"another agent", mtls.DialOption(ca.Source(mtls.RoleAgent, "n2"), mtls.RoleAgent), codes.PermissionDenied, "expected role router"},
+		{"admin", mtls.DialOption(ca.Source(mtls.RoleAdmin, "ops"), mtls.RoleAgent), codes.PermissionDenied, "expected role router"},
+		{"router of another CA", mtls.DialOption(other.Source(mtls.RoleRouter, "r1"), mtls.RoleAgent), codes.Unavailable, ""},
 		{"plain text", mtls.DialOption(nil, mtls.RoleAgent), codes.Unavailable, ""},
 	}
 	for _, tt := range tests {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 )
 
 // problems splits Validate's joined error into one line per problem.
@@ -205,28 +206,18 @@ func FuzzDecodeConfig(f *testing.F) {
 // --node-id (the others verify exactly that before letting it into Raft);
 // anything else refuses to start, naming what it found and what it needs.
 func TestLoadTLS(t *testing.T) {
-	dir := t.TempDir()
-	caDir := filepath.Join(dir, "ca")
-	if _, err := mtls.CreateCA(caDir, mtls.CAOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	files := func(role mtls.Role, name string) mtls.Files {
-		cert, key, err := mtls.CreateCert(caDir, filepath.Join(dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mtls.Files{CA: filepath.Join(caDir, mtls.CAFile), Cert: cert, Key: key}
-	}
+	ca := mtlstest.New(t)
+	own, dir := ca.Files(mtls.RoleServer, "c1"), t.TempDir()
 	tests := []struct {
 		name  string
 		files mtls.Files
 		err   string // "" loads
 	}{
 		{"none", mtls.Files{}, ""},
-		{"its own", files(mtls.RoleServer, "c1"), ""},
-		{"another server's", files(mtls.RoleServer, "c2"), "is the certificate of server/c2; this server needs one for server/c1 (--node-id c1)"},
-		{"an agent's", files(mtls.RoleAgent, "c1"), "is the certificate of agent/c1"},
-		{"a missing file", mtls.Files{CA: filepath.Join(caDir, mtls.CAFile), Cert: filepath.Join(dir, "nope.pem"), Key: filepath.Join(dir, "nope-key.pem")}, "nope.pem"},
+		{"its own", own, ""},
+		{"another server's", ca.Files(mtls.RoleServer, "c2"), "is the certificate of server/c2; this server needs one for server/c1 (--node-id c1)"},
+		{"an agent's", ca.Files(mtls.RoleAgent, "c1"), "is the certificate of agent/c1"},
+		{"a missing file", mtls.Files{CA: own.CA, Cert: filepath.Join(dir, "nope.pem"), Key: filepath.Join(dir, "nope-key.pem")}, "nope.pem"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -8,29 +8,19 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 )
 
 // TestNewTLSIdentity: a router's certificate must be a router's, and the
 // router's id is the certificate's name.
 func TestNewTLSIdentity(t *testing.T) {
-	dir := t.TempDir()
-	if _, err := mtls.CreateCA(filepath.Join(dir, "ca"), mtls.CAOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	files := func(role mtls.Role, name string) mtls.Files {
-		cert, key, err := mtls.CreateCert(filepath.Join(dir, "ca"), filepath.Join(dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mtls.Files{CA: filepath.Join(dir, "ca", mtls.CAFile), Cert: cert, Key: key}
-	}
+	ca := mtlstest.New(t)
 	tests := []struct {
 		name    string
 		files   mtls.Files
@@ -38,11 +28,11 @@ func TestNewTLSIdentity(t *testing.T) {
 		wantID  string
 		wantErr string
 	}{
-		{"id from the certificate", files(mtls.RoleRouter, "edge-1"), "", "edge-1", ""},
-		{"the same id given", files(mtls.RoleRouter, "edge-2"), "edge-2", "edge-2", ""},
-		{"another id given", files(mtls.RoleRouter, "edge-3"), "edge-9", "", "--id edge-9 differs from the name in --tls-cert"},
-		{"an agent's certificate", files(mtls.RoleAgent, "gpu-1"), "", "", "is the certificate of agent/gpu-1; a router needs one of role router"},
-		{"an admin's certificate", files(mtls.RoleAdmin, "ops"), "", "", "a router needs one of role router"},
+		{"id from the certificate", ca.Files(mtls.RoleRouter, "edge-1"), "", "edge-1", ""},
+		{"the same id given", ca.Files(mtls.RoleRouter, "edge-2"), "edge-2", "edge-2", ""},
+		{"another id given", ca.Files(mtls.RoleRouter, "edge-3"), "edge-9", "", "--id edge-9 differs from the name in --tls-cert"},
+		{"an agent's certificate", ca.Files(mtls.RoleAgent, "gpu-1"), "", "", "is the certificate of agent/gpu-1; a router needs one of role router"},
+		{"an admin's certificate", ca.Files(mtls.RoleAdmin, "ops"), "", "", "a router needs one of role router"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,24 +61,24 @@ func TestNewTLSIdentity(t *testing.T) {
 // request is not served, and a certificate renewed on disk is used by the
 // next handshake without a restart.
 func TestHTTPS(t *testing.T) {
-	dir := t.TempDir()
-	caDir := filepath.Join(dir, "ca")
-	if _, err := mtls.CreateCA(caDir, mtls.CAOptions{}); err != nil {
+	// Not mtlstest: the HTTPS certificate must name 127.0.0.1, an option
+	// only mtls.Tree.Issue takes.
+	tree := mtls.Tree(t.TempDir())
+	if _, err := tree.EnsureCA(); err != nil {
 		t.Fatal(err)
 	}
-	issue := func(out string) (cert, key string) {
+	issue := func() mtls.Files {
 		t.Helper()
-		cert, key, err := mtls.CreateCert(caDir, out, mtls.Identity{Role: mtls.RoleRouter, Name: "api"},
-			mtls.CertOptions{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
+		f, err := tree.Issue(mtls.Identity{Role: mtls.RoleRouter, Name: "api"}, mtls.CertOptions{IPs: []net.IP{net.IPv4(127, 0, 0, 1)}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return cert, key
+		return f
 	}
-	cert, key := issue(filepath.Join(dir, "a"))
+	files := issue()
 	c := DefaultConfig()
 	c.Control = []string{control(t, "127.0.0.1:1")}
-	c.HTTPSCert, c.HTTPSKey = cert, key
+	c.HTTPSCert, c.HTTPSKey = files.Cert, files.Key
 	r, err := New(c, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +101,7 @@ func TestHTTPS(t *testing.T) {
 	}()
 
 	pool := x509.NewCertPool()
-	caPEM, err := os.ReadFile(filepath.Join(caDir, mtls.CAFile))
+	caPEM, err := os.ReadFile(files.CA)
 	if err != nil || !pool.AppendCertsFromPEM(caPEM) {
 		t.Fatalf("read CA: %v", err)
 	}
@@ -141,16 +131,7 @@ func TestHTTPS(t *testing.T) {
 	}
 
 	// Renew in place: a new pair over the old files.
-	newCert, newKey := issue(filepath.Join(dir, "b"))
-	for _, f := range [][2]string{{newCert, cert}, {newKey, key}} {
-		b, err := os.ReadFile(f[0])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(f[1], b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	issue()
 	if got := serial(); got != first {
 		t.Fatalf("certificate changed to %s before the next look at the files", got)
 	}

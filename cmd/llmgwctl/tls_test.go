@@ -11,6 +11,7 @@ import (
 
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -81,36 +82,20 @@ func TestTLSCreate(t *testing.T) {
 // with its certificate; without them, or with half of them, it does not
 // get through.
 func TestTLSDial(t *testing.T) {
-	dir := t.TempDir()
-	caDir := filepath.Join(dir, "ca")
-	if _, err := mtls.CreateCA(caDir, mtls.CAOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	files := func(role mtls.Role, name string) mtls.Files {
-		cert, key, err := mtls.CreateCert(caDir, filepath.Join(dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mtls.Files{CA: filepath.Join(caDir, mtls.CAFile), Cert: cert, Key: key}
-	}
-	srvSrc, err := mtls.Load(files(mtls.RoleServer, "c1"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := mtlstest.New(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.Creds(mtls.ServerCredentials(srvSrc)))
+	srv := grpc.NewServer(grpc.Creds(mtls.ServerCredentials(ca.Source(mtls.RoleServer, "c1"))))
 	llmgwv1.RegisterAdminServiceServer(srv, newFake())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(l) }()
 	t.Cleanup(func() { srv.Stop(); <-done })
 	addr := l.Addr().String()
 
-	admin := files(mtls.RoleAdmin, "ops")
-	flags := []string{"--tls-ca", admin.CA, "--tls-cert", admin.Cert, "--tls-key", admin.Key}
-	if out, err := run(addr, append(flags, "raft", "list-peers")...); err != nil || !strings.Contains(out, "c3") {
+	admin := ca.Files(mtls.RoleAdmin, "ops")
+	if out, err := run(addr, append(ca.Flags(mtls.RoleAdmin, "ops"), "raft", "list-peers")...); err != nil || !strings.Contains(out, "c3") {
 		t.Fatalf("with --tls-*: %v: %s", err, out)
 	}
 	t.Setenv("LLMGW_TLS_CA", admin.CA)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -14,34 +13,8 @@ import (
 
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 )
-
-type testCA struct {
-	t   *testing.T
-	dir string
-}
-
-func newTestCA(t *testing.T) testCA {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := mtls.CreateCA(filepath.Join(dir, "ca"), mtls.CAOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return testCA{t, dir}
-}
-
-func (ca testCA) source(role mtls.Role, name string) *mtls.Source {
-	ca.t.Helper()
-	cert, key, err := mtls.CreateCert(filepath.Join(ca.dir, "ca"), filepath.Join(ca.dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-	if err != nil {
-		ca.t.Fatal(err)
-	}
-	src, err := mtls.Load(mtls.Files{CA: filepath.Join(ca.dir, "ca", mtls.CAFile), Cert: cert, Key: key})
-	if err != nil {
-		ca.t.Fatal(err)
-	}
-	return src
-}
 
 // listen serves handshakes on loopback: TLS with src (as a server's Raft
 // transport does), or plain TCP when src is nil. It returns the address.
@@ -79,17 +52,17 @@ func listen(t *testing.T, src *mtls.Source) string {
 // TestVerifyByTLS: a member is verified only by a handshake with a server
 // certificate of this CA that names it.
 func TestVerifyByTLS(t *testing.T) {
-	ca := newTestCA(t)
-	verify := VerifyByTLS(ca.source(mtls.RoleServer, "c1"))
+	ca := mtlstest.New(t)
+	verify := VerifyByTLS(ca.Source(mtls.RoleServer, "c1"))
 	tests := []struct {
 		name string
 		addr string
 		err  string // "" verified
 	}{
-		{"the server itself", listen(t, ca.source(mtls.RoleServer, "c2")), ""},
-		{"another server's certificate", listen(t, ca.source(mtls.RoleServer, "c9")), "is server/c9; expected server/c2"},
-		{"an agent's certificate", listen(t, ca.source(mtls.RoleAgent, "c2")), "not a server"},
-		{"a server of another CA", listen(t, newTestCA(t).source(mtls.RoleServer, "c2")), "not a server"},
+		{"the server itself", listen(t, ca.Source(mtls.RoleServer, "c2")), ""},
+		{"another server's certificate", listen(t, ca.Source(mtls.RoleServer, "c9")), "is server/c9; expected server/c2"},
+		{"an agent's certificate", listen(t, ca.Source(mtls.RoleAgent, "c2")), "not a server"},
+		{"a server of another CA", listen(t, mtlstest.New(t).Source(mtls.RoleServer, "c2")), "not a server"},
 		{"plain TCP", listen(t, nil), "no mutual-TLS handshake"},
 	}
 	for _, tt := range tests {

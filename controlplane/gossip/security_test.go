@@ -2,12 +2,12 @@ package gossip
 
 import (
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 )
 
 // fast are timings that notice joins and deaths in well under a second.
@@ -126,15 +126,15 @@ func TestEncryptedGossipKeepsOutOtherKeys(t *testing.T) {
 // longer join afterwards. With TLS too, the two layers together.
 func TestKeyringRotationKeepsThePool(t *testing.T) {
 	t.Run("keyring", func(t *testing.T) { testRotation(t, nil) })
-	t.Run("keyring and TLS", func(t *testing.T) { testRotation(t, newTestCA(t)) })
+	t.Run("keyring and TLS", func(t *testing.T) { testRotation(t, mtlstest.New(t)) })
 }
 
-func testRotation(t *testing.T, ca *testCA) {
+func testRotation(t *testing.T, ca *mtlstest.CA) {
 	source := func(id string) *mtls.Source {
 		if ca == nil {
 			return nil
 		}
-		return ca.source(mtls.RoleServer, id)
+		return ca.Source(mtls.RoleServer, id)
 	}
 	oldKey, newKey := testKey(1, 32), testKey(2, 32)
 	var members []*Gossip
@@ -209,42 +209,14 @@ func testRotation(t *testing.T, ca *testCA) {
 	}
 }
 
-// testCA issues certificates of one CA.
-type testCA struct {
-	t   *testing.T
-	dir string
-}
-
-func newTestCA(t *testing.T) *testCA {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := mtls.CreateCA(filepath.Join(dir, "ca"), mtls.CAOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{t: t, dir: dir}
-}
-
-func (c *testCA) source(role mtls.Role, name string) *mtls.Source {
-	c.t.Helper()
-	cert, key, err := mtls.CreateCert(filepath.Join(c.dir, "ca"), filepath.Join(c.dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	s, err := mtls.Load(mtls.Files{CA: filepath.Join(c.dir, "ca", mtls.CAFile), Cert: cert, Key: key})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return s
-}
-
 // TestTLSGossipNeedsAServerCertificate: with TLS, servers holding server
 // certificates of the CA form a pool and reliable sends reach them; a
 // member with no TLS, with an agent's certificate, or with a server
 // certificate of another CA cannot join, whichever side starts the join.
 func TestTLSGossipNeedsAServerCertificate(t *testing.T) {
-	ca := newTestCA(t)
-	a, _ := startMember(t, "a", with(nil, ca.source(mtls.RoleServer, "a")))
-	b, pb := startMember(t, "b", with(nil, ca.source(mtls.RoleServer, "b")))
+	ca := mtlstest.New(t)
+	a, _ := startMember(t, "a", with(nil, ca.Source(mtls.RoleServer, "a")))
+	b, pb := startMember(t, "b", with(nil, ca.Source(mtls.RoleServer, "b")))
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatalf("two servers: %v", err)
 	}
@@ -259,8 +231,8 @@ func TestTLSGossipNeedsAServerCertificate(t *testing.T) {
 		src *mtls.Source
 	}{
 		{"plain", nil},
-		{"agent", ca.source(mtls.RoleAgent, "agent")},
-		{"foreign", newTestCA(t).source(mtls.RoleServer, "foreign")},
+		{"agent", ca.Source(mtls.RoleAgent, "agent")},
+		{"foreign", mtlstest.New(t).Source(mtls.RoleServer, "foreign")},
 	}
 	for _, o := range outsiders {
 		g, _ := startMember(t, o.id, with(nil, o.src))
@@ -278,10 +250,10 @@ func TestTLSGossipNeedsAServerCertificate(t *testing.T) {
 // certificate naming it, so a server's certificate cannot answer for
 // another server.
 func TestTLSGossipChecksTheName(t *testing.T) {
-	ca := newTestCA(t)
-	a, _ := startMember(t, "a", with(nil, ca.source(mtls.RoleServer, "a")))
+	ca := mtlstest.New(t)
+	a, _ := startMember(t, "a", with(nil, ca.Source(mtls.RoleServer, "a")))
 	// "b" runs with the certificate of "imposter".
-	b, _ := startMember(t, "b", with(nil, ca.source(mtls.RoleServer, "imposter")))
+	b, _ := startMember(t, "b", with(nil, ca.Source(mtls.RoleServer, "imposter")))
 	// b dials a by address, with no name to check: the join succeeds. a's
 	// streams to "b" by name are what the check refuses.
 	if _, err := b.Join([]string{a.Addr()}); err != nil {

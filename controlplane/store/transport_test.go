@@ -1,7 +1,6 @@
 package store
 
 import (
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -9,35 +8,8 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 )
-
-// pki issues certificates of one CA in a test's directory.
-type pki struct {
-	t   *testing.T
-	dir string
-}
-
-func newPKI(t *testing.T) pki {
-	t.Helper()
-	dir := t.TempDir()
-	if _, err := mtls.CreateCA(filepath.Join(dir, "ca"), mtls.CAOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return pki{t, dir}
-}
-
-func (p pki) source(role mtls.Role, name string) *mtls.Source {
-	p.t.Helper()
-	cert, key, err := mtls.CreateCert(filepath.Join(p.dir, "ca"), filepath.Join(p.dir, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	src, err := mtls.Load(mtls.Files{CA: filepath.Join(p.dir, "ca", mtls.CAFile), Cert: cert, Key: key})
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return src
-}
 
 func transport(t *testing.T, src *mtls.Source) *raft.NetworkTransport {
 	t.Helper()
@@ -54,8 +26,8 @@ func transport(t *testing.T, src *mtls.Source) *raft.NetworkTransport {
 // plain-TCP peer get nothing through, and the receiver's raft sees none of
 // their RPCs (design §11: only servers speak Raft).
 func TestTLSTransport(t *testing.T) {
-	p := newPKI(t)
-	c1 := transport(t, p.source(mtls.RoleServer, "c1"))
+	p := mtlstest.New(t)
+	c1 := transport(t, p.Source(mtls.RoleServer, "c1"))
 	got := make(chan *raft.AppendEntriesRequest, 10)
 	go func() {
 		for rpc := range c1.Consumer() {
@@ -68,7 +40,7 @@ func TestTLSTransport(t *testing.T) {
 		return from.AppendEntries("c1", c1.LocalAddr(), &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("x"), Addr: []byte(from.LocalAddr())}, Term: term}, &resp)
 	}
 
-	c2 := transport(t, p.source(mtls.RoleServer, "c2"))
+	c2 := transport(t, p.Source(mtls.RoleServer, "c2"))
 	if err := send(c2, 7); err != nil {
 		t.Fatalf("server to server: %v", err)
 	}
@@ -85,8 +57,8 @@ func TestTLSTransport(t *testing.T) {
 		name string
 		tr   *raft.NetworkTransport
 	}{
-		{"an agent's certificate", transport(t, p.source(mtls.RoleAgent, "n1"))},
-		{"a server of another CA", transport(t, newPKI(t).source(mtls.RoleServer, "c9"))},
+		{"an agent's certificate", transport(t, p.Source(mtls.RoleAgent, "n1"))},
+		{"a server of another CA", transport(t, mtlstest.New(t).Source(mtls.RoleServer, "c9"))},
 		{"plain TCP", transport(t, nil)},
 	} {
 		if err := send(rogue.tr, 666); err == nil {

@@ -2,7 +2,6 @@ package endpoint
 
 import (
 	"context"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -18,34 +18,17 @@ import (
 // another node's agent, not to another role, not to another CA's n1, and
 // not in plain text.
 func TestAgentCredsDemandTheNodesAgent(t *testing.T) {
-	dir, other := t.TempDir(), t.TempDir()
-	for _, d := range []string{dir, other} {
-		if _, err := mtls.CreateCA(filepath.Join(d, "ca"), mtls.CAOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	source := func(d string, role mtls.Role, name string) *mtls.Source {
-		t.Helper()
-		cert, key, err := mtls.CreateCert(filepath.Join(d, "ca"), filepath.Join(d, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := mtls.Load(mtls.Files{CA: filepath.Join(d, "ca", mtls.CAFile), Cert: cert, Key: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	router := source(dir, mtls.RoleRouter, "r1")
+	ca, other := mtlstest.New(t), mtlstest.New(t)
+	router := ca.Source(mtls.RoleRouter, "r1")
 	tests := []struct {
 		name    string
 		agent   *mtls.Source // nil: plain text
 		wantErr string
 	}{
-		{"the node's agent", source(dir, mtls.RoleAgent, "n1"), ""},
-		{"another node's agent", source(dir, mtls.RoleAgent, "n2"), "presented the certificate of agent/n2"},
-		{"a server", source(dir, mtls.RoleServer, "n1"), "is not a agent of this cluster's CA"},
-		{"n1 of another CA", source(other, mtls.RoleAgent, "n1"), "is not a agent of this cluster's CA"},
+		{"the node's agent", ca.Source(mtls.RoleAgent, "n1"), ""},
+		{"another node's agent", ca.Source(mtls.RoleAgent, "n2"), "presented the certificate of agent/n2"},
+		{"a server", ca.Source(mtls.RoleServer, "n1"), "is not a agent of this cluster's CA"},
+		{"n1 of another CA", other.Source(mtls.RoleAgent, "n1"), "is not a agent of this cluster's CA"},
 		{"plain text", nil, "connection"},
 	}
 	for _, tt := range tests {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -20,24 +20,7 @@ import (
 // this CA's agent certificate, another CA's server certificate — never
 // receives the router's Watch request; the real server does.
 func TestTLSWatchDemandsAServer(t *testing.T) {
-	dir, other := t.TempDir(), t.TempDir()
-	source := func(d string, role mtls.Role, name string) *mtls.Source {
-		t.Helper()
-		cert, key, err := mtls.CreateCert(filepath.Join(d, "ca"), filepath.Join(d, string(role)), mtls.Identity{Role: role, Name: name}, mtls.CertOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := mtls.Load(mtls.Files{CA: filepath.Join(d, "ca", mtls.CAFile), Cert: cert, Key: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	for _, d := range []string{dir, other} {
-		if _, err := mtls.CreateCA(filepath.Join(d, "ca"), mtls.CAOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ca, other := mtlstest.New(t), mtlstest.New(t)
 	// Cleanups run last first: the client stops, then the servers, then
 	// their Serve goroutines are waited for.
 	var wg sync.WaitGroup
@@ -54,14 +37,14 @@ func TestTLSWatchDemandsAServer(t *testing.T) {
 		t.Cleanup(srv.Stop)
 		return ln.Addr().String(), f
 	}
-	agentAddr, agentFake := serve(source(dir, mtls.RoleAgent, "c0"))
-	otherAddr, otherFake := serve(source(other, mtls.RoleServer, "c0"))
-	realAddr, realFake := serve(source(dir, mtls.RoleServer, "c1"))
+	agentAddr, agentFake := serve(ca.Source(mtls.RoleAgent, "c0"))
+	otherAddr, otherFake := serve(other.Source(mtls.RoleServer, "c0"))
+	realAddr, realFake := serve(ca.Source(mtls.RoleServer, "c1"))
 
 	cfg := DefaultConfig()
 	cfg.ClientID = "r1"
 	cfg.Addrs = []string{agentAddr, otherAddr, realAddr}
-	cfg.TLS = source(dir, mtls.RoleRouter, "r1")
+	cfg.TLS = ca.Source(mtls.RoleRouter, "r1")
 	cfg.BackoffMin, cfg.BackoffMax = time.Millisecond, 5*time.Millisecond
 	c, err := New(cfg, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
