@@ -228,7 +228,11 @@ func TestRouterLimits(t *testing.T) {
 			case err := <-got:
 				var ne net.Error
 				if !errors.As(err, &ne) || !ne.Timeout() {
-					t.Fatalf("connection %d past the cap of %d was answered or closed within %v: %v", rlMaxConns+1, rlMaxConns, watch, err)
+					what := "answered"
+					if err != nil {
+						what = "ended: " + err.Error()
+					}
+					t.Fatalf("connection %d past the cap of %d was %s within %v", rlMaxConns+1, rlMaxConns, what, watch)
 				}
 				done = true
 			default:
