@@ -64,6 +64,19 @@ func (c *limitConn) Close() error {
 	return err
 }
 
+// CloseWrite passes on to the connection's own half-close. Go's server
+// half-closes before hanging up on a request it did not read whole (a
+// 431 for headers past --max-header-bytes, a 408 or 413 for a body), so
+// the client reads the answer and then EOF; on a connection without it
+// the server's close, over the unread bytes, resets the connection and
+// the client may get "connection reset" instead of the answer's end.
+func (c *limitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
 // limits is the handler in front of the router's mux: it refuses, before
 // anything reads the body, a request with too many or too large headers
 // (431) and one beyond the in-flight limit (503 with Retry-After), and
