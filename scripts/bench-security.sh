@@ -15,15 +15,18 @@
 # pair with its own seed and the same workload for both halves, every run
 # from empty engine caches (POST /reset_prefix_cache). It prints one table:
 # throughput, TTFT p50/p99, end-to-end p50/p99 and errors per run, and the
-# mean of each stack.
+# mean of each stack. Each stack has a second router that differs only in
+# HTTPS (A's serves HTTPS, B's plain HTTP), and every pair also runs those
+# two, so a second table splits B's difference into HTTPS and the rest
+# (the API key; mutual TLS is on the cluster links, off the request path).
 #
 # Usage: scripts/bench-security.sh [BIN_DIR [OUT_DIR]]
 #   BIN_DIR  holds llmgw and llmgwctl (default bin, as `make build` leaves them)
 #   OUT_DIR  gets every run's JSON, the certificates and the logs (default bench-out/security)
 #   PAIRS=5      A/B pairs
 #   REQUESTS=500 requests per run (multi-turn, concurrency 8)
-# Ports (loopback): A 17800-17805, 18580; B 17810-17815, 18590; engines
-# 25000-25199. Needs curl and jq. Takes about 2.5 minutes on 2 cores.
+# Ports (loopback): A 17800-17805, 18580-18581; B 17810-17815, 18590-18591;
+# engines 25000-25199. Needs curl and jq. Takes about 4.5 minutes on 2 cores.
 # Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
 
@@ -50,15 +53,18 @@ stop() {
 trap stop EXIT
 
 rm -rf "$out/data" "$out/pki"
+rm -f "$out"/*.json "$out/load.txt"
 mkdir -p "$out/data"
 pki=$out/pki
-"$bin/llmgwctl" tls init --dir "$pki" --server c1 --agent n1 --router r1 --admin ops >/dev/null
+"$bin/llmgwctl" tls init --dir "$pki" --server c1 --agent n1 --router r1,r2 --admin ops >/dev/null
 tlsFlags() { echo --tls-ca "$pki/ca/ca.pem" --tls-cert "$pki/$1/$2.pem" --tls-key "$pki/$1/$2-key.pem"; }
 
 ctlA=("$bin/llmgwctl" --addr 127.0.0.1:17800)
 ctlB=("$bin/llmgwctl" --addr 127.0.0.1:17810 $(tlsFlags admin ops))
 urlA=http://127.0.0.1:18580
 urlB=https://127.0.0.1:18590
+urlAs=https://127.0.0.1:18581 # A with HTTPS: no mutual TLS, no key
+urlBh=http://127.0.0.1:18591  # B over HTTP: mutual TLS and the key, no HTTPS
 
 # stack NAME BASE ROUTER_PORT ENGINES TLS: control, agent and router of one
 # stack, ports BASE..BASE+5; TLS=1 adds mutual TLS and HTTPS. No gossip: a
@@ -80,6 +86,17 @@ stack() {
 	pids+=($!)
 	"$bin/llmgw" router --id r1 --control "127.0.0.1:$base" --http-addr "127.0.0.1:$rport" "${r[@]}" \
 		--data-dir "$out/data/$name/router" >"$out/$name-router.log" 2>&1 &
+	pids+=($!)
+	# The second router, r2, serves the other way round: HTTPS in the
+	# plain stack, HTTP in the secured one (its cluster links still mutual
+	# TLS, the key still required), so part 2 can tell the parts apart.
+	if [[ $secure == 1 ]]; then
+		r=($(tlsFlags router r2))
+	else
+		r=(--https-cert "$pki/router/r2.pem" --https-key "$pki/router/r2-key.pem")
+	fi
+	"$bin/llmgw" router --id r2 --control "127.0.0.1:$base" --http-addr "127.0.0.1:$((rport + 1))" "${r[@]}" \
+		--data-dir "$out/data/$name/router2" >"$out/$name-router2.log" 2>&1 &
 	pids+=($!)
 }
 
@@ -124,6 +141,8 @@ waitReady() {
 }
 waitReady ctlA "$urlA"
 waitReady ctlB "$urlB" --cacert "$pki/ca/ca.pem" -H "Authorization: Bearer $key"
+waitReady ctlA "$urlAs" --cacert "$pki/ca/ca.pem"
+waitReady ctlB "$urlBh" -H "Authorization: Bearer $key"
 # B is what it claims: it answers 401 without the key, and its control node
 # refuses a client with no certificate.
 code=$(curl -s -o /dev/null -w '%{http_code}' --cacert "$pki/ca/ca.pem" "$urlB/v1/models")
@@ -158,7 +177,10 @@ mean() {
 		(map(.errors) | add / length)] | @tsv' "$out/$1"-*.json
 }
 
+# One pair: A then B, then the two halves of the difference, A over HTTPS
+# and B over HTTP; each from empty caches, all four with the pair's seed.
 printf 'run\treq_s\tttft_p50_ms\tttft_p99_ms\te2e_p50_ms\te2e_p99_ms\terrors\n' >"$out/summary.txt"
+cp "$out/summary.txt" "$out/parts.txt"
 for i in $(seq "$pairs"); do
 	seed=$((60 + i))
 	reset ctlA
@@ -168,8 +190,22 @@ for i in $(seq "$pairs"); do
 	"$bin/llmgwctl" bench --target "secure=$urlB" --ca-cert "$pki/ca/ca.pem" --api-key "$key" "${workload[@]}" \
 		--seed "$seed" >"$out/B-$i.json"
 	row "B-$i" >>"$out/summary.txt"
+	reset ctlA
+	"$bin/llmgwctl" bench --target "https=$urlAs" --ca-cert "$pki/ca/ca.pem" "${workload[@]}" --seed "$seed" >"$out/Ahttps-$i.json"
+	reset ctlB
+	"$bin/llmgwctl" bench --target "mtls+key=$urlBh" --api-key "$key" "${workload[@]}" --seed "$seed" >"$out/Bhttp-$i.json"
 	echo "pair $i: $(uptime)" >>"$out/load.txt"
 done
 mean A >>"$out/summary.txt"
 mean B >>"$out/summary.txt"
+{
+	mean A
+	mean Ahttps
+	mean Bhttp
+	mean B
+} >>"$out/parts.txt"
+echo "1. A (plain) vs B (mutual TLS, API key, HTTPS), alternating"
 column -t -s $'\t' "$out/summary.txt"
+echo
+echo "2. the parts, means: A, A with HTTPS (r2), B over HTTP (r2: mutual TLS and key), B"
+column -t -s $'\t' "$out/parts.txt"
