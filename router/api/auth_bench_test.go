@@ -74,3 +74,91 @@ func BenchmarkHandlerAPIKey(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkServeStream is one streamed chat request (32 tokens, each its
+// own SSE event, flushed) from a keep-alive HTTP/1.1 client through the
+// router handler to an httptest engine and back, with the API served over
+// HTTP and HTTPS, keys off and on (docs/benchmarks.md, "Security"). The
+// connection is made once, outside the loop: this is the per-request cost
+// of TLS records on a connection already open (the handshake is
+// BenchmarkConnect in internal/mtls), 34 records out for 34 events.
+func BenchmarkServeStream(b *testing.B) {
+	const secret = "sk-llmgw-0123456789abcdefghijklmnopqrstuvwxyzABCDEFG"
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		f := w.(http.Flusher)
+		_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n")
+		f.Flush()
+		for range 32 {
+			_, _ = io.WriteString(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" token\"}}]}\n\n")
+			f.Flush()
+		}
+		_, _ = io.WriteString(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":32,\"total_tokens\":44}}\n\ndata: [DONE]\n\n")
+	}))
+	defer eng.Close()
+	tb := &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", strings.TrimPrefix(eng.URL, "http://"))}}}
+	keys := (*auth.Set)(nil).Clone()
+	keys.Put(apiKey("bench", secret))
+	body := `{"model":"demo","stream":true,"messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say ok."}],"max_tokens":32}`
+
+	for _, scheme := range []string{"http", "https"} {
+		for _, on := range []bool{false, true} {
+			name := scheme + "/keys=off"
+			if on {
+				name = scheme + "/keys=on"
+			}
+			b.Run(name, func(b *testing.B) {
+				cfg := DefaultConfig()
+				cfg.Keys = func() *auth.Set {
+					if on {
+						return keys
+					}
+					return nil
+				}
+				br, err := breaker.NewSet(breaker.DefaultConfig(), func(k scheduler.Key) string { return k.ID }, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				reg := prometheus.NewRegistry()
+				h := New(cfg, tb, inOrder{}, br, slog.New(slog.DiscardHandler), reg, reg)
+				defer h.Close()
+				s := httptest.NewUnstartedServer(h)
+				if scheme == "https" {
+					s.StartTLS() // HTTP/1.1 only: EnableHTTP2 is false
+				} else {
+					s.Start()
+				}
+				defer s.Close()
+				client := s.Client()
+				do := func() (int, int64) {
+					req, err := http.NewRequest(http.MethodPost, s.URL+"/v1/chat/completions", strings.NewReader(body))
+					if err != nil {
+						b.Fatal(err)
+					}
+					req.Header.Set("Content-Type", "application/json")
+					if on {
+						req.Header.Set("Authorization", "Bearer "+secret)
+					}
+					resp, err := client.Do(req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer resp.Body.Close()
+					n, err := io.Copy(io.Discard, resp.Body)
+					if err != nil {
+						b.Fatal(err)
+					}
+					return resp.StatusCode, n
+				}
+				if code, n := do(); code != http.StatusOK || n == 0 {
+					b.Fatalf("status %d, %d bytes", code, n)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					do()
+				}
+			})
+		}
+	}
+}
