@@ -95,6 +95,12 @@ bench: build ## the scheduler figures of docs/benchmarks.md (~6 min; loopback po
 	./scripts/bench-scheduler.sh $(BIN) bench-out
 	$(GO) test -run XXX -bench BenchmarkPick -benchmem -count 3 ./router/scheduler
 
+.PHONY: bench-security
+bench-security: build ## the security figures of docs/benchmarks.md: TLS and API keys off vs on (~5 min; loopback ports 17800-17815, 18580-18581, 18590-18591, 25000-25199; needs curl, jq)
+	./scripts/bench-security.sh $(BIN) bench-out/security
+	$(GO) test -run XXX -bench 'BenchmarkCheck|BenchmarkHandlerAPIKey|BenchmarkServeStream' -benchmem -count 5 ./router/auth ./router/api
+	$(GO) test -run XXX -bench BenchmarkConnect -benchmem -count 5 ./internal/mtls
+
 # --- Rolling upgrade (issue: Operations) ---
 .PHONY: build-upgrade-old upgrade-test
 UPGRADE_OLD_VERSION ?= v0.1.0

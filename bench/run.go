@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -77,8 +79,16 @@ type Config struct {
 	// 401 without one.
 	APIKey string
 
+	// RootCAs, when set, are the only CAs an https target's certificate
+	// may chain to (--ca-cert): a router serving HTTPS with a certificate
+	// of the cluster's own CA, as a test bench does, rather than a web
+	// certificate the system trusts. nil trusts the system's roots.
+	RootCAs *x509.CertPool
+
 	// Client makes the requests; nil uses a transport of the run's own,
-	// closed when the run ends.
+	// closed when the run ends. The run's own transport speaks HTTP/1.1
+	// over TLS as over plain text, so an http and an https run compare
+	// one protocol, not HTTP/1.1 with HTTP/2.
 	Client *http.Client
 	Logger *slog.Logger
 	// Progress is called after every request, from several goroutines at
@@ -160,6 +170,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			Proxy:               http.ProxyFromEnvironment,
 			MaxIdleConnsPerHost: 1024,
 			IdleConnTimeout:     30 * time.Second,
+			// A TLSClientConfig of its own: net/http then never upgrades
+			// to HTTP/2 (ForceAttemptHTTP2 is false).
+			TLSClientConfig: &tls.Config{RootCAs: cfg.RootCAs, MinVersion: tls.VersionTLS12},
 		}
 		defer tr.CloseIdleConnections()
 		cfg.Client = &http.Client{Transport: tr}

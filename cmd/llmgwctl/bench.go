@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
@@ -24,6 +25,7 @@ func (c *cli) benchCmd() *cobra.Command {
 		chart    string
 		quiet    bool
 		verbose  bool
+		caCert   string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench --target URL --model NAME [flags]",
@@ -49,6 +51,13 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 					return err
 				}
 				cfg.Targets = append(cfg.Targets, t)
+			}
+			if caCert != "" {
+				pool, err := readCAs(caCert)
+				if err != nil {
+					return err
+				}
+				cfg.RootCAs = pool
 			}
 			if adapters != "" {
 				cfg.Workload.Adapters = strings.Split(adapters, ",")
@@ -97,6 +106,7 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	f.BoolVar(&cfg.RoundRobin, "targets-round-robin", false, "one run alternating requests over all targets, as behind a round-robin balancer")
 	f.StringVar(&cfg.Workload.Model, "model", "", "model name sent in every request")
 	f.StringVar(&cfg.APIKey, "api-key", os.Getenv("LLMGW_API_KEY"), "router API key sent as `Authorization: Bearer KEY` (env LLMGW_API_KEY)")
+	f.StringVar(&caCert, "ca-cert", "", "trust only the CA certificates in this PEM file for https targets (a router whose --https-cert the system does not trust, such as one made by llmgwctl tls init)")
 	f.StringVar(&cfg.Workload.Name, "workload", cfg.Workload.Name, "workload: "+strings.Join(bench.WorkloadNames(), ", "))
 	f.Uint64Var(&cfg.Workload.Seed, "seed", 1, "seed of the prompts and arrivals, for repeatable runs")
 	f.IntVar(&cfg.Workload.MaxTokens, "max-tokens", 0, "max_tokens of each request (0: 128)")
@@ -130,6 +140,19 @@ func (c *cli) printBench(res bench.Result) error {
 	}
 	header, rows := res.Table()
 	return c.printTable(header, rows)
+}
+
+// readCAs is --ca-cert: a PEM file of one or more CA certificates.
+func readCAs(path string) (*x509.CertPool, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--ca-cert: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(raw) {
+		return nil, fmt.Errorf("--ca-cert %s: no PEM certificate in it", path)
+	}
+	return pool, nil
 }
 
 func writeChart(path string, res bench.Result) error {

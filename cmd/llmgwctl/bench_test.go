@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/pem"
 	"encoding/xml"
 	"errors"
 	"fmt"
@@ -113,6 +114,7 @@ func TestBenchCommandRejectsBadFlags(t *testing.T) {
 		{[]string{"--target", "http://127.0.0.1:1", "--model", "m", "--rate", "2", "--concurrency", "3"}, "choose one"},
 		{[]string{"--target", "http://127.0.0.1:1", "--model", "m", "--workload", "nope"}, "--workload"},
 		{[]string{"--target", "http://127.0.0.1:1", "--workload", "lora-mix"}, "--adapters"},
+		{[]string{"--target", "http://127.0.0.1:1", "--model", "m", "--ca-cert", "/nonexistent/ca.pem"}, "--ca-cert"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -122,6 +124,56 @@ func TestBenchCommandRejectsBadFlags(t *testing.T) {
 			err := root.Execute()
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want one naming %s", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestBenchCommandTrustsCACert: an https router whose certificate the
+// system does not trust fails every request, unless --ca-cert names its CA.
+func TestBenchCommandTrustsCACert(t *testing.T) {
+	s := httptest.NewTLSServer(streamingRouter("demo-0"))
+	defer s.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	notPEM := filepath.Join(t.TempDir(), "not.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name       string
+		args       []string
+		wantErrors float64
+		wantErr    string
+	}{
+		{"system roots only", nil, 6, ""},
+		{"--ca-cert", []string{"--ca-cert", ca}, 0, ""},
+		{"--ca-cert not PEM", []string{"--ca-cert", notPEM}, 0, "no PEM certificate"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out bytes.Buffer
+			root := newRootCmd(&out)
+			root.SetErr(io.Discard)
+			root.SetArgs(append([]string{"bench", "--model", "demo", "--requests", "6", "--quiet", "-o", "json", "--target", s.URL}, tt.args...))
+			err := root.Execute()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one saying %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("bench: %v", err)
+			}
+			var r map[string]any
+			if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+				t.Fatalf("not JSON: %v\n%s", err, out.String())
+			}
+			if r["requests"] != 6.0 || r["errors"] != tt.wantErrors {
+				t.Fatalf("requests %v errors %v, want 6 and %v", r["requests"], r["errors"], tt.wantErrors)
 			}
 		})
 	}
