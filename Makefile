@@ -36,8 +36,10 @@ tidy: ## fail when `go mod tidy` would change go.mod/go.sum (ours or scripts/too
 	$(GO) mod tidy -diff
 	$(GO) -C scripts/tools mod tidy -diff
 
+# --allow-parallel-runners: on a shared machine another checkout's lint may
+# hold golangci-lint's lock; waiting for it beats failing the build.
 lint: ## golangci-lint (pinned in scripts/tools/go.mod) with .golangci.yml
-	$(GOLANGCI_LINT) run ./...
+	$(GOLANGCI_LINT) run --allow-parallel-runners ./...
 
 vet:
 	$(GO) vet ./...
