@@ -82,5 +82,8 @@ func (s *Server) registerGauges() {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "llmgw_control_servers_unverified_total", Help: "Gossip members kept out of Raft because their server certificate could not be verified (design §11); counted per attempt.",
 		}, func() float64 { return float64(s.members.Unverified()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_control_gossip_raft_mismatch", Help: "Servers of the Raft configuration this server's gossip does not see alive: down, or not healed since a partition (design §5.2).",
+		}, func() float64 { return float64(s.members.GossipRaftMismatch()) }),
 	)
 }
