@@ -497,6 +497,7 @@ type events Gossip
 
 func (e *events) NotifyJoin(n *memberlist.Node)   { (*Gossip)(e).track(n, StatusAlive) }
 func (e *events) NotifyUpdate(n *memberlist.Node) { (*Gossip)(e).track(n, StatusAlive) }
+
 // NotifyLeave is a death or a leave; memberlist does not say which (see
 // Leave), the leave intents do.
 func (e *events) NotifyLeave(n *memberlist.Node) { (*Gossip)(e).track(n, StatusDead) }
