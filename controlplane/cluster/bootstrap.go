@@ -29,12 +29,17 @@ func (c *Cluster) Run(ctx context.Context) {
 	// Failed servers are retried for the reconnect window (design §5.2),
 	// except those removed from Raft: a removal is the operator's, and
 	// only an explicit join undoes it.
-	wg.Go(func() { c.g.Reconnect(ctx, func(id string) bool { return !c.removedServers()[id] }) })
+	wg.Go(func() { c.g.Reconnect(ctx, c.reconnectable) })
 	if c.cfg.BootstrapExpect > 0 && !c.raft.Existing() {
 		wg.Go(func() { c.bootstrap(ctx) })
 	}
 	wg.Wait()
 }
+
+// reconnectable is whether gossip's reconnect may retry server id: not
+// once it is removed from Raft, by a gossip tombstone or the replicated
+// record (removals.go), which survives a restart of every server.
+func (c *Cluster) reconnectable(id string) bool { return !c.removedServers()[id] }
 
 // retryJoin joins --join's addresses in the background until one answers
 // (design §5.2: every server is started with the same --join list, in any
