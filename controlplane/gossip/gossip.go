@@ -241,15 +241,21 @@ func (b leaveBroadcast) Message() []byte { return b }
 func (b leaveBroadcast) Finished()       {}
 
 // leaving records another server's leave intent; a member already dead is
-// left now.
+// left now. The message is outside input: an intent for a server this
+// table does not hold is dropped, so forged ones cannot grow the map (a
+// leaving server was alive, hence known, before it left).
 func (g *Gossip) leaving(id string) {
 	if id == "" || id == g.self.ID {
 		return
 	}
 	g.mu.Lock()
-	g.leftIntent[id] = true
 	m, ok := g.members[id]
-	changed := ok && m.Status == StatusDead
+	if !ok {
+		g.mu.Unlock()
+		return
+	}
+	g.leftIntent[id] = true
+	changed := m.Status == StatusDead
 	if changed {
 		m.Status = StatusLeft
 		delete(g.failedAt, id)

@@ -3,9 +3,12 @@ package gossip
 import (
 	"context"
 	"log/slog"
+	"net"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 func TestReconnectPlan(t *testing.T) {
@@ -140,4 +143,60 @@ func TestReconnectLeavesLeftAndRemovedAlone(t *testing.T) {
 	if m, _ := a.Member("left"); m.Status != StatusLeft {
 		t.Fatalf("left is %q, want still listed as left", m.Status)
 	}
+}
+
+// TestLeaveIntent: a death after a leave intent is a leave, in either
+// order; a server alive again drops the intent, so its next death is a
+// death; an intent for an unknown server is dropped.
+func TestLeaveIntent(t *testing.T) {
+	g := New(Meta{ID: "a"}, nil, slog.New(slog.DiscardHandler), time.Now)
+	meta, err := Meta{ID: "b", GRPC: "127.0.0.1:1", Raft: "127.0.0.1:2"}.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &memberlist.Node{Name: "b", Addr: net.ParseIP("127.0.0.1"), Port: 7, Meta: meta}
+	ev, dl := (*events)(g), (*delegate)(g)
+	intent := append([]byte{leaveKind}, "b"...)
+	status := func() Status { m, _ := g.Member("b"); return m.Status }
+	steps := []struct {
+		name string
+		do   func()
+		want Status
+	}{
+		{"joins", func() { ev.NotifyJoin(node) }, StatusAlive},
+		{"intent, then death", func() { dl.NotifyMsg(intent); ev.NotifyLeave(node) }, StatusLeft},
+		{"back", func() { ev.NotifyJoin(node) }, StatusAlive},
+		{"a death without an intent", func() { ev.NotifyLeave(node) }, StatusDead},
+		{"the intent after the death", func() { dl.NotifyMsg(intent) }, StatusLeft},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := status(); got != s.want {
+			t.Fatalf("%s: b is %q, want %q", s.name, got, s.want)
+		}
+	}
+	dl.NotifyMsg(append([]byte{leaveKind}, "stranger"...))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.leftIntent["stranger"] {
+		t.Fatal("an intent for an unknown server was kept")
+	}
+}
+
+// FuzzNotifyMsg: gossip messages are outside input (leave intents,
+// tombstones); none panics, and no intent is kept for a server the table
+// does not hold.
+func FuzzNotifyMsg(f *testing.F) {
+	f.Add(append([]byte{leaveKind}, "b"...))
+	f.Add([]byte{leaveKind})
+	f.Add([]byte(`{"b":{"r":true,"t":1}}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		g := New(Meta{ID: "a"}, nil, slog.New(slog.DiscardHandler), time.Now)
+		(*delegate)(g).NotifyMsg(b)
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if len(g.leftIntent) != 0 {
+			t.Fatalf("intents kept for unknown servers: %v", g.leftIntent)
+		}
+	})
 }
