@@ -48,7 +48,9 @@ type Config struct {
 	// off with jitter to ten times it.
 	Join              []string      `yaml:"join"`
 	JoinRetryInterval time.Duration `yaml:"join_retry_interval"`
-	// Gossip tunes memberlist (zero values keep its LAN defaults).
+	// Gossip tunes memberlist (zero values keep its LAN defaults) and the
+	// reconnect of failed servers (gossip.reconnect_interval, default 3s;
+	// gossip.reconnect_timeout, default 72h; design §5.2).
 	Gossip GossipConfig `yaml:"gossip"`
 	// GossipKeyFile holds one base64 key (16, 24 or 32 bytes) that
 	// encrypts and authenticates gossip (design §11). The keyring it starts
@@ -242,6 +244,7 @@ func (c Config) Validate() error {
 	}{
 		{"probe_interval", c.Gossip.ProbeInterval}, {"probe_timeout", c.Gossip.ProbeTimeout},
 		{"gossip_interval", c.Gossip.GossipInterval}, {"push_pull_interval", c.Gossip.PushPullInterval},
+		{"reconnect_interval", c.Gossip.ReconnectInterval}, {"reconnect_timeout", c.Gossip.ReconnectTimeout},
 	} {
 		if g.v < 0 {
 			p.Add("gossip."+g.key, "must not be negative, got %s", g.v)

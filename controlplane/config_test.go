@@ -55,6 +55,7 @@ func TestConfigValidate(t *testing.T) {
 		{"lease above heartbeat", func(c *Config) { c.LeaderLeaseTimeout = time.Second }, []string{"leader_lease_timeout: 1s must not exceed --heartbeat-timeout"}},
 		{"file-only setting", func(c *Config) { c.DrainTimeout = -time.Second }, []string{"drain_timeout: must be positive, got -1s"}},
 		{"negative gossip timing", func(c *Config) { c.Gossip.ProbeTimeout = -time.Second }, []string{"gossip.probe_timeout: must not be negative"}},
+		{"negative reconnect window", func(c *Config) { c.Gossip.ReconnectTimeout = -time.Hour }, []string{"gossip.reconnect_timeout: must not be negative"}},
 		{"watch queue", func(c *Config) { c.WatchQueue = 0 }, []string{"watch_queue: must be at least 1, got 0"}},
 		{"half a TLS setup", func(c *Config) { c.TLS.Cert = "c.pem" }, []string{
 			"--tls-ca (tls_ca): required when any of", "--tls-key (tls_key): required when any of"}},
@@ -143,8 +144,9 @@ func TestDecodeConfig(t *testing.T) {
 				t.Fatal("an absent key lost its default")
 			}
 		}},
-		{"nested gossip tuning", "gossip:\n  probe_interval: 100ms\n  suspicion_mult: 2\n", "", func(t *testing.T, c Config) {
-			if c.Gossip.ProbeInterval != 100*time.Millisecond || c.Gossip.SuspicionMult != 2 {
+		{"nested gossip tuning", "gossip:\n  probe_interval: 100ms\n  suspicion_mult: 2\n  reconnect_interval: 1s\n  reconnect_timeout: 24h\n", "", func(t *testing.T, c Config) {
+			if c.Gossip.ProbeInterval != 100*time.Millisecond || c.Gossip.SuspicionMult != 2 ||
+				c.Gossip.ReconnectInterval != time.Second || c.Gossip.ReconnectTimeout != 24*time.Hour {
 				t.Fatalf("decoded %+v", c.Gossip)
 			}
 		}},

@@ -82,5 +82,22 @@ func (s *Server) registerGauges() {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "llmgw_control_servers_unverified_total", Help: "Gossip members kept out of Raft because their server certificate could not be verified (design §11); counted per attempt.",
 		}, func() float64 { return float64(s.members.Unverified()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_control_gossip_raft_mismatch", Help: "Servers of the Raft configuration this server's gossip does not see alive: down, or not healed since a partition (design §5.2).",
+		}, func() float64 { return float64(s.members.GossipRaftMismatch()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "llmgw_control_gossip_reconnect_attempts_total", Help: "Attempts of gossip's reconnect loop on servers it sees failed (design §5.2).",
+		}, func() float64 { a, _ := s.reconnectStats(); return float64(a) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "llmgw_control_gossip_reconnects_total", Help: "Failed servers gossip's reconnect loop brought back alive.",
+		}, func() float64 { _, n := s.reconnectStats(); return float64(n) }),
 	)
+}
+
+// reconnectStats is gossip's reconnect counters, 0 without gossip.
+func (s *Server) reconnectStats() (attempts, reconnected uint64) {
+	if s.gossip == nil {
+		return 0, 0
+	}
+	return s.gossip.ReconnectStats()
 }

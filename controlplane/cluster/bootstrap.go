@@ -14,9 +14,9 @@ import (
 )
 
 // Run runs membership's background loops until ctx is done and returns
-// after they have stopped: the --join retries, the bootstrapper
-// (--bootstrap-expect on a server without Raft state) and the watch of the
-// cluster's minimum version. Without gossip there is nothing to run.
+// after they have stopped: the --join retries, gossip's reconnect of
+// failed servers, the bootstrapper (--bootstrap-expect on a server without
+// Raft state) and the watch of the cluster's minimum version. Without gossip there is nothing to run.
 func (c *Cluster) Run(ctx context.Context) {
 	if c.g == nil {
 		return
@@ -26,15 +26,25 @@ func (c *Cluster) Run(ctx context.Context) {
 		wg.Go(func() { c.retryJoin(ctx) })
 	}
 	wg.Go(func() { c.watchMinVersion(ctx, time.Second) })
+	// Failed servers are retried for the reconnect window (design §5.2),
+	// except those removed from Raft: a removal is the operator's, and
+	// only an explicit join undoes it.
+	wg.Go(func() { c.g.Reconnect(ctx, c.reconnectable) })
 	if c.cfg.BootstrapExpect > 0 && !c.raft.Existing() {
 		wg.Go(func() { c.bootstrap(ctx) })
 	}
 	wg.Wait()
 }
 
+// reconnectable is whether gossip's reconnect may retry server id: not
+// once it is removed from Raft, by a gossip tombstone or the replicated
+// record (removals.go), which survives a restart of every server.
+func (c *Cluster) reconnectable(id string) bool { return !c.removedServers()[id] }
+
 // retryJoin joins --join's addresses in the background until one answers
 // (design §5.2: every server is started with the same --join list, in any
-// order). Attempts back off with jitter from JoinRetryInterval to ten
+// order). It ends there: from then on a server gossip marks failed is
+// retried by gossip's reconnect loop, not by this one. Attempts back off with jitter from JoinRetryInterval to ten
 // times it, so servers started together do not retry in step.
 func (c *Cluster) retryJoin(ctx context.Context) {
 	addrs := c.cfg.Join

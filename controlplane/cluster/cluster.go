@@ -100,6 +100,9 @@ type Gossip interface {
 	// returns its time (Unix ns).
 	Tombstones() map[string]gossip.Tombstone
 	SetRemoved(id string, removed bool) int64
+	// Reconnect retries failed (not left) servers keep accepts until ctx
+	// ends, and returns once its attempts have stopped.
+	Reconnect(ctx context.Context, keep func(id string) bool)
 }
 
 // Desired is the replicated state membership reads: the cluster's
@@ -300,4 +303,26 @@ func (c *Cluster) Figures() (healthy bool, tolerance, voters int) {
 	}
 	tolerance = max(0, alive-(voters/2+1))
 	return c.raft.HasLeader() && alive == voters, tolerance, voters
+}
+
+// GossipRaftMismatch is how many servers of the Raft configuration, other
+// than this one, this server's gossip does not see live
+// (llmgw_control_gossip_raft_mismatch): a server that is down, or one
+// gossip has not healed with since a partition. With no gossip, or no
+// configuration, it is 0.
+func (c *Cluster) GossipRaftMismatch() int {
+	if c.g == nil {
+		return 0
+	}
+	n := 0
+	for _, srv := range c.raft.Servers() {
+		id := string(srv.ID)
+		if id == c.cfg.NodeID {
+			continue
+		}
+		if m, ok := c.g.Member(id); !ok || !m.Status.Live() {
+			n++
+		}
+	}
+	return n
 }

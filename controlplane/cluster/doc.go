@@ -9,8 +9,15 @@
 //     expectation stops the bootstrap (logged, and in /readyz), and a
 //     leader does not add it later.
 //   - Join. --join addresses are retried in the background, backing off
-//     with jitter, until one answers. An explicit Join (`llmgwctl join`)
+//     with jitter, until one answers; then the loop ends. An explicit Join (`llmgwctl join`)
 //     also clears the removal of this server and of those it names.
+//   - Reconnect. Gossip retries the servers it sees failed for its
+//     reconnect window (package gossip's Reconnect), started by Run; a
+//     server removed from Raft (tombstone or replicated record) is not
+//     retried, and one that left never is, so only the operator's leave
+//     and remove-peer are final. GossipRaftMismatch counts the servers
+//     of the Raft configuration gossip does not see alive, for the
+//     LlmgwGossipRaftMismatch alert.
 //   - While leading, Raft membership follows gossip (Consul's reconcile):
 //     a live server gossip knows and Raft does not is added as a non-voter,
 //     one that left is removed; raft-autopilot promotes stable non-voters

@@ -135,7 +135,13 @@ func TestRemovalsSurviveGossipLoss(t *testing.T) {
 			if ok != tt.replicated || (ok && (!rec.Removed || rec.AtUnixNano != g.ts["c3"].At)) {
 				t.Fatalf("replicated record %v (%v), want one: %v, at gossip's time %d", rec, ok, tt.replicated, g.ts["c3"].At)
 			}
+			if c.reconnectable("c3") || !c.reconnectable("c2") {
+				t.Fatalf("reconnectable: c3 (removed) %v, c2 %v; want false, true", c.reconnectable("c3"), c.reconnectable("c2"))
+			}
 			g.ts = map[string]gossip.Tombstone{} // every server restarted
+			if got := c.reconnectable("c3"); got == tt.replicated {
+				t.Fatalf("after gossip forgot it: reconnectable %v, want %v (the replicated record alone keeps it out)", got, !tt.replicated)
+			}
 			if got := c.removedServers()["c3"]; got != tt.replicated {
 				t.Fatalf("after gossip forgot it: removed %v, want %v", got, tt.replicated)
 			}

@@ -19,6 +19,25 @@
 //     and its node structs are mutated under its own lock (reading them
 //     raced under -race). A suspect server therefore shows as alive until
 //     it is declared dead.
+//   - Failed servers are retried (Reconnect, design §5.2): memberlist
+//     never contacts a member it declared dead again, so after a partition
+//     longer than its dead timeout both sides stayed dead to each other.
+//     Serf's reconnect runs here on this package's table: every
+//     reconnect_interval (3 s, jittered) each dead member is dialed and,
+//     if it answers, joined by push/pull; one dead past reconnect_timeout
+//     (72 h) is reaped. A member that left is never retried, nor one
+//     package cluster says was removed from Raft.
+//   - Leaves are told from deaths by a leave intent of this package's own,
+//     broadcast before memberlist's leave: memberlist hands the event
+//     delegate the node without the state that records "left".
+//   - Why not hashicorp/serf, which does the above: Serf takes
+//     memberlist's delegates for itself (its NotifyMsg drops message types
+//     it does not know; its push/pull state is its own), and ours carry
+//     the ephemeral plane's reliable sends and digest and the tombstones,
+//     which over Serf would become broadcast, unreliable, size-capped user
+//     events (the path design §5.4 left because it lost messages); its key
+//     manager would replace the persisted keyring. Reconnect, reaping and
+//     leave intents cost a few hundred lines here.
 //   - Tombstones are last-writer-wins records (removed or cleared, with a
 //     time), spread by broadcast and, as the backstop, in push/pull state,
 //     so any later leader honours a removal. They live in memory: a full

@@ -29,6 +29,12 @@ type Config struct {
 	GossipInterval   time.Duration `yaml:"gossip_interval"`
 	SuspicionMult    int           `yaml:"suspicion_mult"`
 	PushPullInterval time.Duration `yaml:"push_pull_interval"`
+	// ReconnectInterval is how often a failed (dead, not left) server is
+	// retried, and ReconnectTimeout how long before it is reaped (see
+	// Reconnect); zero keeps DefaultReconnectInterval and
+	// DefaultReconnectTimeout.
+	ReconnectInterval time.Duration `yaml:"reconnect_interval"`
+	ReconnectTimeout  time.Duration `yaml:"reconnect_timeout"`
 }
 
 // Security is how gossip is protected (design §11); the zero value is
@@ -65,9 +71,18 @@ type Gossip struct {
 	changed chan struct{}
 	now     func() time.Time
 	plane   Plane
+	tune    Config // as Start was given it
 
-	mu         sync.Mutex
-	members    map[string]*Member // by server id
+	reconnectAttempts, reconnects atomic.Uint64
+
+	mu      sync.Mutex
+	members map[string]*Member // by server id
+	// failedAt is when each member now dead was seen to fail, for the
+	// reconnect window (Reconnect).
+	failedAt map[string]time.Time
+	// leftIntent holds the servers that announced a leave (see Leave):
+	// their death is a leave. A server alive again drops it.
+	leftIntent map[string]bool
 	tombstones map[string]Tombstone
 }
 
@@ -91,6 +106,8 @@ func New(self Meta, p Plane, log *slog.Logger, now func() time.Time) *Gossip {
 		now:        now,
 		plane:      p,
 		members:    map[string]*Member{},
+		failedAt:   map[string]time.Time{},
+		leftIntent: map[string]bool{},
 		tombstones: map[string]Tombstone{},
 	}
 	g.queue = &memberlist.TransmitLimitedQueue{
@@ -110,6 +127,7 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	if err != nil {
 		return fmt.Errorf("--gossip-addr: port %q: %w", portStr, err)
 	}
+	g.tune = tune
 	c := memberlist.DefaultLANConfig()
 	c.Name = g.self.ID
 	c.BindAddr, c.BindPort = host, port
@@ -192,9 +210,61 @@ func (g *Gossip) Join(addrs []string) (int, error) {
 }
 
 // Leave tells the others this server leaves on purpose (status left, not
-// dead), so the leader removes it from Raft and never adds it back.
+// dead), so the leader removes it from Raft and never adds it back, and no
+// server's reconnect loop retries it.
+//
+// Memberlist itself cannot say so: its leave is a "dead" message the node
+// sends about itself, and the event delegate is handed the node without
+// the state that records it (memberlist sets nodeState.State, never
+// Node.State), so every leave used to arrive as a death. A leave intent of
+// this package's own (leaveKind, the id) is broadcast first; a server that
+// holds it sees the death that follows as a leave, in either order.
 func (g *Gossip) Leave(timeout time.Duration) error {
+	g.queue.QueueBroadcast(leaveBroadcast(append([]byte{leaveKind}, g.self.ID...)))
 	return g.ml.Load().Leave(timeout)
+}
+
+// leaveKind marks a leave intent among the gossip messages: the kind
+// byte, then the leaving server's id. Servers before it read it as
+// undecodable tombstones and log it.
+const leaveKind byte = 0xC2
+
+// leaveBroadcast is a leave intent; a newer one for the same server
+// replaces it in the queue.
+type leaveBroadcast []byte
+
+func (b leaveBroadcast) Invalidates(o memberlist.Broadcast) bool {
+	ob, ok := o.(leaveBroadcast)
+	return ok && string(ob) == string(b)
+}
+func (b leaveBroadcast) Message() []byte { return b }
+func (b leaveBroadcast) Finished()       {}
+
+// leaving records another server's leave intent; a member already dead is
+// left now. The message is outside input: an intent for a server this
+// table does not hold is dropped, so forged ones cannot grow the map (a
+// leaving server was alive, hence known, before it left).
+func (g *Gossip) leaving(id string) {
+	if id == "" || id == g.self.ID {
+		return
+	}
+	g.mu.Lock()
+	m, ok := g.members[id]
+	if !ok {
+		g.mu.Unlock()
+		return
+	}
+	g.leftIntent[id] = true
+	changed := m.Status == StatusDead
+	if changed {
+		m.Status = StatusLeft
+		delete(g.failedAt, id)
+	}
+	g.mu.Unlock()
+	if changed {
+		g.log.Info("gossip member", "member", id, "status", string(StatusLeft), "gossip_addr", m.GossipAddr)
+		g.notify()
+	}
 }
 
 // Shutdown stops memberlist without a leave: the others see this server
@@ -264,7 +334,19 @@ func (g *Gossip) track(n *memberlist.Node, status Status) {
 	}
 	g.mu.Lock()
 	prev, seen := g.members[meta.ID]
+	switch {
+	case status == StatusAlive:
+		delete(g.leftIntent, meta.ID)
+	case status == StatusDead && g.leftIntent[meta.ID]:
+		status = StatusLeft
+	}
 	g.members[meta.ID] = &Member{Meta: meta, GossipAddr: n.Address(), Status: status}
+	switch {
+	case status != StatusDead:
+		delete(g.failedAt, meta.ID)
+	case !seen || prev.Status != StatusDead:
+		g.failedAt[meta.ID] = g.now()
+	}
 	g.mu.Unlock()
 	if !seen || prev.Status != status {
 		g.log.Info("gossip member", "member", meta.ID, "status", string(status), "gossip_addr", n.Address(), "raft_addr", meta.Raft, "grpc_addr", meta.GRPC)
@@ -354,6 +436,10 @@ func (d *delegate) NotifyMsg(b []byte) {
 		}
 		return
 	}
+	if len(b) > 0 && b[0] == leaveKind {
+		(*Gossip)(d).leaving(string(b[1:]))
+		return
+	}
 	(*Gossip)(d).mergeTombstones(b)
 }
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte {
@@ -417,13 +503,10 @@ type events Gossip
 
 func (e *events) NotifyJoin(n *memberlist.Node)   { (*Gossip)(e).track(n, StatusAlive) }
 func (e *events) NotifyUpdate(n *memberlist.Node) { (*Gossip)(e).track(n, StatusAlive) }
-func (e *events) NotifyLeave(n *memberlist.Node) {
-	st := StatusDead
-	if n.State == memberlist.StateLeft {
-		st = StatusLeft
-	}
-	(*Gossip)(e).track(n, st)
-}
+
+// NotifyLeave is a death or a leave; memberlist does not say which (see
+// Leave), the leave intents do.
+func (e *events) NotifyLeave(n *memberlist.Node) { (*Gossip)(e).track(n, StatusDead) }
 
 // errNotAlive is a plane send to a server gossip does not see alive.
 var errNotAlive = errors.New("not alive in gossip")
