@@ -37,7 +37,7 @@ tidy: ## fail when `go mod tidy` would change go.mod/go.sum (ours or scripts/too
 	$(GO) -C scripts/tools mod tidy -diff
 
 # --allow-parallel-runners: on a shared machine another checkout's lint may
-# hold golangci-lint's lock; waiting for it beats failing the build.
+# hold golangci-lint's lock; running beside it beats failing the build.
 lint: ## golangci-lint (pinned in scripts/tools/go.mod) with .golangci.yml
 	$(GOLANGCI_LINT) run --allow-parallel-runners ./...
 
