@@ -81,9 +81,10 @@ type nodeFree struct {
 //     ready too, one moving replica drains; then the next — capacity never
 //     dips during a move (design §4 "Changes roll", §5.5);
 //   - spread: a model none of whose replicas is missing, surplus or
-//     moving, all of them ready, whose busiest node holds at least two
-//     more of them than the least-loaded ACTIVE matching node with room,
-//     moves one replica there by the same rolling move: a replacement is
+//     moving, all of them ready and on ACTIVE nodes, whose busiest node
+//     holds at least two more of them than the least-loaded ACTIVE
+//     matching node with room, moves one replica there by the same
+//     rolling move: a replacement is
 //     placed there; once it is ready one replica of the busiest node
 //     drains (see spreadRule for why two, and why this cannot flap);
 //   - a surplus is drained from the nodes holding the most replicas of
@@ -149,7 +150,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			}
 		}
 		want := int(m.Replicas)
-		if len(stay) == want && len(moving) == 0 && countReady(stay, ready) == want {
+		if len(stay) == want && len(moving) == 0 && countReady(stay, ready) == want && allActive(stay, nodeByID) {
 			if mv, ok := spreadRule(nodes, perNode, m); ok {
 				plan.Spread = append(plan.Spread, mv)
 				plan.place(nodes[mv.To], perNode, m)
@@ -233,6 +234,18 @@ func spreadRule(nodes map[string]*nodeFree, perNode map[string]int, m *llmgwv1.M
 		return SpreadMove{}, false
 	}
 	return SpreadMove{Model: m.Name, From: from, To: to.node.Id}, true
+}
+
+// allActive: every replica's node is ACTIVE. A DOWN node within its grace
+// is left to the liveness rules (design §5.4): a spread move does not
+// start from it, or the grace would move replicas that may still serve.
+func allActive(rs []*llmgwv1.Replica, nodeByID map[string]*llmgwv1.Node) bool {
+	for _, r := range rs {
+		if nodeByID[r.Node].GetState() != llmgwv1.NodeState_NODE_STATE_ACTIVE {
+			return false
+		}
+	}
+	return true
 }
 
 // keepSpread splits the replicas that stay (sorted by ordinal) into the
