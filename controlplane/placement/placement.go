@@ -37,7 +37,8 @@ type Plan struct {
 
 // SpreadMove is the start of one spread move: a replica of Model leaves
 // From, the node holding the most of them, for To, the least-loaded node
-// with room (Reconcile's spread rule).
+// with room (Reconcile's spread rule). When nodes tie for the most, the
+// replica that drains may be another one's (keepSpread chooses it).
 type SpreadMove struct {
 	Model, From, To string
 }
@@ -84,9 +85,9 @@ type nodeFree struct {
 //     moving, all of them ready and on ACTIVE nodes, whose busiest node
 //     holds at least two more of them than the least-loaded ACTIVE
 //     matching node with room, moves one replica there by the same
-//     rolling move: a replacement is
-//     placed there; once it is ready one replica of the busiest node
-//     drains (see spreadRule for why two, and why this cannot flap);
+//     rolling move: a replacement is placed there; once it is ready one
+//     replica of the busiest node drains (see spreadRule for why two, and
+//     why this cannot flap);
 //   - a surplus is drained from the nodes holding the most replicas of
 //     the model first (not-ready ones, then the highest ordinal, first
 //     among equals), so a scale-down keeps the spread; a ready one drains
