@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -44,10 +45,12 @@ func autoAgent(ctx context.Context, t *testing.T, r *running, node string, gpus 
 	return func() { a.cancel(); wg.Wait() }
 }
 
-// TestDrainAndRoll: draining a node moves its replicas off one at a time,
-// and re-applying a model with a changed spec rolls its replicas one at a
-// time; a watcher never sees the model with fewer than its count serving
-// or more than one extra (design §4 "Changes roll", §5.5).
+// TestDrainAndRoll: a node that attaches after the model was placed gets
+// its share (the spread rule), draining a node moves its replicas off one
+// at a time, and re-applying a model with a changed spec rolls its
+// replicas one at a time; a watcher never sees the model with fewer than
+// its count serving or more than one extra (design §4 "Changes roll",
+// §5.5).
 func TestDrainAndRoll(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -70,12 +73,18 @@ func TestDrainAndRoll(t *testing.T) {
 		}
 		return reps.Replicas
 	}
-	settled := func(what string, ok func(*llmgwv1.Replica) bool) {
+	// settled waits for two ready replicas that each pass ok and, when
+	// nodes are given, sit one on each of them.
+	settled := func(what string, ok func(*llmgwv1.Replica) bool, nodes ...string) {
 		t.Helper()
 		waitFor(ctx, t, what, func() error {
 			rs := replicas()
 			if len(rs) != 2 {
 				return fmt.Errorf("%d replicas", len(rs))
+			}
+			if len(nodes) > 0 && !(rs[0].Replica.Node != rs[1].Replica.Node &&
+				slices.Contains(nodes, rs[0].Replica.Node) && slices.Contains(nodes, rs[1].Replica.Node)) {
+				return fmt.Errorf("replicas on %s and %s, want one on each of %v", rs[0].Replica.Node, rs[1].Replica.Node, nodes)
 			}
 			for _, v := range rs {
 				if !ok(v.Replica) || v.Replica.Draining || v.Status.GetPhase() != llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
@@ -88,6 +97,7 @@ func TestDrainAndRoll(t *testing.T) {
 	settled("two ready replicas on n1", func(r *llmgwv1.Replica) bool { return r.Node == "n1" })
 	stop2 := autoAgent(ctx, t, r, "n2", 2)
 	defer stop2()
+	settled("the spread: one replica on each node", func(*llmgwv1.Replica) bool { return true }, "n1", "n2")
 
 	// The watcher checks every revision it is brought to.
 	watch, err := llmgwv1.NewWatchServiceClient(r.conn).Watch(ctx, &llmgwv1.WatchRequest{ClientId: "roll"})
@@ -145,7 +155,7 @@ func TestDrainAndRoll(t *testing.T) {
 	if _, err := admin.DrainNode(ctx, &llmgwv1.DrainNodeRequest{Id: "n1"}); err != nil {
 		t.Fatalf("drain: %v", err)
 	}
-	settled("both replicas moved to n2", func(r *llmgwv1.Replica) bool { return r.Node == "n2" && !before[r.Uid] })
+	settled("both replicas on n2", func(r *llmgwv1.Replica) bool { return r.Node == "n2" })
 	if _, err := admin.DrainNode(ctx, &llmgwv1.DrainNodeRequest{Id: "n1", Undrain: true}); err != nil {
 		t.Fatalf("undrain: %v", err)
 	}
@@ -161,6 +171,7 @@ func TestDrainAndRoll(t *testing.T) {
 	if _, err := admin.DrainNode(ctx, &llmgwv1.DrainNodeRequest{Id: "nope"}); err == nil {
 		t.Fatal("drained an unknown node")
 	}
+	settled("the spread again after the undrain", func(*llmgwv1.Replica) bool { return true }, "n1", "n2")
 
 	// Re-apply with a changed spec: every replica is replaced.
 	before = map[uint64]bool{}
@@ -173,7 +184,7 @@ func TestDrainAndRoll(t *testing.T) {
 		t.Fatal(err)
 	}
 	rev := applied.Model.Revision
-	settled("both replicas rolled", func(r *llmgwv1.Replica) bool { return r.ModelRevision == rev && !before[r.Uid] })
+	settled("both replicas rolled", func(r *llmgwv1.Replica) bool { return r.ModelRevision == rev && !before[r.Uid] }, "n1", "n2")
 
 	// A routing change alone restarts nothing.
 	before = map[uint64]bool{}

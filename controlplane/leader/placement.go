@@ -104,6 +104,11 @@ func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 	for model, n := range plan.Unplaceable {
 		l.log.Debug("replicas do not fit on any node", "model", model, "missing", n)
 	}
+	for _, mv := range plan.Spread {
+		// The replacement is in plan.Place; one replica of From drains
+		// once it is ready, on a later round (design §5.5).
+		l.log.Info("spreading replicas: a replacement goes to a less-loaded node", "model", mv.Model, "from_node", mv.From, "target_node", mv.To)
+	}
 	for _, r := range plan.Remove {
 		_, _, err := l.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_REMOVE_REPLICA, &llmgwv1.RemoveReplicaCommand{Id: r.Id, Uid: r.Uid})
 		failed = l.recordPlacement("remove", r, err) || failed

@@ -29,6 +29,18 @@ type Plan struct {
 	// Unplaceable counts, per model, replicas that fit on no node now.
 	// The leader reports it; placement retries on the next state change.
 	Unplaceable map[string]int
+	// Spread holds the spread moves this plan starts (its replacement is
+	// in Place), so the leader can say why it places a replica beyond the
+	// count.
+	Spread []SpreadMove
+}
+
+// SpreadMove is the start of one spread move: a replica of Model leaves
+// From, the node holding the most of them, for To, the least-loaded node
+// with room (Reconcile's spread rule). When nodes tie for the most, the
+// replica that drains may be another one's (keepSpread chooses it).
+type SpreadMove struct {
+	Model, From, To string
 }
 
 // Empty reports whether the plan changes nothing.
@@ -69,6 +81,18 @@ type nodeFree struct {
 //     replacement is placed while every other replica is ready; once it is
 //     ready too, one moving replica drains; then the next — capacity never
 //     dips during a move (design §4 "Changes roll", §5.5);
+//   - spread: a model none of whose replicas is missing, surplus or
+//     moving, all of them ready and on ACTIVE nodes, whose busiest node
+//     holds at least two more of them than the least-loaded ACTIVE
+//     matching node with room, moves one replica there by the same
+//     rolling move: a replacement is placed there; once it is ready one
+//     replica of the busiest node drains (see spreadRule for why two, and
+//     why this cannot flap);
+//   - a surplus is drained from the nodes holding the most replicas of
+//     the model first (not-ready ones, then the highest ordinal, first
+//     among equals), so a scale-down keeps the spread; a ready one drains
+//     only once every replica kept is ready, so a spread move never dips
+//     below the count either;
 //   - engine "external" runs nothing on the nodes and is left alone.
 func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)
@@ -108,6 +132,8 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			continue
 		}
 		var stay, moving []*llmgwv1.Replica
+		// perNode counts the replicas that stay: a moving one is leaving,
+		// so it holds no share of its node.
 		perNode := map[string]int{}
 		for _, r := range sortedReplicas(byModel[m.Name], m.Name) {
 			switch {
@@ -119,19 +145,28 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 				}
 			case misplaced(r, m, nodeByID[r.Node]):
 				moving = append(moving, r)
-				perNode[r.Node]++
 			default:
 				stay = append(stay, r)
 				perNode[r.Node]++
 			}
 		}
 		want := int(m.Replicas)
-		if len(stay) >= want {
-			// Newest first; stay is sorted by ordinal ascending.
-			for i := len(stay) - 1; i >= want; i-- {
-				plan.Drain = append(plan.Drain, ref(stay[i]))
+		if len(stay) == want && len(moving) == 0 && countReady(stay, ready) == want && allActive(stay, nodeByID) {
+			if mv, ok := spreadRule(nodes, perNode, m); ok {
+				plan.Spread = append(plan.Spread, mv)
+				plan.place(nodes[mv.To], perNode, m)
+				continue
 			}
-			if countReady(stay[:want], ready) == want {
+		}
+		if len(stay) >= want {
+			keep, extra := keepSpread(stay, want, ready)
+			keptReady := countReady(keep, ready) == want
+			for _, r := range extra {
+				if keptReady || !ready(r) {
+					plan.Drain = append(plan.Drain, ref(r))
+				}
+			}
+			if keptReady {
 				for _, r := range moving {
 					plan.Drain = append(plan.Drain, ref(r))
 				}
@@ -158,13 +193,100 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 				plan.Unplaceable[m.Name] = missing - i
 				break
 			}
-			gpus := slices.Clone(best.free[:m.GpusPerReplica])
-			best.free = best.free[m.GpusPerReplica:]
-			perNode[best.node.Id]++
-			plan.Place = append(plan.Place, &llmgwv1.Replica{Model: m.Name, Node: best.node.Id, GpuIndices: gpus, Weight: 1})
+			plan.place(best, perNode, m)
 		}
 	}
 	return plan
+}
+
+// place adds a new replica of m on nf, taking its GPUs from nf's free
+// ones.
+func (p *Plan) place(nf *nodeFree, perNode map[string]int, m *llmgwv1.Model) {
+	gpus := slices.Clone(nf.free[:m.GpusPerReplica])
+	nf.free = nf.free[m.GpusPerReplica:]
+	perNode[nf.node.Id]++
+	p.Place = append(p.Place, &llmgwv1.Replica{Model: m.Name, Node: nf.node.Id, GpuIndices: gpus, Weight: 1})
+}
+
+// spreadRule says whether a model whose replicas are all placed and ready
+// should move one (perNode: its replicas per node). It does when the node
+// holding the most of them (ties: the lowest id) holds at least two more
+// than the node pick would place a new one on — the least-loaded ACTIVE
+// node matching the selector with room. So a model never keeps all its
+// replicas (two or more) on one node while another such node has room.
+//
+// Why a gap of two, not one: a move takes one from the busiest node and
+// gives one to the other, so the gap between them shrinks by two. With a
+// gap of two or more no move can undo another (the reverse would need the
+// receiving node to end two above the giving one), and each move lowers
+// the sum of squares of the per-node counts by at least two, so moves
+// end; with a gap of one a move would only swap which node has the extra
+// replica, and flap. An odd count on two nodes (3 as 2+1) is as spread as
+// it gets.
+func spreadRule(nodes map[string]*nodeFree, perNode map[string]int, m *llmgwv1.Model) (SpreadMove, bool) {
+	from, most := "", 0
+	for id, n := range perNode {
+		if n > most || (n == most && id < from) {
+			from, most = id, n
+		}
+	}
+	to := pick(nodes, perNode, m)
+	if to == nil || most-perNode[to.node.Id] < 2 {
+		return SpreadMove{}, false
+	}
+	return SpreadMove{Model: m.Name, From: from, To: to.node.Id}, true
+}
+
+// allActive: every replica's node is ACTIVE. A DOWN node within its grace
+// is left to the liveness rules (design §5.4): a spread move does not
+// start from it, or the grace would move replicas that may still serve.
+func allActive(rs []*llmgwv1.Replica, nodeByID map[string]*llmgwv1.Node) bool {
+	for _, r := range rs {
+		if nodeByID[r.Node].GetState() != llmgwv1.NodeState_NODE_STATE_ACTIVE {
+			return false
+		}
+	}
+	return true
+}
+
+// keepSpread splits the replicas that stay (sorted by ordinal) into the
+// want to keep and the extra to drain. Extras are taken one by one from
+// the node holding the most of those left; among equals a not-ready one
+// goes first (draining it costs no serving capacity), then the highest
+// ordinal (so ids stay low and stable). Taking from the busiest node is
+// what ends a spread move on the right replica: its replacement, on a
+// node with fewer, stays.
+func keepSpread(stay []*llmgwv1.Replica, want int, ready func(*llmgwv1.Replica) bool) (keep, extra []*llmgwv1.Replica) {
+	keep = slices.Clone(stay)
+	count := map[string]int{}
+	for _, r := range keep {
+		count[r.Node]++
+	}
+	for len(keep) > want {
+		victim := 0
+		for i := 1; i < len(keep); i++ {
+			if goesFirst(keep[i], keep[victim], count, ready) {
+				victim = i
+			}
+		}
+		r := keep[victim]
+		extra = append(extra, r)
+		count[r.Node]--
+		keep = slices.Delete(keep, victim, victim+1)
+	}
+	return keep, extra
+}
+
+// goesFirst: a is drained before b (keep is sorted by ordinal, so a later
+// one of equal rank has the higher ordinal and wins the tie).
+func goesFirst(a, b *llmgwv1.Replica, count map[string]int, ready func(*llmgwv1.Replica) bool) bool {
+	if count[a.Node] != count[b.Node] {
+		return count[a.Node] > count[b.Node]
+	}
+	if ra, rb := ready(a), ready(b); ra != rb {
+		return !ra
+	}
+	return true
 }
 
 // misplaced reports whether a replica must move, one at a time like any

@@ -2,6 +2,9 @@ package placement
 
 import (
 	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -73,6 +76,7 @@ func TestReconcile(t *testing.T) {
 	selective.NodeSelector = map[string]string{"gpu": "a100"}
 	ext := model("e", 3, 0)
 	ext.Engine = "external"
+	all := func(*llmgwv1.Replica) bool { return true }
 	tests := []struct {
 		name  string
 		state *llmgwv1.State
@@ -178,6 +182,67 @@ func TestReconcile(t *testing.T) {
 			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 1, 2)}, Nodes: []*llmgwv1.Node{node("a", 4)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1, 2)}},
 			Inputs{Ready: func(*llmgwv1.Replica) bool { return true }}, "~m-0 "},
+		// The spread rule: a node that attached after the model was placed.
+		{"spread: all on one node, one moves to a node with room",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1)}},
+			Inputs{Ready: all}, "+m@b[0] "},
+		{"spread: not while a replica is not ready",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1)}},
+			Inputs{Ready: func(r *llmgwv1.Replica) bool { return r.Id == "m-0" }}, ""},
+		{"spread: the busiest node's replica drains once the replacement is ready",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
+			Inputs{Ready: all}, "~m-1 "},
+		{"spread: nothing drains before the replacement is ready",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
+			Inputs{Ready: func(r *llmgwv1.Replica) bool { return r.Id != "m-2" }}, ""},
+		{"spread: balanced, no move",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2), node("c", 8)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "b", 2, 0)}},
+			Inputs{Ready: all}, ""},
+		{"spread: a gap of one does not move (it would only flap)",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 3, 1)}, Nodes: []*llmgwv1.Node{node("a", 4), node("b", 4)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
+			Inputs{Ready: all}, ""},
+		{"spread: not to a node without room",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1), model("o", 1, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 1)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("o-0", "o", "b", 3, 0)}},
+			Inputs{Ready: all}, ""},
+		{"spread: not to a node off the selector",
+			&llmgwv1.State{Models: []*llmgwv1.Model{selective}, Nodes: []*llmgwv1.Node{node("a", 2, "gpu", "a100"), node("b", 2, "gpu", "h100")},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1)}},
+			Inputs{Ready: all}, ""},
+		{"spread: not to a node that is not active",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{node("b", 2), down},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "b", 1, 0), replica("m-1", "m", "b", 2, 1)}},
+			Inputs{Ready: all}, ""},
+		{"spread: not off a down node within its grace",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{down, node("n3", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "n2", 1, 0), replica("m-1", "m", "n2", 2, 1)}},
+			Inputs{Ready: all}, ""},
+		{"spread: one move at a time, to the least-loaded node with room",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 4, 1)}, Nodes: []*llmgwv1.Node{node("a", 4), node("b", 2), node("c", 4)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "a", 3, 2), replica("m-3", "m", "b", 4, 0)}},
+			Inputs{Ready: all}, "+m@c[0] "},
+		{"spread: not while another move is under way",
+			&llmgwv1.State{Models: []*llmgwv1.Model{revised(2, 1, 9)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2)},
+				Replicas: []*llmgwv1.Replica{atRevision(replica("m-0", "m", "a", 1, 0), 9), atRevision(replica("m-1", "m", "a", 2, 1), 9), atRevision(replica("m-2", "m", "b", 3, 0), 5)}},
+			Inputs{Ready: all}, "~m-2 "},
+		{"spread: a model of one replica stays",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 1, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0)}},
+			Inputs{Ready: all}, ""},
+		{"a scale-down drains from the busiest node",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 2, 1)}, Nodes: []*llmgwv1.Node{node("a", 2), node("b", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1), replica("m-2", "m", "b", 3, 0)}},
+			Inputs{Ready: all}, "~m-1 "},
+		{"a scale-down drains a not-ready replica first among equals",
+			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 1, 1)}, Nodes: []*llmgwv1.Node{node("a", 2)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1)}},
+			Inputs{Ready: func(r *llmgwv1.Replica) bool { return r.Id == "m-1" }}, "~m-0 "},
 		{"external places nothing", &llmgwv1.State{Models: []*llmgwv1.Model{ext}, Nodes: []*llmgwv1.Node{node("a", 4)}}, Inputs{}, ""},
 	}
 	for _, tt := range tests {
@@ -224,21 +289,116 @@ func BenchmarkReconcile(b *testing.B) {
 	}
 }
 
-// TestMovesWalkOneAtATime plays placement forward — every placed replica
-// becomes ready on the next round, every drained one is removed — for a
-// drained node and for a rolling re-apply, and checks at every step that
-// the model keeps its count of ready replicas and never runs more than one
-// extra (design §4 "Changes roll", §5.5).
+// walk plays placement forward from st — every placed replica becomes
+// ready on the next round, every drained one is removed — until a round
+// decides nothing, and checks at every step, for every model, that it
+// keeps its count of ready replicas, never runs more than one extra and
+// never starts more than one move at once (design §4 "Changes roll",
+// §5.5). Replicas in st are taken as ready. It returns the rounds taken.
+func walk(t *testing.T, st *llmgwv1.State) int {
+	t.Helper()
+	ready := map[uint64]bool{}
+	uid := uint64(0)
+	for _, r := range st.Replicas {
+		ready[r.Uid] = true
+		uid = max(uid, r.Uid)
+	}
+	revision := map[string]uint64{}
+	for _, m := range st.Models {
+		revision[m.Name] = m.Revision
+	}
+	for step := 0; ; step++ {
+		if step > 100 {
+			t.Fatalf("did not settle in 100 rounds: %v", st.Replicas)
+		}
+		for _, m := range st.Models {
+			serving, readyServing := 0, 0
+			for _, r := range st.Replicas {
+				if r.Model == m.Name && !r.Draining {
+					serving++
+					if ready[r.Uid] {
+						readyServing++
+					}
+				}
+			}
+			if want := int(m.Replicas); serving > want+1 || readyServing < want {
+				t.Fatalf("step %d: model %s: %d serving, %d of them ready (want %d ready, at most %d serving)", step, m.Name, serving, readyServing, want, want+1)
+			}
+		}
+		// Placed replicas become ready a round after they appear.
+		for _, r := range st.Replicas {
+			ready[r.Uid] = ready[r.Uid] || !r.Draining
+		}
+		p := Reconcile(st, Inputs{
+			Ready:   func(r *llmgwv1.Replica) bool { return ready[r.Uid] },
+			Drained: func(*llmgwv1.Replica) bool { return true },
+		})
+		if len(p.Unplaceable) > 0 {
+			t.Fatalf("step %d: unplaceable: %s", step, render(p))
+		}
+		perModel := map[string]int{}
+		for _, r := range append(slices.Clone(p.Drain), p.Place...) {
+			if perModel[r.Model]++; perModel[r.Model] > 1 {
+				t.Fatalf("step %d: more than one move at once for %s: %s", step, r.Model, render(p))
+			}
+		}
+		if p.Empty() {
+			return step
+		}
+		gone := map[string]bool{}
+		for _, r := range p.Remove {
+			gone[r.Id] = true
+		}
+		var next []*llmgwv1.Replica
+		for _, r := range st.Replicas {
+			if gone[r.Id] {
+				continue
+			}
+			for _, d := range p.Drain {
+				if d.Id == r.Id {
+					r.Draining = true
+				}
+			}
+			next = append(next, r)
+		}
+		for _, r := range p.Place {
+			uid++
+			r.Id, r.Uid, r.ModelRevision = fmt.Sprintf("%s-%d", r.Model, uid), uid, revision[r.Model]
+			next = append(next, r)
+		}
+		st.Replicas = next
+	}
+}
+
+// perNodeOf counts a model's replicas per node.
+func perNodeOf(st *llmgwv1.State, model string) map[string]int {
+	out := map[string]int{}
+	for _, r := range st.Replicas {
+		if r.Model == model {
+			out[r.Node]++
+		}
+	}
+	return out
+}
+
+// TestMovesWalkOneAtATime walks a drained node, a rolling re-apply and a
+// node that joined after the model was placed (the spread rule) to the
+// end, one move at a time, and checks where the replicas end.
 func TestMovesWalkOneAtATime(t *testing.T) {
 	tests := []struct {
 		name  string
 		setup func(st *llmgwv1.State)
-		done  func(r *llmgwv1.Replica) bool
+		done  func(st *llmgwv1.State) bool
 	}{
 		{"drain node a", func(st *llmgwv1.State) { st.Nodes[0].State = llmgwv1.NodeState_NODE_STATE_DRAINING },
-			func(r *llmgwv1.Replica) bool { return r.Node == "b" }},
+			func(st *llmgwv1.State) bool { return maps.Equal(perNodeOf(st, "m"), map[string]int{"b": 3}) }},
 		{"re-apply rolls", func(st *llmgwv1.State) { st.Models[0].Revision = 50 },
-			func(r *llmgwv1.Replica) bool { return r.ModelRevision == 50 }},
+			func(st *llmgwv1.State) bool {
+				return !slices.ContainsFunc(st.Replicas, func(r *llmgwv1.Replica) bool { return r.ModelRevision != 50 }) &&
+					len(perNodeOf(st, "m")) == 2
+			}},
+		{"b joined after the placement", func(*llmgwv1.State) {},
+			func(st *llmgwv1.State) bool { return maps.Equal(perNodeOf(st, "m"), map[string]int{"a": 2, "b": 1}) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -249,69 +409,92 @@ func TestMovesWalkOneAtATime(t *testing.T) {
 				st.Replicas = append(st.Replicas, atRevision(replica(fmt.Sprintf("m-%d", i), "m", "a", uint64(i+1), uint32(i)), 1))
 			}
 			tt.setup(st)
-			ready := map[uint64]bool{1: true, 2: true, 3: true}
-			uid := uint64(100)
-			for step := 0; ; step++ {
-				if step > 50 {
-					t.Fatal("did not settle in 50 rounds")
-				}
-				serving, readyServing := 0, 0
-				for _, r := range st.Replicas {
-					if !r.Draining {
-						serving++
-						if ready[r.Uid] {
-							readyServing++
-						}
-					}
-				}
-				if serving > want+1 || readyServing < want {
-					t.Fatalf("step %d: %d serving, %d of them ready (want %d ready, at most %d serving)", step, serving, readyServing, want, want+1)
-				}
-				// Placed replicas become ready a round after they appear.
-				for _, r := range st.Replicas {
-					ready[r.Uid] = ready[r.Uid] || !r.Draining
-				}
-				p := Reconcile(st, Inputs{
-					Ready:   func(r *llmgwv1.Replica) bool { return ready[r.Uid] },
-					Drained: func(*llmgwv1.Replica) bool { return true },
-				})
-				if len(p.Drain) > 1 || len(p.Place) > 1 {
-					t.Fatalf("step %d: more than one move at once: %s", step, render(p))
-				}
-				if p.Empty() {
-					break
-				}
-				gone := map[string]bool{}
-				for _, r := range p.Remove {
-					gone[r.Id] = true
-				}
-				var next []*llmgwv1.Replica
-				for _, r := range st.Replicas {
-					if gone[r.Id] {
-						continue
-					}
-					for _, d := range p.Drain {
-						if d.Id == r.Id {
-							r.Draining = true
-						}
-					}
-					next = append(next, r)
-				}
-				for _, r := range p.Place {
-					uid++
-					r.Id, r.Uid, r.ModelRevision = fmt.Sprintf("m-%d", uid), uid, m.Revision
-					next = append(next, r)
-				}
-				st.Replicas = next
-			}
+			walk(t, st)
 			if len(st.Replicas) != want {
 				t.Fatalf("settled with %d replicas, want %d", len(st.Replicas), want)
 			}
 			for _, r := range st.Replicas {
-				if !tt.done(r) || r.Draining {
+				if r.Draining {
 					t.Fatalf("settled with %v", r)
 				}
 			}
+			if !tt.done(st) {
+				t.Fatalf("settled with %v per node", perNodeOf(st, "m"))
+			}
 		})
+	}
+}
+
+// TestSpreadSettles walks fleets whose replicas were all placed on the
+// first node before the others attached, for several node sizes, labels,
+// selectors and models sharing the GPUs, and checks that each settles
+// (no flapping: a round that decides nothing comes) with every step
+// within the count (walk), and that then no model has two more replicas
+// on one node than on an ACTIVE matching node with room — in particular,
+// none has all of two or more on one node while another could take one.
+func TestSpreadSettles(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 5))
+	moved := 0
+	for i := range 200 {
+		st := &llmgwv1.State{}
+		nodes := 2 + rng.IntN(4)
+		for n := range nodes {
+			nd := node(fmt.Sprintf("n%d", n), uint32(1+rng.IntN(8)))
+			if n == 0 {
+				nd.Gpus = 16
+			}
+			if rng.IntN(3) == 0 {
+				nd.Labels["gpu"] = "h100"
+			}
+			if n > 0 && rng.IntN(6) == 0 {
+				nd.State = llmgwv1.NodeState_NODE_STATE_DRAINING
+			}
+			st.Nodes = append(st.Nodes, nd)
+		}
+		st.Nodes[0].Labels["gpu"] = "h100"
+		free := uint32(16)
+		for k := range 1 + rng.IntN(3) {
+			gpus := uint32(1 + rng.IntN(2))
+			count := uint32(1 + rng.IntN(4))
+			if gpus*count > free {
+				break
+			}
+			m := model(fmt.Sprintf("m%d", k), count, gpus)
+			if rng.IntN(3) == 0 {
+				m.NodeSelector = map[string]string{"gpu": "h100"}
+			}
+			st.Models = append(st.Models, m)
+			for range count {
+				var g []uint32
+				for range gpus {
+					free--
+					g = append(g, 15-free)
+				}
+				uid := uint64(len(st.Replicas) + 1)
+				st.Replicas = append(st.Replicas, replica(fmt.Sprintf("%s-%d", m.Name, uid), m.Name, "n0", uid, g...))
+			}
+		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if walk(t, st) > 0 {
+				moved++
+			}
+			used := map[string]int{}
+			for _, r := range st.Replicas {
+				used[r.Node] += len(r.GpuIndices)
+			}
+			for _, m := range st.Models {
+				perNode := perNodeOf(st, m.Name)
+				most := slices.Max(slices.Collect(maps.Values(perNode)))
+				for _, n := range st.Nodes {
+					room := int(n.Gpus)-used[n.Id] >= int(m.GpusPerReplica)
+					if n.State == llmgwv1.NodeState_NODE_STATE_ACTIVE && Matches(n, m.NodeSelector) && room && most-perNode[n.Id] >= 2 {
+						t.Errorf("settled with %s at %v per node, yet %s has room", m.Name, perNode, n.Id)
+					}
+				}
+			}
+		})
+	}
+	if moved < 100 {
+		t.Fatalf("only %d of 200 fleets moved a replica: the walk did not exercise the spread rule", moved)
 	}
 }
