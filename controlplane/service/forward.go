@@ -168,13 +168,22 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 		return handler(ctx, req)
 	}
 	start := time.Now()
+	// Answered here, the call is bounded like a forwarded one, so that a
+	// leader stuck in a write (its enqueue timeout is the deadline) still
+	// answers in time.
+	hctx := ctx
+	if by, ok := ReplyBy(ctx); ok {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithDeadline(ctx, by)
+		defer cancel()
+	}
 	var out any
 	noLeader := false
 	err := Hold(ctx, f.hold, func() error {
 		var err error
 		out, noLeader = nil, false
 		if f.raft.IsLeader() {
-			out, err = handler(ctx, req)
+			out, err = handler(hctx, req)
 		} else if id, addr, found := f.peers.LeaderAddr(); found {
 			r := proto.Clone(resp)
 			err = f.forward(ctx, id, addr, info.FullMethod, req, r)

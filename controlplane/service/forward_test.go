@@ -17,11 +17,14 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// fakeRaft is this server's Raft: a follower that knows the leader it is
-// told, or none.
-type fakeRaft struct{ leaderID string }
+// fakeRaft is this server's Raft: the leader when leads, else a follower
+// that knows the leader it is told, or none.
+type fakeRaft struct {
+	leaderID string
+	leads    bool
+}
 
-func (fakeRaft) IsLeader() bool { return false }
+func (r fakeRaft) IsLeader() bool { return r.leads }
 func (r fakeRaft) NotLeader() error {
 	return &store.NotLeaderError{LeaderID: r.leaderID}
 }
@@ -110,6 +113,9 @@ func TestForwarderAnswersBeforeTheDeadline(t *testing.T) {
 		// forwarded is how many calls must reach the leader (-1: any).
 		forwarded int
 		local     bool // the handler must have answered
+		leads     bool // this server leads
+		// stuck: the handler waits for its context to end.
+		stuck bool
 	}{
 		{name: "no leader, voters down, deadline shorter than the hold",
 			fleet:  &fakeFleet{voters: three, alive: map[string]bool{"c3": true, "c1": false}},
@@ -158,6 +164,10 @@ func TestForwarderAnswersBeforeTheDeadline(t *testing.T) {
 			leader: "c1", fleet: &fakeFleet{leader: "c1", addr: "10.0.0.1:7400", voters: three},
 			method: llmgwv1.AdminService_ListModels_FullMethodName, req: &llmgwv1.ListRequest{Consistent: true},
 			hold: time.Second, want: codes.OK, forwarded: 1},
+		{name: "the leader stuck in a write still answers before the deadline",
+			leads: true, stuck: true, fleet: &fakeFleet{voters: three},
+			method: llmgwv1.AdminService_ApplyModel_FullMethodName, req: &llmgwv1.ApplyModelRequest{},
+			hold: 5 * time.Second, deadline: 400 * time.Millisecond, want: codes.DeadlineExceeded, local: true},
 		{name: "a plain read is answered here",
 			leader: "c1", fleet: &fakeFleet{leader: "c1", addr: "10.0.0.1:7400", voters: three},
 			method: llmgwv1.AdminService_ListReplicas_FullMethodName, req: &llmgwv1.ListRequest{},
@@ -165,7 +175,7 @@ func TestForwarderAnswersBeforeTheDeadline(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			f := NewForwarder("c3", tt.hold, fakeRaft{leaderID: tt.leader}, tt.fleet)
+			f := NewForwarder("c3", tt.hold, fakeRaft{leaderID: tt.leader, leads: tt.leads}, tt.fleet)
 			ctx := context.Background()
 			if tt.deadline > 0 {
 				var cancel context.CancelFunc
@@ -173,7 +183,14 @@ func TestForwarderAnswersBeforeTheDeadline(t *testing.T) {
 				defer cancel()
 			}
 			local := false
-			handler := func(context.Context, any) (any, error) { local = true; return &llmgwv1.ListReplicasResponse{}, nil }
+			handler := func(ctx context.Context, _ any) (any, error) {
+				local = true
+				if tt.stuck {
+					<-ctx.Done()
+					return nil, ctx.Err()
+				}
+				return &llmgwv1.ListReplicasResponse{}, nil
+			}
 			start := time.Now()
 			_, err := f.Unary(ctx, tt.req, &grpc.UnaryServerInfo{FullMethod: tt.method}, handler)
 			took := time.Since(start)
