@@ -70,10 +70,11 @@ func ToStatus(err error) error {
 // `model "x": not found` — as `model "x" not found`, without the
 // operation and log index wrapped around it on the way out.
 func notFound(err error) string {
+	wrapper := err
 	for e := err; e != nil; e = errors.Unwrap(e) {
-		if errors.Unwrap(e) == fsm.ErrNotFound {
-			return strings.Replace(e.Error(), ": "+fsm.ErrNotFound.Error(), " "+fsm.ErrNotFound.Error(), 1)
+		if u := errors.Unwrap(e); u != nil && errors.Is(u, fsm.ErrNotFound) {
+			wrapper = e
 		}
 	}
-	return err.Error()
+	return strings.Replace(wrapper.Error(), ": "+fsm.ErrNotFound.Error(), " "+fsm.ErrNotFound.Error(), 1)
 }
