@@ -93,6 +93,8 @@ func grpcCode(err error) (codes.Code, bool) {
 type callError struct {
 	code codes.Code
 	msg  string
+	// status is the status's own message, without the command's words.
+	status string
 }
 
 func (e *callError) Error() string { return e.msg }

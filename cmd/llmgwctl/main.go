@@ -109,10 +109,13 @@ func (c *cli) hintTimeout(ctx context.Context, err error) error {
 	return fmt.Errorf("%w: %s did not answer within --timeout %v; a write may or may not have been applied", err, c.addr, c.timeout)
 }
 
-// hintUnreachable says what gRPC's "connection error: desc = transport:
-// Error while dialing ..." means: nothing answers at --addr.
+// hintUnreachable says what gRPC's own "connection error: desc =
+// transport: Error while dialing ..." means: nothing answers at --addr.
+// A server's message that quotes one (it cannot reach the leader) is not
+// that.
 func (c *cli) hintUnreachable(err error) error {
-	if code, _ := grpcCode(err); code != codes.Unavailable || !strings.Contains(err.Error(), "connection error") {
+	var ce *callError
+	if !errors.As(err, &ce) || ce.code != codes.Unavailable || !strings.HasPrefix(ce.status, "connection error") {
 		return err
 	}
 	return fmt.Errorf("no server answers at %s (give --addr or LLMGW_ADDR): %w", c.addr, err)
@@ -155,5 +158,5 @@ func plainError(err error) error {
 	}
 	inner := se.(error).Error()
 	st := se.GRPCStatus()
-	return &callError{code: st.Code(), msg: strings.Replace(err.Error(), inner, st.Message(), 1)}
+	return &callError{code: st.Code(), msg: strings.Replace(err.Error(), inner, st.Message(), 1), status: st.Message()}
 }
