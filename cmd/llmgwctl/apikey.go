@@ -95,7 +95,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 			})
 		},
 	}
-	list.Flags().BoolVar(&consistent, "consistent", false, "read from the leader, after confirming its leadership")
+	consistentFlag(list, &consistent)
 
 	revoke := &cobra.Command{
 		Use:   "revoke NAME",
@@ -109,7 +109,8 @@ func (c *cli) apikeyCmd() *cobra.Command {
 				}
 				// With no key left every request is refused (the cluster
 				// requires keys once one has existed, router/auth): say so.
-				left, err := a.ListApiKeys(ctx, &llmgwv1.ListRequest{})
+				// Consistent: a follower's copy may not hold the revoke yet.
+				left, err := a.ListApiKeys(ctx, &llmgwv1.ListRequest{Consistent: true})
 				last := err == nil && len(left.Keys) == 0
 				if c.output == "json" {
 					return c.printJSON(map[string]any{"name": args[0], "revision": resp.Revision, "last_key": last})

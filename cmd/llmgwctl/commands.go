@@ -23,7 +23,7 @@ func (c *cli) modelCmd() *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file == "" {
-				return errors.New("-f: a model file is required")
+				return usage(errors.New("-f: a model file is required"))
 			}
 			in := os.Stdin
 			if file != "-" {
@@ -53,13 +53,14 @@ func (c *cli) modelCmd() *cobra.Command {
 	}
 	apply.Flags().StringVarP(&file, "file", "f", "", "the model's YAML file, or - for stdin")
 
+	var consistent bool
 	list := &cobra.Command{
 		Use:   "list",
 		Short: "List models",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
-				resp, err := a.ListModels(ctx, &llmgwv1.ListRequest{})
+				resp, err := a.ListModels(ctx, &llmgwv1.ListRequest{Consistent: consistent})
 				if err != nil {
 					return fmt.Errorf("model list: %w", err)
 				}
@@ -75,6 +76,7 @@ func (c *cli) modelCmd() *cobra.Command {
 			})
 		},
 	}
+	consistentFlag(list, &consistent)
 
 	del := &cobra.Command{
 		Use:   "delete NAME",
@@ -100,13 +102,14 @@ func (c *cli) modelCmd() *cobra.Command {
 
 func (c *cli) nodeCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "Inspect, drain and undrain GPU nodes"}
-	cmd.AddCommand(&cobra.Command{
+	var consistent bool
+	list := &cobra.Command{
 		Use:   "list",
 		Short: "List registered nodes",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
-				resp, err := a.ListNodes(ctx, &llmgwv1.ListRequest{})
+				resp, err := a.ListNodes(ctx, &llmgwv1.ListRequest{Consistent: consistent})
 				if err != nil {
 					return fmt.Errorf("node list: %w", err)
 				}
@@ -121,20 +124,23 @@ func (c *cli) nodeCmd() *cobra.Command {
 				return c.printTable([]string{"ID", "ADDRESS", "GPUS", "STATE", "CONNECTED", "VERSION", "LABELS"}, rows)
 			})
 		},
-	})
+	}
+	consistentFlag(list, &consistent)
+	cmd.AddCommand(list)
 	cmd.AddCommand(c.nodeDrainCmds()...)
 	return cmd
 }
 
 func (c *cli) replicaCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "replica", Short: "Inspect replicas"}
-	cmd.AddCommand(&cobra.Command{
+	var consistent bool
+	list := &cobra.Command{
 		Use:   "list",
 		Short: "List replicas with their node, address and state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
-				resp, err := a.ListReplicas(ctx, &llmgwv1.ListRequest{})
+				resp, err := a.ListReplicas(ctx, &llmgwv1.ListRequest{Consistent: consistent})
 				if err != nil {
 					return fmt.Errorf("replica list: %w", err)
 				}
@@ -157,7 +163,9 @@ func (c *cli) replicaCmd() *cobra.Command {
 				return c.printTable([]string{"ID", "MODEL", "NODE", "ADDRESS", "STATE", "UID", "INCARNATION", "RESTARTS"}, rows)
 			})
 		},
-	})
+	}
+	consistentFlag(list, &consistent)
+	cmd.AddCommand(list)
 	return cmd
 }
 
@@ -197,6 +205,16 @@ func (c *cli) clusterCmd() *cobra.Command {
 		},
 	})
 	return cmd
+}
+
+// consistentFlag is --consistent on a list command (design §5.3): the
+// server at --addr answers from its own copy of the state unless asked,
+// which may lag the leader's by the last writes; with it the leader
+// answers, after its post-election barrier and after confirming with a
+// quorum that it still leads, so the list holds every write that
+// completed before it was asked.
+func consistentFlag(cmd *cobra.Command, p *bool) {
+	cmd.Flags().BoolVar(p, "consistent", false, "have the leader answer, after confirming its leadership with a quorum: the list holds every write completed before it (default: the server at --addr answers from its copy, which may lag)")
 }
 
 // stateName turns NODE_STATE_ACTIVE into "active".

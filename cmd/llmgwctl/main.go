@@ -13,6 +13,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/mtls"
@@ -36,10 +37,7 @@ type cli struct {
 }
 
 func main() {
-	if err := newRootCmd(os.Stdout).Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "llmgwctl:", err)
-		os.Exit(1)
-	}
+	os.Exit(execute(os.Args[1:], os.Stdout, os.Stderr))
 }
 
 func newRootCmd(out io.Writer) *cobra.Command {
@@ -47,18 +45,19 @@ func newRootCmd(out io.Writer) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "llmgwctl",
 		Short:         "Operate an llmgw cluster: models, nodes, replicas, servers",
+		Long:          "Operate an llmgw cluster: models, nodes, replicas, servers.\n\n" + exitHelp,
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(*cobra.Command, []string) error {
 			if m := c.tls.Missing(); len(m) > 0 {
-				return fmt.Errorf("--%s: required when any of --tls-ca, --tls-cert, --tls-key is given", m[0])
+				return usage(fmt.Errorf("--%s: required when any of --tls-ca, --tls-cert, --tls-key is given", m[0]))
 			}
 			switch c.output {
 			case "table", "json":
 				return nil
 			default:
-				return fmt.Errorf("-o: %q is neither table nor json", c.output)
+				return usage(fmt.Errorf("-o: %q is neither table nor json", c.output))
 			}
 		},
 	}
@@ -78,6 +77,7 @@ func newRootCmd(out io.Writer) *cobra.Command {
 	root.AddCommand(c.modelCmd(), node, c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
 		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd(), c.upgradeCmd(), c.tlsCmd())
 	root.AddCommand(c.apikeyCmd(), c.keyringCmd())
+	wireUsage(root)
 	return root
 }
 
@@ -95,7 +95,30 @@ func (c *cli) admin(ctx context.Context, fn func(context.Context, llmgwv1.AdminS
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
-	return c.hintTLS(plainError(fn(ctx, llmgwv1.NewAdminServiceClient(conn))))
+	err = plainError(fn(ctx, llmgwv1.NewAdminServiceClient(conn)))
+	return c.hintTimeout(ctx, c.hintUnreachable(c.hintTLS(err)))
+}
+
+// hintTimeout says what gRPC's "context deadline exceeded" means when it is
+// --timeout that passed: no answer, and so no knowing whether a write was
+// applied.
+func (c *cli) hintTimeout(ctx context.Context, err error) error {
+	if code, _ := grpcCode(err); code != codes.DeadlineExceeded || ctx.Err() == nil || !strings.HasSuffix(err.Error(), context.DeadlineExceeded.Error()) {
+		return err
+	}
+	return fmt.Errorf("%w: %s did not answer within --timeout %v; a write may or may not have been applied", err, c.addr, c.timeout)
+}
+
+// hintUnreachable says what gRPC's own "connection error: desc =
+// transport: Error while dialing ..." means: nothing answers at --addr.
+// A server's message that quotes one (it cannot reach the leader) is not
+// that.
+func (c *cli) hintUnreachable(err error) error {
+	var ce *callError
+	if !errors.As(err, &ce) || ce.code != codes.Unavailable || !strings.HasPrefix(ce.status, "connection error") {
+		return err
+	}
+	return fmt.Errorf("no server answers at %s (give --addr or LLMGW_ADDR): %w", c.addr, err)
 }
 
 // hintTLS adds what gRPC's own message does not say: a plain-text call to
@@ -122,9 +145,9 @@ func (c *cli) credentials() (grpc.DialOption, error) {
 }
 
 // plainError turns a gRPC status into the server's message, which already
-// names the field or object at fault; the code is noise to an operator. The
-// operation a command wrapped around the status ("raft remove-peer c3: ...")
-// is kept.
+// names the field or object at fault; the code is noise to an operator,
+// kept only for the exit status (exitCode). The operation a command
+// wrapped around the status ("raft remove-peer c3: ...") is kept.
 func plainError(err error) error {
 	if err == nil {
 		return nil
@@ -134,6 +157,6 @@ func plainError(err error) error {
 		return err
 	}
 	inner := se.(error).Error()
-	msg := se.GRPCStatus().Message()
-	return errors.New(strings.Replace(err.Error(), inner, msg, 1))
+	st := se.GRPCStatus()
+	return &callError{code: st.Code(), msg: strings.Replace(err.Error(), inner, st.Message(), 1), status: st.Message()}
 }

@@ -108,12 +108,19 @@ func (f *fakeAdmin) ClusterStatus(context.Context, *llmgwv1.ClusterStatusRequest
 // serveFake serves f on a loopback port until the test ends.
 func serveFake(t *testing.T, f *fakeAdmin) string {
 	t.Helper()
+	return serveAdmin(t, f)
+}
+
+// serveAdmin serves any AdminService on a loopback port until the test
+// ends.
+func serveAdmin(t *testing.T, a llmgwv1.AdminServiceServer) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
-	llmgwv1.RegisterAdminServiceServer(srv, f)
+	llmgwv1.RegisterAdminServiceServer(srv, a)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -20,7 +20,10 @@
 //     go to the leader's gRPC address (from gossip), marked so they are
 //     never forwarded twice; while there is no leader, or it refuses before
 //     logging the entry, the call is held and retried, backing off with
-//     jitter, up to RPCHoldTimeout (Consul's rpc_hold_timeout). A leader
+//     jitter, up to RPCHoldTimeout (Consul's rpc_hold_timeout) or just
+//     before the client's deadline (ReplyBy), so the client gets an answer
+//     that says why — no leader, and how many voters this server reaches —
+//     rather than its stream reset by the deadline. A leader
 //     that loses office mid-commit answers ABORTED (the write may have been
 //     applied) rather than retry blindly. Without gossip a follower cannot
 //     find the leader's address: such calls answer UNAVAILABLE naming the

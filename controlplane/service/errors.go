@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
@@ -38,7 +39,9 @@ func ToStatus(err error) error {
 	switch {
 	case errors.As(err, &ve):
 		return status.Error(codes.InvalidArgument, ve.Error())
-	case errors.Is(err, fsm.ErrNotFound), errors.Is(err, leader.ErrUnknownAdapter):
+	case errors.Is(err, fsm.ErrNotFound):
+		return status.Error(codes.NotFound, notFound(err))
+	case errors.Is(err, leader.ErrUnknownAdapter):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, fsm.ErrConflict):
 		return status.Error(codes.FailedPrecondition, err.Error())
@@ -60,4 +63,18 @@ func ToStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
+}
+
+// notFound is the message of an fsm.ErrNotFound chain for an operator:
+// what the FSM said was missing — the error that wraps the sentinel,
+// `model "x": not found` — as `model "x" not found`, without the
+// operation and log index wrapped around it on the way out.
+func notFound(err error) string {
+	wrapper := err
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if u := errors.Unwrap(e); u != nil && errors.Is(u, fsm.ErrNotFound) {
+			wrapper = e
+		}
+	}
+	return strings.Replace(wrapper.Error(), ": "+fsm.ErrNotFound.Error(), " "+fsm.ErrNotFound.Error(), 1)
 }

@@ -45,3 +45,22 @@ func TestToStatus(t *testing.T) {
 		})
 	}
 }
+
+// TestNotFoundNamesTheObject: a NOT_FOUND says what is missing, as the FSM
+// named it, without the operation and log index wrapped around it.
+func TestNotFoundNamesTheObject(t *testing.T) {
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("delete model nope: %w", fmt.Errorf("apply index 4 COMMAND_TYPE_DELETE_MODEL: %w", fmt.Errorf("model %q: %w", "nope", fsm.ErrNotFound))), `model "nope" not found`},
+		{fmt.Errorf("revoke api key k: %w", fmt.Errorf("api key %q: %w", "k", fsm.ErrNotFound)), `api key "k" not found`},
+		{fmt.Errorf("replica %q: %w (omit the id to place a new one)", "r1", fsm.ErrNotFound), `replica "r1" not found (omit the id to place a new one)`},
+		{fsm.ErrNotFound, "not found"},
+	}
+	for _, tt := range tests {
+		if got := status.Convert(ToStatus(tt.err)).Message(); got != tt.want {
+			t.Errorf("ToStatus(%v) says %q, want %q", tt.err, got, tt.want)
+		}
+	}
+}

@@ -2,6 +2,8 @@ package service
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -45,19 +47,42 @@ func ForwardedContext(ctx context.Context, from string) context.Context {
 // refusal that guarantees nothing was applied — or hold has passed,
 // backing off with jitter (50 ms doubling to 200 ms) between attempts, so
 // an election or a leadership transfer costs a client latency, not an
-// error. It returns try's last error, or ctx's once ctx ends while waiting.
+// error. Holding also stops short of ctx's deadline (ReplyBy), so a client
+// whose timeout is shorter than hold receives the last UNAVAILABLE, which
+// says why, rather than its stream reset by the deadline ("RST_STREAM
+// CANCEL"). It returns try's last error, or ctx's once ctx is cancelled
+// while waiting.
 func Hold(ctx context.Context, hold time.Duration, try func() error) error {
-	deadline := time.Now().Add(hold)
+	end := time.Now().Add(hold)
+	if by, ok := ReplyBy(ctx); ok && by.Before(end) {
+		end = by
+	}
 	b := backoff.New(50*time.Millisecond, 200*time.Millisecond, nil)
 	for {
 		err := try()
-		if status.Code(ToStatus(err)) != codes.Unavailable || time.Now().After(deadline) {
+		if status.Code(ToStatus(err)) != codes.Unavailable {
 			return err
 		}
-		if !backoff.Sleep(ctx, b.Next()) {
+		left := time.Until(end)
+		if left <= 0 {
+			return err
+		}
+		if !backoff.Sleep(ctx, min(b.Next(), left)) {
 			return ctx.Err()
 		}
 	}
+}
+
+// ReplyBy is when a call must be answered for the answer to reach its
+// client: ctx's deadline less a reserve for the way back (a tenth of the
+// time left, 20 ms to 1 s). ok is false when ctx has no deadline.
+func ReplyBy(ctx context.Context) (time.Time, bool) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return time.Time{}, false
+	}
+	reserve := min(max(time.Until(dl)/10, 20*time.Millisecond), time.Second)
+	return dl.Add(-reserve), true
 }
 
 // leaderOnly says which calls must be answered by the leader and makes the
@@ -90,17 +115,35 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdapterService_EnsureAdapter_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.EnsureAdapterResponse{}, true },
 }
 
+// Quorum is what a "no leader" answer says of the voters: the Raft
+// configuration as this server knows it, and gossip's view of each server
+// (package cluster).
+type Quorum interface {
+	// Servers is the control servers of the Raft configuration, this one
+	// first, voters marked.
+	Servers() []*llmgwv1.ControlServer
+	// Members is every server gossip has seen, with its status.
+	Members() []*llmgwv1.Member
+}
+
+// ForwardPeers is what forwarding needs of the other servers: where the
+// leader is, and, to explain its absence, the voters' state.
+type ForwardPeers interface {
+	Peers
+	Quorum
+}
+
 // Forwarder is the one place leader-only unary calls reach the leader.
 type Forwarder struct {
 	self  string
 	hold  time.Duration
 	raft  Leadership
-	peers Peers
+	peers ForwardPeers
 }
 
 // NewForwarder returns the forwarding of server self, holding calls up to
 // hold (RPCHoldTimeout).
-func NewForwarder(self string, hold time.Duration, r Leadership, p Peers) *Forwarder {
+func NewForwarder(self string, hold time.Duration, r Leadership, p ForwardPeers) *Forwarder {
 	return &Forwarder{self: self, hold: hold, raft: r, peers: p}
 }
 
@@ -108,6 +151,13 @@ func NewForwarder(self string, hold time.Duration, r Leadership, p Peers) *Forwa
 // leads; otherwise the call goes to the leader's gRPC address, held (Hold)
 // while there is no leader or the leader refuses because it just stopped
 // leading. Other calls, and forwarded ones, are answered here.
+//
+// What a held call finally answers is meant for an operator: with no
+// leader, how many voters this server reaches and how many a quorum needs
+// (UNAVAILABLE); with a leader that cannot be reached, which one (the
+// transport's UNAVAILABLE); with a leader that took the call and did not
+// answer before the client's deadline, that the outcome is unknown
+// (DEADLINE_EXCEEDED) — never a stream reset by the deadline.
 func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	newResp, ok := leaderOnly[info.FullMethod]
 	if !ok {
@@ -117,23 +167,115 @@ func (f *Forwarder) Unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 	if !needLeader || IsForwarded(ctx) {
 		return handler(ctx, req)
 	}
+	start := time.Now()
+	// Answered here, the call is bounded like a forwarded one, so that a
+	// leader stuck in a write (its enqueue timeout is the deadline) still
+	// answers in time.
+	hctx := ctx
+	if by, ok := ReplyBy(ctx); ok {
+		var cancel context.CancelFunc
+		hctx, cancel = context.WithDeadline(ctx, by)
+		defer cancel()
+	}
 	var out any
+	noLeader := false
 	err := Hold(ctx, f.hold, func() error {
 		var err error
-		out = nil
+		out, noLeader = nil, false
 		if f.raft.IsLeader() {
-			out, err = handler(ctx, req)
-		} else if _, addr, found := f.peers.LeaderAddr(); found {
+			out, err = handler(hctx, req)
+		} else if id, addr, found := f.peers.LeaderAddr(); found {
 			r := proto.Clone(resp)
-			err = f.peers.Conn(addr).Invoke(ForwardedContext(ctx, f.self), info.FullMethod, req, r)
+			err = f.forward(ctx, id, addr, info.FullMethod, req, r)
 			out = r
 		} else {
 			err = ToStatus(f.raft.NotLeader())
+			noLeader = id == ""
 		}
 		return err
 	})
+	if noLeader && status.Code(err) == codes.Unavailable {
+		err = status.Error(codes.Unavailable, f.noLeader(time.Since(start)))
+	}
 	// err is a status already, or ctx's end while holding.
 	return out, ToStatus(err)
+}
+
+// forward sends the call to the leader, bounded so that this server can
+// still answer before the client's deadline (ReplyBy). A leader that did
+// not answer by then may have applied a write: DEADLINE_EXCEEDED says so.
+// A leader that cannot be reached is UNAVAILABLE, held and retried.
+func (f *Forwarder) forward(ctx context.Context, id, addr, method string, req any, resp proto.Message) error {
+	fctx := ForwardedContext(ctx, f.self)
+	if by, ok := ReplyBy(ctx); ok {
+		var cancel context.CancelFunc
+		fctx, cancel = context.WithDeadline(fctx, by)
+		defer cancel()
+	}
+	err := f.peers.Conn(addr).Invoke(fctx, method, req, resp)
+	st, _ := status.FromError(err)
+	switch {
+	case err == nil:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case st.Code() == codes.DeadlineExceeded && fctx.Err() != nil:
+		return status.Errorf(codes.DeadlineExceeded, "the leader %s at %s did not answer %s in time (cut off, or overloaded?): a write may or may not have been applied, check before retrying", id, addr, f.self)
+	case st.Code() == codes.Unavailable && !isLeaderRefusal(st.Message()):
+		return status.Errorf(codes.Unavailable, "%s cannot reach the leader %s at %s: %s", f.self, id, addr, st.Message())
+	}
+	return err
+}
+
+// isLeaderRefusal tells the leader's own UNAVAILABLE (it stopped leading,
+// or is catching up) from the transport's: only the transport's needs the
+// leader's address to be read.
+func isLeaderRefusal(msg string) bool {
+	for _, s := range []string{"not the leader", "no leader", ErrCatchingUp.Error()} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// noLeader is the answer to a call held for held while no server led: what
+// this server sees of the voters, so an operator knows whether servers are
+// down or cut off (bring them back) or an election is still under way
+// (retry).
+func (f *Forwarder) noLeader(held time.Duration) string {
+	alive := map[string]bool{}
+	gossip := false
+	for _, m := range f.peers.Members() {
+		if m.Id != f.self {
+			gossip = true
+		}
+		alive[m.Id] = m.Status == "alive"
+	}
+	voters, up := 0, 0
+	var down []string
+	for _, s := range f.peers.Servers() {
+		if !s.Voter {
+			continue
+		}
+		voters++
+		if s.Id == f.self || alive[s.Id] {
+			up++
+		} else {
+			down = append(down, s.Id)
+		}
+	}
+	quorum := voters/2 + 1
+	msg := fmt.Sprintf("no leader: %s found no leader in the %v it held this call", f.self, held.Round(10*time.Millisecond))
+	switch {
+	case voters == 0:
+		return msg + "; this server is in no Raft configuration yet (is the cluster bootstrapped? see llmgwctl server members)"
+	case !gossip && voters > 1:
+		return msg + fmt.Sprintf("; it sees no other server over gossip, so it cannot tell which of the %d voters are up (a quorum needs %d): check the servers and their gossip addresses", voters, quorum)
+	case up < quorum:
+		return msg + fmt.Sprintf("; it reaches %d of %d voters (%s not alive in gossip) and a quorum needs %d: start or reconnect them, then retry (llmgwctl server members)", up, voters, strings.Join(down, ", "), quorum)
+	}
+	return msg + fmt.Sprintf("; gossip shows %d of %d voters alive, a quorum, so an election is under way, Raft cannot connect them, or gossip has not yet noticed servers down: retry, and if it persists check the servers' logs and Raft addresses", up, voters)
 }
 
 // ServersEqual reports whether two server lists are the same, in order:

@@ -252,7 +252,7 @@ func (a *Service) DrainNode(ctx context.Context, req *llmgwv1.DrainNodeRequest) 
 	}
 	n, ok := a.state.Node(req.Id)
 	if !ok {
-		return nil, service.ToStatus(fmt.Errorf("drain node %s: %w", req.Id, fsm.ErrNotFound))
+		return nil, service.ToStatus(fmt.Errorf("node %q: %w", req.Id, fsm.ErrNotFound))
 	}
 	want, verb := llmgwv1.NodeState_NODE_STATE_DRAINING, "drain"
 	if req.Undrain {
@@ -279,7 +279,7 @@ func (a *Service) SetNodeLabels(ctx context.Context, req *llmgwv1.SetNodeLabelsR
 		return nil, service.ToStatus(fmt.Errorf("set node labels: %w", err))
 	}
 	if _, ok := a.state.Node(req.Id); !ok {
-		return nil, service.ToStatus(fmt.Errorf("set node labels %s: node %w", req.Id, fsm.ErrNotFound))
+		return nil, service.ToStatus(fmt.Errorf("node %q: %w", req.Id, fsm.ErrNotFound))
 	}
 	res, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, &llmgwv1.SetNodeLabelsCommand{Id: req.Id, Set: req.Set, Remove: req.Remove})
 	if err != nil {
