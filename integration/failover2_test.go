@@ -760,12 +760,7 @@ func hostAddr(t *testing.T, host string) string {
 	handedOut.Lock()
 	defer handedOut.Unlock()
 	for {
-		l, err := net.Listen("tcp", host+":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := l.Addr().String()
-		l.Close()
+		a := freeAddrOn(t, host)
 		if !handedOut.addrs[a] {
 			handedOut.addrs[a] = true
 			return a

@@ -37,6 +37,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -85,15 +86,55 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// freeAddr returns a loopback address nothing listens on right now.
+// freeAddr returns a loopback address nothing listens on right now, with
+// a port below the kernel's ephemeral range: a port from that range (what
+// listening on :0 hands out) can be taken by any outgoing connection of
+// the busy machine while a killed server is down, and its restart then
+// fails with "address already in use". Ports are drawn from a random start
+// so that concurrent test binaries rarely probe the same ones.
 func freeAddr(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	return freeAddrOn(t, "127.0.0.1")
+}
+
+// freeAddrOn is freeAddr on another loopback address.
+func freeAddrOn(t *testing.T, host string) string {
+	t.Helper()
+	lo, hi := portPool()
+	n := hi - lo
+	start := rand.IntN(n)
+	for i := range n {
+		port := lo + (start+i)%n
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		if err != nil {
+			continue
+		}
+		// Gossip binds UDP on the same port.
+		u, err := net.ListenPacket("udp", l.Addr().String())
+		l.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		return l.Addr().String()
 	}
-	defer l.Close()
-	return l.Addr().String()
+	t.Fatalf("no free port on %s in %d-%d", host, lo, hi)
+	return ""
+}
+
+// portPool is the range freeAddr draws from: the 8,000 ports below the
+// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768
+// on Linux by default), never below 10000.
+func portPool() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil && v > 12000 {
+				hi = v
+			}
+		}
+	}
+	return max(10000, hi-8000), hi
 }
 
 // devProcess is one `llmgw dev` started by a test.

@@ -193,7 +193,10 @@ func statuses(node string, epoch, seq uint64, full bool, offset, n int) *llmgwv1
 // dropped, the heap does not keep them, and a new watch still works and
 // carries no more than the node's budget.
 func TestAgentFloodIsCut(t *testing.T) {
-	s := limitedServer(t, "")
+	// A 3 MB full copy can take longer than the default 1.5 s agent
+	// timeout to build and send under -race on a loaded machine; the
+	// session must end for its size, not for silence.
+	s := limitedServer(t, "agent_timeout: 30s\n")
 	conn := dial(t, s.grpc)
 	ctx, cancel := context.WithTimeout(context.Background(), within(240*time.Second))
 	defer cancel()
