@@ -47,6 +47,14 @@ type LimitsConfig struct {
 	AgentKVBlocksPerReplica int `yaml:"agent_kv_blocks_per_replica"`
 	AgentMaxStatusBytes     int `yaml:"agent_max_status_bytes"`
 
+	// EphemeralChunkBytes is the chunk budget of ephemeral updates (design
+	// §5.4 "Chunks"): an update larger than it — a node's full copy with
+	// its KV block sets — travels agent → server, server → server and
+	// server → router as chunks of at most this size, so no message grows
+	// with the fleet. Peers of an earlier release get whole updates.
+	// Below grpc_max_recv_bytes, with room for framing.
+	EphemeralChunkBytes int `yaml:"ephemeral_chunk_bytes"`
+
 	// SnapshotRestoreMaxBytes bounds a restored file's body, checked
 	// against the header's declared length before the body is read.
 	SnapshotRestoreMaxBytes int `yaml:"snapshot_restore_max_bytes"`
@@ -67,12 +75,19 @@ func DefaultLimits() LimitsConfig {
 
 		AgentReplicaSlack:       8,
 		AgentAdaptersPerReplica: 64,
-		AgentKVBlocksPerReplica: 131072,
+		AgentKVBlocksPerReplica: 4 << 20,
 		AgentMaxStatusBytes:     64 << 10,
+
+		EphemeralChunkBytes: 1 << 20,
 
 		SnapshotRestoreMaxBytes: snapfile.MaxBody,
 	}
 }
+
+// chunkHeadroom is what a chunk's message may add to its budget: the
+// message's own framing and a status or adapter status larger than the
+// budget's remainder (agent_max_status_bytes, 64 KiB by default).
+const chunkHeadroom = 64 << 10
 
 // limiterConfig is the per-caller caps, each naming its setting.
 func (c LimitsConfig) limiterConfig() limits.Config {
@@ -112,6 +127,7 @@ func (c LimitsConfig) validate(p *configfile.Problems) {
 		{"agent_kv_blocks_per_replica", c.AgentKVBlocksPerReplica, 1},
 		{"agent_max_status_bytes", c.AgentMaxStatusBytes, 256},
 		{"snapshot_restore_max_bytes", c.SnapshotRestoreMaxBytes, 1},
+		{"ephemeral_chunk_bytes", c.EphemeralChunkBytes, 16 << 10},
 	} {
 		if v.v < v.min {
 			p.Add(v.setting, "must be at least %d, got %d", v.min, v.v)
@@ -119,6 +135,9 @@ func (c LimitsConfig) validate(p *configfile.Problems) {
 	}
 	if c.GRPCMaxSendBytes > grpcsize.MaxMessageBytes {
 		p.Add(configfile.Flag("grpc-max-send-bytes"), "must not exceed %d, what clients accept, got %d", grpcsize.MaxMessageBytes, c.GRPCMaxSendBytes)
+	}
+	if c.EphemeralChunkBytes > c.GRPCMaxRecvBytes-chunkHeadroom {
+		p.Add("ephemeral_chunk_bytes", "must be at most grpc_max_recv_bytes less %d for framing (%d), got %d", chunkHeadroom, c.GRPCMaxRecvBytes-chunkHeadroom, c.EphemeralChunkBytes)
 	}
 	if c.SnapshotRestoreMaxBytes > snapfile.MaxBody {
 		p.Add("snapshot_restore_max_bytes", "must not exceed the file format's %d, got %d", snapfile.MaxBody, c.SnapshotRestoreMaxBytes)

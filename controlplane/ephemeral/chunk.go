@@ -148,6 +148,10 @@ func NewAssembler(maxBytes int) *Assembler {
 	return &Assembler{maxBytes: maxBytes, partial: map[string]*partial{}}
 }
 
+// SetMax changes the bound on the bytes held; chunks held already count
+// against the new one from the next Add.
+func (a *Assembler) SetMax(maxBytes int) { a.maxBytes = maxBytes }
+
 // Pending reports how many updates are partly assembled.
 func (a *Assembler) Pending() int { return len(a.partial) }
 

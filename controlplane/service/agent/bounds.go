@@ -85,6 +85,19 @@ func (s *sessionBudget) get() ephemeral.Budget {
 	}
 }
 
+// chunkBytes bounds the chunks a session's assembler holds (0: none): the
+// marshaled size of the most the budget lets the node hold — 8 bytes a
+// hash, a status and an adapter status at most MaxStatusBytes — plus a
+// chunk's worth of framing.
+func (s *sessionBudget) chunkBytes() int {
+	if !s.bounds.enabled() {
+		return 0
+	}
+	b := s.get()
+	status := max(s.bounds.MaxStatusBytes, 1<<10)
+	return 8*b.KVBlocks + status*(b.Statuses+b.Adapters) + 1<<20
+}
+
 // errFlood ends a session that broke a bound; reason is its metric label.
 type errFlood struct {
 	reason string
@@ -146,7 +159,7 @@ func recvTooLarge(err error) bool { return status.Code(err) == codes.ResourceExh
 func newSessionsCut(reg prometheus.Registerer) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_control_agent_sessions_cut_total",
-		Help: "Agent sessions ended for sending more than the node can run (statuses, adapters, kv_blocks, status_bytes) or a message over grpc_max_recv_bytes (message_bytes); their reports were dropped.",
+		Help: "Agent sessions ended for sending more than the node can run (statuses, adapters, kv_blocks, status_bytes), a message over grpc_max_recv_bytes (message_bytes) or chunks that make no update or pass the budget (chunks); their reports were dropped.",
 	}, []string{"reason"})
 	reg.MustRegister(c)
 	return c
