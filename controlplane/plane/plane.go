@@ -170,9 +170,9 @@ type peerQ struct {
 	// added is when the peer was seen alive: full copies to it wait for
 	// its first message (which says whether it takes chunks), up to
 	// twice the keepalive.
-	added     time.Time
-	wake      chan struct{}
-	stop      chan struct{}
+	added time.Time
+	wake  chan struct{}
+	stop  chan struct{}
 }
 
 // New returns a plane; nothing runs until Run.
