@@ -79,8 +79,9 @@ type kvState struct {
 func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
 	if reset || k.blocks == nil || k.uid != b.Uid || k.incarnation != b.Incarnation {
 		// A reset, or another engine's blocks: what was held says nothing
-		// about this one.
-		k.blocks = map[uint64]struct{}{}
+		// about this one. Sized for the set, as a full copy's 250 k
+		// hashes a replica would otherwise grow the map a dozen times.
+		k.blocks = make(map[uint64]struct{}, len(b.Stored))
 	}
 	k.uid, k.incarnation, k.untrusted = b.Uid, b.Incarnation, b.Untrusted
 	if b.BlockSize != 0 {

@@ -111,6 +111,11 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 		return fmt.Errorf("--gossip-addr: port %q: %w", portStr, err)
 	}
 	c := memberlist.DefaultLANConfig()
+	// The plane's messages are KV block hashes, which LZW only grows (by a
+	// third) at some 55 MB/s a core: a warm node's 16 MB full copy spent
+	// 0.6 s in it per peer (docs/benchmarks.md "Large KV caches"). Peers
+	// that still compress are read as before: each message says.
+	c.EnableCompression = false
 	c.Name = g.self.ID
 	c.BindAddr, c.BindPort = host, port
 	c.AdvertisePort = port
