@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -187,4 +188,48 @@ func TestAssemblerNewerReplaces(t *testing.T) {
 	if got == nil || got.Seq != 9 || a.Pending() != 0 {
 		t.Fatalf("got %v, %d pending; want seq 9 and none pending", got.GetSeq(), a.Pending())
 	}
+}
+
+// FuzzAssembler feeds an assembler messages from outside (an agent's
+// session): a sequence of length-delimited EphemeralUpdates. Whatever they
+// are, it neither panics nor holds more than its bound, and what it
+// assembles applies.
+func FuzzAssembler(f *testing.F) {
+	seed := func(chunks []*llmgwv1.EphemeralUpdate) []byte {
+		var b []byte
+		for _, c := range chunks {
+			m, _ := proto.Marshal(c)
+			b = protowire.AppendBytes(b, m)
+		}
+		return b
+	}
+	f.Add(seed(Split(bigUpdate(true, 2, 700), MinChunkBytes)))
+	f.Add(seed(Split(bigUpdate(false, 1, 800), MinChunkBytes)))
+	f.Add(seed([]*llmgwv1.EphemeralUpdate{{Node: "n1", Epoch: 1, Seq: 1, Full: true}}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		const bound = 1 << 20
+		a := NewAssembler(bound)
+		s := NewStore()
+		for len(b) > 0 {
+			m, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return
+			}
+			b = b[n:]
+			u := &llmgwv1.EphemeralUpdate{}
+			if proto.Unmarshal(m, u) != nil {
+				continue
+			}
+			out, err := a.Add(u)
+			if a.held < 0 || a.held > bound {
+				t.Fatalf("assembler holds %d bytes, bound %d", a.held, bound)
+			}
+			if err == nil && out != nil {
+				if out.GetChunks() > 1 {
+					t.Fatal("an assembled update still says it is chunked")
+				}
+				s.Apply(out)
+			}
+		}
+	})
 }

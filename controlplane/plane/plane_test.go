@@ -296,7 +296,7 @@ func TestDecodeRefuses(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	b, _ := encode(&message{Kind: kindBatch, From: "c1", Counter: 1, Sessions: []session{{Node: "n1", Epoch: 2, Seq: 3}},
-		Updates: []forwarded{{RecvUnixNano: 5, Update: update(2, 3, true)}}, Requests: []request{{Node: "n1", Reason: "x"}}})
+		Updates: []forwarded{{RecvUnixNano: 5, Update: update(2, 3, true)}}, Requests: []request{{Node: "n1", Reason: "x"}}, ChunkBytes: 1 << 20})
 	f.Add(b)
 	d, _ := encode(&message{Kind: kindDigest, From: "c2", Sessions: []session{{Node: "n1", Epoch: 2, Seq: 3}}})
 	f.Add(d)

@@ -116,3 +116,17 @@ func TestCheckSizes(t *testing.T) {
 		})
 	}
 }
+
+// The chunks a session may hold aside follow its budget: room for every
+// hash and status the node may hold, and no bound without bounds.
+func TestChunkBytesFollowBudget(t *testing.T) {
+	d := &desiredOf{n: 8, rev: 1}
+	b := &sessionBudget{state: d, node: "n1", bounds: Bounds{ReplicaSlack: 8, AdaptersPerReplica: 4, KVBlocksPerReplica: 1000, MaxStatusBytes: 2048}, now: time.Now}
+	if got, min := b.chunkBytes(), 8*16*1000+2048*(16+64); got < min {
+		t.Fatalf("chunk bound %d, below the %d bytes the budget lets the node hold", got, min)
+	}
+	none := &sessionBudget{state: d, node: "n1", now: time.Now}
+	if got := none.chunkBytes(); got != 0 {
+		t.Fatalf("chunk bound %d without bounds, want 0 (none)", got)
+	}
+}
