@@ -39,9 +39,12 @@ type LimitsConfig struct {
 	// What one agent session may make this node hold (package agent,
 	// design §5.4): statuses for at most its node's desired replicas plus
 	// AgentReplicaSlack (replicas it still runs, or was just given),
-	// AgentAdaptersPerReplica adapter statuses and AgentKVBlocksPerReplica
-	// KV hashes for each, and no status over AgentMaxStatusBytes. A
-	// session past any of them is ended and its reports dropped.
+	// AgentAdaptersPerReplica adapter statuses for each,
+	// AgentKVBlocksPerReplica KV hashes for each desired replica (a
+	// replica's cache, host-memory offload included: 2 Mi blocks of 16
+	// tokens are 32 M tokens; a server holds some 38 bytes a hash), and no
+	// status over AgentMaxStatusBytes. A session past any of them is ended
+	// and its reports dropped.
 	AgentReplicaSlack       int `yaml:"agent_replica_slack"`
 	AgentAdaptersPerReplica int `yaml:"agent_adapters_per_replica"`
 	AgentKVBlocksPerReplica int `yaml:"agent_kv_blocks_per_replica"`
@@ -52,7 +55,8 @@ type LimitsConfig struct {
 	// its KV block sets — travels agent → server, server → server and
 	// server → router as chunks of at most this size, so no message grows
 	// with the fleet. Peers of an earlier release get whole updates.
-	// Below grpc_max_recv_bytes, with room for framing.
+	// At most half of grpc_max_recv_bytes: a chunk may pass its budget
+	// by one status (agent_max_status_bytes) and its framing.
 	EphemeralChunkBytes int `yaml:"ephemeral_chunk_bytes"`
 
 	// SnapshotRestoreMaxBytes bounds a restored file's body, checked
@@ -75,7 +79,7 @@ func DefaultLimits() LimitsConfig {
 
 		AgentReplicaSlack:       8,
 		AgentAdaptersPerReplica: 64,
-		AgentKVBlocksPerReplica: 4 << 20,
+		AgentKVBlocksPerReplica: 2 << 20,
 		AgentMaxStatusBytes:     64 << 10,
 
 		EphemeralChunkBytes: 1 << 20,
@@ -83,11 +87,6 @@ func DefaultLimits() LimitsConfig {
 		SnapshotRestoreMaxBytes: snapfile.MaxBody,
 	}
 }
-
-// chunkHeadroom is what a chunk's message may add to its budget: the
-// message's own framing and a status or adapter status larger than the
-// budget's remainder (agent_max_status_bytes, 64 KiB by default).
-const chunkHeadroom = 64 << 10
 
 // limiterConfig is the per-caller caps, each naming its setting.
 func (c LimitsConfig) limiterConfig() limits.Config {
@@ -136,8 +135,8 @@ func (c LimitsConfig) validate(p *configfile.Problems) {
 	if c.GRPCMaxSendBytes > grpcsize.MaxMessageBytes {
 		p.Add(configfile.Flag("grpc-max-send-bytes"), "must not exceed %d, what clients accept, got %d", grpcsize.MaxMessageBytes, c.GRPCMaxSendBytes)
 	}
-	if c.EphemeralChunkBytes > c.GRPCMaxRecvBytes-chunkHeadroom {
-		p.Add("ephemeral_chunk_bytes", "must be at most grpc_max_recv_bytes less %d for framing (%d), got %d", chunkHeadroom, c.GRPCMaxRecvBytes-chunkHeadroom, c.EphemeralChunkBytes)
+	if c.GRPCMaxRecvBytes >= 64<<10 && c.EphemeralChunkBytes > c.GRPCMaxRecvBytes/2 {
+		p.Add("ephemeral_chunk_bytes", "must be at most half of grpc_max_recv_bytes (%d), room for a chunk's framing and one status past its budget, got %d", c.GRPCMaxRecvBytes/2, c.EphemeralChunkBytes)
 	}
 	if c.SnapshotRestoreMaxBytes > snapfile.MaxBody {
 		p.Add("snapshot_restore_max_bytes", "must not exceed the file format's %d, got %d", snapfile.MaxBody, c.SnapshotRestoreMaxBytes)

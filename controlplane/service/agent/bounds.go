@@ -24,8 +24,9 @@ type Bounds struct {
 	// session may report: replicas it still runs after they were moved or
 	// removed, or was given by a server ahead of this one.
 	ReplicaSlack int
-	// AdaptersPerReplica and KVBlocksPerReplica bound the adapter statuses
-	// and KV block hashes held per allowed replica.
+	// AdaptersPerReplica bounds the adapter statuses held per allowed
+	// replica (desired plus slack); KVBlocksPerReplica the KV block hashes
+	// per desired replica (KV is kept only for replicas placed on the node).
 	AdaptersPerReplica int
 	KVBlocksPerReplica int
 	// MaxStatusBytes bounds one replica or adapter status, marshaled.
@@ -81,7 +82,11 @@ func (s *sessionBudget) get() ephemeral.Budget {
 	return ephemeral.Budget{
 		Statuses: replicas,
 		Adapters: replicas * s.bounds.AdaptersPerReplica,
-		KVBlocks: replicas * s.bounds.KVBlocksPerReplica,
+		// KV only for the desired replicas, without the slack: ownKV keeps
+		// KV only of replicas placed on the node, so the slack would only
+		// widen what a flood may hold — at the default 2 Mi hashes a
+		// replica, eight slack replicas are 600 MB of a server's heap.
+		KVBlocks: max(s.desired, 1) * s.bounds.KVBlocksPerReplica,
 	}
 }
 

@@ -36,8 +36,8 @@ func TestSessionBudget(t *testing.T) {
 		desired int
 		want    ephemeral.Budget
 	}{
-		{"desired plus slack", bounds, 4, ephemeral.Budget{Statuses: 6, Adapters: 18, KVBlocks: 600}},
-		{"no desired replicas: the slack", bounds, 0, ephemeral.Budget{Statuses: 2, Adapters: 6, KVBlocks: 200}},
+		{"desired plus slack; KV for the desired", bounds, 4, ephemeral.Budget{Statuses: 6, Adapters: 18, KVBlocks: 400}},
+		{"no desired replicas: the slack; KV for one", bounds, 0, ephemeral.Budget{Statuses: 2, Adapters: 6, KVBlocks: 100}},
 		{"never zero, which would not bound", Bounds{AdaptersPerReplica: 1, KVBlocksPerReplica: 1, MaxStatusBytes: 1}, 0, ephemeral.Budget{Statuses: 1, Adapters: 1, KVBlocks: 1}},
 		{"zero bounds: unbounded", Bounds{}, 4, ephemeral.Budget{}},
 	} {
@@ -122,7 +122,7 @@ func TestCheckSizes(t *testing.T) {
 func TestChunkBytesFollowBudget(t *testing.T) {
 	d := &desiredOf{n: 8, rev: 1}
 	b := &sessionBudget{state: d, node: "n1", bounds: Bounds{ReplicaSlack: 8, AdaptersPerReplica: 4, KVBlocksPerReplica: 1000, MaxStatusBytes: 2048}, now: time.Now}
-	if got, min := b.chunkBytes(), 8*16*1000+2048*(16+64); got < min {
+	if got, min := b.chunkBytes(), 8*8*1000+2048*(16+64); got < min {
 		t.Fatalf("chunk bound %d, below the %d bytes the budget lets the node hold", got, min)
 	}
 	none := &sessionBudget{state: d, node: "n1", now: time.Now}
