@@ -246,8 +246,14 @@ func (s *Store) ApplyWithin(u *llmgwv1.EphemeralUpdate, b Budget) (Verdict, erro
 		delete(s.nodes, u.Node)
 		return OverBudget, &OverBudgetError{What: what, Held: n, Max: limit, Node: u.Node, Epoch: u.Epoch, Seq: u.Seq}
 	}
-	for sub := range s.subs {
-		sub.offer(proto.Clone(u).(*llmgwv1.EphemeralUpdate))
+	if len(s.subs) > 0 {
+		// One copy shared by every subscriber, who only read it: a warm
+		// node's full copy is 16 MB, once per update rather than once per
+		// watcher.
+		c := proto.Clone(u).(*llmgwv1.EphemeralUpdate)
+		for sub := range s.subs {
+			sub.offer(c)
+		}
 	}
 	close(s.changed)
 	s.changed = make(chan struct{})
@@ -412,7 +418,8 @@ type Subscription struct {
 	overflow bool          // guarded by store.mu
 }
 
-// Updates delivers the accepted updates in order.
+// Updates delivers the accepted updates in order. Every subscriber gets
+// the same message: read it, never modify it.
 func (s *Subscription) Updates() <-chan *llmgwv1.EphemeralUpdate { return s.c }
 
 // Overflowed is closed when the queue overflowed: the reader must stop and
