@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"sync"
@@ -42,12 +43,11 @@ func kvFullCopy(epoch uint64, replicas []*llmgwv1.Replica, blocks int) *llmgwv1.
 		u.Statuses = append(u.Statuses, &llmgwv1.ReplicaStatus{ReplicaId: r.Id, Uid: r.Uid, Incarnation: 1, Model: r.Model,
 			Node: kvScaleNode, Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY, Address: fmt.Sprintf("127.0.0.1:%d", 40000+i)})
 		kv := &llmgwv1.KVBlocks{ReplicaId: r.Id, Uid: r.Uid, Incarnation: 1, Reset_: true, BlockSize: 16, Stored: make([]uint64, blocks)}
+		// Uniform, as vLLM's (the low 64 bits of a sha256), and the same
+		// for a replica in every session.
+		rng := rand.New(rand.NewPCG(uint64(i), 0x6b76))
 		for j := range kv.Stored {
-			// Distinct over the node, spread as real hashes are.
-			x := uint64(i)<<40 | uint64(j)
-			x ^= x >> 31
-			x *= 0x9e3779b97f4a7c15
-			kv.Stored[j] = x
+			kv.Stored[j] = rng.Uint64()
 		}
 		u.Kv = append(u.Kv, kv)
 	}
