@@ -95,14 +95,24 @@ func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
 	}
 }
 
+// copy returns the set as a reset, its hashes unsorted: the caller holds
+// the store's lock, and sortCopy sorts them after it lets go (a warm
+// replica's 250 k hashes take 20 ms to sort).
 func (k *kvState) copy(replicaID string) *llmgwv1.KVBlocks {
 	out := &llmgwv1.KVBlocks{ReplicaId: replicaID, Uid: k.uid, Incarnation: k.incarnation, Reset_: true,
 		Untrusted: k.untrusted, BlockSize: k.blockSize, Stored: make([]uint64, 0, len(k.blocks))}
 	for h := range k.blocks {
 		out.Stored = append(out.Stored, h)
 	}
-	slices.Sort(out.Stored)
 	return out
+}
+
+// sortCopy puts a full copy's block hashes in order, so copies of the
+// same data are the same message.
+func sortCopy(u *llmgwv1.EphemeralUpdate) {
+	for _, k := range u.Kv {
+		slices.Sort(k.Stored)
+	}
 }
 
 // Store is safe for concurrent use.
@@ -387,12 +397,15 @@ func (d *nodeData) fullCopy(node string) *llmgwv1.EphemeralUpdate {
 // held (epoch, seq): what another hop needs to catch up with it (design §5.4).
 func (s *Store) FullCopy(node string) (*llmgwv1.EphemeralUpdate, bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	d, ok := s.nodes[node]
 	if !ok {
+		s.mu.Unlock()
 		return nil, false
 	}
-	return d.fullCopy(node), true
+	u := d.fullCopy(node)
+	s.mu.Unlock()
+	sortCopy(u)
+	return u, true
 }
 
 // Subscribe returns a full copy of every node's data, as of one instant, and
@@ -405,9 +418,13 @@ func (s *Store) Subscribe(buffer int) (*Subscription, []*llmgwv1.EphemeralUpdate
 	}
 	sub := &Subscription{store: s, c: make(chan *llmgwv1.EphemeralUpdate, buffer), done: make(chan struct{})}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.subs[sub] = struct{}{}
-	return sub, s.copiesLocked()
+	copies := s.copiesLocked()
+	s.mu.Unlock()
+	for _, u := range copies {
+		sortCopy(u)
+	}
+	return sub, copies
 }
 
 // Subscription is one reader's bounded queue of accepted updates.

@@ -27,6 +27,17 @@ func BenchmarkFullCopy2M(b *testing.B) {
 			s.FullCopy("n1")
 		}
 	})
+	// The part of a copy done under the store's lock, which every
+	// agent's updates wait on; sorting comes after.
+	b.Run("fullcopy-locked", func(b *testing.B) {
+		s := NewStore()
+		s.Apply(u)
+		for b.Loop() {
+			s.mu.Lock()
+			s.nodes["n1"].fullCopy("n1")
+			s.mu.Unlock()
+		}
+	})
 	b.Run("clone", func(b *testing.B) {
 		for b.Loop() {
 			proto.Clone(u)
