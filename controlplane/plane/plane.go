@@ -586,7 +586,8 @@ func (p *Plane) onTick() {
 		if !isAlive[id] {
 			close(q.stop)
 			delete(p.peers, id)
-			delete(p.chunks, id) // its half-sent updates will not be finished
+			delete(p.chunks, id)    // its half-sent updates will not be finished
+			delete(p.peerChunk, id) // a returning peer says again what it takes
 		}
 	}
 	// A peer gossip no longer sees alive holds no live session: its agents

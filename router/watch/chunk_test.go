@@ -2,6 +2,7 @@ package watch
 
 import (
 	"errors"
+	"sync"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -78,5 +79,42 @@ func TestAssemblerRefusesBadChunks(t *testing.T) {
 				t.Fatalf("err = %v, want errChunk", err)
 			}
 		})
+	}
+}
+
+// kvRecorder is a KVSink that keeps what it was given.
+type kvRecorder struct {
+	mu    sync.Mutex
+	calls [][]*llmgwv1.KVBlocks
+}
+
+func (k *kvRecorder) ApplyNode(_ string, _ bool, kv []*llmgwv1.KVBlocks, _ []string) []error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls = append(k.calls, kv)
+	return make([]error, len(kv))
+}
+
+// TestClientAssemblesChunks: the client asks for chunks, and an update
+// sent as chunks reaches its state and its KV sink once, whole, when the
+// last chunk arrives.
+func TestClientAssemblesChunks(t *testing.T) {
+	kv := &kvRecorder{}
+	h := start(t, func(c *Config) { c.KV = kv })
+	if r := h.nextRequest(); r.GetMaxChunkBytes() == 0 {
+		t.Fatal("the watch request asks for no chunks")
+	}
+	chunks := chunked()
+	for _, c := range chunks {
+		h.send(&llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Ephemeral{Ephemeral: c}})
+	}
+	st := h.waitFor("the chunked copy applied", func(s *State) bool { return s.Ephemeral["n1"] != nil })
+	if e := st.Ephemeral["n1"]; e.Epoch != 4 || e.Seq != 2 || len(e.Statuses) != 2 {
+		t.Fatalf("held %+v, want epoch 4 seq 2 with 2 statuses", e)
+	}
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	if len(kv.calls) != 1 || len(kv.calls[0]) != 2 || len(kv.calls[0][0].Stored) != 3 || len(kv.calls[0][1].Stored) != 3 {
+		t.Fatalf("KV sink got %v, want one call with both replicas' 3 blocks", kv.calls)
 	}
 }

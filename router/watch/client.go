@@ -155,7 +155,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Client, erro
 		return nil, err
 	}
 	cfg.fillDefaults()
-	c := &Client{cfg: cfg, log: log, m: newMetrics(reg), work: emptyState()}
+	c := &Client{cfg: cfg, log: log, m: newMetrics(reg), work: emptyState(), chunks: newAssembler(maxChunkHeld)}
 	c.cur.Store(&published{state: emptyState(), changed: make(chan struct{})})
 	if cfg.StatePath != "" {
 		st, err := loadState(cfg.StatePath)
