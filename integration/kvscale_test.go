@@ -62,7 +62,7 @@ type kvAgent struct {
 	// sendStart is when the full copy's first chunk went out, sent when
 	// the last did.
 	sendStart, sent time.Time
-	chunks          int
+	chunks, bytes   int
 	ended           chan error
 	cancel          context.CancelFunc
 }
@@ -111,7 +111,7 @@ func attachKV(ctx context.Context, conn *grpc.ClientConn, epoch uint64, want, bl
 			return nil, fmt.Errorf("sending the full copy: %w (the server: %v)", err, rerr)
 		}
 	}
-	a.sent, a.chunks = time.Now(), len(parts)
+	a.sent, a.chunks, a.bytes = time.Now(), len(parts), proto.Size(full)
 	go func() {
 		for {
 			if _, err := st.Recv(); err != nil {
@@ -263,7 +263,7 @@ func TestKVScale(t *testing.T) {
 	}
 	defer a.cancel()
 	t.Logf("full copy of %d blocks (%d MB) sent to %s in %d chunks of ≤ %d bytes in %v",
-		total, proto.Size(kvFullCopy(epoch, a.replicas, blocks))>>20, home.id, a.chunks, a.welcome.GetMaxChunkBytes(), a.sent.Sub(a.sendStart).Round(time.Millisecond))
+		total, a.bytes>>20, home.id, a.chunks, a.welcome.GetMaxChunkBytes(), a.sent.Sub(a.sendStart).Round(time.Millisecond))
 	for _, s := range c.servers {
 		role := "peer"
 		if s == home {
