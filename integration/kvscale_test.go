@@ -108,7 +108,7 @@ func attachKV(ctx context.Context, conn *grpc.ClientConn, epoch uint64, want, bl
 		if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: p}}); err != nil {
 			_, rerr := st.Recv()
 			cancel()
-			return nil, fmt.Errorf("sending the full copy: %w (the server: %v)", err, rerr)
+			return nil, fmt.Errorf("sending the full copy: %w (the server: %w)", err, rerr)
 		}
 	}
 	a.sent, a.chunks, a.bytes = time.Now(), len(parts), proto.Size(full)
