@@ -152,6 +152,12 @@ func NewAssembler(maxBytes int) *Assembler {
 // against the new one from the next Add.
 func (a *Assembler) SetMax(maxBytes int) { a.maxBytes = maxBytes }
 
+// Assembling reports whether chunks of an update of node are held.
+func (a *Assembler) Assembling(node string) bool {
+	_, ok := a.partial[node]
+	return ok
+}
+
 // Pending reports how many updates are partly assembled.
 func (a *Assembler) Pending() int { return len(a.partial) }
 

@@ -601,7 +601,7 @@ func (p *Plane) onTick() {
 		}
 	}
 	for node, pend := range p.reorder {
-		if p.tick-pend.since >= p.cfg.ReorderTicks {
+		if p.tick-pend.since >= p.waitTicksLocked(node) {
 			delete(p.reorder, node)
 			p.m.gaps.WithLabelValues("sequence").Inc()
 			p.requestLocked(pend.from, node, "sequence gap")
@@ -611,7 +611,7 @@ func (p *Plane) onTick() {
 		switch {
 		case !p.behindLocked(node, e.epoch, e.seq):
 			delete(p.expect, node)
-		case p.tick-e.since >= p.cfg.ReorderTicks:
+		case p.tick-e.since >= p.waitTicksLocked(node):
 			delete(p.expect, node)
 			p.m.gaps.WithLabelValues("digest").Inc()
 			p.requestLocked(e.from, node, "behind the owner's digest")
@@ -622,6 +622,21 @@ func (p *Plane) onTick() {
 			wake(q)
 		}
 	}
+}
+
+// waitTicksLocked is how long a gap or an expectation for node waits
+// before a full copy is asked for: ReorderTicks, or twenty times that
+// while chunks of an update of node are held — a full copy most likely,
+// which closes the gap when whole; asking for another would only send it
+// twice. The longer wait still ends: a chunk that never comes must not
+// keep the node behind for good.
+func (p *Plane) waitTicksLocked(node string) int {
+	for _, a := range p.chunks {
+		if a.Assembling(node) {
+			return 20 * p.cfg.ReorderTicks
+		}
+	}
+	return p.cfg.ReorderTicks
 }
 
 // sender sends one peer's batches, one at a time, until stopped.

@@ -360,3 +360,53 @@ func TestFullCopyInChunks(t *testing.T) {
 		t.Errorf("largest message to old is %d bytes; want the whole %d-byte copy in one", n, whole)
 	}
 }
+
+// A chunk lost on the way leaves its update half held: the receiver, after
+// a longer wait than for a plain gap, asks for a full copy, and the copy
+// that comes makes it whole.
+func TestLostChunkIsRepaired(t *testing.T) {
+	const chunk = 16 << 10
+	m := newChunkedMesh(t, map[string]int{"a": chunk, "b": chunk})
+	var dropped bool
+	m.mu.Lock()
+	m.drop = func(from, to string, msg *message) bool {
+		for _, f := range msg.Updates {
+			if f.Update.GetChunks() > 1 && f.Update.GetChunk() == f.Update.GetChunks()-1 && !dropped {
+				dropped = true
+				return true
+			}
+		}
+		return false
+	}
+	m.mu.Unlock()
+	eventually(t, "a learning b's chunk budget", func() bool {
+		m.planes["a"].mu.Lock()
+		defer m.planes["a"].mu.Unlock()
+		_, ok := m.planes["a"].peerChunk["b"]
+		return ok
+	})
+	u := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 5, Seq: 1, Full: true, Kv: []*llmgwv1.KVBlocks{{ReplicaId: "m-0", Uid: 1, Reset_: true}}}
+	for i := range 20_000 {
+		u.Kv[0].Stored = append(u.Kv[0].Stored, uint64(i))
+	}
+	m.planes["a"].SessionStarted("n1", 5)
+	m.accept(t, "a", u)
+	// A delta after it, in a message of its own, reveals the gap.
+	eventually(t, "b holding part of the copy", func() bool {
+		b := m.planes["b"]
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.chunks["a"] != nil && b.chunks["a"].Assembling("n1")
+	})
+	d := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 5, Seq: 2, Statuses: []*llmgwv1.ReplicaStatus{{ReplicaId: "m-0", Uid: 1}}}
+	m.accept(t, "a", d)
+	eventually(t, "b holding the copy and the delta after the lost chunk", func() bool { return holds(m.stores["b"], "n1", 5, 2) })
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !dropped {
+		t.Fatal("no chunk was dropped: the test did not test the loss")
+	}
+	if got, _ := m.stores["b"].FullCopy("n1"); len(got.GetKv()) != 1 || len(got.Kv[0].Stored) != 20_000 {
+		t.Fatalf("b holds %v blocks, want 20000", got.GetKv())
+	}
+}
