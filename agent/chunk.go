@@ -91,14 +91,16 @@ func splitUpdate(u *llmgwv1.EphemeralUpdate, maxBytes int) []*llmgwv1.EphemeralU
 			rest := list.from
 			for len(rest) > 0 {
 				fit := (maxBytes - size) / 8
-				if fit <= 0 {
+				if fit <= 0 && size > headSize+fixed {
 					next()
 					e = entry(true)
 					cur.Kv = append(cur.Kv, e)
 					size += fixed
 					continue
 				}
-				fit = min(fit, len(rest))
+				// At least one a chunk, even when the fixed fields alone
+				// fill the budget (ids longer than it): always progress.
+				fit = min(max(fit, 1), len(rest))
 				*list.to(e) = append(*list.to(e), rest[:fit]...)
 				size += 8 * fit
 				rest = rest[fit:]

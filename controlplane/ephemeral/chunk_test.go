@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -232,4 +233,24 @@ func FuzzAssembler(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Ids longer than the budget still split, into oversized chunks, and end.
+func TestSplitTerminatesOnHugeIds(t *testing.T) {
+	long := strings.Repeat("x", 2*MinChunkBytes)
+	u := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 1, Seq: 1, Full: true,
+		Kv: []*llmgwv1.KVBlocks{{ReplicaId: long, Stored: make([]uint64, 3000)}}}
+	chunks := Split(u, MinChunkBytes)
+	a := NewAssembler(0)
+	var got *llmgwv1.EphemeralUpdate
+	for _, c := range chunks {
+		out, err := a.Add(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = out
+	}
+	if !proto.Equal(got, u) {
+		t.Fatalf("%d chunks do not make the update", len(chunks))
+	}
 }
