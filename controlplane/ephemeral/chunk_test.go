@@ -204,8 +204,19 @@ func FuzzAssembler(f *testing.F) {
 		}
 		return b
 	}
-	f.Add(seed(Split(bigUpdate(true, 2, 700), MinChunkBytes)))
-	f.Add(seed(Split(bigUpdate(false, 1, 800), MinChunkBytes)))
+	// Small seeds (a fuzzer mutates small inputs fast): an update split
+	// by hand as Split does, three chunks with continued entries.
+	head := func(i uint32) *llmgwv1.EphemeralUpdate {
+		return &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 4, Seq: 2, Full: true, Chunk: i, Chunks: 3}
+	}
+	c0, c1, c2 := head(0), head(1), head(2)
+	c0.Statuses = []*llmgwv1.ReplicaStatus{{ReplicaId: "m-0", Uid: 1}}
+	c0.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "m-0", Uid: 1, Reset_: true, Stored: []uint64{1, 2}}}
+	c1.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "m-0", Uid: 1, Reset_: true, Continued: true, Stored: []uint64{3}},
+		{ReplicaId: "m-1", Uid: 2, Reset_: true, Stored: []uint64{10}}}
+	c2.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "m-1", Uid: 2, Reset_: true, Continued: true, Removed: []uint64{11}}}
+	f.Add(seed([]*llmgwv1.EphemeralUpdate{c0, c1, c2}))
+	f.Add(seed([]*llmgwv1.EphemeralUpdate{c2, c0, c1}))
 	f.Add(seed([]*llmgwv1.EphemeralUpdate{{Node: "n1", Epoch: 1, Seq: 1, Full: true}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		const bound = 1 << 20
