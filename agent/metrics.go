@@ -17,6 +17,7 @@ type metrics struct {
 	reattachSeconds prometheus.Histogram
 	updates         *prometheus.CounterVec
 	fullRequests    prometheus.Counter
+	chunked         prometheus.Counter
 	desired         prometheus.Gauge
 	desiredRevision prometheus.Gauge
 	phase           *prometheus.GaugeVec
@@ -43,6 +44,8 @@ func newMetrics() *metrics {
 			Help: "Ephemeral updates sent, by kind (full, delta)."}, []string{"kind"}),
 		fullRequests: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_full_copy_requests_total",
 			Help: "Full copies the control node asked for."}),
+		chunked: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_chunked_updates_total",
+			Help: "Ephemeral updates sent as chunks, being larger than the control node's chunk budget."}),
 		desired: prometheus.NewGauge(prometheus.GaugeOpts{Name: "llmgw_agent_desired_replicas",
 			Help: "Replicas in the last desired set."}),
 		desiredRevision: prometheus.NewGauge(prometheus.GaugeOpts{Name: "llmgw_agent_desired_revision",
@@ -59,7 +62,7 @@ func newMetrics() *metrics {
 			Help: "Time from seeing a replica draining to its engine stopped.", Buckets: prometheus.ExponentialBuckets(0.25, 2, 12)}),
 	}
 	m.reg.MustRegister(m.drains, m.drainSeconds, m.attempts, m.sessions, m.attached, m.reattaches, m.reattachSeconds, m.updates,
-		m.fullRequests, m.desired, m.desiredRevision, m.phase, m.restarts, m.adoptions,
+		m.fullRequests, m.chunked, m.desired, m.desiredRevision, m.phase, m.restarts, m.adoptions,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

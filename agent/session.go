@@ -147,7 +147,23 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 	}()
 
 	var seq, seen uint64
+	// chunk is the server's chunk budget from its welcome: updates larger
+	// than it go as chunks (design §5.4 "Chunks"). 0 — a server of a
+	// release before chunks — takes every update whole.
+	chunk := 0
 	send := func(m *llmgwv1.AgentMessage) error {
+		if u := m.GetUpdate(); u != nil && chunk > 0 {
+			parts := splitUpdate(u, chunk)
+			if len(parts) > 1 {
+				a.metrics.chunked.Inc()
+			}
+			for _, p := range parts {
+				if err := stream.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: p}}); err != nil {
+					return failed("send", err)
+				}
+			}
+			return nil
+		}
 		if err := stream.Send(m); err != nil {
 			return failed("send", err)
 		}
@@ -185,6 +201,7 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 					continue
 				}
 				welcomed = true
+				chunk = int(b.Welcome.GetMaxChunkBytes())
 				learned = serverAddrs(b.Welcome.GetServers())
 				a.attached.Store(true)
 				a.metrics.attached.Set(1)

@@ -75,6 +75,10 @@ func TestConfigValidate(t *testing.T) {
 		}},
 		{"send above what clients accept", func(c *Config) { c.Limits.GRPCMaxSendBytes = 128 << 20 },
 			[]string{"--grpc-max-send-bytes (grpc_max_send_bytes): must not exceed"}},
+		{"chunks too large for the receive limit", func(c *Config) { c.Limits.EphemeralChunkBytes = 3 << 20 },
+			[]string{"ephemeral_chunk_bytes: must be at most half of grpc_max_recv_bytes (2097152)"}},
+		{"chunks too small", func(c *Config) { c.Limits.EphemeralChunkBytes = 1 << 10 },
+			[]string{"ephemeral_chunk_bytes: must be at least 16384"}},
 		{"restore above the format", func(c *Config) { c.Limits.SnapshotRestoreMaxBytes = 1 << 30 },
 			[]string{"snapshot_restore_max_bytes: must not exceed"}},
 		{"several problems at once, each reported", func(c *Config) {

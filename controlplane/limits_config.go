@@ -39,13 +39,25 @@ type LimitsConfig struct {
 	// What one agent session may make this node hold (package agent,
 	// design §5.4): statuses for at most its node's desired replicas plus
 	// AgentReplicaSlack (replicas it still runs, or was just given),
-	// AgentAdaptersPerReplica adapter statuses and AgentKVBlocksPerReplica
-	// KV hashes for each, and no status over AgentMaxStatusBytes. A
-	// session past any of them is ended and its reports dropped.
+	// AgentAdaptersPerReplica adapter statuses for each,
+	// AgentKVBlocksPerReplica KV hashes for each desired replica (a
+	// replica's cache, host-memory offload included: 2 Mi blocks of 16
+	// tokens are 32 M tokens; a server holds some 38 bytes a hash), and no
+	// status over AgentMaxStatusBytes. A session past any of them is ended
+	// and its reports dropped.
 	AgentReplicaSlack       int `yaml:"agent_replica_slack"`
 	AgentAdaptersPerReplica int `yaml:"agent_adapters_per_replica"`
 	AgentKVBlocksPerReplica int `yaml:"agent_kv_blocks_per_replica"`
 	AgentMaxStatusBytes     int `yaml:"agent_max_status_bytes"`
+
+	// EphemeralChunkBytes is the chunk budget of ephemeral updates (design
+	// §5.4 "Chunks"): an update larger than it — a node's full copy with
+	// its KV block sets — travels agent → server, server → server and
+	// server → router as chunks of at most this size, so no message grows
+	// with the fleet. Peers of an earlier release get whole updates.
+	// At most half of grpc_max_recv_bytes: a chunk may pass its budget
+	// by one status (agent_max_status_bytes) and its framing.
+	EphemeralChunkBytes int `yaml:"ephemeral_chunk_bytes"`
 
 	// SnapshotRestoreMaxBytes bounds a restored file's body, checked
 	// against the header's declared length before the body is read.
@@ -67,8 +79,10 @@ func DefaultLimits() LimitsConfig {
 
 		AgentReplicaSlack:       8,
 		AgentAdaptersPerReplica: 64,
-		AgentKVBlocksPerReplica: 131072,
+		AgentKVBlocksPerReplica: 2 << 20,
 		AgentMaxStatusBytes:     64 << 10,
+
+		EphemeralChunkBytes: 1 << 20,
 
 		SnapshotRestoreMaxBytes: snapfile.MaxBody,
 	}
@@ -112,6 +126,7 @@ func (c LimitsConfig) validate(p *configfile.Problems) {
 		{"agent_kv_blocks_per_replica", c.AgentKVBlocksPerReplica, 1},
 		{"agent_max_status_bytes", c.AgentMaxStatusBytes, 256},
 		{"snapshot_restore_max_bytes", c.SnapshotRestoreMaxBytes, 1},
+		{"ephemeral_chunk_bytes", c.EphemeralChunkBytes, 16 << 10},
 	} {
 		if v.v < v.min {
 			p.Add(v.setting, "must be at least %d, got %d", v.min, v.v)
@@ -119,6 +134,9 @@ func (c LimitsConfig) validate(p *configfile.Problems) {
 	}
 	if c.GRPCMaxSendBytes > grpcsize.MaxMessageBytes {
 		p.Add(configfile.Flag("grpc-max-send-bytes"), "must not exceed %d, what clients accept, got %d", grpcsize.MaxMessageBytes, c.GRPCMaxSendBytes)
+	}
+	if c.GRPCMaxRecvBytes >= 64<<10 && c.EphemeralChunkBytes > c.GRPCMaxRecvBytes/2 {
+		p.Add("ephemeral_chunk_bytes", "must be at most half of grpc_max_recv_bytes (%d), room for a chunk's framing and one status past its budget, got %d", c.GRPCMaxRecvBytes/2, c.EphemeralChunkBytes)
 	}
 	if c.SnapshotRestoreMaxBytes > snapfile.MaxBody {
 		p.Add("snapshot_restore_max_bytes", "must not exceed the file format's %d, got %d", snapfile.MaxBody, c.SnapshotRestoreMaxBytes)

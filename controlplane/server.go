@@ -114,7 +114,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		watch:  watch.NewMetrics(s.reg),
 		plane:  plane.NewMetrics(s.reg),
 	}
-	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: s.clock},
+	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: s.clock, ChunkBytes: chunkBytes(cfg.Limits)},
 		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
 	s.sessions = sessions.New(s.plane, s.clock, s.reg)
 	s.limiter = limits.New(cfg.Limits.limiterConfig(), s.reg)
@@ -143,6 +143,16 @@ func loadTLS(cfg Config) (*mtls.Source, error) {
 
 // clock is s.now, read at each call so tests may replace it before Run.
 func (s *Server) clock() time.Time { return s.now() }
+
+// chunkBytes is the chunk budget this node offers its peers (design §5.4
+// "Chunks"); the build that plays the previous release in the upgrade test
+// offers none, as that release did not assemble chunks.
+func chunkBytes(l LimitsConfig) int {
+	if asPreviousRelease {
+		return 0
+	}
+	return l.EphemeralChunkBytes
+}
 
 // Ready is closed once the node has a leader and serves gRPC and HTTP.
 func (s *Server) Ready() <-chan struct{} { return s.ready }
@@ -340,13 +350,13 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	llmgwv1.RegisterAgentServiceServer(gs, agent.New(agent.Config{
 		Self: s.cfg.NodeID, HeartbeatInterval: s.cfg.HeartbeatInterval, AgentTimeout: s.cfg.AgentTimeout,
 		ElectionTimeout: s.cfg.ElectionTimeout, RPCHoldTimeout: s.cfg.RPCHoldTimeout, ApplyTimeout: s.cfg.ApplyTimeout,
-		HelloForwardOnly: asPreviousRelease, Bounds: s.cfg.Limits.agentBounds(),
+		HelloForwardOnly: asPreviousRelease, Bounds: s.cfg.Limits.agentBounds(), ChunkBytes: chunkBytes(s.cfg.Limits),
 	}, agent.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Reports: s.eph,
 		Plane: s.plane, Sessions: s.sessions, Metrics: s.metrics.agent,
 	}, s.log))
 	llmgwv1.RegisterWatchServiceServer(gs, watch.New(watch.Config{
-		HeartbeatInterval: s.cfg.HeartbeatInterval, WatchWait: s.cfg.WatchWait, WatchQueue: s.cfg.WatchQueue,
+		HeartbeatInterval: s.cfg.HeartbeatInterval, WatchWait: s.cfg.WatchWait, WatchQueue: s.cfg.WatchQueue, ChunkBytes: chunkBytes(s.cfg.Limits),
 	}, s.fsm, s.eph, s.members, s.metrics.watch, s.log))
 	var kr server.Keyring // a nil interface without a keyring
 	if s.keyring != nil {

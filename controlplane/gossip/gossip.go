@@ -129,6 +129,12 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	}
 	g.tune = tune
 	c := memberlist.DefaultLANConfig()
+	// The plane's messages are mostly KV block hashes, which LZW grows by
+	// a third, at 19 ms a MiB (both ends): a warm node's 16 MB full copy
+	// took 1.0–1.2 s to reach a peer with it, 0.4–0.8 s without
+	// (docs/benchmarks.md "Large KV caches"). Peers that still compress are
+	// read as before: each message says whether it is compressed.
+	c.EnableCompression = false
 	c.Name = g.self.ID
 	c.BindAddr, c.BindPort = host, port
 	c.AdvertisePort = port

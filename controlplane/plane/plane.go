@@ -31,6 +31,8 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -75,6 +77,11 @@ type Config struct {
 	// MaxQueue bounds the updates queued for one peer; past it the queue
 	// is dropped and the peer gets full copies instead (default 4096).
 	MaxQueue int
+	// ChunkBytes bounds the messages sent to a peer that assembles chunks
+	// (it says so in its own messages): an update larger than it goes as
+	// chunks, and a batch as several messages (design §5.4 "Chunks"). 0
+	// sends whole updates in one message, as servers before chunks did.
+	ChunkBytes int
 	// Now is the clock of liveness judgements (when a remote session ended);
 	// default time.Now. The leader's tests replace it.
 	Now func() time.Time
@@ -129,7 +136,12 @@ type Plane struct {
 	reorder map[string]*pending // by agent node
 	expect  map[string]*expectation
 	asked   map[string]int // node -> tick of the last full-copy request
-	wg      sync.WaitGroup
+	// peerChunk is each peer's chunk budget as its last message said (0:
+	// it assembles no chunks); chunks holds each peer's chunks until
+	// their update is whole.
+	peerChunk map[string]int
+	chunks    map[string]*ephemeral.Assembler
+	wg        sync.WaitGroup
 }
 
 // pending holds one agent's deltas that arrived before the one they follow.
@@ -155,8 +167,12 @@ type peerQ struct {
 	fullNodes map[string]bool
 	requests  []request
 	lastSent  time.Time
-	wake      chan struct{}
-	stop      chan struct{}
+	// added is when the peer was seen alive: full copies to it wait for
+	// its first message (which says whether it takes chunks), up to
+	// twice the keepalive.
+	added time.Time
+	wake  chan struct{}
+	stop  chan struct{}
 }
 
 // New returns a plane; nothing runs until Run.
@@ -173,6 +189,8 @@ func New(cfg Config, store Store, tr Transport, m *Metrics, log *slog.Logger) *P
 		reorder:     map[string]*pending{},
 		expect:      map[string]*expectation{},
 		asked:       map[string]int{},
+		peerChunk:   map[string]int{},
+		chunks:      map[string]*ephemeral.Assembler{},
 	}
 }
 
@@ -283,7 +301,27 @@ func (p *Plane) Receive(b []byte) {
 		return
 	}
 	p.setClaimsLocked(m.From, m.Counter, m.Sessions)
+	p.peerChunk[m.From] = int(min(m.ChunkBytes, 1<<30))
 	for _, f := range m.Updates {
+		if f.Update.GetChunks() > 1 || f.Update.GetChunk() != 0 {
+			a := p.chunks[m.From]
+			if a == nil {
+				// A peer is a certified server: its chunks are not bounded
+				// beyond their count (ephemeral.MaxChunks).
+				a = ephemeral.NewAssembler(0)
+				p.chunks[m.From] = a
+			}
+			whole, err := a.Add(f.Update)
+			if err != nil {
+				p.m.drops.WithLabelValues("undecodable").Inc()
+				p.log.Warn("ephemeral plane: chunk dropped", "peer", m.From, "agent_node", f.Update.GetNode(), "err", err)
+				continue
+			}
+			if whole == nil {
+				continue
+			}
+			f.Update = whole
+		}
 		p.applyLocked(m.From, f)
 	}
 	for _, r := range m.Requests {
@@ -302,7 +340,7 @@ func (p *Plane) Receive(b []byte) {
 // sessions it owns, with the last seq it holds of each.
 func (p *Plane) LocalState() []byte {
 	p.mu.Lock()
-	m := &message{Kind: kindDigest, From: p.cfg.Self, Counter: p.nextCounterLocked(), Sessions: p.ownSessionsLocked()}
+	m := &message{Kind: kindDigest, From: p.cfg.Self, Counter: p.nextCounterLocked(), Sessions: p.ownSessionsLocked(), ChunkBytes: uint64(max(p.cfg.ChunkBytes, 0))}
 	p.mu.Unlock()
 	b, err := encode(m)
 	if err != nil {
@@ -327,6 +365,7 @@ func (p *Plane) MergeRemoteState(b []byte) {
 		return
 	}
 	p.setClaimsLocked(m.From, m.Counter, m.Sessions)
+	p.peerChunk[m.From] = int(min(m.ChunkBytes, 1<<30))
 	for _, s := range m.Sessions {
 		if !p.behindLocked(s.Node, s.Epoch, s.Seq) {
 			continue
@@ -538,7 +577,7 @@ func (p *Plane) onTick() {
 		isAlive[id] = true
 		if p.peers[id] == nil {
 			// A new (or returning) peer starts from full copies.
-			q := &peerQ{fullAll: true, wake: make(chan struct{}, 1), stop: make(chan struct{})}
+			q := &peerQ{fullAll: true, added: now, wake: make(chan struct{}, 1), stop: make(chan struct{})}
 			p.peers[id] = q
 			p.wg.Go(func() { p.sender(id, q) })
 		}
@@ -547,6 +586,8 @@ func (p *Plane) onTick() {
 		if !isAlive[id] {
 			close(q.stop)
 			delete(p.peers, id)
+			delete(p.chunks, id)    // its half-sent updates will not be finished
+			delete(p.peerChunk, id) // a returning peer says again what it takes
 		}
 	}
 	// A peer gossip no longer sees alive holds no live session: its agents
@@ -560,7 +601,7 @@ func (p *Plane) onTick() {
 		}
 	}
 	for node, pend := range p.reorder {
-		if p.tick-pend.since >= p.cfg.ReorderTicks {
+		if p.tick-pend.since >= p.waitTicksLocked(node) {
 			delete(p.reorder, node)
 			p.m.gaps.WithLabelValues("sequence").Inc()
 			p.requestLocked(pend.from, node, "sequence gap")
@@ -570,7 +611,7 @@ func (p *Plane) onTick() {
 		switch {
 		case !p.behindLocked(node, e.epoch, e.seq):
 			delete(p.expect, node)
-		case p.tick-e.since >= p.cfg.ReorderTicks:
+		case p.tick-e.since >= p.waitTicksLocked(node):
 			delete(p.expect, node)
 			p.m.gaps.WithLabelValues("digest").Inc()
 			p.requestLocked(e.from, node, "behind the owner's digest")
@@ -581,6 +622,21 @@ func (p *Plane) onTick() {
 			wake(q)
 		}
 	}
+}
+
+// waitTicksLocked is how long a gap or an expectation for node waits
+// before a full copy is asked for: ReorderTicks, or twenty times that
+// while chunks of an update of node are held — a full copy most likely,
+// which closes the gap when whole; asking for another would only send it
+// twice. The longer wait still ends: a chunk that never comes must not
+// keep the node behind for good.
+func (p *Plane) waitTicksLocked(node string) int {
+	for _, a := range p.chunks {
+		if a.Assembling(node) {
+			return 20 * p.cfg.ReorderTicks
+		}
+	}
+	return p.cfg.ReorderTicks
 }
 
 // sender sends one peer's batches, one at a time, until stopped.
@@ -599,8 +655,19 @@ func (p *Plane) flush(peer string, q *peerQ) {
 	p.mu.Lock()
 	updates, fullAll, fullNodes, requests := q.updates, q.fullAll, q.fullNodes, q.requests
 	q.updates, q.fullAll, q.fullNodes, q.requests = nil, false, nil, nil
+	if _, heard := p.peerChunk[peer]; !heard && p.cfg.ChunkBytes > 0 && time.Since(q.added) < 2*p.cfg.Keepalive {
+		// Not yet known whether the peer takes chunks: the full copies
+		// wait (a whole one may be larger than a send can carry in its
+		// timeout); this batch carries the session list alone.
+		q.fullAll, q.fullNodes = fullAll, fullNodes
+		updates, fullAll, fullNodes = nil, false, nil
+	}
 	sessions := p.ownSessionsLocked()
-	m := &message{Kind: kindBatch, From: p.cfg.Self, Counter: p.nextCounterLocked(), Sessions: sessions, Requests: requests}
+	m := &message{Kind: kindBatch, From: p.cfg.Self, Sessions: sessions, Requests: requests, ChunkBytes: uint64(max(p.cfg.ChunkBytes, 0))}
+	chunk := 0
+	if p.cfg.ChunkBytes > 0 && p.peerChunk[peer] > 0 {
+		chunk = min(p.cfg.ChunkBytes, p.peerChunk[peer])
+	}
 	p.mu.Unlock()
 
 	now := time.Now()
@@ -619,10 +686,18 @@ func (p *Plane) flush(peer string, q *peerQ) {
 			updates = append(updates, forwarded{RecvUnixNano: now.UnixNano(), Update: c})
 		}
 	}
-	m.Updates = updates
-	b, err := encode(m)
-	if err == nil {
-		err = p.tr.Send(peer, b)
+	var err error
+	for _, msg := range batches(m, updates, chunk) {
+		p.mu.Lock()
+		msg.Counter = p.nextCounterLocked()
+		p.mu.Unlock()
+		var b []byte
+		if b, err = encode(msg); err == nil {
+			err = p.tr.Send(peer, b)
+		}
+		if err != nil {
+			break
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -643,4 +718,35 @@ func (p *Plane) flush(peer string, q *peerQ) {
 	}
 	q.lastSent = now
 	p.m.forwarded.Add(float64(len(updates)))
+}
+
+// batches packs updates into messages like m: one when chunk is 0 (the
+// peer assembles no chunks), else as many as keep each within about chunk
+// bytes, an update larger than that split into chunks (design §5.4
+// "Chunks"). Every message carries m's session list; the first its
+// requests. The messages go over separate connections and may arrive in
+// any order: the receiver's assembler takes chunks in any order, and its
+// reorder buffer deltas.
+func batches(m *message, updates []forwarded, chunk int) []*message {
+	if chunk <= 0 {
+		m.Updates = updates
+		return []*message{m}
+	}
+	base, _ := encode(m)
+	room := max(chunk-len(base), ephemeral.MinChunkBytes)
+	var out []*message
+	cur, size := m, 0
+	for _, f := range updates {
+		for _, part := range ephemeral.Split(f.Update, room-16) {
+			n := proto.Size(part) + 16 // the forwarded entry's framing and receive time
+			if size > 0 && size+n > room {
+				out = append(out, cur)
+				cur = &message{Kind: m.Kind, From: m.From, Sessions: m.Sessions, ChunkBytes: m.ChunkBytes}
+				size = 0
+			}
+			cur.Updates = append(cur.Updates, forwarded{RecvUnixNano: f.RecvUnixNano, Update: part})
+			size += n
+		}
+	}
+	return append(out, cur)
 }

@@ -24,6 +24,8 @@ type mesh struct {
 	planes map[string]*Plane
 	stores map[string]*ephemeral.Store
 	drop   func(from, to string, m *message) bool
+	// largest is the largest message sent to each peer.
+	largest map[string]int
 }
 
 type meshTransport struct {
@@ -48,6 +50,9 @@ func (t meshTransport) Send(peer string, b []byte) error {
 	if p == nil {
 		return fmt.Errorf("no peer %s", peer)
 	}
+	t.mesh.mu.Lock()
+	t.mesh.largest[peer] = max(t.mesh.largest[peer], len(b))
+	t.mesh.mu.Unlock()
 	if drop != nil {
 		m, err := decode(b)
 		if err != nil {
@@ -63,12 +68,23 @@ func (t meshTransport) Send(peer string, b []byte) error {
 
 func newMesh(t *testing.T, ids ...string) *mesh {
 	t.Helper()
-	m := &mesh{planes: map[string]*Plane{}, stores: map[string]*ephemeral.Store{}}
+	chunks := map[string]int{}
+	for _, id := range ids {
+		chunks[id] = 0
+	}
+	return newChunkedMesh(t, chunks)
+}
+
+// newChunkedMesh is newMesh with each plane's ChunkBytes (0: a server of
+// a release before chunks).
+func newChunkedMesh(t *testing.T, chunks map[string]int) *mesh {
+	t.Helper()
+	m := &mesh{planes: map[string]*Plane{}, stores: map[string]*ephemeral.Store{}, largest: map[string]int{}}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	for _, id := range ids {
+	for id, chunk := range chunks {
 		st := ephemeral.NewStore()
-		p := New(Config{Self: id, Tick: 5 * time.Millisecond, Keepalive: 50 * time.Millisecond}, st, meshTransport{m, id},
+		p := New(Config{Self: id, Tick: 5 * time.Millisecond, Keepalive: 50 * time.Millisecond, ChunkBytes: chunk}, st, meshTransport{m, id},
 			NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
 		m.planes[id], m.stores[id] = p, st
 	}
@@ -280,7 +296,7 @@ func TestDecodeRefuses(t *testing.T) {
 
 func FuzzDecode(f *testing.F) {
 	b, _ := encode(&message{Kind: kindBatch, From: "c1", Counter: 1, Sessions: []session{{Node: "n1", Epoch: 2, Seq: 3}},
-		Updates: []forwarded{{RecvUnixNano: 5, Update: update(2, 3, true)}}, Requests: []request{{Node: "n1", Reason: "x"}}})
+		Updates: []forwarded{{RecvUnixNano: 5, Update: update(2, 3, true)}}, Requests: []request{{Node: "n1", Reason: "x"}}, ChunkBytes: 1 << 20})
 	f.Add(b)
 	d, _ := encode(&message{Kind: kindDigest, From: "c2", Sessions: []session{{Node: "n1", Epoch: 2, Seq: 3}}})
 	f.Add(d)
@@ -298,4 +314,99 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("a decoded message does not decode again: %v", err)
 		}
 	})
+}
+
+// A full copy larger than the chunk budget reaches a peer that takes
+// chunks in messages within the budget, and a peer of the release before
+// chunks whole: both end up holding all of it.
+func TestFullCopyInChunks(t *testing.T) {
+	const chunk = 64 << 10
+	m := newChunkedMesh(t, map[string]int{"a": chunk, "b": chunk, "old": 0})
+	u := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 5, Seq: 1, Full: true}
+	for r := range 8 {
+		b := &llmgwv1.KVBlocks{ReplicaId: fmt.Sprintf("m-%d", r), Uid: 1, Reset_: true}
+		for i := range 20_000 {
+			b.Stored = append(b.Stored, uint64(r)<<32|uint64(i))
+		}
+		u.Kv = append(u.Kv, b)
+		u.Statuses = append(u.Statuses, &llmgwv1.ReplicaStatus{ReplicaId: b.ReplicaId, Uid: 1})
+	}
+	whole := proto.Size(u)
+	// Let b and old announce themselves first, as a live peer does within
+	// a keepalive.
+	eventually(t, "a learning its peers' chunk budgets", func() bool {
+		m.planes["a"].mu.Lock()
+		defer m.planes["a"].mu.Unlock()
+		_, b := m.planes["a"].peerChunk["b"]
+		_, o := m.planes["a"].peerChunk["old"]
+		return b && o
+	})
+	m.planes["a"].SessionStarted("n1", 5)
+	m.accept(t, "a", u)
+	for _, id := range []string{"b", "old"} {
+		eventually(t, id+" holding the full copy", func() bool { return holds(m.stores[id], "n1", 5, 1) })
+		got, _ := m.stores[id].FullCopy("n1")
+		want, _ := m.stores["a"].FullCopy("n1")
+		if !proto.Equal(got, want) {
+			t.Fatalf("%s holds a different copy (%d bytes, want %d)", id, proto.Size(got), proto.Size(want))
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if n := m.largest["b"]; n > chunk+1<<10 {
+		t.Errorf("largest message to b is %d bytes, above the %d budget", n, chunk)
+	}
+	if n := m.largest["old"]; n < whole {
+		t.Errorf("largest message to old is %d bytes; want the whole %d-byte copy in one", n, whole)
+	}
+}
+
+// A chunk lost on the way leaves its update half held: the receiver, after
+// a longer wait than for a plain gap, asks for a full copy, and the copy
+// that comes makes it whole.
+func TestLostChunkIsRepaired(t *testing.T) {
+	const chunk = 16 << 10
+	m := newChunkedMesh(t, map[string]int{"a": chunk, "b": chunk})
+	var dropped bool
+	m.mu.Lock()
+	m.drop = func(from, to string, msg *message) bool {
+		for _, f := range msg.Updates {
+			if f.Update.GetChunks() > 1 && f.Update.GetChunk() == f.Update.GetChunks()-1 && !dropped {
+				dropped = true
+				return true
+			}
+		}
+		return false
+	}
+	m.mu.Unlock()
+	eventually(t, "a learning b's chunk budget", func() bool {
+		m.planes["a"].mu.Lock()
+		defer m.planes["a"].mu.Unlock()
+		_, ok := m.planes["a"].peerChunk["b"]
+		return ok
+	})
+	u := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 5, Seq: 1, Full: true, Kv: []*llmgwv1.KVBlocks{{ReplicaId: "m-0", Uid: 1, Reset_: true}}}
+	for i := range 20_000 {
+		u.Kv[0].Stored = append(u.Kv[0].Stored, uint64(i))
+	}
+	m.planes["a"].SessionStarted("n1", 5)
+	m.accept(t, "a", u)
+	// A delta after it, in a message of its own, reveals the gap.
+	eventually(t, "b holding part of the copy", func() bool {
+		b := m.planes["b"]
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.chunks["a"] != nil && b.chunks["a"].Assembling("n1")
+	})
+	d := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 5, Seq: 2, Statuses: []*llmgwv1.ReplicaStatus{{ReplicaId: "m-0", Uid: 1}}}
+	m.accept(t, "a", d)
+	eventually(t, "b holding the copy and the delta after the lost chunk", func() bool { return holds(m.stores["b"], "n1", 5, 2) })
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !dropped {
+		t.Fatal("no chunk was dropped: the test did not test the loss")
+	}
+	if got, _ := m.stores["b"].FullCopy("n1"); len(got.GetKv()) != 1 || len(got.Kv[0].Stored) != 20_000 {
+		t.Fatalf("b holds %v blocks, want 20000", got.GetKv())
+	}
 }

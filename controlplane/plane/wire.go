@@ -56,6 +56,11 @@ type message struct {
 	Sessions []session
 	Updates  []forwarded
 	Requests []request
+	// ChunkBytes is the sender's chunk budget: a sender that sets it
+	// assembles chunked updates, so its peers may send it chunks of at
+	// most that size (design §5.4 "Chunks"). Servers of an earlier release
+	// leave it out, and get whole updates.
+	ChunkBytes uint64
 }
 
 // Field numbers of the hand-written wire format.
@@ -65,6 +70,7 @@ const (
 	fSessions = 3
 	fUpdates  = 4
 	fRequests = 5
+	fChunk    = 6
 
 	fSessNode, fSessEpoch, fSessSeq = 1, 2, 3
 	fFwdRecv, fFwdUpdate            = 1, 2
@@ -110,6 +116,10 @@ func encode(m *message) ([]byte, error) {
 		b = protowire.AppendTag(b, fRequests, protowire.BytesType)
 		b = protowire.AppendBytes(b, e)
 	}
+	if m.ChunkBytes > 0 {
+		b = protowire.AppendTag(b, fChunk, protowire.VarintType)
+		b = protowire.AppendVarint(b, m.ChunkBytes)
+	}
 	return b, nil
 }
 
@@ -132,6 +142,8 @@ func decode(b []byte) (*message, error) {
 			m.From = string(v)
 		case num == fCounter && typ == protowire.VarintType:
 			m.Counter = n
+		case num == fChunk && typ == protowire.VarintType:
+			m.ChunkBytes = n
 		case num == fSessions && typ == protowire.BytesType:
 			var s session
 			if err := fields(v, func(num protowire.Number, typ protowire.Type, v []byte, n uint64) error {

@@ -9,6 +9,8 @@ package grpcsize
 // MaxMessageBytes is the largest message a control server sends
 // (grpc_max_send_bytes may only lower it) and what the clients that
 // receive its big messages — routers' watch streams, agents' sessions —
-// accept: a watch stream's full copy of one node's reports, bounded by the
-// per-session limits to well under it, or a DesiredReplicas.
+// accept. Ephemeral updates no longer come near it: one larger than
+// ephemeral_chunk_bytes (1 MiB) travels in chunks to clients that ask for
+// them (design §5.4 "Chunks"). It stays for a DesiredReplicas, and for the
+// whole updates a server sends a router of a release before chunks.
 const MaxMessageBytes = 64 << 20

@@ -109,6 +109,17 @@ func (c *Config) fillDefaults() {
 // stream showed the client missed something it cannot recover in place.
 var errResync = errors.New("watch: resynchronising")
 
+// chunkBytes is the chunk budget this client asks for
+// (WatchRequest.max_chunk_bytes): well within what the client accepts in one
+// message (grpcsize.MaxMessageBytes), so a node's full copy, however large,
+// never ends the stream; the server may send smaller chunks.
+const chunkBytes = 4 << 20
+
+// maxChunkHeld bounds the chunks held for one update: what a node's full
+// copy can hold with the servers' default bounds (4 Mi hashes a replica,
+// 8 bytes each, for some dozens of replicas) is far under it.
+const maxChunkHeld = 2 << 30
+
 // published pairs a State with a channel closed when a newer one replaces it.
 type published struct {
 	state   *State
@@ -129,9 +140,12 @@ type Client struct {
 	work     *State // the state being built; published as clones
 	aside    *State // a framed snapshot being received, or nil
 	asideRev uint64
-	dirty    bool // work has changes not yet published
-	unsaved  bool // a published state not yet written to StatePath
-	ring     addrs.Ring
+	// chunks holds the chunks of an ephemeral update until it is whole
+	// (chunk.go); one per stream.
+	chunks  *assembler
+	dirty   bool // work has changes not yet published
+	unsaved bool // a published state not yet written to StatePath
+	ring    addrs.Ring
 }
 
 // New makes a client and, when StatePath holds a saved state, publishes it
@@ -141,7 +155,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Client, erro
 		return nil, err
 	}
 	cfg.fillDefaults()
-	c := &Client{cfg: cfg, log: log, m: newMetrics(reg), work: emptyState()}
+	c := &Client{cfg: cfg, log: log, m: newMetrics(reg), work: emptyState(), chunks: newAssembler(maxChunkHeld)}
 	c.cur.Store(&published{state: emptyState(), changed: make(chan struct{})})
 	if cfg.StatePath != "" {
 		st, err := loadState(cfg.StatePath)
@@ -233,9 +247,12 @@ func (c *Client) session(ctx context.Context, addr string, afterEvent func()) (p
 	defer watchdog.Stop()
 
 	c.aside = nil // a snapshot half-received from another server is abandoned
+	// Chunks of an update half-received from another server are abandoned.
+	c.chunks = newAssembler(maxChunkHeld)
 	stream, err := llmgwv1.NewWatchServiceClient(conn).Watch(sctx, &llmgwv1.WatchRequest{
-		FromRevision: c.work.Revision,
-		ClientId:     c.cfg.ClientID,
+		FromRevision:  c.work.Revision,
+		ClientId:      c.cfg.ClientID,
+		MaxChunkBytes: chunkBytes,
 	})
 	if err != nil {
 		return false, fmt.Errorf("watch %s: %w", addr, err)
@@ -311,6 +328,16 @@ func (c *Client) handle(ev *llmgwv1.WatchEvent) error {
 	case *llmgwv1.WatchEvent_Ephemeral:
 		c.m.events.WithLabelValues("ephemeral").Inc()
 		u := e.Ephemeral
+		if u.GetChunks() > 1 || u.GetChunk() != 0 {
+			whole, err := c.chunks.Add(u)
+			if err != nil {
+				return fmt.Errorf("watch: %w: %w", err, errResync)
+			}
+			if whole == nil {
+				return nil // more chunks to come
+			}
+			u = whole
+		}
 		switch judgeEphemeral(c.work.Ephemeral[u.GetNode()], u) {
 		case accept:
 			c.work.applyEphemeral(u)

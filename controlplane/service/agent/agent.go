@@ -39,6 +39,11 @@ type Config struct {
 	HelloForwardOnly bool
 	// Bounds limit what one session may make this server hold (bounds.go).
 	Bounds Bounds
+	// ChunkBytes is the chunk budget the welcome asks the agent to keep
+	// to (ephemeral_chunk_bytes): an update larger than it comes as chunks
+	// (design §5.4 "Chunks"). 0 asks for whole updates, as servers before
+	// chunks did.
+	ChunkBytes int
 }
 
 // Proposer commits commands on the leader through the minimum-version gate
@@ -193,7 +198,7 @@ func (a *Service) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	sessionID := fmt.Sprintf("%s/%s/%d", a.cfg.Self, nodeID, a.seq.Add(1))
 	servers := a.peers.Servers()
 	if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Welcome{Welcome: &llmgwv1.Welcome{
-		SessionId: sessionID, ServerId: a.cfg.Self, Servers: servers,
+		SessionId: sessionID, ServerId: a.cfg.Self, Servers: servers, MaxChunkBytes: uint32(max(a.cfg.ChunkBytes, 0)),
 	}}}); err != nil {
 		return err
 	}
@@ -376,6 +381,9 @@ func desiredKey(d *llmgwv1.DesiredReplicas) []byte {
 
 func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, lastHeard *atomic.Int64, askFull chan<- string) error {
 	budget := &sessionBudget{state: a.state, node: nodeID, bounds: a.cfg.Bounds, now: time.Now}
+	// Chunks wait here until their update is whole; what they may hold is
+	// bounded by the session's budget before any of it is applied.
+	chunks := ephemeral.NewAssembler(0)
 	for {
 		msg, err := stream.Recv()
 		if err != nil {
@@ -403,6 +411,17 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 				a.metrics.ephemeralUpdates.WithLabelValues("foreign").Inc()
 				a.log.Warn("agent update for another node or session dropped", "agent_node", nodeID, "update_node", u.GetNode(), "epoch", u.GetEpoch())
 				continue
+			}
+			if u.GetChunks() > 1 || u.GetChunk() != 0 {
+				chunks.SetMax(budget.chunkBytes())
+				whole, err := chunks.Add(u)
+				if err != nil {
+					return a.cut(nodeID, epoch, "chunks", err, false)
+				}
+				if whole == nil {
+					continue // more chunks to come
+				}
+				u = whole
 			}
 			u = a.ownKV(u, nodeID)
 			v, err := a.applyBounded(u, budget)

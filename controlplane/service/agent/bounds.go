@@ -24,8 +24,9 @@ type Bounds struct {
 	// session may report: replicas it still runs after they were moved or
 	// removed, or was given by a server ahead of this one.
 	ReplicaSlack int
-	// AdaptersPerReplica and KVBlocksPerReplica bound the adapter statuses
-	// and KV block hashes held per allowed replica.
+	// AdaptersPerReplica bounds the adapter statuses held per allowed
+	// replica (desired plus slack); KVBlocksPerReplica the KV block hashes
+	// per desired replica (KV is kept only for replicas placed on the node).
 	AdaptersPerReplica int
 	KVBlocksPerReplica int
 	// MaxStatusBytes bounds one replica or adapter status, marshaled.
@@ -81,8 +82,25 @@ func (s *sessionBudget) get() ephemeral.Budget {
 	return ephemeral.Budget{
 		Statuses: replicas,
 		Adapters: replicas * s.bounds.AdaptersPerReplica,
-		KVBlocks: replicas * s.bounds.KVBlocksPerReplica,
+		// KV only for the desired replicas, without the slack: ownKV keeps
+		// KV only of replicas placed on the node, so the slack would only
+		// widen what a flood may hold — at the default 2 Mi hashes a
+		// replica, eight slack replicas are 600 MB of a server's heap.
+		KVBlocks: max(s.desired, 1) * s.bounds.KVBlocksPerReplica,
 	}
+}
+
+// chunkBytes bounds the chunks a session's assembler holds (0: none): the
+// marshaled size of the most the budget lets the node hold — 8 bytes a
+// hash, a status and an adapter status at most MaxStatusBytes — plus a
+// chunk's worth of framing.
+func (s *sessionBudget) chunkBytes() int {
+	if !s.bounds.enabled() {
+		return 0
+	}
+	b := s.get()
+	status := max(s.bounds.MaxStatusBytes, 1<<10)
+	return 8*b.KVBlocks + status*(b.Statuses+b.Adapters) + 1<<20
 }
 
 // errFlood ends a session that broke a bound; reason is its metric label.
@@ -146,7 +164,7 @@ func recvTooLarge(err error) bool { return status.Code(err) == codes.ResourceExh
 func newSessionsCut(reg prometheus.Registerer) *prometheus.CounterVec {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "llmgw_control_agent_sessions_cut_total",
-		Help: "Agent sessions ended for sending more than the node can run (statuses, adapters, kv_blocks, status_bytes) or a message over grpc_max_recv_bytes (message_bytes); their reports were dropped.",
+		Help: "Agent sessions ended for sending more than the node can run (statuses, adapters, kv_blocks, status_bytes), a message over grpc_max_recv_bytes (message_bytes) or chunks that make no update or pass the budget (chunks); their reports were dropped.",
 	}, []string{"reason"})
 	reg.MustRegister(c)
 	return c

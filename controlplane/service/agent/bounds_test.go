@@ -36,8 +36,8 @@ func TestSessionBudget(t *testing.T) {
 		desired int
 		want    ephemeral.Budget
 	}{
-		{"desired plus slack", bounds, 4, ephemeral.Budget{Statuses: 6, Adapters: 18, KVBlocks: 600}},
-		{"no desired replicas: the slack", bounds, 0, ephemeral.Budget{Statuses: 2, Adapters: 6, KVBlocks: 200}},
+		{"desired plus slack; KV for the desired", bounds, 4, ephemeral.Budget{Statuses: 6, Adapters: 18, KVBlocks: 400}},
+		{"no desired replicas: the slack; KV for one", bounds, 0, ephemeral.Budget{Statuses: 2, Adapters: 6, KVBlocks: 100}},
 		{"never zero, which would not bound", Bounds{AdaptersPerReplica: 1, KVBlocksPerReplica: 1, MaxStatusBytes: 1}, 0, ephemeral.Budget{Statuses: 1, Adapters: 1, KVBlocks: 1}},
 		{"zero bounds: unbounded", Bounds{}, 4, ephemeral.Budget{}},
 	} {
@@ -114,5 +114,19 @@ func TestCheckSizes(t *testing.T) {
 				t.Fatalf("checkSizes = %v, want refused %v", err, tc.want)
 			}
 		})
+	}
+}
+
+// The chunks a session may hold aside follow its budget: room for every
+// hash and status the node may hold, and no bound without bounds.
+func TestChunkBytesFollowBudget(t *testing.T) {
+	d := &desiredOf{n: 8, rev: 1}
+	b := &sessionBudget{state: d, node: "n1", bounds: Bounds{ReplicaSlack: 8, AdaptersPerReplica: 4, KVBlocksPerReplica: 1000, MaxStatusBytes: 2048}, now: time.Now}
+	if got, min := b.chunkBytes(), 8*8*1000+2048*(16+64); got < min {
+		t.Fatalf("chunk bound %d, below the %d bytes the budget lets the node hold", got, min)
+	}
+	none := &sessionBudget{state: d, node: "n1", now: time.Now}
+	if got := none.chunkBytes(); got != 0 {
+		t.Fatalf("chunk bound %d without bounds, want 0 (none)", got)
 	}
 }

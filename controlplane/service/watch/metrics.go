@@ -7,6 +7,7 @@ type Metrics struct {
 	watchers       prometheus.Gauge
 	watchOverflows prometheus.Counter
 	watchSnapshots prometheus.Counter
+	chunked        prometheus.Counter
 }
 
 // NewMetrics registers the watch streams' metrics with reg.
@@ -21,7 +22,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		watchSnapshots: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgw_control_watch_snapshots_total", Help: "Framed snapshots sent to watchers.",
 		}),
+		chunked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_control_watch_chunked_updates_total", Help: "Ephemeral updates sent to watchers as chunks, being larger than ephemeral_chunk_bytes.",
+		}),
 	}
-	reg.MustRegister(m.watchers, m.watchOverflows, m.watchSnapshots)
+	reg.MustRegister(m.watchers, m.watchOverflows, m.watchSnapshots, m.chunked)
 	return m
 }

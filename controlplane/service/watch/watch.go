@@ -21,6 +21,11 @@ type Config struct {
 	WatchWait time.Duration
 	// WatchQueue bounds each watcher's queue of ephemeral updates.
 	WatchQueue int
+	// ChunkBytes is the chunk budget of ephemeral updates
+	// (ephemeral_chunk_bytes, design §5.4 "Chunks"): to a client that
+	// assembles chunks, a larger update goes as chunks of at most this or
+	// the client's own budget, the smaller. 0 sends every update whole.
+	ChunkBytes int
 }
 
 // Desired is the replicated state as this server has applied it (package
@@ -90,8 +95,9 @@ func (w *Service) Watch(req *llmgwv1.WatchRequest, stream llmgwv1.WatchService_W
 	if err := stream.Send(&llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Servers{Servers: &llmgwv1.ServerList{Servers: lastServers}}}); err != nil {
 		return err
 	}
+	chunk := w.chunkBytes(req)
 	for _, c := range copies {
-		if err := stream.Send(&llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Ephemeral{Ephemeral: c}}); err != nil {
+		if err := w.sendEphemeral(stream, c, chunk); err != nil {
 			return err
 		}
 	}
@@ -113,7 +119,7 @@ func (w *Service) Watch(req *llmgwv1.WatchRequest, stream llmgwv1.WatchService_W
 			if sent, err = w.sendDesired(stream, sent, false); err != nil {
 				return err
 			}
-			if err := stream.Send(&llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Ephemeral{Ephemeral: u}}); err != nil {
+			if err := w.sendEphemeral(stream, u, chunk); err != nil {
 				return err
 			}
 		case <-sub.Overflowed():
@@ -132,6 +138,33 @@ func (w *Service) Watch(req *llmgwv1.WatchRequest, stream llmgwv1.WatchService_W
 			}
 		}
 	}
+}
+
+// chunkBytes is the chunk budget of one stream: the smaller of the
+// server's and the client's, or 0 (whole updates) when either has none —
+// a client of an earlier release cannot assemble chunks.
+func (w *Service) chunkBytes(req *llmgwv1.WatchRequest) int {
+	c := int(req.GetMaxChunkBytes())
+	if c <= 0 || w.cfg.ChunkBytes <= 0 {
+		return 0
+	}
+	return min(c, w.cfg.ChunkBytes)
+}
+
+// sendEphemeral sends one update, as chunks when it is larger than chunk
+// (0: whole). The chunks go one after another, so a client assembles one
+// update at a time.
+func (w *Service) sendEphemeral(stream llmgwv1.WatchService_WatchServer, u *llmgwv1.EphemeralUpdate, chunk int) error {
+	parts := ephemeral.Split(u, chunk)
+	if len(parts) > 1 {
+		w.metrics.chunked.Inc()
+	}
+	for _, p := range parts {
+		if err := stream.Send(&llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Ephemeral{Ephemeral: p}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // waitFor waits until the FSM has applied rev, up to WatchWait: a client

@@ -2363,7 +2363,18 @@ type EphemeralUpdate struct {
 	// every entry is a reset holding the replica's whole block set.
 	Kv []*KVBlocks `protobuf:"bytes,7,rep,name=kv,proto3" json:"kv,omitempty"`
 	// Adapter states per replica (design §7.6); in a full copy, every one.
-	Adapters      []*AdapterStatus `protobuf:"bytes,8,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	Adapters []*AdapterStatus `protobuf:"bytes,8,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	// Chunks (design §5.4 "Chunks"): an update larger than the receiver's
+	// chunk budget travels as `chunks` messages numbered `chunk` 0 ..
+	// chunks-1, each with the same node, epoch, seq and full. Their lists
+	// concatenated, in chunk order, are the update (see KVBlocks.continued);
+	// a receiver holds the chunks aside and applies the update only once it
+	// has all of them. 0 or 1 chunks: the update is whole in this message.
+	// Sent only to a receiver that said it assembles chunks
+	// (Welcome.max_chunk_bytes, WatchRequest.max_chunk_bytes, the servers'
+	// own plane messages): an older one would take chunk 0 for the whole.
+	Chunk         uint32 `protobuf:"varint,9,opt,name=chunk,proto3" json:"chunk,omitempty"`
+	Chunks        uint32 `protobuf:"varint,10,opt,name=chunks,proto3" json:"chunks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2452,6 +2463,20 @@ func (x *EphemeralUpdate) GetAdapters() []*AdapterStatus {
 		return x.Adapters
 	}
 	return nil
+}
+
+func (x *EphemeralUpdate) GetChunk() uint32 {
+	if x != nil {
+		return x.Chunk
+	}
+	return 0
+}
+
+func (x *EphemeralUpdate) GetChunks() uint32 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
 }
 
 // AdapterStatus is what the agent reports of one adapter on one replica.
@@ -2586,7 +2611,12 @@ type KVBlocks struct {
 	// tier 1 for it.
 	Untrusted bool `protobuf:"varint,7,opt,name=untrusted,proto3" json:"untrusted,omitempty"`
 	// The engine's block size in tokens, to hash prompts the same way.
-	BlockSize     uint32 `protobuf:"varint,8,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	BlockSize uint32 `protobuf:"varint,8,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	// Set on the first entry of a chunk when it carries on the previous
+	// chunk's last entry (the same replica's block set, split over chunks):
+	// its stored and removed hashes are appended to that entry's, and its
+	// other fields repeat it.
+	Continued     bool `protobuf:"varint,9,opt,name=continued,proto3" json:"continued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2675,6 +2705,13 @@ func (x *KVBlocks) GetBlockSize() uint32 {
 		return x.BlockSize
 	}
 	return 0
+}
+
+func (x *KVBlocks) GetContinued() bool {
+	if x != nil {
+		return x.Continued
+	}
+	return false
 }
 
 // ControlServer describes one control-plane node, so clients can fail over
@@ -2988,10 +3025,14 @@ func (*AgentMessage_Update) isAgentMessage_Body() {}
 func (*AgentMessage_Heartbeat) isAgentMessage_Body() {}
 
 type Welcome struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	ServerId      string                 `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
-	Servers       []*ControlServer       `protobuf:"bytes,3,rep,name=servers,proto3" json:"servers,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	ServerId  string                 `protobuf:"bytes,2,opt,name=server_id,json=serverId,proto3" json:"server_id,omitempty"`
+	Servers   []*ControlServer       `protobuf:"bytes,3,rep,name=servers,proto3" json:"servers,omitempty"`
+	// The server assembles chunked updates (EphemeralUpdate.chunks): the
+	// agent sends an update larger than this many bytes as chunks of at most
+	// this many. 0 (a server of an earlier release): every update whole.
+	MaxChunkBytes uint32 `protobuf:"varint,4,opt,name=max_chunk_bytes,json=maxChunkBytes,proto3" json:"max_chunk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3045,6 +3086,13 @@ func (x *Welcome) GetServers() []*ControlServer {
 		return x.Servers
 	}
 	return nil
+}
+
+func (x *Welcome) GetMaxChunkBytes() uint32 {
+	if x != nil {
+		return x.MaxChunkBytes
+	}
+	return 0
 }
 
 // DesiredReplicas is the whole set of replicas a node should run, with the
@@ -3342,8 +3390,13 @@ type WatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The last revision the client applied; 0 for none. The server waits (up
 	// to 2 s) until it has applied it, else answers UNAVAILABLE.
-	FromRevision  uint64 `protobuf:"varint,1,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
-	ClientId      string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	FromRevision uint64 `protobuf:"varint,1,opt,name=from_revision,json=fromRevision,proto3" json:"from_revision,omitempty"`
+	ClientId     string `protobuf:"bytes,2,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The client assembles chunked ephemeral updates: the server sends one
+	// larger than this many bytes (or than its own ephemeral_chunk_bytes,
+	// the smaller) as chunks. 0 (a client of an earlier release): every
+	// update whole.
+	MaxChunkBytes uint32 `protobuf:"varint,3,opt,name=max_chunk_bytes,json=maxChunkBytes,proto3" json:"max_chunk_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3390,6 +3443,13 @@ func (x *WatchRequest) GetClientId() string {
 		return x.ClientId
 	}
 	return ""
+}
+
+func (x *WatchRequest) GetMaxChunkBytes() uint32 {
+	if x != nil {
+		return x.MaxChunkBytes
+	}
+	return 0
 }
 
 // Change is one object put or deleted at a revision. On delete only the
@@ -6613,7 +6673,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x11updated_unix_nano\x18\t \x01(\x03R\x0fupdatedUnixNano\x12\x10\n" +
 	"\x03pid\x18\n" +
 	" \x01(\x05R\x03pid\x12\x1a\n" +
-	"\brestarts\x18\v \x01(\rR\brestarts\"\x9a\x02\n" +
+	"\brestarts\x18\v \x01(\rR\brestarts\"\xc8\x02\n" +
 	"\x0fEphemeralUpdate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
@@ -6622,7 +6682,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\bstatuses\x18\x05 \x03(\v2\x17.llmgw.v1.ReplicaStatusR\bstatuses\x12)\n" +
 	"\x10removed_replicas\x18\x06 \x03(\tR\x0fremovedReplicas\x12\"\n" +
 	"\x02kv\x18\a \x03(\v2\x12.llmgw.v1.KVBlocksR\x02kv\x123\n" +
-	"\badapters\x18\b \x03(\v2\x17.llmgw.v1.AdapterStatusR\badapters\"\xc0\x02\n" +
+	"\badapters\x18\b \x03(\v2\x17.llmgw.v1.AdapterStatusR\badapters\x12\x14\n" +
+	"\x05chunk\x18\t \x01(\rR\x05chunk\x12\x16\n" +
+	"\x06chunks\x18\n" +
+	" \x01(\rR\x06chunks\"\xc0\x02\n" +
 	"\rAdapterStatus\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -6633,7 +6696,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x121\n" +
 	"\x15retry_after_unix_nano\x18\a \x01(\x03R\x12retryAfterUnixNano\x121\n" +
 	"\x15last_active_unix_nano\x18\b \x01(\x03R\x12lastActiveUnixNano\x12\x16\n" +
-	"\x06active\x18\t \x01(\rR\x06active\"\xe2\x01\n" +
+	"\x06active\x18\t \x01(\rR\x06active\"\x80\x02\n" +
 	"\bKVBlocks\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -6644,7 +6707,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aremoved\x18\x06 \x03(\x06R\aremoved\x12\x1c\n" +
 	"\tuntrusted\x18\a \x01(\bR\tuntrusted\x12\x1d\n" +
 	"\n" +
-	"block_size\x18\b \x01(\rR\tblockSize\"\xdf\x01\n" +
+	"block_size\x18\b \x01(\rR\tblockSize\x12\x1c\n" +
+	"\tcontinued\x18\t \x01(\bR\tcontinued\"\xdf\x01\n" +
 	"\rControlServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
@@ -6666,12 +6730,13 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x05hello\x18\x01 \x01(\v2\x14.llmgw.v1.AgentHelloH\x00R\x05hello\x123\n" +
 	"\x06update\x18\x02 \x01(\v2\x19.llmgw.v1.EphemeralUpdateH\x00R\x06update\x123\n" +
 	"\theartbeat\x18\x03 \x01(\v2\x13.llmgw.v1.HeartbeatH\x00R\theartbeatB\x06\n" +
-	"\x04body\"x\n" +
+	"\x04body\"\xa0\x01\n" +
 	"\aWelcome\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\x121\n" +
-	"\aservers\x18\x03 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\"\xbd\x01\n" +
+	"\aservers\x18\x03 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\x12&\n" +
+	"\x0fmax_chunk_bytes\x18\x04 \x01(\rR\rmaxChunkBytes\"\xbd\x01\n" +
 	"\x0fDesiredReplicas\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12-\n" +
 	"\breplicas\x18\x02 \x03(\v2\x11.llmgw.v1.ReplicaR\breplicas\x12'\n" +
@@ -6688,10 +6753,11 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"?\n" +
 	"\n" +
 	"ServerList\x121\n" +
-	"\aservers\x18\x01 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\"P\n" +
+	"\aservers\x18\x01 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\"x\n" +
 	"\fWatchRequest\x12#\n" +
 	"\rfrom_revision\x18\x01 \x01(\x04R\ffromRevision\x12\x1b\n" +
-	"\tclient_id\x18\x02 \x01(\tR\bclientId\"\xfb\x02\n" +
+	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12&\n" +
+	"\x0fmax_chunk_bytes\x18\x03 \x01(\rR\rmaxChunkBytes\"\xfb\x02\n" +
 	"\x06Change\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x12.llmgw.v1.ChangeOpR\x02op\x12'\n" +
