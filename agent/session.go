@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/llmgw/llmgw/agent/datadir"
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/backoff"
 	"github.com/llmgw/llmgw/internal/grpcsize"
@@ -153,7 +154,7 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 	chunk := 0
 	send := func(m *llmgwv1.AgentMessage) error {
 		if u := m.GetUpdate(); u != nil && chunk > 0 {
-			parts := splitUpdate(u, chunk)
+			parts := chunking.Split(u, chunk)
 			if len(parts) > 1 {
 				a.metrics.chunked.Inc()
 			}

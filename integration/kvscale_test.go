@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/llmgw/llmgw/controlplane/ephemeral"
+	"github.com/llmgw/llmgw/chunking"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -103,7 +103,7 @@ func attachKV(ctx context.Context, conn *grpc.ClientConn, epoch uint64, want, bl
 	}
 	full := kvFullCopy(epoch, a.replicas, blocks)
 	a.sendStart = time.Now()
-	parts := ephemeral.Split(full, int(a.welcome.GetMaxChunkBytes()))
+	parts := chunking.Split(full, int(a.welcome.GetMaxChunkBytes()))
 	for _, p := range parts {
 		if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: p}}); err != nil {
 			_, rerr := st.Recv()
@@ -154,7 +154,7 @@ func watchKV(ctx context.Context, t *testing.T, conn *grpc.ClientConn, total int
 		t.Fatalf("watch: %v", err)
 	}
 	go func() {
-		asm := ephemeral.NewAssembler(0)
+		asm := chunking.NewAssembler(0)
 		for {
 			ev, err := st.Recv()
 			if err != nil {

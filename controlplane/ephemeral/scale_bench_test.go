@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"google.golang.org/protobuf/proto"
+
+	"github.com/llmgw/llmgw/chunking"
 )
 
 // BenchmarkFullCopy2M is a warm node's full copy (8 replicas × 250 k
@@ -11,7 +13,7 @@ import (
 // server's share of a full copy's time (docs/benchmarks.md "Large KV
 // caches").
 func BenchmarkFullCopy2M(b *testing.B) {
-	u := bigUpdate(true, 8, 250_000)
+	u := bigKV(8, 250_000)
 	b.Run("apply", func(b *testing.B) {
 		for b.Loop() {
 			s := NewStore()
@@ -45,12 +47,12 @@ func BenchmarkFullCopy2M(b *testing.B) {
 	})
 	b.Run("split", func(b *testing.B) {
 		for b.Loop() {
-			Split(u, 1<<20)
+			chunking.Split(u, 1<<20)
 		}
 	})
 	b.Run("marshal", func(b *testing.B) {
 		for b.Loop() {
-			for _, c := range Split(u, 1<<20) {
+			for _, c := range chunking.Split(u, 1<<20) {
 				if _, err := proto.Marshal(c); err != nil {
 					b.Fatal(err)
 				}
@@ -58,9 +60,9 @@ func BenchmarkFullCopy2M(b *testing.B) {
 		}
 	})
 	b.Run("assemble", func(b *testing.B) {
-		chunks := Split(u, 1<<20)
+		chunks := chunking.Split(u, 1<<20)
 		for b.Loop() {
-			a := NewAssembler(0)
+			a := chunking.NewAssembler(0)
 			for _, c := range chunks {
 				if _, err := a.Add(c); err != nil {
 					b.Fatal(err)

@@ -33,6 +33,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -140,7 +141,7 @@ type Plane struct {
 	// it assembles no chunks); chunks holds each peer's chunks until
 	// their update is whole.
 	peerChunk map[string]int
-	chunks    map[string]*ephemeral.Assembler
+	chunks    map[string]*chunking.Assembler
 	wg        sync.WaitGroup
 }
 
@@ -190,7 +191,7 @@ func New(cfg Config, store Store, tr Transport, m *Metrics, log *slog.Logger) *P
 		expect:      map[string]*expectation{},
 		asked:       map[string]int{},
 		peerChunk:   map[string]int{},
-		chunks:      map[string]*ephemeral.Assembler{},
+		chunks:      map[string]*chunking.Assembler{},
 	}
 }
 
@@ -307,8 +308,8 @@ func (p *Plane) Receive(b []byte) {
 			a := p.chunks[m.From]
 			if a == nil {
 				// A peer is a certified server: its chunks are not bounded
-				// beyond their count (ephemeral.MaxChunks).
-				a = ephemeral.NewAssembler(0)
+				// beyond their count (chunking.MaxChunks).
+				a = chunking.NewAssembler(0)
 				p.chunks[m.From] = a
 			}
 			whole, err := a.Add(f.Update)
@@ -733,11 +734,11 @@ func batches(m *message, updates []forwarded, chunk int) []*message {
 		return []*message{m}
 	}
 	base, _ := encode(m)
-	room := max(chunk-len(base), ephemeral.MinChunkBytes)
+	room := max(chunk-len(base), chunking.MinChunkBytes)
 	var out []*message
 	cur, size := m, 0
 	for _, f := range updates {
-		for _, part := range ephemeral.Split(f.Update, room-16) {
+		for _, part := range chunking.Split(f.Update, room-16) {
 			n := proto.Size(part) + 16 // the forwarded entry's framing and receive time
 			if size > 0 && size+n > room {
 				out = append(out, cur)

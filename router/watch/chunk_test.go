@@ -1,17 +1,14 @@
 package watch
 
 import (
-	"errors"
 	"sync"
 	"testing"
-
-	"google.golang.org/protobuf/proto"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
 // chunked is a full copy of two replicas in three chunks, as the server
-// splits one (controlplane/ephemeral.Split): m-0's blocks span chunks 0
+// splits one (chunking.Split): m-0's blocks span chunks 0
 // and 1, m-1's start in chunk 1 and go on in chunk 2.
 func chunked() []*llmgwv1.EphemeralUpdate {
 	head := func(i uint32) *llmgwv1.EphemeralUpdate {
@@ -24,62 +21,6 @@ func chunked() []*llmgwv1.EphemeralUpdate {
 		{ReplicaId: "m-1", Uid: 2, Reset_: true, Stored: []uint64{10}}}
 	c2.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "m-1", Uid: 2, Reset_: true, Continued: true, Stored: []uint64{11, 12}}}
 	return []*llmgwv1.EphemeralUpdate{c0, c1, c2}
-}
-
-func TestAssemblerJoinsChunks(t *testing.T) {
-	want := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 4, Seq: 2, Full: true,
-		Statuses: []*llmgwv1.ReplicaStatus{{ReplicaId: "m-0", Uid: 1}, {ReplicaId: "m-1", Uid: 2}},
-		Kv: []*llmgwv1.KVBlocks{{ReplicaId: "m-0", Uid: 1, Reset_: true, Stored: []uint64{1, 2, 3}},
-			{ReplicaId: "m-1", Uid: 2, Reset_: true, Stored: []uint64{10, 11, 12}}}}
-	for _, order := range [][]int{{0, 1, 2}, {2, 0, 1}} {
-		a := newAssembler(0)
-		chunks := chunked()
-		var got *llmgwv1.EphemeralUpdate
-		for k, i := range order {
-			out, err := a.Add(chunks[i])
-			if err != nil {
-				t.Fatal(err)
-			}
-			if (out != nil) != (k == len(order)-1) {
-				t.Fatalf("order %v: update complete after %d chunks", order, k+1)
-			}
-			got = out
-		}
-		if !proto.Equal(got, want) {
-			t.Fatalf("order %v: got %v, want %v", order, got, want)
-		}
-		if a.Pending() != 0 {
-			t.Fatalf("%d pending after the update", a.Pending())
-		}
-	}
-}
-
-func TestAssemblerRefusesBadChunks(t *testing.T) {
-	for _, tc := range []struct {
-		name  string
-		edit  func([]*llmgwv1.EphemeralUpdate)
-		limit int
-	}{
-		{"continues nothing", func(c []*llmgwv1.EphemeralUpdate) { c[0].Kv = nil }, 0},
-		{"continues another replica", func(c []*llmgwv1.EphemeralUpdate) { c[2].Kv[0].ReplicaId = "m-9" }, 0},
-		{"index beyond count", func(c []*llmgwv1.EphemeralUpdate) { c[1].Chunk = 3 }, 0},
-		{"over the bound", func([]*llmgwv1.EphemeralUpdate) {}, 40},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			chunks := chunked()
-			tc.edit(chunks)
-			a := newAssembler(tc.limit)
-			var err error
-			for _, c := range chunks {
-				if _, err = a.Add(c); err != nil {
-					break
-				}
-			}
-			if !errors.Is(err, errChunk) {
-				t.Fatalf("err = %v, want errChunk", err)
-			}
-		})
-	}
 }
 
 // kvRecorder is a KVSink that keeps what it was given.

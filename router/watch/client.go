@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/backoff"
 	"github.com/llmgw/llmgw/internal/mtls"
@@ -142,7 +143,7 @@ type Client struct {
 	asideRev uint64
 	// chunks holds the chunks of an ephemeral update until it is whole
 	// (chunk.go); one per stream.
-	chunks  *assembler
+	chunks  *chunking.Assembler
 	dirty   bool // work has changes not yet published
 	unsaved bool // a published state not yet written to StatePath
 	ring    addrs.Ring
@@ -155,7 +156,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Client, erro
 		return nil, err
 	}
 	cfg.fillDefaults()
-	c := &Client{cfg: cfg, log: log, m: newMetrics(reg), work: emptyState(), chunks: newAssembler(maxChunkHeld)}
+	c := &Client{cfg: cfg, log: log, m: newMetrics(reg), work: emptyState(), chunks: chunking.NewAssembler(maxChunkHeld)}
 	c.cur.Store(&published{state: emptyState(), changed: make(chan struct{})})
 	if cfg.StatePath != "" {
 		st, err := loadState(cfg.StatePath)
@@ -248,7 +249,7 @@ func (c *Client) session(ctx context.Context, addr string, afterEvent func()) (p
 
 	c.aside = nil // a snapshot half-received from another server is abandoned
 	// Chunks of an update half-received from another server are abandoned.
-	c.chunks = newAssembler(maxChunkHeld)
+	c.chunks = chunking.NewAssembler(maxChunkHeld)
 	stream, err := llmgwv1.NewWatchServiceClient(conn).Watch(sctx, &llmgwv1.WatchRequest{
 		FromRevision:  c.work.Revision,
 		ClientId:      c.cfg.ClientID,

@@ -92,8 +92,13 @@ var rules = []rule{
 		Why:    "vllm describes vLLM's wire formats and imports no other package of the repository (design §3)",
 	},
 	{
+		Prefix: "chunking",
+		InRepo: []string{"proto"},
+		Why:    "chunking is the ephemeral updates' chunk framing, part of the wire contract the components share; it imports only proto (design §3, §5.4)",
+	},
+	{
 		Prefix: "controlplane",
-		InRepo: []string{"proto", "fsm"},
+		InRepo: []string{"proto", "fsm", "chunking"},
 		Why:    "controlplane meets agent and router only through proto and fsm (design §3)",
 	},
 	// The control plane split by job (design §3, §5): each package may use
@@ -120,12 +125,12 @@ var rules = []rule{
 	cpLayer("controlplane/service/server", false, "ServerService", "controlplane/service"),
 	{
 		Prefix: "agent",
-		InRepo: []string{"proto", "vllm"},
+		InRepo: []string{"proto", "vllm", "chunking"},
 		Why:    "agent meets controlplane and router only through proto (design §3)",
 	},
 	{
 		Prefix: "router",
-		InRepo: []string{"proto", "vllm"},
+		InRepo: []string{"proto", "vllm", "chunking"},
 		Why:    "router meets controlplane and agent only through proto (design §3)",
 	},
 	{
@@ -295,7 +300,7 @@ func cpLayer(prefix string, exact bool, job string, siblings ...string) rule {
 	return rule{
 		Prefix: prefix,
 		Exact:  exact,
-		InRepo: append([]string{"proto", "fsm"}, siblings...),
-		Why:    prefix + " (" + job + ") may import only proto, fsm, internal and the control-plane packages its rule lists (design §3)",
+		InRepo: append([]string{"proto", "fsm", "chunking"}, siblings...),
+		Why:    prefix + " (" + job + ") may import only proto, fsm, chunking, internal and the control-plane packages its rule lists (design §3)",
 	}
 }

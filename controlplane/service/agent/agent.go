@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	"github.com/llmgw/llmgw/controlplane/service"
 	"github.com/llmgw/llmgw/internal/mtls"
@@ -383,7 +384,7 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 	budget := &sessionBudget{state: a.state, node: nodeID, bounds: a.cfg.Bounds, now: time.Now}
 	// Chunks wait here until their update is whole; what they may hold is
 	// bounded by the session's budget before any of it is applied.
-	chunks := ephemeral.NewAssembler(0)
+	chunks := chunking.NewAssembler(0)
 	for {
 		msg, err := stream.Recv()
 		if err != nil {

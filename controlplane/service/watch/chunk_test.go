@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -97,7 +98,7 @@ func TestWatchChunksLargeUpdates(t *testing.T) {
 				time.Sleep(time.Millisecond)
 			}
 			budget := min(tc.server, tc.asked)
-			asm := ephemeral.NewAssembler(0)
+			asm := chunking.NewAssembler(0)
 			var whole []*llmgwv1.EphemeralUpdate
 			seen := 0
 			for len(whole) < 2 {

@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	"github.com/llmgw/llmgw/controlplane/service"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -155,7 +156,7 @@ func (w *Service) chunkBytes(req *llmgwv1.WatchRequest) int {
 // (0: whole). The chunks go one after another, so a client assembles one
 // update at a time.
 func (w *Service) sendEphemeral(stream llmgwv1.WatchService_WatchServer, u *llmgwv1.EphemeralUpdate, chunk int) error {
-	parts := ephemeral.Split(u, chunk)
+	parts := chunking.Split(u, chunk)
 	if len(parts) > 1 {
 		w.metrics.chunked.Inc()
 	}

@@ -1,4 +1,16 @@
-package ephemeral
+// Package chunking splits ephemeral updates into chunks and assembles them
+// again (design §5.4 "Chunks"): an update larger than a receiver's chunk
+// budget travels as several messages, so no message grows with the fleet —
+// a warm node's KV set is some 500 k hashes, 4 MB, and one message per full
+// copy once ended sessions at gRPC's receive limit and made memberlist
+// sends outlast their timeout.
+//
+// Why a package of its own, outside the components: the framing is part of
+// the wire contract, spoken by the agent (splitting), the control plane
+// (both) and the router (assembling), which meet only in proto (design
+// §3). It imports only proto, so each may import it; the alternative was
+// three copies kept in step by hand.
+package chunking
 
 import (
 	"errors"
@@ -8,13 +20,6 @@ import (
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
-
-// Chunks (design §5.4 "Chunks"): an update larger than a receiver's chunk
-// budget travels as several messages, so no message grows with the fleet —
-// a warm node's KV set is some 500 k hashes, 4 MB, and one message per
-// full copy once ended sessions at gRPC's receive limit and made memberlist
-// sends outlast their timeout. The agent (agent/chunk.go) and the router
-// (router/watch) mirror this file, as they mirror the acceptance rule.
 
 // MinChunkBytes is the smallest chunk budget Split honours: room for the
 // fixed fields and some hashes in every chunk.
