@@ -86,7 +86,7 @@ func (a *fakeAgent) session(ctx context.Context) error {
 	}
 	epoch := uint64(time.Now().UnixNano())
 	if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Hello{Hello: &llmgwv1.AgentHello{
-		Node: &llmgwv1.Node{Id: a.id, Address: "127.0.0.1", Gpus: uint32(a.replicas), Labels: map[string]string{fleetLabel: "1"}, Version: "dev"},
+		Node:  &llmgwv1.Node{Id: a.id, Address: "127.0.0.1", Gpus: uint32(a.replicas), Labels: map[string]string{fleetLabel: "1"}, Version: "dev"},
 		Epoch: epoch,
 	}}}); err != nil {
 		return err

@@ -254,7 +254,7 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 			}
 			u := p.Routers[len(p.Routers)-1]
 			res.Fanout = append(res.Fanout, fanoutStep{Routers: len(fl.routers), ControlCores: p.ControlCores, LagFromEvent: p.LagFromEvent,
-				DeltaCores: p.ControlCores - res.Fanout[len(res.Fanout)-1].ControlCores,
+				DeltaCores:   p.ControlCores - res.Fanout[len(res.Fanout)-1].ControlCores,
 				ReadySeconds: ready.Seconds(), FullCopySeconds: full.Seconds(), NewRouterRSSMB: u.RSSMB, NewRouterHeapMB: u.HeapMB})
 			log.Info("router added", "routers", len(fl.routers), "full_copy_s", full.Seconds(), "control_cores", p.ControlCores)
 		}
