@@ -109,7 +109,7 @@ func main() {
 	flag.StringVar(&replicas, "replicas", "100,500,2000", "fleet sizes, in replicas, comma-separated; each gets a fresh cluster")
 	flag.IntVar(&cfg.perAgent, "replicas-per-agent", 8, "replicas (GPUs) per fake node")
 	flag.IntVar(&cfg.blocks, "blocks", 1024, "KV blocks held per replica (the sets churn at constant size)")
-	flag.StringVar(&rates, "rates", "1000,5000,10000,20000,50000,100000,200000,400000", "KV block events/s over the whole fleet (stored + removed hashes), increasing; the sweep stops after the first point whose lag p99 passes --lag-limit")
+	flag.StringVar(&rates, "rates", "1000,10000,50000,100000,200000,400000,800000,1600000", "KV block events/s over the whole fleet (stored + removed hashes), increasing; the sweep stops after the first point whose lag p99 passes --lag-limit")
 	flag.IntVar(&cfg.routers, "routers", 2, "routers watching from the start")
 	flag.IntVar(&cfg.addRouters, "add-routers", 2, "routers added one at a time after the sweep, for the fan-out cost and the time to a full copy")
 	flag.Float64Var(&cfg.fanoutRate, "fanout-rate", 20000, "KV events/s while routers are added")

@@ -59,6 +59,11 @@ type fleetResult struct {
 	RouterRSSPerMEntriesMB  float64 `json:"router_rss_per_m_entries_mb"`
 	RouterHeapPerMEntriesMB float64 `json:"router_heap_per_m_entries_mb"`
 
+	// CaughtUp: after the sweep, at rate 0, every router's index held the
+	// exact fleet again (after CatchUpSeconds), without a restart.
+	CaughtUp       bool    `json:"caught_up"`
+	CatchUpSeconds float64 `json:"catch_up_seconds"`
+
 	Idle   *point       `json:"idle"`
 	Points []*point     `json:"points"`
 	Fanout []fanoutStep `json:"fanout"`

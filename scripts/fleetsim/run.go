@@ -221,14 +221,29 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 		p.perKEvents(idle)
 		res.Points = append(res.Points, p)
 		log.Info("point", "rate", rate, "sent_rate", p.SentRate, "lag_event_p99_ms", p.LagFromEvent.P99, "lag_send_p99_ms", p.LagFromSend.P99,
-			"control_cores", p.ControlCores, "lost", p.Lost, "entries_ok", p.EntriesOK)
+			"control_cores", p.ControlCores, "router_cores", p.RouterCores, "harness_cores", p.HarnessCores,
+			"overflows", p.WatchOverflows, "reconnects", p.RouterReconnects, "lost", p.Lost, "entries_ok", p.EntriesOK, "load", p.LoadAvg)
 		if p.LagFromEvent.P99 > float64(cfg.lagLimit)/float64(time.Millisecond) {
 			break
 		}
 	}
 
-	// Fan-out: routers added one at a time at a fixed rate.
+	// Fan-out: routers added one at a time at a fixed rate, from a plane
+	// that has caught up with the sweep's last point.
 	if cfg.addRouters > 0 {
+		for _, a := range fl.agents {
+			a.setRate(0)
+		}
+		caught := time.Now()
+		res.CaughtUp = true
+		for _, r := range fl.routers {
+			if err := fl.waitIndex(ctx, r); err != nil {
+				// Kept as a finding: the index did not heal by itself.
+				log.Warn("after the sweep, at rate 0", "err", err)
+				res.CaughtUp = false
+			}
+		}
+		res.CatchUpSeconds = time.Since(caught).Seconds()
 		before, err := fl.point(ctx, cfg.fanoutRate, fmt.Sprintf("%d-fanout-%d", replicas, len(fl.routers)))
 		if err != nil {
 			return res, err
