@@ -120,11 +120,10 @@ func (a *fakeAgent) session(ctx context.Context) error {
 			if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Heartbeat{Heartbeat: &llmgwv1.Heartbeat{UnixNano: time.Now().UnixNano()}}}); err != nil {
 				return err
 			}
-		case now := <-tick.C:
-			acc += floatFromUint64(a.rate.Load()) * now.Sub(last).Seconds()
+		case <-tick.C:
+			now := time.Now()
+			pairs := a.pairs(&acc, now.Sub(last))
 			last = now
-			pairs := int(acc / 2)
-			acc -= float64(2 * pairs)
 			seq++
 			u, probes := a.update(epoch, seq, full, pairs)
 			full = false
@@ -141,6 +140,19 @@ func (a *fakeAgent) session(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// pairs adds the events due over dt at the agent's rate to acc and takes
+// the whole event pairs out of it. An acc that is not a sane count (a rate
+// set to something odd) starts again from 0 rather than send garbage.
+func (a *fakeAgent) pairs(acc *float64, dt time.Duration) int {
+	*acc += floatFromUint64(a.rate.Load()) * max(dt, 0).Seconds()
+	if !(*acc >= 0 && *acc < 1e9) {
+		*acc = 0
+	}
+	n := int(*acc / 2)
+	*acc -= float64(2 * n)
+	return n
 }
 
 // receive follows the control messages: the desired set and full-copy

@@ -234,3 +234,31 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestPairs(t *testing.T) {
+	tests := []struct {
+		name     string
+		rate     float64
+		acc      float64
+		dt       time.Duration
+		want     int
+		wantLeft float64
+	}{
+		{"a flush at 1000/s", 1000, 0, 250 * time.Millisecond, 125, 0},
+		{"an odd event carried", 6, 0, 500 * time.Millisecond, 1, 1},
+		{"the carry completes a pair", 2, 1, 500 * time.Millisecond, 1, 0},
+		{"idle", 0, 0, time.Second, 0, 0},
+		{"a clock step back adds nothing", 1000, 1, -time.Second, 0, 1},
+		{"a broken acc starts again", 10, -450, 100 * time.Millisecond, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := &fakeAgent{}
+			a.setRate(tt.rate)
+			acc := tt.acc
+			if got := a.pairs(&acc, tt.dt); got != tt.want || acc != tt.wantLeft {
+				t.Errorf("pairs = %d, acc %v; want %d, acc %v", got, acc, tt.want, tt.wantLeft)
+			}
+		})
+	}
+}
