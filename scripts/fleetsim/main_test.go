@@ -55,13 +55,15 @@ go_memstats_heap_inuse_bytes 1.5e+06
 llmgw_control_watch_overflows_total{server="a"} 2
 llmgw_control_watch_overflows_total{server="b"} 3
 llmgw_control_watch_overflows_totalx 100
+llmgw_router_watch_events_total{type="ephemeral"} 40
+llmgw_router_watch_events_total{type="heartbeat"} 2
 other 7
 `
-	got, err := parseMetrics(strings.NewReader(in), []string{"go_memstats_heap_inuse_bytes", "llmgw_control_watch_overflows_total", "absent"})
+	got, err := parseMetrics(strings.NewReader(in), []string{"go_memstats_heap_inuse_bytes", "llmgw_control_watch_overflows_total", "absent", routerEphemeral})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]float64{"go_memstats_heap_inuse_bytes": 1.5e6, "llmgw_control_watch_overflows_total": 5, "absent": 0}
+	want := map[string]float64{"go_memstats_heap_inuse_bytes": 1.5e6, "llmgw_control_watch_overflows_total": 5, "absent": 0, routerEphemeral: 40}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)

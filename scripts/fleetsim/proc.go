@@ -161,11 +161,15 @@ var metricNames = []string{
 	"llmgw_control_ephemeral_drops_total",
 	"llmgw_control_agent_sessions_cut_total",
 	"llmgw_router_watch_reconnects_total",
+	routerEphemeral,
 	"llmgw_router_watch_ephemeral_dropped_total",
 	"llmgw_router_kvindex_entries",
 	"llmgw_router_kvindex_replicas",
 	"llmgw_router_kvindex_dropped_blocks_total",
 }
+
+// routerEphemeral counts the ephemeral updates a router's watch received.
+const routerEphemeral = `llmgw_router_watch_events_total{type="ephemeral"}`
 
 // snapshot reads p's usage now.
 func (p *proc) snapshot(ctx context.Context, hc *http.Client) (usage, error) {
@@ -203,7 +207,9 @@ func scrape(ctx context.Context, hc *http.Client, addr string, names []string) (
 	return parseMetrics(resp.Body, names)
 }
 
-// parseMetrics sums the samples of each named family in Prometheus text.
+// parseMetrics sums the samples of each named family in Prometheus text;
+// a name given with its labels (`name{type="x"}`, as the exposition writes
+// them) takes that series alone.
 func parseMetrics(r io.Reader, names []string) (map[string]float64, error) {
 	want := make(map[string]bool, len(names))
 	out := make(map[string]float64, len(names))
@@ -221,6 +227,10 @@ func parseMetrics(r io.Reader, names []string) (map[string]float64, error) {
 		name := line
 		if i := strings.IndexAny(line, "{ "); i >= 0 {
 			name = line[:i]
+		}
+		// A name with labels matches the series with exactly those.
+		if i := strings.IndexByte(line, '}'); i >= 0 && want[line[:i+1]] {
+			name = line[:i+1]
 		}
 		if !want[name] {
 			continue

@@ -85,11 +85,15 @@ type point struct {
 	ControlCores    float64 `json:"control_cores"`
 	ControlCoresMax float64 `json:"control_cores_max"`
 	// ControlCoresPerKEvents is (control cores − idle) per 1 k events/s.
-	ControlCoresPerKEvents float64     `json:"control_cores_per_1k_events"`
-	RouterCores            float64     `json:"router_cores"`
-	HarnessCores           float64     `json:"harness_cores"`
-	Servers                []procUsage `json:"servers"`
-	Routers                []procUsage `json:"routers"`
+	ControlCoresPerKEvents float64 `json:"control_cores_per_1k_events"`
+	RouterCores            float64 `json:"router_cores"`
+	// RouterUpdatesPerSec is the ephemeral updates each router received
+	// per second (mean over the routers): the count that drives the
+	// per-update costs, whatever the events per update.
+	RouterUpdatesPerSec float64     `json:"router_updates_per_sec"`
+	HarnessCores        float64     `json:"harness_cores"`
+	Servers             []procUsage `json:"servers"`
+	Routers             []procUsage `json:"routers"`
 	// Signals over the window (sums of counter deltas).
 	WatchOverflows   float64 `json:"watch_overflows"`
 	RouterReconnects float64 `json:"router_reconnects"`
@@ -153,6 +157,13 @@ func newPoint(rate float64, a, b snap, samples []lagSample, timeout time.Duratio
 		p.Routers = append(p.Routers, procUsage{Cores: c, RSSMB: round3(float64(b.routers[i].rss) / mb), HeapMB: round3(b.routers[i].heap / mb)})
 	}
 	p.RouterCores = round3(p.RouterCores)
+	if d := b.at.Sub(a.at).Seconds(); d > 0 && len(b.routers) > 0 {
+		var n float64
+		for i := range b.routers {
+			n += b.routers[i].metrics[routerEphemeral] - a.routers[i].metrics[routerEphemeral]
+		}
+		p.RouterUpdatesPerSec = math.Round(n / float64(len(b.routers)) / d)
+	}
 	delta := func(us [][2]usage, name string) float64 {
 		var s float64
 		for _, u := range us {

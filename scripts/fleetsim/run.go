@@ -221,7 +221,7 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 		p.perKEvents(idle)
 		res.Points = append(res.Points, p)
 		log.Info("point", "rate", rate, "sent_rate", p.SentRate, "lag_event_p99_ms", p.LagFromEvent.P99, "lag_send_p99_ms", p.LagFromSend.P99,
-			"control_cores", p.ControlCores, "router_cores", p.RouterCores, "harness_cores", p.HarnessCores,
+			"control_cores", p.ControlCores, "router_cores", p.RouterCores, "router_updates_s", p.RouterUpdatesPerSec, "harness_cores", p.HarnessCores,
 			"overflows", p.WatchOverflows, "reconnects", p.RouterReconnects, "lost", p.Lost, "entries_ok", p.EntriesOK, "load", p.LoadAvg)
 		if p.LagFromEvent.P99 > float64(cfg.lagLimit)/float64(time.Millisecond) {
 			break
