@@ -114,14 +114,17 @@ type procUsage struct {
 
 // fanoutStep is the fleet with one more router.
 type fanoutStep struct {
-	Routers         int     `json:"routers"`
-	ControlCores    float64 `json:"control_cores"`
-	DeltaCores      float64 `json:"delta_cores"`
-	LagFromEvent    summary `json:"lag_from_event"`
-	ReadySeconds    float64 `json:"ready_seconds,omitempty"`
-	FullCopySeconds float64 `json:"full_copy_seconds,omitempty"`
-	NewRouterRSSMB  float64 `json:"new_router_rss_mb,omitempty"`
-	NewRouterHeapMB float64 `json:"new_router_heap_mb,omitempty"`
+	Routers      int     `json:"routers"`
+	ControlCores float64 `json:"control_cores"`
+	DeltaCores   float64 `json:"delta_cores"`
+	LagFromEvent summary `json:"lag_from_event"`
+	// RouterLagP99 and RouterCores are each router's, the new one last.
+	RouterLagP99    []float64 `json:"router_lag_p99_ms"`
+	RouterCores     []float64 `json:"router_cores"`
+	ReadySeconds    float64   `json:"ready_seconds,omitempty"`
+	FullCopySeconds float64   `json:"full_copy_seconds,omitempty"`
+	NewRouterRSSMB  float64   `json:"new_router_rss_mb,omitempty"`
+	NewRouterHeapMB float64   `json:"new_router_heap_mb,omitempty"`
 }
 
 func cores(a, b usage) float64 {

@@ -248,7 +248,12 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 		if err != nil {
 			return res, err
 		}
-		res.Fanout = append(res.Fanout, fanoutStep{Routers: len(fl.routers), ControlCores: before.ControlCores, LagFromEvent: before.LagFromEvent})
+		var rc []float64
+		for _, r := range before.Routers {
+			rc = append(rc, r.Cores)
+		}
+		res.Fanout = append(res.Fanout, fanoutStep{Routers: len(fl.routers), ControlCores: before.ControlCores, LagFromEvent: before.LagFromEvent,
+			RouterLagP99: before.RouterLagP99, RouterCores: rc})
 		for range cfg.addRouters {
 			r, err := fl.addRouter()
 			if err != nil {
@@ -268,8 +273,13 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 				return res, err
 			}
 			u := p.Routers[len(p.Routers)-1]
+			var rc []float64
+			for _, r := range p.Routers {
+				rc = append(rc, r.Cores)
+			}
 			res.Fanout = append(res.Fanout, fanoutStep{Routers: len(fl.routers), ControlCores: p.ControlCores, LagFromEvent: p.LagFromEvent,
 				DeltaCores:   p.ControlCores - res.Fanout[len(res.Fanout)-1].ControlCores,
+				RouterLagP99: p.RouterLagP99, RouterCores: rc,
 				ReadySeconds: ready.Seconds(), FullCopySeconds: full.Seconds(), NewRouterRSSMB: u.RSSMB, NewRouterHeapMB: u.HeapMB})
 			log.Info("router added", "routers", len(fl.routers), "full_copy_s", full.Seconds(), "control_cores", p.ControlCores)
 		}
