@@ -49,13 +49,15 @@ type fleetResult struct {
 	PlaceSeconds      float64 `json:"place_seconds"`
 	FirstIndexSeconds float64 `json:"first_index_seconds"`
 
-	// Per replica, from the idle fleet against the servers before any
-	// agent attached (mean of the 3 servers).
+	// Per replica: the loaded, idle fleet against the servers before any
+	// agent attached, both after a GC (mean of the 3 servers); the idle
+	// CPU is the idle point's.
 	ControlRSSPerReplicaKB  float64 `json:"control_rss_per_replica_kb"`
 	ControlHeapPerReplicaKB float64 `json:"control_heap_per_replica_kb"`
 	ControlCoresPerKReplica float64 `json:"control_cores_per_1k_replicas_idle"`
 	// Router memory per million (block, replica) entries: the loaded
-	// index against the empty one (mean of the first routers).
+	// index against the empty one, both after a GC (mean of the first
+	// routers).
 	RouterRSSPerMEntriesMB  float64 `json:"router_rss_per_m_entries_mb"`
 	RouterHeapPerMEntriesMB float64 `json:"router_heap_per_m_entries_mb"`
 
@@ -219,24 +221,27 @@ func (p *point) perKEvents(idle *point) {
 	}
 }
 
-// derive sets the per-replica and per-entry figures from the servers and
-// routers before any agent attached (base) and the idle loaded fleet.
-func (f *fleetResult) derive(base snap, idle *point) {
+// derive sets the per-replica and per-entry figures from two settled
+// snapshots: the servers and routers before any agent attached (base) and
+// the loaded, idle fleet.
+func (f *fleetResult) derive(base, loaded snap) {
 	var rss, heap float64
-	for i, s := range idle.Servers {
-		rss += s.RSSMB*mb - float64(base.servers[i].rss)
-		heap += s.HeapMB*mb - base.servers[i].heap
+	for i := range loaded.servers {
+		rss += float64(loaded.servers[i].rss - base.servers[i].rss)
+		heap += loaded.servers[i].heap - base.servers[i].heap
 	}
-	n := float64(len(idle.Servers))
+	n := float64(len(loaded.servers))
 	f.ControlRSSPerReplicaKB = round3(rss / n / float64(f.Replicas) / 1024)
 	f.ControlHeapPerReplicaKB = round3(heap / n / float64(f.Replicas) / 1024)
-	f.ControlCoresPerKReplica = round3(idle.ControlCores / float64(f.Replicas) * 1000)
-	rss, heap = 0, 0
-	for i, r := range idle.Routers {
-		rss += r.RSSMB*mb - float64(base.routers[i].rss)
-		heap += r.HeapMB*mb - base.routers[i].heap
+	if f.Idle != nil {
+		f.ControlCoresPerKReplica = round3(f.Idle.ControlCores / float64(f.Replicas) * 1000)
 	}
-	m := float64(len(idle.Routers)) * float64(f.Entries) / 1e6
+	rss, heap = 0, 0
+	for i := range base.routers {
+		rss += float64(loaded.routers[i].rss - base.routers[i].rss)
+		heap += loaded.routers[i].heap - base.routers[i].heap
+	}
+	m := float64(len(base.routers)) * float64(f.Entries) / 1e6
 	f.RouterRSSPerMEntriesMB = round3(rss / m / mb)
 	f.RouterHeapPerMEntriesMB = round3(heap / m / mb)
 }

@@ -132,7 +132,7 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 	if err := sleep(ctx, 2*time.Second); err != nil {
 		return res, err
 	}
-	base, err := fl.snapshot(ctx)
+	base, err := fl.settled(ctx)
 	if err != nil {
 		return res, err
 	}
@@ -212,7 +212,11 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 		return res, err
 	}
 	res.Idle = idle
-	res.derive(base, idle)
+	loaded, err := fl.settled(ctx)
+	if err != nil {
+		return res, err
+	}
+	res.derive(base, loaded)
 	for _, rate := range cfg.rates {
 		p, err := fl.point(ctx, rate, fmt.Sprintf("%d-%g", replicas, rate))
 		if err != nil {
@@ -466,6 +470,26 @@ func (fl *fleet) snapshot(ctx context.Context) (snap, error) {
 		s.sessions += a.sessions.Load()
 	}
 	return s, nil
+}
+
+// settled is a snapshot after a garbage collection in every process (the
+// harness build's /debug/pprof/heap?gc=1), so heap in use is the live
+// heap rather than whatever garbage the last cycle left: the memory
+// figures per replica and per entry come from two of these.
+func (fl *fleet) settled(ctx context.Context) (snap, error) {
+	for _, p := range append(slices.Clone(fl.servers), fl.routers...) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.pprofAddr+"/debug/pprof/heap?gc=1", nil)
+		if err != nil {
+			return snap{}, err
+		}
+		resp, err := fl.hc.Do(req)
+		if err != nil {
+			return snap{}, fmt.Errorf("%s: force a GC: %w", p.name, err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return fl.snapshot(ctx)
 }
 
 // point sets the rate, warms up, and measures one window: usage from
