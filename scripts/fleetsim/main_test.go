@@ -196,6 +196,20 @@ func TestAgentUpdates(t *testing.T) {
 	if !held[a.probeID][probeHash(7)] {
 		t.Errorf("probe carrier holds %v, want only probe 7's block", held[a.probeID])
 	}
+	// More pairs than a set holds: each replica turns over once, no more
+	// (a block stored and removed within one update is no net change).
+	u, _ = a.update(1, 10, false, 1000)
+	for _, kv := range u.Kv {
+		if kv.ReplicaId != a.probeID && (len(kv.Stored) != 16 || len(kv.Removed) != 16) {
+			t.Errorf("1000 pairs over 3 replicas of 16 blocks: %s stores %d, removes %d; want 16 and 16", kv.ReplicaId, len(kv.Stored), len(kv.Removed))
+		}
+		for _, h := range kv.Removed {
+			delete(held[kv.ReplicaId], h)
+		}
+		for _, h := range kv.Stored {
+			held[kv.ReplicaId][h] = true
+		}
+	}
 	// A full copy (new session) carries every replica as a reset of what
 	// it holds now.
 	u, _ = a.update(2, 1, true, 0)
