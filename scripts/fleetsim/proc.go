@@ -35,6 +35,10 @@ func (p *proc) start(bin string) error {
 	p.cmd = exec.Command(bin, p.args...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	p.cmd.Env = append(os.Environ(), pprofEnv+"="+p.pprofAddr)
+	// The process dies with the harness, even when the harness cannot
+	// stop it (a panic, a kill -9): left over, it would load the next
+	// run's machine.
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := p.cmd.Start(); err != nil {
 		return fmt.Errorf("start %s: %w", p.name, err)
 	}
