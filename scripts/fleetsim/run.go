@@ -247,6 +247,17 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 				res.CaughtUp = false
 			}
 		}
+		// The sets keep their size, so an exact index may still be
+		// seconds behind: wait until probes are back under the limit.
+		if err := fl.waitFor(ctx, "the lag back under --lag-limit after the sweep", func() (bool, string) {
+			samples, _ := (&prober{hc: fl.hc, routers: fl.routerAddrs(), poll: cfg.probePoll, timeout: cfg.probeTimeout,
+				interval: cfg.probeInterval, seq: uint64(time.Now().UnixNano()/int64(time.Millisecond)) & (1<<40 - 1)}).window(ctx, fl.agents, 2*time.Second)
+			p := newPoint(0, snap{}, snap{}, samples, cfg.probeTimeout)
+			return p.Lost == 0 && p.LagFromEvent.P99 <= float64(cfg.lagLimit)/float64(time.Millisecond), fmt.Sprintf("lag p99 %.0f ms", p.LagFromEvent.P99)
+		}); err != nil {
+			log.Warn("after the sweep, at rate 0", "err", err)
+			res.CaughtUp = false
+		}
 		res.CatchUpSeconds = time.Since(caught).Seconds()
 		before, err := fl.point(ctx, cfg.fanoutRate, fmt.Sprintf("%d-fanout-%d", replicas, len(fl.routers)))
 		if err != nil {
@@ -472,6 +483,14 @@ func (fl *fleet) snapshot(ctx context.Context) (snap, error) {
 	return s, nil
 }
 
+func (fl *fleet) routerAddrs() []string {
+	out := make([]string, len(fl.routers))
+	for i, r := range fl.routers {
+		out[i] = r.httpAddr
+	}
+	return out
+}
+
 // settled is a snapshot after a garbage collection in every process (the
 // harness build's /debug/pprof/heap?gc=1), so heap in use is the live
 // heap rather than whatever garbage the last cycle left: the memory
@@ -501,11 +520,7 @@ func (fl *fleet) point(ctx context.Context, rate float64, label string) (*point,
 	if err := sleep(ctx, fl.cfg.warmup); err != nil {
 		return nil, err
 	}
-	routers := make([]string, len(fl.routers))
-	for i, r := range fl.routers {
-		routers[i] = r.httpAddr
-	}
-	pr := &prober{hc: fl.hc, routers: routers, poll: fl.cfg.probePoll, timeout: fl.cfg.probeTimeout, interval: fl.cfg.probeInterval,
+	pr := &prober{hc: fl.hc, routers: fl.routerAddrs(), poll: fl.cfg.probePoll, timeout: fl.cfg.probeTimeout, interval: fl.cfg.probeInterval,
 		seq: uint64(time.Now().UnixNano()/int64(time.Millisecond)) & (1<<40 - 1)}
 	var profiles sync.WaitGroup
 	if fl.cfg.profileDir != "" {
