@@ -257,7 +257,7 @@ func (r *result) print(w io.Writer, asJSON bool) {
 	for _, f := range r.Fleets {
 		fmt.Fprintf(w, "\n%d replicas (%d agents), %d entries, %d routers; placed in %.1f s, routers' index full %.1f s later\n",
 			f.Replicas, f.Agents, f.Entries, f.Routers, f.PlaceSeconds, f.FirstIndexSeconds)
-		fmt.Fprintf(w, "control per replica: RSS %.1f KiB, heap %.1f KiB, idle %.4f cores per 1k replicas; router per 1 M entries: RSS %.1f MiB, heap %.1f MiB\n",
+		fmt.Fprintf(w, "control per replica: RSS %.1f KiB, heap %.1f KiB, idle CPU ÷ replicas %.4f cores per 1k; router per 1 M entries: RSS %.1f MiB, heap %.1f MiB\n",
 			f.ControlRSSPerReplicaKB, f.ControlHeapPerReplicaKB, f.ControlCoresPerKReplica, f.RouterRSSPerMEntriesMB, f.RouterHeapPerMEntriesMB)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "RATE\tSENT/s\tLAG EVENT p50/p99 ms\tLAG SEND p50/p99 ms\tPROBES(lost)\tCONTROL cores (max)\tper 1k ev/s\tCONTROL RSS MB\tROUTER cores\tHARNESS cores\tOVERFLOW/RECONN/GAPS\tEXACT\tLOAD")

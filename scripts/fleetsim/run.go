@@ -388,7 +388,10 @@ func (fl *fleet) waitFor(ctx context.Context, what string, cond func() (bool, st
 		}
 		for _, p := range append(slices.Clone(fl.servers), fl.routers...) {
 			if dead, err := p.exited(); dead {
-				return fmt.Errorf("%s: %s exited (%v); its log is %s (--keep keeps it)", what, p.name, err, p.logPath)
+				if err == nil {
+					err = errors.New("exit status 0")
+				}
+				return fmt.Errorf("%s: %s exited (%w); its log is %s (--keep keeps it)", what, p.name, err, p.logPath)
 			}
 		}
 		if time.Now().After(deadline) {
