@@ -67,7 +67,7 @@ COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compos
 COMPOSE_FILE := deploy/compose/docker-compose.yml
 IMAGE ?= llmgw:dev
 
-.PHONY: image compose-up compose-down bench-failover
+.PHONY: image compose-up compose-down bench-failover bench-fleet
 
 image: build ## the FROM scratch image llmgw:dev, from the static binaries in bin/
 	docker build -f deploy/docker/Dockerfile -t $(IMAGE) $(BIN)
@@ -88,6 +88,9 @@ compose-down: ## stop the compose cluster and remove its containers and state (d
 
 bench-failover: ## kill -9 the leader of a 3-node cluster 100 times; time to a new leader and to the first write
 	$(GO) run ./scripts/failoverbench $(BENCH_FLAGS)
+
+bench-fleet: ## fleet-scale curves: 3 real servers, K routers, fake agents on the AgentService at rising KV event rates (docs/benchmarks.md "Fleet scale"; ~15 min)
+	$(GO) run ./scripts/fleetsim $(BENCH_FLAGS)
 
 .PHONY: soak
 soak: ## the long failover variants (20 leader kills under load; reattach median and max) — LLMGW_SOAK=1
