@@ -7,12 +7,10 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -70,32 +68,12 @@ func (f *keyAdmin) RevokeApiKey(_ context.Context, r *llmgwv1.RevokeApiKeyReques
 	return nil, status.Errorf(codes.NotFound, "revoke api key %s: api key %q: not found", r.Name, r.Name)
 }
 
-func serveKeys(t *testing.T, f *keyAdmin) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	llmgwv1.RegisterAdminServiceServer(srv, f)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(l)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return l.Addr().String()
-}
-
 // TestAPIKeyCreate: the secret is printed once, in the sk-llmgw- form with
 // 256 random bits; what the server gets is its SHA-256, never the secret;
 // two creates make two secrets.
 func TestAPIKeyCreate(t *testing.T) {
 	f := &keyAdmin{}
-	addr := serveKeys(t, f)
+	addr := serveAdmin(t, f)
 	out, err := run(addr, "apikey", "create", "team-a", "--models", "demo,chat")
 	if err != nil {
 		t.Fatal(err)
@@ -141,7 +119,7 @@ func TestAPIKeyCreate(t *testing.T) {
 // key says the check is off again.
 func TestAPIKeyCommands(t *testing.T) {
 	f := &keyAdmin{leak: true}
-	addr := serveKeys(t, f)
+	addr := serveAdmin(t, f)
 	var secrets []string
 	for _, a := range [][]string{{"team-a"}, {"team-b", "--models", "demo"}} {
 		out, err := run(addr, append([]string{"apikey", "create"}, a...)...)

@@ -4,12 +4,9 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"net"
 	"strings"
 	"sync"
 	"testing"
-
-	"google.golang.org/grpc"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -28,26 +25,6 @@ func (f *fakeKeyring) Keyring(_ context.Context, r *llmgwv1.KeyringRequest) (*ll
 	defer f.mu.Unlock()
 	f.reqs = append(f.reqs, r)
 	return f.resp, nil
-}
-
-func serveKeyring(t *testing.T, f *fakeKeyring) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	llmgwv1.RegisterAdminServiceServer(srv, f)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(l)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return l.Addr().String()
 }
 
 // TestKeyringCommands: each verb sends its operation and key; the table
@@ -84,7 +61,7 @@ func TestKeyringCommands(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			f := &fakeKeyring{resp: tt.resp}
-			out, err := run(serveKeyring(t, f), tt.args...)
+			out, err := run(serveAdmin(t, f), tt.args...)
 			if (tt.errPart == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tt.errPart) {
 				t.Fatalf("err %v, want %q", err, tt.errPart)
 			}
@@ -123,7 +100,7 @@ func TestKeyringJSONAndGenerate(t *testing.T) {
 	f := &fakeKeyring{resp: &llmgwv1.KeyringResponse{Servers: []*llmgwv1.ServerKeyring{
 		{ServerId: "c1", Keys: []*llmgwv1.KeyringKey{{Fingerprint: "aaaa", Primary: true}}},
 	}}}
-	out, err := run(serveKeyring(t, f), "keyring", "list", "-o", "json")
+	out, err := run(serveAdmin(t, f), "keyring", "list", "-o", "json")
 	if err != nil {
 		t.Fatal(err)
 	}
