@@ -143,10 +143,15 @@ type Client struct {
 	asideRev uint64
 	// chunks holds the chunks of an ephemeral update until it is whole
 	// (chunk.go); one per stream.
-	chunks  *chunking.Assembler
-	dirty   bool // work has changes not yet published
-	unsaved bool // a published state not yet written to StatePath
-	ring    addrs.Ring
+	chunks *chunking.Assembler
+	dirty  bool // work has changes not yet published
+	// seqAhead says work.Ephemeral holds a node's (epoch, seq) past the
+	// published one: KV-only updates advance it without publishing. It
+	// differs from the published Ephemeral in nothing else, since every
+	// other accepted update publishes at once.
+	seqAhead bool
+	unsaved  bool // a published state or a seq advance not yet written to StatePath
+	ring     addrs.Ring
 }
 
 // New makes a client and, when StatePath holds a saved state, publishes it
@@ -183,6 +188,7 @@ func (c *Client) Changed() <-chan struct{} { return c.cur.Load().changed }
 
 func (c *Client) publish() {
 	c.dirty = false
+	c.seqAhead = false
 	c.unsaved = true
 	next := &published{state: c.work.clone(), changed: make(chan struct{})}
 	old := c.cur.Swap(next)
@@ -341,8 +347,21 @@ func (c *Client) handle(ev *llmgwv1.WatchEvent) error {
 		}
 		switch judgeEphemeral(c.work.Ephemeral[u.GetNode()], u) {
 		case accept:
-			c.work.applyEphemeral(u)
-			c.publish()
+			if kvOnly(u) {
+				// Nothing routable changed: only the held (epoch, seq)
+				// moves, so the next delta is judged against it, and the
+				// KV sink takes the blocks. No clone, no publish, so no
+				// registry rebuild: O(replicas) per update at fleet scale
+				// (docs/benchmarks.md "Fleet scale").
+				held := c.work.Ephemeral[u.GetNode()]
+				c.work.Ephemeral[u.GetNode()] = &NodeEphemeral{Epoch: u.GetEpoch(), Seq: u.GetSeq(),
+					Statuses: held.Statuses, Adapters: held.Adapters}
+				c.seqAhead = true
+				c.unsaved = true
+			} else {
+				c.work.applyEphemeral(u)
+				c.publish()
+			}
 			if c.cfg.KV != nil {
 				for i, err := range c.cfg.KV.ApplyNode(u.GetNode(), u.GetFull(), u.GetKv(), u.GetRemovedReplicas()) {
 					if err != nil {
@@ -371,11 +390,29 @@ func (c *Client) handle(ev *llmgwv1.WatchEvent) error {
 	return nil
 }
 
+// kvOnly reports whether an update carries nothing but KV blocks: a delta
+// with no status, adapter or removed replica. Such an update leaves every
+// replica's routability as it was, so it need not be published. A full copy
+// always is: it replaces the node's statuses even when it lists none.
+func kvOnly(u *llmgwv1.EphemeralUpdate) bool {
+	return !u.GetFull() && len(u.GetStatuses()) == 0 && len(u.GetAdapters()) == 0 &&
+		len(u.GetRemovedReplicas()) == 0
+}
+
 func (c *Client) save() {
 	if c.cfg.StatePath == "" || !c.unsaved {
 		return
 	}
-	if err := saveState(c.cfg.StatePath, c.Current()); err != nil {
+	st := c.Current()
+	if c.seqAhead {
+		// The published state with the (epoch, seq) KV-only updates
+		// advanced: what a publish after each would have saved. save runs
+		// on the Run goroutine, which owns work.
+		ahead := *st
+		ahead.Ephemeral = c.work.Ephemeral
+		st = &ahead
+	}
+	if err := saveState(c.cfg.StatePath, st); err != nil {
 		c.log.Warn("watch: saving state", "path", c.cfg.StatePath, "err", err)
 		return
 	}

@@ -40,7 +40,10 @@ type State struct {
 	// key change copies the set once, not every publish.
 	keysOwned bool
 
-	// Ephemeral holds each agent's last accepted data, by node id.
+	// Ephemeral holds each agent's last accepted data, by node id. A
+	// published State's (Epoch, Seq) may trail the client's: updates that
+	// carry only KV blocks advance it without a publish (the statuses and
+	// adapters are those of the latest update either way).
 	Ephemeral map[string]*NodeEphemeral
 
 	// Servers is the last control-server list received; the client also dials
