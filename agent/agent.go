@@ -274,7 +274,7 @@ func (a *Agent) startLoad() (stop func(), err error) {
 	a.mu.Lock()
 	a.grpcAddr = net.JoinHostPort(a.cfg.AdvertiseAddr, port)
 	a.mu.Unlock()
-	if host, _, _ := net.SplitHostPort(a.cfg.GRPCAddr); isLoopback(host) && !isLoopback(a.cfg.AdvertiseAddr) {
+	if host, _, _ := net.SplitHostPort(a.cfg.GRPCAddr); mtls.IsLoopback(host) && !mtls.IsLoopback(a.cfg.AdvertiseAddr) {
 		a.log.Warn("LoadService listens on loopback but is advertised to routers on another address",
 			"grpc_addr", a.cfg.GRPCAddr, "advertised", a.GRPCAddr())
 	}
@@ -313,19 +313,4 @@ func (a *Agent) startLoad() (stop func(), err error) {
 }
 
 // fromLoopback reports whether r came from a loopback address.
-func fromLoopback(r *http.Request) bool {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		return false
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
-
-func isLoopback(host string) bool {
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
-}
+func fromLoopback(r *http.Request) bool { return mtls.IsLoopback(r.RemoteAddr) }
