@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -65,6 +66,9 @@ func (numbersAdmin) ListModels(context.Context, *llmgwv1.ListRequest) (*llmgwv1.
 func TestJSONWithJQ(t *testing.T) {
 	jq, err := exec.LookPath("jq")
 	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("jq not found: CI must install it (.ci/run)")
+		}
 		t.Skip("jq is not installed")
 	}
 	out, err := run(serveAdmin(t, numbersAdmin{}), "model", "list", "-o", "json")
