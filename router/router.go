@@ -337,6 +337,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
 	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
+	r.mux.HandleFunc("GET /sd/replicas", r.serveSD)
 	return r, nil
 }
 

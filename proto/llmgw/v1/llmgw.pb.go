@@ -5118,12 +5118,15 @@ type RaftPeer struct {
 	Voter   bool                   `protobuf:"varint,3,opt,name=voter,proto3" json:"voter,omitempty"`
 	Leader  bool                   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
 	Healthy bool                   `protobuf:"varint,5,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	// Milliseconds since the leader last heard from it (0 for the leader).
+	// Milliseconds since the leader last heard from it (0 for the leader):
+	// the server's own figure while the leader's autopilot reaches it, and
+	// the time since its last answer once it does not. -1: the leader has not
+	// heard from it since it took office.
 	LastContactMs int64  `protobuf:"varint,6,opt,name=last_contact_ms,json=lastContactMs,proto3" json:"last_contact_ms,omitempty"`
 	LastIndex     uint64 `protobuf:"varint,7,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
 	Version       string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
-	// Time the server has been stable (healthy), in seconds; autopilot
-	// promotes non-voters after a stabilization period.
+	// Time the server has been stable (healthy), in seconds, never more than
+	// its uptime; autopilot promotes non-voters after a stabilization period.
 	StableSeconds int64 `protobuf:"varint,9,opt,name=stable_seconds,json=stableSeconds,proto3" json:"stable_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5942,8 +5945,12 @@ type ClusterStatusResponse struct {
 	RaftLastIndex     *uint64 `protobuf:"varint,9,opt,name=raft_last_index,json=raftLastIndex,proto3,oneof" json:"raft_last_index,omitempty"`
 	RaftLastTerm      *uint64 `protobuf:"varint,10,opt,name=raft_last_term,json=raftLastTerm,proto3,oneof" json:"raft_last_term,omitempty"`
 	RaftLastContactMs *int64  `protobuf:"varint,11,opt,name=raft_last_contact_ms,json=raftLastContactMs,proto3,oneof" json:"raft_last_contact_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// When the answering server's process started (Unix milliseconds): the
+	// leader bounds a server's autopilot stable time by its uptime, which a
+	// restart quicker than autopilot's health check would otherwise outlast.
+	StartedUnixMs *int64 `protobuf:"varint,12,opt,name=started_unix_ms,json=startedUnixMs,proto3,oneof" json:"started_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
@@ -6049,6 +6056,13 @@ func (x *ClusterStatusResponse) GetRaftLastTerm() uint64 {
 func (x *ClusterStatusResponse) GetRaftLastContactMs() int64 {
 	if x != nil && x.RaftLastContactMs != nil {
 		return *x.RaftLastContactMs
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetStartedUnixMs() int64 {
+	if x != nil && x.StartedUnixMs != nil {
+		return *x.StartedUnixMs
 	}
 	return 0
 }
@@ -6902,7 +6916,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14ListReplicasResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
 	"\breplicas\x18\x02 \x03(\v2\x15.llmgw.v1.ReplicaViewR\breplicas\"\x16\n" +
-	"\x14ClusterStatusRequest\"\xe9\x03\n" +
+	"\x14ClusterStatusRequest\"\xaa\x04\n" +
 	"\x15ClusterStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x121\n" +
 	"\aservers\x18\x02 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\x12\x1a\n" +
@@ -6916,10 +6930,12 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x0fraft_last_index\x18\t \x01(\x04H\x00R\rraftLastIndex\x88\x01\x01\x12)\n" +
 	"\x0eraft_last_term\x18\n" +
 	" \x01(\x04H\x01R\fraftLastTerm\x88\x01\x01\x124\n" +
-	"\x14raft_last_contact_ms\x18\v \x01(\x03H\x02R\x11raftLastContactMs\x88\x01\x01B\x12\n" +
+	"\x14raft_last_contact_ms\x18\v \x01(\x03H\x02R\x11raftLastContactMs\x88\x01\x01\x12+\n" +
+	"\x0fstarted_unix_ms\x18\f \x01(\x03H\x03R\rstartedUnixMs\x88\x01\x01B\x12\n" +
 	"\x10_raft_last_indexB\x11\n" +
 	"\x0f_raft_last_termB\x17\n" +
-	"\x15_raft_last_contact_ms\"3\n" +
+	"\x15_raft_last_contact_msB\x12\n" +
+	"\x10_started_unix_ms\"3\n" +
 	"\x14LoadSubscribeRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xdb\x01\n" +
 	"\vReplicaLoad\x12\x1d\n" +
