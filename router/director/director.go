@@ -158,7 +158,8 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 	adm := newAdapterMetrics(reg)
 	var kv *tier2
 	if o.kv != nil {
-		kv = &tier2{idx: o.kv.idx, tok: o.kv.tok, loads: table, minBlocks: o.kv.minBlocks, m: newKVMetrics(reg)}
+		kv = &tier2{idx: o.kv.idx, tok: o.kv.tok, loads: table, minBlocks: o.kv.minBlocks, m: newKVMetrics(reg),
+			prefill: newPrefillLedger(time.Now)}
 	}
 	res := &resolver{models: table, holdings: table, m: adm}
 	if o.adapters != nil {

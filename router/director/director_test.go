@@ -214,12 +214,25 @@ type index struct {
 	status  map[string]kvindex.Status
 	matches []kvindex.Match
 	asked   [][]uint64
+	// pendingAsked counts LookupPending calls; speculated and withdrawn
+	// the replicas Speculate and Withdraw were called for.
+	pendingAsked          int
+	speculated, withdrawn []kvindex.Replica
 }
 
 func (x *index) Lookup(h []uint64, dst []kvindex.Match) []kvindex.Match {
 	x.asked = append(x.asked, slices.Clone(h))
 	return append(dst, x.matches...)
 }
+func (x *index) LookupPending(h []uint64, dst []kvindex.Match) []kvindex.Match {
+	x.pendingAsked++
+	return x.Lookup(h, dst)
+}
+func (x *index) Speculate(r kvindex.Replica, h []uint64) int {
+	x.speculated = append(x.speculated, r)
+	return len(h)
+}
+func (x *index) Withdraw(r kvindex.Replica, _ []uint64) { x.withdrawn = append(x.withdrawn, r) }
 func (x *index) Status(id string) (kvindex.Status, bool) { s, ok := x.status[id]; return s, ok }
 
 type tokenizer struct {
