@@ -87,11 +87,11 @@ func (c Config) validateSpec() error {
 }
 
 func (c *Config) fillSpec() {
-	if c.SpecTTLMin == 0 {
-		c.SpecTTLMin = min(defaultSpecTTLMin, max(c.SpecTTLMax, 1))
-	}
 	if c.SpecTTLMax == 0 {
 		c.SpecTTLMax = max(defaultSpecTTLMax, c.SpecTTLMin)
+	}
+	if c.SpecTTLMin == 0 {
+		c.SpecTTLMin = min(defaultSpecTTLMin, c.SpecTTLMax)
 	}
 	if c.SpecPending == 0 {
 		c.SpecPending = defaultSpecPending
