@@ -244,7 +244,7 @@ func (x *index) Speculate(r kvindex.Replica, h []uint64) int {
 	x.speculated = append(x.speculated, r)
 	return len(h)
 }
-func (x *index) Withdraw(r kvindex.Replica, _ []uint64) { x.withdrawn = append(x.withdrawn, r) }
+func (x *index) Withdraw(r kvindex.Replica, _ []uint64)  { x.withdrawn = append(x.withdrawn, r) }
 func (x *index) Status(id string) (kvindex.Status, bool) { s, ok := x.status[id]; return s, ok }
 
 type tokenizer struct {

@@ -239,7 +239,7 @@ func (s *Scheduler) Chat(p Params) *Profile {
 		Name:        "chat",
 		KVScore:     p.KVScore,
 		Speculation: p.Speculation,
-		Filters: s.filters(p),
+		Filters:     s.filters(p),
 		Scorers: []WeightedScorer{
 			{s.Session(p.SessionLoadFactor), 3},
 			{Queue(p.TargetWaiting), 1},
@@ -277,7 +277,7 @@ func (s *Scheduler) LongContext(p Params) *Profile {
 		Name:        "long-context",
 		KVScore:     p.KVScore,
 		Speculation: p.Speculation,
-		Filters: s.filters(p),
+		Filters:     s.filters(p),
 		Scorers: []WeightedScorer{
 			{KV(p.KVCeiling), 3},
 			{s.Session(p.SessionLoadFactor), 2},
