@@ -416,7 +416,10 @@ func (x *Index) Retain(keep func(Replica) bool) {
 // replica's first missing block. Replicas holding none are not listed.
 // hashes are a prompt's block hashes in order (the low 64 bits of vLLM's,
 // as KVBlocks carries them).
-func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
+func (x *Index) Lookup(hashes []uint64, dst []Match) []Match { return x.lookup(hashes, dst, false) }
+
+// lookup is Lookup, or with pending LookupPending, timed.
+func (x *Index) lookup(hashes []uint64, dst []Match, pending bool) []Match {
 	if len(hashes) == 0 {
 		return dst
 	}
@@ -426,6 +429,9 @@ func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
 		x.mu.RUnlock()
 		x.m.lookup.Observe(time.Since(start).Seconds())
 	}()
+	if pending && x.spec.n > 0 {
+		return x.lookupPendingLocked(hashes, dst)
+	}
 	return x.lookupLocked(hashes, dst)
 }
 

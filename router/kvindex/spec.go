@@ -285,8 +285,13 @@ func (x *Index) popOldestLocked(q *fifo) {
 func (x *Index) unpendLocked(r *replica, h uint64) {
 	delete(r.pending, h)
 	x.spec.n--
+	x.unholdPendingLocked(r.slot, h)
+}
+
+// unholdPendingLocked takes slot out of h's pending holders.
+func (x *Index) unholdPendingLocked(slot uint16, h uint64) {
 	hs := x.spec.holders[h]
-	if i := slices.Index(hs, r.slot); i >= 0 {
+	if i := slices.Index(hs, slot); i >= 0 {
 		hs[i] = hs[len(hs)-1]
 		hs = hs[:len(hs)-1]
 	}
@@ -337,16 +342,7 @@ func (x *Index) clearPendingLocked(r *replica, reason string) {
 		return
 	}
 	for h := range r.pending {
-		hs := x.spec.holders[h]
-		if i := slices.Index(hs, r.slot); i >= 0 {
-			hs[i] = hs[len(hs)-1]
-			hs = hs[:len(hs)-1]
-		}
-		if len(hs) == 0 {
-			delete(x.spec.holders, h)
-		} else {
-			x.spec.holders[h] = hs
-		}
+		x.unholdPendingLocked(r.slot, h)
 	}
 	x.spec.n -= len(r.pending)
 	x.spec.dropped[reason] += uint64(len(r.pending))
@@ -365,18 +361,11 @@ func (x *Index) livePending(s uint16, h uint64, now int64) bool {
 // block is held or pending there. Match.Pending says how many of its
 // blocks were pending.
 func (x *Index) LookupPending(hashes []uint64, dst []Match) []Match {
-	if len(hashes) == 0 {
-		return dst
-	}
-	start := time.Now()
-	x.mu.RLock()
-	defer func() {
-		x.mu.RUnlock()
-		x.m.lookup.Observe(time.Since(start).Seconds())
-	}()
-	if x.spec.n == 0 {
-		return x.lookupLocked(hashes, dst)
-	}
+	return x.lookup(hashes, dst, true)
+}
+
+// lookupPendingLocked is LookupPending under the read lock.
+func (x *Index) lookupPendingLocked(hashes []uint64, dst []Match) []Match {
 	now := x.cfg.Now().UnixNano()
 	type cand struct {
 		slot uint16

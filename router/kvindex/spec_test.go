@@ -3,6 +3,7 @@ package kvindex
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -267,7 +268,7 @@ func TestSpecConfigValidate(t *testing.T) {
 		switch {
 		case tt.want == "" && err != nil:
 			t.Errorf("%+v: %v", tt.cfg, err)
-		case tt.want != "" && (err == nil || !contains(err.Error(), tt.want)):
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%+v: error %v, want one naming %s", tt.cfg, err, tt.want)
 		}
 	}
@@ -369,15 +370,6 @@ func equalStrMaps(a, b map[string]string) bool {
 	return true
 }
 
-func contains(s, sub string) bool {
-	for i := 0; i+len(sub) <= len(s); i++ {
-		if s[i:i+len(sub)] == sub {
-			return true
-		}
-	}
-	return false
-}
-
 // BenchmarkLookupSpeculation: BenchmarkLookup's fleet, with each prompt
 // also speculated on a replica that holds none of it — Lookup (confirmed
 // only, today's path) against LookupPending in the same run.
@@ -397,18 +389,6 @@ func BenchmarkLookupSpeculation(b *testing.B) {
 		name string
 		f    func([]uint64, []Match) []Match
 	}{{"confirmed", x.Lookup}, {"pending", x.LookupPending}} {
-		b.Run(lk.name, func(b *testing.B) {
-			lat := make([]time.Duration, 0, b.N)
-			dst := make([]Match, 0, 16)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				p := ps[i%len(ps)]
-				t0 := time.Now()
-				dst = lk.f(p, dst[:0])
-				lat = append(lat, time.Since(t0))
-			}
-			b.StopTimer()
-			reportPercentiles(b, lat)
-		})
+		b.Run(lk.name, func(b *testing.B) { benchLookups(b, ps, lk.f) })
 	}
 }
