@@ -108,6 +108,8 @@ func (p *prefixScorer) decide(r *Request, cands []Candidate, out []float64) stri
 // BOS block or chat header says nothing about the conversation). Untrusted
 // candidates are scored by the tree, as a share of the prompt's chunks, so
 // they compete on the same scale rather than being shunned or favoured.
+// With the cost score (Params.KVScore), the trusted candidates' shares are
+// replaced by costScores once a hit is established.
 func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []float64) string {
 	if p.s.cfg.Imbalance.Imbalanced(cands) {
 		return KVLoadOverride
