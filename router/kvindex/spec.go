@@ -386,9 +386,15 @@ func (x *Index) lookupPendingLocked(hashes []uint64, dst []Match) []Match {
 	for i := 1; i < len(hashes) && len(alive) > 0; i++ {
 		h := hashes[i]
 		hs := x.holdersOf(h, &hv)
-		ps := x.spec.holders[h]
+		// The pending holders are looked up only for a replica the
+		// confirmed ones do not cover: most blocks of most prompts.
+		var ps []uint16
+		probed := false
 		k := 0
 		for _, c := range alive {
+			if !slices.Contains(hs, c.slot) && !probed {
+				ps, probed = x.spec.holders[h], true
+			}
 			switch {
 			case slices.Contains(hs, c.slot):
 			case slices.Contains(ps, c.slot) && x.livePending(c.slot, h, now):
