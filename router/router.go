@@ -503,6 +503,9 @@ func (r *Router) forget(ctx context.Context) {
 			rep := st.Replicas[k.ID]
 			return rep != nil && rep.GetUid() == k.UID
 		})
+		// Speculative entries past their TTL: lookups skip them already;
+		// this frees them and keeps the pending gauge true when idle.
+		r.kv.Expire()
 	}
 }
 

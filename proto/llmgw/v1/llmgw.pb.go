@@ -464,8 +464,18 @@ type ProfileOverrides struct {
 	KvCeiling         float64                `protobuf:"fixed64,3,opt,name=kv_ceiling,json=kvCeiling,proto3" json:"kv_ceiling,omitempty"`
 	SessionLoadFactor float64                `protobuf:"fixed64,4,opt,name=session_load_factor,json=sessionLoadFactor,proto3" json:"session_load_factor,omitempty"`
 	// Scorer name -> weight; replaces the profile's weight for that scorer.
-	Weights       map[string]float64 `protobuf:"bytes,5,rep,name=weights,proto3" json:"weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	Picker        string             `protobuf:"bytes,6,opt,name=picker,proto3" json:"picker,omitempty"`
+	Weights map[string]float64 `protobuf:"bytes,5,rep,name=weights,proto3" json:"weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	Picker  string             `protobuf:"bytes,6,opt,name=picker,proto3" json:"picker,omitempty"`
+	// Tier 2's score (design §7.5 step 5): "share" (of the prompt's leading
+	// blocks a replica holds) or "cost" (prefill tokens still to compute plus
+	// prefill queued); "" is the default.
+	KvScore string `protobuf:"bytes,7,opt,name=kv_score,json=kvScore,proto3" json:"kv_score,omitempty"`
+	// Tier 2 counts the router's own recent sends as held until the engine's
+	// events confirm them (speculative entries). Unset is on.
+	Speculation *bool `protobuf:"varint,8,opt,name=speculation,proto3,oneof" json:"speculation,omitempty"`
+	// The cost score's weight of prefill already queued on a replica against
+	// this prompt's own prefill there; 0 is the default (1).
+	KvQueueWeight float64 `protobuf:"fixed64,9,opt,name=kv_queue_weight,json=kvQueueWeight,proto3" json:"kv_queue_weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -540,6 +550,27 @@ func (x *ProfileOverrides) GetPicker() string {
 		return x.Picker
 	}
 	return ""
+}
+
+func (x *ProfileOverrides) GetKvScore() string {
+	if x != nil {
+		return x.KvScore
+	}
+	return ""
+}
+
+func (x *ProfileOverrides) GetSpeculation() bool {
+	if x != nil && x.Speculation != nil {
+		return *x.Speculation
+	}
+	return false
+}
+
+func (x *ProfileOverrides) GetKvQueueWeight() float64 {
+	if x != nil {
+		return x.KvQueueWeight
+	}
+	return 0
 }
 
 // Model is a deployable model: what to run, how many, and how to route to it.
@@ -6523,7 +6554,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14llmgw/v1/llmgw.proto\x12\bllmgw.v1\"1\n" +
 	"\aAdapter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\"\xc8\x02\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\xc2\x03\n" +
 	"\x10ProfileOverrides\x12%\n" +
 	"\x0etarget_waiting\x18\x01 \x01(\x01R\rtargetWaiting\x12'\n" +
 	"\x0ftarget_inflight\x18\x02 \x01(\x01R\x0etargetInflight\x12\x1d\n" +
@@ -6531,10 +6562,14 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"kv_ceiling\x18\x03 \x01(\x01R\tkvCeiling\x12.\n" +
 	"\x13session_load_factor\x18\x04 \x01(\x01R\x11sessionLoadFactor\x12A\n" +
 	"\aweights\x18\x05 \x03(\v2'.llmgw.v1.ProfileOverrides.WeightsEntryR\aweights\x12\x16\n" +
-	"\x06picker\x18\x06 \x01(\tR\x06picker\x1a:\n" +
+	"\x06picker\x18\x06 \x01(\tR\x06picker\x12\x19\n" +
+	"\bkv_score\x18\a \x01(\tR\akvScore\x12%\n" +
+	"\vspeculation\x18\b \x01(\bH\x00R\vspeculation\x88\x01\x01\x12&\n" +
+	"\x0fkv_queue_weight\x18\t \x01(\x01R\rkvQueueWeight\x1a:\n" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xad\x06\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x0e\n" +
+	"\f_speculation\"\xad\x06\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -7315,6 +7350,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 	if File_llmgw_v1_llmgw_proto != nil {
 		return
 	}
+	file_llmgw_v1_llmgw_proto_msgTypes[1].OneofWrappers = []any{}
 	file_llmgw_v1_llmgw_proto_msgTypes[32].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
