@@ -120,3 +120,17 @@ func TestServeGPUTiming(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseModelShape: any --sim-model-shape is parsed or refused, and a
+// parsed shape has every size positive.
+func FuzzParseModelShape(f *testing.F) {
+	for _, s := range []string{"qwen2.5-0.5b", "params=1e9,layers=8,hidden=1024,heads=8,kv_heads=2,head_dim=128,vocab=1000", "layers=-1", "=,=", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := ParseModelShape(s)
+		if err == nil && (m.Params <= 0 || m.Layers < 1 || m.Hidden < 1 || m.Heads < 1 || m.KVHeads < 1 || m.HeadDim < 1 || m.Vocab < 1) {
+			t.Errorf("%q parsed to %+v", s, m)
+		}
+	})
+}
