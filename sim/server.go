@@ -129,6 +129,8 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 }
 
 // Handler is the server's HTTP API, for tests that serve it themselves.
+// With GPU timing only Serve (or Run) runs the step loop, so requests
+// through Handler alone wait for it.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Run "loads the model" for StartupDelay, listens on Host:Port and serves
