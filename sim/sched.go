@@ -275,7 +275,7 @@ func (e *engine) step(ctx context.Context, clock Clock, slowdown func() float64)
 
 // maxCatchUp bounds how late a step may start and still be timed from the
 // previous one's deadline.
-const maxCatchUp = 20 * time.Millisecond
+const maxCatchUp = 100 * time.Millisecond
 
 // runSteps is the step loop: it steps while there is work and waits for a
 // request (or an abort) when there is none. It returns when ctx ends.
