@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"io"
@@ -107,6 +108,22 @@ func TestServeGPUTiming(t *testing.T) {
 	if cached[0] != 0 || cached[1] == 0 {
 		t.Errorf("cached tokens %v, want 0 then a hit", cached)
 	}
+	// Streamed, each token is its own event, the last with finish_reason.
+	sresp, err := http.Post(url+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt":"stream me","stream":true,"max_tokens":3}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := sseReader{bufio.NewReader(sresp.Body)}
+	for i := range 3 {
+		if ev := r.next(t); strings.Contains(ev, `"finish_reason":"length"`) != (i == 2) {
+			t.Errorf("event %d: %s", i, ev)
+		}
+	}
+	if done := r.next(t); done != "[DONE]" {
+		t.Errorf("got %q, want [DONE]", done)
+	}
+	sresp.Body.Close()
 	resp, err := http.Get(url + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -114,7 +131,7 @@ func TestServeGPUTiming(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, want := range []string{`vllm:num_preemptions_total{engine="0",model_name="llama"} 0`,
-		`num_gpu_blocks="62774"`, `gpu_memory_utilization="0.6"`, `vllm:generation_tokens_total{engine="0",model_name="llama"} 8`} {
+		`num_gpu_blocks="62774"`, `gpu_memory_utilization="0.6"`, `vllm:generation_tokens_total{engine="0",model_name="llama"} 11`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
 		}
