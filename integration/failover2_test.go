@@ -645,7 +645,7 @@ func uidDiff(a, b []replicaView) string {
 	key := func(l []replicaView) []string {
 		var out []string
 		for _, r := range l {
-			out = append(out, r.Replica.ID+"/"+r.Replica.UID)
+			out = append(out, r.Replica.ID+"/"+string(r.Replica.UID))
 		}
 		sort.Strings(out)
 		return out

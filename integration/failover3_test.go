@@ -21,17 +21,17 @@ import (
 // beyond replicaView: the draining mark and the model revision.
 type rollView struct {
 	Replica struct {
-		ID            string `json:"id"`
-		UID           string `json:"uid"`
-		Model         string `json:"model"`
-		Node          string `json:"node"`
-		Draining      bool   `json:"draining"`
-		ModelRevision string `json:"model_revision"`
+		ID            string      `json:"id"`
+		UID           json.Number `json:"uid"`
+		Model         string      `json:"model"`
+		Node          string      `json:"node"`
+		Draining      bool        `json:"draining"`
+		ModelRevision json.Number `json:"model_revision"`
 	} `json:"replica"`
 	Status *struct {
-		UID     string `json:"uid"`
-		Phase   string `json:"phase"`
-		Address string `json:"address"`
+		UID     json.Number `json:"uid"`
+		Phase   string      `json:"phase"`
+		Address string      `json:"address"`
 	} `json:"status"`
 }
 
@@ -101,7 +101,7 @@ func sampleRoll(addr, model string) *rollSampler {
 			serving, draining, starting := 0, 0, 0
 			seen := map[string]bool{}
 			for _, r := range list {
-				k := r.Replica.ID + "/" + r.Replica.UID
+				k := r.Replica.ID + "/" + string(r.Replica.UID)
 				seen[k] = true
 				l := s.lives[k]
 				if l == nil {
@@ -234,7 +234,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 				return false
 			}
 			for _, r := range list {
-				if !r.serving() || (rev != "" && r.Replica.ModelRevision == rev) {
+				if !r.serving() || (rev != "" && string(r.Replica.ModelRevision) == rev) {
 					return false
 				}
 			}
@@ -265,7 +265,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 				return false
 			}
 			for _, r := range list {
-				if r.Replica.Node != node || !r.serving() || (rev != "" && r.Replica.ModelRevision == rev) {
+				if r.Replica.Node != node || !r.serving() || (rev != "" && string(r.Replica.ModelRevision) == rev) {
 					return false
 				}
 			}
@@ -305,7 +305,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 	if err != nil || len(list) == 0 {
 		t.Fatalf("replica list: %v", err)
 	}
-	oldRev := list[0].Replica.ModelRevision
+	oldRev := string(list[0].Replica.ModelRevision)
 	s.reset()
 	rollStart := time.Now()
 	file := filepath.Join(t.TempDir(), "chat.yaml")

@@ -252,18 +252,18 @@ func (d *devProcess) ctl(args ...string) (string, error) {
 // replicaView is the part of `llmgwctl replica list -o json` tests read.
 type replicaView struct {
 	Replica struct {
-		ID    string `json:"id"`
-		UID   string `json:"uid"`
-		Model string `json:"model"`
-		Node  string `json:"node"`
+		ID    string      `json:"id"`
+		UID   json.Number `json:"uid"`
+		Model string      `json:"model"`
+		Node  string      `json:"node"`
 	} `json:"replica"`
 	Status *struct {
-		UID         string `json:"uid"`
-		Incarnation string `json:"incarnation"`
-		Phase       string `json:"phase"`
-		Address     string `json:"address"`
-		PID         int    `json:"pid"`
-		Restarts    int    `json:"restarts"`
+		UID         json.Number `json:"uid"`
+		Incarnation json.Number `json:"incarnation"`
+		Phase       string      `json:"phase"`
+		Address     string      `json:"address"`
+		PID         int         `json:"pid"`
+		Restarts    int         `json:"restarts"`
 	} `json:"status"`
 }
 

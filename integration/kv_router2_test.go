@@ -363,11 +363,11 @@ func lastOf(s []string) string {
 // the session ends when the report has been sent.
 func foreignKVReport(t *testing.T, addr, node string, victim replicaView) {
 	t.Helper()
-	uid, err := strconv.ParseUint(victim.Replica.UID, 10, 64)
+	uid, err := strconv.ParseUint(string(victim.Replica.UID), 10, 64)
 	if err != nil {
 		t.Fatalf("replica uid %q: %v", victim.Replica.UID, err)
 	}
-	inc, err := strconv.ParseUint(victim.Status.Incarnation, 10, 64)
+	inc, err := strconv.ParseUint(string(victim.Status.Incarnation), 10, 64)
 	if err != nil {
 		t.Fatalf("replica incarnation %q: %v", victim.Status.Incarnation, err)
 	}

@@ -396,8 +396,8 @@ func TestEdgeTLSEndToEnd(t *testing.T) {
 		statuses, legit = nil, map[string]bool{}
 		for _, r := range decodeReplicas(t, out) {
 			if r.Replica.Model == "m" && r.ready() {
-				uid, _ := strconv.ParseUint(r.Status.UID, 10, 64)
-				inc, _ := strconv.ParseUint(r.Status.Incarnation, 10, 64)
+				uid, _ := strconv.ParseUint(string(r.Status.UID), 10, 64)
+				inc, _ := strconv.ParseUint(string(r.Status.Incarnation), 10, 64)
 				statuses = append(statuses, &llmgwv1.ReplicaStatus{ReplicaId: r.Replica.ID, Uid: uid, Incarnation: inc, Model: "m", Node: "n1",
 					Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY, UpdatedUnixNano: time.Now().UnixNano()})
 				legit[r.Replica.ID] = true
