@@ -63,6 +63,12 @@ type Config struct {
 	// to close a gap (an unrepairable gap: the replica goes untrusted,
 	// design §7.5). 0 keeps the config's own value.
 	KVBufferSteps int
+	// Deviations of vLLM-compatible engines (issue 14), to test that tier 2
+	// survives them: KVSeqStart numbers batches from it instead of 0
+	// (--sim-kv-seq-start), and KVParentZero sends a first block's
+	// parent_block_hash as 0 instead of None (--sim-kv-parent-zero).
+	KVSeqStart   uint64
+	KVParentZero bool
 	// LoRA (lora.go): EnableLoRA is --enable-lora; MaxLoRAs bounds the
 	// adapters held at once; MaxLoRARank is checked and recorded;
 	// LoRAModules are --lora-modules items (name=path or JSON) loaded at
@@ -231,6 +237,9 @@ func (c *Config) Validate() error {
 		bad("--sim-kv-buffer-steps: %d: must not be negative (0 keeps --kv-events-config's buffer_steps)", c.KVBufferSteps)
 	} else if _, err := c.KVEvents(); err != nil {
 		errs = append(errs, err)
+	}
+	if c.KVSeqStart >= vllm.ReplayEndSeq-1<<32 {
+		bad("--sim-kv-seq-start: %d: must be below 2^64-2^32 (the seq of replay's end marker is 2^64-1)", c.KVSeqStart)
 	}
 	if c.KVEventsEncoding != vllm.EncodingMap && c.KVEventsEncoding != vllm.EncodingArray {
 		bad("--sim-kv-events-encoding: %v: must be map or array", c.KVEventsEncoding)

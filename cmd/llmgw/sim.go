@@ -132,6 +132,8 @@ override it.`,
 	f.StringVar(&kvEncoding, "sim-kv-events-encoding", "map", "KV event encoding: map (vLLM since mid-2026) or array (older vLLM)")
 	f.Float64Var(&cfg.Faults.KVDropRate, "sim-kv-drop-rate", 0, "fault injection: share of KV event batches not sent (a seq gap replay can repair)")
 	f.IntVar(&cfg.KVBufferSteps, "sim-kv-buffer-steps", 0, "batches the KV replay buffer holds, replacing --kv-events-config's buffer_steps (0: keep it); small values make gaps unrepairable")
+	f.Uint64Var(&cfg.KVSeqStart, "sim-kv-seq-start", 0, "engine deviation: number KV event batches from this seq (vLLM: 0; some compatible engines: 1)")
+	f.BoolVar(&cfg.KVParentZero, "sim-kv-parent-zero", false, "engine deviation: send a first block's parent_block_hash as 0 instead of None")
 	f.Float64Var(&cfg.Faults.KVReorderRate, "sim-kv-reorder-rate", 0, "fault injection: share of KV event batches sent after the next one")
 	return cmd
 }
