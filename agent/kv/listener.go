@@ -182,6 +182,7 @@ func (l *Listener) Engine(incarnation uint64) {
 	l.hub.metrics.resets.WithLabelValues("restart").Inc()
 	l.log.Info("engine restarted; kv mirror reset", "incarnation", incarnation)
 	m.newEngine(incarnation)
+	l.hub.pacer.changed()
 }
 
 // Close stops receiving, waits for the listener's goroutines and drops the
@@ -331,6 +332,10 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	met.batches.Inc()
 	wasUntrusted := m.untrusted
 	st := m.applyBatch(b)
+	if len(b.Events) > 0 {
+		m.noteBatch(b.TS)
+		l.hub.pacer.changed()
+	}
 	if st.stored > 0 {
 		met.events.WithLabelValues("stored").Add(float64(st.stored))
 	}
@@ -354,6 +359,7 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 
 func (l *Listener) untrustLocked(why string, args ...any) {
 	l.mirror.markUntrusted()
+	l.hub.pacer.changed()
 	l.hub.metrics.resets.WithLabelValues("untrusted").Inc()
 	l.log.Warn("kv state untrusted until the engine restarts or clears its cache", append([]any{"why", why}, args...)...)
 }
