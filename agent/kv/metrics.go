@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"math"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,8 +26,8 @@ type metrics struct {
 }
 
 // LagBuckets are the buckets of the KV event lag histograms, agent and
-// router: 1 ms to 8 s.
-var LagBuckets = prometheus.ExponentialBuckets(0.001, 2, 14)
+// router: 1 ms to 8 s, each √2 times the last.
+var LagBuckets = prometheus.ExponentialBuckets(0.001, math.Sqrt2, 27)
 
 // observeLag observes now minus the engine times an entry carries, by
 // edge: "oldest" (the longest any change in it waited) and "newest". The

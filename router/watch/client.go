@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -474,8 +475,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		kvLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "llmgw_router_kv_event_lag_seconds",
 			Help: "Time from an engine's KV-event batch (its ts, on the engine's clock) to the change applied to this router's KV index, by edge: the oldest and the newest batch an update carries.",
-			// 1 ms to 8 s, as the agent's llmgw_agent_kv_event_lag_seconds.
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14),
+			// 1 ms to 8 s, each √2 times the last, as the agent's
+			// llmgw_agent_kv_event_lag_seconds.
+			Buckets: prometheus.ExponentialBuckets(0.001, math.Sqrt2, 27),
 		}, []string{"edge"}),
 	}
 	if reg != nil {
