@@ -13,7 +13,9 @@
 #   BIN_DIR  holds llmgw and llmgwctl (default bin)
 #   OUT_DIR  gets every run's JSON, metrics and the logs (default kv-event-lag-out)
 #   RUNS=3   runs (seeds); BASE=32000 the first of the loopback ports used
-#            (BASE..BASE+5 and engines BASE+200..BASE+499)
+#            (BASE..BASE+5 and engines BASE+200..BASE+499); CONC=16 and
+#            REQS=480 the bench's --concurrency and --requests (CONC=1: a
+#            mostly quiet engine)
 # Needs curl and jq.
 set -euo pipefail
 
@@ -75,7 +77,8 @@ waitReady 0
 "${ctl[@]}" model apply -f "$out/tier2.yaml" >/dev/null
 waitReady 4
 
-work=(--workload shared-prefix --groups 12 --system-words 1000 --prompt-words 100 --max-tokens 32 --concurrency 16 --requests 480)
+work=(--workload shared-prefix --groups 12 --system-words 1000 --prompt-words 100 --max-tokens 32
+	--concurrency "${CONC:-16}" --requests "${REQS:-480}")
 
 # quantiles BEFORE AFTER METRIC: p50 and p99 (ms) of the oldest-edge
 # histogram's samples between two scrapes, and the sample count.

@@ -49,17 +49,7 @@ func TestListenerDeviations(t *testing.T) {
 				h.converged(t)
 				publish()
 				h.converged(t)
-				cfg := h.l.cfg
-				h.l.Close()
-				cfg.CatchUp, cfg.Endpoint = true, "tcp://127.0.0.1:0"
-				l2, err := h.hub.Listen(cfg, quiet)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(l2.Close)
-				l2.Engine(1)
-				h.l = l2
-				h.eng.connect(l2.Endpoint())
+				h.catchUp(t)
 			} else {
 				publish()
 			}
@@ -103,4 +93,21 @@ func TestListenerDeviations(t *testing.T) {
 			}
 		})
 	}
+}
+
+// catchUp replaces the listener with one that catches up by replay from
+// seq 0, as after an agent restart that re-adopted the engine.
+func (h *harness) catchUp(t *testing.T) {
+	t.Helper()
+	cfg := h.l.cfg
+	h.l.Close()
+	cfg.CatchUp, cfg.Endpoint = true, "tcp://127.0.0.1:0"
+	l2, err := h.hub.Listen(cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l2.Close)
+	l2.Engine(1)
+	h.l = l2
+	h.eng.connect(l2.Endpoint())
 }

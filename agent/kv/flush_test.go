@@ -63,7 +63,6 @@ func TestFlushPolicyValidate(t *testing.T) {
 	}
 }
 
-
 // The pacer over a sequence of changes and sends, each step at a time on
 // the injected clock: when the session is woken, how long it then waits,
 // and that a busy engine gets one send per interval, not one per event.

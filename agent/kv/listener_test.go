@@ -381,17 +381,7 @@ func TestListenerCatchUp(t *testing.T) {
 				h.eng.publish(false, ev)
 			}
 			h.converged(t)
-			cfg := h.l.cfg
-			h.l.Close()
-			cfg.CatchUp, cfg.Endpoint = true, "tcp://127.0.0.1:0"
-			l2, err := h.hub.Listen(cfg, quiet)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l2.Close()
-			l2.Engine(1)
-			h.l = l2
-			h.eng.connect(l2.Endpoint())
+			h.catchUp(t)
 			if tc.untrusted {
 				h.untrusted(t)
 				return
