@@ -27,9 +27,10 @@ type FlushPolicy struct {
 	MinInterval time.Duration
 }
 
-// DefaultFlushPolicy: a quiet engine's change goes 5 ms after it; a busy
-// node sends at most 20 times a second (the fixed tick it replaces sent 4
-// times a second, and made every change wait up to 250 ms).
+// DefaultFlushPolicy is a delay of 5 ms and sends 50 ms apart: a quiet
+// engine's change goes 5 ms after it; a busy node sends at most 20 times a
+// second (the fixed tick it replaces sent 4 times a second, and made every
+// change wait up to 250 ms).
 func DefaultFlushPolicy() FlushPolicy {
 	return FlushPolicy{Delay: 5 * time.Millisecond, MinInterval: 50 * time.Millisecond}
 }
