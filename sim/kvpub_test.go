@@ -542,8 +542,9 @@ func TestKVEventsConfigErrors(t *testing.T) {
 	cfg := testConfig()
 	cfg.KVEventsConfig = `{"enable_kv_cache_events":true,"buffer_steps":-1}`
 	cfg.Faults.KVDropRate = 2
+	cfg.KVSeqStart = vllm.ReplayEndSeq // the end marker's seq
 	_, err := New(cfg, nil)
-	for _, want := range []string{"buffer_steps", "--sim-kv-drop-rate"} {
+	for _, want := range []string{"buffer_steps", "--sim-kv-drop-rate", "--sim-kv-seq-start"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("New: %v, want an error naming %s", err, want)
 		}
