@@ -90,7 +90,9 @@ func TestKVEventsReachControl(t *testing.T) {
 	want := []uint64{hs[0].Uint64(), hs[1].Uint64()}
 	slices.Sort(want)
 	waitFor(t, "the blocks as a delta", kvOf(func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
-		return !u.GetFull() && !b.GetReset_() && slices.Equal(b.GetStored(), want)
+		// With the engine's time of the batch (ts 1 s), for the lag metrics.
+		return !u.GetFull() && !b.GetReset_() && slices.Equal(b.GetStored(), want) &&
+			b.GetOldestEventUnixNano() == 1e9 && b.GetNewestEventUnixNano() == 1e9
 	}))
 
 	// Every full copy holds them, as a reset.

@@ -24,12 +24,6 @@ import (
 // 10 s, so the application notices first).
 var errDeadServer = errors.New("control node missed three heartbeats")
 
-// kvFlushInterval is how often KV-cache changes go up the stream (design §7.5
-// step 2). Often enough that a prefix cached by one request is known before
-// the next few arrive; seldom enough that a busy engine's churn goes as its
-// net effect.
-const kvFlushInterval = 250 * time.Millisecond
-
 // runSessions keeps one session with the control plane up until ctx ends:
 // it uses one address at a time, moves to the next on any failure, and waits
 // a jittered, doubling delay between attempts, reset by every welcome
@@ -183,8 +177,12 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 	}
 	hb := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer hb.Stop()
-	kvTick := time.NewTicker(kvFlushInterval)
-	defer kvTick.Stop()
+	// KV-cache changes go up when the hub's flush policy says (design §7.5
+	// step 2): soon after a quiet engine's event, spaced under churn so a
+	// busy engine's changes go as their net effect.
+	kvFlush := time.NewTimer(time.Hour)
+	kvFlush.Stop()
+	defer kvFlush.Stop()
 	for {
 		select {
 		case <-sctx.Done():
@@ -248,7 +246,11 @@ func (a *Agent) session(ctx context.Context, addr string, lostAt time.Time) (lea
 				Node: a.cfg.NodeID, Epoch: epoch, Seq: seq, Statuses: ups, RemovedReplicas: rm}}}); err != nil {
 				return learned, welcomed, err
 			}
-		case <-kvTick.C:
+		case <-a.kv.Notify():
+			if d, ok := a.kv.FlushIn(); ok {
+				kvFlush.Reset(d)
+			}
+		case <-kvFlush.C:
 			if !welcomed {
 				// Changes wait in the mirrors; the welcome's full copy
 				// carries them.

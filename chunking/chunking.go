@@ -84,7 +84,8 @@ func Split(u *llmgwv1.EphemeralUpdate, maxBytes int) []*llmgwv1.EphemeralUpdate 
 	for _, b := range u.Kv {
 		entry := func(continued bool) *llmgwv1.KVBlocks {
 			e := &llmgwv1.KVBlocks{ReplicaId: b.ReplicaId, Uid: b.Uid, Incarnation: b.Incarnation, Reset_: b.Reset_,
-				Untrusted: b.Untrusted, BlockSize: b.BlockSize, Continued: continued}
+				Untrusted: b.Untrusted, BlockSize: b.BlockSize, Continued: continued,
+				OldestEventUnixNano: b.OldestEventUnixNano, NewestEventUnixNano: b.NewestEventUnixNano}
 			return e
 		}
 		// An entry's fixed fields, its own framing and its two packed lists'.

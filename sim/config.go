@@ -66,6 +66,12 @@ type Config struct {
 	// to close a gap (an unrepairable gap: the replica goes untrusted,
 	// design §7.5). 0 keeps the config's own value.
 	KVBufferSteps int
+	// Deviations of vLLM-compatible engines (issue 14), to test that tier 2
+	// survives them: KVSeqStart numbers batches from it instead of 0
+	// (--sim-kv-seq-start), and KVParentZero sends a first block's
+	// parent_block_hash as 0 instead of None (--sim-kv-parent-zero).
+	KVSeqStart   uint64
+	KVParentZero bool
 	// LoRA (lora.go): EnableLoRA is --enable-lora; MaxLoRAs bounds the
 	// adapters held at once; MaxLoRARank is checked and recorded;
 	// LoRAModules are --lora-modules items (name=path or JSON) loaded at
@@ -369,6 +375,9 @@ func (c *Config) validate() error {
 	} else if _, err := c.KVEvents(); err != nil {
 		errs = append(errs, err)
 	}
+	if c.KVSeqStart >= vllm.ReplayEndSeq-1<<32 {
+		bad("--sim-kv-seq-start: %d: must be below 2^64-2^32 (the seq of replay's end marker is 2^64-1)", c.KVSeqStart)
+	}
 	if c.KVEventsEncoding != vllm.EncodingMap && c.KVEventsEncoding != vllm.EncodingArray {
 		bad("--sim-kv-events-encoding: %v: must be map or array", c.KVEventsEncoding)
 	}
@@ -453,6 +462,8 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.StringVar(&f.kvEncoding, "sim-kv-events-encoding", f.kvEncoding, "KV event encoding: map (vLLM since mid-2026) or array (older vLLM)")
 	fs.Float64Var(&c.Faults.KVDropRate, "sim-kv-drop-rate", 0, "fault injection: share of KV event batches not sent (a seq gap replay can repair)")
 	fs.IntVar(&c.KVBufferSteps, "sim-kv-buffer-steps", 0, "batches the KV replay buffer holds, replacing --kv-events-config's buffer_steps (0: keep it); small values make gaps unrepairable")
+	fs.Uint64Var(&c.KVSeqStart, "sim-kv-seq-start", 0, "engine deviation: number KV event batches from this seq (vLLM: 0; some compatible engines: 1)")
+	fs.BoolVar(&c.KVParentZero, "sim-kv-parent-zero", false, "engine deviation: send a first block's parent_block_hash as 0 instead of None")
 	fs.Float64Var(&c.Faults.KVReorderRate, "sim-kv-reorder-rate", 0, "fault injection: share of KV event batches sent after the next one")
 	registerVLLMFlags(fs)
 	return f

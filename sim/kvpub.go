@@ -157,10 +157,12 @@ type kvPublisher struct {
 	enc       vllm.Encoding
 	asInt     bool
 	blockSize int
-	log       *slog.Logger
-	now       func() time.Time
-	faults    func() Faults
-	rng       *rand.Rand // the sender's only
+	// parentZero sends a first block's parent as 0 (--sim-kv-parent-zero).
+	parentZero bool
+	log        *slog.Logger
+	now        func() time.Time
+	faults     func() Faults
+	rng        *rand.Rand // the sender's only
 
 	mu      sync.Mutex // guards pending and flushing
 	pending []vllm.Event
@@ -171,7 +173,8 @@ type kvPublisher struct {
 
 	ringMu sync.Mutex // guards ring and nextSeq
 	ring   []kvBatch  // the last BufferSteps batches, oldest first
-	// nextSeq is the seq of the next batch: from 0, per process.
+	// nextSeq is the seq of the next batch: from 0 (or --sim-kv-seq-start),
+	// per process.
 	nextSeq uint64
 
 	sockCtx    context.Context
@@ -186,7 +189,7 @@ func newKVPublisher(cfg *Config, kv KVEventsConfig, log *slog.Logger, now func()
 		cfg: kv, enc: cfg.KVEventsEncoding, asInt: !cfg.KVEventsBytesHashes, blockSize: cfg.BlockSize,
 		log: log.With("component", "kv-events"), now: now, faults: faults,
 		rng:  rand.New(rand.NewPCG(uint64(cfg.Seed), 0x6b762d6576)),
-		wake: make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), nextSeq: cfg.KVSeqStart, parentZero: cfg.KVParentZero,
 	}
 }
 
@@ -202,8 +205,12 @@ func (p *kvPublisher) BlocksStored(parent *vllm.BlockHash, blocks []StoredBlock)
 		GroupIdx:        vllm.Ptr(0),
 		KVCacheSpecKind: vllm.Ptr(vllm.KVCacheSpecFullAttention),
 	}
-	if parent != nil {
+	switch {
+	case parent != nil:
 		e.ParentBlockHash = vllm.Ptr(vllm.ExternalHash(*parent, p.asInt))
+	case p.parentZero:
+		// A vLLM-compatible engine's way of saying "none" (issue 14).
+		e.ParentBlockHash = vllm.Ptr(vllm.IntBlockHash(0))
 	}
 	for i, b := range blocks {
 		e.BlockHashes[i] = vllm.ExternalHash(b.Hash, p.asInt)

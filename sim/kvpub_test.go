@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -42,6 +43,10 @@ type kvSetup struct {
 	bytes      bool
 	faults     Faults
 	topic      string
+	// seqStart and parentZero are the engine deviations
+	// (--sim-kv-seq-start, --sim-kv-parent-zero).
+	seqStart   uint64
+	parentZero bool
 }
 
 func startKV(t *testing.T, k kvSetup) *kvHarness {
@@ -72,6 +77,7 @@ func startKV(t *testing.T, k kvSetup) *kvHarness {
 	cfg.KVEventsConfig, cfg.KVEventsEncoding, cfg.KVEventsBytesHashes = string(raw), k.encoding, k.bytes
 	cfg.Faults = k.faults
 	cfg.KVBufferSteps = k.bufferFlag
+	cfg.KVSeqStart, cfg.KVParentZero = k.seqStart, k.parentZero
 	srv, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -536,8 +542,9 @@ func TestKVEventsConfigErrors(t *testing.T) {
 	cfg := testConfig()
 	cfg.KVEventsConfig = `{"enable_kv_cache_events":true,"buffer_steps":-1}`
 	cfg.Faults.KVDropRate = 2
+	cfg.KVSeqStart = vllm.ReplayEndSeq // the end marker's seq
 	_, err := New(cfg, nil)
-	for _, want := range []string{"buffer_steps", "--sim-kv-drop-rate"} {
+	for _, want := range []string{"buffer_steps", "--sim-kv-drop-rate", "--sim-kv-seq-start"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("New: %v, want an error naming %s", err, want)
 		}
@@ -564,4 +571,62 @@ func TestKVEventsConfigErrors(t *testing.T) {
 	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
 		t.Errorf("listener left open: %v", err)
 	}
+}
+
+// --sim-kv-seq-start and --sim-kv-parent-zero make the simulator the
+// vLLM-compatible engine of issue 14: batches numbered from 1, live and in
+// replay, and a first block's parent sent as 0 in the array form. The
+// events still describe the cache exactly.
+func TestKVEventsDeviations(t *testing.T) {
+	h := startKV(t, kvSetup{endpoint: "connect", replay: true, encoding: vllm.EncodingArray, topic: "kv",
+		seqStart: 1, parentZero: true})
+	h.complete(prompt(1, 8)...)  // two blocks of 4, from the prompt's start
+	h.complete(prompt(1, 12)...) // one more, chained to the second
+	n := h.settle()
+	if n != 1+2 {
+		t.Errorf("next seq %d after two batches from 1, want 3", n)
+	}
+	m := mirror{}
+	var parents []any
+	for want := uint64(1); want < n; want++ {
+		_, seq, payload := h.recv()
+		if seq != want {
+			t.Fatalf("batch seq %d, want %d", seq, want)
+		}
+		m.apply(t, payload, false)
+		var batch []any
+		if err := msgpack.Unmarshal(payload, &batch); err != nil {
+			t.Fatal(err)
+		}
+		for _, ev := range batch[1].([]any) {
+			if e := ev.([]any); e[0] == vllm.TagBlockStored {
+				parents = append(parents, e[2])
+			}
+		}
+	}
+	if len(parents) != 2 || !isZero(parents[0]) || isZero(parents[1]) || parents[1] == nil {
+		t.Errorf("parents sent %v: want 0 for the first block, then a hash", parents)
+	}
+	if got, want := m.sorted(), h.blocks().BlockHashes; !slices.Equal(got, want) {
+		t.Errorf("mirror %v, simulator %v", got, want)
+	}
+	// The replay buffer is the engine's whole history: from 1.
+	rs := h.replay(0)
+	if len(rs) != 3 || rs[0].Seq != 1 || rs[1].Seq != 2 || !rs[2].End {
+		t.Errorf("replay from 0: %d replies, first seq %v", len(rs), rs)
+	}
+}
+
+func isZero(v any) bool {
+	switch x := v.(type) {
+	case int8:
+		return x == 0
+	case uint8:
+		return x == 0
+	case int64:
+		return x == 0
+	case uint64:
+		return x == 0
+	}
+	return false
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -243,6 +244,25 @@ func (r *kvReader) optHash() (*ExternalBlockHash, error) {
 		return nil, err
 	}
 	return &h, nil
+}
+
+// parentHash reads parent_block_hash. A parent of 0 (an int 0, or a
+// digest of zero bytes) is read as none: vLLM sends None for a prompt's
+// first block, but a vLLM-compatible engine was seen sending 0 in the
+// array form (issue 14), and taking it literally would chain the block to
+// a parent no engine ever stored, so no prompt would ever match it. A real
+// hash of 0 has a chance of 2^-64 per block.
+func (r *kvReader) parentHash() (*ExternalBlockHash, error) {
+	h, err := r.optHash()
+	if err != nil || h == nil || !h.isZero() {
+		return h, err
+	}
+	return nil, nil
+}
+
+// isZero reports whether h is 0: the int 0, or bytes that are all zero.
+func (h ExternalBlockHash) isZero() bool {
+	return h.low == 0 && strings.Trim(h.raw, "\x00") == ""
 }
 
 func (r *kvReader) hashes() ([]ExternalBlockHash, error) {
@@ -498,7 +518,7 @@ func (r *kvReader) arrayEvent() (Event, string, error) {
 		e := &BlockStored{}
 		err = fields(
 			field{"block_hashes", func() (err error) { e.BlockHashes, err = r.hashes(); return }},
-			field{"parent_block_hash", func() (err error) { e.ParentBlockHash, err = r.optHash(); return }},
+			field{"parent_block_hash", func() (err error) { e.ParentBlockHash, err = r.parentHash(); return }},
 			field{"token_ids", func() (err error) { e.TokenIDs, err = r.ints(); return }},
 			field{"block_size", func() (err error) { e.BlockSize, err = r.int(); return }},
 			field{"lora_id", func() (err error) { e.LoRAID, err = r.optInt(); return }},
@@ -626,7 +646,7 @@ func (r *kvReader) mapField(f *eventFields, key string) (err error) {
 	case "block_hashes":
 		e.BlockHashes, err = r.hashes()
 	case "parent_block_hash":
-		e.ParentBlockHash, err = r.optHash()
+		e.ParentBlockHash, err = r.parentHash()
 	case "token_ids":
 		e.TokenIDs, err = r.ints()
 	case "block_size":

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,25 +17,38 @@ import (
 // Hub holds the mirrors of every engine on the node and is where the
 // control session reads them. Listeners write to it; one session at a time
 // reads it, with Full on every new session or full-copy request and Changes
-// on every flush (design §7.5 step 2). Changes made while no session is up
-// are not lost: the next session's full copy carries them.
+// on every flush (design §7.5 step 2): after Notify, once FlushIn has
+// passed (FlushPolicy). Changes made while no session is up are not lost:
+// the next session's full copy carries them.
 //
 // It is safe for concurrent use.
 type Hub struct {
 	log     *slog.Logger
 	metrics *metrics
+	pacer   *pacer
+	now     func() time.Time
 
 	mu      sync.Mutex
 	mirrors map[string]*mirror // by replica id
 }
 
 // NewHub returns an empty hub whose metrics (llmgw_agent_kv_*) are
-// registered on reg.
+// registered on reg, flushing by DefaultFlushPolicy.
 func NewHub(logger *slog.Logger, reg prometheus.Registerer) (*Hub, error) {
+	return NewHubWith(logger, reg, DefaultFlushPolicy(), time.Now)
+}
+
+// NewHubWith is NewHub with a flush policy and a clock (for the flush
+// timing and the lag metric).
+func NewHubWith(logger *slog.Logger, reg prometheus.Registerer, flush FlushPolicy, now func() time.Time) (*Hub, error) {
 	if logger == nil {
 		return nil, errors.New("kv: nil logger")
 	}
-	h := &Hub{log: logger, mirrors: map[string]*mirror{}}
+	p, err := newPacer(flush, now)
+	if err != nil {
+		return nil, err
+	}
+	h := &Hub{log: logger, mirrors: map[string]*mirror{}, pacer: p, now: now}
 	m, err := newMetrics(reg, h)
 	if err != nil {
 		return nil, fmt.Errorf("kv: metrics: %w", err)
@@ -46,29 +60,39 @@ func NewHub(logger *slog.Logger, reg prometheus.Registerer) (*Hub, error) {
 // Full returns every replica's whole block set, each as a reset, sorted by
 // replica id: what a full ephemeral update carries. What it returns counts
 // as reported: the next Changes starts from it.
-func (h *Hub) Full() []*llmgwv1.KVBlocks {
-	var out []*llmgwv1.KVBlocks
-	for _, m := range h.list() {
-		m.mu.Lock()
-		if b := m.report(true); b != nil {
-			out = append(out, b)
-		}
-		m.mu.Unlock()
-	}
-	return out
-}
+func (h *Hub) Full() []*llmgwv1.KVBlocks { return h.reports(true) }
 
 // Changes returns each replica's net change since the last Full or Changes
 // (a reset where one is due), sorted by replica id; nil when nothing
 // changed.
-func (h *Hub) Changes() []*llmgwv1.KVBlocks {
+func (h *Hub) Changes() []*llmgwv1.KVBlocks { return h.reports(false) }
+
+// Notify wakes the session at the first change after a report: it should
+// then wait FlushIn and call Changes.
+func (h *Hub) Notify() <-chan struct{} { return h.pacer.notify }
+
+// FlushIn is how long until the pending changes are due to be sent (0:
+// now), and false when none are pending.
+func (h *Hub) FlushIn() (time.Duration, bool) { return h.pacer.flushIn() }
+
+// reports takes every mirror's report, and observes the lag from each
+// one's engine events to now (llmgw_agent_kv_event_lag_seconds).
+func (h *Hub) reports(full bool) []*llmgwv1.KVBlocks {
+	at := h.pacer.taking()
 	var out []*llmgwv1.KVBlocks
 	for _, m := range h.list() {
 		m.mu.Lock()
-		if b := m.report(false); b != nil {
+		if b := m.report(full); b != nil {
 			out = append(out, b)
 		}
 		m.mu.Unlock()
+	}
+	if len(out) > 0 {
+		h.pacer.sent(at)
+	}
+	now := h.now()
+	for _, b := range out {
+		observeLag(h.metrics.lag, now, b)
 	}
 	return out
 }

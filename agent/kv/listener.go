@@ -41,6 +41,10 @@ type ListenerConfig struct {
 	// ReplayTimeout is how long a replay may go without a reply before the
 	// gap counts as unrepairable.
 	ReplayTimeout time.Duration
+	// ReplayBufferSteps is how many batches the engine's replay buffer
+	// holds (vLLM's buffer_steps; the agent leaves it at vLLM's default).
+	// A replay of fewer batches is the engine's whole history: see repair.
+	ReplayBufferSteps int
 	// CatchUp asks for a replay from seq 0 at once: for an engine that was
 	// running before this listener (re-adopted after an agent restart),
 	// whose earlier batches the mirror never saw.
@@ -58,7 +62,7 @@ type ListenerConfig struct {
 // DefaultListenerConfig has vLLM's defaults (topic "", block size 16) and
 // the agent's timings; the caller sets the replica and endpoints.
 func DefaultListenerConfig() ListenerConfig {
-	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, QueueSize: 4096,
+	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, ReplayBufferSteps: 10_000, QueueSize: 4096,
 		QueueBytes: DefaultQueueBytes, MaxMessageBytes: zmtp.DefaultMaxMessageBytes}
 }
 
@@ -75,6 +79,8 @@ func (c ListenerConfig) Validate() error {
 		return errors.New("kv listener: block_size: must be at least 1")
 	case c.ReplayTimeout <= 0:
 		return errors.New("kv listener: replay_timeout: must be positive")
+	case c.ReplayBufferSteps <= 0:
+		return errors.New("kv listener: replay_buffer_steps: must be at least 1")
 	case c.QueueSize <= 0:
 		return errors.New("kv listener: queue_size: must be at least 1")
 	case c.QueueBytes <= 0:
@@ -176,6 +182,7 @@ func (l *Listener) Engine(incarnation uint64) {
 	l.hub.metrics.resets.WithLabelValues("restart").Inc()
 	l.log.Info("engine restarted; kv mirror reset", "incarnation", incarnation)
 	m.newEngine(incarnation)
+	l.hub.pacer.changed()
 }
 
 // Close stops receiving, waits for the listener's goroutines and drops the
@@ -325,6 +332,10 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	met.batches.Inc()
 	wasUntrusted := m.untrusted
 	st := m.applyBatch(b)
+	if len(b.Events) > 0 {
+		m.noteBatch(b.TS)
+		l.hub.pacer.changed()
+	}
 	if st.stored > 0 {
 		met.events.WithLabelValues("stored").Add(float64(st.stored))
 	}
@@ -348,6 +359,7 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 
 func (l *Listener) untrustLocked(why string, args ...any) {
 	l.mirror.markUntrusted()
+	l.hub.pacer.changed()
 	l.hub.metrics.resets.WithLabelValues("untrusted").Inc()
 	l.log.Warn("kv state untrusted until the engine restarts or clears its cache", append([]any{"why", why}, args...)...)
 }
@@ -357,6 +369,12 @@ func (l *Listener) untrustLocked(why string, args ...any) {
 // the replay must reach it. A replay that starts past the wanted seq (the
 // engine's buffer no longer holds it), has holes, or does not answer in
 // time leaves the gap open, and the replica untrusted (design §7.5).
+//
+// One exception (issue 14): before any batch of the engine is applied, a
+// replay of fewer batches than the engine's buffer holds is its whole
+// history — the buffer never dropped one — so a first batch past 0 means
+// the engine numbers from there (a vLLM-compatible engine counting from
+// 1), not that batches were lost. The history is complete.
 func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
 	met := l.hub.metrics
 	m := l.mirror
@@ -385,9 +403,15 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
 		l.untrustLocked("replay failed", "from_seq", want, "err", err)
 		return
 	}
+	complete := false
 	for _, r := range replies {
 		if r.Seq < m.seq.next && m.seq.started {
 			continue
+		}
+		if r.Seq != m.seq.next && !m.seq.started && len(replies) < l.cfg.ReplayBufferSteps {
+			complete = true
+			l.log.Debug("kv events: the replay is the engine's whole history", "first_seq", r.Seq, "batches", len(replies))
+			m.seq.next = r.Seq
 		}
 		if r.Seq != m.seq.next {
 			met.replays.WithLabelValues("unrepairable").Inc()
@@ -403,6 +427,10 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
 	if hasSeen && (!m.seq.started || m.seq.next <= seen) {
 		met.replays.WithLabelValues("unrepairable").Inc()
 		l.untrustLocked("replay ended before the batch that showed the gap", "want_seq", m.seq.next, "seen_seq", seen)
+		return
+	}
+	if complete {
+		met.replays.WithLabelValues("complete").Inc()
 		return
 	}
 	met.replays.WithLabelValues("repaired").Inc()

@@ -32,6 +32,8 @@ type fakeEngine struct {
 	wg     sync.WaitGroup
 	// silent makes the replay socket take requests and never answer.
 	silent bool
+	// parentZero sends a first block's parent as 0, not None (issue 14).
+	parentZero bool
 
 	mu     sync.Mutex
 	seq    uint64
@@ -170,6 +172,8 @@ func (e *fakeEngine) stored(parent *vllm.BlockHash, tokens []int) ([]vllm.BlockH
 	}
 	if parent != nil {
 		ev.ParentBlockHash = vllm.Ptr(vllm.ExternalHash(*parent, e.asInt))
+	} else if e.parentZero {
+		ev.ParentBlockHash = vllm.Ptr(vllm.IntBlockHash(0))
 	}
 	return hs, ev
 }
@@ -197,6 +201,9 @@ type setup struct {
 	enc           vllm.Encoding
 	bytes, silent bool
 	noReplay      bool
+	// The deviations of issue 14: batches from seqStart, parents of 0.
+	seqStart   uint64
+	parentZero bool
 }
 
 func start(t *testing.T, s setup) *harness {
@@ -212,7 +219,9 @@ func start(t *testing.T, s setup) *harness {
 	if s.buffer == 0 {
 		s.buffer = 1000
 	}
+	cfg.ReplayBufferSteps = s.buffer
 	eng, replay := newFakeEngine(t, s.buffer, s.enc, !s.bytes, s.silent)
+	eng.seq, eng.parentZero = s.seqStart, s.parentZero
 	if !s.noReplay {
 		cfg.ReplayEndpoint = replay
 	}
@@ -372,17 +381,7 @@ func TestListenerCatchUp(t *testing.T) {
 				h.eng.publish(false, ev)
 			}
 			h.converged(t)
-			cfg := h.l.cfg
-			h.l.Close()
-			cfg.CatchUp, cfg.Endpoint = true, "tcp://127.0.0.1:0"
-			l2, err := h.hub.Listen(cfg, quiet)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer l2.Close()
-			l2.Engine(1)
-			h.l = l2
-			h.eng.connect(l2.Endpoint())
+			h.catchUp(t)
 			if tc.untrusted {
 				h.untrusted(t)
 				return

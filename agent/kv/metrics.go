@@ -1,6 +1,13 @@
 package kv
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
 
 // metrics are the KV listener's and mirror's (design §9), on the agent's
 // registry. Per-replica detail is in the logs; the counters say whether
@@ -15,6 +22,27 @@ type metrics struct {
 	mismatches     prometheus.Counter
 	listenFailures prometheus.Counter
 	framesRefused  prometheus.Counter
+	lag            *prometheus.HistogramVec
+}
+
+// LagBuckets are the buckets of the KV event lag histograms, agent and
+// router: 1 ms to 8 s, each √2 times the last.
+var LagBuckets = prometheus.ExponentialBuckets(0.001, math.Sqrt2, 27)
+
+// observeLag observes now minus the engine times an entry carries, by
+// edge: "oldest" (the longest any change in it waited) and "newest". The
+// engine's clock is its host's: on another host than the observer's the
+// figure is off by the skew between the two clocks, and a negative
+// difference (a clock ahead) counts as 0.
+func observeLag(h *prometheus.HistogramVec, now time.Time, b *llmgwv1.KVBlocks) {
+	for _, e := range []struct {
+		edge string
+		ns   int64
+	}{{"oldest", b.GetOldestEventUnixNano()}, {"newest", b.GetNewestEventUnixNano()}} {
+		if e.ns != 0 {
+			h.WithLabelValues(e.edge).Observe(max(now.Sub(time.Unix(0, e.ns)).Seconds(), 0))
+		}
+	}
 }
 
 func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
@@ -29,7 +57,7 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_gaps_total",
 			Help: "Sequence gaps seen in engines' KV-event streams."}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_kv_replays_total",
-			Help: "Replays asked of engines, by result (repaired, unrepairable, failed)."}, []string{"result"}),
+			Help: "Replays asked of engines, by result (repaired; complete: the engine's whole history, numbered from past 0; unrepairable; failed)."}, []string{"result"}),
 		resets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_kv_resets_total",
 			Help: "Mirror resets, by reason (restart, cleared, untrusted)."}, []string{"reason"}),
 		mismatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_hash_mismatches_total",
@@ -38,6 +66,9 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 			Help: "KV-event sockets that could not be bound; those engines run without events."}),
 		framesRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_frames_refused_total",
 			Help: "ZMTP frames refused on KV-event and replay sockets (over the size cap, or a malformed handshake); each closed its connection."}),
+		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llmgw_agent_kv_event_lag_seconds",
+			Help:    "Time from an engine's KV-event batch (its ts, on the engine's clock) to the agent's send of the change, by edge: the oldest and the newest batch a send carries.",
+			Buckets: LagBuckets}, []string{"edge"}),
 	}
 	blocks := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmgw_agent_kv_blocks",
 		Help: "Distinct KV-cache blocks held in the mirrors of this node's engines."},
@@ -46,7 +77,7 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 		Help: "Replicas whose KV state is untrusted after a gap replay could not close."},
 		func() float64 { _, u := h.totals(); return float64(u) })
 	for _, c := range []prometheus.Collector{m.events, m.batches, m.badBatches, m.gaps, m.replays, m.resets,
-		m.mismatches, m.listenFailures, m.framesRefused, blocks, untrusted} {
+		m.mismatches, m.listenFailures, m.framesRefused, m.lag, blocks, untrusted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -13,6 +13,7 @@
 package kv
 
 import (
+	"math"
 	"slices"
 	"sync"
 
@@ -69,6 +70,10 @@ type mirror struct {
 	// untrusted: events were lost and replay could not recover them, so
 	// the set is unknown until the engine restarts or clears its cache.
 	untrusted bool
+	// oldest and newest are the engine's times (its batches' ts, Unix
+	// seconds) of the first and last batch applied since the last report:
+	// what the report carries for the lag metrics. 0: none.
+	oldest, newest float64
 
 	// Sequence state of the engine's publisher, owned by the listener.
 	seq seqState
@@ -127,6 +132,19 @@ func (m *mirror) applyBatch(b vllm.EventBatch) applyStats {
 		}
 	}
 	return st
+}
+
+// noteBatch records the engine's time of a batch with events. A ts that
+// is not a plausible time (an engine's bug, or a hostile one) is left out
+// rather than skew the lag metrics.
+func (m *mirror) noteBatch(ts float64) {
+	if !(ts > 0 && ts < 1<<33) { // also false for NaN; 1<<33 s is the year 2242
+		return
+	}
+	if m.oldest == 0 || ts < m.oldest {
+		m.oldest = ts
+	}
+	m.newest = max(m.newest, ts)
 }
 
 // clear forgets every block and schedules a reset.
@@ -281,7 +299,9 @@ func (m *mirror) report(full bool) *llmgwv1.KVBlocks {
 		return nil
 	}
 	out := &llmgwv1.KVBlocks{ReplicaId: m.replicaID, Uid: m.uid, Incarnation: m.incarnation,
-		Untrusted: m.untrusted, BlockSize: m.blockSize}
+		Untrusted: m.untrusted, BlockSize: m.blockSize,
+		OldestEventUnixNano: unixNano(m.oldest), NewestEventUnixNano: unixNano(m.newest)}
+	m.oldest, m.newest = 0, 0
 	switch {
 	case full || m.reset:
 		out.Reset_ = true
@@ -307,6 +327,9 @@ func (m *mirror) report(full bool) *llmgwv1.KVBlocks {
 	clear(m.pending)
 	return out
 }
+
+// unixNano is Unix seconds as nanoseconds; 0 stays 0.
+func unixNano(s float64) int64 { return int64(math.Round(s * 1e9)) }
 
 // blocks is the reported set, sorted: for tests and the blocks gauge.
 func (m *mirror) blocks() []uint64 {

@@ -53,9 +53,9 @@ func TestClientAssemblesChunks(t *testing.T) {
 	if e := st.Ephemeral["n1"]; e.Epoch != 4 || e.Seq != 2 || len(e.Statuses) != 2 {
 		t.Fatalf("held %+v, want epoch 4 seq 2 with 2 statuses", e)
 	}
-	kv.mu.Lock()
-	defer kv.mu.Unlock()
-	if len(kv.calls) != 1 || len(kv.calls[0]) != 2 || len(kv.calls[0][0].Stored) != 3 || len(kv.calls[0][1].Stored) != 3 {
-		t.Fatalf("KV sink got %v, want one call with both replicas' 3 blocks", kv.calls)
+	// The state is published before the KV sink is called: wait for it.
+	calls := kv.waitCalls(t, 1)
+	if len(calls) != 1 || len(calls[0]) != 2 || len(calls[0][0].Stored) != 3 || len(calls[0][1].Stored) != 3 {
+		t.Fatalf("KV sink got %v, want one call with both replicas' 3 blocks", calls)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -53,6 +54,8 @@ type Config struct {
 	// KV, when set, receives the KV part of every accepted ephemeral
 	// update (design §7.5 tier 2), in stream order.
 	KV KVSink
+	// Now is the clock of the KV event lag metric; nil is time.Now.
+	Now func() time.Time
 }
 
 // KVSink takes agents' KV-cache changes (kvindex.Index). ApplyNode is
@@ -103,6 +106,9 @@ func (c *Config) fillDefaults() {
 	}
 	if c.SaveInterval == 0 {
 		c.SaveInterval = d.SaveInterval
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 }
 
@@ -363,11 +369,14 @@ func (c *Client) handle(ev *llmgwv1.WatchEvent) error {
 				c.publish()
 			}
 			if c.cfg.KV != nil {
+				now := c.cfg.Now()
 				for i, err := range c.cfg.KV.ApplyNode(u.GetNode(), u.GetFull(), u.GetKv(), u.GetRemovedReplicas()) {
 					if err != nil {
 						c.log.Debug("watch: kv update not applied", "node", u.GetNode(),
 							"replica", u.GetKv()[i].GetReplicaId(), "err", err)
+						continue
 					}
+					c.m.observeLag(now, u.GetKv()[i])
 				}
 			}
 		case stale:
@@ -424,6 +433,25 @@ type metrics struct {
 	dropped    *prometheus.CounterVec
 	reconnects prometheus.Counter
 	revision   prometheus.Gauge
+	kvLag      *prometheus.HistogramVec
+}
+
+// observeLag observes, for a KV entry the index applied, the time since
+// the engine events it carries (the KVBlocks event times), by edge: the
+// oldest batch (the longest any change in the entry waited) and the
+// newest. The times are the engine's clock: exact when engine and router
+// share a host, off by the two hosts' clock skew otherwise (NTP keeps it
+// to milliseconds on a LAN, which is the figure's resolution); a negative
+// difference, a clock ahead, counts as 0.
+func (m *metrics) observeLag(now time.Time, b *llmgwv1.KVBlocks) {
+	for _, e := range []struct {
+		edge string
+		ns   int64
+	}{{"oldest", b.GetOldestEventUnixNano()}, {"newest", b.GetNewestEventUnixNano()}} {
+		if e.ns != 0 {
+			m.kvLag.WithLabelValues(e.edge).Observe(max(now.Sub(time.Unix(0, e.ns)).Seconds(), 0))
+		}
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -444,9 +472,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "llmgw_router_watch_revision",
 			Help: "Desired-state revision the router routes from.",
 		}),
+		kvLag: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "llmgw_router_kv_event_lag_seconds",
+			Help: "Time from an engine's KV-event batch (its ts, on the engine's clock) to the change applied to this router's KV index, by edge: the oldest and the newest batch an update carries.",
+			// 1 ms to 8 s, each √2 times the last, as the agent's
+			// llmgw_agent_kv_event_lag_seconds.
+			Buckets: prometheus.ExponentialBuckets(0.001, math.Sqrt2, 27),
+		}, []string{"edge"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.dropped, m.reconnects, m.revision)
+		reg.MustRegister(m.events, m.dropped, m.reconnects, m.revision, m.kvLag)
 	}
 	return m
 }

@@ -2647,9 +2647,17 @@ type KVBlocks struct {
 	// chunk's last entry (the same replica's block set, split over chunks):
 	// its stored and removed hashes are appended to that entry's, and its
 	// other fields repeat it.
-	Continued     bool `protobuf:"varint,9,opt,name=continued,proto3" json:"continued,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Continued bool `protobuf:"varint,9,opt,name=continued,proto3" json:"continued,omitempty"`
+	// When the engine made the oldest and the newest KV-event batches whose
+	// changes this entry carries (vLLM's batch ts), Unix nanoseconds on the
+	// engine's clock; 0 when it carries none (a full copy with no event since
+	// the last report). Routers observe now minus each as the event-to-index
+	// lag (the oldest: the longest any change waited): exact on one host,
+	// off by the clock skew between the engine's host and the router's.
+	OldestEventUnixNano int64 `protobuf:"varint,10,opt,name=oldest_event_unix_nano,json=oldestEventUnixNano,proto3" json:"oldest_event_unix_nano,omitempty"`
+	NewestEventUnixNano int64 `protobuf:"varint,11,opt,name=newest_event_unix_nano,json=newestEventUnixNano,proto3" json:"newest_event_unix_nano,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *KVBlocks) Reset() {
@@ -2743,6 +2751,20 @@ func (x *KVBlocks) GetContinued() bool {
 		return x.Continued
 	}
 	return false
+}
+
+func (x *KVBlocks) GetOldestEventUnixNano() int64 {
+	if x != nil {
+		return x.OldestEventUnixNano
+	}
+	return 0
+}
+
+func (x *KVBlocks) GetNewestEventUnixNano() int64 {
+	if x != nil {
+		return x.NewestEventUnixNano
+	}
+	return 0
 }
 
 // ControlServer describes one control-plane node, so clients can fail over
@@ -6745,7 +6767,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x121\n" +
 	"\x15retry_after_unix_nano\x18\a \x01(\x03R\x12retryAfterUnixNano\x121\n" +
 	"\x15last_active_unix_nano\x18\b \x01(\x03R\x12lastActiveUnixNano\x12\x16\n" +
-	"\x06active\x18\t \x01(\rR\x06active\"\x80\x02\n" +
+	"\x06active\x18\t \x01(\rR\x06active\"\xea\x02\n" +
 	"\bKVBlocks\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -6757,7 +6779,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tuntrusted\x18\a \x01(\bR\tuntrusted\x12\x1d\n" +
 	"\n" +
 	"block_size\x18\b \x01(\rR\tblockSize\x12\x1c\n" +
-	"\tcontinued\x18\t \x01(\bR\tcontinued\"\xdf\x01\n" +
+	"\tcontinued\x18\t \x01(\bR\tcontinued\x123\n" +
+	"\x16oldest_event_unix_nano\x18\n" +
+	" \x01(\x03R\x13oldestEventUnixNano\x123\n" +
+	"\x16newest_event_unix_nano\x18\v \x01(\x03R\x13newestEventUnixNano\"\xdf\x01\n" +
 	"\rControlServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
