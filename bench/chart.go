@@ -158,8 +158,8 @@ func hitBars(w io.Writer, res Result, x, y, width, height float64) {
 func ttftCDF(w io.Writer, res Result, x, y, width, height float64) {
 	right := 0.0
 	for _, r := range res.Runs {
-		if len(r.ttft) > 0 {
-			right = max(right, r.ttft[len(r.ttft)-1])
+		if len(r.TTFTQuantiles) > 0 {
+			right = max(right, r.TTFTQuantiles[len(r.TTFTQuantiles)-1])
 		}
 	}
 	right = niceTop(right)
@@ -168,7 +168,7 @@ func ttftCDF(w io.Writer, res Result, x, y, width, height float64) {
 		text(w, x+width*float64(i)/4, y+height+16, "middle", 11, fmtMS(right*float64(i)/4))
 	}
 	for i, r := range res.Runs {
-		n := len(r.ttft)
+		n := len(r.TTFTQuantiles)
 		if n == 0 {
 			continue
 		}
@@ -178,11 +178,11 @@ func ttftCDF(w io.Writer, res Result, x, y, width, height float64) {
 		// still gives a small file.
 		step := max(1, n/1000)
 		for k := 0; k < n; k += step {
-			px := x + width*r.ttft[k]/right
+			px := x + width*r.TTFTQuantiles[k]/right
 			fmt.Fprintf(&pts, " %.1f,%.1f", px, y+height-height*float64(k)/float64(n))
 			fmt.Fprintf(&pts, " %.1f,%.1f", px, y+height-height*float64(k+1)/float64(n))
 		}
-		fmt.Fprintf(&pts, " %.1f,%.1f", x+width*r.ttft[n-1]/right, y)
+		fmt.Fprintf(&pts, " %.1f,%.1f", x+width*r.TTFTQuantiles[n-1]/right, y)
 		fmt.Fprintf(w, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", colour(i), pts.String())
 	}
 }

@@ -47,7 +47,7 @@ func TestBenchCommand(t *testing.T) {
 		args  []string
 		check func(t *testing.T, out string)
 	}{
-		{"one target as JSON", []string{"--target", a.URL, "--concurrency", "2", "-o", "json"}, func(t *testing.T, out string) {
+		{"one target as JSON", []string{"--addr", "127.0.0.1:1", "--target", a.URL, "--concurrency", "2", "-o", "json"}, func(t *testing.T, out string) {
 			var r map[string]any
 			if err := json.Unmarshal([]byte(out), &r); err != nil {
 				t.Fatalf("not JSON: %v\n%s", err, out)
@@ -59,7 +59,7 @@ func TestBenchCommand(t *testing.T) {
 				t.Fatalf("no ttft_seconds.p99 in %s", out)
 			}
 		}},
-		{"two targets as JSON runs", []string{"--target", "a=" + a.URL, "--target", "b=" + b.URL, "--concurrency", "2", "-o", "json"}, func(t *testing.T, out string) {
+		{"two targets as JSON runs", []string{"--addr", "127.0.0.1:1", "--target", "a=" + a.URL, "--target", "b=" + b.URL, "--concurrency", "2", "-o", "json", "--reset-caches=false"}, func(t *testing.T, out string) {
 			var r struct {
 				Runs []struct {
 					Label    string         `json:"label"`
@@ -70,7 +70,7 @@ func TestBenchCommand(t *testing.T) {
 				t.Fatalf("runs %+v (%v)\n%s", r.Runs, err, out)
 			}
 		}},
-		{"round robin as a table, with a chart", []string{"--target", "a=" + a.URL, "--target", "b=" + b.URL, "--targets-round-robin", "--chart", chart, "--rate", "1000"}, func(t *testing.T, out string) {
+		{"round robin as a table, with a chart", []string{"--addr", "127.0.0.1:1", "--target", "a=" + a.URL, "--target", "b=" + b.URL, "--targets-round-robin", "--chart", chart, "--rate", "1000", "--reset-caches=false"}, func(t *testing.T, out string) {
 			if !strings.HasPrefix(out, "METRIC") || !strings.Contains(out, "a+b") || !strings.Contains(out, "demo-0=3 demo-1=3") {
 				t.Fatalf("table:\n%s", out)
 			}
@@ -109,12 +109,12 @@ func TestBenchCommandRejectsBadFlags(t *testing.T) {
 		want string
 	}{
 		{[]string{"--model", "m"}, "--target"},
-		{[]string{"--target", "nope", "--model", "m"}, "--target"},
-		{[]string{"--target", "http://127.0.0.1:1"}, "--model"},
-		{[]string{"--target", "http://127.0.0.1:1", "--model", "m", "--rate", "2", "--concurrency", "3"}, "choose one"},
-		{[]string{"--target", "http://127.0.0.1:1", "--model", "m", "--workload", "nope"}, "--workload"},
-		{[]string{"--target", "http://127.0.0.1:1", "--workload", "lora-mix"}, "--adapters"},
-		{[]string{"--target", "http://127.0.0.1:1", "--model", "m", "--ca-cert", "/nonexistent/ca.pem"}, "--ca-cert"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "nope", "--model", "m"}, "--target"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1"}, "--model"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--model", "m", "--rate", "2", "--concurrency", "3"}, "choose one"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--model", "m", "--workload", "nope"}, "--workload"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--workload", "lora-mix"}, "--adapters"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--model", "m", "--ca-cert", "/nonexistent/ca.pem"}, "--ca-cert"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
