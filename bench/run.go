@@ -333,7 +333,11 @@ func (c Config) settings() string {
 	w := c.Workload.withDefaults()
 	parts := []string{"--workload " + w.Name}
 	add := func(flag string, v any, show bool) {
-		if show {
+		switch {
+		case !show:
+		case v == "": // a switch
+			parts = append(parts, "--"+flag)
+		default:
 			parts = append(parts, fmt.Sprintf("--%s %v", flag, v))
 		}
 	}

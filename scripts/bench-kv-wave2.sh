@@ -131,7 +131,7 @@ kv_events: $3
 extra_args: ["--sim-decode-ms-per-token", "10", "--sim-prefill-us-per-token", "75",
              "--num-gpu-blocks-override", "256", "--max-model-len", "4096"]
 EOT
-		[[ -n $4 ]] && echo "profile_overrides: $4"
+		if [[ -n $4 ]]; then echo "profile_overrides: $4"; fi
 	} >"$1"
 }
 configure() { # CONFIG REPLICAS FILE
@@ -179,7 +179,7 @@ bench_wait() { # CONFIG SCENARIO SEED
 # disrupt SEED: the disruptions, timed from the run's start, each only
 # while the run still goes (a step after its end is logged, not done).
 disrupt() {
-	local t0=$SECONDS step
+	local t0=$SECONDS step how
 	for step in "4 restart" "8 reset" "11 add"; do
 		set -- $step
 		while ((SECONDS - t0 < $1)); do sleep 0.2; done
@@ -193,7 +193,21 @@ disrupt() {
 		reset)
 			local a
 			a=$("${ctl[@]}" replica list -o json | jq -r '[.[] | select(.replica.model == "demo" and .status.phase == "REPLICA_PHASE_READY") | .status.address] | sort | .[0]')
-			curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null || say "reset of $a refused (blocks in use); counted as not done"
+			# An engine refuses a reset while requests hold cached blocks,
+			# which under this load is nearly always; after 2 s of
+			# refusals it is crashed instead (the simulator's crash_after
+			# fault): the agent restarts it with an empty cache, and its
+			# KV event stream starts over — the harder case for an index.
+			how=crash
+			for _ in $(seq 40); do
+				if curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null; then how=reset; break; fi
+				sleep 0.05
+			done
+			if [[ $how == crash ]]; then
+				curl -sf -XPOST "http://$a/sim/faults" -H 'Content-Type: application/json' -d '{"crash_after": 1}' -o /dev/null ||
+					say "neither reset nor crash of $a accepted"
+			fi
+			set -- "$1" "$2 ($how $a)"
 			;;
 		add) configure "$CFG" 5 "$out/$CFG-5.yaml" && apply "$out/$CFG-5.yaml" ;;
 		esac

@@ -107,10 +107,10 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			if err := c.benchEngines(ctx, &cfg, engines, cmd.Flags().Changed("reset-caches")); err != nil {
+			if err := cfg.Validate(); err != nil {
 				return err
 			}
-			if err := cfg.Validate(); err != nil {
+			if err := c.benchEngines(ctx, &cfg, engines, cmd.Flags().Changed("reset-caches")); err != nil {
 				return err
 			}
 			if !quiet && isTerminal(os.Stderr) {
