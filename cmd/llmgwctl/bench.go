@@ -294,7 +294,7 @@ func readRuns(path string) ([]bench.Report, error) {
 // script driving one target reads the keys at the top.
 func (c *cli) printBench(res bench.Result) error {
 	if c.output == "json" {
-		if len(res.Runs) == 1 {
+		if len(res.Runs) == 1 && res.Summary == nil {
 			return c.printJSON(res.Runs[0])
 		}
 		return c.printJSON(res)
