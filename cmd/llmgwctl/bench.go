@@ -23,7 +23,9 @@ import (
 )
 
 // benchCmd is `llmgwctl bench` (design §10): it drives routers over the OpenAI
-// API, not the control plane, so --addr plays no part.
+// API; the control plane at --addr is asked only which engines serve the
+// model, to reset their caches before every run and tokenize for the
+// ceiling.
 func (c *cli) benchCmd() *cobra.Command {
 	cfg := bench.DefaultConfig()
 	var (
