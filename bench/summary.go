@@ -178,7 +178,7 @@ func measureByKey(key string) summaryMeasure {
 
 // Table lays the summary out as Result.Table does: a row per measure, a
 // column per target, each cell "mean (min–max)"; then a row per pair of
-// targets and measure with the seeds each won.
+// targets and measure with the seeds each won, "a 8-2 b".
 func (s *SeedSummary) Table() (header []string, rows [][]string) {
 	header = []string{"SUMMARY"}
 	for _, t := range s.Targets {
@@ -211,8 +211,8 @@ func (s *SeedSummary) Table() (header []string, rows [][]string) {
 		rows = append(rows, line)
 	}
 	for _, w := range s.Wins {
-		line := []string{fmt.Sprintf("%s wins: %s vs %s", measureByKey(w.Measure).name, w.A, w.B)}
-		cell := fmt.Sprintf("%d-%d", w.AWins, w.BWins)
+		line := []string{measureByKey(w.Measure).name + " wins"}
+		cell := fmt.Sprintf("%s %d-%d %s", w.A, w.AWins, w.BWins, w.B)
 		if w.Ties > 0 {
 			cell += fmt.Sprintf(" (%d ties)", w.Ties)
 		}

@@ -228,7 +228,7 @@ func TestBenchCommandSeedsResetsAndWarmth(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "--allow-warm") {
 		t.Fatalf("err = %v, want the warm-cache refusal", err)
 	}
-	if !strings.HasPrefix(out.String(), "SUMMARY") || !strings.Contains(out.String(), "hit share wins: x vs y") {
+	if !strings.HasPrefix(out.String(), "SUMMARY") || !strings.Contains(out.String(), "x 0-0 y (2 ties)") {
 		t.Fatalf("the summary is printed before the refusal:\n%s", out.String())
 	}
 	if eng.resets != 4 {
