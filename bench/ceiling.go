@@ -269,7 +269,8 @@ func addCeiling(ctx context.Context, cfg Config, tokURL string, samples []Sample
 		}
 	}
 	in := make([]ceilingInput, len(ok))
-	errs := make([]error, len(ok))
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	var wg sync.WaitGroup
 	next := atomic.Int64{}
 	for range min(ceilingWorkers, len(ok)) {
@@ -279,15 +280,16 @@ func addCeiling(ctx context.Context, cfg Config, tokURL string, samples []Sample
 				if i >= len(ok) || ctx.Err() != nil {
 					return
 				}
-				in[i], errs[i] = ceilingOf(ctx, tok, ok[i])
+				var err error
+				if in[i], err = ceilingOf(ctx, tok, ok[i]); err != nil {
+					cancel(err) // the first error is the one worth reading
+					return
+				}
 			}
 		})
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
+	if err := context.Cause(ctx); err != nil {
 		return err
 	}
 	c := computeCeiling(in, bs)

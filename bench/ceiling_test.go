@@ -230,3 +230,24 @@ func TestResetCachesNamesTheEngineThatRefuses(t *testing.T) {
 		t.Fatalf("no engines: %v", err)
 	}
 }
+
+// TestRunCeilingFallsBackToAnotherEngine: the first engine listed is down
+// (restarted by the run, say); the ceiling comes from the next.
+func TestRunCeilingFallsBackToAnotherEngine(t *testing.T) {
+	eng := &fakeEngine{}
+	es := httptest.NewServer(eng)
+	defer es.Close()
+	dead := httptest.NewServer(http.NotFoundHandler())
+	dead.Close()
+	cfg := testConfig(serve(t, newFakeRouter()).URL)
+	cfg.Requests, cfg.Concurrency = 4, 2
+	cfg.Engines = func(context.Context) ([]string, error) { return []string{dead.URL, es.URL}, nil }
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Runs[0].CacheHitCeiling == nil || res.Runs[0].BlockSize != 4 || res.Runs[0].CachesReset {
+		t.Fatalf("ceiling %v block %d reset %v: want a ceiling from the second engine, no reset asked",
+			res.Runs[0].CacheHitCeiling, res.Runs[0].BlockSize, res.Runs[0].CachesReset)
+	}
+}

@@ -308,15 +308,7 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 		cfg.Logger.Debug("no router decisions for this run", "target", rep.Label, "err", scrapeErr)
 	}
 	if ctx.Err() == nil {
-		tokURL := cfg.TokenizeURL
-		switch {
-		case tokURL != "":
-		case len(engines) > 0:
-			tokURL = engines[0]
-		default:
-			tokURL = targets[0].URL
-		}
-		if err := addCeiling(ctx, cfg, tokURL, samples, &rep); err != nil {
+		if err := ceilingFrom(ctx, cfg, tokenizers(ctx, cfg, engines, targets), samples, &rep); err != nil {
 			cfg.Logger.Warn("no cache_hit_ceiling for this run (give --tokenize-url an engine's URL)", "target", rep.Label, "err", err)
 		}
 	}
@@ -325,6 +317,43 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 		return rep, fmt.Errorf("bench %s: %w", rep.Label, err)
 	}
 	return rep, nil
+}
+
+// tokenizers are the engines to ask for the ceiling's tokens, in turn
+// until one answers: --tokenize-url alone when given; else the engines as
+// listed now (the run may have restarted one, as the disrupted bench
+// does), those listed before it, and last the first target, which is an
+// engine when the bench drives vLLM directly.
+func tokenizers(ctx context.Context, cfg Config, before []string, targets []Target) []string {
+	if cfg.TokenizeURL != "" {
+		return []string{cfg.TokenizeURL}
+	}
+	var out []string
+	if cfg.Engines != nil {
+		if now, err := cfg.Engines(ctx); err == nil {
+			out = append(out, now...)
+		}
+	}
+	for _, e := range append(before, targets[0].URL) {
+		if !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// ceilingFrom is addCeiling through the first engine that answers, of at
+// most a few: an engine that fails mid-way is as good as down.
+func ceilingFrom(ctx context.Context, cfg Config, urls []string, samples []Sample, rep *Report) error {
+	var errs []error
+	for _, u := range urls[:min(len(urls), 3)] {
+		err := addCeiling(ctx, cfg, u, samples, rep)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
 }
 
 // settings describes the run's workload and load in the words of its
