@@ -155,7 +155,7 @@ common=(--model demo --max-tokens 32 --concurrency 16 -q -o json --addr 127.0.0.
 workload() { # SCENARIO
 	case $1 in
 	fits) echo --workload shared-prefix --groups 8 --system-words 1000 --prompt-words 100 --requests 240 ;;
-	disrupted) echo --workload shared-prefix --groups 8 --system-words 1000 --prompt-words 100 --requests 400 ;;
+	disrupted) echo --workload shared-prefix --groups 8 --system-words 1000 --prompt-words 100 --requests 480 ;;
 	pressure) echo --workload shared-prefix --groups 12 --system-words 1000 --prompt-words 100 --requests 320 ;;
 	*) die "SCENARIOS: unknown scenario $1 (want fits disrupted pressure)" ;;
 	esac
@@ -180,7 +180,7 @@ bench_wait() { # CONFIG SCENARIO SEED
 # while the run still goes (a step after its end is logged, not done).
 disrupt() {
 	local t0=$SECONDS step how
-	for step in "4 restart" "8 reset" "11 add"; do
+	for step in "3 restart" "6 reset" "8 add"; do
 		set -- $step
 		while ((SECONDS - t0 < $1)); do sleep 0.2; done
 		if ! kill -0 "$bench_pid" 2>/dev/null; then
@@ -194,12 +194,12 @@ disrupt() {
 			local a
 			a=$("${ctl[@]}" replica list -o json | jq -r '[.[] | select(.replica.model == "demo" and .status.phase == "REPLICA_PHASE_READY") | .status.address] | sort | .[0]')
 			# An engine refuses a reset while requests hold cached blocks,
-			# which under this load is nearly always; after 2 s of
+			# which under this load is nearly always; after 1 s of
 			# refusals it is crashed instead (the simulator's crash_after
 			# fault): the agent restarts it with an empty cache, and its
 			# KV event stream starts over — the harder case for an index.
 			how=crash
-			for _ in $(seq 40); do
+			for _ in $(seq 20); do
 				if curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null; then how=reset; break; fi
 				sleep 0.05
 			done
