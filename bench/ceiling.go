@@ -143,7 +143,11 @@ func blockSizeFromMetrics(ctx context.Context, hc *http.Client, baseURL string) 
 // tokens its engine held after answering it (prompt and answer; nil when
 // the answer is not part of a later prompt), and what the engine reported.
 type ceilingInput struct {
-	start        int64 // ordering key: when it was sent
+	start int64 // ordering key: when it was sent
+	// firstToken is when its first token came (start + TTFT): its prefill
+	// was done by then, so only blocks some other request could have
+	// computed before it can be hits.
+	firstToken   int64
 	prompt       []int
 	after        []int
 	cachedTokens int
@@ -154,10 +158,39 @@ type ceiling struct {
 	// share is Σ ideal cached tokens / Σ prompt tokens.
 	share float64
 	// warmTokens are tokens the engines reported cached beyond what any
-	// cold start allows: the blocks no earlier request of the run had sent.
+	// cold start allows: blocks no other request of the run was sent with
+	// before the request's first token.
 	warmTokens int
 	// coldMisses are the prompt tokens an ideal router must compute.
 	coldMisses int
+}
+
+// firstTwo keeps the two earliest requests that hold a block: the earliest
+// other than a given request is then one of them.
+type firstTwo struct {
+	start [2]int64
+	idx   [2]int
+}
+
+func (f *firstTwo) add(start int64, idx int) {
+	switch {
+	case f.idx[0] < 0 || start < f.start[0]:
+		f.start[1], f.idx[1] = f.start[0], f.idx[0]
+		f.start[0], f.idx[0] = start, idx
+	case f.idx[1] < 0 || start < f.start[1]:
+		f.start[1], f.idx[1] = start, idx
+	}
+}
+
+// otherBefore reports whether a request other than idx holding the block
+// was sent before t.
+func (f *firstTwo) otherBefore(idx int, t int64) bool {
+	for k := range 2 {
+		if f.idx[k] >= 0 && f.idx[k] != idx {
+			return f.start[k] < t
+		}
+	}
+	return false
 }
 
 // computeCeiling runs the ideal router over the requests in the order they
@@ -167,6 +200,11 @@ type ceiling struct {
 // named by the hash of every token up to its end, as the engine's block
 // hashes chain their parents, so equal blocks under different prefixes stay
 // apart.
+//
+// Warmth is judged by a looser bound than the ideal: two requests sent a
+// millisecond apart may reach the engine in the other order, so a hit is
+// explained by any other request of the run sent before this one's first
+// token. What no request can explain was in the cache before the run.
 func computeCeiling(in []ceilingInput, blockSize int) ceiling {
 	slices.SortStableFunc(in, func(a, b ceilingInput) int {
 		switch {
@@ -178,31 +216,45 @@ func computeCeiling(in []ceilingInput, blockSize int) ceiling {
 		return 0
 	})
 	seed := maphash.MakeSeed()
-	seen := map[uint64]struct{}{}
-	var prompt, ideal, warm int
-	for _, r := range in {
-		hashes := blockHashes(seed, r.prompt, blockSize)
-		limit := 0
-		if len(r.prompt) > 0 {
-			limit = min(len(hashes), (len(r.prompt)-1)/blockSize)
+	hashes := make([][]uint64, len(in))
+	holders := map[uint64]*firstTwo{}
+	hold := func(h uint64, i int) {
+		f := holders[h]
+		if f == nil {
+			f = &firstTwo{idx: [2]int{-1, -1}}
+			holders[h] = f
 		}
-		hit := 0
-		for hit < limit {
-			if _, ok := seen[hashes[hit]]; !ok {
-				break
-			}
-			hit++
-		}
-		got := hit * blockSize
-		prompt += len(r.prompt)
-		ideal += got
-		warm += max(0, r.cachedTokens-got)
-		for _, h := range hashes {
-			seen[h] = struct{}{}
+		f.add(in[i].start, i)
+	}
+	for i, r := range in {
+		hashes[i] = blockHashes(seed, r.prompt, blockSize)
+		for _, h := range hashes[i] {
+			hold(h, i)
 		}
 		for _, h := range blockHashes(seed, r.after, blockSize) {
-			seen[h] = struct{}{}
+			hold(h, i)
 		}
+	}
+	var prompt, ideal, warm int
+	for i, r := range in {
+		limit := 0
+		if len(r.prompt) > 0 {
+			limit = min(len(hashes[i]), (len(r.prompt)-1)/blockSize)
+		}
+		// Ideal: held by a request sent earlier (the order is by start,
+		// so a holder with a smaller index or an equal start).
+		hit := 0
+		for hit < limit && holders[hashes[i][hit]].otherBefore(i, r.start+1) {
+			hit++
+		}
+		// Possible: held by any other request sent before the first token.
+		possible := hit
+		for possible < limit && holders[hashes[i][possible]].otherBefore(i, max(r.firstToken, r.start+1)) {
+			possible++
+		}
+		prompt += len(r.prompt)
+		ideal += hit * blockSize
+		warm += max(0, r.cachedTokens-possible*blockSize)
 	}
 	c := ceiling{warmTokens: warm, coldMisses: prompt - ideal}
 	if prompt > 0 {
@@ -312,7 +364,11 @@ func ceilingOf(ctx context.Context, tok Tokenizer, s Sample) (ceilingInput, erro
 	if err != nil {
 		return ceilingInput{}, err
 	}
-	in := ceilingInput{start: int64(s.Start), prompt: p, cachedTokens: s.CachedTokens}
+	first := s.Start + s.TTFT
+	if s.TTFT == 0 {
+		first = s.Start + s.E2E
+	}
+	in := ceilingInput{start: int64(s.Start), firstToken: int64(first), prompt: p, cachedTokens: s.CachedTokens}
 	if s.SessionID != "" && s.answer != "" {
 		msgs := append(slices.Clip(s.messages), Message{Role: "assistant", Content: s.answer})
 		if in.after, err = tok.Tokenize(ctx, s.Model, msgs, true); err != nil {

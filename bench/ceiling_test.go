@@ -88,6 +88,22 @@ func TestComputeCeiling(t *testing.T) {
 			wantShare: 0, wantWarm: 80, wantMisses: 82, warm: true,
 		},
 		{
+			name: "a hit on a request sent just after, before the first token, is a race, not warmth",
+			in: []ceilingInput{
+				{start: 1, firstToken: 100, prompt: seq(0, 41), cachedTokens: 40},
+				{start: 2, firstToken: 50, prompt: seq(0, 41)},
+			},
+			wantShare: 40.0 / 82, wantWarm: 0, wantMisses: 42, warm: false,
+		},
+		{
+			name: "a hit only a request sent after the first token holds was warm",
+			in: []ceilingInput{
+				{start: 1, firstToken: 100, prompt: seq(0, 41), cachedTokens: 40},
+				{start: 200, firstToken: 250, prompt: seq(0, 41), cachedTokens: 40},
+			},
+			wantShare: 40.0 / 82, wantWarm: 40, wantMisses: 42, warm: true,
+		},
+		{
 			name: "a block's worth over the ideal among many misses is a race, not warmth",
 			in: []ceilingInput{
 				{start: 1, prompt: seq(0, 200), cachedTokens: 4},
