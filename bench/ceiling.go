@@ -387,7 +387,7 @@ func warmError(runs []Report) error {
 	var warm []string
 	for _, r := range runs {
 		if r.WarmStart {
-			warm = append(warm, fmt.Sprintf("%s (seed %d: %d tokens cached that no earlier request of the run had sent)", r.Label, r.Seed, r.WarmCacheTokens))
+			warm = append(warm, fmt.Sprintf("%s (seed %d: %d tokens cached that no other request of the run had sent before)", r.Label, r.Seed, r.WarmCacheTokens))
 		}
 	}
 	if len(warm) == 0 {

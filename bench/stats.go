@@ -87,7 +87,8 @@ type Report struct {
 	BlockSize       int      `json:"block_size,omitempty"`
 	// CachesReset says the engines' prefix caches were emptied before the
 	// run. WarmCacheTokens are tokens the engines reported cached that no
-	// earlier request of the run had sent — a cache warmed before it — and
+	// other request of the run was sent with before the request's first
+	// token — a cache warmed before the run — and
 	// WarmStart is set when they pass 5 % of the run's unavoidable misses.
 	CachesReset     bool    `json:"caches_reset"`
 	WarmCacheTokens int     `json:"warm_cache_tokens"`
