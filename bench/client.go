@@ -38,6 +38,11 @@ type Sample struct {
 	// ErrKind is empty on success, else one of the kinds in errKind.
 	ErrKind string
 	Err     string
+
+	// messages and answer are the request's prompt and the text it got,
+	// kept for the ceiling, which tokenizes them after the run.
+	messages []Message
+	answer   string
 }
 
 // OK reports whether the request succeeded.

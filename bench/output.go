@@ -23,12 +23,26 @@ func (res Result) Table() (header []string, rows [][]string) {
 	}
 	ms := func(v float64) string { return strconv.FormatFloat(v*1000, 'f', 1, 64) }
 	row("workload", func(r Report) string { return r.Workload })
+	row("seed", func(r Report) string { return strconv.FormatUint(r.Seed, 10) })
 	row("requests", func(r Report) string { return strconv.Itoa(r.Requests) })
 	row("errors", func(r Report) string { return errorsCell(r) })
 	row("duration (s)", func(r Report) string { return strconv.FormatFloat(r.DurationSeconds, 'f', 2, 64) })
 	row("throughput (req/s)", func(r Report) string { return strconv.FormatFloat(r.ThroughputRPS, 'f', 2, 64) })
 	row("output tokens/s", func(r Report) string { return strconv.FormatFloat(r.OutputTokensPerSecond, 'f', 1, 64) })
 	row("cache hit share", func(r Report) string { return strconv.FormatFloat(r.CacheHitShare, 'f', 3, 64) })
+	row("cache hit ceiling", func(r Report) string { return optFloat(r.CacheHitCeiling) })
+	row("hit/ceiling", func(r Report) string { return optFloat(r.HitOverCeiling) })
+	row("caches", func(r Report) string {
+		switch {
+		case r.WarmStart:
+			return fmt.Sprintf("WARM (%d tokens)", r.WarmCacheTokens)
+		case r.CachesReset:
+			return "reset"
+		case r.CacheHitCeiling != nil:
+			return "cold"
+		}
+		return "unknown"
+	})
 	for _, m := range []struct {
 		name string
 		get  func(Report) Summary
@@ -60,6 +74,14 @@ func (res Result) Table() (header []string, rows [][]string) {
 		row("prefix decisions", func(r Report) string { return r.Decisions.cell("prefix") })
 	}
 	return header, rows
+}
+
+// optFloat is a measure that may be missing, as "-".
+func optFloat(p *float64) string {
+	if p == nil {
+		return "-"
+	}
+	return strconv.FormatFloat(*p, 'f', 3, 64)
 }
 
 // errorsCell is the error count with its kinds, e.g. "3 (http_503=2 timeout=1)".

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,6 +100,34 @@ type Config struct {
 	// ArrivalSource draws the open loop's gaps; nil seeds one from
 	// Workload.Seed so a run is repeatable.
 	ArrivalSource rand.Source
+
+	// Seeds, when set, repeat the whole comparison once per seed (each
+	// replacing Workload.Seed), the targets' order rotated from one seed to
+	// the next so none is always first; the result then carries a summary
+	// over the seeds. Empty is Workload.Seed alone.
+	Seeds []uint64
+
+	// Engines lists the engines behind the targets, as base URLs
+	// (http://host:port); it is asked before every run, since a fleet may
+	// change between runs. nil is none known. They serve ResetCaches and
+	// the ceiling's tokenization.
+	Engines func(context.Context) ([]string, error)
+	// ResetCaches empties every engine's prefix cache (vLLM's POST
+	// /reset_prefix_cache) before every run, then waits ResetSettle for the
+	// routers' indexes to hear of it, so no run inherits the warm cache of
+	// the one before: without it the second of two identical targets wins.
+	ResetCaches bool
+	ResetSettle time.Duration
+	// TokenizeURL is the engine whose POST /tokenize gives the ceiling's
+	// tokens; empty is the first of Engines, else the first target (a vLLM
+	// server serves /tokenize; a router does not).
+	TokenizeURL string
+	// BlockSize is the engines' KV block size in tokens; 0 reads it from
+	// the tokenizing engine's vllm:cache_config_info, else 16 (vLLM's).
+	BlockSize int
+	// AllowWarm lets Run compare a run that started on warm caches with
+	// others; by default that is an error wrapping ErrWarm.
+	AllowWarm bool
 }
 
 // DefaultConfig is a closed loop of 8 clients for 100 requests.
@@ -107,6 +136,7 @@ func DefaultConfig() Config {
 		Concurrency:    8,
 		Requests:       100,
 		RequestTimeout: 5 * time.Minute,
+		ResetSettle:    time.Second,
 		Workload:       WorkloadConfig{Name: SharedPrefix},
 	}
 }
@@ -141,13 +171,24 @@ func (c Config) Validate() error {
 		return errors.New("--duration, --requests: set at least one, or the run never ends")
 	case c.RequestTimeout <= 0:
 		return fmt.Errorf("--request-timeout: must be positive, got %s", c.RequestTimeout)
+	case c.ResetSettle < 0:
+		return fmt.Errorf("--reset-settle: must not be negative, got %s", c.ResetSettle)
+	case c.BlockSize < 0:
+		return fmt.Errorf("--block-size: must not be negative, got %d", c.BlockSize)
+	}
+	for i, s := range c.Seeds {
+		if slices.Contains(c.Seeds[:i], s) {
+			return fmt.Errorf("--seeds: seed %d appears twice", s)
+		}
 	}
 	return c.Workload.Validate()
 }
 
-// Result holds one report per run, in the order of the targets.
+// Result holds one report per run, in the order they ran; with several
+// seeds, the summary over them.
 type Result struct {
-	Runs []Report `json:"runs"`
+	Runs    []Report     `json:"runs"`
+	Summary *SeedSummary `json:"summary,omitempty"`
 }
 
 // Run benchmarks every target in turn (or all together with RoundRobin) and
@@ -184,41 +225,165 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 			groups = append(groups, []Target{t})
 		}
 	}
+	seeds := cfg.Seeds
+	if len(seeds) == 0 {
+		seeds = []uint64{cfg.Workload.Seed}
+	}
 	var res Result
-	for _, targets := range groups {
-		// A fresh workload per run: every target sees the same prompts.
-		wl, err := NewWorkload(cfg.Workload)
-		if err != nil {
-			return res, err
+	for si, seed := range seeds {
+		c := cfg
+		c.Workload.Seed = seed
+		if len(cfg.Seeds) > 0 {
+			c.ArrivalSource = nil // each seed its own arrivals
 		}
-		src := cfg.ArrivalSource
-		if src == nil {
-			src = rand.NewPCG(cfg.Workload.Seed, 0xa77)
-		}
-		r := &runner{cfg: cfg, wl: wl, targets: targets, arrivals: NewArrivals(src, max(cfg.Rate, 1e-9))}
-		before, scrapeErr := scrapeAllBounded(ctx, cfg.Client, targets)
-		samples := r.run(ctx)
-		labels, urls := make([]string, len(targets)), make([]string, len(targets))
-		for i, t := range targets {
-			labels[i], urls[i] = t.Label, t.URL
-		}
-		rep := Summarize(strings.Join(labels, "+"), strings.Join(urls, ","), wl.Name(), samples)
-		if scrapeErr == nil && ctx.Err() == nil {
-			var after Decisions
-			if after, scrapeErr = scrapeAllBounded(ctx, cfg.Client, targets); scrapeErr == nil {
-				rep.Decisions = after.since(before)
+		for gi := range groups {
+			// Rotated per seed: over the seeds every target runs first as
+			// often, so a drift in the machine's load favours none.
+			targets := groups[(gi+si)%len(groups)]
+			rep, err := runOne(ctx, c, targets)
+			res.Runs = append(res.Runs, rep)
+			if err != nil {
+				return res, err
 			}
 		}
-		if scrapeErr != nil {
-			cfg.Logger.Debug("no router decisions for this run", "target", rep.Label, "err", scrapeErr)
-		}
-		cfg.Logger.Info("bench run finished", "target", rep.Label, "requests", rep.Requests, "errors", rep.Errors)
-		res.Runs = append(res.Runs, rep)
-		if err := ctx.Err(); err != nil {
-			return res, fmt.Errorf("bench %s: %w", rep.Label, err)
-		}
+	}
+	if len(cfg.Seeds) > 1 {
+		res.Summary = SummarizeSeeds(res.Runs)
+	}
+	if err := warmError(res.Runs); err != nil && !cfg.AllowWarm {
+		return res, err
 	}
 	return res, nil
+}
+
+// runOne prepares the engines, drives one run, and measures it.
+func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
+	var labels []string
+	urls := make([]string, len(targets))
+	for i, t := range targets {
+		// Targets labelled alike (two routers of one configuration) are
+		// one label, not "a+a".
+		if !slices.Contains(labels, t.Label) {
+			labels = append(labels, t.Label)
+		}
+		urls[i] = t.URL
+	}
+	label := strings.Join(labels, "+")
+	// A fresh workload per run: every target sees the same prompts.
+	wl, err := NewWorkload(cfg.Workload)
+	if err != nil {
+		return Report{Label: label}, err
+	}
+	var engines []string
+	if cfg.Engines != nil {
+		if engines, err = cfg.Engines(ctx); err != nil && cfg.ResetCaches {
+			return Report{Label: label, Seed: cfg.Workload.Seed}, fmt.Errorf("--reset-caches: listing the engines: %w", err)
+		} else if err != nil {
+			cfg.Logger.Warn("no engines listed: no ceiling from them", "err", err)
+		}
+	}
+	reset := false
+	if cfg.ResetCaches {
+		if err := resetCaches(ctx, cfg.Client, engines, cfg.ResetSettle); err != nil {
+			return Report{Label: label, Seed: cfg.Workload.Seed}, fmt.Errorf("--reset-caches: %w", err)
+		}
+		reset = true
+	}
+	src := cfg.ArrivalSource
+	if src == nil {
+		src = rand.NewPCG(cfg.Workload.Seed, 0xa77)
+	}
+	r := &runner{cfg: cfg, wl: wl, targets: targets, arrivals: NewArrivals(src, max(cfg.Rate, 1e-9))}
+	before, scrapeErr := scrapeAllBounded(ctx, cfg.Client, targets)
+	samples := r.run(ctx)
+	rep := Summarize(label, strings.Join(urls, ","), wl.Name(), samples)
+	rep.Seed, rep.CachesReset, rep.Settings = cfg.Workload.Seed, reset, cfg.settings()
+	if scrapeErr == nil && ctx.Err() == nil {
+		var after Decisions
+		if after, scrapeErr = scrapeAllBounded(ctx, cfg.Client, targets); scrapeErr == nil {
+			rep.Decisions = after.since(before)
+		}
+	}
+	if scrapeErr != nil {
+		cfg.Logger.Debug("no router decisions for this run", "target", rep.Label, "err", scrapeErr)
+	}
+	if ctx.Err() == nil {
+		if err := ceilingFrom(ctx, cfg, tokenizers(ctx, cfg, engines, targets), samples, &rep); err != nil {
+			cfg.Logger.Warn("no cache_hit_ceiling for this run (give --tokenize-url an engine's URL)", "target", rep.Label, "err", err)
+		}
+	}
+	cfg.Logger.Info("bench run finished", "target", rep.Label, "seed", rep.Seed, "requests", rep.Requests, "errors", rep.Errors)
+	if err := ctx.Err(); err != nil {
+		return rep, fmt.Errorf("bench %s: %w", rep.Label, err)
+	}
+	return rep, nil
+}
+
+// tokenizers are the engines to ask for the ceiling's tokens, in turn
+// until one answers: --tokenize-url alone when given; else the engines as
+// listed now (the run may have restarted one, as the disrupted bench
+// does), those listed before it, and last the first target, which is an
+// engine when the bench drives vLLM directly.
+func tokenizers(ctx context.Context, cfg Config, before []string, targets []Target) []string {
+	if cfg.TokenizeURL != "" {
+		return []string{cfg.TokenizeURL}
+	}
+	var out []string
+	if cfg.Engines != nil {
+		if now, err := cfg.Engines(ctx); err == nil {
+			out = append(out, now...)
+		}
+	}
+	for _, e := range append(before, targets[0].URL) {
+		if !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// ceilingFrom is addCeiling through the first engine that answers, of at
+// most a few: an engine that fails mid-way is as good as down.
+func ceilingFrom(ctx context.Context, cfg Config, urls []string, samples []Sample, rep *Report) error {
+	var errs []error
+	for _, u := range urls[:min(len(urls), 3)] {
+		err := addCeiling(ctx, cfg, u, samples, rep)
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// settings describes the run's workload and load in the words of its
+// flags, for the chart's caption and the JSON.
+func (c Config) settings() string {
+	w := c.Workload.withDefaults()
+	parts := []string{"--workload " + w.Name}
+	add := func(flag string, v any, show bool) {
+		switch {
+		case !show:
+		case v == "": // a switch
+			parts = append(parts, "--"+flag)
+		default:
+			parts = append(parts, fmt.Sprintf("--%s %v", flag, v))
+		}
+	}
+	prefix := w.Name == SharedPrefix || w.Name == LoRAMix
+	add("groups", w.Groups, prefix || w.Name == LongContext)
+	add("hot-share", w.HotShare, w.HotShare > 0)
+	add("system-words", w.SystemWords, w.SystemWords > 0)
+	add("prompt-words", w.PromptWords, true)
+	add("sessions", w.Sessions, w.Name == MultiTurn)
+	add("turns", w.Turns, w.Name == MultiTurn)
+	add("max-tokens", w.MaxTokens, true)
+	add("rate", c.Rate, c.Rate > 0)
+	add("concurrency", c.Concurrency, c.Rate == 0)
+	add("requests", c.Requests, c.Requests > 0)
+	add("duration", c.Duration, c.Duration > 0)
+	add("targets-round-robin", "", c.RoundRobin)
+	return strings.Join(parts, " ")
 }
 
 // scrapeAllBounded is scrapeAll within a few seconds: the counters are a
@@ -357,6 +522,7 @@ func (r *runner) do(ctx context.Context, conv Conversation, req Request) {
 	if !s.OK() {
 		r.cfg.Logger.Debug("request failed", "request_id", id, "replica", s.Replica, "model", s.Model, "kind", s.ErrKind, "err", s.Err)
 	}
+	s.messages, s.answer = req.Messages, answer
 	conv.Reply(answer, s.OK())
 	if r.ready != nil {
 		r.ready <- conv

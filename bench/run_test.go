@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"encoding/xml"
 	"errors"
 	"fmt"
 	"io"
@@ -422,27 +421,8 @@ func TestChartOfNothingIsStillSVG(t *testing.T) {
 // checkSVG parses the chart as XML and counts its CDF lines.
 func checkSVG(t *testing.T, b []byte, lines int) {
 	t.Helper()
-	d := xml.NewDecoder(bytes.NewReader(b))
-	root, polylines := "", 0
-	for {
-		tok, err := d.Token()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatalf("chart is not XML: %v\n%s", err, b)
-		}
-		if se, ok := tok.(xml.StartElement); ok {
-			if root == "" {
-				root = se.Name.Local
-			}
-			if se.Name.Local == "polyline" {
-				polylines++
-			}
-		}
-	}
-	if root != "svg" || polylines != lines {
-		t.Fatalf("root <%s> with %d polylines, want <svg> with %d", root, polylines, lines)
+	if doc := parseSVG(t, b); doc.polylines != lines {
+		t.Fatalf("%d polylines, want %d", doc.polylines, lines)
 	}
 }
 

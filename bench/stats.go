@@ -57,6 +57,10 @@ type Report struct {
 	Label    string `json:"label"`
 	Target   string `json:"target"`
 	Workload string `json:"workload"`
+	// Seed is the workload's seed; Settings the run's workload and load
+	// in the words of its flags.
+	Seed     uint64 `json:"seed"`
+	Settings string `json:"settings,omitempty"`
 	// Requests counts every request sent, failed ones included.
 	Requests     int            `json:"requests"`
 	Errors       int            `json:"errors"`
@@ -73,9 +77,25 @@ type Report struct {
 	// CacheHitShare is Σ cached_tokens / Σ prompt_tokens over successful
 	// requests: the share of prefill the prefix cache saved (0..1).
 	CacheHitShare float64 `json:"cache_hit_share"`
-	TTFT          Summary `json:"ttft_seconds"`
-	ITL           Summary `json:"itl_seconds"`
-	E2E           Summary `json:"e2e_seconds"`
+	// CacheHitCeiling is the hit share an ideal router with unbounded
+	// caches would reach on the run's own requests (each block a miss only
+	// the first time it is sent), from the engines' tokenization, and
+	// HitOverCeiling is CacheHitShare over it; absent when no engine could
+	// tokenize. BlockSize is the block the ceiling was counted in.
+	CacheHitCeiling *float64 `json:"cache_hit_ceiling,omitempty"`
+	HitOverCeiling  *float64 `json:"hit_over_ceiling,omitempty"`
+	BlockSize       int      `json:"block_size,omitempty"`
+	// CachesReset says the engines' prefix caches were emptied before the
+	// run. WarmCacheTokens are tokens the engines reported cached that no
+	// other request of the run was sent with before the request's first
+	// token — a cache warmed before the run — and
+	// WarmStart is set when they pass 5 % of the run's unavoidable misses.
+	CachesReset     bool    `json:"caches_reset"`
+	WarmCacheTokens int     `json:"warm_cache_tokens"`
+	WarmStart       bool    `json:"warm_start"`
+	TTFT            Summary `json:"ttft_seconds"`
+	ITL             Summary `json:"itl_seconds"`
+	E2E             Summary `json:"e2e_seconds"`
 	// Replicas counts requests per X-Llmgw-Replica, and ReplicaMaxOverMean
 	// is the busiest replica's count over the mean: 1 is an even spread.
 	Replicas           map[string]int `json:"replicas"`
@@ -85,8 +105,26 @@ type Report struct {
 	// /metrics; absent when a target's could not be read.
 	Decisions Decisions `json:"router_decisions,omitempty"`
 
-	// ttft keeps the sorted TTFT samples for the chart's CDF.
-	ttft []float64
+	// TTFTQuantiles are the sorted TTFT samples, thinned to at most
+	// cdfPoints evenly spaced ranks: the chart's CDF, kept in the JSON so
+	// `llmgwctl bench summarize` can draw it from saved runs.
+	TTFTQuantiles []float64 `json:"ttft_quantiles_seconds,omitempty"`
+}
+
+// cdfPoints bounds TTFTQuantiles: enough for a smooth curve, small enough
+// for a JSON of many runs.
+const cdfPoints = 500
+
+// thin keeps at most n evenly spaced ranks of sorted xs, the last included.
+func thin(xs []float64, n int) []float64 {
+	if len(xs) <= n {
+		return slices.Clone(xs)
+	}
+	out := make([]float64, n)
+	for i := range n {
+		out[i] = xs[(i+1)*len(xs)/n-1]
+	}
+	return out
 }
 
 // Summarize turns a run's samples into its report. Latencies come from
@@ -133,7 +171,7 @@ func Summarize(label, target, workload string, samples []Sample) Report {
 		r.CacheHitShare = float64(r.CachedTokens) / float64(r.PromptTokens)
 	}
 	r.TTFT, r.ITL, r.E2E = summarize(ttft), summarize(itl), summarize(e2e)
-	r.ttft = ttft
+	r.TTFTQuantiles = thin(ttft, cdfPoints)
 	if len(r.Replicas) > 0 {
 		total, most := 0, 0
 		for _, n := range r.Replicas {

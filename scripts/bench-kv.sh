@@ -113,7 +113,7 @@ for cfg in tier2 tier1 rr; do
 	for seed in $(seq "$runs"); do
 		reset
 		kvs "$out/$cfg-$seed.kv0"
-		"$bin/llmgwctl" bench --target "$cfg=$r1" --model demo -q -o json "${work[@]}" --seed "$seed" >"$out/$cfg-$seed.json"
+		"${ctl[@]}" bench --target "$cfg=$r1" --model demo -q -o json "${work[@]}" --seed "$seed" >"$out/$cfg-$seed.json"
 		kvs "$out/$cfg-$seed.kv1"
 		row "$cfg-$seed" >>"$out/summary.txt"
 	done

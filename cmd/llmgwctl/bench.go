@@ -1,22 +1,31 @@
 package main
 
 import (
+	"context"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
 
 	"github.com/llmgw/llmgw/bench"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
 // benchCmd is `llmgwctl bench` (design §10): it drives routers over the OpenAI
-// API, not the control plane, so --addr plays no part.
+// API; the control plane at --addr is asked only which engines serve the
+// model, to reset their caches before every run and tokenize for the
+// ceiling.
 func (c *cli) benchCmd() *cobra.Command {
 	cfg := bench.DefaultConfig()
 	var (
@@ -26,6 +35,8 @@ func (c *cli) benchCmd() *cobra.Command {
 		quiet    bool
 		verbose  bool
 		caCert   string
+		seeds    string
+		engines  []string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench --target URL --model NAME [flags]",
@@ -38,6 +49,20 @@ spread of requests over replicas (X-Llmgw-Replica).
 Each --target is benchmarked in turn with the same prompts and printed side by
 side; with --targets-round-robin they form one run whose requests alternate
 over them. A target may carry a label: --target least-loaded=http://a:8080.
+
+Fair comparisons: before every run the engines' prefix caches are emptied
+(--reset-caches, on by default): the ready replicas of --model that the control
+plane at --addr lists, or the --engine URLs. Without it the second of two
+identical targets inherits the first one's warm cache. A run that started warm
+anyway is detected (cached tokens that no earlier request of the run had sent)
+and refused in a comparison unless --allow-warm.
+
+cache_hit_ceiling is the hit share an ideal router with unbounded caches would
+reach on the run's own requests (each block a miss only the first time it is
+sent), counted on the engine's own tokenization (POST /tokenize at
+--tokenize-url, else the first engine); hit/ceiling reads the hit share
+against it. --seeds repeats the comparison per seed and prints mean, range and
+seed-by-seed wins; "llmgwctl bench summarize" does the same from saved JSON.
 
 Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 		Example: `  llmgwctl bench --target http://127.0.0.1:8080 --model demo --workload multi-turn --concurrency 8 --requests 200
@@ -70,22 +95,31 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 			if cmd.Flags().Changed("duration") && !cmd.Flags().Changed("requests") {
 				cfg.Requests = 0
 			}
-			if err := cfg.Validate(); err != nil {
-				return err
+			if cmd.Flags().Changed("seeds") {
+				list, err := bench.ParseSeeds(seeds, cfg.Workload.Seed)
+				if err != nil {
+					return err
+				}
+				cfg.Seeds = list
 			}
 			level := slog.LevelWarn
 			if verbose {
 				level = slog.LevelDebug
 			}
 			cfg.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			if !quiet && isTerminal(os.Stderr) {
-				bar := newBar(cfg)
-				defer bar.Finish()
-				cfg.Progress = func(bench.Sample) { _ = bar.Add(1) }
-			}
-
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if err := c.benchEngines(ctx, &cfg, engines, cmd.Flags().Changed("reset-caches")); err != nil {
+				return err
+			}
+			if !quiet && isTerminal(os.Stderr) {
+				p := newProgress(cfg, os.Stderr, time.Now)
+				defer p.finish()
+				cfg.Progress = func(bench.Sample) { p.add() }
+			}
 			res, runErr := bench.Run(ctx, cfg)
 			if len(res.Runs) == 0 {
 				return runErr
@@ -123,20 +157,154 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	f.DurationVar(&cfg.Duration, "duration", 0, "stop sending after this long")
 	f.IntVar(&cfg.Requests, "requests", cfg.Requests, "stop after this many requests")
 	f.DurationVar(&cfg.RequestTimeout, "request-timeout", cfg.RequestTimeout, "bound on one request, stream included")
-	f.StringVar(&chart, "chart", "", "also write an SVG chart (TTFT percentiles, cache-hit share, TTFT CDF) to this file")
+	f.StringVar(&seeds, "seeds", "", "run the comparison once per seed and summarize: a count from --seed (10), a list (1,4,7) or a range (1-10)")
+	f.BoolVar(&cfg.ResetCaches, "reset-caches", true, "empty the engines' prefix caches before every run (the ready replicas of --model at --addr's control plane, or --engine)")
+	f.StringArrayVar(&engines, "engine", nil, "an engine's base URL (http://host:port) to reset and tokenize with, instead of asking the control plane; repeat for each")
+	f.DurationVar(&cfg.ResetSettle, "reset-settle", cfg.ResetSettle, "wait after resetting the caches, for the routers' KV indexes to hear of it")
+	f.StringVar(&cfg.TokenizeURL, "tokenize-url", "", "engine whose POST /tokenize counts the cache_hit_ceiling's blocks (default: the first engine, else the first target)")
+	f.IntVar(&cfg.BlockSize, "block-size", 0, "the engines' KV block size in tokens for the ceiling (0: the engine's vllm:cache_config_info, else 16)")
+	f.BoolVar(&cfg.AllowWarm, "allow-warm", false, "compare runs even when one started on caches warmed before it")
+	f.StringVar(&chart, "chart", "", "also write an SVG chart (TTFT, ITL and end-to-end percentiles, cache-hit share and ceiling, TTFT CDF, the seeds' summary) to this file")
 	f.BoolVarP(&quiet, "quiet", "q", false, "no progress bar")
 	f.BoolVarP(&verbose, "verbose", "v", false, "log every failed request to stderr")
+	cmd.AddCommand(c.benchSummarizeCmd())
 	return cmd
+}
+
+// benchEngines fills cfg.Engines: the --engine URLs, else the ready
+// replicas of the model the control plane lists. When the control plane
+// cannot be asked, a single run goes on without a reset (there is nothing
+// to compare it with) unless --reset-caches was asked for; a comparison
+// stops with what to do.
+func (c *cli) benchEngines(ctx context.Context, cfg *bench.Config, urls []string, resetAsked bool) error {
+	if len(urls) > 0 {
+		for _, u := range urls {
+			if _, err := bench.ParseTarget(u); err != nil {
+				return fmt.Errorf("--engine %q: want http://host:port", u)
+			}
+		}
+		cfg.Engines = func(context.Context) ([]string, error) { return urls, nil }
+		return nil
+	}
+	if cfg.Workload.Model == "" {
+		return nil // Validate names --model
+	}
+	cfg.Engines = func(ctx context.Context) ([]string, error) { return c.modelEngines(ctx, cfg.Workload.Model) }
+	if !cfg.ResetCaches {
+		return nil
+	}
+	if _, err := cfg.Engines(ctx); err != nil {
+		runs := len(cfg.Targets) * max(len(cfg.Seeds), 1)
+		if cfg.RoundRobin {
+			runs = max(len(cfg.Seeds), 1)
+		}
+		if resetAsked || runs > 1 {
+			return fmt.Errorf("--reset-caches: %w; give the engines with --engine URL, or --reset-caches=false to compare on whatever the caches hold", err)
+		}
+		cfg.Logger.Warn("engines' caches not reset: the control plane could not list them", "err", err)
+		cfg.ResetCaches = false
+	}
+	return nil
+}
+
+// modelEngines lists the base URLs of the model's ready replicas.
+func (c *cli) modelEngines(ctx context.Context, model string) ([]string, error) {
+	var out []string
+	err := c.admin(ctx, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+		resp, err := a.ListReplicas(ctx, &llmgwv1.ListRequest{})
+		if err != nil {
+			return fmt.Errorf("replica list: %w", err)
+		}
+		for _, v := range resp.Replicas {
+			r, s := v.GetReplica(), v.GetStatus()
+			if r.GetModel() == model && s.GetUid() == r.GetUid() && s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && s.GetAddress() != "" {
+				out = append(out, "http://"+s.GetAddress())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("the control plane at %s lists no ready replica of %q", c.addr, model)
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// benchSummarizeCmd is `llmgwctl bench summarize`: the seeds' summary (and
+// chart) of runs saved with -o json, so a script that ran each
+// configuration by itself — a model re-applied between them — still gets
+// the seed-by-seed comparison.
+func (c *cli) benchSummarizeCmd() *cobra.Command {
+	var chart string
+	cmd := &cobra.Command{
+		Use:   "summarize FILE...",
+		Short: "Summarize saved bench JSON (-o json) over seeds: mean, range and seed-by-seed wins",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(_ *cobra.Command, files []string) error {
+			var res bench.Result
+			for _, f := range files {
+				runs, err := readRuns(f)
+				if err != nil {
+					return err
+				}
+				res.Runs = append(res.Runs, runs...)
+			}
+			res.Summary = bench.SummarizeSeeds(res.Runs)
+			if err := c.printBench(res); err != nil {
+				return err
+			}
+			if chart != "" {
+				return writeChart(chart, res)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&chart, "chart", "", "also write the SVG chart of the runs to this file")
+	return cmd
+}
+
+// readRuns reads one -o json output: a report, or {"runs": [...]}.
+func readRuns(path string) ([]bench.Report, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var probe struct {
+		Runs  []bench.Report `json:"runs"`
+		Label *string        `json:"label"`
+	}
+	if err := json.Unmarshal(raw, &probe); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if probe.Runs != nil {
+		return probe.Runs, nil
+	}
+	if probe.Label == nil {
+		return nil, fmt.Errorf("%s: neither a bench report nor {\"runs\": [...]}", path)
+	}
+	var r bench.Report
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return []bench.Report{r}, nil
 }
 
 // printBench prints one run as itself and several as {"runs": [...]}, so a
 // script driving one target reads the keys at the top.
 func (c *cli) printBench(res bench.Result) error {
 	if c.output == "json" {
-		if len(res.Runs) == 1 {
+		if len(res.Runs) == 1 && res.Summary == nil {
 			return c.printJSON(res.Runs[0])
 		}
 		return c.printJSON(res)
+	}
+	if res.Summary != nil {
+		// The runs seed by seed are -o json's; the table is the verdict.
+		header, rows := res.Summary.Table()
+		return c.printTable(header, rows)
 	}
 	header, rows := res.Table()
 	return c.printTable(header, rows)
@@ -170,26 +338,54 @@ func writeChart(path string, res bench.Result) error {
 	return nil
 }
 
-// newBar counts requests against --requests, or spins with a count for a
-// --duration run. No spinner timer: the bar redraws on each request, so it
-// starts no goroutine of its own.
-func newBar(cfg bench.Config) *progressbar.ProgressBar {
+// progress is the bar on a terminal: a count against the requests of every
+// run, and a rate of its own. progressbar's rate counts from its first
+// redraw, the first answer, so its first tick divided one request by
+// microseconds ("120308 req/s"); this one counts from the bar's creation and
+// says nothing until a second has passed.
+type progress struct {
+	bar   *progressbar.ProgressBar
+	start time.Time
+	now   func() time.Time
+	n     atomic.Int64
+}
+
+func newProgress(cfg bench.Config, w io.Writer, now func() time.Time) *progress {
 	total := -1
 	if cfg.Requests > 0 {
-		total = cfg.Requests * len(cfg.Targets)
+		runs := len(cfg.Targets)
 		if cfg.RoundRobin {
-			total = cfg.Requests
+			runs = 1
 		}
+		total = cfg.Requests * runs * max(len(cfg.Seeds), 1)
 	}
-	return progressbar.NewOptions(total,
-		progressbar.OptionSetWriter(os.Stderr),
-		progressbar.OptionSetDescription("bench"),
-		progressbar.OptionShowCount(),
-		progressbar.OptionShowIts(),
-		progressbar.OptionSetItsString("req"),
-		progressbar.OptionSetSpinnerChangeInterval(0),
-		progressbar.OptionClearOnFinish(),
-	)
+	return &progress{
+		start: now(), now: now,
+		bar: progressbar.NewOptions(total,
+			progressbar.OptionSetWriter(w),
+			progressbar.OptionSetDescription("bench"),
+			progressbar.OptionShowCount(),
+			progressbar.OptionSetSpinnerChangeInterval(0),
+			progressbar.OptionClearOnFinish(),
+		),
+	}
+}
+
+func (p *progress) add() {
+	n := p.n.Add(1)
+	p.bar.Describe("bench " + rateText(n, p.now().Sub(p.start)))
+	_ = p.bar.Add(1)
+}
+
+func (p *progress) finish() { _ = p.bar.Finish() }
+
+// rateText is the rate of n requests over elapsed, or a placeholder while
+// too little time has passed for a rate to mean anything.
+func rateText(n int64, elapsed time.Duration) string {
+	if elapsed < time.Second {
+		return "(- req/s)"
+	}
+	return fmt.Sprintf("(%.1f req/s)", float64(n)/elapsed.Seconds())
 }
 
 func isTerminal(f *os.File) bool {
