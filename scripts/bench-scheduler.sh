@@ -107,7 +107,7 @@ bench() {
 	shift
 	reset
 	"$here/inflight.sh" -a 127.0.0.1:$cp -m demo -c "$bin/llmgwctl" -- \
-		"$bin/llmgwctl" bench --model demo -q -o json "$@" >"$out/$name.json" 2>"$out/$name.inflight"
+		"${ctl[@]}" bench --model demo -q -o json "$@" >"$out/$name.json" 2>"$out/$name.inflight"
 }
 multiturn=(--workload multi-turn --sessions 16 --turns 6 --prompt-words 100 --max-tokens 64 --concurrency 16 --requests 300)
 hot=(--workload shared-prefix --groups 8 --hot-share 0.8 --system-words 1000 --prompt-words 100 --max-tokens 64 --concurrency 16 --requests 400)

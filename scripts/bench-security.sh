@@ -181,19 +181,22 @@ mean() {
 # and B over HTTP; each from empty caches, all four with the pair's seed.
 printf 'run\treq_s\tttft_p50_ms\tttft_p99_ms\te2e_p50_ms\te2e_p99_ms\terrors\n' >"$out/summary.txt"
 cp "$out/summary.txt" "$out/parts.txt"
+# --reset-caches=false: this bench measures what TLS and keys cost, not
+# routing; the caches stay as the alternation leaves them, as before the bench
+# reset them by default (cluster B would also need an admin certificate).
 for i in $(seq "$pairs"); do
 	seed=$((60 + i))
 	reset ctlA
-	"$bin/llmgwctl" bench --target "plain=$urlA" "${workload[@]}" --seed "$seed" >"$out/A-$i.json"
+	"$bin/llmgwctl" bench --reset-caches=false --target "plain=$urlA" "${workload[@]}" --seed "$seed" >"$out/A-$i.json"
 	row "A-$i" >>"$out/summary.txt"
 	reset ctlB
-	"$bin/llmgwctl" bench --target "secure=$urlB" --ca-cert "$pki/ca/ca.pem" --api-key "$key" "${workload[@]}" \
+	"$bin/llmgwctl" bench --reset-caches=false --target "secure=$urlB" --ca-cert "$pki/ca/ca.pem" --api-key "$key" "${workload[@]}" \
 		--seed "$seed" >"$out/B-$i.json"
 	row "B-$i" >>"$out/summary.txt"
 	reset ctlA
-	"$bin/llmgwctl" bench --target "https=$urlAs" --ca-cert "$pki/ca/ca.pem" "${workload[@]}" --seed "$seed" >"$out/Ahttps-$i.json"
+	"$bin/llmgwctl" bench --reset-caches=false --target "https=$urlAs" --ca-cert "$pki/ca/ca.pem" "${workload[@]}" --seed "$seed" >"$out/Ahttps-$i.json"
 	reset ctlB
-	"$bin/llmgwctl" bench --target "mtls+key=$urlBh" --api-key "$key" "${workload[@]}" --seed "$seed" >"$out/Bhttp-$i.json"
+	"$bin/llmgwctl" bench --reset-caches=false --target "mtls+key=$urlBh" --api-key "$key" "${workload[@]}" --seed "$seed" >"$out/Bhttp-$i.json"
 	echo "pair $i: $(uptime)" >>"$out/load.txt"
 done
 mean A >>"$out/summary.txt"
