@@ -181,9 +181,8 @@ mean() {
 # and B over HTTP; each from empty caches, all four with the pair's seed.
 printf 'run\treq_s\tttft_p50_ms\tttft_p99_ms\te2e_p50_ms\te2e_p99_ms\terrors\n' >"$out/summary.txt"
 cp "$out/summary.txt" "$out/parts.txt"
-# --reset-caches=false: this bench measures what TLS and keys cost, not
-# routing; the caches stay as the alternation leaves them, as before the bench
-# reset them by default (cluster B would also need an admin certificate).
+# --reset-caches=false: the script empties both clusters' caches itself
+# (reset), and the bench's own reset would need cluster B's admin certificate.
 for i in $(seq "$pairs"); do
 	seed=$((60 + i))
 	reset ctlA
