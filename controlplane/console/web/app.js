@@ -106,7 +106,7 @@ function renderModels(d) {
       if (l && l.error) loadCells = `<td colspan="3" class="muted wrap">${esc(l.error)}</td>`;
       else if (l) loadCells = `<td class="num">${num(l.running)}</td><td class="num">${num(l.waiting)}</td>` +
         `<td class="num"><span class="bar"><i style="width:${(100 * l.kv_usage).toFixed(0)}%"></i></span>${num(100 * l.kv_usage)}%</td>`;
-      return `<tr data-replica="${esc(r.id)}" data-phase="${esc(phase)}"><td><b>${esc(r.id)}</b>${r.draining ? " " + badge("draining", "warn") : ""}</td>` +
+      return `<tr data-replica="${esc(r.id)}" data-phase="${esc(phase)}" data-restarts="${esc(st.restarts || 0)}"><td><b>${esc(r.id)}</b>${r.draining ? " " + badge("draining", "warn") : ""}</td>` +
         `<td>${badge(phase, PHASE_CLASS[phase] || "idle")}</td><td>${esc(r.node)}</td><td>${esc((r.gpu_indices || []).join(","))}</td>` +
         `<td class="mono">${esc(st.address)}</td><td class="num">${esc(st.restarts || 0)}</td>${loadCells}<td class="wrap muted">${esc(st.message)}</td></tr>`;
     });
