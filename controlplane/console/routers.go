@@ -78,10 +78,7 @@ type sample struct {
 // CheckRouterURL is the check of one --console-router value.
 func CheckRouterURL(s string) error {
 	u, err := url.Parse(s)
-	if err != nil {
-		return err
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return fmt.Errorf("%q must be a router's base URL, http://host:port or https://host:port", s)
 	}
 	if u.RawQuery != "" || u.Fragment != "" {
