@@ -154,7 +154,7 @@ func firstPage(ctx context.Context, host string) (string, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("no page target in chromium's DevTools listing at %s (last error %v)", host, err)
+			return "", fmt.Errorf("no page target in chromium's DevTools listing at %s (last error: %w)", host, err)
 		case <-time.After(100 * time.Millisecond):
 		}
 	}

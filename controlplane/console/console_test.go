@@ -87,7 +87,7 @@ func TestPages(t *testing.T) {
 		},
 		peersErr: errors.New("rpc error: code = Unavailable desc = no leader"),
 	}
-	c := New(admin, Access{}, NewLoad(), nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c := New(admin, Access{}, NewLoad(), nil, slog.New(slog.DiscardHandler))
 	mux := http.NewServeMux()
 	c.Register(mux)
 

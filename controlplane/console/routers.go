@@ -201,8 +201,14 @@ func (s *Sampler) record(router string, counts []map[string]float64, err error) 
 	h := s.hist[router]
 	h.lastTry = now
 	if err != nil {
+		if h.lastErr == "" {
+			s.log.Warn("console: cannot read a router's decisions", "router", router, "err", err)
+		}
 		h.lastErr = err.Error()
 		return
+	}
+	if h.lastErr != "" && len(h.samples) > 0 {
+		s.log.Info("console: router's decisions readable again", "router", router)
 	}
 	h.lastErr = ""
 	h.samples = append(h.samples, sample{at: now, counts: counts})

@@ -3,7 +3,6 @@ package console
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -96,7 +95,7 @@ func TestSamplerWindows(t *testing.T) {
 	defer srv.Close()
 	now := time.Unix(1_000_000, 0)
 	s := NewSampler(SamplerConfig{Routers: []string{srv.URL}, Interval: 30 * time.Second, Window: 2 * time.Minute,
-		Client: srv.Client(), Now: func() time.Time { return now }}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+		Client: srv.Client(), Now: func() time.Time { return now }}, slog.New(slog.DiscardHandler))
 	ctx := context.Background()
 	read := func(hit, miss, newSes int) {
 		fr.set(hit, miss, newSes)
@@ -148,7 +147,7 @@ func TestSamplerRunStops(t *testing.T) {
 	fr := &fakeRouter{}
 	srv := httptest.NewServer(fr)
 	defer srv.Close()
-	s := NewSampler(SamplerConfig{Routers: []string{srv.URL}, Interval: 10 * time.Millisecond, Client: srv.Client()}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s := NewSampler(SamplerConfig{Routers: []string{srv.URL}, Interval: 10 * time.Millisecond, Client: srv.Client()}, slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()

@@ -151,7 +151,7 @@ function renderRouters(d) {
       const total = t.decisions.reduce((a, x) => a + x.window, 0);
       const rows = t.decisions.map(x => `<tr data-decision="${esc(x.decision)}"><td>${esc(x.decision || "(none)")}</td><td class="num">${num(x.last_minute)}</td><td class="num">${num(x.window)}</td>` +
         `<td class="num">${total ? num(100 * x.window / total) + "%" : "–"}</td><td class="num muted">${num(x.total)}</td></tr>`);
-      return `<div data-tier="${esc(t.tier)}"><h4>${esc(t.tier)} ${spark(t.per_interval || [])}</h4>${table(["Decision", "#Last min", `#Last ${dur(v.window_seconds)}`, "#Share", "#Total"], rows)}</div>`;
+      return `<div data-tier="${esc(t.tier)}"><h4>${esc(t.tier)} ${spark(t.per_interval || [])}</h4>${table(["Decision", "#1 min", `#${dur(v.window_seconds)}`, "#Share", "#Total"], rows)}</div>`;
     }).join("");
     return panel(`<span class="mono">${esc(r.url)}</span> ${head}`, sub, `<div class="tiers">${tiers}</div>`, `data-router="${esc(r.url)}"`);
   }).join("");
