@@ -15,6 +15,10 @@
 #   BIN_DIR  holds llmgw and llmgwctl (default bin, as `make build` leaves them)
 #   OUT_DIR  gets every run's JSON, in-flight samples and the logs (default bench-out)
 #   RUNS=3   runs (seeds) per comparison
+#   ENGINE_ARGS  the engines' timing flags, as YAML list items (default the
+#            simple timing below; e.g. '"--sim-gpu", "a100-40gb"' for a GPU profile)
+#   ROUTER_PORT=18380 ROUTER2_PORT=18381 CONTROL_PORT=17600 (it and the next 5)
+#   ENGINE_PORTS=23000-23999  the loopback ports, to run beside another copy
 # Ports (loopback): 18380-18381, 17600-17605, engines 23000-23999. Needs curl
 # and jq. Takes about 6 minutes on 2 cores. Everything it starts is stopped
 # on exit, Ctrl-C included.
@@ -30,9 +34,11 @@ for tool in curl jq "$bin/llmgw" "$bin/llmgwctl"; do
 	command -v "$tool" >/dev/null || { echo "bench-scheduler.sh: $tool: not found" >&2; exit 2; }
 done
 
-ctl=("$bin/llmgwctl" --addr 127.0.0.1:17600)
-r1=http://127.0.0.1:18380
-r2=http://127.0.0.1:18381
+cp=${CONTROL_PORT:-17600}
+ctl=("$bin/llmgwctl" --addr 127.0.0.1:$cp)
+r1=http://127.0.0.1:${ROUTER_PORT:-18380}
+r2=http://127.0.0.1:${ROUTER2_PORT:-18381}
+engineArgs=${ENGINE_ARGS:-'"--sim-decode-ms-per-token", "10", "--sim-prefill-us-per-token", "75"'}
 pids=()
 stop() {
 	# Reverse start order: the second router, then dev (router, agent and
@@ -45,9 +51,10 @@ stop() {
 trap stop EXIT
 
 rm -rf "$out/data" "$out/r2"
-"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr 127.0.0.1:18380 \
-	--grpc-addr 127.0.0.1:17600 --raft-addr 127.0.0.1:17601 --control-http-addr 127.0.0.1:17603 \
-	--agent-http-addr 127.0.0.1:17604 --agent-grpc-addr 127.0.0.1:17605 --port-range 23000-23999 >"$out/dev.log" 2>&1 &
+"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr "${r1#http://}" \
+	--grpc-addr 127.0.0.1:$cp --raft-addr 127.0.0.1:$((cp + 1)) --control-http-addr 127.0.0.1:$((cp + 3)) \
+	--agent-http-addr 127.0.0.1:$((cp + 4)) --agent-grpc-addr 127.0.0.1:$((cp + 5)) \
+	--port-range "${ENGINE_PORTS:-23000-23999}" >"$out/dev.log" 2>&1 &
 pids+=($!)
 
 # waitReady N: until N replicas of demo are ready (60 s at most).
@@ -74,7 +81,7 @@ model: meta-llama/Llama-3.1-8B-Instruct
 replicas: 4
 gpus_per_replica: 1
 profile: $profile
-extra_args: ["--sim-decode-ms-per-token", "10", "--sim-prefill-us-per-token", "75",
+extra_args: [$engineArgs,
              "--num-gpu-blocks-override", "384", "--max-model-len", "4096"]
 EOF
 done
@@ -99,7 +106,7 @@ bench() {
 	local name=$1
 	shift
 	reset
-	"$here/inflight.sh" -a 127.0.0.1:17600 -m demo -c "$bin/llmgwctl" -- \
+	"$here/inflight.sh" -a 127.0.0.1:$cp -m demo -c "$bin/llmgwctl" -- \
 		"$bin/llmgwctl" bench --model demo -q -o json "$@" >"$out/$name.json" 2>"$out/$name.inflight"
 }
 multiturn=(--workload multi-turn --sessions 16 --turns 6 --prompt-words 100 --max-tokens 64 --concurrency 16 --requests 300)
@@ -136,7 +143,7 @@ done
 
 header "3. multi-turn, chat: one router vs two behind a round-robin client" >>"$out/summary.txt"
 profile chat
-"$bin/llmgw" router --control 127.0.0.1:17600 --http-addr 127.0.0.1:18381 --id r2 --data-dir "$out/r2" >"$out/r2.log" 2>&1 &
+"$bin/llmgw" router --control 127.0.0.1:$cp --http-addr "${r2#http://}" --id r2 --data-dir "$out/r2" >"$out/r2.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 60); do curl -sf "$r2/readyz" >/dev/null && break; sleep 0.5; done
 # The two halves of a pair run the same sessions (one seed), so the ratio

@@ -133,18 +133,40 @@ func (c *prefixCache) allocate(hashes []vllm.BlockHash, hits, total int) (*alloc
 		c.ref(e)
 		a.entries = append(a.entries, e)
 	}
+	c.evictFor(fresh)
+	c.held += fresh
+	return a, true
+}
+
+// grow reserves n more fresh blocks for a running sequence, evicting free
+// cached blocks as needed: vLLM's allocate_slots for the tokens of the next
+// step. ok is false, and nothing changes, when they do not fit.
+func (c *prefixCache) grow(a *allocation, n int) bool {
+	if n <= 0 {
+		return true
+	}
+	if c.capacity-c.used() < n {
+		return false
+	}
+	c.evictFor(n)
+	c.held += n
+	a.held += n
+	return true
+}
+
+// evictFor evicts free cached blocks, least recently used first, until n
+// fresh blocks are unclaimed.
+func (c *prefixCache) evictFor(n int) {
 	var evicted []vllm.BlockHash
-	for c.capacity-c.held-len(c.entries) < fresh {
+	for c.capacity-c.held-len(c.entries) < n {
 		e := c.lru.Remove(c.lru.Front()).(*cacheEntry)
 		delete(c.entries, e.hash)
 		evicted = append(evicted, e.hash)
 	}
-	c.held += fresh
 	// One event per evicted block, as vLLM's block pool emits them.
 	for _, h := range evicted {
 		c.observer.BlocksRemoved([]vllm.BlockHash{h})
 	}
-	return a, true
 }
 
 func (c *prefixCache) ref(e *cacheEntry) {

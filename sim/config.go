@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -86,8 +89,35 @@ type Config struct {
 	// simulated runs fast.)
 	DefaultMaxTokens int
 
+	// Timing is how engine time passes (--sim-timing): TimingSimple sleeps
+	// each request its own PrefillPerToken × uncached tokens and
+	// DecodePerToken per later token, independently of every other;
+	// TimingGPU takes engine steps over the whole batch, priced by a
+	// roofline of GPU and the model's shape (sched.go, gpu.go). Empty means
+	// TimingGPU when GPU is set, else TimingSimple.
+	Timing string
+	// GPU is the --sim-gpu profile (GPUProfileNames); with it the KV
+	// capacity is derived from memory as vLLM derives it, unless
+	// NumGPUBlocks is given.
+	GPU string
+	// ModelShape is --sim-model-shape: a built-in shape id or key=value
+	// pairs (ParseModelShape). Empty looks Model up in the built-in table.
+	ModelShape string
+	// GPUMemoryUtilization is vLLM's --gpu-memory-utilization.
+	GPUMemoryUtilization float64
+	// MaxNumBatchedTokens is a step's token budget; 0 means vLLM's default
+	// for the GPU (8192 on ≥70 GiB devices other than A100s, else 2048).
+	MaxNumBatchedTokens int
+	// LongPrefillTokenThreshold caps one sequence's prefill chunk in a
+	// step; 0 means no cap, vLLM's default with one partial prefill.
+	LongPrefillTokenThreshold int
+	// EnableChunkedPrefill splits prefills over steps to fit the budget;
+	// vLLM V1 has it on.
+	EnableChunkedPrefill bool
+
 	// PrefillPerToken is the time to prefill one token the cache did not
 	// supply; DecodePerToken the time per generated token after the first.
+	// Simple timing only.
 	PrefillPerToken time.Duration
 	DecodePerToken  time.Duration
 	// StartupDelay is how long the engine "loads weights" before it
@@ -153,16 +183,84 @@ func DefaultConfig() Config {
 	return Config{
 		Port:                  8000,
 		BlockSize:             16,
-		NumGPUBlocks:          2048,
-		MaxNumSeqs:            256,
 		MaxModelLen:           8192,
 		EnablePrefixCaching:   true,
 		PrefixCachingHashAlgo: "sha256",
 		MaxLoRAs:              1,
 		MaxLoRARank:           16,
 		DefaultMaxTokens:      16,
+		GPUMemoryUtilization:  0.9,
+		EnableChunkedPrefill:  true,
 		PrefillPerToken:       50 * time.Microsecond,
 		DecodePerToken:        10 * time.Millisecond,
+	}
+}
+
+// Timing modes (--sim-timing).
+const (
+	TimingSimple = "simple"
+	TimingGPU    = "gpu"
+)
+
+// TimingMode is Timing with its default applied.
+func (c *Config) TimingMode() string {
+	switch {
+	case c.Timing != "":
+		return c.Timing
+	case c.GPU != "":
+		return TimingGPU
+	}
+	return TimingSimple
+}
+
+// gpuModel is the roofline of GPU and the model's shape; errors name the
+// flag to fix.
+func (c *Config) gpuModel() (*gpuModel, error) {
+	p, ok := LookupGPU(c.GPU)
+	if !ok {
+		return nil, fmt.Errorf("--sim-gpu: %q: not a profile (%s)", c.GPU, strings.Join(GPUProfileNames(), ", "))
+	}
+	id := c.ModelShape
+	if id == "" {
+		id = c.Model
+	}
+	m, err := ParseModelShape(id)
+	if err != nil {
+		if c.ModelShape == "" {
+			return nil, fmt.Errorf("--sim-model-shape: model %q has no built-in shape (%s); give one as key=value pairs", c.Model, strings.Join(ModelShapeNames(), ", "))
+		}
+		return nil, fmt.Errorf("--sim-model-shape: %w", err)
+	}
+	return &gpuModel{gpu: p, shape: m, cal: DefaultCalibration}, nil
+}
+
+// Derive fills in what vLLM derives when it is not given: with a GPU
+// profile, max_num_batched_tokens and max_num_seqs from the device and
+// num_gpu_blocks from memory; otherwise 2048, 256 and 2048 blocks. New
+// calls it; errors are left for Validate.
+func (c *Config) Derive() {
+	tokens, seqs, blocks := 2048, 256, 2048
+	if c.GPU != "" {
+		if g, err := c.gpuModel(); err == nil {
+			tokens, seqs = g.gpu.batchDefaults()
+			blocks = 0
+			if c.NumGPUBlocks == 0 {
+				bt := c.MaxNumBatchedTokens
+				if bt == 0 {
+					bt = tokens
+				}
+				blocks = g.numGPUBlocks(c.GPUMemoryUtilization, c.BlockSize, bt)
+			}
+		}
+	}
+	if c.MaxNumBatchedTokens == 0 {
+		c.MaxNumBatchedTokens = tokens
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = seqs
+	}
+	if c.NumGPUBlocks == 0 {
+		c.NumGPUBlocks = blocks
 	}
 }
 
@@ -188,8 +286,15 @@ func (c *Config) ServedNames() []string {
 	return []string{c.Model}
 }
 
-// Validate reports every bad field at once; each error names its flag.
+// Validate reports every bad field at once, of the config as Derive
+// completes it; each error names its flag.
 func (c *Config) Validate() error {
+	d := *c
+	d.Derive()
+	return d.validate()
+}
+
+func (c *Config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	if c.Model == "" {
@@ -206,8 +311,40 @@ func (c *Config) Validate() error {
 	if c.BlockSize < 1 {
 		bad("--block-size: %d: must be at least 1", c.BlockSize)
 	}
-	if c.NumGPUBlocks < 1 {
-		bad("--num-gpu-blocks-override: %d: must be at least 1", c.NumGPUBlocks)
+	switch c.Timing {
+	case "", TimingSimple:
+	case TimingGPU:
+		if c.GPU == "" {
+			bad("--sim-timing: gpu needs --sim-gpu (%s)", strings.Join(GPUProfileNames(), ", "))
+		}
+	default:
+		bad("--sim-timing: %q: must be simple or gpu", c.Timing)
+	}
+	gpuOK := true
+	if c.GPU != "" {
+		if _, err := c.gpuModel(); err != nil {
+			errs = append(errs, err)
+			gpuOK = false
+		}
+	}
+	if c.GPUMemoryUtilization <= 0 || c.GPUMemoryUtilization > 1 {
+		bad("--gpu-memory-utilization: %v: must be in (0, 1]", c.GPUMemoryUtilization)
+	}
+	if c.NumGPUBlocks < 1 && (c.GPU == "" || gpuOK) {
+		if c.GPU != "" {
+			bad("--gpu-memory-utilization: %v of %s leaves no memory for the KV cache of %s", c.GPUMemoryUtilization, c.GPU, c.Model)
+		} else {
+			bad("--num-gpu-blocks-override: %d: must be at least 1", c.NumGPUBlocks)
+		}
+	}
+	if c.MaxNumBatchedTokens < 1 {
+		bad("--max-num-batched-tokens: %d: must be at least 1", c.MaxNumBatchedTokens)
+	} else if !c.EnableChunkedPrefill && c.MaxNumBatchedTokens < c.MaxModelLen {
+		// vLLM's SchedulerConfig refuses it too: a prompt could never run.
+		bad("--max-num-batched-tokens: %d is smaller than --max-model-len %d without chunked prefill", c.MaxNumBatchedTokens, c.MaxModelLen)
+	}
+	if c.LongPrefillTokenThreshold < 0 {
+		bad("--long-prefill-token-threshold: %d: must not be negative", c.LongPrefillTokenThreshold)
 	}
 	if c.MaxNumSeqs < 1 {
 		bad("--max-num-seqs: %d: must be at least 1", c.MaxNumSeqs)
@@ -260,4 +397,77 @@ func (c *Config) Validate() error {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
+}
+
+// Flags binds `llmgw sim serve`'s flags to a Config: the vLLM flags the
+// simulator uses and its own --sim-* ones, one line each. Every other flag
+// of vLLM's is accepted and ignored (vllmflags.go); anything else is an
+// error, as in vLLM.
+type Flags struct {
+	Config     Config
+	prefillUS  float64
+	decodeMS   float64
+	kvEncoding string
+}
+
+// NewFlags registers the flags on fs over DefaultConfig.
+func NewFlags(fs *pflag.FlagSet) *Flags {
+	f := &Flags{Config: DefaultConfig(), kvEncoding: "map"}
+	c := &f.Config
+	f.prefillUS = float64(c.PrefillPerToken) / float64(time.Microsecond)
+	f.decodeMS = float64(c.DecodePerToken) / float64(time.Millisecond)
+	// vLLM's own.
+	fs.StringVar(&c.Host, "host", c.Host, "host to listen on (empty: every interface)")
+	fs.IntVar(&c.Port, "port", c.Port, "port to listen on")
+	fs.StringArrayVar(&c.ServedModelNames, "served-model-name", nil, "name(s) requests use for the model (default: MODEL); one or more")
+	fs.IntVar(&c.BlockSize, "block-size", c.BlockSize, "KV cache block size in tokens")
+	fs.StringVar(&c.PrefixCachingHashAlgo, "prefix-caching-hash-algo", c.PrefixCachingHashAlgo, "recorded only; the simulator always hashes with sha256_cbor")
+	fs.BoolVar(&c.EnablePrefixCaching, "enable-prefix-caching", c.EnablePrefixCaching, "cache prompt prefixes (--no-enable-prefix-caching: off)")
+	fs.StringVar(&c.KVEventsConfig, "kv-events-config", "", "KV cache events configuration, JSON (vLLM's KVEventsConfig)")
+	fs.BoolVar(&c.EnableLoRA, "enable-lora", false, "enable LoRA adapters")
+	fs.IntVar(&c.MaxLoRAs, "max-loras", c.MaxLoRAs, "LoRA adapters held at once (the simulator refuses a load beyond it)")
+	fs.IntVar(&c.MaxLoRARank, "max-lora-rank", c.MaxLoRARank, "maximum LoRA rank (checked, recorded)")
+	fs.StringArrayVar(&c.LoRAModules, "lora-modules", nil, "LoRA adapters loaded at start, name=path or JSON {\"name\",\"path\",\"base_model_name\"}; one or more; each path must exist")
+	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "sequences running at once; more wait (0: vLLM's default for the GPU, 256 or 1024)")
+	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "GPU timing: a step's token budget (0: vLLM's default for the GPU, 2048 or 8192)")
+	fs.IntVar(&c.LongPrefillTokenThreshold, "long-prefill-token-threshold", c.LongPrefillTokenThreshold, "GPU timing: most prefill tokens of one sequence in a step (0: no cap)")
+	fs.BoolVar(&c.EnableChunkedPrefill, "enable-chunked-prefill", c.EnableChunkedPrefill, "GPU timing: split long prefills over steps")
+	fs.IntVar(&c.NumGPUBlocks, "num-gpu-blocks-override", c.NumGPUBlocks, "KV cache capacity in blocks (0: from --sim-gpu's memory as vLLM derives it, else 2048)")
+	fs.Float64Var(&c.GPUMemoryUtilization, "gpu-memory-utilization", c.GPUMemoryUtilization, "share of GPU memory for weights, activations and KV cache (with --sim-gpu)")
+	fs.BoolVar(&c.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
+	fs.IntVar(&c.MaxModelLen, "max-model-len", c.MaxModelLen, "maximum prompt plus completion tokens")
+	fs.Int64Var(&c.Seed, "seed", c.Seed, "seed of generated text, request ids and injected failures")
+	// The simulator's own.
+	fs.StringVar(&c.Timing, "sim-timing", "", "engine time: gpu (steps over the batch, priced by a roofline of --sim-gpu) or simple (--sim-*-per-token sleeps per request); default gpu with --sim-gpu, else simple")
+	fs.StringVar(&c.GPU, "sim-gpu", "", "GPU profile: "+strings.Join(GPUProfileNames(), ", "))
+	fs.StringVar(&c.ModelShape, "sim-model-shape", "", "model shape for the roofline: a built-in id ("+strings.Join(ModelShapeNames(), ", ")+") or params=,layers=,hidden=,heads=,kv_heads=,head_dim=,vocab=[,tied=]; default: MODEL's")
+	fs.Float64Var(&f.prefillUS, "sim-prefill-us-per-token", f.prefillUS, "simple timing: prefill time per uncached prompt token, microseconds")
+	fs.Float64Var(&f.decodeMS, "sim-decode-ms-per-token", f.decodeMS, "simple timing: decode time per generated token, milliseconds")
+	fs.DurationVar(&c.StartupDelay, "sim-startup-delay", c.StartupDelay, "time spent \"loading weights\" before listening")
+	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
+	fs.IntVar(&c.DefaultMaxTokens, "sim-default-max-tokens", c.DefaultMaxTokens, "completion length when a request sets none")
+	fs.Float64Var(&c.Faults.Slowdown, "sim-slowdown", 0, "fault injection: multiply prefill and decode times")
+	fs.Float64Var(&c.Faults.FailRate, "sim-fail-rate", 0, "fault injection: share of requests failed with --sim-fail-status")
+	fs.IntVar(&c.Faults.FailStatus, "sim-fail-status", 0, "fault injection: HTTP status of failed requests (default 500)")
+	fs.IntVar(&c.Faults.CrashAfter, "sim-crash-after", 0, "fault injection: die abruptly when this many requests have arrived")
+	fs.StringVar(&f.kvEncoding, "sim-kv-events-encoding", f.kvEncoding, "KV event encoding: map (vLLM since mid-2026) or array (older vLLM)")
+	fs.Float64Var(&c.Faults.KVDropRate, "sim-kv-drop-rate", 0, "fault injection: share of KV event batches not sent (a seq gap replay can repair)")
+	fs.IntVar(&c.KVBufferSteps, "sim-kv-buffer-steps", 0, "batches the KV replay buffer holds, replacing --kv-events-config's buffer_steps (0: keep it); small values make gaps unrepairable")
+	fs.Float64Var(&c.Faults.KVReorderRate, "sim-kv-reorder-rate", 0, "fault injection: share of KV event batches sent after the next one")
+	registerVLLMFlags(fs)
+	return f
+}
+
+// Resolve finishes the Config once the flags are parsed: the latencies in
+// their units and the KV event encoding.
+func (f *Flags) Resolve() (Config, error) {
+	c := f.Config
+	c.PrefillPerToken = time.Duration(f.prefillUS * float64(time.Microsecond))
+	c.DecodePerToken = time.Duration(f.decodeMS * float64(time.Millisecond))
+	enc, err := vllm.ParseEncoding(f.kvEncoding)
+	if err != nil {
+		return c, fmt.Errorf("--sim-kv-events-encoding: %w", err)
+	}
+	c.KVEventsEncoding = enc
+	return c, nil
 }

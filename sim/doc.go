@@ -12,7 +12,18 @@
 // its prefix shows up in time to first token, and in cached_tokens, as it
 // would on GPUs.
 //
+// Time passes in one of two ways. Simple timing sleeps each request its own
+// prefill and decode, independently of every other. GPU timing (--sim-gpu)
+// runs the engine as vLLM's V1 scheduler does — steps over the whole batch
+// within a token budget, chunked prefill, preemption by recompute when KV
+// blocks run out — each step priced by a roofline of the GPU and the
+// model's shape, with the KV capacity derived from memory; so decode slows
+// as the batch grows and one replica's long prefill delays every decode on
+// it, which is what makes prefix hits and load-aware routing pay.
+//
 // The pieces: a Tokenizer and chat template (tokenizer.go), the prefix cache
-// (cache.go), the admission queue (engine.go), the HTTP server
-// (server.go) and its metrics (metrics.go).
+// (cache.go), the admission queue (engine.go), the step loop (sched.go),
+// the roofline (gpu.go), the closed-loop benchmark in virtual time
+// (virtual.go), the HTTP server (server.go), its metrics (metrics.go), and
+// vLLM's flags (config.go, vllmflags.go).
 package sim

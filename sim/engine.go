@@ -48,6 +48,10 @@ var errNoRoom = errors.New("Failed to reset prefix cache because some blocks are
 // The engine runs no goroutine of its own: each request's handler drives
 // its own sequence, and admission happens under the mutex whenever a
 // request arrives or a sequence finishes.
+//
+// With GPU timing (gpu set) the engine is stepped instead (sched.go): one
+// goroutine, runSteps, takes every step for the whole batch, and run and
+// wait hold the sequences.
 type engine struct {
 	mu        sync.Mutex
 	maxSeqs   int
@@ -55,6 +59,19 @@ type engine struct {
 	cache     *prefixCache
 	running   int
 	waiting   list.List // of *waiter, arrival order
+
+	gpu         *gpuModel // nil: simple timing
+	maxBatched  int
+	longPrefill int
+	chunked     bool
+	run         []*gseq // admission order
+	wait        []*gseq // head first
+	wake        chan struct{}
+	preemptions int
+	// deadline is when the last step's time is up, on the engine's clock.
+	deadline time.Time
+	// onStep, when set (tests), is told of every step before it is slept.
+	onStep func(items []stepItem, d time.Duration)
 }
 
 type waiter struct {
@@ -76,10 +93,24 @@ type sequence struct {
 }
 
 func newEngine(cfg *Config, obs CacheObserver) *engine {
-	return &engine{
-		maxSeqs:   cfg.MaxNumSeqs,
-		blockSize: cfg.BlockSize,
-		cache:     newPrefixCache(cfg.NumGPUBlocks, cfg.EnablePrefixCaching, obs),
+	e := &engine{
+		maxSeqs:     cfg.MaxNumSeqs,
+		blockSize:   cfg.BlockSize,
+		cache:       newPrefixCache(cfg.NumGPUBlocks, cfg.EnablePrefixCaching, obs),
+		maxBatched:  cfg.MaxNumBatchedTokens,
+		longPrefill: cfg.LongPrefillTokenThreshold,
+		chunked:     cfg.EnableChunkedPrefill,
+		wake:        make(chan struct{}, 1),
+	}
+	if cfg.TimingMode() == TimingGPU {
+		e.gpu, _ = cfg.gpuModel() // valid: checked by Validate
+	}
+	return e
+}
+
+func (e *engine) stepped(items []stepItem, d time.Duration) {
+	if e.onStep != nil {
+		e.onStep(items, d)
 	}
 }
 
@@ -161,12 +192,14 @@ func (e *engine) releaseLocked(s *sequence) {
 type engineStats struct {
 	Running, Waiting int
 	KVUsage          float64
+	Preemptions      int
 }
 
 func (e *engine) stats() engineStats {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return engineStats{Running: e.running, Waiting: e.waiting.Len(), KVUsage: e.cache.usage()}
+	return engineStats{Running: e.running + len(e.run), Waiting: e.waiting.Len() + len(e.wait),
+		KVUsage: e.cache.usage(), Preemptions: e.preemptions}
 }
 
 // resetPrefixCache clears the cache unless sequences are using it.

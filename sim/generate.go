@@ -204,6 +204,10 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	arrival := s.clock.Now()
 	act := s.lora.arrive(g.lora)
 	defer act.done()
+	if s.eng.gpu != nil {
+		s.serveStepped(w, r, g, hashes, extra, arrival, act)
+		return
+	}
 	seq, err := s.eng.admit(ctx, hashes, len(g.tokens), g.maxTokens)
 	if err != nil {
 		log.Debug("request left the queue", "err", err)
@@ -234,10 +238,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	if s.cfg.EnablePromptTokensDetails {
 		usage.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: seq.CachedTokens}
 	}
-	var out streamWriter
-	if g.stream {
-		out = newSSE(w, g, s.created)
-	}
+	out := s.newStream(w, g)
 	// The first token comes out of prefill; each later one costs a decode
 	// step.
 	for i := range ids {
@@ -267,6 +268,20 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
 	log.Debug("request finished", "prompt_tokens", len(g.tokens), "cached_tokens", seq.CachedTokens)
 
+	s.answer(w, g, out, texts, usage)
+}
+
+// newStream is the stream writer of a streamed request, nil otherwise.
+func (s *Server) newStream(w http.ResponseWriter, g genRequest) streamWriter {
+	if g.stream {
+		return newSSE(w, g, s.created)
+	}
+	return nil
+}
+
+// answer ends a served request: the stream's usage and [DONE], or the
+// whole completion.
+func (s *Server) answer(w http.ResponseWriter, g genRequest, out streamWriter, texts []string, usage *vllm.Usage) {
 	if out != nil {
 		if g.includeUsage {
 			_ = out.usage(usage)
@@ -381,4 +396,72 @@ func (s *sse) done() error {
 		return fmt.Errorf("write done: %w", err)
 	}
 	return s.rc.Flush()
+}
+
+// serveStepped serves a request on the stepped engine (GPU timing): the
+// API server's overhead, then the step loop runs it with everything else,
+// and each token is written when the step that made it ends.
+func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genRequest,
+	hashes []vllm.BlockHash, extra vllm.ExtraKeysFunc, arrival time.Time, act *loraActivity) {
+	ctx := r.Context()
+	abort := func() { s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc() }
+	if err := s.clock.Sleep(ctx, s.eng.gpu.cal.RequestOverhead); err != nil {
+		abort()
+		return
+	}
+	ids, texts := s.generate(g.tokens, g.maxTokens)
+	all := append(append(make([]int, 0, len(g.tokens)+len(ids)), g.tokens...), ids...)
+	allHashes, err := vllm.BlockHashes(s.noneHash, all, s.cfg.BlockSize, extra)
+	if err != nil {
+		writeError(w, vllm.NewError(http.StatusInternalServerError, vllm.ErrTypeInternalServer, err.Error()))
+		return
+	}
+	var loraID int
+	if g.lora != "" {
+		loraID, _ = s.lora.lookup(g.lora) // 0 if unloaded since: the events then say so
+	}
+	seq := s.eng.submit(hashes, allHashes, all, len(g.tokens), g.maxTokens, g.lora, loraID)
+	defer s.eng.abort(seq) // a no-op once finished
+	out := s.newStream(w, g)
+	written, cached := 0, 0
+	for {
+		select {
+		case <-seq.notify:
+		case <-ctx.Done():
+			s.met.generationTokens.Add(float64(written))
+			abort()
+			return
+		}
+		produced, c, scheduledAt, done := s.eng.progress(seq)
+		if written == 0 && produced > 0 {
+			act.run()
+			cached = c
+			s.met.queueTime.Observe(scheduledAt.Sub(arrival).Seconds())
+			s.met.ttft.Observe(s.clock.Now().Sub(arrival).Seconds())
+			s.met.prefixQueries.Add(float64(len(g.tokens)))
+			s.met.prefixHits.Add(float64(cached))
+			s.met.promptTokens.Add(float64(len(g.tokens)))
+		}
+		for ; written < produced; written++ {
+			if out == nil {
+				continue
+			}
+			if err := out.token(texts[written], written == len(ids)-1); err != nil {
+				s.met.generationTokens.Add(float64(written))
+				abort()
+				return
+			}
+		}
+		if done {
+			break
+		}
+	}
+	s.met.generationTokens.Add(float64(len(ids)))
+	s.met.requestSuccess.WithLabelValues(vllm.FinishedLength).Inc()
+	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
+	usage := &vllm.Usage{PromptTokens: len(g.tokens), CompletionTokens: len(ids), TotalTokens: len(g.tokens) + len(ids)}
+	if s.cfg.EnablePromptTokensDetails {
+		usage.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: cached}
+	}
+	s.answer(w, g, out, texts, usage)
 }

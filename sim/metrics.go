@@ -62,6 +62,9 @@ func newMetrics(cfg *Config, e *engine) *metrics {
 			vllm.LabelCacheNumGPUBlocks:    strconv.Itoa(cfg.NumGPUBlocks),
 			vllm.LabelCacheHashAlgo:        cfg.PrefixCachingHashAlgo,
 			vllm.LabelCacheEnablePrefixing: pyBool(cfg.EnablePrefixCaching),
+			// Another CacheConfig field vLLM labels the gauge with, str() of
+			// the float as Python prints it.
+			"gpu_memory_utilization": strconv.FormatFloat(cfg.GPUMemoryUtilization, 'g', -1, 64),
 		}})
 	cacheInfo.Set(1)
 	reg.MustRegister(
@@ -73,6 +76,9 @@ func newMetrics(cfg *Config, e *engine) *metrics {
 			func(s engineStats) float64 { return float64(s.Waiting) }),
 		gauge(vllm.MetricKVCacheUsagePerc, "KV-cache usage. 1 means 100 percent usage.",
 			func(s engineStats) float64 { return s.KVUsage }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: vllm.MetricNumPreemptions,
+			Help: "Cumulative number of preemption from the engine.", ConstLabels: labels},
+			func() float64 { return float64(e.stats().Preemptions) }),
 	)
 	// Pre-create the finished reasons so a scraper sees zeros, not absence.
 	for _, r := range []string{vllm.FinishedStop, vllm.FinishedLength, vllm.FinishedAbort} {

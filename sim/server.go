@@ -79,6 +79,7 @@ func WithCacheObserver(o CacheObserver) Option {
 // New builds a server from a valid configuration. It listens only in Run
 // or Serve.
 func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
+	cfg.Derive()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("sim: config: %w", err)
 	}
@@ -128,6 +129,8 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 }
 
 // Handler is the server's HTTP API, for tests that serve it themselves.
+// With GPU timing only Serve (or Run) runs the step loop, so requests
+// through Handler alone wait for it.
 func (s *Server) Handler() http.Handler { return s.handler }
 
 // Run "loads the model" for StartupDelay, listens on Host:Port and serves
@@ -161,6 +164,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	defer stopKV() // after the HTTP server has stopped: see startKV
+	stopSteps := s.startSteps()
+	defer stopSteps() // before stopKV: the last step's cache changes are published
 	reqCtx, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelReqs()
 	srv := &http.Server{
@@ -192,6 +197,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case err := <-errc:
 		return fmt.Errorf("sim: serve: %w", err)
 	}
+}
+
+// startSteps starts the step loop of a GPU-timed engine; stop ends it and
+// returns once it has. Simple timing has no loop.
+func (s *Server) startSteps() (stop func()) {
+	if s.eng.gpu == nil {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.eng.runSteps(ctx, s.clock, func() float64 { return s.currentFaults().Slowdown })
+	}()
+	return func() { cancel(); <-done }
 }
 
 func (s *Server) routes() http.Handler {

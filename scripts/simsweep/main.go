@@ -1,0 +1,60 @@
+// Command simsweep predicts a closed-loop concurrency sweep of the GPU-timed
+// simulator in virtual time (sim.SimulateClosedLoop: the server's own
+// scheduler, cache and roofline, no waiting), and compares a sweep with a
+// reference table. scripts/sim-sweep.sh runs the real one over HTTP.
+//
+//	go run ./scripts/simsweep --gpu l4 --model Qwen/Qwen2.5-0.5B-Instruct --gpu-memory-utilization 0.6
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/llmgw/llmgw/sim"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "simsweep:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("simsweep", flag.ContinueOnError)
+	gpu := fs.String("gpu", "l4", "GPU profile")
+	model := fs.String("model", "Qwen/Qwen2.5-0.5B-Instruct", "model id (its built-in shape)")
+	util := fs.Float64("gpu-memory-utilization", 0.9, "vLLM's --gpu-memory-utilization")
+	maxLen := fs.Int("max-model-len", 8192, "vLLM's --max-model-len")
+	batched := fs.Int("max-num-batched-tokens", 0, "token budget (0: vLLM's default)")
+	seqs := fs.Int("max-num-seqs", 0, "max_num_seqs (0: vLLM's default)")
+	conc := fs.String("concurrency", "1,2,4,8,16,32", "comma-separated concurrencies")
+	in := fs.Int("input-tokens", 256, "prompt tokens")
+	out := fs.Int("output-tokens", 128, "output tokens (ignore_eos)")
+	perLevel := fs.Int("requests-per-client", 10, "requests per client at each concurrency")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.GPU, cfg.GPUMemoryUtilization, cfg.MaxModelLen = *model, *gpu, *util, *maxLen
+	cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs = *batched, *seqs
+	fmt.Println("| concurrency | req/s | out tok/s | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | E2E p50 | E2E p95 | preemptions |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	for _, c := range strings.Split(*conc, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil {
+			return fmt.Errorf("--concurrency: %q: %w", c, err)
+		}
+		r, err := sim.SimulateClosedLoop(cfg, sim.ClosedLoop{Concurrency: n, InputTokens: *in, OutputTokens: *out,
+			Requests: n * *perLevel, Seed: uint64(n)})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("| %d | %.1f | %.0f | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f | %d |\n", n, r.RequestsPerSecond,
+			r.OutputTokensPerS, r.TTFT.P50, r.TTFT.P95, r.ITL.P50, r.ITL.P95, r.E2E.P50, r.E2E.P95, r.Preemptions)
+	}
+	return nil
+}
