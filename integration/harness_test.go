@@ -257,14 +257,48 @@ type replicaView struct {
 		Model string `json:"model"`
 		Node  string `json:"node"`
 	} `json:"replica"`
-	Status *struct {
-		UID         string `json:"uid"`
-		Incarnation string `json:"incarnation"`
-		Phase       string `json:"phase"`
-		Address     string `json:"address"`
-		PID         int    `json:"pid"`
-		Restarts    int    `json:"restarts"`
-	} `json:"status"`
+	Status *replicaStatusView `json:"status"`
+}
+
+type replicaStatusView struct {
+	UID         string `json:"uid"`
+	Incarnation string `json:"incarnation"`
+	Phase       string `json:"phase"`
+	Address     string `json:"address"`
+	PID         int    `json:"pid"`
+	Restarts    int    `json:"restarts"`
+}
+
+// UnmarshalJSON takes the uid and incarnation as llmgwctl writes them,
+// JSON numbers (issue 17), or strings (protojson's form of 64-bit
+// numbers, which earlier llmgwctl printed), into the decimal strings the
+// tests compare.
+func (r *replicaView) UnmarshalJSON(b []byte) error {
+	var raw struct {
+		Replica struct {
+			ID    string      `json:"id"`
+			UID   json.Number `json:"uid"`
+			Model string      `json:"model"`
+			Node  string      `json:"node"`
+		} `json:"replica"`
+		Status *struct {
+			UID         json.Number `json:"uid"`
+			Incarnation json.Number `json:"incarnation"`
+			Phase       string      `json:"phase"`
+			Address     string      `json:"address"`
+			PID         int         `json:"pid"`
+			Restarts    int         `json:"restarts"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	r.Replica.ID, r.Replica.UID, r.Replica.Model, r.Replica.Node = raw.Replica.ID, raw.Replica.UID.String(), raw.Replica.Model, raw.Replica.Node
+	r.Status = nil
+	if st := raw.Status; st != nil {
+		r.Status = &replicaStatusView{UID: st.UID.String(), Incarnation: st.Incarnation.String(), Phase: st.Phase, Address: st.Address, PID: st.PID, Restarts: st.Restarts}
+	}
+	return nil
 }
 
 func (r replicaView) ready() bool {
