@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/controlplane/cluster"
+	"github.com/llmgw/llmgw/controlplane/console"
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
@@ -34,8 +35,14 @@ type Config struct {
 	// single server, or a cluster formed by hand, whose Raft membership
 	// nothing reconciles.
 	GossipAddr string `yaml:"gossip_addr"`
-	// HTTPAddr serves /metrics, /healthz and /readyz.
+	// HTTPAddr serves /metrics, /healthz and /readyz, and the web console
+	// under /ui/ (package console; over HTTPS with an admin certificate
+	// when TLS is on, to loopback callers when not).
 	HTTPAddr string `yaml:"http_addr"`
+	// ConsoleRouters are routers' base URLs (http://host:port) whose
+	// decision counters the console's routers page reads: routers report
+	// nothing to the control plane, which does not know them otherwise.
+	ConsoleRouters []string `yaml:"console_routers"`
 	// Bootstrap starts a single-node cluster when there is no Raft state.
 	Bootstrap bool `yaml:"bootstrap"`
 	// BootstrapExpect is the HA bootstrap (design §5.2): once this many
@@ -231,6 +238,11 @@ func (c Config) Validate() error {
 		}
 		if _, err := gossip.ReadKeyFile(c.GossipKeyFile); err != nil {
 			p.Add(configfile.Flag("gossip-key-file"), "%w", err)
+		}
+	}
+	for _, r := range c.ConsoleRouters {
+		if err := console.CheckRouterURL(r); err != nil {
+			p.Add(configfile.FlagKey("console-router", "console_routers"), "%w", err)
 		}
 	}
 	for _, j := range c.Join {

@@ -7,13 +7,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/llmgw/llmgw/controlplane/console"
 )
 
 // httpHandler serves /metrics (the node's own registry), /healthz (the
-// process is up) and /readyz (see the package doc: a leader is known and,
-// when it is this node, past its Barrier; not refused by the cluster).
-func (s *Server) httpHandler() http.Handler {
+// process is up), /readyz (see the package doc: a leader is known and,
+// when it is this node, past its Barrier; not refused by the cluster) and
+// the web console under /ui/ (package console).
+func (s *Server) httpHandler(c *console.Console) http.Handler {
 	mux := http.NewServeMux()
+	c.Register(mux)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")

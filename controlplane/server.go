@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/llmgw/llmgw/controlplane/cluster"
+	"github.com/llmgw/llmgw/controlplane/console"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	"github.com/llmgw/llmgw/controlplane/gate"
 	"github.com/llmgw/llmgw/controlplane/gossip"
@@ -265,7 +266,18 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	streams, cancelStreams := context.WithCancel(context.Background())
 	defer cancelStreams()
 	gs := s.grpcServer(streams, gated, lead)
-	hs := &http.Server{Handler: s.httpHandler(), ReadHeaderTimeout: 5 * time.Second}
+	cons, err := s.newConsole()
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		st.Close()
+		return err
+	}
+	defer cons.close()
+	if s.tls != nil {
+		httpLis = console.Split(httpLis, s.tls.ServerConfig()) // HTTPS for the console beside plain /metrics
+	}
+	hs := &http.Server{Handler: s.httpHandler(cons.Console), ReadHeaderTimeout: 5 * time.Second}
 
 	loops, stopLoops := context.WithCancel(context.Background())
 	defer stopLoops()
@@ -297,6 +309,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	wg.Go(func() { s.waitReady(loops) })
 	wg.Go(func() { s.plane.Run(loops) })
 	wg.Go(func() { s.members.Run(loops) })
+	wg.Go(func() { cons.routers.Run(loops) })
 	s.log.Info("control node running", "grpc_addr", s.grpcAddr, "http_addr", s.httpAddr, "raft_addr", s.cfg.RaftAddr, "gossip_addr", s.cfg.GossipAddr)
 
 	select {

@@ -77,7 +77,7 @@ included.`,
 	f.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "the router's OpenAI API (loopback only: dev runs without TLS)")
 	f.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7400", "the control plane's gRPC (llmgwctl's --addr)")
 	f.StringVar(&o.raftAddr, "raft-addr", "127.0.0.1:7401", "the control node's Raft transport")
-	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz")
+	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz and web console (/ui/)")
 	f.StringVar(&o.agentHTTPAddr, "agent-http-addr", "127.0.0.1:7404", "the agent's /metrics, /healthz, /readyz")
 	f.StringVar(&o.agentGRPCAddr, "agent-grpc-addr", "127.0.0.1:7405", "the agent's LoadService, which the router subscribes to")
 	f.StringVar(&o.dataDir, "data-dir", ".data/dev", "where Raft, the agent and the router keep their state")
@@ -112,6 +112,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	ccfg.GRPCAddr, ccfg.RaftAddr, ccfg.HTTPAddr = o.grpcAddr, o.raftAddr, o.controlHTTPAddr
 	ccfg.GossipAddr = ""
 	ccfg.Bootstrap = true
+	ccfg.ConsoleRouters = []string{"http://" + o.httpAddr}
 	ccfg.Version = version
 	if err := ccfg.Validate(); err != nil {
 		return fmt.Errorf("control: %w", err)

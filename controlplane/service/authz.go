@@ -53,6 +53,7 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_Members_FullMethodName:       adminOnly,
 	llmgwv1.AdminService_ListPeers_FullMethodName:     adminOnly,
 	llmgwv1.AdminService_ListApiKeys_FullMethodName:   adminOnly,
+	llmgwv1.AdminService_ListAdapters_FullMethodName:  adminOnly,
 	// Routers watch the state and ask for cold adapters; an admin may watch
 	// too (debugging what routers see).
 	llmgwv1.WatchService_Watch_FullMethodName:           {mtls.RoleRouter, mtls.RoleAdmin},

@@ -107,6 +107,9 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdminService_ListReplicas_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListReplicasResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},
+	llmgwv1.AdminService_ListAdapters_FullMethodName: func(r any) (proto.Message, bool) {
+		return &llmgwv1.ListAdaptersResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
+	},
 	llmgwv1.AdminService_ListPeers_FullMethodName:          func(any) (proto.Message, bool) { return &llmgwv1.ListPeersResponse{}, true },
 	llmgwv1.AdminService_RemovePeer_FullMethodName:         func(any) (proto.Message, bool) { return &llmgwv1.RemovePeerResponse{}, true },
 	llmgwv1.AdminService_TransferLeadership_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.TransferLeadershipResponse{}, true },

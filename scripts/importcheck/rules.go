@@ -98,8 +98,8 @@ var rules = []rule{
 	},
 	{
 		Prefix: "controlplane",
-		InRepo: []string{"proto", "fsm", "chunking"},
-		Why:    "controlplane meets agent and router only through proto and fsm (design §3)",
+		InRepo: []string{"proto", "fsm", "chunking", "vllm"},
+		Why:    "controlplane meets agent and router only through proto and fsm; vllm's formats only for the console's reading of engines' load (design §3)",
 	},
 	// The control plane split by job (design §3, §5): each package may use
 	// only the siblings listed, so a new dependency between them is a
@@ -123,6 +123,7 @@ var rules = []rule{
 	cpLayer("controlplane/service/watch", false, "WatchService", "controlplane/service", "controlplane/ephemeral"),
 	cpLayer("controlplane/service/adapter", false, "AdapterService", "controlplane/service"),
 	cpLayer("controlplane/service/server", false, "ServerService", "controlplane/service"),
+	cpLayer("controlplane/console", false, "the read-only web console: AdminService over gRPC, engines' and routers' /metrics", "vllm"),
 	{
 		Prefix: "agent",
 		InRepo: []string{"proto", "vllm", "chunking"},

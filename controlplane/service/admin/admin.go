@@ -82,6 +82,9 @@ type Membership interface {
 // status, as its own node reported it for its uid.
 type Reports interface {
 	StatusOf(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus
+	// AdaptersOf is the adapters' states its node reported for r's
+	// placement, by adapter name.
+	AdaptersOf(r *llmgwv1.Replica) map[string]*llmgwv1.AdapterStatus
 }
 
 // Sessions is every node with an agent session on any server (package

@@ -6569,6 +6569,141 @@ func (x *RegisterNodeResponse) GetNode() *Node {
 	return nil
 }
 
+// AdapterView is one adapter of a model: where the leader placed it and
+// what the replicas report of it.
+type AdapterView struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Model   string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Adapter string                 `protobuf:"bytes,2,opt,name=adapter,proto3" json:"adapter,omitempty"`
+	Path    string                 `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
+	// Replica ids its placement names (AdapterPlacement.replicas); empty
+	// while it is placed nowhere (a cold adapter).
+	PlacedOn []string `protobuf:"bytes,4,rep,name=placed_on,json=placedOn,proto3" json:"placed_on,omitempty"`
+	// The adapter's state on each replica of the model that reports it,
+	// placed or not (an adapter being unloaded has left the placement).
+	Statuses      []*AdapterStatus `protobuf:"bytes,5,rep,name=statuses,proto3" json:"statuses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterView) Reset() {
+	*x = AdapterView{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterView) ProtoMessage() {}
+
+func (x *AdapterView) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
+func (*AdapterView) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
+}
+
+func (x *AdapterView) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *AdapterView) GetAdapter() string {
+	if x != nil {
+		return x.Adapter
+	}
+	return ""
+}
+
+func (x *AdapterView) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *AdapterView) GetPlacedOn() []string {
+	if x != nil {
+		return x.PlacedOn
+	}
+	return nil
+}
+
+func (x *AdapterView) GetStatuses() []*AdapterStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+type ListAdaptersResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Sorted by model, then adapter.
+	Adapters      []*AdapterView `protobuf:"bytes,2,rep,name=adapters,proto3" json:"adapters,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAdaptersResponse) Reset() {
+	*x = ListAdaptersResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAdaptersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAdaptersResponse) ProtoMessage() {}
+
+func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
+func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
+}
+
+func (x *ListAdaptersResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ListAdaptersResponse) GetAdapters() []*AdapterView {
+	if x != nil {
+		return x.Adapters
+	}
+	return nil
+}
+
 var File_llmgw_v1_llmgw_proto protoreflect.FileDescriptor
 
 const file_llmgw_v1_llmgw_proto_rawDesc = "" +
@@ -7026,7 +7161,16 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\"V\n" +
 	"\x14RegisterNodeResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
-	"\x04node\x18\x02 \x01(\v2\x0e.llmgw.v1.NodeR\x04node*l\n" +
+	"\x04node\x18\x02 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\"\xa3\x01\n" +
+	"\vAdapterView\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x18\n" +
+	"\aadapter\x18\x02 \x01(\tR\aadapter\x12\x12\n" +
+	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1b\n" +
+	"\tplaced_on\x18\x04 \x03(\tR\bplacedOn\x123\n" +
+	"\bstatuses\x18\x05 \x03(\v2\x17.llmgw.v1.AdapterStatusR\bstatuses\"e\n" +
+	"\x14ListAdaptersResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
+	"\badapters\x18\x02 \x03(\v2\x15.llmgw.v1.AdapterViewR\badapters*l\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
@@ -7076,7 +7220,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xb7\v\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xfe\v\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -7100,7 +7244,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fCreateApiKey\x12\x1d.llmgw.v1.CreateApiKeyRequest\x1a\x1e.llmgw.v1.CreateApiKeyResponse\x12C\n" +
 	"\vListApiKeys\x12\x15.llmgw.v1.ListRequest\x1a\x1d.llmgw.v1.ListApiKeysResponse\x12M\n" +
 	"\fRevokeApiKey\x12\x1d.llmgw.v1.RevokeApiKeyRequest\x1a\x1e.llmgw.v1.RevokeApiKeyResponse\x12>\n" +
-	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse2T\n" +
+	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse\x12E\n" +
+	"\fListAdapters\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListAdaptersResponse2T\n" +
 	"\vLoadService\x12E\n" +
 	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012b\n" +
 	"\x0eAdapterService\x12P\n" +
@@ -7122,7 +7267,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -7222,27 +7367,29 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*EnsureAdapterResponse)(nil),      // 95: llmgw.v1.EnsureAdapterResponse
 	(*RegisterNodeRequest)(nil),        // 96: llmgw.v1.RegisterNodeRequest
 	(*RegisterNodeResponse)(nil),       // 97: llmgw.v1.RegisterNodeResponse
-	nil,                                // 98: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 99: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 100: llmgw.v1.Node.LabelsEntry
-	nil,                                // 101: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 102: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 103: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 104: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*AdapterView)(nil),                // 98: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 99: llmgw.v1.ListAdaptersResponse
+	nil,                                // 100: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 101: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 102: llmgw.v1.Node.LabelsEntry
+	nil,                                // 103: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 104: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 105: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 106: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	98,  // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	99,  // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	100, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	101, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	7,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	6,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	100, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	102, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	10,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	8,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	9,   // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	11,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	12,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	101, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	103, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	16,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
 	15,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
 	14,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
@@ -7254,7 +7401,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	11,  // 20: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
 	12,  // 21: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
 	16,  // 22: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	102, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	104, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
 	2,   // 24: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
 	31,  // 25: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
 	34,  // 26: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
@@ -7294,7 +7441,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	5,   // 60: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
 	56,  // 61: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
 	57,  // 62: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	103, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	105, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
 	9,   // 64: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
 	71,  // 65: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
 	74,  // 66: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
@@ -7302,7 +7449,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	8,   // 68: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
 	8,   // 69: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
 	9,   // 70: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	104, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	106, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
 	11,  // 72: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
 	31,  // 73: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
 	87,  // 74: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
@@ -7311,63 +7458,67 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	3,   // 77: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
 	9,   // 78: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
 	9,   // 79: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	38,  // 80: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	44,  // 81: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	80,  // 82: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	82,  // 83: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	84,  // 84: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	84,  // 85: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	84,  // 86: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	89,  // 87: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	64,  // 88: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	66,  // 89: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	68,  // 90: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	70,  // 91: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	73,  // 92: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	76,  // 93: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	78,  // 94: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	61,  // 95: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	62,  // 96: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	59,  // 97: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	50,  // 98: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	84,  // 99: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	53,  // 100: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	55,  // 101: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	91,  // 102: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	94,  // 103: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	96,  // 104: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	55,  // 105: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	41,  // 106: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	49,  // 107: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	81,  // 108: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	83,  // 109: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	85,  // 110: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	86,  // 111: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	88,  // 112: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	90,  // 113: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	65,  // 114: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	67,  // 115: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	69,  // 116: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	72,  // 117: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	75,  // 118: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	77,  // 119: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	79,  // 120: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	62,  // 121: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	63,  // 122: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	60,  // 123: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	51,  // 124: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	52,  // 125: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	54,  // 126: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	58,  // 127: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	93,  // 128: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	95,  // 129: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	97,  // 130: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	57,  // 131: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	106, // [106:132] is the sub-list for method output_type
-	80,  // [80:106] is the sub-list for method input_type
-	80,  // [80:80] is the sub-list for extension type_name
-	80,  // [80:80] is the sub-list for extension extendee
-	0,   // [0:80] is the sub-list for field type_name
+	33,  // 80: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	98,  // 81: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	38,  // 82: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	44,  // 83: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	80,  // 84: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	82,  // 85: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	84,  // 86: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	84,  // 87: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	84,  // 88: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	89,  // 89: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	64,  // 90: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	66,  // 91: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	68,  // 92: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	70,  // 93: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	73,  // 94: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	76,  // 95: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	78,  // 96: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	61,  // 97: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	62,  // 98: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	59,  // 99: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	50,  // 100: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	84,  // 101: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	53,  // 102: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	55,  // 103: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	84,  // 104: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	91,  // 105: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	94,  // 106: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	96,  // 107: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	55,  // 108: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	41,  // 109: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	49,  // 110: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	81,  // 111: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	83,  // 112: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	85,  // 113: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	86,  // 114: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	88,  // 115: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	90,  // 116: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	65,  // 117: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	67,  // 118: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	69,  // 119: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	72,  // 120: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	75,  // 121: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	77,  // 122: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	79,  // 123: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	62,  // 124: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	63,  // 125: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	60,  // 126: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	51,  // 127: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	52,  // 128: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	54,  // 129: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	58,  // 130: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	99,  // 131: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	93,  // 132: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	95,  // 133: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	97,  // 134: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	57,  // 135: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	109, // [109:136] is the sub-list for method output_type
+	82,  // [82:109] is the sub-list for method input_type
+	82,  // [82:82] is the sub-list for extension type_name
+	82,  // [82:82] is the sub-list for extension extendee
+	0,   // [0:82] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -7412,7 +7563,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   99,
+			NumMessages:   101,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

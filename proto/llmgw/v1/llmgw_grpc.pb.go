@@ -255,6 +255,7 @@ const (
 	AdminService_ListApiKeys_FullMethodName        = "/llmgw.v1.AdminService/ListApiKeys"
 	AdminService_RevokeApiKey_FullMethodName       = "/llmgw.v1.AdminService/RevokeApiKey"
 	AdminService_Keyring_FullMethodName            = "/llmgw.v1.AdminService/Keyring"
+	AdminService_ListAdapters_FullMethodName       = "/llmgw.v1.AdminService/ListAdapters"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -303,6 +304,11 @@ type AdminServiceClient interface {
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
 	Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error)
+	// ListAdapters is every LoRA adapter of every model with where its
+	// placement says it should be held and what each replica reports of it
+	// (design §7.6): the web console's adapters page (design §9). Reads are
+	// local unless consistent is asked.
+	ListAdapters(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListAdaptersResponse, error)
 }
 
 type adminServiceClient struct {
@@ -525,6 +531,16 @@ func (c *adminServiceClient) Keyring(ctx context.Context, in *KeyringRequest, op
 	return out, nil
 }
 
+func (c *adminServiceClient) ListAdapters(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListAdaptersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAdaptersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListAdapters_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -571,6 +587,11 @@ type AdminServiceServer interface {
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
 	Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error)
+	// ListAdapters is every LoRA adapter of every model with where its
+	// placement says it should be held and what each replica reports of it
+	// (design §7.6): the web console's adapters page (design §9). Reads are
+	// local unless consistent is asked.
+	ListAdapters(context.Context, *ListRequest) (*ListAdaptersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -640,6 +661,9 @@ func (UnimplementedAdminServiceServer) RevokeApiKey(context.Context, *RevokeApiK
 }
 func (UnimplementedAdminServiceServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
+}
+func (UnimplementedAdminServiceServer) ListAdapters(context.Context, *ListRequest) (*ListAdaptersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAdapters not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -1004,6 +1028,24 @@ func _AdminService_Keyring_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListAdapters_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListAdapters(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListAdapters_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListAdapters(ctx, req.(*ListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1082,6 +1124,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Keyring",
 			Handler:    _AdminService_Keyring_Handler,
+		},
+		{
+			MethodName: "ListAdapters",
+			Handler:    _AdminService_ListAdapters_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

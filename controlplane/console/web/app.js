@@ -1,0 +1,200 @@
+// The llmgw console: one page per subject, each rendered from its JSON
+// under api/ (AdminService responses in protojson), refreshed every 2 s.
+"use strict";
+
+const REFRESH_MS = 2000;
+const pages = { cluster: renderCluster, nodes: renderNodes, models: renderModels, adapters: renderAdapters, routers: renderRouters };
+
+function esc(v) {
+  return String(v === undefined || v === null ? "" : v).replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
+}
+function badge(text, cls) { return `<span class="badge ${cls}">${esc(text)}</span>`; }
+function enumName(v, prefix) { return String(v || "").replace(prefix, "").toLowerCase() || "unknown"; }
+function num(v, digits) { const n = Number(v); return Number.isFinite(n) ? n.toFixed(digits || 0) : "–"; }
+function ago(ms) {
+  if (!ms) return "never";
+  const s = Math.max(0, (Date.now() - ms) / 1000);
+  return s < 90 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(0)} min ago`;
+}
+function dur(seconds) {
+  const s = Number(seconds) || 0;
+  if (s < 90) return `${s.toFixed(0)} s`;
+  if (s < 5400) return `${(s / 60).toFixed(0)} min`;
+  return `${(s / 3600).toFixed(1)} h`;
+}
+function table(headers, rows, attrs) {
+  const th = headers.map(h => h.startsWith("#") ? `<th class="num">${esc(h.slice(1))}</th>` : `<th>${esc(h)}</th>`).join("");
+  const body = rows.length ? rows.join("") : `<tr><td colspan="${headers.length}" class="muted">none</td></tr>`;
+  return `<div class="scroll"><table ${attrs || ""}><thead><tr>${th}</tr></thead><tbody>${body}</tbody></table></div>`;
+}
+function panel(title, sub, inner, attrs) {
+  return `<section class="panel" ${attrs || ""}><div class="title"><h3>${title}</h3><span class="muted">${sub || ""}</span></div>${inner}</section>`;
+}
+function card(label, value, attrs) { return `<div class="card" ${attrs || ""}><div class="label">${esc(label)}</div><div class="value">${value}</div></div>`; }
+
+const PHASE_CLASS = { ready: "ok", starting: "warn", restarting: "bad", unhealthy: "bad", failed: "bad", stopping: "idle", stopped: "idle" };
+
+// replicaPhase is a replica's phase as the console shows it: the agent's
+// last report for this placement, or "no status" while there is none.
+function replicaPhase(v) {
+  const st = v.status;
+  if (!st || st.uid !== v.replica.uid) return "no status";
+  return enumName(st.phase, "REPLICA_PHASE_");
+}
+
+function renderCluster(d) {
+  const st = d.status || {};
+  const peers = (d.peers && d.peers.peers) || [];
+  const members = (d.members && d.members.members) || [];
+  const byPeer = Object.fromEntries(peers.map(p => [p.id, p]));
+  const byMember = Object.fromEntries(members.map(m => [m.id, m]));
+  const ids = [...new Set([...(st.servers || []).map(s => s.id), ...peers.map(p => p.id), ...members.map(m => m.id)])].sort();
+  const servers = Object.fromEntries((st.servers || []).map(s => [s.id, s]));
+  const rows = ids.map(id => {
+    const s = servers[id] || {}, p = byPeer[id], m = byMember[id];
+    const role = id === st.leader ? badge("leader", "ok") : (p ? (p.voter ? "follower" : "non-voter") : (s.voter ? "follower" : "not in raft"));
+    const health = p ? (p.healthy ? badge("healthy", "ok") : badge("unhealthy", "bad")) : `<span class="muted">–</span>`;
+    const gossip = m ? badge(m.status, m.status === "alive" ? "ok" : (m.status === "left" ? "idle" : "bad")) : `<span class="muted">no gossip</span>`;
+    return `<tr data-server="${esc(id)}"><td><b>${esc(id)}</b>${id === st.server_id ? ' <span class="muted">(this server)</span>' : ""}</td><td>${role}</td><td>${health}</td><td>${gossip}</td>` +
+      `<td>${esc(s.version || (p && p.version) || (m && m.version) || "")}</td><td class="num">${p ? esc(p.last_contact_ms) + " ms" : "–"}</td>` +
+      `<td class="num">${p ? esc(p.last_index) : "–"}</td><td class="num">${p ? dur(p.stable_seconds) : "–"}</td>` +
+      `<td class="mono">${esc(s.grpc_addr || (m && m.grpc_addr) || "")}</td><td class="mono">${esc(s.raft_addr || (p && p.address) || "")}</td><td class="mono">${esc(s.http_addr || "")}</td></tr>`;
+  });
+  const tol = Number(st.failure_tolerance || 0);
+  return `<div class="cards">` +
+    card("Leader", st.leader ? esc(st.leader) : badge("no leader", "bad"), 'data-card="leader"') +
+    card("Health", st.healthy ? badge("healthy", "ok") : badge("unhealthy", "bad"), 'data-card="health"') +
+    card("Failure tolerance", `${tol} <span class="muted" style="font-size:13px">of ${esc(st.voters)} voters</span>`, 'data-card="tolerance"') +
+    card("Revision", esc(st.revision), 'data-card="revision"') +
+    card("Minimum version", esc(st.min_version || "none"), 'data-card="min-version"') +
+    `</div>` +
+    panel("Servers", `as ${esc(st.server_id)} sees them; Raft figures from the leader`,
+      table(["Server", "Raft role", "Autopilot", "Gossip", "Version", "#Last contact", "#Last index", "#Stable", "gRPC", "Raft", "HTTP"], rows, 'id="servers"'));
+}
+
+function renderNodes(d) {
+  const nodes = (d.nodes && d.nodes.nodes) || [];
+  const connected = (d.nodes && d.nodes.connected) || {};
+  const reps = (d.replicas && d.replicas.replicas) || [];
+  const rows = nodes.map(n => {
+    const mine = reps.filter(v => v.replica.node === n.id);
+    const used = mine.reduce((a, v) => a + (v.replica.gpu_indices || []).length, 0);
+    const state = enumName(n.state, "NODE_STATE_");
+    const labels = Object.entries(n.labels || {}).map(([k, v]) => `<code>${esc(k)}=${esc(v)}</code>`).join(" ");
+    const ready = mine.filter(v => replicaPhase(v) === "ready").length;
+    return `<tr data-node="${esc(n.id)}" data-state="${esc(state)}"><td><b>${esc(n.id)}</b></td><td>${badge(state, state === "active" ? "ok" : (state === "draining" ? "warn" : "bad"))}</td>` +
+      `<td>${connected[n.id] ? badge("attached", "ok") : badge("no session", "bad")}</td>` +
+      `<td class="num"><span class="bar"><i style="width:${n.gpus ? (100 * used / n.gpus).toFixed(0) : 0}%"></i></span>${used} / ${esc(n.gpus)}</td>` +
+      `<td class="num">${ready} / ${mine.length}</td><td>${esc(n.version)}</td><td class="mono">${esc(n.address)}</td>` +
+      `<td class="mono">${esc(n.agent_http_addr)}</td><td class="wrap">${labels || '<span class="muted">–</span>'}</td></tr>`;
+  });
+  return panel("Nodes", `${nodes.length} registered`, table(["Node", "State", "Agent", "#GPUs used", "#Replicas ready", "Version", "Address", "Agent HTTP", "Labels"], rows, 'id="nodes"'));
+}
+
+function renderModels(d) {
+  const models = (d.models && d.models.models) || [];
+  const reps = (d.replicas && d.replicas.replicas) || [];
+  const load = d.load || {};
+  return models.map(m => {
+    const mine = reps.filter(v => v.replica.model === m.name);
+    const ready = mine.filter(v => replicaPhase(v) === "ready" && !v.replica.draining).length;
+    const rows = mine.map(v => {
+      const r = v.replica, st = v.status || {};
+      const phase = replicaPhase(v);
+      const l = load[r.id];
+      let loadCells = `<td class="num muted">–</td><td class="num muted">–</td><td class="num muted">–</td>`;
+      if (l && l.error) loadCells = `<td colspan="3" class="muted wrap">${esc(l.error)}</td>`;
+      else if (l) loadCells = `<td class="num">${num(l.running)}</td><td class="num">${num(l.waiting)}</td>` +
+        `<td class="num"><span class="bar"><i style="width:${(100 * l.kv_usage).toFixed(0)}%"></i></span>${num(100 * l.kv_usage)}%</td>`;
+      return `<tr data-replica="${esc(r.id)}" data-phase="${esc(phase)}" data-restarts="${esc(st.restarts || 0)}"><td><b>${esc(r.id)}</b>${r.draining ? " " + badge("draining", "warn") : ""}</td>` +
+        `<td>${badge(phase, PHASE_CLASS[phase] || "idle")}</td><td>${esc(r.node)}</td><td>${esc((r.gpu_indices || []).join(","))}</td>` +
+        `<td class="mono">${esc(st.address)}</td><td class="num">${esc(st.restarts || 0)}</td>${loadCells}<td class="wrap muted">${esc(st.message)}</td></tr>`;
+    });
+    const want = Number(m.replicas || 0);
+    const state = ready >= want ? badge(`${ready} / ${want} ready`, "ok") : badge(`${ready} / ${want} ready`, ready ? "warn" : "bad");
+    return panel(`${esc(m.name)} ${state}`,
+      `${esc(m.engine)} · <code>${esc(m.model || (m.endpoints || []).join(", "))}</code> · profile ${esc(m.profile)} · ${esc(m.gpus_per_replica)} GPU/replica · ${(m.adapters || []).length} adapters`,
+      table(["Replica", "Phase", "Node", "GPUs", "Address", "#Restarts", "#Running", "#Waiting", "#KV cache", "Message"], rows),
+      `data-model="${esc(m.name)}"`);
+  }).join("") || `<p class="muted">No model. Apply one with <code>llmgwctl model apply -f model.yaml</code>.</p>`;
+}
+
+const ADAPTER_CLASS = { loaded: "ok", loading: "warn", failed: "bad", unloading: "idle" };
+
+function renderAdapters(d) {
+  const ads = (d.adapters && d.adapters.adapters) || [];
+  const rows = ads.map(a => {
+    const held = (a.statuses || []).map(s => {
+      const state = enumName(s.state, "ADAPTER_STATE_");
+      return `${badge(state, ADAPTER_CLASS[state] || "idle")} <code>${esc(s.replica_id)}</code>${s.active ? ` <span class="muted">${esc(s.active)} active</span>` : ""}${s.reason ? ` <span class="muted">${esc(s.reason)}</span>` : ""}`;
+    }).join("<br>");
+    const placed = (a.placed_on || []).map(r => `<code>${esc(r)}</code>`).join(" ");
+    return `<tr data-adapter="${esc(a.adapter)}"><td><b>${esc(a.adapter)}</b></td><td>${esc(a.model)}</td><td class="mono wrap">${esc(a.path)}</td>` +
+      `<td>${placed || badge("cold", "idle")}</td><td>${held || '<span class="muted">held nowhere</span>'}</td></tr>`;
+  });
+  return panel("Adapters", "placement by the leader; states as the agents report them",
+    table(["Adapter", "Model", "Path", "Placed on", "Held (state per replica)"], rows, 'id="adapters"'));
+}
+
+function spark(values) {
+  const top = Math.max(1, ...values);
+  return `<span class="spark" title="decisions per interval">${values.map(v => `<i style="height:${Math.max(1, 22 * v / top).toFixed(0)}px"></i>`).join("")}</span>`;
+}
+
+function renderRouters(d) {
+  const v = d.routers || { routers: [] };
+  let out = d.hint ? `<div class="hint">${esc(d.hint)}</div>` : "";
+  out += (v.routers || []).map(r => {
+    const head = r.error ? badge(r.read_unix_ms ? "stale" : "unreachable", "bad") : badge("up", "ok");
+    const sub = `read ${ago(r.read_unix_ms)} · history ${dur(r.span_seconds)} of ${dur(v.window_seconds)}${r.error ? " · " + esc(r.error) : ""}`;
+    const tiers = (r.tiers || []).map(t => {
+      const total = t.decisions.reduce((a, x) => a + x.window, 0);
+      const rows = t.decisions.map(x => `<tr data-decision="${esc(x.decision)}"><td>${esc(x.decision || "(none)")}</td><td class="num">${num(x.last_minute)}</td><td class="num">${num(x.window)}</td>` +
+        `<td class="num">${total ? num(100 * x.window / total) + "%" : "–"}</td><td class="num muted">${num(x.total)}</td></tr>`);
+      return `<div data-tier="${esc(t.tier)}"><h4>${esc(t.tier)} ${spark(t.per_interval || [])}</h4>${table(["Decision", "#1 min", `#${dur(v.window_seconds)}`, "#Share", "#Total"], rows)}</div>`;
+    }).join("");
+    return panel(`<span class="mono">${esc(r.url)}</span> ${head}`, sub, `<div class="tiers">${tiers}</div>`, `data-router="${esc(r.url)}"`);
+  }).join("");
+  return out || `<p class="muted">No router.</p>`;
+}
+
+let current = "", timer = 0, seq = 0;
+
+async function refresh() {
+  clearTimeout(timer);
+  const page = current, mine = ++seq;
+  try {
+    const resp = await fetch(`api/${page}`, { cache: "no-store" });
+    if (!resp.ok) throw new Error(`${resp.status} ${(await resp.text()).trim()}`);
+    const d = await resp.json();
+    if (mine !== seq) return;
+    const errs = Object.entries(d.errors || {}).map(([k, e]) => `<div class="error"><b>${esc(k)}</b>: ${esc(e)}</div>`).join("");
+    document.getElementById("errors").innerHTML = errs;
+    document.getElementById("content").innerHTML = pages[page](d);
+    document.getElementById("updated").textContent = `updated ${new Date(d.now_unix_ms || Date.now()).toLocaleTimeString()}`;
+    document.body.dataset.rendered = page;
+  } catch (e) {
+    if (mine !== seq) return;
+    document.getElementById("errors").innerHTML = `<div class="error">${esc(e.message || e)}</div>`;
+  }
+  if (mine === seq) timer = setTimeout(refresh, REFRESH_MS);
+}
+
+async function serverName() {
+  try {
+    const d = await (await fetch("api/cluster", { cache: "no-store" })).json();
+    if (d.status) document.getElementById("server").textContent = `server ${d.status.server_id}`;
+  } catch (e) { /* the page's own refresh reports errors */ }
+}
+
+function route() {
+  const page = (location.hash || "#cluster").slice(1);
+  current = pages[page] ? page : "cluster";
+  document.querySelectorAll("nav a").forEach(a => a.classList.toggle("active", a.dataset.page === current));
+  document.body.dataset.rendered = "";
+  refresh();
+}
+
+window.addEventListener("hashchange", route);
+serverName();
+route();
