@@ -74,8 +74,6 @@ func TestReconcile(t *testing.T) {
 	drainingNode.State = llmgwv1.NodeState_NODE_STATE_DRAINING
 	selective := model("m", 2, 1)
 	selective.NodeSelector = map[string]string{"gpu": "a100"}
-	ext := model("e", 3, 0)
-	ext.Engine = "external"
 	all := func(*llmgwv1.Replica) bool { return true }
 	tests := []struct {
 		name  string
@@ -243,7 +241,6 @@ func TestReconcile(t *testing.T) {
 			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 1, 1)}, Nodes: []*llmgwv1.Node{node("a", 2)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1)}},
 			Inputs{Ready: func(r *llmgwv1.Replica) bool { return r.Id == "m-1" }}, "~m-0 "},
-		{"external places nothing", &llmgwv1.State{Models: []*llmgwv1.Model{ext}, Nodes: []*llmgwv1.Node{node("a", 4)}}, Inputs{}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
