@@ -218,6 +218,17 @@ func (rs *replicaSet) drain(ctx context.Context, r *runner) {
 	id, uid := r.replica.GetId(), r.replica.GetUid()
 	log := rs.log.With("replica", id, "model", r.replica.GetModel())
 	began := rs.now()
+	if r.isExternal() {
+		// Nothing runs here to go idle: routers stop choosing the replica
+		// on their own and the engine serves on, so the probing stops now.
+		log.Info("external replica draining; its probing stops")
+		rs.mu.Lock()
+		r.drained = ctx.Err() == nil
+		rs.mu.Unlock()
+		r.cancel()
+		<-r.done
+		return
+	}
 	log.Info("replica draining; its engine stops once idle", "quiet", rs.cfg.DrainQuiet, "timeout", rs.cfg.DrainTimeout)
 	out, err := drain.Wait(ctx, rs.cfg.drainConfig(), rs.loads, drain.Replica{ID: id, UID: uid, Serving: func() bool {
 		st := rs.book.status(id)
@@ -328,7 +339,11 @@ func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *
 		ports[purpose] = p
 		return p, err
 	}
-	if model.GetEngine() != engine.External {
+	if model.GetEngine() == engine.External {
+		if model.GetKvEvents() {
+			kvl = rs.connectKV(rep, model)
+		}
+	} else {
 		if spec.Port, err = port("http", rs.cfg.AdvertiseAddr); err != nil {
 			return engine.Launch{}, nil, nil, err
 		}
@@ -376,8 +391,14 @@ func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port,
 	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), kvTopic
 	cfg.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(port)
 	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
-	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
 	cfg.CatchUp = catchUp
+	return rs.startKV(cfg, rep, model)
+}
+
+// startKV completes a listener's config from the model and the agent's
+// settings and starts it; nil, logged, on failure.
+func (rs *replicaSet) startKV(cfg kv.ListenerConfig, rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
+	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
 	if rs.cfg.KVMaxFrameBytes != 0 {
 		cfg.MaxMessageBytes = rs.cfg.KVMaxFrameBytes
 	}
