@@ -33,7 +33,9 @@ type externalEngine struct {
 func startExternalEngine(t *testing.T, id, model string) *externalEngine {
 	t.Helper()
 	e := &externalEngine{http: freeAddr(t), pub: freeAddr(t), replay: freeAddr(t)}
-	mapped := func(addr string) string { return "tcp://[::ffff:127.0.0.1]:" + addr[strings.LastIndexByte(addr, ':')+1:] }
+	mapped := func(addr string) string {
+		return "tcp://[::ffff:127.0.0.1]:" + addr[strings.LastIndexByte(addr, ':')+1:]
+	}
 	kvCfg, _ := json.Marshal(map[string]any{"enable_kv_cache_events": true, "publisher": "zmq",
 		"endpoint": mapped(e.pub), "replay_endpoint": mapped(e.replay), "topic": ""})
 	host, port := e.http[:strings.LastIndexByte(e.http, ':')], e.http[strings.LastIndexByte(e.http, ':')+1:]

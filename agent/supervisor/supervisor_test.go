@@ -2,9 +2,9 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
