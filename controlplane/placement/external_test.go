@@ -22,25 +22,6 @@ func nodeIn(id string, state llmgwv1.NodeState) *llmgwv1.Node {
 	return n
 }
 
-// renderExternal prints a plan with each new replica's endpoint:
-// "+model@node=endpoint", "~id", "-id", "!model:n".
-func renderExternal(p Plan) string {
-	s := ""
-	for _, r := range p.Place {
-		s += fmt.Sprintf("+%s@%s=%s%v ", r.Model, r.Node, r.Endpoint, r.GpuIndices)
-	}
-	for _, r := range p.Drain {
-		s += fmt.Sprintf("~%s ", r.Id)
-	}
-	for _, r := range p.Remove {
-		s += fmt.Sprintf("-%s ", r.Id)
-	}
-	for m, n := range p.Unplaceable {
-		s += fmt.Sprintf("!%s:%d ", m, n)
-	}
-	return s
-}
-
 // TestReconcileExternal holds the placement of external engines (design
 // §5.5): one replica per endpoint, owned by a live agent, spread, stable,
 // and moved to another owner — replacement first — when its owner goes.
@@ -127,7 +108,7 @@ func TestReconcileExternal(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := renderExternal(Reconcile(tt.state, tt.in)); got != tt.want {
+			if got := render(Reconcile(tt.state, tt.in)); got != tt.want {
 				t.Fatalf("Reconcile = %q, want %q", got, tt.want)
 			}
 		})

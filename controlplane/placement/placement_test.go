@@ -47,11 +47,16 @@ func atRevision(r *llmgwv1.Replica, rev uint64) *llmgwv1.Replica {
 	return r
 }
 
-// render prints a plan compactly: "+model@node[gpus]" and "-id".
+// render prints a plan compactly: "+model@node[gpus]" (an external
+// replica's as "+model@node=endpoint[]"), "~id" and "-id".
 func render(p Plan) string {
 	s := ""
 	for _, r := range p.Place {
-		s += fmt.Sprintf("+%s@%s%v ", r.Model, r.Node, r.GpuIndices)
+		ep := ""
+		if r.Endpoint != "" {
+			ep = "=" + r.Endpoint
+		}
+		s += fmt.Sprintf("+%s@%s%s%v ", r.Model, r.Node, ep, r.GpuIndices)
 	}
 	for _, r := range p.Drain {
 		s += fmt.Sprintf("~%s ", r.Id)
