@@ -15,7 +15,8 @@ import (
 // not run (design §6): READY with the endpoint as address once the engine
 // answers /health and lists the model, no process and no engine record, its
 // load read from the engine's /metrics, and a drain stops the probing at
-// once — there is nothing to wait idle for.
+// once — there is nothing to wait idle for. An agent restart counts a new
+// incarnation, never an older one.
 func TestExternalReplicaOwned(t *testing.T) {
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
@@ -53,6 +54,23 @@ func TestExternalReplicaOwned(t *testing.T) {
 		t.Errorf("load targets %v, want the external engine", tg)
 	}
 
+	// An agent restart: the next agent cannot know whether the engine
+	// restarted meanwhile, and must never report an older incarnation.
+	stop()
+	a, stop = startAgent(t, c)
+	defer stop()
+	waitFor(t, "the new agent's hello", func() bool { h, _ := ctl.snapshot(); return len(h) == 2 })
+	hellos, _ := ctl.snapshot()
+	status = func() *llmgwv1.ReplicaStatus {
+		_, ups := ctl.snapshot()
+		return latest(ups, hellos[1].GetEpoch())["ext-3"]
+	}
+	set(10, rep)
+	waitFor(t, "ext-3 READY again", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
+	if st := status(); st.GetIncarnation() != 2 {
+		t.Errorf("after the agent's restart: incarnation %d, want 2", st.GetIncarnation())
+	}
+
 	drain := &llmgwv1.Replica{Id: "ext-3", Uid: 9, Model: "ext", Node: "n1", Endpoint: engine.URL, Draining: true}
 	set(11, drain)
 	waitFor(t, "ext-3 STOPPED", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED })
@@ -61,4 +79,9 @@ func TestExternalReplicaOwned(t *testing.T) {
 	if files, _ := filepath.Glob(filepath.Join(c.DataDir, "engines", "*.json")); len(files) != 0 {
 		t.Errorf("engine records %v after the drain", files)
 	}
+	set(12)
+	waitFor(t, "the external replica's record forgotten", func() bool {
+		files, _ := filepath.Glob(filepath.Join(c.DataDir, "external", "*.json"))
+		return len(files) == 0
+	})
 }

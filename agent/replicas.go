@@ -78,6 +78,9 @@ type runner struct {
 	launch      engine.Launch
 	ports       map[string]int
 	recordedPid int
+	// recordedIncarnation is the incarnation of an external replica its
+	// record holds (external.go).
+	recordedIncarnation uint64
 }
 
 func (r *runner) supervisor() *supervisor.Supervisor {
@@ -167,6 +170,7 @@ func (rs *replicaSet) forget(id string, r *runner) {
 	}
 	delete(rs.running, id)
 	rs.book.remove(id)
+	rs.dropExternal(id)
 	rs.adapters.Forget(id)
 	rs.metrics.forgetReplica(id, r.replica.GetModel())
 	if err := rs.ports.Release(id + "/"); err != nil {
@@ -298,6 +302,9 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	sc.Backoff = rs.cfg.RestartBackoff
 	sc.Pdeathsig = rs.cfg.StopEnginesOnExit
 	sc.Adopt = r.adopted
+	if r.isExternal() {
+		sc.FirstIncarnation = rs.nextExternalIncarnation(rep)
+	}
 	sup := supervisor.New(sc, report, rs.log)
 	r.mu.Lock()
 	r.sup = sup
@@ -436,6 +443,9 @@ func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
 		// Before the currency check: a replaced placement's engine is
 		// stopped (and its record removed) before the new one starts.
 		rs.record(r, st)
+		if r.isExternal() {
+			rs.recordExternal(r, st)
+		}
 		rs.mu.Lock()
 		current := rs.running[r.replica.GetId()] == r
 		rs.mu.Unlock()

@@ -62,6 +62,11 @@ type Config struct {
 	Pdeathsig bool
 	// LogLines is how many of the engine's last lines are kept.
 	LogLines int
+	// FirstIncarnation is the incarnation an engine llmgw does not run
+	// starts at (0 means 1): one past the last an earlier agent reported for
+	// the same placement, so incarnations only grow (design §4 "Identity";
+	// routers refuse KV state of an older one).
+	FirstIncarnation uint64
 	// Adopt, when set, is a running engine to watch before starting any
 	// (design §6 "Engines outlive the agent"); a gone one is replaced at once.
 	Adopt *Adoption
@@ -251,8 +256,8 @@ func (s *Supervisor) Run(ctx context.Context) error {
 // UnhealthyAfter probes keeps the incarnation, and its lost KV events are
 // repaired by replay.
 func (s *Supervisor) runExternal(ctx context.Context) error {
-	incarnation := uint64(1)
-	st := s.status(incarnation, 0)
+	incarnation := max(s.cfg.FirstIncarnation, 1)
+	st := s.status(incarnation, uint32(incarnation-1))
 	st.Phase = llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING
 	s.emit(st)
 	failures := 0
