@@ -59,6 +59,7 @@ clean:
 rules: ## promtool check rules and the alert rules' unit tests (deploy/prometheus; Debian's prometheus package)
 	promtool check rules deploy/prometheus/llmgw-alerts.yml
 	promtool check config deploy/prometheus/prometheus.yml
+	promtool check config deploy/prometheus/compose.yml
 	cd deploy/prometheus && promtool test rules llmgw-alerts_test.yml
 
 # --- HA cluster (issue: Control-plane cluster) ---
@@ -67,7 +68,7 @@ COMPOSE ?= $(shell docker compose version >/dev/null 2>&1 && echo "docker compos
 COMPOSE_FILE := deploy/compose/docker-compose.yml
 IMAGE ?= llmgw:dev
 
-.PHONY: image compose-up compose-down bench-failover bench-fleet
+.PHONY: image compose-up compose-down compose-prometheus bench-failover bench-fleet
 
 image: build ## the FROM scratch image llmgw:dev, from the static binaries in bin/
 	docker build -f deploy/docker/Dockerfile -t $(IMAGE) $(BIN)
@@ -85,6 +86,9 @@ compose-up: image ## 3 control nodes, 2 sim agents, 2 routers (router1 on 127.0.
 
 compose-down: ## stop the compose cluster and remove its containers and state (deploy/compose/pki is kept: rm -r it for new certificates)
 	$(COMPOSE) -f $(COMPOSE_FILE) -p llmgw down -v --remove-orphans
+
+compose-prometheus: compose-up ## Debian's Prometheus against the compose cluster with the shipped rules: every target up, every rule loaded, an alert fired by stopping an agent (~3 min)
+	scripts/compose-prometheus.sh
 
 bench-failover: ## kill -9 the leader of a 3-node cluster 100 times; time to a new leader and to the first write
 	$(GO) run ./scripts/failoverbench $(BENCH_FLAGS)

@@ -39,8 +39,11 @@ import (
 // Server is one control node. Create it with New, run it with Run; it is
 // not reusable after Run returns.
 type Server struct {
-	cfg      Config
-	log      *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// started is when New ran: this server's uptime, for ClusterStatus and
+	// autopilot's stable times (cluster.Config.Started).
+	started  time.Time
 	fsm      *fsm.FSM
 	eph      *ephemeral.Store
 	reg      *prometheus.Registry
@@ -106,6 +109,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		ready:   make(chan struct{}),
 		fatalCh: make(chan error, 1),
 		now:     time.Now,
+		started: time.Now(),
 	}
 	s.metrics = metrics{
 		store:  store.NewMetrics(s.reg),
@@ -247,7 +251,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		ServerStabilizationTime: s.cfg.ServerStabilizationTime, CleanupDeadServers: s.cfg.CleanupDeadServers,
 		AutopilotInterval: s.cfg.AutopilotInterval, ReconcileInterval: s.cfg.ReconcileInterval,
 		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ApplyTimeout: s.cfg.ApplyTimeout, LeaveTimeout: s.cfg.LeaveTimeout,
-		Verify: verify,
+		Verify: verify, Started: s.started,
 	}, st, st.Raw(), g, s.fsm, removals, pool, s.log, s.clock)
 	s.registerGauges()
 	lead := leader.New(leader.Config{
@@ -366,6 +370,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	llmgwv1.RegisterAdminServiceServer(gs, admin.New(s.cfg.NodeID, admin.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Membership: s.members,
 		Reports: s.eph, Sessions: s.sessions, RestoreMaxBytes: uint64(s.cfg.Limits.SnapshotRestoreMaxBytes), Keyring: serverSvc,
+		Started: s.started,
 	}, s.log))
 	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
 	if !asPreviousRelease && !s.withoutServerService {

@@ -25,6 +25,8 @@ var (
 	// framework (design §7.3) that profile_overrides may name.
 	Scorers = []string{"session", "queue", "kv", "inflight", "weight", "load", "prefix"}
 	Pickers = []string{"p2c", "max-score", "softmax", "round-robin"}
+	// KVScores are tier 2's scores (design §7.5 step 5) kv_score may name.
+	KVScores = []string{"share", "cost"}
 	// LoRARanks are the values vLLM accepts for --max-lora-rank.
 	LoRARanks = []uint32{1, 8, 16, 32, 64, 128, 256, 320, 512}
 	// BlockSizes are the KV block sizes vLLM accepts for --block-size.
@@ -233,7 +235,7 @@ func validateOverrides(o *llmgwv1.ProfileOverrides) error {
 	for _, f := range []struct {
 		name string
 		v    float64
-	}{{"target_waiting", o.TargetWaiting}, {"target_inflight", o.TargetInflight}, {"session_load_factor", o.SessionLoadFactor}} {
+	}{{"target_waiting", o.TargetWaiting}, {"target_inflight", o.TargetInflight}, {"session_load_factor", o.SessionLoadFactor}, {"kv_queue_weight", o.KvQueueWeight}} {
 		if err := nonNeg(f.name, f.v); err != nil {
 			return err
 		}
@@ -252,6 +254,11 @@ func validateOverrides(o *llmgwv1.ProfileOverrides) error {
 			return err
 		}
 		if err := nonNeg("weights."+k, o.Weights[k]); err != nil {
+			return err
+		}
+	}
+	if o.KvScore != "" {
+		if err := oneOf("profile_overrides.kv_score", o.KvScore, KVScores); err != nil {
 			return err
 		}
 	}

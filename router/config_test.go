@@ -146,6 +146,10 @@ scheduler_tree_entries: 2048
 scheduler_imbalance_ratio: 2.5
 scheduler_imbalance_min_gap: 8
 kv_index_max_entries: 4096
+kv_speculation_ttl_min: 300ms
+kv_speculation_ttl_max: 4s
+kv_speculation_max_pending: 50000
+kv_speculation_max_pending_per_replica: 5000
 tokenize_budget: 35ms
 tokenize_cache_tokens: 9999
 tokenize_max_response_bytes: 65536
@@ -177,7 +181,8 @@ func TestConfigFileEveryKey(t *testing.T) {
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
 			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}},
-		KVIndex:       kvindex.Config{MaxEntries: 4096},
+		KVIndex: kvindex.Config{MaxEntries: 4096, SpecTTLMin: 300 * time.Millisecond, SpecTTLMax: 4 * time.Second,
+			SpecPending: 50000, SpecPendingPerReplica: 5000},
 		Tokenize:      tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
 		KVMinBlocks:   2,
 		AdapterWait:   10 * time.Second,

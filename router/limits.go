@@ -103,7 +103,7 @@ func newLimits(cfg Config, next http.Handler) *limits {
 // its load balancer and Prometheus must still see it.
 func counted(path string) bool {
 	switch path {
-	case "/healthz", "/readyz", "/metrics":
+	case "/healthz", "/readyz", "/metrics", "/sd/replicas":
 		return false
 	}
 	return true

@@ -337,6 +337,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
 	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
+	r.mux.HandleFunc("GET /sd/replicas", r.serveSD)
 	return r, nil
 }
 
@@ -502,6 +503,9 @@ func (r *Router) forget(ctx context.Context) {
 			rep := st.Replicas[k.ID]
 			return rep != nil && rep.GetUid() == k.UID
 		})
+		// Speculative entries past their TTL: lookups skip them already;
+		// this frees them and keeps the pending gauge true when idle.
+		r.kv.Expire()
 	}
 }
 

@@ -2,13 +2,16 @@ package router
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -148,6 +151,22 @@ func TestEndToEnd(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Prometheus's HTTP service discovery lists the engine, labelled.
+	sd, err := http.Get(base + "/sd/replicas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var groups []struct {
+		Targets []string          `json:"targets"`
+		Labels  map[string]string `json:"labels"`
+	}
+	err = json.NewDecoder(sd.Body).Decode(&groups)
+	sd.Body.Close()
+	want := map[string]string{"llmgw_replica": "demo-0", "llmgw_model": "demo", "llmgw_node": "n1", "llmgw_engine": "sim"}
+	if err != nil || len(groups) != 1 || !slices.Equal(groups[0].Targets, []string{strings.TrimPrefix(eng.URL, "http://")}) || !maps.Equal(groups[0].Labels, want) {
+		t.Fatalf("/sd/replicas = %+v (%v), want the engine %s labelled %v", groups, err, eng.URL, want)
+	}
+
 	resp, err := http.Post(base+"/v1/chat/completions", "application/json",
 		strings.NewReader(`{"model":"demo","stream":true,"messages":[]}`))
 	if err != nil {

@@ -15,7 +15,7 @@ func newRouterCmd() *cobra.Command {
 	var configFile string
 	cmd := &cobra.Command{
 		Use:   "router",
-		Short: "Serve the OpenAI API, routing each request to the least loaded ready replica",
+		Short: "Serve the OpenAI API, routing each request by its model's scheduling profile: to the replica that holds its prefix unless that one is too busy",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if configFile != "" {

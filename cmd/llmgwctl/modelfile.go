@@ -53,6 +53,9 @@ type overridesFile struct {
 	SessionLoadFactor float64            `yaml:"session_load_factor"`
 	Weights           map[string]float64 `yaml:"weights"`
 	Picker            string             `yaml:"picker"`
+	KVScore           string             `yaml:"kv_score"`
+	Speculation       *bool              `yaml:"speculation"`
+	KVQueueWeight     float64            `yaml:"kv_queue_weight"`
 }
 
 type adapterFile struct {
@@ -151,6 +154,9 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 			SessionLoadFactor: o.SessionLoadFactor,
 			Weights:           o.Weights,
 			Picker:            o.Picker,
+			KvScore:           o.KVScore,
+			Speculation:       o.Speculation,
+			KvQueueWeight:     o.KVQueueWeight,
 		}
 	}
 	return m, nil

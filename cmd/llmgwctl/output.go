@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -8,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // marshalOpts keeps every field, zero or not, so scripts reading -o json see
@@ -15,7 +17,8 @@ import (
 var marshalOpts = protojson.MarshalOptions{EmitUnpopulated: true, UseProtoNames: true}
 
 // printJSON writes v as indented JSON; proto messages go through protojson so
-// enums print as names and 64-bit ints keep their precision.
+// enums print as names, then their 64-bit integers are turned back into JSON
+// numbers (jsonNumbers).
 func (c *cli) printJSON(v any) error {
 	raw, err := toJSON(v)
 	if err != nil {
@@ -36,7 +39,13 @@ func toJSON(v any) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		return json.RawMessage(b), nil
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.UseNumber()
+		v, err := decodeOrdered(dec)
+		if err != nil {
+			return nil, err
+		}
+		return jsonNumbers(x.ProtoReflect().Descriptor(), v), nil
 	case []proto.Message:
 		list := make([]any, 0, len(x))
 		for _, m := range x {
@@ -75,4 +84,145 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+// jsonNumbers rewrites the 64-bit integers of v, the protojson form of a
+// message of type md, from strings into JSON numbers. protojson quotes them
+// because JavaScript's numbers are doubles, but the readers of -o json are
+// scripts: `jq '.[0].revision + 1'` must work, and a revision or an index
+// compares as a number. The digits are kept exactly; a reader that parses
+// numbers as doubles (jq does) rounds values past 2^53, which only block
+// hashes reach. Well-known types (google.protobuf.*) keep their own JSON form.
+func jsonNumbers(md protoreflect.MessageDescriptor, v any) any {
+	obj, ok := v.(object)
+	if !ok || strings.HasPrefix(string(md.FullName()), "google.protobuf.") {
+		return v
+	}
+	for i, m := range obj {
+		fd := md.Fields().ByName(protoreflect.Name(m.key))
+		if fd == nil {
+			continue
+		}
+		switch {
+		case fd.IsMap():
+			if entries, ok := m.value.(object); ok {
+				for j := range entries {
+					entries[j].value = jsonValue(fd.MapValue(), entries[j].value)
+				}
+			}
+		case fd.IsList():
+			if l, ok := m.value.([]any); ok {
+				for j, e := range l {
+					l[j] = jsonValue(fd, e)
+				}
+			}
+		default:
+			obj[i].value = jsonValue(fd, m.value)
+		}
+	}
+	return obj
+}
+
+// object is a JSON object that keeps its keys in the order they were read,
+// so -o json lists a message's fields in the proto's order (name first), as
+// protojson wrote them.
+type object []member
+
+type member struct {
+	key   string
+	value any
+}
+
+func (o object) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, m := range o {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, err := json.Marshal(m.key)
+		if err != nil {
+			return nil, err
+		}
+		v, err := json.Marshal(m.value)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// decodeOrdered reads one JSON value: objects as object, arrays as []any,
+// numbers as json.Number (dec must UseNumber), the rest as encoding/json does.
+func decodeOrdered(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch tok {
+	case json.Delim('{'):
+		obj := object{}
+		for dec.More() {
+			k, err := dec.Token()
+			if err != nil {
+				return nil, err
+			}
+			key, ok := k.(string)
+			if !ok {
+				return nil, fmt.Errorf("json: object key %v is not a string", k)
+			}
+			v, err := decodeOrdered(dec)
+			if err != nil {
+				return nil, err
+			}
+			obj = append(obj, member{key, v})
+		}
+		_, err := dec.Token() // '}'
+		return obj, err
+	case json.Delim('['):
+		list := []any{}
+		for dec.More() {
+			v, err := decodeOrdered(dec)
+			if err != nil {
+				return nil, err
+			}
+			list = append(list, v)
+		}
+		_, err := dec.Token() // ']'
+		return list, err
+	}
+	return tok, nil
+}
+
+// jsonValue is one value of field fd (an element, for lists and maps).
+func jsonValue(fd protoreflect.FieldDescriptor, v any) any {
+	switch fd.Kind() {
+	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind,
+		protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
+		if s, ok := v.(string); ok && isInteger(s) {
+			return json.Number(s)
+		}
+	case protoreflect.MessageKind, protoreflect.GroupKind:
+		return jsonNumbers(fd.Message(), v)
+	}
+	return v
+}
+
+// isInteger reports whether s is a decimal integer, as protojson writes
+// 64-bit ones.
+func isInteger(s string) bool {
+	s = strings.TrimPrefix(s, "-")
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if r < '0' || r > '9' {
+			return false
+		}
+	}
+	return true
 }

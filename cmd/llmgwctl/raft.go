@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -41,12 +42,26 @@ func (c *cli) listPeersCmd() *cobra.Command {
 				rows := make([][]string, 0, len(peers))
 				for _, p := range peers {
 					rows = append(rows, []string{p.Id, p.Address, role(p), strconv.FormatBool(p.Healthy),
-						strconv.FormatInt(p.LastContactMs, 10) + "ms", strconv.FormatUint(p.LastIndex, 10),
-						strconv.FormatInt(p.StableSeconds, 10) + "s", orDash(p.Version)})
+						contact(p.LastContactMs), strconv.FormatUint(p.LastIndex, 10),
+						(time.Duration(p.StableSeconds) * time.Second).String(), orDash(p.Version)})
 				}
 				return c.printTable([]string{"ID", "ADDRESS", "ROLE", "HEALTHY", "LAST CONTACT", "LAST INDEX", "STABLE", "VERSION"}, rows)
 			})
 		},
+	}
+}
+
+// contact is a peer's last contact for people: milliseconds while it is
+// heard from, a rounded duration once it has been silent for seconds, and
+// "never" when this leader has not heard from it.
+func contact(ms int64) string {
+	switch d := time.Duration(ms) * time.Millisecond; {
+	case ms < 0:
+		return "never"
+	case d < 10*time.Second:
+		return strconv.FormatInt(ms, 10) + "ms"
+	default:
+		return d.Round(time.Second).String()
 	}
 }
 

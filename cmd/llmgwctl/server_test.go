@@ -157,6 +157,8 @@ func newFake() *fakeAdmin {
 			{Id: "c3", Address: "10.0.0.3:7401", Healthy: true, LastContactMs: 12, LastIndex: 40, StableSeconds: 3, Version: "v0.2.0"},
 			{Id: "c1", Address: "10.0.0.1:7401", Voter: true, Leader: true, Healthy: true, LastIndex: 41, StableSeconds: 120, Version: "v0.2.0"},
 			{Id: "c2", Address: "10.0.0.2:7401", Voter: true, Healthy: true, LastContactMs: 8, LastIndex: 41, StableSeconds: 120, Version: "v0.2.0"},
+			{Id: "c4", Address: "10.0.0.4:7401", Voter: true, LastContactMs: 45321, LastIndex: 30, Version: "v0.2.0"},
+			{Id: "c5", Address: "10.0.0.5:7401", LastContactMs: -1},
 		},
 		status: &llmgwv1.ClusterStatusResponse{
 			Leader: "c1", Revision: 41, ServerId: "c2", Healthy: true, FailureTolerance: 1, Voters: 3, MinVersion: "v0.2.0",
@@ -247,10 +249,13 @@ func TestServerAndRaftCommands(t *testing.T) {
 		{name: "list-peers as a table with roles", args: []string{"raft", "list-peers"}, calls: []string{"ListPeers"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
 				lines := strings.Split(strings.TrimSpace(out), "\n")
-				if len(lines) != 4 {
+				if len(lines) != 6 {
 					t.Fatalf("table:\n%s", out)
 				}
-				for i, want := range []string{"c1 10.0.0.1:7401 leader true 0ms 41 120s v0.2.0", "c2 10.0.0.2:7401 voter true 8ms 41 120s v0.2.0", "c3 10.0.0.3:7401 non-voter true 12ms 40 3s v0.2.0"} {
+				for i, want := range []string{"c1 10.0.0.1:7401 leader true 0ms 41 2m0s v0.2.0", "c2 10.0.0.2:7401 voter true 8ms 41 2m0s v0.2.0",
+					"c3 10.0.0.3:7401 non-voter true 12ms 40 3s v0.2.0",
+					"c4 10.0.0.4:7401 voter false 45s 30 0s v0.2.0",   // dead: silent for 45 s
+					"c5 10.0.0.5:7401 non-voter false never 0 0s -"} { // never heard from this term
 					if got := strings.Join(strings.Fields(lines[i+1]), " "); got != want {
 						t.Errorf("row %d = %q, want %q", i+1, got, want)
 					}
@@ -265,7 +270,7 @@ func TestServerAndRaftCommands(t *testing.T) {
 						Leader bool   `json:"leader"`
 					} `json:"peers"`
 				}
-				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Peers) != 3 || !r.Peers[0].Leader || r.Peers[2].Voter {
+				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Peers) != 5 || !r.Peers[0].Leader || r.Peers[2].Voter {
 					t.Errorf("json %+v (%v): %s", r, err, out)
 				}
 			}},

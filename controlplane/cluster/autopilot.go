@@ -75,6 +75,7 @@ func (d *autopilotDelegate) FetchServerStats(ctx context.Context, servers map[ra
 			mu.Lock()
 			out[id] = st
 			mu.Unlock()
+			c.recordHeard(id, st.LastContact, cs.StartedUnixMs)
 		})
 	}
 	wg.Wait()
@@ -173,4 +174,35 @@ func reportedStats(cs *llmgwv1.ClusterStatusResponse, hdr metadata.MD) (*autopil
 		return nil, false
 	}
 	return &autopilot.ServerStats{LastIndex: uint64(idx), LastTerm: uint64(term), LastContact: time.Duration(lc) * time.Millisecond}, true
+}
+
+// recordHeard notes that server id answered autopilot now, with its last
+// contact and, when it said, its start time (Unix ms).
+func (c *Cluster) recordHeard(id raft.ServerID, lastContact time.Duration, startedMs *int64) {
+	h := heardFrom{at: c.now(), lastContact: lastContact}
+	if startedMs != nil {
+		h.started = time.UnixMilli(*startedMs)
+	}
+	c.heardMu.Lock()
+	defer c.heardMu.Unlock()
+	if c.heard == nil {
+		c.heard = map[raft.ServerID]heardFrom{}
+	}
+	c.heard[id] = h
+}
+
+// lastHeard is server id's last answer to this leader's autopilot.
+func (c *Cluster) lastHeard(id raft.ServerID) (heardFrom, bool) {
+	c.heardMu.Lock()
+	defer c.heardMu.Unlock()
+	h, ok := c.heard[id]
+	return h, ok
+}
+
+// forgetHeard drops every server's last answer: a new term's figures start
+// from nothing.
+func (c *Cluster) forgetHeard() {
+	c.heardMu.Lock()
+	defer c.heardMu.Unlock()
+	c.heard = nil
 }

@@ -51,6 +51,9 @@ type Config struct {
 	// before it is added to Raft or bootstrapped with (VerifyByTLS); nil
 	// trusts gossip, as a plain-text cluster on loopback must.
 	Verify VerifyServer
+	// Started is when this server's process started: its own stable time
+	// in Peers never exceeds its uptime. Zero: unknown.
+	Started time.Time
 }
 
 // Raft is this server's Raft member (package store) as membership uses it.
@@ -165,6 +168,20 @@ type Cluster struct {
 	notCertified map[string]string
 	// unverified counts failed verifications (a member kept out of Raft).
 	unverified atomic.Uint64
+
+	// heardMu guards heard: when this leader's autopilot last had an
+	// answer from each server, and what it said (Peers' last contact and
+	// uptime). Cleared when leadership is taken, so a figure is never a
+	// previous term's.
+	heardMu sync.Mutex
+	heard   map[raft.ServerID]heardFrom
+}
+
+// heardFrom is one server's last answer to autopilot's stats call.
+type heardFrom struct {
+	at          time.Time
+	lastContact time.Duration
+	started     time.Time // zero: the server did not say
 }
 
 // New returns the membership of this server. ap is the raft member

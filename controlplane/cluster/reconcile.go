@@ -28,6 +28,7 @@ func (c *Cluster) WhileLeading(ctx context.Context) {
 		autopilot.WithLogger(logadapt.NewHCLogger(c.log.With("subsystem", "autopilot"))),
 		autopilot.WithUpdateInterval(c.cfg.AutopilotInterval),
 		autopilot.WithReconcileInterval(c.cfg.ReconcileInterval))
+	c.forgetHeard()
 	var removals sync.WaitGroup
 	c.removalsMu.Lock()
 	c.removals = &removals

@@ -146,10 +146,10 @@ func (c *Cluster) Peers() ([]*llmgwv1.RaftPeer, error) {
 		if st != nil {
 			if ss, ok := st.Servers[srv.ID]; ok {
 				p.Healthy = ss.Health.Healthy
-				p.LastContactMs = ss.Stats.LastContact.Milliseconds()
 				p.LastIndex = ss.Stats.LastIndex
+				p.LastContactMs = c.lastContact(srv.ID, now)
 				if ss.Health.Healthy && !ss.Health.StableSince.IsZero() {
-					p.StableSeconds = int64(now.Sub(ss.Health.StableSince).Seconds())
+					p.StableSeconds = int64(c.stable(srv.ID, ss.Health.StableSince, now).Seconds())
 				}
 			}
 		} else if p.Leader {
@@ -162,6 +162,41 @@ func (c *Cluster) Peers() ([]*llmgwv1.RaftPeer, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Id < out[j].Id })
 	return out, nil
+}
+
+// lastContact is how long ago, in milliseconds, the leader last heard from
+// server id: 0 for itself; the server's own figure while autopilot reaches
+// it; once it stops answering, the time since its last answer plus what it
+// said then — autopilot keeps a silent server's last stats, which would show
+// a dead server as just heard from. -1 when this leader never heard from it.
+func (c *Cluster) lastContact(id raft.ServerID, now time.Time) int64 {
+	if string(id) == c.cfg.NodeID {
+		return 0
+	}
+	h, ok := c.lastHeard(id)
+	if !ok {
+		return -1
+	}
+	// Answers come every AutopilotInterval; one missed is not yet silence.
+	if age := now.Sub(h.at); age > 2*max(c.cfg.AutopilotInterval, 100*time.Millisecond) {
+		return (age + h.lastContact).Milliseconds()
+	}
+	return h.lastContact.Milliseconds()
+}
+
+// stable is how long server id has been healthy: autopilot's figure, but
+// never more than the server's uptime — a server restarted within
+// autopilot's health check keeps its old stable-since otherwise.
+func (c *Cluster) stable(id raft.ServerID, since, now time.Time) time.Duration {
+	started := c.cfg.Started
+	if string(id) != c.cfg.NodeID {
+		h, _ := c.lastHeard(id)
+		started = h.started
+	}
+	if !started.IsZero() && started.After(since) {
+		since = started
+	}
+	return max(now.Sub(since), 0)
 }
 
 // RemovePeer removes a server from Raft (on the leader) and tombstones it,

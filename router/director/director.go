@@ -12,6 +12,10 @@
 //   - chooses the replica for each attempt, never one already tried
 //     (design §7.3, §7.4), and records where the request went once a
 //     replica accepted it — where it went, never what was proposed;
+//   - records each tier-2 attempt as it is made: the prompt's blocks as
+//     speculative entries on its replica (design §7.5 step 6) and its
+//     prefill in the ledger the cost score reads, withdrawn when the
+//     attempt fails;
 //   - holds tier 2's prediction against the cached tokens the engine then
 //     reported, the one measure of whether the index is exact in practice.
 //
@@ -158,7 +162,8 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 	adm := newAdapterMetrics(reg)
 	var kv *tier2
 	if o.kv != nil {
-		kv = &tier2{idx: o.kv.idx, tok: o.kv.tok, loads: table, minBlocks: o.kv.minBlocks, m: newKVMetrics(reg)}
+		kv = &tier2{idx: o.kv.idx, tok: o.kv.tok, loads: table, minBlocks: o.kv.minBlocks, m: newKVMetrics(reg),
+			prefill: newPrefillLedger(time.Now)}
 	}
 	res := &resolver{models: table, holdings: table, m: adm}
 	if o.adapters != nil {

@@ -2,6 +2,7 @@ package director
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -43,10 +44,12 @@ type sched struct {
 	mu       sync.Mutex
 	cands    [][]scheduler.Candidate
 	observed []scheduler.Candidate
+	// speculation is the profiles' Speculation setting.
+	speculation bool
 }
 
-func (*sched) ProfileFor(m *llmgwv1.Model) *scheduler.Profile {
-	return &scheduler.Profile{Name: m.GetName()}
+func (s *sched) ProfileFor(m *llmgwv1.Model) *scheduler.Profile {
+	return &scheduler.Profile{Name: m.GetName(), Speculation: s.speculation}
 }
 func (s *sched) Pick(_ *scheduler.Profile, _ *scheduler.Request, c []scheduler.Candidate) int {
 	s.mu.Lock()
@@ -214,12 +217,34 @@ type index struct {
 	status  map[string]kvindex.Status
 	matches []kvindex.Match
 	asked   [][]uint64
+	// pendingAsked counts LookupPending calls; speculated and withdrawn
+	// the replicas Speculate and Withdraw were called for.
+	pendingAsked          int
+	speculated, withdrawn []kvindex.Replica
 }
 
+// Lookup answers matches as confirmed blocks only, as kvindex does: a
+// pending part is not counted.
 func (x *index) Lookup(h []uint64, dst []kvindex.Match) []kvindex.Match {
+	x.asked = append(x.asked, slices.Clone(h))
+	for _, m := range x.matches {
+		if m.Blocks -= m.Pending; m.Blocks > 0 {
+			m.Pending = 0
+			dst = append(dst, m)
+		}
+	}
+	return dst
+}
+func (x *index) LookupPending(h []uint64, dst []kvindex.Match) []kvindex.Match {
+	x.pendingAsked++
 	x.asked = append(x.asked, slices.Clone(h))
 	return append(dst, x.matches...)
 }
+func (x *index) Speculate(r kvindex.Replica, h []uint64) int {
+	x.speculated = append(x.speculated, r)
+	return len(h)
+}
+func (x *index) Withdraw(r kvindex.Replica, _ []uint64)  { x.withdrawn = append(x.withdrawn, r) }
 func (x *index) Status(id string) (kvindex.Status, bool) { s, ok := x.status[id]; return s, ok }
 
 type tokenizer struct {
@@ -481,4 +506,108 @@ func TestTailBuffer(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAttemptsSpeculateAndQueue: with tier 2's answer each attempt records
+// the prompt's blocks as pending on its replica (when the profile
+// speculates) and its prefill in the ledger the next requests' cost score
+// reads; a retry withdraws the failed attempt's, the first byte of the
+// answer ends the prefill.
+func TestAttemptsSpeculateAndQueue(t *testing.T) {
+	toks := make([]int, 40) // 2 full blocks, 40 tokens
+	chat := `{"model":"base","messages":[{"role":"user","content":"hi"}]}`
+	for _, speculation := range []bool{true, false} {
+		t.Run(fmt.Sprint("speculation ", speculation), func(t *testing.T) {
+			idx := &index{
+				status:  map[string]kvindex.Status{"r0": status("r0", false), "r1": status("r1", false)},
+				matches: []kvindex.Match{{Replica: kvindex.Replica{ID: "r1", UID: 1, Incarnation: 1}, Blocks: 1, Pending: 1}},
+			}
+			tb := baseTable()
+			tb.models[0].KvEvents = true
+			d := New(tb, &sched{speculation: speculation}, noBreakers{}, nil, WithKV(idx, &tokenizer{toks: toks}, 1))
+			defer d.Close()
+			prepare := func() *Plan {
+				tgt, _ := d.Resolve(context.Background(), "base", discard)
+				pl, aerr := d.Prepare(context.Background(), tgt, Input{Kind: tokenize.Chat, Body: []byte(chat)})
+				if aerr != nil {
+					t.Fatal(aerr)
+				}
+				return pl
+			}
+			pl := prepare()
+			if got := pl.req.KV.Pending["r1"]; speculation != (got == 1) || speculation != (idx.pendingAsked == 1) {
+				t.Fatalf("pending lookups %d, Pending[r1] = %d, with speculation %v", idx.pendingAsked, got, speculation)
+			}
+			first, _ := pl.Next(nil) // the fake scheduler picks the first: r0
+			if first.ReplicaID != "r0" {
+				t.Fatalf("first attempt on %s", first.ReplicaID)
+			}
+			// The next request sees r0's 40 tokens of prefill queued.
+			if q := prepare().req.KV.Queued; q["r0"] != 40 || len(q) != 1 {
+				t.Fatalf("queued = %v, want r0: 40", q)
+			}
+			second, _ := pl.Next([]*endpoint.Endpoint{first}) // r0 failed: r1, holding 1 block
+			if second.ReplicaID != "r1" {
+				t.Fatalf("second attempt on %s", second.ReplicaID)
+			}
+			// r1's own prefill: all 40 tokens, or 24 when its pending block counts.
+			wantR1 := 40.0
+			if speculation {
+				wantR1 = 40 - 16
+			}
+			if q := prepare().req.KV.Queued; q["r1"] != wantR1 || len(q) != 1 {
+				t.Fatalf("queued = %v, want only r1: %v (r0's withdrawn)", q, wantR1)
+			}
+			wantSpec, wantWithdrawn := []string{"r0", "r1"}, []string{"r0"}
+			if !speculation {
+				wantSpec, wantWithdrawn = nil, nil
+			}
+			if got := replicaIDs(idx.speculated); !slices.Equal(got, wantSpec) {
+				t.Errorf("speculated on %v, want %v", got, wantSpec)
+			}
+			if got := replicaIDs(idx.withdrawn); !slices.Equal(got, wantWithdrawn) {
+				t.Errorf("withdrawn on %v, want %v", got, wantWithdrawn)
+			}
+			// The answer's first byte: the prefill is done.
+			_, _ = pl.Tail().Write([]byte("data: {}"))
+			if q := prepare().req.KV.Queued; len(q) != 0 {
+				t.Fatalf("queued after the first byte = %v, want none", q)
+			}
+			pl.Done("r1", 200)
+			if got := replicaIDs(idx.withdrawn); !slices.Equal(got, wantWithdrawn) {
+				t.Errorf("a success withdrew: %v", got)
+			}
+		})
+	}
+}
+
+// TestPrefillLedgerAges: a send whose end the director never hears of
+// stops counting after maxPrefillAge.
+func TestPrefillLedgerAges(t *testing.T) {
+	now := time.Unix(100, 0)
+	l := newPrefillLedger(func() time.Time { return now })
+	eps := []*endpoint.Endpoint{ep("r0"), ep("r1")}
+	l.add("r0", 100)
+	id := l.add("r0", 50)
+	l.add("r1", 7)
+	if q := l.queued(eps); q["r0"] != 150 || q["r1"] != 7 {
+		t.Fatalf("queued = %v", q)
+	}
+	l.done("r0", id)
+	l.done("r0", id) // again: no-op
+	if q := l.queued(eps); q["r0"] != 100 {
+		t.Fatalf("queued after done = %v", q)
+	}
+	now = now.Add(maxPrefillAge + time.Second)
+	if q := l.queued(eps); len(q) != 0 || len(l.sends) != 0 {
+		t.Fatalf("queued past the age = %v (sends %v)", q, l.sends)
+	}
+}
+
+func replicaIDs(rs []kvindex.Replica) []string {
+	var out []string
+	for _, r := range rs {
+		out = append(out, r.ID)
+	}
+	return out
 }

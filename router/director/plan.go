@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/openai"
 	"github.com/llmgw/llmgw/router/prefix"
 	"github.com/llmgw/llmgw/router/scheduler"
@@ -54,6 +55,18 @@ type Plan struct {
 	// tail keeps the end of the answer when tier 2 predicted something,
 	// so the engine's cached_tokens can be held against the prediction.
 	tail *tailBuffer
+	// hashes are the prompt's block hashes when tier 2 answered; sent is
+	// the current attempt's speculation and queued prefill.
+	hashes []uint64
+	sent   *attempt
+}
+
+// attempt is what one attempt recorded: the blocks it speculated on its
+// replica and its part of the prefill ledger.
+type attempt struct {
+	rep        kvindex.Replica
+	speculated bool
+	ledger     uint64
 }
 
 // Prepare is stage 3: it edits the body as the engine must get it, and
@@ -95,7 +108,7 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 	pl.req = &scheduler.Request{ID: in.ID, Model: t.Base, Adapter: t.Adapter, Session: in.Session,
 		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), in.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
 	pl.profile = p.profiles.ProfileFor(t.Model)
-	pl.req.KV = p.kv.query(ctx, t.Model, t.Adapter, in.Kind, pl.Body, t.Endpoints)
+	pl.req.KV, pl.hashes = p.kv.query(ctx, pl.profile, t.Model, t.Adapter, in.Kind, pl.Body, t.Endpoints)
 	if pl.req.KV != nil && pl.req.KV.Fallback == "" {
 		pl.tail = &tailBuffer{max: 256 << 10}
 		if in.Stream {
@@ -108,13 +121,55 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 // Next is stage 4, run for each attempt: it asks the scheduler for a
 // replica among the plan's endpoints not in tried, and returns it with its
 // key; nil when none is left or the scheduler's filters leave none.
+//
+// With tier 2's answer, each attempt is recorded as it is made (design
+// §7.5 step 6): the prompt's blocks as speculative entries on the replica
+// (when the profile speculates) and its prefill in the router's ledger. At
+// the attempt rather than at Accepted, because a non-streamed answer's
+// headers come only at its end, when the engine's events are already on
+// their way; a next attempt means this one failed, so its record is
+// withdrawn first.
 func (p *Plan) Next(tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.Key) {
+	p.settle(true)
 	ep, cand := p.pick.choose(p.profile, p.req, p.Endpoints, tried, p.Adapter)
 	if ep == nil {
 		return nil, scheduler.Key{}
 	}
 	p.chosen = cand
+	if p.hashes != nil {
+		p.record(ep)
+	}
 	return ep, cand.Key
+}
+
+// record is the attempt's speculation and prefill (see Next).
+func (p *Plan) record(ep *endpoint.Endpoint) {
+	q := p.req.KV
+	a := &attempt{rep: kvindex.Replica{ID: ep.ReplicaID, UID: ep.UID, Incarnation: ep.Incarnation}}
+	if p.profile.Speculation {
+		a.speculated = p.kv.idx.Speculate(a.rep, p.hashes) > 0
+	}
+	own := max(q.Tokens-min(q.Matched[ep.ReplicaID], q.Total)*q.BlockSize, 0)
+	a.ledger = p.kv.prefill.add(ep.ReplicaID, own)
+	p.sent = a
+	p.tail.first = p.prefilled
+}
+
+// prefilled is the answer's first byte: its prefill is done.
+func (p *Plan) prefilled() { p.settle(false) }
+
+// settle closes the current attempt's record: its prefill leaves the
+// ledger, and when failed its speculative entries are withdrawn.
+func (p *Plan) settle(failed bool) {
+	a := p.sent
+	if a == nil {
+		return
+	}
+	p.sent = nil
+	p.kv.prefill.done(a.rep.ID, a.ledger)
+	if failed && a.speculated {
+		p.kv.idx.Withdraw(a.rep, p.hashes)
+	}
 }
 
 // Accepted records that the replica Next returned last accepted the
@@ -135,6 +190,7 @@ func (p *Plan) Tail() io.Writer {
 // Done is the director's part of stage 6: once replica answered with
 // code, tier 2's prediction is held against the cached tokens it reported.
 func (p *Plan) Done(replica string, code int) {
+	p.settle(code >= 500)
 	if p.tail == nil || code != 200 {
 		return
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -21,6 +23,13 @@ import (
 type KVIndex interface {
 	// Lookup appends how many of hashes' leading blocks each replica holds.
 	Lookup(hashes []uint64, dst []kvindex.Match) []kvindex.Match
+	// LookupPending is Lookup counting this router's pending speculative
+	// entries as held.
+	LookupPending(hashes []uint64, dst []kvindex.Match) []kvindex.Match
+	// Speculate records hashes as pending on the replica an attempt goes
+	// to; Withdraw drops them again when the attempt failed.
+	Speculate(r kvindex.Replica, hashes []uint64) int
+	Withdraw(r kvindex.Replica, hashes []uint64)
 	// Status says what the index holds for a replica; false: nothing yet.
 	Status(id string) (kvindex.Status, bool)
 }
@@ -41,6 +50,7 @@ type tier2 struct {
 	loads     Loads
 	minBlocks int
 	m         *kvMetrics
+	prefill   *prefillLedger
 }
 
 // query returns the KVQuery for a request to model m over eps, or nil
@@ -51,11 +61,15 @@ type tier2 struct {
 // An adapter request is tokenized under the base model's name (adapters
 // share its tokenizer) and hashed with the adapter's name in the extra
 // keys, as vLLM hashes its blocks (design §7.6).
-func (t *tier2) query(ctx context.Context, m *llmgwv1.Model, adapter string, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) *scheduler.KVQuery {
+//
+// It also returns the prompt's block hashes (the low 64 bits), for the
+// speculative entries of each attempt; nil with a fallback. prof says
+// whether this router's pending entries count as held.
+func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.Model, adapter string, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) (*scheduler.KVQuery, []uint64) {
 	if t == nil || !m.GetKvEvents() || len(eps) == 0 {
-		return nil
+		return nil, nil
 	}
-	fallback := func(why string) *scheduler.KVQuery { return &scheduler.KVQuery{Fallback: why} }
+	fallback := func(why string) (*scheduler.KVQuery, []uint64) { return &scheduler.KVQuery{Fallback: why}, nil }
 	// No replica has reported yet: no point tokenizing.
 	known := false
 	for _, e := range eps {
@@ -96,7 +110,8 @@ func (t *tier2) query(ctx context.Context, m *llmgwv1.Model, adapter string, kin
 	for i, h := range hs {
 		low[i] = h.Uint64()
 	}
-	q := &scheduler.KVQuery{Total: len(low), Matched: map[string]int{}, MinBlocks: t.minBlocks}
+	q := &scheduler.KVQuery{Total: len(low), Matched: map[string]int{}, MinBlocks: t.minBlocks, Tokens: len(toks),
+		Queued: t.prefill.queued(eps)}
 	byID := make(map[string]*endpoint.Endpoint, len(eps))
 	for _, e := range eps {
 		byID[e.ReplicaID] = e
@@ -109,15 +124,111 @@ func (t *tier2) query(ctx context.Context, m *llmgwv1.Model, adapter string, kin
 			q.Untrusted[e.ReplicaID] = true
 		}
 	}
-	for _, mt := range t.idx.Lookup(low, nil) {
+	lookup := t.idx.Lookup
+	if prof.Speculation {
+		lookup = t.idx.LookupPending
+	}
+	for _, mt := range lookup(low, nil) {
 		// Only the incarnation the router routes to: blocks of an engine
 		// that restarted are gone with it.
 		if e := byID[mt.ID]; e != nil && e.UID == mt.UID && e.Incarnation == mt.Incarnation && !mt.Untrusted {
 			q.Matched[mt.ID] = mt.Blocks
+			if mt.Pending > 0 {
+				if q.Pending == nil {
+					q.Pending = map[string]int{}
+				}
+				q.Pending[mt.ID] = mt.Pending
+			}
 		}
 	}
 	q.BlockSize = bs
-	return q
+	return q, low
+}
+
+// maxPrefillAge bounds how long a send counts as queued prefill without a
+// first byte or an end: past it the attempt is taken as lost (a request
+// whose end the director is not told of, such as the last of its attempts
+// failing), so a leak costs a minute of a slightly pessimistic cost.
+const maxPrefillAge = time.Minute
+
+// prefillLedger is this router's record of the prefill it has sent each
+// replica and not yet seen a first byte for — the cost score's queue, the
+// one load figure that is exact the moment a request is sent (NVIDIA
+// Dynamo keeps the same record). A request's part is added when an attempt
+// is sent and removed at the answer's first byte (for a stream, the first
+// token; for a non-streamed answer, its end), at the next attempt, or at
+// Done. Safe for concurrent use.
+type prefillLedger struct {
+	now func() time.Time
+	mu  sync.Mutex
+	seq uint64
+	// by replica id: each open send's tokens and start.
+	sends map[string]map[uint64]prefillSend
+}
+
+type prefillSend struct {
+	tokens int
+	at     time.Time
+}
+
+func newPrefillLedger(now func() time.Time) *prefillLedger {
+	return &prefillLedger{now: now, sends: map[string]map[uint64]prefillSend{}}
+}
+
+// add records tokens of prefill sent to replica and returns the send's id.
+func (l *prefillLedger) add(replica string, tokens int) uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.seq++
+	m := l.sends[replica]
+	if m == nil {
+		m = map[uint64]prefillSend{}
+		l.sends[replica] = m
+	}
+	m[l.seq] = prefillSend{tokens: tokens, at: l.now()}
+	return l.seq
+}
+
+// done removes a send (again is a no-op).
+func (l *prefillLedger) done(replica string, id uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if m := l.sends[replica]; m != nil {
+		delete(m, id)
+		if len(m) == 0 {
+			delete(l.sends, replica)
+		}
+	}
+}
+
+// queued returns the open prefill per replica of eps, in tokens; nil when
+// there is none. Sends past maxPrefillAge are dropped on the way.
+func (l *prefillLedger) queued(eps []*endpoint.Endpoint) map[string]float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out map[string]float64
+	old := l.now().Add(-maxPrefillAge)
+	for _, e := range eps {
+		m := l.sends[e.ReplicaID]
+		n := 0
+		for id, s := range m {
+			if s.at.Before(old) {
+				delete(m, id)
+				continue
+			}
+			n += s.tokens
+		}
+		if len(m) == 0 {
+			delete(l.sends, e.ReplicaID)
+		}
+		if n > 0 {
+			if out == nil {
+				out = map[string]float64{}
+			}
+			out[e.ReplicaID] = float64(n)
+		}
+	}
+	return out
 }
 
 // leastLoaded is the replica to tokenize on: tokenizing is cheap, but not
@@ -185,13 +296,19 @@ func (t *tier2) observe(q *scheduler.KVQuery, replica string, stream bool, tail 
 	t.m.diff.Observe(float64(rep - pred))
 }
 
-// tailBuffer keeps the last max bytes written to it.
+// tailBuffer keeps the last max bytes written to it; first, when set,
+// runs at the first write (the answer's first byte).
 type tailBuffer struct {
-	b   []byte
-	max int
+	b     []byte
+	max   int
+	first func()
 }
 
 func (t *tailBuffer) Write(p []byte) (int, error) {
+	if f := t.first; f != nil && len(p) > 0 {
+		t.first = nil
+		f()
+	}
 	n := len(p)
 	if len(p) >= t.max {
 		t.b = append(t.b[:0], p[len(p)-t.max:]...)

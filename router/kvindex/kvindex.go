@@ -34,17 +34,37 @@ type Config struct {
 	// 1,000 replicas of 8k blocks each. Configuration key (no flag):
 	// kv_index_max_entries.
 	MaxEntries int `yaml:"kv_index_max_entries"`
+	// SpecTTLMin and SpecTTLMax bound the TTL of speculative entries
+	// (spec.go), which otherwise follows the measured lag from a send to
+	// its confirmation. Configuration keys (no flags):
+	// kv_speculation_ttl_min (default 500ms), kv_speculation_ttl_max
+	// (default 10s); 0 takes the default.
+	SpecTTLMin time.Duration `yaml:"kv_speculation_ttl_min"`
+	SpecTTLMax time.Duration `yaml:"kv_speculation_ttl_max"`
+	// SpecPending bounds the pending entries overall, SpecPendingPerReplica
+	// those of one replica; past either the oldest goes. At about 100 bytes
+	// an entry (its map slot, its holder and two queue entries) the default
+	// 1 Mi is some 100 MiB at most, and a replica's 64 Ki the blocks of a
+	// large engine. Keys: kv_speculation_max_pending,
+	// kv_speculation_max_pending_per_replica; 0 takes the default.
+	SpecPending           int `yaml:"kv_speculation_max_pending"`
+	SpecPendingPerReplica int `yaml:"kv_speculation_max_pending_per_replica"`
+	// Now is the clock of speculative entries; nil is time.Now.
+	Now func() time.Time `yaml:"-"`
 }
 
-// DefaultConfig holds 8 Mi entries.
-func DefaultConfig() Config { return Config{MaxEntries: 8 << 20} }
+// DefaultConfig holds 8 Mi entries and the speculation defaults.
+func DefaultConfig() Config {
+	return Config{MaxEntries: 8 << 20, SpecTTLMin: defaultSpecTTLMin, SpecTTLMax: defaultSpecTTLMax,
+		SpecPending: defaultSpecPending, SpecPendingPerReplica: defaultSpecPerReplica}
+}
 
 // Validate names the bad field by its configuration key.
 func (c Config) Validate() error {
 	if c.MaxEntries < 1 {
 		return fmt.Errorf("kv_index_max_entries: must be at least 1, got %d", c.MaxEntries)
 	}
-	return nil
+	return c.validateSpec()
 }
 
 // Replica identifies one replica incarnation's KV state, as KVBlocks names
@@ -77,6 +97,9 @@ type Match struct {
 	Blocks int
 	// Untrusted: Blocks is not to be believed (see Status.Untrusted).
 	Untrusted bool
+	// Pending is how many of Blocks were this router's pending entries
+	// rather than confirmed ones (LookupPending only).
+	Pending int
 }
 
 // Update outcomes, as counted in llmgw_router_kvindex_updates_total{result}.
@@ -111,6 +134,12 @@ type replica struct {
 	Status
 	slot   uint16
 	blocks hashSet
+	// pending maps a hash recorded by Speculate to its recording time
+	// (unix ns); queue holds them oldest first (spec.go). gone marks a
+	// replica dropped from the index, whose queued entries are stale.
+	pending map[uint64]int64
+	queue   fifo
+	gone    bool
 }
 
 // MaxReplicas is how many replicas the index holds at once: slots are
@@ -148,6 +177,8 @@ type Index struct {
 	entries  int
 	dropped  uint64 // stores refused at MaxEntries
 
+	spec specState
+
 	m *metrics
 }
 
@@ -156,8 +187,11 @@ func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg.fillSpec()
 	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
 	x.holders.init(minCap)
+	x.spec = specState{holders: make(map[uint64][]uint16), dropped: make(map[string]uint64),
+		ttl: min(max(defaultSpecTTLInitial, cfg.SpecTTLMin), cfg.SpecTTLMax)}
 	x.m = newMetrics(x, reg)
 	return x, nil
 }
@@ -233,6 +267,9 @@ func (x *Index) applyLocked(node string, u *llmgwv1.KVBlocks) error {
 	}
 	r.Node = node
 	r.Untrusted = u.GetUntrusted()
+	if r.Untrusted {
+		x.clearPendingLocked(r, DropUntrusted)
+	}
 	if bs := u.GetBlockSize(); bs != 0 {
 		r.BlockSize = bs
 	}
@@ -266,6 +303,7 @@ func (x *Index) addLocked(id Replica) *replica {
 }
 
 func (x *Index) storeLocked(r *replica, h uint64) {
+	x.confirmLocked(r, h)
 	if x.entries >= x.cfg.MaxEntries {
 		if !r.blocks.has(h) {
 			x.dropped++
@@ -290,6 +328,7 @@ func (x *Index) storeLocked(r *replica, h uint64) {
 }
 
 func (x *Index) removeLocked(r *replica, h uint64) {
+	x.removedLocked(r, h)
 	if !r.blocks.remove(h) {
 		return
 	}
@@ -343,6 +382,7 @@ func (x *Index) holdersOf(h uint64, hs *holders) []uint16 {
 }
 
 func (x *Index) clearLocked(r *replica) {
+	x.clearPendingLocked(r, DropReset)
 	r.blocks.each(func(h uint64) { x.unholdLocked(r.slot, h) })
 	x.entries -= r.blocks.Len()
 	// A fresh set rather than emptying it in place: it would keep its peak
@@ -353,6 +393,7 @@ func (x *Index) clearLocked(r *replica) {
 
 func (x *Index) dropLocked(r *replica) {
 	x.clearLocked(r)
+	r.gone = true
 	delete(x.replicas, r.ID)
 	x.slots[r.slot] = nil
 	x.free = append(x.free, r.slot)
@@ -375,7 +416,10 @@ func (x *Index) Retain(keep func(Replica) bool) {
 // replica's first missing block. Replicas holding none are not listed.
 // hashes are a prompt's block hashes in order (the low 64 bits of vLLM's,
 // as KVBlocks carries them).
-func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
+func (x *Index) Lookup(hashes []uint64, dst []Match) []Match { return x.lookup(hashes, dst, false) }
+
+// lookup is Lookup, or with pending LookupPending, timed.
+func (x *Index) lookup(hashes []uint64, dst []Match, pending bool) []Match {
 	if len(hashes) == 0 {
 		return dst
 	}
@@ -385,6 +429,14 @@ func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
 		x.mu.RUnlock()
 		x.m.lookup.Observe(time.Since(start).Seconds())
 	}()
+	if pending && x.spec.n > 0 {
+		return x.lookupPendingLocked(hashes, dst)
+	}
+	return x.lookupLocked(hashes, dst)
+}
+
+// lookupLocked is Lookup under the read lock.
+func (x *Index) lookupLocked(hashes []uint64, dst []Match) []Match {
 	// The replicas still matching: the holders of block 0, narrowed block
 	// by block until none is left, so the walk costs one probe per block
 	// up to the longest match (design §7.5: leading blocks only).
@@ -418,20 +470,20 @@ func (x *Index) Lookup(hashes []uint64, dst []Match) []Match {
 				alive[k] = s
 				k++
 			} else {
-				dst = x.appendMatch(dst, s, i)
+				dst = x.appendMatch(dst, s, i, 0)
 			}
 		}
 		alive = alive[:k]
 	}
 	for _, s := range alive {
-		dst = x.appendMatch(dst, s, len(hashes))
+		dst = x.appendMatch(dst, s, len(hashes), 0)
 	}
 	return dst
 }
 
-func (x *Index) appendMatch(dst []Match, slot uint16, n int) []Match {
+func (x *Index) appendMatch(dst []Match, slot uint16, n, pending int) []Match {
 	r := x.slots[slot]
-	return append(dst, Match{Replica: r.Replica, Blocks: n, Untrusted: r.Untrusted})
+	return append(dst, Match{Replica: r.Replica, Blocks: n, Untrusted: r.Untrusted, Pending: pending})
 }
 
 // Status returns what the index holds for replica id; false when it has

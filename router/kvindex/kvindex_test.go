@@ -379,13 +379,19 @@ func itoa(i int) string {
 func BenchmarkLookup(b *testing.B) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	x, ps := fleet(b, 1000, 2000, 256, rng)
+	benchLookups(b, ps, x.Lookup)
+}
+
+// benchLookups runs lookup over the prompts ps in turn and reports its
+// latency percentiles.
+func benchLookups(b *testing.B, ps [][]uint64, lookup func([]uint64, []Match) []Match) {
 	lat := make([]time.Duration, 0, b.N)
 	dst := make([]Match, 0, 16)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		p := ps[i%len(ps)]
 		t0 := time.Now()
-		dst = x.Lookup(p, dst[:0])
+		dst = lookup(p, dst[:0])
 		lat = append(lat, time.Since(t0))
 	}
 	b.StopTimer()

@@ -5,6 +5,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	prefix        *prometheus.CounterVec
 	kv            *prometheus.CounterVec
+	kvSpecHits    prometheus.Counter
 	session       *prometheus.CounterVec
 	clamped       *prometheus.CounterVec
 	profileErrors *prometheus.CounterVec
@@ -23,6 +24,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "llmgw_kv_decisions_total",
 			Help: "Tier-2 (precise KV index) prefix decisions: hit, miss (tier 1 places it), load_override, untrusted, or why the index could not answer (no_data, tokenize_timeout, tokenize_error, multimodal, unsupported, short_prompt).",
 		}, []string{"decision"}),
+		kvSpecHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_kv_speculative_hits_total",
+			Help: "Tier-2 decisions (hit or untrusted) whose best match counted blocks pending from this router's own sends, not yet confirmed by the engine's events.",
+		}),
 		session: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_router_session_decisions_total",
 			Help: "Tier-0 session affinity decisions: hit, new (placed by rendezvous), moved (replica gone), load_override (over the load bound).",
@@ -42,7 +47,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.prefix, m.kv, m.session, m.clamped, m.profileErrors, m.latency)
+		reg.MustRegister(m.prefix, m.kv, m.kvSpecHits, m.session, m.clamped, m.profileErrors, m.latency)
 	}
 	return m
 }

@@ -46,9 +46,19 @@ const (
 // prompt would send everything to one replica — a fine hit rate and an
 // unusable p99. As one voice among several, the load scorers can outvote
 // it, and the imbalance guard silences it outright when load is lopsided.
-func (s *Scheduler) Prefix() Scorer { return &prefixScorer{s: s} }
+func (s *Scheduler) Prefix() Scorer { return s.prefixWith(DefaultParams()) }
 
-type prefixScorer struct{ s *Scheduler }
+// prefixWith is the Prefix scorer with p's tier-2 score.
+func (s *Scheduler) prefixWith(p Params) Scorer {
+	return &prefixScorer{s: s, cost: p.KVScore == KVScoreCost, queueWeight: p.KVQueueWeight}
+}
+
+type prefixScorer struct {
+	s *Scheduler
+	// cost: tier 2 scores by costScores rather than by shares.
+	cost        bool
+	queueWeight float64
+}
 
 func (*prefixScorer) Name() string { return "prefix" }
 
@@ -98,11 +108,16 @@ func (p *prefixScorer) decide(r *Request, cands []Candidate, out []float64) stri
 // BOS block or chat header says nothing about the conversation). Untrusted
 // candidates are scored by the tree, as a share of the prompt's chunks, so
 // they compete on the same scale rather than being shunned or favoured.
+// With the cost score (Params.KVScore), the trusted candidates' shares are
+// replaced by costScores once a hit is established.
 func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []float64) string {
 	if p.s.cfg.Imbalance.Imbalanced(cands) {
 		return KVLoadOverride
 	}
-	best, untrusted := 0, false
+	// bestPending: how many of the best match's blocks were pending —
+	// the fewest among replicas tied for it, so a hit counts as
+	// speculative only when confirmed blocks alone would not have made it.
+	best, bestPending, untrusted := 0, 0, false
 	for i := range cands {
 		id := cands[i].Key.ID
 		if q.Untrusted[id] {
@@ -110,13 +125,25 @@ func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []
 			continue
 		}
 		m := min(q.Matched[id], q.Total)
-		best = max(best, m)
+		switch pend := q.Pending[id]; {
+		case m > best:
+			best, bestPending = m, pend
+		case m == best:
+			bestPending = min(bestPending, pend)
+		}
 		out[i] = float64(m) / float64(q.Total)
 	}
 	if best < max(q.MinBlocks, 1) {
 		clear(out)
 		if !untrusted {
 			return KVMiss
+		}
+	} else {
+		if bestPending > 0 {
+			p.s.m.kvSpecHits.Inc()
+		}
+		if p.cost {
+			p.costScores(q, cands, out)
 		}
 	}
 	if untrusted && len(r.Prefix) > 0 {
@@ -129,6 +156,62 @@ func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []
 		return KVUntrusted
 	}
 	return KVHit
+}
+
+// costScores replaces the trusted candidates' shares with a score by
+// cost, as NVIDIA Dynamo's KV router chooses (design §7.5 step 5): the
+// prefill a replica would spend before this prompt's first token,
+//
+//	cost = own + KVQueueWeight × queued
+//	own    = prompt tokens − leading blocks held × block size
+//	queued = max(this router's prefill sent there without a first byte yet,
+//	             the engine's waiting requests × the mean own cost)
+//
+// own is the prompt's prefill there; queued the prefill ahead of it — this
+// router's exact record, or the agents' load where other routers' (or a
+// stale record's) requests wait there too. score = 1 − cost / the highest
+// cost, so the cheapest replica scores up to 1, replicas alike score alike
+// and the other scorers decide between them.
+func (p *prefixScorer) costScores(q *KVQuery, cands []Candidate, out []float64) {
+	bs := max(q.BlockSize, 1)
+	tokens := max(q.Tokens, q.Total*bs)
+	var sum float64
+	n := 0
+	for i := range cands {
+		id := cands[i].Key.ID
+		if q.Untrusted[id] {
+			continue
+		}
+		out[i] = float64(max(tokens-min(q.Matched[id], q.Total)*bs, 0))
+		sum += out[i]
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	mean, top := sum/float64(n), 0.0
+	for i := range cands {
+		id := cands[i].Key.ID
+		if q.Untrusted[id] {
+			continue
+		}
+		queued := q.Queued[id]
+		if !cands[i].Saturated {
+			queued = max(queued, cands[i].Waiting*mean)
+		}
+		out[i] += p.queueWeight * queued
+		top = max(top, out[i])
+	}
+	for i := range cands {
+		if q.Untrusted[cands[i].Key.ID] {
+			continue
+		}
+		if top > 0 {
+			out[i] = 1 - out[i]/top
+		} else {
+			out[i] = 1
+		}
+	}
 }
 
 func (p *prefixScorer) Observe(r *Request, chosen *Candidate) {

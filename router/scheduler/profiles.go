@@ -16,6 +16,21 @@ var (
 	Profiles = []string{"chat", "batch", "long-context", "debug"}
 	Scorers  = []string{"session", "queue", "kv", "inflight", "weight", "load", "prefix"}
 	Pickers  = []string{"p2c", "max-score", "softmax", "round-robin"}
+	KVScores = []string{KVScoreShare, KVScoreCost}
+)
+
+// Tier 2's scores (design §7.5 step 5), as profile_overrides.kv_score
+// names them.
+const (
+	// KVScoreShare scores a replica by the share of the prompt's leading
+	// blocks it holds.
+	KVScoreShare = "share"
+	// KVScoreCost scores it by the prefill it would cost: the prompt's
+	// tokens it would still compute plus the prefill queued on it (see
+	// costScores).
+	KVScoreCost = "cost"
+	// DefaultKVScore is the score a profile uses unless overridden.
+	DefaultKVScore = KVScoreShare
 )
 
 // DefaultProfile is used for a model that names none, and in place of a
@@ -33,12 +48,23 @@ type Params struct {
 	KVCeiling float64
 	// SessionLoadFactor bounds session affinity: at least 1.
 	SessionLoadFactor float64
+	// KVScore is tier 2's score, KVScoreShare or KVScoreCost.
+	KVScore string
+	// Speculation lets tier 2 count this router's own recent sends as held
+	// until the engine's events confirm them (kvindex.LookupPending).
+	Speculation bool
+	// KVQueueWeight weighs, in the cost score, the prefill already queued
+	// on a replica against this prompt's own prefill there: 1 counts a
+	// queued token as a token of this prompt's, which is what it costs the
+	// prompt in time to first token on an engine that prefills in order.
+	KVQueueWeight float64
 }
 
 // DefaultParams are the seeds' starting values; `llmgwctl bench` is how to
 // move them.
 func DefaultParams() Params {
-	return Params{TargetWaiting: 4, TargetInflight: 8, KVCeiling: 0.9, SessionLoadFactor: 1.25}
+	return Params{TargetWaiting: 4, TargetInflight: 8, KVCeiling: 0.9, SessionLoadFactor: 1.25,
+		KVScore: DefaultKVScore, Speculation: true, KVQueueWeight: 1}
 }
 
 // ValidateOverrides checks a model's profile name and overrides, naming the
@@ -63,6 +89,12 @@ func ValidateOverrides(profile string, o *llmgwv1.ProfileOverrides) error {
 	}
 	if v := o.GetSessionLoadFactor(); !finite(v) || (v != 0 && v < 1) {
 		return fmt.Errorf("profile_overrides.session_load_factor: must be at least 1 (0 for the default), got %v", v)
+	}
+	if v := o.GetKvQueueWeight(); !finite(v) || v < 0 {
+		return fmt.Errorf("profile_overrides.kv_queue_weight: must be a finite number >= 0, got %v", v)
+	}
+	if k := o.GetKvScore(); k != "" && !slices.Contains(KVScores, k) {
+		return fmt.Errorf("profile_overrides.kv_score: unknown score %q (want one of %s)", k, strings.Join(KVScores, ", "))
 	}
 	names := make([]string, 0, len(o.GetWeights()))
 	for k := range o.GetWeights() {
@@ -103,6 +135,15 @@ func (s *Scheduler) Build(profile string, o *llmgwv1.ProfileOverrides) (*Profile
 	if v := o.GetSessionLoadFactor(); v > 0 {
 		p.SessionLoadFactor = v
 	}
+	if k := o.GetKvScore(); k != "" {
+		p.KVScore = k
+	}
+	if o != nil && o.Speculation != nil {
+		p.Speculation = *o.Speculation
+	}
+	if v := o.GetKvQueueWeight(); v > 0 {
+		p.KVQueueWeight = v
+	}
 	var prof *Profile
 	switch profile {
 	case "", "chat":
@@ -120,6 +161,7 @@ func (s *Scheduler) Build(profile string, o *llmgwv1.ProfileOverrides) (*Profile
 	if name := o.GetPicker(); name != "" {
 		prof.Picker = s.picker(name)
 	}
+	prof.KVScore, prof.Speculation = p.KVScore, p.Speculation
 	return prof, nil
 }
 
@@ -159,7 +201,7 @@ func (s *Scheduler) scorer(name string, p Params) Scorer {
 	case "load":
 		return s.Load(loadWindow)
 	default: // "prefix"; names are validated first
-		return s.Prefix()
+		return s.prefixWith(p)
 	}
 }
 
@@ -194,15 +236,17 @@ func (s *Scheduler) filters(p Params) []Filter {
 // router's guess.
 func (s *Scheduler) Chat(p Params) *Profile {
 	return &Profile{
-		Name:    "chat",
-		Filters: s.filters(p),
+		Name:        "chat",
+		KVScore:     p.KVScore,
+		Speculation: p.Speculation,
+		Filters:     s.filters(p),
 		Scorers: []WeightedScorer{
 			{s.Session(p.SessionLoadFactor), 3},
 			{Queue(p.TargetWaiting), 1},
 			{KV(p.KVCeiling), 1},
 			{Inflight(p.TargetInflight), 1},
 			{Weight(), 0.5},
-			{s.Prefix(), 2},
+			{s.prefixWith(p), 2},
 		},
 		Picker: P2C(s.cfg.Rand),
 	}
@@ -230,14 +274,16 @@ func (s *Scheduler) Batch(p Params) *Profile {
 // prompt is mostly prefill and prefill is what a cache hit skips.
 func (s *Scheduler) LongContext(p Params) *Profile {
 	return &Profile{
-		Name:    "long-context",
-		Filters: s.filters(p),
+		Name:        "long-context",
+		KVScore:     p.KVScore,
+		Speculation: p.Speculation,
+		Filters:     s.filters(p),
 		Scorers: []WeightedScorer{
 			{KV(p.KVCeiling), 3},
 			{s.Session(p.SessionLoadFactor), 2},
 			{Queue(p.TargetWaiting), 1},
 			{Inflight(p.TargetInflight), 1},
-			{s.Prefix(), 3},
+			{s.prefixWith(p), 3},
 		},
 		Picker: Softmax(softmaxTau, s.cfg.Rand),
 	}

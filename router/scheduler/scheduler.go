@@ -102,6 +102,14 @@ type KVQuery struct {
 	MinBlocks int
 	// BlockSize is the tokens per block the prompt was hashed with.
 	BlockSize int
+	// Pending is how many of each replica's Matched blocks were this
+	// router's speculative entries (sent, not yet confirmed by events).
+	Pending map[string]int
+	// Tokens is the prompt's length in tokens (the cost score's prefill).
+	Tokens int
+	// Queued is the prefill, in tokens, this router has sent each replica
+	// and not yet seen a first byte for (the cost score's queue).
+	Queued map[string]float64
 }
 
 // Request is what the scheduler knows of a request.
@@ -165,6 +173,11 @@ type Profile struct {
 	Filters []Filter
 	Scorers []WeightedScorer
 	Picker  Picker
+	// KVScore and Speculation are the profile's tier-2 settings (Params):
+	// the Prefix scorer applies the first, whoever prepares the KVQuery
+	// the second.
+	KVScore     string
+	Speculation bool
 }
 
 // Rand is the randomness the framework draws from. *rand.Rand satisfies

@@ -402,6 +402,9 @@ func TestProfiles(t *testing.T) {
 		{"kv ceiling", "chat", &llmgwv1.ProfileOverrides{KvCeiling: 1.5}, nil, "", "profile_overrides.kv_ceiling:"},
 		{"session factor below 1", "chat", &llmgwv1.ProfileOverrides{SessionLoadFactor: 0.5}, nil, "", "profile_overrides.session_load_factor:"},
 		{"negative target", "chat", &llmgwv1.ProfileOverrides{TargetWaiting: -2}, nil, "", "profile_overrides.target_waiting:"},
+		{"unknown kv score", "chat", &llmgwv1.ProfileOverrides{KvScore: "cheap"}, nil, "", "profile_overrides.kv_score:"},
+		{"negative queue weight", "chat", &llmgwv1.ProfileOverrides{KvQueueWeight: -1}, nil, "", "profile_overrides.kv_queue_weight:"},
+		{"infinite queue weight", "chat", &llmgwv1.ProfileOverrides{KvQueueWeight: math.Inf(1)}, nil, "", "profile_overrides.kv_queue_weight:"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -422,6 +425,44 @@ func TestProfiles(t *testing.T) {
 			}
 			if fmt.Sprint(got) != fmt.Sprint(tt.weights) || p.Picker.Name() != tt.picker {
 				t.Fatalf("weights %v picker %s, want %v %s", got, p.Picker.Name(), tt.weights, tt.picker)
+			}
+		})
+	}
+}
+
+// TestProfileTier2Settings: kv_score and speculation reach the profile
+// (the director reads Speculation, the Prefix scorer the score).
+func TestProfileTier2Settings(t *testing.T) {
+	off, on := false, true
+	tests := []struct {
+		name     string
+		profile  string
+		o        *llmgwv1.ProfileOverrides
+		score    string
+		spec     bool
+		costUsed bool
+	}{
+		{"defaults", "chat", nil, DefaultKVScore, true, DefaultKVScore == KVScoreCost},
+		{"cost", "chat", &llmgwv1.ProfileOverrides{KvScore: "cost"}, KVScoreCost, true, true},
+		{"share, speculation off", "long-context", &llmgwv1.ProfileOverrides{KvScore: "share", Speculation: &off}, KVScoreShare, false, false},
+		{"speculation on explicitly", "chat", &llmgwv1.ProfileOverrides{Speculation: &on}, DefaultKVScore, true, DefaultKVScore == KVScoreCost},
+		{"a prefix scorer brought into batch takes the score", "batch",
+			&llmgwv1.ProfileOverrides{KvScore: "cost", Weights: map[string]float64{"prefix": 1}}, KVScoreCost, true, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := newSched(t, 1)
+			p, err := s.Build(tt.profile, tt.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.KVScore != tt.score || p.Speculation != tt.spec {
+				t.Fatalf("KVScore %q Speculation %v, want %q %v", p.KVScore, p.Speculation, tt.score, tt.spec)
+			}
+			for _, w := range p.Scorers {
+				if ps, ok := w.Scorer.(*prefixScorer); ok && ps.cost != tt.costUsed {
+					t.Fatalf("prefix scorer cost = %v, want %v", ps.cost, tt.costUsed)
+				}
 			}
 		})
 	}

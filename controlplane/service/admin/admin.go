@@ -105,6 +105,9 @@ type Deps struct {
 	// Keyring is this server's own keyring operation; nil reports this
 	// server as not serving them.
 	Keyring LocalKeyring
+	// Started is when this server's process started (ClusterStatus's
+	// started_unix_ms); zero leaves it unset.
+	Started time.Time
 }
 
 // Service is the AdminService of server self.
@@ -121,13 +124,14 @@ type Service struct {
 	// restoreMax bounds a restored snapshot's body (snapshot.go).
 	restoreMax uint64
 	keyring    LocalKeyring
+	started    time.Time
 	log        *slog.Logger
 }
 
 // New returns the AdminService of server self.
 func New(self string, d Deps, log *slog.Logger) *Service {
 	return &Service{self: self, propose: d.Propose, state: d.State, raft: d.Raft, peers: d.Peers,
-		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, log: log}
+		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, started: d.Started, log: log}
 }
 
 func errValidation(field, reason string) error {
@@ -239,6 +243,7 @@ func (a *Service) ClusterStatus(ctx context.Context, _ *llmgwv1.ClusterStatusReq
 		RaftLastIndex:     proto.Uint64(idx),
 		RaftLastTerm:      proto.Uint64(term),
 		RaftLastContactMs: proto.Int64(lc.Milliseconds()),
+		StartedUnixMs:     startedMs(a.started),
 	}, nil
 }
 
@@ -288,4 +293,12 @@ func (a *Service) SetNodeLabels(ctx context.Context, req *llmgwv1.SetNodeLabelsR
 	n, _ := res.(*llmgwv1.Node)
 	a.log.Info("node relabeled by operator", "target_node", req.Id, "revision", rev)
 	return &llmgwv1.SetNodeLabelsResponse{Revision: rev, Node: n}, nil
+}
+
+// startedMs is t in Unix milliseconds; nil (unset) for the zero time.
+func startedMs(t time.Time) *int64 {
+	if t.IsZero() {
+		return nil
+	}
+	return proto.Int64(t.UnixMilli())
 }

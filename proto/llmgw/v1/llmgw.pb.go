@@ -464,8 +464,18 @@ type ProfileOverrides struct {
 	KvCeiling         float64                `protobuf:"fixed64,3,opt,name=kv_ceiling,json=kvCeiling,proto3" json:"kv_ceiling,omitempty"`
 	SessionLoadFactor float64                `protobuf:"fixed64,4,opt,name=session_load_factor,json=sessionLoadFactor,proto3" json:"session_load_factor,omitempty"`
 	// Scorer name -> weight; replaces the profile's weight for that scorer.
-	Weights       map[string]float64 `protobuf:"bytes,5,rep,name=weights,proto3" json:"weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
-	Picker        string             `protobuf:"bytes,6,opt,name=picker,proto3" json:"picker,omitempty"`
+	Weights map[string]float64 `protobuf:"bytes,5,rep,name=weights,proto3" json:"weights,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	Picker  string             `protobuf:"bytes,6,opt,name=picker,proto3" json:"picker,omitempty"`
+	// Tier 2's score (design §7.5 step 5): "share" (of the prompt's leading
+	// blocks a replica holds) or "cost" (prefill tokens still to compute plus
+	// prefill queued); "" is the default.
+	KvScore string `protobuf:"bytes,7,opt,name=kv_score,json=kvScore,proto3" json:"kv_score,omitempty"`
+	// Tier 2 counts the router's own recent sends as held until the engine's
+	// events confirm them (speculative entries). Unset is on.
+	Speculation *bool `protobuf:"varint,8,opt,name=speculation,proto3,oneof" json:"speculation,omitempty"`
+	// The cost score's weight of prefill already queued on a replica against
+	// this prompt's own prefill there; 0 is the default (1).
+	KvQueueWeight float64 `protobuf:"fixed64,9,opt,name=kv_queue_weight,json=kvQueueWeight,proto3" json:"kv_queue_weight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -540,6 +550,27 @@ func (x *ProfileOverrides) GetPicker() string {
 		return x.Picker
 	}
 	return ""
+}
+
+func (x *ProfileOverrides) GetKvScore() string {
+	if x != nil {
+		return x.KvScore
+	}
+	return ""
+}
+
+func (x *ProfileOverrides) GetSpeculation() bool {
+	if x != nil && x.Speculation != nil {
+		return *x.Speculation
+	}
+	return false
+}
+
+func (x *ProfileOverrides) GetKvQueueWeight() float64 {
+	if x != nil {
+		return x.KvQueueWeight
+	}
+	return 0
 }
 
 // Model is a deployable model: what to run, how many, and how to route to it.
@@ -5162,12 +5193,15 @@ type RaftPeer struct {
 	Voter   bool                   `protobuf:"varint,3,opt,name=voter,proto3" json:"voter,omitempty"`
 	Leader  bool                   `protobuf:"varint,4,opt,name=leader,proto3" json:"leader,omitempty"`
 	Healthy bool                   `protobuf:"varint,5,opt,name=healthy,proto3" json:"healthy,omitempty"`
-	// Milliseconds since the leader last heard from it (0 for the leader).
+	// Milliseconds since the leader last heard from it (0 for the leader):
+	// the server's own figure while the leader's autopilot reaches it, and
+	// the time since its last answer once it does not. -1: the leader has not
+	// heard from it since it took office.
 	LastContactMs int64  `protobuf:"varint,6,opt,name=last_contact_ms,json=lastContactMs,proto3" json:"last_contact_ms,omitempty"`
 	LastIndex     uint64 `protobuf:"varint,7,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
 	Version       string `protobuf:"bytes,8,opt,name=version,proto3" json:"version,omitempty"`
-	// Time the server has been stable (healthy), in seconds; autopilot
-	// promotes non-voters after a stabilization period.
+	// Time the server has been stable (healthy), in seconds, never more than
+	// its uptime; autopilot promotes non-voters after a stabilization period.
 	StableSeconds int64 `protobuf:"varint,9,opt,name=stable_seconds,json=stableSeconds,proto3" json:"stable_seconds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5986,8 +6020,12 @@ type ClusterStatusResponse struct {
 	RaftLastIndex     *uint64 `protobuf:"varint,9,opt,name=raft_last_index,json=raftLastIndex,proto3,oneof" json:"raft_last_index,omitempty"`
 	RaftLastTerm      *uint64 `protobuf:"varint,10,opt,name=raft_last_term,json=raftLastTerm,proto3,oneof" json:"raft_last_term,omitempty"`
 	RaftLastContactMs *int64  `protobuf:"varint,11,opt,name=raft_last_contact_ms,json=raftLastContactMs,proto3,oneof" json:"raft_last_contact_ms,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// When the answering server's process started (Unix milliseconds): the
+	// leader bounds a server's autopilot stable time by its uptime, which a
+	// restart quicker than autopilot's health check would otherwise outlast.
+	StartedUnixMs *int64 `protobuf:"varint,12,opt,name=started_unix_ms,json=startedUnixMs,proto3,oneof" json:"started_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterStatusResponse) Reset() {
@@ -6093,6 +6131,13 @@ func (x *ClusterStatusResponse) GetRaftLastTerm() uint64 {
 func (x *ClusterStatusResponse) GetRaftLastContactMs() int64 {
 	if x != nil && x.RaftLastContactMs != nil {
 		return *x.RaftLastContactMs
+	}
+	return 0
+}
+
+func (x *ClusterStatusResponse) GetStartedUnixMs() int64 {
+	if x != nil && x.StartedUnixMs != nil {
+		return *x.StartedUnixMs
 	}
 	return 0
 }
@@ -6553,7 +6598,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14llmgw/v1/llmgw.proto\x12\bllmgw.v1\"1\n" +
 	"\aAdapter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\"\xc8\x02\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\xc2\x03\n" +
 	"\x10ProfileOverrides\x12%\n" +
 	"\x0etarget_waiting\x18\x01 \x01(\x01R\rtargetWaiting\x12'\n" +
 	"\x0ftarget_inflight\x18\x02 \x01(\x01R\x0etargetInflight\x12\x1d\n" +
@@ -6561,10 +6606,14 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"kv_ceiling\x18\x03 \x01(\x01R\tkvCeiling\x12.\n" +
 	"\x13session_load_factor\x18\x04 \x01(\x01R\x11sessionLoadFactor\x12A\n" +
 	"\aweights\x18\x05 \x03(\v2'.llmgw.v1.ProfileOverrides.WeightsEntryR\aweights\x12\x16\n" +
-	"\x06picker\x18\x06 \x01(\tR\x06picker\x1a:\n" +
+	"\x06picker\x18\x06 \x01(\tR\x06picker\x12\x19\n" +
+	"\bkv_score\x18\a \x01(\tR\akvScore\x12%\n" +
+	"\vspeculation\x18\b \x01(\bH\x00R\vspeculation\x88\x01\x01\x12&\n" +
+	"\x0fkv_queue_weight\x18\t \x01(\x01R\rkvQueueWeight\x1a:\n" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xb1\a\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x0e\n" +
+	"\f_speculation\"\xb1\a\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -6950,7 +6999,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14ListReplicasResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
 	"\breplicas\x18\x02 \x03(\v2\x15.llmgw.v1.ReplicaViewR\breplicas\"\x16\n" +
-	"\x14ClusterStatusRequest\"\xe9\x03\n" +
+	"\x14ClusterStatusRequest\"\xaa\x04\n" +
 	"\x15ClusterStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x121\n" +
 	"\aservers\x18\x02 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\x12\x1a\n" +
@@ -6964,10 +7013,12 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x0fraft_last_index\x18\t \x01(\x04H\x00R\rraftLastIndex\x88\x01\x01\x12)\n" +
 	"\x0eraft_last_term\x18\n" +
 	" \x01(\x04H\x01R\fraftLastTerm\x88\x01\x01\x124\n" +
-	"\x14raft_last_contact_ms\x18\v \x01(\x03H\x02R\x11raftLastContactMs\x88\x01\x01B\x12\n" +
+	"\x14raft_last_contact_ms\x18\v \x01(\x03H\x02R\x11raftLastContactMs\x88\x01\x01\x12+\n" +
+	"\x0fstarted_unix_ms\x18\f \x01(\x03H\x03R\rstartedUnixMs\x88\x01\x01B\x12\n" +
 	"\x10_raft_last_indexB\x11\n" +
 	"\x0f_raft_last_termB\x17\n" +
-	"\x15_raft_last_contact_ms\"3\n" +
+	"\x15_raft_last_contact_msB\x12\n" +
+	"\x10_started_unix_ms\"3\n" +
 	"\x14LoadSubscribeRequest\x12\x1b\n" +
 	"\tclient_id\x18\x01 \x01(\tR\bclientId\"\xdb\x01\n" +
 	"\vReplicaLoad\x12\x1d\n" +
@@ -7347,6 +7398,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 	if File_llmgw_v1_llmgw_proto != nil {
 		return
 	}
+	file_llmgw_v1_llmgw_proto_msgTypes[1].OneofWrappers = []any{}
 	file_llmgw_v1_llmgw_proto_msgTypes[32].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
