@@ -84,9 +84,10 @@ func externalReplicas(t *testing.T, addr, model string) map[string]replicaView {
 func waitExternal(t *testing.T, addr, model string, engines []*externalEngine, what string, cond func(e *externalEngine, r replicaView) bool) map[string]replicaView {
 	t.Helper()
 	var last []replicaView
+	var lastErr error
 	ok := eventually(60*time.Second, func() bool {
 		list, err := clusterReplicas(addr)
-		if err != nil {
+		if lastErr = err; err != nil {
 			return false
 		}
 		last = last[:0]
@@ -107,7 +108,7 @@ func waitExternal(t *testing.T, addr, model string, engines []*externalEngine, w
 		return true
 	})
 	if !ok {
-		t.Fatalf("%s: not within %v; replicas: %s", what, within(60*time.Second), describeReplicas(last))
+		t.Fatalf("%s: not within %v; replicas: %s (last error: %v)", what, within(60*time.Second), describeReplicas(last), lastErr)
 	}
 	return externalReplicas(t, addr, model)
 }
@@ -115,9 +116,9 @@ func waitExternal(t *testing.T, addr, model string, engines []*externalEngine, w
 func describeReplicas(rs []replicaView) string {
 	var parts []string
 	for _, r := range rs {
-		s := fmt.Sprintf("%s uid %s on %s", r.Replica.ID, r.Replica.UID, r.Replica.Node)
+		s := fmt.Sprintf("%s uid %v on %s", r.Replica.ID, r.Replica.UID, r.Replica.Node)
 		if r.Status != nil {
-			s += fmt.Sprintf(": %s at %s (uid %s, incarnation %s)", r.Status.Phase, r.Status.Address, r.Status.UID, r.Status.Incarnation)
+			s += fmt.Sprintf(": %s at %s (uid %v, incarnation %v)", r.Status.Phase, r.Status.Address, r.Status.UID, r.Status.Incarnation)
 		}
 		parts = append(parts, s)
 	}
