@@ -78,6 +78,9 @@ type runner struct {
 	launch      engine.Launch
 	ports       map[string]int
 	recordedPid int
+	// recordedIncarnation is the incarnation of an external replica its
+	// record holds (external.go).
+	recordedIncarnation uint64
 }
 
 func (r *runner) supervisor() *supervisor.Supervisor {
@@ -167,6 +170,7 @@ func (rs *replicaSet) forget(id string, r *runner) {
 	}
 	delete(rs.running, id)
 	rs.book.remove(id)
+	rs.dropExternal(id)
 	rs.adapters.Forget(id)
 	rs.metrics.forgetReplica(id, r.replica.GetModel())
 	if err := rs.ports.Release(id + "/"); err != nil {
@@ -218,6 +222,17 @@ func (rs *replicaSet) drain(ctx context.Context, r *runner) {
 	id, uid := r.replica.GetId(), r.replica.GetUid()
 	log := rs.log.With("replica", id, "model", r.replica.GetModel())
 	began := rs.now()
+	if r.isExternal() {
+		// Nothing runs here to go idle: routers stop choosing the replica
+		// on their own and the engine serves on, so the probing stops now.
+		log.Info("external replica draining; its probing stops")
+		rs.mu.Lock()
+		r.drained = ctx.Err() == nil
+		rs.mu.Unlock()
+		r.cancel()
+		<-r.done
+		return
+	}
 	log.Info("replica draining; its engine stops once idle", "quiet", rs.cfg.DrainQuiet, "timeout", rs.cfg.DrainTimeout)
 	out, err := drain.Wait(ctx, rs.cfg.drainConfig(), rs.loads, drain.Replica{ID: id, UID: uid, Serving: func() bool {
 		st := rs.book.status(id)
@@ -287,6 +302,9 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	sc.Backoff = rs.cfg.RestartBackoff
 	sc.Pdeathsig = rs.cfg.StopEnginesOnExit
 	sc.Adopt = r.adopted
+	if r.isExternal() {
+		sc.FirstIncarnation = rs.nextExternalIncarnation(rep)
+	}
 	sup := supervisor.New(sc, report, rs.log)
 	r.mu.Lock()
 	r.sup = sup
@@ -328,7 +346,11 @@ func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *
 		ports[purpose] = p
 		return p, err
 	}
-	if model.GetEngine() != engine.External {
+	if model.GetEngine() == engine.External {
+		if model.GetKvEvents() {
+			kvl = rs.connectKV(rep, model)
+		}
+	} else {
 		if spec.Port, err = port("http", rs.cfg.AdvertiseAddr); err != nil {
 			return engine.Launch{}, nil, nil, err
 		}
@@ -376,8 +398,14 @@ func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port,
 	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), kvTopic
 	cfg.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(port)
 	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
-	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
 	cfg.CatchUp = catchUp
+	return rs.startKV(cfg, rep, model)
+}
+
+// startKV completes a listener's config from the model and the agent's
+// settings and starts it; nil, logged, on failure.
+func (rs *replicaSet) startKV(cfg kv.ListenerConfig, rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
+	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
 	if rs.cfg.KVMaxFrameBytes != 0 {
 		cfg.MaxMessageBytes = rs.cfg.KVMaxFrameBytes
 	}
@@ -415,6 +443,9 @@ func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
 		// Before the currency check: a replaced placement's engine is
 		// stopped (and its record removed) before the new one starts.
 		rs.record(r, st)
+		if r.isExternal() {
+			rs.recordExternal(r, st)
+		}
 		rs.mu.Lock()
 		current := rs.running[r.replica.GetId()] == r
 		rs.mu.Unlock()

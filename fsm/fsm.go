@@ -326,6 +326,9 @@ func (a *applier) placeReplica(p *llmgwv1.PlaceReplicaCommand) (any, error) {
 	if !ok {
 		return nil, fmt.Errorf("replica on node %q: %w", r.Node, ErrNotFound)
 	}
+	if err := checkReplicaEndpoint(r, a.f.models[r.Model]); err != nil {
+		return nil, err
+	}
 	var newOrdinal uint64
 	if r.Id == "" {
 		newOrdinal = a.f.ordinals[r.Model]
@@ -371,6 +374,26 @@ func (a *applier) placeReplica(p *llmgwv1.PlaceReplicaCommand) (any, error) {
 	a.f.replicas[r.Id] = r
 	a.put(r)
 	return proto.Clone(r), nil
+}
+
+// checkReplicaEndpoint holds the replica record of an external engine
+// (design §5.5): it stands for one of its model's endpoints and holds no
+// GPUs, since nothing runs on its node (the agent there only probes the
+// engine). A replica of any other engine names no endpoint.
+func checkReplicaEndpoint(r *llmgwv1.Replica, m *llmgwv1.Model) error {
+	if m.GetEngine() != "external" {
+		if r.Endpoint != "" {
+			return invalid("replica.endpoint", "only replicas of engine \"external\" name an endpoint; model %q runs engine %q", m.GetName(), m.GetEngine())
+		}
+		return nil
+	}
+	if !slices.Contains(m.GetEndpoints(), r.Endpoint) {
+		return invalid("replica.endpoint", "%q is not one of model %q's endpoints", r.Endpoint, m.GetName())
+	}
+	if len(r.GpuIndices) > 0 {
+		return invalid("replica.gpu_indices", "a replica of engine \"external\" holds no GPUs")
+	}
+	return nil
 }
 
 func (a *applier) removeReplica(p *llmgwv1.RemoveReplicaCommand) (any, error) {

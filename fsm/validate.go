@@ -190,8 +190,8 @@ func validateShape(m *llmgwv1.Model) error {
 	if err := validateOverrides(m.ProfileOverrides); err != nil {
 		return err
 	}
-	if m.KvEvents && m.Engine != "vllm" && m.Engine != "sim" {
-		return invalid("kv_events", "only engines vllm and sim publish KV events, not %q", m.Engine)
+	if m.KvEvents && m.Engine != "vllm" && m.Engine != "sim" && !external {
+		return invalid("kv_events", "only engines vllm, sim and external (vLLM) publish KV events, not %q", m.Engine)
 	}
 	if m.BlockSize != 0 && !slices.Contains(BlockSizes, m.BlockSize) {
 		return invalid("block_size", "must be one of %s, got %d", uintList(BlockSizes), m.BlockSize)
@@ -303,7 +303,7 @@ func validateEndpoints(m *llmgwv1.Model) error {
 		if len(m.Endpoints) > 0 {
 			return invalid("endpoints", "only allowed for engine \"external\"; llmgw runs engine %q itself", m.Engine)
 		}
-		return nil
+		return validateKVEndpoints(m)
 	}
 	if len(m.Endpoints) == 0 {
 		return invalid("endpoints", "required for engine \"external\": at least one base URL")
@@ -313,6 +313,77 @@ func validateEndpoints(m *llmgwv1.Model) error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return invalid(fmt.Sprintf("endpoints[%d]", i), "must be an http:// or https:// base URL, got %q", e)
 		}
+	}
+	return validateKVEndpoints(m)
+}
+
+// validateKVEndpoints checks where the agent finds an external engine's KV
+// events (design §6): with kv_events, one publisher per endpoint, by index,
+// and a replay socket per endpoint or none at all. The agent connects to
+// both, so a wildcard host — what vLLM itself binds — is refused: it names
+// no host to connect to.
+func validateKVEndpoints(m *llmgwv1.Model) error {
+	kvFields := len(m.KvEventsPublishers) > 0 || len(m.KvEventsReplay) > 0 || m.KvEventsTopic != ""
+	if m.Engine != "external" || !m.KvEvents {
+		if kvFields {
+			return invalid("kv_events_publishers", "only for engine \"external\" with kv_events: true (llmgw sets up the sockets of the engines it runs)")
+		}
+		return nil
+	}
+	if len(m.KvEventsPublishers) != len(m.Endpoints) {
+		return invalid("kv_events_publishers", "kv_events on engine \"external\" needs one ZMQ publisher endpoint per endpoint (%d), got %d", len(m.Endpoints), len(m.KvEventsPublishers))
+	}
+	if len(m.KvEventsReplay) != 0 && len(m.KvEventsReplay) != len(m.Endpoints) {
+		return invalid("kv_events_replay", "one replay endpoint per endpoint (%d, \"\" for an engine without one) or none, got %d", len(m.Endpoints), len(m.KvEventsReplay))
+	}
+	for i, ep := range m.KvEventsPublishers {
+		if err := checkZMQConnect(fmt.Sprintf("kv_events_publishers[%d]", i), ep); err != nil {
+			return err
+		}
+	}
+	for i, ep := range m.KvEventsReplay {
+		if ep == "" {
+			continue
+		}
+		if err := checkZMQConnect(fmt.Sprintf("kv_events_replay[%d]", i), ep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// zmqHostPort splits tcp://HOST:PORT (an IPv6 host in brackets) without
+// package net, which fsm may not import (it must stay off the network).
+func zmqHostPort(ep string) (host, port string, ok bool) {
+	addr, ok := strings.CutPrefix(ep, "tcp://")
+	i := strings.LastIndexByte(addr, ':')
+	if !ok || i < 0 {
+		return "", "", false
+	}
+	host, port = addr[:i], addr[i+1:]
+	if strings.HasPrefix(host, "[") {
+		if !strings.HasSuffix(host, "]") {
+			return "", "", false
+		}
+		host = host[1 : len(host)-1]
+	} else if strings.ContainsAny(host, ":[]") {
+		return "", "", false
+	}
+	return host, port, !strings.ContainsAny(host, "/ ")
+}
+
+// checkZMQConnect checks a ZMQ endpoint the agent connects to:
+// tcp://HOST:PORT with a host that is not a wildcard.
+func checkZMQConnect(field, ep string) error {
+	host, port, ok := zmqHostPort(ep)
+	if !ok {
+		return invalid(field, "must be tcp://HOST:PORT, got %q", ep)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return invalid(field, "port must be in 1..65535, got %q", ep)
+	}
+	if host == "" || host == "*" || host == "::" || host == "0.0.0.0" {
+		return invalid(field, "%q is a wildcard the engine binds; name the engine's host, which the agent connects to", ep)
 	}
 	return nil
 }
@@ -421,20 +492,61 @@ func checkPolicy(m *llmgwv1.Model) error {
 	if m.Engine != "external" {
 		return nil
 	}
+	seen := map[string]int{}
 	for i, e := range m.Endpoints {
+		field := fmt.Sprintf("endpoints[%d]", i)
 		u, err := url.Parse(e)
 		if err != nil {
 			continue // validateEndpoints refused it already
 		}
 		if u.Hostname() == "" {
-			return invalid(fmt.Sprintf("endpoints[%d]", i), "must name a host, got %q", e)
+			return invalid(field, "must name a host, got %q", e)
 		}
-		if m.AllowLinkLocalEndpoints {
-			continue
+		if why := internalHost(u.Hostname()); why != "" && !m.AllowLinkLocalEndpoints {
+			return invalid(field, "%q is %s; set allow_link_local_endpoints: true to allow it", u.Hostname(), why)
 		}
-		if why := internalHost(u.Hostname()); why != "" {
-			return invalid(fmt.Sprintf("endpoints[%d]", i), "%q is %s; set allow_link_local_endpoints: true to allow it", u.Hostname(), why)
+		if err := routableEndpoint(field, u); err != nil {
+			return err
 		}
+		if j, dup := seen[u.Host]; dup {
+			return invalid(field, "%q is the engine of endpoints[%d] again: each endpoint is one replica", e, j)
+		}
+		seen[u.Host] = i
+	}
+	if !m.AllowLinkLocalEndpoints {
+		// The owning agent connects to these too (design §6).
+		for _, list := range []struct {
+			key string
+			eps []string
+		}{{"kv_events_publishers", m.KvEventsPublishers}, {"kv_events_replay", m.KvEventsReplay}} {
+			for i, ep := range list.eps {
+				host, _, ok := zmqHostPort(ep)
+				if !ok {
+					continue // validateKVEndpoints refused it already
+				}
+				if why := internalHost(host); why != "" {
+					return invalid(fmt.Sprintf("%s[%d]", list.key, i), "%q is %s; set allow_link_local_endpoints: true to allow it", host, why)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// routableEndpoint refuses the endpoints today's routers cannot reach as
+// written: they speak plain HTTP to host:port and send the client's own
+// path (/v1/...), so a TLS endpoint or a base path other than the OpenAI
+// root "/v1" would be silently dropped. At the entry points only, as a rule
+// of this release.
+func routableEndpoint(field string, u *url.URL) error {
+	if u.Scheme != "http" {
+		return invalid(field, "%s:// is not supported yet: routers speak plain HTTP to engines; got %q", u.Scheme, u.String())
+	}
+	if p := strings.TrimSuffix(u.Path, "/"); p != "" && p != "/v1" {
+		return invalid(field, "path %q is not supported: routers forward the client's /v1/... path to host:port; give the base URL (http://HOST:PORT)", u.Path)
+	}
+	if u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return invalid(field, "must be http://HOST:PORT without user, query or fragment, got %q", u.Redacted())
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func TestValidateModel(t *testing.T) {
 		{"hash seed too big", func(m *llmgwv1.Model) { m.HashSeed = "4294967296" }, "hash_seed", "must be a decimal in 0..4294967295"},
 		{"hash seed signed", func(m *llmgwv1.Model) { m.HashSeed = "+1" }, "hash_seed", "decimal"},
 		{"hash seed random", func(m *llmgwv1.Model) { m.HashSeed = "random" }, "hash_seed", "decimal"},
-		{"kv events on llamacpp", func(m *llmgwv1.Model) { m.Engine = "llamacpp"; m.KvEvents = true }, "kv_events", "only engines vllm and sim"},
+		{"kv events on llamacpp", func(m *llmgwv1.Model) { m.Engine = "llamacpp"; m.KvEvents = true }, "kv_events", "only engines vllm, sim and external (vLLM)"},
 		{"bad block size", func(m *llmgwv1.Model) { m.BlockSize = 17 }, "block_size", "must be one of"},
 		{"lora rank 320", func(m *llmgwv1.Model) { m.MaxLoraRank = 320 }, "", ""},
 		{"lora rank 4", func(m *llmgwv1.Model) { m.MaxLoraRank = 4 }, "max_lora_rank", "1,8,16,32,64,128,256,320,512"},
@@ -73,8 +73,35 @@ func TestValidateModel(t *testing.T) {
 		{"external needs endpoints", func(m *llmgwv1.Model) { m.Engine = "external" }, "endpoints", "required"},
 		{"external bad endpoint", func(m *llmgwv1.Model) { m.Engine = "external"; m.Endpoints = []string{"x:80"} }, "endpoints[0]", "http://"},
 		{"external", func(m *llmgwv1.Model) {
-			m.Engine, m.Model, m.Replicas, m.Endpoints = "external", "", 0, []string{"https://api.example.com/v1"}
+			m.Engine, m.Model, m.Replicas, m.Endpoints = "external", "", 0, []string{"http://api.example.com/v1"}
 		}, "", ""},
+		{"kv_events on external", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
+			m.KvEventsPublishers, m.KvEventsReplay, m.KvEventsTopic = []string{"tcp://a:5557", "tcp://[::1]:5557"}, []string{"tcp://a:5558", ""}, "kv"
+		}, "", ""},
+		{"kv_events on external without publishers", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
+			m.KvEventsPublishers = []string{"tcp://a:5557"}
+		}, "kv_events_publishers", "one ZMQ publisher endpoint per endpoint (2), got 1"},
+		{"kv_events on external, wildcard publisher", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
+			m.KvEventsPublishers = []string{"tcp://a:5557", "tcp://*:5557"}
+		}, "kv_events_publishers[1]", "wildcard"},
+		{"kv_events on external, bad replay", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
+			m.KvEventsPublishers, m.KvEventsReplay = []string{"tcp://a:5557", "tcp://b:5557"}, []string{"", "b:5558"}
+		}, "kv_events_replay[1]", "tcp://HOST:PORT"},
+		{"kv_events on external, replay list short", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
+			m.KvEventsPublishers, m.KvEventsReplay = []string{"tcp://a:5557", "tcp://b:5557"}, []string{"tcp://a:5558"}
+		}, "kv_events_replay", "one replay endpoint per endpoint (2"},
+		{"kv publishers without kv_events", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints = "external", "", 0, []string{"http://a:8000"}
+			m.KvEventsPublishers = []string{"tcp://a:5557"}
+		}, "kv_events_publishers", "only for engine"},
+		{"kv publishers on sim", func(m *llmgwv1.Model) {
+			m.KvEvents, m.KvEventsPublishers = true, []string{"tcp://a:5557"}
+		}, "kv_events_publishers", "only for engine"},
 		{"external with gpus", func(m *llmgwv1.Model) {
 			m.Engine, m.Endpoints, m.GpusPerReplica = "external", []string{"http://x"}, 1
 		}, "gpus_per_replica", "must be 0"},
@@ -157,18 +184,30 @@ func TestModelPolicy(t *testing.T) {
 			m.Engine, m.ExtraArgs = "llamacpp", []string{"--trust-remote-code", "--jinja"}
 		}, "", ""},
 
-		{"public endpoint", external("https://api.example.com/v1", "http://10.0.0.7:8000"), "", ""},
+		{"public endpoint", external("http://api.example.com/v1", "http://10.0.0.7:8000"), "", ""},
 		{"loopback endpoint", external("http://127.0.0.1:8000/v1"), "", ""},
-		{"metadata address", external("https://api.example.com", "http://169.254.169.254/latest/meta-data/"), "endpoints[1]", `"169.254.169.254" is a link-local address, where cloud metadata services answer; set ` + linkLocal},
+		{"https endpoint", external("http://10.0.0.7:8000", "https://api.example.com/v1"), "endpoints[1]", "https:// is not supported yet"},
+		{"endpoint with a base path", external("http://10.0.0.7:8000/vllm/v1"), "endpoints[0]", `path "/vllm/v1" is not supported`},
+		{"endpoint with a query", external("http://10.0.0.7:8000/?x=1"), "endpoints[0]", "without user, query or fragment"},
+		{"endpoint twice", external("http://10.0.0.7:8000", "http://10.0.0.8:8000", "http://10.0.0.7:8000/v1"), "endpoints[2]", "is the engine of endpoints[0] again"},
+		{"kv publisher on a metadata address", func(m *llmgwv1.Model) {
+			external("http://10.0.0.7:8000")(m)
+			m.KvEvents, m.KvEventsPublishers = true, []string{"tcp://169.254.169.254:5557"}
+		}, "kv_events_publishers[0]", "link-local"},
+		{"kv replay on a link-local address", func(m *llmgwv1.Model) {
+			external("http://10.0.0.7:8000")(m)
+			m.KvEvents, m.KvEventsPublishers, m.KvEventsReplay = true, []string{"tcp://10.0.0.7:5557"}, []string{"tcp://[fe80::1]:5558"}
+		}, "kv_events_replay[0]", "link-local"},
+		{"metadata address", external("http://api.example.com", "http://169.254.169.254/"), "endpoints[1]", `"169.254.169.254" is a link-local address, where cloud metadata services answer; set ` + linkLocal},
 		{"link-local IPv4", external("http://169.254.10.1:8000"), "endpoints[0]", "link-local"},
 		{"link-local IPv6", external("http://[fe80::1]:8000"), "endpoints[0]", "link-local"},
 		{"link-local IPv6 with a zone", external("http://[fe80::a9fe:a9fe%25eth0]/"), "endpoints[0]", "link-local"},
 		{"IPv4-mapped link-local", external("http://[::ffff:169.254.169.254]/"), "endpoints[0]", "link-local"},
-		{"GCE metadata name", external("http://metadata.google.internal/computeMetadata/v1/"), "endpoints[0]", "the GCE metadata service; set " + linkLocal},
+		{"GCE metadata name", external("http://metadata.google.internal/"), "endpoints[0]", "the GCE metadata service; set " + linkLocal},
 		{"GCE metadata name, upper case, rooted", external("http://METADATA.google.internal./"), "endpoints[0]", "GCE metadata"},
 		{"bare metadata name", external("http://metadata"), "endpoints[0]", "GCE metadata"},
 		{"EC2 IPv6 metadata", external("http://[fd00:ec2::254]/"), "endpoints[0]", "EC2 metadata"},
-		{"Alibaba metadata", external("http://100.100.100.200/latest/meta-data"), "endpoints[0]", "Alibaba"},
+		{"Alibaba metadata", external("http://100.100.100.200/"), "endpoints[0]", "Alibaba"},
 		{"decimal IPv4", external("http://2852039166/"), "endpoints[0]", "not a dotted-quad"},
 		{"hex IPv4", external("http://0xa9fea9fe/"), "endpoints[0]", "not a dotted-quad"},
 		{"short IPv4", external("http://169.254.43518/"), "endpoints[0]", "not a dotted-quad"},

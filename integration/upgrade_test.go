@@ -73,8 +73,8 @@ func startBinary(s *controlServer, bin string) {
 	go func(cmd *exec.Cmd, done chan<- error) { done <- cmd.Wait() }(s.cmd, s.done)
 }
 
-// commitWriter commits a cheap write (re-applying an external model, which
-// places nothing) about every 10 ms through one server, switched between
+// commitWriter commits a cheap write (re-applying an unchanged external
+// model, which moves nothing) about every 10 ms through one server, switched between
 // steps, and keeps the time of every success.
 type commitWriter struct {
 	cancel context.CancelFunc

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,6 +72,11 @@ type Launch struct {
 	Address string
 	// HealthURL answers 200 once the engine serves requests.
 	HealthURL string
+	// ModelsURL and ServedModel, set for engines llmgw does not start, are
+	// the engine's OpenAI model list and the name it must list: routers
+	// send requests under the model's own name, and an engine that serves
+	// another answers every one of them 404 however healthy it is.
+	ModelsURL, ServedModel string
 }
 
 // Plan turns a spec into a launch for the model's engine.
@@ -146,27 +152,19 @@ func appendEnvMap(env []string, m map[string]string) []string {
 	return env
 }
 
-// planExternal points at an engine llmgw does not run. A model may list
-// several endpoints; replica <model>-<n> takes endpoint n modulo their
-// number, so each endpoint is one replica.
+// planExternal points at an engine llmgw does not run: the one endpoint
+// the replica stands for (placement gives each endpoint its own replica,
+// design §5.5). Its base URL may end in the OpenAI root /v1, which the
+// probes do not want.
 func planExternal(s Spec) (Launch, error) {
-	eps := s.Model.GetEndpoints()
-	if len(eps) == 0 {
-		return Launch{}, fmt.Errorf("engine external: model %q has no endpoints", s.Model.GetName())
+	ep := s.Replica.GetEndpoint()
+	if !slices.Contains(s.Model.GetEndpoints(), ep) {
+		return Launch{}, fmt.Errorf("engine external: replica %s names endpoint %q, which is not one of model %q's", s.Replica.GetId(), ep, s.Model.GetName())
 	}
-	n := 0
-	if i := strings.LastIndexByte(s.Replica.GetId(), '-'); i >= 0 {
-		if v, err := strconv.Atoi(s.Replica.GetId()[i+1:]); err == nil && v >= 0 {
-			n = v
-		}
+	u, err := url.Parse(ep)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return Launch{}, fmt.Errorf("engine external: endpoint %q is not an http URL", ep)
 	}
-	raw := eps[n%len(eps)]
-	if !strings.Contains(raw, "://") {
-		raw = "http://" + raw
-	}
-	u, err := url.Parse(raw)
-	if err != nil || u.Host == "" {
-		return Launch{}, fmt.Errorf("engine external: endpoint %q is not a URL", eps[n%len(eps)])
-	}
-	return Launch{Address: u.Host, HealthURL: strings.TrimRight(u.String(), "/") + "/health"}, nil
+	base := u.Scheme + "://" + u.Host
+	return Launch{Address: u.Host, HealthURL: base + "/health", ModelsURL: base + "/v1/models", ServedModel: s.Model.GetName()}, nil
 }

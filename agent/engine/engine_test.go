@@ -78,11 +78,6 @@ func TestPlan(t *testing.T) {
 			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
 			wantAddr: "10.0.0.5:20000",
 		},
-		{
-			name:     "external takes the replica's endpoint",
-			model:    &llmgwv1.Model{Name: "demo", Engine: "external", Endpoints: []string{"http://10.1.1.1:8000", "10.1.1.2:8000/"}},
-			wantAddr: "10.1.1.1:8000",
-		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -120,7 +115,9 @@ func TestPlanRejects(t *testing.T) {
 		{"no model id", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm"}, Host: "h", Port: 1}, nil},
 		{"kv events without ports", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm", Model: "m", KvEvents: true}, Host: "h", Port: 1}, nil},
 		{"external without endpoints", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "external"}}, nil},
-		{"external bad endpoint", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "external", Endpoints: []string{"http://"}}}, nil},
+		{"external replica without endpoint", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "external", Endpoints: []string{"http://a:1"}}}, nil},
+		{"external replica of another endpoint", Spec{Replica: &llmgwv1.Replica{Id: "e-0", Endpoint: "http://b:1"}, Model: &llmgwv1.Model{Engine: "external", Endpoints: []string{"http://a:1"}}}, nil},
+		{"external bad endpoint", Spec{Replica: &llmgwv1.Replica{Id: "e-0", Endpoint: "http://"}, Model: &llmgwv1.Model{Engine: "external", Endpoints: []string{"http://"}}}, nil},
 		{"no model", Spec{Replica: rep}, nil},
 	}
 	for _, tt := range tests {
@@ -136,6 +133,26 @@ func TestPlanRejects(t *testing.T) {
 	}
 }
 
+// TestPlanExternal: an external replica probes the one endpoint it stands
+// for, at its root whatever base path the endpoint has, and checks that the
+// engine serves the model's name.
+func TestPlanExternal(t *testing.T) {
+	m := &llmgwv1.Model{Name: "demo", Engine: "external", Endpoints: []string{"http://10.1.1.1:8000", "http://10.1.1.2:8000/v1/"}}
+	for _, tt := range []struct{ endpoint, addr string }{
+		{"http://10.1.1.1:8000", "10.1.1.1:8000"},
+		{"http://10.1.1.2:8000/v1/", "10.1.1.2:8000"},
+	} {
+		l, err := Plan(Spec{Replica: &llmgwv1.Replica{Id: "demo-7", Endpoint: tt.endpoint}, Model: m})
+		if err != nil {
+			t.Fatalf("Plan(%s): %v", tt.endpoint, err)
+		}
+		want := Launch{Address: tt.addr, HealthURL: "http://" + tt.addr + "/health", ModelsURL: "http://" + tt.addr + "/v1/models", ServedModel: "demo"}
+		if l.Address != want.Address || l.HealthURL != want.HealthURL || l.ModelsURL != want.ModelsURL || l.ServedModel != want.ServedModel || len(l.Argv) != 0 {
+			t.Errorf("Plan(%s) = %+v, want %+v", tt.endpoint, l, want)
+		}
+	}
+}
+
 // FuzzPlan feeds drivers models as the control plane might send them: no
 // input may panic, and a launch that plans must have an address and probe.
 func FuzzPlan(f *testing.F) {
@@ -146,7 +163,7 @@ func FuzzPlan(f *testing.F) {
 	f.Fuzz(func(t *testing.T, eng, model, endpoint, id string, bs uint32, adName, adPath string) {
 		m := &llmgwv1.Model{Name: "demo", Engine: eng, Model: model, Endpoints: []string{endpoint},
 			KvEvents: bs%2 == 1, BlockSize: bs, Adapters: []*llmgwv1.Adapter{{Name: adName, Path: adPath}}}
-		l, err := Plan(Spec{Replica: &llmgwv1.Replica{Id: id}, Model: m, Host: "127.0.0.1", Port: 20000,
+		l, err := Plan(Spec{Replica: &llmgwv1.Replica{Id: id, Endpoint: endpoint}, Model: m, Host: "127.0.0.1", Port: 20000,
 			KVEventsPort: 20001, KVReplayPort: 20002, Command: []string{"engine"}})
 		if err != nil {
 			return

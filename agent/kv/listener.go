@@ -27,6 +27,11 @@ type ListenerConfig struct {
 	// than binds to a non-wildcard endpoint, so the agent binds first and
 	// the engine may start, crash and restart against it (design §6).
 	Endpoint string
+	// Connect makes the SUB socket connect to Endpoint instead of binding
+	// it: for an engine llmgw does not run, whose publisher binds (vLLM
+	// binds a wildcard endpoint, tcp://*:5557 by default). The socket
+	// reconnects whenever the engine goes away and comes back.
+	Connect bool
 	// ReplayEndpoint is the engine's replay ROUTER socket; empty means the
 	// engine has none, and every gap makes the replica untrusted.
 	ReplayEndpoint string
@@ -130,14 +135,16 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	}
 	l.zlog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
 	ctx = zmtp.WithPolicy(ctx, l.policy(zmq4.Pub, zmq4.XPub))
-	l.sub = zmq4.NewSub(ctx, zmq4.WithLogger(l.zlog))
+	l.sub = zmq4.NewSub(ctx, l.socketOptions()...)
 	if err := l.sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
 		cancel()
 		_ = l.sub.Close()
 		h.metrics.listenFailures.Inc()
 		return nil, fmt.Errorf("kv listener: subscribe: %w", err)
 	}
-	if err := l.sub.Listen(zmtp.Endpoint(cfg.Endpoint)); err != nil {
+	if cfg.Connect {
+		l.connect(ctx)
+	} else if err := l.sub.Listen(zmtp.Endpoint(cfg.Endpoint)); err != nil {
 		cancel()
 		_ = l.sub.Close()
 		h.metrics.listenFailures.Inc()
@@ -151,9 +158,36 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	return l, nil
 }
 
+// socketOptions are the SUB socket's: a connecting one redials for as long
+// as the listener lives, every connectRetry, since an external engine may
+// be down when the listener starts or restart at any time.
+func (l *Listener) socketOptions() []zmq4.Option {
+	opts := []zmq4.Option{zmq4.WithLogger(l.zlog)}
+	if l.cfg.Connect {
+		opts = append(opts, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(connectRetry))
+	}
+	return opts
+}
+
+// connectRetry spaces a connecting SUB socket's dials.
+const connectRetry = 250 * time.Millisecond
+
+// connect dials the engine's publisher in the background (zmq4's Dial
+// blocks until it connects); the goroutine is the listener's and ends when
+// the dial does, at the latest when Close cancels the socket's context.
+func (l *Listener) connect(ctx context.Context) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		if err := safely(func() error { return l.sub.Dial(zmtp.Endpoint(l.cfg.Endpoint)) }); err != nil && ctx.Err() == nil {
+			l.log.Warn("kv events: cannot connect to the engine's publisher", "endpoint", l.cfg.Endpoint, "err", err)
+		}
+	}()
+}
+
 // Endpoint is the bound endpoint (with the port chosen for port 0).
 func (l *Listener) Endpoint() string {
-	if a, ok := l.sub.Addr().(*net.TCPAddr); ok && a != nil {
+	if a, ok := l.sub.Addr().(*net.TCPAddr); ok && a != nil && !l.cfg.Connect {
 		return "tcp://" + a.String()
 	}
 	return l.cfg.Endpoint

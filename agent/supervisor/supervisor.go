@@ -13,6 +13,7 @@ package supervisor
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -20,6 +21,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -59,6 +62,11 @@ type Config struct {
 	Pdeathsig bool
 	// LogLines is how many of the engine's last lines are kept.
 	LogLines int
+	// FirstIncarnation is the incarnation an engine llmgw does not run
+	// starts at (0 means 1): one past the last an earlier agent reported for
+	// the same placement, so incarnations only grow (design §4 "Identity";
+	// routers refuse KV state of an older one).
+	FirstIncarnation uint64
 	// Adopt, when set, is a running engine to watch before starting any
 	// (design §6 "Engines outlive the agent"); a gone one is replaced at once.
 	Adopt *Adoption
@@ -239,9 +247,17 @@ func (s *Supervisor) Run(ctx context.Context) error {
 }
 
 // runExternal probes an engine llmgw does not run: there is nothing to start
-// or stop, only readiness to report.
+// or stop, only readiness to report (design §6). A probe is the health URL,
+// then the model list, which must name the model. The incarnation counts
+// the engine's returns: one that comes back READY after being UNHEALTHY may
+// be a new process (a restart is invisible from outside but for the
+// outage), so what was learnt about the old one — its KV mirror, the
+// routers' breakers and index — starts over. A blip shorter than
+// UnhealthyAfter probes keeps the incarnation, and its lost KV events are
+// repaired by replay.
 func (s *Supervisor) runExternal(ctx context.Context) error {
-	st := s.status(1, 0)
+	incarnation := max(s.cfg.FirstIncarnation, 1)
+	st := s.status(incarnation, uint32(incarnation-1))
 	st.Phase = llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING
 	s.emit(st)
 	failures := 0
@@ -249,34 +265,76 @@ func (s *Supervisor) runExternal(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		ok, msg := s.probe(ctx)
-		next := llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+		if ok {
+			ok, msg = s.probeModels(ctx)
+		}
+		next := st.Phase
 		if ok {
 			failures = 0
-		} else {
-			failures++
-			switch {
-			case st.Phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING:
-				next = st.Phase
-			case failures >= s.cfg.UnhealthyAfter:
-				next = llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
-			default:
-				next = st.Phase
-			}
+			next = llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+		} else if failures++; st.Phase != llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING && failures >= s.cfg.UnhealthyAfter {
+			next = llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
 		}
-		if next != st.Phase {
-			st = s.status(1, 0)
+		if next != st.Phase || (!ok && msg != st.Message && st.Phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING) {
+			if st.Phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY && next == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+				incarnation++
+				s.log.Info("external engine back", "incarnation", incarnation)
+			} else if next == llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY {
+				s.log.Warn("external engine unhealthy", "err", msg)
+			}
+			st = s.status(incarnation, uint32(incarnation-1))
 			st.Phase, st.Message = next, msg
 			s.emit(st)
 		}
 		select {
 		case <-ctx.Done():
-			st = s.status(1, 0)
+			st = s.status(incarnation, uint32(incarnation-1))
 			st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED, "stopped"
 			s.emit(st)
 			return nil
 		case <-t.C:
 		}
 	}
+}
+
+// maxModelsBytes bounds what an engine's model list may be.
+const maxModelsBytes = 1 << 20
+
+// probeModels asks an external engine's OpenAI model list whether it serves
+// the model by the name routers will send (no list to check: true).
+func (s *Supervisor) probeModels(ctx context.Context) (bool, string) {
+	l := s.cfg.Launch
+	if l.ModelsURL == "" {
+		return true, ""
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.ModelsURL, nil)
+	if err != nil {
+		return false, err.Error()
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return false, err.Error()
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return false, "models: " + resp.Status
+	}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBytes)).Decode(&list); err != nil {
+		return false, "models: " + err.Error()
+	}
+	ids := make([]string, 0, len(list.Data))
+	for _, m := range list.Data {
+		if m.ID == l.ServedModel {
+			return true, ""
+		}
+		ids = append(ids, strconv.Quote(m.ID))
+	}
+	return false, fmt.Sprintf("the engine does not serve model %q (it serves %s): start it with --served-model-name %s", l.ServedModel, strings.Join(ids, ", "), l.ServedModel)
 }
 
 // watch probes a running engine and returns why it should no longer run:

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -348,32 +349,60 @@ func TestMissingProgramFails(t *testing.T) {
 	}
 }
 
+// TestExternalIsProbedOnly: an external engine is probed at /health and
+// /v1/models, READY only while it serves the model's name, UNHEALTHY after
+// failed probes, and READY again as a new incarnation when it comes back.
 func TestExternalIsProbedOnly(t *testing.T) {
-	var healthy sync.Mutex
-	ok := true
+	var mu sync.Mutex
+	healthy, served := true, "other"
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		healthy.Lock()
-		defer healthy.Unlock()
-		if !ok {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case !healthy:
 			w.WriteHeader(http.StatusServiceUnavailable)
+		case r.URL.Path == "/v1/models":
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model"}]}`, served)
 		}
 	}))
 	defer srv.Close()
-	l, err := engine.Plan(engine.Spec{Replica: &llmgwv1.Replica{Id: "ext-0"}, Model: &llmgwv1.Model{Name: "ext", Engine: engine.External, Endpoints: []string{srv.URL}}})
+	set := func(h bool, s string) {
+		mu.Lock()
+		defer mu.Unlock()
+		healthy, served = h, s
+	}
+	l, err := engine.Plan(engine.Spec{Replica: &llmgwv1.Replica{Id: "ext-0", Endpoint: srv.URL + "/v1"},
+		Model: &llmgwv1.Model{Name: "ext", Engine: engine.External, Endpoints: []string{srv.URL + "/v1"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
 	_, stop := run(t, testConfig(t, l), rec)
+	waitFor(t, "a STARTING that says the model is not served", func() bool {
+		for _, s := range rec.all() {
+			if s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING && strings.Contains(s.GetMessage(), `does not serve model "ext" (it serves "other")`) {
+				return true
+			}
+		}
+		return false
+	})
+	set(true, "ext")
 	waitFor(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
-	healthy.Lock()
-	ok = false
-	healthy.Unlock()
+	set(false, "ext")
 	waitFor(t, "UNHEALTHY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY))
+	set(true, "ext")
+	waitFor(t, "READY as incarnation 2", func() bool {
+		all := rec.all()
+		last := all[len(all)-1]
+		return last.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && last.GetIncarnation() == 2
+	})
 	stop()
 	for _, s := range rec.all() {
 		if s.GetAddress() != strings.TrimPrefix(srv.URL, "http://") {
 			t.Errorf("address %q, want the endpoint's", s.GetAddress())
+		}
+		if s.GetPid() != 0 {
+			t.Errorf("pid %d for an engine llmgw does not run", s.GetPid())
 		}
 	}
 }

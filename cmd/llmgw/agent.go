@@ -79,6 +79,7 @@ func bindAgentFlags(f *pflag.FlagSet) *agentFlags {
 	f.BoolVar(&cfg.StopEnginesOnExit, "stop-engines-on-exit", false, "stop every engine when the agent exits (default: engines outlive the agent)")
 	f.DurationVar(&cfg.ReadyTimeout, "ready-timeout", d.ReadyTimeout, "how long an engine may take to become ready")
 	f.DurationVar(&cfg.StopGrace, "stop-grace", d.StopGrace, "time between SIGTERM and SIGKILL when stopping an engine")
+	f.DurationVar(&cfg.ProbeInterval, "probe-interval", d.ProbeInterval, "how often each engine's health is probed (external engines too); three failures in a row mean unhealthy")
 	f.DurationVar(&cfg.HeartbeatInterval, "heartbeat-interval", d.HeartbeatInterval, "heartbeat period; three missed means a dead control node")
 	f.DurationVar(&cfg.DrainQuiet, "drain-quiet", d.DrainQuiet, "how long a draining replica's engine must be idle before it is stopped")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "stop a draining replica's engine after this long even if busy")

@@ -35,6 +35,11 @@ type modelFile struct {
 	MaxLoRARank       int               `yaml:"max_lora_rank"`
 	Task              string            `yaml:"task"`
 	Endpoints         []string          `yaml:"endpoints"`
+	// For engine external with kv_events: each endpoint's KV-event
+	// publisher and replay socket, by index, and their topic.
+	KVEventsPublishers []string `yaml:"kv_events_publishers"`
+	KVEventsReplay     []string `yaml:"kv_events_replay"`
+	KVEventsTopic      string   `yaml:"kv_events_topic"`
 	// The model policy's explicit permissions (fsm.ValidateModel says what
 	// each allows); both default to false.
 	AllowRemoteCode         bool `yaml:"allow_remote_code"`
@@ -103,6 +108,10 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 		HashSeed:     f.HashSeed,
 		Task:         f.Task,
 		Endpoints:    f.Endpoints,
+
+		KvEventsPublishers: f.KVEventsPublishers,
+		KvEventsReplay:     f.KVEventsReplay,
+		KvEventsTopic:      f.KVEventsTopic,
 
 		AllowRemoteCode:         f.AllowRemoteCode,
 		AllowLinkLocalEndpoints: f.AllowLinkLocalEndpoints,

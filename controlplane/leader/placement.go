@@ -172,6 +172,11 @@ func (l *Leader) recordPlacement(action string, r *llmgwv1.Replica, err error) b
 		return true
 	}
 	l.metrics.placements.WithLabelValues(action, "ok").Inc()
+	if r.Endpoint != "" {
+		// An external engine's replica: the node owns (probes) it.
+		l.log.Info("placement decision", "action", action, "model", r.Model, "replica", r.Id, "uid", r.Uid, "target_node", r.Node, "endpoint", r.Endpoint)
+		return false
+	}
 	l.log.Info("placement decision", "action", action, "model", r.Model, "replica", r.Id, "uid", r.Uid, "target_node", r.Node, "gpus", r.GpuIndices)
 	return false
 }

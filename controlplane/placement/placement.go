@@ -93,7 +93,8 @@ type nodeFree struct {
 //     among equals), so a scale-down keeps the spread; a ready one drains
 //     only once every replica kept is ready, so a spread move never dips
 //     below the count either;
-//   - engine "external" runs nothing on the nodes and is left alone.
+//   - engine "external" runs nothing on the nodes: each of its endpoints is
+//     one replica, owned by an agent that probes it (Plan.external).
 func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)
 	drained := orFalse(in.Drained)
@@ -127,8 +128,22 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	}
 	models := slices.Clone(st.GetModels())
 	slices.SortFunc(models, func(a, b *llmgwv1.Model) int { return cmp.Compare(a.Name, b.Name) })
+	// owned counts each node's external replicas of every model, which
+	// spreads the owning of them (external.go).
+	owned := map[string]int{}
+	for _, m := range models {
+		if m.Engine != "external" {
+			continue
+		}
+		for _, r := range byModel[m.Name] {
+			if !r.Draining && !in.Lost[r.Node] {
+				owned[r.Node]++
+			}
+		}
+	}
 	for _, m := range models {
 		if m.Engine == "external" {
+			plan.external(m, byModel[m.Name], nodes, nodeByID, owned, in, ready, drained)
 			continue
 		}
 		var stay, moving []*llmgwv1.Replica

@@ -47,11 +47,16 @@ func atRevision(r *llmgwv1.Replica, rev uint64) *llmgwv1.Replica {
 	return r
 }
 
-// render prints a plan compactly: "+model@node[gpus]" and "-id".
+// render prints a plan compactly: "+model@node[gpus]" (an external
+// replica's as "+model@node=endpoint[]"), "~id" and "-id".
 func render(p Plan) string {
 	s := ""
 	for _, r := range p.Place {
-		s += fmt.Sprintf("+%s@%s%v ", r.Model, r.Node, r.GpuIndices)
+		ep := ""
+		if r.Endpoint != "" {
+			ep = "=" + r.Endpoint
+		}
+		s += fmt.Sprintf("+%s@%s%s%v ", r.Model, r.Node, ep, r.GpuIndices)
 	}
 	for _, r := range p.Drain {
 		s += fmt.Sprintf("~%s ", r.Id)
@@ -74,8 +79,6 @@ func TestReconcile(t *testing.T) {
 	drainingNode.State = llmgwv1.NodeState_NODE_STATE_DRAINING
 	selective := model("m", 2, 1)
 	selective.NodeSelector = map[string]string{"gpu": "a100"}
-	ext := model("e", 3, 0)
-	ext.Engine = "external"
 	all := func(*llmgwv1.Replica) bool { return true }
 	tests := []struct {
 		name  string
@@ -243,7 +246,6 @@ func TestReconcile(t *testing.T) {
 			&llmgwv1.State{Models: []*llmgwv1.Model{model("m", 1, 1)}, Nodes: []*llmgwv1.Node{node("a", 2)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", "m", "a", 1, 0), replica("m-1", "m", "a", 2, 1)}},
 			Inputs{Ready: func(r *llmgwv1.Replica) bool { return r.Id == "m-1" }}, "~m-0 "},
-		{"external places nothing", &llmgwv1.State{Models: []*llmgwv1.Model{ext}, Nodes: []*llmgwv1.Node{node("a", 4)}}, Inputs{}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

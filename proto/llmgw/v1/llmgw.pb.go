@@ -611,8 +611,19 @@ type Model struct {
 	// (169.254.0.0/16, fe80::/10) or cloud metadata service names and
 	// addresses, where a router's request could reach the node's credentials.
 	AllowLinkLocalEndpoints bool `protobuf:"varint,20,opt,name=allow_link_local_endpoints,json=allowLinkLocalEndpoints,proto3" json:"allow_link_local_endpoints,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// For engine "external" with kv_events: the ZMQ endpoints of each
+	// endpoint's KV-event publisher (vLLM's kv-events-config "endpoint",
+	// which vLLM binds when it has a wildcard, tcp://*:5557 by default) and
+	// replay socket ("replay_endpoint"), by the index of endpoints, as the
+	// agent that owns the replica connects to them: tcp://HOST:PORT. An empty
+	// replay entry means that engine has no replay socket (design §6).
+	KvEventsPublishers []string `protobuf:"bytes,21,rep,name=kv_events_publishers,json=kvEventsPublishers,proto3" json:"kv_events_publishers,omitempty"`
+	KvEventsReplay     []string `protobuf:"bytes,22,rep,name=kv_events_replay,json=kvEventsReplay,proto3" json:"kv_events_replay,omitempty"`
+	// The external engines' kv-events topic (vLLM's default is ""); the
+	// agent subscribes to it as a prefix.
+	KvEventsTopic string `protobuf:"bytes,23,opt,name=kv_events_topic,json=kvEventsTopic,proto3" json:"kv_events_topic,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Model) Reset() {
@@ -783,6 +794,27 @@ func (x *Model) GetAllowLinkLocalEndpoints() bool {
 		return x.AllowLinkLocalEndpoints
 	}
 	return false
+}
+
+func (x *Model) GetKvEventsPublishers() []string {
+	if x != nil {
+		return x.KvEventsPublishers
+	}
+	return nil
+}
+
+func (x *Model) GetKvEventsReplay() []string {
+	if x != nil {
+		return x.KvEventsReplay
+	}
+	return nil
+}
+
+func (x *Model) GetKvEventsTopic() string {
+	if x != nil {
+		return x.KvEventsTopic
+	}
+	return ""
 }
 
 // Node is a GPU machine running an agent.
@@ -985,6 +1017,11 @@ type Replica struct {
 	// changes its revision; placement then rolls replicas whose
 	// model_revision is older, one at a time (design §4 "Changes roll").
 	ModelRevision uint64 `protobuf:"varint,10,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
+	// For engine "external": the one entry of the model's endpoints this
+	// replica stands for. The replica's node is then the agent that owns it
+	// (probes the engine, reads its load and KV events), not where it runs
+	// (design §5.5, §6).
+	Endpoint      string `protobuf:"bytes,11,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1087,6 +1124,13 @@ func (x *Replica) GetModelRevision() uint64 {
 		return x.ModelRevision
 	}
 	return 0
+}
+
+func (x *Replica) GetEndpoint() string {
+	if x != nil {
+		return x.Endpoint
+	}
+	return ""
 }
 
 // ClusterConfig holds cluster-wide settings (design §4, §13.3).
@@ -6726,7 +6770,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x0e\n" +
-	"\f_speculation\"\xad\x06\n" +
+	"\f_speculation\"\xb1\a\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -6750,7 +6794,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tendpoints\x18\x11 \x03(\tR\tendpoints\x12\x1a\n" +
 	"\brevision\x18\x12 \x01(\x04R\brevision\x12*\n" +
 	"\x11allow_remote_code\x18\x13 \x01(\bR\x0fallowRemoteCode\x12;\n" +
-	"\x1aallow_link_local_endpoints\x18\x14 \x01(\bR\x17allowLinkLocalEndpoints\x1a?\n" +
+	"\x1aallow_link_local_endpoints\x18\x14 \x01(\bR\x17allowLinkLocalEndpoints\x120\n" +
+	"\x14kv_events_publishers\x18\x15 \x03(\tR\x12kvEventsPublishers\x12(\n" +
+	"\x10kv_events_replay\x18\x16 \x03(\tR\x0ekvEventsReplay\x12&\n" +
+	"\x0fkv_events_topic\x18\x17 \x01(\tR\rkvEventsTopic\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x03\n" +
@@ -6771,7 +6818,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
 	"\x05Shard\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
-	"\x04rank\x18\x02 \x01(\rR\x04rank\"\x96\x02\n" +
+	"\x04rank\x18\x02 \x01(\rR\x04rank\"\xb2\x02\n" +
 	"\aReplica\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12\x14\n" +
@@ -6784,7 +6831,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\bdraining\x18\b \x01(\bR\bdraining\x12\x1a\n" +
 	"\brevision\x18\t \x01(\x04R\brevision\x12%\n" +
 	"\x0emodel_revision\x18\n" +
-	" \x01(\x04R\rmodelRevision\"\xd2\x01\n" +
+	" \x01(\x04R\rmodelRevision\x12\x1a\n" +
+	"\bendpoint\x18\v \x01(\tR\bendpoint\"\xd2\x01\n" +
 	"\rClusterConfig\x12\x1f\n" +
 	"\vmin_version\x18\x01 \x01(\tR\n" +
 	"minVersion\x12,\n" +

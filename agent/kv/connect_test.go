@@ -1,0 +1,91 @@
+package kv
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// bindPub makes the fake engine's PUB socket bind addr, as vLLM does with a
+// wildcard endpoint (tcp://*:5557), and returns the bound endpoint.
+func (e *fakeEngine) bindPub(addr string) string {
+	e.t.Helper()
+	e.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(slog.NewLogLogger(quiet.Handler(), slog.LevelDebug)))
+	if err := e.pub.Listen("tcp://" + addr); err != nil {
+		e.t.Fatal(err)
+	}
+	return "tcp://" + e.pub.Addr().String()
+}
+
+func (e *fakeEngine) subscribed() bool {
+	return slices.Contains(e.pub.(zmq4.Topics).Topics(), "kv")
+}
+
+// TestListenerConnects: in connect mode (an engine llmgw does not run,
+// design §6) the listener dials the engine's bound publisher, mirrors it,
+// and dials it again when the engine comes back after going away — whose
+// new process the supervisor names as a new incarnation.
+func TestListenerConnects(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	hub, err := NewHub(quiet, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, replay := newFakeEngine(t, 1000, vllm.EncodingMap, true, false)
+	_ = eng.pub.Close() // newFakeEngine's connecting PUB; this engine binds
+	pubEP := eng.bindPub("127.0.0.1:0")
+	cfg := DefaultListenerConfig()
+	cfg.ReplicaID, cfg.UID, cfg.Endpoint, cfg.ReplayEndpoint, cfg.Topic, cfg.BlockSize = "demo-0", 7, pubEP, replay, "kv", testBS
+	cfg.Connect = true
+	l, err := hub.Listen(cfg, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	if l.Endpoint() != pubEP {
+		t.Errorf("endpoint %q, want the engine's %q", l.Endpoint(), pubEP)
+	}
+	l.Engine(1)
+	h := &harness{hub: hub, reg: reg, l: l, eng: eng}
+	waitFor(t, "the listener to connect and subscribe", eng.subscribed)
+	a, ev := eng.stored(nil, toks(1, 8))
+	eng.publish(false, ev)
+	_, ev = eng.stored(&a[1], toks(50, 4))
+	eng.publish(false, ev)
+	h.converged(t)
+
+	// The engine goes away and a new process binds the same port.
+	_ = eng.pub.Close()
+	eng.mu.Lock()
+	eng.seq, eng.ring = 0, nil
+	clear(eng.held)
+	eng.mu.Unlock()
+	addr := pubEP[len("tcp://"):]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pub := zmq4.NewPub(context.Background(), zmq4.WithLogger(slog.NewLogLogger(quiet.Handler(), slog.LevelDebug)))
+		if err := pub.Listen("tcp://" + addr); err == nil {
+			eng.pub = pub
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("rebinding %s: %v", addr, err)
+		}
+		_ = pub.Close()
+		time.Sleep(20 * time.Millisecond)
+	}
+	l.Engine(2)
+	waitFor(t, "the listener to reconnect and subscribe", eng.subscribed)
+	_, ev = eng.stored(nil, toks(300, 8))
+	eng.publish(false, ev)
+	h.converged(t)
+	if got, _, _ := hub.Blocks("demo-0"); slices.Contains(got, a[0].Uint64()) {
+		t.Error("the old process's blocks outlived its restart")
+	}
+}
