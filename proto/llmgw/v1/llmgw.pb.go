@@ -580,8 +580,12 @@ type Model struct {
 	// (169.254.0.0/16, fe80::/10) or cloud metadata service names and
 	// addresses, where a router's request could reach the node's credentials.
 	AllowLinkLocalEndpoints bool `protobuf:"varint,20,opt,name=allow_link_local_endpoints,json=allowLinkLocalEndpoints,proto3" json:"allow_link_local_endpoints,omitempty"`
-	unknownFields           protoimpl.UnknownFields
-	sizeCache               protoimpl.SizeCache
+	// When the model was first applied (Unix seconds), set by the FSM from
+	// the Raft entry's append time, kept across updates: /v1/models' created.
+	// Ignored in a command.
+	CreatedUnix   int64 `protobuf:"varint,25,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Model) Reset() {
@@ -752,6 +756,13 @@ func (x *Model) GetAllowLinkLocalEndpoints() bool {
 		return x.AllowLinkLocalEndpoints
 	}
 	return false
+}
+
+func (x *Model) GetCreatedUnix() int64 {
+	if x != nil {
+		return x.CreatedUnix
+	}
+	return 0
 }
 
 // Node is a GPU machine running an agent.
@@ -6520,7 +6531,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06picker\x18\x06 \x01(\tR\x06picker\x1a:\n" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xad\x06\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"\xd0\x06\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -6544,7 +6555,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tendpoints\x18\x11 \x03(\tR\tendpoints\x12\x1a\n" +
 	"\brevision\x18\x12 \x01(\x04R\brevision\x12*\n" +
 	"\x11allow_remote_code\x18\x13 \x01(\bR\x0fallowRemoteCode\x12;\n" +
-	"\x1aallow_link_local_endpoints\x18\x14 \x01(\bR\x17allowLinkLocalEndpoints\x1a?\n" +
+	"\x1aallow_link_local_endpoints\x18\x14 \x01(\bR\x17allowLinkLocalEndpoints\x12!\n" +
+	"\fcreated_unix\x18\x19 \x01(\x03R\vcreatedUnix\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x03\n" +
