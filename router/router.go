@@ -336,7 +336,7 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		api.WithAdapters(r.control, cfg.AdapterWait))
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
-	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
+	r.mux.Handle("/debug/kvindex", api.Only(http.MethodGet, http.HandlerFunc(r.debugKVIndex)))
 	return r, nil
 }
 
