@@ -57,4 +57,3 @@ func (p *pprofServer) stop() {
 
 // addr is where the profiles are served, for tests.
 func (p *pprofServer) addr() string { return p.ln.Addr().String() }
-
