@@ -22,35 +22,44 @@ type span struct{ start, end int }
 
 // topLevel returns the spans of an object's top-level values by key (the
 // last one wins, as encoding/json and the engines' parsers do) and the
-// offset of its opening brace.
+// offset of its opening brace. The body has passed Sniff (valid JSON).
 func topLevel(body []byte) (map[string]span, int, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, 0, err
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
+	open := skipWS(body, 0)
+	if open >= len(body) || body[open] != '{' {
 		return nil, 0, errors.New("not a JSON object")
 	}
-	open := int(dec.InputOffset()) - 1
 	out := map[string]span{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, 0, err
+	var bad bool
+	ok := eachField(body, open, func(key []byte, vs, ve int) bool {
+		k, good := stringValue(append(append([]byte{'"'}, key...), '"'))
+		if !good {
+			bad = true
+			return false
 		}
-		key, ok := tok.(string)
-		if !ok {
-			return nil, 0, fmt.Errorf("object key %v is not a string", tok)
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, 0, err
-		}
-		end := int(dec.InputOffset())
-		out[key] = span{end - len(raw), end}
+		out[k] = span{vs, ve}
+		return true
+	})
+	if !ok || bad {
+		return nil, 0, errors.New("malformed JSON object")
 	}
 	return out, open, nil
+}
+
+// field returns the span of the top-level field name (the last, when it
+// repeats) without allocating; ok is false when absent or the body is not
+// an object.
+func field(body []byte, name string) (sp span, ok bool) {
+	open := skipWS(body, 0)
+	if open >= len(body) || body[open] != '{' {
+		return span{}, false
+	}
+	eachField(body, open, func(key []byte, vs, ve int) bool {
+		if keyIs(key, name) {
+			sp, ok = span{vs, ve}, true
+		}
+		return true
+	})
+	return sp, ok
 }
 
 // edit is one replacement of body[start:end] by text (an insertion when
@@ -96,33 +105,45 @@ func setFields(body []byte, fields map[string]string, order []string) ([]byte, e
 // WantsUsage reports whether a request already asks for usage on its
 // stream: stream_options.include_usage is true.
 func WantsUsage(body []byte) bool {
-	var f struct {
-		StreamOptions *struct {
-			IncludeUsage bool `json:"include_usage"`
-		} `json:"stream_options"`
+	sp, ok := field(body, "stream_options")
+	if !ok {
+		return false
 	}
-	return json.Unmarshal(body, &f) == nil && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
+	opts := body[sp.start:sp.end]
+	want := false
+	if !eachField(opts, 0, func(key []byte, vs, ve int) bool {
+		if keyIs(key, "include_usage") {
+			want = string(opts[vs:ve]) == "true"
+		}
+		return true
+	}) {
+		return false
+	}
+	return want
 }
 
 // WithUsage returns body asking for usage on the stream (design §7.1),
-// keeping the client's other stream options.
+// keeping the client's other stream options byte for byte: only
+// include_usage is set (replaced where it stands, or inserted first).
 func WithUsage(body []byte) ([]byte, error) {
-	var f struct {
-		StreamOptions json.RawMessage `json:"stream_options"`
-	}
-	if err := json.Unmarshal(body, &f); err != nil {
-		return nil, fmt.Errorf("rewrite body: %w", err)
-	}
-	opts := map[string]json.RawMessage{}
-	if len(f.StreamOptions) > 0 && string(f.StreamOptions) != "null" {
-		if err := json.Unmarshal(f.StreamOptions, &opts); err != nil {
-			return nil, InvalidField("stream_options", "stream_options must be an object")
-		}
-	}
-	opts["include_usage"] = json.RawMessage("true")
-	v, err := json.Marshal(opts)
+	spans, _, err := topLevel(body)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite body: %w", err)
+	}
+	sp, ok := spans["stream_options"]
+	if !ok || string(body[sp.start:sp.end]) == "null" {
+		return setFields(body, map[string]string{"stream_options": `{"include_usage":true}`}, []string{"stream_options"})
+	}
+	opts := body[sp.start:sp.end]
+	inner, _, err := topLevel(opts)
+	if err != nil {
+		return nil, InvalidField("stream_options", "stream_options must be an object")
+	}
+	var v []byte
+	if u, ok := inner["include_usage"]; ok {
+		v = slices.Concat(opts[:u.start], []byte("true"), opts[u.end:])
+	} else {
+		v, _ = setFields(opts, map[string]string{"include_usage": "true"}, []string{"include_usage"})
 	}
 	return setFields(body, map[string]string{"stream_options": string(v)}, []string{"stream_options"})
 }
