@@ -391,8 +391,30 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, t task) {
 	}
 	// Key names come from the replicated state, so they are bounded too;
 	// "" is a request without a key (the check is off).
-	h.m.requests.WithLabelValues(label, strconv.Itoa(code), keyOf(r).GetName()).Inc()
+	h.m.requests.WithLabelValues(label, codeLabel(code), keyOf(r).GetName()).Inc()
 	h.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())
+}
+
+// codeLabel is code as the metrics' label; the usual ones without
+// formatting (strconv.Itoa allocates for numbers past 99).
+func codeLabel(code int) string {
+	switch code {
+	case 200:
+		return "200"
+	case 400:
+		return "400"
+	case 404:
+		return "404"
+	case 429:
+		return "429"
+	case proxy.ClientClosed:
+		return "499"
+	case 502:
+		return "502"
+	case 503:
+		return "503"
+	}
+	return strconv.Itoa(code)
 }
 
 // run takes one completion request through the stages and returns the
@@ -402,10 +424,7 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, t task) {
 func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time.Time) (code int, model string) {
 	rid := r.Header.Get("X-Request-ID")
 	key := keyOf(r)
-	reqLog := h.log.With("request_id", rid)
-	if key != nil {
-		reqLog = reqLog.With("key", key.GetName())
-	}
+	reqLog, rh := newReqLog(h.log.Handler(), rid, key.GetName())
 	refuse := func(err *openai.Error) int {
 		reqLog.Debug("router: request refused", "err", err)
 		openai.WriteError(w, err)
@@ -440,10 +459,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	if err := checkTask(tgt, t, r.URL.Path); err != nil {
 		return refuse(err), tgt.Base
 	}
-	log := reqLog.With("model", tgt.Base)
-	if tgt.Adapter != "" {
-		log = log.With("adapter", tgt.Adapter)
-	}
+	log := rh.withTarget(tgt.Base, tgt.Adapter)
 
 	// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
 	kind := tokenize.Chat

@@ -220,6 +220,39 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // without credentials of the client's.
 var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
 
+// forwardHeader is the client's header as the engine gets it: without
+// hop-by-hop fields, credentials and Content-Length (the body's own is
+// set). The map is new, the values are shared: the transport only reads
+// them, and copying every value for every attempt would be the data
+// path's largest allocation after the body.
+func forwardHeader(in http.Header) http.Header {
+	out := make(http.Header, len(in))
+	for k, v := range in {
+		if !dropped(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// dropped reports whether the canonical header key k stays behind.
+func dropped(k string) bool {
+	if k == "Content-Length" {
+		return true
+	}
+	for _, h := range hopHeaders {
+		if k == h {
+			return true
+		}
+	}
+	for _, h := range credentialHeaders {
+		if k == h {
+			return true
+		}
+	}
+	return false
+}
+
 // forward sends the request to ep. It returns an error only while nothing
 // has been written to the client — a connection failure, or a 5xx (or an
 // adapter's 404) when another replica may still be tried (last is false) —
@@ -238,14 +271,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	if err != nil {
 		return 0, fmt.Errorf("build request for %s: %w", ep.Address, err)
 	}
-	out.Header = r.Header.Clone()
-	for _, k := range hopHeaders {
-		out.Header.Del(k)
-	}
-	for _, k := range credentialHeaders {
-		out.Header.Del(k)
-	}
-	out.Header.Del("Content-Length")
+	out.Header = forwardHeader(r.Header)
 	out.ContentLength = int64(len(body))
 
 	resp, err := p.transport.RoundTrip(out)

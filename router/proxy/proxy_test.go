@@ -257,3 +257,25 @@ func TestDoneTail(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardHeader: the engine never gets the client's credentials,
+// hop-by-hop fields or its Content-Length; everything else passes.
+func TestForwardHeader(t *testing.T) {
+	in := http.Header{}
+	for _, k := range []string{"Authorization", "Cookie", "Proxy-Authorization", "Connection", "Keep-Alive", "Te", "Trailer",
+		"Transfer-Encoding", "Upgrade", "Proxy-Connection", "Content-Length", "Content-Type", "X-Request-Id", "X-Session-Id"} {
+		in.Set(k, "v")
+	}
+	out := forwardHeader(in)
+	var got []string
+	for k := range out {
+		got = append(got, k)
+	}
+	slices.Sort(got)
+	if want := []string{"Content-Type", "X-Request-Id", "X-Session-Id"}; !slices.Equal(got, want) {
+		t.Fatalf("forwarded %v, want %v", got, want)
+	}
+	if len(in) != 14 {
+		t.Fatalf("the client's header was changed: %v", in)
+	}
+}
