@@ -49,7 +49,7 @@ func (h *reqHandler) Handle(ctx context.Context, r slog.Record) error {
 // WithAttrs and WithGroup (rare, off the data path: an adapter wait's
 // logger) fix the request's attributes into the handler as With would.
 func (h *reqHandler) WithAttrs(as []slog.Attr) slog.Handler { return h.fixed().WithAttrs(as) }
-func (h *reqHandler) WithGroup(name string) slog.Handler   { return h.fixed().WithGroup(name) }
+func (h *reqHandler) WithGroup(name string) slog.Handler    { return h.fixed().WithGroup(name) }
 
 func (h *reqHandler) fixed() slog.Handler {
 	as := []slog.Attr{slog.String("request_id", h.id)}
