@@ -36,6 +36,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -522,7 +523,7 @@ func (h *Handler) mayUse(key *llmgwv1.ApiKey, name string) (string, bool) {
 // decode is stage 1: the body within MaxBodyBytes, and what the router
 // reads of it.
 func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai.Request, *openai.Error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	body, err := readBody(w, r, h.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -540,6 +541,24 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai
 		return nil, openai.Request{}, ae
 	}
 	return body, req, nil
+}
+
+// readBody reads the request body within limit: into one buffer of the
+// declared length when the client sent one (io.ReadAll would grow its
+// buffer several times for a large prompt), else as io.ReadAll does.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	src := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n > 0 && n <= limit {
+		body := make([]byte, n)
+		if _, err := io.ReadFull(src, body); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return nil, fmt.Errorf("the body ended before its Content-Length: %w", err)
+			}
+			return nil, err
+		}
+		return body, nil
+	}
+	return io.ReadAll(src)
 }
 
 type metrics struct {

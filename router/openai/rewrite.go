@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 )
 
@@ -17,32 +16,36 @@ import (
 // the adapter in `lora`. Everything else — key order, spacing, fields the
 // router does not know — reaches the engine untouched.
 
-// span is where a top-level field's value lies in a JSON object.
+// span is where a top-level field's value lies in a JSON object; start
+// is -1 for a field the object does not have.
 type span struct{ start, end int }
 
-// topLevel returns the spans of an object's top-level values by key (the
-// last one wins, as encoding/json and the engines' parsers do) and the
-// offset of its opening brace. The body has passed Sniff (valid JSON).
-func topLevel(body []byte) (map[string]span, int, error) {
-	open := skipWS(body, 0)
+// topLevel finds the spans of the named top-level fields of an object
+// (the last one wins when a key repeats, as encoding/json and the
+// engines' parsers do), how many fields it has, and the offset of its
+// opening brace. The body has passed Sniff (valid JSON); nothing is
+// allocated beyond the returned spans.
+func topLevel(body []byte, names ...string) (spans []span, fields, open int, err error) {
+	open = skipWS(body, 0)
 	if open >= len(body) || body[open] != '{' {
-		return nil, 0, errors.New("not a JSON object")
+		return nil, 0, 0, errors.New("not a JSON object")
 	}
-	out := map[string]span{}
-	var bad bool
-	ok := eachField(body, open, func(key []byte, vs, ve int) bool {
-		k, good := stringValue(append(append([]byte{'"'}, key...), '"'))
-		if !good {
-			bad = true
-			return false
+	spans = make([]span, len(names))
+	for i := range spans {
+		spans[i].start = -1
+	}
+	if !eachField(body, open, func(key []byte, vs, ve int) bool {
+		fields++
+		for i, n := range names {
+			if keyIs(key, n) {
+				spans[i] = span{vs, ve}
+			}
 		}
-		out[k] = span{vs, ve}
 		return true
-	})
-	if !ok || bad {
-		return nil, 0, errors.New("malformed JSON object")
+	}) {
+		return nil, 0, 0, errors.New("malformed JSON object")
 	}
-	return out, open, nil
+	return spans, fields, open, nil
 }
 
 // field returns the span of the top-level field name (the last, when it
@@ -62,44 +65,64 @@ func field(body []byte, name string) (sp span, ok bool) {
 	return sp, ok
 }
 
-// edit is one replacement of body[start:end] by text (an insertion when
-// start == end).
-type edit struct {
-	start, end int
-	text       string
-}
+// setting is one top-level field set by setFields: its name and JSON value.
+type setting struct{ name, value string }
 
 // setFields sets top-level fields to the given JSON values: a present
 // field's value is replaced where it stands, a missing one is inserted
-// right after the opening brace.
-func setFields(body []byte, fields map[string]string, order []string) ([]byte, error) {
-	spans, open, err := topLevel(body)
+// right after the opening brace, in the order given. The result is built
+// in one allocation; body is not modified.
+func setFields(body []byte, set ...setting) ([]byte, error) {
+	names := make([]string, len(set))
+	for i, f := range set {
+		names[i] = f.name
+	}
+	spans, fields, open, err := topLevel(body, names...)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite body: %w", err)
 	}
-	var edits []edit
-	insert := ""
-	for _, k := range order {
-		v := fields[k]
-		if sp, ok := spans[k]; ok {
-			edits = append(edits, edit{sp.start, sp.end, v})
+	size := len(body)
+	inserted := 0
+	for i, f := range set {
+		if sp := spans[i]; sp.start >= 0 {
+			size += len(f.value) - (sp.end - sp.start)
+		} else {
+			size += len(f.name) + 3 + len(f.value) + 1 // "name":value,
+			inserted++
+		}
+	}
+	out := make([]byte, 0, size)
+	out = append(out, body[:open+1]...)
+	for i, f := range set {
+		if spans[i].start >= 0 {
 			continue
 		}
-		kq, _ := json.Marshal(k)
-		insert += string(kq) + ":" + v + ","
-	}
-	if insert != "" {
-		if len(spans) == 0 {
-			insert = insert[:len(insert)-1] // {} has no field to put a comma before
+		out = strconv.AppendQuote(out, f.name)
+		out = append(out, ':')
+		out = append(out, f.value...)
+		inserted--
+		if inserted > 0 || fields > 0 {
+			out = append(out, ',')
 		}
-		edits = append(edits, edit{open + 1, open + 1, insert})
 	}
-	slices.SortFunc(edits, func(a, b edit) int { return b.start - a.start })
-	out := slices.Clone(body)
-	for _, e := range edits {
-		out = slices.Concat(out[:e.start], []byte(e.text), out[e.end:])
+	// The rest of the body, with each present field's value replaced in
+	// the order the values appear.
+	pos := open + 1
+	for {
+		next := -1
+		for i, sp := range spans {
+			if sp.start >= pos && (next < 0 || sp.start < spans[next].start) {
+				next = i
+			}
+		}
+		if next < 0 {
+			break
+		}
+		out = append(out, body[pos:spans[next].start]...)
+		out = append(out, set[next].value...)
+		pos = spans[next].end
 	}
-	return out, nil
+	return append(out, body[pos:]...), nil
 }
 
 // WantsUsage reports whether a request already asks for usage on its
@@ -126,26 +149,18 @@ func WantsUsage(body []byte) bool {
 // keeping the client's other stream options byte for byte: only
 // include_usage is set (replaced where it stands, or inserted first).
 func WithUsage(body []byte) ([]byte, error) {
-	spans, _, err := topLevel(body)
-	if err != nil {
-		return nil, fmt.Errorf("rewrite body: %w", err)
-	}
-	sp, ok := spans["stream_options"]
+	sp, ok := field(body, "stream_options")
 	if !ok || string(body[sp.start:sp.end]) == "null" {
-		return setFields(body, map[string]string{"stream_options": `{"include_usage":true}`}, []string{"stream_options"})
+		if _, _, _, err := topLevel(body); err != nil {
+			return nil, fmt.Errorf("rewrite body: %w", err)
+		}
+		return setFields(body, setting{"stream_options", `{"include_usage":true}`})
 	}
-	opts := body[sp.start:sp.end]
-	inner, _, err := topLevel(opts)
+	opts, err := setFields(body[sp.start:sp.end], setting{"include_usage", "true"})
 	if err != nil {
 		return nil, InvalidField("stream_options", "stream_options must be an object")
 	}
-	var v []byte
-	if u, ok := inner["include_usage"]; ok {
-		v = slices.Concat(opts[:u.start], []byte("true"), opts[u.end:])
-	} else {
-		v, _ = setFields(opts, map[string]string{"include_usage": "true"}, []string{"include_usage"})
-	}
-	return setFields(body, map[string]string{"stream_options": string(v)}, []string{"stream_options"})
+	return setFields(body, setting{"stream_options", string(opts)})
 }
 
 // ForLlamaCpp returns body addressed to llama.cpp's server: `model` the
@@ -154,10 +169,7 @@ func WithUsage(body []byte) ([]byte, error) {
 // adapter a request does not list).
 func ForLlamaCpp(body []byte, base string, index int) ([]byte, error) {
 	m, _ := json.Marshal(base)
-	return setFields(body, map[string]string{
-		"model": string(m),
-		"lora":  `[{"id":` + strconv.Itoa(index) + `,"scale":1}]`,
-	}, []string{"model", "lora"})
+	return setFields(body, setting{"model", string(m)}, setting{"lora", `[{"id":` + strconv.Itoa(index) + `,"scale":1}]`})
 }
 
 // UsageStripper passes an SSE stream through event by event, dropping the
@@ -175,25 +187,40 @@ type UsageStripper struct {
 func NewUsageStripper(dst io.Writer) *UsageStripper { return &UsageStripper{dst: dst} }
 
 func (s *UsageStripper) Write(p []byte) (int, error) {
-	s.pending = append(s.pending, p...)
-	var out []byte
+	buf := p
+	if len(s.pending) > 0 {
+		s.pending = append(s.pending, p...)
+		buf = s.pending
+	}
+	// Runs of kept events are written as they stand in buf: nothing is
+	// copied but a partial event at the end.
+	kept, i := 0, 0
 	for {
-		end, next := eventEnd(s.pending)
+		end, next := eventEnd(buf[i:])
 		if end < 0 {
 			break
 		}
-		ev := s.pending[:next]
-		if !isUsageChunk(s.pending[:end]) {
-			out = append(out, ev...)
+		if isUsageChunk(buf[i : i+end]) {
+			if err := s.write(buf[kept:i]); err != nil {
+				return 0, err
+			}
+			kept = i + next
 		}
-		s.pending = s.pending[next:]
+		i += next
 	}
-	if len(out) > 0 {
-		if _, err := s.dst.Write(out); err != nil {
-			return 0, err
-		}
+	if err := s.write(buf[kept:i]); err != nil {
+		return 0, err
 	}
+	s.pending = append(s.pending[:0], buf[i:]...)
 	return len(p), nil
+}
+
+func (s *UsageStripper) write(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := s.dst.Write(b)
+	return err
 }
 
 // Flush writes a trailing partial event as it is: the engine ended the
