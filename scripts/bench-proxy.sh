@@ -46,8 +46,9 @@ nginx_proxy=127.0.0.1:36120
 go_proxy=127.0.0.1:36121
 pids=()
 stop() {
+	# TERM, not INT: a background job of a script starts with SIGINT ignored.
 	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-		kill -INT "${pids[i]}" 2>/dev/null || true
+		kill -TERM "${pids[i]}" 2>/dev/null || true
 		wait "${pids[i]}" 2>/dev/null || true
 	done
 	pids=()

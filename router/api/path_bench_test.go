@@ -73,7 +73,6 @@ func BenchmarkRequestPath(b *testing.B) {
 				u, _ := url.Parse(eng.URL)
 				rp := httputil.NewSingleHostReverseProxy(u)
 				rp.Transport = &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
-				rp.FlushInterval = -1
 				srv = rp
 			}
 			s := httptest.NewServer(srv)

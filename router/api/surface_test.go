@@ -214,3 +214,26 @@ func TestStatusAccounting(t *testing.T) {
 		})
 	}
 }
+
+// TestFraming: a sized non-streamed answer passes with its
+// Content-Length (one write, no chunking); a stream is chunked by the
+// router, which flushes it as it arrives.
+func TestFraming(t *testing.T) {
+	eng := engine(t, func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "chat") {
+			io.WriteString(w, `{"choices":[]}`)
+			return
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+	})
+	srv := newRouter(t, &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", eng)}}}, nil)
+	resp, b := do(t, "POST", srv.URL+"/v1/chat/completions", `{"model":"demo"}`)
+	if resp.ContentLength != int64(len(`{"choices":[]}`)) || len(resp.TransferEncoding) != 0 || string(b) != `{"choices":[]}` {
+		t.Fatalf("sized answer: length %d, encoding %v, body %q", resp.ContentLength, resp.TransferEncoding, b)
+	}
+	resp, b = do(t, "POST", srv.URL+"/v1/completions", `{"model":"demo","stream":true}`)
+	if resp.ContentLength != -1 || string(b) != "data: {}\n\ndata: [DONE]\n\n" {
+		t.Fatalf("stream: length %d, body %q", resp.ContentLength, b)
+	}
+}

@@ -296,7 +296,15 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	for _, k := range hopHeaders {
 		hdr.Del(k)
 	}
-	hdr.Del("Content-Length") // the server frames what we copy
+	strip := req.StripUsage && resp.StatusCode == http.StatusOK
+	// A sized answer that is not a stream passes with its length and is
+	// not flushed per read: the server then sends header and body in one
+	// write, unchunked, as a plain proxy would. Anything else is framed
+	// by the server and flushed every read, so SSE events go out at once.
+	sized := !req.Stream && !strip && resp.ContentLength >= 0
+	if !sized {
+		hdr.Del("Content-Length")
+	}
 	hdr.Set("X-Llmgw-Replica", ep.ReplicaID)
 	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
 	w.WriteHeader(resp.StatusCode)
@@ -306,20 +314,20 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		src = io.TeeReader(resp.Body, req.Tail) // the tail keeps the usage for tier 2's accounting
 	}
 	var dst io.Writer = w
-	var strip *openai.UsageStripper
-	if req.StripUsage && resp.StatusCode == http.StatusOK {
-		strip = openai.NewUsageStripper(w)
-		dst = strip
+	var stripper *openai.UsageStripper
+	if strip {
+		stripper = openai.NewUsageStripper(w)
+		dst = stripper
 	}
 	var ttft prometheus.Observer
 	if req.Stream {
 		ttft = p.m.ttft.WithLabelValues(ep.Model)
 	}
 	bp := p.bufs.Get().(*[]byte)
-	n, done, err := copyFlushing(w, dst, src, *bp, req.Start, ttft)
+	n, done, err := copyFlushing(w, dst, src, *bp, !sized, req.Start, ttft)
 	p.bufs.Put(bp)
-	if strip != nil && err == nil {
-		if ferr := strip.Flush(); ferr != nil {
+	if stripper != nil && err == nil {
+		if ferr := stripper.Flush(); ferr != nil {
 			err = fmt.Errorf("write to client: %w", ferr)
 		}
 	}
@@ -368,10 +376,11 @@ func (t *doneTail) done() bool {
 }
 
 // copyFlushing copies src to dst (w, or a filter writing to w), flushing w
-// after every read so SSE chunks reach the client one by one; ttft, when
+// after every read when flush is set, so SSE chunks reach the client one
+// by one; ttft, when
 // set, observes the time from start to the first byte. done reports
 // whether the last bytes written and flushed were a stream's [DONE].
-func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, start time.Time, ttft prometheus.Observer) (n int64, done bool, err error) {
+func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, flush bool, start time.Time, ttft prometheus.Observer) (n int64, done bool, err error) {
 	rc := http.NewResponseController(w)
 	var tail doneTail
 	for {
@@ -384,8 +393,10 @@ func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byt
 				return n, false, fmt.Errorf("write to client: %w", err)
 			}
 			n += int64(k)
-			if err := rc.Flush(); err != nil {
-				return n, false, fmt.Errorf("flush to client: %w", err)
+			if flush {
+				if err := rc.Flush(); err != nil {
+					return n, false, fmt.Errorf("flush to client: %w", err)
+				}
 			}
 			tail.add(buf[:k])
 		}

@@ -29,7 +29,9 @@ func main() {
 		IdleConnTimeout:     90 * time.Second,
 		DisableCompression:  true,
 	}
-	rp.FlushInterval = -1 // flush every write, as the router does for SSE
+	// FlushInterval stays 0: httputil flushes text/event-stream and
+	// unsized answers at once by itself, and buffers sized ones, as a
+	// plain proxy should.
 	srv := &http.Server{Addr: *listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}
 	log.Fatal(srv.ListenAndServe())
 }
