@@ -18,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/router/endpoint"
 )
 
+// apiError is OpenAI's error body as the tests read it.
 type apiError struct {
 	Error struct {
 		Message string  `json:"message"`
