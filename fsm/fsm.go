@@ -90,6 +90,14 @@ func (f *FSM) reset() {
 // it was, except that the revision still moves to index; IsFatal(err) means
 // the node must stop (an unknown non-ignorable command).
 func (f *FSM) Apply(index uint64, data []byte) (any, error) {
+	return f.ApplyAt(index, 0, data)
+}
+
+// ApplyAt is Apply for an entry appended at appendedUnix (Unix seconds of
+// the Raft log's AppendedAt, the same on every node, so applying stays
+// deterministic): a model's created_unix is taken from it when the model
+// is first applied. 0 (unknown) leaves created_unix 0.
+func (f *FSM) ApplyAt(index uint64, appendedUnix int64, data []byte) (any, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if index <= f.revision {
@@ -115,7 +123,7 @@ func (f *FSM) Apply(index uint64, data []byte) (any, error) {
 	if err := proto.Unmarshal(cmd.Payload, payload); err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w: %w", index, cmd.Type, ErrMalformed, err)
 	}
-	a := applier{f: f, index: index}
+	a := applier{f: f, index: index, at: appendedUnix}
 	var res any
 	var err error
 	switch p := payload.(type) {
@@ -173,6 +181,7 @@ func (f *FSM) appendLog(changes []*llmgwv1.Change) {
 type applier struct {
 	f       *FSM
 	index   uint64
+	at      int64 // the entry's append time, Unix seconds; 0 when unknown
 	changes []*llmgwv1.Change
 }
 
@@ -236,9 +245,15 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 	// Revision moves only when what the replicas run changes, so placement
 	// rolls them exactly then (design §4 "Changes roll"); a new replica count
 	// or routing setting keeps it.
+	// created_unix is the model's first apply, whatever the command says:
+	// /v1/models reports it as the model's creation time.
+	m.CreatedUnix = a.at
 	m.Revision = a.index
-	if old, ok := a.f.models[m.Name]; ok && !NeedsRestart(old, m) {
-		m.Revision = old.Revision
+	if old, ok := a.f.models[m.Name]; ok {
+		m.CreatedUnix = old.CreatedUnix
+		if !NeedsRestart(old, m) {
+			m.Revision = old.Revision
+		}
 	}
 	a.f.models[m.Name] = m
 	a.put(m)
@@ -452,7 +467,7 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 func NeedsRestart(old, new *llmgwv1.Model) bool {
 	strip := func(m *llmgwv1.Model) *llmgwv1.Model {
 		c := proto.Clone(m).(*llmgwv1.Model)
-		c.Replicas, c.Profile, c.ProfileOverrides, c.NodeSelector, c.Revision = 0, "", nil, nil, 0
+		c.Replicas, c.Profile, c.ProfileOverrides, c.NodeSelector, c.Revision, c.CreatedUnix = 0, "", nil, nil, 0, 0
 		return c
 	}
 	return !proto.Equal(strip(old), strip(new))

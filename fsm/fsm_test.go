@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
 
@@ -377,4 +378,38 @@ func FuzzRestore(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestModelCreated: created_unix is the entry's append time of the model's
+// first apply, kept by later updates (which neither reset it nor roll the
+// replicas for it), whatever a command carries.
+func TestModelCreated(t *testing.T) {
+	f := New(Config{})
+	t0 := time.Unix(1_700_000_000, 0)
+	m := validModel()
+	m.CreatedUnix = 42 // a client's value is ignored
+	v, err := f.ApplyAt(2, t0.Unix(), upsert(t, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := v.(*llmgwv1.Model)
+	if first.CreatedUnix != t0.Unix() {
+		t.Fatalf("created %d, want %d", first.CreatedUnix, t0.Unix())
+	}
+	m = validModel()
+	m.Replicas++
+	v, err = f.ApplyAt(4, t0.Add(time.Hour).Unix(), upsert(t, m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.(*llmgwv1.Model); got.CreatedUnix != t0.Unix() || got.Revision != first.Revision {
+		t.Fatalf("update: created %d revision %d, want %d and %d", got.CreatedUnix, got.Revision, t0.Unix(), first.Revision)
+	}
+	v, err = f.Apply(6, upsert(t, &llmgwv1.Model{Name: "other", Engine: "vllm", Model: "x", Replicas: 1}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := v.(*llmgwv1.Model); got.CreatedUnix != 0 {
+		t.Fatalf("unknown append time gave created %d, want 0", got.CreatedUnix)
+	}
 }

@@ -55,6 +55,9 @@ type Config struct {
 	Control []string `yaml:"control"`
 	// HTTPAddr is where the OpenAI API, /metrics, /healthz and /readyz are served.
 	HTTPAddr string `yaml:"http_addr"`
+	// PprofAddr, when set, serves Go's profiles (/debug/pprof/) on this
+	// address, which must be loopback: off by default, apart from the API.
+	PprofAddr string `yaml:"pprof_addr"`
 	// DataDir, when set, keeps the last state so a router restarted while
 	// the control plane is down still routes.
 	DataDir string `yaml:"data_dir"`
@@ -173,6 +176,14 @@ func (c Config) Validate() error {
 			"and be sent your users' requests; give --tls-ca, --tls-cert and --tls-key, bind 127.0.0.1, or pass --insecure to accept the risk",
 			c.HTTPAddr)
 	}
+	if c.PprofAddr != "" {
+		if _, _, err := net.SplitHostPort(c.PprofAddr); err != nil {
+			p.Add(configfile.Flag("pprof-addr"), "%q: %w", c.PprofAddr, err)
+		} else if !mtls.IsLoopback(c.PprofAddr) {
+			p.Add(configfile.Flag("pprof-addr"), "%s: profiles are served only on a loopback address (127.0.0.1:PORT, [::1]:PORT): "+
+				"they show what the router is doing with users' requests", c.PprofAddr)
+		}
+	}
 	if c.MaxBodyBytes <= 0 {
 		p.Add(configfile.Flag("max-body-bytes"), "must be positive, got %d", c.MaxBodyBytes)
 	}
@@ -245,6 +256,7 @@ type Router struct {
 	control  *controlAdapters
 	mux      *http.ServeMux
 	draining atomic.Bool
+	pprof    atomic.Pointer[pprofServer] // set while --pprof-addr is served
 }
 
 // New builds a router; nothing runs until Run.
@@ -336,8 +348,8 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 		api.WithAdapters(r.control, cfg.AdapterWait))
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
-	r.mux.HandleFunc("GET /debug/kvindex", r.debugKVIndex)
-	r.mux.HandleFunc("GET /sd/replicas", r.serveSD)
+	r.mux.Handle("/debug/kvindex", api.Only(http.MethodGet, http.HandlerFunc(r.debugKVIndex)))
+	r.mux.Handle("/sd/replicas", api.Only(http.MethodGet, http.HandlerFunc(r.serveSD)))
 	return r, nil
 }
 
@@ -394,6 +406,15 @@ func (r *Router) Run(ctx context.Context) error {
 //     the state a last time) and the forgetter: requests route from them
 //     to the end.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
+	var prof *pprofServer
+	if r.cfg.PprofAddr != "" {
+		var err error
+		if prof, err = startPprof(r.cfg.PprofAddr, r.log); err != nil {
+			return err
+		}
+		r.pprof.Store(prof)
+	}
+	defer prof.stop()
 	bgCtx, stopBG := context.WithCancel(context.Background())
 	reqCtx, cancelRequests := context.WithCancel(context.Background())
 	defer cancelRequests()

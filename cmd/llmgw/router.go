@@ -48,6 +48,7 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.StringVar(&cfg.ID, "id", cfg.ID, "router id reported to the control plane (default: host name)")
 	f.StringSliceVar(&cfg.Control, "control", cfg.Control, "control servers' gRPC addresses, host:port[,...]")
 	f.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address for the OpenAI API, /metrics, /healthz, /readyz")
+	f.StringVar(&cfg.PprofAddr, "pprof-addr", cfg.PprofAddr, "serve Go profiles (/debug/pprof/) on this loopback address, apart from the API (off when empty)")
 	f.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory keeping the last state, to route while the control plane is down")
 	f.Int64Var(&cfg.MaxBodyBytes, "max-body-bytes", cfg.MaxBodyBytes, "largest request body accepted")
 	f.DurationVar(&cfg.ScrapeInterval, "scrape-interval", cfg.ScrapeInterval, "how often each replica's /metrics is read")

@@ -51,7 +51,13 @@ func (a *fsmAdapter) Apply(l *raft.Log) any {
 		return applyResult{err: ErrStopped}
 	}
 	start := time.Now()
-	v, err := a.fsm.Apply(l.Index, l.Data)
+	// AppendedAt is the leader's clock when it appended the entry, stored
+	// in the log, so every node applies the same time.
+	var at int64
+	if !l.AppendedAt.IsZero() {
+		at = l.AppendedAt.Unix()
+	}
+	v, err := a.fsm.ApplyAt(l.Index, at, l.Data)
 	a.metrics.applySeconds.Observe(time.Since(start).Seconds())
 	if fsm.IsFatal(err) {
 		a.stopped.Store(true)

@@ -373,7 +373,7 @@ func TestUsageOnStreams(t *testing.T) {
 		{"client did not ask", `{"model":"demo","stream":true,"messages":[]}`, false, `{"include_usage":true}`},
 		{"client asked", `{"model":"demo","stream":true,"stream_options":{"include_usage":true},"messages":[]}`, true, `{"include_usage":true}`},
 		{"other options kept", `{"model":"demo","stream":true,"stream_options":{"continuous_usage_stats":false},"messages":[]}`, false,
-			`{"continuous_usage_stats":false,"include_usage":true}`},
+			`{"include_usage":true,"continuous_usage_stats":false}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -36,6 +36,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -191,17 +192,54 @@ func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slo
 		MaxAttempts: cfg.MaxAttempts}, breakers, reg)
 	h := &Handler{cfg: cfg, eps: eps, log: log, m: newMetrics(reg),
 		dir: dir, resolve: dir, prepare: dir, fwd: px, proxy: px}
+	// Patterns carry no method: Only answers a wrong one, and "/" an
+	// unknown path, in OpenAI's error body rather than ServeMux's plain text.
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/chat/completions", h.complete)
-	mux.HandleFunc("/v1/completions", h.complete)
-	mux.HandleFunc("GET /v1/models", h.models)
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", h.readyz)
+	mux.Handle("/v1/chat/completions", Only(http.MethodPost, h.endpoint(taskGenerate)))
+	mux.Handle("/v1/completions", Only(http.MethodPost, h.endpoint(taskGenerate)))
+	mux.Handle("/v1/embeddings", Only(http.MethodPost, h.endpoint(taskEmbed)))
+	mux.Handle("/v1/models", Only(http.MethodGet, http.HandlerFunc(h.models)))
+	mux.Handle("/v1/models/{id...}", Only(http.MethodGet, http.HandlerFunc(h.model)))
+	mux.Handle("/healthz", Only(http.MethodGet, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })))
+	mux.Handle("/readyz", Only(http.MethodGet, http.HandlerFunc(h.readyz)))
 	if gather != nil {
-		mux.Handle("GET /metrics", promhttp.HandlerFor(gather, promhttp.HandlerOpts{}))
+		mux.Handle("/metrics", Only(http.MethodGet, promhttp.HandlerFor(gather, promhttp.HandlerOpts{})))
 	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		openai.WriteError(w, openai.UnknownPath(r.Method, r.URL.Path))
+	})
 	h.mux = mux
 	return h
+}
+
+// Only serves h for method (and HEAD with GET, as ServeMux does) and
+// answers any other method with OpenAI's 405 body and its Allow header.
+func Only(method string, h http.Handler) http.Handler {
+	allow := method
+	if method == http.MethodGet {
+		allow = "GET, HEAD"
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != method && (method != http.MethodGet || r.Method != http.MethodHead) {
+			openai.WriteError(w, openai.MethodNotAllowed(r.Method, r.URL.Path, allow))
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// task is what an inference endpoint serves: generating models
+// (completions) or embedding ones (design §4 `task`).
+type task uint8
+
+const (
+	taskGenerate task = iota
+	taskEmbed
+)
+
+// endpoint is the handler of an inference endpoint of task t.
+func (h *Handler) endpoint(t task) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.complete(w, r, t) })
 }
 
 // ServeHTTP gives every request an X-Request-ID (the client's, or a new
@@ -246,8 +284,10 @@ func keyOf(r *http.Request) *llmgwv1.ApiKey {
 	return k
 }
 
+// isCompletion reports whether path is an inference endpoint, whose
+// requests the request metrics count.
 func isCompletion(path string) bool {
-	return path == "/v1/chat/completions" || path == "/v1/completions"
+	return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings"
 }
 
 // Close stops the adapter loads requests were waiting on and drops idle
@@ -291,58 +331,101 @@ type modelEntry struct {
 // models lists the models in desired state, ready or not, each followed by
 // its adapters (design §7.1): a model being rolled out exists, it only
 // answers 503 for a moment, and an adapter is servable whether or not a
-// replica holds it now. Desired state has no creation time, so created is 0.
-// A key limited to some models sees only those (auth.Allows).
+// replica holds it now. created is the model's first apply (its adapters
+// share it). A key limited to some models sees only those (auth.Allows).
 func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
-	key := keyOf(r)
-	out := modelList{Object: "list", Data: []modelEntry{}}
+	writeJSON(w, modelList{Object: "list", Data: h.modelEntries(keyOf(r), "")})
+}
+
+// model is GET /v1/models/{id}: one model or adapter's card, or OpenAI's
+// 404 for a name that is neither or that the key may not use.
+func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	es := h.modelEntries(keyOf(r), id)
+	if len(es) == 0 {
+		openai.WriteError(w, openai.ModelNotFound(id))
+		return
+	}
+	writeJSON(w, es[0])
+}
+
+// modelEntries are the cards key may see, or only the one named only
+// when it is set.
+func (h *Handler) modelEntries(key *llmgwv1.ApiKey, only string) []modelEntry {
+	out := []modelEntry{}
 	for _, m := range h.eps.Models() {
 		root := m.GetModel()
 		if root == "" {
 			root = m.GetName()
 		}
-		if auth.Allows(key, m.GetName(), "") {
-			out.Data = append(out.Data, modelEntry{ID: m.GetName(), Object: "model", OwnedBy: "llmgw", Root: root})
+		if (only == "" || only == m.GetName()) && auth.Allows(key, m.GetName(), "") {
+			out = append(out, modelEntry{ID: m.GetName(), Object: "model", Created: m.GetCreatedUnix(), OwnedBy: "llmgw", Root: root})
 		}
 		for _, a := range m.GetAdapters() {
+			if only != "" && only != a.GetName() {
+				continue
+			}
 			if ref, ok := h.eps.Adapter(a.GetName()); ok && ref.Model == m.GetName() && auth.Allows(key, a.GetName(), ref.Model) {
-				out.Data = append(out.Data, modelEntry{ID: a.GetName(), Object: "model", OwnedBy: "llmgw",
+				out = append(out, modelEntry{ID: a.GetName(), Object: "model", Created: m.GetCreatedUnix(), OwnedBy: "llmgw",
 					Root: a.GetPath(), Parent: &ref.Model})
 			}
 		}
 	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(out)
+	return out
 }
 
-// complete serves the completion endpoints: the pipeline, then the
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// complete serves the inference endpoints: the pipeline, then the
 // request's metrics.
-func (h *Handler) complete(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) complete(w http.ResponseWriter, r *http.Request, t task) {
 	start := time.Now()
 	h.m.inflight.Inc()
 	defer h.m.inflight.Dec()
-	code, model := h.run(w, r, start)
+	code, model := h.run(w, r, t, start)
 	label := model // set only for models that exist, so junk names cannot grow it
 	if label == "" {
 		label = "_unknown"
 	}
 	// Key names come from the replicated state, so they are bounded too;
 	// "" is a request without a key (the check is off).
-	h.m.requests.WithLabelValues(label, strconv.Itoa(code), keyOf(r).GetName()).Inc()
+	h.m.requests.WithLabelValues(label, codeLabel(code), keyOf(r).GetName()).Inc()
 	h.m.duration.WithLabelValues(label).Observe(time.Since(start).Seconds())
+}
+
+// codeLabel is code as the metrics' label; the usual ones without
+// formatting (strconv.Itoa allocates for numbers past 99).
+func codeLabel(code int) string {
+	switch code {
+	case 200:
+		return "200"
+	case 400:
+		return "400"
+	case 404:
+		return "404"
+	case 429:
+		return "429"
+	case proxy.ClientClosed:
+		return "499"
+	case 502:
+		return "502"
+	case 503:
+		return "503"
+	}
+	return strconv.Itoa(code)
 }
 
 // run takes one completion request through the stages and returns the
 // status the client got and the base model it was for ("" when the name
 // resolved to none). Adapters share their model's label: names are many,
 // models few.
-func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (code int, model string) {
+func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time.Time) (code int, model string) {
 	rid := r.Header.Get("X-Request-ID")
 	key := keyOf(r)
-	reqLog := h.log.With("request_id", rid)
-	if key != nil {
-		reqLog = reqLog.With("key", key.GetName())
-	}
+	reqLog, rh := newReqLog(h.log.Handler(), rid, key.GetName())
 	refuse := func(err *openai.Error) int {
 		reqLog.Debug("router: request refused", "err", err)
 		openai.WriteError(w, err)
@@ -353,6 +436,11 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (
 	body, req, aerr := h.decode(w, r)
 	if aerr != nil {
 		return refuse(aerr), ""
+	}
+	if t == taskEmbed {
+		// Embeddings neither stream nor share prefixes worth routing by:
+		// the scheduler's load scorers alone choose (no prefix hashes).
+		req.Stream, req.Prompt = false, ""
 	}
 
 	// The key's models, before resolving: a key may not make the control
@@ -369,10 +457,10 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (
 		}
 		return refuse(aerr), tgt.Base
 	}
-	log := reqLog.With("model", tgt.Base)
-	if tgt.Adapter != "" {
-		log = log.With("adapter", tgt.Adapter)
+	if err := checkTask(tgt, t, r.URL.Path); err != nil {
+		return refuse(err), tgt.Base
 	}
+	log := rh.withTarget(tgt.Base, tgt.Adapter)
 
 	// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
 	kind := tokenize.Chat
@@ -402,6 +490,20 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, start time.Time) (
 	return res.Code, tgt.Base
 }
 
+// checkTask refuses a model on an endpoint of the other task, as vLLM
+// would (a pooling runner serves no completions, a generating one no
+// embeddings), before a replica is bothered with it.
+func checkTask(tgt director.Target, t task, path string) *openai.Error {
+	embed := tgt.Model.GetTask() == "embed"
+	switch {
+	case embed && t != taskEmbed:
+		return openai.WrongTask(tgt.Name, "embed", path, "/v1/embeddings")
+	case !embed && t == taskEmbed:
+		return openai.WrongTask(tgt.Name, "generate", path, "/v1/chat/completions or /v1/completions")
+	}
+	return nil
+}
+
 // mayUse reports whether key may use the model or adapter called name, and
 // the base model it names when it exists ("" otherwise), for the metrics.
 func (h *Handler) mayUse(key *llmgwv1.ApiKey, name string) (string, bool) {
@@ -421,10 +523,7 @@ func (h *Handler) mayUse(key *llmgwv1.ApiKey, name string) (string, bool) {
 // decode is stage 1: the body within MaxBodyBytes, and what the router
 // reads of it.
 func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai.Request, *openai.Error) {
-	if r.Method != http.MethodPost {
-		return nil, openai.Request{}, openai.MethodNotAllowed("POST")
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.cfg.MaxBodyBytes))
+	body, err := readBody(w, r, h.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -442,6 +541,24 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai
 		return nil, openai.Request{}, ae
 	}
 	return body, req, nil
+}
+
+// readBody reads the request body within limit: into one buffer of the
+// declared length when the client sent one (io.ReadAll would grow its
+// buffer several times for a large prompt), else as io.ReadAll does.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	src := http.MaxBytesReader(w, r.Body, limit)
+	if n := r.ContentLength; n > 0 && n <= limit {
+		body := make([]byte, n)
+		if _, err := io.ReadFull(src, body); err != nil {
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return nil, fmt.Errorf("the body ended before its Content-Length: %w", err)
+			}
+			return nil, err
+		}
+		return body, nil
+	}
+	return io.ReadAll(src)
 }
 
 type metrics struct {

@@ -197,14 +197,7 @@ func TestErrors(t *testing.T) {
 			if resp.StatusCode != tt.status {
 				t.Fatalf("status = %d, want %d", resp.StatusCode, tt.status)
 			}
-			var body struct {
-				Error struct {
-					Message string  `json:"message"`
-					Type    string  `json:"type"`
-					Param   *string `json:"param"`
-					Code    *string `json:"code"`
-				} `json:"error"`
-			}
+			var body apiError
 			if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 				t.Fatalf("error body: %v", err)
 			}

@@ -141,7 +141,10 @@ type Source interface {
 
 // view is one immutable routing table.
 type view struct {
-	state  *watch.State
+	state *watch.State
+	// sorted is state's models sorted by name, made once per view: every
+	// request reads it (director's resolve), so it must not be made per call.
+	sorted []*llmgwv1.Model
 	models map[string][]*Endpoint // routable endpoints by model, sorted by replica id
 	all    []*Endpoint
 	// byNode indexes routable endpoints by node and replica id, for
@@ -255,7 +258,8 @@ func (r *Registry) rebuild(st *watch.State) {
 		old[e.key()] = e
 	}
 	v := &view{state: st, models: make(map[string][]*Endpoint), byNode: make(map[string]map[string]*Endpoint),
-		adapters: adapterRefs(st), holds: map[*Endpoint]map[string]bool{}, changed: make(chan struct{})}
+		adapters: adapterRefs(st), holds: map[*Endpoint]map[string]bool{}, changed: make(chan struct{}),
+		sorted: sortedModels(st)}
 	for _, rep := range st.Replicas {
 		s, ok := Routable(st, rep)
 		if !ok {
@@ -370,14 +374,16 @@ func (r *Registry) Lookup(model string) (eps []*Endpoint, known bool) {
 	return v.models[model], known
 }
 
-// Models returns the models in desired state, sorted by name.
-func (r *Registry) Models() []*llmgwv1.Model {
-	v := r.cur.Load()
-	if v.state == nil {
+// Models returns the models in desired state, sorted by name. The slice
+// is shared by every caller until the state changes: do not modify it.
+func (r *Registry) Models() []*llmgwv1.Model { return r.cur.Load().sorted }
+
+func sortedModels(st *watch.State) []*llmgwv1.Model {
+	if st == nil {
 		return nil
 	}
-	out := make([]*llmgwv1.Model, 0, len(v.state.Models))
-	for _, m := range v.state.Models {
+	out := make([]*llmgwv1.Model, 0, len(st.Models))
+	for _, m := range st.Models {
 		out = append(out, m)
 	}
 	slices.SortFunc(out, func(a, b *llmgwv1.Model) int { return strings.Compare(a.GetName(), b.GetName()) })

@@ -26,6 +26,8 @@ type Error struct {
 	Message string
 	// RetryAfter, when positive, is sent as Retry-After (seconds).
 	RetryAfter int
+	// Allow is the 405's Allow header: the methods the path takes.
+	Allow string
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%d %s: %s", e.Status, e.Code, e.Message) }
@@ -88,10 +90,26 @@ func Upstream(err error) *Error {
 		Message: "the engine failed: " + err.Error()}
 }
 
-// MethodNotAllowed is the 405 for an endpoint that takes only allow.
-func MethodNotAllowed(allow string) *Error {
+// MethodNotAllowed is the 405 for a path that takes only the methods in
+// allow (comma-separated, as the Allow header lists them).
+func MethodNotAllowed(method, path, allow string) *Error {
 	return &Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
-		Message: "use " + allow}
+		Message: fmt.Sprintf("%s %s is not allowed; use %s", method, path, allow), Allow: allow}
+}
+
+// UnknownPath is the 404 for a path the router does not serve, in
+// OpenAI's words for one, so the SDKs show it rather than an empty error.
+func UnknownPath(method, path string) *Error {
+	return &Error{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "unknown_url",
+		Message: fmt.Sprintf("Invalid URL (%s %s)", method, path)}
+}
+
+// WrongTask is the 400 for a model sent to an endpoint of the other task:
+// an embedding model (task embed) to a completion endpoint, or a
+// generating one to /v1/embeddings; use names the endpoints it serves.
+func WrongTask(model, task, path, use string) *Error {
+	return &Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "model_not_supported",
+		Param: "model", Message: fmt.Sprintf("the model %q (task %s) does not serve %s; use %s", model, task, path, use)}
 }
 
 type errorBody struct {
@@ -127,8 +145,8 @@ func WriteError(w http.ResponseWriter, err error) {
 	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
-	if e.Status == http.StatusMethodNotAllowed {
-		h.Set("Allow", http.MethodPost)
+	if e.Allow != "" {
+		h.Set("Allow", e.Allow)
 	}
 	if e.RetryAfter > 0 {
 		h.Set("Retry-After", fmt.Sprint(e.RetryAfter))

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 )
 
@@ -17,114 +16,151 @@ import (
 // the adapter in `lora`. Everything else — key order, spacing, fields the
 // router does not know — reaches the engine untouched.
 
-// span is where a top-level field's value lies in a JSON object.
+// span is where a top-level field's value lies in a JSON object; start
+// is -1 for a field the object does not have.
 type span struct{ start, end int }
 
-// topLevel returns the spans of an object's top-level values by key (the
-// last one wins, as encoding/json and the engines' parsers do) and the
-// offset of its opening brace.
-func topLevel(body []byte) (map[string]span, int, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, 0, err
+// topLevel finds the spans of the named top-level fields of an object
+// (the last one wins when a key repeats, as encoding/json and the
+// engines' parsers do), how many fields it has, and the offset of its
+// opening brace. The body has passed Sniff (valid JSON); nothing is
+// allocated beyond the returned spans.
+func topLevel(body []byte, names ...string) (spans []span, fields, open int, err error) {
+	open = skipWS(body, 0)
+	if open >= len(body) || body[open] != '{' {
+		return nil, 0, 0, errors.New("not a JSON object")
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, 0, errors.New("not a JSON object")
+	spans = make([]span, len(names))
+	for i := range spans {
+		spans[i].start = -1
 	}
-	open := int(dec.InputOffset()) - 1
-	out := map[string]span{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, 0, err
+	if !eachField(body, open, func(key []byte, vs, ve int) bool {
+		fields++
+		for i, n := range names {
+			if keyIs(key, n) {
+				spans[i] = span{vs, ve}
+			}
 		}
-		key, ok := tok.(string)
-		if !ok {
-			return nil, 0, fmt.Errorf("object key %v is not a string", tok)
-		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, 0, err
-		}
-		end := int(dec.InputOffset())
-		out[key] = span{end - len(raw), end}
+		return true
+	}) {
+		return nil, 0, 0, errors.New("malformed JSON object")
 	}
-	return out, open, nil
+	return spans, fields, open, nil
 }
 
-// edit is one replacement of body[start:end] by text (an insertion when
-// start == end).
-type edit struct {
-	start, end int
-	text       string
+// field returns the span of the top-level field name (the last, when it
+// repeats) without allocating; ok is false when absent or the body is not
+// an object.
+func field(body []byte, name string) (sp span, ok bool) {
+	open := skipWS(body, 0)
+	if open >= len(body) || body[open] != '{' {
+		return span{}, false
+	}
+	eachField(body, open, func(key []byte, vs, ve int) bool {
+		if keyIs(key, name) {
+			sp, ok = span{vs, ve}, true
+		}
+		return true
+	})
+	return sp, ok
 }
+
+// setting is one top-level field set by setFields: its name and JSON value.
+type setting struct{ name, value string }
 
 // setFields sets top-level fields to the given JSON values: a present
 // field's value is replaced where it stands, a missing one is inserted
-// right after the opening brace.
-func setFields(body []byte, fields map[string]string, order []string) ([]byte, error) {
-	spans, open, err := topLevel(body)
+// right after the opening brace, in the order given. The result is built
+// in one allocation; body is not modified.
+func setFields(body []byte, set ...setting) ([]byte, error) {
+	names := make([]string, len(set))
+	for i, f := range set {
+		names[i] = f.name
+	}
+	spans, fields, open, err := topLevel(body, names...)
 	if err != nil {
 		return nil, fmt.Errorf("rewrite body: %w", err)
 	}
-	var edits []edit
-	insert := ""
-	for _, k := range order {
-		v := fields[k]
-		if sp, ok := spans[k]; ok {
-			edits = append(edits, edit{sp.start, sp.end, v})
+	size := len(body)
+	inserted := 0
+	for i, f := range set {
+		if sp := spans[i]; sp.start >= 0 {
+			size += len(f.value) - (sp.end - sp.start)
+		} else {
+			size += len(f.name) + 3 + len(f.value) + 1 // "name":value,
+			inserted++
+		}
+	}
+	out := make([]byte, 0, size)
+	out = append(out, body[:open+1]...)
+	for i, f := range set {
+		if spans[i].start >= 0 {
 			continue
 		}
-		kq, _ := json.Marshal(k)
-		insert += string(kq) + ":" + v + ","
-	}
-	if insert != "" {
-		if len(spans) == 0 {
-			insert = insert[:len(insert)-1] // {} has no field to put a comma before
+		out = strconv.AppendQuote(out, f.name)
+		out = append(out, ':')
+		out = append(out, f.value...)
+		inserted--
+		if inserted > 0 || fields > 0 {
+			out = append(out, ',')
 		}
-		edits = append(edits, edit{open + 1, open + 1, insert})
 	}
-	slices.SortFunc(edits, func(a, b edit) int { return b.start - a.start })
-	out := slices.Clone(body)
-	for _, e := range edits {
-		out = slices.Concat(out[:e.start], []byte(e.text), out[e.end:])
+	// The rest of the body, with each present field's value replaced in
+	// the order the values appear.
+	pos := open + 1
+	for {
+		next := -1
+		for i, sp := range spans {
+			if sp.start >= pos && (next < 0 || sp.start < spans[next].start) {
+				next = i
+			}
+		}
+		if next < 0 {
+			break
+		}
+		out = append(out, body[pos:spans[next].start]...)
+		out = append(out, set[next].value...)
+		pos = spans[next].end
 	}
-	return out, nil
+	return append(out, body[pos:]...), nil
 }
 
 // WantsUsage reports whether a request already asks for usage on its
 // stream: stream_options.include_usage is true.
 func WantsUsage(body []byte) bool {
-	var f struct {
-		StreamOptions *struct {
-			IncludeUsage bool `json:"include_usage"`
-		} `json:"stream_options"`
+	sp, ok := field(body, "stream_options")
+	if !ok {
+		return false
 	}
-	return json.Unmarshal(body, &f) == nil && f.StreamOptions != nil && f.StreamOptions.IncludeUsage
+	opts := body[sp.start:sp.end]
+	want := false
+	if !eachField(opts, 0, func(key []byte, vs, ve int) bool {
+		if keyIs(key, "include_usage") {
+			want = string(opts[vs:ve]) == "true"
+		}
+		return true
+	}) {
+		return false
+	}
+	return want
 }
 
 // WithUsage returns body asking for usage on the stream (design §7.1),
-// keeping the client's other stream options.
+// keeping the client's other stream options byte for byte: only
+// include_usage is set (replaced where it stands, or inserted first).
 func WithUsage(body []byte) ([]byte, error) {
-	var f struct {
-		StreamOptions json.RawMessage `json:"stream_options"`
-	}
-	if err := json.Unmarshal(body, &f); err != nil {
-		return nil, fmt.Errorf("rewrite body: %w", err)
-	}
-	opts := map[string]json.RawMessage{}
-	if len(f.StreamOptions) > 0 && string(f.StreamOptions) != "null" {
-		if err := json.Unmarshal(f.StreamOptions, &opts); err != nil {
-			return nil, InvalidField("stream_options", "stream_options must be an object")
+	sp, ok := field(body, "stream_options")
+	if !ok || string(body[sp.start:sp.end]) == "null" {
+		if _, _, _, err := topLevel(body); err != nil {
+			return nil, fmt.Errorf("rewrite body: %w", err)
 		}
+		return setFields(body, setting{"stream_options", `{"include_usage":true}`})
 	}
-	opts["include_usage"] = json.RawMessage("true")
-	v, err := json.Marshal(opts)
+	opts, err := setFields(body[sp.start:sp.end], setting{"include_usage", "true"})
 	if err != nil {
-		return nil, fmt.Errorf("rewrite body: %w", err)
+		return nil, InvalidField("stream_options", "stream_options must be an object")
 	}
-	return setFields(body, map[string]string{"stream_options": string(v)}, []string{"stream_options"})
+	return setFields(body, setting{"stream_options", string(opts)})
 }
 
 // ForLlamaCpp returns body addressed to llama.cpp's server: `model` the
@@ -133,10 +169,7 @@ func WithUsage(body []byte) ([]byte, error) {
 // adapter a request does not list).
 func ForLlamaCpp(body []byte, base string, index int) ([]byte, error) {
 	m, _ := json.Marshal(base)
-	return setFields(body, map[string]string{
-		"model": string(m),
-		"lora":  `[{"id":` + strconv.Itoa(index) + `,"scale":1}]`,
-	}, []string{"model", "lora"})
+	return setFields(body, setting{"model", string(m)}, setting{"lora", `[{"id":` + strconv.Itoa(index) + `,"scale":1}]`})
 }
 
 // UsageStripper passes an SSE stream through event by event, dropping the
@@ -154,25 +187,40 @@ type UsageStripper struct {
 func NewUsageStripper(dst io.Writer) *UsageStripper { return &UsageStripper{dst: dst} }
 
 func (s *UsageStripper) Write(p []byte) (int, error) {
-	s.pending = append(s.pending, p...)
-	var out []byte
+	buf := p
+	if len(s.pending) > 0 {
+		s.pending = append(s.pending, p...)
+		buf = s.pending
+	}
+	// Runs of kept events are written as they stand in buf: nothing is
+	// copied but a partial event at the end.
+	kept, i := 0, 0
 	for {
-		end, next := eventEnd(s.pending)
+		end, next := eventEnd(buf[i:])
 		if end < 0 {
 			break
 		}
-		ev := s.pending[:next]
-		if !isUsageChunk(s.pending[:end]) {
-			out = append(out, ev...)
+		if isUsageChunk(buf[i : i+end]) {
+			if err := s.write(buf[kept:i]); err != nil {
+				return 0, err
+			}
+			kept = i + next
 		}
-		s.pending = s.pending[next:]
+		i += next
 	}
-	if len(out) > 0 {
-		if _, err := s.dst.Write(out); err != nil {
-			return 0, err
-		}
+	if err := s.write(buf[kept:i]); err != nil {
+		return 0, err
 	}
+	s.pending = append(s.pending[:0], buf[i:]...)
 	return len(p), nil
+}
+
+func (s *UsageStripper) write(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := s.dst.Write(b)
+	return err
 }
 
 // Flush writes a trailing partial event as it is: the engine ended the

@@ -13,7 +13,8 @@ func TestRewrites(t *testing.T) {
 		wantErr        bool
 	}{
 		{"usage inserted first, rest byte for byte", `{"model":"m", "stream" :true}`, `{"stream_options":{"include_usage":true},"model":"m", "stream" :true}`, WithUsage, false},
-		{"usage merged into present options", `{"stream_options": {"continuous_usage_stats":true} ,"model":"m"}`, `{"stream_options": {"continuous_usage_stats":true,"include_usage":true} ,"model":"m"}`, WithUsage, false},
+		{"usage merged into present options", `{"stream_options": {"continuous_usage_stats":true} ,"model":"m"}`, `{"stream_options": {"include_usage":true,"continuous_usage_stats":true} ,"model":"m"}`, WithUsage, false},
+		{"usage false set true where it stands", `{"stream_options":{"include_usage" : false, "x":1}}`, `{"stream_options":{"include_usage" : true, "x":1}}`, WithUsage, false},
 		{"null options", `{"stream_options":null}`, `{"stream_options":{"include_usage":true}}`, WithUsage, false},
 		{"options not an object", `{"stream_options":[1]}`, ``, WithUsage, true},
 		{"empty object", `{}`, `{"stream_options":{"include_usage":true}}`, WithUsage, false},

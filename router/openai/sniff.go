@@ -3,7 +3,6 @@ package openai
 import (
 	"encoding/json"
 	"errors"
-	"strings"
 )
 
 // Request is all the router reads of a request body; the body itself is
@@ -24,101 +23,206 @@ type Request struct {
 // ways the prefix tree could tell apart.
 const MaxPromptBytes = 8 << 10
 
-// Sniff reads model, stream and the prompt's text from a JSON request body. Keys match
-// exactly, as the engines' own parsers do (encoding/json would also accept
-// "Model"), and the whole body must be valid JSON, so the router refuses
-// what the engine would refuse rather than forward garbage.
+// Sniff reads model, stream and the prompt's text from a JSON request
+// body. Keys match exactly, as the engines' own parsers do (encoding/json
+// would also accept "Model"), and the whole body must be valid JSON, so
+// the router refuses what the engine would refuse rather than forward
+// garbage. One validating pass (json.Valid) and one pass of the
+// allocation-free scanner (scan.go) read everything; only the prompt's
+// text and the model's name are copied out.
 func Sniff(body []byte) (Request, error) {
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
+	if !json.Valid(body) {
+		var v any
+		err := json.Unmarshal(body, &v) // the reason, for the client
+		if err == nil {
+			err = errors.New("invalid JSON")
+		}
 		return Request{}, InvalidJSON(err)
 	}
-	if fields == nil {
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' {
 		return Request{}, InvalidJSON(errors.New("the body must be a JSON object"))
 	}
+	var model, stream, messages, prompt []byte
+	eachField(body, i, func(key []byte, vs, ve int) bool {
+		v := body[vs:ve]
+		switch {
+		case keyIs(key, "model"):
+			model = v
+		case keyIs(key, "stream"):
+			stream = v
+		case keyIs(key, "messages"):
+			messages = v
+		case keyIs(key, "prompt"):
+			prompt = v
+		}
+		return true
+	})
 	var out Request
-	raw, ok := fields["model"]
-	if !ok {
+	if model == nil {
 		return Request{}, InvalidField("model", "model is required")
 	}
-	if err := json.Unmarshal(raw, &out.Model); err != nil {
+	m, ok := stringValue(model)
+	if !ok {
 		return Request{}, InvalidField("model", "model must be a string")
 	}
-	if out.Model == "" {
+	if m == "" {
 		return Request{}, InvalidField("model", "model must not be empty")
 	}
-	if raw, ok := fields["stream"]; ok && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &out.Stream); err != nil {
-			return Request{}, InvalidField("stream", "stream must be a boolean")
-		}
+	out.Model = m
+	switch string(stream) {
+	case "", "null", "false":
+	case "true":
+		out.Stream = true
+	default:
+		return Request{}, InvalidField("stream", "stream must be a boolean")
 	}
-	if raw, ok := fields["messages"]; ok {
-		out.Prompt = chatText(raw)
-	} else if raw, ok := fields["prompt"]; ok {
-		out.Prompt = promptText(raw)
+	if messages != nil {
+		out.Prompt = chatText(messages)
+	} else if prompt != nil {
+		out.Prompt = promptText(prompt)
 	}
 	return out, nil
 }
 
 // chatText renders messages for the prefix tree. Content is a string or
 // a list of parts, of which the text parts count; a message the router
-// cannot read ends the text there, since what follows would not be a prefix.
-func chatText(raw json.RawMessage) string {
-	var msgs []struct {
-		Role    string          `json:"role"`
-		Content json.RawMessage `json:"content"`
-	}
-	if json.Unmarshal(raw, &msgs) != nil {
+// cannot read ends the text there, since what follows would not be a
+// prefix. messages that are not a list of objects with string roles give "".
+func chatText(raw []byte) string {
+	if len(raw) == 0 || raw[0] != '[' {
 		return ""
 	}
-	var b strings.Builder
-	for _, m := range msgs {
-		if b.Len() >= MaxPromptBytes {
-			break
+	out := make([]byte, 0, min(len(raw), MaxPromptBytes+64))
+	stop, bad := false, false
+	ok := eachElement(raw, 0, func(ms, me int) bool {
+		msg := raw[ms:me]
+		if string(msg) == "null" {
+			msg = []byte("{}") // decodes as an empty message: its missing content ends the text
 		}
-		b.WriteString(m.Role)
-		b.WriteByte(0)
-		var s string
-		if json.Unmarshal(m.Content, &s) == nil {
-			b.WriteString(s)
-		} else {
-			var parts []struct {
-				Type string `json:"type"`
-				Text string `json:"text"`
+		if msg[0] != '{' {
+			bad = true
+			return false
+		}
+		var role, content []byte
+		eachField(msg, 0, func(key []byte, vs, ve int) bool {
+			switch {
+			case keyIs(key, "role"):
+				role = msg[vs:ve]
+			case keyIs(key, "content"):
+				content = msg[vs:ve]
 			}
-			if json.Unmarshal(m.Content, &parts) != nil {
-				break
+			return true
+		})
+		if role != nil && string(role) != "null" && role[0] != '"' {
+			bad = true // encoding/json would refuse the whole list
+			return false
+		}
+		if stop || len(out) >= MaxPromptBytes {
+			return true // keep checking roles, as a full decode would
+		}
+		if role != nil {
+			out, _ = appendStringValue(out, role)
+		}
+		out = append(out, 0)
+		switch {
+		case content == nil:
+			stop = true
+			return true
+		case string(content) == "null":
+		case content[0] == '"':
+			out, _ = appendStringValue(out, content)
+		case content[0] == '[':
+			// A list the router cannot read adds nothing: check it all
+			// before taking any of its text.
+			if !eachPart(content, func(_, _ []byte) bool { return true }) {
+				stop = true
+				return true
 			}
-			for _, p := range parts {
-				if p.Type == "text" {
-					b.WriteString(p.Text)
+			eachPart(content, func(typ, text []byte) bool {
+				if t, _ := stringValue(typ); t == "text" && text != nil {
+					out, _ = appendStringValue(out, text)
 				}
-			}
+				return true
+			})
+		default:
+			stop = true
+			return true
 		}
-		b.WriteByte(0)
+		out = append(out, 0)
+		return true
+	})
+	if !ok || bad {
+		return ""
 	}
-	return truncate(b.String())
+	return truncate(string(out))
+}
+
+// eachPart calls fn with each content part's type and text values (nil
+// when absent); false when a part is neither an object nor null, or its
+// type or text is not a string.
+func eachPart(content []byte, fn func(typ, text []byte) bool) bool {
+	good := true
+	ok := eachElement(content, 0, func(ps, pe int) bool {
+		part := content[ps:pe]
+		if string(part) == "null" {
+			return true
+		}
+		if part[0] != '{' {
+			good = false
+			return false
+		}
+		var typ, text []byte
+		eachField(part, 0, func(key []byte, vs, ve int) bool {
+			switch {
+			case keyIs(key, "type"):
+				typ = part[vs:ve]
+			case keyIs(key, "text"):
+				text = part[vs:ve]
+			}
+			return true
+		})
+		if !stringOrNull(typ) || !stringOrNull(text) {
+			good = false
+			return false
+		}
+		return fn(typ, text)
+	})
+	return ok && good
+}
+
+// stringOrNull reports whether a part's field decodes into a Go string:
+// absent, null, or a string.
+func stringOrNull(v []byte) bool {
+	return v == nil || string(v) == "null" || v[0] == '"'
 }
 
 // promptText reads a completion prompt: a string, or a batch of which the
 // first counts; token ids are keyed by their JSON spelling, which is as
 // stable as the tokens.
-func promptText(raw json.RawMessage) string {
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
+func promptText(raw []byte) string {
+	if s, ok := stringValue(raw); ok {
 		return truncate(s)
 	}
-	var batch []json.RawMessage
-	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
-		if json.Unmarshal(batch[0], &s) == nil {
-			return truncate(s)
-		}
-		if len(batch[0]) > 0 && batch[0][0] == '[' {
-			return truncate(string(batch[0])) // a batch of token lists
-		}
+	if len(raw) == 0 || raw[0] != '[' {
+		return ""
+	}
+	var first []byte
+	eachElement(raw, 0, func(s, e int) bool {
+		first = raw[s:e]
+		return false
+	})
+	switch {
+	case first == nil:
+		return ""
+	case first[0] == '"':
+		s, _ := stringValue(first)
+		return truncate(s)
+	case first[0] == '[':
+		return truncate(string(first)) // a batch of token lists
+	default:
 		return truncate(string(raw)) // one token list
 	}
-	return ""
 }
 
 func truncate(s string) string {

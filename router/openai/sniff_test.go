@@ -1,6 +1,7 @@
 package openai
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -52,6 +53,120 @@ func FuzzSniff(f *testing.F) {
 		}
 		if got.Model == "" || !json.Valid(body) || len(got.Prompt) > MaxPromptBytes {
 			t.Fatalf("accepted %q as %+v", body, got)
+		}
+	})
+}
+
+// sniffReference is Sniff as it was built on encoding/json (a map of raw
+// messages, then a decode per field): the allocation-free scanner must
+// read every body the same way.
+func sniffReference(body []byte) (Request, bool) {
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(body, &fields) != nil || fields == nil {
+		return Request{}, false
+	}
+	var out Request
+	raw, ok := fields["model"]
+	if !ok || json.Unmarshal(raw, &out.Model) != nil || out.Model == "" {
+		return Request{}, false
+	}
+	if raw, ok := fields["stream"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &out.Stream) != nil {
+			return Request{}, false
+		}
+	}
+	if raw, ok := fields["messages"]; ok {
+		out.Prompt = chatTextReference(raw)
+	} else if raw, ok := fields["prompt"]; ok {
+		out.Prompt = promptTextReference(raw)
+	}
+	return out, true
+}
+
+func chatTextReference(raw json.RawMessage) string {
+	var msgs []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if json.Unmarshal(raw, &msgs) != nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, m := range msgs {
+		if b.Len() >= MaxPromptBytes {
+			break
+		}
+		b.WriteString(m.Role)
+		b.WriteByte(0)
+		var s string
+		if json.Unmarshal(m.Content, &s) == nil {
+			b.WriteString(s)
+		} else {
+			var parts []struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			}
+			if json.Unmarshal(m.Content, &parts) != nil {
+				break
+			}
+			for _, p := range parts {
+				if p.Type == "text" {
+					b.WriteString(p.Text)
+				}
+			}
+		}
+		b.WriteByte(0)
+	}
+	return truncate(b.String())
+}
+
+func promptTextReference(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return truncate(s)
+	}
+	var batch []json.RawMessage
+	if json.Unmarshal(raw, &batch) == nil && len(batch) > 0 {
+		if json.Unmarshal(batch[0], &s) == nil {
+			return truncate(s)
+		}
+		if len(batch[0]) > 0 && batch[0][0] == '[' {
+			return truncate(string(batch[0]))
+		}
+		return truncate(string(raw))
+	}
+	return ""
+}
+
+// FuzzSniffMatchesReference: the scanner reads what encoding/json read,
+// on every body but those whose nested keys differ from the names only in
+// case (encoding/json folds case there; the scanner, as the engines,
+// does not).
+func FuzzSniffMatchesReference(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"demo","stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"d\u00e9mo","messages":[{"role":"system","content":"a\nb"},{"role":"user","content":[{"type":"text","text":"x"},null,{"type":"image_url"}]}]}`,
+		`{"model":"m","messages":[null,{"role":"user","content":"b"}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"x"},{"type":1}]},{"role":"user","content":"b"}]}`,
+		`{"model":"m","prompt":[[1,2],[3]]}`, `{"model":"m","prompt":[1,2,3]}`, `{"model":"m","prompt":["a","b"]}`, `{"model":"m","prompt":[]}`,
+		`{"model":"m","stream":null,"prompt":null}`, `{"model":"m","messages":[{"role":5}]}`, `{ "model" : "m" , "messages" : [ ] }`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		lower := bytes.ToLower(body)
+		for _, k := range []string{`"role"`, `"content"`, `"type"`, `"text"`, `"model"`, `"stream"`, `"messages"`, `"prompt"`, `\`} {
+			if bytes.Count(lower, []byte(k)) != bytes.Count(body, []byte(k)) || (k == `\` && bytes.Contains(body, []byte(`\u`))) {
+				return
+			}
+		}
+		want, ok := sniffReference(body)
+		got, err := Sniff(body)
+		if ok != (err == nil) {
+			t.Fatalf("%q: reference ok %v, Sniff err %v", body, ok, err)
+		}
+		if ok && got != want {
+			t.Fatalf("%q:\n got %+v\nwant %+v", body, got, want)
 		}
 	})
 }

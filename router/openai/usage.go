@@ -10,11 +10,12 @@ import (
 // CacheSalt is the request's cache_salt, or "": vLLM mixes it into the
 // first block's hash, so tier 2 must too (design §7.5 step 4).
 func CacheSalt(body []byte) string {
-	var f struct {
-		CacheSalt string `json:"cache_salt"`
+	sp, ok := field(body, "cache_salt")
+	if !ok {
+		return ""
 	}
-	_ = json.Unmarshal(body, &f)
-	return f.CacheSalt
+	salt, _ := stringValue(body[sp.start:sp.end])
+	return salt
 }
 
 // CachedTokens finds usage.prompt_tokens_details.cached_tokens in a

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -109,6 +110,9 @@ type Proxy struct {
 	breakers  Breakers
 	transport *http.Transport
 	m         *metrics
+	// bufs are the copy loop's 32 KiB buffers, reused: one per request
+	// would be the data path's largest allocation.
+	bufs sync.Pool
 }
 
 // New returns a proxy; reg receives its metrics (nil for none).
@@ -123,7 +127,8 @@ func New(cfg Config, breakers Breakers, reg prometheus.Registerer) *Proxy {
 			// Engines speak plain HTTP/1.1; compression would hold SSE chunks back.
 			DisableCompression: true,
 		},
-		m: newMetrics(reg),
+		m:    newMetrics(reg),
+		bufs: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }},
 	}
 }
 
@@ -215,6 +220,39 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // without credentials of the client's.
 var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
 
+// forwardHeader is the client's header as the engine gets it: without
+// hop-by-hop fields, credentials and Content-Length (the body's own is
+// set). The map is new, the values are shared: the transport only reads
+// them, and copying every value for every attempt would be the data
+// path's largest allocation after the body.
+func forwardHeader(in http.Header) http.Header {
+	out := make(http.Header, len(in))
+	for k, v := range in {
+		if !dropped(k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// dropped reports whether the canonical header key k stays behind.
+func dropped(k string) bool {
+	if k == "Content-Length" {
+		return true
+	}
+	for _, h := range hopHeaders {
+		if k == h {
+			return true
+		}
+	}
+	for _, h := range credentialHeaders {
+		if k == h {
+			return true
+		}
+	}
+	return false
+}
+
 // forward sends the request to ep. It returns an error only while nothing
 // has been written to the client — a connection failure, or a 5xx (or an
 // adapter's 404) when another replica may still be tried (last is false) —
@@ -233,14 +271,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	if err != nil {
 		return 0, fmt.Errorf("build request for %s: %w", ep.Address, err)
 	}
-	out.Header = r.Header.Clone()
-	for _, k := range hopHeaders {
-		out.Header.Del(k)
-	}
-	for _, k := range credentialHeaders {
-		out.Header.Del(k)
-	}
-	out.Header.Del("Content-Length")
+	out.Header = forwardHeader(r.Header)
 	out.ContentLength = int64(len(body))
 
 	resp, err := p.transport.RoundTrip(out)
@@ -265,7 +296,15 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	for _, k := range hopHeaders {
 		hdr.Del(k)
 	}
-	hdr.Del("Content-Length") // the server frames what we copy
+	strip := req.StripUsage && resp.StatusCode == http.StatusOK
+	// A sized answer that is not a stream passes with its length and is
+	// not flushed per read: the server then sends header and body in one
+	// write, unchunked, as a plain proxy would. Anything else is framed
+	// by the server and flushed every read, so SSE events go out at once.
+	sized := !req.Stream && !strip && resp.ContentLength >= 0
+	if !sized {
+		hdr.Del("Content-Length")
+	}
 	hdr.Set("X-Llmgw-Replica", ep.ReplicaID)
 	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
 	w.WriteHeader(resp.StatusCode)
@@ -275,59 +314,97 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		src = io.TeeReader(resp.Body, req.Tail) // the tail keeps the usage for tier 2's accounting
 	}
 	var dst io.Writer = w
-	var strip *openai.UsageStripper
-	if req.StripUsage && resp.StatusCode == http.StatusOK {
-		strip = openai.NewUsageStripper(w)
-		dst = strip
+	var stripper *openai.UsageStripper
+	if strip {
+		stripper = openai.NewUsageStripper(w)
+		dst = stripper
 	}
-	n, err := copyFlushing(w, dst, src, func() {
-		if req.Stream {
-			p.m.ttft.WithLabelValues(ep.Model).Observe(time.Since(req.Start).Seconds())
-		}
-	})
-	if strip != nil && err == nil {
-		if ferr := strip.Flush(); ferr != nil {
+	var ttft prometheus.Observer
+	if req.Stream {
+		ttft = p.m.ttft.WithLabelValues(ep.Model)
+	}
+	bp := p.bufs.Get().(*[]byte)
+	n, done, err := copyFlushing(w, dst, src, *bp, !sized, req.Start, ttft)
+	p.bufs.Put(bp)
+	if stripper != nil && err == nil {
+		if ferr := stripper.Flush(); ferr != nil {
 			err = fmt.Errorf("write to client: %w", ferr)
 		}
 	}
-	if err != nil && r.Context().Err() == nil {
+	// Delivered whole: the engine's body ended and all of it reached the
+	// client, a stream's [DONE] was written and flushed, or a sized body's
+	// every byte was. Such an answer is counted by its status, whatever
+	// the client does next (closing right after [DONE] is what SDKs do).
+	whole := err == nil || (req.Stream && done) || (resp.ContentLength >= 0 && n == resp.ContentLength)
+	if !whole && r.Context().Err() == nil {
 		// Too late to answer with an error: the client sees a cut stream.
 		p.m.upstreamErrors.WithLabelValues(ep.Model).Inc()
 		log.Warn("router: response cut short", "replica", ep.ReplicaID, "bytes", n, "err", err)
 	}
-	log.Debug("router: request done", "replica", ep.ReplicaID, "status", resp.StatusCode, "bytes", n)
-	if r.Context().Err() != nil {
+	log.Debug("router: request done", "replica", ep.ReplicaID, "status", resp.StatusCode, "bytes", n, "whole", whole)
+	if !whole && r.Context().Err() != nil {
 		return ClientClosed, nil
 	}
 	return resp.StatusCode, nil
 }
 
+// sseDone is the end of an OpenAI stream: the [DONE] event, its data
+// line and blank line, in LF or CRLF framing.
+var sseDone = [][]byte{[]byte("data: [DONE]\n\n"), []byte("data: [DONE]\r\n\r\n")}
+
+// doneTail remembers the last bytes written to the client, enough to
+// tell whether the stream's last event was [DONE] however the engine's
+// reads cut it.
+type doneTail struct {
+	b [32]byte
+	n int
+}
+
+func (t *doneTail) add(p []byte) {
+	if len(p) >= len(t.b) {
+		t.n = copy(t.b[:], p[len(p)-len(t.b):])
+		return
+	}
+	keep := min(t.n, len(t.b)-len(p))
+	copy(t.b[:], t.b[t.n-keep:t.n])
+	t.n = keep + copy(t.b[keep:], p)
+}
+
+// done reports whether what was written ends with the [DONE] event.
+func (t *doneTail) done() bool {
+	return bytes.HasSuffix(t.b[:t.n], sseDone[0]) || bytes.HasSuffix(t.b[:t.n], sseDone[1])
+}
+
 // copyFlushing copies src to dst (w, or a filter writing to w), flushing w
-// after every read so SSE chunks reach the client one by one; first runs
-// before the first byte is written.
-func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, first func()) (int64, error) {
+// after every read when flush is set, so SSE chunks reach the client one
+// by one; ttft, when
+// set, observes the time from start to the first byte. done reports
+// whether the last bytes written and flushed were a stream's [DONE].
+func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, flush bool, start time.Time, ttft prometheus.Observer) (n int64, done bool, err error) {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	var n int64
+	var tail doneTail
 	for {
 		k, rerr := src.Read(buf)
 		if k > 0 {
-			if n == 0 {
-				first()
+			if n == 0 && ttft != nil {
+				ttft.Observe(time.Since(start).Seconds())
 			}
 			if _, err := dst.Write(buf[:k]); err != nil {
-				return n, fmt.Errorf("write to client: %w", err)
+				return n, false, fmt.Errorf("write to client: %w", err)
 			}
 			n += int64(k)
-			if err := rc.Flush(); err != nil {
-				return n, fmt.Errorf("flush to client: %w", err)
+			if flush {
+				if err := rc.Flush(); err != nil {
+					return n, false, fmt.Errorf("flush to client: %w", err)
+				}
 			}
+			tail.add(buf[:k])
 		}
 		if rerr == io.EOF {
-			return n, nil
+			return n, tail.done(), nil
 		}
 		if rerr != nil {
-			return n, fmt.Errorf("read from engine: %w", rerr)
+			return n, tail.done(), fmt.Errorf("read from engine: %w", rerr)
 		}
 	}
 }

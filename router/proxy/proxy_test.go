@@ -226,3 +226,56 @@ func TestStripAndTail(t *testing.T) {
 		t.Fatalf("X-Request-ID %q", w.Header().Get("X-Request-ID"))
 	}
 }
+
+// TestDoneTail: the end of a stream is seen however the reads cut it,
+// and only at the very end.
+func TestDoneTail(t *testing.T) {
+	long := strings.Repeat("data: {\"choices\":[{}]}\n\n", 3)
+	tests := []struct {
+		in   string
+		want bool
+	}{
+		{long + "data: [DONE]\n\n", true},
+		{long + "data: [DONE]\r\n\r\n", true},
+		{"data: [DONE]\n\n", true},
+		{long + "data: [DONE]\n", false},
+		{long + "data: [DONE]\n\ndata: {}\n\n", false},
+		{long, false},
+		{"", false},
+	}
+	for _, tt := range tests {
+		for n := 1; n <= len(tt.in)+1; n++ {
+			var d doneTail
+			for in := tt.in; len(in) > 0; {
+				k := min(n, len(in))
+				d.add([]byte(in[:k]))
+				in = in[k:]
+			}
+			if d.done() != tt.want {
+				t.Fatalf("%q in reads of %d: done %v, want %v", tt.in, n, d.done(), tt.want)
+			}
+		}
+	}
+}
+
+// TestForwardHeader: the engine never gets the client's credentials,
+// hop-by-hop fields or its Content-Length; everything else passes.
+func TestForwardHeader(t *testing.T) {
+	in := http.Header{}
+	for _, k := range []string{"Authorization", "Cookie", "Proxy-Authorization", "Connection", "Keep-Alive", "Te", "Trailer",
+		"Transfer-Encoding", "Upgrade", "Proxy-Connection", "Content-Length", "Content-Type", "X-Request-Id", "X-Session-Id"} {
+		in.Set(k, "v")
+	}
+	out := forwardHeader(in)
+	var got []string
+	for k := range out {
+		got = append(got, k)
+	}
+	slices.Sort(got)
+	if want := []string{"Content-Type", "X-Request-Id", "X-Session-Id"}; !slices.Equal(got, want) {
+		t.Fatalf("forwarded %v, want %v", got, want)
+	}
+	if len(in) != 14 {
+		t.Fatalf("the client's header was changed: %v", in)
+	}
+}

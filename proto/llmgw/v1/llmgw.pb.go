@@ -622,6 +622,10 @@ type Model struct {
 	// The external engines' kv-events topic (vLLM's default is ""); the
 	// agent subscribes to it as a prefix.
 	KvEventsTopic string `protobuf:"bytes,23,opt,name=kv_events_topic,json=kvEventsTopic,proto3" json:"kv_events_topic,omitempty"`
+	// When the model was first applied (Unix seconds), set by the FSM from
+	// the Raft entry's append time, kept across updates: /v1/models' created.
+	// Ignored in a command.
+	CreatedUnix   int64 `protobuf:"varint,25,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -815,6 +819,13 @@ func (x *Model) GetKvEventsTopic() string {
 		return x.KvEventsTopic
 	}
 	return ""
+}
+
+func (x *Model) GetCreatedUnix() int64 {
+	if x != nil {
+		return x.CreatedUnix
+	}
+	return 0
 }
 
 // Node is a GPU machine running an agent.
@@ -6770,7 +6781,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x0e\n" +
-	"\f_speculation\"\xb1\a\n" +
+	"\f_speculation\"\xd4\a\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -6797,7 +6808,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x1aallow_link_local_endpoints\x18\x14 \x01(\bR\x17allowLinkLocalEndpoints\x120\n" +
 	"\x14kv_events_publishers\x18\x15 \x03(\tR\x12kvEventsPublishers\x12(\n" +
 	"\x10kv_events_replay\x18\x16 \x03(\tR\x0ekvEventsReplay\x12&\n" +
-	"\x0fkv_events_topic\x18\x17 \x01(\tR\rkvEventsTopic\x1a?\n" +
+	"\x0fkv_events_topic\x18\x17 \x01(\tR\rkvEventsTopic\x12!\n" +
+	"\fcreated_unix\x18\x19 \x01(\x03R\vcreatedUnix\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x03\n" +

@@ -1,0 +1,176 @@
+#!/usr/bin/env bash
+# bench-proxy.sh — the side-by-side of docs/benchmarks.md ("The OpenAI
+# surface and the data path (issue 15)"): what the router's data path costs
+# against nginx and a plain Go reverse proxy, all three in front of the same
+# engine, in the same run, pairs alternated.
+#
+# The engine is nginx answering a canned ~1 KB chat completion (or a canned
+# 8-chunk stream) in no time (scripts/bench-proxy/nginx-engine.sh), started
+# by the agent of a `llmgw dev` as the vllm driver's command: model bench,
+# engine vllm, 1 replica, profile chat. In front of it:
+#   nginx   proxy_pass with upstream keepalive (the limit);
+#   go      net/http/httputil's reverse proxy (scripts/bench-proxy);
+#   router  a `llmgw router` watching the dev's control plane, routing
+#           model bench through its scheduler, breakers and metrics.
+# (The dev's own router is not measured, only its control plane and agent
+# are used; a separate router process takes flags dev does not pass.)
+# For each of the non-streamed and streamed chat profiles it runs PAIRS
+# rounds of wrk against the three (order rotated each round): 64
+# connections for throughput, then 4 for latency.
+#
+# Usage: scripts/bench-proxy.sh [BIN_DIR]
+#   BIN_DIR  holds llmgw and llmgwctl (default bin, as `make build` leaves them)
+#   PAIRS=3 DURATION=10s  rounds per profile, length of each wrk run
+#   PPROF=1   also serve the measured router's profiles on 127.0.0.1:36111
+#   OUT=bench-out/proxy   wrk outputs and logs
+# Ports (loopback): 36100-36105 (dev), 36110-36111 (router), 36120-36121
+# (nginx and Go proxies), engines 36200-36299. Needs wrk, nginx, curl, jq.
+# Everything it starts is stopped on exit, Ctrl-C included.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$(cd "${1:-bin}" && pwd)
+pairs=${PAIRS:-3}
+duration=${DURATION:-10s}
+out=${OUT:-bench-out/proxy}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+for tool in wrk nginx curl jq go "$bin/llmgw" "$bin/llmgwctl"; do
+	command -v "$tool" >/dev/null || { echo "bench-proxy.sh: $tool: not found" >&2; exit 2; }
+done
+
+grpc=127.0.0.1:36101
+ctl=("$bin/llmgwctl" --addr "$grpc")
+router=127.0.0.1:36110
+nginx_proxy=127.0.0.1:36120
+go_proxy=127.0.0.1:36121
+pids=()
+stop() {
+	# TERM, not INT: a background job of a script starts with SIGINT ignored.
+	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+		kill -TERM "${pids[i]}" 2>/dev/null || true
+		wait "${pids[i]}" 2>/dev/null || true
+	done
+	pids=()
+}
+trap stop EXIT
+
+wait_http() { # url what
+	for _ in $(seq 1 300); do
+		curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+		sleep 0.2
+	done
+	echo "bench-proxy.sh: $2 never answered at $1" >&2
+	exit 1
+}
+
+go build -o "$out/bench-proxy" "$here/bench-proxy"
+
+"$bin/llmgw" dev --http-addr 127.0.0.1:36100 --grpc-addr "$grpc" --raft-addr 127.0.0.1:36102 \
+	--control-http-addr 127.0.0.1:36103 --agent-http-addr 127.0.0.1:36104 --agent-grpc-addr 127.0.0.1:36105 \
+	--data-dir "$out/dev" --port-range 36200-36299 --replicas 1 \
+	--vllm-command "$here/bench-proxy/nginx-engine.sh" >"$out/dev.log" 2>&1 &
+pids+=($!)
+wait_http http://127.0.0.1:36100/readyz "llmgw dev"
+cat >"$out/bench.yaml" <<EOF
+name: bench
+engine: vllm
+model: bench
+replicas: 1
+gpus_per_replica: 1
+profile: chat
+EOF
+"${ctl[@]}" model apply -f "$out/bench.yaml" >/dev/null
+engine=
+for _ in $(seq 1 300); do
+	engine=$("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model=="bench" and .status.phase=="REPLICA_PHASE_READY") | .status.address' | head -1)
+	[ -n "$engine" ] && break
+	sleep 0.2
+done
+[ -n "$engine" ] || { echo "bench-proxy.sh: the bench replica never became ready" >&2; exit 1; }
+
+pprof=()
+[ "${PPROF:-}" = 1 ] && pprof=(--pprof-addr 127.0.0.1:36111)
+"$bin/llmgw" router --control "$grpc" --http-addr "$router" --data-dir "$out/router" --log-level warn \
+	"${pprof[@]}" >"$out/router.log" 2>&1 &
+pids+=($!)
+"$out/bench-proxy" --listen "$go_proxy" --upstream "http://$engine" >"$out/go-proxy.log" 2>&1 &
+pids+=($!)
+mkdir -p "$out/nginx"
+cat >"$out/nginx/nginx.conf" <<EOF
+daemon off;
+worker_processes 1;
+pid $out/nginx/nginx.pid;
+error_log stderr warn;
+events { worker_connections 4096; }
+http {
+	access_log off;
+	client_body_temp_path $out/nginx/body;
+	proxy_temp_path $out/nginx/proxy;
+	fastcgi_temp_path $out/nginx/fastcgi;
+	uwsgi_temp_path $out/nginx/uwsgi;
+	scgi_temp_path $out/nginx/scgi;
+	keepalive_requests 1000000;
+	upstream engine { server $engine; keepalive 64; }
+	server {
+		listen $nginx_proxy;
+		location / {
+			proxy_pass http://engine;
+			proxy_http_version 1.1;
+			proxy_set_header Connection "";
+			proxy_buffering off;
+		}
+	}
+}
+EOF
+nginx -p "$out/nginx" -c "$out/nginx/nginx.conf" -e stderr >"$out/nginx.log" 2>&1 &
+pids+=($!)
+
+body='{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
+for target in "$router" "$go_proxy" "$nginx_proxy"; do
+	for _ in $(seq 1 300); do
+		code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$body" "http://$target/v1/chat/completions" || true)
+		[ "$code" = 200 ] && break
+		sleep 0.2
+	done
+	[ "$code" = 200 ] || { echo "bench-proxy.sh: $target never routed to the engine (last $code)" >&2; exit 1; }
+done
+
+# wrk_run name target profile conns -> "rps p50_ms p99_ms non2xx"
+wrk_run() {
+	local f="$out/$1-$3-c$4-$5.txt"
+	wrk -t2 -c"$4" -d"$duration" --latency -s "$here/bench-proxy/$3.lua" "http://$2/v1/chat/completions" >"$f"
+	awk '
+		function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
+		/Requests\/sec/ { rps = $2 }
+		/^ +50%/ { p50 = ms($2) }
+		/^ +99%/ { p99 = ms($2) }
+		/Non-2xx/ { bad = $NF }
+		END { printf "%.0f %.3f %.3f %d\n", rps, p50, p99, bad }' "$f"
+}
+
+declare -A name=([$nginx_proxy]=nginx [$go_proxy]=go [$router]=router)
+echo "load average before: $(cat /proc/loadavg)"
+printf '%-12s %-7s %5s %10s %9s %9s %10s %9s %9s\n' profile proxy round rps@64 p50@64 p99@64 rps@4 p50@4 p99@4
+for profile in chat chat-stream; do
+	for round in $(seq 1 "$pairs"); do
+		# Rotate the order each round, so no proxy always runs first.
+		case $(((round - 1) % 3)) in
+		0) order=("$router" "$go_proxy" "$nginx_proxy") ;;
+		1) order=("$go_proxy" "$nginx_proxy" "$router") ;;
+		2) order=("$nginx_proxy" "$router" "$go_proxy") ;;
+		esac
+		for target in "${order[@]}"; do
+			read -r rps64 p5064 p9964 bad64 <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 64 "$round")"
+			read -r rps4 p504 p994 bad4 <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 4 "$round")"
+			if [ "$bad64" != 0 ] || [ "$bad4" != 0 ]; then
+				echo "bench-proxy.sh: ${name[$target]} answered non-2xx ($bad64 at 64, $bad4 at 4 connections)" >&2
+			fi
+			printf '%-12s %-7s %5s %10s %9s %9s %10s %9s %9s\n' "$profile" "${name[$target]}" "$round" \
+				"$rps64" "$p5064" "$p9964" "$rps4" "$p504" "$p994"
+		done
+	done
+done
+echo "load average after: $(cat /proc/loadavg)"
+curl -s "http://$router/metrics" | grep '^llmgw_router_requests_total' >"$out/router-requests.txt" || true
+echo "router requests by status: $(awk '{split($0, a, "code=\""); split(a[2], b, "\""); n[b[1]] += $NF} END {for (c in n) printf "%s=%d ", c, n[c]}' "$out/router-requests.txt")"
