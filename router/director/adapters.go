@@ -44,8 +44,10 @@ type adapters struct {
 	mu      sync.Mutex
 	flights map[string]*flight
 	// missing are replicas whose engine answered 404 for an adapter the
-	// table says they hold, until the table catches up (or missingFor).
-	missing map[missingKey]time.Time
+	// table says they hold, until missingFor passes; under its own lock,
+	// as ensure reads it under mu.
+	missingMu sync.Mutex
+	missing   map[missingKey]time.Time
 }
 
 type missingKey struct {
@@ -134,8 +136,8 @@ func (a *adapters) ensure(model, adapter string, held func() bool) *flight {
 
 // markMissing notes that eps answered 404 for adapter.
 func (a *adapters) markMissing(adapter string, eps []*endpoint.Endpoint) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.missingMu.Lock()
+	defer a.missingMu.Unlock()
 	until := a.clock.Now().Add(missingFor)
 	for _, e := range eps {
 		a.missing[missingKey{adapter, Key(e)}] = until
@@ -144,8 +146,8 @@ func (a *adapters) markMissing(adapter string, eps []*endpoint.Endpoint) {
 
 // isMissing reports whether e answered 404 for adapter within missingFor.
 func (a *adapters) isMissing(adapter string, e *endpoint.Endpoint) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.missingMu.Lock()
+	defer a.missingMu.Unlock()
 	if len(a.missing) == 0 {
 		return false
 	}
@@ -223,6 +225,12 @@ func (r *resolver) holders(ctx context.Context, adapter, model string, eps []*en
 		if hs := r.held(adapter, eps); len(hs) > 0 {
 			return hs, nil
 		}
+		select {
+		case <-deadline: // before asking again, when both are due
+			result = "timeout"
+			return nil, openai.AdapterCold(adapter, timeoutReason(model, a.wait, last), 1)
+		default:
+		}
 		var done <-chan struct{}
 		var f *flight
 		if retry == nil {
@@ -246,8 +254,9 @@ func (r *resolver) holders(ctx context.Context, adapter, model string, eps []*en
 			case resp.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_LOADED:
 				// Loaded on the control plane's word; route once this
 				// router's table shows it too, so the request goes where
-				// the adapter is. Until then, wait for the table.
-				retry = a.clock.After(a.wait)
+				// the adapter is. Until then, wait for the table (asking
+				// again after a while, in case it was evicted meanwhile).
+				retry = a.clock.After(loadedRecheck)
 			case resp.GetRetryAfterMs() > 0 && resp.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNSPECIFIED:
 				// Busy without queuing (a control plane from before the
 				// queue, or no ready replica): ask again after its
@@ -271,6 +280,10 @@ func (r *resolver) holders(ctx context.Context, adapter, model string, eps []*en
 		}
 	}
 }
+
+// loadedRecheck is how long a request told LOADED waits for the table to
+// show it before asking again.
+const loadedRecheck = 5 * time.Second
 
 // ensureRetry is the pause before asking the control plane again after
 // its call failed (a leader change, a restart).

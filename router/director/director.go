@@ -197,9 +197,10 @@ func (d *Director) Close() { d.res.ad.close() }
 
 // AdapterMissing tells the director that eps answered 404 for adapter
 // although the table says they hold it (evicted and unloaded before the
-// table caught up): they are not given it again until the table shows
-// them without it, or for a couple of seconds, so Resolve then waits for
-// a holder (design §7.6). Without on-demand adapters it does nothing.
+// table caught up): they are not given it again on the table's word for a
+// couple of seconds (missingFor), so Resolve then waits for another
+// holder, or the reload (design §7.6). Without on-demand adapters it does
+// nothing.
 func (d *Director) AdapterMissing(adapter string, eps []*endpoint.Endpoint) {
 	if d.res.ad != nil {
 		d.res.ad.markMissing(adapter, eps)
