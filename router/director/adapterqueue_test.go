@@ -198,11 +198,11 @@ func TestAdapterQueue(t *testing.T) {
 		name string
 		// script drives one request for "sql": the control plane's
 		// answers, clock moves and table changes, in order.
-		script      func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable)
-		wantServed  bool
-		wantErr     string // in the 503's message
-		wantResult  string
-		wantCalls   int
+		script     func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable)
+		wantServed bool
+		wantErr    string // in the 503's message
+		wantResult string
+		wantCalls  int
 	}{
 		{name: "queued at the plane, then loaded: served", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			clk.Advance(4 * time.Second) // the plane holds the call while no slot frees
