@@ -196,11 +196,10 @@ func (l *Leader) placedOutcome(adapter string, replicas map[string]*llmgwv1.Repl
 // agent's report.
 //
 // Waiting requests are demand (design §7.6): only the head of the model's
-// queue takes a slot; the longer it has waited, the shorter the idleness
-// an adapter needs to be evicted for it (adapter_min_idle less the head's
-// wait), so a waiting request is weighed against one that may come; and
-// an adapter placed within adapter_min_idle counts as having a request,
-// the ones it was placed for, which may still be on their way to it.
+// queue — the adapter whose requests have waited longest — takes a slot;
+// and an adapter placed within adapter_min_idle counts as having a request
+// (the ones it was placed for, which may still be on their way to it), so
+// it is not evicted for the next in the queue before they reach it.
 func (l *Leader) placeAdapter(ctx context.Context, m *llmgwv1.Model, adapter string, d adapterDemand) (_ *llmgwv1.EnsureAdapterResponse, _ string, needSlot bool, _ error) {
 	l.adapterMu.Lock()
 	defer l.adapterMu.Unlock()
@@ -229,11 +228,7 @@ func (l *Leader) placeAdapter(ctx context.Context, m *llmgwv1.Model, adapter str
 	}
 	st := l.state.State()
 	now := l.now()
-	minIdle := l.cfg.AdapterMinIdle
-	if d.Queue {
-		minIdle = max(0, minIdle-now.Sub(d.Since))
-	}
-	in := placement.AdapterInputs{Adapter: adapter, Max: int(m.MaxLoadedAdapters), Now: now, MinIdle: minIdle}
+	in := placement.AdapterInputs{Adapter: adapter, Max: int(m.MaxLoadedAdapters), Now: now, MinIdle: l.cfg.AdapterMinIdle}
 	placedOn := map[string][]string{}
 	for _, p := range st.AdapterPlacements {
 		for _, id := range p.Replicas {
