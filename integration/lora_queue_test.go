@@ -75,7 +75,11 @@ func TestLoRAQueue(t *testing.T) {
 		if n := failures(res); n != 0 {
 			t.Errorf("%d of %d requests failed: %v", n, len(res), statusCounts(res))
 		}
-		waits := routerWaits(t, r2.logPath)
+		b, err := os.ReadFile(r2.logPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waits := routerWaits(t, string(b))
 		coldest := "f"
 		if len(waits[coldest]) == 0 {
 			t.Fatalf("the router logged no wait for the coldest adapter %s (waits: %v)", coldest, waits)
@@ -104,6 +108,14 @@ func TestLoRAQueue(t *testing.T) {
 	if err := d.stop(); err != nil {
 		t.Errorf("stopping dev: %v", err)
 	}
+	// The dev's router served only the burst: its longest wait.
+	var longest time.Duration
+	waited := 0
+	for _, ws := range routerWaits(t, d.log.String()) {
+		waited += len(ws)
+		longest = max(longest, slices.Max(ws))
+	}
+	t.Logf("burst: %d requests waited in the dev router's queue, the longest %v", waited, longest)
 	notes, problems := evictionProblems(watch, evictionDecisions(t, d.log.String()), 1)
 	for _, n := range notes {
 		t.Log(n)
@@ -241,14 +253,10 @@ var waitLine = regexp.MustCompile(`msg="router: adapter wait ended".* result=(\S
 var adapterAttr = regexp.MustCompile(` adapter=(\S+)`)
 
 // routerWaits reads a router's log: the queue waits per adapter.
-func routerWaits(t *testing.T, logPath string) map[string][]time.Duration {
+func routerWaits(t *testing.T, log string) map[string][]time.Duration {
 	t.Helper()
-	b, err := os.ReadFile(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string][]time.Duration{}
-	for line := range strings.SplitSeq(string(b), "\n") {
+	for line := range strings.SplitSeq(log, "\n") {
 		m := waitLine.FindStringSubmatch(line)
 		if m == nil {
 			continue
