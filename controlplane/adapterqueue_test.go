@@ -42,29 +42,9 @@ func TestEnsureAdapterQueue(t *testing.T) {
 	cfg.AdapterRetryAfter = 750 * time.Millisecond
 	r := start(t, cfg)
 	defer r.stop(t)
-	admin := llmgwv1.NewAdminServiceClient(r.conn)
 	adapters := llmgwv1.NewAdapterServiceClient(r.conn)
-	model := &llmgwv1.Model{Name: "lora", Engine: "sim", Model: "m", Replicas: 2, MaxLoadedAdapters: 1}
-	for _, a := range []string{"hot", "warm", "young", "old", "late"} {
-		model.Adapters = append(model.Adapters, &llmgwv1.Adapter{Name: a, Path: "/adapters/" + a})
-	}
-	if _, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: model}); err != nil {
-		t.Fatal(err)
-	}
-	agent := startLoraAgent(ctx, t, r, "n1", 2)
+	agent := startLoraModel(ctx, t, r, "hot", "warm", "young", "old", "late")
 	defer agent.stop()
-	waitFor(ctx, t, "both replicas ready", func() error {
-		reps := modelReplicas(r.srv, "lora")
-		for _, rep := range reps {
-			if !replicaReady(r.srv, rep) {
-				return status.Errorf(codes.Unavailable, "%s not ready", rep.Id)
-			}
-		}
-		if len(reps) != 2 {
-			return status.Error(codes.Unavailable, "not placed")
-		}
-		return nil
-	})
 	ensure := func(req *llmgwv1.EnsureAdapterRequest) (*llmgwv1.EnsureAdapterResponse, error) {
 		if req.TimeoutMs == 0 {
 			req.TimeoutMs = 20000
