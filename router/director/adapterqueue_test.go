@@ -211,6 +211,8 @@ func TestAdapterQueue(t *testing.T) {
 		}, wantServed: true, wantResult: "served_after_wait", wantCalls: 1},
 		{name: "plane's wait ends unplaced: asked again, then served", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			ctl.answers <- queuedOut
+			waitUntil(t, "the pause", func() bool { return clk.pending() == 2 })
+			clk.Advance(ensureRetry)
 			waitUntil(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
 			ctl.answers <- loaded
 			tb.hold("r0", "sql")
@@ -227,6 +229,8 @@ func TestAdapterQueue(t *testing.T) {
 		}, wantServed: true, wantResult: "served_after_wait", wantCalls: 2},
 		{name: "no slot within the wait: 503 naming --adapter-wait", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			ctl.answers <- queuedOut
+			waitUntil(t, "the pause", func() bool { return clk.pending() == 2 })
+			clk.Advance(ensureRetry)
 			waitUntil(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
 			clk.Advance(wait)
 		}, wantErr: `no slot of model "base" freed for it within 30s (--adapter-wait)`, wantResult: "timed_out", wantCalls: 2},

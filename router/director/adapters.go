@@ -260,10 +260,14 @@ func (r *resolver) holders(ctx context.Context, adapter, model string, eps []*en
 			case resp.GetRetryAfterMs() > 0 && resp.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNSPECIFIED:
 				// Busy without queuing (a control plane from before the
 				// queue, or no ready replica): ask again after its
-				// retry-after, or at the next table change.
+				// retry-after (served meanwhile if the table shows a
+				// holder).
 				retry = a.clock.After(time.Duration(resp.GetRetryAfterMs()) * time.Millisecond)
+			default:
+				// The control plane's wait ended unplaced (LOADING): ask
+				// again, after a pause in case it answered at once.
+				retry = a.clock.After(ensureRetry)
 			}
-			// Otherwise the control plane's wait ended (LOADING): ask again.
 		case <-retry:
 			retry = nil
 		case <-changed:
@@ -286,7 +290,7 @@ func (r *resolver) holders(ctx context.Context, adapter, model string, eps []*en
 const loadedRecheck = 5 * time.Second
 
 // ensureRetry is the pause before asking the control plane again after
-// its call failed (a leader change, a restart).
+// its call failed (a leader change, a restart) or its wait ended.
 const ensureRetry = 250 * time.Millisecond
 
 // timeoutReason says why a request's wait ended, from the control plane's
