@@ -6361,8 +6361,8 @@ type EnsureAdapterResponse struct {
 	// failed: how long the client should wait (503 Retry-After).
 	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
 	// queued: the call waited in the leader's queue for a slot (it was not
-	// placed at once); the figures of a queued wait that ended unplaced say
-	// why.
+	// placed at once). With state LOADING it means no slot freed within the
+	// timeout, so the router says so in its 503.
 	Queued        bool `protobuf:"varint,5,opt,name=queued,proto3" json:"queued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
