@@ -131,6 +131,35 @@ func adapterPuts(s *Server, adapter string) int {
 	return n
 }
 
+// startLoraModel applies model lora (2 replicas, max_loaded_adapters 1,
+// the adapters named) on r, attaches a loraAgent for it and waits until
+// both replicas are ready.
+func startLoraModel(ctx context.Context, t *testing.T, r *running, names ...string) *loraAgent {
+	t.Helper()
+	admin := llmgwv1.NewAdminServiceClient(r.conn)
+	model := &llmgwv1.Model{Name: "lora", Engine: "sim", Model: "m", Replicas: 2, MaxLoadedAdapters: 1}
+	for _, a := range names {
+		model.Adapters = append(model.Adapters, &llmgwv1.Adapter{Name: a, Path: "/adapters/" + a})
+	}
+	if _, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: model}); err != nil {
+		t.Fatal(err)
+	}
+	agent := startLoraAgent(ctx, t, r, "n1", 2)
+	waitFor(ctx, t, "both replicas ready", func() error {
+		reps := modelReplicas(r.srv, "lora")
+		for _, rep := range reps {
+			if !replicaReady(r.srv, rep) {
+				return status.Errorf(codes.Unavailable, "%s not ready", rep.Id)
+			}
+		}
+		if len(reps) != 2 {
+			return status.Error(codes.Unavailable, "not placed")
+		}
+		return nil
+	})
+	return agent
+}
+
 // TestEnsureAdapter: concurrent EnsureAdapter calls for one cold adapter
 // commit one placement and all return LOADED once the agent reports it; a
 // second adapter takes the free slot; with every loaded adapter busy the
@@ -145,29 +174,9 @@ func TestEnsureAdapter(t *testing.T) {
 	cfg.AdapterRetryAfter = 750 * time.Millisecond
 	r := start(t, cfg)
 	defer r.stop(t)
-	admin := llmgwv1.NewAdminServiceClient(r.conn)
 	adapters := llmgwv1.NewAdapterServiceClient(r.conn)
-	model := &llmgwv1.Model{Name: "lora", Engine: "sim", Model: "m", Replicas: 2, MaxLoadedAdapters: 1}
-	for _, a := range []string{"sql", "legal", "chat", "broken"} {
-		model.Adapters = append(model.Adapters, &llmgwv1.Adapter{Name: a, Path: "/adapters/" + a})
-	}
-	if _, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: model}); err != nil {
-		t.Fatal(err)
-	}
-	agent := startLoraAgent(ctx, t, r, "n1", 2)
+	agent := startLoraModel(ctx, t, r, "sql", "legal", "chat", "broken")
 	defer agent.stop()
-	waitFor(ctx, t, "both replicas ready", func() error {
-		reps := modelReplicas(r.srv, "lora")
-		for _, rep := range reps {
-			if !replicaReady(r.srv, rep) {
-				return status.Errorf(codes.Unavailable, "%s not ready", rep.Id)
-			}
-		}
-		if len(reps) != 2 {
-			return status.Error(codes.Unavailable, "not placed")
-		}
-		return nil
-	})
 
 	ensure := func(name string) (*llmgwv1.EnsureAdapterResponse, error) {
 		return adapters.EnsureAdapter(ctx, &llmgwv1.EnsureAdapterRequest{Adapter: name, TimeoutMs: 10000})

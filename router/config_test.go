@@ -47,12 +47,13 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 		{"flags and keys without flags", func(c *Config) {
 			c.ScrapeInterval = 0
 			c.AdapterWait = -time.Second
+			c.AdapterQueue = 0
 			c.Breaker.Failures = 0
 			c.Scheduler.Imbalance.Ratio = 0
 			c.KVIndex.MaxEntries = 0
 			c.Tokenize.Budget = 0
 			c.Tokenize.CacheTokens = -1
-		}, []string{"--scrape-interval (scrape_interval): ", "--adapter-wait (adapter_wait): ", "breaker_failures: ",
+		}, []string{"--scrape-interval (scrape_interval): ", "--adapter-wait (adapter_wait): ", "--adapter-queue (adapter_queue): ", "breaker_failures: ",
 			"scheduler_imbalance_ratio: ", "kv_index_max_entries: ", "--tokenize-budget (tokenize_budget): ", "tokenize_cache_tokens: "}},
 	}
 	for _, tt := range tests {
@@ -156,6 +157,7 @@ tokenize_cache_tokens: 9999
 tokenize_max_response_bytes: 65536
 kv_min_blocks: 2
 adapter_wait: 10s
+adapter_queue: 64
 require_api_key: true
 tls_ca: /etc/llmgw/ca.pem
 tls_cert: /etc/llmgw/r-7.pem
@@ -187,6 +189,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		Tokenize:      tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
 		KVMinBlocks:   2,
 		AdapterWait:   10 * time.Second,
+		AdapterQueue:  64,
 		TLS:           mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/r-7.pem", Key: "/etc/llmgw/r-7-key.pem"},
 		Insecure:      true,
 		HTTPSCert:     "/etc/llmgw/api.pem",

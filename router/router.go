@@ -105,6 +105,9 @@ type Config struct {
 	// AdapterWait bounds how long a request for a cold LoRA adapter waits
 	// for a replica to report it loaded (design §7.6).
 	AdapterWait time.Duration `yaml:"adapter_wait"`
+	// AdapterQueue bounds the requests waiting for cold adapters per model;
+	// past it they get 503 at once.
+	AdapterQueue int `yaml:"adapter_queue"`
 	// RequireAPIKey refuses requests without a valid API key even while
 	// the cluster has none (design §11); otherwise keys are required once
 	// any exists (router/auth).
@@ -153,11 +156,16 @@ func DefaultConfig() Config {
 		Tokenize:          tokenize.DefaultConfig(),
 		KVMinBlocks:       1,
 		AdapterWait:       director.DefaultAdapterWait,
+		AdapterQueue:      director.DefaultAdapterQueue,
 	}
 }
 
 // Validate reports every bad field, one line each, named by its flag and
 // file key (or by the key alone where there is no flag).
+// maxAdapterQueue bounds --adapter-queue: each waiting request holds a
+// connection and its body.
+const maxAdapterQueue = 100_000
+
 func (c Config) Validate() error {
 	var p configfile.Problems
 	if len(c.Control) == 0 {
@@ -204,6 +212,9 @@ func (c Config) Validate() error {
 	}
 	if c.AdapterWait <= 0 {
 		p.Add(configfile.Flag("adapter-wait"), "must be positive, got %s", c.AdapterWait)
+	}
+	if c.AdapterQueue <= 0 || c.AdapterQueue > maxAdapterQueue {
+		p.Add(configfile.Flag("adapter-queue"), "must be between 1 and %d, got %d", maxAdapterQueue, c.AdapterQueue)
 	}
 	if c.ReadHeaderTimeout <= 0 {
 		p.Add(configfile.Flag("read-header-timeout"), "must be positive, got %s", c.ReadHeaderTimeout)
@@ -345,7 +356,8 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	}
 	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg,
 		api.WithKV(kv, tok, cfg.KVMinBlocks),
-		api.WithAdapters(r.control, cfg.AdapterWait))
+		api.WithAdapters(r.control, cfg.AdapterWait),
+		api.WithAdapterQueue(cfg.AdapterQueue))
 	r.mux = http.NewServeMux()
 	r.mux.Handle("/", r.handler)
 	r.mux.Handle("/debug/kvindex", api.Only(http.MethodGet, http.HandlerFunc(r.debugKVIndex)))

@@ -22,8 +22,10 @@
 #   MIN_IDLE="2s"     adapter_min_idle values, space-separated (the default is 2s)
 #   RATE=4 DURATION=30s  open-loop arrivals per second and run length
 #   SETTLE=12         seconds of quiet before each run
-# Ports (loopback): 18480-18481, 17700-17705, engines 23100-23199. Needs curl
-# and jq. Takes about RUNS × 2 × DURATION plus SETTLE, per run,
+#   RATES="4"        open-loop rates, space-separated (each runs RUNS pairs)
+#   PORT_BASE=17700   control gRPC at PORT_BASE, raft +1, HTTP +3, agent +4
+#                     and +5, routers +80 and +81, engines +100 to +199
+# Needs curl and jq. Takes about RUNS × 2 × DURATION plus SETTLE, per run,
 # and 20 s per MIN_IDLE value.
 # Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
@@ -32,7 +34,8 @@ bin=$(cd "${1:-bin}" && pwd)
 out=${2:-bench-out/lora}
 runs=${RUNS:-3}
 min_idles=${MIN_IDLE:-2s}
-rate=${RATE:-4}
+rates=${RATES:-${RATE:-4}}
+base=${PORT_BASE:-17700}
 duration=${DURATION:-30s}
 settle=${SETTLE:-12}
 mkdir -p "$out"
@@ -41,11 +44,11 @@ for tool in curl jq "$bin/llmgw" "$bin/llmgwctl"; do
 	command -v "$tool" >/dev/null || { echo "bench-lora.sh: $tool: not found" >&2; exit 2; }
 done
 
-grpc=127.0.0.1:17700
+grpc=127.0.0.1:$base
 ctl=("$bin/llmgwctl" --addr "$grpc")
-r1=http://127.0.0.1:18480
-r2=http://127.0.0.1:18481
-control_metrics=http://127.0.0.1:17703/metrics
+r1=http://127.0.0.1:$((base + 80))
+r2=http://127.0.0.1:$((base + 81))
+control_metrics=http://127.0.0.1:$((base + 3))/metrics
 pids=()
 stop() {
 	# Reverse start order: the routers, then the agent (which stops its
@@ -102,20 +105,27 @@ waitReady() {
 	return 1
 }
 
-# counters: loads unloads evictions, summed over both engines and the plane.
+# counters: loads unloads evictions served-after-wait timed-out, summed over
+# both engines, the plane and both routers' queues.
 counters() {
-	local loads=0 unloads=0 ev
+	local loads=0 unloads=0 ev served=0 timedout=0 s t
 	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model == "lora") | .status.address'); do
 		read -r l u < <(curl -sf "http://$a/sim/adapters" | jq -r '[([.adapters[].loads] | add // 0), ([.adapters[].unloads] | add // 0)] | @tsv')
 		loads=$((loads + l)) unloads=$((unloads + u))
 	done
 	ev=$(curl -sf "$control_metrics" | awk '/^llmgw_control_adapter_placements_total\{action="evict"\}/ {print $2}')
-	echo "$loads $unloads ${ev:-0}"
+	for r in "$r1" "$r2"; do
+		read -r s t < <(curl -sf "$r/metrics" | awk '/^llmgw_router_adapter_queue_requests_total/ {
+			if ($0 ~ /result="served_after_wait"/) s += $2; if ($0 ~ /result="timed_out"/ || $0 ~ /result="queue_full"/) t += $2 }
+			END {printf "%d %d\n", s, t}')
+		served=$((served + s)) timedout=$((timedout + t))
+	done
+	echo "$loads $unloads ${ev:-0} $served $timedout"
 }
 
-# bench NAME ADAPTERS SEED: one run, JSON to NAME.json, counters to NAME.counters.
+# bench NAME ADAPTERS SEED RATE: one run, JSON to NAME.json, counters to NAME.counters.
 bench() {
-	local name=$1 adapters=$2 seed=$3
+	local name=$1 adapters=$2 seed=$3 rate=$4
 	# Let the previous run's tail pass first: evicted adapters are unloaded
 	# after the agent's idle grace (5 s), and a load the engine refused while
 	# full is retried after 5 s; without this the next run counts them.
@@ -128,43 +138,46 @@ bench() {
 	counters >>"$out/$name.counters"
 }
 
-# row NAME MIN_IDLE WORKLOAD: one summary line from NAME.json and NAME.counters.
+# row NAME MIN_IDLE WORKLOAD RATE: one summary line from NAME.json and NAME.counters.
 row() {
 	local b a
 	b=($(sed -n 1p "$out/$1.counters")) a=($(sed -n 2p "$out/$1.counters"))
 	jq -r --arg n "$1" --arg idle "$2" --arg w "$3" \
 		--argjson loads $((a[0] - b[0])) --argjson unloads $((a[1] - b[1])) --argjson evict $((a[2] - b[2])) \
+		--argjson served $((a[3] - b[3])) --argjson timedout $((a[4] - b[4])) --arg rate "$4" \
 		'(.duration_seconds / 60) as $min |
-		 [$n, $idle, $w, .requests, (.ttft_seconds.p50 * 1e4 | round / 10), (.ttft_seconds.p99 * 1e4 | round / 10),
-		  .errors, (.errors_by_kind.http_503 // 0), ($loads / $min * 10 | round / 10), ($unloads / $min * 10 | round / 10),
+		 [$n, $idle, $rate, $w, .requests, (.ttft_seconds.p50 * 1e4 | round / 10), (.ttft_seconds.p99 * 1e4 | round / 10),
+		  .errors, (.errors_by_kind.http_503 // 0), $served, $timedout, ($loads / $min * 10 | round / 10), ($unloads / $min * 10 | round / 10),
 		  ($evict / $min * 10 | round / 10)] | @tsv' "$out/$1.json"
 }
 
-printf 'run\tadapter_min_idle\tadapters\trequests\tttft_p50_ms\tttft_p99_ms\terrors\thttp_503\tloads_min\tunloads_min\tevictions_min\n' >"$out/summary.txt"
+printf 'run\tadapter_min_idle\trate\tadapters\trequests\tttft_p50_ms\tttft_p99_ms\terrors\thttp_503\tserved_after_wait\twait_bound_503\tloads_min\tunloads_min\tevictions_min\n' >"$out/summary.txt"
 for idle in $min_idles; do
 	rm -rf "$out/data"
 	mkdir -p "$out/data"
 	echo "adapter_min_idle: $idle" >"$out/control-$idle.yaml"
 	"$bin/llmgw" control --node-id c1 --bootstrap --config "$out/control-$idle.yaml" --data-dir "$out/data/control" \
-		--grpc-addr "$grpc" --raft-addr 127.0.0.1:17701 --http-addr 127.0.0.1:17703 >"$out/control-$idle.log" 2>&1 &
+		--grpc-addr "$grpc" --raft-addr "127.0.0.1:$((base + 1))" --http-addr "127.0.0.1:$((base + 3))" >"$out/control-$idle.log" 2>&1 &
 	pids+=($!)
-	for _ in $(seq 60); do curl -sf http://127.0.0.1:17703/readyz >/dev/null && break; sleep 0.5; done
+	for _ in $(seq 60); do curl -sf "http://127.0.0.1:$((base + 3))/readyz" >/dev/null && break; sleep 0.5; done
 	"$bin/llmgw" agent --node-id n1 --control "$grpc" --advertise-addr 127.0.0.1 --data-dir "$out/data/agent" \
-		--http-addr 127.0.0.1:17704 --grpc-addr 127.0.0.1:17705 --gpus 2 --port-range 23100-23199 \
+		--http-addr "127.0.0.1:$((base + 4))" --grpc-addr "127.0.0.1:$((base + 5))" --gpus 2 --port-range "$((base + 100))-$((base + 199))" \
 		--stop-engines-on-exit >"$out/agent-$idle.log" 2>&1 &
 	pids+=($!)
 	for r in 1 2; do
-		"$bin/llmgw" router --id "r$r" --control "$grpc" --http-addr "127.0.0.1:1848$((r - 1))" \
+		"$bin/llmgw" router --id "r$r" --control "$grpc" --http-addr "127.0.0.1:$((base + 79 + r))" \
 			--data-dir "$out/data/r$r" >"$out/r$r-$idle.log" 2>&1 &
 		pids+=($!)
 	done
 	"${ctl[@]}" model apply -f "$out/lora.yaml" >/dev/null
 	waitReady
-	for seed in $(seq "$runs"); do
-		bench "mix-$idle-$seed" a,b,c,d,e,f "$seed"
-		row "mix-$idle-$seed" "$idle" "a-f (Zipf)" >>"$out/summary.txt"
-		bench "one-$idle-$seed" a "$seed"
-		row "one-$idle-$seed" "$idle" "a" >>"$out/summary.txt"
+	for rate in $rates; do
+		for seed in $(seq "$runs"); do
+			bench "mix-$idle-$rate-$seed" a,b,c,d,e,f "$seed" "$rate"
+			row "mix-$idle-$rate-$seed" "$idle" "a-f (Zipf)" "$rate" >>"$out/summary.txt"
+			bench "one-$idle-$rate-$seed" a "$seed" "$rate"
+			row "one-$idle-$rate-$seed" "$idle" "a" "$rate" >>"$out/summary.txt"
+		done
 	done
 	stop
 done

@@ -631,6 +631,24 @@ func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replic
 		defer wg.Done()
 		// Woken when done: a load may be waiting for the slot.
 		defer m.signal(m.wake)
+		// The decision was made on the latest reading, up to a scrape
+		// interval old: a burst routed since then is running in the engine
+		// now. Read it again just before the unload and leave a busy one
+		// be (routers have stopped sending it; it is unloaded once idle).
+		if act, _, _, err := m.readActivity(ctx, addr); err == nil && act.found && act.active[name] {
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			e.inflight = false
+			if m.replicas[r.id] != r || r.incarnation != inc || e.gone {
+				return
+			}
+			now := m.cfg.Now()
+			e.next = now.Add(unloadRecheck)
+			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.Active, s.LastActiveUnixNano = max(s.Active, 1), now.UnixNano() })
+			m.metrics.unloadsDeferred.Inc()
+			m.log.Info("adapter unload deferred: requests for it are in the engine", "replica", r.id, "model", r.model.GetName(), "adapter", name)
+			return
+		}
 		code, msg, err := m.call(ctx, addr, "/v1/unload_lora_adapter", map[string]string{"lora_name": name})
 		m.mu.Lock()
 		defer m.mu.Unlock()
@@ -657,6 +675,10 @@ func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replic
 		e.gone = true
 	}()
 }
+
+// unloadRecheck is how soon an unload deferred because the engine was busy
+// with the adapter is tried again (after a fresh reading).
+const unloadRecheck = 250 * time.Millisecond
 
 // maxErrorBody bounds what is read of an engine's answer.
 const maxErrorBody = 64 << 10

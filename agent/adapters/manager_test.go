@@ -153,7 +153,7 @@ type harness struct {
 	reg   *prometheus.Registry
 }
 
-func start(t *testing.T, eng *fakeEngine, maxLoaded uint32) *harness {
+func start(t *testing.T, eng *fakeEngine, maxLoaded uint32, opts ...func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, clock: &skewClock{}, eng: eng, reg: prometheus.NewRegistry()}
 	h.model = &llmgwv1.Model{Name: "m", Engine: "sim", Model: "/m", MaxLoadedAdapters: maxLoaded,
@@ -161,6 +161,9 @@ func start(t *testing.T, eng *fakeEngine, maxLoaded uint32) *harness {
 	cfg := DefaultConfig()
 	cfg.ScrapeInterval, cfg.IdleGrace, cfg.RetryInitial, cfg.RetryMax = 10*time.Millisecond, time.Hour, time.Hour, 4*time.Hour
 	cfg.Now = h.clock.now
+	for _, o := range opts {
+		o(&cfg)
+	}
 	m, err := New(cfg, slog.New(slog.DiscardHandler), h.reg)
 	if err != nil {
 		t.Fatal(err)
@@ -276,6 +279,41 @@ func TestRemovedUnloadedWhenIdleOnly(t *testing.T) {
 	}
 	if st := h.states()["b"]; st.GetState() != llmgwv1.AdapterState_ADAPTER_STATE_LOADED {
 		t.Errorf("b: %v", st)
+	}
+}
+
+// TestUnloadReadsTheEngineFirst: an adapter removed to make room, idle in
+// the latest reading but busy in the engine now (a burst routed since the
+// reading), is not unloaded: the fresh reading just before the unload
+// shows it busy. Once the engine is idle it is unloaded and the new one
+// loaded.
+func TestUnloadReadsTheEngineFirst(t *testing.T) {
+	eng := newFakeEngine(t)
+	eng.max = 2
+	h := start(t, eng, 2, func(c *Config) { c.ScrapeInterval = time.Hour })
+	h.place("a", "b")
+	h.engine(1)
+	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	if st := h.states()["a"]; st.GetActive() != 0 {
+		t.Fatalf("a active in the reading: %v", st)
+	}
+	eng.setRunning("a") // after the last reading
+	h.place("b", "c")
+	h.waitFor("a's unload deferred", func() bool {
+		return gathered(t, h.reg, "llmgw_agent_adapter_unloads_deferred_total") >= 1
+	})
+	if _, _, unloads := eng.state(); unloads["a"] != 0 {
+		t.Fatal("a was unloaded while the engine ran a request for it")
+	}
+	if st := h.states()["a"]; st.GetActive() == 0 {
+		t.Errorf("a deferred but reported idle: %v", st)
+	}
+	eng.setRunning()
+	h.clock.advance(2 * time.Hour) // the next reading, and the recheck
+	h.waitState("c", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	if loaded, _, unloads := eng.state(); unloads["a"] != 1 || !slices.Equal(loaded, []string{"b", "c"}) {
+		t.Errorf("engine holds %v after unloads %v", loaded, unloads)
 	}
 }
 
@@ -500,4 +538,19 @@ func TestEvictionMakesRoomAtOnce(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gathered is the value of the counter name in reg (0 when absent).
+func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	return 0
 }

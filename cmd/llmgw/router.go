@@ -64,7 +64,8 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.DurationVar(&cfg.ShutdownGrace, "shutdown-grace", cfg.ShutdownGrace, "how long in-flight requests may finish after SIGTERM")
 	f.DurationVar(&cfg.Tokenize.Budget, "tokenize-budget", cfg.Tokenize.Budget, "how long tier-2 prefix routing may wait for /tokenize before falling back to tier 1")
 	f.IntVar(&cfg.KVMinBlocks, "kv-min-blocks", cfg.KVMinBlocks, "fewest leading KV blocks a replica must hold to be preferred by tier 2")
-	f.DurationVar(&cfg.AdapterWait, "adapter-wait", cfg.AdapterWait, "how long a request for a cold LoRA adapter waits for it to load")
+	f.DurationVar(&cfg.AdapterWait, "adapter-wait", cfg.AdapterWait, "how long a request for a cold LoRA adapter waits, in its model's queue, for a slot and the load (503 Retry-After past it)")
+	f.IntVar(&cfg.AdapterQueue, "adapter-queue", cfg.AdapterQueue, "most requests waiting for cold LoRA adapters per model (503 Retry-After past it)")
 	f.BoolVar(&cfg.RequireAPIKey, "require-api-key", cfg.RequireAPIKey, "refuse requests without a valid API key even while the cluster has none (keys are required once any exists)")
 	// Security (design §11).
 	f.StringVar(&cfg.TLS.CA, "tls-ca", cfg.TLS.CA, "CA certificate (PEM); with --tls-cert and --tls-key, the router reaches control servers and agents only over mutual TLS")

@@ -78,6 +78,8 @@ type Leader struct {
 	// adapter on a replica, so one just placed counts as recently used.
 	adapterMu sync.Mutex
 	placedAt  map[adapterKey]time.Time
+	// queue holds the calls waiting for a slot (design §7.6).
+	queue *adapterQueue
 }
 
 type adapterKey struct{ adapter, replica string }
@@ -87,5 +89,5 @@ type adapterKey struct{ adapter, replica string }
 // which tests replace.
 func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessions, cluster Cluster, m *Metrics, log *slog.Logger, now func() time.Time) *Leader {
 	return &Leader{cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
-		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}}
+		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue()}
 }

@@ -9,6 +9,7 @@ type Metrics struct {
 	adapterPlacements *prometheus.CounterVec
 	adapterEnsure     *prometheus.HistogramVec
 	adapterWaiters    prometheus.Gauge
+	adapterQueued     prometheus.Gauge
 }
 
 // NewMetrics registers the leader's metrics with reg.
@@ -27,7 +28,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		adapterWaiters: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmgw_control_adapter_waiters", Help: "EnsureAdapter calls waiting on this node for an adapter to load.",
 		}),
+		adapterQueued: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_control_adapter_queued_calls", Help: "EnsureAdapter calls waiting on this node in a model's queue for a free adapter slot.",
+		}),
 	}
-	reg.MustRegister(m.placements, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters)
+	reg.MustRegister(m.placements, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters, m.adapterQueued)
 	return m
 }

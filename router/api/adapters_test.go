@@ -192,6 +192,9 @@ func TestAdapterRouting(t *testing.T) {
 		{name: "no control plane: 503", body: chatSQL, noCtl: true, wantStatus: 503, wantRetryAfter: "1"},
 		{name: "engine 404 for the adapter before the first byte: next holder", body: chatSQL,
 			held: map[string][]string{"r0": {"sql"}, "r1": {"sql"}}, r0status: 404, wantStatus: 200, wantReplica: "r1"},
+		{name: "engine 404 from the only holder: never the answer; waits for the reload elsewhere", body: chatSQL,
+			held: map[string][]string{"r0": {"sql"}}, r0status: 404, answer: loaded("r1"), loadOn: "r1",
+			wantStatus: 200, wantReplica: "r1", wantCalls: 1},
 		{name: "llama.cpp: model is the base, the adapter its lora index", engine: "llamacpp",
 			body: `{"messages":[{"role":"user","content":"hi"}], "model" : "legal","temperature":0}`, held: map[string][]string{"r0": {"legal"}},
 			wantStatus: 200, wantReplica: "r0", wantBody: func(t *testing.T, got string) {

@@ -133,6 +133,12 @@ func WithAdapters(ctl director.AdapterControl, wait time.Duration) Option {
 	return func(o *[]director.Option) { *o = append(*o, director.WithAdapters(ctl, wait)) }
 }
 
+// WithAdapterQueue bounds the requests waiting for cold adapters to n per
+// model (director.DefaultAdapterQueue when n <= 0).
+func WithAdapterQueue(n int) Option {
+	return func(o *[]director.Option) { *o = append(*o, director.WithAdapterQueue(n, nil)) }
+}
+
 // resolver is stage 2 (director.Director): on error, the target's Base is
 // set when the name resolved to a model, and an error while ctx is done
 // means the client went away.
@@ -449,36 +455,54 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		return refuse(auth.Forbidden(req.Model)), base
 	}
 
-	// 2. Resolve the model and adapter, and the replicas that may serve it.
-	tgt, aerr := h.resolve.Resolve(r.Context(), req.Model, reqLog)
-	if aerr != nil {
-		if tgt.Adapter != "" && r.Context().Err() != nil {
-			return proxy.ClientClosed, tgt.Base
+	// 2 to 5, again (at most adapterRetries times) when every replica
+	// tried answered 404 for an adapter the table said it holds: those are
+	// marked, and the request waits for a holder (design §7.6).
+	var tgt director.Target
+	var plan *director.Plan
+	var res proxy.Result
+	for try := 0; ; try++ {
+		// 2. Resolve the model and adapter, and the replicas that may serve it.
+		var aerr *openai.Error
+		tgt, aerr = h.resolve.Resolve(r.Context(), req.Model, reqLog)
+		if aerr != nil {
+			if tgt.Adapter != "" && r.Context().Err() != nil {
+				return proxy.ClientClosed, tgt.Base
+			}
+			return refuse(aerr), tgt.Base
 		}
-		return refuse(aerr), tgt.Base
-	}
-	if err := checkTask(tgt, t, r.URL.Path); err != nil {
-		return refuse(err), tgt.Base
-	}
-	log := rh.withTarget(tgt.Base, tgt.Adapter)
+		if err := checkTask(tgt, t, r.URL.Path); err != nil {
+			return refuse(err), tgt.Base
+		}
+		log := rh.withTarget(tgt.Base, tgt.Adapter)
 
-	// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
-	kind := tokenize.Chat
-	if strings.HasSuffix(r.URL.Path, "/v1/completions") {
-		kind = tokenize.Completion
-	}
-	plan, aerr := h.prepare.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-ID"),
-		Kind: kind, Body: body, Stream: req.Stream, Prompt: req.Prompt})
-	if aerr != nil {
-		return refuse(aerr), tgt.Base
-	}
+		// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
+		kind := tokenize.Chat
+		if strings.HasSuffix(r.URL.Path, "/v1/completions") {
+			kind = tokenize.Completion
+		}
+		plan, aerr = h.prepare.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-ID"),
+			Kind: kind, Body: body, Stream: req.Stream, Prompt: req.Prompt})
+		if aerr != nil {
+			return refuse(aerr), tgt.Base
+		}
 
-	// 4 and 5. Schedule each attempt (the plan is the route) and forward.
-	res := h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
-		Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
-		Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: plan.Tail(),
-		Start: start, Log: log})
+		// 4 and 5. Schedule each attempt (the plan is the route) and forward.
+		res = h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
+			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
+			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: plan.Tail(),
+			Start: start, Log: log})
+		if res.Err == nil || len(res.Missing) == 0 || try == adapterRetries || h.dir == nil {
+			break
+		}
+		// Every attempt failed: the plan's last record (its queued prefill,
+		// its speculative entries) is closed before the next one.
+		plan.Done("", http.StatusBadGateway)
+		h.dir.AdapterMissing(tgt.Adapter, res.Missing)
+		log.Info("router: no replica tried holds the adapter; waiting for a holder", "replicas", len(res.Missing))
+	}
 	if res.Err != nil {
+		plan.Done("", http.StatusBadGateway) // close the last attempt's record
 		return refuse(res.Err), tgt.Base
 	}
 
@@ -503,6 +527,11 @@ func checkTask(tgt director.Target, t task, path string) *openai.Error {
 	}
 	return nil
 }
+
+// adapterRetries is how many times a request is resolved again after its
+// adapter's holders all answered 404: a holder that unloaded it is marked
+// for a couple of seconds, so each retry waits for a fresh holder.
+const adapterRetries = 2
 
 // mayUse reports whether key may use the model or adapter called name, and
 // the base model it names when it exists ("" otherwise), for the metrics.

@@ -124,8 +124,10 @@ type kvOptions struct {
 }
 
 type adapterOptions struct {
-	ctl  AdapterControl
-	wait time.Duration
+	ctl      AdapterControl
+	wait     time.Duration
+	queueLen int
+	clock    Clock
 }
 
 // WithKV turns tier 2 on for models with kv_events (design §7.5): requests
@@ -140,7 +142,24 @@ func WithKV(idx KVIndex, tok Tokenizer, minBlocks int) Option {
 // load, asking ctl to place it (design §7.6); wait <= 0 takes
 // DefaultAdapterWait. Without it such requests get 503 at once.
 func WithAdapters(ctl AdapterControl, wait time.Duration) Option {
-	return func(o *options) { o.adapters = &adapterOptions{ctl: ctl, wait: wait} }
+	return func(o *options) {
+		if o.adapters == nil {
+			o.adapters = &adapterOptions{}
+		}
+		o.adapters.ctl, o.adapters.wait = ctl, wait
+	}
+}
+
+// WithAdapterQueue bounds the requests waiting for cold adapters to n per
+// model (DefaultAdapterQueue when n <= 0), timed by clock (nil: RealClock;
+// tests pass their own). It applies with WithAdapters.
+func WithAdapterQueue(n int, clock Clock) Option {
+	return func(o *options) {
+		if o.adapters == nil {
+			o.adapters = &adapterOptions{}
+		}
+		o.adapters.queueLen, o.adapters.clock = n, clock
+	}
 }
 
 // Director runs the resolve, prepare and schedule stages of each request.
@@ -166,8 +185,8 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 			prefill: newPrefillLedger(time.Now)}
 	}
 	res := &resolver{models: table, holdings: table, m: adm}
-	if o.adapters != nil {
-		res.ad = newAdapters(o.adapters.ctl, o.adapters.wait, adm)
+	if o.adapters != nil && o.adapters.ctl != nil {
+		res.ad = newAdapters(o.adapters.ctl, o.adapters.wait, o.adapters.queueLen, o.adapters.clock, adm)
 	}
 	return &Director{
 		res:  res,
@@ -180,6 +199,18 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 // Close ends the adapter loads requests were waiting on and waits for
 // them. Call it once no request runs.
 func (d *Director) Close() { d.res.ad.close() }
+
+// AdapterMissing tells the director that eps answered 404 for adapter
+// although the table says they hold it (evicted and unloaded before the
+// table caught up): they are not given it again on the table's word for a
+// couple of seconds (missingFor), so Resolve then waits for another
+// holder, or the reload (design §7.6). Without on-demand adapters it does
+// nothing.
+func (d *Director) AdapterMissing(adapter string, eps []*endpoint.Endpoint) {
+	if d.res.ad != nil {
+		d.res.ad.markMissing(adapter, eps)
+	}
+}
 
 // Key is an endpoint's identity for per-replica state (design §4): what
 // the scheduler's memory and the breakers are keyed by.

@@ -101,6 +101,10 @@ type Result struct {
 	// Err, when set, is the refusal to send: no replica answered and
 	// nothing has been written to the client yet. Code is then its status.
 	Err *openai.Error
+	// Missing are the replicas that answered 404 for Request.Adapter
+	// (never passed to the client: the caller may wait for a holder and
+	// serve the request again, design §7.6).
+	Missing []*endpoint.Endpoint
 }
 
 // Proxy forwards requests to engines. Safe for concurrent use; Close drops
@@ -150,6 +154,7 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Resu
 	// breaker refused it, so each attempt goes somewhere new (design §7.4).
 	tried := make([]*endpoint.Endpoint, 0, p.cfg.MaxAttempts)
 	var lastErr error
+	var missing []*endpoint.Endpoint
 	for attempt := 0; attempt < p.cfg.MaxAttempts; {
 		ep, key := req.Route.Next(tried)
 		if ep == nil {
@@ -177,6 +182,7 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Resu
 			// The replica is healthy; the table was a moment behind.
 			br.Release()
 			p.m.adapterMissing.Inc()
+			missing = append(missing, ep)
 			log.Info("router: replica does not hold the adapter; trying another", "replica", ep.ReplicaID)
 			continue
 		}
@@ -193,7 +199,7 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Resu
 	default:
 		refusal = openai.Upstream(lastErr)
 	}
-	return Result{Code: refusal.Status, Err: refusal}
+	return Result{Code: refusal.Status, Err: refusal, Missing: missing}
 }
 
 // settle is the breaker's part of accounting for an attempt that
@@ -254,8 +260,8 @@ func dropped(k string) bool {
 }
 
 // forward sends the request to ep. It returns an error only while nothing
-// has been written to the client — a connection failure, or a 5xx (or an
-// adapter's 404) when another replica may still be tried (last is false) —
+// has been written to the client — a connection failure, a 5xx when
+// another replica may still be tried (last is false), or an adapter's 404 —
 // so the caller may retry elsewhere (design §7.4). Once the response has
 // started, it is the answer, whatever happens to it; the route's Accepted
 // runs just before, so the scheduler records where the request really went
@@ -283,7 +289,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return 0, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
 	}
-	if resp.StatusCode == http.StatusNotFound && req.Adapter != "" && !last {
+	if resp.StatusCode == http.StatusNotFound && req.Adapter != "" {
+		// Even on the last attempt: the table said it holds the adapter,
+		// so this 404 is the table being behind, not the client's error.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return 0, fmt.Errorf("replica %s, adapter %s: %w", ep.ReplicaID, req.Adapter, errAdapterMissing)
 	}

@@ -17,7 +17,9 @@ import (
 // the log (loaded, failed, busy, timeout); its errors are mapped by
 // service.ToStatus (an adapter no catalog lists is NOT_FOUND).
 type Ensurer interface {
-	EnsureAdapter(ctx context.Context, adapter string, wait time.Duration) (*llmgwv1.EnsureAdapterResponse, string, error)
+	// req has been checked (adapter set, waiting bounded); wait is its
+	// timeout as capped.
+	EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterRequest, wait time.Duration) (*llmgwv1.EnsureAdapterResponse, string, error)
 }
 
 // Service is the AdapterService.
@@ -33,6 +35,9 @@ type Service struct {
 func New(waitMax time.Duration, e Ensurer, log *slog.Logger) *Service {
 	return &Service{waitMax: waitMax, ensurer: e, log: log}
 }
+
+// maxWaiting bounds the demand one call may claim.
+const maxWaiting = 1 << 20
 
 // EnsureAdapter places the adapter when no replica holds it, then waits for
 // an agent's report: LOADED on any placed replica, FAILED on every one, or
@@ -50,7 +55,10 @@ func (a *Service) EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterR
 	if req.TimeoutMs > 0 {
 		wait = min(wait, time.Duration(req.TimeoutMs)*time.Millisecond)
 	}
-	resp, result, err := a.ensurer.EnsureAdapter(ctx, req.Adapter, wait)
+	if req.Waiting > maxWaiting {
+		return nil, status.Errorf(codes.InvalidArgument, "waiting: at most %d, got %d", maxWaiting, req.Waiting)
+	}
+	resp, result, err := a.ensurer.EnsureAdapter(ctx, req, wait)
 	if err != nil {
 		return nil, service.ToStatus(err)
 	}

@@ -6393,9 +6393,19 @@ type EnsureAdapterRequest struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Adapter string                 `protobuf:"bytes,1,opt,name=adapter,proto3" json:"adapter,omitempty"`
 	// How long to wait for LOADED; the server caps it.
-	TimeoutMs     int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TimeoutMs int64 `protobuf:"varint,2,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// queue: when no replica has a slot the adapter may take now, wait (up
+	// to the timeout) in the leader's queue for the model instead of
+	// answering busy at once; a slot freed by an idle adapter goes to the
+	// adapter whose oldest request has waited longest (design §7.6).
+	Queue bool `protobuf:"varint,3,opt,name=queue,proto3" json:"queue,omitempty"`
+	// The caller's demand for the adapter: requests waiting for it in the
+	// router now, and when the oldest of them arrived (its place in the
+	// queue). The leader counts them as use of the adapter.
+	Waiting              uint32 `protobuf:"varint,4,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	WaitingSinceUnixNano int64  `protobuf:"varint,5,opt,name=waiting_since_unix_nano,json=waitingSinceUnixNano,proto3" json:"waiting_since_unix_nano,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *EnsureAdapterRequest) Reset() {
@@ -6442,6 +6452,27 @@ func (x *EnsureAdapterRequest) GetTimeoutMs() int64 {
 	return 0
 }
 
+func (x *EnsureAdapterRequest) GetQueue() bool {
+	if x != nil {
+		return x.Queue
+	}
+	return false
+}
+
+func (x *EnsureAdapterRequest) GetWaiting() uint32 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *EnsureAdapterRequest) GetWaitingSinceUnixNano() int64 {
+	if x != nil {
+		return x.WaitingSinceUnixNano
+	}
+	return 0
+}
+
 type EnsureAdapterResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	State AdapterState           `protobuf:"varint,1,opt,name=state,proto3,enum=llmgw.v1.AdapterState" json:"state,omitempty"`
@@ -6450,7 +6481,11 @@ type EnsureAdapterResponse struct {
 	Reason   string   `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// When every loaded adapter is busy and none can be evicted, or loading
 	// failed: how long the client should wait (503 Retry-After).
-	RetryAfterMs  int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	RetryAfterMs int64 `protobuf:"varint,4,opt,name=retry_after_ms,json=retryAfterMs,proto3" json:"retry_after_ms,omitempty"`
+	// queued: the call waited in the leader's queue for a slot (it was not
+	// placed at once). With state LOADING it means no slot freed within the
+	// timeout, so the router says so in its 503.
+	Queued        bool `protobuf:"varint,5,opt,name=queued,proto3" json:"queued,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6511,6 +6546,13 @@ func (x *EnsureAdapterResponse) GetRetryAfterMs() int64 {
 		return x.RetryAfterMs
 	}
 	return 0
+}
+
+func (x *EnsureAdapterResponse) GetQueued() bool {
+	if x != nil {
+		return x.Queued
+	}
+	return false
 }
 
 type RegisterNodeRequest struct {
@@ -7206,16 +7248,20 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x1b\n" +
 	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\x121\n" +
 	"\breplicas\x18\x03 \x03(\v2\x15.llmgw.v1.ReplicaLoadR\breplicas\x12%\n" +
-	"\x0einterval_nanos\x18\x04 \x01(\x03R\rintervalNanos\"O\n" +
+	"\x0einterval_nanos\x18\x04 \x01(\x03R\rintervalNanos\"\xb6\x01\n" +
 	"\x14EnsureAdapterRequest\x12\x18\n" +
 	"\aadapter\x18\x01 \x01(\tR\aadapter\x12\x1d\n" +
 	"\n" +
-	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\"\xa0\x01\n" +
+	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\x12\x14\n" +
+	"\x05queue\x18\x03 \x01(\bR\x05queue\x12\x18\n" +
+	"\awaiting\x18\x04 \x01(\rR\awaiting\x125\n" +
+	"\x17waiting_since_unix_nano\x18\x05 \x01(\x03R\x14waitingSinceUnixNano\"\xb8\x01\n" +
 	"\x15EnsureAdapterResponse\x12,\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x16.llmgw.v1.AdapterStateR\x05state\x12\x1b\n" +
 	"\tloaded_on\x18\x02 \x03(\tR\bloadedOn\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12$\n" +
-	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\"V\n" +
+	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12\x16\n" +
+	"\x06queued\x18\x05 \x01(\bR\x06queued\"V\n" +
 	"\x13RegisterNodeRequest\x12\"\n" +
 	"\x04node\x18\x01 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\"V\n" +
