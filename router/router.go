@@ -539,6 +539,8 @@ func (r *Router) forget(ctx context.Context) {
 		// Speculative entries past their TTL: lookups skip them already;
 		// this frees them and keeps the pending gauge true when idle.
 		r.kv.Expire()
+		// Per-replica series go with the placement too.
+		r.handler.ForgetReplicas(func(id string) bool { return st.Replicas[id] != nil })
 	}
 }
 

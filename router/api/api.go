@@ -43,6 +43,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -509,7 +510,8 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	// 6. Account: tier 2's prediction against what the engine reported
 	// (the caller records the metrics).
 	if res.Replica != nil {
-		plan.Done(res.Replica.ReplicaID, res.Code)
+		out, ok := plan.Done(res.Replica.ReplicaID, res.Code)
+		h.m.perReplica(tgt.Base, res.Replica.ReplicaID, res.Code, out, ok)
 	}
 	return res.Code, tgt.Base
 }
@@ -594,6 +596,47 @@ type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	inflight prometheus.Gauge
+	// Per replica: what an operator asks first of a replica ("how much does
+	// it serve?"), which the engines' own metrics answer only where they
+	// are scraped. Label sets of replicas that left are deleted (Forget).
+	replicaRequests *prometheus.CounterVec
+	replicaOutput   *prometheus.CounterVec
+
+	seenMu sync.Mutex
+	seen   map[string]struct{} // replica ids with label sets
+}
+
+// perReplica counts an answer replica gave: its status, and its output
+// tokens when the answer said (ok).
+func (m *metrics) perReplica(model, replica string, code, output int, ok bool) {
+	m.seenMu.Lock()
+	m.seen[replica] = struct{}{}
+	m.seenMu.Unlock()
+	m.replicaRequests.WithLabelValues(model, replica, codeLabel(code)).Inc()
+	if ok {
+		m.replicaOutput.WithLabelValues(model, replica).Add(float64(output))
+	}
+}
+
+// ForgetReplicas deletes the per-replica series of every replica keep
+// refuses (one no longer placed), so the router's series do not grow with
+// every replica the cluster ever had. The router calls it with its other
+// forgetting (design §7.5 "Forget").
+func (h *Handler) ForgetReplicas(keep func(replica string) bool) {
+	m := h.m
+	m.seenMu.Lock()
+	var gone []string
+	for id := range m.seen {
+		if !keep(id) {
+			gone = append(gone, id)
+			delete(m.seen, id)
+		}
+	}
+	m.seenMu.Unlock()
+	for _, id := range gone {
+		m.replicaRequests.DeletePartialMatch(prometheus.Labels{"replica": id})
+		m.replicaOutput.DeletePartialMatch(prometheus.Labels{"replica": id})
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -608,9 +651,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmgw_router_inflight", Help: "Completion requests being served.",
 		}),
+		replicaRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_replica_requests_total",
+			Help: "Answers by the replica that gave them, with their HTTP status; requests no replica answered are only in llmgw_router_requests_total.",
+		}, []string{"model", "replica", "code"}),
+		replicaOutput: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_replica_output_tokens_total",
+			Help: "Output tokens (usage.completion_tokens) of the successful answers each replica gave: rate() is its output tokens per second.",
+		}, []string{"model", "replica"}),
+		seen: map[string]struct{}{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.inflight)
+		reg.MustRegister(m.requests, m.duration, m.inflight, m.replicaRequests, m.replicaOutput)
 	}
 	return m
 }

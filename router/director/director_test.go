@@ -189,8 +189,9 @@ func TestPrepareBody(t *testing.T) {
 			if string(pl.Body) != tt.wantBody || pl.StripUsage != tt.wantStrip {
 				t.Fatalf("body %s strip %v, want %s strip %v", pl.Body, pl.StripUsage, tt.wantBody, tt.wantStrip)
 			}
-			if pl.req.KV != nil || pl.Tail() != nil {
-				t.Fatalf("tier 2 is off, yet KV %+v, tail %v", pl.req.KV, pl.Tail())
+			// Without tier 2 only the usage at the answer's end is kept.
+			if pl.req.KV != nil || pl.tail == nil || pl.tail.max != usageTail {
+				t.Fatalf("tier 2 is off, yet KV %+v, tail %+v", pl.req.KV, pl.tail)
 			}
 		})
 	}
@@ -336,8 +337,10 @@ func TestPrepareTier2(t *testing.T) {
 			if tt.wantAsked && (len(tt.idx.asked) != 1 || !slices.Equal(tt.idx.asked[0], low)) {
 				t.Fatalf("index asked %v, want vLLM's hashes %v", tt.idx.asked, low)
 			}
-			if wantTail := tt.want != nil && tt.want.Fallback == ""; (pl.Tail() != nil) != wantTail {
-				t.Fatalf("tail kept: %v, want %v", pl.Tail() != nil, wantTail)
+			// A tier-2 answer keeps enough of the answer to read its cached
+			// tokens; any other only its usage.
+			if wantTier2 := tt.want != nil && tt.want.Fallback == ""; (pl.tail.max > usageTail) != wantTier2 {
+				t.Fatalf("tail of %d bytes kept; tier 2's (above %d): %v", pl.tail.max, usageTail, wantTier2)
 			}
 		})
 	}

@@ -109,11 +109,16 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), in.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
 	pl.profile = p.profiles.ProfileFor(t.Model)
 	pl.req.KV, pl.hashes = p.kv.query(ctx, pl.profile, t.Model, t.Adapter, in.Kind, pl.Body, t.Endpoints)
-	if pl.req.KV != nil && pl.req.KV.Fallback == "" {
+	switch {
+	case pl.req.KV != nil && pl.req.KV.Fallback == "":
 		pl.tail = &tailBuffer{max: 256 << 10}
 		if in.Stream {
 			pl.tail.max = 16 << 10 // the usage chunk is the last event
 		}
+	default:
+		// Only the output tokens are read (Done): usage is the end of the
+		// answer.
+		pl.tail = &tailBuffer{max: usageTail}
 	}
 	return pl, nil
 }
@@ -178,8 +183,8 @@ func (p *Plan) settle(failed bool) {
 // prefix sees it.
 func (p *Plan) Accepted() { p.pick.sched.Observe(p.profile, p.req, p.chosen) }
 
-// Tail is where the proxy copies the accepted answer for Done to read; nil
-// when there is no tier-2 prediction to check.
+// Tail is where the proxy copies the accepted answer's end for Done to
+// read: its usage, and tier 2's cached tokens.
 func (p *Plan) Tail() io.Writer {
 	if p.tail == nil {
 		return nil
@@ -187,15 +192,24 @@ func (p *Plan) Tail() io.Writer {
 	return p.tail
 }
 
+// usageTail is how much of an answer's end is kept without a tier-2
+// prediction to check: enough for the usage object (or a stream's usage
+// chunk) and what follows it.
+const usageTail = 4 << 10
+
 // Done is the director's part of stage 6: once replica answered with
 // code, tier 2's prediction is held against the cached tokens it reported.
-func (p *Plan) Done(replica string, code int) {
+// It returns the answer's output tokens (usage.completion_tokens; ok false
+// when the answer carried none, or did not succeed).
+func (p *Plan) Done(replica string, code int) (outputTokens int, ok bool) {
 	p.settle(code >= 500)
 	if p.tail == nil || code != 200 {
-		return
+		return 0, false
 	}
+	outputTokens, ok = openai.CompletionTokens(p.tail.b)
 	p.kv.observe(p.req.KV, replica, p.Stream, p.tail.b)
 	p.tail.b = p.tail.b[:0]
+	return outputTokens, ok
 }
 
 // chooser is stage 4: each attempt's candidates and the scheduler's pick.

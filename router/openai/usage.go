@@ -44,3 +44,30 @@ func CachedTokens(stream bool, tail []byte) (int, bool) {
 	}
 	return 0, false
 }
+
+// CompletionTokens finds usage.completion_tokens in a response body's end
+// (the end of a non-streamed answer's JSON, or a stream's last events, where
+// the usage chunk is). It scans bytes rather than decoding, because it runs
+// on every answer and needs only the end: the last "completion_tokens" key
+// and the integer after it. False when there is none (an embedding, or an
+// answer cut before its usage).
+func CompletionTokens(tail []byte) (int, bool) {
+	i := bytes.LastIndex(tail, []byte(`"completion_tokens"`))
+	if i < 0 {
+		return 0, false
+	}
+	rest := bytes.TrimLeft(tail[i+len(`"completion_tokens"`):], " \t\r\n")
+	rest, ok := bytes.CutPrefix(rest, []byte(":"))
+	if !ok {
+		return 0, false
+	}
+	rest = bytes.TrimLeft(rest, " \t\r\n")
+	n, digits := 0, 0
+	for _, c := range rest {
+		if c < '0' || c > '9' || digits == 9 {
+			break
+		}
+		n, digits = n*10+int(c-'0'), digits+1
+	}
+	return n, digits > 0
+}
