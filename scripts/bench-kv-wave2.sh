@@ -21,26 +21,27 @@
 #   OUT_DIR    gets every run's JSON, the summaries and the logs (default bench-out/kv-wave2)
 #   SEEDS=10   seeds per configuration and scenario
 #   SCENARIOS="fits disrupted pressure"
-#   CONFIGS="rr tier1 tier2"   any of rr tier1 tier2 tier2-spec tier2-cost
+#   CONFIGS="rr tier1 tier2 tier2-spec tier2-cost"   any of them
 # Ports (loopback): 33480-33481, 33700-33705, engines 33100-33399. Needs curl
 # and jq. Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
 
 # The configurations' profile_overrides (a YAML flow mapping, empty for
-# none). They select the tier-2 knobs: tier2 is the share-of-blocks score
-# with speculative indexing off, tier2-spec the same score with speculation
-# on, tier2-cost the cost-aware score. Set them in the environment to the
-# names the router accepts; a router that does not know a key refuses the
-# model, and the script stops at that apply with the control plane's error.
-OVR_TIER2=${OVR_TIER2-}
-OVR_TIER2_SPEC=${OVR_TIER2_SPEC-"{kv_speculation: true}"}
+# none). They select the tier-2 knobs (docs/scheduler.md "Tier 2's knobs"):
+# tier2 is the share-of-blocks score with speculative indexing off,
+# tier2-spec the default (the same score, speculation on), tier2-cost the
+# cost-aware score with speculation. A router that does not know a key
+# refuses the model, and the script stops at that apply with the control
+# plane's error.
+OVR_TIER2=${OVR_TIER2-"{speculation: false}"}
+OVR_TIER2_SPEC=${OVR_TIER2_SPEC-}
 OVR_TIER2_COST=${OVR_TIER2_COST-"{kv_score: cost}"}
 
 bin=$(cd "${1:-bin}" && pwd)
 out=${2:-bench-out/kv-wave2}
 seeds=${SEEDS:-10}
 scenarios=${SCENARIOS:-fits disrupted pressure}
-configs=${CONFIGS:-rr tier1 tier2}
+configs=${CONFIGS:-rr tier1 tier2 tier2-spec tier2-cost}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 for tool in curl jq "$bin/llmgw" "$bin/llmgwctl"; do

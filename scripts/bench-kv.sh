@@ -14,6 +14,7 @@
 #   BIN_DIR  holds llmgw and llmgwctl (default bin, as `make build` leaves them)
 #   OUT_DIR  gets every run's JSON and the logs (default bench-kv-out)
 #   RUNS=3   runs (seeds) per configuration
+#   TIMING=simple  the engines' timing: simple (fixed costs) or gpu
 # Ports (loopback): 18480, 17700-17705, engines 24000-24999. Needs curl and
 # jq. Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
@@ -63,6 +64,12 @@ waitReady() {
 # ~100 ms), decode 10 ms per token, 256 blocks of 16 tokens each (4096
 # tokens: about three of the twelve ~1300-token system prompts per replica,
 # so the fleet holds every group only if each lives on one replica).
+# TIMING="gpu" runs the same cache on the GPU-like simulator instead
+# (--sim-gpu a100-40gb: steps, a roofline; design §8).
+timing='"--sim-decode-ms-per-token", "10", "--sim-prefill-us-per-token", "75"'
+if [[ ${TIMING:-simple} == gpu ]]; then
+	timing='"--sim-gpu", "a100-40gb"'
+fi
 model() { # NAME PROFILE KV_EVENTS
 	cat >"$out/$1.yaml" <<EOT
 name: demo
@@ -72,8 +79,7 @@ replicas: 4
 gpus_per_replica: 1
 profile: $2
 kv_events: $3
-extra_args: ["--sim-decode-ms-per-token", "10", "--sim-prefill-us-per-token", "75",
-             "--num-gpu-blocks-override", "256", "--max-model-len", "4096"]
+extra_args: [$timing, "--num-gpu-blocks-override", "256", "--max-model-len", "4096"]
 EOT
 }
 model tier2 chat true
