@@ -42,7 +42,7 @@ type Config struct {
 	// ConsoleRouters are routers' base URLs (http://host:port) whose
 	// decision counters the console's routers page reads: routers report
 	// nothing to the control plane, which does not know them otherwise.
-	ConsoleRouters []string `yaml:"console_routers"`
+	ConsoleRouters []string `yaml:"console_router"`
 	// Bootstrap starts a single-node cluster when there is no Raft state.
 	Bootstrap bool `yaml:"bootstrap"`
 	// BootstrapExpect is the HA bootstrap (design §5.2): once this many
@@ -242,7 +242,7 @@ func (c Config) Validate() error {
 	}
 	for _, r := range c.ConsoleRouters {
 		if err := console.CheckRouterURL(r); err != nil {
-			p.Add(configfile.FlagKey("console-router", "console_routers"), "%w", err)
+			p.Add(configfile.Flag("console-router"), "%w", err)
 		}
 	}
 	for _, j := range c.Join {

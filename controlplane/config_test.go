@@ -59,7 +59,7 @@ func TestConfigValidate(t *testing.T) {
 		{"watch queue", func(c *Config) { c.WatchQueue = 0 }, []string{"watch_queue: must be at least 1, got 0"}},
 		{"console routers", func(c *Config) { c.ConsoleRouters = []string{"http://127.0.0.1:8080", "https://r2:8443"} }, nil},
 		{"console router not a URL", func(c *Config) { c.ConsoleRouters = []string{"127.0.0.1:8080"} },
-			[]string{`--console-router (console_routers): "127.0.0.1:8080" must be a router's base URL`}},
+			[]string{`--console-router (console_router): "127.0.0.1:8080" must be a router's base URL`}},
 		{"half a TLS setup", func(c *Config) { c.TLS.Cert = "c.pem" }, []string{
 			"--tls-ca (tls_ca): required when any of", "--tls-key (tls_key): required when any of"}},
 		{"plain text beyond loopback", func(c *Config) { c.GRPCAddr, c.GossipAddr = "10.0.0.1:7400", "0.0.0.0:7402" }, []string{

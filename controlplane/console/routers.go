@@ -342,4 +342,4 @@ func increase(was, now float64) float64 {
 }
 
 // noRoutersHint is what the routers page says with no --console-router.
-const noRoutersHint = "No router is named: routers report nothing to the control plane, so give this control node --console-router http://ROUTER:PORT (repeatable; console_routers in its config file) to see their decisions here."
+const noRoutersHint = "No router is named: routers report nothing to the control plane, so give this control node --console-router http://ROUTER:PORT (repeatable; console_router in its config file) to see their decisions here."
