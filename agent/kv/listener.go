@@ -209,8 +209,14 @@ func (l *Listener) Engine(incarnation uint64) {
 		// The listener's first engine: whatever the mirror holds already
 		// came from this process (a catch-up replay of a re-adopted engine
 		// may have run before the supervisor named it). Resetting here
-		// would throw that away, and nothing would replay it again.
+		// would throw that away, and nothing would replay it again. The
+		// set goes up whole under its incarnation (a reset holding what
+		// the mirror has), woken here: nothing else announces a new
+		// mirror, and a report before its incarnation was known is one
+		// routers cannot place.
 		m.incarnation = incarnation
+		m.reset = true
+		l.hub.pacer.changed()
 		return
 	}
 	l.hub.metrics.resets.WithLabelValues("restart").Inc()
