@@ -43,6 +43,9 @@ func startExternalEngine(t *testing.T, id, model string) *externalEngine {
 		"--enable-prompt-tokens-details", "--block-size", "16", "--prefix-caching-hash-algo", "sha256_cbor",
 		"--kv-events-config", string(kvCfg), "--sim-decode-ms-per-token", "0", "--sim-prefill-us-per-token", "0",
 		"--num-gpu-blocks-override", "64", "--max-model-len", "1024", "--sim-kv-drop-rate", "0.01")
+	// The simulator takes vLLM's flags only, as vLLM does: not the
+	// --data-dir llmgwProcess gives every llmgw role.
+	e.proc.args = e.proc.args[:len(e.proc.args)-2]
 	e.proc.start()
 	e.waitUp(t)
 	return e
