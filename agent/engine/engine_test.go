@@ -35,6 +35,14 @@ func TestPlan(t *testing.T) {
 			wantAddr: "10.0.0.5:20000",
 		},
 		{
+			name:  "vllm embedding model: the pooling runner",
+			model: &llmgwv1.Model{Name: "emb", Engine: "vllm", Model: "BAAI/bge-small-en-v1.5", Task: "embed"},
+			wantArgv: []string{"vllm", "serve", "BAAI/bge-small-en-v1.5", "--host", "10.0.0.5", "--port", "20000",
+				"--served-model-name", "emb", "--enable-prompt-tokens-details", "--runner", "pooling"},
+			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
 			name: "vllm kv events adapters at start extra args",
 			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", KvEvents: true, BlockSize: 32, HashSeed: "42",
 				Adapters:    []*llmgwv1.Adapter{{Name: "sql", Path: "/a/sql"}, {Name: "odd", Path: "/a/x,y"}},

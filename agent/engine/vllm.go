@@ -35,6 +35,12 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 		// cannot be measured.
 		"--enable-prompt-tokens-details",
 	)
+	if m.GetTask() == "embed" {
+		// vLLM serves /v1/embeddings only from its pooling runner
+		// (`--runner pooling`, vLLM ≥ 0.10; older releases spelt it
+		// --task embed), and then no completions (design §7.1).
+		argv = append(argv, "--runner", "pooling")
+	}
 	var env []string
 	if m.GetKvEvents() {
 		if s.KVEventsPort <= 0 || s.KVReplayPort <= 0 {

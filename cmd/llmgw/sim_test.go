@@ -80,6 +80,7 @@ func TestSimServeTakesVLLMDriverArgv(t *testing.T) {
 	}{
 		{"plain", &llmgwv1.Model{}, []string{"demo"}},
 		{"kv events", &llmgwv1.Model{KvEvents: true, BlockSize: 32, HashSeed: "7"}, []string{"demo"}},
+		{"embedding model", &llmgwv1.Model{Task: "embed"}, []string{"demo"}},
 		{"adapters at start", &llmgwv1.Model{Adapters: adapters, MaxLoraRank: 32}, []string{"demo", "sql", "legal"}},
 		{"runtime adapters", &llmgwv1.Model{Adapters: adapters, MaxLoadedAdapters: 1}, []string{"demo"}},
 		{"extra args in vLLM's forms", &llmgwv1.Model{ExtraArgs: []string{
