@@ -55,7 +55,7 @@ echo "| concurrency | req/s | out tok/s | TTFT p50 | TTFT p90 | ITL p50 | ITL p9
 echo "|---|---|---|---|---|---|---|---|---|---|"
 for c in $conc; do
 	curl -fs -X POST "$url/reset_prefix_cache" >/dev/null
-	"$bin/llmgwctl" bench --target "$url" --model sweep --workload long-context --shared-share -1 \
+	"$bin/llmgwctl" bench --target "$url" --engine "$url" --model sweep --workload long-context --shared-share -1 \
 		--prompt-words "$words" --max-tokens "$outtok" --concurrency "$c" --requests $((c * per)) \
 		--seed "$c" -q -o json >"$out/c$c.json"
 	jq -r --arg c "$c" '"| \($c) | \(.throughput_rps*10|round/10) | \(.output_tokens_per_second|round) | " +
