@@ -111,15 +111,22 @@ func (p *prefixScorer) decide(r *Request, cands []Candidate, out []float64) stri
 // With the cost score (Params.KVScore), the trusted candidates' shares are
 // replaced by costScores once a hit is established.
 func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []float64) string {
-	if p.s.cfg.Imbalance.Imbalanced(cands) {
-		return KVLoadOverride
-	}
+	// The guard spares the index where it can: the replicas that make load
+	// lopsided get no prefix score, and the others keep theirs. Only when
+	// no cool replica holds the prefix is the index silenced. Tier 1's guard
+	// silences the tree outright, since the tree's memory of a send is a
+	// guess at what a replica holds; the index's answer is exact, so a cool
+	// replica holding the prefix is worth its hit.
+	hot := p.s.cfg.Imbalance.Hot(cands)
 	// bestPending: how many of the best match's blocks were pending —
 	// the fewest among replicas tied for it, so a hit counts as
 	// speculative only when confirmed blocks alone would not have made it.
 	best, bestPending, untrusted := 0, 0, false
 	for i := range cands {
 		id := cands[i].Key.ID
+		if hot != nil && hot[i] {
+			continue
+		}
 		if q.Untrusted[id] {
 			untrusted = true
 			continue
@@ -135,6 +142,9 @@ func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []
 	}
 	if best < max(q.MinBlocks, 1) {
 		clear(out)
+		if hot != nil {
+			return KVLoadOverride // only hot replicas hold it: load decides
+		}
 		if !untrusted {
 			return KVMiss
 		}
@@ -144,10 +154,18 @@ func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []
 		}
 		if p.cost {
 			p.costScores(q, cands, out)
+			for i := range out {
+				if hot != nil && hot[i] {
+					out[i] = 0
+				}
+			}
 		}
 	}
 	if untrusted && len(r.Prefix) > 0 {
-		isUntrusted := func(k Key) bool { return q.Untrusted[k.ID] && indexOf(cands, k) >= 0 }
+		isUntrusted := func(k Key) bool {
+			i := indexOf(cands, k)
+			return q.Untrusted[k.ID] && i >= 0 && (hot == nil || !hot[i])
+		}
 		if k, depth := p.s.tree.Match(r.Prefix, isUntrusted); depth > 0 {
 			out[indexOf(cands, k)] = min(float64(depth)/float64(len(r.Prefix)), 1)
 		}

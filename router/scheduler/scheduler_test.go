@@ -153,6 +153,7 @@ func TestImbalanced(t *testing.T) {
 		{"ratio without gap", []float64{2, 0, 0}, false},
 		{"gap without ratio", []float64{14, 10, 10}, false},
 		{"lopsided", []float64{8, 1, 1, 2}, true},
+		{"two hot", []float64{9, 9, 1, 1}, true},
 		{"exactly 1.5 x mean is not over", []float64{6, 2, 4}, false},
 	}
 	for _, tt := range tests {
@@ -163,6 +164,17 @@ func TestImbalanced(t *testing.T) {
 			}
 			if got := DefaultImbalance().Imbalanced(cs); got != tt.want {
 				t.Fatalf("Imbalanced = %v, want %v", got, tt.want)
+			}
+			// Hot marks a candidate exactly when the guard fires, and
+			// only the ones over both bounds.
+			hot := DefaultImbalance().Hot(cs)
+			if (hot != nil) != tt.want {
+				t.Fatalf("Hot = %v with Imbalanced %v", hot, tt.want)
+			}
+			for i, h := range hot {
+				if want := tt.loads[i] == slices.Max(tt.loads); h != want {
+					t.Fatalf("Hot = %v: candidate %d (load %v) hot %v", hot, i, tt.loads[i], h)
+				}
 			}
 		})
 	}

@@ -115,6 +115,31 @@ func (b Imbalance) Imbalanced(cands []Candidate) bool {
 	return hi > b.Ratio*sum/float64(len(cands)) && hi-lo >= b.MinGap
 }
 
+// Hot marks the candidates that make load lopsided: each whose load
+// exceeds Ratio × the mean and is at least MinGap above the idlest — the
+// guard's two conditions, per candidate. None is hot unless Imbalanced.
+func (b Imbalance) Hot(cands []Candidate) []bool {
+	if len(cands) < 2 {
+		return nil
+	}
+	lo, sum := math.Inf(1), 0.0
+	for i := range cands {
+		l := cands[i].Load()
+		lo, sum = min(lo, l), sum+l
+	}
+	mean := sum / float64(len(cands))
+	var hot []bool
+	for i := range cands {
+		if l := cands[i].Load(); l > b.Ratio*mean && l-lo >= b.MinGap {
+			if hot == nil {
+				hot = make([]bool, len(cands))
+			}
+			hot[i] = true
+		}
+	}
+	return hot
+}
+
 // Load spreads requests by what this router sent recently:
 // 1 − sent to the replica in the last w seconds / the most sent to any
 // candidate. It balances when engine gauges lag — a batch burst lands
