@@ -75,20 +75,7 @@ func TestKVRouterExactness(t *testing.T) {
 			}
 			// An engine's kill -9: the agent restarts it as a new
 			// incarnation, whose first batch is a reset.
-			victim := d.waitReady("kvm", 2, 10*time.Second)[0]
-			killGroup(victim.Status.PID)
-			_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
-			if !eventually(60*time.Second, func() bool {
-				for _, r := range d.modelReplicas("kvm") {
-					if r.Replica.ID == victim.Replica.ID && r.ready() && r.Status.Incarnation != victim.Status.Incarnation {
-						return true
-					}
-				}
-				return false
-			}) {
-				t.Fatalf("replica %s not back as a new incarnation", victim.Replica.ID)
-			}
-			d.waitReady("kvm", 2, 30*time.Second)
+			killEngineAndWait(t, d, "kvm")
 			kvTraffic(t, d.http, "kvm", 30, 1)
 			checkKVExact(t, d, "kvm", routers, "engine restart")
 
@@ -262,4 +249,24 @@ func checkKVExactOf(t *testing.T, replicas []replicaView, model string, routers 
 		t.Errorf("%s: indexes matched only %v after the last request (bound %v, the issue's %v scaled for load); before: %s", step, took, bound, kvQuiesceBound, diff)
 	}
 	return took
+}
+
+// killEngineAndWait kill -9s one of model's two ready engines and waits
+// until its replica is ready again as a new incarnation, and both are.
+func killEngineAndWait(t *testing.T, d *devProcess, model string) {
+	t.Helper()
+	victim := d.waitReady(model, 2, 10*time.Second)[0]
+	killGroup(victim.Status.PID)
+	_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
+	if !eventually(60*time.Second, func() bool {
+		for _, r := range d.modelReplicas(model) {
+			if r.Replica.ID == victim.Replica.ID && r.ready() && r.Status.Incarnation != victim.Status.Incarnation {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("replica %s not back as a new incarnation", victim.Replica.ID)
+	}
+	d.waitReady(model, 2, 30*time.Second)
 }

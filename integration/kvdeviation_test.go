@@ -2,7 +2,6 @@ package integration
 
 import (
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -51,20 +50,7 @@ func TestKVDeviatingEngine(t *testing.T) {
 	}
 
 	// kill -9: the successor is a new process that numbers from 1 again.
-	victim := d.waitReady("kvd", 2, 10*time.Second)[0]
-	killGroup(victim.Status.PID)
-	_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
-	if !eventually(60*time.Second, func() bool {
-		for _, r := range d.modelReplicas("kvd") {
-			if r.Replica.ID == victim.Replica.ID && r.ready() && r.Status.Incarnation != victim.Status.Incarnation {
-				return true
-			}
-		}
-		return false
-	}) {
-		t.Fatalf("replica %s not back as a new incarnation", victim.Replica.ID)
-	}
-	d.waitReady("kvd", 2, 30*time.Second)
+	killEngineAndWait(t, d, "kvd")
 	kvTraffic(t, d.http, "kvd", 30, 1)
 	tookRestart := checkKVExact(t, d, "kvd", []string{d.http}, "engine restart, batches from 1 again")
 	trusted("restart", 3)

@@ -102,22 +102,13 @@ func (b Imbalance) Validate() error {
 	return p.Err()
 }
 
-// Imbalanced reports whether load over cands is lopsided.
-func (b Imbalance) Imbalanced(cands []Candidate) bool {
-	if len(cands) < 2 {
-		return false
-	}
-	lo, hi, sum := math.Inf(1), math.Inf(-1), 0.0
-	for i := range cands {
-		l := cands[i].Load()
-		lo, hi, sum = min(lo, l), max(hi, l), sum+l
-	}
-	return hi > b.Ratio*sum/float64(len(cands)) && hi-lo >= b.MinGap
-}
+// Imbalanced reports whether load over cands is lopsided: some candidate
+// is Hot.
+func (b Imbalance) Imbalanced(cands []Candidate) bool { return b.Hot(cands) != nil }
 
 // Hot marks the candidates that make load lopsided: each whose load
 // exceeds Ratio × the mean and is at least MinGap above the idlest — the
-// guard's two conditions, per candidate. None is hot unless Imbalanced.
+// guard's two conditions, per candidate; nil when none is.
 func (b Imbalance) Hot(cands []Candidate) []bool {
 	if len(cands) < 2 {
 		return nil
