@@ -56,6 +56,7 @@ type overridesFile struct {
 	KVScore           string             `yaml:"kv_score"`
 	Speculation       *bool              `yaml:"speculation"`
 	KVQueueWeight     float64            `yaml:"kv_queue_weight"`
+	KVAffinity        *bool              `yaml:"kv_affinity"`
 }
 
 type adapterFile struct {
@@ -157,6 +158,7 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 			KvScore:           o.KVScore,
 			Speculation:       o.Speculation,
 			KvQueueWeight:     o.KVQueueWeight,
+			KvAffinity:        o.KVAffinity,
 		}
 	}
 	return m, nil

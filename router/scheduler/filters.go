@@ -81,3 +81,62 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 	}
 	return append(out, in...)
 }
+
+// KVAffinity keeps a prefix on one replica (design §7.5 step 5): for a
+// request tier 2 answered with a hit, the only candidate left is the
+// prefix's primary — of the replicas holding the prompt's longest match and
+// not hot by the KV guard (Config.KVImbalance), the one rendezvous hashing
+// of the prompt's first chunk ranks highest. When the primary is hot, the
+// next holder is; when every holder is hot, or the prefix is new, or some
+// candidate's KV state is untrusted, every candidate stays and the scorers
+// decide as before.
+//
+// Why one replica and not a score among holders: every request sent past a
+// prefix's home copies it into another cache. Once a fleet's caches are
+// near full those copies evict other prefixes, whose next requests miss and
+// copy again — with 8 system prompts on 4 replicas of 256 blocks, spreading
+// by score (a weighted P2C draw sends a few percent of requests past any
+// finite score gap, and balancing among equal holders keeps every copy
+// warm) left each prompt on 2–4 replicas and each replica with 3–6 of them
+// where 2 fit. Why longest match, then rendezvous: every router sees the
+// same index and the same candidates, so all of them pick the same primary
+// without talking, and a copy that lost blocks stops being chosen, goes
+// cold, and is the first thing its engine's LRU evicts.
+func (s *Scheduler) KVAffinity() Filter { return kvAffinity{s.cfg.KVImbalance.imbalance()} }
+
+type kvAffinity struct{ guard Imbalance }
+
+func (kvAffinity) Name() string { return "kv-affinity" }
+
+func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
+	q := r.KV
+	if q == nil || q.Fallback != "" || q.Total == 0 || len(in) < 2 {
+		return append(out, in...)
+	}
+	hot := f.guard.Hot(in)
+	best := 0
+	for i := range in {
+		id := in[i].Key.ID
+		if q.Untrusted[id] {
+			return append(out, in...)
+		}
+		if hot == nil || !hot[i] {
+			best = max(best, min(q.Matched[id], q.Total))
+		}
+	}
+	if best < max(q.MinBlocks, 1) {
+		return append(out, in...)
+	}
+	var key uint64
+	if len(r.Prefix) > 0 {
+		key = r.Prefix[0]
+	}
+	j := -1
+	for i := range in {
+		if (hot == nil || !hot[i]) && min(q.Matched[in[i].Key.ID], q.Total) == best &&
+			(j < 0 || rank(key, &in[i]) > rank(key, &in[j])) {
+			j = i
+		}
+	}
+	return append(out, in[j])
+}

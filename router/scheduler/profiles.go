@@ -58,13 +58,16 @@ type Params struct {
 	// queued token as a token of this prompt's, which is what it costs the
 	// prompt in time to first token on an engine that prefills in order.
 	KVQueueWeight float64
+	// KVAffinity sends a tier-2 hit to its prefix's primary holder only
+	// (the KVAffinity filter), in the profiles that score prefixes.
+	KVAffinity bool
 }
 
 // DefaultParams are the seeds' starting values; `llmgwctl bench` is how to
 // move them.
 func DefaultParams() Params {
 	return Params{TargetWaiting: 4, TargetInflight: 8, KVCeiling: 0.9, SessionLoadFactor: 1.25,
-		KVScore: DefaultKVScore, Speculation: true, KVQueueWeight: 1}
+		KVScore: DefaultKVScore, Speculation: true, KVQueueWeight: 1, KVAffinity: true}
 }
 
 // ValidateOverrides checks a model's profile name and overrides, naming the
@@ -143,6 +146,9 @@ func (s *Scheduler) Build(profile string, o *llmgwv1.ProfileOverrides) (*Profile
 	}
 	if v := o.GetKvQueueWeight(); v > 0 {
 		p.KVQueueWeight = v
+	}
+	if o != nil && o.KvAffinity != nil {
+		p.KVAffinity = *o.KvAffinity
 	}
 	var prof *Profile
 	switch profile {
@@ -229,6 +235,16 @@ func (s *Scheduler) filters(p Params) []Filter {
 	return []Filter{BreakerOpen(), PoolPriority(p.TargetWaiting, p.KVCeiling), AdapterAffinity(p.TargetWaiting, p.KVCeiling)}
 }
 
+// prefixFilters are filters plus, when p asks for it, tier 2's KV
+// affinity: the profiles that score prefixes use them.
+func (s *Scheduler) prefixFilters(p Params) []Filter {
+	f := s.filters(p)
+	if p.KVAffinity {
+		f = append(f, s.KVAffinity())
+	}
+	return f
+}
+
 // Chat is for multi-turn conversations and agents: session affinity
 // dominates, because a conversation's history is the prefix worth keeping.
 // Prefix matching weighs less than the session: a session id is the
@@ -239,7 +255,7 @@ func (s *Scheduler) Chat(p Params) *Profile {
 		Name:        "chat",
 		KVScore:     p.KVScore,
 		Speculation: p.Speculation,
-		Filters:     s.filters(p),
+		Filters:     s.prefixFilters(p),
 		Scorers: []WeightedScorer{
 			{s.Session(p.SessionLoadFactor), 3},
 			{Queue(p.TargetWaiting), 1},
@@ -277,7 +293,7 @@ func (s *Scheduler) LongContext(p Params) *Profile {
 		Name:        "long-context",
 		KVScore:     p.KVScore,
 		Speculation: p.Speculation,
-		Filters:     s.filters(p),
+		Filters:     s.prefixFilters(p),
 		Scorers: []WeightedScorer{
 			{KV(p.KVCeiling), 3},
 			{s.Session(p.SessionLoadFactor), 2},

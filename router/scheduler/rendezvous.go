@@ -15,11 +15,16 @@ func Rendezvous(key uint64, cands []Candidate, eligible func(*Candidate) bool) i
 		if eligible != nil && !eligible(c) {
 			continue
 		}
-		if h := prefix.Mix(key ^ hashString(c.Key.ID) ^ prefix.Mix(c.Key.UID)); best < 0 || h > bestH {
+		if h := rank(key, c); best < 0 || h > bestH {
 			best, bestH = i, h
 		}
 	}
 	return best
+}
+
+// rank is c's highest-random-weight hash for key.
+func rank(key uint64, c *Candidate) uint64 {
+	return prefix.Mix(key ^ hashString(c.Key.ID) ^ prefix.Mix(c.Key.UID))
 }
 
 func hashString(s string) uint64 {

@@ -213,6 +213,9 @@ type Config struct {
 	// Imbalance is the guard that silences prefix affinity when load is
 	// lopsided.
 	Imbalance Imbalance `yaml:",inline"`
+	// KVImbalance is the guard of tier 2's KV affinity: past it a replica
+	// holding a request's prefix is passed over for load.
+	KVImbalance KVImbalance `yaml:",inline"`
 	// Rand is the randomness of pickers and ties; nil draws from a seed
 	// taken at New. Must be safe for concurrent use.
 	Rand Rand `yaml:"-"`
@@ -221,9 +224,9 @@ type Config struct {
 }
 
 // DefaultConfig remembers 64k sessions and 256k prefix chunks (some
-// 30 MiB together) with the design's imbalance guard.
+// 30 MiB together) with the design's imbalance guards.
 func DefaultConfig() Config {
-	return Config{Sessions: 1 << 16, TreeEntries: 1 << 18, Imbalance: DefaultImbalance()}
+	return Config{Sessions: 1 << 16, TreeEntries: 1 << 18, Imbalance: DefaultImbalance(), KVImbalance: DefaultKVImbalance()}
 }
 
 // Validate reports every bad field, each named by its configuration key.
@@ -236,6 +239,7 @@ func (c Config) Validate() error {
 		p.Add("scheduler_tree_entries", "must be at least 1, got %d", c.TreeEntries)
 	}
 	p.Join(c.Imbalance.Validate())
+	p.Join(c.KVImbalance.Validate())
 	return p.Err()
 }
 

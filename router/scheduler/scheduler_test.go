@@ -540,6 +540,8 @@ func TestConfigValidate(t *testing.T) {
 		{"tree", func(c *Config) { c.TreeEntries = -1 }, "scheduler_tree_entries:"},
 		{"ratio", func(c *Config) { c.Imbalance.Ratio = 0.5 }, "scheduler_imbalance_ratio:"},
 		{"gap", func(c *Config) { c.Imbalance.MinGap = math.NaN() }, "scheduler_imbalance_min_gap:"},
+		{"kv ratio", func(c *Config) { c.KVImbalance.Ratio = 0 }, "scheduler_kv_imbalance_ratio:"},
+		{"kv gap", func(c *Config) { c.KVImbalance.MinGap = math.Inf(1) }, "scheduler_kv_imbalance_min_gap:"},
 		{"every problem at once", func(c *Config) {
 			c.Sessions, c.TreeEntries, c.Imbalance = 0, 0, Imbalance{Ratio: math.Inf(1), MinGap: -1}
 		}, "scheduler_sessions: must be at least 1, got 0\nscheduler_tree_entries: must be at least 1, got 0\n" +

@@ -102,6 +102,36 @@ func (b Imbalance) Validate() error {
 	return p.Err()
 }
 
+// KVImbalance is tier 2's guard (the KVAffinity filter): looser than
+// Imbalance by default, because what it weighs is different. Tier 1's
+// guard weighs a guess — the tree's memory of a send — against load; tier
+// 2's weighs an exact hit, and moving a request off the replica holding its
+// prefix costs the whole prefill there plus a copy that evicts some other
+// prefix. So a holder counts as hot only past twice the mean load and 8
+// requests above the idlest (Imbalance's 1.5 and 4 drove 13 % of fits'
+// requests off their prefix's home).
+type KVImbalance struct {
+	Ratio  float64 `yaml:"scheduler_kv_imbalance_ratio"`
+	MinGap float64 `yaml:"scheduler_kv_imbalance_min_gap"`
+}
+
+// DefaultKVImbalance is twice the mean and a gap of 8.
+func DefaultKVImbalance() KVImbalance { return KVImbalance{Ratio: 2, MinGap: 8} }
+
+// Validate reports every bad field, each named by its configuration key.
+func (b KVImbalance) Validate() error {
+	var p configfile.Problems
+	if !(b.Ratio >= 1) || math.IsInf(b.Ratio, 0) {
+		p.Add("scheduler_kv_imbalance_ratio", "must be a finite number >= 1, got %v", b.Ratio)
+	}
+	if !(b.MinGap >= 0) || math.IsInf(b.MinGap, 0) {
+		p.Add("scheduler_kv_imbalance_min_gap", "must be a finite number >= 0, got %v", b.MinGap)
+	}
+	return p.Err()
+}
+
+func (b KVImbalance) imbalance() Imbalance { return Imbalance{Ratio: b.Ratio, MinGap: b.MinGap} }
+
 // Imbalanced reports whether load over cands is lopsided: some candidate
 // is Hot.
 func (b Imbalance) Imbalanced(cands []Candidate) bool { return b.Hot(cands) != nil }

@@ -476,6 +476,9 @@ type ProfileOverrides struct {
 	// The cost score's weight of prefill already queued on a replica against
 	// this prompt's own prefill there; 0 is the default (1).
 	KvQueueWeight float64 `protobuf:"fixed64,9,opt,name=kv_queue_weight,json=kvQueueWeight,proto3" json:"kv_queue_weight,omitempty"`
+	// Tier 2 sends a request whose prefix a cool replica holds to that
+	// prefix's primary holder only (the KV affinity filter). Unset is on.
+	KvAffinity    *bool `protobuf:"varint,10,opt,name=kv_affinity,json=kvAffinity,proto3,oneof" json:"kv_affinity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -571,6 +574,13 @@ func (x *ProfileOverrides) GetKvQueueWeight() float64 {
 		return x.KvQueueWeight
 	}
 	return 0
+}
+
+func (x *ProfileOverrides) GetKvAffinity() bool {
+	if x != nil && x.KvAffinity != nil {
+		return *x.KvAffinity
+	}
+	return false
 }
 
 // Model is a deployable model: what to run, how many, and how to route to it.
@@ -6808,7 +6818,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14llmgw/v1/llmgw.proto\x12\bllmgw.v1\"1\n" +
 	"\aAdapter\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
-	"\x04path\x18\x02 \x01(\tR\x04path\"\xc2\x03\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"\xf8\x03\n" +
 	"\x10ProfileOverrides\x12%\n" +
 	"\x0etarget_waiting\x18\x01 \x01(\x01R\rtargetWaiting\x12'\n" +
 	"\x0ftarget_inflight\x18\x02 \x01(\x01R\x0etargetInflight\x12\x1d\n" +
@@ -6819,11 +6829,15 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06picker\x18\x06 \x01(\tR\x06picker\x12\x19\n" +
 	"\bkv_score\x18\a \x01(\tR\akvScore\x12%\n" +
 	"\vspeculation\x18\b \x01(\bH\x00R\vspeculation\x88\x01\x01\x12&\n" +
-	"\x0fkv_queue_weight\x18\t \x01(\x01R\rkvQueueWeight\x1a:\n" +
+	"\x0fkv_queue_weight\x18\t \x01(\x01R\rkvQueueWeight\x12$\n" +
+	"\vkv_affinity\x18\n" +
+	" \x01(\bH\x01R\n" +
+	"kvAffinity\x88\x01\x01\x1a:\n" +
 	"\fWeightsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x0e\n" +
-	"\f_speculation\"\xd4\a\n" +
+	"\f_speculationB\x0e\n" +
+	"\f_kv_affinity\"\xd4\a\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
