@@ -1,9 +1,12 @@
 // Command simsweep predicts a closed-loop concurrency sweep of the GPU-timed
 // simulator in virtual time (sim.SimulateClosedLoop: the server's own
 // scheduler, cache and roofline, no waiting), and compares a sweep with a
-// reference table. scripts/sim-sweep.sh runs the real one over HTTP.
+// reference table. scripts/sim-sweep.sh runs the real one over HTTP. With
+// --fit it grids the calibration against issue 18's L4 table instead
+// (docs/benchmarks.md "GPU-like simulator", how the constants were chosen).
 //
 //	go run ./scripts/simsweep --gpu l4 --model Qwen/Qwen2.5-0.5B-Instruct --gpu-memory-utilization 0.6
+//	go run ./scripts/simsweep --fit --gpu-memory-utilization 0.6 --requests-per-client 20 --seeds 6
 package main
 
 import (
