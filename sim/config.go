@@ -87,8 +87,8 @@ type Config struct {
 	// adapter should see it.
 	LoRALoadDelay time.Duration
 
-	// Seed makes generated text, request ids and injected failures
-	// reproducible.
+	// Seed makes generated text, request ids, injected failures and (GPU
+	// timing) the API server's per-request jitter reproducible.
 	Seed int64
 	// DefaultMaxTokens is the completion length when a request gives none.
 	// (vLLM defaults to the rest of the context; a short default keeps

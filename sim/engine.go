@@ -60,7 +60,8 @@ type engine struct {
 	running   int
 	waiting   list.List // of *waiter, arrival order
 
-	gpu         *gpuModel // nil: simple timing
+	gpu         *gpuModel  // nil: simple timing
+	api         *apiServer // with gpu: the front end's per-request time
 	maxBatched  int
 	longPrefill int
 	chunked     bool
@@ -104,6 +105,7 @@ func newEngine(cfg *Config, obs CacheObserver) *engine {
 	}
 	if cfg.TimingMode() == TimingGPU {
 		e.gpu, _ = cfg.gpuModel() // valid: checked by Validate
+		e.api = newAPIServer(e.gpu.cal, uint64(cfg.Seed))
 	}
 	return e
 }

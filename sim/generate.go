@@ -405,7 +405,7 @@ func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genReque
 	hashes []vllm.BlockHash, extra vllm.ExtraKeysFunc, arrival time.Time, act *loraActivity) {
 	ctx := r.Context()
 	abort := func() { s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc() }
-	if err := s.clock.Sleep(ctx, s.eng.gpu.cal.RequestOverhead); err != nil {
+	if err := s.clock.Sleep(ctx, s.eng.api.enter(arrival).Sub(s.clock.Now())); err != nil {
 		abort()
 		return
 	}

@@ -207,8 +207,13 @@ type Calibration struct {
 	StepOverhead time.Duration
 	SeqOverhead  time.Duration
 	// RequestOverhead is the API server's time for a request before the
-	// engine sees it: HTTP, chat template, tokenisation, IPC.
+	// engine sees it: HTTP, chat template, tokenisation, IPC. RequestSerial
+	// is the part of it done on the API server's one event loop, a request
+	// at a time in arrival order (apiServer): requests that arrive together
+	// wait for each other's. The rest varies by up to ±RequestJitter.
 	RequestOverhead time.Duration
+	RequestSerial   time.Duration
+	RequestJitter   time.Duration
 	// NonTorchReserve and ActivationBytesPerToken are what vLLM's memory
 	// profile subtracts besides the weights: CUDA context, NCCL and CUDA
 	// graphs, and the peak activations of a max_num_batched_tokens forward
@@ -220,11 +225,13 @@ type Calibration struct {
 // DefaultCalibration is the fitted set.
 var DefaultCalibration = Calibration{
 	MemEfficiency:           0.80,
-	ComputeEfficiency:       0.60,
+	ComputeEfficiency:       0.45,
 	SmallGEMMHidden:         1024,
 	StepOverhead:            900 * time.Microsecond,
 	SeqOverhead:             60 * time.Microsecond,
-	RequestOverhead:         22 * time.Millisecond,
+	RequestOverhead:         21 * time.Millisecond,
+	RequestSerial:           2 * time.Millisecond,
+	RequestJitter:           1 * time.Millisecond,
 	NonTorchReserve:         1.0 * gib,
 	ActivationBytesPerToken: 24 * 2, // × hidden: ~24 BF16 activations of hidden width per token at peak
 }

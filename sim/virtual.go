@@ -16,8 +16,10 @@ import (
 // when answered, until Requests have been sent.
 type ClosedLoop struct {
 	Concurrency, InputTokens, OutputTokens, Requests int
-	// Seed draws the prompts' tokens.
+	// Seed draws the prompts' tokens and the API server's jitter.
 	Seed uint64
+	// Calibration, when set, replaces DefaultCalibration (fitting it).
+	Calibration *Calibration
 }
 
 // ClosedLoopResult is what such a run measured, in the columns of vLLM's
@@ -54,8 +56,8 @@ func percentiles(ms []float64) Percentiles {
 // SimulateClosedLoop runs the closed loop against the engine cfg describes
 // (GPU timing) with a virtual clock: the scheduler, cache and roofline are
 // the server's own, only time is not waited. Each request spends the
-// calibration's RequestOverhead before the engine sees it, as it does in
-// the server. It is how the calibration is fitted and the sweep predicted
+// calibration's RequestOverhead before the engine sees it, queueing for
+// its RequestSerial part, as it does in the server (apiServer). It is how the calibration is fitted and the sweep predicted
 // (scripts/simsweep).
 func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 	cfg.Derive()
@@ -72,6 +74,11 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 		return ClosedLoopResult{}, fmt.Errorf("closed loop: %d+%d tokens exceed --max-model-len %d", run.InputTokens, run.OutputTokens, cfg.MaxModelLen)
 	}
 	e := newEngine(&cfg, nil)
+	if run.Calibration != nil {
+		e.gpu.cal = *run.Calibration
+	}
+	e.api = newAPIServer(e.gpu.cal, run.Seed)
+	epoch := time.Unix(0, 0)
 	rng := rand.New(rand.NewPCG(run.Seed, 0x73696d))
 	none := vllm.NoneHash("0")
 	type req struct {
@@ -96,7 +103,7 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 		if err != nil {
 			return err
 		}
-		r := &req{sent: at, enter: at + e.gpu.cal.RequestOverhead,
+		r := &req{sent: at, enter: e.api.enter(epoch.Add(at)).Sub(epoch),
 			seq: &gseq{hashes: hashes, allHashes: allHashes, all: all, promptLen: run.InputTokens,
 				maxTokens: run.OutputTokens, cached: -1, notify: make(chan struct{}, 1)}}
 		pending = append(pending, r)
@@ -121,7 +128,7 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 			e.wait = append(e.wait, r.seq)
 			live = append(live, r)
 		}
-		items := e.scheduleStep(time.Unix(0, 0).Add(now))
+		items := e.scheduleStep(epoch.Add(now))
 		if len(items) == 0 {
 			if len(pending) == 0 {
 				return ClosedLoopResult{}, errors.New("closed loop: nothing can be scheduled")

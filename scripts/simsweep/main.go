@@ -1,9 +1,12 @@
 // Command simsweep predicts a closed-loop concurrency sweep of the GPU-timed
 // simulator in virtual time (sim.SimulateClosedLoop: the server's own
 // scheduler, cache and roofline, no waiting), and compares a sweep with a
-// reference table. scripts/sim-sweep.sh runs the real one over HTTP.
+// reference table. scripts/sim-sweep.sh runs the real one over HTTP. With
+// --fit it grids the calibration against issue 18's L4 table instead
+// (docs/benchmarks.md "GPU-like simulator", how the constants were chosen).
 //
 //	go run ./scripts/simsweep --gpu l4 --model Qwen/Qwen2.5-0.5B-Instruct --gpu-memory-utilization 0.6
+//	go run ./scripts/simsweep --fit --gpu-memory-utilization 0.6 --requests-per-client 20 --seeds 6
 package main
 
 import (
@@ -35,12 +38,32 @@ func run(args []string) error {
 	in := fs.Int("input-tokens", 256, "prompt tokens")
 	out := fs.Int("output-tokens", 128, "output tokens (ignore_eos)")
 	perLevel := fs.Int("requests-per-client", 10, "requests per client at each concurrency")
+	doFit := fs.Bool("fit", false, "grid the calibration against issue 18's L4 table (use --gpu l4, the default model, --gpu-memory-utilization 0.6)")
+	seeds := fs.Int("seeds", 1, "with --fit: seeds per concurrency (the score is the worst)")
+	top := fs.Int("top", 12, "with --fit: rows to print, best first")
+	effs := fs.String("fit-compute-eff", "0.5,0.55,0.6,0.66", "with --fit: compute efficiencies to try")
+	ovs := fs.String("fit-overhead-ms", "18,20,22,24", "with --fit: request overheads to try, ms")
+	sers := fs.String("fit-serial-ms", "0,0.5,1,1.5,2,3", "with --fit: serialized parts to try, ms")
+	jits := fs.String("fit-jitter-ms", "0,1,2,4", "with --fit: request jitters (±) to try, ms")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	cfg := sim.DefaultConfig()
 	cfg.Model, cfg.GPU, cfg.GPUMemoryUtilization, cfg.MaxModelLen = *model, *gpu, *util, *maxLen
 	cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs = *batched, *seqs
+	if *doFit {
+		var grid [4][]float64
+		for i, list := range []string{*effs, *ovs, *sers, *jits} {
+			for _, f := range strings.Split(list, ",") {
+				x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
+				if err != nil {
+					return fmt.Errorf("--fit-*: %q: %w", f, err)
+				}
+				grid[i] = append(grid[i], x)
+			}
+		}
+		return fit(cfg, *perLevel, *seeds, *top, grid[0], grid[1], grid[2], grid[3])
+	}
 	fmt.Println("| concurrency | req/s | out tok/s | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | E2E p50 | E2E p95 | preemptions |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, c := range strings.Split(*conc, ",") {
