@@ -89,7 +89,9 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 // of the prompt's first chunk ranks highest. When the primary is hot, the
 // next holder is; when every holder is hot, or the prefix is new, or some
 // candidate's KV state is untrusted, every candidate stays and the scorers
-// decide as before.
+// decide as before — except that a new prefix is kept to the replicas home
+// to the fewest live prefixes (place), and a request whose prompt could not
+// be tokenized goes to its first chunk's home (home).
 //
 // Why one replica and not a score among holders: every request sent past a
 // prefix's home copies it into another cache. Once a fleet's caches are
@@ -102,15 +104,28 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 // same index and the same candidates, so all of them pick the same primary
 // without talking, and a copy that lost blocks stops being chosen, goes
 // cold, and is the first thing its engine's LRU evicts.
-func (s *Scheduler) KVAffinity() Filter { return kvAffinity{s.cfg.KVImbalance.imbalance()} }
+func (s *Scheduler) KVAffinity() Filter { return kvAffinity{s.cfg.KVImbalance.imbalance(), s.homes} }
 
-type kvAffinity struct{ guard Imbalance }
+type kvAffinity struct {
+	guard Imbalance
+	homes *homes
+}
 
 func (kvAffinity) Name() string { return "kv-affinity" }
 
 func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 	q := r.KV
-	if q == nil || q.Fallback != "" || q.Total == 0 || len(in) < 2 {
+	if q == nil || len(in) < 2 {
+		return append(out, in...)
+	}
+	var key uint64
+	if len(r.Prefix) > 0 {
+		key = r.Prefix[0]
+	}
+	if q.Fallback == KVTokenizeTimeout || q.Fallback == KVTokenizeError {
+		return f.home(key, in, out)
+	}
+	if q.Fallback != "" || q.Total == 0 {
 		return append(out, in...)
 	}
 	hot := f.guard.Hot(in)
@@ -125,11 +140,7 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 		}
 	}
 	if best < max(q.MinBlocks, 1) {
-		return append(out, in...)
-	}
-	var key uint64
-	if len(r.Prefix) > 0 {
-		key = r.Prefix[0]
+		return f.place(key, hot, in, out)
 	}
 	j := -1
 	for i := range in {
@@ -138,5 +149,60 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 			j = i
 		}
 	}
+	f.homes.set(key, in[j].Key)
 	return append(out, in[j])
+}
+
+// home keeps, for a request the index could not answer because its
+// prompt could not be tokenized in time, the primary tier 2 last chose for
+// its first chunk (homes) when that is a candidate and not hot: the
+// request most likely shares that prefix, and the tree's guess, with tier
+// 1's stricter guard, would move it (and copy the prefix) whenever tier 2's
+// affinity has made load lopsided. Without a live home, all stay.
+func (f kvAffinity) home(key uint64, in, out []Candidate) []Candidate {
+	if f.homes == nil || key == 0 {
+		return append(out, in...)
+	}
+	k, ok := f.homes.get(key)
+	if !ok {
+		return append(out, in...)
+	}
+	hot := f.guard.Hot(in)
+	for i := range in {
+		if in[i].Key == k && (hot == nil || !hot[i]) {
+			return append(out, in[i])
+		}
+	}
+	return append(out, in...)
+}
+
+// place keeps, for a prefix no cool replica holds, the cool replicas home
+// to the fewest live prefixes (homes), so new prefixes spread over the
+// caches instead of piling where rendezvous hashing happens to put them;
+// the scorers then choose among those (the Prefix scorer's rendezvous
+// choice first). With no record, all stay.
+func (f kvAffinity) place(key uint64, hot []bool, in, out []Candidate) []Candidate {
+	if f.homes == nil {
+		return append(out, in...)
+	}
+	counts := f.homes.counts(key)
+	if len(counts) == 0 {
+		return append(out, in...)
+	}
+	lo := -1
+	for i := range in {
+		if n := counts[in[i].Key]; (hot == nil || !hot[i]) && (lo < 0 || n < lo) {
+			lo = n
+		}
+	}
+	n := len(out)
+	for i := range in {
+		if (hot == nil || !hot[i]) && counts[in[i].Key] == lo {
+			out = append(out, in[i])
+		}
+	}
+	if len(out) == n {
+		return append(out, in...)
+	}
+	return out
 }

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"testing"
+	"time"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -122,5 +123,53 @@ func TestKVAffinityOverride(t *testing.T) {
 		if has != tt.want {
 			t.Errorf("%s %v: kv-affinity filter %v, want %v", tt.profile, tt.o, has, tt.want)
 		}
+	}
+}
+
+// TestKVAffinityPlacesNewPrefixes: a prefix no replica holds goes among
+// the replicas home to the fewest live prefixes, its own old home not
+// counted, and homes expire after the window.
+func TestKVAffinityPlacesNewPrefixes(t *testing.T) {
+	s, _, clk := newSched(t, 1)
+	f := s.KVAffinity()
+	cands := func() []Candidate {
+		return []Candidate{c("a", 0, 1, 1), c("b", 0, 1, 1), c("c", 0, 1, 1)}
+	}
+	hit := func(prefix uint64, on string) {
+		t.Helper()
+		r := &Request{KV: &KVQuery{Total: 10, MinBlocks: 2, Matched: map[string]int{on: 10}}, Prefix: []uint64{prefix}}
+		if got := ids(f.Filter(r, cands(), nil)); got != on {
+			t.Fatalf("hit of %d kept %q, want %q", prefix, got, on)
+		}
+	}
+	miss := func(prefix uint64) string {
+		r := &Request{KV: &KVQuery{Total: 10, MinBlocks: 2, Matched: map[string]int{}}, Prefix: []uint64{prefix}}
+		return ids(f.Filter(r, cands(), nil))
+	}
+	if got := miss(9); got != "a,b,c" {
+		t.Fatalf("no homes yet: kept %q", got)
+	}
+	hit(1, "a")
+	hit(2, "a")
+	hit(3, "b")
+	if got := miss(9); got != "c" {
+		t.Fatalf("homes a:2 b:1 c:0: a new prefix kept %q, want c", got)
+	}
+	hit(4, "c")
+	if got := miss(9); got != "b,c" {
+		t.Fatalf("homes a:2 b:1 c:1: kept %q, want b,c", got)
+	}
+	// Prefix 1 evicted from a and asked again: its own home does not count.
+	if got := miss(1); got != "a,b,c" {
+		t.Fatalf("re-placing prefix 1 (a:1 b:1 c:1 without it): kept %q", got)
+	}
+	clk.Advance(homesWindow + time.Second)
+	hit(5, "a")
+	if got := miss(9); got != "b,c" {
+		t.Fatalf("after the window only prefix 5 on a counts: kept %q, want b,c", got)
+	}
+	s.Retain(func(k Key) bool { return k.ID != "a" })
+	if got := miss(9); got != "a,b,c" {
+		t.Fatalf("a retained away: kept %q", got)
 	}
 }

@@ -252,6 +252,7 @@ type Scheduler struct {
 	sessions *prefix.Tree[Key]
 	tree     *prefix.Tree[Key]
 	sends    *sendLog
+	homes    *homes
 
 	mu       sync.Mutex
 	profiles map[*llmgwv1.Model]*Profile
@@ -275,6 +276,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Scheduler, e
 		sessions: prefix.NewTree[Key](cfg.Sessions),
 		tree:     prefix.NewTree[Key](cfg.TreeEntries),
 		sends:    newSendLog(cfg.Now),
+		homes:    newHomes(cfg.Now),
 		profiles: make(map[*llmgwv1.Model]*Profile),
 	}
 	s.scratch.New = func() any { return new(scratch) }
@@ -365,6 +367,7 @@ func (s *Scheduler) Retain(keep func(Key) bool) {
 	s.tree.RetainReplicas(keep)
 	s.sessions.RetainReplicas(keep)
 	s.sends.Retain(keep)
+	s.homes.retain(keep)
 }
 
 func grow(b []float64, n int) []float64 {

@@ -108,8 +108,8 @@ func (b Imbalance) Validate() error {
 // 2's weighs an exact hit, and moving a request off the replica holding its
 // prefix costs the whole prefill there plus a copy that evicts some other
 // prefix. So a holder counts as hot only past twice the mean load and 8
-// requests above the idlest (Imbalance's 1.5 and 4 drove 13 % of fits'
-// requests off their prefix's home).
+// requests above the idlest (docs/benchmarks.md "KV affinity" measures
+// both guards).
 type KVImbalance struct {
 	Ratio  float64 `yaml:"scheduler_kv_imbalance_ratio"`
 	MinGap float64 `yaml:"scheduler_kv_imbalance_min_gap"`
