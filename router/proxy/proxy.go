@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -110,10 +109,10 @@ type Result struct {
 // Proxy forwards requests to engines. Safe for concurrent use; Close drops
 // its idle upstream connections.
 type Proxy struct {
-	cfg       Config
-	breakers  Breakers
-	transport *http.Transport
-	m         *metrics
+	cfg      Config
+	breakers Breakers
+	up       *upstream
+	m        *metrics
 	// bufs are the copy loop's 32 KiB buffers, reused: one per request
 	// would be the data path's largest allocation.
 	bufs sync.Pool
@@ -123,21 +122,16 @@ type Proxy struct {
 func New(cfg Config, breakers Breakers, reg prometheus.Registerer) *Proxy {
 	return &Proxy{
 		cfg: cfg, breakers: breakers,
-		transport: &http.Transport{
-			DialContext:           (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-			ResponseHeaderTimeout: cfg.FirstByteTimeout,
-			MaxIdleConnsPerHost:   64,
-			IdleConnTimeout:       90 * time.Second,
-			// Engines speak plain HTTP/1.1; compression would hold SSE chunks back.
-			DisableCompression: true,
-		},
+		// Engines speak plain HTTP/1.1, uncompressed (compression would
+		// hold SSE chunks back).
+		up:   newUpstream(cfg.ConnectTimeout, cfg.FirstByteTimeout),
 		m:    newMetrics(reg),
 		bufs: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }},
 	}
 }
 
 // Close drops idle upstream connections. Call it once no request runs.
-func (p *Proxy) Close() { p.transport.CloseIdleConnections() }
+func (p *Proxy) Close() { p.up.close() }
 
 // errAdapterMissing is an engine's 404 for an adapter it was thought to
 // hold (it was just evicted, or the engine restarted): retried elsewhere.
@@ -226,22 +220,10 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // without credentials of the client's.
 var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
 
-// forwardHeader is the client's header as the engine gets it: without
-// hop-by-hop fields, credentials and Content-Length (the body's own is
-// set). The map is new, the values are shared: the transport only reads
-// them, and copying every value for every attempt would be the data
-// path's largest allocation after the body.
-func forwardHeader(in http.Header) http.Header {
-	out := make(http.Header, len(in))
-	for k, v := range in {
-		if !dropped(k) {
-			out[k] = v
-		}
-	}
-	return out
-}
-
-// dropped reports whether the canonical header key k stays behind.
+// dropped reports whether the canonical header key k of the client's
+// request stays behind: hop-by-hop fields, credentials and Content-Length
+// (the body's own is sent). The rest is written to the engine as it came
+// (upConn.write), without copying the header.
 func dropped(k string) bool {
 	if k == "Content-Length" {
 		return true
@@ -272,15 +254,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	defer release()
 
 	// The request's context: a client that goes away cancels the engine's work.
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost,
-		"http://"+ep.Address+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return 0, fmt.Errorf("build request for %s: %w", ep.Address, err)
-	}
-	out.Header = forwardHeader(r.Header)
-	out.ContentLength = int64(len(body))
-
-	resp, err := p.transport.RoundTrip(out)
+	resp, err := p.up.roundTrip(r.Context(), ep.Address, r.URL.RequestURI(), r.Header, body)
 	if err != nil {
 		return 0, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
 	}
