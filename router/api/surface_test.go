@@ -218,7 +218,9 @@ func TestStatusAccounting(t *testing.T) {
 
 // TestFraming: a sized non-streamed answer passes with its
 // Content-Length (one write, no chunking); a stream is chunked by the
-// router, which flushes it as it arrives.
+// router, which flushes it as it arrives, but for the read that ended it:
+// a stream that came whole in one read goes out in one write, framed by
+// the server as it likes.
 func TestFraming(t *testing.T) {
 	eng := engine(t, func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "chat") {
@@ -226,7 +228,11 @@ func TestFraming(t *testing.T) {
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+		if r.Header.Get("X-Whole") == "" {
+			io.WriteString(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
 	})
 	srv := newRouter(t, &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", eng)}}}, nil)
 	resp, b := do(t, "POST", srv.URL+"/v1/chat/completions", `{"model":"demo"}`)
@@ -236,5 +242,18 @@ func TestFraming(t *testing.T) {
 	resp, b = do(t, "POST", srv.URL+"/v1/completions", `{"model":"demo","stream":true}`)
 	if resp.ContentLength != -1 || string(b) != "data: {}\n\ndata: [DONE]\n\n" {
 		t.Fatalf("stream: length %d, body %q", resp.ContentLength, b)
+	}
+	req, err := http.NewRequest("POST", srv.URL+"/v1/completions", strings.NewReader(`{"model":"demo","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Whole", "1")
+	whole, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Body.Close()
+	if b, err := io.ReadAll(whole.Body); err != nil || string(b) != "data: [DONE]\n\n" {
+		t.Fatalf("whole stream: body %q, err %v", b, err)
 	}
 }

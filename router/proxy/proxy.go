@@ -288,7 +288,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		hdr.Del("Content-Length")
 	}
 	hdr.Set("X-Llmgw-Replica", ep.ReplicaID)
-	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
+	if id := r.Header["X-Request-Id"]; id != nil {
+		hdr["X-Request-Id"] = id // read only, as the server writes it
+	}
 	w.WriteHeader(resp.StatusCode)
 
 	var src io.Reader = resp.Body
@@ -359,7 +361,8 @@ func (t *doneTail) done() bool {
 
 // copyFlushing copies src to dst (w, or a filter writing to w), flushing w
 // after every read when flush is set, so SSE chunks reach the client one
-// by one; ttft, when
+// by one (but the read that ended the body, which the server flushes as
+// the handler returns); ttft, when
 // set, observes the time from start to the first byte. done reports
 // whether the last bytes written and flushed were a stream's [DONE].
 func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, flush bool, start time.Time, ttft prometheus.Observer) (n int64, done bool, err error) {
@@ -375,7 +378,10 @@ func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byt
 				return n, false, fmt.Errorf("write to client: %w", err)
 			}
 			n += int64(k)
-			if flush {
+			// Not when the same read ended the body: the handler returns at
+			// once, and the server then writes these bytes and the body's
+			// end in one write instead of two.
+			if flush && rerr != io.EOF {
 				if err := rc.Flush(); err != nil {
 					return n, false, fmt.Errorf("flush to client: %w", err)
 				}
