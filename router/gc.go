@@ -2,8 +2,10 @@ package router
 
 import (
 	"context"
+	"os"
 	"runtime/debug"
 	"runtime/metrics"
+	"strconv"
 	"time"
 )
 
@@ -20,20 +22,36 @@ import (
 // max(minHeap, live × (1 + GOGC/100)), a floor under the heap, never a
 // multiplier on a large one.
 //
-// GOGC is the process's own setting, taken once at the start as the
-// floor of what the tuner sets (GOGC=off leaves the collector alone);
+// GOGC is the process's own setting, read from the environment as Go
+// reads it (not from the runtime, which another tuner in the same process,
+// a test's, may have moved), the floor of what the tuner sets and what it
+// puts back when it stops (GOGC=off leaves the collector alone);
 // GOMEMLIMIT, when set, still bounds the heap as Go does.
 type gcTuner struct {
 	minHeap uint64
 	every   time.Duration
-	// live reads the heap the last collection left live; set sets GOGC and
-	// returns the previous value (debug.SetGCPercent).
+	// base is the process's GOGC (-1: off); live reads the heap the last
+	// collection left live; set sets GOGC (debug.SetGCPercent).
+	base int
 	live func() uint64
 	set  func(int) int
 }
 
 func newGCTuner(minHeap int64) *gcTuner {
-	return &gcTuner{minHeap: uint64(minHeap), every: time.Second, live: liveHeap, set: debug.SetGCPercent}
+	return &gcTuner{minHeap: uint64(minHeap), every: time.Second, base: envGOGC(os.Getenv("GOGC")),
+		live: liveHeap, set: debug.SetGCPercent}
+}
+
+// envGOGC is the GOGC that the environment's value v gives the process:
+// 100 unset or unreadable, -1 for off.
+func envGOGC(v string) int {
+	if v == "off" {
+		return -1
+	}
+	if p, err := strconv.Atoi(v); err == nil && p >= 0 {
+		return p
+	}
+	return 100
 }
 
 // goHeapMinimum is Go's smallest heap goal at GOGC=100; it scales with
@@ -55,8 +73,7 @@ func (t *gcTuner) percent(base int, live uint64) int {
 // run tunes GOGC every t.every until ctx is done, then puts the
 // process's own value back.
 func (t *gcTuner) run(ctx context.Context) {
-	base := t.set(100)
-	t.set(base)
+	base := t.base
 	if base < 0 || t.minHeap == 0 {
 		return // GOGC=off, or the tuner is off: Go's own pacing
 	}

@@ -42,7 +42,7 @@ func TestGCTunerRun(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		base int
-		want []int // the values set after the two initial reads
+		want []int // the values set, before the restore
 	}{
 		{"tuned", 100, []int{1600, 700}},
 		{"GOGC=off", -1, nil},
@@ -53,7 +53,7 @@ func TestGCTunerRun(t *testing.T) {
 			var sets []int
 			lives := []uint64{2 * mib, 2 * mib, 2*mib + 1, 8 * mib, 8 * mib}
 			ticks := make(chan struct{}, 1)
-			tu := &gcTuner{minHeap: 64 * mib, every: time.Millisecond,
+			tu := &gcTuner{minHeap: 64 * mib, every: time.Millisecond, base: tt.base,
 				live: func() uint64 {
 					mu.Lock()
 					defer mu.Unlock()
@@ -84,7 +84,7 @@ func TestGCTunerRun(t *testing.T) {
 					mu.Lock()
 					n := len(sets)
 					mu.Unlock()
-					if n == 2+len(tt.want) {
+					if n == len(tt.want) {
 						break
 					}
 					select {
@@ -101,11 +101,11 @@ func TestGCTunerRun(t *testing.T) {
 			if gogc != tt.base {
 				t.Fatalf("GOGC %d after the tuner stopped, want the process's %d", gogc, tt.base)
 			}
-			got := sets[2:] // the initial read: set(100) and back
+			got := sets
 			if tt.base >= 0 {
 				got = got[:len(got)-1] // the restore at the end
 			}
-			if len(got) != len(tt.want) && !(len(tt.want) == 0 && len(got) == 0) {
+			if len(got) != len(tt.want) {
 				t.Fatalf("set %v, want %v then the restore", sets, tt.want)
 			}
 			for i := range tt.want {
@@ -114,5 +114,13 @@ func TestGCTunerRun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestEnvGOGC(t *testing.T) {
+	for v, want := range map[string]int{"": 100, "off": -1, "200": 200, "0": 0, "x": 100, "-5": 100} {
+		if got := envGOGC(v); got != want {
+			t.Errorf("GOGC=%q: %d, want %d", v, got, want)
+		}
 	}
 }
