@@ -129,6 +129,7 @@ control: [10.0.0.1:7400, 10.0.0.2:7400]
 http_addr: 127.0.0.1:9090
 data_dir: /var/lib/llmgw/router
 pprof_addr: 127.0.0.1:6061
+gc_min_heap: 33554432
 max_body_bytes: 1048576
 scrape_interval: 250ms
 connect_timeout: 3s
@@ -177,7 +178,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 	}
 	want := Config{
 		ID: "r-7", Control: []string{"10.0.0.1:7400", "10.0.0.2:7400"}, HTTPAddr: "127.0.0.1:9090",
-		DataDir: "/var/lib/llmgw/router", PprofAddr: "127.0.0.1:6061", MaxBodyBytes: 1 << 20, ScrapeInterval: 250 * time.Millisecond,
+		DataDir: "/var/lib/llmgw/router", PprofAddr: "127.0.0.1:6061", GCMinHeap: 32 << 20, MaxBodyBytes: 1 << 20, ScrapeInterval: 250 * time.Millisecond,
 		ConnectTimeout: 3 * time.Second, FirstByteTimeout: 2 * time.Minute, ShutdownGrace: 45 * time.Second,
 		ReadHeaderTimeout: 5 * time.Second, BodyTimeout: 30 * time.Second, IdleTimeout: 90 * time.Second,
 		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxInflight: 500,

@@ -215,6 +215,7 @@ func TestConfigValidate(t *testing.T) {
 		{"control without port", func(c *Config) { c.Control = []string{"host"} }, "--control"},
 		{"bad http addr", func(c *Config) { c.HTTPAddr = "8080" }, "--http-addr"},
 		{"body limit", func(c *Config) { c.MaxBodyBytes = 0 }, "--max-body-bytes"},
+		{"gc min heap", func(c *Config) { c.GCMinHeap = -1 }, "--gc-min-heap"},
 		{"scrape", func(c *Config) { c.ScrapeInterval = 0 }, "--scrape-interval"},
 		{"connect", func(c *Config) { c.ConnectTimeout = -1 }, "--connect-timeout"},
 		{"first byte", func(c *Config) { c.FirstByteTimeout = 0 }, "--first-byte-timeout"},

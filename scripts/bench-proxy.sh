@@ -16,15 +16,25 @@
 # are used; a separate router process takes flags dev does not pass.)
 # For each of the non-streamed and streamed chat profiles it runs PAIRS
 # rounds of wrk against the three (order rotated each round): 64
-# connections for throughput, then 4 for latency.
+# connections for throughput, then 4 for latency, closed loop (each
+# connection sends its next request as soon as it has its answer, so the
+# 2 cores are as busy as wrk can make them: the machine's busy share
+# during that run is printed as cpu@4), then 4 connections paced (each
+# waits RATE_DELAY_MS between an answer and its next request, a load well
+# under saturation: latency without queueing for the CPU).
 #
 # Usage: scripts/bench-proxy.sh [BIN_DIR]
 #   BIN_DIR  holds llmgw and llmgwctl (default bin, as `make build` leaves them)
 #   PAIRS=3 DURATION=10s  rounds per profile, length of each wrk run
 #   PPROF=1   also serve the measured router's profiles on 127.0.0.1:36111
+#   BASE_BIN=DIR  also measure the router of another build (its llmgw), as
+#             "base", in the same rounds: before and after in one run
+#   RATE_DELAY_MS=1  the paced phase's wait per connection (0: no paced phase)
+#   ROUTER_FLAGS="..."  extra flags for the measured router(s)
 #   OUT=bench-out/proxy   wrk outputs and logs
-# Ports (loopback): 36100-36105 (dev), 36110-36111 (router), 36120-36121
-# (nginx and Go proxies), engines 36200-36299. Needs wrk, nginx, curl, jq.
+# Ports (loopback): 36100-36105 (dev), 36110-36112 (routers, pprof),
+# 36120-36121 (nginx and Go proxies), engines 36200-36299. Needs wrk,
+# nginx, curl, jq.
 # Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
 
@@ -32,6 +42,9 @@ here=$(cd "$(dirname "$0")" && pwd)
 bin=$(cd "${1:-bin}" && pwd)
 pairs=${PAIRS:-3}
 duration=${DURATION:-10s}
+rate_delay=${RATE_DELAY_MS:-1}
+base_bin=${BASE_BIN:+$(cd "$BASE_BIN" && pwd)}
+read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 out=${OUT:-bench-out/proxy}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -42,6 +55,7 @@ done
 grpc=127.0.0.1:36101
 ctl=("$bin/llmgwctl" --addr "$grpc")
 router=127.0.0.1:36110
+base_router=127.0.0.1:36112
 nginx_proxy=127.0.0.1:36120
 go_proxy=127.0.0.1:36121
 pids=()
@@ -92,8 +106,15 @@ done
 pprof=()
 [ "${PPROF:-}" = 1 ] && pprof=(--pprof-addr 127.0.0.1:36111)
 "$bin/llmgw" router --control "$grpc" --http-addr "$router" --data-dir "$out/router" --log-level warn \
-	"${pprof[@]}" >"$out/router.log" 2>&1 &
+	"${pprof[@]}" "${router_flags[@]}" >"$out/router.log" 2>&1 &
 pids+=($!)
+targets=("$nginx_proxy" "$go_proxy" "$router")
+if [ -n "$base_bin" ]; then
+	"$base_bin/llmgw" router --control "$grpc" --http-addr "$base_router" --data-dir "$out/base-router" --log-level warn \
+		"${router_flags[@]}" >"$out/base-router.log" 2>&1 &
+	pids+=($!)
+	targets+=("$base_router")
+fi
 "$out/bench-proxy" --listen "$go_proxy" --upstream "http://$engine" >"$out/go-proxy.log" 2>&1 &
 pids+=($!)
 mkdir -p "$out/nginx"
@@ -127,7 +148,7 @@ nginx -p "$out/nginx" -c "$out/nginx/nginx.conf" -e stderr >"$out/nginx.log" 2>&
 pids+=($!)
 
 body='{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
-for target in "$router" "$go_proxy" "$nginx_proxy"; do
+for target in "${targets[@]}"; do
 	for _ in $(seq 1 300); do
 		code=$(curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$body" "http://$target/v1/chat/completions" || true)
 		[ "$code" = 200 ] && break
@@ -136,38 +157,55 @@ for target in "$router" "$go_proxy" "$nginx_proxy"; do
 	[ "$code" = 200 ] || { echo "bench-proxy.sh: $target never routed to the engine (last $code)" >&2; exit 1; }
 done
 
-# wrk_run name target profile conns -> "rps p50_ms p99_ms non2xx"
+# The paced phase's scripts: the profile's request, and a wait before
+# each next one (wrk's delay(), per connection).
+for profile in chat chat-stream; do
+	printf 'dofile("%s")\nfunction delay() return %d end\n' "$here/bench-proxy/$profile.lua" "$rate_delay" >"$out/$profile-paced.lua"
+done
+
+# busy: the machine's busy jiffies and all jiffies so far (/proc/stat).
+busy() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat; }
+
+# wrk_run name target profile conns round [script] -> "rps p50_ms p99_ms non2xx cpu%"
 wrk_run() {
-	local f="$out/$1-$3-c$4-$5.txt"
-	wrk -t2 -c"$4" -d"$duration" --latency -s "$here/bench-proxy/$3.lua" "http://$2/v1/chat/completions" >"$f"
+	local f="$out/$1-$3-c$4-$5${6:+-paced}.txt" b0 t0 b1 t1
+	read -r b0 t0 <<<"$(busy)"
+	wrk -t2 -c"$4" -d"$duration" --latency -s "${6:-$here/bench-proxy/$3.lua}" "http://$2/v1/chat/completions" >"$f"
+	read -r b1 t1 <<<"$(busy)"
+	echo "cpu $(((b1 - b0) * 100 / (t1 - t0)))" >>"$f"
 	awk '
 		function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
 		/Requests\/sec/ { rps = $2 }
 		/^ +50%/ { p50 = ms($2) }
 		/^ +99%/ { p99 = ms($2) }
 		/Non-2xx/ { bad = $NF }
-		END { printf "%.0f %.3f %.3f %d\n", rps, p50, p99, bad }' "$f"
+		/^cpu / { cpu = $2 }
+		END { printf "%.0f %.3f %.3f %d %d\n", rps, p50, p99, bad, cpu }' "$f"
 }
 
-declare -A name=([$nginx_proxy]=nginx [$go_proxy]=go [$router]=router)
+declare -A name=([$nginx_proxy]=nginx [$go_proxy]=go [$router]=router [$base_router]=base)
 echo "load average before: $(cat /proc/loadavg)"
-printf '%-12s %-7s %5s %10s %9s %9s %10s %9s %9s\n' profile proxy round rps@64 p50@64 p99@64 rps@4 p50@4 p99@4
+# cpu@4: the machine's busy share (both cores) during the closed-loop run
+# at 4 connections; @paced: 4 connections, RATE_DELAY_MS between requests.
+printf '%-12s %-7s %5s %8s %8s %8s | %8s %8s %8s %6s | %8s %8s %8s\n' profile proxy round \
+	rps@64 p50@64 p99@64 rps@4 p50@4 p99@4 cpu@4 rps@paced p50@paced p99@paced
 for profile in chat chat-stream; do
 	for round in $(seq 1 "$pairs"); do
 		# Rotate the order each round, so no proxy always runs first.
-		case $(((round - 1) % 3)) in
-		0) order=("$router" "$go_proxy" "$nginx_proxy") ;;
-		1) order=("$go_proxy" "$nginx_proxy" "$router") ;;
-		2) order=("$nginx_proxy" "$router" "$go_proxy") ;;
-		esac
+		n=${#targets[@]} order=()
+		for ((i = 0; i < n; i++)); do order+=("${targets[(i + round - 1) % n]}"); done
 		for target in "${order[@]}"; do
-			read -r rps64 p5064 p9964 bad64 <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 64 "$round")"
-			read -r rps4 p504 p994 bad4 <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 4 "$round")"
-			if [ "$bad64" != 0 ] || [ "$bad4" != 0 ]; then
-				echo "bench-proxy.sh: ${name[$target]} answered non-2xx ($bad64 at 64, $bad4 at 4 connections)" >&2
+			read -r rps64 p5064 p9964 bad64 _ <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 64 "$round")"
+			read -r rps4 p504 p994 bad4 cpu4 <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 4 "$round")"
+			rpsp=- p50p=- p99p=- badp=0
+			if [ "$rate_delay" != 0 ]; then
+				read -r rpsp p50p p99p badp _ <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 4 "$round" "$out/$profile-paced.lua")"
 			fi
-			printf '%-12s %-7s %5s %10s %9s %9s %10s %9s %9s\n' "$profile" "${name[$target]}" "$round" \
-				"$rps64" "$p5064" "$p9964" "$rps4" "$p504" "$p994"
+			if [ "$bad64" != 0 ] || [ "$bad4" != 0 ] || [ "$badp" != 0 ]; then
+				echo "bench-proxy.sh: ${name[$target]} answered non-2xx ($bad64 at 64, $bad4 at 4 connections, $badp paced)" >&2
+			fi
+			printf '%-12s %-7s %5s %8s %8s %8s | %8s %8s %8s %5s%% | %8s %8s %8s\n' "$profile" "${name[$target]}" "$round" \
+				"$rps64" "$p5064" "$p9964" "$rps4" "$p504" "$p994" "$cpu4" "$rpsp" "$p50p" "$p99p"
 		done
 	done
 done

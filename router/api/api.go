@@ -253,12 +253,12 @@ func (h *Handler) endpoint(t task) http.Handler {
 // one), echoed in the response and forwarded to the engine, and checks the
 // API key of every /v1/ request (the probes and /metrics need none).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	id := r.Header.Get("X-Request-ID")
+	id := r.Header.Get("X-Request-Id")
 	if id == "" || len(id) > 128 {
 		id = newRequestID()
-		r.Header.Set("X-Request-ID", id)
+		r.Header.Set("X-Request-Id", id)
 	}
-	w.Header().Set("X-Request-ID", id)
+	w.Header().Set("X-Request-Id", id)
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
 		var keys *auth.Set
 		if h.cfg.Keys != nil {
@@ -430,7 +430,7 @@ func codeLabel(code int) string {
 // resolved to none). Adapters share their model's label: names are many,
 // models few.
 func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time.Time) (code int, model string) {
-	rid := r.Header.Get("X-Request-ID")
+	rid := r.Header.Get("X-Request-Id")
 	key := keyOf(r)
 	reqLog, rh := newReqLog(h.log.Handler(), rid, key.GetName())
 	refuse := func(err *openai.Error) int {
@@ -482,7 +482,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		if strings.HasSuffix(r.URL.Path, "/v1/completions") {
 			kind = tokenize.Completion
 		}
-		plan, aerr = h.prepare.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-ID"),
+		plan, aerr = h.prepare.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-Id"),
 			Kind: kind, Body: body, Stream: req.Stream, Prompt: req.Prompt})
 		if aerr != nil {
 			return refuse(aerr), tgt.Base

@@ -218,23 +218,53 @@ func TestStatusAccounting(t *testing.T) {
 
 // TestFraming: a sized non-streamed answer passes with its
 // Content-Length (one write, no chunking); a stream is chunked by the
-// router, which flushes it as it arrives.
+// router, which flushes it as it arrives, but for the read that ended it:
+// a stream that came whole in one read goes out in one write, framed by
+// the server as it likes.
 func TestFraming(t *testing.T) {
+	release := make(chan struct{}) // the rest of the stream waits for the client's headers
 	eng := engine(t, func(w http.ResponseWriter, r *http.Request) {
 		if strings.Contains(r.URL.Path, "chat") {
 			io.WriteString(w, `{"choices":[]}`)
 			return
 		}
 		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: {}\n\ndata: [DONE]\n\n")
+		if r.Header.Get("X-Whole") == "" {
+			io.WriteString(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+		io.WriteString(w, "data: [DONE]\n\n")
 	})
 	srv := newRouter(t, &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", eng)}}}, nil)
 	resp, b := do(t, "POST", srv.URL+"/v1/chat/completions", `{"model":"demo"}`)
 	if resp.ContentLength != int64(len(`{"choices":[]}`)) || len(resp.TransferEncoding) != 0 || string(b) != `{"choices":[]}` {
 		t.Fatalf("sized answer: length %d, encoding %v, body %q", resp.ContentLength, resp.TransferEncoding, b)
 	}
-	resp, b = do(t, "POST", srv.URL+"/v1/completions", `{"model":"demo","stream":true}`)
-	if resp.ContentLength != -1 || string(b) != "data: {}\n\ndata: [DONE]\n\n" {
-		t.Fatalf("stream: length %d, body %q", resp.ContentLength, b)
+	stream, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(`{"model":"demo","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	length := stream.ContentLength // the head came with the first event, before the rest was sent
+	close(release)
+	if b, err := io.ReadAll(stream.Body); err != nil || length != -1 || string(b) != "data: {}\n\ndata: [DONE]\n\n" {
+		t.Fatalf("stream: length %d, body %q, err %v", length, b, err)
+	}
+	req, err := http.NewRequest("POST", srv.URL+"/v1/completions", strings.NewReader(`{"model":"demo","stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-Whole", "1")
+	whole, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Body.Close()
+	if b, err := io.ReadAll(whole.Body); err != nil || string(b) != "data: [DONE]\n\n" {
+		t.Fatalf("whole stream: body %q, err %v", b, err)
 	}
 }

@@ -106,7 +106,10 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 		pl.Body = b
 	}
 	pl.req = &scheduler.Request{ID: in.ID, Model: t.Base, Adapter: t.Adapter, Session: in.Session,
-		Prefix: prefix.Hashes(make([]uint64, 0, maxPrefixChunks), in.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
+		// Sized to the prompt's whole chunks: most prompts need far fewer
+		// than the bound's 1 KiB.
+		Prefix: prefix.Hashes(make([]uint64, 0, min(len(in.Prompt)/prefix.DefaultChunk, maxPrefixChunks)),
+			in.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
 	pl.profile = p.profiles.ProfileFor(t.Model)
 	pl.req.KV, pl.hashes = p.kv.query(ctx, pl.profile, t.Model, t.Adapter, in.Kind, pl.Body, t.Endpoints)
 	switch {
@@ -222,7 +225,8 @@ type chooser struct {
 
 // choose asks the scheduler among the endpoints not yet tried.
 func (c *chooser) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, tried []*endpoint.Endpoint, adapter string) (*endpoint.Endpoint, scheduler.Candidate) {
-	left := make([]*endpoint.Endpoint, 0, len(eps))
+	var small [8]*endpoint.Endpoint // most models have few replicas: no allocation
+	left := small[:0]
 	for _, e := range eps {
 		if !slices.Contains(tried, e) {
 			left = append(left, e)

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -110,10 +109,10 @@ type Result struct {
 // Proxy forwards requests to engines. Safe for concurrent use; Close drops
 // its idle upstream connections.
 type Proxy struct {
-	cfg       Config
-	breakers  Breakers
-	transport *http.Transport
-	m         *metrics
+	cfg      Config
+	breakers Breakers
+	up       *upstream
+	m        *metrics
 	// bufs are the copy loop's 32 KiB buffers, reused: one per request
 	// would be the data path's largest allocation.
 	bufs sync.Pool
@@ -123,21 +122,16 @@ type Proxy struct {
 func New(cfg Config, breakers Breakers, reg prometheus.Registerer) *Proxy {
 	return &Proxy{
 		cfg: cfg, breakers: breakers,
-		transport: &http.Transport{
-			DialContext:           (&net.Dialer{Timeout: cfg.ConnectTimeout, KeepAlive: 30 * time.Second}).DialContext,
-			ResponseHeaderTimeout: cfg.FirstByteTimeout,
-			MaxIdleConnsPerHost:   64,
-			IdleConnTimeout:       90 * time.Second,
-			// Engines speak plain HTTP/1.1; compression would hold SSE chunks back.
-			DisableCompression: true,
-		},
+		// Engines speak plain HTTP/1.1, uncompressed (compression would
+		// hold SSE chunks back).
+		up:   newUpstream(cfg.ConnectTimeout, cfg.FirstByteTimeout),
 		m:    newMetrics(reg),
 		bufs: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }},
 	}
 }
 
 // Close drops idle upstream connections. Call it once no request runs.
-func (p *Proxy) Close() { p.transport.CloseIdleConnections() }
+func (p *Proxy) Close() { p.up.close() }
 
 // errAdapterMissing is an engine's 404 for an adapter it was thought to
 // hold (it was just evicted, or the engine restarted): retried elsewhere.
@@ -226,22 +220,10 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // without credentials of the client's.
 var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
 
-// forwardHeader is the client's header as the engine gets it: without
-// hop-by-hop fields, credentials and Content-Length (the body's own is
-// set). The map is new, the values are shared: the transport only reads
-// them, and copying every value for every attempt would be the data
-// path's largest allocation after the body.
-func forwardHeader(in http.Header) http.Header {
-	out := make(http.Header, len(in))
-	for k, v := range in {
-		if !dropped(k) {
-			out[k] = v
-		}
-	}
-	return out
-}
-
-// dropped reports whether the canonical header key k stays behind.
+// dropped reports whether the canonical header key k of the client's
+// request stays behind: hop-by-hop fields, credentials and Content-Length
+// (the body's own is sent). The rest is written to the engine as it came
+// (upConn.write), without copying the header.
 func dropped(k string) bool {
 	if k == "Content-Length" {
 		return true
@@ -272,15 +254,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	defer release()
 
 	// The request's context: a client that goes away cancels the engine's work.
-	out, err := http.NewRequestWithContext(r.Context(), http.MethodPost,
-		"http://"+ep.Address+r.URL.RequestURI(), bytes.NewReader(body))
-	if err != nil {
-		return 0, fmt.Errorf("build request for %s: %w", ep.Address, err)
-	}
-	out.Header = forwardHeader(r.Header)
-	out.ContentLength = int64(len(body))
-
-	resp, err := p.transport.RoundTrip(out)
+	resp, err := p.up.roundTrip(r.Context(), ep.Address, r.URL.RequestURI(), r.Header, body)
 	if err != nil {
 		return 0, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
 	}
@@ -314,7 +288,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		hdr.Del("Content-Length")
 	}
 	hdr.Set("X-Llmgw-Replica", ep.ReplicaID)
-	hdr.Set("X-Request-ID", r.Header.Get("X-Request-ID"))
+	if id := r.Header["X-Request-Id"]; id != nil {
+		hdr["X-Request-Id"] = id // read only, as the server writes it
+	}
 	w.WriteHeader(resp.StatusCode)
 
 	var src io.Reader = resp.Body
@@ -385,7 +361,8 @@ func (t *doneTail) done() bool {
 
 // copyFlushing copies src to dst (w, or a filter writing to w), flushing w
 // after every read when flush is set, so SSE chunks reach the client one
-// by one; ttft, when
+// by one (but the read that ended the body, which the server flushes as
+// the handler returns); ttft, when
 // set, observes the time from start to the first byte. done reports
 // whether the last bytes written and flushed were a stream's [DONE].
 func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, flush bool, start time.Time, ttft prometheus.Observer) (n int64, done bool, err error) {
@@ -401,7 +378,10 @@ func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byt
 				return n, false, fmt.Errorf("write to client: %w", err)
 			}
 			n += int64(k)
-			if flush {
+			// Not when the same read ended the body: the handler returns at
+			// once, and the server then writes these bytes and the body's
+			// end in one write instead of two.
+			if flush && rerr != io.EOF {
 				if err := rc.Flush(); err != nil {
 					return n, false, fmt.Errorf("flush to client: %w", err)
 				}

@@ -259,23 +259,44 @@ func TestDoneTail(t *testing.T) {
 }
 
 // TestForwardHeader: the engine never gets the client's credentials,
-// hop-by-hop fields or its Content-Length; everything else passes.
+// hop-by-hop fields, Expect or its Content-Length; everything else
+// passes, with the body's own length and the engine's address as Host.
 func TestForwardHeader(t *testing.T) {
-	in := http.Header{}
+	got := make(chan *http.Request, 1)
+	addr := engine(t, nil, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		got <- r
+		io.WriteString(w, `{}`)
+	})
+	p, _ := newProxy(t, 1)
+	r := httptest.NewRequest(http.MethodPost, "/v1/completions?x=1", nil)
 	for _, k := range []string{"Authorization", "Cookie", "Proxy-Authorization", "Connection", "Keep-Alive", "Te", "Trailer",
-		"Transfer-Encoding", "Upgrade", "Proxy-Connection", "Content-Length", "Content-Type", "X-Request-Id", "X-Session-Id"} {
-		in.Set(k, "v")
+		"Transfer-Encoding", "Upgrade", "Proxy-Connection", "Content-Length", "Expect", "Content-Type", "X-Request-Id", "X-Session-Id"} {
+		r.Header.Set(k, "v")
 	}
-	out := forwardHeader(in)
-	var got []string
-	for k := range out {
-		got = append(got, k)
+	r.Header.Add("X-Session-Id", " two\r\nInjected: yes ")
+	body := []byte(`{"model":"m"}`)
+	res := p.Serve(httptest.NewRecorder(), r, &Request{Route: &route{eps: []*endpoint.Endpoint{ep("a", addr)}}, Replicas: 1,
+		Name: "m", Model: "m", Body: body, Log: slog.New(slog.DiscardHandler)})
+	if res.Code != 200 {
+		t.Fatalf("code %d (%v)", res.Code, res.Err)
 	}
-	slices.Sort(got)
-	if want := []string{"Content-Type", "X-Request-Id", "X-Session-Id"}; !slices.Equal(got, want) {
-		t.Fatalf("forwarded %v, want %v", got, want)
+	er := <-got
+	var keys []string
+	for k := range er.Header {
+		keys = append(keys, k)
 	}
-	if len(in) != 14 {
-		t.Fatalf("the client's header was changed: %v", in)
+	slices.Sort(keys)
+	if want := []string{"Content-Length", "Content-Type", "User-Agent", "X-Request-Id", "X-Session-Id"}; !slices.Equal(keys, want) {
+		t.Fatalf("engine got %v, want %v", keys, want)
+	}
+	if er.ContentLength != int64(len(body)) || er.Host != addr || er.URL.RequestURI() != "/v1/completions?x=1" {
+		t.Fatalf("engine got length %d host %q uri %q", er.ContentLength, er.Host, er.URL.RequestURI())
+	}
+	if v := er.Header.Values("X-Session-Id"); !slices.Equal(v, []string{"v", "two  Injected: yes"}) {
+		t.Fatalf("X-Session-Id %q: a value's CR LF must not start a field", v)
+	}
+	if len(r.Header) != 15 {
+		t.Fatalf("the client's header was changed: %v", r.Header)
 	}
 }
