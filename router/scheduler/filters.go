@@ -100,7 +100,7 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 // by score (a weighted P2C draw sends a few percent of requests past any
 // finite score gap, and balancing among equal holders keeps every copy
 // warm) left each prompt on 2–4 replicas and each replica with 3–6 of them
-// where 2 fit. Why longest match, then rendezvous: every router sees the
+// where 2–3 fit. Why longest match, then rendezvous: every router sees the
 // same index and the same candidates, so all of them pick the same primary
 // without talking, and a copy that lost blocks stops being chosen, goes
 // cold, and is the first thing its engine's LRU evicts.
