@@ -130,7 +130,7 @@ func (b KVImbalance) Validate() error {
 	return p.Err()
 }
 
-func (b KVImbalance) imbalance() Imbalance { return Imbalance{Ratio: b.Ratio, MinGap: b.MinGap} }
+func (b KVImbalance) imbalance() Imbalance { return Imbalance(b) }
 
 // Imbalanced reports whether load over cands is lopsided: some candidate
 // is Hot.
