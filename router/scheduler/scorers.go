@@ -92,12 +92,17 @@ func DefaultImbalance() Imbalance { return Imbalance{Ratio: 1.5, MinGap: 4} }
 
 // Validate reports every bad field, each named by its configuration key.
 func (b Imbalance) Validate() error {
+	return validateGuard("scheduler_imbalance_ratio", "scheduler_imbalance_min_gap", b.Ratio, b.MinGap)
+}
+
+// validateGuard checks a guard's ratio and gap, naming them by their keys.
+func validateGuard(ratioKey, gapKey string, ratio, gap float64) error {
 	var p configfile.Problems
-	if !(b.Ratio >= 1) || math.IsInf(b.Ratio, 0) {
-		p.Add("scheduler_imbalance_ratio", "must be a finite number >= 1, got %v", b.Ratio)
+	if !(ratio >= 1) || math.IsInf(ratio, 0) {
+		p.Add(ratioKey, "must be a finite number >= 1, got %v", ratio)
 	}
-	if !(b.MinGap >= 0) || math.IsInf(b.MinGap, 0) {
-		p.Add("scheduler_imbalance_min_gap", "must be a finite number >= 0, got %v", b.MinGap)
+	if !(gap >= 0) || math.IsInf(gap, 0) {
+		p.Add(gapKey, "must be a finite number >= 0, got %v", gap)
 	}
 	return p.Err()
 }
@@ -120,14 +125,7 @@ func DefaultKVImbalance() KVImbalance { return KVImbalance{Ratio: 2, MinGap: 8} 
 
 // Validate reports every bad field, each named by its configuration key.
 func (b KVImbalance) Validate() error {
-	var p configfile.Problems
-	if !(b.Ratio >= 1) || math.IsInf(b.Ratio, 0) {
-		p.Add("scheduler_kv_imbalance_ratio", "must be a finite number >= 1, got %v", b.Ratio)
-	}
-	if !(b.MinGap >= 0) || math.IsInf(b.MinGap, 0) {
-		p.Add("scheduler_kv_imbalance_min_gap", "must be a finite number >= 0, got %v", b.MinGap)
-	}
-	return p.Err()
+	return validateGuard("scheduler_kv_imbalance_ratio", "scheduler_kv_imbalance_min_gap", b.Ratio, b.MinGap)
 }
 
 func (b KVImbalance) imbalance() Imbalance { return Imbalance(b) }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -57,7 +58,7 @@ func fit(cfg sim.Config, perLevel, seeds, top int, effs, overheads, serials, jit
 			}
 		}
 	}
-	slices.SortStableFunc(points, func(a, b fitPoint) int { return cmpFloat(a.worst, b.worst) })
+	slices.SortStableFunc(points, func(a, b fitPoint) int { return cmp.Compare(a.worst, b.worst) })
 	fmt.Println("| compute eff. | request overhead | serialized | jitter ± | worst error | TTFT p50 error at c = 1 / 2 / 4 / 8 / 16 / 32 | out tok/s error | ITL p50 error |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, p := range points[:min(top, len(points))] {
@@ -96,14 +97,4 @@ func pcts(xs []float64) string {
 		s[i] = fmt.Sprintf("%+.0f", 100*x)
 	}
 	return strings.Join(s, " / ") + " %"
-}
-
-func cmpFloat(a, b float64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
