@@ -30,6 +30,8 @@ func TestParseModelFile(t *testing.T) {
 		{"not yaml", "{{{", "model file"},
 		{"remote code refused", "name: demo\nengine: vllm\nmodel: m\nextra_args: [--enforce-eager, --trust-remote-code]\n", "extra_args[1]: --trust-remote-code runs code from the model repository; set allow_remote_code: true"},
 		{"remote code allowed", "name: demo\nengine: vllm\nmodel: m\nextra_args: [--trust-remote-code]\nallow_remote_code: true\n", ""},
+		{"kv affinity off", "name: demo\nengine: sim\nmodel: m\nkv_events: true\nprofile_overrides: {kv_affinity: false}\n", ""},
+		{"kv_affinity not a bool", "name: demo\nengine: sim\nmodel: m\nprofile_overrides:\n  kv_affinity: maybe\n", "kv_affinity: line 5"},
 		{"allow_remote_code not a bool", "name: demo\nengine: vllm\nmodel: m\nallow_remote_code: please\n", "allow_remote_code"},
 		{"metadata endpoint refused", "name: ext\nengine: external\nendpoints: [\"http://169.254.169.254/\"]\n", "endpoints[0]: \"169.254.169.254\" is a link-local address"},
 		{"metadata endpoint allowed", "name: ext\nengine: external\nendpoints: [\"http://169.254.169.254/\"]\nallow_link_local_endpoints: true\n", ""},
