@@ -22,7 +22,7 @@
 #   SEEDS=10   seeds per configuration and scenario
 #   SCENARIOS="fits disrupted pressure"
 #   CONFIGS="rr tier1 tier2 tier2-spec tier2-cost"   any of them, and
-#              tier2-noaff (the default without tier 2's KV affinity filter)
+#              tier2-aff (the default with tier 2's KV affinity filter on)
 # Ports (loopback): 33480-33481, 33700-33705, engines 33100-33399. Needs curl
 # and jq. Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
@@ -31,14 +31,14 @@ set -euo pipefail
 # none). They select the tier-2 knobs (docs/scheduler.md "Tier 2's knobs"):
 # tier2 is the share-of-blocks score with speculative indexing off,
 # tier2-spec the default (the same score, speculation on), tier2-cost the
-# cost-aware score with speculation, tier2-noaff the default without the
-# KV affinity filter (the scorers choose among all candidates). A router that does not know a key
+# cost-aware score with speculation, tier2-aff the default with the KV
+# affinity filter on (a hit goes to its prefix's primary only). A router that does not know a key
 # refuses the model, and the script stops at that apply with the control
 # plane's error.
 OVR_TIER2=${OVR_TIER2-"{speculation: false}"}
 OVR_TIER2_SPEC=${OVR_TIER2_SPEC-}
 OVR_TIER2_COST=${OVR_TIER2_COST-"{kv_score: cost}"}
-OVR_TIER2_NOAFF=${OVR_TIER2_NOAFF-"{kv_affinity: false}"}
+OVR_TIER2_AFF=${OVR_TIER2_AFF-"{kv_affinity: true}"}
 
 bin=$(cd "${1:-bin}" && pwd)
 out=${2:-bench-out/kv-wave2}
@@ -145,8 +145,8 @@ configure() { # CONFIG REPLICAS FILE
 	tier2) model "$3" chat true "$OVR_TIER2" "$2" ;;
 	tier2-spec) model "$3" chat true "$OVR_TIER2_SPEC" "$2" ;;
 	tier2-cost) model "$3" chat true "$OVR_TIER2_COST" "$2" ;;
-	tier2-noaff) model "$3" chat true "$OVR_TIER2_NOAFF" "$2" ;;
-	*) die "CONFIGS: unknown configuration $1 (want rr tier1 tier2 tier2-spec tier2-cost tier2-noaff)" ;;
+	tier2-aff) model "$3" chat true "$OVR_TIER2_AFF" "$2" ;;
+	*) die "CONFIGS: unknown configuration $1 (want rr tier1 tier2 tier2-spec tier2-cost tier2-aff)" ;;
 	esac
 }
 apply() { # FILE

@@ -84,8 +84,9 @@ func indexByID(cs []Candidate, id string) int {
 func TestKVAffinityRoutersAgree(t *testing.T) {
 	s1, _, _ := newSched(t, 1)
 	s2, _, _ := newSched(t, 2)
-	p1, _ := s1.Build("chat", nil)
-	p2, _ := s2.Build("chat", nil)
+	on := true
+	p1, _ := s1.Build("chat", &llmgwv1.ProfileOverrides{KvAffinity: &on})
+	p2, _ := s2.Build("chat", &llmgwv1.ProfileOverrides{KvAffinity: &on})
 	cands := []Candidate{c("a", 0, 2, 2), c("b", 0, 2, 2), c("c", 0, 2, 2), c("d", 0, 2, 2)}
 	for n := range 50 {
 		kv := &KVQuery{Total: 40, MinBlocks: 2, Matched: map[string]int{"a": 40, "b": 40, "d": 40}}
@@ -98,16 +99,18 @@ func TestKVAffinityRoutersAgree(t *testing.T) {
 }
 
 func TestKVAffinityOverride(t *testing.T) {
-	off := false
+	off, on := false, true
 	tests := []struct {
 		profile string
 		o       *llmgwv1.ProfileOverrides
 		want    bool
 	}{
-		{"chat", nil, true},
-		{"long-context", nil, true},
+		{"chat", nil, false},
+		{"long-context", nil, false},
+		{"chat", &llmgwv1.ProfileOverrides{KvAffinity: &on}, true},
+		{"long-context", &llmgwv1.ProfileOverrides{KvAffinity: &on}, true},
 		{"chat", &llmgwv1.ProfileOverrides{KvAffinity: &off}, false},
-		{"batch", nil, false},
+		{"batch", &llmgwv1.ProfileOverrides{KvAffinity: &on}, false},
 		{"debug", nil, false},
 	}
 	for _, tt := range tests {

@@ -59,7 +59,9 @@ type Params struct {
 	// prompt in time to first token on an engine that prefills in order.
 	KVQueueWeight float64
 	// KVAffinity sends a tier-2 hit to its prefix's primary holder only
-	// (the KVAffinity filter), in the profiles that score prefixes.
+	// (the KVAffinity filter), in the profiles that score prefixes. Off by
+	// default: it raised fits' hit share but cost pressure's TTFT p90
+	// (docs/benchmarks.md "KV affinity").
 	KVAffinity bool
 }
 
@@ -67,7 +69,7 @@ type Params struct {
 // move them.
 func DefaultParams() Params {
 	return Params{TargetWaiting: 4, TargetInflight: 8, KVCeiling: 0.9, SessionLoadFactor: 1.25,
-		KVScore: DefaultKVScore, Speculation: true, KVQueueWeight: 1, KVAffinity: true}
+		KVScore: DefaultKVScore, Speculation: true, KVQueueWeight: 1}
 }
 
 // ValidateOverrides checks a model's profile name and overrides, naming the

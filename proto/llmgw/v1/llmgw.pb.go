@@ -477,7 +477,7 @@ type ProfileOverrides struct {
 	// this prompt's own prefill there; 0 is the default (1).
 	KvQueueWeight float64 `protobuf:"fixed64,9,opt,name=kv_queue_weight,json=kvQueueWeight,proto3" json:"kv_queue_weight,omitempty"`
 	// Tier 2 sends a request whose prefix a cool replica holds to that
-	// prefix's primary holder only (the KV affinity filter). Unset is on.
+	// prefix's primary holder only (the KV affinity filter). Unset is off.
 	KvAffinity    *bool `protobuf:"varint,10,opt,name=kv_affinity,json=kvAffinity,proto3,oneof" json:"kv_affinity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
