@@ -148,6 +148,8 @@ scheduler_sessions: 1024
 scheduler_tree_entries: 2048
 scheduler_imbalance_ratio: 2.5
 scheduler_imbalance_min_gap: 8
+scheduler_kv_imbalance_ratio: 3
+scheduler_kv_imbalance_min_gap: 12
 kv_index_max_entries: 4096
 kv_speculation_ttl_min: 300ms
 kv_speculation_ttl_max: 4s
@@ -184,7 +186,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxInflight: 500,
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
-			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}},
+			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}, KVImbalance: scheduler.KVImbalance{Ratio: 3, MinGap: 12}},
 		KVIndex: kvindex.Config{MaxEntries: 4096, SpecTTLMin: 300 * time.Millisecond, SpecTTLMax: 4 * time.Second,
 			SpecPending: 50000, SpecPendingPerReplica: 5000},
 		Tokenize:      tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
