@@ -69,7 +69,8 @@ type upConn struct {
 	nc     net.Conn
 	raw    syscall.RawConn // nil when the connection has none: no liveness check
 	br     *bufio.Reader
-	head   []byte // the request head (and a small body), reused
+	lim    headLimit // what br reads: nc, bounded while an answer's head is read
+	head   []byte    // the request head (and a small body), reused
 	idleAt time.Time
 	// peek is c.peekFn, bound once so the liveness check allocates nothing.
 	peek   func(fd uintptr) bool
@@ -127,6 +128,11 @@ func (u *upstream) exchange(ctx context.Context, c *upConn, uri string, h http.H
 		stop()
 		return nil, classify(err)
 	}
+	// The answer's head is a peer's input: bounded before it is read, as
+	// the Transport bounds it (MaxResponseHeaderBytes), and so is the
+	// number of interim answers before the real one.
+	c.lim.n = maxResponseHead
+	defer func() { c.lim.n = -1 }()
 	if _, err := c.br.Peek(1); err != nil {
 		stop()
 		return nil, classify(err)
@@ -134,7 +140,11 @@ func (u *upstream) exchange(ctx context.Context, c *upConn, uri string, h http.H
 	resp, err := http.ReadResponse(c.br, nil)
 	// 1xx answers are interim (the request has no Expect, but 103 Early
 	// Hints may come): the answer is the next one.
-	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 {
+	for n := 0; err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200; n++ {
+		if n == maxInterim {
+			err = fmt.Errorf("more than %d interim (1xx) answers", maxInterim)
+			break
+		}
 		resp, err = http.ReadResponse(c.br, nil)
 	}
 	if err != nil {
@@ -149,6 +159,40 @@ func (u *upstream) exchange(ctx context.Context, c *upConn, uri string, h http.H
 	}
 	resp.Body = &upBody{u: u, c: c, src: resp.Body, stop: stop, keep: !resp.Close}
 	return resp, nil
+}
+
+// maxResponseHead bounds an answer's head (status line and header fields,
+// interim answers included) as read from an engine; maxInterim the interim
+// answers before the final one (the Transport allows 5).
+const (
+	maxResponseHead = 1 << 20
+	maxInterim      = 5
+)
+
+// errHeadTooLarge is what reading past maxResponseHead returns.
+var errHeadTooLarge = fmt.Errorf("the answer's head is over %d bytes", maxResponseHead)
+
+// headLimit is a connection as its bufio.Reader reads it: while n ≥ 0, at
+// most n more bytes, then errHeadTooLarge; n < 0 is no bound (the body,
+// which the proxy streams through, keeping only a bounded tail).
+type headLimit struct {
+	nc net.Conn
+	n  int64
+}
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if l.n < 0 {
+		return l.nc.Read(p)
+	}
+	if l.n == 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.nc.Read(p)
+	l.n -= int64(n)
+	return n, err
 }
 
 // classify marks what failed before the answer's first byte and was not
@@ -251,7 +295,8 @@ func (u *upstream) conn(ctx context.Context, addr string, fresh bool) (*upConn, 
 	if err != nil {
 		return nil, false, fmt.Errorf("dial: %w", err)
 	}
-	c := &upConn{addr: addr, nc: nc, br: bufio.NewReaderSize(nc, 4<<10)}
+	c := &upConn{addr: addr, nc: nc, lim: headLimit{nc: nc, n: -1}}
+	c.br = bufio.NewReaderSize(&c.lim, 4<<10)
 	if sc, ok := nc.(syscall.Conn); ok {
 		if raw, err := sc.SyscallConn(); err == nil {
 			c.raw = raw

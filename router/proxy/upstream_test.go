@@ -295,3 +295,56 @@ func TestUpstreamIdleExpiry(t *testing.T) {
 		t.Fatalf("%d addresses with idle connections after the sweep", n)
 	}
 }
+
+// TestUpstreamBoundsTheHead: an engine whose answer's head never ends, or
+// that sends interim answers without end, gets an error naming the bound
+// rather than the router's memory.
+func TestUpstreamBoundsTheHead(t *testing.T) {
+	tests := []struct {
+		name string
+		head func(w io.Writer)
+		want string
+	}{
+		{"endless header", func(w io.Writer) {
+			_, _ = io.WriteString(w, "HTTP/1.1 200 OK\r\n")
+			line := "X-Pad: " + strings.Repeat("a", 1000) + "\r\n"
+			for range 2 * maxResponseHead / len(line) {
+				if _, err := io.WriteString(w, line); err != nil {
+					return
+				}
+			}
+		}, "head is over"},
+		{"endless 1xx", func(w io.Writer) {
+			for range 2 * maxInterim {
+				if _, err := io.WriteString(w, "HTTP/1.1 103 Early Hints\r\n\r\n"); err != nil {
+					return
+				}
+			}
+		}, "interim"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				_, _ = bufio.NewReader(c).ReadString('\n') // the request line
+				tt.head(c)
+			}()
+			t.Cleanup(func() { ln.Close(); <-done })
+			u := newTestUpstream(t, 5*time.Second)
+			_, _, err = get(context.Background(), u, ln.Addr().String())
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
