@@ -23,8 +23,11 @@ const maxHomes = 64 << 10
 type homes struct {
 	now func() time.Time
 
-	mu        sync.Mutex
-	m         map[uint64]home
+	mu sync.Mutex
+	m  map[uint64]home
+	// per counts m's entries by replica, kept with m, so a placement
+	// reads it without walking every prefix.
+	per       map[Key]int
 	lastPrune time.Time
 }
 
@@ -33,17 +36,25 @@ type home struct {
 	at time.Time
 }
 
-func newHomes(now func() time.Time) *homes { return &homes{now: now, m: map[uint64]home{}} }
+func newHomes(now func() time.Time) *homes {
+	return &homes{now: now, m: map[uint64]home{}, per: map[Key]int{}}
+}
 
 // set records k as prefix's home now.
 func (h *homes) set(prefix uint64, k Key) {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.pruneLocked(now, false)
-	if _, ok := h.m[prefix]; ok || len(h.m) < maxHomes {
-		h.m[prefix] = home{k, now}
+	h.pruneLocked(now)
+	old, ok := h.m[prefix]
+	if !ok && len(h.m) >= maxHomes {
+		return
 	}
+	if ok {
+		h.dropLocked(old.k)
+	}
+	h.m[prefix] = home{k, now}
+	h.per[k]++
 }
 
 // get returns prefix's live home.
@@ -60,25 +71,34 @@ func (h *homes) get(prefix uint64) (Key, bool) {
 
 // counts returns how many live prefixes each replica is home to, not
 // counting prefix itself (a prefix being placed again is not yet anywhere).
+// An expired home may count for up to a tenth of the window (pruneLocked).
 func (h *homes) counts(prefix uint64) map[Key]int {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.pruneLocked(now, false)
-	out := make(map[Key]int, 8)
-	old := now.Add(-homesWindow)
-	for p, e := range h.m {
-		if p != prefix && e.at.After(old) {
-			out[e.k]++
+	h.pruneLocked(now)
+	out := make(map[Key]int, len(h.per))
+	for k, n := range h.per {
+		out[k] = n
+	}
+	if e, ok := h.m[prefix]; ok {
+		if out[e.k]--; out[e.k] == 0 {
+			delete(out, e.k)
 		}
 	}
 	return out
 }
 
-// pruneLocked drops entries past the window, at most every tenth of it
-// unless forced.
-func (h *homes) pruneLocked(now time.Time, force bool) {
-	if !force && now.Sub(h.lastPrune) < homesWindow/10 {
+// dropLocked takes one home off k's count.
+func (h *homes) dropLocked(k Key) {
+	if h.per[k]--; h.per[k] <= 0 {
+		delete(h.per, k)
+	}
+}
+
+// pruneLocked drops entries past the window, at most every tenth of it.
+func (h *homes) pruneLocked(now time.Time) {
+	if now.Sub(h.lastPrune) < homesWindow/10 {
 		return
 	}
 	h.lastPrune = now
@@ -86,6 +106,7 @@ func (h *homes) pruneLocked(now time.Time, force bool) {
 	for p, e := range h.m {
 		if !e.at.After(old) {
 			delete(h.m, p)
+			h.dropLocked(e.k)
 		}
 	}
 }
@@ -97,6 +118,7 @@ func (h *homes) retain(keep func(Key) bool) {
 	for p, e := range h.m {
 		if !keep(e.k) {
 			delete(h.m, p)
+			h.dropLocked(e.k)
 		}
 	}
 }
