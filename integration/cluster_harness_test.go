@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -51,7 +50,7 @@ type serverOpts struct {
 func newServer(t *testing.T, id string, o serverOpts) *controlServer {
 	t.Helper()
 	dir := t.TempDir()
-	s := &controlServer{t: t, id: id, grpc: uniqueAddr(t), raft: uniqueAddr(t), gossip: uniqueAddr(t), http: uniqueAddr(t),
+	s := &controlServer{t: t, id: id, grpc: freeAddr(t), raft: freeAddr(t), gossip: freeAddr(t), http: freeAddr(t),
 		dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, id+".log"), ctlArgs: o.ctl}
 	s.args = []string{"control", "--node-id", id, "--data-dir", s.dataDir,
 		"--grpc-addr", s.grpc, "--raft-addr", s.raft, "--gossip-addr", s.gossip, "--http-addr", s.http}
@@ -223,28 +222,6 @@ func (s *controlServer) peers() ([]peerView, error) {
 	}
 	sort.Slice(v.Peers, func(i, j int) bool { return v.Peers[i].ID < v.Peers[j].ID })
 	return v.Peers, nil
-}
-
-// handedOut remembers every address uniqueAddr gave, because freeAddr
-// closes its listener and the kernel may hand the same port out again at
-// once: one server's gRPC and Raft ports then collide.
-var handedOut = struct {
-	sync.Mutex
-	addrs map[string]bool
-}{addrs: map[string]bool{}}
-
-// uniqueAddr is freeAddr that never returns the same address twice in a run.
-func uniqueAddr(t *testing.T) string {
-	t.Helper()
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	for {
-		a := freeAddr(t)
-		if !handedOut.addrs[a] {
-			handedOut.addrs[a] = true
-			return a
-		}
-	}
 }
 
 // cluster is the servers a test started, in start order.

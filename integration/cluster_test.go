@@ -258,7 +258,7 @@ func TestClusterBadInput(t *testing.T) {
 		args []string
 		want string // in the error, case-insensitive
 	}{
-		{"join an unreachable address", []string{"join", uniqueAddr(t)}, "join"},
+		{"join an unreachable address", []string{"join", freeAddr(t)}, "join"},
 		{"remove an unknown peer", []string{"raft", "remove-peer", "nope"}, "nope"},
 		{"transfer leadership to an unknown server", []string{"raft", "transfer-leadership", "--to", "nope"}, "nope"},
 	}

@@ -740,7 +740,7 @@ func startClusterOn(t *testing.T, hosts []string, extra ...string) *cluster {
 func newServerOn(t *testing.T, id, host string) *controlServer {
 	t.Helper()
 	dir := t.TempDir()
-	s := &controlServer{t: t, id: id, grpc: hostAddr(t, host), raft: hostAddr(t, host), gossip: hostAddr(t, host), http: hostAddr(t, host),
+	s := &controlServer{t: t, id: id, grpc: freeAddrOn(t, host), raft: freeAddrOn(t, host), gossip: freeAddrOn(t, host), http: freeAddrOn(t, host),
 		dataDir: filepath.Join(dir, "data"), logPath: filepath.Join(dir, id+".log")}
 	s.args = []string{"control", "--node-id", id, "--data-dir", s.dataDir,
 		"--grpc-addr", s.grpc, "--raft-addr", s.raft, "--gossip-addr", s.gossip, "--http-addr", s.http}
@@ -752,20 +752,6 @@ func newServerOn(t *testing.T, id, host string) *controlServer {
 		}
 	})
 	return s
-}
-
-// hostAddr is uniqueAddr on another loopback address.
-func hostAddr(t *testing.T, host string) string {
-	t.Helper()
-	handedOut.Lock()
-	defer handedOut.Unlock()
-	for {
-		a := freeAddrOn(t, host)
-		if !handedOut.addrs[a] {
-			handedOut.addrs[a] = true
-			return a
-		}
-	}
 }
 
 // startAs is controlServer.start with the process in group gid (still

@@ -51,7 +51,7 @@ func startAgentProc(t *testing.T, node string, control []string, extra ...string
 	t.Helper()
 	base := 33000 + 100*int(portRanges.Add(1))
 	args := append([]string{"agent", "--node-id", node, "--control", strings.Join(control, ","),
-		"--advertise-addr", "127.0.0.1", "--http-addr", uniqueAddr(t), "--grpc-addr", uniqueAddr(t),
+		"--advertise-addr", "127.0.0.1", "--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t),
 		"--gpus", "2", "--port-range", fmt.Sprintf("%d-%d", base, base+99), "--stop-grace", "2s"}, extra...)
 	a := llmgwProcess(t, node, args...)
 	a.http = a.args[slicesIndex(a.args, "--http-addr")+1]
@@ -70,7 +70,7 @@ func startRouterProc(t *testing.T, id string, control ...string) *controlServer 
 // startRouterWith is startRouterProc with extra flags.
 func startRouterWith(t *testing.T, id string, control []string, extra ...string) *controlServer {
 	t.Helper()
-	r := llmgwProcess(t, id, append([]string{"router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", uniqueAddr(t)}, extra...)...)
+	r := llmgwProcess(t, id, append([]string{"router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", freeAddr(t)}, extra...)...)
 	r.http = r.args[slicesIndex(r.args, "--http-addr")+1]
 	r.start()
 	return r

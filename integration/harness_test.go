@@ -46,6 +46,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -105,6 +106,9 @@ func freeAddrOn(t *testing.T, host string) string {
 	start := rand.IntN(n)
 	for i := range n {
 		port := lo + (start+i)%n
+		if _, taken := handedOut.Load(net.JoinHostPort(host, strconv.Itoa(port))); taken {
+			continue
+		}
 		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
 		if err != nil {
 			continue
@@ -116,11 +120,20 @@ func freeAddrOn(t *testing.T, host string) string {
 			continue
 		}
 		u.Close()
+		if _, taken := handedOut.LoadOrStore(l.Addr().String(), true); taken {
+			continue
+		}
 		return l.Addr().String()
 	}
 	t.Fatalf("no free port on %s in %d-%d", host, lo, hi)
 	return ""
 }
+
+// handedOut holds every address freeAddr has returned in this test binary.
+// A port is free again the moment freeAddr closes its probe, so without it
+// two calls for one `llmgw dev` drew the same port about once a suite (the
+// router and the control plane both on it: "address already in use").
+var handedOut sync.Map
 
 // portPool is the range freeAddr draws from: the 8,000 ports below the
 // kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768
@@ -145,14 +158,15 @@ type devProcess struct {
 	grpc    string // control plane address
 	dataDir string
 	log     *bytes.Buffer
-	done    chan error
+	exited  chan struct{} // closed once the process has exited; then err is set
+	err     error
 }
 
 // startDev starts `llmgw dev` on free loopback ports and waits until the
 // router answers for the demo model through a ready replica.
 func startDev(t *testing.T, extra ...string) *devProcess {
 	t.Helper()
-	d := &devProcess{t: t, http: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &bytes.Buffer{}, done: make(chan error, 1)}
+	d := &devProcess{t: t, http: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &bytes.Buffer{}, exited: make(chan struct{})}
 	// Every listening address is a free one, so a dev started here never
 	// collides with another package's tests or a dev the developer runs.
 	args := append([]string{"dev", "--http-addr", d.http, "--grpc-addr", d.grpc, "--data-dir", d.dataDir,
@@ -163,7 +177,7 @@ func startDev(t *testing.T, extra ...string) *devProcess {
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.done <- d.cmd.Wait() }()
+	go func() { d.err = d.cmd.Wait(); close(d.exited) }()
 	t.Cleanup(func() {
 		d.stop()
 		if t.Failed() {
@@ -228,11 +242,11 @@ func (d *devProcess) stop() error {
 	_ = d.cmd.Process.Signal(os.Interrupt)
 	grace := within(30 * time.Second)
 	select {
-	case err := <-d.done:
-		return err
+	case <-d.exited:
+		return d.err
 	case <-time.After(grace):
 		_ = d.cmd.Process.Kill()
-		<-d.done
+		<-d.exited
 		return fmt.Errorf("llmgw dev did not stop within %v of SIGINT", grace)
 	}
 }
@@ -302,7 +316,14 @@ func (d *devProcess) modelReplicas(model string) []replicaView {
 func (d *devProcess) waitReady(model string, n int, timeout time.Duration) []replicaView {
 	d.t.Helper()
 	var last []replicaView
+	dead := false
 	ok := eventually(timeout, func() bool {
+		select {
+		case <-d.exited:
+			dead = true
+			return true // nothing more to wait for
+		default:
+		}
 		list, err := d.replicas()
 		if err != nil {
 			return false
@@ -334,6 +355,9 @@ func (d *devProcess) waitReady(model string, n int, timeout time.Duration) []rep
 		}
 		return false
 	})
+	if dead {
+		d.t.Fatalf("model %s: llmgw dev exited (%v) before %d replicas were ready", model, d.err, n)
+	}
 	if !ok {
 		d.t.Fatalf("model %s: %d ready replicas (or the router does not serve it), want %d, within %v", model, len(last), n, within(timeout))
 	}

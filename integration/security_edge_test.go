@@ -51,7 +51,7 @@ func runToExit(t *testing.T, timeout time.Duration, args ...string) (string, err
 // wildcard is an address on every interface with a port nothing else uses.
 func wildcard(t *testing.T) string {
 	t.Helper()
-	_, port, _ := net.SplitHostPort(uniqueAddr(t))
+	_, port, _ := net.SplitHostPort(freeAddr(t))
 	return "0.0.0.0:" + port
 }
 
@@ -108,13 +108,13 @@ func TestEdgeRefusesPlainTextBeyondLoopback(t *testing.T) {
 		serves func(wild string) bool
 		want   string
 	}{
-		{"agent --grpc-addr", func(w string) []string { return agentArgs(t, "n1", uniqueAddr(t), w) },
+		{"agent --grpc-addr", func(w string) []string { return agentArgs(t, "n1", freeAddr(t), w) },
 			func(w string) bool {
 				_, err := subscribeOnce(viaLoopback(w), mtls.DialOption(nil, mtls.RoleAgent))
 				return err == nil
 			},
 			"--grpc-addr (grpc_addr) %s: refusing to listen beyond loopback without TLS"},
-		{"agent --http-addr", func(w string) []string { return agentArgs(t, "n1", w, uniqueAddr(t)) },
+		{"agent --http-addr", func(w string) []string { return agentArgs(t, "n1", w, freeAddr(t)) },
 			func(w string) bool { return healthy(viaLoopback(w)) },
 			"--http-addr (http_addr) %s: refusing to listen beyond loopback without TLS"},
 		{"router --http-addr", func(w string) []string { return routerArgs(t, w) },
@@ -152,7 +152,7 @@ func TestEdgeAgentTLS(t *testing.T) {
 		cert string
 	}{{"a router's certificate", mtls.RoleRouter, "n1"}, {"another node's", mtls.RoleAgent, "n2"}} {
 		t.Run(bad.name, func(t *testing.T) {
-			out, err := runToExit(t, 20*time.Second, agentArgs(t, "n1", uniqueAddr(t), uniqueAddr(t), p.flags(bad.role, bad.cert)...)...)
+			out, err := runToExit(t, 20*time.Second, agentArgs(t, "n1", freeAddr(t), freeAddr(t), p.flags(bad.role, bad.cert)...)...)
 			want := fmt.Sprintf("is the certificate of %s/%s, but this agent is agent/n1", bad.role, bad.cert)
 			if err == nil || !strings.Contains(out, "--tls-cert") || !strings.Contains(out, want) {
 				t.Fatalf("exit %v, output:\n%s\nwant a refusal naming --tls-cert and %q", err, out, want)
@@ -161,7 +161,7 @@ func TestEdgeAgentTLS(t *testing.T) {
 	}
 
 	wild := wildcard(t)
-	a := llmgwProcess(t, "n1", agentArgs(t, "n1", uniqueAddr(t), wild, p.flags(mtls.RoleAgent, "n1")...)...)
+	a := llmgwProcess(t, "n1", agentArgs(t, "n1", freeAddr(t), wild, p.flags(mtls.RoleAgent, "n1")...)...)
 	a.start()
 	addr := viaLoopback(wild)
 	router := mtls.DialOption(p.source(mtls.RoleRouter, "r1"), mtls.RoleAgent)
@@ -567,7 +567,7 @@ func TestProcAddr(t *testing.T) {
 func TestEdgeRouterHTTPS(t *testing.T) {
 	p := newPKI(t)
 	f := p.files(mtls.RoleRouter, "api")
-	addr := uniqueAddr(t)
+	addr := freeAddr(t)
 	r := llmgwProcess(t, "router", routerArgs(t, addr, "--https-cert", f.Cert, "--https-key", f.Key)...)
 	r.start()
 	pool := x509.NewCertPool()
