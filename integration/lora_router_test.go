@@ -253,11 +253,11 @@ func evictionProblems(w *adapterWatch, decisions []evictionDecision, want int) (
 		}
 	}
 	for _, u := range w.unloads {
-		notes = append(notes, fmt.Sprintf("engine %s unloaded %s between %s and %s: busy %d", u.replica, u.adapter,
-			u.after.Format("15:04:05.000"), u.before.Format("15:04:05.000"), u.busy))
-		if u.busy > 0 {
-			problems = append(problems, fmt.Sprintf("engine %s unloaded %s with %d requests for it running or waiting",
-				u.replica, u.adapter, u.busy))
+		notes = append(notes, fmt.Sprintf("engine %s unloaded %s between %s and %s: busy %v (sampled %d)", u.replica, u.adapter,
+			u.after.Format("15:04:05.000"), u.before.Format("15:04:05.000"), u.busy, u.sampled))
+		if u.busy {
+			problems = append(problems, fmt.Sprintf("engine %s unloaded %s with requests for it running or waiting (counted by the engine)",
+				u.replica, u.adapter))
 		}
 		if !slices.ContainsFunc(decisions, func(d evictionDecision) bool {
 			return d.replica == u.replica && d.adapter == u.adapter && d.at.Before(u.before)
@@ -321,14 +321,18 @@ type adapterSample struct {
 	adapters map[string]simAdapterInfo
 }
 
-// adapterUnload is one unload an engine counted between two samples;
-// busy is the adapter's requests in the earlier sample, plus those still
-// in the later one if it shows the adapter unloaded (a running request
-// outlives the unload).
+// adapterUnload is one unload an engine counted between two samples.
+// busy says whether the engine itself counted it as made with requests
+// for the adapter running or waiting (the simulator's busy_unloads);
+// sampled is what the two samples suggest — the adapter's requests in
+// the earlier one plus those still in the later — only a note, since a
+// request may end between the earlier sample and the unload (and under
+// load the samples are far apart).
 type adapterUnload struct {
 	replica, adapter string
 	after, before    time.Time
-	busy             int
+	busy             bool
+	sampled          int
 }
 
 func startAdapterWatch(ready []replicaView) *adapterWatch {
@@ -382,12 +386,15 @@ func (w *adapterWatch) sample(ctx context.Context, id, addr string) {
 		p := prev[len(prev)-1]
 		for name, a := range cur.adapters {
 			was := p.adapters[name]
+			busyUnloads := a.BusyUnloads - was.BusyUnloads
 			for range a.Unloads - was.Unloads {
-				busy := was.Running + was.Waiting
+				sampled := was.Running + was.Waiting
 				if a.State == "unloaded" {
-					busy += a.Running + a.Waiting
+					sampled += a.Running + a.Waiting
 				}
-				w.unloads = append(w.unloads, adapterUnload{replica: id, adapter: name, after: p.at, before: cur.at, busy: busy})
+				w.unloads = append(w.unloads, adapterUnload{replica: id, adapter: name, after: p.at, before: cur.at,
+					busy: busyUnloads > 0, sampled: sampled})
+				busyUnloads--
 			}
 		}
 	}
@@ -428,12 +435,13 @@ func (w *adapterWatch) busyAround(replica, adapter string, at time.Time) (busy i
 }
 
 type simAdapterInfo struct {
-	Name    string `json:"name"`
-	State   string `json:"state"`
-	Loads   int    `json:"loads"`
-	Unloads int    `json:"unloads"`
-	Running int    `json:"running"`
-	Waiting int    `json:"waiting"`
+	Name        string `json:"name"`
+	State       string `json:"state"`
+	Loads       int    `json:"loads"`
+	Unloads     int    `json:"unloads"`
+	BusyUnloads int    `json:"busy_unloads"`
+	Running     int    `json:"running"`
+	Waiting     int    `json:"waiting"`
 }
 
 type simAdaptersReport struct {

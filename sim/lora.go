@@ -116,6 +116,10 @@ type loraStats struct {
 	path             string
 	loads, unloads   int
 	running, waiting int
+	// busyUnloads counts unloads made while requests for the adapter ran
+	// or waited in this engine: exact, where a test sampling the engine
+	// from outside could only bracket an unload between two readings.
+	busyUnloads int
 }
 
 type loraInfoKey struct{ running, waiting string }
@@ -348,7 +352,11 @@ func (s *Server) handleUnloadLoRA(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	delete(l.adapters, req.LoRAName)
-	l.statsLocked(req.LoRAName, "").unloads++
+	st := l.statsLocked(req.LoRAName, "")
+	st.unloads++
+	if st.running+st.waiting > 0 {
+		st.busyUnloads++
+	}
 	l.mu.Unlock()
 	s.log.Info("lora adapter unloaded", "adapter", req.LoRAName)
 	w.WriteHeader(http.StatusOK)
@@ -391,8 +399,11 @@ type AdapterInfo struct {
 	ID      int    `json:"lora_id,omitempty"`
 	Loads   int    `json:"loads"`
 	Unloads int    `json:"unloads"`
-	Running int    `json:"running"`
-	Waiting int    `json:"waiting"`
+	// BusyUnloads counts the unloads made while requests for it ran or
+	// waited here.
+	BusyUnloads int `json:"busy_unloads"`
+	Running     int `json:"running"`
+	Waiting     int `json:"waiting"`
 }
 
 // AdaptersReport is the body of GET /sim/adapters.
@@ -411,7 +422,7 @@ func (l *loraSet) report() AdaptersReport {
 	rep := AdaptersReport{MaxLoRAs: l.max, Held: len(l.adapters), MaxHeld: l.highMark, Adapters: []AdapterInfo{}}
 	for name, st := range l.stats {
 		ai := AdapterInfo{Name: name, Path: st.path, State: "unloaded", Loads: st.loads, Unloads: st.unloads,
-			Running: st.running, Waiting: st.waiting}
+			BusyUnloads: st.busyUnloads, Running: st.running, Waiting: st.waiting}
 		if a := l.adapters[name]; a != nil {
 			ai.State, ai.ID, ai.Path = "loaded", a.id, a.path
 			if a.loading {

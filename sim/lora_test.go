@@ -128,7 +128,7 @@ func TestLoRARuntimeAPI(t *testing.T) {
 		state          string
 		loads, unloads int
 	}{"sql": {"unloaded", 2, 1}, "legal": {"loaded", 1, 0}, "chem": {"loaded", 1, 0}} {
-		if a := got[name]; a.State != want.state || a.Loads != want.loads || a.Unloads != want.unloads {
+		if a := got[name]; a.State != want.state || a.Loads != want.loads || a.Unloads != want.unloads || a.BusyUnloads != 0 {
 			t.Errorf("%s: %+v, want %+v", name, a, want)
 		}
 	}
@@ -379,6 +379,15 @@ func TestLoRARequestsInfo(t *testing.T) {
 	want := `vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters="legal"} 1.7e+09`
 	if !slices.Contains(got, want) || len(got) != 2 {
 		t.Errorf("busy: %q, want %q among two series", got, want)
+	}
+	// An unload while a request for the adapter runs is counted as busy.
+	if resp, b := post(t, ts.URL+"/v1/unload_lora_adapter", `{"lora_name":"sql"}`); resp.StatusCode != 200 {
+		t.Fatalf("unload sql: %d %s", resp.StatusCode, b)
+	}
+	for _, a := range s.lora.report().Adapters {
+		if want := map[string]int{"sql": 1, "legal": 0}[a.Name]; a.BusyUnloads != want {
+			t.Errorf("%s: busy unloads %d, want %d", a.Name, a.BusyUnloads, want)
+		}
 	}
 	close(gate.step) // let every sleep through
 	<-done
