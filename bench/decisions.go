@@ -14,7 +14,7 @@ import (
 )
 
 // Decisions are a router's own account of how it placed a run's requests:
-// per kind ("session" for tier 0, "prefix" for tier 1), how many decisions
+// per kind ("session" for tier 0, "prefix" for tier 1, "kv" for tier 2), how many decisions
 // of each outcome (hit, new, load_override, ...). The bench reads them from
 // each target's /metrics before and after a run and reports the difference,
 // so a poor hit share comes with its reason — sessions moved by the load
@@ -26,6 +26,7 @@ type Decisions map[string]map[string]float64
 var decisionMetrics = map[string]string{
 	"llmgw_router_session_decisions_total": "session",
 	"llmgw_prefix_decisions_total":         "prefix",
+	"llmgw_kv_decisions_total":             "kv",
 }
 
 // maxMetricsBytes bounds how much of a /metrics page is read: a router's is

@@ -176,33 +176,37 @@ func (f kvAffinity) home(key uint64, in, out []Candidate) []Candidate {
 	return append(out, in...)
 }
 
-// place keeps, for a prefix no cool replica holds, the cool replicas home
-// to the fewest live prefixes (homes), so new prefixes spread over the
-// caches instead of piling where rendezvous hashing happens to put them;
-// the scorers then choose among those (the Prefix scorer's rendezvous
-// choice first). With no record, all stay.
+// place chooses, for a prefix no cool replica holds, the cool replica home
+// to the fewest live prefixes (homes) — rendezvous hashing of the prefix
+// breaking ties — and records it as the prefix's home at once, so the
+// requests of a burst that follow it (before the engine's events tell the
+// index where the prefix went) land there too, and the next new prefix
+// goes elsewhere: with a few prefixes, rendezvous alone piles three on one
+// replica and none on another. With no cool replica, all stay.
 func (f kvAffinity) place(key uint64, hot []bool, in, out []Candidate) []Candidate {
-	if f.homes == nil {
+	if f.homes == nil || key == 0 {
 		return append(out, in...)
+	}
+	if k, ok := f.homes.get(key); ok {
+		if i := indexOf(in, k); i >= 0 && (hot == nil || !hot[i]) {
+			f.homes.set(key, k)
+			return append(out, in[i])
+		}
 	}
 	counts := f.homes.counts(key)
-	if len(counts) == 0 {
-		return append(out, in...)
-	}
-	lo := -1
+	j := -1
 	for i := range in {
-		if n := counts[in[i].Key]; (hot == nil || !hot[i]) && (lo < 0 || n < lo) {
-			lo = n
+		if hot != nil && hot[i] {
+			continue
+		}
+		if j < 0 || counts[in[i].Key] < counts[in[j].Key] ||
+			(counts[in[i].Key] == counts[in[j].Key] && rank(key, &in[i]) > rank(key, &in[j])) {
+			j = i
 		}
 	}
-	n := len(out)
-	for i := range in {
-		if (hot == nil || !hot[i]) && counts[in[i].Key] == lo {
-			out = append(out, in[i])
-		}
-	}
-	if len(out) == n {
+	if j < 0 {
 		return append(out, in...)
 	}
-	return out
+	f.homes.set(key, in[j].Key)
+	return append(out, in[j])
 }

@@ -1,6 +1,8 @@
 package scheduler
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -8,8 +10,6 @@ import (
 )
 
 func TestKVAffinity(t *testing.T) {
-	s, _, _ := newSched(t, 1)
-	f := s.KVAffinity()
 	four := func() []Candidate {
 		return []Candidate{c("a", 0, 1, 1), c("b", 0, 1, 1), c("c", 0, 1, 1), c("d", 0, 1, 1)}
 	}
@@ -44,7 +44,8 @@ func TestKVAffinity(t *testing.T) {
 	}{
 		{"no tier-2 answer: all", nil, four(), func([]Candidate) string { return "a,b,c,d" }},
 		{"a fallback: all", &KVQuery{Fallback: KVTokenizeTimeout}, four(), func([]Candidate) string { return "a,b,c,d" }},
-		{"a new prefix: all", q(map[string]int{"a": 1}), four(), func([]Candidate) string { return "a,b,c,d" }},
+		{"a new prefix: the rendezvous choice, no homes yet", q(map[string]int{"a": 1}), four(),
+			func(cs []Candidate) string { return first(cs, "a", "b", "c", "d") }},
 		{"one holder: it alone", q(map[string]int{"c": 60}), four(), func([]Candidate) string { return "c" }},
 		{"the longest match wins over a copy that lost blocks", q(map[string]int{"b": 60, "d": 59}), four(),
 			func([]Candidate) string { return "b" }},
@@ -52,8 +53,8 @@ func TestKVAffinity(t *testing.T) {
 			func(cs []Candidate) string { return first(cs, "a", "b", "c") }},
 		{"a hot holder is passed over for the other", q(map[string]int{"a": 60, "b": 30}), busy(four(), "a", 20),
 			func([]Candidate) string { return "b" }},
-		{"the only holder hot: all, load decides", q(map[string]int{"a": 60}), busy(four(), "a", 20),
-			func([]Candidate) string { return "a,b,c,d" }},
+		{"the only holder hot: placed as new among the others", q(map[string]int{"a": 60}), busy(four(), "a", 20),
+			func(cs []Candidate) string { return first(cs, "b", "c", "d") }},
 		{"busy but not past the KV guard: still the holder", q(map[string]int{"a": 60}), busy(four(), "a", 6),
 			func([]Candidate) string { return "a" }},
 		{"an untrusted candidate: all", &KVQuery{Total: 60, MinBlocks: 2, Matched: map[string]int{"a": 60}, Untrusted: map[string]bool{"d": true}},
@@ -61,8 +62,9 @@ func TestKVAffinity(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := newSched(t, 1) // no homes from another case
 			r := &Request{KV: tt.kv, Prefix: []uint64{key}}
-			if got, want := ids(f.Filter(r, tt.in, nil)), tt.want(tt.in); got != want {
+			if got, want := ids(s.KVAffinity().Filter(r, tt.in, nil)), tt.want(tt.in); got != want {
 				t.Fatalf("kept %q, want %q", got, want)
 			}
 		})
@@ -105,8 +107,8 @@ func TestKVAffinityOverride(t *testing.T) {
 		o       *llmgwv1.ProfileOverrides
 		want    bool
 	}{
-		{"chat", nil, false},
-		{"long-context", nil, false},
+		{"chat", nil, true},
+		{"long-context", nil, true},
 		{"chat", &llmgwv1.ProfileOverrides{KvAffinity: &on}, true},
 		{"long-context", &llmgwv1.ProfileOverrides{KvAffinity: &on}, true},
 		{"chat", &llmgwv1.ProfileOverrides{KvAffinity: &off}, false},
@@ -129,14 +131,30 @@ func TestKVAffinityOverride(t *testing.T) {
 	}
 }
 
-// TestKVAffinityPlacesNewPrefixes: a prefix no replica holds goes among
-// the replicas home to the fewest live prefixes, its own old home not
-// counted, and homes expire after the window.
+// TestKVAffinityPlacesNewPrefixes: a prefix no replica holds goes to the
+// replica home to the fewest live prefixes (rendezvous breaking ties) and
+// is recorded there at once, so the rest of its burst follows it before
+// the index knows; a hot home is left for the next; homes expire after
+// the window and go with their replica.
 func TestKVAffinityPlacesNewPrefixes(t *testing.T) {
 	s, _, clk := newSched(t, 1)
 	f := s.KVAffinity()
-	cands := func() []Candidate {
-		return []Candidate{c("a", 0, 1, 1), c("b", 0, 1, 1), c("c", 0, 1, 1)}
+	cands := func(hot ...string) []Candidate {
+		cs := []Candidate{c("a", 0, 1, 1), c("b", 0, 1, 1), c("c", 0, 1, 1)}
+		for i := range cs {
+			for _, h := range hot {
+				if cs[i].Key.ID == h {
+					cs[i].Inflight = 20
+				}
+			}
+		}
+		return cs
+	}
+	// rv is rendezvous hashing's choice for prefix among ids.
+	rv := func(prefix uint64, ids ...string) string {
+		cs := cands()
+		i := Rendezvous(prefix, cs, func(c *Candidate) bool { return slices.Contains(ids, c.Key.ID) })
+		return cs[i].Key.ID
 	}
 	hit := func(prefix uint64, on string) {
 		t.Helper()
@@ -145,34 +163,38 @@ func TestKVAffinityPlacesNewPrefixes(t *testing.T) {
 			t.Fatalf("hit of %d kept %q, want %q", prefix, got, on)
 		}
 	}
-	miss := func(prefix uint64) string {
+	miss := func(prefix uint64, hot ...string) string {
 		r := &Request{KV: &KVQuery{Total: 10, MinBlocks: 2, Matched: map[string]int{}}, Prefix: []uint64{prefix}}
-		return ids(f.Filter(r, cands(), nil))
+		return ids(f.Filter(r, cands(hot...), nil))
 	}
-	if got := miss(9); got != "a,b,c" {
-		t.Fatalf("no homes yet: kept %q", got)
+	home := rv(9, "a", "b", "c")
+	if got := miss(9); got != home {
+		t.Fatalf("no homes yet: kept %q, want the rendezvous choice %q", got, home)
 	}
-	hit(1, "a")
-	hit(2, "a")
-	hit(3, "b")
-	if got := miss(9); got != "c" {
-		t.Fatalf("homes a:2 b:1 c:0: a new prefix kept %q, want c", got)
+	others := slices.DeleteFunc([]string{"a", "b", "c"}, func(id string) bool { return id == home })
+	hit(1, home)
+	hit(2, home)
+	if got := miss(9); got != home {
+		t.Fatalf("prefix 9 again before the index knows it: kept %q, want its home %q", got, home)
 	}
-	hit(4, "c")
-	if got := miss(9); got != "b,c" {
-		t.Fatalf("homes a:2 b:1 c:1: kept %q, want b,c", got)
+	second := rv(10, others...)
+	if got := miss(10); got != second {
+		t.Fatalf("homes %s:3: a new prefix kept %q, want %q (the rendezvous choice of the others)", home, got, second)
 	}
-	// Prefix 1 evicted from a and asked again: its own home does not count.
-	if got := miss(1); got != "a,b,c" {
-		t.Fatalf("re-placing prefix 1 (a:1 b:1 c:1 without it): kept %q", got)
+	third := slices.DeleteFunc(others, func(id string) bool { return id == second })[0]
+	if got := miss(11); got != third {
+		t.Fatalf("homes %s:3 %s:1: kept %q, want %q", home, second, got, third)
+	}
+	if got := miss(9, home); got == home || got == "" || strings.Contains(got, ",") {
+		t.Fatalf("prefix 9 with its home hot: kept %q, want one other replica", got)
 	}
 	clk.Advance(homesWindow + time.Second)
-	hit(5, "a")
-	if got := miss(9); got != "b,c" {
-		t.Fatalf("after the window only prefix 5 on a counts: kept %q, want b,c", got)
+	if got, want := miss(20), rv(20, "a", "b", "c"); got != want {
+		t.Fatalf("after the window no home counts: kept %q, want %q", got, want)
 	}
-	s.Retain(func(k Key) bool { return k.ID != "a" })
-	if got := miss(9); got != "a,b,c" {
-		t.Fatalf("a retained away: kept %q", got)
+	gone := rv(20, "a", "b", "c")
+	s.Retain(func(k Key) bool { return k.ID != gone })
+	if k, ok := s.homes.get(20); ok {
+		t.Fatalf("prefix 20's home %s retained away, still recorded as %v", gone, k)
 	}
 }

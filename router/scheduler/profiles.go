@@ -59,9 +59,11 @@ type Params struct {
 	// prompt in time to first token on an engine that prefills in order.
 	KVQueueWeight float64
 	// KVAffinity sends a tier-2 hit to its prefix's primary holder only
-	// (the KVAffinity filter), in the profiles that score prefixes. Off by
-	// default: it raised fits' hit share but cost pressure's TTFT p90
-	// (docs/benchmarks.md "KV affinity").
+	// (the KVAffinity filter), in the profiles that score prefixes. On by
+	// default since the headroom filter comes after it: it took the hit
+	// share to 0.95 of the ceiling and TTFT p90 to a quarter of tier 1's
+	// in all three of issue 14's scenarios (docs/benchmarks.md "KV
+	// affinity after the headroom filter").
 	KVAffinity bool
 }
 
@@ -69,7 +71,7 @@ type Params struct {
 // move them.
 func DefaultParams() Params {
 	return Params{TargetWaiting: 4, TargetInflight: 8, KVCeiling: 0.9, SessionLoadFactor: 1.25,
-		KVScore: DefaultKVScore, Speculation: true, KVQueueWeight: 1}
+		KVScore: DefaultKVScore, Speculation: true, KVQueueWeight: 1, KVAffinity: true}
 }
 
 // ValidateOverrides checks a model's profile name and overrides, naming the
@@ -238,13 +240,22 @@ func (s *Scheduler) filters(p Params) []Filter {
 }
 
 // prefixFilters are filters plus, when p asks for it, tier 2's KV
-// affinity: the profiles that score prefixes use them.
+// affinity: the profiles that score prefixes use them. With affinity the
+// pool's headroom filter comes after it, not before: a primary with a few
+// requests waiting, or its KV blocks mostly in use (a cache that holds two
+// 1,300-token prompts and their requests is past 0.9 by design), is still
+// where the request costs least — elsewhere it pays the whole prefill and
+// copies the prefix into a cache it evicts another from. Dropping such
+// primaries first sent a third of fits' requests past their prefix's home
+// (docs/benchmarks.md "KV affinity after the headroom filter"); the KV
+// guard is the backstop against a primary that is really overloaded, and
+// the headroom filter still chooses whenever affinity keeps several.
 func (s *Scheduler) prefixFilters(p Params) []Filter {
-	f := s.filters(p)
-	if p.KVAffinity {
-		f = append(f, s.KVAffinity())
+	if !p.KVAffinity {
+		return s.filters(p)
 	}
-	return f
+	return []Filter{BreakerOpen(), AdapterAffinity(p.TargetWaiting, p.KVCeiling), s.KVAffinity(),
+		PoolPriority(p.TargetWaiting, p.KVCeiling)}
 }
 
 // Chat is for multi-turn conversations and agents: session affinity
