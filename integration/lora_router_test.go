@@ -483,7 +483,7 @@ func adapterLoads(t *testing.T, ready []replicaView, name string) int {
 func TestEvictionCheck(t *testing.T) {
 	reports := []string{
 		`{"adapters":[{"name":"a","state":"loaded","running":1},{"name":"c","state":"loaded"},{"name":"e","state":"loaded","waiting":1}]}`,
-		`{"adapters":[{"name":"a","state":"unloaded","unloads":1,"running":1},{"name":"c","state":"unloaded","unloads":1},{"name":"e","state":"unloaded","unloads":1}]}`,
+		`{"adapters":[{"name":"a","state":"unloaded","unloads":1,"busy_unloads":1,"running":1},{"name":"c","state":"unloaded","unloads":1},{"name":"e","state":"unloaded","unloads":1,"busy_unloads":1}]}`,
 	}
 	var mu sync.Mutex
 	served := 0
@@ -524,17 +524,17 @@ func TestEvictionCheck(t *testing.T) {
 	}{
 		{name: "busy unloads, decisions before any sample", decisions: decisions, want: 1, problems: []string{
 			"eviction of a from lora-0", "eviction of c from lora-0",
-			"engine lora-0 unloaded a with 2 requests", "engine lora-0 unloaded e with 1 requests",
+			"engine lora-0 unloaded a with requests", "engine lora-0 unloaded e with requests",
 			"engine lora-0 unloaded e with no eviction"}},
 		{name: "busy at the decision", want: 1, decisions: []evictionDecision{
 			{at: first.Add(time.Millisecond), adapter: "a", replica: "lora-0"},
 			{at: first.Add(time.Millisecond), adapter: "c", replica: "lora-0"},
 			{at: first.Add(time.Millisecond), adapter: "e", replica: "lora-0"}},
-			problems: []string{"the plane evicted a from lora-0 while 1", "engine lora-0 unloaded a with 2",
-				"the plane evicted e from lora-0 while 1", "engine lora-0 unloaded e with 1"}},
+			problems: []string{"the plane evicted a from lora-0 while 1", "engine lora-0 unloaded a with requests",
+				"the plane evicted e from lora-0 while 1", "engine lora-0 unloaded e with requests"}},
 		{name: "too few", want: 4, decisions: nil, problems: []string{
-			"engine lora-0 unloaded a with 2", "engine lora-0 unloaded a with no eviction",
-			"engine lora-0 unloaded c with no eviction", "engine lora-0 unloaded e with 1",
+			"engine lora-0 unloaded a with requests", "engine lora-0 unloaded a with no eviction",
+			"engine lora-0 unloaded c with no eviction", "engine lora-0 unloaded e with requests",
 			"engine lora-0 unloaded e with no eviction", "0 eviction decisions and 3 unloads, want at least 4"}},
 	} {
 		_, problems := evictionProblems(w, tc.decisions, tc.want)
