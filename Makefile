@@ -111,7 +111,7 @@ bench-security: build ## the security figures of docs/benchmarks.md: TLS and API
 	$(GO) test -run XXX -bench BenchmarkConnect -benchmem -count 5 ./internal/mtls
 
 .PHONY: bench-kv-wave2
-bench-kv-wave2: build ## issue 14's must-show tables: fits, disrupted, pressure; two routers, SEEDS=10 per configuration (CONFIGS, default all five: rr tier1 tier2 tier2-spec tier2-cost; ~35 min; loopback ports 33480-33481, 33700-33705, 33100-33399; needs curl, jq)
+bench-kv-wave2: build ## issue 14's must-show tables: fits, disrupted, pressure; two routers, SEEDS=10 per configuration (CONFIGS, default all six: rr tier1 tier2 tier2-spec tier2-cost tier2-noaff; ~35 min; loopback ports 33480-33481, 33700-33705, 33100-33399; needs curl, jq)
 	./scripts/bench-kv-wave2.sh $(BIN) bench-out/kv-wave2
 
 # --- Rolling upgrade (issue: Operations) ---
