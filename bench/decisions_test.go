@@ -15,6 +15,8 @@ func TestParseDecisions(t *testing.T) {
 		err  string // substring; empty for none
 	}{
 		{"empty", "", Decisions{}, ""},
+		{"tier 2's decisions", "llmgw_kv_decisions_total{decision=\"hit\"} 200\nllmgw_kv_decisions_total{decision=\"tokenize_timeout\"} 9",
+			Decisions{"kv": {"hit": 200, "tokenize_timeout": 9}}, ""},
 		{"both kinds, others skipped", `# HELP llmgw_prefix_decisions_total Tier 1.
 # TYPE llmgw_prefix_decisions_total counter
 llmgw_prefix_decisions_total{decision="hit"} 1902

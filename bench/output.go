@@ -72,6 +72,7 @@ func (res Result) Table() (header []string, rows [][]string) {
 	if slices.ContainsFunc(res.Runs, func(r Report) bool { return r.Decisions != nil }) {
 		row("session decisions", func(r Report) string { return r.Decisions.cell("session") })
 		row("prefix decisions", func(r Report) string { return r.Decisions.cell("prefix") })
+		row("kv decisions", func(r Report) string { return r.Decisions.cell("kv") })
 	}
 	return header, rows
 }
