@@ -61,9 +61,9 @@ type Params struct {
 	// KVAffinity sends a tier-2 hit to its prefix's primary holder only
 	// (the KVAffinity filter), in the profiles that score prefixes. On by
 	// default since the headroom filter comes after it: it took the hit
-	// share to 0.95 of the ceiling and TTFT p90 to a quarter of tier 1's
-	// in all three of issue 14's scenarios (docs/benchmarks.md "KV
-	// affinity after the headroom filter").
+	// share from 0.62–0.78 to 0.89–0.95 of the ceiling and TTFT p90 to a
+	// quarter to a half of tier 1's in issue 14's three scenarios
+	// (docs/benchmarks.md "KV affinity after the headroom filter").
 	KVAffinity bool
 }
 
