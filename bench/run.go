@@ -296,7 +296,6 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 	r := &runner{cfg: cfg, wl: wl, targets: targets, arrivals: NewArrivals(src, max(cfg.Rate, 1e-9))}
 	before, scrapeErr := scrapeAllBounded(ctx, cfg.Client, targets)
 	samples := r.run(ctx)
-	traceSamples(samples)
 	rep := Summarize(label, strings.Join(urls, ","), wl.Name(), samples)
 	rep.Seed, rep.CachesReset, rep.Settings = cfg.Workload.Seed, reset, cfg.settings()
 	if scrapeErr == nil && ctx.Err() == nil {
