@@ -29,6 +29,9 @@
 #   PPROF=1   also serve the measured router's profiles on 127.0.0.1:36111
 #   BASE_BIN=DIR  also measure the router of another build (its llmgw), as
 #             "base", in the same rounds: before and after in one run
+#   BASE_ENV="K=V ..."  the base router's extra environment (BASE_BIN
+#             defaults to BIN_DIR when only this is set): the same build
+#             under other runtime settings, e.g. BASE_ENV=GOMAXPROCS=1
 #   RATE_DELAY_MS=1  the paced phase's wait per connection (0: no paced phase)
 #   ROUTER_FLAGS="..."  extra flags for the measured router(s)
 #   OUT=bench-out/proxy   wrk outputs and logs
@@ -44,6 +47,8 @@ pairs=${PAIRS:-3}
 duration=${DURATION:-10s}
 rate_delay=${RATE_DELAY_MS:-1}
 base_bin=${BASE_BIN:+$(cd "$BASE_BIN" && pwd)}
+read -r -a base_env <<<"${BASE_ENV:-}"
+if [ -z "$base_bin" ] && [ ${#base_env[@]} -gt 0 ]; then base_bin=$bin; fi
 read -r -a router_flags <<<"${ROUTER_FLAGS:-}"
 out=${OUT:-bench-out/proxy}
 mkdir -p "$out"
@@ -110,7 +115,7 @@ pprof=()
 pids+=($!)
 targets=("$nginx_proxy" "$go_proxy" "$router")
 if [ -n "$base_bin" ]; then
-	"$base_bin/llmgw" router --control "$grpc" --http-addr "$base_router" --data-dir "$out/base-router" --log-level warn \
+	env "${base_env[@]}" "$base_bin/llmgw" router --control "$grpc" --http-addr "$base_router" --data-dir "$out/base-router" --log-level warn \
 		"${router_flags[@]}" >"$out/base-router.log" 2>&1 &
 	pids+=($!)
 	targets+=("$base_router")
