@@ -198,3 +198,36 @@ func TestKVAffinityPlacesNewPrefixes(t *testing.T) {
 		t.Fatalf("prefix 20's home %s retained away, still recorded as %v", gone, k)
 	}
 }
+
+// TestKVAffinityBeforeHeadroom: in the default chat profile a tier-2 hit
+// goes to its primary even when the headroom filter would have dropped it
+// (4 waiting, its KV blocks 95 % in use) but the KV guard does not call it
+// hot; with affinity off the headroom filter keeps it out, as before.
+func TestKVAffinityBeforeHeadroom(t *testing.T) {
+	off := false
+	for _, tt := range []struct {
+		name string
+		o    *llmgwv1.ProfileOverrides
+		want func(cands []Candidate, i int) bool
+	}{
+		{"default: the primary", nil, func(cands []Candidate, i int) bool { return cands[i].Key.ID == "a" }},
+		{"affinity off: one with headroom", &llmgwv1.ProfileOverrides{KvAffinity: &off},
+			func(cands []Candidate, i int) bool { return cands[i].Key.ID != "a" }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := newSched(t, 1)
+			p, err := s.Build("chat", tt.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for n := range 20 {
+				cands := []Candidate{c("a", 4, 2, 2), c("b", 0, 1, 1), c("c", 0, 1, 1), c("d", 0, 1, 1)}
+				cands[0].KVUsage = 0.95
+				r := &Request{KV: &KVQuery{Total: 40, MinBlocks: 2, Matched: map[string]int{"a": 40}}, Prefix: []uint64{uint64(n + 1)}}
+				if i := s.Pick(p, r, cands); i < 0 || !tt.want(cands, i) {
+					t.Fatalf("request %d: picked %d of %s", n, i, ids(cands))
+				}
+			}
+		})
+	}
+}
