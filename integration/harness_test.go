@@ -105,25 +105,25 @@ func freeAddrOn(t *testing.T, host string) string {
 	n := hi - lo
 	start := rand.IntN(n)
 	for i := range n {
-		port := lo + (start+i)%n
-		if _, taken := handedOut.Load(net.JoinHostPort(host, strconv.Itoa(port))); taken {
+		addr := net.JoinHostPort(host, strconv.Itoa(lo+(start+i)%n))
+		if _, taken := handedOut.Load(addr); taken {
 			continue
 		}
-		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			continue
 		}
 		// Gossip binds UDP on the same port.
-		u, err := net.ListenPacket("udp", l.Addr().String())
+		u, err := net.ListenPacket("udp", addr)
 		l.Close()
 		if err != nil {
 			continue
 		}
 		u.Close()
-		if _, taken := handedOut.LoadOrStore(l.Addr().String(), true); taken {
+		if _, taken := handedOut.LoadOrStore(addr, true); taken {
 			continue
 		}
-		return l.Addr().String()
+		return addr
 	}
 	t.Fatalf("no free port on %s in %d-%d", host, lo, hi)
 	return ""
