@@ -114,6 +114,10 @@ type Listener struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 	once   sync.Once
+	// connected is signalled (never blocking) when a publisher completes
+	// its handshake with the SUB socket; process then polls the replay
+	// socket (pollAfterConnect).
+	connected chan struct{}
 }
 
 // Listen binds the engine's SUB socket and starts receiving. It must be
@@ -132,9 +136,17 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 		cfg: cfg, log: logger.With("replica", cfg.ReplicaID), hub: h,
 		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed),
 		msgs:   make(chan zmq4.Msg, cfg.QueueSize), queued: newByteBudget(cfg.QueueBytes), cancel: cancel,
+		connected: make(chan struct{}, 1),
 	}
 	l.zlog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
-	ctx = zmtp.WithPolicy(ctx, l.policy(zmq4.Pub, zmq4.XPub))
+	subPolicy := l.policy(zmq4.Pub, zmq4.XPub)
+	subPolicy.Handshaken = func(net.Addr) {
+		select {
+		case l.connected <- struct{}{}:
+		default:
+		}
+	}
+	ctx = zmtp.WithPolicy(ctx, subPolicy)
 	l.sub = zmq4.NewSub(ctx, l.socketOptions()...)
 	if err := l.sub.SetOption(zmq4.OptionSubscribe, cfg.Topic); err != nil {
 		cancel()
@@ -296,14 +308,32 @@ func (l *Listener) receive(ctx context.Context) {
 	}
 }
 
+// pollAfterConnect is when, after a publisher's handshake, the listener
+// asks the replay socket for what it may have missed.
+//
+// A PUB socket drops what it publishes while it has no subscriber: while
+// the agent restarts, or between an engine's reconnect and its receipt of
+// the SUB's subscription. A later live batch shows such a loss as a gap,
+// but an engine that goes quiet right after publishes none, and its last
+// batches would be missing from the mirror for as long as it stays quiet
+// (seen: an agent restarted under load caught up by replay, then missed
+// the batches of requests served before the engine's PUB reconnected, and
+// the routers' indexes stayed wrong). A replay from the seq wanted next,
+// once the connection is up and again later (the subscription reaches the
+// publisher some time after the handshake, later on a loaded machine),
+// closes that window; it returns nothing when nothing was missed.
+var pollAfterConnect = [...]time.Duration{100 * time.Millisecond, time.Second, 5 * time.Second}
+
 func (l *Listener) process(ctx context.Context) {
 	defer l.wg.Done()
 	if l.cfg.CatchUp {
-		l.mirror.mu.Lock()
-		gen := l.mirror.gen
-		l.mirror.mu.Unlock()
-		l.repair(ctx, gen, 0, false)
+		l.repair(ctx, l.gen(), 0, false, replayCatchUp)
 	}
+	// poll counts the polls made since the last handshake.
+	poll := len(pollAfterConnect)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -311,8 +341,26 @@ func (l *Listener) process(ctx context.Context) {
 		case msg := <-l.msgs:
 			l.queued.release(msgBytes(msg))
 			l.handle(ctx, msg)
+		case <-l.connected:
+			if l.cfg.ReplayEndpoint == "" {
+				continue // nothing to poll: a loss shows as a gap, untrusted
+			}
+			poll = 0
+			timer.Reset(pollAfterConnect[0])
+		case <-timer.C:
+			l.repair(ctx, l.gen(), 0, false, replayPoll)
+			if poll++; poll < len(pollAfterConnect) {
+				timer.Reset(pollAfterConnect[poll] - pollAfterConnect[poll-1])
+			}
 		}
 	}
+}
+
+// gen is the mirror's engine generation, for a replay to check against.
+func (l *Listener) gen() uint64 {
+	l.mirror.mu.Lock()
+	defer l.mirror.mu.Unlock()
+	return l.mirror.gen
 }
 
 // handle applies one live message, or repairs the gap before it.
@@ -351,7 +399,7 @@ func (l *Listener) handle(ctx context.Context, msg zmq4.Msg) {
 	gen := m.gen
 	m.mu.Unlock()
 	met.gaps.Inc()
-	l.repair(ctx, gen, seq, true)
+	l.repair(ctx, gen, seq, true, replayGap)
 }
 
 // applyLocked applies the batch with seq and advances the expected seq. A
@@ -415,12 +463,21 @@ func (l *Listener) untrustLocked(why string, args ...any) {
 // history — the buffer never dropped one — so a first batch past 0 means
 // the engine numbers from there (a vLLM-compatible engine counting from
 // 1), not that batches were lost. The history is complete.
-func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
+//
+// A poll (replayPoll) asks the same of an engine that showed no gap, in
+// case batches went to no one (pollAfterConnect): one the engine cannot
+// answer leaves the replica trusted — the next live batch shows any gap —
+// and is counted apart, as is one that finds nothing missing.
+func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool, why replayReason) {
 	met := l.hub.metrics
 	m := l.mirror
 	m.mu.Lock()
 	want := m.seq.next
+	untrusted := m.untrusted
 	m.mu.Unlock()
+	if why == replayPoll && untrusted {
+		return // only a clear or a restart makes it known again
+	}
 
 	var replies []vllm.ReplayReply
 	var err error
@@ -438,12 +495,18 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
 		// The engine restarted meanwhile: its successor starts afresh.
 		return
 	}
+	if err != nil && why == replayPoll {
+		met.replays.WithLabelValues("poll_failed").Inc()
+		l.log.Debug("kv events: replay poll failed", "from_seq", want, "err", err)
+		return
+	}
 	if err != nil {
 		met.replays.WithLabelValues("failed").Inc()
 		l.untrustLocked("replay failed", "from_seq", want, "err", err)
 		return
 	}
 	complete := false
+	applied := 0
 	for _, r := range replies {
 		if r.Seq < m.seq.next && m.seq.started {
 			continue
@@ -459,6 +522,7 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
 			return
 		}
 		l.applyLocked(r.Seq, r.Payload)
+		applied++
 		if m.untrusted {
 			met.replays.WithLabelValues("unrepairable").Inc()
 			return
@@ -473,9 +537,28 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool) {
 		met.replays.WithLabelValues("complete").Inc()
 		return
 	}
+	if why == replayPoll {
+		if applied == 0 {
+			met.replays.WithLabelValues("current").Inc()
+			return
+		}
+		l.log.Info("kv events: batches no one received, caught up by replay", "from_seq", want, "batches", applied)
+	}
 	met.replays.WithLabelValues("repaired").Inc()
 	l.log.Debug("kv events: gap repaired by replay", "from_seq", want, "batches", len(replies))
 }
+
+// replayReason is why a replay is asked for.
+type replayReason int
+
+const (
+	// replayGap: a live batch's seq showed batches missing before it.
+	replayGap replayReason = iota
+	// replayCatchUp: a re-adopted engine's history, from seq 0.
+	replayCatchUp
+	// replayPoll: after a publisher's handshake (pollAfterConnect).
+	replayPoll
+)
 
 var errReplayTimeout = errors.New("no reply in time")
 

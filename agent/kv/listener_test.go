@@ -204,6 +204,8 @@ type setup struct {
 	// The deviations of issue 14: batches from seqStart, parents of 0.
 	seqStart   uint64
 	parentZero bool
+	// late leaves the engine's PUB unconnected: the test connects it.
+	late bool
 }
 
 func start(t *testing.T, s setup) *harness {
@@ -231,7 +233,9 @@ func start(t *testing.T, s setup) *harness {
 	}
 	t.Cleanup(l.Close)
 	l.Engine(1)
-	eng.connect(l.Endpoint())
+	if !s.late {
+		eng.connect(l.Endpoint())
+	}
 	return &harness{hub: hub, reg: reg, l: l, eng: eng}
 }
 
@@ -291,6 +295,37 @@ func TestListenerReplayRepairsDrop(t *testing.T) {
 	}
 	if n := value(h.hub.metrics.gaps); n != 1 {
 		t.Errorf("gaps = %v, want 1", n)
+	}
+}
+
+// TestListenerPollsAfterConnect: batches an engine published while its PUB
+// had no subscriber went to no one, and an engine that then goes quiet
+// publishes no live batch to show the gap. The poll after the publisher's
+// handshake (pollAfterConnect) catches the mirror up by replay, and a
+// later poll that finds nothing missing says so.
+func TestListenerPollsAfterConnect(t *testing.T) {
+	h := start(t, setup{late: true})
+	a, ev := h.eng.stored(nil, toks(1, 8))
+	h.eng.publish(true, ev) // no subscriber: lost on the way
+	_, ev = h.eng.stored(&a[1], toks(50, 4))
+	h.eng.publish(true, ev, removedEv(a[0].Uint64()))
+	h.eng.connect(h.l.Endpoint())
+	h.converged(t)
+	if n := value(h.hub.metrics.replays.WithLabelValues("repaired")); n != 1 {
+		t.Errorf("repaired replays = %v, want 1", n)
+	}
+	waitFor(t, "a second poll finding nothing missed", func() bool {
+		return value(h.hub.metrics.replays.WithLabelValues("current")) >= 1
+	})
+	if n := value(h.hub.metrics.gaps); n != 0 {
+		t.Errorf("gaps = %v, want 0: no live batch showed one", n)
+	}
+	// Live batches after the poll apply in order, with no gap.
+	_, ev = h.eng.stored(nil, toks(300, 4))
+	h.eng.publish(false, ev)
+	h.converged(t)
+	if n := value(h.hub.metrics.gaps); n != 0 {
+		t.Errorf("gaps = %v after a live batch, want 0", n)
 	}
 }
 

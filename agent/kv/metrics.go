@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 		gaps: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_gaps_total",
 			Help: "Sequence gaps seen in engines' KV-event streams."}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_kv_replays_total",
-			Help: "Replays asked of engines, by result (repaired; complete: the engine's whole history, numbered from past 0; unrepairable; failed)."}, []string{"result"}),
+			Help: "Replays asked of engines, by result (repaired; complete: the engine's whole history, numbered from past 0; unrepairable; failed; current: a poll after a publisher connected found nothing missed; poll_failed: such a poll got no answer)."}, []string{"result"}),
 		resets: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_kv_resets_total",
 			Help: "Mirror resets, by reason (restart, cleared, untrusted)."}, []string{"reason"}),
 		mismatches: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_hash_mismatches_total",

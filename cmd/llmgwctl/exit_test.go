@@ -104,7 +104,7 @@ func TestExitStatus(t *testing.T) {
 			err:  status.Error(codes.DeadlineExceeded, "the leader c1 at 10.0.0.1:7400 did not answer c3 in time"),
 			want: exitUnknown, wantMsg: []string{"the leader c1 at 10.0.0.1:7400 did not answer c3 in time"}},
 		{name: "--timeout passed", args: []string{"model", "delete", "m", "--timeout", "200ms"}, delay: time.Minute,
-			want: exitUnknown, wantMsg: []string{"model delete: context deadline exceeded: ", "did not answer within --timeout 200ms; a write may or may not have been applied"}},
+			want: exitUnknown, wantMsg: []string{"llmgwctl: model delete: ", "did not answer within --timeout 200ms; a write may or may not have been applied"}},
 		{name: "refused", args: []string{"model", "delete", "m"}, err: status.Error(codes.FailedPrecondition, "the cluster's minimum version refuses it"),
 			want: exitError, wantMsg: []string{"llmgwctl: model delete: the cluster's minimum version refuses it\n"}},
 		{name: "unknown command", args: []string{"modle", "list"}, want: exitUsage,

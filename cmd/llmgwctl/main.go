@@ -101,12 +101,27 @@ func (c *cli) admin(ctx context.Context, fn func(context.Context, llmgwv1.AdminS
 
 // hintTimeout says what gRPC's "context deadline exceeded" means when it is
 // --timeout that passed: no answer, and so no knowing whether a write was
-// applied.
+// applied. gRPC words it either way: "context deadline exceeded" when the
+// client's timer fired first, "stream terminated by RST_STREAM with error
+// code: CANCEL" when the server's copy of the deadline did; both carry
+// DEADLINE_EXCEEDED once the deadline is behind us.
 func (c *cli) hintTimeout(ctx context.Context, err error) error {
-	if code, _ := grpcCode(err); code != codes.DeadlineExceeded || ctx.Err() == nil || !strings.HasSuffix(err.Error(), context.DeadlineExceeded.Error()) {
+	if code, _ := grpcCode(err); code != codes.DeadlineExceeded || !deadlinePassed(ctx) {
 		return err
 	}
 	return fmt.Errorf("%w: %s did not answer within --timeout %v; a write may or may not have been applied", err, c.addr, c.timeout)
+}
+
+// deadlinePassed reports whether ctx's deadline is behind us. It reads the
+// clock rather than ctx.Err(): the server, which enforces the same deadline
+// from the call's grpc-timeout, may answer DEADLINE_EXCEEDED before the
+// client's own timer has fired on a loaded machine.
+func deadlinePassed(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // hintUnreachable says what gRPC's own "connection error: desc =

@@ -80,6 +80,11 @@ type Policy struct {
 	// peer's address and the reason (wrapping ErrRefused), so the caller
 	// can count and log it. It runs on zmq4's goroutine: keep it short.
 	Refused func(remote net.Addr, err error)
+	// Handshaken, if set, is called once per connection whose peer's
+	// greeting and READY passed the policy: a publisher that (re)connected,
+	// whose batches sent while it had no peer went to no one. It runs on
+	// zmq4's goroutine: keep it short.
+	Handshaken func(remote net.Addr)
 }
 
 func (p Policy) withDefaults() Policy {
@@ -201,6 +206,9 @@ func (c *conn) Read(p []byte) (int, error) {
 			c.refuse(gerr)
 		} else if wasHandshake && c.g.handshakeDone() {
 			_ = c.Conn.SetReadDeadline(time.Time{})
+			if c.p.Handshaken != nil {
+				c.p.Handshaken(c.Conn.RemoteAddr())
+			}
 		}
 		if err != nil && c.err == nil {
 			c.err = err

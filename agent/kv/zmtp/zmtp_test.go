@@ -207,10 +207,13 @@ func (d *deadlines) SetReadDeadline(t time.Time) error {
 	return d.Conn.SetReadDeadline(t)
 }
 
+// TestConnNoDeadlineAfterHandshake: once the peer's greeting and READY
+// pass, the handshake's deadline is lifted and Handshaken is called, once.
 func TestConnNoDeadlineAfterHandshake(t *testing.T) {
 	near, peer := pipeEnds(t)
 	rec := &deadlines{Conn: near}
-	c := Guard(rec, Policy{HandshakeTimeout: time.Minute})
+	handshakes := 0
+	c := Guard(rec, Policy{HandshakeTimeout: time.Minute, Handshaken: func(net.Addr) { handshakes++ }})
 	go func() { _, _ = peer.Write(cat(greeting(), ready("Socket-Type", "PUB"), frame(0, []byte("x")))) }()
 	want := cat(greeting(), ready("Socket-Type", "PUB"), frame(0, []byte("x")))
 	got := make([]byte, len(want))
@@ -219,6 +222,9 @@ func TestConnNoDeadlineAfterHandshake(t *testing.T) {
 	}
 	if len(rec.set) != 2 || rec.set[0].IsZero() || !rec.set[1].IsZero() {
 		t.Fatalf("read deadlines %v, want the handshake's, then none", rec.set)
+	}
+	if handshakes != 1 {
+		t.Fatalf("Handshaken called %d times, want once", handshakes)
 	}
 }
 
