@@ -32,11 +32,14 @@
 #   BASE_ENV="K=V ..."  the base router's extra environment (BASE_BIN
 #             defaults to BIN_DIR when only this is set): the same build
 #             under other runtime settings, e.g. BASE_ENV=GOMAXPROCS=1
+#   RAW=1     also measure bench-proxy --raw, as "raw": a minimal HTTP/1.1
+#             loop with no net/http (the floor of any Go proxy here), under
+#             RAW_ENV="K=V ..." when set
 #   RATE_DELAY_MS=1  the paced phase's wait per connection (0: no paced phase)
 #   ROUTER_FLAGS="..."  extra flags for the measured router(s)
 #   OUT=bench-out/proxy   wrk outputs and logs
 # Ports (loopback): 36100-36105 (dev), 36110-36112 (routers, pprof),
-# 36120-36121 (nginx and Go proxies), engines 36200-36299. Needs wrk,
+# 36120-36122 (nginx and Go proxies), engines 36200-36299. Needs wrk,
 # nginx, curl, jq.
 # Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
@@ -63,6 +66,8 @@ router=127.0.0.1:36110
 base_router=127.0.0.1:36112
 nginx_proxy=127.0.0.1:36120
 go_proxy=127.0.0.1:36121
+raw_proxy=127.0.0.1:36122
+read -r -a raw_env <<<"${RAW_ENV:-}"
 pids=()
 stop() {
 	# TERM, not INT: a background job of a script starts with SIGINT ignored.
@@ -122,6 +127,11 @@ if [ -n "$base_bin" ]; then
 fi
 "$out/bench-proxy" --listen "$go_proxy" --upstream "http://$engine" >"$out/go-proxy.log" 2>&1 &
 pids+=($!)
+if [ "${RAW:-}" = 1 ]; then
+	env "${raw_env[@]}" "$out/bench-proxy" --raw --listen "$raw_proxy" --upstream "http://$engine" >"$out/raw-proxy.log" 2>&1 &
+	pids+=($!)
+	targets+=("$raw_proxy")
+fi
 mkdir -p "$out/nginx"
 cat >"$out/nginx/nginx.conf" <<EOF
 daemon off;
@@ -188,7 +198,7 @@ wrk_run() {
 		END { printf "%.0f %.3f %.3f %d %d\n", rps, p50, p99, bad, cpu }' "$f"
 }
 
-declare -A name=([$nginx_proxy]=nginx [$go_proxy]=go [$router]=router [$base_router]=base)
+declare -A name=([$nginx_proxy]=nginx [$go_proxy]=go [$router]=router [$base_router]=base [$raw_proxy]=raw)
 echo "load average before: $(cat /proc/loadavg)"
 # cpu@4: the machine's busy share (both cores) during the closed-loop run
 # at 4 connections; @paced: 4 connections, RATE_DELAY_MS between requests.
