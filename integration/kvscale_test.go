@@ -217,11 +217,20 @@ func (w *kvWatcher) wholeAt(t *testing.T, who string, epoch uint64, timeout time
 // router gets the whole set, and each full copy is whole within 2 s (the
 // issue's bound, scaled by within). The figures are logged for
 // docs/benchmarks.md "Large KV caches".
+//
+// The agent and the watchers are this test's own code, encoding and
+// decoding the 16 MB copies in process: under -race (make test) that share
+// of each figure runs several times slower than in an llmgw binary, so
+// the bound is doubled there (under load it reached 6.3 s against the
+// 6 s of CI's scaling).
 func TestKVScale(t *testing.T) {
 	const replicas = 8
 	blocks := kvScaleBlocks(t)
 	total := replicas * blocks
 	bound := within(2 * time.Second)
+	if raceBuild {
+		bound *= 2
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), within(120*time.Second))
 	defer cancel()
 
