@@ -327,7 +327,7 @@ var pollAfterConnect = [...]time.Duration{100 * time.Millisecond, time.Second, 5
 func (l *Listener) process(ctx context.Context) {
 	defer l.wg.Done()
 	if l.cfg.CatchUp {
-		l.repair(ctx, l.gen(), 0, false, replayCatchUp)
+		l.repair(ctx, l.gen(), 0, replayCatchUp)
 	}
 	// poll counts the polls made since the last handshake.
 	poll := len(pollAfterConnect)
@@ -348,7 +348,7 @@ func (l *Listener) process(ctx context.Context) {
 			poll = 0
 			timer.Reset(pollAfterConnect[0])
 		case <-timer.C:
-			l.repair(ctx, l.gen(), 0, false, replayPoll)
+			l.repair(ctx, l.gen(), 0, replayPoll)
 			if poll++; poll < len(pollAfterConnect) {
 				timer.Reset(pollAfterConnect[poll] - pollAfterConnect[poll-1])
 			}
@@ -399,7 +399,7 @@ func (l *Listener) handle(ctx context.Context, msg zmq4.Msg) {
 	gen := m.gen
 	m.mu.Unlock()
 	met.gaps.Inc()
-	l.repair(ctx, gen, seq, true, replayGap)
+	l.repair(ctx, gen, seq, replayGap)
 }
 
 // applyLocked applies the batch with seq and advances the expected seq. A
@@ -453,7 +453,7 @@ func (l *Listener) untrustLocked(why string, args ...any) {
 }
 
 // repair asks the replay socket for every batch from the wanted seq on and
-// applies them. seen, when hasSeen, is the live seq that showed the gap:
+// applies them. seen, for a gap (replayGap), is the live seq that showed it:
 // the replay must reach it. A replay that starts past the wanted seq (the
 // engine's buffer no longer holds it), has holes, or does not answer in
 // time leaves the gap open, and the replica untrusted (design §7.5).
@@ -468,7 +468,7 @@ func (l *Listener) untrustLocked(why string, args ...any) {
 // case batches went to no one (pollAfterConnect): one the engine cannot
 // answer leaves the replica trusted — the next live batch shows any gap —
 // and is counted apart, as is one that finds nothing missing.
-func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool, why replayReason) {
+func (l *Listener) repair(ctx context.Context, gen, seen uint64, why replayReason) {
 	met := l.hub.metrics
 	m := l.mirror
 	m.mu.Lock()
@@ -528,7 +528,7 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, hasSeen bool, w
 			return
 		}
 	}
-	if hasSeen && (!m.seq.started || m.seq.next <= seen) {
+	if why == replayGap && (!m.seq.started || m.seq.next <= seen) {
 		met.replays.WithLabelValues("unrepairable").Inc()
 		l.untrustLocked("replay ended before the batch that showed the gap", "want_seq", m.seq.next, "seen_seq", seen)
 		return
