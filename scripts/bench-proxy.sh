@@ -19,7 +19,8 @@
 # connections for throughput, then 4 for latency, closed loop (each
 # connection sends its next request as soon as it has its answer, so the
 # 2 cores are as busy as wrk can make them: the machine's busy share
-# during that run is printed as cpu@4), then 4 connections paced (each
+# during that run is printed as cpu@4, and the proxy's own CPU time per
+# request as us/req@4), then 4 connections paced (each
 # waits RATE_DELAY_MS between an answer and its next request, a load well
 # under saturation: latency without queueing for the CPU).
 #
@@ -36,11 +37,17 @@
 #             loop with no net/http (the floor of any Go proxy here), under
 #             RAW_ENV="K=V ..." when set
 #   RATE_DELAY_MS=1  the paced phase's wait per connection (0: no paced phase)
+#   PROFILES="chat chat-stream"  which profiles, in order
+#   PIN=1     the proxies on the last CPU, alone; wrk, the dev cluster and
+#             its engine on the others (taskset): each proxy's own latency,
+#             not its contention with the load generator for shared cores.
+#             Go sizes GOMAXPROCS from the CPUs it may use, so every Go
+#             proxy then runs with one P, as nginx runs one worker.
 #   ROUTER_FLAGS="..."  extra flags for the measured router(s)
 #   OUT=bench-out/proxy   wrk outputs and logs
 # Ports (loopback): 36100-36105 (dev), 36110-36112 (routers, pprof),
 # 36120-36122 (nginx and Go proxies), engines 36200-36299. Needs wrk,
-# nginx, curl, jq.
+# nginx, curl, jq (and taskset for PIN=1).
 # Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
 
@@ -49,6 +56,7 @@ bin=$(cd "${1:-bin}" && pwd)
 pairs=${PAIRS:-3}
 duration=${DURATION:-10s}
 rate_delay=${RATE_DELAY_MS:-1}
+read -r -a profiles <<<"${PROFILES:-chat chat-stream}"
 base_bin=${BASE_BIN:+$(cd "$BASE_BIN" && pwd)}
 read -r -a base_env <<<"${BASE_ENV:-}"
 if [ -z "$base_bin" ] && [ ${#base_env[@]} -gt 0 ]; then base_bin=$bin; fi
@@ -59,6 +67,17 @@ out=$(cd "$out" && pwd)
 for tool in wrk nginx curl jq go "$bin/llmgw" "$bin/llmgwctl"; do
 	command -v "$tool" >/dev/null || { echo "bench-proxy.sh: $tool: not found" >&2; exit 2; }
 done
+
+# on_load and on_proxy prefix a command to run it on the load generator's
+# CPUs or on the proxies' (PIN=1); empty, it runs anywhere. (A prefix, not
+# a function: taskset execs the command, so $! is the proxy's own pid.)
+on_load=() on_proxy=()
+if [ "${PIN:-}" = 1 ]; then
+	command -v taskset >/dev/null || { echo "bench-proxy.sh: PIN=1 needs taskset" >&2; exit 2; }
+	ncpu=$(nproc)
+	[ "$ncpu" -ge 2 ] || { echo "bench-proxy.sh: PIN=1 needs 2 CPUs or more, have $ncpu" >&2; exit 2; }
+	on_load=(taskset -c "0-$((ncpu - 2))") on_proxy=(taskset -c "$((ncpu - 1))")
+fi
 
 grpc=127.0.0.1:36101
 ctl=("$bin/llmgwctl" --addr "$grpc")
@@ -90,7 +109,7 @@ wait_http() { # url what
 
 go build -o "$out/bench-proxy" "$here/bench-proxy"
 
-"$bin/llmgw" dev --http-addr 127.0.0.1:36100 --grpc-addr "$grpc" --raft-addr 127.0.0.1:36102 \
+"${on_load[@]}" "$bin/llmgw" dev --http-addr 127.0.0.1:36100 --grpc-addr "$grpc" --raft-addr 127.0.0.1:36102 \
 	--control-http-addr 127.0.0.1:36103 --agent-http-addr 127.0.0.1:36104 --agent-grpc-addr 127.0.0.1:36105 \
 	--data-dir "$out/dev" --port-range 36200-36299 --replicas 1 \
 	--vllm-command "$here/bench-proxy/nginx-engine.sh" >"$out/dev.log" 2>&1 &
@@ -115,21 +134,25 @@ done
 
 pprof=()
 [ "${PPROF:-}" = 1 ] && pprof=(--pprof-addr 127.0.0.1:36111)
-"$bin/llmgw" router --control "$grpc" --http-addr "$router" --data-dir "$out/router" --log-level warn \
+"${on_proxy[@]}" "$bin/llmgw" router --control "$grpc" --http-addr "$router" --data-dir "$out/router" --log-level warn \
 	"${pprof[@]}" "${router_flags[@]}" >"$out/router.log" 2>&1 &
 pids+=($!)
+declare -A proc=([$router]=$!) # each proxy's process, for its CPU time
 targets=("$nginx_proxy" "$go_proxy" "$router")
 if [ -n "$base_bin" ]; then
-	env "${base_env[@]}" "$base_bin/llmgw" router --control "$grpc" --http-addr "$base_router" --data-dir "$out/base-router" --log-level warn \
+	"${on_proxy[@]}" env "${base_env[@]}" "$base_bin/llmgw" router --control "$grpc" --http-addr "$base_router" --data-dir "$out/base-router" --log-level warn \
 		"${router_flags[@]}" >"$out/base-router.log" 2>&1 &
 	pids+=($!)
+	proc[$base_router]=$!
 	targets+=("$base_router")
 fi
-"$out/bench-proxy" --listen "$go_proxy" --upstream "http://$engine" >"$out/go-proxy.log" 2>&1 &
+"${on_proxy[@]}" "$out/bench-proxy" --listen "$go_proxy" --upstream "http://$engine" >"$out/go-proxy.log" 2>&1 &
 pids+=($!)
+proc[$go_proxy]=$!
 if [ "${RAW:-}" = 1 ]; then
-	env "${raw_env[@]}" "$out/bench-proxy" --raw --listen "$raw_proxy" --upstream "http://$engine" >"$out/raw-proxy.log" 2>&1 &
+	"${on_proxy[@]}" env "${raw_env[@]}" "$out/bench-proxy" --raw --listen "$raw_proxy" --upstream "http://$engine" >"$out/raw-proxy.log" 2>&1 &
 	pids+=($!)
+	proc[$raw_proxy]=$!
 	targets+=("$raw_proxy")
 fi
 mkdir -p "$out/nginx"
@@ -159,8 +182,9 @@ http {
 	}
 }
 EOF
-nginx -p "$out/nginx" -c "$out/nginx/nginx.conf" -e stderr >"$out/nginx.log" 2>&1 &
+"${on_proxy[@]}" nginx -p "$out/nginx" -c "$out/nginx/nginx.conf" -e stderr >"$out/nginx.log" 2>&1 &
 pids+=($!)
+proc[$nginx_proxy]=$! # the master; its worker is counted as its child
 
 body='{"model":"bench","messages":[{"role":"user","content":"hi"}]}'
 for target in "${targets[@]}"; do
@@ -181,37 +205,57 @@ done
 # busy: the machine's busy jiffies and all jiffies so far (/proc/stat).
 busy() { awk '/^cpu / { t = 0; for (i = 2; i <= NF; i++) t += $i; print t - $5 - $6, t }' /proc/stat; }
 
-# wrk_run name target profile conns round [script] -> "rps p50_ms p99_ms non2xx cpu%"
+# ticks pid: the CPU time (user and system, in clock ticks) of pid and
+# its children (nginx's worker) so far.
+ticks() {
+	local t=0 p
+	for p in "$1" $(pgrep -P "$1" || true); do
+		t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat" 2>/dev/null || echo 0)))
+	done
+	echo "$t"
+}
+hz=$(getconf CLK_TCK)
+
+# wrk_run name target profile conns round [script] -> "rps p50_ms p99_ms non2xx cpu% proxy_us_per_request"
 wrk_run() {
-	local f="$out/$1-$3-c$4-$5${6:+-paced}.txt" b0 t0 b1 t1
+	local f="$out/$1-$3-c$4-$5${6:+-paced}.txt" b0 t0 b1 t1 c0 c1
 	read -r b0 t0 <<<"$(busy)"
-	wrk -t2 -c"$4" -d"$duration" --latency -s "${6:-$here/bench-proxy/$3.lua}" "http://$2/v1/chat/completions" >"$f"
+	c0=$(ticks "${proc[$2]}")
+	"${on_load[@]}" wrk -t2 -c"$4" -d"$duration" --latency -s "${6:-$here/bench-proxy/$3.lua}" "http://$2/v1/chat/completions" >"$f"
+	c1=$(ticks "${proc[$2]}")
 	read -r b1 t1 <<<"$(busy)"
 	echo "cpu $(((b1 - b0) * 100 / (t1 - t0)))" >>"$f"
+	echo "proxy_ticks $((c1 - c0)) $hz" >>"$f"
 	awk '
 		function ms(v) { if (v ~ /us$/) return v / 1000; if (v ~ /ms$/) return v + 0; if (v ~ /s$/) return v * 1000; return v }
 		/Requests\/sec/ { rps = $2 }
 		/^ +50%/ { p50 = ms($2) }
 		/^ +99%/ { p99 = ms($2) }
 		/Non-2xx/ { bad = $NF }
+		/requests in/ { n = $1 }
 		/^cpu / { cpu = $2 }
-		END { printf "%.0f %.3f %.3f %d %d\n", rps, p50, p99, bad, cpu }' "$f"
+		/^proxy_ticks / { us = n > 0 ? $2 * 1e6 / $3 / n : 0 }
+		END { printf "%.0f %.3f %.3f %d %d %.0f\n", rps, p50, p99, bad, cpu, us }' "$f"
 }
 
 declare -A name=([$nginx_proxy]=nginx [$go_proxy]=go [$router]=router [$base_router]=base [$raw_proxy]=raw)
-echo "load average before: $(cat /proc/loadavg)"
+pinned=
+[ ${#on_proxy[@]} -gt 0 ] && pinned="; PIN=1: the proxies on CPU ${on_proxy[2]}, wrk and the engine on ${on_load[2]}"
+echo "load average before: $(cat /proc/loadavg)$pinned"
 # cpu@4: the machine's busy share (both cores) during the closed-loop run
-# at 4 connections; @paced: 4 connections, RATE_DELAY_MS between requests.
-printf '%-12s %-7s %5s %8s %8s %8s | %8s %8s %8s %6s | %8s %8s %8s\n' profile proxy round \
-	rps@64 p50@64 p99@64 rps@4 p50@4 p99@4 cpu@4 rps@paced p50@paced p99@paced
-for profile in chat chat-stream; do
+# at 4 connections; us/req@4: the proxy's own CPU time (user and system)
+# per request in that run; @paced: 4 connections, RATE_DELAY_MS between
+# requests.
+printf '%-12s %-7s %5s %8s %8s %8s | %8s %8s %8s %6s %9s | %8s %8s %8s\n' profile proxy round \
+	rps@64 p50@64 p99@64 rps@4 p50@4 p99@4 cpu@4 us/req@4 rps@paced p50@paced p99@paced
+for profile in "${profiles[@]}"; do
 	for round in $(seq 1 "$pairs"); do
 		# Rotate the order each round, so no proxy always runs first.
 		n=${#targets[@]} order=()
 		for ((i = 0; i < n; i++)); do order+=("${targets[(i + round - 1) % n]}"); done
 		for target in "${order[@]}"; do
 			read -r rps64 p5064 p9964 bad64 _ <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 64 "$round")"
-			read -r rps4 p504 p994 bad4 cpu4 <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 4 "$round")"
+			read -r rps4 p504 p994 bad4 cpu4 us4 <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 4 "$round")"
 			rpsp=- p50p=- p99p=- badp=0
 			if [ "$rate_delay" != 0 ]; then
 				read -r rpsp p50p p99p badp _ <<<"$(wrk_run "${name[$target]}" "$target" "$profile" 4 "$round" "$out/$profile-paced.lua")"
@@ -219,8 +263,8 @@ for profile in chat chat-stream; do
 			if [ "$bad64" != 0 ] || [ "$bad4" != 0 ] || [ "$badp" != 0 ]; then
 				echo "bench-proxy.sh: ${name[$target]} answered non-2xx ($bad64 at 64, $bad4 at 4 connections, $badp paced)" >&2
 			fi
-			printf '%-12s %-7s %5s %8s %8s %8s | %8s %8s %8s %5s%% | %8s %8s %8s\n' "$profile" "${name[$target]}" "$round" \
-				"$rps64" "$p5064" "$p9964" "$rps4" "$p504" "$p994" "$cpu4" "$rpsp" "$p50p" "$p99p"
+			printf '%-12s %-7s %5s %8s %8s %8s | %8s %8s %8s %5s%% %9s | %8s %8s %8s\n' "$profile" "${name[$target]}" "$round" \
+				"$rps64" "$p5064" "$p9964" "$rps4" "$p504" "$p994" "$cpu4" "$us4" "$rpsp" "$p50p" "$p99p"
 		done
 	done
 done

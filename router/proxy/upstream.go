@@ -35,15 +35,26 @@ import (
 // bounds the dial, FirstByteTimeout the wait for the answer's headers,
 // idle connections are dropped after idleTimeout and at Close, at most
 // maxIdle per address are kept, and a connection the engine closed while
-// it was idle is not used (checked before reuse; a reused one that fails
-// before its first byte is retried once on a new connection, the race
-// every keep-alive client has with a server's idle timeout).
+// it was idle is not used (checked before reuse once it has been idle for
+// trustIdle; a reused one that fails before its first byte is retried
+// once on a new connection, the race every keep-alive client has with a
+// server's idle timeout).
 type upstream struct {
 	dialer      net.Dialer
 	firstByte   time.Duration
 	idleTimeout time.Duration
 	maxIdle     int
-	now         func() time.Time
+	// trustIdle is how long a connection may have been idle and still be
+	// reused without the liveness check. The check is a system call per
+	// request (a non-blocking peek at the socket); an engine closes an
+	// idle kept-alive connection after seconds (uvicorn's and so vLLM's
+	// timeout is 5 s, nginx's 75 s), so a connection used within the last
+	// second is nearly always open, and in the rare case it is not (the
+	// engine restarted) the write or the wait for the first byte fails and
+	// the request is retried on a new connection, as after a close the
+	// check could not have seen.
+	trustIdle time.Duration
+	now       func() time.Time
 
 	mu     sync.Mutex
 	idle   map[string][]*upConn // per address, the most recently used last
@@ -58,6 +69,7 @@ func newUpstream(connect, firstByte time.Duration) *upstream {
 		firstByte:   firstByte,
 		idleTimeout: 90 * time.Second,
 		maxIdle:     64,
+		trustIdle:   time.Second,
 		now:         time.Now,
 		idle:        map[string][]*upConn{},
 	}
@@ -286,7 +298,7 @@ func (u *upstream) conn(ctx context.Context, addr string, fresh bool) (*upConn, 
 		if c == nil {
 			break
 		}
-		if c.alive() {
+		if u.now().Sub(c.idleAt) < u.trustIdle && c.br.Buffered() == 0 || c.alive() {
 			return c, true, nil
 		}
 		_ = c.nc.Close()

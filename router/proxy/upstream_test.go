@@ -152,20 +152,24 @@ func rawEngine(t *testing.T, closeAfter int, delay time.Duration) (string, *atom
 
 // TestUpstreamStaleConnection: a kept-alive connection the engine closed
 // while it was idle costs the next request nothing, whether the close is
-// seen before the request is written (the liveness check) or only after
-// (the retry on a new connection).
+// seen before the request is written (the liveness check), or only after
+// (the retry on a new connection): because it came as the request was
+// written, or because the connection was used too recently to be checked.
 func TestUpstreamStaleConnection(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		delay time.Duration // how long the engine holds the connection open after its last answer
 		wait  bool          // the next request comes once the close has arrived
+		trust time.Duration // upstream.trustIdle
 	}{
-		{"closed before the next request", 0, true},
-		{"closed as the next request is written", 50 * time.Millisecond, false},
+		{"closed before the next request, checked", 0, true, 0},
+		{"closed before the next request, trusted", 0, true, time.Hour},
+		{"closed as the next request is written", 50 * time.Millisecond, false, 0},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			addr, conns := rawEngine(t, 1, tt.delay)
 			u := newTestUpstream(t, 5*time.Second)
+			u.trustIdle = tt.trust
 			for i := range 3 {
 				if code, body, err := get(t.Context(), u, addr); err != nil || code != 200 || body != "{}" {
 					t.Fatalf("request %d: answer %d %q, err %v", i, code, body, err)
@@ -184,6 +188,47 @@ func TestUpstreamStaleConnection(t *testing.T) {
 				t.Fatalf("%d connections for 3 requests on one-answer connections", got)
 			}
 		})
+	}
+}
+
+// TestUpstreamTrustsRecentConnections: a connection idle for less than
+// trustIdle is reused without the liveness check's system call; one idle
+// longer is checked first.
+func TestUpstreamTrustsRecentConnections(t *testing.T) {
+	addr, conns := countingEngine(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "{}") })
+	u := newTestUpstream(t, 5*time.Second)
+	// A clock ahead of the real one by skew: it also sets the engine
+	// connection's deadlines, which must stay in the future.
+	var skew time.Duration
+	u.now = func() time.Time { return time.Now().Add(skew) }
+	peeks := 0
+	for i, tt := range []struct {
+		idle  time.Duration // since the last answer
+		peeks int           // liveness checks so far
+	}{
+		{0, 0},
+		{500 * time.Millisecond, 0}, // real time adds a little: well under the second
+		{time.Second, 1},
+		{30 * time.Second, 2},
+	} {
+		skew += tt.idle
+		if i == 1 { // the one connection, counted from now on
+			u.mu.Lock()
+			c := u.idle[addr][0]
+			if peek := c.peek; peek != nil {
+				c.peek = func(fd uintptr) bool { peeks++; return peek(fd) }
+			}
+			u.mu.Unlock()
+		}
+		if code, body, err := get(t.Context(), u, addr); err != nil || code != 200 || body != "{}" {
+			t.Fatalf("request %d: answer %d %q, err %v", i, code, body, err)
+		}
+		if peeks != tt.peeks {
+			t.Errorf("request %d, idle %s: %d liveness checks so far, want %d", i, tt.idle, peeks, tt.peeks)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("%d connections, want 1 reused", n)
 	}
 }
 
