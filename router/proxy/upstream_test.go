@@ -197,19 +197,22 @@ func TestUpstreamStaleConnection(t *testing.T) {
 func TestUpstreamTrustsRecentConnections(t *testing.T) {
 	addr, conns := countingEngine(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "{}") })
 	u := newTestUpstream(t, 5*time.Second)
-	// A clock ahead of the real one by skew: it also sets the engine
-	// connection's deadlines, which must stay in the future.
+	// A clock ahead of the real one by skew (it also sets the engine
+	// connection's deadlines, which must stay in the future), and bounds
+	// in hours, so that however slow the machine, the real time between
+	// requests is nothing beside them.
 	var skew time.Duration
 	u.now = func() time.Time { return time.Now().Add(skew) }
+	u.trustIdle, u.idleTimeout = time.Hour, 24*time.Hour
 	peeks := 0
 	for i, tt := range []struct {
 		idle  time.Duration // since the last answer
 		peeks int           // liveness checks so far
 	}{
 		{0, 0},
-		{500 * time.Millisecond, 0}, // real time adds a little: well under the second
-		{time.Second, 1},
-		{30 * time.Second, 2},
+		{30 * time.Minute, 0},
+		{time.Hour, 1},
+		{3 * time.Hour, 2},
 	} {
 		skew += tt.idle
 		if i == 1 { // the one connection, counted from now on
