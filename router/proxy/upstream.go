@@ -290,15 +290,16 @@ func appendValue(b []byte, v string) []byte {
 // conn returns an idle connection to addr that is still open (reused),
 // or a new one; fresh skips the idle ones.
 func (u *upstream) conn(ctx context.Context, addr string, fresh bool) (*upConn, bool, error) {
+	now := u.now()
 	for !fresh {
-		c, err := u.take(addr)
+		c, err := u.take(addr, now)
 		if err != nil {
 			return nil, false, err
 		}
 		if c == nil {
 			break
 		}
-		if u.now().Sub(c.idleAt) < u.trustIdle && c.br.Buffered() == 0 || c.alive() {
+		if now.Sub(c.idleAt) < u.trustIdle && c.br.Buffered() == 0 || c.alive() {
 			return c, true, nil
 		}
 		_ = c.nc.Close()
@@ -319,9 +320,8 @@ func (u *upstream) conn(ctx context.Context, addr string, fresh bool) (*upConn, 
 }
 
 // take pops addr's most recently used idle connection, closing those
-// idle for too long; nil when none is left.
-func (u *upstream) take(addr string) (*upConn, error) {
-	now := u.now()
+// idle for too long at now; nil when none is left.
+func (u *upstream) take(addr string, now time.Time) (*upConn, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	if u.closed {
