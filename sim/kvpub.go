@@ -26,7 +26,7 @@ import (
 // whole tier rests on.
 
 // KVEventsConfig is vLLM's KVEventsConfig, given as --kv-events-config
-// JSON (reference §1.8). Unknown keys are refused, as vLLM's pydantic
+// JSON (vllm/config/kv_events.py). Unknown keys are refused, as vLLM's pydantic
 // config refuses them.
 type KVEventsConfig struct {
 	EnableKVCacheEvents bool `json:"enable_kv_cache_events"`

@@ -250,7 +250,7 @@ func invalidInput(w http.ResponseWriter, msg string) {
 }
 
 // handleLoadLoRA is POST /v1/load_lora_adapter with vLLM's codes and
-// bodies (reference §4): 200 and a plain-text line, 400 for a missing
+// bodies (vllm/entrypoints/serve/lora/api_router.py): 200 and a plain-text line, 400 for a missing
 // field or a name already loaded, 404 for a path with no adapter, 500 for
 // any other failure (LoRA not enabled, no free slot).
 func (s *Server) handleLoadLoRA(w http.ResponseWriter, r *http.Request) {

@@ -14,9 +14,10 @@ import (
 // prefer the replica that has already prefilled a prompt's prefix instead
 // of guessing from where it sent similar prompts before.
 //
-// The wire shape has changed many times (reference §1.3): events were
-// positional arrays that grew from 6 to 12 elements, then became tagged
-// maps; block hashes are ints by default and 32-byte digests on request.
+// The wire shape has changed many times (vLLM PRs #16750 onwards, in
+// vllm/distributed/kv_events.py): events were positional arrays that grew
+// from 6 to 12 elements, then became tagged maps; block hashes are ints by
+// default and 32-byte digests on request.
 // A fleet upgrades engines one at a time, so the decoder accepts every
 // shape that has shipped, and the encoder can write the two current ones
 // so the simulator can stand in for either.
@@ -96,7 +97,8 @@ type ExternalBlockHash struct {
 func IntBlockHash(v uint64) ExternalBlockHash { return ExternalBlockHash{low: v} }
 
 // BytesBlockHash is a hash carried as bytes: 32 for sha256 algorithms, 16
-// for xxhash ones, 64 for some hybrid-model engines (reference §1.5).
+// for xxhash ones, 64 for some hybrid-model engines (vLLM's
+// maybe_convert_block_hash in vllm/v1/core/kv_cache_utils.py).
 func BytesBlockHash(b []byte) ExternalBlockHash {
 	return ExternalBlockHash{low: low64(b), raw: string(b), isBytes: true}
 }
@@ -250,7 +252,8 @@ func onGPU(m *string) bool { return m == nil || *m == MediumGPU }
 // Ptr returns a pointer to v: for the optional fields of events.
 func Ptr[T any](v T) *T { return &v }
 
-// The ZMQ framing (reference §1.6, §1.7). A published message is three
+// The ZMQ framing (vLLM's ZmqEventPublisher in
+// vllm/distributed/kv_events.py). A published message is three
 // frames [topic, seq, payload]; seq is 8 bytes big-endian, from 0 per
 // publisher process. The replay socket answers [b"", start_seq] with
 // [b"", topic, seq, payload] per buffered batch and an end marker.

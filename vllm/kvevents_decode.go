@@ -24,7 +24,7 @@ var errMalformed = errors.New("malformed kv event batch")
 var ErrMalformedBatch = errMalformed
 
 // DecodeEventBatch decodes a KV-event payload (frame 3 of a published
-// message) in any shape vLLM has sent (reference §1.3): a batch of 2 or 3
+// message) in any shape vLLM has sent (see the history in kvevents.go): a batch of 2 or 3
 // elements; events as tagged maps or as positional arrays of any past
 // length; block hashes as ints or bytes. Unknown map keys and trailing
 // array fields are ignored; events with unknown tags are skipped and

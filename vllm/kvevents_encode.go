@@ -36,7 +36,8 @@ func WithArrayLengths(blockStored, blockRemoved int) EncodeOption {
 // #18925.
 func WithoutRank() EncodeOption { return func(o *encodeOptions) { o.noRank = true } }
 
-// EncodeEventBatch writes b as msgspec does in vLLM (reference §1.2): the
+// EncodeEventBatch writes b as msgspec does in vLLM (msgspec's
+// _core.c encoder): the
 // batch as an array, events as enc says, ints at minimal width, ts as a
 // float64. Each block hash is written in the form it holds, so the caller
 // chooses ints or bytes with ExternalHash. Skipped is not written.

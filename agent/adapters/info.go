@@ -25,7 +25,8 @@ type activity struct {
 // parseActivity reads vllm:lora_requests_info from a Prometheus text body.
 // vLLM's labelled gauge keeps every label combination it ever showed, each
 // with the time it was last current as its value, so the newest series is
-// the present one (reference §5). Only that metric's lines are parsed; a
+// the present one (vLLM's
+// vllm/v1/metrics/loggers.py, PrometheusStatLogger). Only that metric's lines are parsed; a
 // malformed one is an error, never a silent "idle".
 func parseActivity(body []byte) (activity, error) {
 	out := activity{active: map[string]bool{}}
