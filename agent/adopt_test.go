@@ -3,12 +3,12 @@ package agent
 import (
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/llmgw/llmgw/agent/internal/fakeengine"
 	"github.com/llmgw/llmgw/agent/supervisor"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -51,7 +51,7 @@ func TestReadoptsEnginesAfterRestart(t *testing.T) {
 			_, stop := startAgent(t, c)
 			ctl.push <- desired(3, &llmgwv1.Replica{Id: "demo-0", Uid: 2, Model: "demo", Node: "n1"})
 			var first *llmgwv1.ReplicaStatus
-			waitFor(t, "replica READY", func() bool {
+			testkit.Wait(t, "replica READY", func() bool {
 				_, ups := ctl.snapshot()
 				first = latest(ups, 0)["demo-0"]
 				return first.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
@@ -59,7 +59,7 @@ func TestReadoptsEnginesAfterRestart(t *testing.T) {
 			pid := int(first.GetPid())
 			t.Cleanup(func() { reap(pid) })
 			stop()
-			if _, err := os.Stat(engineRecords{dir: filepath.Join(c.DataDir, "engines")}.path("demo-0")); err != nil {
+			if _, err := os.Stat(filepath.Join(c.DataDir, "engines", "demo-0.json")); err != nil {
 				t.Fatalf("no engine record after a detached exit: %v", err)
 			}
 			if tt.between != nil {
@@ -68,7 +68,7 @@ func TestReadoptsEnginesAfterRestart(t *testing.T) {
 
 			hellos, _ := ctl.snapshot()
 			_, stop2 := startAgent(t, c)
-			waitFor(t, "second session's full copy", func() bool {
+			testkit.Wait(t, "second session's full copy", func() bool {
 				h, ups := ctl.snapshot()
 				if len(h) <= len(hellos) {
 					return false
@@ -97,15 +97,15 @@ func TestReadoptsEnginesAfterRestart(t *testing.T) {
 
 			if tt.next == nil {
 				ctl.push <- desired(4)
-				waitFor(t, "demo-0 removed", func() bool {
+				testkit.Wait(t, "demo-0 removed", func() bool {
 					_, ups := ctl.snapshot()
 					_, ok := latest(ups, epoch)["demo-0"]
 					return !ok
 				})
-				waitFor(t, "engine stopped", func() bool { return !alive(pid) })
+				testkit.Wait(t, "engine stopped", func() bool { return !alive(pid) })
 			} else {
 				ctl.push <- desired(4, tt.next)
-				waitFor(t, "demo-0 READY under the desired uid", func() bool {
+				testkit.Wait(t, "demo-0 READY under the desired uid", func() bool {
 					_, ups := ctl.snapshot()
 					s := latest(ups, epoch)["demo-0"]
 					return s.GetUid() == tt.next.GetUid() && s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
@@ -138,52 +138,4 @@ func TestReadoptsEnginesAfterRestart(t *testing.T) {
 func alive(pid int) bool {
 	_, err := supervisor.ProcStartTime(pid)
 	return err == nil
-}
-
-func TestParseEngineRecord(t *testing.T) {
-	good := `{"replica_id":"demo-0","uid":2,"incarnation":1,"pid":4242,"pid_start":99,` +
-		`"address":"127.0.0.1:31000","health_url":"http://127.0.0.1:31000/health","ports":{"http":31000},` +
-		`"replica":{"id":"demo-0","uid":"2","model":"demo"},"model":{"name":"demo","engine":"sim"}}`
-	tests := []struct {
-		name, in, wantErr string
-	}{
-		{"good", good, ""},
-		{"not json", "{", "engine record"},
-		{"no replica id", `{"pid":4242}`, "replica_id"},
-		{"pid 1", strings.Replace(good, `"pid":4242`, `"pid":1`, 1), "pid"},
-		{"no start time", strings.Replace(good, `"pid_start":99`, `"pid_start":0`, 1), "pid_start"},
-		{"incarnation 0", strings.Replace(good, `"incarnation":1`, `"incarnation":0`, 1), "incarnation"},
-		{"health url", strings.Replace(good, `http://127.0.0.1:31000/health`, `/health`, 1), "health_url"},
-		{"port", strings.Replace(good, `{"http":31000}`, `{"http":70000}`, 1), "ports"},
-		{"replica mismatch", strings.Replace(good, `"uid":"2"`, `"uid":"3"`, 1), "does not match"},
-		{"model mismatch", strings.Replace(good, `"name":"demo"`, `"name":"other"`, 1), "model"},
-		{"bad replica", strings.Replace(good, `"uid":"2"`, `"uid":"x"`, 1), "replica"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			r, err := parseEngineRecord([]byte(tt.in))
-			if tt.wantErr == "" {
-				if err != nil || r.replica.GetUid() != 2 || r.model.GetEngine() != "sim" {
-					t.Fatalf("parse: %v, %+v", err, r)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-				t.Errorf("error %v, want one naming %q", err, tt.wantErr)
-			}
-		})
-	}
-}
-
-func FuzzParseEngineRecord(f *testing.F) {
-	f.Add([]byte(`{"replica_id":"demo-0","uid":2,"incarnation":1,"pid":4242,"pid_start":99,"health_url":"http://x/health",` +
-		`"replica":{"id":"demo-0","uid":"2","model":"demo"},"model":{"name":"demo"}}`))
-	f.Add([]byte(`{}`))
-	f.Add([]byte(`[`))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := parseEngineRecord(b)
-		if err == nil && (r.PID <= 1 || r.replica.GetId() != r.ReplicaID) {
-			t.Fatalf("accepted a record that names no engine: %+v", r)
-		}
-	})
 }

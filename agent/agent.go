@@ -16,9 +16,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 
@@ -26,22 +26,26 @@ import (
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/load"
+	"github.com/llmgw/llmgw/agent/replicas"
+	"github.com/llmgw/llmgw/agent/session"
 	"github.com/llmgw/llmgw/internal/grpcstop"
 	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// Agent is one node's agent. Create with New, run with Run (once).
+// Agent is one node's agent: the wiring of its parts — the control
+// session (package agent/session), the replica set (agent/replicas), the
+// KV hub (agent/kv), the adapter manager (agent/adapters), the load reader
+// and LoadService (agent/load) — and its HTTP and gRPC listeners. Create
+// with New, run with Run (once).
 type Agent struct {
-	cfg       Config
-	log       *slog.Logger
-	metrics   *metrics
-	book      *book
-	kv        *kv.Hub
-	adapters  *adapters.Manager
-	replicas  *replicaSet
-	epochPath string
-	attached  atomic.Bool
+	cfg      Config
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	kv       *kv.Hub
+	adapters *adapters.Manager
+	replicas *replicas.Set
+	session  *session.Client
 	// tls is the agent's certificate source, nil in plain text.
 	tls *mtls.Source
 
@@ -50,7 +54,8 @@ type Agent struct {
 	grpcAddr string
 }
 
-// New checks cfg and returns an agent; it starts nothing.
+// New checks cfg and returns an agent, its parts built; it starts nothing
+// and writes no file.
 func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -63,27 +68,24 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := newMetrics()
-	hub, err := kv.NewHub(log, m.reg)
-	if err != nil {
+	a := &Agent{cfg: cfg, log: log, reg: newRegistry(), tls: src}
+	if a.kv, err = kv.NewHub(log, a.reg); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 	acfg := adapters.DefaultConfig()
 	acfg.Now = cfg.Now
-	ads, err := adapters.New(acfg, log, m.reg)
+	if a.adapters, err = adapters.New(acfg, log, a.reg); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	if a.replicas, err = replicas.New(cfg.replicasConfig(), a.kv, a.adapters, log, a.reg); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	a.session, err = session.New(cfg.sessionConfig(src), session.Deps{Node: a.nodeInfo, Book: a.replicas.Book(),
+		KV: a.kv, Adapters: a.adapters, Replicas: a.replicas}, log, a.reg)
 	if err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	return &Agent{
-		cfg:       cfg,
-		log:       log,
-		metrics:   m,
-		book:      newBook(),
-		kv:        hub,
-		adapters:  ads,
-		epochPath: filepath.Join(cfg.DataDir, "epoch"),
-		tls:       src,
-	}, nil
+	return a, nil
 }
 
 // loadTLS loads cfg.TLS, nil when it is not given, and refuses a
@@ -124,14 +126,7 @@ func (a *Agent) GRPCAddr() string {
 }
 
 // Attached reports whether a control node has welcomed the current session.
-func (a *Agent) Attached() bool { return a.attached.Load() }
-
-func (a *Agent) now() time.Time {
-	if a.cfg.Now != nil {
-		return a.cfg.Now()
-	}
-	return time.Now()
-}
+func (a *Agent) Attached() bool { return a.session.Attached() }
 
 func (a *Agent) nodeInfo() *llmgwv1.Node {
 	return &llmgwv1.Node{
@@ -148,7 +143,7 @@ func (a *Agent) nodeInfo() *llmgwv1.Node {
 
 // Run runs the agent until ctx is cancelled and returns once everything it
 // started has stopped. At start it re-adopts the engines an earlier agent
-// left running (see replicaSet.adopt). Shutdown order: the control session ends first (the
+// left running (see replicas.Set.Start). Shutdown order: the control session ends first (the
 // control node sees the agent leave); then the adapter manager, so no load
 // or unload is sent to an engine being stopped or handed over; then the engines are stopped with
 // StopEnginesOnExit, or left running for the next agent otherwise, each
@@ -158,79 +153,93 @@ func (a *Agent) nodeInfo() *llmgwv1.Node {
 // ended, then the gRPC server stops); the HTTP server goes last, so
 // /metrics and /healthz answer while everything else stops.
 func (a *Agent) Run(ctx context.Context) error {
-	logDir := filepath.Join(a.cfg.DataDir, "logs")
-	if err := os.MkdirAll(logDir, 0o755); err != nil {
+	if err := os.MkdirAll(a.cfg.logDir(), 0o755); err != nil {
 		return fmt.Errorf("agent: data dir: %w", err)
 	}
 	ports, err := datadir.LoadPorts(filepath.Join(a.cfg.DataDir, "ports.json"), a.cfg.PortRange.Start, a.cfg.PortRange.End)
 	if err != nil {
 		return fmt.Errorf("agent: %w", err)
 	}
-	engines, stopEngines := context.WithCancel(context.Background())
-	defer stopEngines()
-	a.replicas = &replicaSet{cfg: &a.cfg, log: a.log, book: a.book, kv: a.kv, adapters: a.adapters, metrics: a.metrics, ports: ports,
-		records: engineRecords{dir: filepath.Join(a.cfg.DataDir, "engines")},
-		logDir:  logDir, ctx: engines, running: map[string]*runner{}}
-	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+	web, err := a.startHTTP()
 	if err != nil {
-		return fmt.Errorf("agent: --http-addr: %w", err)
+		return err
 	}
-	a.mu.Lock()
-	a.httpAddr = ln.Addr().String()
-	a.mu.Unlock()
-	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
-	httpDone := make(chan error, 1)
-	go func() { httpDone <- srv.Serve(ln) }()
-
-	stopLoad, err := a.startLoad()
+	loads, stopLoad, err := a.startLoad()
 	if err != nil {
-		srv.Close()
-		<-httpDone
+		web.close()
 		return err
 	}
 
 	a.log.Info("agent running", "http", a.HTTPAddr(), "grpc", a.GRPCAddr(), "control", a.cfg.Control)
 
 	// Before the first session, so its hello lists the adopted engines.
-	a.replicas.adopt(ctx)
+	a.replicas.Start(ctx, ports, loads)
 
 	adaptersCtx, stopAdapters := context.WithCancel(context.Background())
 	adaptersDone := make(chan struct{})
 	go func() { defer close(adaptersDone); _ = a.adapters.Run(adaptersCtx) }()
 
-	a.runSessions(ctx)
+	a.session.Run(ctx)
 
 	stopAdapters()
 	<-adaptersDone
-	if !a.cfg.StopEnginesOnExit {
-		a.replicas.detachAll()
-	}
-	stopEngines()
-	a.replicas.wait()
+	a.replicas.Stop(!a.cfg.StopEnginesOnExit)
 
 	stopLoad()
 
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	err = srv.Shutdown(shutdownCtx)
-	if serr := <-httpDone; !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = serr
-	}
-	if err != nil {
+	if err := web.shutdown(); err != nil {
 		return fmt.Errorf("agent: http server: %w", err)
 	}
 	a.log.Info("agent stopped")
 	return nil
 }
 
+// httpServer is the agent's HTTP listener being served.
+type httpServer struct {
+	srv  *http.Server
+	done chan error
+}
+
+// startHTTP opens the HTTP listener and serves handler on it.
+func (a *Agent) startHTTP() (*httpServer, error) {
+	ln, err := net.Listen("tcp", a.cfg.HTTPAddr)
+	if err != nil {
+		return nil, fmt.Errorf("agent: --http-addr: %w", err)
+	}
+	a.mu.Lock()
+	a.httpAddr = ln.Addr().String()
+	a.mu.Unlock()
+	h := &httpServer{srv: &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}, done: make(chan error, 1)}
+	go func() { h.done <- h.srv.Serve(ln) }()
+	return h, nil
+}
+
+// close stops the server at once, for a start that failed.
+func (h *httpServer) close() {
+	h.srv.Close()
+	<-h.done
+}
+
+// shutdown stops the server gracefully, within 5 s, and returns what
+// ended it, if not the shutdown.
+func (h *httpServer) shutdown() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := h.srv.Shutdown(ctx)
+	if serr := <-h.done; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	return err
+}
+
 func (a *Agent) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !a.attached.Load() {
+		if !a.session.Attached() {
 			http.Error(w, "not attached to a control node", http.StatusServiceUnavailable)
 			return
 		}
@@ -246,11 +255,7 @@ func (a *Agent) handler() http.Handler {
 			http.Error(w, "engine logs are served to loopback only (they may hold prompts); run the agent with --insecure to serve them to the network", http.StatusForbidden)
 			return
 		}
-		if a.replicas == nil {
-			http.Error(w, "starting", http.StatusServiceUnavailable)
-			return
-		}
-		lines, ok := a.replicas.logs(r.PathValue("id"))
+		lines, ok := a.replicas.Logs(r.PathValue("id"))
 		if !ok {
 			http.Error(w, "no such replica on this node", http.StatusNotFound)
 			return
@@ -262,13 +267,14 @@ func (a *Agent) handler() http.Handler {
 }
 
 // startLoad opens the gRPC listener, starts the load reader and serves
-// LoadService (design §6 "Load snapshots"). The returned func stops them in
-// order and waits: the reader, then every subscriber stream, then the
-// server — gracefully, or cut after a grace if a stuck router holds a send.
-func (a *Agent) startLoad() (stop func(), err error) {
+// LoadService (design §6 "Load snapshots"). It returns the reader, which
+// judges draining engines idle, and a func that stops them in order and
+// waits: the reader, then every subscriber stream, then the server —
+// gracefully, or cut after a grace if a stuck router holds a send.
+func (a *Agent) startLoad() (loads *load.Reader, stop func(), err error) {
 	ln, err := net.Listen("tcp", a.cfg.GRPCAddr)
 	if err != nil {
-		return nil, fmt.Errorf("agent: --grpc-addr: %w", err)
+		return nil, nil, fmt.Errorf("agent: --grpc-addr: %w", err)
 	}
 	_, port, _ := net.SplitHostPort(ln.Addr().String())
 	a.mu.Lock()
@@ -283,17 +289,16 @@ func (a *Agent) startLoad() (stop func(), err error) {
 	lcfg.Node = a.cfg.NodeID
 	lcfg.Interval = a.cfg.LoadInterval
 	lcfg.Now = a.cfg.Now
-	reader, err := load.NewReader(lcfg, a.replicas, a.log, a.metrics.reg)
+	reader, err := load.NewReader(lcfg, a.replicas, a.log, a.reg)
 	if err != nil {
 		ln.Close()
-		return nil, fmt.Errorf("agent: %w", err)
+		return nil, nil, fmt.Errorf("agent: %w", err)
 	}
-	a.replicas.loads = reader
 	readerCtx, stopReader := context.WithCancel(context.Background())
 	readerDone := make(chan struct{})
 	go func() { defer close(readerDone); _ = reader.Run(readerCtx) }()
 
-	lsrv := load.NewServer(reader, a.log, a.metrics.reg)
+	lsrv := load.NewServer(reader, a.log, a.reg)
 	gsrv := grpc.NewServer(serverOptions(a.tls, loadCallers)...)
 	llmgwv1.RegisterLoadServiceServer(gsrv, lsrv)
 	grpcDone := make(chan struct{})
@@ -303,7 +308,7 @@ func (a *Agent) startLoad() (stop func(), err error) {
 			a.log.Error("LoadService server ended", "err", err)
 		}
 	}()
-	return func() {
+	return reader, func() {
 		stopReader()
 		<-readerDone
 		lsrv.Close()

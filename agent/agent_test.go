@@ -19,11 +19,11 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/internal/fakeengine"
 	"github.com/llmgw/llmgw/agent/supervisor"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -138,17 +138,6 @@ func desired(rev uint64, reps ...*llmgwv1.Replica) *llmgwv1.ControlMessage {
 	}}}
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func testConfig(t *testing.T, control ...string) Config {
 	t.Helper()
 	self, err := os.Executable()
@@ -246,7 +235,7 @@ func TestSessionRunsDesiredReplicas(t *testing.T) {
 	ctl := startFakeControl(t, "c1")
 	c := testConfig(t, ctl.addr)
 	a, stop := startAgent(t, c)
-	waitFor(t, "hello and first update", func() bool { h, u := ctl.snapshot(); return len(h) == 1 && len(u) >= 1 })
+	testkit.Wait(t, "hello and first update", func() bool { h, u := ctl.snapshot(); return len(h) == 1 && len(u) >= 1 })
 	hellos, _ := ctl.snapshot()
 	h := hellos[0]
 	if h.GetEpoch() == 0 || h.GetNode().GetId() != "n1" || h.GetNode().GetGpus() != 2 || h.GetNode().GetAgentHttpAddr() != a.HTTPAddr() {
@@ -268,7 +257,7 @@ func TestSessionRunsDesiredReplicas(t *testing.T) {
 			return s.GetUid() == uid && s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && s.GetAddress() != ""
 		}
 	}
-	waitFor(t, "demo-0 READY", ready(5))
+	testkit.Wait(t, "demo-0 READY", ready(5))
 	_, ups := ctl.snapshot()
 	st := latest(ups, 0)["demo-0"]
 	if !strings.HasPrefix(st.GetAddress(), "127.0.0.1:31") || st.GetIncarnation() != 1 || st.GetPid() == 0 {
@@ -285,7 +274,7 @@ func TestSessionRunsDesiredReplicas(t *testing.T) {
 
 	// A full copy on request, numbered next.
 	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_FullCopyRequest{FullCopyRequest: &llmgwv1.FullCopyRequest{Reason: "test"}}}
-	waitFor(t, "second full copy", func() bool {
+	testkit.Wait(t, "second full copy", func() bool {
 		_, ups := ctl.snapshot()
 		return slices.ContainsFunc(ups[1:], func(u *llmgwv1.EphemeralUpdate) bool { return u.GetFull() })
 	})
@@ -293,7 +282,7 @@ func TestSessionRunsDesiredReplicas(t *testing.T) {
 	// Re-placed under a new uid: a new engine, a new placement.
 	firstPid := st.GetPid()
 	ctl.push <- desired(11, &llmgwv1.Replica{Id: "demo-0", Uid: 8, Model: "demo", Node: "n1"})
-	waitFor(t, "demo-0 uid 8 READY", ready(8))
+	testkit.Wait(t, "demo-0 uid 8 READY", ready(8))
 	_, ups = ctl.snapshot()
 	if pid := latest(ups, 0)["demo-0"].GetPid(); pid == firstPid {
 		t.Errorf("new uid kept the old engine pid %d", pid)
@@ -301,7 +290,7 @@ func TestSessionRunsDesiredReplicas(t *testing.T) {
 
 	// Gone from the desired set: stopped, then removed.
 	ctl.push <- desired(12)
-	waitFor(t, "demo-0 removed", func() bool {
+	testkit.Wait(t, "demo-0 removed", func() bool {
 		_, ups := ctl.snapshot()
 		return slices.ContainsFunc(ups, func(u *llmgwv1.EphemeralUpdate) bool { return slices.Contains(u.GetRemovedReplicas(), "demo-0") })
 	})
@@ -346,14 +335,14 @@ func TestFailoverToNextServer(t *testing.T) {
 			first, second := startFakeControl(t, "c1"), startFakeControl(t, "c2")
 			c := testConfig(t, first.addr, second.addr)
 			a, stop := startAgent(t, c)
-			waitFor(t, "attach to first", func() bool { _, u := first.snapshot(); return len(u) >= 1 })
+			testkit.Wait(t, "attach to first", func() bool { _, u := first.snapshot(); return len(u) >= 1 })
 			first.push <- desired(3, &llmgwv1.Replica{Id: "demo-0", Uid: 2, Model: "demo", Node: "n1"})
-			waitFor(t, "replica READY", func() bool {
+			testkit.Wait(t, "replica READY", func() bool {
 				_, ups := first.snapshot()
 				return latest(ups, 0)["demo-0"].GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
 			})
 			tt.kill(first)
-			waitFor(t, "full copy at second", func() bool { _, u := second.snapshot(); return len(u) >= 1 })
+			testkit.Wait(t, "full copy at second", func() bool { _, u := second.snapshot(); return len(u) >= 1 })
 			h1, _ := first.snapshot()
 			h2, ups := second.snapshot()
 			if h2[0].GetEpoch() <= h1[0].GetEpoch() {
@@ -385,7 +374,7 @@ func TestEnginesOutliveAgentUnlessAsked(t *testing.T) {
 			_, stop := startAgent(t, c)
 			ctl.push <- desired(3, &llmgwv1.Replica{Id: "demo-0", Uid: 2, Model: "demo", Node: "n1"})
 			var pid int32
-			waitFor(t, "replica READY", func() bool {
+			testkit.Wait(t, "replica READY", func() bool {
 				_, ups := ctl.snapshot()
 				if len(ups) == 0 {
 					return false
@@ -406,29 +395,6 @@ func TestEnginesOutliveAgentUnlessAsked(t *testing.T) {
 				t.Errorf("engine alive after agent exit = %v, want %v", alive, !stopOnExit)
 			}
 		})
-	}
-}
-
-func TestBook(t *testing.T) {
-	b := newBook()
-	st := func(id string, p llmgwv1.ReplicaPhase) *llmgwv1.ReplicaStatus {
-		return &llmgwv1.ReplicaStatus{ReplicaId: id, Phase: p}
-	}
-	b.put(st("a", llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING))
-	b.put(st("b", llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING))
-	full, v := b.snapshot()
-	if len(full) != 2 {
-		t.Fatalf("snapshot has %d statuses", len(full))
-	}
-	b.put(st("a", llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
-	b.remove("b")
-	b.remove("never-there")
-	ups, rm, v2 := b.since(v)
-	if len(ups) != 1 || !proto.Equal(ups[0], st("a", llmgwv1.ReplicaPhase_REPLICA_PHASE_READY)) || !slices.Equal(rm, []string{"b"}) {
-		t.Fatalf("since: %v removed %v", ups, rm)
-	}
-	if ups, rm, _ := b.since(v2); len(ups)+len(rm) != 0 {
-		t.Fatalf("nothing changed, yet since returned %v %v", ups, rm)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +13,8 @@ import (
 	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/kv/zmtp"
+	"github.com/llmgw/llmgw/agent/replicas"
+	"github.com/llmgw/llmgw/agent/session"
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
@@ -280,6 +283,29 @@ func (c *Config) Validate() error {
 	return p.Err()
 }
 
-func (c *Config) drainConfig() drain.Config {
-	return drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now}
+// replicasConfig is the replica set's part of c.
+func (c *Config) replicasConfig() replicas.Config {
+	engines := make(map[string]replicas.Engine, len(c.Engines))
+	for name, e := range c.Engines {
+		engines[name] = replicas.Engine{Command: e.Command, Env: e.Env}
+	}
+	return replicas.Config{
+		NodeID: c.NodeID, AdvertiseAddr: c.AdvertiseAddr, DataDir: c.DataDir, LogDir: c.logDir(),
+		Engines: engines, StopEnginesOnExit: c.StopEnginesOnExit,
+		ReadyTimeout: c.ReadyTimeout, StopGrace: c.StopGrace, ProbeInterval: c.ProbeInterval, RestartBackoff: c.RestartBackoff,
+		Drain:           drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now},
+		KVMaxFrameBytes: c.KVMaxFrameBytes, Now: c.Now,
+	}
 }
+
+// sessionConfig is the control session's part of c.
+func (c *Config) sessionConfig(tls *mtls.Source) session.Config {
+	return session.Config{
+		NodeID: c.NodeID, Control: c.Control, EpochPath: filepath.Join(c.DataDir, "epoch"),
+		HeartbeatInterval: c.HeartbeatInterval, ReconnectInitial: c.ReconnectInitial, ReconnectMax: c.ReconnectMax,
+		Jitter: c.Jitter, TLS: tls, Now: c.Now,
+	}
+}
+
+// logDir holds the engines' output, a file per replica.
+func (c *Config) logDir() string { return filepath.Join(c.DataDir, "logs") }

@@ -8,33 +8,10 @@ import (
 	"testing"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/llmgw/llmgw/agent/internal/fakeengine"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
-
-// counter reads one counter of the agent's registry (0 when absent).
-func counter(t *testing.T, a *Agent, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := a.metrics.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
-				return l.GetName() == label && l.GetValue() == value
-			}) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
 
 // TestDrainStopsIdleEngine: a replica the desired set marks draining keeps
 // its engine while the engine reports a request running, and has it stopped
@@ -72,15 +49,17 @@ func TestDrainStopsIdleEngine(t *testing.T) {
 				_, ups := ctl.snapshot()
 				return latest(ups, 0)["demo-0"].GetPhase()
 			}
-			waitFor(t, "demo-0 READY", func() bool { return phase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
-			waitFor(t, "a busy reading", func() bool { return counter(t, a, "llmgw_agent_load_reads_total", "result", "ok") > 0 })
+			testkit.Wait(t, "demo-0 READY", func() bool { return phase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
+			testkit.Wait(t, "a busy reading", func() bool {
+				return testkit.Metric(t, a.reg, "llmgw_agent_load_reads_total", testkit.Labels{"result": "ok"}) > 0
+			})
 
 			draining := &llmgwv1.Replica{Id: "demo-0", Uid: 5, Model: "demo", Node: "n1", Draining: true}
 			ctl.push <- desired(11, draining)
 			if tt.releaseAt > 0 {
-				from := counter(t, a, "llmgw_agent_load_reads_total", "result", "ok")
-				waitFor(t, "busy readings while draining", func() bool {
-					return counter(t, a, "llmgw_agent_load_reads_total", "result", "ok") >= from+float64(tt.releaseAt)
+				from := testkit.Metric(t, a.reg, "llmgw_agent_load_reads_total", testkit.Labels{"result": "ok"})
+				testkit.Wait(t, "busy readings while draining", func() bool {
+					return testkit.Metric(t, a.reg, "llmgw_agent_load_reads_total", testkit.Labels{"result": "ok"}) >= from+float64(tt.releaseAt)
 				})
 				if p := phase(); p != llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
 					t.Fatalf("a busy draining engine went %v", p)
@@ -89,8 +68,10 @@ func TestDrainStopsIdleEngine(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			waitFor(t, "demo-0 STOPPED", func() bool { return phase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED })
-			waitFor(t, "the drain counted", func() bool { return counter(t, a, "llmgw_agent_drains_total", "result", tt.wantResult) == 1 })
+			testkit.Wait(t, "demo-0 STOPPED", func() bool { return phase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED })
+			testkit.Wait(t, "the drain counted", func() bool {
+				return testkit.Metric(t, a.reg, "llmgw_agent_drains_total", testkit.Labels{"result": tt.wantResult}) == 1
+			})
 			recs, err := fakeengine.Read(filepath.Join(c.DataDir, "engine.jsonl"))
 			if err != nil {
 				t.Fatal(err)
@@ -104,7 +85,7 @@ func TestDrainStopsIdleEngine(t *testing.T) {
 			// Stopped but still desired: the same set again changes nothing.
 			ctl.push <- desired(12, draining)
 			ctl.push <- desired(13)
-			waitFor(t, "demo-0 removed", func() bool {
+			testkit.Wait(t, "demo-0 removed", func() bool {
 				_, ups := ctl.snapshot()
 				return slices.ContainsFunc(ups, func(u *llmgwv1.EphemeralUpdate) bool { return slices.Contains(u.GetRemovedReplicas(), "demo-0") })
 			})
@@ -125,7 +106,7 @@ func TestDrainingOnArrivalStartsNothing(t *testing.T) {
 	defer stop()
 	ctl.push <- desired(10, &llmgwv1.Replica{Id: "demo-0", Uid: 5, Model: "demo", Node: "n1", Draining: true},
 		&llmgwv1.Replica{Id: "demo-1", Uid: 6, Model: "demo", Node: "n1"})
-	waitFor(t, "demo-1 READY", func() bool {
+	testkit.Wait(t, "demo-1 READY", func() bool {
 		_, ups := ctl.snapshot()
 		return latest(ups, 0)["demo-1"].GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
 	})

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -42,14 +43,16 @@ func TestExternalReplicaOwned(t *testing.T) {
 		_, ups := ctl.snapshot()
 		return latest(ups, 0)["ext-3"]
 	}
-	waitFor(t, "ext-3 READY", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
+	testkit.Wait(t, "ext-3 READY", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
 	if st, addr := status(), strings.TrimPrefix(engine.URL, "http://"); st.GetAddress() != addr || st.GetPid() != 0 || st.GetUid() != 9 {
 		t.Errorf("status %v, want address %s, no pid, uid 9", st, addr)
 	}
 	if files, _ := filepath.Glob(filepath.Join(c.DataDir, "engines", "*.json")); len(files) != 0 {
 		t.Errorf("engine records %v for an engine llmgw does not run", files)
 	}
-	waitFor(t, "a load reading of the external engine", func() bool { return counter(t, a, "llmgw_agent_load_reads_total", "result", "ok") > 0 })
+	testkit.Wait(t, "a load reading of the external engine", func() bool {
+		return testkit.Metric(t, a.reg, "llmgw_agent_load_reads_total", testkit.Labels{"result": "ok"}) > 0
+	})
 	if tg := a.replicas.LoadTargets(); len(tg) != 1 || tg[0].Address != strings.TrimPrefix(engine.URL, "http://") {
 		t.Errorf("load targets %v, want the external engine", tg)
 	}
@@ -59,28 +62,28 @@ func TestExternalReplicaOwned(t *testing.T) {
 	stop()
 	a, stop = startAgent(t, c)
 	defer stop()
-	waitFor(t, "the new agent's hello", func() bool { h, _ := ctl.snapshot(); return len(h) == 2 })
+	testkit.Wait(t, "the new agent's hello", func() bool { h, _ := ctl.snapshot(); return len(h) == 2 })
 	hellos, _ := ctl.snapshot()
 	status = func() *llmgwv1.ReplicaStatus {
 		_, ups := ctl.snapshot()
 		return latest(ups, hellos[1].GetEpoch())["ext-3"]
 	}
 	set(10, rep)
-	waitFor(t, "ext-3 READY again", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
+	testkit.Wait(t, "ext-3 READY again", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
 	if st := status(); st.GetIncarnation() != 2 {
 		t.Errorf("after the agent's restart: incarnation %d, want 2", st.GetIncarnation())
 	}
 
 	drain := &llmgwv1.Replica{Id: "ext-3", Uid: 9, Model: "ext", Node: "n1", Endpoint: engine.URL, Draining: true}
 	set(11, drain)
-	waitFor(t, "ext-3 STOPPED", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED })
+	testkit.Wait(t, "ext-3 STOPPED", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED })
 	// The engine reports 3 running and 2 waiting throughout: a drain that
 	// waited for idle would reach only the drain timeout (minutes).
 	if files, _ := filepath.Glob(filepath.Join(c.DataDir, "engines", "*.json")); len(files) != 0 {
 		t.Errorf("engine records %v after the drain", files)
 	}
 	set(12)
-	waitFor(t, "the external replica's record forgotten", func() bool {
+	testkit.Wait(t, "the external replica's record forgotten", func() bool {
 		files, _ := filepath.Glob(filepath.Join(c.DataDir, "external", "*.json"))
 		return len(files) == 0
 	})

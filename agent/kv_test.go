@@ -11,6 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/llmgw/llmgw/agent/internal/fakeengine"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -22,7 +23,7 @@ func TestKVEventsReachControl(t *testing.T) {
 	ctl := startFakeControl(t, "c1")
 	c := testConfig(t, ctl.addr)
 	_, stop := startAgent(t, c)
-	waitFor(t, "the welcome's full copy", func() bool { _, u := ctl.snapshot(); return len(u) >= 1 })
+	testkit.Wait(t, "the welcome's full copy", func() bool { _, u := ctl.snapshot(); return len(u) >= 1 })
 
 	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Desired{Desired: &llmgwv1.DesiredReplicas{
 		Revision: 3, Replicas: []*llmgwv1.Replica{{Id: "demo-0", Uid: 5, Model: "demo", Node: "n1"}},
@@ -37,14 +38,14 @@ func TestKVEventsReachControl(t *testing.T) {
 			})
 		}
 	}
-	waitFor(t, "the new engine's reset", kvOf(func(_ *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
+	testkit.Wait(t, "the new engine's reset", kvOf(func(_ *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
 		return b.GetReplicaId() == "demo-0" && b.GetUid() == 5 && b.GetIncarnation() == 1 && b.GetReset_() &&
 			b.GetBlockSize() == 4 && len(b.GetStored()) == 0
 	}))
 
 	// The engine was told where to publish.
 	var endpoint string
-	waitFor(t, "the engine's start", func() bool {
+	testkit.Wait(t, "the engine's start", func() bool {
 		recs, _ := fakeengine.Read(filepath.Join(c.DataDir, "engine.jsonl"))
 		for _, r := range recs {
 			if i := slices.Index(r.Argv, "--kv-events-config"); i >= 0 && i+1 < len(r.Argv) {
@@ -72,7 +73,7 @@ func TestKVEventsReachControl(t *testing.T) {
 	if err := pub.Dial(endpoint); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })
+	testkit.Wait(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })
 	tokens := []int{1, 2, 3, 4, 5, 6, 7, 8}
 	hs, err := vllm.BlockHashes(vllm.NoneHash("7"), tokens, 4, nil)
 	if err != nil {
@@ -89,7 +90,7 @@ func TestKVEventsReachControl(t *testing.T) {
 	}
 	want := []uint64{hs[0].Uint64(), hs[1].Uint64()}
 	slices.Sort(want)
-	waitFor(t, "the blocks as a delta", kvOf(func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
+	testkit.Wait(t, "the blocks as a delta", kvOf(func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
 		// With the engine's time of the batch (ts 1 s), for the lag metrics.
 		return !u.GetFull() && !b.GetReset_() && slices.Equal(b.GetStored(), want) &&
 			b.GetOldestEventUnixNano() == 1e9 && b.GetNewestEventUnixNano() == 1e9
@@ -97,7 +98,7 @@ func TestKVEventsReachControl(t *testing.T) {
 
 	// Every full copy holds them, as a reset.
 	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_FullCopyRequest{FullCopyRequest: &llmgwv1.FullCopyRequest{Reason: "test"}}}
-	waitFor(t, "the blocks in a full copy", kvOf(func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
+	testkit.Wait(t, "the blocks in a full copy", kvOf(func(u *llmgwv1.EphemeralUpdate, b *llmgwv1.KVBlocks) bool {
 		return u.GetFull() && b.GetReset_() && b.GetIncarnation() == 1 && slices.Equal(b.GetStored(), want)
 	}))
 	hellos, ups := ctl.snapshot()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -66,14 +67,14 @@ func TestTLSSessionAndLoadService(t *testing.T) {
 	c := testConfig(t, impostor.addr, real.addr)
 	c.TLS = ca.Files(mtls.RoleAgent, "n1")
 	a, _ := startAgent(t, c)
-	waitFor(t, "attach to the control node with a server certificate", func() bool {
+	testkit.Wait(t, "attach to the control node with a server certificate", func() bool {
 		h, _ := real.snapshot()
 		return len(h) > 0
 	})
 	if h, _ := impostor.snapshot(); len(h) > 0 {
 		t.Fatalf("the agent said hello to a peer with an agent certificate: %v", h)
 	}
-	waitFor(t, "LoadService address", func() bool { return a.GRPCAddr() != "" })
+	testkit.Wait(t, "LoadService address", func() bool { return a.GRPCAddr() != "" })
 
 	subscribe := func(opt grpc.DialOption) error {
 		conn, err := grpc.NewClient(a.GRPCAddr(), opt)
@@ -139,7 +140,6 @@ func TestEngineLogsStayOnLoopback(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			a.replicas = &replicaSet{running: map[string]*runner{}}
 			req := httptest.NewRequest("GET", "/v1/replicas/nope/logs", nil)
 			req.RemoteAddr = tt.remote
 			w := httptest.NewRecorder()

@@ -129,6 +129,19 @@ var rules = []rule{
 		InRepo: []string{"proto", "vllm", "chunking"},
 		Why:    "agent meets controlplane and router only through proto (design §3)",
 	},
+	// The agent split by job (design §3, §6): the root wires one agent and
+	// may import them all; the session and the replica set meet only in
+	// the root, through the interfaces the session declares.
+	{
+		Prefix: "agent/session",
+		InRepo: []string{"proto", "chunking", "agent/datadir"},
+		Why:    "agent/session (the control-plane session) sees the replicas, the KV hub and the adapters through the interfaces it declares: only proto, chunking, internal and agent/datadir (design §3, §5.4)",
+	},
+	{
+		Prefix: "agent/replicas",
+		InRepo: []string{"proto", "vllm", "agent/adapters", "agent/datadir", "agent/drain", "agent/engine", "agent/kv", "agent/load", "agent/supervisor"},
+		Why:    "agent/replicas (the replica set) knows nothing of the control session or the agent root: only proto, vllm, internal and the engine-side agent packages (design §3, §6)",
+	},
 	{
 		Prefix: "router",
 		InRepo: []string{"proto", "vllm", "chunking"},

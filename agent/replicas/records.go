@@ -1,4 +1,4 @@
-package agent
+package replicas
 
 import (
 	"context"
@@ -209,7 +209,7 @@ const adoptTries = 3
 // (id, uid) keeps running, anything else is stopped. An engine that is
 // alive but unhealthy is stopped: it holds the port and GPUs a fresh start
 // needs.
-func (rs *replicaSet) adopt(ctx context.Context) {
+func (rs *Set) adopt(ctx context.Context) {
 	recs, errs := rs.records.load()
 	for _, err := range errs {
 		rs.log.Warn("unreadable engine record removed", "err", err)
@@ -250,7 +250,7 @@ func (rs *replicaSet) adopt(ctx context.Context) {
 	}
 }
 
-func (rs *replicaSet) dropRecord(id string) {
+func (rs *Set) dropRecord(id string) {
 	if err := rs.records.remove(id); err != nil {
 		rs.log.Warn("removing engine record", "replica", id, "err", err)
 	}
@@ -260,7 +260,7 @@ func (rs *replicaSet) dropRecord(id string) {
 // statuses: written when a new process is reported, removed when the
 // process is reported gone. Called from the runner's supervisor goroutine,
 // in order.
-func (rs *replicaSet) record(r *runner, st *llmgwv1.ReplicaStatus) {
+func (rs *Set) record(r *runner, st *llmgwv1.ReplicaStatus) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	pid := int(st.GetPid())

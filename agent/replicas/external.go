@@ -1,4 +1,4 @@
-package agent
+package replicas
 
 import (
 	"encoding/json"
@@ -30,7 +30,7 @@ import (
 // kv_events_replay entries at the index of the replica's endpoint. Like
 // listenKV it returns nil, logged, when it cannot: routers then use tier 1
 // for the replica.
-func (rs *replicaSet) connectKV(rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
+func (rs *Set) connectKV(rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
 	i := slices.Index(model.GetEndpoints(), rep.GetEndpoint())
 	if i < 0 || i >= len(model.GetKvEventsPublishers()) {
 		rs.log.Warn("kv_events model without a publisher for this endpoint; routers use tier 1 for it",
@@ -64,14 +64,14 @@ type externalRecord struct {
 	Incarnation uint64 `json:"incarnation"`
 }
 
-func (rs *replicaSet) externalPath(id string) string {
+func (rs *Set) externalPath(id string) string {
 	return filepath.Join(rs.cfg.DataDir, "external", url.PathEscape(id)+".json")
 }
 
 // nextExternalIncarnation is the incarnation an external replica's
 // supervisor starts at: 1, or one past the recorded one of the same
 // placement.
-func (rs *replicaSet) nextExternalIncarnation(rep *llmgwv1.Replica) uint64 {
+func (rs *Set) nextExternalIncarnation(rep *llmgwv1.Replica) uint64 {
 	b, err := os.ReadFile(rs.externalPath(rep.GetId()))
 	if err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
@@ -88,7 +88,7 @@ func (rs *replicaSet) nextExternalIncarnation(rep *llmgwv1.Replica) uint64 {
 
 // recordExternal keeps the record in step with the incarnations reported.
 // Called from the runner's supervisor goroutine, in order.
-func (rs *replicaSet) recordExternal(r *runner, st *llmgwv1.ReplicaStatus) {
+func (rs *Set) recordExternal(r *runner, st *llmgwv1.ReplicaStatus) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if st.GetIncarnation() == r.recordedIncarnation {
@@ -108,7 +108,7 @@ func (rs *replicaSet) recordExternal(r *runner, st *llmgwv1.ReplicaStatus) {
 }
 
 // dropExternal forgets a removed replica's record (there may be none).
-func (rs *replicaSet) dropExternal(id string) {
+func (rs *Set) dropExternal(id string) {
 	if err := os.Remove(rs.externalPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		rs.log.Warn("removing an external replica's record", "replica", id, "err", err)
 	}

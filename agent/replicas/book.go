@@ -1,4 +1,4 @@
-package agent
+package replicas
 
 import (
 	"sort"
@@ -9,7 +9,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// book is the agent's ephemeral data: the latest status of every replica it
+// Book is the agent's ephemeral data: the latest status of every replica it
 // runs. Sessions read it as a full copy and then as the changes since the
 // copy, so a status change made while no session exists is not lost: the
 // next session's full copy carries it.
@@ -18,9 +18,9 @@ import (
 // replica's latest status, and a replica stopped and forgotten in between
 // appears only as removed. Every hop keeps only the latest status anyway.
 //
-// One session reads it at a time (since prunes what that reader has seen);
+// One session reads it at a time (Since prunes what that reader has seen);
 // any number of supervisors write.
-type book struct {
+type Book struct {
 	mu      sync.Mutex
 	version uint64
 	entries map[string]bookEntry
@@ -34,11 +34,11 @@ type bookEntry struct {
 	ver uint64
 }
 
-func newBook() *book {
-	return &book{entries: map[string]bookEntry{}, removed: map[string]uint64{}, notify: make(chan struct{}, 1)}
+func newBook() *Book {
+	return &Book{entries: map[string]bookEntry{}, removed: map[string]uint64{}, notify: make(chan struct{}, 1)}
 }
 
-func (b *book) signal() {
+func (b *Book) signal() {
 	select {
 	case b.notify <- struct{}{}:
 	default:
@@ -46,7 +46,7 @@ func (b *book) signal() {
 }
 
 // put records a replica's status.
-func (b *book) put(st *llmgwv1.ReplicaStatus) {
+func (b *Book) put(st *llmgwv1.ReplicaStatus) {
 	b.mu.Lock()
 	b.version++
 	b.entries[st.GetReplicaId()] = bookEntry{st: proto.Clone(st).(*llmgwv1.ReplicaStatus), ver: b.version}
@@ -56,7 +56,7 @@ func (b *book) put(st *llmgwv1.ReplicaStatus) {
 }
 
 // remove forgets a replica the agent no longer runs.
-func (b *book) remove(id string) {
+func (b *Book) remove(id string) {
 	b.mu.Lock()
 	if _, ok := b.entries[id]; !ok {
 		b.mu.Unlock()
@@ -69,9 +69,9 @@ func (b *book) remove(id string) {
 	b.signal()
 }
 
-// snapshot returns every status, sorted by replica id, and the version it
+// Snapshot returns every status, sorted by replica id, and the version it
 // reflects.
-func (b *book) snapshot() ([]*llmgwv1.ReplicaStatus, uint64) {
+func (b *Book) Snapshot() ([]*llmgwv1.ReplicaStatus, uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	out := make([]*llmgwv1.ReplicaStatus, 0, len(b.entries))
@@ -88,9 +88,9 @@ func (b *book) snapshot() ([]*llmgwv1.ReplicaStatus, uint64) {
 	return out, b.version
 }
 
-// since returns what changed after version from: statuses upserted and
+// Since returns what changed after version from: statuses upserted and
 // replicas removed, and the version the answer reflects.
-func (b *book) since(from uint64) ([]*llmgwv1.ReplicaStatus, []string, uint64) {
+func (b *Book) Since(from uint64) ([]*llmgwv1.ReplicaStatus, []string, uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	var ups []*llmgwv1.ReplicaStatus
@@ -109,4 +109,19 @@ func (b *book) since(from uint64) ([]*llmgwv1.ReplicaStatus, []string, uint64) {
 	}
 	sort.Strings(rm)
 	return ups, rm, b.version
+}
+
+// Notify holds a token when something changed since the last read.
+func (b *Book) Notify() <-chan struct{} { return b.notify }
+
+// status returns a replica's latest status without disturbing what
+// sessions have read (the copy is shared: callers must not modify it), or
+// nil.
+func (b *Book) status(id string) *llmgwv1.ReplicaStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if e, ok := b.entries[id]; ok {
+		return e.st
+	}
+	return nil
 }

@@ -2,9 +2,7 @@ package agent
 
 import (
 	"context"
-	"io"
 	"net"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -12,27 +10,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
-	"github.com/llmgw/llmgw/vllm"
 )
-
-func TestLoadNames(t *testing.T) {
-	tests := []struct {
-		engine string
-		want   vllm.LoadNames
-	}{
-		{engine.VLLM, vllm.VLLMLoadNames},
-		{engine.Sim, vllm.VLLMLoadNames},
-		{engine.External, vllm.VLLMLoadNames},
-		{engine.LlamaCpp, vllm.LlamaCppLoadNames},
-	}
-	for _, tt := range tests {
-		if got := loadNames(tt.engine); got != tt.want {
-			t.Errorf("loadNames(%q) = %+v, want %+v", tt.engine, got, tt.want)
-		}
-	}
-}
 
 // TestLoadServiceServesRunningReplicas checks the wiring of design §6 "Load
 // snapshots": the hello advertises LoadService on the advertise address and
@@ -44,7 +24,7 @@ func TestLoadServiceServesRunningReplicas(t *testing.T) {
 	c := testConfig(t, ctl.addr)
 	c.LoadInterval = 10 * time.Millisecond
 	a, stop := startAgent(t, c)
-	waitFor(t, "hello", func() bool { h, _ := ctl.snapshot(); return len(h) == 1 })
+	testkit.Wait(t, "hello", func() bool { h, _ := ctl.snapshot(); return len(h) == 1 })
 	hellos, _ := ctl.snapshot()
 	adv := hellos[0].GetNode().GetAgentGrpcAddr()
 	host, port, err := net.SplitHostPort(adv)
@@ -82,10 +62,10 @@ func TestLoadServiceServesRunningReplicas(t *testing.T) {
 			break
 		}
 	}
-	waitFor(t, "failed reads and the subscriber counted", func() bool {
-		resp, err := httpGet("http://" + a.HTTPAddr() + "/metrics")
-		return err == nil && strings.Contains(resp, "llmgw_agent_load_subscribers 1") &&
-			strings.Contains(resp, `llmgw_agent_load_reads_total{result="error"}`)
+	testkit.Wait(t, "failed reads and the subscriber counted", func() bool {
+		subs, ok := testkit.Scrape(a.HTTPAddr(), "llmgw_agent_load_subscribers", nil)
+		_, failed := testkit.Scrape(a.HTTPAddr(), "llmgw_agent_load_reads_total", testkit.Labels{"result": "error"})
+		return ok && subs == 1 && failed
 	})
 	// Stopping the agent ends the subscription: what was in flight drains,
 	// then the stream fails.
@@ -95,16 +75,6 @@ func TestLoadServiceServesRunningReplicas(t *testing.T) {
 			break
 		}
 	}
-}
-
-func httpGet(url string) (string, error) {
-	resp, err := http.Get(url)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return string(b), err
 }
 
 func TestValidateLoadFields(t *testing.T) {

@@ -1,17 +1,23 @@
-package agent
+// Package replicas is the node's replica set (design §6): it makes the node
+// run the replicas the control plane places on it, one supervisor per
+// placement, re-adopts the engines an earlier agent left running, drains
+// the placements the desired set marks draining, and books every replica's
+// latest status for the control session to report (Book). It is the agent's
+// engine side; the control session (package agent/session) only hands it
+// desired sets, and the agent root wires the two.
+package replicas
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"time"
 
-	"google.golang.org/protobuf/proto"
+	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/llmgw/llmgw/agent/adapters"
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
@@ -20,33 +26,136 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// replicaSet makes the node run its desired replicas: one supervisor per
+// Config is what the replica set needs of the agent's configuration (the
+// agent's Config documents each setting to its user).
+type Config struct {
+	// NodeID is this node; a replica whose leader shard is elsewhere gets
+	// no KV listener or adapters here.
+	NodeID string
+	// AdvertiseAddr is the host engines listen on.
+	AdvertiseAddr string
+	// DataDir holds the engine records (engines/) and the external
+	// replicas' records (external/) the next agent reads.
+	DataDir string
+	// LogDir holds each engine's output, <replica id>.log; the caller
+	// creates it.
+	LogDir string
+	// Engines overrides how each engine kind is run, by engine name.
+	Engines map[string]Engine
+	// StopEnginesOnExit has the kernel kill the engines should the agent
+	// die (supervisor.Config.Pdeathsig).
+	StopEnginesOnExit bool
+	ReadyTimeout      time.Duration
+	StopGrace         time.Duration
+	ProbeInterval     time.Duration
+	RestartBackoff    supervisor.Backoff
+	// Drain judges a draining replica's engine idle (package drain).
+	Drain drain.Config
+	// KVMaxFrameBytes caps the KV-event sockets' frames; 0 keeps the
+	// listener's default.
+	KVMaxFrameBytes uint64
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Engine is how one engine kind is run on this node: its program and
+// leading arguments (empty: the driver's default) and the environment
+// added after the driver's.
+type Engine struct {
+	Command []string
+	Env     map[string]string
+}
+
+// KV is where the KV-event listeners of the replicas' engines are bound
+// (a *kv.Hub).
+type KV interface {
+	Listen(cfg kv.ListenerConfig, logger *slog.Logger) (*kv.Listener, error)
+}
+
+// Adapters loads the LoRA placements into the engines (design §6; an
+// *adapters.Manager): it is told every desired set, every status of a
+// leader shard's engine, and every replica forgotten.
+type Adapters interface {
+	Apply(d *llmgwv1.DesiredReplicas)
+	Engine(st *llmgwv1.ReplicaStatus, model *llmgwv1.Model)
+	Forget(id string)
+}
+
+// Set makes the node run its desired replicas: one supervisor per
 // replica, keyed by (id, uid). A new uid under a known id is a new replica
 // (design §4 "Identity"): the old engine is stopped before the new one starts,
 // since both would want the same port and GPUs.
 //
 // It keeps running its last desired set when the control plane is out of
 // reach; only a new desired set changes what runs.
-type replicaSet struct {
-	cfg  *Config
-	log  *slog.Logger
-	book *book
-	kv   *kv.Hub
-	// adapters loads the LoRA placements into the engines (design §6).
-	adapters *adapters.Manager
+//
+// Create with New (which starts nothing), then Start once, Apply any number
+// of times, and Stop once.
+type Set struct {
+	cfg      Config
+	log      *slog.Logger
+	book     *Book
+	kv       KV
+	adapters Adapters
+	metrics  *metrics
+	records  engineRecords
+
+	// Set by Start, before any replica runs.
+	//
 	// loads are the node's load readings, by which a draining engine is
-	// judged idle; set once, before any desired set is applied.
-	loads   drain.Loads
-	metrics *metrics
-	ports   *datadir.Ports
-	records engineRecords
-	logDir  string
-	// ctx is the life of every supervisor: cancelled when the agent stops.
-	ctx context.Context
+	// judged idle.
+	loads drain.Loads
+	ports *datadir.Ports
+	// ctx is the life of every supervisor: cancelled by Stop.
+	ctx  context.Context
+	stop context.CancelFunc
 
 	wg      sync.WaitGroup
 	mu      sync.Mutex
 	running map[string]*runner
+}
+
+// New returns an empty set whose metrics (llmgw_agent_desired_*,
+// llmgw_agent_replica_phase, llmgw_agent_engine_*, llmgw_agent_drain*) are
+// registered on reg. It starts nothing and touches no file.
+func New(cfg Config, kvs KV, ads Adapters, logger *slog.Logger, reg prometheus.Registerer) (*Set, error) {
+	if logger == nil {
+		return nil, errors.New("replicas: nil logger")
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("replicas: metrics: %w", err)
+	}
+	return &Set{cfg: cfg, log: logger, book: newBook(), kv: kvs, adapters: ads, metrics: m,
+		records: engineRecords{dir: filepath.Join(cfg.DataDir, "engines")}, running: map[string]*runner{}}, nil
+}
+
+// Book is the replicas' latest statuses, which the control session reports.
+func (rs *Set) Book() *Book { return rs.book }
+
+// Start readies the set to run replicas, their ports from ports and their
+// drains judged on loads, and re-adopts the engines an earlier agent left
+// running (adopt): called before the first session, so its hello lists
+// them.
+func (rs *Set) Start(ctx context.Context, ports *datadir.Ports, loads drain.Loads) {
+	rs.ports, rs.loads = ports, loads
+	rs.ctx, rs.stop = context.WithCancel(context.Background())
+	rs.adopt(ctx)
+}
+
+// Stop ends every replica's supervision and returns once every goroutine
+// of the set has ended. With detach the engines are left running for the
+// next agent to re-adopt (design §6 "Engines outlive the agent"); without,
+// each supervisor stops its engine. A replica removed from the desired set
+// before Stop is stopped either way.
+func (rs *Set) Stop(detach bool) {
+	if detach {
+		rs.detachAll()
+	}
+	if rs.stop != nil {
+		rs.stop()
+	}
+	rs.wg.Wait()
 }
 
 // runner is one replica placement being run.
@@ -60,7 +169,7 @@ type runner struct {
 
 	// draining is set once the desired set marks the placement draining;
 	// undrain ends the wait for it to go idle, and drained is set when
-	// that wait stopped the engine. Guarded by replicaSet.mu.
+	// that wait stopped the engine. Guarded by Set.mu.
 	draining bool
 	undrain  context.CancelFunc
 	drained  bool
@@ -95,9 +204,9 @@ func (r *runner) listener() *kv.Listener {
 	return r.kvl
 }
 
-// apply converges on a desired set. It never blocks on an engine: starts and
+// Apply converges on a desired set. It never blocks on an engine: starts and
 // stops run in the replicas' own goroutines.
-func (rs *replicaSet) apply(d *llmgwv1.DesiredReplicas) {
+func (rs *Set) Apply(d *llmgwv1.DesiredReplicas) {
 	models := make(map[string]*llmgwv1.Model, len(d.GetModels()))
 	for _, m := range d.GetModels() {
 		models[m.GetName()] = m
@@ -160,7 +269,7 @@ func (rs *replicaSet) apply(d *llmgwv1.DesiredReplicas) {
 
 // forget drops a removed replica once its engine has stopped, unless it was
 // placed here again meanwhile.
-func (rs *replicaSet) forget(id string, r *runner) {
+func (rs *Set) forget(id string, r *runner) {
 	defer rs.wg.Done()
 	<-r.done
 	rs.mu.Lock()
@@ -178,7 +287,7 @@ func (rs *replicaSet) forget(id string, r *runner) {
 	}
 }
 
-func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner, adopt *supervisor.Adoption) {
+func (rs *Set) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner, adopt *supervisor.Adoption) {
 	ctx, cancel := context.WithCancel(rs.ctx)
 	r := &runner{replica: rep, model: model, ctx: ctx, cancel: cancel, done: make(chan struct{}), adopted: adopt,
 		undrain: func() {}}
@@ -206,7 +315,7 @@ func (rs *replicaSet) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, pr
 // running set, stopped, until the desired set drops it. The wait is owned
 // by the placement's context: it ends when the placement is replaced or
 // removed, when the agent stops, or on undrain.
-func (rs *replicaSet) drainLocked(r *runner) {
+func (rs *Set) drainLocked(r *runner) {
 	r.draining = true
 	ctx, cancel := context.WithCancel(r.ctx)
 	r.undrain = cancel
@@ -218,7 +327,7 @@ func (rs *replicaSet) drainLocked(r *runner) {
 	}()
 }
 
-func (rs *replicaSet) drain(ctx context.Context, r *runner) {
+func (rs *Set) drain(ctx context.Context, r *runner) {
 	id, uid := r.replica.GetId(), r.replica.GetUid()
 	log := rs.log.With("replica", id, "model", r.replica.GetModel())
 	began := rs.now()
@@ -233,8 +342,8 @@ func (rs *replicaSet) drain(ctx context.Context, r *runner) {
 		<-r.done
 		return
 	}
-	log.Info("replica draining; its engine stops once idle", "quiet", rs.cfg.DrainQuiet, "timeout", rs.cfg.DrainTimeout)
-	out, err := drain.Wait(ctx, rs.cfg.drainConfig(), rs.loads, drain.Replica{ID: id, UID: uid, Serving: func() bool {
+	log.Info("replica draining; its engine stops once idle", "quiet", rs.cfg.Drain.Quiet, "timeout", rs.cfg.Drain.Timeout)
+	out, err := drain.Wait(ctx, rs.cfg.Drain, rs.loads, drain.Replica{ID: id, UID: uid, Serving: func() bool {
 		st := rs.book.status(id)
 		if st == nil || st.GetUid() != uid {
 			return false
@@ -257,7 +366,7 @@ func (rs *replicaSet) drain(ctx context.Context, r *runner) {
 	r.drained = true
 	rs.mu.Unlock()
 	if out == drain.TimedOut {
-		log.Warn("draining replica still busy at the drain timeout; stopping its engine", "timeout", rs.cfg.DrainTimeout)
+		log.Warn("draining replica still busy at the drain timeout; stopping its engine", "timeout", rs.cfg.Drain.Timeout)
 	} else {
 		log.Info("draining replica idle; stopping its engine", "why", out.String())
 	}
@@ -268,7 +377,7 @@ func (rs *replicaSet) drain(ctx context.Context, r *runner) {
 }
 
 // run plans a replica's launch and supervises it until ctx ends.
-func (rs *replicaSet) run(ctx context.Context, r *runner) {
+func (rs *Set) run(ctx context.Context, r *runner) {
 	rep := r.replica
 	log := rs.log.With("replica", rep.GetId(), "model", rep.GetModel())
 	report := rs.reporter(r)
@@ -296,7 +405,7 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	sc := supervisor.DefaultConfig()
 	sc.ReplicaID, sc.UID, sc.Model, sc.Node = rep.GetId(), rep.GetUid(), rep.GetModel(), rs.cfg.NodeID
 	sc.Launch = launch
-	sc.LogPath = filepath.Join(rs.logDir, rep.GetId()+".log")
+	sc.LogPath = filepath.Join(rs.cfg.LogDir, rep.GetId()+".log")
 	sc.ReadyTimeout, sc.StopGrace = rs.cfg.ReadyTimeout, rs.cfg.StopGrace
 	sc.ProbeInterval = rs.cfg.ProbeInterval
 	sc.Backoff = rs.cfg.RestartBackoff
@@ -317,128 +426,10 @@ func (rs *replicaSet) run(ctx context.Context, r *runner) {
 	}
 }
 
-// plan allocates the replica's ports, binds its KV-event listener where
-// the model has one, and asks its engine's driver for a launch. The
-// listener is returned even with an error, for the caller to close.
-//
-// For an adopted engine the ports are the ones it already listens on (held
-// in the port store by adopt), and its listener catches up through the
-// engine's replay socket on the batches published while no agent listened
-// (design §6 "KV events"). The launch is the one the engine was started with,
-// since drivers are pure; it is used should the engine need a restart.
-func (rs *replicaSet) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *supervisor.Adoption) (launch engine.Launch, ports map[string]int, kvl *kv.Listener, err error) {
-	if model == nil {
-		return engine.Launch{}, nil, nil, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
-	}
-	spec := engine.Spec{Replica: rep, Model: model, Host: rs.cfg.AdvertiseAddr}
-	if ec, ok := rs.cfg.Engines[model.GetEngine()]; ok {
-		spec.Command, spec.Env = ec.Command, ec.Env
-	}
-	ports = map[string]int{}
-	port := func(purpose, host string) (int, error) {
-		key := rep.GetId() + "/" + purpose
-		p, err := 0, error(nil)
-		if adopted != nil {
-			p, err = rs.ports.Held(key)
-		} else {
-			p, err = rs.ports.Get(key, host)
-		}
-		ports[purpose] = p
-		return p, err
-	}
-	if model.GetEngine() == engine.External {
-		if model.GetKvEvents() {
-			kvl = rs.connectKV(rep, model)
-		}
-	} else {
-		if spec.Port, err = port("http", rs.cfg.AdvertiseAddr); err != nil {
-			return engine.Launch{}, nil, nil, err
-		}
-		if model.GetKvEvents() {
-			// KV-event sockets stay on loopback (design §6).
-			if spec.KVEventsPort, err = port("kv-events", "127.0.0.1"); err != nil {
-				return engine.Launch{}, nil, nil, err
-			}
-			if spec.KVReplayPort, err = port("kv-replay", "127.0.0.1"); err != nil {
-				return engine.Launch{}, nil, nil, err
-			}
-			if kvl = rs.listenKV(rep, model, spec.KVEventsPort, spec.KVReplayPort, adopted != nil); kvl == nil {
-				m := proto.Clone(model).(*llmgwv1.Model)
-				m.KvEvents = false
-				spec.Model = m
-			} else if adopted != nil {
-				// At once, so the catch-up replay lands in this
-				// incarnation's mirror rather than being reset by the
-				// supervisor's first report.
-				kvl.Engine(adopted.Incarnation)
-			}
-		}
-	}
-	launch, err = engine.Plan(spec)
-	return launch, ports, kvl, err
-}
-
-// kvTopic is the topic the vllm and sim drivers give engines.
-const kvTopic = "kv"
-
-// listenKV binds the KV-event listener of a replica's leader shard before
-// its engine starts (design §6 "KV events", §7.5), for the engines that
-// publish vLLM's events. It returns nil where there is none to bind, and
-// on failure, which is logged: the engine then starts without events and
-// routers use tier 1 for it, rather than the replica not running at all
-// for want of an optimisation.
-func (rs *replicaSet) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port, replayPort int, catchUp bool) *kv.Listener {
-	if eng := model.GetEngine(); eng != engine.VLLM && eng != engine.Sim {
-		return nil
-	}
-	if leaderNode(rep) != rs.cfg.NodeID {
-		return nil
-	}
-	cfg := kv.DefaultListenerConfig()
-	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), kvTopic
-	cfg.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(port)
-	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
-	cfg.CatchUp = catchUp
-	return rs.startKV(cfg, rep, model)
-}
-
-// startKV completes a listener's config from the model and the agent's
-// settings and starts it; nil, logged, on failure.
-func (rs *replicaSet) startKV(cfg kv.ListenerConfig, rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
-	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
-	if rs.cfg.KVMaxFrameBytes != 0 {
-		cfg.MaxMessageBytes = rs.cfg.KVMaxFrameBytes
-	}
-	if cfg.BlockSize == 0 {
-		cfg.BlockSize = engine.DefaultBlockSize
-	}
-	if cfg.HashSeed == "" {
-		cfg.HashSeed = engine.DefaultHashSeed
-	}
-	l, err := rs.kv.Listen(cfg, rs.log.With("model", rep.GetModel()))
-	if err != nil {
-		rs.log.Warn("cannot receive kv cache events; the engine starts without them and routers use tier 1 for it",
-			"replica", rep.GetId(), "model", rep.GetModel(), "err", err)
-		return nil
-	}
-	return l
-}
-
-// leaderNode is the node of a replica's rank-0 shard, the one that serves
-// HTTP and publishes KV events (design §4).
-func leaderNode(rep *llmgwv1.Replica) string {
-	for _, sh := range rep.GetShards() {
-		if sh.GetRank() == 0 {
-			return sh.GetNode()
-		}
-	}
-	return rep.GetNode()
-}
-
 // reporter records a runner's statuses while it is the replica's current
 // placement: a replaced placement's last words must not overwrite the new
 // one's.
-func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
+func (rs *Set) reporter(r *runner) supervisor.Reporter {
 	return func(st *llmgwv1.ReplicaStatus) {
 		// Before the currency check: a replaced placement's engine is
 		// stopped (and its record removed) before the new one starts.
@@ -468,15 +459,15 @@ func (rs *replicaSet) reporter(r *runner) supervisor.Reporter {
 	}
 }
 
-func (rs *replicaSet) now() time.Time {
+func (rs *Set) now() time.Time {
 	if rs.cfg.Now != nil {
 		return rs.cfg.Now()
 	}
 	return time.Now()
 }
 
-// logs returns a replica's last engine output lines.
-func (rs *replicaSet) logs(id string) ([]string, bool) {
+// Logs returns a replica's last engine output lines.
+func (rs *Set) Logs(id string) ([]string, bool) {
 	rs.mu.Lock()
 	r := rs.running[id]
 	rs.mu.Unlock()
@@ -493,7 +484,7 @@ func (rs *replicaSet) logs(id string) ([]string, bool) {
 // (design §6 "Engines outlive the agent"). Called before the supervisors'
 // context is cancelled, so none of them stops its engine; a replica removed
 // from the desired set before this is still stopped.
-func (rs *replicaSet) detachAll() {
+func (rs *Set) detachAll() {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
 	for _, r := range rs.running {
@@ -505,7 +496,3 @@ func (rs *replicaSet) detachAll() {
 		r.mu.Unlock()
 	}
 }
-
-// wait returns once every replica goroutine has ended; the caller cancels
-// their context first.
-func (rs *replicaSet) wait() { rs.wg.Wait() }

@@ -1,4 +1,4 @@
-package agent
+package replicas
 
 import (
 	"slices"
@@ -15,7 +15,7 @@ import (
 // address, under the incarnation that status reports. A starting or
 // restarting engine has no load worth reading; routers do not send it
 // requests anyway.
-func (rs *replicaSet) LoadTargets() []load.Target {
+func (rs *Set) LoadTargets() []load.Target {
 	rs.mu.Lock()
 	runners := make([]*runner, 0, len(rs.running))
 	for _, r := range rs.running {
@@ -44,16 +44,4 @@ func loadNames(engineName string) vllm.LoadNames {
 		return vllm.LlamaCppLoadNames
 	}
 	return vllm.VLLMLoadNames
-}
-
-// status returns a replica's latest status without disturbing what
-// sessions have read (the copy is shared: callers must not modify it), or
-// nil.
-func (b *book) status(id string) *llmgwv1.ReplicaStatus {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if e, ok := b.entries[id]; ok {
-		return e.st
-	}
-	return nil
 }

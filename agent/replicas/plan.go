@@ -1,0 +1,131 @@
+package replicas
+
+import (
+	"fmt"
+	"strconv"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/agent/kv"
+	"github.com/llmgw/llmgw/agent/supervisor"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// plan allocates the replica's ports, binds its KV-event listener where
+// the model has one, and asks its engine's driver for a launch. The
+// listener is returned even with an error, for the caller to close.
+//
+// For an adopted engine the ports are the ones it already listens on (held
+// in the port store by adopt), and its listener catches up through the
+// engine's replay socket on the batches published while no agent listened
+// (design §6 "KV events"). The launch is the one the engine was started with,
+// since drivers are pure; it is used should the engine need a restart.
+func (rs *Set) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *supervisor.Adoption) (launch engine.Launch, ports map[string]int, kvl *kv.Listener, err error) {
+	if model == nil {
+		return engine.Launch{}, nil, nil, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
+	}
+	spec := engine.Spec{Replica: rep, Model: model, Host: rs.cfg.AdvertiseAddr}
+	if ec, ok := rs.cfg.Engines[model.GetEngine()]; ok {
+		spec.Command, spec.Env = ec.Command, ec.Env
+	}
+	ports = map[string]int{}
+	port := func(purpose, host string) (int, error) {
+		key := rep.GetId() + "/" + purpose
+		p, err := 0, error(nil)
+		if adopted != nil {
+			p, err = rs.ports.Held(key)
+		} else {
+			p, err = rs.ports.Get(key, host)
+		}
+		ports[purpose] = p
+		return p, err
+	}
+	if model.GetEngine() == engine.External {
+		if model.GetKvEvents() {
+			kvl = rs.connectKV(rep, model)
+		}
+	} else {
+		if spec.Port, err = port("http", rs.cfg.AdvertiseAddr); err != nil {
+			return engine.Launch{}, nil, nil, err
+		}
+		if model.GetKvEvents() {
+			// KV-event sockets stay on loopback (design §6).
+			if spec.KVEventsPort, err = port("kv-events", "127.0.0.1"); err != nil {
+				return engine.Launch{}, nil, nil, err
+			}
+			if spec.KVReplayPort, err = port("kv-replay", "127.0.0.1"); err != nil {
+				return engine.Launch{}, nil, nil, err
+			}
+			if kvl = rs.listenKV(rep, model, spec.KVEventsPort, spec.KVReplayPort, adopted != nil); kvl == nil {
+				m := proto.Clone(model).(*llmgwv1.Model)
+				m.KvEvents = false
+				spec.Model = m
+			} else if adopted != nil {
+				// At once, so the catch-up replay lands in this
+				// incarnation's mirror rather than being reset by the
+				// supervisor's first report.
+				kvl.Engine(adopted.Incarnation)
+			}
+		}
+	}
+	launch, err = engine.Plan(spec)
+	return launch, ports, kvl, err
+}
+
+// kvTopic is the topic the vllm and sim drivers give engines.
+const kvTopic = "kv"
+
+// listenKV binds the KV-event listener of a replica's leader shard before
+// its engine starts (design §6 "KV events", §7.5), for the engines that
+// publish vLLM's events. It returns nil where there is none to bind, and
+// on failure, which is logged: the engine then starts without events and
+// routers use tier 1 for it, rather than the replica not running at all
+// for want of an optimisation.
+func (rs *Set) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port, replayPort int, catchUp bool) *kv.Listener {
+	if eng := model.GetEngine(); eng != engine.VLLM && eng != engine.Sim {
+		return nil
+	}
+	if leaderNode(rep) != rs.cfg.NodeID {
+		return nil
+	}
+	cfg := kv.DefaultListenerConfig()
+	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), kvTopic
+	cfg.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(port)
+	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
+	cfg.CatchUp = catchUp
+	return rs.startKV(cfg, rep, model)
+}
+
+// startKV completes a listener's config from the model and the agent's
+// settings and starts it; nil, logged, on failure.
+func (rs *Set) startKV(cfg kv.ListenerConfig, rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
+	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
+	if rs.cfg.KVMaxFrameBytes != 0 {
+		cfg.MaxMessageBytes = rs.cfg.KVMaxFrameBytes
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = engine.DefaultBlockSize
+	}
+	if cfg.HashSeed == "" {
+		cfg.HashSeed = engine.DefaultHashSeed
+	}
+	l, err := rs.kv.Listen(cfg, rs.log.With("model", rep.GetModel()))
+	if err != nil {
+		rs.log.Warn("cannot receive kv cache events; the engine starts without them and routers use tier 1 for it",
+			"replica", rep.GetId(), "model", rep.GetModel(), "err", err)
+		return nil
+	}
+	return l
+}
+
+// leaderNode is the node of a replica's rank-0 shard, the one that serves
+// HTTP and publishes KV events (design §4).
+func leaderNode(rep *llmgwv1.Replica) string {
+	for _, sh := range rep.GetShards() {
+		if sh.GetRank() == 0 {
+			return sh.GetNode()
+		}
+	}
+	return rep.GetNode()
+}
