@@ -5,11 +5,16 @@
 // copy once ended sessions at gRPC's receive limit and made memberlist
 // sends outlast their timeout.
 //
-// Why a package of its own, outside the components: the framing is part of
-// the wire contract, spoken by the agent (splitting), the control plane
-// (both) and the router (assembling), which meet only in proto (design
-// §3). It imports only proto, so each may import it; the alternative was
-// three copies kept in step by hand.
+// It also holds the order every hop judges updates by (Position: the
+// (epoch, seq) rule of design §5.4 "Epochs"), since a chunked update is
+// judged only once whole, at the position its chunks share.
+//
+// Why a package of its own, outside the components: the framing and the
+// order are part of the wire contract, spoken by the agent (splitting), the
+// control plane (both, and judging) and the router (assembling and
+// judging), which meet only in proto (design §3). It imports only proto, so
+// each may import it; the alternative was three copies kept in step by
+// hand.
 package chunking
 
 import (
@@ -129,6 +134,15 @@ func Split(u *llmgwv1.EphemeralUpdate, maxBytes int) []*llmgwv1.EphemeralUpdate 
 	return out
 }
 
+// IsChunk reports whether u is one chunk of a larger update, to be held
+// aside until its update is whole (Assembler), rather than an update to
+// judge and apply at once. A message that merely claims to be a chunk (a
+// chunk number with no count) counts: the assembler refuses it, so it is
+// never taken for a whole update.
+func IsChunk(u *llmgwv1.EphemeralUpdate) bool {
+	return u.GetChunks() > 1 || u.GetChunk() != 0
+}
+
 // ErrChunk is wrapped by every error an Assembler returns for a chunk that
 // cannot belong to a valid update.
 var ErrChunk = errors.New("malformed chunked update")
@@ -178,11 +192,11 @@ func (a *Assembler) Pending() int { return len(a.partial) }
 // cannot be part of a valid update, or holding it would pass the bound;
 // what was held for its node is dropped.
 func (a *Assembler) Add(u *llmgwv1.EphemeralUpdate) (*llmgwv1.EphemeralUpdate, error) {
-	if u.GetChunks() <= 1 {
-		if u.GetChunk() != 0 {
-			return nil, fmt.Errorf("%w: chunk %d of %d", ErrChunk, u.GetChunk(), u.GetChunks())
-		}
+	if !IsChunk(u) {
 		return u, nil
+	}
+	if u.GetChunks() <= 1 {
+		return nil, fmt.Errorf("%w: chunk %d of %d", ErrChunk, u.GetChunk(), u.GetChunks())
 	}
 	node := u.GetNode()
 	if u.Chunks > MaxChunks || u.Chunk >= u.Chunks {

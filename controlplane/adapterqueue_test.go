@@ -10,23 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
-
-// queuedCalls is the leader's llmgw_control_adapter_queued_calls.
-func queuedCalls(t *testing.T, s *Server) float64 {
-	t.Helper()
-	mfs, err := s.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "llmgw_control_adapter_queued_calls" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	return 0
-}
 
 // TestEnsureAdapterQueue: with every slot busy, calls that ask to queue
 // wait on the leader instead of answering busy; the slot an idle adapter
@@ -61,7 +47,7 @@ func TestEnsureAdapterQueue(t *testing.T) {
 		on[a] = resp.LoadedOn[0]
 		agent.setActive(t, a, 1)
 	}
-	waitFor(ctx, t, "activity reported", func() error {
+	testkit.WaitCtx(ctx, t, "activity reported", func() error {
 		for _, rep := range modelReplicas(r.srv, "lora") {
 			for _, st := range r.srv.eph.AdaptersOf(rep) {
 				if st.Active == 0 {
@@ -88,19 +74,9 @@ func TestEnsureAdapterQueue(t *testing.T) {
 		return ch
 	}
 	young := queued("young", now.Add(-time.Second))
-	waitFor(ctx, t, "young queued", func() error {
-		if queuedCalls(t, r.srv) != 1 {
-			return status.Error(codes.Unavailable, "not yet")
-		}
-		return nil
-	})
+	testkit.WaitMetric(t, r.srv.reg, "llmgw_control_adapter_queued_calls", nil, 1)
 	old := queued("old", now.Add(-5*time.Second))
-	waitFor(ctx, t, "old queued", func() error {
-		if queuedCalls(t, r.srv) != 2 {
-			return status.Error(codes.Unavailable, "not yet")
-		}
-		return nil
-	})
+	testkit.WaitMetric(t, r.srv.reg, "llmgw_control_adapter_queued_calls", nil, 2)
 
 	// A caller that does not queue is answered busy at once, behind them.
 	resp, err := ensure(&llmgwv1.EnsureAdapterRequest{Adapter: "late"})
@@ -135,10 +111,5 @@ func TestEnsureAdapterQueue(t *testing.T) {
 	if a.err != nil || a.resp.State != llmgwv1.AdapterState_ADAPTER_STATE_LOADED || !slices.Equal(a.resp.LoadedOn, []string{on["hot"]}) {
 		t.Fatalf("young: %v, %v; want LOADED on %s", a.resp, a.err, on["hot"])
 	}
-	waitFor(ctx, t, "the queue empty", func() error {
-		if queuedCalls(t, r.srv) != 0 {
-			return status.Error(codes.Unavailable, "not yet")
-		}
-		return nil
-	})
+	testkit.WaitMetric(t, r.srv.reg, "llmgw_control_adapter_queued_calls", nil, 0)
 }

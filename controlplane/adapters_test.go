@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -145,7 +146,7 @@ func startLoraModel(ctx context.Context, t *testing.T, r *running, names ...stri
 		t.Fatal(err)
 	}
 	agent := startLoraAgent(ctx, t, r, "n1", 2)
-	waitFor(ctx, t, "both replicas ready", func() error {
+	testkit.WaitCtx(ctx, t, "both replicas ready", func() error {
 		reps := modelReplicas(r.srv, "lora")
 		for _, rep := range reps {
 			if !replicaReady(r.srv, rep) {
@@ -214,7 +215,7 @@ func TestEnsureAdapter(t *testing.T) {
 	// Both loaded adapters busy: nothing is evicted, the caller retries.
 	agent.setActive(t, "sql", 1)
 	agent.setActive(t, "legal", 2)
-	waitFor(ctx, t, "activity reported", func() error {
+	testkit.WaitCtx(ctx, t, "activity reported", func() error {
 		for _, rep := range modelReplicas(r.srv, "lora") {
 			for _, st := range r.srv.eph.AdaptersOf(rep) {
 				if st.Active == 0 {
@@ -234,7 +235,7 @@ func TestEnsureAdapter(t *testing.T) {
 
 	// legal goes idle: it is the one evicted, and chat takes its replica.
 	agent.setActive(t, "legal", 0)
-	waitFor(ctx, t, "legal idle", func() error {
+	testkit.WaitCtx(ctx, t, "legal idle", func() error {
 		for _, st := range r.srv.eph.AdaptersOf(modelReplicas(r.srv, "lora")[legalOn]) {
 			if st.Active != 0 {
 				return status.Error(codes.Unavailable, "not yet")

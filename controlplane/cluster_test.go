@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -70,17 +72,17 @@ func TestThreeServers(t *testing.T) {
 	// The leader stops; one of the others takes over writes.
 	c1.stop(t)
 	var leader *running
-	for leader == nil {
-		if ctx.Err() != nil {
-			t.Fatal("no new leader")
-		}
+	testkit.WaitCtx(ctx, t, "a new leader", func() error {
 		for _, r := range others {
 			if r.srv.store.LeaderReady() {
 				leader = r
 			}
 		}
-		time.Sleep(20 * time.Millisecond) // polling, not asserting a duration
-	}
+		if leader == nil {
+			return errors.New("none of the others is leader")
+		}
+		return nil
+	})
 	del, err := llmgwv1.NewAdminServiceClient(leader.conn).DeleteModel(ctx, &llmgwv1.DeleteModelRequest{Name: "demo"})
 	if err != nil {
 		t.Fatalf("write on the new leader: %v", err)

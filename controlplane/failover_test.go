@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -67,7 +68,7 @@ func heldBy(r *running, node string) (uint64, uint64) {
 
 func wantHeld(ctx context.Context, t *testing.T, r *running, node string, epoch, seq uint64) {
 	t.Helper()
-	waitFor(ctx, t, fmt.Sprintf("%s holds %s at %d/%d", r.srv.cfg.NodeID, node, epoch, seq), func() error {
+	testkit.WaitCtx(ctx, t, fmt.Sprintf("%s holds %s at %d/%d", r.srv.cfg.NodeID, node, epoch, seq), func() error {
 		if e, s := heldBy(r, node); e != epoch || s != seq {
 			return fmt.Errorf("holds %d/%d", e, s)
 		}
@@ -123,7 +124,7 @@ func TestEphemeralPlane(t *testing.T) {
 	for _, r := range []*running{c1, c2, c3} {
 		wantHeld(ctx, t, r, "n1", 100, 3)
 	}
-	waitFor(ctx, t, "the watcher on c2 sees 100/3", func() error {
+	testkit.WaitCtx(ctx, t, "the watcher on c2 sees 100/3", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(seen) == 0 || seen[len(seen)-1] != [2]uint64{100, 3} {
@@ -131,7 +132,7 @@ func TestEphemeralPlane(t *testing.T) {
 		}
 		return nil
 	})
-	waitFor(ctx, t, "c3 sees n1 attached", func() error {
+	testkit.WaitCtx(ctx, t, "c3 sees n1 attached", func() error {
 		ns, err := c.admin("c3").ListNodes(ctx, &llmgwv1.ListRequest{})
 		if err != nil || !ns.Connected["n1"] {
 			return fmt.Errorf("connected %v, %w", ns.GetConnected(), err)
@@ -184,7 +185,7 @@ func TestEphemeralPlane(t *testing.T) {
 	for _, r := range []*running{c1, c2, c3} {
 		wantHeld(ctx, t, r, "n1", 200, 1)
 	}
-	waitFor(ctx, t, "the watcher on c2 sees 200/1", func() error {
+	testkit.WaitCtx(ctx, t, "the watcher on c2 sees 200/1", func() error {
 		mu.Lock()
 		defer mu.Unlock()
 		if len(seen) == 0 || seen[len(seen)-1] != [2]uint64{200, 1} {
@@ -239,7 +240,7 @@ func TestFailoverGrace(t *testing.T) {
 		}
 		return nil
 	}
-	waitFor(ctx, t, "a replica on each node", func() error {
+	testkit.WaitCtx(ctx, t, "a replica on each node", func() error {
 		if replicaOn(f, "n1") == nil || replicaOn(f, "n2") == nil {
 			return fmt.Errorf("not yet")
 		}
@@ -247,7 +248,7 @@ func TestFailoverGrace(t *testing.T) {
 	})
 	onN2 := replicaOn(f, "n2")
 	for id := range c.nodes {
-		waitFor(ctx, t, id+" sees both agents attached", func() error {
+		testkit.WaitCtx(ctx, t, id+" sees both agents attached", func() error {
 			ns, err := c.admin(id).ListNodes(ctx, &llmgwv1.ListRequest{})
 			if err != nil || !ns.Connected["n1"] || !ns.Connected["n2"] {
 				return fmt.Errorf("connected %v, %w", ns.GetConnected(), err)
@@ -258,7 +259,7 @@ func TestFailoverGrace(t *testing.T) {
 
 	c.stop(leader)
 	newLeader := c.agreedLeader(ctx, 3)
-	waitFor(ctx, t, "the new leader past its barrier", func() error {
+	testkit.WaitCtx(ctx, t, "the new leader past its barrier", func() error {
 		if !c.nodes[newLeader].srv.store.LeaderReady() {
 			return fmt.Errorf("not ready")
 		}
@@ -285,7 +286,7 @@ func TestFailoverGrace(t *testing.T) {
 		}
 	}
 	clock.Advance(2 * time.Minute)
-	waitFor(ctx, t, "n2 down", func() error {
+	testkit.WaitCtx(ctx, t, "n2 down", func() error {
 		if st := state("n2"); st != llmgwv1.NodeState_NODE_STATE_DOWN {
 			return fmt.Errorf("n2 is %v", st)
 		}
@@ -295,7 +296,7 @@ func TestFailoverGrace(t *testing.T) {
 		t.Fatalf("n1, attached to a live follower, is %v", st)
 	}
 	clock.Advance(3 * time.Hour)
-	waitFor(ctx, t, "n2's replica rescheduled on n1", func() error {
+	testkit.WaitCtx(ctx, t, "n2's replica rescheduled on n1", func() error {
 		reps, err := c.admin(newLeader).ListReplicas(ctx, &llmgwv1.ListRequest{})
 		if err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/llmgw/llmgw/controlplane/cluster"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -65,7 +66,7 @@ func TestClusterStatusRaftFields(t *testing.T) {
 	c := newHACluster(t, 3, "c1", "c2", "c3")
 	leader := c.agreedLeader(ctx, 3)
 	for id := range c.nodes {
-		waitFor(ctx, t, id+"'s ClusterStatus figures", func() error {
+		testkit.WaitCtx(ctx, t, id+"'s ClusterStatus figures", func() error {
 			var md metadata.MD
 			cs, err := c.admin(id).ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{}, grpc.Header(&md))
 			if err != nil {

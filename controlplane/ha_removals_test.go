@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -41,7 +42,7 @@ func TestRemovalSurvivesFullRestart(t *testing.T) {
 		}
 		return nil
 	}
-	waitFor(ctx, t, "the removal in every remaining server's replicated state", func() error {
+	testkit.WaitCtx(ctx, t, "the removal in every remaining server's replicated state", func() error {
 		for _, id := range remaining {
 			if err := removedOn(id, true); err != nil {
 				return err
@@ -78,5 +79,5 @@ func TestRemovalSurvivesFullRestart(t *testing.T) {
 	all := append(slices.Clone(starred), victim+"*")
 	slices.Sort(all)
 	c.wantPeers(ctx, cur, all...)
-	waitFor(ctx, t, "the join's clear in the replicated state", func() error { return removedOn(cur, false) })
+	testkit.WaitCtx(ctx, t, "the join's clear in the replicated state", func() error { return removedOn(cur, false) })
 }

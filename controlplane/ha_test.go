@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -77,8 +78,7 @@ func newHAClusterWith(t *testing.T, expect int, tune func(*Config), hook func(*S
 	// third server that never comes.
 	pending := slices.Clone(ids)
 	relaunched := 0
-	deadline := time.Now().Add(60 * time.Second)
-	for len(pending) > 0 {
+	testkit.WaitErr(t, 60*time.Second, "the servers ready", func() error {
 		left := pending[:0]
 		for _, id := range pending {
 			r := c.nodes[id]
@@ -105,11 +105,11 @@ func newHAClusterWith(t *testing.T, expect int, tune func(*Config), hook func(*S
 			left = append(left, id)
 		}
 		pending = left
-		if len(pending) > 0 && time.Now().After(deadline) {
-			t.Fatalf("servers %v not ready within 60s", pending)
+		if len(pending) > 0 {
+			return fmt.Errorf("servers %v not ready", pending)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 	t.Cleanup(func() {
 		for _, r := range c.nodes {
 			r.stopQuietly()
@@ -123,7 +123,7 @@ func newHAClusterWith(t *testing.T, expect int, tune func(*Config), hook func(*S
 // flag orders those reads after Run's writes).
 func (r *running) awaitServing(ctx context.Context, t *testing.T) {
 	t.Helper()
-	waitFor(ctx, t, r.srv.cfg.NodeID+" serving", func() error {
+	testkit.WaitCtx(ctx, t, r.srv.cfg.NodeID+" serving", func() error {
 		if !r.srv.serving.Load() {
 			return fmt.Errorf("not yet")
 		}
@@ -162,29 +162,12 @@ func (c *haCluster) restart(id string) {
 	r.awaitReady(c.t)
 }
 
-// waitFor polls cond until it holds or ctx ends; what names it in the
-// failure. It asserts no duration: ctx is only a bound on hanging.
-func waitFor(ctx context.Context, t *testing.T, what string, cond func() error) {
-	t.Helper()
-	var last error
-	for {
-		if last = cond(); last == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("%s: %v", what, last)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-}
-
 // agreedLeader waits until every running server reports the same leader,
 // one of them, and the same voters, and returns the leader.
 func (c *haCluster) agreedLeader(ctx context.Context, voters int) string {
 	c.t.Helper()
 	var leader string
-	waitFor(ctx, c.t, "one leader, agreed by all", func() error {
+	testkit.WaitCtx(ctx, c.t, "one leader, agreed by all", func() error {
 		leader = ""
 		for id := range c.nodes {
 			cs, err := c.admin(id).ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
@@ -227,7 +210,7 @@ func (c *haCluster) peerIDs(ctx context.Context, via string) ([]string, error) {
 
 func (c *haCluster) wantPeers(ctx context.Context, via string, want ...string) {
 	c.t.Helper()
-	waitFor(ctx, c.t, "raft peers "+strings.Join(want, ","), func() error {
+	testkit.WaitCtx(ctx, c.t, "raft peers "+strings.Join(want, ","), func() error {
 		got, err := c.peerIDs(ctx, via)
 		if err != nil {
 			return err
@@ -322,7 +305,7 @@ func TestHAFormJoinLeave(t *testing.T) {
 	cfg4 := haConfig(t, "c4", 0)
 	c.cfgs["c4"] = cfg4
 	c.nodes["c4"] = launch(t, cfg4, nil)
-	waitFor(ctx, t, "join c4", func() error {
+	testkit.WaitCtx(ctx, t, "join c4", func() error {
 		_, err := c.admin(f).Join(ctx, &llmgwv1.JoinRequest{GossipAddrs: []string{cfg4.GossipAddr}})
 		return err
 	})
@@ -456,7 +439,7 @@ func TestBootstrapExpectMismatch(t *testing.T) {
 	for _, r := range []*running{ra, rb} {
 		r.awaitServing(ctx, t)
 	}
-	waitFor(ctx, t, "mismatch reported", func() error {
+	testkit.WaitCtx(ctx, t, "mismatch reported", func() error {
 		for _, r := range []*running{ra, rb} {
 			if p := r.srv.members.BootstrapProblem(); !strings.Contains(p, "--bootstrap-expect") {
 				return fmt.Errorf("%s: problem %q", r.srv.cfg.NodeID, p)
@@ -495,7 +478,7 @@ func addrInUse(err error) bool {
 func (c *haCluster) staysOut(ctx context.Context, leader, victim string, want []string, cameBack string) {
 	t := c.t
 	t.Helper()
-	waitFor(ctx, t, "the removed server alive in the leader's gossip", func() error {
+	testkit.WaitCtx(ctx, t, "the removed server alive in the leader's gossip", func() error {
 		ms, err := c.admin(leader).Members(ctx, &llmgwv1.MembersRequest{})
 		if err != nil {
 			return err

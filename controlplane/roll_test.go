@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -77,7 +78,7 @@ func TestDrainAndRoll(t *testing.T) {
 	// nodes are given, sit one on each of them.
 	settled := func(what string, ok func(*llmgwv1.Replica) bool, nodes ...string) {
 		t.Helper()
-		waitFor(ctx, t, what, func() error {
+		testkit.WaitCtx(ctx, t, what, func() error {
 			rs := replicas()
 			if len(rs) != 2 {
 				return fmt.Errorf("%d replicas", len(rs))

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -420,14 +421,13 @@ func TestServerEndToEnd(t *testing.T) {
 	d := waitDesired("two keep replicas", func(d *llmgwv1.DesiredReplicas) bool { return len(d.Replicas) == 2 })
 	k0, k1 := d.Replicas[0], d.Replicas[1]
 	send(&llmgwv1.EphemeralUpdate{Seq: 4, Statuses: []*llmgwv1.ReplicaStatus{status1(k0.Id, k0.Uid, "9100"), status1(k1.Id, k1.Uid, "9101")}})
-	for ready := false; !ready; {
+	testkit.Wait(t, "both keep replicas ready", func() bool {
 		reps, err := admin.ListReplicas(ctx, &llmgwv1.ListRequest{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		ready = len(reps.Replicas) == 2 && reps.Replicas[1].Status.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
-		time.Sleep(10 * time.Millisecond) // polling, not asserting a duration
-	}
+		return len(reps.Replicas) == 2 && reps.Replicas[1].Status.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+	})
 	keepModel.Replicas = 1
 	keep, err := admin.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: keepModel})
 	if err != nil {
@@ -538,15 +538,6 @@ func TestLostNodeIsRescheduled(t *testing.T) {
 	}
 	stop1()
 
-	waitFor := func(what string, ok func() bool) {
-		t.Helper()
-		for !ok() {
-			if ctx.Err() != nil {
-				t.Fatalf("gave up waiting for %s", what)
-			}
-			time.Sleep(10 * time.Millisecond) // polling, not asserting a duration
-		}
-	}
 	nodeState := func(id string) llmgwv1.NodeState {
 		ns, err := admin.ListNodes(ctx, &llmgwv1.ListRequest{})
 		if err != nil {
@@ -559,14 +550,14 @@ func TestLostNodeIsRescheduled(t *testing.T) {
 		}
 		return llmgwv1.NodeState_NODE_STATE_UNSPECIFIED
 	}
-	waitFor("n1 detached", func() bool { ns, _ := admin.ListNodes(ctx, &llmgwv1.ListRequest{}); return !ns.GetConnected()["n1"] })
+	testkit.Wait(t, "n1 detached", func() bool { ns, _ := admin.ListNodes(ctx, &llmgwv1.ListRequest{}); return !ns.GetConnected()["n1"] })
 	clock.Advance(59 * time.Minute)
 	time.Sleep(100 * time.Millisecond) // several reconcile rounds at 20 ms
 	if st := nodeState("n1"); st != llmgwv1.NodeState_NODE_STATE_ACTIVE {
 		t.Fatalf("n1 is %v before NodeDownAfter", st)
 	}
 	clock.Advance(2 * time.Minute)
-	waitFor("n1 down", func() bool { return nodeState("n1") == llmgwv1.NodeState_NODE_STATE_DOWN })
+	testkit.Wait(t, "n1 down", func() bool { return nodeState("n1") == llmgwv1.NodeState_NODE_STATE_DOWN })
 	replicaNode := func() string {
 		reps, err := admin.ListReplicas(ctx, &llmgwv1.ListRequest{})
 		if err != nil || len(reps.Replicas) != 1 {
@@ -578,9 +569,9 @@ func TestLostNodeIsRescheduled(t *testing.T) {
 		t.Fatalf("replica moved to %q within the reschedule grace", n)
 	}
 	clock.Advance(3 * time.Hour)
-	waitFor("the replica on n2", func() bool { return replicaNode() == "n2" })
+	testkit.Wait(t, "the replica on n2", func() bool { return replicaNode() == "n2" })
 
 	_, stop1 = attach("n1", 2)
 	defer stop1()
-	waitFor("n1 active again", func() bool { return nodeState("n1") == llmgwv1.NodeState_NODE_STATE_ACTIVE })
+	testkit.Wait(t, "n1 active again", func() bool { return nodeState("n1") == llmgwv1.NodeState_NODE_STATE_ACTIVE })
 }

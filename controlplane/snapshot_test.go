@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/controlplane/snapfile"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -170,12 +171,12 @@ func TestSnapshotRestoreHA(t *testing.T) {
 	leader := c.agreedLeader(ctx, 3)
 	follower := c.follower(leader)
 	applyModels(ctx, t, c.admin(leader), "gamma")
-	waitFor(ctx, t, "restore through a follower", func() error {
+	testkit.WaitCtx(ctx, t, "restore through a follower", func() error {
 		_, err := restoreSnapshot(ctx, c.admin(follower), file)
 		return err
 	})
 	for id := range c.nodes {
-		waitFor(ctx, t, id+" holds the restored models", func() error {
+		testkit.WaitCtx(ctx, t, id+" holds the restored models", func() error {
 			got, _, err := modelNames(ctx, c.admin(id))
 			if err != nil {
 				return err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // TestAccessWithoutTLS: without TLS the console answers loopback callers
@@ -142,20 +143,12 @@ func TestSplitCloseDoesNotWaitForSilentClients(t *testing.T) {
 	defer c.Close()
 	closed := make(chan error, 1)
 	// Give the accept loop the connection before closing.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Wait(t, "the listener accepting the connection", func() bool {
 		sp := lis.(*split)
 		sp.mu.Lock()
-		n := len(sp.pending)
-		sp.mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the listener never accepted the connection")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		defer sp.mu.Unlock()
+		return len(sp.pending) == 1
+	})
 	go func() { closed <- lis.Close() }()
 	select {
 	case <-closed:

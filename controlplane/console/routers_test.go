@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 const exposition = `# HELP llmgw_prefix_decisions_total Tier-1 prefix scorer decisions.
@@ -151,13 +153,7 @@ func TestSamplerRunStops(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx); close(done) }()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.View().Routers[0].ReadUnixMs == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the sampler never read the router")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Wait(t, "the sampler reading the router", func() bool { return s.View().Routers[0].ReadUnixMs != 0 })
 	cancel()
 	<-done
 }

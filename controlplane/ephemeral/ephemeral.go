@@ -18,6 +18,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/chunking"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -284,20 +285,27 @@ func (s *Store) Drop(node string, epoch uint64) bool {
 	return false
 }
 
+// verdict is the acceptance rule (design §5.4 "Epochs"), in the order of
+// chunking.Position: a full copy later than what is held, or the delta at
+// exactly the next position, is accepted; anything at or before what is
+// held is stale; any other delta is a gap.
 func verdict(held *nodeData, ok bool, u *llmgwv1.EphemeralUpdate) Verdict {
-	switch {
-	case !ok && u.Full:
-		return Accepted
-	case !ok:
+	if !ok {
+		if u.Full {
+			return Accepted
+		}
 		return Gap
+	}
+	pos, at := chunking.PositionOf(u), chunking.Position{Epoch: held.epoch, Seq: held.seq}
+	switch {
 	case u.Full:
-		if u.Epoch > held.epoch || (u.Epoch == held.epoch && u.Seq > held.seq) {
+		if pos.Compare(at) > 0 {
 			return Accepted
 		}
 		return Stale
-	case u.Epoch < held.epoch || (u.Epoch == held.epoch && u.Seq <= held.seq):
+	case pos.Compare(at) <= 0:
 		return Stale
-	case u.Epoch == held.epoch && u.Seq == held.seq+1:
+	case pos == at.Next():
 		return Accepted
 	default:
 		return Gap

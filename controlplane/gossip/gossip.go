@@ -17,7 +17,6 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/llmgw/llmgw/controlplane/logadapt"
-	"github.com/llmgw/llmgw/controlplane/plane"
 	"github.com/llmgw/llmgw/internal/mtls"
 )
 
@@ -50,8 +49,9 @@ type Security struct {
 }
 
 // Plane is the end of the ephemeral plane (package plane) that shares
-// memberlist with the tombstones: its messages arrive through Receive, and
-// its digest rides in push/pull state. Its methods must not block.
+// memberlist with the tombstones: its messages (those opening with
+// PlaneBatchKind or PlaneDigestKind) arrive through Receive, and its digest
+// rides in push/pull state. Its methods must not block.
 type Plane interface {
 	Receive(msg []byte)
 	LocalState() []byte
@@ -234,6 +234,24 @@ func (g *Gossip) Leave(timeout time.Duration) error {
 // byte, then the leaving server's id. Servers before it read it as
 // undecodable tombstones and log it.
 const leaveKind byte = 0xC2
+
+// PlaneBatchKind and PlaneDigestKind are the kind bytes that open the
+// ephemeral plane's messages (its batches, and its digest in push/pull
+// state): a message that starts with one is the Plane's, and is handed to
+// it whole. Every kind byte on memberlist's channels is allocated here,
+// beside this package's own (stateKind, leaveKind, tombstones' '{'), so
+// none collides; the plane writes these (package plane imports them), and
+// gossip knows nothing of the plane but the Plane interface: membership
+// does not depend on the ephemeral plane (design §3).
+const (
+	PlaneBatchKind  byte = 0xB1
+	PlaneDigestKind byte = 0xD1
+)
+
+// isPlaneMessage reports whether a gossip message belongs to the plane.
+func isPlaneMessage(b []byte) bool {
+	return len(b) > 0 && (b[0] == PlaneBatchKind || b[0] == PlaneDigestKind)
+}
 
 // leaveBroadcast is a leave intent; a newer one for the same server
 // replaces it in the queue.
@@ -436,7 +454,7 @@ func (d *delegate) NodeMeta(int) []byte {
 	return b
 }
 func (d *delegate) NotifyMsg(b []byte) {
-	if plane.IsPlaneMessage(b) {
+	if isPlaneMessage(b) {
 		if d.plane != nil {
 			d.plane.Receive(b)
 		}

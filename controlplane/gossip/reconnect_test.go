@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 func TestReconnectPlan(t *testing.T) {
@@ -56,7 +58,7 @@ func TestReconnectPlan(t *testing.T) {
 // deadOn waits until g sees id dead.
 func deadOn(t *testing.T, g *Gossip, id string) {
 	t.Helper()
-	waitFor(t, g.Self().ID+" sees "+id+" dead", func() bool {
+	testkit.Wait(t, g.Self().ID+" sees "+id+" dead", func() bool {
 		m, ok := g.Member(id)
 		return ok && m.Status == StatusDead
 	})
@@ -72,7 +74,7 @@ func TestReconnectBringsBackAFailedServer(t *testing.T) {
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a and b see each other", func() bool { return alive(a) == 2 && alive(b) == 2 })
+	testkit.Wait(t, "a and b see each other", func() bool { return alive(a) == 2 && alive(b) == 2 })
 	addr := b.Addr()
 	if err := b.Shutdown(); err != nil {
 		t.Fatal(err)
@@ -93,7 +95,7 @@ func TestReconnectBringsBackAFailedServer(t *testing.T) {
 		t.Fatalf("%d attempts on a server keep refused", n)
 	}
 	a.reconnectRound(context.Background(), nil)
-	waitFor(t, "a and the returned b see each other alive", func() bool { return alive(a) == 2 && alive(b2) == 2 })
+	testkit.Wait(t, "a and the returned b see each other alive", func() bool { return alive(a) == 2 && alive(b2) == 2 })
 	if n, ok := a.ReconnectStats(); n != 1 || ok != 1 {
 		t.Fatalf("reconnect stats %d attempts, %d reconnected; want 1, 1", n, ok)
 	}
@@ -113,12 +115,12 @@ func TestReconnectLeavesLeftAndRemovedAlone(t *testing.T) {
 		if _, err := o.Join([]string{a.Addr()}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "a sees "+id, func() bool { m, ok := a.Member(id); return ok && m.Status == StatusAlive })
+		testkit.Wait(t, "a sees "+id, func() bool { m, ok := a.Member(id); return ok && m.Status == StatusAlive })
 		if id == "left" {
 			if err := o.Leave(time.Second); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "a sees left leave", func() bool { m, _ := a.Member(id); return m.Status == StatusLeft })
+			testkit.Wait(t, "a sees left leave", func() bool { m, _ := a.Member(id); return m.Status == StatusLeft })
 		}
 		_ = o.Shutdown()
 		if id != "left" {

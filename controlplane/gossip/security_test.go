@@ -8,6 +8,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // fast are timings that notice joins and deaths in well under a second.
@@ -57,17 +58,6 @@ func keyring(t *testing.T, key []byte) *Keyring {
 	return kr
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // alive is how many members g sees alive, itself included.
 func alive(g *Gossip) int {
 	n := 0
@@ -104,7 +94,7 @@ func TestEncryptedGossipKeepsOutOtherKeys(t *testing.T) {
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatalf("same key: %v", err)
 	}
-	waitFor(t, "a and b see each other", func() bool { return alive(a) == 2 && alive(b) == 2 })
+	testkit.Wait(t, "a and b see each other", func() bool { return alive(a) == 2 && alive(b) == 2 })
 
 	other, _ := startMember(t, "other-key", with(keyring(t, testKey(8, 32)), nil))
 	plain, _ := startMember(t, "no-key", Security{})
@@ -150,7 +140,7 @@ func testRotation(t *testing.T, ca *mtlstest.CA) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "3 members", func() bool { return alive(members[0]) == 3 && alive(members[1]) == 3 && alive(members[2]) == 3 })
+	testkit.Wait(t, "3 members", func() bool { return alive(members[0]) == 3 && alive(members[1]) == 3 && alive(members[2]) == 3 })
 
 	stop := make(chan struct{})
 	var sendErrs []error
@@ -220,11 +210,11 @@ func TestTLSGossipNeedsAServerCertificate(t *testing.T) {
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatalf("two servers: %v", err)
 	}
-	waitFor(t, "a and b see each other", func() bool { return alive(a) == 2 && alive(b) == 2 })
+	testkit.Wait(t, "a and b see each other", func() bool { return alive(a) == 2 && alive(b) == 2 })
 	if err := a.Send("b", planeMsg); err != nil {
 		t.Fatalf("reliable send over TLS: %v", err)
 	}
-	waitFor(t, "b receives a's message", func() bool { return pb.count() == 1 })
+	testkit.Wait(t, "b receives a's message", func() bool { return pb.count() == 1 })
 
 	outsiders := []struct {
 		id  string
@@ -259,7 +249,7 @@ func TestTLSGossipChecksTheName(t *testing.T) {
 	if _, err := b.Join([]string{a.Addr()}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a sees b", func() bool { _, ok := a.Member("b"); return ok })
+	testkit.Wait(t, "a sees b", func() bool { _, ok := a.Member("b"); return ok })
 	if err := a.Send("b", planeMsg); err == nil {
 		t.Fatal("a reliable send to b reached a peer whose certificate names another server")
 	}
@@ -267,4 +257,4 @@ func TestTLSGossipChecksTheName(t *testing.T) {
 
 // planeMsg is a message the delegate hands to the plane (its kind byte is
 // the plane's digest).
-var planeMsg = []byte{0xD1}
+var planeMsg = []byte{PlaneDigestKind}

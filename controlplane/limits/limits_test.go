@@ -7,10 +7,11 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 func fromAddr(ip string, port int) context.Context {
@@ -43,7 +44,8 @@ func TestAcquire(t *testing.T) {
 		{"no peer counts as unknown", []call{{context.Background(), Attach, false}, {context.Background(), Attach, true}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := New(cfg, prometheus.NewRegistry())
+			reg := prometheus.NewRegistry()
+			l := New(cfg, reg)
 			refused := 0
 			for i, c := range tc.calls {
 				_, err := l.Acquire(c.ctx, c.kind)
@@ -56,7 +58,8 @@ func TestAcquire(t *testing.T) {
 					t.Fatalf("call %d: refused: %v", i, err)
 				}
 			}
-			if got := value(l.refused.WithLabelValues(string(Watch), "address")) + value(l.refused.WithLabelValues(string(Attach), "address")); got != float64(refused) {
+			if got := testkit.Metric(t, reg, "llmgw_control_streams_refused_total", testkit.Labels{"kind": string(Watch), "by": "address"}) +
+				testkit.Metric(t, reg, "llmgw_control_streams_refused_total", testkit.Labels{"kind": string(Attach), "by": "address"}); got != float64(refused) {
 				t.Errorf("refused counter %v, want %d", got, refused)
 			}
 		})
@@ -64,7 +67,8 @@ func TestAcquire(t *testing.T) {
 }
 
 func TestReleaseFreesTheSlotOnce(t *testing.T) {
-	l := New(Config{PerAddress: map[Kind]Cap{Watch: {Max: 1, Setting: "x"}}}, prometheus.NewRegistry())
+	reg := prometheus.NewRegistry()
+	l := New(Config{PerAddress: map[Kind]Cap{Watch: {Max: 1, Setting: "x"}}}, reg)
 	ctx := fromAddr("10.0.0.1", 1)
 	release, err := l.Acquire(ctx, Watch)
 	if err != nil {
@@ -83,7 +87,7 @@ func TestReleaseFreesTheSlotOnce(t *testing.T) {
 		t.Fatal("a double release freed two slots")
 	}
 	r2()
-	if got := value(l.open.WithLabelValues(string(Watch))); got != 0 {
+	if got := testkit.Metric(t, reg, "llmgw_control_streams_open", testkit.Labels{"kind": string(Watch)}); got != 0 {
 		t.Errorf("open gauge %v after every release, want 0", got)
 	}
 	if len(l.count) != 0 {
@@ -98,16 +102,4 @@ func TestZeroMaxIsUncapped(t *testing.T) {
 			t.Fatalf("stream %d refused without a cap: %v", i, err)
 		}
 	}
-}
-
-// value reads a counter or gauge.
-func value(m prometheus.Metric) float64 {
-	var d dto.Metric
-	if err := m.Write(&d); err != nil {
-		panic(err)
-	}
-	if d.Counter != nil {
-		return d.Counter.GetValue()
-	}
-	return d.Gauge.GetValue()
 }

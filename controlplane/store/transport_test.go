@@ -1,6 +1,7 @@
 package store
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -29,12 +30,21 @@ func TestTLSTransport(t *testing.T) {
 	p := mtlstest.New(t)
 	c1 := transport(t, p.Source(mtls.RoleServer, "c1"))
 	got := make(chan *raft.AppendEntriesRequest, 10)
-	go func() {
-		for rpc := range c1.Consumer() {
-			got <- rpc.Command.(*raft.AppendEntriesRequest)
-			rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
+	// The consumer channel is never closed: the loop ends with the test.
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case rpc := <-c1.Consumer():
+				got <- rpc.Command.(*raft.AppendEntriesRequest)
+				rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
+			}
 		}
-	}()
+	})
+	t.Cleanup(func() { close(done); wg.Wait() })
 	send := func(from *raft.NetworkTransport, term uint64) error {
 		var resp raft.AppendEntriesResponse
 		return from.AppendEntries("c1", c1.LocalAddr(), &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{ID: []byte("x"), Addr: []byte(from.LocalAddr())}, Term: term}, &resp)

@@ -341,7 +341,7 @@ func (c *Client) handle(ev *llmgwv1.WatchEvent) error {
 	case *llmgwv1.WatchEvent_Ephemeral:
 		c.m.events.WithLabelValues("ephemeral").Inc()
 		u := e.Ephemeral
-		if u.GetChunks() > 1 || u.GetChunk() != 0 {
+		if chunking.IsChunk(u) {
 			whole, err := c.chunks.Add(u)
 			if err != nil {
 				return fmt.Errorf("watch: %w: %w", err, errResync)

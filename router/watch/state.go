@@ -7,6 +7,7 @@ package watch
 import (
 	"maps"
 
+	"github.com/llmgw/llmgw/chunking"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/auth"
 )
@@ -188,27 +189,33 @@ const (
 	gap
 )
 
+// judgeEphemeral is the rule in chunking.Position's order of (epoch, seq),
+// the one every hop judges by.
 func judgeEphemeral(held *NodeEphemeral, u *llmgwv1.EphemeralUpdate) ephemeralVerdict {
+	pos := chunking.PositionOf(u)
+	var at chunking.Position
+	if held != nil {
+		at = chunking.Position{Epoch: held.Epoch, Seq: held.Seq}
+	}
 	if u.GetFull() {
 		// A full copy at the held (epoch, seq) is the same data again, and
 		// is accepted: a router restarted from its saved state holds the
 		// seq but not what it does not save (the KV index), and the copy
 		// every new stream begins with is how that is rebuilt.
-		if held == nil || u.GetEpoch() > held.Epoch ||
-			(u.GetEpoch() == held.Epoch && u.GetSeq() >= held.Seq) {
+		if held == nil || pos.Compare(at) >= 0 {
 			return accept
 		}
 		return stale
 	}
 	switch {
-	case held == nil || u.GetEpoch() > held.Epoch:
-		return gap // a newer session's delta without its full copy
-	case u.GetEpoch() < held.Epoch || u.GetSeq() <= held.Seq:
+	case held == nil:
+		return gap // a delta with nothing held to apply it to
+	case pos.Compare(at) <= 0:
 		return stale
-	case u.GetSeq() == held.Seq+1:
+	case pos == at.Next():
 		return accept
 	default:
-		return gap
+		return gap // a seq skipped, or a newer session's delta without its full copy
 	}
 }
 

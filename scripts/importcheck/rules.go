@@ -107,13 +107,15 @@ var rules = []rule{
 	// all; nothing below imports the root.
 	cpLayer("controlplane/logadapt", false, "adapts hclog and memberlist logs to slog; a leaf"),
 	cpLayer("controlplane/snapfile", false, "the snapshot file format; a leaf"),
-	cpLayer("controlplane/ephemeral", false, "the ephemeral store; a leaf"),
+	// The ephemeral store is a leaf; the plane and the sessions table, which
+	// sit on it, are the packages below it, with lines of their own.
+	leafAbove(cpLayer("controlplane/ephemeral", true, "the ephemeral store: the acceptance rule and the agents' data; a leaf")),
+	cpLayer("controlplane/ephemeral/sessions", false, "who is attached where; a leaf"),
+	cpLayer("controlplane/ephemeral/plane", false, "the ephemeral plane between servers, over gossip's transport", "controlplane/ephemeral", "controlplane/gossip"),
 	cpLayer("controlplane/placement", false, "placement decisions are pure functions of the state; a leaf"),
-	cpLayer("controlplane/sessions", false, "who is attached where; a leaf"),
 	cpLayer("controlplane/gate", false, "the minimum-version gate; a leaf"),
-	cpLayer("controlplane/plane", false, "the ephemeral plane over memberlist", "controlplane/ephemeral"),
 	cpLayer("controlplane/store", false, "the Raft store", "controlplane/logadapt"),
-	cpLayer("controlplane/gossip", false, "the memberlist member", "controlplane/logadapt", "controlplane/plane"),
+	cpLayer("controlplane/gossip", false, "the memberlist member; it hands the ephemeral plane its messages through an interface, and never imports it", "controlplane/logadapt"),
 	cpLayer("controlplane/cluster", false, "membership: bootstrap, join, autopilot", "controlplane/gossip", "controlplane/logadapt"),
 	cpLayer("controlplane/leader", false, "the leader's loops", "controlplane/placement"),
 	cpLayer("controlplane/service", true, "errors to codes in one place and forwarding; the services see the rest through the interfaces they declare",
@@ -317,4 +319,15 @@ func cpLayer(prefix string, exact bool, job string, siblings ...string) rule {
 		InRepo: append([]string{"proto", "fsm", "chunking"}, siblings...),
 		Why:    prefix + " (" + job + ") may import only proto, fsm, chunking, internal and the control-plane packages its rule lists (design §3)",
 	}
+}
+
+// leafAbove makes r's package a leaf of its own tree as well: an Exact rule
+// leaves the packages below its Prefix to their own lines, but still lets
+// its package import them (its own tree), and a leaf with subpackages
+// (controlplane/ephemeral, the store, beneath the plane and the sessions
+// table) must not. The pattern also matches the package itself, which
+// never imports itself.
+func leafAbove(r rule) rule {
+	r.Deny = append(r.Deny, module+"/"+r.Prefix+"/...")
+	return r
 }

@@ -413,7 +413,7 @@ func (a *Service) receive(ctx context.Context, stream llmgwv1.AgentService_Attac
 				a.log.Warn("agent update for another node or session dropped", "agent_node", nodeID, "update_node", u.GetNode(), "epoch", u.GetEpoch())
 				continue
 			}
-			if u.GetChunks() > 1 || u.GetChunk() != 0 {
+			if chunking.IsChunk(u) {
 				chunks.SetMax(budget.chunkBytes())
 				whole, err := chunks.Add(u)
 				if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -86,25 +87,16 @@ func TestWatchChunksLargeUpdates(t *testing.T) {
 			// A later update as large, a new session's full copy.
 			later := largeCopy()
 			later.Epoch = 2
-			deadline := time.Now().Add(10 * time.Second)
-			for {
-				if e, _, _ := eph.Held("n1"); e == 1 && len(stream.got()) > 0 {
-					eph.Apply(later)
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatal("the watch sent no first copy")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			testkit.Wait(t, "the watch's first copy", func() bool {
+				e, _, _ := eph.Held("n1")
+				return e == 1 && len(stream.got()) > 0
+			})
+			eph.Apply(later)
 			budget := min(tc.server, tc.asked)
 			asm := chunking.NewAssembler(0)
 			var whole []*llmgwv1.EphemeralUpdate
 			seen := 0
-			for len(whole) < 2 {
-				if time.Now().After(deadline) {
-					t.Fatalf("got %d whole updates of 2", len(whole))
-				}
+			testkit.WaitErr(t, testkit.DefaultTimeout, "both copies whole", func() error {
 				evs := stream.got()
 				for _, u := range evs[seen:] {
 					if u.GetChunks() > 1 != tc.wantChunked {
@@ -122,8 +114,11 @@ func TestWatchChunksLargeUpdates(t *testing.T) {
 					}
 				}
 				seen = len(evs)
-				time.Sleep(time.Millisecond)
-			}
+				if len(whole) < 2 {
+					return fmt.Errorf("got %d whole updates of 2", len(whole))
+				}
+				return nil
+			})
 			for i, u := range whole {
 				want := largeCopy()
 				want.Epoch = uint64(i + 1)

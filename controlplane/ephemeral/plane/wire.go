@@ -7,24 +7,22 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/controlplane/gossip"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
 // The plane's messages travel as memberlist user messages and push/pull
 // state, beside the gossip layer's own tombstones (JSON, first byte '{').
-// A leading kind byte tells them apart. The body is protobuf wire format
-// written by hand (the proto file is the components' contract; these
-// messages never leave the control plane), so an EphemeralUpdate inside is
-// carried as the agent's own encoding and decoded with the generated code.
+// A leading kind byte tells them apart: package gossip allocates every kind
+// byte, and hands a message opening with one of the plane's to Receive.
+// The body is protobuf wire format written by hand (the proto file is the
+// components' contract; these messages never leave the control plane), so
+// an EphemeralUpdate inside is carried as the agent's own encoding and
+// decoded with the generated code.
 const (
-	kindBatch  byte = 0xB1
-	kindDigest byte = 0xD1
+	kindBatch  = gossip.PlaneBatchKind
+	kindDigest = gossip.PlaneDigestKind
 )
-
-// IsPlaneMessage reports whether a gossip message belongs to the plane.
-func IsPlaneMessage(b []byte) bool {
-	return len(b) > 0 && (b[0] == kindBatch || b[0] == kindDigest)
-}
 
 // session is one live agent session an owner announces: the node, the
 // agent's epoch, and the last seq the owner holds of it.
@@ -132,7 +130,7 @@ func decode(b []byte) (*message, error) {
 	if len(b) == 0 {
 		return nil, errEmpty
 	}
-	if !IsPlaneMessage(b) {
+	if b[0] != kindBatch && b[0] != kindDigest {
 		return nil, fmt.Errorf("kind 0x%02x is not a plane message", b[0])
 	}
 	m := &message{Kind: b[0]}

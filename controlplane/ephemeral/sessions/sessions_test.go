@@ -5,23 +5,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-)
 
-// gauge reads the sessions gauge from reg.
-func gauge(t *testing.T, reg *prometheus.Registry) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == "llmgw_control_agent_sessions" {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatal("llmgw_control_agent_sessions not registered")
-	return 0
-}
+	"github.com/llmgw/llmgw/internal/testkit"
+)
 
 // remote is what the other servers announce, set by the test.
 type remote struct {
@@ -84,7 +70,7 @@ func TestRegistry(t *testing.T) {
 			if got := r.Connected()[tt.node]; got == tt.detached {
 				t.Fatalf("Connected()[%s] = %v while detached is %v", tt.node, got, tt.detached)
 			}
-			if g := gauge(t, reg); g != float64(open) {
+			if g := testkit.Metric(t, reg, "llmgw_control_agent_sessions", nil); g != float64(open) {
 				t.Fatalf("llmgw_control_agent_sessions = %v, want %d", g, open)
 			}
 		})

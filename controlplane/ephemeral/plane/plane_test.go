@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -105,17 +106,6 @@ func (m *mesh) accept(t *testing.T, owner string, u *llmgwv1.EphemeralUpdate) {
 	m.planes[owner].Forward(u, time.Now())
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second) // a bound on hanging, not an assertion
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func holds(st *ephemeral.Store, node string, epoch, seq uint64) bool {
 	e, s, ok := st.Held(node)
 	return ok && e == epoch && s == seq
@@ -137,20 +127,20 @@ func TestForwardRepairAndSupersede(t *testing.T) {
 			m.accept(t, "a", update(5, 2, false))
 			m.accept(t, "a", update(5, 3, false))
 			for _, id := range []string{"b", "c"} {
-				eventually(t, id+" holds 5/3", func() bool { return holds(m.stores[id], "n1", 5, 3) })
-				eventually(t, id+" sees the session", func() bool { live, _ := m.planes[id].Live("n1"); return live })
+				testkit.Wait(t, id+" holds 5/3", func() bool { return holds(m.stores[id], "n1", 5, 3) })
+				testkit.Wait(t, id+" sees the session", func() bool { live, _ := m.planes[id].Live("n1"); return live })
 			}
 			st, _ := m.stores["c"].FullCopy("n1")
 			if st.Statuses[0].Incarnation != 3 {
 				t.Fatalf("c holds %v", st)
 			}
 			m.planes["a"].SessionEnded("n1", 5)
-			eventually(t, "the end announced", func() bool { live, at := m.planes["b"].Live("n1"); return !live && !at.IsZero() })
+			testkit.Wait(t, "the end announced", func() bool { live, at := m.planes["b"].Live("n1"); return !live && !at.IsZero() })
 		}},
 		{"a lost batch is repaired by a full copy on the gap", func(t *testing.T, m *mesh) {
 			m.planes["a"].SessionStarted("n1", 5)
 			m.accept(t, "a", update(5, 1, true))
-			eventually(t, "b holds 5/1", func() bool { return holds(m.stores["b"], "n1", 5, 1) })
+			testkit.Wait(t, "b holds 5/1", func() bool { return holds(m.stores["b"], "n1", 5, 1) })
 			var once sync.Once
 			m.mu.Lock()
 			m.drop = func(from, to string, msg *message) bool {
@@ -162,36 +152,36 @@ func TestForwardRepairAndSupersede(t *testing.T) {
 			}
 			m.mu.Unlock()
 			m.accept(t, "a", update(5, 2, false))
-			eventually(t, "c holds 5/2", func() bool { return holds(m.stores["c"], "n1", 5, 2) })
+			testkit.Wait(t, "c holds 5/2", func() bool { return holds(m.stores["c"], "n1", 5, 2) })
 			m.accept(t, "a", update(5, 3, false))
-			eventually(t, "b repaired to 5/3", func() bool { return holds(m.stores["b"], "n1", 5, 3) })
+			testkit.Wait(t, "b repaired to 5/3", func() bool { return holds(m.stores["b"], "n1", 5, 3) })
 		}},
 		{"a lost last delta is repaired by the digest", func(t *testing.T, m *mesh) {
 			m.planes["a"].SessionStarted("n1", 5)
 			m.accept(t, "a", update(5, 1, true))
-			eventually(t, "b holds 5/1", func() bool { return holds(m.stores["b"], "n1", 5, 1) })
+			testkit.Wait(t, "b holds 5/1", func() bool { return holds(m.stores["b"], "n1", 5, 1) })
 			m.mu.Lock()
 			m.drop = func(from, to string, msg *message) bool {
 				return to == "b" && len(msg.Updates) > 0 && len(msg.Requests) == 0 && !msg.Updates[0].Update.Full
 			}
 			m.mu.Unlock()
 			m.accept(t, "a", update(5, 2, false))
-			eventually(t, "c holds 5/2", func() bool { return holds(m.stores["c"], "n1", 5, 2) })
+			testkit.Wait(t, "c holds 5/2", func() bool { return holds(m.stores["c"], "n1", 5, 2) })
 			if holds(m.stores["b"], "n1", 5, 2) {
 				t.Fatal("b got the dropped delta")
 			}
 			// memberlist's push/pull, by hand.
 			m.planes["b"].MergeRemoteState(m.planes["a"].LocalState())
-			eventually(t, "b repaired to 5/2", func() bool { return holds(m.stores["b"], "n1", 5, 2) })
+			testkit.Wait(t, "b repaired to 5/2", func() bool { return holds(m.stores["b"], "n1", 5, 2) })
 		}},
 		{"a newer session supersedes everywhere; the old one's late delta is dropped", func(t *testing.T, m *mesh) {
 			m.planes["a"].SessionStarted("n1", 5)
 			m.accept(t, "a", update(5, 1, true))
-			eventually(t, "c holds 5/1", func() bool { return holds(m.stores["c"], "n1", 5, 1) })
+			testkit.Wait(t, "c holds 5/1", func() bool { return holds(m.stores["c"], "n1", 5, 1) })
 			m.planes["b"].SessionStarted("n1", 9)
 			m.accept(t, "b", update(9, 1, true))
 			for _, id := range []string{"a", "c"} {
-				eventually(t, id+" holds 9/1", func() bool { return holds(m.stores[id], "n1", 9, 1) })
+				testkit.Wait(t, id+" holds 9/1", func() bool { return holds(m.stores[id], "n1", 9, 1) })
 			}
 			// The old owner's late delta: stale on its own store and on
 			// every peer it might reach.
@@ -205,7 +195,7 @@ func TestForwardRepairAndSupersede(t *testing.T) {
 				t.Fatal("c moved off the newer session")
 			}
 			m.planes["a"].SessionEnded("n1", 5)
-			eventually(t, "c: b owns n1", func() bool {
+			testkit.Wait(t, "c: b owns n1", func() bool {
 				m.planes["c"].mu.Lock()
 				defer m.planes["c"].mu.Unlock()
 				return m.planes["c"].ownerLocked("n1") == "b" && len(m.planes["c"].claims["n1"]) == 1
@@ -334,7 +324,7 @@ func TestFullCopyInChunks(t *testing.T) {
 	whole := proto.Size(u)
 	// Let b and old announce themselves first, as a live peer does within
 	// a keepalive.
-	eventually(t, "a learning its peers' chunk budgets", func() bool {
+	testkit.Wait(t, "a learning its peers' chunk budgets", func() bool {
 		m.planes["a"].mu.Lock()
 		defer m.planes["a"].mu.Unlock()
 		_, b := m.planes["a"].peerChunk["b"]
@@ -344,7 +334,7 @@ func TestFullCopyInChunks(t *testing.T) {
 	m.planes["a"].SessionStarted("n1", 5)
 	m.accept(t, "a", u)
 	for _, id := range []string{"b", "old"} {
-		eventually(t, id+" holding the full copy", func() bool { return holds(m.stores[id], "n1", 5, 1) })
+		testkit.Wait(t, id+" holding the full copy", func() bool { return holds(m.stores[id], "n1", 5, 1) })
 		got, _ := m.stores[id].FullCopy("n1")
 		want, _ := m.stores["a"].FullCopy("n1")
 		if !proto.Equal(got, want) {
@@ -379,7 +369,7 @@ func TestLostChunkIsRepaired(t *testing.T) {
 		return false
 	}
 	m.mu.Unlock()
-	eventually(t, "a learning b's chunk budget", func() bool {
+	testkit.Wait(t, "a learning b's chunk budget", func() bool {
 		m.planes["a"].mu.Lock()
 		defer m.planes["a"].mu.Unlock()
 		_, ok := m.planes["a"].peerChunk["b"]
@@ -392,7 +382,7 @@ func TestLostChunkIsRepaired(t *testing.T) {
 	m.planes["a"].SessionStarted("n1", 5)
 	m.accept(t, "a", u)
 	// A delta after it, in a message of its own, reveals the gap.
-	eventually(t, "b holding part of the copy", func() bool {
+	testkit.Wait(t, "b holding part of the copy", func() bool {
 		b := m.planes["b"]
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -400,7 +390,7 @@ func TestLostChunkIsRepaired(t *testing.T) {
 	})
 	d := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 5, Seq: 2, Statuses: []*llmgwv1.ReplicaStatus{{ReplicaId: "m-0", Uid: 1}}}
 	m.accept(t, "a", d)
-	eventually(t, "b holding the copy and the delta after the lost chunk", func() bool { return holds(m.stores["b"], "n1", 5, 2) })
+	testkit.Wait(t, "b holding the copy and the delta after the lost chunk", func() bool { return holds(m.stores["b"], "n1", 5, 2) })
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !dropped {

@@ -149,16 +149,16 @@ type Plane struct {
 type pending struct {
 	from    string
 	since   int // tick of the first
-	updates map[[2]uint64]forwarded
+	updates map[chunking.Position]forwarded
 }
 
 // expectation is a digest's claim that an owner holds an agent's data up
 // to (epoch, seq); if this node is still behind it a few ticks later, a
 // full copy is asked for.
 type expectation struct {
-	from       string
-	epoch, seq uint64
-	since      int
+	from  string
+	at    chunking.Position
+	since int
 }
 
 // peerQ is what waits to be sent to one peer.
@@ -304,7 +304,7 @@ func (p *Plane) Receive(b []byte) {
 	p.setClaimsLocked(m.From, m.Counter, m.Sessions)
 	p.peerChunk[m.From] = int(min(m.ChunkBytes, 1<<30))
 	for _, f := range m.Updates {
-		if f.Update.GetChunks() > 1 || f.Update.GetChunk() != 0 {
+		if chunking.IsChunk(f.Update) {
 			a := p.chunks[m.From]
 			if a == nil {
 				// A peer is a certified server: its chunks are not bounded
@@ -368,22 +368,27 @@ func (p *Plane) MergeRemoteState(b []byte) {
 	p.setClaimsLocked(m.From, m.Counter, m.Sessions)
 	p.peerChunk[m.From] = int(min(m.ChunkBytes, 1<<30))
 	for _, s := range m.Sessions {
-		if !p.behindLocked(s.Node, s.Epoch, s.Seq) {
+		at := chunking.Position{Epoch: s.Epoch, Seq: s.Seq}
+		if !p.behindLocked(s.Node, at) {
 			continue
 		}
-		if e := p.expect[s.Node]; e == nil || after(s.Epoch, s.Seq, e.epoch, e.seq) {
-			p.expect[s.Node] = &expectation{from: m.From, epoch: s.Epoch, seq: s.Seq, since: p.tick}
+		if e := p.expect[s.Node]; e == nil || at.Compare(e.at) > 0 {
+			p.expect[s.Node] = &expectation{from: m.From, at: at, since: p.tick}
 		}
 	}
 }
 
-func after(e1, s1, e2, s2 uint64) bool { return e1 > e2 || (e1 == e2 && s1 > s2) }
+// behindLocked reports whether this node holds less of node than at: an
+// older epoch, or the same epoch and a lower seq (chunking.Position).
+func (p *Plane) behindLocked(node string, at chunking.Position) bool {
+	held, ok := p.heldLocked(node)
+	return !ok || at.Compare(held) > 0
+}
 
-// behindLocked reports whether this node holds less of node than (epoch,
-// seq): an older epoch, or the same epoch and a lower seq.
-func (p *Plane) behindLocked(node string, epoch, seq uint64) bool {
-	he, hs, ok := p.store.Held(node)
-	return !ok || after(epoch, seq, he, hs)
+// heldLocked is the position the store holds for node.
+func (p *Plane) heldLocked(node string) (chunking.Position, bool) {
+	e, s, ok := p.store.Held(node)
+	return chunking.Position{Epoch: e, Seq: s}, ok
 }
 
 func (p *Plane) nextCounterLocked() uint64 {
@@ -477,7 +482,7 @@ func (p *Plane) applyLocked(from string, f forwarded) {
 	case ephemeral.Gap:
 		pend := p.reorder[u.Node]
 		if pend == nil {
-			pend = &pending{from: from, since: p.tick, updates: map[[2]uint64]forwarded{}}
+			pend = &pending{from: from, since: p.tick, updates: map[chunking.Position]forwarded{}}
 			p.reorder[u.Node] = pend
 		}
 		if len(pend.updates) >= p.cfg.ReorderBuffer {
@@ -487,7 +492,7 @@ func (p *Plane) applyLocked(from string, f forwarded) {
 			p.requestLocked(from, u.Node, "reorder buffer full")
 			return
 		}
-		pend.updates[[2]uint64{u.Epoch, u.Seq}] = f
+		pend.updates[chunking.PositionOf(u)] = f
 	}
 }
 
@@ -504,22 +509,23 @@ func (p *Plane) drainLocked(node string) {
 		return
 	}
 	for {
-		e, s, _ := p.store.Held(node)
-		f, ok := pend.updates[[2]uint64{e, s + 1}]
+		held, _ := p.heldLocked(node)
+		next := held.Next()
+		f, ok := pend.updates[next]
 		if !ok {
 			break
 		}
-		delete(pend.updates, [2]uint64{e, s + 1})
+		delete(pend.updates, next)
 		if p.store.Apply(f.Update) != ephemeral.Accepted {
 			break
 		}
 		p.m.peerUpdates.WithLabelValues("accepted_late").Inc()
 		p.observeLag(f)
 	}
-	e, s, _ := p.store.Held(node)
-	for k := range pend.updates {
-		if !after(k[0], k[1], e, s) {
-			delete(pend.updates, k) // covered by what is held now
+	held, _ := p.heldLocked(node)
+	for at := range pend.updates {
+		if at.Compare(held) <= 0 {
+			delete(pend.updates, at) // covered by what is held now
 		}
 	}
 	if len(pend.updates) == 0 {
@@ -610,7 +616,7 @@ func (p *Plane) onTick() {
 	}
 	for node, e := range p.expect {
 		switch {
-		case !p.behindLocked(node, e.epoch, e.seq):
+		case !p.behindLocked(node, e.at):
 			delete(p.expect, node)
 		case p.tick-e.since >= p.waitTicksLocked(node):
 			delete(p.expect, node)
