@@ -81,11 +81,11 @@ func serveAdapters(t *testing.T, svc *fakeAdapterService) director.AdapterContro
 func loraRouter(t *testing.T, tb *table, ctl director.AdapterControl, wait time.Duration) (string, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	var opts []Option
+	var opts []director.Option
 	if ctl != nil {
-		opts = append(opts, WithAdapters(ctl, wait))
+		opts = append(opts, director.WithAdapters(ctl, wait))
 	}
-	h := New(DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg, opts...)
+	h := newHandler(t, DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg, opts...)
 	s := newServer(t, h)
 	return s, reg
 }
@@ -99,7 +99,7 @@ func newServer(t *testing.T, h *Handler) string {
 	srv := &http.Server{Handler: h}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close(); <-done; h.Close() })
+	t.Cleanup(func() { srv.Close(); <-done })
 	return "http://" + ln.Addr().String()
 }
 

@@ -63,9 +63,9 @@ func authRouter(t *testing.T, src *keySource, require bool) (*httptest.Server, *
 	cfg.RequireKey = require
 	cfg.KeysRequired = src.required.Load
 	reg := prometheus.NewRegistry()
-	h := New(cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
+	h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 	s := httptest.NewServer(h)
-	t.Cleanup(func() { s.Close(); h.Close() })
+	t.Cleanup(s.Close)
 	return s, reg, seen
 }
 

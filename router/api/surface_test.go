@@ -176,10 +176,10 @@ func TestStatusAccounting(t *testing.T) {
 				<-r.Context().Done() // an engine slow to end its response
 			})
 			reg := prometheus.NewRegistry()
-			h := New(DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
+			h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
 				inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 			srv := httptest.NewServer(h)
-			t.Cleanup(func() { srv.Close(); h.Close() })
+			t.Cleanup(srv.Close)
 
 			body := `{"model":"demo","stream":false}`
 			if tt.stream {
