@@ -16,6 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // startRouter serves a router on loopback in front of one engine (demo-0),
@@ -60,13 +62,10 @@ func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) st
 			t.Error("Serve did not return after its context ended")
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for eps, _ := r.eps.Lookup("demo"); len(eps) == 0 || !r.ready(); eps, _ = r.eps.Lookup("demo") {
-		if time.Now().After(deadline) {
-			t.Fatal("demo-0 never became routable")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Wait(t, "demo-0 to become routable", func() bool {
+		eps, _ := r.eps.Lookup("demo")
+		return len(eps) > 0 && r.ready()
+	})
 	return ln.Addr().String()
 }
 

@@ -36,6 +36,7 @@ import (
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/kvindex"
+	"github.com/llmgw/llmgw/router/proxy"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
 	"github.com/llmgw/llmgw/router/watch"
@@ -142,15 +143,15 @@ type Config struct {
 // (design §11): serving a network is a choice made with --http-addr and
 // TLS or --insecure.
 func DefaultConfig() Config {
-	a := api.DefaultConfig()
+	a, px := api.DefaultConfig(), proxy.DefaultConfig()
 	return Config{
 		Control:           []string{"127.0.0.1:7400"},
 		HTTPAddr:          "127.0.0.1:8080",
 		MaxBodyBytes:      a.MaxBodyBytes,
 		GCMinHeap:         16 << 20,
 		ScrapeInterval:    200 * time.Millisecond,
-		ConnectTimeout:    a.ConnectTimeout,
-		FirstByteTimeout:  a.FirstByteTimeout,
+		ConnectTimeout:    px.ConnectTimeout,
+		FirstByteTimeout:  px.FirstByteTimeout,
 		ShutdownGrace:     30 * time.Second,
 		ReadHeaderTimeout: 10 * time.Second,
 		BodyTimeout:       60 * time.Second,
@@ -275,6 +276,8 @@ type Router struct {
 	breakers *breaker.Set[scheduler.Key]
 	kv       *kvindex.Index
 	tok      *tokenize.Client
+	dir      *director.Director
+	proxy    *proxy.Proxy
 	handler  *api.Handler
 	control  *controlAdapters
 	mux      *http.ServeMux
@@ -307,6 +310,25 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
+	r := &Router{cfg: cfg, https: https, log: log, reg: reg}
+	if err := r.buildTable(src); err != nil {
+		return nil, err
+	}
+	if err := r.buildPipeline(src); err != nil {
+		return nil, err
+	}
+	r.mux = http.NewServeMux()
+	r.mux.Handle("/", r.handler)
+	r.mux.Handle("/debug/kvindex", api.Only(http.MethodGet, http.HandlerFunc(r.debugKVIndex)))
+	r.mux.Handle("/sd/replicas", api.Only(http.MethodGet, http.HandlerFunc(r.serveSD)))
+	return r, nil
+}
+
+// buildTable builds what the routing table is made of: the KV index and
+// the watch client that feeds it the control plane's state, and the
+// endpoint registry over them that scrapes each routable replica's load.
+func (r *Router) buildTable(src *mtls.Source) error {
+	cfg := r.cfg
 	wcfg := watch.DefaultConfig()
 	wcfg.ClientID = cfg.ID
 	wcfg.Addrs = cfg.Control
@@ -315,22 +337,18 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	wcfg.TLS = src
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-			return nil, fmt.Errorf("--data-dir: %w", err)
+			return fmt.Errorf("--data-dir: %w", err)
 		}
 		wcfg.StatePath = filepath.Join(cfg.DataDir, "router-state.bin")
 	}
-	kv, err := kvindex.New(cfg.KVIndex, reg)
+	kv, err := kvindex.New(cfg.KVIndex, r.reg)
 	if err != nil {
-		return nil, fmt.Errorf("router: kv index: %w", err)
+		return fmt.Errorf("router: kv index: %w", err)
 	}
 	wcfg.KV = kv
-	tok, err := tokenize.New(cfg.Tokenize, log, reg)
+	wc, err := watch.New(wcfg, r.log, r.reg)
 	if err != nil {
-		return nil, fmt.Errorf("router: tokenize: %w", err)
-	}
-	wc, err := watch.New(wcfg, log, reg)
-	if err != nil {
-		return nil, fmt.Errorf("router: watch client: %w", err)
+		return fmt.Errorf("router: watch client: %w", err)
 	}
 
 	ecfg := endpoint.DefaultConfig()
@@ -338,43 +356,55 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	ecfg.StaleAfter = 3 * cfg.ScrapeInterval
 	ecfg.ClientID = cfg.ID
 	ecfg.TLS = src
-	eps, err := endpoint.New(ecfg, wc, log, reg)
+	eps, err := endpoint.New(ecfg, wc, r.log, r.reg)
 	if err != nil {
-		return nil, fmt.Errorf("router: endpoints: %w", err)
+		return fmt.Errorf("router: endpoints: %w", err)
 	}
+	r.kv, r.watch, r.eps = kv, wc, eps
+	return nil
+}
 
-	sched, err := scheduler.New(cfg.Scheduler, log, reg)
+// buildPipeline builds the request pipeline over the routing table (design
+// §7.3): the scheduler and the breakers, the director over them (tier 2
+// through the tokenizer and the KV index, cold adapters through the
+// control plane), the proxy, and the HTTP handler that runs the two.
+// The router owns each stage and closes it (Serve); the handler only runs
+// them.
+func (r *Router) buildPipeline(src *mtls.Source) error {
+	cfg := r.cfg
+	tok, err := tokenize.New(cfg.Tokenize, r.log, r.reg)
 	if err != nil {
-		return nil, fmt.Errorf("router: scheduler: %w", err)
+		return fmt.Errorf("router: tokenize: %w", err)
 	}
-	brs, err := breaker.NewSet(cfg.Breaker, func(k scheduler.Key) string { return k.ID }, reg)
+	sched, err := scheduler.New(cfg.Scheduler, r.log, r.reg)
 	if err != nil {
-		return nil, fmt.Errorf("router: breakers: %w", err)
+		return fmt.Errorf("router: scheduler: %w", err)
 	}
-
-	r := &Router{cfg: cfg, https: https, log: log, reg: reg, watch: wc, eps: eps, sched: sched, breakers: brs, kv: kv, tok: tok}
+	brs, err := breaker.NewSet(cfg.Breaker, func(k scheduler.Key) string { return k.ID }, r.reg)
+	if err != nil {
+		return fmt.Errorf("router: breakers: %w", err)
+	}
+	r.tok, r.sched, r.breakers = tok, sched, brs
 	r.control = &controlAdapters{addrs: r.controlAddrs, tls: src, conns: map[string]*grpc.ClientConn{}}
+
+	r.dir = director.New(r.eps, sched, brs, r.reg,
+		director.WithKV(r.kv, tok, cfg.KVMinBlocks),
+		director.WithAdapters(r.control, cfg.AdapterWait),
+		director.WithAdapterQueue(cfg.AdapterQueue, nil))
+	r.proxy = proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
+		MaxAttempts: proxy.DefaultConfig().MaxAttempts}, brs, r.reg)
+	wc := r.watch
 	acfg := api.Config{
-		MaxBodyBytes:     cfg.MaxBodyBytes,
-		ConnectTimeout:   cfg.ConnectTimeout,
-		FirstByteTimeout: cfg.FirstByteTimeout,
-		MaxAttempts:      api.DefaultConfig().MaxAttempts,
-		Ready:            r.ready,
+		MaxBodyBytes: cfg.MaxBodyBytes,
+		Ready:        r.ready,
 		// The keys of the state the watch client published last: a
 		// revocation applies to the next request after it arrives.
 		Keys:         func() *auth.Set { return wc.Current().APIKeys },
 		RequireKey:   cfg.RequireAPIKey,
 		KeysRequired: func() bool { return wc.Current().Config.GetApiKeysRequired() },
 	}
-	r.handler = api.New(acfg, eps, sched, brs, log, reg, reg,
-		api.WithKV(kv, tok, cfg.KVMinBlocks),
-		api.WithAdapters(r.control, cfg.AdapterWait),
-		api.WithAdapterQueue(cfg.AdapterQueue))
-	r.mux = http.NewServeMux()
-	r.mux.Handle("/", r.handler)
-	r.mux.Handle("/debug/kvindex", api.Only(http.MethodGet, http.HandlerFunc(r.debugKVIndex)))
-	r.mux.Handle("/sd/replicas", api.Only(http.MethodGet, http.HandlerFunc(r.serveSD)))
-	return r, nil
+	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg, r.reg)
+	return nil
 }
 
 // loadTLS loads cfg.TLS, nil when it is not given. The certificate must be
@@ -425,7 +455,8 @@ func (r *Router) Run(ctx context.Context) error {
 //     in-flight requests (streams included) to finish;
 //  3. past the grace, remaining requests are cancelled (which cancels their
 //     engine requests) and their connections closed;
-//  4. the handler's adapter loads and their control-plane connections;
+//  4. the director's adapter loads and their control-plane connections,
+//     and the proxy's idle engine connections;
 //  5. only then stop the endpoint scrapers, the watch client (which saves
 //     the state a last time) and the forgetter: requests route from them
 //     to the end.
@@ -505,7 +536,8 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		<-serveErr // http.ErrServerClosed
 	}
 	handlers.Wait()
-	r.handler.Close() // after the requests: it ends the adapter loads they waited on
+	r.dir.Close() // after the requests: it ends the adapter loads they waited on
+	r.proxy.Close()
 	r.control.close()
 	r.tok.Close()
 

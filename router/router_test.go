@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
@@ -20,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -79,22 +81,17 @@ func control(t *testing.T, engineAddr string) string {
 	return ln.Addr().String()
 }
 
+// waitStatus waits for url to answer GET with want.
 func waitStatus(t *testing.T, url string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Wait(t, fmt.Sprintf("%s to answer %d", url, want), func() bool {
 		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == want {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never answered %d", url, want)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == want
+	})
 }
 
 // TestEndToEnd runs a router against an in-test control server and engine:
@@ -144,13 +141,10 @@ func TestEndToEnd(t *testing.T) {
 	waitStatus(t, base+"/readyz", 200)
 	// Ready means the desired state is whole; the replica's status comes in
 	// the ephemeral copy right after it, on its own event.
-	deadline := time.Now().Add(10 * time.Second)
-	for eps, _ := r.eps.Lookup("demo"); len(eps) == 0; eps, _ = r.eps.Lookup("demo") {
-		if time.Now().After(deadline) {
-			t.Fatal("demo-0 never became routable after the router was ready")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Wait(t, "demo-0 to become routable after the router was ready", func() bool {
+		eps, _ := r.eps.Lookup("demo")
+		return len(eps) > 0
+	})
 	// Prometheus's HTTP service discovery lists the engine, labelled.
 	sd, err := http.Get(base + "/sd/replicas")
 	if err != nil {

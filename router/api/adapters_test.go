@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -81,11 +82,11 @@ func serveAdapters(t *testing.T, svc *fakeAdapterService) director.AdapterContro
 func loraRouter(t *testing.T, tb *table, ctl director.AdapterControl, wait time.Duration) (string, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
-	var opts []Option
+	var opts []director.Option
 	if ctl != nil {
-		opts = append(opts, WithAdapters(ctl, wait))
+		opts = append(opts, director.WithAdapters(ctl, wait))
 	}
-	h := New(DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg, opts...)
+	h := newHandler(t, DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg, opts...)
 	s := newServer(t, h)
 	return s, reg
 }
@@ -99,7 +100,7 @@ func newServer(t *testing.T, h *Handler) string {
 	srv := &http.Server{Handler: h}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Close(); <-done; h.Close() })
+	t.Cleanup(func() { srv.Close(); <-done })
 	return "http://" + ln.Addr().String()
 }
 
@@ -281,7 +282,7 @@ func TestColdAdapterSingleFlight(t *testing.T) {
 		})
 	}
 	// Every request is waiting once the flight's count says so.
-	waitMetric(t, reg, "llmgw_router_adapter_waiting_requests", n)
+	testkit.WaitMetric(t, reg, "llmgw_router_adapter_waiting_requests", nil, n)
 	close(svc.gate)
 	wg.Wait()
 	close(codes)
@@ -296,38 +297,9 @@ func TestColdAdapterSingleFlight(t *testing.T) {
 	if got := len(r0.got()); got != n {
 		t.Errorf("r0 served %d, want %d", got, n)
 	}
-	if got := gathered(t, reg, "llmgw_router_adapter_waited_requests_total"); got != n {
+	if got := testkit.Metric(t, reg, "llmgw_router_adapter_waited_requests_total", nil); got != n {
 		t.Errorf("waited requests %v, want %d", got, n)
 	}
-}
-
-func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
-}
-
-func waitMetric(t *testing.T, reg *prometheus.Registry, name string, want float64) {
-	t.Helper()
-	for i := 0; i < 1000; i++ {
-		if gathered(t, reg, name) == want {
-			return
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("%s never reached %v (at %v)", name, want, gathered(t, reg, name))
 }
 
 func TestModelsListAdapters(t *testing.T) {

@@ -21,7 +21,11 @@
 //     the answer to finish.
 //
 // The handler does no routing of its own: it runs the stages in order and
-// answers a refusal from any of them with OpenAI's error body.
+// answers a refusal from any of them with OpenAI's error body. Nor does it
+// build them: the router (router.New) builds the director and the proxy
+// and hands them to New, which sees each only through the interface it
+// declares here (Director, Forwarder), so their options and dependencies
+// (scheduler, breakers, KV index, adapter control) are none of its business.
 //
 // Before any of them, every /v1/ request is checked for an API key once
 // the cluster has any, or always with RequireKey (router/auth, design
@@ -51,48 +55,53 @@ import (
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/auth"
-	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/director"
+	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/openai"
 	"github.com/llmgw/llmgw/router/proxy"
-	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
 )
 
-// Endpoints is the routing table the handler reads (endpoint.Registry):
-// desired models for /v1/models, and what the director reads. Safe for
-// concurrent use; never blocks on the control plane.
-type Endpoints interface {
-	director.Table
+// Models is desired state as the handler reads it (endpoint.Registry):
+// the models and adapters /v1/models lists, and what a name means before
+// it is resolved, so a key's models are told apart. Safe for concurrent
+// use; never blocks on the control plane.
+type Models interface {
+	// Models returns the desired models, sorted by name.
+	Models() []*llmgwv1.Model
+	// Lookup reports whether a model is in desired state (and its
+	// routable endpoints, which the handler does not read).
+	Lookup(model string) (eps []*endpoint.Endpoint, known bool)
+	// Adapter resolves an adapter name to its base model (design §7.6).
+	Adapter(name string) (endpoint.AdapterRef, bool)
 }
 
-// Scheduler chooses replicas (scheduler.Scheduler, design §7.3). Its
-// methods are called concurrently.
-type Scheduler interface {
-	director.Scheduler
+// Director is stages 2 to 4 of the pipeline (director.Director): what a
+// request's name means and where it may go, and the plan that schedules
+// each attempt and is told how the request ended. Safe for concurrent use.
+type Director interface {
+	// Resolve is stage 2: on error, the target's Base is set when the name
+	// resolved to a model, and an error while ctx is done means the client
+	// went away.
+	Resolve(ctx context.Context, name string, log *slog.Logger) (director.Target, *openai.Error)
+	// Prepare is stage 3; the plan it returns is stage 4's route and
+	// answers to stage 6.
+	Prepare(ctx context.Context, t director.Target, in director.Input) (*director.Plan, *openai.Error)
+	// AdapterMissing is told the replicas that answered 404 for an adapter
+	// the table said they hold, before the request is resolved again.
+	AdapterMissing(adapter string, eps []*endpoint.Endpoint)
 }
 
-// Breakers are the per-replica circuit breakers (breaker.Set): the
-// scheduler reads them, the proxy drives them.
-type Breakers interface {
-	// Get returns the replica's breaker, creating a closed one.
-	Get(k scheduler.Key) *breaker.Breaker
-	// Peek returns it without creating one (nil: never failed, closed).
-	Peek(k scheduler.Key) *breaker.Breaker
+// Forwarder is stage 5 (proxy.Proxy): when the result carries an error,
+// nothing has been written to the client. Safe for concurrent use.
+type Forwarder interface {
+	Serve(w http.ResponseWriter, r *http.Request, req *proxy.Request) proxy.Result
 }
 
 // Config configures the handler. Zero values take DefaultConfig's.
 type Config struct {
 	// MaxBodyBytes bounds a request body; larger ones get 413.
 	MaxBodyBytes int64
-	// ConnectTimeout bounds dialling an engine.
-	ConnectTimeout time.Duration
-	// FirstByteTimeout bounds the wait for an engine's response headers. A
-	// non-streamed completion sends its headers only when it is done, so
-	// this is also the longest non-streamed generation.
-	FirstByteTimeout time.Duration
-	// MaxAttempts bounds the replicas tried for one request (design §7.4).
-	MaxAttempts int
 	// Ready reports readiness for /readyz; nil means always ready.
 	Ready func() bool
 	// Keys returns the router API keys in force now (the watch client's
@@ -109,96 +118,31 @@ type Config struct {
 
 // DefaultConfig returns the defaults of design §7.1.
 func DefaultConfig() Config {
-	return Config{
-		MaxBodyBytes:     4 << 20,
-		ConnectTimeout:   2 * time.Second,
-		FirstByteTimeout: 5 * time.Minute,
-		MaxAttempts:      3,
-	}
+	return Config{MaxBodyBytes: 4 << 20}
 }
 
-// Option turns on an optional stage of the pipeline.
-type Option func(*[]director.Option)
-
-// WithKV turns tier 2 on for models with kv_events (design §7.5): requests
-// are tokenized through tok, hashed as vLLM does and looked up in idx; a
-// replica must hold minBlocks leading blocks to be preferred.
-func WithKV(idx director.KVIndex, tok director.Tokenizer, minBlocks int) Option {
-	return func(o *[]director.Option) { *o = append(*o, director.WithKV(idx, tok, minBlocks)) }
-}
-
-// WithAdapters lets requests for a cold adapter wait up to wait for it to
-// load, asking ctl to place it (design §7.6); wait <= 0 takes
-// director.DefaultAdapterWait. Without it such requests get 503.
-func WithAdapters(ctl director.AdapterControl, wait time.Duration) Option {
-	return func(o *[]director.Option) { *o = append(*o, director.WithAdapters(ctl, wait)) }
-}
-
-// WithAdapterQueue bounds the requests waiting for cold adapters to n per
-// model (director.DefaultAdapterQueue when n <= 0).
-func WithAdapterQueue(n int) Option {
-	return func(o *[]director.Option) { *o = append(*o, director.WithAdapterQueue(n, nil)) }
-}
-
-// resolver is stage 2 (director.Director): on error, the target's Base is
-// set when the name resolved to a model, and an error while ctx is done
-// means the client went away.
-type resolver interface {
-	Resolve(ctx context.Context, name string, log *slog.Logger) (director.Target, *openai.Error)
-}
-
-// preparer is stage 3 (director.Director); the plan it returns is stage
-// 4's route and answers to stage 6.
-type preparer interface {
-	Prepare(ctx context.Context, t director.Target, in director.Input) (*director.Plan, *openai.Error)
-}
-
-// forwarder is stage 5 (proxy.Proxy): when the result carries an error,
-// nothing has been written to the client.
-type forwarder interface {
-	Serve(w http.ResponseWriter, r *http.Request, req *proxy.Request) proxy.Result
-}
-
-// Handler serves the router's HTTP API. Close releases what its stages
-// hold once no request runs.
+// Handler serves the router's HTTP API. It runs the stages it is given
+// and owns none of them: whoever built them closes them once no request
+// runs.
 type Handler struct {
 	cfg     Config
-	eps     Endpoints
+	desired Models
 	log     *slog.Logger
 	mux     *http.ServeMux
 	m       *metrics
-	dir     *director.Director
-	resolve resolver
-	prepare preparer
-	fwd     forwarder
-	proxy   *proxy.Proxy
+	dir     Director
+	fwd     Forwarder
 }
 
-// New builds the handler; reg receives its metrics and gather serves
-// /metrics (normally the same registry).
-func New(cfg Config, eps Endpoints, sched Scheduler, breakers Breakers, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer, opts ...Option) *Handler {
-	d := DefaultConfig()
+// New builds the handler over the routing table's models and the stages
+// after decoding: dir resolves, prepares and schedules, fwd forwards. reg
+// receives its metrics and gather serves /metrics (normally the same
+// registry).
+func New(cfg Config, models Models, dir Director, fwd Forwarder, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer) *Handler {
 	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = d.MaxBodyBytes
+		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
 	}
-	if cfg.ConnectTimeout <= 0 {
-		cfg.ConnectTimeout = d.ConnectTimeout
-	}
-	if cfg.FirstByteTimeout <= 0 {
-		cfg.FirstByteTimeout = d.FirstByteTimeout
-	}
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = d.MaxAttempts
-	}
-	var dopts []director.Option
-	for _, o := range opts {
-		o(&dopts)
-	}
-	dir := director.New(eps, sched, breakers, reg, dopts...)
-	px := proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
-		MaxAttempts: cfg.MaxAttempts}, breakers, reg)
-	h := &Handler{cfg: cfg, eps: eps, log: log, m: newMetrics(reg),
-		dir: dir, resolve: dir, prepare: dir, fwd: px, proxy: px}
+	h := &Handler{cfg: cfg, desired: models, log: log, m: newMetrics(reg), dir: dir, fwd: fwd}
 	// Patterns carry no method: Only answers a wrong one, and "/" an
 	// unknown path, in OpenAI's error body rather than ServeMux's plain text.
 	mux := http.NewServeMux()
@@ -297,13 +241,6 @@ func isCompletion(path string) bool {
 	return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings"
 }
 
-// Close stops the adapter loads requests were waiting on and drops idle
-// upstream connections. Call it after the HTTP server has stopped.
-func (h *Handler) Close() {
-	h.dir.Close()
-	h.proxy.Close()
-}
-
 func newRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
@@ -360,7 +297,7 @@ func (h *Handler) model(w http.ResponseWriter, r *http.Request) {
 // when it is set.
 func (h *Handler) modelEntries(key *llmgwv1.ApiKey, only string) []modelEntry {
 	out := []modelEntry{}
-	for _, m := range h.eps.Models() {
+	for _, m := range h.desired.Models() {
 		root := m.GetModel()
 		if root == "" {
 			root = m.GetName()
@@ -372,7 +309,7 @@ func (h *Handler) modelEntries(key *llmgwv1.ApiKey, only string) []modelEntry {
 			if only != "" && only != a.GetName() {
 				continue
 			}
-			if ref, ok := h.eps.Adapter(a.GetName()); ok && ref.Model == m.GetName() && auth.Allows(key, a.GetName(), ref.Model) {
+			if ref, ok := h.desired.Adapter(a.GetName()); ok && ref.Model == m.GetName() && auth.Allows(key, a.GetName(), ref.Model) {
 				out = append(out, modelEntry{ID: a.GetName(), Object: "model", Created: m.GetCreatedUnix(), OwnedBy: "llmgw",
 					Root: a.GetPath(), Parent: &ref.Model})
 			}
@@ -465,7 +402,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	for try := 0; ; try++ {
 		// 2. Resolve the model and adapter, and the replicas that may serve it.
 		var aerr *openai.Error
-		tgt, aerr = h.resolve.Resolve(r.Context(), req.Model, reqLog)
+		tgt, aerr = h.dir.Resolve(r.Context(), req.Model, reqLog)
 		if aerr != nil {
 			if tgt.Adapter != "" && r.Context().Err() != nil {
 				return proxy.ClientClosed, tgt.Base
@@ -482,7 +419,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		if strings.HasSuffix(r.URL.Path, "/v1/completions") {
 			kind = tokenize.Completion
 		}
-		plan, aerr = h.prepare.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-Id"),
+		plan, aerr = h.dir.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-Id"),
 			Kind: kind, Body: body, Stream: req.Stream, Prompt: req.Prompt})
 		if aerr != nil {
 			return refuse(aerr), tgt.Base
@@ -493,7 +430,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
 			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: plan.Tail(),
 			Start: start, Log: log})
-		if res.Err == nil || len(res.Missing) == 0 || try == adapterRetries || h.dir == nil {
+		if res.Err == nil || len(res.Missing) == 0 || try == adapterRetries {
 			break
 		}
 		// Every attempt failed: the plan's last record (its queued prefill,
@@ -539,9 +476,9 @@ const adapterRetries = 2
 // the base model it names when it exists ("" otherwise), for the metrics.
 func (h *Handler) mayUse(key *llmgwv1.ApiKey, name string) (string, bool) {
 	base := ""
-	if _, known := h.eps.Lookup(name); known {
+	if _, known := h.desired.Lookup(name); known {
 		base = name
-	} else if ref, ok := h.eps.Adapter(name); ok {
+	} else if ref, ok := h.desired.Adapter(name); ok {
 		base = ref.Model
 	}
 	adapterOf := ""

@@ -19,7 +19,9 @@ import (
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/proxy"
 	"github.com/llmgw/llmgw/router/scheduler"
 )
 
@@ -105,6 +107,20 @@ func (inOrder) Pick(_ *scheduler.Profile, _ *scheduler.Request, c []scheduler.Ca
 	return 0
 }
 
+// newHandler builds the handler as router.New does: a director over tb,
+// sched and brs (with opts) and a proxy over brs, handed to New. They are
+// closed once the test, and every cleanup registered after this one (the
+// servers over the handler), ended.
+func newHandler(t testing.TB, cfg Config, tb *table, sched director.Scheduler, brs *breaker.Set[scheduler.Key], log *slog.Logger,
+	reg prometheus.Registerer, gather prometheus.Gatherer, opts ...director.Option,
+) *Handler {
+	t.Helper()
+	dir := director.New(tb, sched, brs, reg, opts...)
+	px := proxy.New(proxy.DefaultConfig(), brs, reg)
+	t.Cleanup(func() { dir.Close(); px.Close() })
+	return New(cfg, tb, dir, px, log, reg, gather)
+}
+
 func breakers(t *testing.T) *breaker.Set[scheduler.Key] {
 	t.Helper()
 	s, err := breaker.NewSet(breaker.DefaultConfig(), func(k scheduler.Key) string { return k.ID }, nil)
@@ -143,9 +159,9 @@ func newRouter(t *testing.T, tb *table, mutate func(*Config)) *httptest.Server {
 		mutate(&cfg)
 	}
 	reg := prometheus.NewRegistry()
-	h := New(cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
+	h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 	s := httptest.NewServer(h)
-	t.Cleanup(func() { s.Close(); h.Close() })
+	t.Cleanup(s.Close)
 	return s
 }
 

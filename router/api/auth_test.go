@@ -3,6 +3,7 @@ package api
 import (
 	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -11,10 +12,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -63,9 +64,9 @@ func authRouter(t *testing.T, src *keySource, require bool) (*httptest.Server, *
 	cfg.RequireKey = require
 	cfg.KeysRequired = src.required.Load
 	reg := prometheus.NewRegistry()
-	h := New(cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
+	h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 	s := httptest.NewServer(h)
-	t.Cleanup(func() { s.Close(); h.Close() })
+	t.Cleanup(s.Close)
 	return s, reg, seen
 }
 
@@ -178,44 +179,16 @@ func TestAPIKeys(t *testing.T) {
 			n                float64
 			atLeast          bool
 		}{{"_unknown", "401", "", 3, true}, {"demo", "200", "team-a", 1, false}, {"chat", "403", "team-b", 1, false}}
-		deadline := time.Now().Add(5 * time.Second)
 		for _, w := range want {
-			for {
-				got := requestCount(t, reg, w.model, w.code, w.key)
+			testkit.WaitErr(t, testkit.DefaultTimeout, "the request count", func() error {
+				got := testkit.Metric(t, reg, "llmgw_router_requests_total", testkit.Labels{"model": w.model, "code": w.code, "key": w.key})
 				if got == w.n || (w.atLeast && got > w.n) {
-					break
+					return nil
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf(`requests{model=%q,code=%q,key=%q} = %v, want %v (at least: %v)`, w.model, w.code, w.key, got, w.n, w.atLeast)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+				return fmt.Errorf(`requests{model=%q,code=%q,key=%q} = %v, want %v (at least: %v)`, w.model, w.code, w.key, got, w.n, w.atLeast)
+			})
 		}
 	})
-}
-
-// requestCount is one series of llmgw_router_requests_total (0: none).
-func requestCount(t *testing.T, reg *prometheus.Registry, model, code, key string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "llmgw_router_requests_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["model"] == model && labels["code"] == code && labels["key"] == key {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }
 
 // TestAPIKeysModelList: /v1/models lists what the key may use: every

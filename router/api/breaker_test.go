@@ -71,9 +71,9 @@ func TestEngineKilledUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	h := New(DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": eps}}, sched, brs, log, reg, reg)
+	h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": eps}}, sched, brs, log, reg, reg)
 	srv := httptest.NewServer(h)
-	defer func() { srv.Close(); h.Close() }()
+	defer srv.Close()
 
 	// The model has no profile, so the chat profile schedules. A dead
 	// replica answers nothing, so its in-flight count stays 0 and it keeps

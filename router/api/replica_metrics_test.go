@@ -31,10 +31,10 @@ func TestPerReplicaMetrics(t *testing.T) {
 		io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,"total_tokens":8,"completion_tokens":3}}`)
 	})
 	reg := prometheus.NewRegistry()
-	h := New(DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
+	h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
 		inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 	srv := httptest.NewServer(h)
-	t.Cleanup(func() { srv.Close(); h.Close() })
+	t.Cleanup(srv.Close)
 
 	for _, body := range []string{`{"model":"demo"}`, `{"model":"demo","stream":true}`, `{"model":"demo"}`} {
 		resp, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))

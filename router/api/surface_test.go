@@ -9,11 +9,11 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/endpoint"
 )
@@ -176,10 +176,10 @@ func TestStatusAccounting(t *testing.T) {
 				<-r.Context().Done() // an engine slow to end its response
 			})
 			reg := prometheus.NewRegistry()
-			h := New(DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
+			h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
 				inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
 			srv := httptest.NewServer(h)
-			t.Cleanup(func() { srv.Close(); h.Close() })
+			t.Cleanup(srv.Close)
 
 			body := `{"model":"demo","stream":false}`
 			if tt.stream {
@@ -200,13 +200,7 @@ func TestStatusAccounting(t *testing.T) {
 			}
 			resp.Body.Close()
 			c := h.m.requests.WithLabelValues("demo", tt.wantCode, "")
-			deadline := time.Now().Add(10 * time.Second)
-			for testutil.ToFloat64(c) != 1 {
-				if time.Now().After(deadline) {
-					t.Fatalf("no request counted as %s", tt.wantCode)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			testkit.Wait(t, "the request counted as "+tt.wantCode, func() bool { return testutil.ToFloat64(c) == 1 })
 			for _, other := range []string{"200", "499"} {
 				if other != tt.wantCode && testutil.ToFloat64(h.m.requests.WithLabelValues("demo", other, "")) != 0 {
 					t.Fatalf("also counted as %s", other)

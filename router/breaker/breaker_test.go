@@ -8,8 +8,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -136,10 +137,10 @@ func TestSetMetricsAndRetain(t *testing.T) {
 	}
 	s.Get(a).Failure()
 	s.Get(b)
-	if got := value(t, s.state.WithLabelValues("a")); got != float64(Open) {
+	if got := testkit.Metric(t, reg, "llmgw_router_breaker_state", testkit.Labels{"replica": "a"}); got != float64(Open) {
 		t.Fatalf("state{a} = %v, want open", got)
 	}
-	if got := value(t, s.transitions.WithLabelValues("open")); got != 1 {
+	if got := testkit.Metric(t, reg, "llmgw_router_breaker_transitions_total", testkit.Labels{"to": "open"}); got != 1 {
 		t.Fatalf("transitions{open} = %v", got)
 	}
 	if s.Get(key{"a", 2}) == s.Get(a) {
@@ -154,18 +155,8 @@ func TestSetMetricsAndRetain(t *testing.T) {
 	}
 }
 
-func value(t *testing.T, m prometheus.Metric) float64 {
-	t.Helper()
-	var d dto.Metric
-	if err := m.Write(&d); err != nil {
-		t.Fatal(err)
-	}
-	if d.Gauge != nil {
-		return d.Gauge.GetValue()
-	}
-	return d.Counter.GetValue()
-}
-
+// count is the number of series of the family name (testkit reads values,
+// not how many series there are).
 func count(t *testing.T, g prometheus.Gatherer, name string) int {
 	t.Helper()
 	mfs, err := g.Gather()

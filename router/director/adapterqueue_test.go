@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/endpoint"
 )
@@ -131,42 +132,6 @@ func (c *scriptedControl) calls() []*llmgwv1.EnsureAdapterRequest {
 	return append([]*llmgwv1.EnsureAdapterRequest(nil), c.reqs...)
 }
 
-// waitUntil polls cond until it holds or 10 s pass.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
-// queueMetric is llmgw_router_adapter_queue_requests_total{model,result}.
-func queueMetric(t *testing.T, reg *prometheus.Registry, model, result string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "llmgw_router_adapter_queue_requests_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			if labels["model"] == model && labels["result"] == result {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
-}
-
 type resolved struct {
 	tgt Target
 	err error
@@ -211,15 +176,15 @@ func TestAdapterQueue(t *testing.T) {
 		}, wantServed: true, wantResult: "served_after_wait", wantCalls: 1},
 		{name: "plane's wait ends unplaced: asked again, then served", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			ctl.answers <- queuedOut
-			waitUntil(t, "the pause", func() bool { return clk.pending() == 2 })
+			testkit.Wait(t, "the pause", func() bool { return clk.pending() == 2 })
 			clk.Advance(ensureRetry)
-			waitUntil(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
+			testkit.Wait(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
 			ctl.answers <- loaded
 			tb.hold("r0", "sql")
 		}, wantServed: true, wantResult: "served_after_wait", wantCalls: 2},
 		{name: "busy without a queue: asked again after its retry-after", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			ctl.answers <- busy
-			waitUntil(t, "the retry timer", func() bool { return clk.pending() == 2 })
+			testkit.Wait(t, "the retry timer", func() bool { return clk.pending() == 2 })
 			if n := len(ctl.calls()); n != 1 {
 				t.Errorf("asked again before the retry-after: %d calls", n)
 			}
@@ -229,21 +194,21 @@ func TestAdapterQueue(t *testing.T) {
 		}, wantServed: true, wantResult: "served_after_wait", wantCalls: 2},
 		{name: "no slot within the wait: 503 naming --adapter-wait", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			ctl.answers <- queuedOut
-			waitUntil(t, "the pause", func() bool { return clk.pending() == 2 })
+			testkit.Wait(t, "the pause", func() bool { return clk.pending() == 2 })
 			clk.Advance(ensureRetry)
-			waitUntil(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
+			testkit.Wait(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
 			clk.Advance(wait)
 		}, wantErr: `no slot of model "base" freed for it within 30s (--adapter-wait)`, wantResult: "timed_out", wantCalls: 2},
 		{name: "loaded but never in the table: 503 saying so", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			ctl.answers <- loaded
-			waitUntil(t, "the table wait", func() bool { return clk.pending() == 2 })
+			testkit.Wait(t, "the table wait", func() bool { return clk.pending() == 2 })
 			clk.Advance(wait)
 		}, wantErr: "reported loaded on [r0] but not routable here within 30s", wantResult: "timed_out", wantCalls: 1},
 		{name: "loaded, not in the table, asked again: then served", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
 			ctl.answers <- loaded
-			waitUntil(t, "the table wait", func() bool { return clk.pending() == 2 })
+			testkit.Wait(t, "the table wait", func() bool { return clk.pending() == 2 })
 			clk.Advance(loadedRecheck)
-			waitUntil(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
+			testkit.Wait(t, "the second call", func() bool { return len(ctl.calls()) == 2 })
 			tb.hold("r0", "sql")
 		}, wantServed: true, wantResult: "served_after_wait", wantCalls: 2},
 		{name: "load failed: 503 with its retry-after", script: func(t *testing.T, clk *fakeClock, ctl *scriptedControl, tb *liveTable) {
@@ -258,7 +223,7 @@ func TestAdapterQueue(t *testing.T) {
 			defer d.Close()
 			start := clk.Now()
 			got := resolveAsync(d, "sql")
-			waitUntil(t, "the first call", func() bool { return len(ctl.calls()) == 1 })
+			testkit.Wait(t, "the first call", func() bool { return len(ctl.calls()) == 1 })
 			first := ctl.calls()[0]
 			if !first.Queue || first.Waiting != 1 || first.WaitingSinceUnixNano != start.UnixNano() || first.TimeoutMs != wait.Milliseconds() {
 				t.Errorf("first call %v: want queue, 1 waiting since the request arrived, the wait as timeout", first)
@@ -277,7 +242,7 @@ func TestAdapterQueue(t *testing.T) {
 			if n := len(ctl.calls()); n != tt.wantCalls {
 				t.Errorf("EnsureAdapter calls %d, want %d", n, tt.wantCalls)
 			}
-			if got := queueMetric(t, reg, "base", tt.wantResult); got != 1 {
+			if got := testkit.Metric(t, reg, "llmgw_router_adapter_queue_requests_total", testkit.Labels{"model": "base", "result": tt.wantResult}); got != 1 {
 				t.Errorf("queue requests{result=%q} = %v, want 1", tt.wantResult, got)
 			}
 		})
@@ -293,12 +258,12 @@ func TestAdapterQueueBound(t *testing.T) {
 	d := New(tb, &sched{}, noBreakers{}, reg, WithAdapters(ctl, time.Minute), WithAdapterQueue(2, clk))
 	defer d.Close()
 	a, b := resolveAsync(d, "sql"), resolveAsync(d, "law")
-	waitUntil(t, "both waiting", func() bool { return len(ctl.calls()) == 2 })
+	testkit.Wait(t, "both waiting", func() bool { return len(ctl.calls()) == 2 })
 	_, err := d.Resolve(context.Background(), "sql", discard)
 	if err == nil || err.Status != 503 || err.RetryAfter != 1 || !strings.Contains(err.Message, `the queue for model "base"'s adapters is full (2 requests waiting, --adapter-queue)`) {
 		t.Fatalf("third request: %+v, want 503 queue full", err)
 	}
-	if got := queueMetric(t, reg, "base", "queue_full"); got != 1 {
+	if got := testkit.Metric(t, reg, "llmgw_router_adapter_queue_requests_total", testkit.Labels{"model": "base", "result": "queue_full"}); got != 1 {
 		t.Errorf("queue_full = %v, want 1", got)
 	}
 	// The two waiting are served once loaded; both adapters' demand was
@@ -317,7 +282,7 @@ func TestAdapterQueueBound(t *testing.T) {
 			t.Fatalf("waiting request: %v", r.err)
 		}
 	}
-	if got := queueMetric(t, reg, "base", "served_after_wait"); got != 2 {
+	if got := testkit.Metric(t, reg, "llmgw_router_adapter_queue_requests_total", testkit.Labels{"model": "base", "result": "served_after_wait"}); got != 2 {
 		t.Errorf("served_after_wait = %v, want 2", got)
 	}
 }
@@ -368,7 +333,7 @@ func TestAdapterMissing(t *testing.T) {
 	// Both missing: the request waits for a holder, asking the plane.
 	d.AdapterMissing("sql", tgt.Endpoints)
 	got := resolveAsync(d, "sql")
-	waitUntil(t, "the call", func() bool { return len(ctl.calls()) == 1 })
+	testkit.Wait(t, "the call", func() bool { return len(ctl.calls()) == 1 })
 	clk.Advance(missingFor)
 	ctl.answers <- &llmgwv1.EnsureAdapterResponse{State: llmgwv1.AdapterState_ADAPTER_STATE_LOADED}
 	tb.hold("r0", "sql") // the table changes: both are eligible again

@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -22,6 +24,9 @@ import (
 	"github.com/llmgw/llmgw/router/tokenize"
 	"github.com/llmgw/llmgw/vllm"
 )
+
+// The adapter loads the director starts run until Close.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // table is a fixed routing table.
 type table struct {
@@ -462,28 +467,13 @@ func TestDoneHoldsPredictionAgainstUsage(t *testing.T) {
 	}
 	io.WriteString(pl.Tail(), "data: {\"choices\":[{}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":48,\"prompt_tokens_details\":{\"cached_tokens\":16}}}\n\ndata: [DONE]\n\n")
 	pl.Done("r0", 200)
-	if p, r := counter(t, reg, "llmgw_router_kv_predicted_blocks_total"), counter(t, reg, "llmgw_router_kv_reported_blocks_total"); p != 2 || r != 1 {
+	if p, r := testkit.Metric(t, reg, "llmgw_router_kv_predicted_blocks_total", nil), testkit.Metric(t, reg, "llmgw_router_kv_reported_blocks_total", nil); p != 2 || r != 1 {
 		t.Fatalf("predicted %v reported %v, want 2 and 1", p, r)
 	}
 	pl.Done("r0", 500) // an error answer reports nothing
-	if p := counter(t, reg, "llmgw_router_kv_predicted_blocks_total"); p != 2 {
+	if p := testkit.Metric(t, reg, "llmgw_router_kv_predicted_blocks_total", nil); p != 2 {
 		t.Fatalf("a 500 was accounted: predicted %v", p)
 	}
-}
-
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }
 
 func TestTailBuffer(t *testing.T) {

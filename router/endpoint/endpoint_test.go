@@ -14,6 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/watch"
 )
@@ -232,17 +233,13 @@ func TestScrapeAndStaleness(t *testing.T) {
 	// The replica becomes ready after the registry started: it must follow.
 	src.set(stateOf([]string{"m"}, rep{id: "m-0", model: "m", uid: 1, sUID: 1, phase: ready, addr: addr}))
 	var ep *Endpoint
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.Wait(t, "the endpoint to be scraped", func() bool {
 		if eps, _ := r.Lookup("m"); len(eps) == 1 && eps[0].reading.Load() != nil {
 			ep = eps[0]
-			break
+			return true
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("endpoint never scraped")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return false
+	})
 	l := r.LoadOf(ep)
 	if l.Saturated || l.Waiting != 2 || l.Running != 4 || l.KVUsage != 0.25 {
 		t.Fatalf("load = %+v", l)

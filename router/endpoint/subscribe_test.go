@@ -13,10 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/watch"
 )
@@ -105,17 +106,6 @@ func runRegistry(t *testing.T, cfg Config, src Source) *Registry {
 	return r
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func testConfig(c *clock) Config {
 	cfg := DefaultConfig()
 	cfg.ScrapeInterval = 10 * time.Millisecond
@@ -154,7 +144,7 @@ func TestSnapshotReadingsApplied(t *testing.T) {
 		rep{id: "m-2", model: "m", uid: 3, sUID: 3, phase: ready, addr: engine, inc: 1},
 	), agent.addr))
 	r := runRegistry(t, testConfig(c), src)
-	eventually(t, "subscribed", func() bool { return agent.active.Load() == 1 })
+	testkit.Wait(t, "subscribed", func() bool { return agent.active.Load() == 1 })
 
 	scraped := agentNow - (20 * time.Millisecond).Nanoseconds()
 	agent.push <- snapshot(50*time.Millisecond,
@@ -167,7 +157,7 @@ func TestSnapshotReadingsApplied(t *testing.T) {
 		&llmgwv1.ReplicaLoad{ReplicaId: "x-0", Uid: 4, Incarnation: 1, Waiting: 1, ScrapedUnixNano: scraped},
 	)
 	m0, m1, m2 := lookup(t, r, "m-0"), lookup(t, r, "m-1"), lookup(t, r, "m-2")
-	eventually(t, "m-0's reading", func() bool { return r.LoadOf(m0).Waiting == 7 })
+	testkit.Wait(t, "m-0's reading", func() bool { return r.LoadOf(m0).Waiting == 7 })
 	if l := r.LoadOf(m0); l.Saturated || l.Running != 1 || l.KVUsage != 0.5 {
 		t.Fatalf("m-0 load %+v", l)
 	}
@@ -196,11 +186,11 @@ func TestSnapshotReadingsApplied(t *testing.T) {
 	bad.Node = "n2"
 	agent.push <- bad
 	agent.push <- snapshot(50*time.Millisecond, &llmgwv1.ReplicaLoad{ReplicaId: "m-0", Uid: 1, Incarnation: 1, Waiting: 8, ScrapedUnixNano: agentNow})
-	eventually(t, "the next good snapshot", func() bool { return r.LoadOf(m0).Waiting == 8 })
-	if got := value(t, r.snapshots); got != 2 {
+	testkit.Wait(t, "the next good snapshot", func() bool { return r.LoadOf(m0).Waiting == 8 })
+	if got := testutil.ToFloat64(r.snapshots); got != 2 {
 		t.Errorf("llmgw_router_load_snapshots_total = %v, want 2", got)
 	}
-	if got := value(t, r.subscriptions); got != 1 {
+	if got := testutil.ToFloat64(r.subscriptions); got != 1 {
 		t.Errorf("llmgw_router_load_subscriptions = %v, want 1", got)
 	}
 	var h dto.Metric
@@ -228,11 +218,11 @@ func TestFallbackToScrape(t *testing.T) {
 			rep{id: "m-0", model: "m", uid: 1, sUID: 1, phase: ready, addr: countingEngine(t, &hits), inc: 1}), ""))
 		r := runRegistry(t, testConfig(c), src)
 		m0 := lookup(t, r, "m-0")
-		eventually(t, "a scraped reading", func() bool { return r.LoadOf(m0).Waiting == 2 })
+		testkit.Wait(t, "a scraped reading", func() bool { return r.LoadOf(m0).Waiting == 2 })
 		if r.LoadOf(m0).Saturated {
 			t.Fatal("fresh scrape saturated")
 		}
-		if got := value(t, r.subscriptions); got != 0 {
+		if got := testutil.ToFloat64(r.subscriptions); got != 0 {
 			t.Fatalf("%v subscriptions for a node without LoadService", got)
 		}
 	})
@@ -248,7 +238,7 @@ func TestFallbackToScrape(t *testing.T) {
 		// begun before the first snapshot may land once, so push until the
 		// snapshot's value holds).
 		pushed := 0
-		eventually(t, "the snapshot's reading", func() bool {
+		testkit.Wait(t, "the snapshot's reading", func() bool {
 			if len(agent.push) == 0 {
 				agent.push <- snapshot(50*time.Millisecond, &llmgwv1.ReplicaLoad{ReplicaId: "m-0", Uid: 1, Incarnation: 1, Waiting: 7, ScrapedUnixNano: agentNow})
 				pushed++
@@ -257,12 +247,12 @@ func TestFallbackToScrape(t *testing.T) {
 		})
 		// The agent falls silent past the window (once everything pushed has
 		// arrived): the router scrapes again.
-		eventually(t, "every snapshot applied", func() bool { return value(t, r.snapshots) == float64(pushed) })
+		testkit.Wait(t, "every snapshot applied", func() bool { return testutil.ToFloat64(r.snapshots) == float64(pushed) })
 		c.advance(time.Second)
 		if r.covered("n1") {
 			t.Fatal("a silent agent still covers its node")
 		}
-		eventually(t, "a scraped reading after the agent went silent", func() bool {
+		testkit.Wait(t, "a scraped reading after the agent went silent", func() bool {
 			l := r.LoadOf(m0)
 			return l.Waiting == 2 && !l.Saturated
 		})
@@ -276,30 +266,30 @@ func TestSubscriptionFollowsRoutableReplicas(t *testing.T) {
 	routable := rep{id: "m-0", model: "m", uid: 1, sUID: 1, phase: ready, addr: engine, inc: 1}
 	src := newFakeSource(withAgent(stateOf([]string{"m"}, routable), agent.addr))
 	r := runRegistry(t, testConfig(c), src)
-	eventually(t, "subscribed", func() bool { return agent.active.Load() == 1 })
+	testkit.Wait(t, "subscribed", func() bool { return agent.active.Load() == 1 })
 
 	// The agent ends the stream: the router subscribes again.
 	agent.kick <- struct{}{}
-	eventually(t, "resubscribed", func() bool { return agent.subscribes.Load() == 2 && agent.active.Load() == 1 })
+	testkit.Wait(t, "resubscribed", func() bool { return agent.subscribes.Load() == 2 && agent.active.Load() == 1 })
 
 	// No routable replica left on the node (draining): dropped.
 	draining := routable
 	draining.draining = true
 	src.set(withAgent(stateOf([]string{"m"}, draining), agent.addr))
-	eventually(t, "subscription dropped", func() bool { return agent.active.Load() == 0 })
-	if got := value(t, r.subscriptions); got != 0 {
+	testkit.Wait(t, "subscription dropped", func() bool { return agent.active.Load() == 0 })
+	if got := testutil.ToFloat64(r.subscriptions); got != 0 {
 		t.Fatalf("llmgw_router_load_subscriptions = %v after the drop", got)
 	}
 
 	// Routable again: subscribed again.
 	src.set(withAgent(stateOf([]string{"m"}, routable), agent.addr))
-	eventually(t, "subscribed again", func() bool { return agent.active.Load() == 1 })
+	testkit.Wait(t, "subscribed again", func() bool { return agent.active.Load() == 1 })
 
 	// The agent moves to another address: the old stream is dropped and
 	// the new one opened.
 	other := startFakeAgent(t)
 	src.set(withAgent(stateOf([]string{"m"}, routable), other.addr))
-	eventually(t, "moved to the new address", func() bool { return agent.active.Load() == 0 && other.active.Load() == 1 })
+	testkit.Wait(t, "moved to the new address", func() bool { return agent.active.Load() == 0 && other.active.Load() == 1 })
 }
 
 func TestSubscribeDelay(t *testing.T) {
@@ -368,17 +358,4 @@ func FuzzApplySnapshot(f *testing.F) {
 			t.Fatalf("reading at %s with window %s, now %s", rd.at, rd.staleAfter, c.Now())
 		}
 	})
-}
-
-// value reads a gauge or counter without a registry.
-func value(t *testing.T, m prometheus.Metric) float64 {
-	t.Helper()
-	var d dto.Metric
-	if err := m.Write(&d); err != nil {
-		t.Fatal(err)
-	}
-	if d.Gauge != nil {
-		return d.GetGauge().GetValue()
-	}
-	return d.GetCounter().GetValue()
 }

@@ -54,7 +54,7 @@ type Breakers interface {
 	Get(k scheduler.Key) *breaker.Breaker
 }
 
-// Config configures a Proxy.
+// Config configures a Proxy. Zero values take DefaultConfig's.
 type Config struct {
 	// ConnectTimeout bounds dialling an engine.
 	ConnectTimeout time.Duration
@@ -64,6 +64,16 @@ type Config struct {
 	FirstByteTimeout time.Duration
 	// MaxAttempts bounds the replicas tried for one request (design §7.4).
 	MaxAttempts int
+}
+
+// DefaultConfig returns the defaults of design §7.4: three attempts, each
+// bounded by a 2 s connect and a 5 min first-byte timeout.
+func DefaultConfig() Config {
+	return Config{
+		ConnectTimeout:   2 * time.Second,
+		FirstByteTimeout: 5 * time.Minute,
+		MaxAttempts:      3,
+	}
 }
 
 // Request is one planned request as the proxy forwards it.
@@ -120,6 +130,16 @@ type Proxy struct {
 
 // New returns a proxy; reg receives its metrics (nil for none).
 func New(cfg Config, breakers Breakers, reg prometheus.Registerer) *Proxy {
+	d := DefaultConfig()
+	if cfg.ConnectTimeout <= 0 {
+		cfg.ConnectTimeout = d.ConnectTimeout
+	}
+	if cfg.FirstByteTimeout <= 0 {
+		cfg.FirstByteTimeout = d.FirstByteTimeout
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = d.MaxAttempts
+	}
 	return &Proxy{
 		cfg: cfg, breakers: breakers,
 		// Engines speak plain HTTP/1.1, uncompressed (compression would

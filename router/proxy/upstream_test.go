@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // countingEngine serves h and counts the connections it accepted.
@@ -175,13 +177,7 @@ func TestUpstreamStaleConnection(t *testing.T) {
 					t.Fatalf("request %d: answer %d %q, err %v", i, code, body, err)
 				}
 				if tt.wait {
-					deadline := time.Now().Add(5 * time.Second)
-					for !closedIdle(u, addr) {
-						if time.Now().After(deadline) {
-							t.Fatal("the engine's close never reached the idle connection")
-						}
-						time.Sleep(time.Millisecond)
-					}
+					testkit.Wait(t, "the engine's close to reach the idle connection", func() bool { return closedIdle(u, addr) })
 				}
 			}
 			if got := conns.Load(); got < 3 {

@@ -7,8 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/router/prefix"
 )
 
@@ -78,15 +77,15 @@ func TestPrefixScorerKV(t *testing.T) {
 			if tt.want != nil && fmt.Sprint(out) != fmt.Sprint(tt.want) {
 				t.Errorf("scores = %v, want %v", out, tt.want)
 			}
-			if tt.kvDecision != "" && counter(t, reg, "llmgw_kv_decisions_total", tt.kvDecision) != 1 {
+			if tt.kvDecision != "" && testkit.Metric(t, reg, "llmgw_kv_decisions_total", testkit.Labels{"decision": tt.kvDecision}) != 1 {
 				t.Errorf("kv decision %s not counted", tt.kvDecision)
 			}
-			if tt.tier1 != "" && counter(t, reg, "llmgw_prefix_decisions_total", tt.tier1) != 1 {
+			if tt.tier1 != "" && testkit.Metric(t, reg, "llmgw_prefix_decisions_total", testkit.Labels{"decision": tt.tier1}) != 1 {
 				t.Errorf("tier-1 decision %s not counted", tt.tier1)
 			}
 			if tt.tier1 == "" {
 				for _, d := range []string{DecisionHit, DecisionMiss, DecisionLoadOverride, DecisionNoPrompt} {
-					if counter(t, reg, "llmgw_prefix_decisions_total", d) != 0 {
+					if testkit.Metric(t, reg, "llmgw_prefix_decisions_total", testkit.Labels{"decision": d}) != 0 {
 						t.Errorf("tier 1 decided (%s) although the index answered", d)
 					}
 				}
@@ -174,7 +173,7 @@ func TestPrefixScorerCost(t *testing.T) {
 						t.Fatalf("scores = %v, want %v", out, want)
 					}
 				}
-				if counter(t, reg, "llmgw_kv_decisions_total", tt.kvDecision) != 1 {
+				if testkit.Metric(t, reg, "llmgw_kv_decisions_total", testkit.Labels{"decision": tt.kvDecision}) != 1 {
 					t.Errorf("kv decision %s not counted", tt.kvDecision)
 				}
 			})
@@ -201,26 +200,11 @@ func TestSpeculativeHits(t *testing.T) {
 			s, reg, _ := newSched(t, 1)
 			out := make([]float64, 3)
 			s.Prefix().Score(&Request{KV: tt.q}, []Candidate{c("a", 0, 0, 0), c("b", 0, 0, 0), c("c", 0, 0, 0)}, out)
-			if got := counterValue(t, reg, "llmgw_kv_speculative_hits_total"); got != tt.want {
+			if got := testkit.Metric(t, reg, "llmgw_kv_speculative_hits_total", nil); got != tt.want {
 				t.Errorf("speculative hits = %v, want %v", got, tt.want)
 			}
 		})
 	}
-}
-
-func counterValue(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name && len(mf.Metric) == 1 {
-			return metricValue(mf.Metric[0])
-		}
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
 }
 
 // BenchmarkPrefixScoreKV: one tier-2 scoring over 16 candidates, the share

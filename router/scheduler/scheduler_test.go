@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/prefix"
 )
@@ -52,32 +52,6 @@ func ids(cs []Candidate) string {
 		out = append(out, x.Key.ID)
 	}
 	return strings.Join(out, ",")
-}
-
-func counter(t *testing.T, g prometheus.Gatherer, name, label string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.Metric {
-			if lp := m.GetLabel(); len(lp) == 1 && lp[0].GetValue() == label {
-				return metricValue(m)
-			}
-		}
-	}
-	return 0
-}
-
-func metricValue(m *dto.Metric) float64 {
-	if m.Counter != nil {
-		return m.Counter.GetValue()
-	}
-	return m.Gauge.GetValue()
 }
 
 func TestFilters(t *testing.T) {
@@ -220,7 +194,7 @@ func TestPrefixScorer(t *testing.T) {
 			if got != want {
 				t.Fatalf("prefix replica %q, want %q", got, want)
 			}
-			if counter(t, reg, "llmgw_prefix_decisions_total", tt.decision) != 1 {
+			if testkit.Metric(t, reg, "llmgw_prefix_decisions_total", testkit.Labels{"decision": tt.decision}) != 1 {
 				t.Fatalf("decision %s not counted", tt.decision)
 			}
 		})
@@ -487,7 +461,7 @@ func TestProfileForFallsBack(t *testing.T) {
 	if p.Name != DefaultProfile || s.ProfileFor(m) != p {
 		t.Fatalf("profile %s, want the cached default", p.Name)
 	}
-	if counter(t, reg, "llmgw_router_profile_errors_total", "demo") != 1 {
+	if testkit.Metric(t, reg, "llmgw_router_profile_errors_total", testkit.Labels{"model": "demo"}) != 1 {
 		t.Fatal("refused profile not counted")
 	}
 }
@@ -505,7 +479,7 @@ func TestScoresClampedAndCounted(t *testing.T) {
 	if got := s.Pick(p, &Request{}, []Candidate{c("a", 0, 0, 0), c("b", 0, 0, 0)}); got != 1 {
 		t.Fatalf("Pick = %d, want the clamped 1", got)
 	}
-	if counter(t, reg, "llmgw_router_scheduler_scores_clamped_total", "bad") != 2 {
+	if testkit.Metric(t, reg, "llmgw_router_scheduler_scores_clamped_total", testkit.Labels{"scorer": "bad"}) != 2 {
 		t.Fatal("clamps not counted")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // order is the session's rendezvous order over cands, by Rendezvous's own
@@ -87,7 +89,7 @@ func TestSessionScorer(t *testing.T) {
 			if got != want {
 				t.Fatalf("session replica %q, want %q (scores %v)", got, want, out)
 			}
-			if tt.decision != "" && counter(t, reg, "llmgw_router_session_decisions_total", tt.decision) != 1 {
+			if tt.decision != "" && testkit.Metric(t, reg, "llmgw_router_session_decisions_total", testkit.Labels{"decision": tt.decision}) != 1 {
 				t.Fatalf("decision %s not counted", tt.decision)
 			}
 		})

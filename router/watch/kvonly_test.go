@@ -1,29 +1,29 @@
 package watch
 
 import (
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
 // waitCalls waits until the sink has taken n updates.
 func (k *kvRecorder) waitCalls(t *testing.T, n int) [][]*llmgwv1.KVBlocks {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var calls [][]*llmgwv1.KVBlocks
+	testkit.WaitErr(t, testkit.DefaultTimeout, "the KV sink's updates", func() error {
 		k.mu.Lock()
-		calls := append([][]*llmgwv1.KVBlocks(nil), k.calls...)
+		calls = append([][]*llmgwv1.KVBlocks(nil), k.calls...)
 		k.mu.Unlock()
 		if len(calls) >= n {
-			return calls
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the KV sink took %d updates, want %d", len(calls), n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return fmt.Errorf("the KV sink took %d updates, want %d", len(calls), n)
+	})
+	return calls
 }
 
 func evKV(node string, epoch, seq uint64, kv ...*llmgwv1.KVBlocks) *llmgwv1.WatchEvent {

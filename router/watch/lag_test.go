@@ -2,12 +2,14 @@ package watch
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -48,19 +50,15 @@ func TestKVEventLag(t *testing.T) {
 		&llmgwv1.KVBlocks{ReplicaId: "m-1", Uid: 3, Reset_: true, Stored: []uint64{7}}))
 	h.send(evKV("n1", 7, 3,
 		&llmgwv1.KVBlocks{ReplicaId: "m-0", Uid: 1, Removed: []uint64{5}, OldestEventUnixNano: ns(5001), NewestEventUnixNano: ns(5001)}))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.WaitErr(t, testkit.DefaultTimeout, "the KV sink's updates", func() error {
 		kv.mu.Lock()
 		n := kv.calls
 		kv.mu.Unlock()
 		if n >= 3 {
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the KV sink took %d updates, want 3", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return fmt.Errorf("the KV sink took %d updates, want 3", n)
+	})
 	for _, tc := range []struct {
 		edge  string
 		count uint64

@@ -155,6 +155,31 @@ var rules = []rule{
 		Deny:      networked,
 		Why:       "the scheduler core imports nothing networked, so it can be tested and benchmarked alone (design §3, §7.3)",
 	},
+	// The request pipeline (design §7.3): handler (router/api) → director →
+	// scheduler → proxy. The router root builds every stage and hands each
+	// the ones it runs; a stage sees the next only through an interface it
+	// declares, so none imports a stage that runs before it.
+	{
+		Prefix: "router/api",
+		InRepo: []string{"proto", "vllm", "router/auth", "router/openai", "router/endpoint", "router/tokenize", "router/director", "router/proxy",
+			"router/scheduler", "router/breaker"},
+		Why: "the HTTP surface runs the director and the proxy router.New hands it, knowing them by their types alone; it reads desired state " +
+			"through its own Models interface and never the watch stream, the KV index or the prefix tree (scheduler and breaker are " +
+			"for its tests, which build the stages as router.New does; design §7.1, §7.3)",
+	},
+	{
+		Prefix: "router/director",
+		InRepo: []string{"proto", "vllm", "router/openai", "router/endpoint", "router/scheduler", "router/breaker", "router/kvindex",
+			"router/prefix", "router/tokenize"},
+		Why: "the director decides where a request goes from the routing table, the scheduler and tier 2's index, each behind an interface " +
+			"it declares; it never forwards (router/proxy), answers HTTP (router/api) or follows the watch stream (design §7.3, §7.5)",
+	},
+	{
+		Prefix: "router/proxy",
+		InRepo: []string{"router/openai", "router/endpoint", "router/scheduler", "router/breaker"},
+		Why: "the proxy knows connections and bytes, not models: where to go next is the Route it declares (director.Plan), what the " +
+			"client sees on a refusal is router/api's (design §7.1, §7.4)",
+	},
 	{
 		Prefix: "sim",
 		InRepo: []string{"vllm"},
