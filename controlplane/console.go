@@ -6,8 +6,8 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/controlplane/console"
-	"github.com/llmgw/llmgw/internal/grpcsize"
 	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -29,7 +29,7 @@ func (c nodeConsole) close() { c.conn.Close() }
 // serves.
 func (s *Server) newConsole() (nodeConsole, error) {
 	conn, err := grpc.NewClient(selfAddr(s.grpcAddr), mtls.DialOption(s.tls, mtls.RoleServer),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(chunking.MaxMessageBytes)))
 	if err != nil {
 		return nodeConsole{}, fmt.Errorf("console: connect to this node's gRPC %s: %w", s.grpcAddr, err)
 	}

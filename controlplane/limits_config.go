@@ -1,11 +1,11 @@
 package controlplane
 
 import (
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/controlplane/limits"
 	"github.com/llmgw/llmgw/controlplane/service/agent"
 	"github.com/llmgw/llmgw/controlplane/snapfile"
 	"github.com/llmgw/llmgw/internal/configfile"
-	"github.com/llmgw/llmgw/internal/grpcsize"
 )
 
 // LimitsConfig bounds what a peer can make this node hold (design §11
@@ -22,7 +22,7 @@ type LimitsConfig struct {
 	// GRPCMaxSendBytes bounds one message sent: the largest is a watch
 	// stream's full copy of one node's reports or a DesiredReplicas, both
 	// bounded by the per-session limits below to well under it. Clients
-	// accept up to grpcsize.MaxMessageBytes, which bounds it.
+	// accept up to chunking.MaxMessageBytes, which bounds it.
 	GRPCMaxSendBytes int `yaml:"grpc_max_send_bytes"`
 	// GRPCMaxStreamsPerConn bounds concurrent streams on one connection;
 	// a client holds a few, a peer server forwarding calls some hundreds
@@ -132,8 +132,8 @@ func (c LimitsConfig) validate(p *configfile.Problems) {
 			p.Add(v.setting, "must be at least %d, got %d", v.min, v.v)
 		}
 	}
-	if c.GRPCMaxSendBytes > grpcsize.MaxMessageBytes {
-		p.Add(configfile.Flag("grpc-max-send-bytes"), "must not exceed %d, what clients accept, got %d", grpcsize.MaxMessageBytes, c.GRPCMaxSendBytes)
+	if c.GRPCMaxSendBytes > chunking.MaxMessageBytes {
+		p.Add(configfile.Flag("grpc-max-send-bytes"), "must not exceed %d, what clients accept, got %d", chunking.MaxMessageBytes, c.GRPCMaxSendBytes)
 	}
 	if c.GRPCMaxRecvBytes >= 64<<10 && c.EphemeralChunkBytes > c.GRPCMaxRecvBytes/2 {
 		p.Add("ephemeral_chunk_bytes", "must be at most half of grpc_max_recv_bytes (%d), room for a chunk's framing and one status past its budget, got %d", c.GRPCMaxRecvBytes/2, c.EphemeralChunkBytes)

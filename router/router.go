@@ -24,9 +24,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/chunking"
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/configfile"
-	"github.com/llmgw/llmgw/internal/grpcsize"
 	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
@@ -333,7 +333,7 @@ func (r *Router) buildTable(src *mtls.Source) error {
 	wcfg.ClientID = cfg.ID
 	wcfg.Addrs = cfg.Control
 	// A watch stream's messages may be as large as a server sends (design §11).
-	wcfg.DialOptions = append(wcfg.DialOptions, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
+	wcfg.DialOptions = append(wcfg.DialOptions, grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(chunking.MaxMessageBytes)))
 	wcfg.TLS = src
 	if cfg.DataDir != "" {
 		if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {

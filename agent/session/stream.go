@@ -12,7 +12,6 @@ import (
 
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/chunking"
-	"github.com/llmgw/llmgw/internal/grpcsize"
 	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -58,7 +57,7 @@ func (c *Client) runSession(ctx context.Context, addr string, lostAt time.Time) 
 	// With TLS the peer must hold a server certificate of this cluster's
 	// CA, whatever address was dialed: a control address learned from the
 	// plane or mistyped cannot take the agent's session (design §11).
-	conn, err := grpc.NewClient(addr, mtls.DialOption(c.cfg.TLS, mtls.RoleServer), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
+	conn, err := grpc.NewClient(addr, mtls.DialOption(c.cfg.TLS, mtls.RoleServer), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(chunking.MaxMessageBytes)))
 	if err != nil {
 		return nil, false, fmt.Errorf("dial %s: %w", addr, err)
 	}

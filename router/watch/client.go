@@ -118,7 +118,7 @@ var errResync = errors.New("watch: resynchronising")
 
 // chunkBytes is the chunk budget this client asks for
 // (WatchRequest.max_chunk_bytes): well within what the client accepts in one
-// message (grpcsize.MaxMessageBytes), so a node's full copy, however large,
+// message (chunking.MaxMessageBytes), so a node's full copy, however large,
 // never ends the stream; the server may send smaller chunks.
 const chunkBytes = 4 << 20
 

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/llmgw/llmgw/internal/grpcsize"
+	"github.com/llmgw/llmgw/chunking"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -332,7 +332,7 @@ func (fl *fleet) startServers() error {
 				"--bootstrap-expect", strconv.Itoa(n), "--join", strings.Join(join, ","),
 				"--heartbeat-timeout", hb, "--election-timeout", hb}}
 		conn, err := grpc.NewClient(addrs[i][0], grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(grpcsize.MaxMessageBytes)))
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(chunking.MaxMessageBytes)))
 		if err != nil {
 			return err
 		}
