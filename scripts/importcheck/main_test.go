@@ -219,3 +219,35 @@ func TestControlPlaneLayers(t *testing.T) {
 		})
 	}
 }
+
+// TestRooms runs the real table's lines for the rooms of architecture
+// step 2 (design §3 "Rooms by job"): each deliberate violation — the kind
+// of import that would undo a split — fails, and the shape as built passes.
+func TestRooms(t *testing.T) {
+	const m = module + "/"
+	tests := []struct {
+		name string
+		p    pkg
+		bad  bool
+	}{
+		{"the agent's session may not import its replica set", pkg{ImportPath: m + "agent/session", Imports: []string{m + "agent/replicas"}}, true},
+		{"the replica set may not import the session", pkg{ImportPath: m + "agent/replicas", Imports: []string{m + "agent/session"}}, true},
+		{"the session may not import the agent root", pkg{ImportPath: m + "agent/session", Imports: []string{m + "agent"}}, true},
+		{"the session may use chunking, proto and internal", pkg{ImportPath: m + "agent/session", Imports: []string{m + "chunking", m + "proto/llmgw/v1", m + "internal/backoff"}}, false},
+		{"the HTTP surface may not reach the KV index", pkg{ImportPath: m + "router/api", Imports: []string{m + "router/kvindex"}}, true},
+		{"the HTTP surface may not import the router root", pkg{ImportPath: m + "router/api", Imports: []string{m + "router"}}, true},
+		{"the proxy may not import the director", pkg{ImportPath: m + "router/proxy", Imports: []string{m + "router/director"}}, true},
+		{"the director may not import the proxy", pkg{ImportPath: m + "router/director", Imports: []string{m + "router/proxy"}}, true},
+		{"gossip may not import the ephemeral plane", pkg{ImportPath: m + "controlplane/gossip", Imports: []string{m + "controlplane/ephemeral/plane"}}, true},
+		{"gossip may not import the sessions", pkg{ImportPath: m + "controlplane/gossip", Imports: []string{m + "controlplane/ephemeral/sessions"}}, true},
+		{"the ephemeral store stays a leaf", pkg{ImportPath: m + "controlplane/ephemeral", Imports: []string{m + "controlplane/ephemeral/sessions"}}, true},
+		{"the plane may use the store and gossip", pkg{ImportPath: m + "controlplane/ephemeral/plane", Imports: []string{m + "controlplane/ephemeral", m + "controlplane/gossip"}}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := check(rules, tt.p); (len(got) > 0) != tt.bad {
+				t.Fatalf("check() = %q, want a violation: %v", got, tt.bad)
+			}
+		})
+	}
+}
