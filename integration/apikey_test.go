@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -195,10 +196,10 @@ func TestAPIKeys(t *testing.T) {
 
 	t.Run("requests are counted by key name", func(t *testing.T) {
 		for name, addr := range routers {
-			if n, ok := metric(addr, `llmgw_router_requests_total{code="200",key="team",model="demo"}`); !ok || n < 1 {
+			if n, ok := testkit.Scrape(addr, "llmgw_router_requests_total", testkit.Labels{"code": "200", "key": "team", "model": "demo"}); !ok || n < 1 {
 				t.Errorf("router %s: no 200 counted for key team (%v, %v)", name, n, ok)
 			}
-			if n, ok := metric(addr, `llmgw_router_requests_total{code="401",key="",model="_unknown"}`); !ok || n < 1 {
+			if n, ok := testkit.Scrape(addr, "llmgw_router_requests_total", testkit.Labels{"code": "401", "key": "", "model": "_unknown"}); !ok || n < 1 {
 				t.Errorf("router %s: no anonymous 401 counted (%v, %v)", name, n, ok)
 			}
 		}

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // formTimeout covers gossip discovery, the bootstrap, the first election and
@@ -344,12 +346,8 @@ func get(url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// eventuallyErr polls fn every 100 ms until it returns nil or timeout
-// passes, and returns its last error.
+// eventuallyErr polls fn until it returns nil or within(timeout) passes,
+// and returns its last error.
 func eventuallyErr(timeout time.Duration, fn func() error) error {
-	var err error
-	if eventually(timeout, func() bool { err = fn(); return err == nil }) {
-		return nil
-	}
-	return err
+	return testkit.EventuallyErr(within(timeout), fn)
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // External engines end to end (issue 15, "External engines"; design §5.5,
@@ -187,7 +189,7 @@ func TestExternalEngines(t *testing.T) {
 	// Requests spread over both engines.
 	before := [2]float64{}
 	for i, e := range engines {
-		before[i], _ = metric(e.http, "vllm:request_success_total")
+		before[i], _ = testkit.Scrape(e.http, "vllm:request_success_total", nil)
 	}
 	for range 40 {
 		if code, body := chat(r.http, model); code != http.StatusOK {
@@ -195,7 +197,7 @@ func TestExternalEngines(t *testing.T) {
 		}
 	}
 	for i, e := range engines {
-		after, ok := metric(e.http, "vllm:request_success_total")
+		after, ok := testkit.Scrape(e.http, "vllm:request_success_total", nil)
 		if !ok || after-before[i] < 5 {
 			t.Errorf("engine %s served %v of 40 requests; want both engines used", e.proc.id, after-before[i])
 		}

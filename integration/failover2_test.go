@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -87,10 +88,10 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 	var want, got []string
 	if !eventually(30*time.Second, func() bool {
 		want, got = clusterModels(writeVia.grpc), routerModels(r.http)
-		rev, _ := metric(r.http, "llmgw_router_watch_revision")
+		rev, _ := testkit.Scrape(r.http, "llmgw_router_watch_revision", nil)
 		return want != nil && slices.Equal(want, got) && uint64(rev) >= lastRev
 	}) {
-		rev, _ := metric(r.http, "llmgw_router_watch_revision")
+		rev, _ := testkit.Scrape(r.http, "llmgw_router_watch_revision", nil)
 		t.Fatalf("router models %v at revision %v within %v; cluster %v, last write at revision %d", got, rev, within(30*time.Second), want, lastRev)
 	}
 	// Enough samples to have watched the router move, however slowly a
@@ -198,7 +199,7 @@ func sampleRevision(addr string, every time.Duration) *revisionSampler {
 				s.done <- revs
 				return
 			case <-tick.C:
-				if v, ok := metric(addr, "llmgw_router_watch_revision"); ok {
+				if v, ok := testkit.Scrape(addr, "llmgw_router_watch_revision", nil); ok {
 					revs = append(revs, v)
 					s.n.Add(1)
 				}
@@ -477,11 +478,11 @@ func TestFailoverPartitionAgentServer(t *testing.T) {
 
 	l := startLoad("chat", 2, routers...)
 	l.carry(t, time.Second, 20, "before the cut")
-	sessions, _ := metric(agent.http, "llmgw_agent_sessions_total")
+	sessions, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
 	p := cut(t, c, minority)
 	var moved time.Duration
 	if !eventually(30*time.Second, func() bool {
-		n, ok := metric(agent.http, "llmgw_agent_sessions_total")
+		n, ok := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
 		s := serverByGRPC(c, attachedTo(agent))
 		if ok && n > sessions && s != nil && s != minority {
 			moved = time.Since(p.at)

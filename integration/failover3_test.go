@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // The drain and roll test of issue "Failover" (design §4 "Changes roll",
@@ -332,8 +334,8 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 
 	// Every drained engine was stopped by its agent, idle, not left to the
 	// control plane's timeout: as many as the sampler saw drain and go.
-	d1, _ := metric(n1.http, "llmgw_agent_drains_total")
-	d2, _ := metric(n2.http, "llmgw_agent_drains_total")
+	d1, _ := testkit.Scrape(n1.http, "llmgw_agent_drains_total", nil)
+	d2, _ := testkit.Scrape(n2.http, "llmgw_agent_drains_total", nil)
 	if all := s.drains(time.Time{}); d1+d2 != float64(len(all)) || len(all) < 5 {
 		t.Errorf("agents stopped %v draining engines (n1 %v, n2 %v); the sampler saw %d drained and removed (want 5 or more: spread, drain, spread back, roll of 2): %v",
 			d1+d2, d1, d2, len(all), all)

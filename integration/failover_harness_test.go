@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -265,37 +264,6 @@ func (l *load) checkNoFailures(t *testing.T, minOK int64) {
 		t.Errorf("only %d successful requests: the load did not run", ok)
 	}
 	t.Logf("load: %d requests, %d failed", ok+int64(len(failed)), len(failed))
-}
-
-// metric sums the samples of a metric family (exact name, any labels)
-// from a process's /metrics; ok is false if it could not be read.
-func metric(addr, name string) (float64, bool) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	var sum float64
-	found := false
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name) {
-			continue
-		}
-		rest := line[len(name):]
-		if rest == "" || (rest[0] != ' ' && rest[0] != '{') {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err == nil {
-			sum += v
-			found = true
-		}
-	}
-	return sum, found
 }
 
 var attachedRE = regexp.MustCompile(`msg="attached to control node" .*?\baddr=(\S+)`)

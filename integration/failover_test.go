@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // Failover with real processes (issue "Failover", design §5.3-§5.6, §6): no
@@ -46,7 +48,7 @@ func (f *failoverSetup) agentServer(t *testing.T) *controlServer {
 	var s *controlServer
 	if !eventually(20*time.Second, func() bool {
 		s = serverByGRPC(f.c, attachedTo(f.agent))
-		ok, _ := metric(f.agent.http, "llmgw_agent_session_attached")
+		ok, _ := testkit.Scrape(f.agent.http, "llmgw_agent_session_attached", nil)
 		return s != nil && s.running() && ok == 1
 	}) {
 		t.Fatalf("agent is not attached to a live server within %v; its log:\n%s", within(20*time.Second), tail(f.agent.output(), 20))
@@ -58,13 +60,13 @@ func (f *failoverSetup) agentServer(t *testing.T) *controlServer {
 // welcome (llmgw_agent_sessions_total counts up), polled every 10 ms.
 func (f *failoverSetup) killAndTime(t *testing.T, s *controlServer) time.Duration {
 	t.Helper()
-	before, _ := metric(f.agent.http, "llmgw_agent_sessions_total")
+	before, _ := testkit.Scrape(f.agent.http, "llmgw_agent_sessions_total", nil)
 	killed := time.Now()
 	s.kill()
 	var took time.Duration
 	limit := within(30 * time.Second)
 	for {
-		if n, ok := metric(f.agent.http, "llmgw_agent_sessions_total"); ok && n > before {
+		if n, ok := testkit.Scrape(f.agent.http, "llmgw_agent_sessions_total", nil); ok && n > before {
 			took = time.Since(killed)
 			break
 		}
@@ -160,7 +162,7 @@ func TestFailoverAgentRestartReadopts(t *testing.T) {
 	l.carry(t, time.Second, 20, "with no agent running") // serving with no agent at all
 	f.agent.start()
 	if !eventually(30*time.Second, func() bool {
-		n, ok := metric(f.agent.http, "llmgw_agent_engine_adoptions_total")
+		n, ok := testkit.Scrape(f.agent.http, "llmgw_agent_engine_adoptions_total", nil)
 		return ok && n == 2
 	}) {
 		t.Fatalf("agent did not re-adopt 2 engines within %v; its log:\n%s", within(30*time.Second), tail(f.agent.output(), 30))

@@ -52,6 +52,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // bins holds the paths of the binaries TestMain builds once for every test.
@@ -385,19 +387,10 @@ func (d *devProcess) post(path, body string) (int, []byte) {
 	return resp.StatusCode, buf.Bytes()
 }
 
-// eventually polls cond every 100 ms until it holds or within(timeout)
-// passes: timeout is what an idle machine needs.
+// eventually polls cond until it holds or within(timeout) passes: timeout
+// is what an idle machine needs, scaled here so no caller forgets to.
 func eventually(timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within(timeout))
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return testkit.Eventually(within(timeout), cond)
 }
 
 // alive reports whether a process with this pid exists (and is not a zombie

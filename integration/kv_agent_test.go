@@ -14,9 +14,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/llmgw/llmgw/agent/kv"
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // The agent's KV listener against the real simulator process (design §7.5
@@ -140,35 +140,13 @@ func TestKVAgentMirrorsSimulator(t *testing.T) {
 			}
 			// The drops were there, and replay repaired them; the simulator
 			// hashes as the router does, so nothing needed mapping.
-			if n := counter(t, reg, "llmgw_agent_kv_replays_total", "repaired"); n == 0 {
+			if n := testkit.Metric(t, reg, "llmgw_agent_kv_replays_total", testkit.Labels{"result": "repaired"}); n == 0 {
 				t.Error("no replay repaired a gap: the test exercised no drop")
 			}
-			if n := counter(t, reg, "llmgw_agent_kv_hash_mismatches_total", ""); n != 0 {
+			if n := testkit.Metric(t, reg, "llmgw_agent_kv_hash_mismatches_total", nil); n != 0 {
 				t.Errorf("%v hash mismatches against the simulator", n)
 			}
-			t.Logf("%d blocks mirrored; batches %v gaps %v", len(want), counter(t, reg, "llmgw_agent_kv_batches_total", ""), counter(t, reg, "llmgw_agent_kv_gaps_total", ""))
+			t.Logf("%d blocks mirrored; batches %v gaps %v", len(want), testkit.Metric(t, reg, "llmgw_agent_kv_batches_total", nil), testkit.Metric(t, reg, "llmgw_agent_kv_gaps_total", nil))
 		})
 	}
-}
-
-// counter sums a counter's series, those whose label value is result when
-// given.
-func counter(t *testing.T, reg *prometheus.Registry, name, result string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if result == "" || slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool { return l.GetValue() == result }) {
-				v += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return v
 }

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -100,14 +101,14 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 		traffic(15)
 		agent.start()
 		if !eventually(30*time.Second, func() bool {
-			n, ok := metric(agent.http, "llmgw_agent_engine_adoptions_total")
-			a, _ := metric(agent.http, "llmgw_agent_session_attached")
+			n, ok := testkit.Scrape(agent.http, "llmgw_agent_engine_adoptions_total", nil)
+			a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
 			return ok && n == 2 && a == 1
 		}) {
 			t.Fatalf("agent did not re-adopt 2 engines and attach within %v; its log:\n%s", within(30*time.Second), tail(agent.output(), 30))
 		}
 		check("agent restart")
-		if n, _ := metricWith(agent.http, "llmgw_agent_kv_replays_total", `result="repaired"`); n < 2 {
+		if n, _ := testkit.Scrape(agent.http, "llmgw_agent_kv_replays_total", testkit.Labels{"result": "repaired"}); n < 2 {
 			t.Errorf("%v repaired replays after the restart, want a catch-up per engine (2)", n)
 		}
 
@@ -147,10 +148,10 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 	// replica holds three blocks it never stored.
 	srv := attachedServer(t, c, agent)
 	victim := liveReplicas(t, c, "kvm")[0]
-	before, _ := metric(srv.http, "llmgw_control_kv_foreign_total")
+	before, _ := testkit.Scrape(srv.http, "llmgw_control_kv_foreign_total", nil)
 	foreignKVReport(t, srv.grpc, "n9", victim)
 	if !eventually(10*time.Second, func() bool {
-		n, _ := metric(srv.http, "llmgw_control_kv_foreign_total")
+		n, _ := testkit.Scrape(srv.http, "llmgw_control_kv_foreign_total", nil)
 		return n >= before+1
 	}) {
 		t.Fatalf("%s did not count the foreign report in llmgw_control_kv_foreign_total within %v", srv.id, within(10*time.Second))
@@ -192,17 +193,17 @@ func TestKVRouterUntrusted(t *testing.T) {
 	for round := 0; ; round++ {
 		kvTraffic(t, d.http, "kvu", 40, round)
 		if eventually(3*time.Second, func() bool {
-			n, _ := metric(agentHTTP, "llmgw_agent_kv_untrusted_replicas")
+			n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_untrusted_replicas", nil)
 			return n == 1 && getJSON("http://"+d.http+"/debug/kvindex?replica="+rep.Replica.ID, &view) == nil && view.Untrusted
 		}) {
 			break
 		}
 		if round == 3 {
-			n, _ := metric(agentHTTP, "llmgw_agent_kv_untrusted_replicas")
+			n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_untrusted_replicas", nil)
 			t.Fatalf("replica %s not untrusted after %d rounds: agent gauge %v, router says untrusted=%v", rep.Replica.ID, round+1, n, view.Untrusted)
 		}
 	}
-	unrepairable, _ := metricWith(agentHTTP, "llmgw_agent_kv_replays_total", `result="unrepairable"`)
+	unrepairable, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_replays_total", testkit.Labels{"result": "unrepairable"})
 	if unrepairable < 1 {
 		t.Errorf("replica untrusted, yet no replay counted unrepairable (%v)", unrepairable)
 	}
@@ -233,12 +234,12 @@ func TestKVRouterUntrusted(t *testing.T) {
 		}
 	}
 	checkKVExact(t, d, "kvu", []string{d.http}, "trusted again after a cache reset")
-	if n, _ := metric(agentHTTP, "llmgw_agent_kv_untrusted_replicas"); n != 0 {
+	if n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_untrusted_replicas", nil); n != 0 {
 		t.Errorf("agent still counts %v untrusted replicas after the reset", n)
 	}
 
-	hits, _ := metricWith(d.http, "llmgw_kv_decisions_total", `decision="hit"`)
-	timeouts, _ := metricWith(d.http, "llmgw_router_tokenize_total", `result="timeout"`)
+	hits, _ := testkit.Scrape(d.http, "llmgw_kv_decisions_total", testkit.Labels{"decision": "hit"})
+	timeouts, _ := testkit.Scrape(d.http, "llmgw_router_tokenize_total", testkit.Labels{"result": "timeout"})
 	t.Logf("replica %s untrusted (%v unrepairable replays); then %v of %d requests counted untrusted; %v tier-2 hits before the gap; the dev router (default /tokenize budget): decisions %v, %v tokenizations over budget",
 		rep.Replica.ID, unrepairable, after["untrusted"]-before["untrusted"], n, hits, kvDecisions(d.http), timeouts)
 }
@@ -303,7 +304,7 @@ func attachedServer(t *testing.T, c *cluster, agent *controlServer) *controlServ
 	var s *controlServer
 	if !eventually(20*time.Second, func() bool {
 		s = serverByGRPC(c, attachedTo(agent))
-		a, _ := metric(agent.http, "llmgw_agent_session_attached")
+		a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
 		return s != nil && s.running() && a == 1
 	}) {
 		t.Fatalf("agent is not attached to a live server within %v; its log:\n%s", within(20*time.Second), tail(agent.output(), 20))
@@ -316,7 +317,7 @@ func attachedServer(t *testing.T, c *cluster, agent *controlServer) *controlServ
 // stream opened after the kill.
 func killControl(t *testing.T, c *cluster, s *controlServer, agent *controlServer, routers []*controlServer) {
 	t.Helper()
-	sessions, _ := metric(agent.http, "llmgw_agent_sessions_total")
+	sessions, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
 	agentOn := attachedTo(agent) == s.grpc
 	var moving []*controlServer
 	for _, r := range routers {
@@ -327,7 +328,7 @@ func killControl(t *testing.T, c *cluster, s *controlServer, agent *controlServe
 	killed := time.Now()
 	s.kill()
 	if !eventually(30*time.Second, func() bool {
-		if n, _ := metric(agent.http, "llmgw_agent_sessions_total"); agentOn && n <= sessions {
+		if n, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil); agentOn && n <= sessions {
 			return false
 		}
 		for _, r := range moving {
@@ -415,30 +416,4 @@ func foreignKVReport(t *testing.T, addr, node string, victim replicaView) {
 			return
 		}
 	}
-}
-
-// metricWith sums the samples of a metric family whose labels contain
-// label (for example `result="repaired"`).
-func metricWith(addr, name, label string) (float64, bool) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, false
-	}
-	defer resp.Body.Close()
-	var sum float64
-	found := false
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, name+"{") || !strings.Contains(line, label) {
-			continue
-		}
-		f := strings.Fields(line)
-		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil {
-			sum += v
-			found = true
-		}
-	}
-	return sum, found
 }

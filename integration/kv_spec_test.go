@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // TestKVRouterSpeculation (issue 14, design §7.5 step 6): a router that
@@ -66,8 +68,8 @@ func TestKVRouterSpeculation(t *testing.T) {
 	for i, tt := range tests {
 		sys := strings.Repeat(fmt.Sprintf("speculation case %d: the house rules apply. ", i), 20)
 		before := kvDecisions(r.http)
-		hitsBefore, _ := metric(r.http, "llmgw_kv_speculative_hits_total")
-		recordedBefore, _ := metric(r.http, "llmgw_router_kvindex_speculative_recorded_total")
+		hitsBefore, _ := testkit.Scrape(r.http, "llmgw_kv_speculative_hits_total", nil)
+		recordedBefore, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_recorded_total", nil)
 
 		first := make(chan specSend, 1)
 		go func() { first <- specChat(t, r.http, tt.model, sys, "first") }()
@@ -75,7 +77,7 @@ func TestKVRouterSpeculation(t *testing.T) {
 		// (its decision counted) and, with speculation, recorded its blocks.
 		if !eventually(10*time.Second, func() bool {
 			after := kvDecisions(r.http)
-			recorded, _ := metric(r.http, "llmgw_router_kvindex_speculative_recorded_total")
+			recorded, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_recorded_total", nil)
 			return after["hit"]+after["miss"]+after["load_override"] > before["hit"]+before["miss"]+before["load_override"] &&
 				(tt.specHits == 0 || recorded > recordedBefore)
 		}) {
@@ -91,11 +93,11 @@ func TestKVRouterSpeculation(t *testing.T) {
 		if a.cached != 0 {
 			t.Errorf("%s: the first request found %d cached tokens; the prompt was meant to be new", tt.model, a.cached)
 		}
-		hits, _ := metric(r.http, "llmgw_kv_speculative_hits_total")
+		hits, _ := testkit.Scrape(r.http, "llmgw_kv_speculative_hits_total", nil)
 		if got := hits - hitsBefore; got != tt.specHits {
 			t.Errorf("%s: speculative hits rose by %v, want %v", tt.model, got, tt.specHits)
 		}
-		recorded, _ := metric(r.http, "llmgw_router_kvindex_speculative_recorded_total")
+		recorded, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_recorded_total", nil)
 		if tt.specHits > 0 {
 			if recorded <= recordedBefore {
 				t.Errorf("%s: no speculative entry recorded", tt.model)
@@ -110,17 +112,17 @@ func TestKVRouterSpeculation(t *testing.T) {
 	}
 	// The events confirm what was sent; nothing stays pending.
 	if !eventually(10*time.Second, func() bool {
-		pending, _ := metric(r.http, "llmgw_router_kvindex_speculative_pending")
-		confirmed, _ := metric(r.http, "llmgw_router_kvindex_speculative_confirmed_total")
+		pending, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_pending", nil)
+		confirmed, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_confirmed_total", nil)
 		return pending == 0 && confirmed > 0
 	}) {
-		pending, _ := metric(r.http, "llmgw_router_kvindex_speculative_pending")
-		confirmed, _ := metric(r.http, "llmgw_router_kvindex_speculative_confirmed_total")
+		pending, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_pending", nil)
+		confirmed, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_confirmed_total", nil)
 		t.Fatalf("pending %v, confirmed %v: the events did not confirm the speculative entries", pending, confirmed)
 	}
-	expired, _ := metric(r.http, "llmgw_router_kvindex_speculative_expired_total")
-	confirmed, _ := metric(r.http, "llmgw_router_kvindex_speculative_confirmed_total")
-	ttl, _ := metric(r.http, "llmgw_router_kvindex_speculative_ttl_seconds")
+	expired, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_expired_total", nil)
+	confirmed, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_confirmed_total", nil)
+	ttl, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_ttl_seconds", nil)
 	t.Logf("speculative entries: %v confirmed, %v expired, TTL %vs", confirmed, expired, ttl)
 }
 

@@ -4,6 +4,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // TestKVDeviatingEngine: two simulators behaving as the vLLM-compatible
@@ -28,15 +30,15 @@ func TestKVDeviatingEngine(t *testing.T) {
 
 	trusted := func(step string, wantComplete float64) {
 		t.Helper()
-		if n, _ := metric(agentHTTP, "llmgw_agent_kv_untrusted_replicas"); n != 0 {
+		if n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_untrusted_replicas", nil); n != 0 {
 			t.Errorf("%s: agent counts %v untrusted replicas, want 0", step, n)
 		}
 		for _, r := range []string{"unrepairable", "failed"} {
-			if n, _ := metricWith(agentHTTP, "llmgw_agent_kv_replays_total", `result="`+r+`"`); n != 0 {
+			if n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_replays_total", testkit.Labels{"result": r}); n != 0 {
 				t.Errorf("%s: %v replays %s, want 0", step, n, r)
 			}
 		}
-		if n, _ := metricWith(agentHTTP, "llmgw_agent_kv_replays_total", `result="complete"`); n < wantComplete {
+		if n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_replays_total", testkit.Labels{"result": "complete"}); n < wantComplete {
 			t.Errorf("%s: %v replays complete (the engine's whole history), want at least %v", step, n, wantComplete)
 		}
 	}
@@ -44,7 +46,7 @@ func TestKVDeviatingEngine(t *testing.T) {
 	kvTraffic(t, d.http, "kvd", 60, 0)
 	took := checkKVExact(t, d, "kvd", []string{d.http}, "batches from 1, parent 0")
 	trusted("start", 2)
-	hits, _ := metricWith(d.http, "llmgw_kv_decisions_total", `decision="hit"`)
+	hits, _ := testkit.Scrape(d.http, "llmgw_kv_decisions_total", testkit.Labels{"decision": "hit"})
 	if hits == 0 {
 		t.Error("no tier-2 hit decisions for the deviating engines")
 	}
@@ -55,7 +57,7 @@ func TestKVDeviatingEngine(t *testing.T) {
 	tookRestart := checkKVExact(t, d, "kvd", []string{d.http}, "engine restart, batches from 1 again")
 	trusted("restart", 3)
 
-	if n, ok := metricWith(d.http, "llmgw_router_kv_event_lag_seconds_count", `edge="oldest"`); !ok || n == 0 {
+	if n, ok := testkit.Scrape(d.http, "llmgw_router_kv_event_lag_seconds", testkit.Labels{"edge": "oldest"}); !ok || n == 0 {
 		t.Errorf("router observed no KV event lag (%v, %v)", n, ok)
 	}
 	t.Logf("index equal to the engines' caches %v after the last request at start, %v after the restart",

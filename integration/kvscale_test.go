@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/chunking"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -281,7 +282,7 @@ func TestKVScale(t *testing.T) {
 		report(fmt.Sprintf("attach: agent → %s (%s) → watcher", s.id, role), watchers[s].wholeAt(t, s.id, epoch, 30*time.Second).Sub(a.sendStart))
 	}
 	for _, s := range c.servers {
-		if v, ok := metric(s.http, "llmgw_control_agent_sessions_cut_total"); ok && v != 0 {
+		if v, ok := testkit.Scrape(s.http, "llmgw_control_agent_sessions_cut_total", nil); ok && v != 0 {
 			t.Errorf("%s cut %v agent sessions", s.id, v)
 		}
 	}
@@ -327,7 +328,7 @@ func TestKVScale(t *testing.T) {
 	r := startRouterProc(t, "r1", rest[1].grpc)
 	var entries float64
 	if !eventually(30*time.Second, func() bool {
-		entries, _ = metric(r.http, "llmgw_router_kvindex_entries")
+		entries, _ = testkit.Scrape(r.http, "llmgw_router_kvindex_entries", nil)
 		return entries == float64(total)
 	}) {
 		t.Fatalf("the new router's KV index holds %v entries, want %d", entries, total)
@@ -341,7 +342,7 @@ func TestKVScale(t *testing.T) {
 	}
 
 	for _, s := range rest {
-		if v, ok := metric(s.http, "llmgw_control_agent_sessions_cut_total"); ok && v != 0 {
+		if v, ok := testkit.Scrape(s.http, "llmgw_control_agent_sessions_cut_total", nil); ok && v != 0 {
 			t.Errorf("%s cut %v agent sessions", s.id, v)
 		}
 	}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -111,7 +112,7 @@ func TestWatchStreamCapPerCaller(t *testing.T) {
 			}
 		}
 	}
-	if v, _ := metric(s.http, "llmgw_control_streams_refused_total"); v < 1 {
+	if v, _ := testkit.Scrape(s.http, "llmgw_control_streams_refused_total", nil); v < 1 {
 		t.Errorf("llmgw_control_streams_refused_total = %v, want at least 1", v)
 	}
 	// Closing one frees its slot (the server sees the cancel shortly).
@@ -201,7 +202,7 @@ func TestAgentFloodIsCut(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), within(240*time.Second))
 	defer cancel()
 	heap := func() float64 {
-		v, ok := metric(s.http, "go_memstats_heap_inuse_bytes")
+		v, ok := testkit.Scrape(s.http, "go_memstats_heap_inuse_bytes", nil)
 		if !ok {
 			t.Fatal("go_memstats_heap_inuse_bytes not on the control node's /metrics")
 		}
@@ -244,7 +245,7 @@ func TestAgentFloodIsCut(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("oversized message: session ended with %v, want RESOURCE_EXHAUSTED", err)
 	}
-	if v, _ := metric(s.http, "llmgw_control_agent_sessions_cut_total"); v < 10 {
+	if v, _ := testkit.Scrape(s.http, "llmgw_control_agent_sessions_cut_total", nil); v < 10 {
 		t.Errorf("llmgw_control_agent_sessions_cut_total = %v, want at least 10", v)
 	}
 
@@ -351,10 +352,10 @@ func TestKVSocketOversizedFrame(t *testing.T) {
 		}
 		c.Close()
 		if !eventually(10*time.Second, func() bool {
-			v, _ := metric(a.http, "llmgw_agent_kv_frames_refused_total")
+			v, _ := testkit.Scrape(a.http, "llmgw_agent_kv_frames_refused_total", nil)
 			return v >= float64(i+1)
 		}) {
-			v, _ := metric(a.http, "llmgw_agent_kv_frames_refused_total")
+			v, _ := testkit.Scrape(a.http, "llmgw_agent_kv_frames_refused_total", nil)
 			t.Fatalf("attack %d: llmgw_agent_kv_frames_refused_total = %v, want %d", i, v, i+1)
 		}
 	}

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // TestLoRAQueue (issue 16, design §7.6): `llmgw dev` plus a second
@@ -57,7 +59,7 @@ func TestLoRAQueue(t *testing.T) {
 		if n := failures(res); n != 0 {
 			t.Errorf("%d of %d requests failed: %v", n, len(res), statusCounts(res))
 		}
-		t.Logf("served after waiting in the queue: %v of %d", routerMetric(t, "http://"+d.http, `llmgw_router_adapter_queue_requests_total{model="lora",result="served_after_wait"}`), len(res))
+		t.Logf("served after waiting in the queue: %v of %d", testkit.MustScrape(t, d.http, "llmgw_router_adapter_queue_requests_total", testkit.Labels{"model": "lora", "result": "served_after_wait"}), len(res))
 	})
 
 	t.Run("fairness", func(t *testing.T) {
@@ -269,23 +271,4 @@ func routerWaits(t *testing.T, log string) map[string][]time.Duration {
 		out[a[1]] = append(out[a[1]], time.Duration(ms)*time.Millisecond)
 	}
 	return out
-}
-
-// routerMetric is one sample of a router's /metrics, by its full name
-// and labels as exposed; 0 when absent.
-func routerMetric(t *testing.T, router, sample string) float64 {
-	t.Helper()
-	resp, err := http.Get(router + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), sample+" "); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return f
-		}
-	}
-	return 0
 }

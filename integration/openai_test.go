@@ -1,12 +1,10 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"net/http"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/sim"
 )
 
@@ -223,32 +222,7 @@ func TestOpenAISurface(t *testing.T) {
 // router's /metrics: the 200s and the 499s, summed over keys.
 func requestCounts(t *testing.T, addr, model string) (ok, closed float64) {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if !strings.HasPrefix(line, "llmgw_router_requests_total{") || !strings.Contains(line, `model="`+model+`"`) {
-			continue
-		}
-		f := strings.Fields(line)
-		v, err := strconv.ParseFloat(f[len(f)-1], 64)
-		if err != nil {
-			t.Fatalf("%q: %v", line, err)
-		}
-		switch {
-		case strings.Contains(line, `code="200"`):
-			ok += v
-		case strings.Contains(line, `code="499"`):
-			closed += v
-		}
-	}
-	if err := sc.Err(); err != nil {
-		t.Fatal(err)
-	}
+	ok = testkit.MustScrape(t, addr, "llmgw_router_requests_total", testkit.Labels{"model": model, "code": "200"})
+	closed = testkit.MustScrape(t, addr, "llmgw_router_requests_total", testkit.Labels{"model": model, "code": "499"})
 	return ok, closed
 }

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // promFor shortens every `for:` of the production rules for the test; the
@@ -310,7 +312,7 @@ func TestPrometheusAlerts(t *testing.T) {
 	// The agent comes back, starts the engines again and attaches.
 	agent.start()
 	if !eventually(45*time.Second, func() bool {
-		attached, _ := metric(agent.http, "llmgw_agent_session_attached")
+		attached, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
 		return attached == 1 && p.gone("LlmgwAgentDisconnected")
 	}) {
 		t.Fatalf("LlmgwAgentDisconnected did not resolve within %v of the agent's restart", within(45*time.Second))
@@ -350,7 +352,7 @@ func TestPrometheusAlerts(t *testing.T) {
 	if !eventually(30*time.Second, func() bool {
 		return p.unhealthy(jobs[1:2], "up") == "" && p.firing("LlmgwAgentDisconnected", agentAlert)
 	}) {
-		attached, _ := metric(agent.http, "llmgw_agent_session_attached")
+		attached, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
 		t.Fatalf("LlmgwAgentDisconnected did not fire for a running agent with no control node (attached=%v)", attached)
 	}
 }

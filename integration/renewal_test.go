@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // Certificate renewal in place under chat load (issue #12, design §11):
@@ -324,7 +325,7 @@ func TestCertRenewalUnderLoad(t *testing.T) {
 
 	// Make the long-lived connections handshake again: restart the server
 	// each of the agent and the routers is on, one at a time.
-	sessions, _ := metric(agent.http, "llmgw_agent_sessions_total")
+	sessions, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
 	var targets []*controlServer
 	if s := serverByGRPC(c, attachedTo(agent)); s != nil {
 		targets = append(targets, s)
@@ -363,8 +364,8 @@ func TestCertRenewalUnderLoad(t *testing.T) {
 		}
 	}
 	if !eventually(20*time.Second, func() bool {
-		n, _ := metric(agent.http, "llmgw_agent_sessions_total")
-		up, _ := metric(agent.http, "llmgw_agent_session_attached")
+		n, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
+		up, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
 		return n > sessions && up == 1
 	}) {
 		t.Fatalf("the agent did not attach again within %v; its log:\n%s", within(20*time.Second), tail(agent.output(), 20))

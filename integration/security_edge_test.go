@@ -28,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -380,7 +381,10 @@ func TestEdgeTLSEndToEnd(t *testing.T) {
 		t.Fatalf("no chat served over TLS within %v: %d %s\nagent:\n%s\nrouter:\n%s", within(90*time.Second), code, body,
 			tail(agent.output(), 20), tail(router.output(), 20))
 	}
-	if !eventually(20*time.Second, func() bool { n, _ := metric(router.http, "llmgw_router_load_snapshots_total"); return n > 0 }) {
+	if !eventually(20*time.Second, func() bool {
+		n, _ := testkit.Scrape(router.http, "llmgw_router_load_snapshots_total", nil)
+		return n > 0
+	}) {
 		t.Fatalf("the router received no load snapshot from the agent over TLS:\n%s", tail(router.output(), 20))
 	}
 

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -399,7 +400,7 @@ func TestTLSRogueAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !eventually(10*time.Second, func() bool {
-		v, ok := metric(s.http, "llmgw_control_status_foreign_total")
+		v, ok := testkit.Scrape(s.http, "llmgw_control_status_foreign_total", nil)
 		return ok && v >= 2
 	}) {
 		t.Fatal("n2's statuses of n1's replica were not dropped (llmgw_control_status_foreign_total < 2)")

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // The spread test of issue 13 (design §5.5, docs/architecture.md "The
@@ -81,7 +83,7 @@ func TestSpreadLateAgent(t *testing.T) {
 		t.Errorf("spread: min serving %d (want 2), replacements starting at once %d (want at most 1), %d placements drained before removal (want 1)",
 			minServing, maxStarting, len(drains))
 	}
-	if d, _ := metric(a.http, "llmgw_agent_drains_total"); d != 1 {
+	if d, _ := testkit.Scrape(a.http, "llmgw_agent_drains_total", nil); d != 1 {
 		t.Errorf("agent a stopped %v draining engines, want 1", d)
 	}
 	if strings.Contains(a.output(), "still busy at the drain timeout") {

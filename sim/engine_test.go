@@ -4,21 +4,9 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
-)
 
-// waitFor polls cond; the deadline is a safety net against a hung test,
-// not an assertion about speed.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
+	"github.com/llmgw/llmgw/internal/testkit"
+)
 
 func testEngine(maxSeqs, blocks int) *engine {
 	cfg := DefaultConfig()
@@ -44,7 +32,7 @@ func TestEngineMaxNumSeqsQueueing(t *testing.T) {
 			admitted <- s
 		}()
 	}
-	waitFor(t, "two waiting", func() bool { return e.stats().Waiting == 2 })
+	testkit.Wait(t, "two waiting", func() bool { return e.stats().Waiting == 2 })
 	if st := e.stats(); st.Running != 2 {
 		t.Fatalf("running = %d, want 2", st.Running)
 	}
@@ -79,7 +67,7 @@ func TestEngineWaitsForBlocksFIFO(t *testing.T) {
 		}
 		s.release()
 	}()
-	waitFor(t, "the request to wait for blocks", func() bool { return e.stats().Waiting == 1 })
+	testkit.Wait(t, "the request to wait for blocks", func() bool { return e.stats().Waiting == 1 })
 	big.release()
 	<-done
 }
@@ -96,7 +84,7 @@ func TestEngineCancelLeavesQueue(t *testing.T) {
 		_, err := e.admit(ctx, nil, 4, 4)
 		errc <- err
 	}()
-	waitFor(t, "one waiting", func() bool { return e.stats().Waiting == 1 })
+	testkit.Wait(t, "one waiting", func() bool { return e.stats().Waiting == 1 })
 	cancel()
 	if err := <-errc; !errors.Is(err, context.Canceled) {
 		t.Errorf("err = %v, want context.Canceled", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -100,7 +101,7 @@ func startKV(t *testing.T, k kvSetup) *kvHarness {
 		<-received
 	})
 	// Serve opens the sockets before it serves HTTP.
-	waitFor(t, "the simulator to serve", func() bool {
+	testkit.Wait(t, "the simulator to serve", func() bool {
 		resp, err := http.Get(h.base + "/health")
 		if err == nil {
 			resp.Body.Close()
@@ -127,7 +128,7 @@ func startKV(t *testing.T, k kvSetup) *kvHarness {
 		}
 	}()
 	// A PUB socket drops what no one has subscribed to yet.
-	waitFor(t, "the subscription to reach the publisher", srv.kv.subscribed)
+	testkit.Wait(t, "the subscription to reach the publisher", srv.kv.subscribed)
 	return h
 }
 
@@ -152,7 +153,7 @@ func (h *kvHarness) complete(tokens ...int) {
 // how many batches there have been.
 func (h *kvHarness) settle() uint64 {
 	var n uint64
-	waitFor(h.t, "the publisher to settle", func() (ok bool) { ok, n = h.srv.kv.quiet(); return ok })
+	testkit.Wait(h.t, "the publisher to settle", func() (ok bool) { ok, n = h.srv.kv.quiet(); return ok })
 	return n
 }
 

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -366,7 +367,7 @@ func TestLoRARequestsInfo(t *testing.T) {
 				resp.Body.Close()
 			}
 		}()
-		waitFor(t, m+" arrives", func() bool {
+		testkit.Wait(t, m+" arrives", func() bool {
 			for _, a := range s.lora.report().Adapters {
 				if a.Name == m && a.Running+a.Waiting == 1 {
 					return true

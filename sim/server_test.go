@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -263,7 +264,7 @@ func TestClientDisconnectFreesSlot(t *testing.T) {
 	}
 	cancel()
 	resp.Body.Close()
-	waitFor(t, "the slot to be freed", func() bool { return s.eng.stats().Running == 0 })
+	testkit.Wait(t, "the slot to be freed", func() bool { return s.eng.stats().Running == 0 })
 }
 
 func TestErrors(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -206,13 +207,7 @@ func (h *harness) states() map[string]*llmgwv1.AdapterStatus {
 
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			h.t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Wait(h.t, what, cond)
 }
 
 func (h *harness) waitState(adapter string, want llmgwv1.AdapterState) *llmgwv1.AdapterStatus {
@@ -301,7 +296,7 @@ func TestUnloadReadsTheEngineFirst(t *testing.T) {
 	eng.setRunning("a") // after the last reading
 	h.place("b", "c")
 	h.waitFor("a's unload deferred", func() bool {
-		return gathered(t, h.reg, "llmgw_agent_adapter_unloads_deferred_total") >= 1
+		return testkit.Metric(t, h.reg, "llmgw_agent_adapter_unloads_deferred_total", nil) >= 1
 	})
 	if _, _, unloads := eng.state(); unloads["a"] != 0 {
 		t.Fatal("a was unloaded while the engine ran a request for it")
@@ -538,19 +533,4 @@ func TestEvictionMakesRoomAtOnce(t *testing.T) {
 			}
 		})
 	}
-}
-
-// gathered is the value of the counter name in reg (0 when absent).
-func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	return 0
 }

@@ -2,8 +2,9 @@
 // (design §5.4, §6): the session epoch, which must only grow, and the port
 // each replica's engine was given, so a restarted agent hands a replica the
 // same port and re-adopts engines still listening on theirs. Every file is
-// replaced atomically, so a crash leaves the old or the new content, never a
-// torn file.
+// replaced through internal/atomicfile, so a crash leaves the old or the new
+// content, never a torn file, and a write survives a power cut: the epoch
+// must, to keep sessions ordered (design §5.4).
 package datadir
 
 import (
@@ -12,40 +13,21 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/llmgw/llmgw/internal/atomicfile"
 )
 
+// filePerm is the mode of the data dir's files: the agent's alone.
+const filePerm = 0o600
+
 // WriteFileAtomic replaces path with data so that a crash leaves either the
-// old or the new content, never a torn file: the epoch must survive a power
-// cut to keep sessions ordered (design §5.4).
+// old or the new content, never a torn file, with the data dir's mode: for
+// the agent's own records kept beside the ones of this package.
 func WriteFileAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.Write(path, data, filePerm)
 }
 
 // ParseEpoch decodes the epoch file: one decimal, surrounding space allowed.

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgw/llmgw/agent/kv/zmtp"
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -84,7 +85,7 @@ func TestListenerSurvivesHostilePeer(t *testing.T) {
 			if _, err := io.Copy(io.Discard, c); err != nil {
 				t.Fatalf("the agent did not close the hostile connection: %v", err)
 			}
-			waitFor(t, "the refused frame to be counted", func() bool { return value(h.hub.metrics.framesRefused) == 1 })
+			testkit.Wait(t, "the refused frame to be counted", func() bool { return value(h.hub.metrics.framesRefused) == 1 })
 
 			// The legitimate engine's stream still arrives.
 			_, ev := h.eng.stored(nil, toks(1, 2*testBS))
@@ -133,7 +134,7 @@ func TestReplaySurvivesHostileListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	waitFor(t, "the failed replay to untrust the replica", func() bool {
+	testkit.Wait(t, "the failed replay to untrust the replica", func() bool {
 		_, u, _ := hub.Blocks("demo-0")
 		return u
 	})

@@ -10,6 +10,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -54,7 +55,7 @@ func TestListenerConnects(t *testing.T) {
 	}
 	l.Engine(1)
 	h := &harness{hub: hub, reg: reg, l: l, eng: eng}
-	waitFor(t, "the listener to connect and subscribe", eng.subscribed)
+	testkit.Wait(t, "the listener to connect and subscribe", eng.subscribed)
 	a, ev := eng.stored(nil, toks(1, 8))
 	eng.publish(false, ev)
 	_, ev = eng.stored(&a[1], toks(50, 4))
@@ -68,20 +69,17 @@ func TestListenerConnects(t *testing.T) {
 	clear(eng.held)
 	eng.mu.Unlock()
 	addr := pubEP[len("tcp://"):]
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	testkit.WaitErr(t, 10*time.Second, "rebinding "+addr, func() error {
 		pub := zmq4.NewPub(context.Background(), zmq4.WithLogger(slog.NewLogLogger(quiet.Handler(), slog.LevelDebug)))
-		if err := pub.Listen("tcp://" + addr); err == nil {
-			eng.pub = pub
-			break
-		} else if time.Now().After(deadline) {
-			t.Fatalf("rebinding %s: %v", addr, err)
+		if err := pub.Listen("tcp://" + addr); err != nil {
+			_ = pub.Close()
+			return err
 		}
-		_ = pub.Close()
-		time.Sleep(20 * time.Millisecond)
-	}
+		eng.pub = pub
+		return nil
+	})
 	l.Engine(2)
-	waitFor(t, "the listener to reconnect and subscribe", eng.subscribed)
+	testkit.Wait(t, "the listener to reconnect and subscribe", eng.subscribed)
 	_, ev = eng.stored(nil, toks(300, 8))
 	eng.publish(false, ev)
 	h.converged(t)

@@ -3,6 +3,7 @@ package kv
 import (
 	"testing"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -61,7 +62,7 @@ func TestListenerDeviations(t *testing.T) {
 			}
 			if tc.untrusted {
 				h.untrusted(t)
-				waitFor(t, "the replay counted "+tc.result, func() bool { return replays() == tc.n })
+				testkit.Wait(t, "the replay counted "+tc.result, func() bool { return replays() == tc.n })
 				return
 			}
 			h.converged(t)

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -65,7 +66,7 @@ func (e *fakeEngine) connect(endpoint string) {
 	if err := e.pub.Dial(endpoint); err != nil {
 		e.t.Fatal(err)
 	}
-	waitFor(e.t, "the subscription to reach the engine", func() bool {
+	testkit.Wait(e.t, "the subscription to reach the engine", func() bool {
 		return slices.Contains(e.pub.(zmq4.Topics).Topics(), "kv")
 	})
 }
@@ -178,17 +179,6 @@ func (e *fakeEngine) stored(parent *vllm.BlockHash, tokens []int) ([]vllm.BlockH
 	return hs, ev
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 type harness struct {
 	hub *Hub
 	reg *prometheus.Registry
@@ -243,7 +233,7 @@ func start(t *testing.T, s setup) *harness {
 func (h *harness) converged(t *testing.T) {
 	t.Helper()
 	want := h.eng.truth()
-	waitFor(t, "the mirror to match the engine", func() bool {
+	testkit.Wait(t, "the mirror to match the engine", func() bool {
 		got, untrusted, _ := h.hub.Blocks("demo-0")
 		return !untrusted && slices.Equal(got, want)
 	})
@@ -251,7 +241,7 @@ func (h *harness) converged(t *testing.T) {
 
 func (h *harness) untrusted(t *testing.T) {
 	t.Helper()
-	waitFor(t, "the replica to become untrusted", func() bool {
+	testkit.Wait(t, "the replica to become untrusted", func() bool {
 		_, u, _ := h.hub.Blocks("demo-0")
 		return u
 	})
@@ -314,7 +304,7 @@ func TestListenerPollsAfterConnect(t *testing.T) {
 	if n := value(h.hub.metrics.replays.WithLabelValues("repaired")); n != 1 {
 		t.Errorf("repaired replays = %v, want 1", n)
 	}
-	waitFor(t, "a second poll finding nothing missed", func() bool {
+	testkit.Wait(t, "a second poll finding nothing missed", func() bool {
 		return value(h.hub.metrics.replays.WithLabelValues("current")) >= 1
 	})
 	if n := value(h.hub.metrics.gaps); n != 0 {
@@ -352,7 +342,7 @@ func TestListenerUnrepairableGap(t *testing.T) {
 			if n := value(h.hub.metrics.replays.WithLabelValues(tc.result)); n != 1 {
 				t.Errorf("%s replays = %v, want 1", tc.result, n)
 			}
-			if got := gathered(t, h.reg, "llmgw_agent_kv_untrusted_replicas"); got != 1 {
+			if got := testkit.Metric(t, h.reg, "llmgw_agent_kv_untrusted_replicas", nil); got != 1 {
 				t.Errorf("untrusted gauge = %v", got)
 			}
 			// Reported as an untrusted reset with nothing held.
@@ -487,19 +477,4 @@ func value(c prometheus.Collector) float64 {
 		}
 	}
 	return v
-}
-
-func gathered(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -103,21 +104,18 @@ func startReader(t *testing.T, targets Targets) (*Reader, func()) {
 	return r, stop
 }
 
-// waitSnapshot follows the reader until cond holds for a snapshot.
+// waitSnapshot polls the reader until cond holds for a snapshot, and
+// returns that snapshot.
 func waitSnapshot(t *testing.T, r *Reader, what string, cond func(*llmgwv1.LoadSnapshot) bool) *llmgwv1.LoadSnapshot {
 	t.Helper()
-	timeout := time.After(10 * time.Second)
-	for {
-		s, changed := r.Latest()
-		if cond(s) {
-			return s
+	var s *llmgwv1.LoadSnapshot
+	testkit.WaitErr(t, testkit.DefaultTimeout, what, func() error {
+		if s, _ = r.Latest(); cond(s) {
+			return nil
 		}
-		select {
-		case <-changed:
-		case <-timeout:
-			t.Fatalf("timed out waiting for %s; last snapshot %v", what, s)
-		}
-	}
+		return fmt.Errorf("last snapshot %v", s)
+	})
+	return s
 }
 
 func byID(s *llmgwv1.LoadSnapshot) map[string]*llmgwv1.ReplicaLoad {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/internal/fakeengine"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -86,18 +87,6 @@ func (r *recorder) all() []*llmgwv1.ReplicaStatus {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.st)
-}
-
-// waitFor polls cond; the deadline only keeps a broken test from hanging.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func (r *recorder) has(phase llmgwv1.ReplicaPhase) func() bool {
@@ -213,7 +202,7 @@ func TestDriversThroughSupervisor(t *testing.T) {
 			l, recPath := fakeLaunch(t, name, "")
 			rec := &recorder{}
 			s, stop := run(t, testConfig(t, l), rec)
-			waitFor(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
+			testkit.Wait(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
 			rs := records(t, recPath)
 			if len(rs) != 1 {
 				t.Fatalf("%d starts recorded, want 1", len(rs))
@@ -230,7 +219,7 @@ func TestDriversThroughSupervisor(t *testing.T) {
 			if st.GetAddress() != l.Address || st.GetPid() != int32(rs[0].Pid) || st.GetIncarnation() != 1 || st.GetUid() != 9 {
 				t.Errorf("status %v does not describe the engine (pid %d, address %s)", st, rs[0].Pid, l.Address)
 			}
-			waitFor(t, "engine output in the log ring", func() bool {
+			testkit.Wait(t, "engine output in the log ring", func() bool {
 				return slices.ContainsFunc(s.Logs(), func(l string) bool { return strings.Contains(l, "fake engine starting") })
 			})
 			stop()
@@ -251,7 +240,7 @@ func TestRestartsCrashedEngine(t *testing.T) {
 	l, recPath := fakeLaunch(t, engine.VLLM, "crash")
 	rec := &recorder{}
 	_, stop := run(t, testConfig(t, l), rec)
-	waitFor(t, "three incarnations", func() bool {
+	testkit.Wait(t, "three incarnations", func() bool {
 		for _, s := range rec.all() {
 			if s.GetIncarnation() >= 3 && s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING {
 				return true
@@ -300,9 +289,9 @@ func TestStopKillsStuckEngineAndItsGroup(t *testing.T) {
 			c := testConfig(t, l)
 			c.StopGrace = 100 * time.Millisecond
 			_, stop := run(t, c, rec)
-			waitFor(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
+			testkit.Wait(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
 			if tt.mode == "child" {
-				waitFor(t, "grandchild", func() bool {
+				testkit.Wait(t, "grandchild", func() bool {
 					return slices.ContainsFunc(records(t, recPath), func(r fakeengine.Record) bool { return r.Grandchild })
 				})
 			}
@@ -326,7 +315,7 @@ func TestNotReadyInTimeIsRestarted(t *testing.T) {
 	c := testConfig(t, l)
 	c.ReadyTimeout = 100 * time.Millisecond
 	_, stop := run(t, c, rec)
-	waitFor(t, "RESTARTING", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_RESTARTING))
+	testkit.Wait(t, "RESTARTING", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_RESTARTING))
 	stop()
 	for _, s := range rec.all() {
 		if s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_RESTARTING && !strings.Contains(s.GetMessage(), "not ready within") {
@@ -342,7 +331,7 @@ func TestMissingProgramFails(t *testing.T) {
 	rec := &recorder{}
 	c := testConfig(t, engine.Launch{Argv: []string{filepath.Join(t.TempDir(), "no-such-engine")}, Address: "127.0.0.1:1", HealthURL: "http://127.0.0.1:1/health"})
 	_, stop := run(t, c, rec)
-	waitFor(t, "FAILED", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED))
+	testkit.Wait(t, "FAILED", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_FAILED))
 	stop()
 	if got := rec.all()[len(rec.all())-1].GetPhase(); got != llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED {
 		t.Errorf("last phase %v, want STOPPED", got)
@@ -378,7 +367,7 @@ func TestExternalIsProbedOnly(t *testing.T) {
 	}
 	rec := &recorder{}
 	_, stop := run(t, testConfig(t, l), rec)
-	waitFor(t, "a STARTING that says the model is not served", func() bool {
+	testkit.Wait(t, "a STARTING that says the model is not served", func() bool {
 		for _, s := range rec.all() {
 			if s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING && strings.Contains(s.GetMessage(), `does not serve model "ext" (it serves "other")`) {
 				return true
@@ -387,11 +376,11 @@ func TestExternalIsProbedOnly(t *testing.T) {
 		return false
 	})
 	set(true, "ext")
-	waitFor(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
+	testkit.Wait(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
 	set(false, "ext")
-	waitFor(t, "UNHEALTHY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY))
+	testkit.Wait(t, "UNHEALTHY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY))
 	set(true, "ext")
-	waitFor(t, "READY as incarnation 2", func() bool {
+	testkit.Wait(t, "READY as incarnation 2", func() bool {
 		all := rec.all()
 		last := all[len(all)-1]
 		return last.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && last.GetIncarnation() == 2

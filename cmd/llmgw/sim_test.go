@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -118,8 +120,7 @@ func TestSimServeTakesVLLMDriverArgv(t *testing.T) {
 			}()
 			base := "http://127.0.0.1:" + strconv.Itoa(port)
 			var body string
-			deadline := time.Now().Add(20 * time.Second)
-			for {
+			testkit.WaitErr(t, 20*time.Second, fmt.Sprintf("sim serve %q to serve", l.Argv[1:]), func() error {
 				select {
 				case err := <-done:
 					done <- err
@@ -127,17 +128,14 @@ func TestSimServeTakesVLLMDriverArgv(t *testing.T) {
 				default:
 				}
 				resp, err := http.Get(base + "/v1/models")
-				if err == nil {
-					b, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					body = string(b)
-					break
+				if err != nil {
+					return err
 				}
-				if time.Now().After(deadline) {
-					t.Fatalf("sim serve %q never served: %v", l.Argv[1:], err)
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				body = string(b)
+				return nil
+			})
 			for _, id := range tc.want {
 				if !strings.Contains(body, `"id":"`+id+`"`) {
 					t.Errorf("/v1/models lacks %s: %s", id, body)

@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 
 	"github.com/spf13/cobra"
 
 	"github.com/llmgw/llmgw/controlplane/snapfile"
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/atomicfile"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -61,7 +61,10 @@ func (c *cli) snapshotSaveCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("snapshot save: the server's file: %w", err)
 			}
-			if err := writeFileAtomic(path, file); err != nil {
+			// Atomically, so a failed save never leaves a partial file
+			// under the name a later restore would read; 0600, for the
+			// state holds the API keys' hashes.
+			if err := atomicfile.Write(path, file, 0o600); err != nil {
 				return fmt.Errorf("snapshot save: %w", err)
 			}
 			if c.output == "json" {
@@ -178,30 +181,4 @@ func readSnapshotFile(path string) ([]byte, snapfile.Header, *llmgwv1.State, err
 		return nil, h, nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return b, h, scratch.State(), nil
-}
-
-// writeFileAtomic writes path through a temporary file in the same
-// directory, synced and renamed, so a failed save never leaves a partial
-// file under the name a later restore would read.
-func writeFileAtomic(path string, b []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	defer os.Remove(tmp.Name()) // after a successful rename, there is nothing to remove
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
 }

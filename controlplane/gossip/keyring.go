@@ -16,6 +16,8 @@ import (
 	"sync"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/llmgw/llmgw/internal/atomicfile"
 )
 
 // KeyringFile is the name of the persisted keyring in a server's data
@@ -313,30 +315,10 @@ func readSmall(path string) ([]byte, error) {
 }
 
 // writeKeyring persists keys at path (0600: it holds the keys themselves)
-// through a temporary file, fsync and a rename, so a crash leaves the old
-// keyring or the new one, never half of one.
+// through internal/atomicfile, so a crash leaves the old keyring or the new
+// one, never half of one.
 func writeKeyring(path string, keys [][]byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("persist gossip keyring: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return fmt.Errorf("persist gossip keyring: %w", err)
-	}
-	if _, err := tmp.Write(encodeKeyring(keys)); err != nil {
-		tmp.Close()
-		return fmt.Errorf("persist gossip keyring: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("persist gossip keyring: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("persist gossip keyring: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+	if err := atomicfile.Write(path, encodeKeyring(keys), 0o600); err != nil {
 		return fmt.Errorf("persist gossip keyring: %w", err)
 	}
 	return nil

@@ -2,18 +2,17 @@ package watch
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 
 	"google.golang.org/protobuf/encoding/protodelim"
 
+	"github.com/llmgw/llmgw/internal/atomicfile"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -26,11 +25,6 @@ import (
 const maxSavedEvent = 64 << 20
 
 func saveState(path string, st *State) error {
-	var buf bytes.Buffer
-	put := func(ev *llmgwv1.WatchEvent) error {
-		_, err := protodelim.MarshalTo(&buf, ev)
-		return err
-	}
 	var events []*llmgwv1.WatchEvent
 	events = append(events, &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_SnapshotBegin{
 		SnapshotBegin: &llmgwv1.SnapshotBegin{Revision: st.Revision}}})
@@ -76,30 +70,20 @@ func saveState(path string, st *State) error {
 		}
 		events = append(events, &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_Ephemeral{Ephemeral: u}})
 	}
-	for _, ev := range events {
-		if err := put(ev); err != nil {
-			return fmt.Errorf("save state: encode: %w", err)
+	// Streamed through internal/atomicfile, so a crash leaves the old file
+	// or the new one. An error names its cause: proto's for an event that
+	// does not encode, the temporary file's for a write.
+	err := atomicfile.WriteFunc(path, 0o600, func(w io.Writer) error {
+		bw := bufio.NewWriter(w)
+		for _, ev := range events {
+			if _, err := protodelim.MarshalTo(bw, ev); err != nil {
+				return err
+			}
 		}
-	}
-	// Write aside and rename, so a crash leaves the old file or the new one.
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".router-state-*")
+		return bw.Flush()
+	})
 	if err != nil {
 		return fmt.Errorf("save state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(buf.Bytes()); err != nil {
-		tmp.Close()
-		return fmt.Errorf("save state: write: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("save state: sync: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("save state: close: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("save state: rename: %w", err)
 	}
 	return nil
 }

@@ -40,6 +40,8 @@ func TestCheck(t *testing.T) {
 		{"internal may not import a component", pkg{ImportPath: m + "internal/backoff", Imports: []string{m + "router"}}, []string{"rule \"internal\""}},
 		{"internal may not import proto", pkg{ImportPath: m + "internal/grpcstop", Imports: []string{m + "proto/llmgw/v1"}}, []string{"rule \"internal\""}},
 		{"an internal leaf may not import another", pkg{ImportPath: m + "internal/addrs", TestImports: []string{m + "internal/backoff"}}, []string{"imports " + m + "internal/backoff"}},
+		{"an internal leaf may import atomicfile", pkg{ImportPath: m + "internal/mtls", Imports: []string{m + "internal/atomicfile"}}, nil},
+		{"atomicfile may not import another leaf", pkg{ImportPath: m + "internal/atomicfile", Imports: []string{m + "internal/backoff"}}, []string{"imports " + m + "internal/backoff"}},
 		{"a leaf's test helper may import the leaf", pkg{ImportPath: m + "internal/mtls/mtlstest", Imports: []string{m + "internal/mtls"}}, nil},
 		{"a leaf's test helper may not import another leaf", pkg{ImportPath: m + "internal/mtls/mtlstest", Imports: []string{m + "internal/backoff"}}, []string{"imports " + m + "internal/backoff"}},
 		{"a lookalike helper is not one", pkg{ImportPath: m + "internal/backoff/mtlstest", Imports: []string{m + "internal/mtls"}}, []string{"imports " + m + "internal/mtls"}},

@@ -13,6 +13,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/security/null"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 func greeting() []byte {
@@ -257,13 +259,9 @@ func TestSocketsOverScheme(t *testing.T) {
 	if err := pub.Dial("tcp://" + sub.Addr().String()); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for len(pub.(zmq4.Topics).Topics()) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the subscription did not reach the publisher")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Wait(t, "the subscription to reach the publisher", func() bool {
+		return len(pub.(zmq4.Topics).Topics()) != 0
+	})
 	if err := pub.SendMulti(zmq4.NewMsgFrom([]byte("kv"), make([]byte, 1000))); err != nil {
 		t.Fatal(err)
 	}
