@@ -180,6 +180,15 @@ func TestEnsureAdapter(t *testing.T) {
 			wantState: stateLoaded, wantOn: []string{"base-1"}, wantResult: "loaded",
 		},
 		{
+			name: "a placed replica that no longer exists is passed over",
+			st:   loraState(2, placed("a", "base-0", "base-9")),
+			setup: func(r *rig) {
+				r.reports.setAdapter("base-0", 1, loaded("a", t0, 0))
+			},
+			req:       &llmgwv1.EnsureAdapterRequest{Adapter: "a"},
+			wantState: stateLoaded, wantOn: []string{"base-0"}, wantResult: "loaded",
+		},
+		{
 			name: "a report for another uid of the replica does not count",
 			st:   loraState(2, placed("a", "base-0")),
 			setup: func(r *rig) {
@@ -435,6 +444,58 @@ func TestEnsureAdapter(t *testing.T) {
 	}
 }
 
+// TestEnsureAdapterWakes: a call waiting for an adapter placed before it
+// answers as soon as what it waits for changes, whether an agent's report
+// or an applied entry, without a poll or the end of its wait.
+func TestEnsureAdapterWakes(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		setup  func(r *rig) // before the call
+		change func(r *rig) // once the call waits
+		want   string       // the replica it is loaded on
+	}{
+		{
+			name:   "on an agent's report",
+			change: func(r *rig) { r.reports.setAdapter("base-0", 1, loaded("a", t0, 0)) },
+			want:   "base-0",
+		},
+		{
+			name: "on an applied entry",
+			// The adapter, already loaded on base-1, is placed there too.
+			setup: func(r *rig) { r.reports.setAdapter("base-1", 2, loaded("a", t0, 0)) },
+			change: func(r *rig) {
+				r.desired.update(func(st *llmgwv1.State) { st.AdapterPlacements[0].Replicas = []string{"base-0", "base-1"} })
+			},
+			want: "base-1",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, testConfig(), loraState(2, placed("a", "base-0")))
+			setPhases(r, ready, "base-0", "base-1")
+			r.reports.setAdapter("base-0", 1, loading("a"))
+			if tt.setup != nil {
+				tt.setup(r)
+			}
+			type answer struct {
+				resp *llmgwv1.EnsureAdapterResponse
+				err  error
+			}
+			done := make(chan answer, 1)
+			go func() {
+				resp, _, err := r.l.EnsureAdapter(context.Background(), &llmgwv1.EnsureAdapterRequest{Adapter: "a"}, testkit.DefaultTimeout)
+				done <- answer{resp, err}
+			}()
+			testkit.Wait(t, "the call's first round to read the reports", func() bool { return r.reports.adapterReads.Load() > 0 })
+			tt.change(r)
+			got := <-done
+			if got.err != nil || got.resp.State != stateLoaded || !slices.Equal(got.resp.LoadedOn, []string{tt.want}) {
+				t.Fatalf("got %v, %v; want loaded on %s", got.resp, got.err, tt.want)
+			}
+			wantProposals(t, r.prop.proposed(), nil)
+		})
+	}
+}
+
 // TestEnsureAdapterSingleFlight: many calls for one cold adapter at once
 // place it once (design §7.6), and all of them see it loaded.
 func TestEnsureAdapterSingleFlight(t *testing.T) {
@@ -442,6 +503,10 @@ func TestEnsureAdapterSingleFlight(t *testing.T) {
 	setPhases(r, ready, "base-0", "base-1")
 	agentLoads(r)
 	const calls = 8
+	// Every call waits for the placement lock while the first of them
+	// holds it: the calls after it find the adapter placed when they get
+	// it (the re-read under the lock).
+	r.l.adapterMu.Lock()
 	var wg sync.WaitGroup
 	resps := make([]*llmgwv1.EnsureAdapterResponse, calls)
 	errs := make([]error, calls)
@@ -450,6 +515,8 @@ func TestEnsureAdapterSingleFlight(t *testing.T) {
 			resps[i], _, errs[i] = r.l.EnsureAdapter(context.Background(), &llmgwv1.EnsureAdapterRequest{Adapter: "a"}, 5*time.Second)
 		})
 	}
+	testkit.WaitMetric(t, r.reg, waitersMetric, nil, calls)
+	r.l.adapterMu.Unlock()
 	wg.Wait()
 	for i := range calls {
 		if errs[i] != nil || resps[i].State != stateLoaded || !slices.Equal(resps[i].LoadedOn, []string{"base-0"}) {
@@ -558,17 +625,18 @@ func TestEnsureAdapterQueued(t *testing.T) {
 
 // TestEnsureAdapterQueueTimeout: a queued call whose wait ends before a
 // slot frees answers LOADING, queued, saying how many calls wait, and
-// leaves the queue.
+// leaves the queue. Its wait spans a few polls, each of which finds every
+// slot still busy and stays in the queue.
 func TestEnsureAdapterQueueTimeout(t *testing.T) {
 	r := newRig(t, testConfig(), loraState(1, placed("a", "base-0"), placed("b", "base-1")))
 	setPhases(r, ready, "base-0", "base-1")
 	r.reports.setAdapter("base-0", 1, loaded("a", t0, 1))
 	r.reports.setAdapter("base-1", 2, loaded("b", t0, 1))
-	resp, result, err := r.l.EnsureAdapter(context.Background(), &llmgwv1.EnsureAdapterRequest{Adapter: "c", Queue: true}, 50*time.Millisecond)
+	resp, result, err := r.l.EnsureAdapter(context.Background(), &llmgwv1.EnsureAdapterRequest{Adapter: "c", Queue: true}, 250*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `adapter "c": no slot of model "base" freed within 50ms (1 calls wait for one)`
+	want := `adapter "c": no slot of model "base" freed within 250ms (1 calls wait for one)`
 	if resp.State != stateLoading || !resp.Queued || resp.Reason != want || resp.RetryAfterMs != 2000 || result != "timeout" {
 		t.Fatalf("got %v (%q), want LOADING, queued, %q", resp, result, want)
 	}

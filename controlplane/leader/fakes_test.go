@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -224,6 +225,9 @@ type fakeReports struct {
 	status   map[string]*llmgwv1.ReplicaStatus
 	adapters map[string]map[string]*llmgwv1.AdapterStatus
 	changed  chan struct{}
+	// adapterReads counts AdaptersOf calls: a test waits for a round of
+	// EnsureAdapter to have read the reports before it changes them.
+	adapterReads atomic.Int64
 }
 
 func newFakeReports() *fakeReports {
@@ -242,6 +246,7 @@ func (f *fakeReports) StatusOf(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
 }
 
 func (f *fakeReports) AdaptersOf(r *llmgwv1.Replica) map[string]*llmgwv1.AdapterStatus {
+	f.adapterReads.Add(1)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	out := map[string]*llmgwv1.AdapterStatus{}

@@ -84,6 +84,14 @@ func TestReconcileOnce(t *testing.T) {
 			reports: []*llmgwv1.ReplicaStatus{status("m-0", 1, starting)},
 		},
 		{
+			name: "replicas crowded on one node: a replacement goes to an empty one",
+			st: &llmgwv1.State{Nodes: []*llmgwv1.Node{active("n1", 2), active("n2", 1)}, Models: []*llmgwv1.Model{model("m", 2, 1)},
+				Replicas: []*llmgwv1.Replica{replica("m-0", 1, "m", "n1", 0), replica("m-1", 2, "m", "n1", 1)}},
+			reports: []*llmgwv1.ReplicaStatus{status("m-0", 1, ready), status("m-1", 2, ready)},
+			want:    []proposal{place("m", "n2", 0)},
+			wantLog: "spreading replicas",
+		},
+		{
 			name: "scale down drains the newest replica",
 			st: &llmgwv1.State{Nodes: []*llmgwv1.Node{active("n1", 1), active("n2", 1)}, Models: []*llmgwv1.Model{model("m", 1, 1)},
 				Replicas: []*llmgwv1.Replica{replica("m-0", 1, "m", "n1", 0), replica("m-1", 2, "m", "n2", 0)}},
