@@ -38,6 +38,10 @@ type Config struct {
 	// gossip when it runs).
 	GRPCAddr, HTTPAddr, GossipAddr string
 	BootstrapExpect                int
+	// Bootstrap is --bootstrap: this server founded a single-server
+	// cluster, so a server started with an expectation of its own is not
+	// one of its members (design §5.2 "Cluster identity").
+	Bootstrap bool
 	Join                           []string
 	JoinRetryInterval              time.Duration
 	ServerStabilizationTime        time.Duration
