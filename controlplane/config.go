@@ -221,6 +221,9 @@ func (c Config) Validate() error {
 	if c.Bootstrap && c.BootstrapExpect != 0 {
 		p.Add(configfile.Flag("bootstrap")+" and "+configfile.Flag("bootstrap-expect"), "give one (--bootstrap starts a single node; --bootstrap-expect N waits for N servers)")
 	}
+	if c.Bootstrap && len(c.Join) != 0 {
+		p.Add(configfile.Flag("bootstrap")+" and "+configfile.Flag("join"), "give one: --bootstrap starts a cluster of its own, --join joins an existing one (a server started with both would found a second cluster beside the one it joins; design §5.2 \"Cluster identity\")")
+	}
 	if c.BootstrapExpect < 0 {
 		p.Add(configfile.Flag("bootstrap-expect"), "must be at least 1, got %d", c.BootstrapExpect)
 	}

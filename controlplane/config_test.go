@@ -42,6 +42,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bootstrap expect", func(c *Config) { c.BootstrapExpect = 3 }, nil},
 		{"bootstrap and bootstrap expect", func(c *Config) { c.Bootstrap, c.BootstrapExpect = true, 3 },
 			[]string{"--bootstrap (bootstrap) and --bootstrap-expect (bootstrap_expect): give one"}},
+		{"bootstrap and join", func(c *Config) { c.Bootstrap, c.Join = true, []string{"a:1"} },
+			[]string{"--bootstrap (bootstrap) and --join (join): give one"}},
 		{"negative bootstrap expect", func(c *Config) { c.BootstrapExpect = -1 }, []string{"--bootstrap-expect (bootstrap_expect): must be at least 1"}},
 		{"bootstrap expect without gossip", func(c *Config) { c.BootstrapExpect, c.GossipAddr = 3, "" },
 			[]string{"--gossip-addr (gossip_addr): required with --bootstrap-expect"}},

@@ -22,6 +22,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/ephemeral/sessions"
 	"github.com/llmgw/llmgw/controlplane/gate"
 	"github.com/llmgw/llmgw/controlplane/gossip"
+	"github.com/llmgw/llmgw/controlplane/identity"
 	"github.com/llmgw/llmgw/controlplane/leader"
 	"github.com/llmgw/llmgw/controlplane/limits"
 	"github.com/llmgw/llmgw/controlplane/service"
@@ -54,6 +55,9 @@ type Server struct {
 	// tls is this server's certificate and CA (nil: plain text).
 	tls     *mtls.Source
 	limiter *limits.Limiter
+	// ident is the cluster's identity as this server knows it (design
+	// §5.2 "Cluster identity").
+	ident *identity.Identity
 
 	ready chan struct{}
 	// fatalCh carries the first fatal error (an unknown command) to Run.
@@ -100,10 +104,16 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	log := logger.With("node", cfg.NodeID)
+	ident, err := identity.Open(cfg.DataDir, log)
+	if err != nil {
+		return nil, err
+	}
 	s := &Server{
+		ident:   ident,
 		tls:     src,
 		cfg:     cfg,
-		log:     logger.With("node", cfg.NodeID),
+		log:     log,
 		fsm:     fsm.New(fsm.Config{}),
 		eph:     ephemeral.NewStore(),
 		reg:     prometheus.NewRegistry(),
@@ -191,6 +201,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		Bootstrap: s.cfg.Bootstrap, BootstrapExpect: s.cfg.BootstrapExpect,
 		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ElectionTimeout: s.cfg.ElectionTimeout, LeaderLeaseTimeout: s.cfg.LeaderLeaseTimeout,
 		ApplyTimeout: s.cfg.ApplyTimeout, Version: s.cfg.Version, ClientAddr: s.clientAddr, TLS: s.tls,
+		ClusterID: s.ident.ID,
 	}, s.fsm, s.metrics.store, s.log, s.fatal)
 	if err != nil {
 		return err
@@ -224,6 +235,9 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: st.RaftAddr(),
 			HTTP: s.httpAddr, Expect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap,
 		}, s.plane, s.log, s.clock)
+		// Before Start, so a server that knows its cluster announces it
+		// in its first metadata.
+		s.ident.OnAdopt(s.gossip.SetCluster)
 		if err := s.gossip.Start(s.cfg.GossipAddr, s.cfg.Gossip, sec); err != nil {
 			grpcLis.Close()
 			httpLis.Close()
@@ -248,7 +262,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	s.members = cluster.New(cluster.Config{
 		NodeID: s.cfg.NodeID, Version: s.cfg.Version,
 		GRPCAddr: s.grpcAddr, HTTPAddr: s.httpAddr, GossipAddr: s.cfg.GossipAddr,
-		BootstrapExpect: s.cfg.BootstrapExpect, Join: s.cfg.Join, JoinRetryInterval: s.cfg.JoinRetryInterval,
+		BootstrapExpect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap, Join: s.cfg.Join, JoinRetryInterval: s.cfg.JoinRetryInterval,
 		ServerStabilizationTime: s.cfg.ServerStabilizationTime, CleanupDeadServers: s.cfg.CleanupDeadServers,
 		AutopilotInterval: s.cfg.AutopilotInterval, ReconcileInterval: s.cfg.ReconcileInterval,
 		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ApplyTimeout: s.cfg.ApplyTimeout, LeaveTimeout: s.cfg.LeaveTimeout,
@@ -303,8 +317,16 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			var membership sync.WaitGroup
 			defer membership.Wait()
 			membership.Go(func() { s.members.WhileLeading(term) })
+			if err := identity.EnsureMinted(term, s.fsm, gated, s.ident, nil); err != nil && term.Err() == nil {
+				s.log.Error("the cluster has no id and minting one failed; the next term tries again", "err", err)
+			}
 			lead.Place(term)
 		})
+	})
+	wg.Go(func() {
+		if err := s.ident.Run(loops, s.fsm); err != nil {
+			s.fatal(err)
+		}
 	})
 	wg.Go(func() { s.waitReady(loops) })
 	wg.Go(func() { s.plane.Run(loops) })

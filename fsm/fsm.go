@@ -454,6 +454,19 @@ func (a *applier) setClusterConfig(p *llmgwv1.SetClusterConfigCommand) (any, err
 	// So does the API key requirement (apikeys.go): no config write turns
 	// the routers' check off once a key has existed.
 	c.ApiKeysRequired = c.ApiKeysRequired || a.f.config.GetApiKeysRequired()
+	// The cluster's identity is set once and never changes (design §5.2
+	// "Cluster identity"): every server's data dir and handshake carry it,
+	// so a write that changed it would cut the cluster off from itself. A
+	// write without one (a config set by a server that predates it, or
+	// that read the config before it was minted) keeps it.
+	if old := a.f.config.GetClusterId(); old != "" {
+		if c.ClusterId != "" && c.ClusterId != old {
+			return nil, invalid("cluster_id", "is %s and never changes, got %s", old, c.ClusterId)
+		}
+		c.ClusterId = old
+	} else if c.ClusterId != "" && !ValidClusterID(c.ClusterId) {
+		return nil, invalid("cluster_id", "must be 32 lowercase hex digits, got %q", c.ClusterId)
+	}
 	c.Revision = a.index
 	a.f.config = c
 	a.put(c)

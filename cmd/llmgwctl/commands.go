@@ -189,6 +189,7 @@ func (c *cli) clusterCmd() *cobra.Command {
 				// The figures an operator checks before touching a server:
 				// whether autopilot calls the cluster healthy and how many
 				// voters may fail before quorum is lost (design §5.2).
+				fmt.Fprintf(c.out, "cluster id:        %s\n", orDash(resp.ClusterId))
 				fmt.Fprintf(c.out, "leader:            %s\n", orDash(resp.Leader))
 				fmt.Fprintf(c.out, "voters:            %d\n", resp.Voters)
 				fmt.Fprintf(c.out, "healthy:           %t\n", resp.Healthy)

@@ -38,15 +38,19 @@ type Config struct {
 	// gossip when it runs).
 	GRPCAddr, HTTPAddr, GossipAddr string
 	BootstrapExpect                int
-	Join                           []string
-	JoinRetryInterval              time.Duration
-	ServerStabilizationTime        time.Duration
-	CleanupDeadServers             bool
-	AutopilotInterval              time.Duration
-	ReconcileInterval              time.Duration
-	HeartbeatTimeout               time.Duration
-	ApplyTimeout                   time.Duration
-	LeaveTimeout                   time.Duration
+	// Bootstrap is --bootstrap: this server founded a single-server
+	// cluster, so a server started with an expectation of its own is not
+	// one of its members (design §5.2 "Cluster identity").
+	Bootstrap               bool
+	Join                    []string
+	JoinRetryInterval       time.Duration
+	ServerStabilizationTime time.Duration
+	CleanupDeadServers      bool
+	AutopilotInterval       time.Duration
+	ReconcileInterval       time.Duration
+	HeartbeatTimeout        time.Duration
+	ApplyTimeout            time.Duration
+	LeaveTimeout            time.Duration
 	// Verify, when set (a TLS cluster), must succeed for a gossip member
 	// before it is added to Raft or bootstrapped with (VerifyByTLS); nil
 	// trusts gossip, as a plain-text cluster on loopback must.

@@ -108,9 +108,22 @@ func (c *Cluster) reconcile(ctx context.Context, reported map[string]bool) {
 }
 
 // refusal is Refusal against this cluster's minimum version and
-// expectation.
+// expectation, after the cluster identity (design §5.2 "Cluster
+// identity"): a server that announces another cluster's id is of another
+// cluster, and a server this one founded with --bootstrap does not take
+// one started to form a cluster of its own with --bootstrap-expect — the
+// check that once passed because the local expectation was 0, and let a
+// server started by mistake with --bootstrap add a whole cluster to its
+// own configuration.
 func (c *Cluster) refusal(m gossip.Meta) string {
-	return Refusal(m, c.state.Config().GetMinVersion(), c.cfg.BootstrapExpect)
+	cfg := c.state.Config()
+	if ours := cfg.GetClusterId(); ours != "" && m.Cluster != "" && m.Cluster != ours {
+		return fmt.Sprintf("belongs to cluster %s; this is cluster %s", m.Cluster, ours)
+	}
+	if c.cfg.Bootstrap && m.Expect != 0 {
+		return fmt.Sprintf("started with --bootstrap-expect %d to form a cluster of its own; this server was started with --bootstrap", m.Expect)
+	}
+	return Refusal(m, cfg.GetMinVersion(), c.cfg.BootstrapExpect)
 }
 
 // Refusal says why a cluster whose committed minimum version is min and

@@ -72,6 +72,12 @@ type Gossip struct {
 	now     func() time.Time
 	plane   Plane
 	tune    Config // as Start was given it
+	// cluster is the cluster id once known (SetCluster), nil before.
+	cluster atomic.Pointer[string]
+	// refusedLogged keeps the refusals of foreign members logged once per
+	// member and cluster id, so a refused server's gossip cannot flood the
+	// log.
+	refusedLogged sync.Map
 
 	reconnectAttempts, reconnects atomic.Uint64
 
@@ -164,6 +170,7 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	}
 	c.Delegate = (*delegate)(g)
 	c.Events = (*events)(g)
+	c.Merge, c.Alive = (*identityGuard)(g), (*identityGuard)(g)
 	c.Logger = logadapt.NewMemberlistLogger(g.log.With("subsystem", "memberlist"))
 	if _, err := g.self.Encode(); err != nil {
 		return err
@@ -198,7 +205,13 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 }
 
 // Self is this server's metadata.
-func (g *Gossip) Self() Meta { return g.self }
+func (g *Gossip) Self() Meta {
+	m := g.self
+	if id := g.cluster.Load(); id != nil {
+		m.Cluster = *id
+	}
+	return m
+}
 
 // Addr is the bound gossip address (useful with port 0).
 func (g *Gossip) Addr() string {
@@ -447,7 +460,7 @@ func (b tombstoneBroadcast) Finished()                             {}
 type delegate Gossip
 
 func (d *delegate) NodeMeta(int) []byte {
-	b, err := d.self.Encode()
+	b, err := (*Gossip)(d).Self().Encode()
 	if err != nil {
 		return nil // Start refused it already
 	}

@@ -8,6 +8,8 @@ import (
 	"sort"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/llmgw/llmgw/fsm"
 )
 
 // Meta is what a control server tells the others about itself over gossip
@@ -24,6 +26,11 @@ type Meta struct {
 	// start, which no expectation matches).
 	Expect    int  `json:"e,omitempty"`
 	Bootstrap bool `json:"b,omitempty"`
+	// Cluster is the cluster's identity as this server knows it, empty
+	// before it has one (design §5.2 "Cluster identity"). Two servers
+	// that both know one and differ are of two clusters: gossip refuses
+	// to merge them.
+	Cluster string `json:"c,omitempty"`
 }
 
 // Encode is the metadata as memberlist carries it; an error when it would
@@ -56,6 +63,9 @@ func DecodeMeta(b []byte) (Meta, error) {
 	}
 	if m.ID == "" || m.Raft == "" || m.GRPC == "" {
 		return m, errors.New("metadata lacks id, raft or grpc address")
+	}
+	if m.Cluster != "" && !fsm.ValidClusterID(m.Cluster) {
+		return m, fmt.Errorf("metadata cluster id %q is not a cluster id", m.Cluster)
 	}
 	if m.Expect < 0 {
 		return m, fmt.Errorf("bootstrap expect %d is negative", m.Expect)

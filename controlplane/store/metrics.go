@@ -9,6 +9,7 @@ type Metrics struct {
 	leaderChanges prometheus.Counter
 	commitSeconds prometheus.Histogram
 	applySeconds  prometheus.Histogram
+	raftRefused   *prometheus.CounterVec
 }
 
 // NewMetrics registers the store's metrics with reg.
@@ -25,7 +26,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmgw_control_raft_apply_seconds", Help: "Time the FSM took to apply one entry.",
 			Buckets: prometheus.ExponentialBuckets(0.00001, 4, 10),
 		}),
+		raftRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_control_raft_refused_rpcs_total", Help: "Raft RPCs this server refused from a server outside its Raft configuration (design §5.2 \"Cluster identity\"), by rpc.",
+		}, []string{"rpc"}),
 	}
-	reg.MustRegister(m.leaderChanges, m.commitSeconds, m.applySeconds)
+	reg.MustRegister(m.leaderChanges, m.commitSeconds, m.applySeconds, m.raftRefused)
 	return m
 }

@@ -47,6 +47,11 @@ type Config struct {
 	// Version is this build's: an applied minimum version above it stops
 	// the node (design §13.3).
 	Version string
+	// ClusterID, when set, is the cluster's identity as this server knows
+	// it ("" before it knows one): the TLS transport carries it in its
+	// handshake and refuses a peer that carries another (design §5.2
+	// "Cluster identity"). Nil carries none.
+	ClusterID func() string
 	// ClientAddr, when set, returns where clients reach a server id (its
 	// gRPC address, as gossip carries it), so NotLeaderError can send them
 	// there. It is called only after Open has returned.
@@ -60,7 +65,7 @@ type Store struct {
 	log       *slog.Logger
 	metrics   *Metrics
 	raft      *raft.Raft
-	transport *raft.NetworkTransport
+	transport *guard
 	bolt      *raftboltdb.BoltStore
 	adapter   *fsmAdapter
 	// existing is whether the node had Raft state when opened.
@@ -95,11 +100,19 @@ func Open(cfg Config, f *fsm.FSM, m *Metrics, log *slog.Logger, fatal func(error
 		bolt.Close()
 		return nil, fmt.Errorf("open raft snapshot store: %w", err)
 	}
-	trans, err := newTransport(cfg.RaftAddr, cfg.TLS, hlog)
+	refusals := &refusalLog{log: log, last: map[string]time.Time{}}
+	nt, err := newTransport(cfg.RaftAddr, cfg.TLS, cfg.ClusterID, func(rpc, from, why string) {
+		m.raftRefused.WithLabelValues(rpc).Inc()
+		refusals.note(from, why)
+	}, hlog)
 	if err != nil {
 		bolt.Close()
 		return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
 	}
+	trans := newGuard(nt, func(rpc, from, why string) {
+		m.raftRefused.WithLabelValues(rpc).Inc()
+		refusals.note(from, why)
+	})
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
@@ -122,6 +135,18 @@ func Open(cfg Config, f *fsm.FSM, m *Metrics, log *slog.Logger, fatal func(error
 		bolt.Close()
 		return nil, fmt.Errorf("start raft: %w", err)
 	}
+	cache := &configCache{now: time.Now, ttl: guardConfigTTL, read: func() (map[raft.ServerID]raft.ServerAddress, bool, error) {
+		f := r.GetConfiguration()
+		if err := f.Error(); err != nil {
+			return nil, false, err
+		}
+		conf := map[raft.ServerID]raft.ServerAddress{}
+		for _, srv := range f.Configuration().Servers {
+			conf[srv.ID] = srv.Address
+		}
+		return conf, r.LastIndex() > 0, nil
+	}}
+	trans.setMembers(cache.get)
 	s := &Store{cfg: cfg, log: log, metrics: m, raft: r, transport: trans, bolt: bolt, adapter: adapter, existing: existing}
 	switch {
 	case existing:

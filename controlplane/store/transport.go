@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,11 +24,20 @@ const (
 // newTransport is Raft's network transport on addr: plain TCP when src is
 // nil, else mutual TLS where both ends must hold server certificates of
 // the cluster's CA.
-func newTransport(addr string, src *mtls.Source, log hclog.Logger) (*raft.NetworkTransport, error) {
+//
+// With TLS, clusterID (nil: none) is carried in the handshake, as the
+// ALPN protocol "llmgw-cluster/<id>": an acceptor that knows its cluster's
+// id refuses a dialer that offers another, before any RPC is read (design
+// §5.2 "Cluster identity"), and calls refused. A peer that offers none — a
+// release before identities, or a fresh server — is left to the guard.
+func newTransport(addr string, src *mtls.Source, clusterID func() string, refused func(rpc, from, why string), log hclog.Logger) (*raft.NetworkTransport, error) {
 	if src == nil {
 		return raft.NewTCPTransportWithLogger(addr, nil, transportPool, transportTimeout, log)
 	}
-	layer, err := newTLSLayer(addr, src)
+	if clusterID == nil {
+		clusterID = func() string { return "" }
+	}
+	layer, err := newTLSLayer(addr, src, clusterID, refused)
 	if err != nil {
 		return nil, err
 	}
@@ -40,10 +50,11 @@ func newTransport(addr string, src *mtls.Source, log hclog.Logger) (*raft.Networ
 // servers of the same CA.
 type tlsLayer struct {
 	net.Listener
-	client *tls.Config
+	client    *tls.Config
+	clusterID func() string
 }
 
-func newTLSLayer(addr string, src *mtls.Source) (*tlsLayer, error) {
+func newTLSLayer(addr string, src *mtls.Source, clusterID func() string, refused func(rpc, from, why string)) (*tlsLayer, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -55,15 +66,65 @@ func newTLSLayer(addr string, src *mtls.Source) (*tlsLayer, error) {
 		return nil, errors.New("raft transport: the bound address is not advertisable")
 	}
 	return &tlsLayer{
-		Listener: tls.NewListener(lis, src.ServerConfig(mtls.RoleServer)),
-		client:   src.ClientConfig(mtls.RoleServer),
+		Listener:  tls.NewListener(lis, clusterChecked(src.ServerConfig(mtls.RoleServer), clusterID, refused)),
+		client:    src.ClientConfig(mtls.RoleServer),
+		clusterID: clusterID,
 	}, nil
+}
+
+// alpnCluster prefixes the cluster id a Raft dialer offers as its ALPN
+// protocol. ALPN is the one part of a TLS handshake a peer of an older
+// release ignores without failing, which is why the id rides there.
+const alpnCluster = "llmgw-cluster/"
+
+// clusterChecked wraps a server config so that a dialer offering another
+// cluster's id is refused in the handshake; one offering this cluster's id
+// (or any, while this server knows none) gets it back as the negotiated
+// protocol.
+func clusterChecked(server *tls.Config, clusterID func() string, refused func(rpc, from, why string)) *tls.Config {
+	inner := server.GetConfigForClient
+	out := server.Clone()
+	out.GetConfigForClient = func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+		c, err := inner(hello)
+		if err != nil {
+			return nil, err
+		}
+		theirs, offered := offeredCluster(hello.SupportedProtos)
+		if !offered {
+			return c, nil
+		}
+		if ours := clusterID(); ours != "" && theirs != ours {
+			from := hello.Conn.RemoteAddr().String()
+			why := fmt.Sprintf("the server at %s is of cluster %q, this one of cluster %s", from, theirs, ours)
+			refused("handshake", from, why)
+			return nil, fmt.Errorf("raft transport: refused: %s", why)
+		}
+		c = c.Clone()
+		c.NextProtos = []string{alpnCluster + theirs}
+		return c, nil
+	}
+	return out
+}
+
+// offeredCluster is the cluster id a dialer offered, if it offered one.
+func offeredCluster(protos []string) (string, bool) {
+	for _, p := range protos {
+		if id, ok := strings.CutPrefix(p, alpnCluster); ok {
+			return id, true
+		}
+	}
+	return "", false
 }
 
 // Dial connects and completes the handshake within timeout, so a peer that
 // is not a server of this CA fails here rather than at raft's first write.
 func (l *tlsLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	c, err := tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address), l.client)
+	cfg := l.client
+	if id := l.clusterID(); id != "" {
+		cfg = cfg.Clone()
+		cfg.NextProtos = []string{alpnCluster + id}
+	}
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: timeout}, "tcp", string(address), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("raft transport: dial %s: %w", address, err)
 	}

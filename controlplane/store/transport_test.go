@@ -14,7 +14,17 @@ import (
 
 func transport(t *testing.T, src *mtls.Source) *raft.NetworkTransport {
 	t.Helper()
-	tr, err := newTransport("127.0.0.1:0", src, hclog.NewNullLogger())
+	return clusterTransport(t, src, "", nil)
+}
+
+// clusterTransport is a transport of cluster id (none: ""), calling
+// refused on each handshake it refuses.
+func clusterTransport(t *testing.T, src *mtls.Source, id string, refused func(rpc, from, why string)) *raft.NetworkTransport {
+	t.Helper()
+	if refused == nil {
+		refused = func(string, string, string) {}
+	}
+	tr, err := newTransport("127.0.0.1:0", src, func() string { return id }, refused, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -243,6 +243,7 @@ func (a *Service) ClusterStatus(ctx context.Context, _ *llmgwv1.ClusterStatusReq
 		FailureTolerance:  int32(tolerance),
 		Voters:            int32(voters),
 		MinVersion:        a.state.Config().GetMinVersion(),
+		ClusterId:         a.state.Config().GetClusterId(),
 		RaftLastIndex:     proto.Uint64(idx),
 		RaftLastTerm:      proto.Uint64(term),
 		RaftLastContactMs: proto.Int64(lc.Milliseconds()),

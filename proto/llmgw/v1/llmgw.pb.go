@@ -1166,8 +1166,15 @@ type ClusterConfig struct {
 	// when every key has been revoked. Revoking the last key in an incident
 	// must lock the door, not open it.
 	ApiKeysRequired bool `protobuf:"varint,5,opt,name=api_keys_required,json=apiKeysRequired,proto3" json:"api_keys_required,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The cluster's identity (design §5.2 "Cluster identity"): minted by the
+	// first leader of a new cluster (or of one from before identities) and
+	// never changed after. Every server keeps a copy in its data dir and
+	// carries it in its gossip metadata and its Raft handshake, so a server
+	// of another cluster — a fresh one started with --bootstrap by mistake
+	// among them — is refused rather than followed.
+	ClusterId     string `protobuf:"bytes,6,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ClusterConfig) Reset() {
@@ -1233,6 +1240,13 @@ func (x *ClusterConfig) GetApiKeysRequired() bool {
 		return x.ApiKeysRequired
 	}
 	return false
+}
+
+func (x *ClusterConfig) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 // State is the whole replicated state, as snapshots carry it. Lists are
@@ -6067,6 +6081,9 @@ type ClusterStatusResponse struct {
 	// leader bounds a server's autopilot stable time by its uptime, which a
 	// restart quicker than autopilot's health check would otherwise outlast.
 	StartedUnixMs *int64 `protobuf:"varint,12,opt,name=started_unix_ms,json=startedUnixMs,proto3,oneof" json:"started_unix_ms,omitempty"`
+	// The cluster's identity as the answering server knows it (design §5.2
+	// "Cluster identity"); empty before its first leader minted one.
+	ClusterId     string `protobuf:"bytes,13,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6183,6 +6200,13 @@ func (x *ClusterStatusResponse) GetStartedUnixMs() int64 {
 		return *x.StartedUnixMs
 	}
 	return 0
+}
+
+func (x *ClusterStatusResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
 }
 
 type LoadSubscribeRequest struct {
@@ -6900,14 +6924,16 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\brevision\x18\t \x01(\x04R\brevision\x12%\n" +
 	"\x0emodel_revision\x18\n" +
 	" \x01(\x04R\rmodelRevision\x12\x1a\n" +
-	"\bendpoint\x18\v \x01(\tR\bendpoint\"\xd2\x01\n" +
+	"\bendpoint\x18\v \x01(\tR\bendpoint\"\xf1\x01\n" +
 	"\rClusterConfig\x12\x1f\n" +
 	"\vmin_version\x18\x01 \x01(\tR\n" +
 	"minVersion\x12,\n" +
 	"\x12default_block_size\x18\x02 \x01(\rR\x10defaultBlockSize\x12*\n" +
 	"\x11default_hash_seed\x18\x03 \x01(\tR\x0fdefaultHashSeed\x12\x1a\n" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\x12*\n" +
-	"\x11api_keys_required\x18\x05 \x01(\bR\x0fapiKeysRequired\"\xa9\x04\n" +
+	"\x11api_keys_required\x18\x05 \x01(\bR\x0fapiKeysRequired\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\xa9\x04\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
@@ -7227,7 +7253,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14ListReplicasResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
 	"\breplicas\x18\x02 \x03(\v2\x15.llmgw.v1.ReplicaViewR\breplicas\"\x16\n" +
-	"\x14ClusterStatusRequest\"\xaa\x04\n" +
+	"\x14ClusterStatusRequest\"\xc9\x04\n" +
 	"\x15ClusterStatusResponse\x12\x16\n" +
 	"\x06leader\x18\x01 \x01(\tR\x06leader\x121\n" +
 	"\aservers\x18\x02 \x03(\v2\x17.llmgw.v1.ControlServerR\aservers\x12\x1a\n" +
@@ -7242,7 +7268,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x0eraft_last_term\x18\n" +
 	" \x01(\x04H\x01R\fraftLastTerm\x88\x01\x01\x124\n" +
 	"\x14raft_last_contact_ms\x18\v \x01(\x03H\x02R\x11raftLastContactMs\x88\x01\x01\x12+\n" +
-	"\x0fstarted_unix_ms\x18\f \x01(\x03H\x03R\rstartedUnixMs\x88\x01\x01B\x12\n" +
+	"\x0fstarted_unix_ms\x18\f \x01(\x03H\x03R\rstartedUnixMs\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\r \x01(\tR\tclusterIdB\x12\n" +
 	"\x10_raft_last_indexB\x11\n" +
 	"\x0f_raft_last_termB\x17\n" +
 	"\x15_raft_last_contact_msB\x12\n" +
