@@ -61,3 +61,55 @@ func TestClusterIDSetOnce(t *testing.T) {
 		t.Fatalf("a refused write changed the config: %v", got)
 	}
 }
+
+// TestRestoreKeepsClusterID: a restore into a cluster that has an identity
+// keeps it, whatever the snapshot holds; an empty FSM (a server starting)
+// takes the snapshot's.
+func TestRestoreKeepsClusterID(t *testing.T) {
+	const id, other = "0123456789abcdef0123456789abcdef", "fedcba9876543210fedcba9876543210"
+	snapshotOf := func(clusterID string) []byte {
+		t.Helper()
+		src := New(Config{})
+		if _, err := src.Apply(1, mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG, &llmgwv1.SetClusterConfigCommand{Config: &llmgwv1.ClusterConfig{ClusterId: clusterID, DefaultBlockSize: 32}})); err != nil {
+			t.Fatal(err)
+		}
+		b, err := src.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	tests := []struct {
+		name, held, snapshot, want string
+	}{
+		{"empty FSM takes the snapshot's", "", other, other},
+		{"another cluster's backup keeps ours", id, other, id},
+		{"a backup from before identities keeps ours", id, "", id},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := New(Config{})
+			if tt.held != "" {
+				if _, err := f.Apply(1, mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG, &llmgwv1.SetClusterConfigCommand{Config: &llmgwv1.ClusterConfig{ClusterId: tt.held}})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var snap []byte
+			if tt.snapshot != "" {
+				snap = snapshotOf(tt.snapshot)
+			} else {
+				src := New(Config{})
+				if _, err := src.Apply(1, mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG, &llmgwv1.SetClusterConfigCommand{Config: &llmgwv1.ClusterConfig{DefaultBlockSize: 32}})); err != nil {
+					t.Fatal(err)
+				}
+				snap, _ = src.Snapshot()
+			}
+			if err := f.Restore(snap); err != nil {
+				t.Fatal(err)
+			}
+			if got := f.Config(); got.GetClusterId() != tt.want || got.GetDefaultBlockSize() != 32 {
+				t.Fatalf("after restore: %v; want cluster id %s and the snapshot's other settings", got, tt.want)
+			}
+		})
+	}
+}

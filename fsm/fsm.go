@@ -531,6 +531,12 @@ func (f *FSM) Restore(data []byte) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	// A cluster keeps its identity through a restore (design §5.2
+	// "Cluster identity"): every server's data dir and handshake carry it,
+	// so a backup taken before identities, or one brought from another
+	// cluster onto this one, must not swap it. A server starting empty
+	// takes the snapshot's.
+	held := f.config.GetClusterId()
 	f.reset()
 	f.revision = st.Revision
 	f.logFloor = st.Revision
@@ -545,6 +551,9 @@ func (f *FSM) Restore(data []byte) error {
 	}
 	if st.Config != nil {
 		f.config = st.Config
+	}
+	if held != "" {
+		f.config.ClusterId = held
 	}
 	for k, v := range st.NextOrdinal {
 		f.ordinals[k] = v

@@ -55,6 +55,10 @@ func (c *Cluster) Join(addrs []string) (int, error) {
 		}
 	}
 	n, err := c.g.Join(addrs)
+	if n == 0 && errors.Is(err, gossip.ErrForeignCluster) {
+		c.log.Error("join refused: a server of another cluster", "addrs", addrs, "err", err)
+		return 0, fmt.Errorf("join %v: %w: %w", addrs, ErrRefused, err)
+	}
 	if n == 0 {
 		c.log.Warn("join failed", "addrs", addrs, "err", err)
 		return 0, fmt.Errorf("join %v: none answered: %w (%w)", addrs, ErrUnreachable, err)

@@ -10,6 +10,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,6 +224,12 @@ func (g *Gossip) Addr() string {
 func (g *Gossip) Join(addrs []string) (int, error) {
 	n, err := g.ml.Load().Join(addrs)
 	if err != nil {
+		// Memberlist flattens the delegates' errors into text; a refusal
+		// by the identity guard (either side's) is told apart by its words,
+		// so the operator reads "refused", not "unreachable".
+		if strings.Contains(err.Error(), foreignWords) {
+			return n, fmt.Errorf("gossip join %v: %w: %w", addrs, ErrForeignCluster, err)
+		}
 		return n, fmt.Errorf("gossip join %v: %w", addrs, err)
 	}
 	return n, nil

@@ -1,11 +1,20 @@
 package gossip
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/hashicorp/memberlist"
 )
+
+// ErrForeignCluster is a join refused because the other side belongs to
+// another cluster (design §5.2 "Cluster identity").
+var ErrForeignCluster = errors.New("a server of another cluster")
+
+// foreignWords are the words of the identity guard's refusal, which reach
+// a joiner only as text inside memberlist's error.
+const foreignWords = "belongs to cluster"
 
 // SetCluster records the cluster's identity (design §5.2 "Cluster
 // identity") once this server knows it, and re-announces this server's
@@ -48,7 +57,7 @@ func (g *Gossip) foreign(n *memberlist.Node) string {
 	if err != nil || m.Cluster == "" || m.Cluster == ours {
 		return ""
 	}
-	return fmt.Sprintf("server %s (%s) belongs to cluster %s, this server to cluster %s", n.Name, n.Address(), m.Cluster, ours)
+	return fmt.Sprintf("server %s (%s) %s %s, this server to cluster %s", n.Name, n.Address(), foreignWords, m.Cluster, ours)
 }
 
 // refused logs a refusal once per member and foreign cluster id.

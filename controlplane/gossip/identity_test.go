@@ -1,9 +1,12 @@
 package gossip
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 const (
@@ -27,7 +30,7 @@ func TestClusterIdentity(t *testing.T) {
 	if _, err := fresh.Join([]string{a.Addr()}); err != nil {
 		t.Fatalf("a fresh server, no id yet: %v", err)
 	}
-	waitFor(t, "a, b and the fresh server alive everywhere", func() bool { return alive(a) == 3 && alive(b) == 3 && alive(fresh) == 3 })
+	testkit.Wait(t, "a, b and the fresh server alive everywhere", func() bool { return alive(a) == 3 && alive(b) == 3 && alive(fresh) == 3 })
 
 	other, _ := startMember(t, "other", Security{})
 	other.SetCluster(clusterB)
@@ -43,7 +46,7 @@ func TestClusterIdentity(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := tt.from.Join([]string{tt.to.Addr()})
-			if err == nil || !strings.Contains(err.Error(), tt.wantRefuse) {
+			if !errors.Is(err, ErrForeignCluster) || !strings.Contains(err.Error(), tt.wantRefuse) {
 				t.Fatalf("join: %v, want a refusal containing %q", err, tt.wantRefuse)
 			}
 		})

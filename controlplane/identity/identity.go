@@ -37,6 +37,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/atomicfile"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -128,7 +129,7 @@ func (i *Identity) Adopt(id string) error {
 		i.mu.Unlock()
 		return fmt.Errorf("%w: %s holds %s, the Raft state says %s", ErrOtherCluster, i.path, held, id)
 	}
-	if err := writeFile(i.path, []byte(id+"\n")); err != nil {
+	if err := atomicfile.Write(i.path, []byte(id+"\n"), 0o600); err != nil {
 		i.mu.Unlock()
 		return fmt.Errorf("cluster id: %w", err)
 	}
@@ -213,35 +214,4 @@ func EnsureMinted(ctx context.Context, st State, p Proposer, local *Identity, r 
 		return fmt.Errorf("commit cluster id: %w", err)
 	}
 	return nil
-}
-
-// writeFile replaces path with data whole: written to a temporary file in
-// the same directory, synced, renamed over path, and the directory synced,
-// so a crash leaves the old file or the new one, never a torn one.
-func writeFile(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

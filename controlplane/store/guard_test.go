@@ -34,11 +34,9 @@ func TestTLSTransportClusterID(t *testing.T) {
 	})
 	fresh := clusterTransport(t, p.Source(mtls.RoleServer, "c5"), "", nil)
 	for _, acceptor := range []*raft.NetworkTransport{c1, fresh} {
-		go func() {
-			for rpc := range acceptor.Consumer() {
-				rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
-			}
-		}()
+		consume(t, acceptor.Consumer(), func(rpc raft.RPC) {
+			rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
+		})
 	}
 	send := func(from, to *raft.NetworkTransport) error {
 		var resp raft.AppendEntriesResponse
@@ -141,12 +139,10 @@ func TestGuardOverTheWire(t *testing.T) {
 	conf := map[raft.ServerID]raft.ServerAddress{"c1": "127.0.0.1:1", "c2": "127.0.0.1:2"}
 	g, _ := guarded(t, conf, true)
 	got := make(chan string, 4)
-	go func() {
-		for rpc := range g.Consumer() {
-			got <- string(rpc.Command.(*raft.AppendEntriesRequest).RPCHeader.ID)
-			rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
-		}
-	}()
+	consume(t, g.Consumer(), func(rpc raft.RPC) {
+		got <- string(rpc.Command.(*raft.AppendEntriesRequest).RPCHeader.ID)
+		rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
+	})
 	peer := transport(t, nil)
 	send := func(id string) error {
 		var resp raft.AppendEntriesResponse
@@ -214,4 +210,24 @@ func legacyEntries(addr string) func(string) any {
 	return func(string) any {
 		return &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte(addr)}, Term: 9, Entries: []*raft.Log{{Index: 1}}}
 	}
+}
+
+// consume answers the RPCs of a transport's consumer with handle until the
+// test ends: the channel is never closed, so the loop stops on cleanup
+// and is waited for.
+func consume(t *testing.T, rpcs <-chan raft.RPC, handle func(raft.RPC)) {
+	t.Helper()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-done:
+				return
+			case rpc := <-rpcs:
+				handle(rpc)
+			}
+		}
+	})
+	t.Cleanup(func() { close(done); wg.Wait() })
 }

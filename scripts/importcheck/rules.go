@@ -114,6 +114,7 @@ var rules = []rule{
 	cpLayer("controlplane/ephemeral/plane", false, "the ephemeral plane between servers, over gossip's transport", "controlplane/ephemeral", "controlplane/gossip"),
 	cpLayer("controlplane/placement", false, "placement decisions are pure functions of the state; a leaf"),
 	cpLayer("controlplane/gate", false, "the minimum-version gate; a leaf"),
+	cpLayer("controlplane/identity", false, "the cluster identity: its file and its minting (design §5.2); a leaf"),
 	cpLayer("controlplane/store", false, "the Raft store", "controlplane/logadapt"),
 	cpLayer("controlplane/gossip", false, "the memberlist member; it hands the ephemeral plane its messages through an interface, and never imports it", "controlplane/logadapt"),
 	cpLayer("controlplane/cluster", false, "membership: bootstrap, join, autopilot", "controlplane/gossip", "controlplane/logadapt"),
