@@ -27,22 +27,20 @@ const Interval = 20 * time.Millisecond
 const DefaultTimeout = 30 * time.Second
 
 // Until polls cond every Interval until it returns nil or ctx ends, and
-// returns nil or cond's last error (ctx's error when cond never ran). It is
-// the core of the waits below, for callers that hold a context rather than a
+// returns nil or cond's last error. cond runs at least once, so a context
+// that has already ended still reports what cond saw. It is the core of
+// the waits below, for callers that hold a context rather than a
 // *testing.T.
 func Until(ctx context.Context, cond func() error) error {
 	tick := time.NewTicker(Interval)
 	defer tick.Stop()
-	last := ctx.Err()
 	for {
-		if last = cond(); last == nil {
+		last := cond()
+		if last == nil {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			if last == nil {
-				last = ctx.Err()
-			}
 			return last
 		case <-tick.C:
 		}
