@@ -73,6 +73,8 @@ type Gossip struct {
 	now     func() time.Time
 	plane   Plane
 	tune    Config // as Start was given it
+	// addr is the bound address, set by Start.
+	addr atomic.Pointer[string]
 	// cluster is the cluster id once known (SetCluster), nil before.
 	cluster atomic.Pointer[string]
 	// refusedLogged keeps the refusals of foreign members logged once per
@@ -201,6 +203,9 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 		}
 		return fmt.Errorf("gossip on %s: %w", addr, err)
 	}
+	n := ml.LocalNode()
+	bound := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	g.addr.Store(&bound)
 	g.ml.Store(ml)
 	return nil
 }
@@ -214,10 +219,15 @@ func (g *Gossip) Self() Meta {
 	return m
 }
 
-// Addr is the bound gossip address (useful with port 0).
+// Addr is the bound gossip address (useful with port 0). It is read once,
+// at Start: memberlist's LocalNode hands out its own node record, which
+// UpdateNode (a new cluster id in the metadata) rewrites under its lock,
+// not ours.
 func (g *Gossip) Addr() string {
-	n := g.ml.Load().LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	if a := g.addr.Load(); a != nil {
+		return *a
+	}
+	return ""
 }
 
 // Join contacts the given gossip addresses; it reports how many answered.
