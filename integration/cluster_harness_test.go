@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -349,8 +350,7 @@ func (c *cluster) neverPeer(among []*controlServer, id string, d time.Duration) 
 	c.t.Helper()
 	read := 0
 	var lastErr error
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
+	if err := testkit.Throughout(d, 100*time.Millisecond, func() error {
 		for _, s := range among {
 			p, err := s.peers()
 			if err != nil {
@@ -359,10 +359,12 @@ func (c *cluster) neverPeer(among []*controlServer, id string, d time.Duration) 
 			}
 			read++
 			if slices.ContainsFunc(p, func(x peerView) bool { return x.ID == id }) {
-				c.t.Fatalf("%s lists %s as a Raft peer again: %+v", s.id, id, p)
+				return fmt.Errorf("%s lists %s as a Raft peer again: %+v", s.id, id, p)
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	}); err != nil {
+		c.t.Fatal(err)
 	}
 	if read == 0 {
 		c.t.Fatalf("could not read the peers of %v for %v to see that %s stays out: %v", ids(among), d, id, lastErr)

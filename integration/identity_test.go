@@ -297,40 +297,41 @@ func TestClusterIdentityRefusesABootstrappedNewcomer(t *testing.T) {
 	// The watch: what a takeover would change, sampled on every real
 	// server until identityWatch has passed.
 	reads := 0
-	end := time.Now().Add(identityWatch)
-	for time.Now().Before(end) {
+	if err := testkit.Throughout(identityWatch, 100*time.Millisecond, func() error {
 		for _, s := range servers {
 			m, err := s.memberStatus()
 			if err != nil {
-				t.Fatalf("%s server members: %v", s.id, err)
+				return fmt.Errorf("%s server members: %v", s.id, err)
 			}
 			if st, ok := m["c4"]; ok {
-				t.Fatalf("%s lists c4 in gossip (%s): %v", s.id, st, m)
+				return fmt.Errorf("%s lists c4 in gossip (%s): %v", s.id, st, m)
 			}
 			peers, err := s.peers()
 			if err != nil {
-				t.Fatalf("%s raft list-peers: %v", s.id, err)
+				return fmt.Errorf("%s raft list-peers: %v", s.id, err)
 			}
 			var pids []string
 			for _, x := range peers {
 				pids = append(pids, x.ID)
 			}
 			if !slices.Equal(pids, ids(servers)) {
-				t.Fatalf("%s lists the Raft peers %v, want %v", s.id, pids, ids(servers))
+				return fmt.Errorf("%s lists the Raft peers %v, want %v", s.id, pids, ids(servers))
 			}
 			v, err := s.identity()
 			if err != nil {
-				t.Fatalf("%s cluster status: %v", s.id, err)
+				return fmt.Errorf("%s cluster status: %v", s.id, err)
 			}
 			if v.Leader != leader.id || v.ClusterID != clusterID {
-				t.Fatalf("%s reports leader %q and cluster id %q; before the joins: %s and %s", s.id, v.Leader, v.ClusterID, leader.id, clusterID)
+				return fmt.Errorf("%s reports leader %q and cluster id %q; before the joins: %s and %s", s.id, v.Leader, v.ClusterID, leader.id, clusterID)
 			}
 			if n := leaderChanges(t, s); n != changes[s.id] {
-				t.Fatalf("%s counted %v leader changes since the joins", s.id, n-changes[s.id])
+				return fmt.Errorf("%s counted %v leader changes since the joins", s.id, n-changes[s.id])
 			}
 			reads++
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	// The newcomer took in none of the cluster either.
 	if m, err := c4.memberStatus(); err != nil || len(m) != 1 {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // Gossip encryption with a rotatable keyring (issue #12, design §11), with
@@ -113,8 +115,7 @@ func (c *cluster) waitAlive(among []*controlServer, want []string, timeout time.
 func (c *cluster) neverMember(among []*controlServer, id string, d time.Duration) {
 	c.t.Helper()
 	read := 0
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
+	if err := testkit.Throughout(d, 100*time.Millisecond, func() error {
 		for _, s := range among {
 			m, err := s.memberStatus()
 			if err != nil {
@@ -122,10 +123,12 @@ func (c *cluster) neverMember(among []*controlServer, id string, d time.Duration
 			}
 			read++
 			if st, ok := m[id]; ok {
-				c.t.Fatalf("%s lists %s in gossip (%s): %v", s.id, id, st, m)
+				return fmt.Errorf("%s lists %s in gossip (%s): %v", s.id, id, st, m)
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	}); err != nil {
+		c.t.Fatal(err)
 	}
 	if read == 0 {
 		c.t.Fatalf("could not read the members of %v to see that %s stays out", ids(among), id)
@@ -350,12 +353,13 @@ func TestKeyringCatchUpAfterMissedRotation(t *testing.T) {
 	c3.start()
 	// Its --join retries (every second) cannot get through with the removed
 	// key alone: c1 never sees it alive again.
-	end := time.Now().Add(4 * time.Second)
-	for time.Now().Before(end) {
+	if err := testkit.Throughout(4*time.Second, 100*time.Millisecond, func() error {
 		if m, err := c1.memberStatus(); err == nil && m["c3"] == "alive" {
-			t.Fatalf("c3 rejoined gossip with only the removed key: %v", m)
+			return fmt.Errorf("c3 rejoined gossip with only the removed key: %v", m)
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	for _, step := range [][]string{{"install", newKey}, {"use", newKey}} {
 		keys, errs, err := c3.keyringAnswers(step...)

@@ -2,9 +2,9 @@ package gossip
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/llmgw/llmgw/internal/testkit"
 )
@@ -53,17 +53,18 @@ func TestClusterIdentity(t *testing.T) {
 	}
 	// Nothing of the refused server reaches the cluster, even after a
 	// few gossip rounds, nor the cluster it.
-	deadline := time.Now().Add(2 * fast.PushPullInterval)
-	for time.Now().Before(deadline) {
+	if err := testkit.Throughout(2*fast.PushPullInterval, fast.GossipInterval/2, func() error {
 		for _, g := range []*Gossip{a, b, fresh} {
 			if _, ok := g.Snapshot()["other"]; ok {
-				t.Fatalf("%s knows the foreign server", g.Self().ID)
+				return fmt.Errorf("%s knows the foreign server", g.Self().ID)
 			}
 		}
 		if n := len(other.Snapshot()); n != 1 {
-			t.Fatalf("the foreign server knows %d members, want itself alone", n)
+			return fmt.Errorf("the foreign server knows %d members, want itself alone", n)
 		}
-		time.Sleep(fast.GossipInterval / 2)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if got := a.Self().Cluster; got != clusterA {
 		t.Fatalf("a's metadata carries cluster %q, want %q", got, clusterA)

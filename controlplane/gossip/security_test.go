@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -73,14 +74,15 @@ func alive(g *Gossip) int {
 // sampling: a join that would happen takes a push/pull, well under d.
 func staysOut(t *testing.T, d time.Duration, want int, in ...*Gossip) {
 	t.Helper()
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
+	if err := testkit.Throughout(d, 0, func() error {
 		for _, g := range in {
 			if n := len(g.Snapshot()); n > want {
-				t.Fatalf("%s sees %d members, want %d: %v", g.Self().ID, n, want, SortedIDs(g.Snapshot()))
+				return fmt.Errorf("%s sees %d members, want %d: %v", g.Self().ID, n, want, SortedIDs(g.Snapshot()))
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -103,3 +103,26 @@ func WaitCtx(ctx context.Context, t testing.TB, what string, cond func() error) 
 		t.Fatalf("%s: %v", what, err)
 	}
 }
+
+// Throughout checks, for d, that check keeps returning nil, polling it
+// every `every` (Interval when 0), and returns the first error it gives —
+// the way to show that a thing does not happen. d is a length, not a
+// deadline: what it takes to show a thing does not happen is the time it
+// would take to happen, so a passing run pays all of it, and a loaded
+// machine can only make the check weaker (fewer samples), never fail it
+// falsely. check runs at least once.
+func Throughout(d, every time.Duration, check func() error) error {
+	if every <= 0 {
+		every = Interval
+	}
+	end := time.Now().Add(d)
+	for {
+		if err := check(); err != nil {
+			return err
+		}
+		if !time.Now().Before(end) {
+			return nil
+		}
+		time.Sleep(min(every, time.Until(end)))
+	}
+}

@@ -107,3 +107,25 @@ func TestWaitMetric(t *testing.T) {
 	reg := registry(t)
 	WaitMetric(t, reg, "x_total", Labels{"model": "b"}, 5)
 }
+
+func TestThroughout(t *testing.T) {
+	var n atomic.Int32
+	if err := Throughout(60*time.Millisecond, 10*time.Millisecond, func() error { n.Add(1); return nil }); err != nil {
+		t.Fatalf("a check that always holds: %v", err)
+	}
+	if n.Load() < 2 {
+		t.Fatalf("checked %d times over 60ms at 10ms, want several", n.Load())
+	}
+	want := errors.New("the foreign server is a member")
+	calls := 0
+	err := Throughout(time.Minute, time.Millisecond, func() error {
+		calls++
+		if calls == 3 {
+			return want
+		}
+		return nil
+	})
+	if !errors.Is(err, want) || calls != 3 {
+		t.Fatalf("got %v after %d calls; want the third call's error at once", err, calls)
+	}
+}
