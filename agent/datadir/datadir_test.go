@@ -7,6 +7,19 @@ import (
 	"testing"
 )
 
+// epochFile is the path of an epoch file holding content, none when
+// content is empty.
+func epochFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "epoch")
+	if content != "" {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return path
+}
+
 func TestNextEpoch(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -22,12 +35,7 @@ func TestNextEpoch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "epoch")
-			if tt.file != "" {
-				if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			path := epochFile(t, tt.file)
 			got, err := NextEpoch(path, tt.now)
 			if (err != nil) != tt.wantErr || got != tt.want {
 				t.Fatalf("NextEpoch = %d, %v; want %d (error %v)", got, err, tt.want, tt.wantErr)
@@ -64,12 +72,7 @@ func TestRaiseEpoch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "epoch")
-			if tt.file != "" {
-				if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			path := epochFile(t, tt.file)
 			raised, err := RaiseEpoch(path, tt.held)
 			if (err != nil) != tt.wantErr || raised != tt.raised {
 				t.Fatalf("RaiseEpoch = %v, %v; want %v (error %v)", raised, err, tt.raised, tt.wantErr)

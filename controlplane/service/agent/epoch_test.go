@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"log/slog"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -64,19 +62,7 @@ func serveSessions(t *testing.T, st *ephemeral.Store) (llmgwv1.AgentServiceClien
 		RPCHoldTimeout: time.Second, ApplyTimeout: time.Second},
 		Deps{Propose: commits{}, State: noDesired{}, Raft: leaderRaft{}, Peers: noPeers{}, Reports: st, Plane: noPlane{},
 			Sessions: noSessions{}, Metrics: NewMetrics(reg)}, slog.New(slog.DiscardHandler))
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	llmgwv1.RegisterAgentServiceServer(gs, svc)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = gs.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(); gs.Stop(); <-done })
+	conn := serveLoopback(t, func(gs *grpc.Server) { llmgwv1.RegisterAgentServiceServer(gs, svc) })
 	return llmgwv1.NewAgentServiceClient(conn), reg
 }
 
