@@ -90,6 +90,7 @@ type metrics struct {
 	agent  *agent.Metrics
 	watch  *watch.Metrics
 	plane  *plane.Metrics
+	authz  *service.AuthzMetrics
 }
 
 // New checks cfg and prepares a server; it opens nothing until Run.
@@ -128,6 +129,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		agent:  agent.NewMetrics(s.reg),
 		watch:  watch.NewMetrics(s.reg),
 		plane:  plane.NewMetrics(s.reg),
+		authz:  service.NewAuthzMetrics(s.reg),
 	}
 	s.plane = plane.New(plane.Config{Self: cfg.NodeID, Tick: cfg.EphemeralTick, Now: s.clock, ChunkBytes: chunkBytes(cfg.Limits)},
 		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
@@ -372,7 +374,11 @@ func (s *Server) Run(ctx context.Context) (err error) {
 // (package service), every stream ended when streams is.
 func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *leader.Leader) *grpc.Server {
 	fwd := service.NewForwarder(s.cfg.NodeID, s.cfg.RPCHoldTimeout, s.store, s.members)
-	authz := service.NewAuthorizer(s.tls != nil)
+	// A server certificate counts only for a server of this one's Raft
+	// configuration (design §11, membership is the authority).
+	authz := service.NewAuthorizer(service.AuthzConfig{
+		Enabled: s.tls != nil, Self: s.cfg.NodeID, Members: service.NewConfigMembers(s.store, nil), Metrics: s.metrics.authz,
+	}, s.log)
 	unary := []grpc.UnaryServerInterceptor{authz.Unary, fwd.Unary}
 	if asPreviousRelease {
 		unary = append(unary, previousReleaseStatus)

@@ -46,16 +46,9 @@ func ParseEpoch(b []byte) (uint64, error) {
 // increasing when the clock steps back. A corrupt file is refused rather than
 // guessed at: reusing an epoch would make control nodes drop live updates.
 func NextEpoch(path string, nowNano int64) (uint64, error) {
-	var last uint64
-	b, err := os.ReadFile(path)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return 0, fmt.Errorf("read epoch: %w", err)
-	default:
-		if last, err = ParseEpoch(b); err != nil {
-			return 0, fmt.Errorf("%s: %w", path, err)
-		}
+	last, err := lastEpoch(path)
+	if err != nil {
+		return 0, err
 	}
 	next := last + 1
 	if nowNano > 0 && uint64(nowNano) > next {
@@ -65,6 +58,43 @@ func NextEpoch(path string, nowNano int64) (uint64, error) {
 		return 0, fmt.Errorf("persist epoch: %w", err)
 	}
 	return next, nil
+}
+
+// RaiseEpoch records that a session of this node with epoch held exists
+// (a control node said so when it refused this agent's older one), so that
+// the next NextEpoch is above it: it persists held when it is above the
+// last persisted epoch, and reports whether it did. The caller bounds
+// held first: an epoch only grows, so one taken far beyond the clock
+// would outlive every later session. A corrupt file is refused, as in
+// NextEpoch.
+func RaiseEpoch(path string, held uint64) (bool, error) {
+	last, err := lastEpoch(path)
+	if err != nil {
+		return false, err
+	}
+	if held <= last {
+		return false, nil
+	}
+	if err := WriteFileAtomic(path, []byte(strconv.FormatUint(held, 10)+"\n")); err != nil {
+		return false, fmt.Errorf("persist epoch: %w", err)
+	}
+	return true, nil
+}
+
+// lastEpoch is the persisted epoch, 0 when there is none yet.
+func lastEpoch(path string) (uint64, error) {
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("read epoch: %w", err)
+	}
+	last, err := ParseEpoch(b)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return last, nil
 }
 
 // Ports hands out engine ports from the configured range and remembers

@@ -7,6 +7,19 @@ import (
 	"testing"
 )
 
+// epochFile is the path of an epoch file holding content, none when
+// content is empty.
+func epochFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "epoch")
+	if content != "" {
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return path
+}
+
 func TestNextEpoch(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -22,12 +35,7 @@ func TestNextEpoch(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			path := filepath.Join(t.TempDir(), "epoch")
-			if tt.file != "" {
-				if err := os.WriteFile(path, []byte(tt.file), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
+			path := epochFile(t, tt.file)
 			got, err := NextEpoch(path, tt.now)
 			if (err != nil) != tt.wantErr || got != tt.want {
 				t.Fatalf("NextEpoch = %d, %v; want %d (error %v)", got, err, tt.want, tt.wantErr)
@@ -38,6 +46,45 @@ func TestNextEpoch(t *testing.T) {
 			again, err := NextEpoch(path, tt.now)
 			if err != nil || again != got+1 {
 				t.Fatalf("second epoch %d, %v; want %d", again, err, got+1)
+			}
+		})
+	}
+}
+
+// TestRaiseEpoch: a held epoch above the persisted one is persisted, so
+// the next session's epoch is above it whatever the clock says; one at or
+// below it changes nothing; a corrupt file is refused, not overwritten.
+func TestRaiseEpoch(t *testing.T) {
+	tests := []struct {
+		name    string
+		file    string
+		held    uint64
+		raised  bool
+		next    uint64 // NextEpoch at clock 100 afterwards
+		wantErr bool
+	}{
+		{"no file yet", "", 500, true, 501, false},
+		{"above the persisted epoch", "200\n", 500, true, 501, false},
+		{"below the persisted epoch", "800\n", 500, false, 801, false},
+		{"equal to it", "500", 500, false, 501, false},
+		{"below the clock: the clock still wins", "", 40, true, 100, false},
+		{"corrupt file refused", "fifty", 500, false, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := epochFile(t, tt.file)
+			raised, err := RaiseEpoch(path, tt.held)
+			if (err != nil) != tt.wantErr || raised != tt.raised {
+				t.Fatalf("RaiseEpoch = %v, %v; want %v (error %v)", raised, err, tt.raised, tt.wantErr)
+			}
+			if err != nil {
+				if b, _ := os.ReadFile(path); string(b) != tt.file {
+					t.Fatalf("the corrupt file was rewritten: %q", b)
+				}
+				return
+			}
+			if next, err := NextEpoch(path, 100); err != nil || next != tt.next {
+				t.Fatalf("next epoch %d, %v; want %d", next, err, tt.next)
 			}
 		})
 	}

@@ -12,6 +12,7 @@ type metrics struct {
 	updates         *prometheus.CounterVec
 	fullRequests    prometheus.Counter
 	chunked         prometheus.Counter
+	superseded      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -32,9 +33,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Full copies the control node asked for."}),
 		chunked: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_chunked_updates_total",
 			Help: "Ephemeral updates sent as chunks, being larger than the control node's chunk budget."}),
+		superseded: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "llmgw_agent_sessions_superseded_total",
+			Help: "Hellos refused or sessions ended because a newer session of this node was held: raised (the next epoch goes above it) or ignored (its epoch was too far ahead of this agent's clock)."}, []string{"held"}),
 	}
 	for _, c := range []prometheus.Collector{m.attempts, m.sessions, m.attached, m.reattaches, m.reattachSeconds,
-		m.updates, m.fullRequests, m.chunked} {
+		m.updates, m.fullRequests, m.chunked, m.superseded} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

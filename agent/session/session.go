@@ -147,6 +147,12 @@ func (c *Client) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if errors.Is(err, errSuperseded) {
+			// The next epoch is above the session that held the node: it
+			// wins, so there is no reason to wait longer than the first
+			// delay.
+			wait.Reset()
+		}
 		if welcomed {
 			wait.Reset()
 			lostAt = c.now()

@@ -7,6 +7,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/internal/testkit"
@@ -32,7 +36,11 @@ type fakeControl struct {
 	push chan *llmgwv1.ControlMessage
 	// silent: no welcome and no heartbeat, as a hung server.
 	silent atomic.Bool
-	wg     sync.WaitGroup
+	// held, when above a session's epoch, is a newer session of the node
+	// held here: its hello is refused, a running session ended, with
+	// held in the trailer (as controlplane/service/agent does).
+	held atomic.Uint64
+	wg   sync.WaitGroup
 
 	mu      sync.Mutex
 	hellos  []*llmgwv1.AgentHello
@@ -64,6 +72,17 @@ func (f *fakeControl) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	if f.silent.Load() {
 		<-stream.Context().Done()
 		return nil
+	}
+	epoch := first.GetHello().GetEpoch()
+	superseded := func() error {
+		if held := f.held.Load(); held > epoch {
+			stream.SetTrailer(metadata.Pairs(heldEpochTrailer, strconv.FormatUint(held, 10)))
+			return status.Errorf(codes.Aborted, "a newer session (epoch %d)", held)
+		}
+		return nil
+	}
+	if err := superseded(); err != nil {
+		return err
 	}
 	welcome := &llmgwv1.Welcome{SessionId: "s1", ServerId: "c1",
 		Servers: []*llmgwv1.ControlServer{{GrpcAddr: f.addr}}}
@@ -98,6 +117,9 @@ func (f *fakeControl) Attach(stream llmgwv1.AgentService_AttachServer) error {
 				return err
 			}
 		case <-hb.C:
+			if err := superseded(); err != nil {
+				return err
+			}
 			if err := stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Heartbeat{Heartbeat: &llmgwv1.Heartbeat{}}}); err != nil {
 				return err
 			}
@@ -341,6 +363,56 @@ func TestSilentServerFailsOver(t *testing.T) {
 	}
 	if got := testkit.Metric(t, f.reg, "llmgw_agent_sessions_total", nil); got != 1 {
 		t.Errorf("%v sessions welcomed, want 1", got)
+	}
+}
+
+// TestGoesAboveAHeldEpoch: a session ended because a newer session of the
+// node is held (ABORTED, the held epoch in the trailer) is followed by a
+// hello above that epoch, which wins at once — however far the clock is
+// behind it, within the bound. A held epoch beyond the bound is ignored:
+// the agent's epoch stays with its clock and every hello is refused.
+func TestGoesAboveAHeldEpoch(t *testing.T) {
+	tests := []struct {
+		name   string
+		ahead  time.Duration // the held epoch, past the agent's clock
+		raised bool
+	}{
+		{"a session 4 minutes ahead", 4 * time.Minute, true},
+		{"a session 2 seconds ahead", 2 * time.Second, true},
+		{"a session an hour ahead: ignored", time.Hour, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctl := startFakeControl(t)
+			f := startClient(t, ctl.addr)
+			testkit.Wait(t, "the first welcome", func() bool { _, u := ctl.snapshot(); return len(u) >= 1 })
+			held := uint64(time.Now().Add(tt.ahead).UnixNano())
+			ctl.held.Store(held)
+			if !tt.raised {
+				testkit.WaitMetric(t, f.reg, "llmgw_agent_sessions_superseded_total", testkit.Labels{"held": "ignored"}, 3)
+				hellos, _ := ctl.snapshot()
+				for _, h := range hellos {
+					if h.GetEpoch() > held {
+						t.Fatalf("hello at epoch %d, above the held %d that is beyond the bound", h.GetEpoch(), held)
+					}
+				}
+				if got := testkit.Metric(t, f.reg, "llmgw_agent_sessions_superseded_total", testkit.Labels{"held": "raised"}); got != 0 {
+					t.Fatalf("raised %v times, want 0", got)
+				}
+				return
+			}
+			testkit.Wait(t, "a hello above the held epoch, welcomed", func() bool {
+				hellos, _ := ctl.snapshot()
+				last := hellos[len(hellos)-1]
+				return last.GetEpoch() == held+1 && f.client.Attached()
+			})
+			if got := testkit.Metric(t, f.reg, "llmgw_agent_sessions_superseded_total", testkit.Labels{"held": "raised"}); got != 1 {
+				t.Fatalf("raised %v times, want 1", got)
+			}
+			if got := testkit.Metric(t, f.reg, "llmgw_agent_sessions_total", nil); got != 2 {
+				t.Fatalf("%v sessions welcomed, want 2 (the first, and the one above the held epoch)", got)
+			}
+		})
 	}
 }
 

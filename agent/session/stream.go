@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/chunking"
@@ -46,6 +49,8 @@ type session struct {
 	chunk    int
 	welcomed bool
 	learned  []string
+	// superseded is set once a refusal's held epoch was taken (goAbove).
+	superseded bool
 }
 
 // runSession runs one Attach stream to addr until it fails or ctx ends. It
@@ -81,6 +86,9 @@ func (c *Client) runSession(ctx context.Context, addr string, lostAt time.Time) 
 	}()
 	defer s.detach()
 	err = s.loop(ctx, sctx, msgs, recvErr)
+	if s.superseded {
+		err = fmt.Errorf("%w: %w", errSuperseded, err)
+	}
 	return s.learned, s.welcomed, err
 }
 
@@ -153,6 +161,7 @@ func (s *session) loop(ctx, sctx context.Context, msgs <-chan *llmgwv1.ControlMe
 			}
 			return ctx.Err()
 		case err := <-recvErr:
+			s.goAbove(err)
 			return s.failed("receive", err)
 		case m := <-msgs:
 			err = s.handle(m)
@@ -314,6 +323,59 @@ func (s *session) send(m *llmgwv1.AgentMessage) error {
 		return s.failed("send", err)
 	}
 	return nil
+}
+
+// heldEpochTrailer is the trailer in which a control node that refuses a
+// hello or ends a session because a newer session holds this node says
+// that session's epoch; the control plane's name for it
+// (controlplane/service/agent).
+const heldEpochTrailer = "llmgw-held-epoch"
+
+// maxHeldAhead bounds the held epoch this agent takes: control nodes take
+// no epoch more than five minutes past their clock, so a held one is
+// within that of this agent's clock plus their skew (a minute here, far
+// above NTP's). One beyond is a broken clock or a server's lie, and taking
+// it would get every later hello refused as too far ahead, for epochs only
+// grow: it is ignored, and logged.
+const maxHeldAhead = 6 * time.Minute
+
+// errSuperseded marks a session that ended because a newer session of
+// this node was held, once this agent's next epoch is above it: Run tries
+// again after the first reconnect delay (reconnect_initial) rather than a
+// grown one, for the next hello wins.
+var errSuperseded = errors.New("a newer session of this node was held; the next epoch is above it")
+
+// goAbove reads the held epoch of a refusal (ABORTED with the trailer)
+// and persists it, so that the next session's epoch (NextEpoch) is above
+// it and wins at once (design §5.4): a session opened with this node's
+// certificate elsewhere, or this agent's own from before its data dir was
+// lost, would otherwise hold the node until this agent's clock passed it.
+func (s *session) goAbove(err error) {
+	if status.Code(err) != codes.Aborted {
+		return
+	}
+	v := s.stream.Trailer().Get(heldEpochTrailer)
+	if len(v) != 1 {
+		return
+	}
+	held, perr := strconv.ParseUint(v[0], 10, 64)
+	if perr != nil || held <= s.epoch {
+		return
+	}
+	if limit := uint64(s.c.now().Add(maxHeldAhead).UnixNano()); held > limit {
+		s.c.metrics.superseded.WithLabelValues("ignored").Inc()
+		s.log.Error("a control node holds a session of this node with an epoch far ahead of this agent's clock: ignored (check the clocks, and who holds this node's certificate)",
+			"held_epoch", held, "limit", limit)
+		return
+	}
+	if _, err := datadir.RaiseEpoch(s.c.cfg.EpochPath, held); err != nil {
+		s.log.Error("could not persist the held epoch; the next session may be refused again", "held_epoch", held, "err", err)
+		return
+	}
+	s.c.metrics.superseded.WithLabelValues("raised").Inc()
+	s.log.Warn("a newer session of this node is held (another process with this node's certificate, or this agent's own before its data dir was lost?): the next session's epoch goes above it",
+		"held_epoch", held)
+	s.superseded = true
 }
 
 // failed wraps the error that ended the session with the operation and

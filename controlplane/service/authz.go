@@ -2,8 +2,11 @@ package service
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"path"
 	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -21,9 +24,11 @@ var (
 )
 
 // allowed is who may call each method of the control plane's services
-// (design §11), in one place: a server may call every method (servers
-// forward calls and hellos to the leader, and ask one another for their
-// Raft figures), so each row lists the other roles it admits. A method
+// (design §11), in one place: a server of the cluster may call every
+// method (servers forward calls and hellos to the leader, and ask one
+// another for their Raft figures; a server certificate outside the Raft
+// configuration is refused, see Authorizer), so each row lists the other
+// roles it admits. A method
 // missing here is refused to everyone but servers; a test checks that every
 // method of the services the control plane serves has a row.
 //
@@ -70,17 +75,66 @@ var allowed = map[string][]mtls.Role{
 // (design §11). Without TLS (a plain-text deployment on loopback, or
 // --insecure) nothing is known of callers and everything is allowed, as
 // before identities existed.
+//
+// A server certificate is not enough on its own: the CA signs one for
+// every server an operator may ever run, and one that never joined — or
+// was removed — held every power of a member (it listed API keys,
+// registered nodes and attached as any agent). So a server caller must
+// also be a server of this server's latest Raft configuration (Membership),
+// the check the Raft transport's guard makes for Raft's own RPCs
+// (controlplane/store/guard.go). Two calls need no membership: this
+// server's own (its web console reads its own listener with its own
+// certificate) and ClusterStatus, which a server asks of the others before
+// it is a member (the bootstrap's look for an existing cluster, the
+// minimum-version check of a server not yet added) and which carries
+// nothing gossip does not already show its members.
 type Authorizer struct {
 	enabled bool
+	self    string
+	members Membership // nil: server certificates are trusted as such
+	metrics *AuthzMetrics
+	log     *refusalLog
 }
 
-// NewAuthorizer returns the check of a server that serves mutual TLS
-// (enabled) or plain text.
-func NewAuthorizer(enabled bool) *Authorizer { return &Authorizer{enabled: enabled} }
+// AuthzConfig is who the Authorizer serves and what it reads.
+type AuthzConfig struct {
+	// Enabled is true on a server that serves mutual TLS.
+	Enabled bool
+	// Self is this server's id: its own calls pass.
+	Self string
+	// Members decides which server certificates are the cluster's; nil
+	// trusts every server certificate (tests of roles alone).
+	Members Membership
+	// Metrics counts refusals; nil counts nothing.
+	Metrics *AuthzMetrics
+	// Now is the clock of the refusal log's rate limit; nil is time.Now.
+	Now func() time.Time
+}
+
+// preJoin are the methods a server certificate may call without being a
+// member (see Authorizer).
+var preJoin = map[string]bool{
+	llmgwv1.AdminService_ClusterStatus_FullMethodName: true,
+}
+
+// NewAuthorizer returns the check of a server as cfg describes it,
+// logging refusals of server certificates to log (at most once a minute
+// per caller).
+func NewAuthorizer(cfg AuthzConfig, log *slog.Logger) *Authorizer {
+	now := cfg.Now
+	if now == nil {
+		now = time.Now
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Authorizer{enabled: cfg.Enabled, self: cfg.Self, members: cfg.Members, metrics: cfg.Metrics,
+		log: &refusalLog{log: log, now: now, every: time.Minute, last: map[string]time.Time{}}}
+}
 
 // Unary is the interceptor of unary calls. It runs before forwarding: a
 // follower checks the caller, then forwards to the leader as itself (a
-// server), and the leader trusts servers.
+// server), and the leader checks that server is a member.
 func (a *Authorizer) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	if err := a.Check(ctx, info.FullMethod); err != nil {
 		return nil, err
@@ -98,9 +152,10 @@ func (a *Authorizer) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 
 // Check is the decision for one call of method: nil, UNAUTHENTICATED when a
 // TLS server has no verified identity for the caller, or PERMISSION_DENIED
-// naming the certificate the method needs and the caller's. A call marked
-// forwarded (answered here, never forwarded again) must come from a server:
-// the mark is metadata any client could set.
+// naming the certificate the method needs and the caller's, or, for a
+// server certificate, that it is not of this cluster's configuration. A
+// call marked forwarded (answered here, never forwarded again) must come
+// from a server: the mark is metadata any client could set.
 func (a *Authorizer) Check(ctx context.Context, method string) error {
 	if !a.enabled {
 		return nil
@@ -110,7 +165,7 @@ func (a *Authorizer) Check(ctx context.Context, method string) error {
 		return status.Errorf(codes.Unauthenticated, "%s needs a client certificate of this cluster's CA carrying an llmgw identity", shortMethod(method))
 	}
 	if id.Role == mtls.RoleServer {
-		return nil
+		return a.checkServer(id, method)
 	}
 	if IsForwarded(ctx) {
 		return status.Errorf(codes.PermissionDenied, "%s: only a server may forward a call; caller is %s", shortMethod(method), id)
@@ -125,6 +180,28 @@ func (a *Authorizer) Check(ctx context.Context, method string) error {
 		return status.Errorf(codes.PermissionDenied, "%s is not open to clients; caller is %s", shortMethod(method), id)
 	}
 	return status.Errorf(codes.PermissionDenied, "%s needs %s certificate; caller is %s", shortMethod(method), needs(roles), id)
+}
+
+// checkServer admits a server certificate that is this server's own, of a
+// member of its latest Raft configuration, or calling a preJoin method; a
+// server with no Raft state admits every one (Membership).
+func (a *Authorizer) checkServer(id mtls.Identity, method string) error {
+	if a.members == nil || id.Name == a.self || preJoin[method] {
+		return nil
+	}
+	member, hasState := a.members.Member(id.Name)
+	if member || !hasState {
+		return nil
+	}
+	short := shortMethod(method)
+	label := short
+	if _, known := allowed[method]; !known {
+		label = "other" // a caller's junk method name must not grow the metric
+	}
+	a.metrics.refused(label)
+	why := fmt.Sprintf("%s is not a server of %s's Raft configuration: a server certificate has a server's powers only once its server has joined the cluster", id, a.self)
+	a.log.note(id.String(), "a server certificate outside this cluster was refused", "caller", id.String(), "method", short, "reason", why)
+	return status.Errorf(codes.PermissionDenied, "%s refused: %s (see llmgwctl raft list-peers)", short, why)
 }
 
 // shortMethod is "AdminService/DeleteModel" of "/llmgw.v1.AdminService/DeleteModel".

@@ -14,6 +14,11 @@
 // never sees the node's wiring, so it can be read, and tested, on its own.
 //
 // What lives here, because it must be one thing for all of them:
+//   - The Authorizer (design §11): who may call which method, by the
+//     certificate's role, and for a server certificate that its server is
+//     of this server's Raft configuration (ConfigMembers, a cached read of
+//     it): a certificate of the CA whose server never joined, or was
+//     removed, has no power but ClusterStatus.
 //   - ToStatus, the one place errors become gRPC codes (design §5.3:
 //     NotLeader is UNAVAILABLE and carries the leader's address).
 //   - Forwarding (design §5.3): writes, consistent reads and the raft verbs

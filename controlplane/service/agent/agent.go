@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -165,10 +167,12 @@ func (a *Service) Attach(stream llmgwv1.AgentService_AttachServer) error {
 	nodeID := hello.Node.Id
 	log := a.log.With("agent_node", nodeID, "epoch", hello.Epoch)
 	if err := checkIdentity(ctx, nodeID); err != nil {
+		a.metrics.hellosRefused.WithLabelValues("identity").Inc()
 		log.Warn("agent hello refused", "err", err)
 		return err
 	}
 	if err := checkEpoch(hello.Epoch, time.Now()); err != nil {
+		a.metrics.hellosRefused.WithLabelValues("epoch_ahead").Inc()
 		log.Warn("agent hello refused", "err", err)
 		return err
 	}
@@ -183,6 +187,14 @@ func (a *Service) Attach(stream llmgwv1.AgentService_AttachServer) error {
 		}
 		log.Info("node registered for a peer's agent session, forwarded as a hello (a server older than ServerService)")
 		return stream.Send(&llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Welcome{Welcome: &llmgwv1.Welcome{ServerId: a.cfg.Self}}})
+	}
+	// A newer session holds the node: this one's updates would all be
+	// stale, and it would be ended at its first heartbeat. Say so now,
+	// with the epoch held, so the agent's next hello goes above it.
+	if held, _, ok := a.reports.Held(nodeID); ok && held > hello.Epoch {
+		a.metrics.hellosRefused.WithLabelValues("newer_session").Inc()
+		log.Warn("agent hello refused: a newer session holds the node", "held_epoch", held)
+		return supersededBy(stream, nodeID, held, hello.Epoch)
 	}
 	// The session counts from before registration: the leader must not see
 	// the node re-activated yet still detached, and mark it down again.
@@ -220,16 +232,24 @@ func (a *Service) Attach(stream llmgwv1.AgentService_AttachServer) error {
 
 // checkIdentity refuses a hello for a node the caller's certificate does
 // not name (design §11): an agent attaches only as its own node. A server
-// may send any hello (a follower forwarding a registration to the leader,
-// after checking its own agent's certificate); on plain text nothing is
-// known of the caller and the hello is taken as before identities existed.
-// Other roles never get here: the Authorizer admits only agents and servers
-// to Attach.
+// may send any hello, but only marked forwarded (a follower forwarding a
+// registration to the leader, after checking its own agent's certificate;
+// the Authorizer has checked that the server is a member): it registers
+// the node and holds no session. A session is held only by the agent whose
+// certificate names the node, so no server certificate can speak for a
+// node's replicas. On plain text nothing is known of the caller and the
+// hello is taken as before identities existed. Other roles never get
+// here: the Authorizer admits only agents and servers to Attach.
 func checkIdentity(ctx context.Context, nodeID string) error {
 	id, ok := mtls.FromContext(ctx)
 	switch {
-	case !ok, id.Role == mtls.RoleServer:
+	case !ok:
 		return nil
+	case id.Role == mtls.RoleServer:
+		if service.IsForwarded(ctx) {
+			return nil
+		}
+		return status.Errorf(codes.PermissionDenied, "attach as node %s: a server forwards an agent's registration (marked forwarded) but never holds its session; a session needs the agent certificate of node %s; caller is %s", nodeID, nodeID, id)
 	case id.Role != mtls.RoleAgent:
 		return status.Errorf(codes.PermissionDenied, "attach as node %s needs the agent certificate of node %s; caller is %s", nodeID, nodeID, id)
 	case id.Name != nodeID:
@@ -240,12 +260,19 @@ func checkIdentity(ctx context.Context, nodeID string) error {
 
 // maxEpochAhead is how far past this server's clock a session epoch may
 // be. An agent's epoch is max(last persisted + 1, now in Unix ns) (design
-// §5.4), so a legitimate one is near now; an epoch far beyond it would win
-// over every later session of the node — the real agent's, whose clock
-// cannot catch up — and lock it out until then. A day leaves room for a
-// badly set clock; an agent whose persisted epoch is beyond it is refused
-// with this message until its clock (or its epoch file) is put right.
-const maxEpochAhead = 24 * time.Hour
+// §5.4), so a legitimate one is near now: it leads this server's clock by
+// the skew between the two clocks, which NTP keeps to milliseconds — or,
+// once the agent has gone above a held epoch (heldEpochTrailer), by that
+// epoch's lead, itself within this bound when it was taken. An epoch far
+// beyond now would win over every later session of the node — the real
+// agent's, whose clock cannot catch up — and lock it out until then: a
+// day, the bound before, let one forged hello take a node for 23 h. Five
+// minutes is far above any skew NTP leaves, and bounds both how far one
+// session can lead the clock and how long an agent that cannot go above
+// it (an older agent) waits. An agent whose persisted epoch is beyond it
+// (its clock was far ahead, then put right) is refused with this message
+// until its clock catches up or its epoch file is removed.
+const maxEpochAhead = 5 * time.Minute
 
 // checkEpoch refuses a hello epoch more than maxEpochAhead past now.
 func checkEpoch(epoch uint64, now time.Time) error {
@@ -255,6 +282,24 @@ func checkEpoch(epoch uint64, now time.Time) error {
 			epoch, maxEpochAhead, now.UnixNano())
 	}
 	return nil
+}
+
+// heldEpochTrailer is the trailer in which a hello or session refused
+// because a newer session holds its node carries that session's epoch
+// (decimal). The agent persists it, so its next session's epoch is above
+// it and wins at once, rather than being refused until its clock passes
+// the other session's epoch (design §5.4): a session opened elsewhere with
+// the node's certificate, or the agent's own from before its data dir was
+// lost, never locks the real agent out. agent/session reads it by the same
+// name. What it can say is bounded: an epoch is taken only within
+// maxEpochAhead of the clock, so a held one is too.
+const heldEpochTrailer = "llmgw-held-epoch"
+
+// supersededBy is the ABORTED of a hello or session of epoch whose node a
+// newer session (held) holds, with held in the trailer.
+func supersededBy(stream llmgwv1.AgentService_AttachServer, nodeID string, held, epoch uint64) error {
+	stream.SetTrailer(metadata.Pairs(heldEpochTrailer, strconv.FormatUint(held, 10)))
+	return status.Errorf(codes.Aborted, "agent %s has a newer session (epoch %d) than this one (%d): the next session's epoch must be above it", nodeID, held, epoch)
 }
 
 func (a *Service) send(ctx context.Context, stream llmgwv1.AgentService_AttachServer, nodeID string, epoch uint64, servers []*llmgwv1.ControlServer, lastHeard *atomic.Int64, askFull <-chan string, recvErr <-chan error) error {
@@ -325,7 +370,7 @@ func (a *Service) send(ctx context.Context, stream llmgwv1.AgentService_AttachSe
 			// one is a leftover): end this one, so it never speaks for the
 			// node again (design §5.4).
 			if held, _, ok := a.reports.Held(nodeID); ok && held > epoch {
-				return status.Errorf(codes.Aborted, "agent %s has a newer session (epoch %d) than this one (%d)", nodeID, held, epoch)
+				return supersededBy(stream, nodeID, held, epoch)
 			}
 			if err := checkLeader(now); err != nil {
 				return err

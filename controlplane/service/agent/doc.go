@@ -16,7 +16,12 @@
 //     The session counts from before registration, so the leader never
 //     sees the node re-activated yet detached, and marks it down again.
 //   - A session whose node has a newer epoch held here is closed with
-//     ABORTED: it must never speak for the node again.
+//     ABORTED: it must never speak for the node again; a hello older than
+//     the epoch held is refused the same way at once. Both carry the held
+//     epoch in the trailer llmgw-held-epoch, and the agent's next epoch
+//     goes above it (agent/session): a newer session — one opened with
+//     the node's certificate elsewhere, or the agent's own from before its
+//     data dir was lost — never locks the real agent out.
 //   - A server without a leader for three election timeouts (counted from
 //     its last contact with one) ends its sessions, so agents move to the
 //     majority side of a partition (design §5.4).
@@ -29,11 +34,13 @@
 //     matters is that no router reads it.
 //   - With mutual TLS an agent attaches only as the node its certificate
 //     names (design §11), refused with PERMISSION_DENIED otherwise; a
-//     server's certificate may send any hello (a follower forwarding a
-//     registration it has checked). Which roles may call Attach at all is
-//     service.Authorizer's.
-//   - A hello whose epoch is more than a day past this server's clock is
-//     refused (INVALID_ARGUMENT): such an epoch would outrank every later
-//     session of the node, so whoever sent it — a stolen certificate, or on
-//     plain text anyone — would lock the real agent out.
+//     server's certificate may send any hello marked forwarded (a follower
+//     forwarding a registration it has checked), which registers the node
+//     and holds no session, and no other. Which roles may call Attach at
+//     all, and that a server is a member, is service.Authorizer's.
+//   - A hello whose epoch is more than five minutes past this server's
+//     clock is refused (INVALID_ARGUMENT): such an epoch would outrank
+//     every later session of the node, so whoever sent it — a stolen
+//     certificate, or on plain text anyone — would lock the real agent out
+//     until then (a day, under the bound before).
 package agent

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
@@ -28,8 +29,8 @@ func callerCtx(id mtls.Identity) context.Context {
 }
 
 // TestCheckIdentity: an agent attaches only as the node its certificate
-// names (design §11); a server forwards anyone's hello; plain text is
-// unchecked.
+// names (design §11); a server forwards anyone's hello but holds no
+// session; plain text is unchecked.
 func TestCheckIdentity(t *testing.T) {
 	tests := []struct {
 		name string
@@ -42,7 +43,9 @@ func TestCheckIdentity(t *testing.T) {
 		{"its own node", callerCtx(mtls.Identity{Role: mtls.RoleAgent, Name: "n1"}), "n1", codes.OK, ""},
 		{"another node", callerCtx(mtls.Identity{Role: mtls.RoleAgent, Name: "n2"}), "n1", codes.PermissionDenied,
 			"agent certificate is for node n2; cannot attach as n1"},
-		{"a server forwarding", callerCtx(mtls.Identity{Role: mtls.RoleServer, Name: "c2"}), "n1", codes.OK, ""},
+		{"a server forwarding", forwardedBy(callerCtx(mtls.Identity{Role: mtls.RoleServer, Name: "c2"})), "n1", codes.OK, ""},
+		{"a server's own session", callerCtx(mtls.Identity{Role: mtls.RoleServer, Name: "c2"}), "n1", codes.PermissionDenied,
+			"a server forwards an agent's registration (marked forwarded) but never holds its session; a session needs the agent certificate of node n1; caller is server/c2"},
 		{"a router", callerCtx(mtls.Identity{Role: mtls.RoleRouter, Name: "r1"}), "n1", codes.PermissionDenied, "caller is router/r1"},
 	}
 	for _, tt := range tests {
@@ -67,7 +70,10 @@ func TestCheckEpoch(t *testing.T) {
 	}{
 		{"now", uint64(now.UnixNano()), true},
 		{"a persisted epoch from long ago, plus one", 42, true},
-		{"a clock an hour fast", uint64(now.Add(time.Hour).UnixNano()), true},
+		{"a clock a second fast", uint64(now.Add(time.Second).UnixNano()), true},
+		{"a held epoch four minutes ahead, plus one", uint64(now.Add(4*time.Minute).UnixNano()) + 1, true},
+		{"an hour ahead", uint64(now.Add(time.Hour).UnixNano()), false},
+		{"23 hours ahead (taken under the old bound of a day)", uint64(now.Add(23 * time.Hour).UnixNano()), false},
 		{"just inside the bound", uint64(now.Add(maxEpochAhead).UnixNano()), true},
 		{"past the bound", uint64(now.Add(maxEpochAhead).UnixNano()) + 1, false},
 		{"the attacker's huge epoch", 1<<64 - 1, false},
@@ -83,6 +89,12 @@ func TestCheckEpoch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// forwardedBy marks an incoming call forwarded, as a server's forward
+// arrives.
+func forwardedBy(ctx context.Context) context.Context {
+	return metadata.NewIncomingContext(ctx, metadata.Pairs("llmgw-forwarded", "c2"))
 }
 
 type replicasOf map[string]*llmgwv1.Replica

@@ -9,6 +9,7 @@ type Metrics struct {
 	adapterForeign   prometheus.Counter
 	statusForeign    prometheus.Counter
 	sessionsCut      *prometheus.CounterVec
+	hellosRefused    *prometheus.CounterVec
 }
 
 // NewMetrics registers the sessions' metrics with reg.
@@ -27,7 +28,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmgw_control_status_foreign_total", Help: "Replica statuses dropped because they name another node, or the replica's leader shard is on another node.",
 		}),
 	}
-	reg.MustRegister(m.ephemeralUpdates, m.kvForeign, m.adapterForeign, m.statusForeign)
+	m.hellosRefused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_control_agent_hellos_refused_total",
+		Help: "Agent hellos refused, by reason: identity (the certificate does not name the node, or a server's unforwarded hello), epoch_ahead (more than 5 min past this server's clock), newer_session (a newer session holds the node).",
+	}, []string{"reason"})
+	reg.MustRegister(m.ephemeralUpdates, m.kvForeign, m.adapterForeign, m.statusForeign, m.hellosRefused)
 	m.sessionsCut = newSessionsCut(reg)
 	return m
 }

@@ -54,15 +54,24 @@ func (f *fakeLeader) Attach(stream llmgwv1.AgentService_AttachServer) error {
 // serverService (a leader of this release) or without (an older one).
 func startFakeLeader(t *testing.T, f *fakeLeader, serverService bool) *grpc.ClientConn {
 	t.Helper()
+	return serveLoopback(t, func(gs *grpc.Server) {
+		llmgwv1.RegisterAgentServiceServer(gs, f)
+		if serverService {
+			llmgwv1.RegisterServerServiceServer(gs, f)
+		}
+	})
+}
+
+// serveLoopback serves the services register adds on loopback until the
+// test ends, and returns a plain-text client connection to them.
+func serveLoopback(t *testing.T, register func(*grpc.Server)) *grpc.ClientConn {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer()
-	llmgwv1.RegisterAgentServiceServer(gs, f)
-	if serverService {
-		llmgwv1.RegisterServerServiceServer(gs, f)
-	}
+	register(gs)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
