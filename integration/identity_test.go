@@ -301,14 +301,14 @@ func TestClusterIdentityRefusesABootstrappedNewcomer(t *testing.T) {
 		for _, s := range servers {
 			m, err := s.memberStatus()
 			if err != nil {
-				return fmt.Errorf("%s server members: %v", s.id, err)
+				return fmt.Errorf("%s server members: %w", s.id, err)
 			}
 			if st, ok := m["c4"]; ok {
 				return fmt.Errorf("%s lists c4 in gossip (%s): %v", s.id, st, m)
 			}
 			peers, err := s.peers()
 			if err != nil {
-				return fmt.Errorf("%s raft list-peers: %v", s.id, err)
+				return fmt.Errorf("%s raft list-peers: %w", s.id, err)
 			}
 			var pids []string
 			for _, x := range peers {
@@ -319,7 +319,7 @@ func TestClusterIdentityRefusesABootstrappedNewcomer(t *testing.T) {
 			}
 			v, err := s.identity()
 			if err != nil {
-				return fmt.Errorf("%s cluster status: %v", s.id, err)
+				return fmt.Errorf("%s cluster status: %w", s.id, err)
 			}
 			if v.Leader != leader.id || v.ClusterID != clusterID {
 				return fmt.Errorf("%s reports leader %q and cluster id %q; before the joins: %s and %s", s.id, v.Leader, v.ClusterID, leader.id, clusterID)

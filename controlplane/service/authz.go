@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/ratelog"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -71,6 +72,10 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.ServerService_LocalKeyring_FullMethodName: serverOnly,
 }
 
+// refusalLogCallers bounds the callers whose refusals are remembered for
+// the log's rate: a handful of servers in practice.
+const refusalLogCallers = 1024
+
 // Authorizer refuses calls whose certificate's role may not make them
 // (design §11). Without TLS (a plain-text deployment on loopback, or
 // --insecure) nothing is known of callers and everything is allowed, as
@@ -93,7 +98,10 @@ type Authorizer struct {
 	self    string
 	members Membership // nil: server certificates are trusted as such
 	metrics *AuthzMetrics
-	log     *refusalLog
+	// log gets a refusal once a minute per caller (logLimit), so a
+	// stranger retrying in a loop cannot flood it; the metric counts all.
+	log      *slog.Logger
+	logLimit *ratelog.Limiter
 }
 
 // AuthzConfig is who the Authorizer serves and what it reads.
@@ -129,7 +137,7 @@ func NewAuthorizer(cfg AuthzConfig, log *slog.Logger) *Authorizer {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Authorizer{enabled: cfg.Enabled, self: cfg.Self, members: cfg.Members, metrics: cfg.Metrics,
-		log: &refusalLog{log: log, now: now, every: time.Minute, last: map[string]time.Time{}}}
+		log: log, logLimit: ratelog.New(time.Minute, refusalLogCallers, now)}
 }
 
 // Unary is the interceptor of unary calls. It runs before forwarding: a
@@ -200,7 +208,9 @@ func (a *Authorizer) checkServer(id mtls.Identity, method string) error {
 	}
 	a.metrics.refused(label)
 	why := fmt.Sprintf("%s is not a server of %s's Raft configuration: a server certificate has a server's powers only once its server has joined the cluster", id, a.self)
-	a.log.note(id.String(), "a server certificate outside this cluster was refused", "caller", id.String(), "method", short, "reason", why)
+	if a.logLimit.Allow(id.String()) {
+		a.log.Warn("a server certificate outside this cluster was refused", "caller", id.String(), "method", short, "reason", why)
+	}
 	return status.Errorf(codes.PermissionDenied, "%s refused: %s (see llmgwctl raft list-peers)", short, why)
 }
 

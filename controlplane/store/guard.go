@@ -2,7 +2,6 @@ package store
 
 import (
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -194,30 +193,4 @@ func (c *configCache) get(id raft.ServerID) (map[raft.ServerID]raft.ServerAddres
 		}
 	}
 	return c.conf, c.hasState
-}
-
-// refusalLog logs a refusal at most once a minute per sender, so a
-// foreign server's heartbeats (ten a second) cannot flood the log; the
-// metric counts every one.
-type refusalLog struct {
-	log  *slog.Logger
-	mu   sync.Mutex
-	last map[string]time.Time
-}
-
-const refusalLogEvery = time.Minute
-
-func (l *refusalLog) note(from, why string) {
-	now := time.Now()
-	l.mu.Lock()
-	if t, ok := l.last[from]; ok && now.Sub(t) < refusalLogEvery {
-		l.mu.Unlock()
-		return
-	}
-	if len(l.last) >= 1024 {
-		clear(l.last) // senders are a handful of servers; this bounds a flood of forged ones
-	}
-	l.last[from] = now
-	l.mu.Unlock()
-	l.log.Error("raft refused a server outside this cluster", "from", from, "reason", why)
 }

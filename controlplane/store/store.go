@@ -18,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/logadapt"
 	"github.com/llmgw/llmgw/fsm"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/ratelog"
 )
 
 // Config is what the store takes from the node's configuration.
@@ -100,19 +101,22 @@ func Open(cfg Config, f *fsm.FSM, m *Metrics, log *slog.Logger, fatal func(error
 		bolt.Close()
 		return nil, fmt.Errorf("open raft snapshot store: %w", err)
 	}
-	refusals := &refusalLog{log: log, last: map[string]time.Time{}}
-	nt, err := newTransport(cfg.RaftAddr, cfg.TLS, cfg.ClusterID, func(rpc, from, why string) {
+	// A refusal is logged once a minute per sender, so a foreign server's
+	// heartbeats (ten a second) cannot flood the log; the metric counts
+	// every one.
+	logLimit := ratelog.New(time.Minute, 1024, nil)
+	refused := func(rpc, from, why string) {
 		m.raftRefused.WithLabelValues(rpc).Inc()
-		refusals.note(from, why)
-	}, hlog)
+		if logLimit.Allow(from) {
+			log.Error("raft refused a server outside this cluster", "rpc", rpc, "from", from, "reason", why)
+		}
+	}
+	nt, err := newTransport(cfg.RaftAddr, cfg.TLS, cfg.ClusterID, refused, hlog)
 	if err != nil {
 		bolt.Close()
 		return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)
 	}
-	trans := newGuard(nt, func(rpc, from, why string) {
-		m.raftRefused.WithLabelValues(rpc).Inc()
-		refusals.note(from, why)
-	})
+	trans := newGuard(nt, refused)
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
