@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/fsm"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -73,4 +75,25 @@ func TestParseModelFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzParseModelFile feeds the model file (outside input). It must not
+// panic, and what it accepts is a model the control plane's own validation
+// accepts, with its values where no engine reads an option (issue 26).
+func FuzzParseModelFile(f *testing.F) {
+	f.Add("name: demo\nengine: vllm\nmodel: m\nreplicas: 2\nextra_args: [--max-num-seqs, \"8\"]\n")
+	f.Add("name: demo\nengine: vllm\nmodel: \"--trust-remote-code\"\nreplicas: 1.5\n")
+	f.Add("name: demo\nengine: vllm\nmodel: m\nadapters: [{name: a, path: /a}]\nreplicas: 1e9\n")
+	f.Fuzz(func(t *testing.T, doc string) {
+		m, err := parseModelFile(strings.NewReader(doc))
+		if err != nil {
+			return
+		}
+		if err := fsm.ValidateModel(m); err != nil {
+			t.Fatalf("accepted a model validation refuses: %v", err)
+		}
+		if strings.HasPrefix(m.Model, "-") || m.Replicas > fsm.MaxReplicas {
+			t.Fatalf("accepted %v", m)
+		}
+	})
 }
