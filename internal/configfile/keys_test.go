@@ -46,7 +46,7 @@ type keyed struct {
 	unexported        int //nolint:unused // yaml.v3 skips it; so must the walk
 	AnyValue          any `yaml:"any"`
 	Bytes             []byte
-	PointerToStruct   *inner `yaml:"ptr"`
+	PointerToStruct   *inner  `yaml:"ptr"`
 	ListOfListOfInts  [][]int `yaml:"grid"`
 	ArrayOfInts       [2]int  `yaml:"pair"`
 	LastFieldNoYAMLTg int     `json:"x"`
