@@ -81,12 +81,7 @@ func TestParseEngineArgs(t *testing.T) {
 // read it as an option, and the remote-code policy and the flags llmgw sets
 // see an option however it is spelt. Each error names the key.
 func TestValidateModelArgv(t *testing.T) {
-	tests := []struct {
-		name   string
-		mutate func(m *llmgwv1.Model)
-		field  string // "" = valid
-		reason string
-	}{
+	runModelCases(t, []modelCase{
 		{"model as a flag", func(m *llmgwv1.Model) { m.Model = "--trust-remote-code" }, "model", `must not start with "-"`},
 		{"model as a short flag", func(m *llmgwv1.Model) { m.Model = "-x" }, "model", `must not start with "-"`},
 		{"model with a space", func(m *llmgwv1.Model) { m.Model = "org/m --trust-remote-code" }, "model", "whitespace"},
@@ -114,27 +109,7 @@ func TestValidateModelArgv(t *testing.T) {
 		{"llama.cpp managed short flag", func(m *llmgwv1.Model) { m.Engine, m.ExtraArgs = "llamacpp", []string{"-m=x.gguf"} }, "extra_args[0]", "-m is set by llmgw"},
 		{"llama.cpp lora", func(m *llmgwv1.Model) { m.Engine, m.ExtraArgs = "llamacpp", []string{"--lora", "x"} }, "extra_args[0]", "--lora is set by llmgw"},
 		{"extra args with a negative value", func(m *llmgwv1.Model) { m.ExtraArgs = []string{"--seed", "-1"} }, "", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			m := validModel()
-			tt.mutate(m)
-			err := ValidateModel(ModelDefaults(m))
-			if tt.field == "" {
-				if err != nil {
-					t.Fatalf("valid model refused: %v", err)
-				}
-				return
-			}
-			var ve *ValidationError
-			if !errors.As(err, &ve) || ve.Field != tt.field || !strings.Contains(ve.Reason, tt.reason) {
-				t.Fatalf("err = %v, want %s: ...%s...", err, tt.field, tt.reason)
-			}
-			if !strings.HasPrefix(err.Error(), tt.field+": ") {
-				t.Fatalf("error %q does not start with the key %q", err, tt.field)
-			}
-		})
-	}
+	})
 }
 
 // TestApplyKeepsOlderModels: the argv rules and the replica bound are
