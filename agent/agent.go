@@ -289,6 +289,11 @@ func (a *Agent) startLoad() (loads *load.Reader, stop func(), err error) {
 	lcfg.Node = a.cfg.NodeID
 	lcfg.Interval = a.cfg.LoadInterval
 	lcfg.Now = a.cfg.Now
+	// Engines are read directly, never through a proxy, and an external
+	// engine through its endpoint guard (design §6 "External engines").
+	lt := http.DefaultTransport.(*http.Transport).Clone()
+	lt.Proxy, lt.DialContext = nil, a.replicas.DialEngine
+	lcfg.Client = &http.Client{Timeout: lcfg.ReadTimeout, Transport: lt}
 	reader, err := load.NewReader(lcfg, a.replicas, a.log, a.reg)
 	if err != nil {
 		ln.Close()

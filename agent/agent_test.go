@@ -311,7 +311,7 @@ func TestSessionRunsDesiredReplicas(t *testing.T) {
 		t.Errorf("%d engine starts, want 2", len(recs))
 	}
 	for _, r := range recs {
-		if !slices.Contains(r.Argv, "--served-model-name") || !slices.Contains(r.Argv, "demo") {
+		if !slices.Contains(r.Argv, "--served-model-name=demo") {
 			t.Errorf("engine argv %q", r.Argv)
 		}
 		if err := syscall.Kill(r.Pid, 0); !errors.Is(err, syscall.ESRCH) {

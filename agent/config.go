@@ -152,6 +152,10 @@ type Config struct {
 	Jitter func() float64 `yaml:"-"`
 	// Now is the clock used for epochs; nil means time.Now.
 	Now func() time.Time `yaml:"-"`
+	// Resolver resolves external engines' host names each time the agent
+	// connects to one (design §6 "External engines"); nil means
+	// net.DefaultResolver. Tests inject it to resolve names without DNS.
+	Resolver replicas.Resolver `yaml:"-"`
 }
 
 // DefaultConfig returns the defaults of design §5.6 and §6.
@@ -294,7 +298,7 @@ func (c *Config) replicasConfig() replicas.Config {
 		Engines: engines, StopEnginesOnExit: c.StopEnginesOnExit,
 		ReadyTimeout: c.ReadyTimeout, StopGrace: c.StopGrace, ProbeInterval: c.ProbeInterval, RestartBackoff: c.RestartBackoff,
 		Drain:           drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now},
-		KVMaxFrameBytes: c.KVMaxFrameBytes, Now: c.Now,
+		KVMaxFrameBytes: c.KVMaxFrameBytes, Now: c.Now, Resolver: c.Resolver,
 	}
 }
 

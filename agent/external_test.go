@@ -1,11 +1,15 @@
 package agent
 
 import (
+	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/llmgw/llmgw/internal/testkit"
@@ -86,5 +90,77 @@ func TestExternalReplicaOwned(t *testing.T) {
 	testkit.Wait(t, "the external replica's record forgotten", func() bool {
 		files, _ := filepath.Glob(filepath.Join(c.DataDir, "external", "*.json"))
 		return len(files) == 0
+	})
+}
+
+// rebindingResolver answers every name with its current answer: what a DNS
+// record an attacker controls (or an operator changed) says now.
+type rebindingResolver struct {
+	mu     sync.Mutex
+	answer []netip.Addr
+}
+
+func (r *rebindingResolver) set(a ...netip.Addr) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.answer = a
+}
+
+func (r *rebindingResolver) LookupNetIP(context.Context, string, string) ([]netip.Addr, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.answer, nil
+}
+
+// TestExternalEndpointResolvedAtConnect holds issue 26's "DNS names in
+// external endpoints are resolved and checked when the agent connects, not
+// only at apply": an endpoint named by a host name is READY while the name
+// resolves to the engine, refused — UNHEALTHY, with the refusal as its
+// message, counted and logged — once it resolves to the metadata service,
+// and READY again, as a new incarnation, when it resolves back. The name is
+// "localhost" and every answer comes from the injected resolver; the
+// refused answer is fe80::a9fe:a9fe, which without a zone no socket can
+// reach, so nothing leaves the machine whatever the agent did.
+func TestExternalEndpointResolvedAtConnect(t *testing.T) {
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			fmt.Fprint(w, `{"object":"list","data":[{"id":"ext","object":"model"}]}`)
+		}
+	}))
+	defer engine.Close()
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(engine.URL, "http://"))
+	endpoint := "http://localhost:" + port
+	res := &rebindingResolver{}
+	res.set(netip.MustParseAddr("127.0.0.1"))
+	ctl := startFakeControl(t, "c1")
+	c := testConfig(t, ctl.addr)
+	c.Resolver = res
+	a, stop := startAgent(t, c)
+	defer stop()
+	model := &llmgwv1.Model{Name: "ext", Engine: "external", Endpoints: []string{endpoint}}
+	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Desired{Desired: &llmgwv1.DesiredReplicas{
+		Revision: 10, Replicas: []*llmgwv1.Replica{{Id: "ext-0", Uid: 9, Model: "ext", Node: "n1", Endpoint: endpoint}},
+		Models: []*llmgwv1.Model{model}}}}
+	status := func() *llmgwv1.ReplicaStatus {
+		_, ups := ctl.snapshot()
+		return latest(ups, 0)["ext-0"]
+	}
+	testkit.Wait(t, "ext-0 READY through the name", func() bool { return status().GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY })
+	first := status().GetIncarnation()
+
+	res.set(netip.MustParseAddr("fe80::a9fe:a9fe"))
+	testkit.Wait(t, "ext-0 UNHEALTHY once its name resolves to the metadata service", func() bool {
+		st := status()
+		return st.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY &&
+			strings.Contains(st.GetMessage(), `host "localhost" resolves to fe80::a9fe:a9fe, a link-local address`)
+	})
+	if n := testkit.Metric(t, a.reg, "llmgw_agent_external_refused_dials_total", nil); n < 3 {
+		t.Errorf("llmgw_agent_external_refused_dials_total = %v, want at least the 3 probes that turned it UNHEALTHY", n)
+	}
+
+	res.set(netip.MustParseAddr("127.0.0.1"))
+	testkit.Wait(t, "ext-0 READY again once the name resolves back", func() bool {
+		st := status()
+		return st.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && st.GetIncarnation() > first
 	})
 }

@@ -48,11 +48,11 @@ func TestKVEventsReachControl(t *testing.T) {
 	testkit.Wait(t, "the engine's start", func() bool {
 		recs, _ := fakeengine.Read(filepath.Join(c.DataDir, "engine.jsonl"))
 		for _, r := range recs {
-			if i := slices.Index(r.Argv, "--kv-events-config"); i >= 0 && i+1 < len(r.Argv) {
+			if i := slices.IndexFunc(r.Argv, func(a string) bool { return strings.HasPrefix(a, "--kv-events-config=") }); i >= 0 {
 				var cfg struct {
 					Endpoint string `json:"endpoint"`
 				}
-				if err := json.Unmarshal([]byte(r.Argv[i+1]), &cfg); err != nil {
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(r.Argv[i], "--kv-events-config=")), &cfg); err != nil {
 					t.Fatal(err)
 				}
 				endpoint = cfg.Endpoint

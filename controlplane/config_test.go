@@ -165,7 +165,14 @@ func TestDecodeConfig(t *testing.T) {
 			}
 		}},
 		{"unknown key", "grpc_adr: x:1\n", "grpc_adr", nil},
-		{"bad duration", "election_timeout: soon\n", "line 1", nil},
+		{"bad duration", "election_timeout: soon\n", "election_timeout: line 1", nil},
+		// Issue 26: a value of the wrong type names its key, nested keys by
+		// their path, and a fraction is no integer.
+		{"a list for a duration", "node_id: c1\nheartbeat_timeout: [1]\n", "heartbeat_timeout: line 2: cannot unmarshal !!seq into time.Duration", nil},
+		{"a string for a count", "bootstrap_expect: \"x\"\n", "bootstrap_expect: line 1: cannot unmarshal !!str `x` into int", nil},
+		{"a fraction for a count", "bootstrap_expect: 1.5\n", "bootstrap_expect: line 1: must be a whole number, got 1.5", nil},
+		{"a nested key", "gossip:\n  reconnect_interval: [1]\n", "gossip.reconnect_interval: line 2", nil},
+		{"a limit at the top level", "max_watch_streams_per_address: 1e9\n", "max_watch_streams_per_address: line 1: must be a whole number", nil},
 		{"version is not from the file", "version: 9\n", "version", nil},
 		{"tls keys at the top level", "tls_ca: /p/ca.pem\ntls_cert: /p/c1.pem\ntls_key: /p/c1-key.pem\ninsecure: true\n", "", func(t *testing.T, c Config) {
 			if c.TLS != (mtls.Files{CA: "/p/ca.pem", Cert: "/p/c1.pem", Key: "/p/c1-key.pem"}) || !c.Insecure {

@@ -3,7 +3,6 @@ package fsm
 import (
 	"fmt"
 	"math"
-	"net/netip"
 	"net/url"
 	"regexp"
 	"slices"
@@ -12,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/internal/hostcheck"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -119,13 +119,18 @@ func ModelDefaults(m *llmgwv1.Model) *llmgwv1.Model {
 // ValidateModel checks a model on its own (no other state) and returns the
 // first problem as a *ValidationError naming the field. Call it on the result
 // of ModelDefaults: it does not assume defaults. It is what the entry points
-// run (llmgwctl, the AdminService on the leader): the model's shape and the
-// model policy (checkPolicy).
+// run (llmgwctl, the AdminService on the leader): the model's shape, the
+// rules that keep its values from becoming engine options and bound its
+// replica count (checkEntry), and the model policy (checkPolicy).
 func ValidateModel(m *llmgwv1.Model) error {
 	if err := validateShape(m); err != nil {
 		return err
 	}
-	return checkPolicy(m)
+	args, err := checkEntry(m)
+	if err != nil {
+		return err
+	}
+	return checkPolicy(m, args)
 }
 
 // validateApplied is what Apply runs on an UpsertModel entry: the shape
@@ -133,9 +138,9 @@ func ValidateModel(m *llmgwv1.Model) error {
 // may have committed, or a server replaying the log (after an upgrade, or
 // next to an older server in a mixed cluster) would refuse an entry the
 // others stored, and the replicas of the state would differ. A rule that was
-// added after the first release (the policy) therefore runs at the entry
-// points only; a model stored before it keeps running until it is applied
-// again.
+// added after the first release (checkEntry, the policy) therefore runs at
+// the entry points only; a model stored before it keeps running until it is
+// applied again.
 func validateApplied(m *llmgwv1.Model) error {
 	return validateShape(m)
 }
@@ -388,104 +393,17 @@ func checkZMQConnect(field, ep string) error {
 	return nil
 }
 
-// remoteCodeFlags are the engine flags that make the engine run code that
-// does not come with its image: whoever may apply a model could otherwise run
-// anything on a GPU node, with the node's credentials. Keyed by the flag's
-// name without its dashes, underscores spelled as dashes; the value is the
-// reason the error gives. The simulator takes vLLM's flags (design §8).
-//
-// The list is kept to the flags that run code from a model repository or a
-// file, or that hide flags from this check:
-//   - trust-remote-code: Transformers runs the repository's Python
-//     (modeling, configuration, tokenizer code).
-//   - tool-parser-plugin, reasoning-parser-plugin: vLLM imports the Python
-//     file at the given path, which may be one the model download wrote.
-//   - config: vLLM reads further flags from a YAML file, which would carry
-//     any of the above past this check.
-//
-// Left out on purpose: --worker-cls, --worker-extension-cls, --middleware
-// and --logits-processors import a class by its qualified name, so they reach
-// only code installed in the engine's image, which the operator chose;
-// --tokenizer-mode custom picks a tokenizer registered by such installed code;
-// --hf-overrides edits the model's config but runs its auto_map code only
-// together with --trust-remote-code. llama.cpp's server has no flag that
-// loads code (GGUF files are data, chat templates are interpreted), so it has
-// no entry.
-var remoteCodeFlags = map[string]map[string]string{
-	"vllm": vllmRemoteCodeFlags,
-	"sim":  vllmRemoteCodeFlags,
-}
-
-var vllmRemoteCodeFlags = map[string]string{
-	"trust-remote-code":       "runs code from the model repository",
-	"tool-parser-plugin":      "imports and runs a Python file",
-	"reasoning-parser-plugin": "imports and runs a Python file",
-	"config":                  "reads further engine flags from a file llmgw cannot check",
-}
-
-// vllmExactFlags are vLLM flags whose name is a prefix of a remoteCodeFlags
-// name: argparse takes an exact match over an abbreviation, so they are not
-// abbreviations of it.
-var vllmExactFlags = map[string]bool{"reasoning-parser": true}
-
-// remoteCodeFlag returns the remoteCodeFlags entry arg spells, if any. vLLM's
-// parser reads "_" as "-" in a flag's name, takes "--flag=value", and (as
-// argparse does) any unambiguous abbreviation of a flag, so each of those
-// spellings counts; "--no-trust-remote-code" turns the flag off and does not.
-func remoteCodeFlag(engine, arg string) (flag, why string, ok bool) {
-	name, found := strings.CutPrefix(arg, "--")
-	if !found {
-		return "", "", false
-	}
-	name, _, _ = strings.Cut(name, "=")
-	name = strings.ReplaceAll(name, "_", "-")
-	if name == "" || vllmExactFlags[name] {
-		return "", "", false
-	}
-	flags := remoteCodeFlags[engine]
-	if why, ok := flags[name]; ok {
-		return "--" + name, why, true
-	}
-	// An abbreviation: the prefix of a listed flag. Checked in a fixed order
-	// so the message does not depend on map order.
-	names := make([]string, 0, len(flags))
-	for f := range flags {
-		names = append(names, f)
-	}
-	slices.Sort(names)
-	for _, f := range names {
-		if strings.HasPrefix(f, name) {
-			return "--" + f, flags[f], true
-		}
-	}
-	return "", "", false
-}
-
-// metadataHosts are the names and addresses of cloud metadata services that
-// are not link-local: a request there reads the node's instance credentials.
-// (The link-local ones, 169.254.169.254 and fe80::a9fe:a9fe, are refused as
-// link-local.)
-var metadataHosts = map[string]string{
-	"metadata.google.internal":   "the GCE metadata service",
-	"metadata.goog":              "the GCE metadata service",
-	"metadata":                   "the GCE metadata service (through the node's search domain)",
-	"instance-data":              "the EC2 metadata service (through the node's search domain)",
-	"instance-data.ec2.internal": "the EC2 metadata service",
-	"fd00:ec2::254":              "the EC2 metadata service (IPv6)",
-	"100.100.100.200":            "the Alibaba Cloud metadata service",
-}
-
 // checkPolicy refuses what a model may do only when it says so explicitly:
 // engine flags that run code from outside the image (allow_remote_code) and
 // external endpoints on link-local or metadata addresses
 // (allow_link_local_endpoints). It runs at the entry points only
 // (validateApplied says why). Hosts are judged as written; nothing is
 // resolved, so fsm stays deterministic and off the network.
-func checkPolicy(m *llmgwv1.Model) error {
+func checkPolicy(m *llmgwv1.Model, args []EngineArg) error {
 	if !m.AllowRemoteCode {
-		for i, arg := range m.ExtraArgs {
-			if flag, why, ok := remoteCodeFlag(m.Engine, arg); ok {
-				return invalid(fmt.Sprintf("extra_args[%d]", i), "%s %s; set allow_remote_code: true to allow it", flag, why)
+		for _, a := range args {
+			if flag, why, ok := remoteCodeFlag(m.Engine, a); ok {
+				return invalid(fmt.Sprintf("extra_args[%d]", a.Index), "%s %s; set allow_remote_code: true to allow it", flag, why)
 			}
 		}
 	}
@@ -502,7 +420,7 @@ func checkPolicy(m *llmgwv1.Model) error {
 		if u.Hostname() == "" {
 			return invalid(field, "must name a host, got %q", e)
 		}
-		if why := internalHost(u.Hostname()); why != "" && !m.AllowLinkLocalEndpoints {
+		if why := hostcheck.Host(u.Hostname()); why != "" && !m.AllowLinkLocalEndpoints {
 			return invalid(field, "%q is %s; set allow_link_local_endpoints: true to allow it", u.Hostname(), why)
 		}
 		if err := routableEndpoint(field, u); err != nil {
@@ -524,7 +442,7 @@ func checkPolicy(m *llmgwv1.Model) error {
 				if !ok {
 					continue // validateKVEndpoints refused it already
 				}
-				if why := internalHost(host); why != "" {
+				if why := hostcheck.Host(host); why != "" {
 					return invalid(fmt.Sprintf("%s[%d]", list.key, i), "%q is %s; set allow_link_local_endpoints: true to allow it", host, why)
 				}
 			}
@@ -549,33 +467,4 @@ func routableEndpoint(field string, u *url.URL) error {
 		return invalid(field, "must be http://HOST:PORT without user, query or fragment, got %q", u.Redacted())
 	}
 	return nil
-}
-
-// internalHost says why host (as url.URL.Hostname returns it) is one an
-// external endpoint may not name without allow_link_local_endpoints, or "".
-func internalHost(host string) string {
-	h := strings.TrimSuffix(strings.ToLower(host), ".")
-	if why, ok := metadataHosts[h]; ok {
-		return why
-	}
-	if a, err := netip.ParseAddr(h); err == nil {
-		a = a.Unmap()
-		if why, ok := metadataHosts[a.WithZone("").String()]; ok {
-			return why
-		}
-		if a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() {
-			return "a link-local address, where cloud metadata services answer"
-		}
-		return ""
-	}
-	// A name whose last label is a number is no DNS name but another
-	// spelling of an IPv4 address ("2852039166", "0xa9fea9fe",
-	// "169.254.43518"), which some resolvers accept; only the dotted quad is
-	// judged above, so the others are refused.
-	labels := strings.Split(h, ".")
-	last := labels[len(labels)-1]
-	if last != "" && (strings.Trim(last, "0123456789") == "" || strings.HasPrefix(last, "0x")) {
-		return "not a dotted-quad IPv4 address but names one"
-	}
-	return ""
 }

@@ -15,13 +15,17 @@ func validModel() *llmgwv1.Model {
 	return &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "meta-llama/Llama-3.1-8B-Instruct", Replicas: 2}
 }
 
+// modelCase is one row of a ValidateModel table: a change to validModel
+// and the field its error names ("" = valid) with part of its reason.
+type modelCase struct {
+	name   string
+	mutate func(m *llmgwv1.Model)
+	field  string // "" = valid
+	reason string // substring of the reason
+}
+
 func TestValidateModel(t *testing.T) {
-	tests := []struct {
-		name   string
-		mutate func(m *llmgwv1.Model)
-		field  string // "" = valid
-		reason string // substring of the reason
-	}{
+	runModelCases(t, []modelCase{
 		{"valid", func(*llmgwv1.Model) {}, "", ""},
 		{"no name", func(m *llmgwv1.Model) { m.Name = "" }, "name", "required"},
 		{"upper-case name", func(m *llmgwv1.Model) { m.Name = "Demo" }, "name", "must match"},
@@ -105,7 +109,12 @@ func TestValidateModel(t *testing.T) {
 		{"external with gpus", func(m *llmgwv1.Model) {
 			m.Engine, m.Endpoints, m.GpusPerReplica = "external", []string{"http://x"}, 1
 		}, "gpus_per_replica", "must be 0"},
-	}
+	})
+}
+
+// runModelCases runs each case through ModelDefaults and ValidateModel.
+func runModelCases(t *testing.T, tests []modelCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			m := validModel()

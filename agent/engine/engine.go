@@ -115,6 +115,34 @@ func checkListen(s Spec) error {
 	return nil
 }
 
+// checkPositional refuses a positional argument an engine's parser would
+// read as an option: vLLM's argparse (and the simulator's flag parser) take
+// any item starting with "-" for one, so a model id "--trust-remote-code"
+// would turn that flag on (issue 26). fsm refuses such a model at apply; a
+// model stored before that rule must not slip through here.
+func checkPositional(engine, key, v string) error {
+	if strings.HasPrefix(v, "-") {
+		return fmt.Errorf("engine %s: %s %q starts with \"-\" and would be read as an option; apply the model again with an id or a path", engine, key, v)
+	}
+	return nil
+}
+
+// checkExtraArgs refuses extra_args whose first item is not an option (the
+// engine would read it as a positional argument) or that hold "--" (after
+// which the engine reads every item as one). fsm's ParseEngineArgs refuses
+// these and more at apply; the driver holds the two that could change what
+// the engine is told, for models stored before that rule.
+func checkExtraArgs(m *llmgwv1.Model) error {
+	extra := m.GetExtraArgs()
+	if len(extra) > 0 && !strings.HasPrefix(extra[0], "-") {
+		return fmt.Errorf("engine %s: extra_args[0] %q is not an option and would be read as a positional argument; apply the model again", m.GetEngine(), extra[0])
+	}
+	if i := slices.Index(extra, "--"); i >= 0 {
+		return fmt.Errorf("engine %s: extra_args[%d] is \"--\", after which every item would be read as a positional argument; apply the model again", m.GetEngine(), i)
+	}
+	return nil
+}
+
 func command(s Spec, def []string) []string {
 	if len(s.Command) > 0 {
 		return append([]string(nil), s.Command...)

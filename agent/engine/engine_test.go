@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -29,16 +30,16 @@ func TestPlan(t *testing.T) {
 		{
 			name:  "vllm plain",
 			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "meta-llama/Llama-3.1-8B-Instruct"},
-			wantArgv: []string{"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host", "10.0.0.5", "--port", "20000",
-				"--served-model-name", "demo", "--enable-prompt-tokens-details"},
+			wantArgv: []string{"vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details"},
 			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
 			wantAddr: "10.0.0.5:20000",
 		},
 		{
 			name:  "vllm embedding model: the pooling runner",
 			model: &llmgwv1.Model{Name: "emb", Engine: "vllm", Model: "BAAI/bge-small-en-v1.5", Task: "embed"},
-			wantArgv: []string{"vllm", "serve", "BAAI/bge-small-en-v1.5", "--host", "10.0.0.5", "--port", "20000",
-				"--served-model-name", "emb", "--enable-prompt-tokens-details", "--runner", "pooling"},
+			wantArgv: []string{"vllm", "serve", "BAAI/bge-small-en-v1.5", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=emb", "--enable-prompt-tokens-details", "--runner=pooling"},
 			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
 			wantAddr: "10.0.0.5:20000",
 		},
@@ -49,12 +50,12 @@ func TestPlan(t *testing.T) {
 				MaxLoraRank: 64, ExtraArgs: []string{"--max-num-seqs", "8"}},
 			command: []string{"/opt/vllm/bin/vllm"},
 			env:     map[string]string{"HF_HOME": "/data/hf"},
-			wantArgv: []string{"/opt/vllm/bin/vllm", "serve", "m", "--host", "10.0.0.5", "--port", "20000",
-				"--served-model-name", "demo", "--enable-prompt-tokens-details",
-				"--block-size", "32", "--prefix-caching-hash-algo", "sha256_cbor", "--kv-events-config", kvJSON,
-				"--enable-lora", "--max-loras", "2", "--max-lora-rank", "64",
-				"--lora-modules", "sql=/a/sql", `{"name":"odd","path":"/a/x,y","base_model_name":"m"}`,
-				"--max-num-seqs", "8"},
+			wantArgv: []string{"/opt/vllm/bin/vllm", "serve", "m", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details",
+				"--block-size=32", "--prefix-caching-hash-algo=sha256_cbor", "--kv-events-config=" + kvJSON,
+				"--enable-lora", "--max-loras=2", "--max-lora-rank=64",
+				"--max-num-seqs", "8",
+				"--lora-modules", "sql=/a/sql", `{"name":"odd","path":"/a/x,y","base_model_name":"m"}`},
 			wantEnv:  []string{"PYTHONHASHSEED=42", "CUDA_VISIBLE_DEVICES=2,3", "HF_HOME=/data/hf"},
 			wantAddr: "10.0.0.5:20000",
 		},
@@ -62,18 +63,18 @@ func TestPlan(t *testing.T) {
 			name: "vllm runtime adapters and default kv settings",
 			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", KvEvents: true,
 				Adapters: []*llmgwv1.Adapter{{Name: "a", Path: "/a"}, {Name: "b", Path: "/b"}}, MaxLoadedAdapters: 1},
-			wantArgv: []string{"vllm", "serve", "m", "--host", "10.0.0.5", "--port", "20000",
-				"--served-model-name", "demo", "--enable-prompt-tokens-details",
-				"--block-size", "16", "--prefix-caching-hash-algo", "sha256_cbor", "--kv-events-config", kvJSON,
-				"--enable-lora", "--max-loras", "1"},
+			wantArgv: []string{"vllm", "serve", "m", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details",
+				"--block-size=16", "--prefix-caching-hash-algo=sha256_cbor", "--kv-events-config=" + kvJSON,
+				"--enable-lora", "--max-loras=1"},
 			wantEnv:  []string{"PYTHONHASHSEED=0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true", "CUDA_VISIBLE_DEVICES=2,3"},
 			wantAddr: "10.0.0.5:20000",
 		},
 		{
 			name:  "sim defaults to this executable",
 			model: &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "m"},
-			wantArgv: []string{self, "sim", "serve", "m", "--host", "10.0.0.5", "--port", "20000",
-				"--served-model-name", "demo", "--enable-prompt-tokens-details"},
+			wantArgv: []string{self, "sim", "serve", "m", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details"},
 			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
 			wantAddr: "10.0.0.5:20000",
 		},
@@ -127,6 +128,14 @@ func TestPlanRejects(t *testing.T) {
 		{"external replica of another endpoint", Spec{Replica: &llmgwv1.Replica{Id: "e-0", Endpoint: "http://b:1"}, Model: &llmgwv1.Model{Engine: "external", Endpoints: []string{"http://a:1"}}}, nil},
 		{"external bad endpoint", Spec{Replica: &llmgwv1.Replica{Id: "e-0", Endpoint: "http://"}, Model: &llmgwv1.Model{Engine: "external", Endpoints: []string{"http://"}}}, nil},
 		{"no model", Spec{Replica: rep}, nil},
+		// Issue 26: a model stored before fsm refused these must not reach
+		// the engine as options.
+		{"vllm model read as a flag", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm", Model: "--trust-remote-code"}, Host: "h", Port: 1}, nil},
+		{"sim model read as a flag", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "sim", Model: "-x"}, Host: "h", Port: 1}, nil},
+		{"vllm extra value taken for a LoRA module", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm", Model: "m", ExtraArgs: []string{"evil=/tmp/x"},
+			Adapters: []*llmgwv1.Adapter{{Name: "a", Path: "/a"}}}, Host: "h", Port: 1}, nil},
+		{"vllm extra args after --", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "vllm", Model: "m", ExtraArgs: []string{"--enforce-eager", "--", "x"}}, Host: "h", Port: 1}, nil},
+		{"llamacpp extra value first", Spec{Replica: rep, Model: &llmgwv1.Model{Engine: "llamacpp", Model: "m", ExtraArgs: []string{"x"}}, Host: "h", Port: 1}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -168,6 +177,7 @@ func FuzzPlan(f *testing.F) {
 	f.Add("external", "", "10.0.0.1:8000/", "demo-x", uint32(0), "", "")
 	f.Add("external", "", "http://[::1", "demo-9999999999999999999", uint32(0), "", "")
 	f.Add("llamacpp", "/m.gguf", "", "a-1", uint32(0), "a=b", "/x")
+	f.Add("vllm", "--trust-remote-code", "", "a-1", uint32(0), "", "")
 	f.Fuzz(func(t *testing.T, eng, model, endpoint, id string, bs uint32, adName, adPath string) {
 		m := &llmgwv1.Model{Name: "demo", Engine: eng, Model: model, Endpoints: []string{endpoint},
 			KvEvents: bs%2 == 1, BlockSize: bs, Adapters: []*llmgwv1.Adapter{{Name: adName, Path: adPath}}}
@@ -178,6 +188,11 @@ func FuzzPlan(f *testing.F) {
 		}
 		if l.Address == "" || l.HealthURL == "" {
 			t.Fatalf("launch without address or probe: %+v", l)
+		}
+		// The one positional argument vLLM's parser reads, the model,
+		// never passes for an option (issue 26).
+		if i := slices.Index(l.Argv, "serve"); i >= 0 && strings.HasPrefix(l.Argv[i+1], "-") {
+			t.Fatalf("model %q placed where vLLM reads an option: %q", model, l.Argv)
 		}
 	})
 }

@@ -20,17 +20,33 @@ type kvEventsConfig struct {
 
 // planVLLM builds `vllm serve` (or the simulator, which takes the same
 // flags) exactly as design §6 lists it.
+//
+// No value of the model can become an option (issue 26): every option the
+// driver sets carries its value after "=", which argparse never reads as
+// another option; the model id, the one positional argument, is refused if
+// it starts with "-" (vLLM would read "--trust-remote-code" as that flag);
+// the operator's extra_args, options by intent, come after the driver's own
+// and must start with an option; and --lora-modules, which takes every item
+// up to the next option, comes last, so an extra value cannot pass for one
+// more LoRA module. fsm refuses all of this when a model is applied; the
+// driver holds it again for models stored before that rule.
 func planVLLM(s Spec, def []string) (Launch, error) {
 	if err := checkListen(s); err != nil {
 		return Launch{}, err
 	}
 	m := s.Model
+	if err := checkPositional(m.GetEngine(), "model", m.GetModel()); err != nil {
+		return Launch{}, err
+	}
+	if err := checkExtraArgs(m); err != nil {
+		return Launch{}, err
+	}
 	addr, health := httpAddr(s)
 	argv := command(s, def)
 	argv = append(argv, "serve", m.GetModel(),
-		"--host", s.Host,
-		"--port", strconv.Itoa(s.Port),
-		"--served-model-name", m.GetName(),
+		"--host="+s.Host,
+		"--port="+strconv.Itoa(s.Port),
+		"--served-model-name="+m.GetName(),
 		// Without it vLLM reports no cached_tokens, and routing quality
 		// cannot be measured.
 		"--enable-prompt-tokens-details",
@@ -39,7 +55,7 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 		// vLLM serves /v1/embeddings only from its pooling runner
 		// (`--runner pooling`, vLLM ≥ 0.10; older releases spelt it
 		// --task embed), and then no completions (design §7.1).
-		argv = append(argv, "--runner", "pooling")
+		argv = append(argv, "--runner=pooling")
 	}
 	var env []string
 	if m.GetKvEvents() {
@@ -65,27 +81,30 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 			return Launch{}, fmt.Errorf("engine %s: kv events config: %w", m.GetEngine(), err)
 		}
 		argv = append(argv,
-			"--block-size", strconv.FormatUint(uint64(bs), 10),
-			"--prefix-caching-hash-algo", "sha256_cbor",
-			"--kv-events-config", string(cfg))
+			"--block-size="+strconv.FormatUint(uint64(bs), 10),
+			"--prefix-caching-hash-algo=sha256_cbor",
+			"--kv-events-config="+string(cfg))
 		// Without a fixed seed vLLM draws the root hash at random per
 		// process and no router could reproduce a block hash.
 		env = append(env, "PYTHONHASHSEED="+seed)
 	}
+	var loraModules []string
 	if ads := m.GetAdapters(); len(ads) > 0 {
 		maxLoras := len(ads)
 		if n := m.GetMaxLoadedAdapters(); n > 0 {
 			maxLoras = int(n)
 		}
-		argv = append(argv, "--enable-lora", "--max-loras", strconv.Itoa(maxLoras))
+		argv = append(argv, "--enable-lora", "--max-loras="+strconv.Itoa(maxLoras))
 		if r := m.GetMaxLoraRank(); r > 0 {
-			argv = append(argv, "--max-lora-rank", strconv.FormatUint(uint64(r), 10))
+			argv = append(argv, "--max-lora-rank="+strconv.FormatUint(uint64(r), 10))
 		}
 		if m.GetMaxLoadedAdapters() == 0 {
-			// Every adapter registered at start (design §7.6).
-			argv = append(argv, "--lora-modules")
+			// Every adapter registered at start (design §7.6). Each item
+			// starts with the adapter's name (a DNS-label-like name, fsm)
+			// or "{": never "-".
+			loraModules = append(loraModules, "--lora-modules")
 			for _, a := range ads {
-				argv = append(argv, loraModule(a.GetName(), a.GetPath(), m.GetModel()))
+				loraModules = append(loraModules, loraModule(a.GetName(), a.GetPath(), m.GetModel()))
 			}
 		} else {
 			// At most N held: the agent loads them at run time as
@@ -94,6 +113,7 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 		}
 	}
 	argv = append(argv, m.GetExtraArgs()...)
+	argv = append(argv, loraModules...)
 	return Launch{Argv: argv, Env: commonEnv(s, env), Address: addr, HealthURL: health}, nil
 }
 

@@ -2,8 +2,12 @@ package kv
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -85,5 +89,57 @@ func TestListenerConnects(t *testing.T) {
 	h.converged(t)
 	if got, _, _ := hub.Blocks("demo-0"); slices.Contains(got, a[0].Uint64()) {
 		t.Error("the old process's blocks outlived its restart")
+	}
+}
+
+// TestListenerDialsThroughConfig: every TCP connection a connecting
+// listener makes — to the engine's publisher and to its replay socket —
+// goes through ListenerConfig.Dial, which for an external engine is the
+// agent's endpoint guard (design §6 "External engines"), and a refused
+// dial leaves the listener unconnected.
+func TestListenerDialsThroughConfig(t *testing.T) {
+	for _, refuse := range []bool{false, true} {
+		hub, err := NewHub(quiet, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		eng, replay := newFakeEngine(t, 1000, vllm.EncodingMap, true, false)
+		_ = eng.pub.Close()
+		pubEP := eng.bindPub("127.0.0.1:0")
+		var mu sync.Mutex
+		var dialed []string
+		cfg := DefaultListenerConfig()
+		cfg.ReplicaID, cfg.UID, cfg.Endpoint, cfg.ReplayEndpoint, cfg.Topic, cfg.BlockSize = "ext-0", 7, pubEP, replay, "kv", testBS
+		cfg.Connect, cfg.CatchUp = true, true
+		cfg.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			mu.Lock()
+			dialed = append(dialed, addr)
+			mu.Unlock()
+			if refuse {
+				return nil, errors.New("refused by the test")
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}
+		l, err := hub.Listen(cfg, quiet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := func(ep string) func() bool {
+			return func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return slices.Contains(dialed, strings.TrimPrefix(ep, "tcp://"))
+			}
+		}
+		testkit.Wait(t, "the publisher dialed through Config.Dial", seen(pubEP))
+		testkit.Wait(t, "the replay socket dialed through Config.Dial", seen(replay))
+		if refuse && eng.subscribed() {
+			t.Error("a refused dial connected the listener")
+		}
+		if !refuse {
+			testkit.Wait(t, "the listener to subscribe", eng.subscribed)
+		}
+		l.Close()
 	}
 }

@@ -62,6 +62,12 @@ type ListenerConfig struct {
 	// frame's length and a message's total. A peer that declares more
 	// loses its connection before zmq4 allocates anything (package zmtp).
 	MaxMessageBytes uint64
+	// Dial, if set, makes the sockets' TCP connections (the publisher's
+	// with Connect, and the replay socket's): for an external engine, the
+	// agent's endpoint guard, which resolves the engine's host and refuses
+	// an address the model policy refuses each time it connects (design §6
+	// "External engines"). Nil dials directly.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // DefaultListenerConfig has vLLM's defaults (topic "", block size 16) and
@@ -252,7 +258,7 @@ func (l *Listener) Close() {
 // or whatever else connects to the SUB's port or listens on the replay
 // port (design §6: both stay on loopback, which bounds who, not what).
 func (l *Listener) policy(peers ...zmq4.SocketType) zmtp.Policy {
-	return zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Refused: func(remote net.Addr, err error) {
+	return zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Dial: l.cfg.Dial, Refused: func(remote net.Addr, err error) {
 		l.hub.metrics.framesRefused.Inc()
 		l.log.Warn("kv socket: peer refused, connection closed", "remote", remote.String(), "err", err)
 	}}

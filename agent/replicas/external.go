@@ -1,16 +1,26 @@
 package replicas
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/llmgw/llmgw/agent/datadir"
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/kv"
+	"github.com/llmgw/llmgw/internal/hostcheck"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -27,10 +37,12 @@ import (
 
 // connectKV connects the KV listener of an external replica to its
 // engine's publisher: the model's kv_events_publishers and
-// kv_events_replay entries at the index of the replica's endpoint. Like
-// listenKV it returns nil, logged, when it cannot: routers then use tier 1
-// for the replica.
-func (rs *Set) connectKV(rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
+// kv_events_replay entries at the index of the replica's endpoint, each
+// connection through the replica's endpoint guard. Like listenKV it
+// returns nil, logged, when it cannot: routers then use tier 1 for the
+// replica.
+func (rs *Set) connectKV(r *runner) *kv.Listener {
+	rep, model := r.replica, r.model
 	i := slices.Index(model.GetEndpoints(), rep.GetEndpoint())
 	if i < 0 || i >= len(model.GetKvEventsPublishers()) {
 		rs.log.Warn("kv_events model without a publisher for this endpoint; routers use tier 1 for it",
@@ -40,6 +52,7 @@ func (rs *Set) connectKV(rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listene
 	cfg := kv.DefaultListenerConfig()
 	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), model.GetKvEventsTopic()
 	cfg.Endpoint, cfg.Connect = model.GetKvEventsPublishers()[i], true
+	cfg.Dial = r.guard.DialContext
 	// The engine was running before this listener, whatever it is: the
 	// mirror starts with a replay from seq 0 (untrusted if the engine's
 	// buffer no longer holds it).
@@ -112,4 +125,165 @@ func (rs *Set) dropExternal(id string) {
 	if err := os.Remove(rs.externalPath(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		rs.log.Warn("removing an external replica's record", "replica", id, "err", err)
 	}
+}
+
+// Resolver resolves the host names of external engines' endpoints; a
+// *net.Resolver is one (net.DefaultResolver unless Config.Resolver says
+// otherwise, which is how tests resolve names without a DNS server).
+type Resolver interface {
+	LookupNetIP(ctx context.Context, network, host string) ([]netip.Addr, error)
+}
+
+// DialFunc makes a TCP connection, as net.Dialer.DialContext does.
+type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// ErrEndpointRefused is what a connection to an external engine fails
+// with when its host names, or resolves to, an address the model policy
+// refuses.
+var ErrEndpointRefused = errors.New("external endpoint refused")
+
+// endpointGuard makes every connection the agent opens to one external
+// replica's engine: the probes, the load reads, the KV-event sockets
+// (design §6 "External engines"). The control plane checks a model's
+// endpoints as written when it is applied, without resolving them (fsm
+// stays off the network), so a name that passed then may resolve
+// anywhere later — a DNS record changed, or rebinding. The guard therefore
+// resolves the host itself at each connection, refuses the whole answer if
+// any address is one the policy refuses (link-local, a cloud metadata
+// service: hostcheck, the rules fsm applies) unless the model sets
+// allow_link_local_endpoints, and connects to the addresses it checked,
+// never to the name, so no second lookup can answer otherwise.
+type endpointGuard struct {
+	resolver Resolver
+	dial     DialFunc
+	allow    bool
+	log      *slog.Logger
+	refused  prometheus.Counter
+
+	mu sync.Mutex
+	// lastRefusal is the refusal logged last: one that repeats at every
+	// probe is logged once, until the endpoint connects or is refused for
+	// another reason.
+	lastRefusal string
+}
+
+// externalDialTimeout bounds one connection attempt of the guard's own
+// dialer; the callers' contexts and timeouts bound the rest.
+const externalDialTimeout = 10 * time.Second
+
+// newGuard returns the guard of an external replica of model.
+func (rs *Set) newGuard(rep *llmgwv1.Replica, model *llmgwv1.Model) *endpointGuard {
+	g := &endpointGuard{resolver: rs.cfg.Resolver, dial: rs.cfg.Dial, allow: model.GetAllowLinkLocalEndpoints(),
+		log: rs.log.With("replica", rep.GetId(), "model", rep.GetModel()), refused: rs.metrics.externalRefused}
+	if g.resolver == nil {
+		g.resolver = net.DefaultResolver
+	}
+	if g.dial == nil {
+		g.dial = (&net.Dialer{Timeout: externalDialTimeout}).DialContext
+	}
+	return g
+}
+
+// DialContext connects to addr (host:port) as the guard allows.
+func (g *endpointGuard) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := g.resolve(ctx, network, host)
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, a := range addrs {
+		c, err := g.dial(ctx, network, net.JoinHostPort(a.String(), port))
+		if err == nil {
+			g.mu.Lock()
+			g.lastRefusal = ""
+			g.mu.Unlock()
+			return c, nil
+		}
+		errs = append(errs, err)
+	}
+	return nil, errors.Join(errs...)
+}
+
+// resolve returns the addresses host may be reached at, checked.
+func (g *endpointGuard) resolve(ctx context.Context, network, host string) ([]netip.Addr, error) {
+	if !g.allow {
+		if why := hostcheck.Host(host); why != "" {
+			return nil, g.refuse(fmt.Errorf("%w: host %q is %s; set allow_link_local_endpoints: true to allow it", ErrEndpointRefused, host, why))
+		}
+	}
+	var addrs []netip.Addr
+	if a, err := netip.ParseAddr(host); err == nil {
+		addrs = []netip.Addr{a}
+	} else {
+		ipNet := "ip"
+		switch network {
+		case "tcp4":
+			ipNet = "ip4"
+		case "tcp6":
+			ipNet = "ip6"
+		}
+		if addrs, err = g.resolver.LookupNetIP(ctx, ipNet, host); err != nil {
+			return nil, fmt.Errorf("resolving external endpoint host %q: %w", host, err)
+		}
+		if len(addrs) == 0 {
+			return nil, fmt.Errorf("resolving external endpoint host %q: no address", host)
+		}
+	}
+	if g.allow {
+		return addrs, nil
+	}
+	for _, a := range addrs {
+		if why := hostcheck.Addr(a); why != "" {
+			return nil, g.refuse(fmt.Errorf("%w: host %q resolves to %s, %s; set allow_link_local_endpoints: true to allow it",
+				ErrEndpointRefused, host, a, why))
+		}
+	}
+	return addrs, nil
+}
+
+// refuse counts and logs a refusal (once while it repeats) and returns it.
+func (g *endpointGuard) refuse(err error) error {
+	g.refused.Inc()
+	g.mu.Lock()
+	repeat := g.lastRefusal == err.Error()
+	g.lastRefusal = err.Error()
+	g.mu.Unlock()
+	if !repeat {
+		g.log.Warn("connection to an external engine refused", "err", err)
+	}
+	return err
+}
+
+// DialEngine makes the load reader's connections to the node's engines
+// (design §6 "Load snapshots"): through the endpoint guard of the external
+// replica whose address addr is — the strictest, should two models name
+// the same engine — and directly to an engine llmgw runs.
+func (rs *Set) DialEngine(ctx context.Context, network, addr string) (net.Conn, error) {
+	if g := rs.guardAt(addr); g != nil {
+		return g.DialContext(ctx, network, addr)
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, network, addr)
+}
+
+func (rs *Set) guardAt(addr string) *endpointGuard {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var found *endpointGuard
+	for _, r := range rs.running {
+		if r.guard == nil {
+			continue
+		}
+		r.mu.Lock()
+		at := r.launch.Address
+		r.mu.Unlock()
+		if at == addr && (found == nil || found.allow) {
+			found = r.guard
+		}
+	}
+	return found
 }

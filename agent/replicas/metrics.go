@@ -15,6 +15,7 @@ type metrics struct {
 	adoptions       *prometheus.CounterVec
 	drains          *prometheus.CounterVec
 	drainSeconds    prometheus.Histogram
+	externalRefused prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -33,8 +34,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Draining replicas' engines stopped, by why: idle, not_serving, timeout."}, []string{"result"}),
 		drainSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "llmgw_agent_drain_seconds",
 			Help: "Time from seeing a replica draining to its engine stopped.", Buckets: prometheus.ExponentialBuckets(0.25, 2, 12)}),
+		externalRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_external_refused_dials_total",
+			Help: "Connections to external engines refused because the endpoint's host named or resolved to an address the model policy refuses."}),
 	}
-	for _, c := range []prometheus.Collector{m.drains, m.drainSeconds, m.desired, m.desiredRevision, m.phase, m.restarts, m.adoptions} {
+	for _, c := range []prometheus.Collector{m.drains, m.drainSeconds, m.desired, m.desiredRevision, m.phase, m.restarts, m.adoptions, m.externalRefused} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

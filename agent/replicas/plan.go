@@ -8,7 +8,6 @@ import (
 
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/agent/kv"
-	"github.com/llmgw/llmgw/agent/supervisor"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -21,7 +20,8 @@ import (
 // engine's replay socket on the batches published while no agent listened
 // (design §6 "KV events"). The launch is the one the engine was started with,
 // since drivers are pure; it is used should the engine need a restart.
-func (rs *Set) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *supervisor.Adoption) (launch engine.Launch, ports map[string]int, kvl *kv.Listener, err error) {
+func (rs *Set) plan(r *runner) (launch engine.Launch, ports map[string]int, kvl *kv.Listener, err error) {
+	rep, model, adopted := r.replica, r.model, r.adopted
 	if model == nil {
 		return engine.Launch{}, nil, nil, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
 	}
@@ -43,7 +43,7 @@ func (rs *Set) plan(rep *llmgwv1.Replica, model *llmgwv1.Model, adopted *supervi
 	}
 	if model.GetEngine() == engine.External {
 		if model.GetKvEvents() {
-			kvl = rs.connectKV(rep, model)
+			kvl = rs.connectKV(r)
 		}
 	} else {
 		if spec.Port, err = port("http", rs.cfg.AdvertiseAddr); err != nil {

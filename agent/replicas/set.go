@@ -54,6 +54,12 @@ type Config struct {
 	// KVMaxFrameBytes caps the KV-event sockets' frames; 0 keeps the
 	// listener's default.
 	KVMaxFrameBytes uint64
+	// Resolver resolves external engines' host names at each connection
+	// (external.go); nil is net.DefaultResolver.
+	Resolver Resolver
+	// Dial connects to the addresses an external engine's guard checked;
+	// nil is a net.Dialer. Tests set it so nothing leaves loopback.
+	Dial DialFunc
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -190,6 +196,10 @@ type runner struct {
 	// recordedIncarnation is the incarnation of an external replica its
 	// record holds (external.go).
 	recordedIncarnation uint64
+	// guard makes every connection to an external replica's engine
+	// (external.go); nil for an engine llmgw runs. Set before the runner
+	// starts, never changed.
+	guard *endpointGuard
 }
 
 func (r *runner) supervisor() *supervisor.Supervisor {
@@ -291,6 +301,9 @@ func (rs *Set) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *run
 	ctx, cancel := context.WithCancel(rs.ctx)
 	r := &runner{replica: rep, model: model, ctx: ctx, cancel: cancel, done: make(chan struct{}), adopted: adopt,
 		undrain: func() {}}
+	if r.isExternal() {
+		r.guard = rs.newGuard(rep, model)
+	}
 	rs.running[rep.GetId()] = r
 	rs.wg.Add(1)
 	go func() {
@@ -381,7 +394,7 @@ func (rs *Set) run(ctx context.Context, r *runner) {
 	rep := r.replica
 	log := rs.log.With("replica", rep.GetId(), "model", rep.GetModel())
 	report := rs.reporter(r)
-	launch, ports, kvl, err := rs.plan(rep, r.model, r.adopted)
+	launch, ports, kvl, err := rs.plan(r)
 	r.mu.Lock()
 	r.launch, r.ports = launch, ports
 	r.mu.Unlock()
@@ -413,6 +426,7 @@ func (rs *Set) run(ctx context.Context, r *runner) {
 	sc.Adopt = r.adopted
 	if r.isExternal() {
 		sc.FirstIncarnation = rs.nextExternalIncarnation(rep)
+		sc.Dial = r.guard.DialContext
 	}
 	sup := supervisor.New(sc, report, rs.log)
 	r.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -70,6 +71,11 @@ type Config struct {
 	// Adopt, when set, is a running engine to watch before starting any
 	// (design §6 "Engines outlive the agent"); a gone one is replaced at once.
 	Adopt *Adoption
+	// Dial, if set, makes the probes' connections: for an engine llmgw
+	// does not run, the agent's endpoint guard, which resolves its host and
+	// refuses an address the model policy refuses each time it connects
+	// (design §6 "External engines"). Nil dials directly.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -139,7 +145,7 @@ func New(cfg Config, report Reporter, logger *slog.Logger) *Supervisor {
 		log:    logger.With("replica", cfg.ReplicaID, "model", cfg.Model),
 		// Probes must not reuse connections across engine restarts: a kept-
 		// alive connection to a dead engine would fail the first probe.
-		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true}},
+		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cfg.Dial}},
 		ring:   newLogRing(cfg.LogLines),
 	}
 }

@@ -1,22 +1,21 @@
 package main
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"strings"
-
-	"go.yaml.in/yaml/v3"
 
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/configfile"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
 // modelFile is the YAML an operator writes for `llmgwctl model apply -f`.
 // Integers are decoded as int so a negative or huge value gets an error that
-// names the field instead of YAML's type complaint.
+// names the field instead of YAML's type complaint; a fraction or an
+// exponent (replicas: 1.5, 1e9) is refused by configfile.Strict, where
+// yaml.v3 alone would truncate it.
 type modelFile struct {
 	Name              string            `yaml:"name"`
 	Engine            string            `yaml:"engine"`
@@ -65,26 +64,27 @@ type adapterFile struct {
 }
 
 // parseModelFile decodes one model strictly (an unknown key is an error, as
-// is a second document), fills the defaults and validates it with the same
-// pure code the control plane runs, so a bad file is refused before anything
-// is written and the error names the field.
+// is a second document, a value of the wrong type or a fraction where a
+// count belongs, each named by its key: configfile.Strict), fills the
+// defaults and validates it with the same pure code the control plane runs,
+// so a bad file is refused before anything is written and the error names
+// the field.
 func parseModelFile(r io.Reader) (*llmgwv1.Model, error) {
-	data, err := io.ReadAll(r)
+	data, err := io.ReadAll(io.LimitReader(r, configfile.MaxSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("read model file: %w", err)
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	var f modelFile
-	if err := dec.Decode(&f); err != nil {
-		if errors.Is(err, io.EOF) {
-			return nil, errors.New("model file is empty")
-		}
-		return nil, fmt.Errorf("model file: %s", nameFields(err, data))
+	if len(data) > configfile.MaxSize {
+		return nil, fmt.Errorf("model file: larger than %d bytes", configfile.MaxSize)
 	}
-	var extra any
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+	var f modelFile
+	switch err := configfile.Strict(data, &f); {
+	case errors.Is(err, configfile.ErrEmpty):
+		return nil, errors.New("model file is empty")
+	case errors.Is(err, configfile.ErrSecondDocument):
 		return nil, errors.New("model file: holds more than one document; apply one model per file")
+	case err != nil:
+		return nil, fmt.Errorf("model file: %w", err)
 	}
 	m, err := f.toProto()
 	if err != nil {
@@ -162,27 +162,4 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 		}
 	}
 	return m, nil
-}
-
-// nameFields rewrites YAML's type errors ("line 4: cannot unmarshal !!str
-// `two` into int") to lead with the key on that line, so every error an
-// operator sees names the field at fault.
-func nameFields(err error, data []byte) string {
-	var te *yaml.TypeError
-	if !errors.As(err, &te) {
-		return strings.TrimPrefix(err.Error(), "yaml: ")
-	}
-	lines := strings.Split(string(data), "\n")
-	msgs := make([]string, 0, len(te.Errors))
-	for _, e := range te.Errors {
-		var n int
-		if _, scanErr := fmt.Sscanf(e, "line %d:", &n); scanErr == nil && n >= 1 && n <= len(lines) {
-			key, _, ok := strings.Cut(strings.TrimLeft(lines[n-1], " -"), ":")
-			if ok && key != "" {
-				e = key + ": " + e
-			}
-		}
-		msgs = append(msgs, e)
-	}
-	return strings.Join(msgs, "; ")
 }

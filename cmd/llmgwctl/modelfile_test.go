@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/llmgw/llmgw/fsm"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -24,7 +26,18 @@ func TestParseModelFile(t *testing.T) {
 		{"bad name", "name: Demo_1\nengine: sim\nmodel: m\n", "name:"},
 		{"bad profile", "name: demo\nengine: sim\nmodel: m\nprofile: fast\n", "profile:"},
 		{"hash seed out of range", "name: demo\nengine: vllm\nmodel: m\nkv_events: true\nhash_seed: \"4294967296\"\n", "hash_seed:"},
-		{"wrong type", "name: demo\nengine: sim\nmodel: m\nreplicas: two\n", "replicas"},
+		{"wrong type", "name: demo\nengine: sim\nmodel: m\nreplicas: two\n", "replicas: line 4: cannot unmarshal"},
+		// Issue 26: nothing an engine would read as an option, and no
+		// replica count YAML would truncate or no cluster could place.
+		{"replicas a fraction", "name: demo\nengine: sim\nmodel: m\nreplicas: 1.5\n", "replicas: line 4: must be a whole number, got 1.5"},
+		{"replicas an exponent", "name: demo\nengine: sim\nmodel: m\nreplicas: 1e9\n", "replicas: line 4: must be a whole number, got 1e9"},
+		{"replicas a billion", "name: demo\nengine: sim\nmodel: m\nreplicas: 1000000000\n", "replicas: must be at most 4096"},
+		{"gpus a fraction", "name: demo\nengine: sim\nmodel: m\ngpus_per_replica: 0.5\n", "gpus_per_replica: line 4: must be a whole number"},
+		{"model read as a flag", "name: demo\nengine: vllm\nmodel: \"--trust-remote-code\"\n", `model: must not start with "-"`},
+		{"adapter named as a flag", "name: demo\nengine: vllm\nmodel: m\nadapters:\n  - {name: \"-x\", path: /a}\n", "adapters[0].name: must match"},
+		{"adapter path read as a flag", "name: demo\nengine: vllm\nmodel: m\nadapters:\n  - {name: x, path: \"--trust-remote-code\"}\n", `adapters[0].path: must not start with "-"`},
+		{"remote code spelt otherwise", "name: demo\nengine: vllm\nmodel: m\nextra_args: [\"--trust_remote_code=true\"]\n", "extra_args[0]: --trust-remote-code runs code"},
+		{"a LoRA module smuggled into extra_args", "name: demo\nengine: vllm\nmodel: m\nextra_args: [\"x=/tmp/evil\"]\n", "extra_args[0]: \"x=/tmp/evil\" is not an option"},
 		{"two documents", "name: a\nengine: sim\nmodel: m\n---\nname: b\n", "more than one document"},
 		{"empty", "", "empty"},
 		{"not yaml", "{{{", "model file"},
@@ -62,4 +75,25 @@ func TestParseModelFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzParseModelFile feeds the model file (outside input). It must not
+// panic, and what it accepts is a model the control plane's own validation
+// accepts, with its values where no engine reads an option (issue 26).
+func FuzzParseModelFile(f *testing.F) {
+	f.Add("name: demo\nengine: vllm\nmodel: m\nreplicas: 2\nextra_args: [--max-num-seqs, \"8\"]\n")
+	f.Add("name: demo\nengine: vllm\nmodel: \"--trust-remote-code\"\nreplicas: 1.5\n")
+	f.Add("name: demo\nengine: vllm\nmodel: m\nadapters: [{name: a, path: /a}]\nreplicas: 1e9\n")
+	f.Fuzz(func(t *testing.T, doc string) {
+		m, err := parseModelFile(strings.NewReader(doc))
+		if err != nil {
+			return
+		}
+		if err := fsm.ValidateModel(m); err != nil {
+			t.Fatalf("accepted a model validation refuses: %v", err)
+		}
+		if strings.HasPrefix(m.Model, "-") || m.Replicas > fsm.MaxReplicas {
+			t.Fatalf("accepted %v", m)
+		}
+	})
 }

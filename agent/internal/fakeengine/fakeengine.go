@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -116,8 +117,13 @@ func run(path string) int {
 	return 0
 }
 
+// flag reads an option's value as vLLM does: "--name value" or
+// "--name=value" (the drivers write the second, issue 26).
 func flag(name string) string {
 	for i, a := range os.Args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
 		if a == name && i+1 < len(os.Args) {
 			return os.Args[i+1]
 		}

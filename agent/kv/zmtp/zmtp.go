@@ -85,6 +85,11 @@ type Policy struct {
 	// whose batches sent while it had no peer went to no one. It runs on
 	// zmq4's goroutine: keep it short.
 	Handshaken func(remote net.Addr)
+	// Dial, if set, makes a dialing socket's TCP connections instead of
+	// zmq4's dialer, so the caller decides which addresses a name may
+	// reach (the agent's guard for external engines). It runs on zmq4's
+	// dialing goroutine.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (p Policy) withDefaults() Policy {
@@ -137,11 +142,16 @@ type tcpTransport struct{}
 var plainTCP = transport.New("tcp")
 
 func (tcpTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
-	c, err := d.DialContext(ctx, "tcp", addr)
+	p := policyFrom(ctx)
+	dial := d.DialContext
+	if p.Dial != nil {
+		dial = p.Dial
+	}
+	c, err := dial(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	return Guard(c, policyFrom(ctx)), nil
+	return Guard(c, p), nil
 }
 
 func (tcpTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
