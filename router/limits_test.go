@@ -38,6 +38,7 @@ func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) st
 	cfg.ID = "r-test"
 	cfg.Control = []string{control(t, strings.TrimPrefix(eng.URL, "http://"))}
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.OpsAddr = "127.0.0.1:0"
 	cfg.ScrapeInterval = 20 * time.Millisecond
 	mutate(&cfg)
 	r, err := New(cfg, slog.New(slog.DiscardHandler))

@@ -78,6 +78,7 @@ func TestHTTPS(t *testing.T) {
 	files := issue()
 	c := DefaultConfig()
 	c.Control = []string{control(t, "127.0.0.1:1")}
+	c.OpsAddr = "127.0.0.1:0"
 	c.HTTPSCert, c.HTTPSKey = files.Cert, files.Key
 	r, err := New(c, slog.New(slog.DiscardHandler))
 	if err != nil {
