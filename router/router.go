@@ -334,7 +334,11 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	// The API port serves the API alone; /metrics, /sd/replicas and
 	// /debug/... are the operations port's (ops.go) and 404 here.
 	r.mux = http.NewServeMux()
-	r.mux.Handle("/", r.handler)
+	if https != nil {
+		r.mux.Handle("/", closeChunked(r.handler)) // framing.go
+	} else {
+		r.mux.Handle("/", r.handler)
+	}
 	return r, nil
 }
 
@@ -478,6 +482,10 @@ func (r *Router) Run(ctx context.Context) error {
 //     to the end;
 //  6. the operations port.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
+	if r.https == nil {
+		// Requests framed two ways are refused below the server (framing.go).
+		ln = framingListener{Listener: ln, maxHeader: r.cfg.MaxHeaderBytes}
+	}
 	var ops *opsServer
 	if r.cfg.OpsAddr != "" {
 		var err error
