@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -207,23 +208,12 @@ func TestCloseChunked(t *testing.T) {
 		te   []string
 		want string
 	}{{nil, ""}, {[]string{"chunked"}, "close"}} {
-		req := httptestRequest(tt.te)
-		w := &headerRecorder{h: http.Header{}}
+		req := httptest.NewRequest(http.MethodPost, "https://r/v1/completions", strings.NewReader("{}"))
+		req.TransferEncoding = tt.te
+		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
-		if got := w.h.Get("Connection"); got != tt.want {
+		if got := w.Header().Get("Connection"); got != tt.want {
 			t.Errorf("Transfer-Encoding %v: Connection %q, want %q", tt.te, got, tt.want)
 		}
 	}
 }
-
-func httptestRequest(te []string) *http.Request {
-	req, _ := http.NewRequest(http.MethodPost, "https://r/v1/completions", strings.NewReader("{}"))
-	req.TransferEncoding = te
-	return req
-}
-
-type headerRecorder struct{ h http.Header }
-
-func (r *headerRecorder) Header() http.Header         { return r.h }
-func (r *headerRecorder) Write(b []byte) (int, error) { return len(b), nil }
-func (r *headerRecorder) WriteHeader(int)             {}
