@@ -111,13 +111,13 @@ type framing struct {
 type framingState uint8
 
 const (
-	stHeader     framingState = iota // reading a request's line and headers
-	stBody                           // skipping a Content-Length body
-	stChunkSize                      // reading a chunk-size line
-	stChunkData                      // skipping a chunk's data
-	stChunkCRLF                      // reading the line end after a chunk's data
-	stTrailer                        // reading the trailer lines after the last chunk
-	stPassthrough                    // stopped following
+	stHeader      framingState = iota // reading a request's line and headers
+	stBody                            // skipping a Content-Length body
+	stChunkSize                       // reading a chunk-size line
+	stChunkData                       // skipping a chunk's data
+	stChunkCRLF                       // reading the line end after a chunk's data
+	stTrailer                         // reading the trailer lines after the last chunk
+	stPassthrough                     // stopped following
 )
 
 // maxChunkLine bounds a chunk-size line, as Go's chunked reader does.
