@@ -251,7 +251,7 @@ func TestPrometheusAlerts(t *testing.T) {
 	jobs := []scrapeJob{
 		{"llmgw-control", controlHTTP},
 		{"llmgw-agent", []string{agent.http}},
-		{"llmgw-router", []string{router.http}},
+		{"llmgw-router", []string{router.ops}}, // the operations port
 	}
 	p := startPrometheus(t, jobs)
 	var bad string

@@ -69,7 +69,8 @@ func agentArgs(t *testing.T, node string, httpAddr, grpcAddr string, extra ...st
 }
 
 func routerArgs(t *testing.T, httpAddr string, extra ...string) []string {
-	return append([]string{"router", "--id", "r1", "--control", "127.0.0.1:1", "--data-dir", t.TempDir(), "--http-addr", httpAddr}, extra...)
+	return append([]string{"router", "--id", "r1", "--control", "127.0.0.1:1", "--data-dir", t.TempDir(), "--http-addr", httpAddr,
+		"--ops-addr", freeAddr(t)}, extra...)
 }
 
 func healthy(addr string) bool {
@@ -382,7 +383,7 @@ func TestEdgeTLSEndToEnd(t *testing.T) {
 			tail(agent.output(), 20), tail(router.output(), 20))
 	}
 	if !eventually(20*time.Second, func() bool {
-		n, _ := testkit.Scrape(router.http, "llmgw_router_load_snapshots_total", nil)
+		n, _ := testkit.Scrape(router.ops, "llmgw_router_load_snapshots_total", nil)
 		return n > 0
 	}) {
 		t.Fatalf("the router received no load snapshot from the agent over TLS:\n%s", tail(router.output(), 20))
