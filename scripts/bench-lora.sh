@@ -24,7 +24,7 @@
 #   SETTLE=12         seconds of quiet before each run
 #   RATES="4"        open-loop rates, space-separated (each runs RUNS pairs)
 #   PORT_BASE=17700   control gRPC at PORT_BASE, raft +1, HTTP +3, agent +4
-#                     and +5, routers +80 and +81, engines +100 to +199
+#                     and +5, routers +80 and +81 (operations ports +82 and +83), engines +100 to +199
 # Needs curl and jq. Takes about RUNS × 2 × DURATION plus SETTLE, per run,
 # and 20 s per MIN_IDLE value.
 # Everything it starts is stopped on exit, Ctrl-C included.
