@@ -120,6 +120,12 @@ func (l *limits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case l.inflight <- struct{}{}:
 			defer func() { <-l.inflight }()
 		default:
+			if r.ContentLength != 0 {
+				// Go's server would read the rest of the unread body before
+				// sending the answer: a slow upload would wait for its 503
+				// as long as it takes to send. Closing answers at once.
+				w.Header().Set("Connection", "close")
+			}
 			openai.WriteError(w, openai.Overloaded(cap(l.inflight), 1))
 			return
 		}

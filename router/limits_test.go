@@ -457,3 +457,47 @@ func TestConnectionTimeouts(t *testing.T) {
 		})
 	}
 }
+
+// TestInflightLimitSlowUpload: a request refused at the in-flight limit
+// while its body is still being sent gets its 503 at once, its connection
+// closed, instead of after the server read the rest of its body.
+func TestInflightLimitSlowUpload(t *testing.T) {
+	started, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int32
+	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			close(started)
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}
+	}, func(c *Config) { c.MaxInflight = 1 })
+	defer close(release)
+	client := newClient(t)
+	go func() {
+		if resp, err := client.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(completion)); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request never reached the engine")
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("no answer while the body is being sent: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
+		t.Fatalf("%s (close %v), want 503 closing the connection", resp.Status, resp.Close)
+	}
+}

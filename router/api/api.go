@@ -229,8 +229,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if cerr := h.callers.acquire(c); cerr != nil {
 			h.log.Debug("router: request refused", "request_id", id, "path", r.URL.Path, "err", cerr)
 			if r.ContentLength != 0 {
-				// Close rather than read the rest of a body the caller may
-				// be sending slowly: its connection is not worth keeping.
+				// Go's server would read the rest of the unread body before
+				// sending the answer: a slow upload would wait for its 429
+				// as long as it takes to send. Closing answers at once.
 				w.Header().Set("Connection", "close")
 			}
 			openai.WriteError(w, cerr)
