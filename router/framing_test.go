@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -139,15 +140,7 @@ func rawExchange(t *testing.T, addr, raw string) (answer string, closed bool) {
 	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
 	b, err := io.ReadAll(c)
 	var ne net.Error
-	return string(b), err == nil || !(errorsAs(err, &ne) && ne.Timeout())
-}
-
-func errorsAs(err error, target *net.Error) bool {
-	ne, ok := err.(net.Error)
-	if ok {
-		*target = ne
-	}
-	return ok
+	return string(b), err == nil || !(errors.As(err, &ne) && ne.Timeout())
 }
 
 // statuses are the status codes of the answers in a raw exchange.
