@@ -146,18 +146,22 @@ func (f *framing) feed(b []byte) (cut int, bad bool) {
 				}
 			}
 		case stHeader:
-			c := b[i]
-			if len(f.header) == 0 && (c == '\r' || c == '\n') {
+			if len(f.header) == 0 && (b[i] == '\r' || b[i] == '\n') {
 				i++ // line ends before a request line: Go skips them after a POST
 				continue
 			}
-			f.header = append(f.header, c)
-			i++
+			// A line at a time: the block ends with an empty one.
+			end := len(b)
+			if j := bytes.IndexByte(b[i:], '\n'); j >= 0 {
+				end = i + j + 1
+			}
+			f.header = append(f.header, b[i:end]...)
+			i = end
 			if len(f.header) > f.maxHeader {
 				f.state = stPassthrough // the server refuses it (431)
 				continue
 			}
-			if c == '\n' && (bytes.HasSuffix(f.header, []byte("\n\n")) || bytes.HasSuffix(f.header, []byte("\n\r\n"))) {
+			if bytes.HasSuffix(f.header, []byte("\n\n")) || bytes.HasSuffix(f.header, []byte("\n\r\n")) {
 				if f.endHeader() {
 					return i - 1, true
 				}
@@ -233,8 +237,15 @@ func (f *framing) endHeader() (bad bool) {
 		f.state = stPassthrough // not a request Go serves as HTTP/1
 		return false
 	}
-	var te, cl [][]byte
-	for _, line := range bytes.Split(block[nl+1:], []byte("\n")) {
+	var teBuf, clBuf [2][]byte // most requests have one or neither
+	te, cl := teBuf[:0], clBuf[:0]
+	for rest := block[nl+1:]; len(rest) > 0; {
+		line := rest
+		if j := bytes.IndexByte(rest, '\n'); j >= 0 {
+			line, rest = rest[:j], rest[j+1:]
+		} else {
+			rest = nil
+		}
 		line = bytes.TrimSuffix(line, []byte("\r"))
 		if len(line) == 0 || line[0] == ' ' || line[0] == '\t' {
 			continue // the end, or a folded line's continuation
