@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -62,10 +61,8 @@ func opsClient(t *testing.T, p *testPKI, src *mtls.Source) *http.Client {
 func TestOpsPort(t *testing.T) {
 	requireClusterTLS(t)
 	p := newPKI(t)
-	c1 := newServer(t, "c1", serverOpts{extra: append([]string{"--bootstrap", "--gossip-addr", ""}, p.flags(mtls.RoleServer, "c1")...)})
-	c1.start()
-	admin := p.flags(mtls.RoleAdmin, "ops")
-	ctl := func(args ...string) (string, error) { return ctlAt(c1.grpc, append(slices.Clone(admin), args...)...) }
+	c1 := startSingleTLS(t, p)
+	ctl := c1.ctl // as p's admin
 	file := filepath.Join(t.TempDir(), "kvo.yaml")
 	writeFile(t, file, kvModelYAML("kvo", 1))
 	if err := eventuallyErr(30*time.Second, func() error { _, err := ctl("model", "apply", "-f", file); return err }); err != nil {

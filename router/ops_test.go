@@ -1,13 +1,11 @@
 package router
 
 import (
-	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -70,24 +68,12 @@ func serveOps(t *testing.T, mutate func(*Config)) (r *Router, api, ops string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	waitStatus(t, "http://"+ln.Addr().String()+"/healthz", 200)
+	api = serveRouter(t, r)
+	waitStatus(t, "http://"+api+"/healthz", 200)
 	if r.OpsAddr() == "" {
 		t.Fatal("no operations listener")
 	}
-	return r, ln.Addr().String(), r.OpsAddr()
+	return r, api, r.OpsAddr()
 }
 
 // get is GET url's status and body with client.
