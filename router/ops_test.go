@@ -17,45 +17,6 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// TestConfigOps: the operations port binds beyond loopback only with TLS,
-// --insecure or not, and --pprof needs it.
-func TestConfigOps(t *testing.T) {
-	tlsFiles := mtls.Files{CA: "ca.pem", Cert: "r.pem", Key: "r-key.pem"}
-	tests := []struct {
-		name   string
-		mutate func(*Config)
-		want   string // the start of the one problem; "" valid
-	}{
-		{"default", func(*Config) {}, ""},
-		{"off", func(c *Config) { c.OpsAddr = "" }, ""},
-		{"pprof", func(c *Config) { c.Pprof = true }, ""},
-		{"pprof without the port", func(c *Config) { c.OpsAddr, c.Pprof = "", true }, "--pprof (pprof): the profiles are served on the operations port"},
-		{"no port", func(c *Config) { c.OpsAddr = "127.0.0.1" }, "--ops-addr (ops_addr): "},
-		{"every interface", func(c *Config) { c.OpsAddr = ":7406" }, "--ops-addr (ops_addr): :7406: the operations port"},
-		{"every interface, --insecure", func(c *Config) { c.OpsAddr, c.Insecure = "0.0.0.0:7406", true }, "--ops-addr (ops_addr): 0.0.0.0:7406: the operations port"},
-		{"every interface with TLS", func(c *Config) { c.OpsAddr, c.TLS = "0.0.0.0:7406", tlsFiles }, ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultConfig()
-			tt.mutate(&c)
-			err := c.Validate()
-			if tt.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || strings.Contains(err.Error(), "\n") || !strings.HasPrefix(err.Error(), tt.want) {
-				t.Fatalf("Validate = %v, want one problem starting %q", err, tt.want)
-			}
-			if strings.HasPrefix(tt.want, "--ops-addr") && strings.Contains(tt.want, "operations port") && !strings.Contains(err.Error(), "--tls-ca") {
-				t.Errorf("the refusal does not say how to proceed: %v", err)
-			}
-		})
-	}
-}
-
 // serveOps runs a router (its control connection going nowhere) with
 // cfg changed by mutate and returns its API and operations addresses.
 func serveOps(t *testing.T, mutate func(*Config)) (r *Router, api, ops string) {

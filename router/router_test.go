@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -218,6 +219,17 @@ func TestConfigValidate(t *testing.T) {
 		{"grace", func(c *Config) { c.ShutdownGrace = -time.Second }, "--shutdown-grace"},
 		{"no key bound", func(c *Config) { c.MaxKeyInflight = 0 }, ""},
 		{"negative key bound", func(c *Config) { c.MaxKeyInflight = -1 }, "--max-key-inflight"},
+		// The operations port: beyond loopback only with TLS, --insecure
+		// or not; --pprof serves on it.
+		{"no operations port", func(c *Config) { c.OpsAddr = "" }, ""},
+		{"pprof", func(c *Config) { c.Pprof = true }, ""},
+		{"pprof without the operations port", func(c *Config) { c.OpsAddr, c.Pprof = "", true }, "--pprof (pprof): the profiles are served on the operations port"},
+		{"operations port without a port", func(c *Config) { c.OpsAddr = "127.0.0.1" }, "--ops-addr (ops_addr): "},
+		{"operations port on every interface", func(c *Config) { c.OpsAddr = ":7406" }, "--ops-addr (ops_addr): :7406: the operations port"},
+		{"operations port beyond loopback, --insecure", func(c *Config) { c.OpsAddr, c.Insecure = "0.0.0.0:7406", true }, "--ops-addr (ops_addr): 0.0.0.0:7406: the operations port"},
+		{"operations port beyond loopback with TLS", func(c *Config) {
+			c.OpsAddr, c.TLS = "0.0.0.0:7406", mtls.Files{CA: "ca.pem", Cert: "r.pem", Key: "r-key.pem"}
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
