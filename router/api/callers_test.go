@@ -48,19 +48,6 @@ func TestCallerInflight(t *testing.T) {
 	tb := &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", eng)}}}
 	src := &keySource{}
 	src.set(apiKey("greedy", "sk-greedy"), apiKey("other", "sk-other"))
-	var withKeys bool
-	newSrv := func() (*httptest.Server, *prometheus.Registry) {
-		cfg := DefaultConfig()
-		cfg.MaxKeyInflight = limit
-		if withKeys {
-			cfg.Keys = func() *auth.Set { return src.cur.Load() }
-		}
-		reg := prometheus.NewRegistry()
-		h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg)
-		s := httptest.NewServer(h)
-		t.Cleanup(s.Close)
-		return s, reg
-	}
 	chatAs := func(t *testing.T, url, key string) *http.Response {
 		t.Helper()
 		hdr := map[string]string{}
@@ -69,24 +56,37 @@ func TestCallerInflight(t *testing.T) {
 		}
 		return post(t, url+"/v1/chat/completions", `{"model":"demo","messages":[]}`, hdr)
 	}
+	// full serves the handler (with keys, or without) and fills key's
+	// places with uploads in progress: its next request is refused, with a
+	// message naming who.
+	full := func(t *testing.T, withKeys bool, key, who string) (*httptest.Server, *prometheus.Registry) {
+		t.Helper()
+		cfg := DefaultConfig()
+		cfg.MaxKeyInflight = limit
+		if withKeys {
+			cfg.Keys = func() *auth.Set { return src.cur.Load() }
+		}
+		reg := prometheus.NewRegistry()
+		srv := httptest.NewServer(newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg))
+		t.Cleanup(srv.Close)
+		for range limit {
+			slowUpload(t, strings.TrimPrefix(srv.URL, "http://"), key)
+		}
+		testkit.Wait(t, who+"'s next request to be refused once its uploads hold its places", func() bool {
+			resp := chatAs(t, srv.URL, key)
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode == http.StatusTooManyRequests && strings.Contains(string(b), who)
+		})
+		return srv, reg
+	}
 
 	t.Run("keys", func(t *testing.T) {
-		withKeys = true
-		srv, reg := newSrv()
-		addr := strings.TrimPrefix(srv.URL, "http://")
-		for range limit {
-			slowUpload(t, addr, "sk-greedy")
-		}
-		var resp *http.Response
-		testkit.Wait(t, "the greedy key's next request to be refused once its uploads hold its places", func() bool {
-			resp = chatAs(t, srv.URL, "sk-greedy")
-			defer resp.Body.Close()
-			return resp.StatusCode == http.StatusTooManyRequests
-		})
+		srv, reg := full(t, true, "sk-greedy", "the API key greedy")
 		var body struct {
 			Error struct{ Message, Type, Code string } `json:"error"`
 		}
-		resp = chatAs(t, srv.URL, "sk-greedy")
+		resp := chatAs(t, srv.URL, "sk-greedy")
 		err := json.NewDecoder(resp.Body).Decode(&body)
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != 429 || body.Error.Code != "rate_limit_exceeded" || body.Error.Type != "requests" ||
@@ -110,23 +110,15 @@ func TestCallerInflight(t *testing.T) {
 	})
 
 	t.Run("addresses without keys", func(t *testing.T) {
-		withKeys = false
-		srv, _ := newSrv()
-		addr := strings.TrimPrefix(srv.URL, "http://")
-		for range limit {
-			slowUpload(t, addr, "")
-		}
-		testkit.Wait(t, "the address's next request to be refused", func() bool {
-			resp := chatAs(t, srv.URL, "")
-			defer resp.Body.Close()
-			b, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode == http.StatusTooManyRequests && strings.Contains(string(b), "the client address 127.0.0.1")
-		})
+		full(t, false, "", "the client address 127.0.0.1")
 	})
 
 	t.Run("places are given back", func(t *testing.T) {
-		withKeys = true
-		srv, _ := newSrv()
+		cfg := DefaultConfig()
+		cfg.MaxKeyInflight = limit
+		cfg.Keys = func() *auth.Set { return src.cur.Load() }
+		srv := httptest.NewServer(newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), prometheus.NewRegistry()))
+		t.Cleanup(srv.Close)
 		client := &http.Client{Timeout: 10 * time.Second}
 		for i := range 3 * limit {
 			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"demo","messages":[]}`))
