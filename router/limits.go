@@ -99,11 +99,12 @@ func newLimits(cfg Config, next http.Handler) *limits {
 }
 
 // counted tells whether a request counts against the in-flight limit:
-// health and metrics do not, since a router busy to its limit is alive and
-// its load balancer and Prometheus must still see it.
+// the probes do not, since a router busy to its limit is alive and its load
+// balancer must still see it. (Prometheus reads the operations port, which
+// this limit does not cover.)
 func counted(path string) bool {
 	switch path {
-	case "/healthz", "/readyz", "/metrics", "/sd/replicas":
+	case "/healthz", "/readyz":
 		return false
 	}
 	return true

@@ -100,8 +100,8 @@ type Config struct {
 	// MaxConnections bounds the connections open at once: past it new ones
 	// wait in the kernel's backlog until one closes. MaxInflight bounds the
 	// requests served at once (503 with Retry-After beyond), so requests
-	// being served go on while extra ones are refused; /healthz, /readyz
-	// and /metrics are not counted.
+	// being served go on while extra ones are refused; /healthz and /readyz
+	// are not counted.
 	MaxConnections int `yaml:"max_connections"`
 	MaxInflight    int `yaml:"max_inflight"`
 	// MaxKeyInflight bounds the requests one API key — or, while keys are
