@@ -490,6 +490,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	if r.cfg.OpsAddr != "" {
 		var err error
 		if ops, err = r.startOps(); err != nil {
+			_ = ln.Close()
 			return err
 		}
 		r.ops.Store(ops)
