@@ -56,10 +56,13 @@ protocheck: ## fail when regenerating would change proto/ (git diff against a sn
 clean:
 	rm -rf $(BIN)
 
+# The Prometheus configurations are checked for syntax only: the scraper
+# certificates they name exist on a Prometheus host and after make compose-up
+# (scripts/compose-prometheus.sh checks compose.yml whole, with them).
 rules: ## promtool check rules and the alert rules' unit tests (deploy/prometheus; Debian's prometheus package)
 	promtool check rules deploy/prometheus/llmgw-alerts.yml
-	promtool check config deploy/prometheus/prometheus.yml
-	promtool check config deploy/prometheus/compose.yml
+	promtool check config --syntax-only deploy/prometheus/prometheus.yml
+	promtool check config --syntax-only deploy/prometheus/compose.yml
 	cd deploy/prometheus && promtool test rules llmgw-alerts_test.yml
 
 # --- HA cluster (issue: Control-plane cluster) ---

@@ -16,7 +16,8 @@ import (
 // Decisions are a router's own account of how it placed a run's requests:
 // per kind ("session" for tier 0, "prefix" for tier 1, "kv" for tier 2), how many decisions
 // of each outcome (hit, new, load_override, ...). The bench reads them from
-// each target's /metrics before and after a run and reports the difference,
+// each target's /metrics (on its operations port) before and after a run
+// and reports the difference,
 // so a poor hit share comes with its reason — sessions moved by the load
 // bound, prefixes silenced by the imbalance guard — without a second tool.
 type Decisions map[string]map[string]float64
@@ -139,13 +140,17 @@ func scrapeDecisions(ctx context.Context, client *http.Client, base string) (Dec
 	return d, nil
 }
 
-// scrapeAll reads and sums the decision counters of every target; nil when
-// any target's cannot be read (not a router, or no /metrics), since a sum
-// missing a router would be wrong rather than partial.
+// scrapeAll reads and sums the decision counters of every target, on its
+// operations port (Target.Metrics); nil when any target's cannot be read
+// (no operations port given, not a router), since a sum missing a router
+// would be wrong rather than partial.
 func scrapeAll(ctx context.Context, client *http.Client, targets []Target) (Decisions, error) {
 	sum := Decisions{}
 	for _, t := range targets {
-		d, err := scrapeDecisions(ctx, client, t.URL)
+		if t.Metrics == "" {
+			return nil, fmt.Errorf("%s: no operations port to read the decision counters at (--target-metrics)", t.Label)
+		}
+		d, err := scrapeDecisions(ctx, client, t.Metrics)
 		if err != nil {
 			return nil, err
 		}

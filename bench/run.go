@@ -21,6 +21,10 @@ import (
 type Target struct {
 	Label string
 	URL   string
+	// Metrics is the router's operations port's base URL
+	// (http://host:port, its --ops-addr), where its decision counters are
+	// read; empty, the report has none (the API port serves no /metrics).
+	Metrics string
 }
 
 // ParseTarget reads `URL` or `label=URL`. The URL is the router's base
@@ -45,6 +49,16 @@ func ParseTarget(s string) (Target, error) {
 		t.Label = u.Host
 	}
 	return t, nil
+}
+
+// ParseMetricsURL reads a router's operations port's base URL
+// (--target-metrics): http://host:port or https://host:port.
+func ParseMetricsURL(s string) (string, error) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("--target-metrics %q: want a router's operations port, http://host:port", s)
+	}
+	return strings.TrimRight(s, "/"), nil
 }
 
 // Config is one benchmark: the workload, the load, when to stop, and the

@@ -141,7 +141,8 @@ func serve(t *testing.T, f *fakeRouter) *httptest.Server {
 func testConfig(targets ...string) Config {
 	cfg := DefaultConfig()
 	for i, u := range targets {
-		cfg.Targets = append(cfg.Targets, Target{Label: fmt.Sprintf("t%d", i), URL: u})
+		// The fake serves its counters beside the API, as an operations port.
+		cfg.Targets = append(cfg.Targets, Target{Label: fmt.Sprintf("t%d", i), URL: u, Metrics: u})
 	}
 	cfg.Workload = WorkloadConfig{Name: SharedPrefix, Model: "m", Seed: 1, MaxTokens: 4, SystemWords: 50, PromptWords: 10, Groups: 2}
 	cfg.RequestTimeout = time.Minute
@@ -530,5 +531,16 @@ func TestRunReportsRouterDecisions(t *testing.T) {
 		if strings.HasSuffix(r[0], "decisions") {
 			t.Fatalf("table shows %q without decisions", r[0])
 		}
+	}
+
+	// Nor does a target whose operations port was not given.
+	cfg = testConfig(serve(t, fa).URL)
+	cfg.Targets[0].Metrics = ""
+	cfg.Requests = 2
+	if res, err = Run(context.Background(), cfg); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if d := res.Runs[0].Decisions; d != nil {
+		t.Fatalf("decisions %v without an operations port, want none", d)
 	}
 }

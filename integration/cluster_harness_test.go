@@ -30,6 +30,7 @@ type controlServer struct {
 	t                        *testing.T
 	id                       string
 	grpc, raft, gossip, http string
+	ops                      string // a router's operations port (--ops-addr)
 	dataDir, logPath         string
 	args                     []string
 	ctlArgs                  []string // llmgwctl's extra flags (its certificate)

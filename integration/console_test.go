@@ -72,7 +72,7 @@ func TestConsoleInBrowser(t *testing.T) {
 	}
 	started := time.Now()
 	b := startBrowser(t, 1366, 768)
-	router := "http://" + d.http
+	router := "http://" + d.ops // the console reads the router's operations port
 	pages := []struct {
 		page string
 		want []string

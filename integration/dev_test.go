@@ -109,7 +109,7 @@ func TestDevServesOpenAI(t *testing.T) {
 		// The agent registers its LoadService address with its node; the
 		// router subscribes there instead of scraping every engine itself.
 		ok := eventually(10*time.Second, func() bool {
-			resp, err := http.Get("http://" + d.http + "/metrics")
+			resp, err := http.Get("http://" + d.ops + "/metrics")
 			if err != nil {
 				return false
 			}

@@ -211,7 +211,7 @@ func TestExternalEngines(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkKVExactOf(t, list, model, []string{r.http}, step)
+		checkKVExactOf(t, list, model, []string{r.ops}, step)
 	}
 	kvTraffic(t, r.http, model, 60, 0)
 	exact("external engines")

@@ -67,7 +67,7 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 		t.Fatalf("router watches through %v, want %s (%s) last", got, target.grpc, target.id)
 	}
 
-	samples := sampleRevision(r.http, 15*time.Millisecond)
+	samples := sampleRevision(r.ops, 15*time.Millisecond)
 	l := startLoad("chat", 2, r)
 	w := startWriter(t, writeVia.grpc)
 	l.carry(t, time.Second, 20, "before the kill")
@@ -88,10 +88,10 @@ func TestFailoverRouterResumesElsewhere(t *testing.T) {
 	var want, got []string
 	if !eventually(30*time.Second, func() bool {
 		want, got = clusterModels(writeVia.grpc), routerModels(r.http)
-		rev, _ := testkit.Scrape(r.http, "llmgw_router_watch_revision", nil)
+		rev, _ := testkit.Scrape(r.ops, "llmgw_router_watch_revision", nil)
 		return want != nil && slices.Equal(want, got) && uint64(rev) >= lastRev
 	}) {
-		rev, _ := testkit.Scrape(r.http, "llmgw_router_watch_revision", nil)
+		rev, _ := testkit.Scrape(r.ops, "llmgw_router_watch_revision", nil)
 		t.Fatalf("router models %v at revision %v within %v; cluster %v, last write at revision %d", got, rev, within(30*time.Second), want, lastRev)
 	}
 	// Enough samples to have watched the router move, however slowly a

@@ -66,13 +66,25 @@ func startRouterProc(t *testing.T, id string, control ...string) *controlServer 
 	return startRouterWith(t, id, control)
 }
 
-// startRouterWith is startRouterProc with extra flags.
+// startRouterWith is startRouterProc with extra flags (a later --ops-addr
+// among them replaces the free one given first).
 func startRouterWith(t *testing.T, id string, control []string, extra ...string) *controlServer {
 	t.Helper()
-	r := llmgwProcess(t, id, append([]string{"router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", freeAddr(t)}, extra...)...)
+	r := llmgwProcess(t, id, append([]string{"router", "--id", id, "--control", strings.Join(control, ","), "--http-addr", freeAddr(t),
+		"--ops-addr", freeAddr(t)}, extra...)...)
 	r.http = r.args[slicesIndex(r.args, "--http-addr")+1]
+	r.ops = r.args[slicesLastIndex(r.args, "--ops-addr")+1]
 	r.start()
 	return r
+}
+
+func slicesLastIndex(s []string, v string) int {
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == v {
+			return i
+		}
+	}
+	return -1
 }
 
 func slicesIndex(s []string, v string) int {

@@ -157,6 +157,7 @@ type devProcess struct {
 	t       *testing.T
 	cmd     *exec.Cmd
 	http    string // router address
+	ops     string // the router's operations port: /metrics, /sd/replicas, /debug/kvindex
 	grpc    string // control plane address
 	dataDir string
 	log     *bytes.Buffer
@@ -168,10 +169,10 @@ type devProcess struct {
 // router answers for the demo model through a ready replica.
 func startDev(t *testing.T, extra ...string) *devProcess {
 	t.Helper()
-	d := &devProcess{t: t, http: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &bytes.Buffer{}, exited: make(chan struct{})}
+	d := &devProcess{t: t, http: freeAddr(t), ops: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &bytes.Buffer{}, exited: make(chan struct{})}
 	// Every listening address is a free one, so a dev started here never
 	// collides with another package's tests or a dev the developer runs.
-	args := append([]string{"dev", "--http-addr", d.http, "--grpc-addr", d.grpc, "--data-dir", d.dataDir,
+	args := append([]string{"dev", "--http-addr", d.http, "--ops-addr", d.ops, "--grpc-addr", d.grpc, "--data-dir", d.dataDir,
 		"--raft-addr", freeAddr(t), "--control-http-addr", freeAddr(t),
 		"--agent-http-addr", freeAddr(t), "--agent-grpc-addr", freeAddr(t)}, extra...)
 	d.cmd = exec.Command(bins.llmgw, args...)

@@ -59,7 +59,7 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 	r1 := startRouterProc(t, "r1", c.servers[0].grpc, c.servers[1].grpc, c.servers[2].grpc)
 	r2 := startRouterProc(t, "r2", c.servers[1].grpc, c.servers[2].grpc, c.servers[0].grpc)
 	rs := []*controlServer{r1, r2}
-	routers := []string{r1.http, r2.http}
+	routers := []string{r1.ops, r2.ops} // the indexes are read on the operations ports
 	file := filepath.Join(t.TempDir(), "kvm.yaml")
 	writeFile(t, file, kvModelYAML("kvm", 2, "--sim-kv-drop-rate", "0.01"))
 	if err := eventuallyErr(30*time.Second, func() error { _, err := ctlAt(c.servers[0].grpc, "model", "apply", "-f", file); return err }); err != nil {
@@ -194,7 +194,7 @@ func TestKVRouterUntrusted(t *testing.T) {
 		kvTraffic(t, d.http, "kvu", 40, round)
 		if eventually(3*time.Second, func() bool {
 			n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_untrusted_replicas", nil)
-			return n == 1 && getJSON("http://"+d.http+"/debug/kvindex?replica="+rep.Replica.ID, &view) == nil && view.Untrusted
+			return n == 1 && getJSON("http://"+d.ops+"/debug/kvindex?replica="+rep.Replica.ID, &view) == nil && view.Untrusted
 		}) {
 			break
 		}
@@ -208,15 +208,15 @@ func TestKVRouterUntrusted(t *testing.T) {
 		t.Errorf("replica untrusted, yet no replay counted unrepairable (%v)", unrepairable)
 	}
 	if !eventually(10*time.Second, func() bool {
-		return getJSON("http://"+r2.http+"/debug/kvindex?replica="+rep.Replica.ID, &view) == nil && view.Untrusted
+		return getJSON("http://"+r2.ops+"/debug/kvindex?replica="+rep.Replica.ID, &view) == nil && view.Untrusted
 	}) {
 		t.Fatalf("the second router does not call %s untrusted within %v", rep.Replica.ID, within(10*time.Second))
 	}
 
-	before := kvDecisions(r2.http)
+	before := kvDecisions(r2.ops)
 	const n = 12
 	kvTraffic(t, r2.http, "kvu", n, 99)
-	after := kvDecisions(r2.http)
+	after := kvDecisions(r2.ops)
 	if got := after["untrusted"] - before["untrusted"]; got != n {
 		t.Errorf("llmgw_kv_decisions_total{decision=\"untrusted\"} rose by %v over %d requests for the untrusted replica, want %d (all decisions before %v, after %v)", got, n, n, before, after)
 	}
@@ -233,21 +233,22 @@ func TestKVRouterUntrusted(t *testing.T) {
 			t.Fatalf("POST %s: %d", path, resp.StatusCode)
 		}
 	}
-	checkKVExact(t, d, "kvu", []string{d.http}, "trusted again after a cache reset")
+	checkKVExact(t, d, "kvu", []string{d.ops}, "trusted again after a cache reset")
 	if n, _ := testkit.Scrape(agentHTTP, "llmgw_agent_kv_untrusted_replicas", nil); n != 0 {
 		t.Errorf("agent still counts %v untrusted replicas after the reset", n)
 	}
 
-	hits, _ := testkit.Scrape(d.http, "llmgw_kv_decisions_total", testkit.Labels{"decision": "hit"})
-	timeouts, _ := testkit.Scrape(d.http, "llmgw_router_tokenize_total", testkit.Labels{"result": "timeout"})
+	hits, _ := testkit.Scrape(d.ops, "llmgw_kv_decisions_total", testkit.Labels{"decision": "hit"})
+	timeouts, _ := testkit.Scrape(d.ops, "llmgw_router_tokenize_total", testkit.Labels{"result": "timeout"})
 	t.Logf("replica %s untrusted (%v unrepairable replays); then %v of %d requests counted untrusted; %v tier-2 hits before the gap; the dev router (default /tokenize budget): decisions %v, %v tokenizations over budget",
-		rep.Replica.ID, unrepairable, after["untrusted"]-before["untrusted"], n, hits, kvDecisions(d.http), timeouts)
+		rep.Replica.ID, unrepairable, after["untrusted"]-before["untrusted"], n, hits, kvDecisions(d.ops), timeouts)
 }
 
 var kvDecisionRE = regexp.MustCompile(`^llmgw_kv_decisions_total\{.*?decision="([^"]+)".*\} (\S+)$`)
 
 // kvDecisions is a router's llmgw_kv_decisions_total by decision (summed
-// over any other labels); empty if it could not be read.
+// over any other labels), read on its operations port addr; empty if it
+// could not be read.
 func kvDecisions(addr string) map[string]float64 {
 	out := map[string]float64{}
 	resp, err := http.Get("http://" + addr + "/metrics")

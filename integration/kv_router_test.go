@@ -59,11 +59,11 @@ func TestKVRouterExactness(t *testing.T) {
 				t.Fatalf("%v: %s", err, out)
 			}
 			d.waitReady("kvm", 2, 60*time.Second)
-			routers := []string{d.http}
+			routers := []string{d.ops} // the indexes are read on the operations ports
 			var r2 *controlServer
 			if tc.restarts {
 				r2 = startRouterProc(t, "r2", d.grpc)
-				routers = append(routers, r2.http)
+				routers = append(routers, r2.ops)
 				waitRouterServes(t, r2.http, "kvm")
 			}
 
@@ -147,12 +147,33 @@ func kvTraffic(t *testing.T, addr, model string, n, round int) {
 	}
 }
 
-// kvIndexView is GET /debug/kvindex?replica=ID.
+// kvIndexView is GET /debug/kvindex?replica=ID on a router's operations
+// port: one page of the hashes, Next the last of them when more follow.
 type kvIndexView struct {
 	ID          string
 	Incarnation uint64
 	Untrusted   bool
 	Hashes      []uint64 `json:"hashes"`
+	Next        *uint64  `json:"next"`
+}
+
+// routerKVIndex is every page of a router's index for replica, read on
+// its operations port ops, with all the hashes.
+func routerKVIndex(ops, replica string) (kvIndexView, error) {
+	var all kvIndexView
+	after := ""
+	for {
+		var page kvIndexView
+		if err := getJSON("http://"+ops+"/debug/kvindex?replica="+replica+after, &page); err != nil {
+			return all, err
+		}
+		hashes := append(all.Hashes, page.Hashes...)
+		all, all.Hashes = page, hashes
+		if page.Next == nil {
+			return all, nil
+		}
+		after = fmt.Sprintf("&after=%d", *page.Next)
+	}
 }
 
 func getJSON(url string, v any) error {
@@ -173,7 +194,8 @@ func getJSON(url string, v any) error {
 // request straight to each engine, and then polls until every router's
 // index equals every engine's block set: within within(kvQuiesceBound) of
 // that last request, or the test fails (after within(10 s) more, to tell
-// slow from wrong).
+// slow from wrong). routers are the routers' operations ports, where their
+// indexes are read.
 func checkKVExact(t *testing.T, d *devProcess, model string, routers []string, step string) time.Duration {
 	t.Helper()
 	return checkKVExactOf(t, d.modelReplicas(model), model, routers, step)
@@ -222,8 +244,8 @@ func checkKVExactOf(t *testing.T, replicas []replicaView, model string, routers 
 				return false
 			}
 			for _, r := range routers {
-				var got kvIndexView
-				if err := getJSON("http://"+r+"/debug/kvindex?replica="+e.Replica.ID, &got); err != nil {
+				got, err := routerKVIndex(r, e.Replica.ID)
+				if err != nil {
 					diff = err.Error()
 					return false
 				}

@@ -48,12 +48,12 @@ func TestKVRouterSpeculation(t *testing.T) {
 	// until then requests are counted no_data.
 	for _, m := range []string{"kvs", "kvn"} {
 		if !eventually(20*time.Second, func() bool {
-			before := kvDecisions(r.http)
+			before := kvDecisions(r.ops)
 			specChat(t, r.http, m, strings.Repeat("warm up "+m+". ", 20), "hello")
-			after := kvDecisions(r.http)
+			after := kvDecisions(r.ops)
 			return after["hit"]+after["miss"] > before["hit"]+before["miss"]
 		}) {
-			t.Fatalf("model %s: tier 2 never answered (decisions %v)", m, kvDecisions(r.http))
+			t.Fatalf("model %s: tier 2 never answered (decisions %v)", m, kvDecisions(r.ops))
 		}
 	}
 
@@ -67,37 +67,37 @@ func TestKVRouterSpeculation(t *testing.T) {
 	}
 	for i, tt := range tests {
 		sys := strings.Repeat(fmt.Sprintf("speculation case %d: the house rules apply. ", i), 20)
-		before := kvDecisions(r.http)
-		hitsBefore, _ := testkit.Scrape(r.http, "llmgw_kv_speculative_hits_total", nil)
-		recordedBefore, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_recorded_total", nil)
+		before := kvDecisions(r.ops)
+		hitsBefore, _ := testkit.Scrape(r.ops, "llmgw_kv_speculative_hits_total", nil)
+		recordedBefore, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_recorded_total", nil)
 
 		first := make(chan specSend, 1)
 		go func() { first <- specChat(t, r.http, tt.model, sys, "first") }()
 		// The first request is in the engine once the router scheduled it
 		// (its decision counted) and, with speculation, recorded its blocks.
 		if !eventually(10*time.Second, func() bool {
-			after := kvDecisions(r.http)
-			recorded, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_recorded_total", nil)
+			after := kvDecisions(r.ops)
+			recorded, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_recorded_total", nil)
 			return after["hit"]+after["miss"]+after["load_override"] > before["hit"]+before["miss"]+before["load_override"] &&
 				(tt.specHits == 0 || recorded > recordedBefore)
 		}) {
-			t.Fatalf("%s: the first request was never scheduled (decisions %v)", tt.model, kvDecisions(r.http))
+			t.Fatalf("%s: the first request was never scheduled (decisions %v)", tt.model, kvDecisions(r.ops))
 		}
-		mid := kvDecisions(r.http)
+		mid := kvDecisions(r.ops)
 		second := specChat(t, r.http, tt.model, sys, "second")
 		a := <-first
-		after := kvDecisions(r.http)
+		after := kvDecisions(r.ops)
 		if got := after[tt.decision] - mid[tt.decision]; got != 1 {
 			t.Errorf("%s: the second request's decision: %s rose by %v, want 1 (before %v, after %v)", tt.model, tt.decision, got, mid, after)
 		}
 		if a.cached != 0 {
 			t.Errorf("%s: the first request found %d cached tokens; the prompt was meant to be new", tt.model, a.cached)
 		}
-		hits, _ := testkit.Scrape(r.http, "llmgw_kv_speculative_hits_total", nil)
+		hits, _ := testkit.Scrape(r.ops, "llmgw_kv_speculative_hits_total", nil)
 		if got := hits - hitsBefore; got != tt.specHits {
 			t.Errorf("%s: speculative hits rose by %v, want %v", tt.model, got, tt.specHits)
 		}
-		recorded, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_recorded_total", nil)
+		recorded, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_recorded_total", nil)
 		if tt.specHits > 0 {
 			if recorded <= recordedBefore {
 				t.Errorf("%s: no speculative entry recorded", tt.model)
@@ -112,17 +112,17 @@ func TestKVRouterSpeculation(t *testing.T) {
 	}
 	// The events confirm what was sent; nothing stays pending.
 	if !eventually(10*time.Second, func() bool {
-		pending, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_pending", nil)
-		confirmed, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_confirmed_total", nil)
+		pending, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_pending", nil)
+		confirmed, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_confirmed_total", nil)
 		return pending == 0 && confirmed > 0
 	}) {
-		pending, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_pending", nil)
-		confirmed, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_confirmed_total", nil)
+		pending, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_pending", nil)
+		confirmed, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_confirmed_total", nil)
 		t.Fatalf("pending %v, confirmed %v: the events did not confirm the speculative entries", pending, confirmed)
 	}
-	expired, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_expired_total", nil)
-	confirmed, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_confirmed_total", nil)
-	ttl, _ := testkit.Scrape(r.http, "llmgw_router_kvindex_speculative_ttl_seconds", nil)
+	expired, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_expired_total", nil)
+	confirmed, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_confirmed_total", nil)
+	ttl, _ := testkit.Scrape(r.ops, "llmgw_router_kvindex_speculative_ttl_seconds", nil)
 	t.Logf("speculative entries: %v confirmed, %v expired, TTL %vs", confirmed, expired, ttl)
 }
 

@@ -44,9 +44,9 @@ func TestKVDeviatingEngine(t *testing.T) {
 	}
 
 	kvTraffic(t, d.http, "kvd", 60, 0)
-	took := checkKVExact(t, d, "kvd", []string{d.http}, "batches from 1, parent 0")
+	took := checkKVExact(t, d, "kvd", []string{d.ops}, "batches from 1, parent 0")
 	trusted("start", 2)
-	hits, _ := testkit.Scrape(d.http, "llmgw_kv_decisions_total", testkit.Labels{"decision": "hit"})
+	hits, _ := testkit.Scrape(d.ops, "llmgw_kv_decisions_total", testkit.Labels{"decision": "hit"})
 	if hits == 0 {
 		t.Error("no tier-2 hit decisions for the deviating engines")
 	}
@@ -54,10 +54,10 @@ func TestKVDeviatingEngine(t *testing.T) {
 	// kill -9: the successor is a new process that numbers from 1 again.
 	killEngineAndWait(t, d, "kvd")
 	kvTraffic(t, d.http, "kvd", 30, 1)
-	tookRestart := checkKVExact(t, d, "kvd", []string{d.http}, "engine restart, batches from 1 again")
+	tookRestart := checkKVExact(t, d, "kvd", []string{d.ops}, "engine restart, batches from 1 again")
 	trusted("restart", 3)
 
-	if n, ok := testkit.Scrape(d.http, "llmgw_router_kv_event_lag_seconds", testkit.Labels{"edge": "oldest"}); !ok || n == 0 {
+	if n, ok := testkit.Scrape(d.ops, "llmgw_router_kv_event_lag_seconds", testkit.Labels{"edge": "oldest"}); !ok || n == 0 {
 		t.Errorf("router observed no KV event lag (%v, %v)", n, ok)
 	}
 	t.Logf("index equal to the engines' caches %v after the last request at start, %v after the restart",

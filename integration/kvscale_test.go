@@ -328,7 +328,7 @@ func TestKVScale(t *testing.T) {
 	r := startRouterProc(t, "r1", rest[1].grpc)
 	var entries float64
 	if !eventually(30*time.Second, func() bool {
-		entries, _ = testkit.Scrape(r.http, "llmgw_router_kvindex_entries", nil)
+		entries, _ = testkit.Scrape(r.ops, "llmgw_router_kvindex_entries", nil)
 		return entries == float64(total)
 	}) {
 		t.Fatalf("the new router's KV index holds %v entries, want %d", entries, total)

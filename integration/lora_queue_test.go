@@ -59,7 +59,7 @@ func TestLoRAQueue(t *testing.T) {
 		if n := failures(res); n != 0 {
 			t.Errorf("%d of %d requests failed: %v", n, len(res), statusCounts(res))
 		}
-		t.Logf("served after waiting in the queue: %v of %d", testkit.MustScrape(t, d.http, "llmgw_router_adapter_queue_requests_total", testkit.Labels{"model": "lora", "result": "served_after_wait"}), len(res))
+		t.Logf("served after waiting in the queue: %v of %d", testkit.MustScrape(t, d.ops, "llmgw_router_adapter_queue_requests_total", testkit.Labels{"model": "lora", "result": "served_after_wait"}), len(res))
 	})
 
 	t.Run("fairness", func(t *testing.T) {

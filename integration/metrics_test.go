@@ -146,10 +146,10 @@ func TestAlertedMetricsExported(t *testing.T) {
 	exported := map[string]string{}
 	// The router's load-reading histogram fills once a load snapshot
 	// arrived; give the agents' first interval a moment.
-	if !eventually(10*time.Second, func() bool { return scrapeNames(t, d.http)["llmgw_router_load_reading_age_seconds"] }) {
+	if !eventually(10*time.Second, func() bool { return scrapeNames(t, d.ops)["llmgw_router_load_reading_age_seconds"] }) {
 		t.Logf("the router has no llmgw_router_load_reading_age_seconds series within %v (no load snapshot yet)", within(10*time.Second))
 	}
-	for comp, addr := range map[string]string{"control": controlHTTP, "agent": agentHTTP, "router": d.http} {
+	for comp, addr := range map[string]string{"control": controlHTTP, "agent": agentHTTP, "router": d.ops} {
 		for n := range scrapeNames(t, addr) {
 			exported[n] = comp
 		}

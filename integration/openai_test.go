@@ -208,7 +208,7 @@ func TestOpenAISurface(t *testing.T) {
 	})
 
 	t.Run("streams counted by their status", func(t *testing.T) {
-		ok, closed := requestCounts(t, d.http, "demo")
+		ok, closed := requestCounts(t, d.ops, "demo")
 		if closed != 0 {
 			t.Fatalf("%v requests of demo counted as 499, want 0", closed)
 		}
@@ -219,7 +219,8 @@ func TestOpenAISurface(t *testing.T) {
 }
 
 // requestCounts reads llmgw_router_requests_total for model from the
-// router's /metrics: the 200s and the 499s, summed over keys.
+// router's /metrics at addr, its operations port: the 200s and the 499s,
+// summed over keys.
 func requestCounts(t *testing.T, addr, model string) (ok, closed float64) {
 	t.Helper()
 	ok = testkit.MustScrape(t, addr, "llmgw_router_requests_total", testkit.Labels{"model": model, "code": "200"})

@@ -42,6 +42,21 @@ type prometheusServer struct {
 
 func startPrometheus(t *testing.T, jobs []scrapeJob) *prometheusServer {
 	t.Helper()
+	var cfg strings.Builder
+	for _, j := range jobs {
+		quoted := make([]string, len(j.targets))
+		for i, a := range j.targets {
+			quoted[i] = strconv.Quote(a)
+		}
+		fmt.Fprintf(&cfg, "  - job_name: %s\n    static_configs:\n      - targets: [%s]\n", j.name, strings.Join(quoted, ", "))
+	}
+	return startPrometheusWith(t, cfg.String())
+}
+
+// startPrometheusWith is startPrometheus with scrapeConfigs, the YAML of
+// its scrape_configs list (each item indented two spaces).
+func startPrometheusWith(t *testing.T, scrapeConfigs string) *prometheusServer {
+	t.Helper()
 	bin, err := exec.LookPath("prometheus")
 	if err != nil {
 		t.Skip("prometheus is not installed (Debian package prometheus; .ci/run installs it)")
@@ -63,13 +78,7 @@ func startPrometheus(t *testing.T, jobs []scrapeJob) *prometheusServer {
 rule_files: [rules.yml]
 scrape_configs:
 `, every, every*4/5)
-	for _, j := range jobs {
-		quoted := make([]string, len(j.targets))
-		for i, a := range j.targets {
-			quoted[i] = strconv.Quote(a)
-		}
-		fmt.Fprintf(&cfg, "  - job_name: %s\n    static_configs:\n      - targets: [%s]\n", j.name, strings.Join(quoted, ", "))
-	}
+	cfg.WriteString(scrapeConfigs)
 	if err := os.WriteFile(filepath.Join(dir, "prometheus.yml"), []byte(cfg.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +260,7 @@ func TestPrometheusAlerts(t *testing.T) {
 	jobs := []scrapeJob{
 		{"llmgw-control", controlHTTP},
 		{"llmgw-agent", []string{agent.http}},
-		{"llmgw-router", []string{router.http}},
+		{"llmgw-router", []string{router.ops}}, // the operations port
 	}
 	p := startPrometheus(t, jobs)
 	var bad string

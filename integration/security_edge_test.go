@@ -69,7 +69,8 @@ func agentArgs(t *testing.T, node string, httpAddr, grpcAddr string, extra ...st
 }
 
 func routerArgs(t *testing.T, httpAddr string, extra ...string) []string {
-	return append([]string{"router", "--id", "r1", "--control", "127.0.0.1:1", "--data-dir", t.TempDir(), "--http-addr", httpAddr}, extra...)
+	return append([]string{"router", "--id", "r1", "--control", "127.0.0.1:1", "--data-dir", t.TempDir(), "--http-addr", httpAddr,
+		"--ops-addr", freeAddr(t)}, extra...)
 }
 
 func healthy(addr string) bool {
@@ -381,8 +382,10 @@ func TestEdgeTLSEndToEnd(t *testing.T) {
 		t.Fatalf("no chat served over TLS within %v: %d %s\nagent:\n%s\nrouter:\n%s", within(90*time.Second), code, body,
 			tail(agent.output(), 20), tail(router.output(), 20))
 	}
+	// The router's operations port speaks mutual TLS: read as an admin.
+	ops := opsClient(t, p, p.source(mtls.RoleAdmin, "ops"))
 	if !eventually(20*time.Second, func() bool {
-		n, _ := testkit.Scrape(router.http, "llmgw_router_load_snapshots_total", nil)
+		n, _ := testkit.ScrapeWith(ops, "https://"+router.ops+"/metrics", "llmgw_router_load_snapshots_total", nil)
 		return n > 0
 	}) {
 		t.Fatalf("the router received no load snapshot from the agent over TLS:\n%s", tail(router.output(), 20))

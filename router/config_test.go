@@ -128,7 +128,8 @@ id: r-7
 control: [10.0.0.1:7400, 10.0.0.2:7400]
 http_addr: 127.0.0.1:9090
 data_dir: /var/lib/llmgw/router
-pprof_addr: 127.0.0.1:6061
+ops_addr: 127.0.0.1:9091
+pprof: true
 gc_min_heap: 33554432
 max_body_bytes: 1048576
 scrape_interval: 250ms
@@ -142,6 +143,7 @@ max_header_bytes: 32768
 max_header_count: 50
 max_connections: 2000
 max_inflight: 500
+max_key_inflight: 64
 breaker_failures: 5
 breaker_cooldown: 7s
 scheduler_sessions: 1024
@@ -180,10 +182,10 @@ func TestConfigFileEveryKey(t *testing.T) {
 	}
 	want := Config{
 		ID: "r-7", Control: []string{"10.0.0.1:7400", "10.0.0.2:7400"}, HTTPAddr: "127.0.0.1:9090",
-		DataDir: "/var/lib/llmgw/router", PprofAddr: "127.0.0.1:6061", GCMinHeap: 32 << 20, MaxBodyBytes: 1 << 20, ScrapeInterval: 250 * time.Millisecond,
+		DataDir: "/var/lib/llmgw/router", OpsAddr: "127.0.0.1:9091", Pprof: true, GCMinHeap: 32 << 20, MaxBodyBytes: 1 << 20, ScrapeInterval: 250 * time.Millisecond,
 		ConnectTimeout: 3 * time.Second, FirstByteTimeout: 2 * time.Minute, ShutdownGrace: 45 * time.Second,
 		ReadHeaderTimeout: 5 * time.Second, BodyTimeout: 30 * time.Second, IdleTimeout: 90 * time.Second,
-		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxInflight: 500,
+		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxInflight: 500, MaxKeyInflight: 64,
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
 			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}, KVImbalance: scheduler.KVImbalance{Ratio: 3, MinGap: 12}},

@@ -99,11 +99,12 @@ func newLimits(cfg Config, next http.Handler) *limits {
 }
 
 // counted tells whether a request counts against the in-flight limit:
-// health and metrics do not, since a router busy to its limit is alive and
-// its load balancer and Prometheus must still see it.
+// the probes do not, since a router busy to its limit is alive and its load
+// balancer must still see it. (Prometheus reads the operations port, which
+// this limit does not cover.)
 func counted(path string) bool {
 	switch path {
-	case "/healthz", "/readyz", "/metrics", "/sd/replicas":
+	case "/healthz", "/readyz":
 		return false
 	}
 	return true
@@ -120,6 +121,12 @@ func (l *limits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case l.inflight <- struct{}{}:
 			defer func() { <-l.inflight }()
 		default:
+			if r.ContentLength != 0 {
+				// Go's server would read the rest of the unread body before
+				// sending the answer: a slow upload would wait for its 503
+				// as long as it takes to send. Closing answers at once.
+				w.Header().Set("Connection", "close")
+			}
 			openai.WriteError(w, openai.Overloaded(cap(l.inflight), 1))
 			return
 		}

@@ -38,13 +38,27 @@ func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) st
 	cfg.ID = "r-test"
 	cfg.Control = []string{control(t, strings.TrimPrefix(eng.URL, "http://"))}
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.OpsAddr = "127.0.0.1:0"
 	cfg.ScrapeInterval = 20 * time.Millisecond
 	mutate(&cfg)
 	r, err := New(cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	addr := serveRouter(t, r)
+	testkit.Wait(t, "demo-0 to become routable", func() bool {
+		eps, _ := r.eps.Lookup("demo")
+		return len(eps) > 0 && r.ready()
+	})
+	return addr
+}
+
+// serveRouter serves r's API on a loopback port of its own until the test
+// ends, and returns the port's address; cleanup checks that Serve
+// returned, without error, once its context ended.
+func serveRouter(t *testing.T, r *Router) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,10 +75,6 @@ func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) st
 		case <-time.After(10 * time.Second):
 			t.Error("Serve did not return after its context ended")
 		}
-	})
-	testkit.Wait(t, "demo-0 to become routable", func() bool {
-		eps, _ := r.eps.Lookup("demo")
-		return len(eps) > 0 && r.ready()
 	})
 	return ln.Addr().String()
 }
@@ -307,6 +317,11 @@ func TestInflightLimit(t *testing.T) {
 	if hz != nil {
 		hz.Body.Close()
 	}
+	// A request refused while its body is still being sent gets its 503 at
+	// once, its connection closed, not once the server read the rest.
+	if err := slowUploadAnswer(addr, http.StatusServiceUnavailable); err != nil {
+		t.Error(err)
+	}
 
 	close(release)
 	select {
@@ -438,8 +453,10 @@ func TestConnectionTimeouts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := dial(t, addr) // reads fail after 10 s: the router must close first
+			// From before the dial: the router's clock starts once it has
+			// accepted, which may be before the dial returns here.
 			start := time.Now()
+			c := dial(t, addr) // reads fail after 10 s: the router must close first
 			if _, err := io.WriteString(c, tt.send); err != nil {
 				t.Fatal(err)
 			}
@@ -455,4 +472,25 @@ func TestConnectionTimeouts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// slowUploadAnswer sends a request with half its body to addr and checks
+// that it is answered want, closing the connection, before the rest.
+func slowUploadAnswer(addr string, want int) error {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	_, _ = io.WriteString(c, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return fmt.Errorf("no answer while the body is being sent: %w", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != want || !resp.Close {
+		return fmt.Errorf("%s (close %v) while the body is being sent, want %d closing the connection", resp.Status, resp.Close, want)
+	}
+	return nil
 }

@@ -7,7 +7,6 @@ package router
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
@@ -54,11 +53,20 @@ type Config struct {
 	// Control lists control servers' gRPC addresses (host:port); more are
 	// learned from the stream.
 	Control []string `yaml:"control"`
-	// HTTPAddr is where the OpenAI API, /metrics, /healthz and /readyz are served.
+	// HTTPAddr is where the OpenAI API, /healthz and /readyz are served:
+	// the public port, which serves nothing about other users.
 	HTTPAddr string `yaml:"http_addr"`
-	// PprofAddr, when set, serves Go's profiles (/debug/pprof/) on this
-	// address, which must be loopback: off by default, apart from the API.
-	PprofAddr string `yaml:"pprof_addr"`
+	// OpsAddr is the operations port (ops.go): /metrics, /sd/replicas,
+	// /debug/kvindex and, with Pprof, /debug/pprof/ — what an operator and
+	// a monitoring system read, which names keys, engines and (the KV
+	// index's hashes) what users' prompts were. Loopback by default, and
+	// beyond loopback only with TLS, where each caller needs an admin or
+	// scraper certificate. Empty serves none of it.
+	OpsAddr string `yaml:"ops_addr"`
+	// Pprof serves Go's profiles (/debug/pprof/) on the operations port,
+	// to admins only: off by default, since a profile costs CPU to take and
+	// shows what the router is doing with users' requests.
+	Pprof bool `yaml:"pprof"`
 	// GCMinHeap is the heap the garbage collector lets the router grow to
 	// before it collects, however little is live (gcTuner): Go's own
 	// pacing collects a small heap many times a second under load, which
@@ -92,10 +100,16 @@ type Config struct {
 	// MaxConnections bounds the connections open at once: past it new ones
 	// wait in the kernel's backlog until one closes. MaxInflight bounds the
 	// requests served at once (503 with Retry-After beyond), so requests
-	// being served go on while extra ones are refused; /healthz, /readyz
-	// and /metrics are not counted.
+	// being served go on while extra ones are refused; /healthz and /readyz
+	// are not counted.
 	MaxConnections int `yaml:"max_connections"`
 	MaxInflight    int `yaml:"max_inflight"`
+	// MaxKeyInflight bounds the requests one API key — or, while keys are
+	// not required, one client address — has in flight at once, bodies
+	// still being uploaded included (429 with Retry-After beyond), so that
+	// one caller cannot take all of MaxInflight from the others. 0 is no
+	// bound.
+	MaxKeyInflight int `yaml:"max_key_inflight"`
 	// ShutdownGrace is how long in-flight requests may run after shutdown
 	// begins before they are cut.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
@@ -139,14 +153,16 @@ type Config struct {
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
-// the API on 127.0.0.1:8080 — loopback, so that the defaults are safe
-// (design §11): serving a network is a choice made with --http-addr and
-// TLS or --insecure.
+// the API on 127.0.0.1:8080 and the operations port on 127.0.0.1:7406 —
+// loopback, so that the defaults are safe (design §11): serving a network
+// is a choice made with --http-addr and TLS or --insecure, and
+// --ops-addr and TLS.
 func DefaultConfig() Config {
 	a, px := api.DefaultConfig(), proxy.DefaultConfig()
 	return Config{
 		Control:           []string{"127.0.0.1:7400"},
 		HTTPAddr:          "127.0.0.1:8080",
+		OpsAddr:           DefaultOpsAddr,
 		MaxBodyBytes:      a.MaxBodyBytes,
 		GCMinHeap:         16 << 20,
 		ScrapeInterval:    200 * time.Millisecond,
@@ -160,6 +176,7 @@ func DefaultConfig() Config {
 		MaxHeaderCount:    100,
 		MaxConnections:    4096,
 		MaxInflight:       1024,
+		MaxKeyInflight:    256,
 		Breaker:           breaker.DefaultConfig(),
 		Scheduler:         scheduler.DefaultConfig(),
 		KVIndex:           kvindex.DefaultConfig(),
@@ -194,14 +211,7 @@ func (c Config) Validate() error {
 			"and be sent your users' requests; give --tls-ca, --tls-cert and --tls-key, bind 127.0.0.1, or pass --insecure to accept the risk",
 			c.HTTPAddr)
 	}
-	if c.PprofAddr != "" {
-		if _, _, err := net.SplitHostPort(c.PprofAddr); err != nil {
-			p.Add(configfile.Flag("pprof-addr"), "%q: %w", c.PprofAddr, err)
-		} else if !mtls.IsLoopback(c.PprofAddr) {
-			p.Add(configfile.Flag("pprof-addr"), "%s: profiles are served only on a loopback address (127.0.0.1:PORT, [::1]:PORT): "+
-				"they show what the router is doing with users' requests", c.PprofAddr)
-		}
-	}
+	c.validateOps(&p)
 	if c.GCMinHeap < 0 {
 		p.Add(configfile.Flag("gc-min-heap"), "must not be negative, got %d", c.GCMinHeap)
 	}
@@ -250,6 +260,9 @@ func (c Config) Validate() error {
 	if c.MaxInflight <= 0 {
 		p.Add(configfile.Flag("max-inflight"), "must be positive, got %d", c.MaxInflight)
 	}
+	if c.MaxKeyInflight < 0 {
+		p.Add(configfile.Flag("max-key-inflight"), "must not be negative (0 is no bound), got %d", c.MaxKeyInflight)
+	}
 	for _, f := range c.TLS.Missing() {
 		p.Add(configfile.Flag(f), "required when any of --tls-ca, --tls-cert, --tls-key is given")
 	}
@@ -267,7 +280,8 @@ func (c Config) Validate() error {
 // Router is one router process's worth of components.
 type Router struct {
 	cfg      Config
-	https    *httpsCert // nil: plain HTTP
+	https    *httpsCert   // nil: plain HTTP
+	tls      *mtls.Source // nil: plain text (the operations port's callers are admins on loopback)
 	log      *slog.Logger
 	reg      *prometheus.Registry
 	watch    *watch.Client
@@ -282,7 +296,7 @@ type Router struct {
 	control  *controlAdapters
 	mux      *http.ServeMux
 	draining atomic.Bool
-	pprof    atomic.Pointer[pprofServer] // set while --pprof-addr is served
+	ops      atomic.Pointer[opsServer] // set while --ops-addr is served
 }
 
 // New builds a router; nothing runs until Run.
@@ -310,17 +324,21 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	r := &Router{cfg: cfg, https: https, log: log, reg: reg}
+	r := &Router{cfg: cfg, https: https, tls: src, log: log, reg: reg}
 	if err := r.buildTable(src); err != nil {
 		return nil, err
 	}
 	if err := r.buildPipeline(src); err != nil {
 		return nil, err
 	}
+	// The API port serves the API alone; /metrics, /sd/replicas and
+	// /debug/... are the operations port's (ops.go) and 404 here.
 	r.mux = http.NewServeMux()
-	r.mux.Handle("/", r.handler)
-	r.mux.Handle("/debug/kvindex", api.Only(http.MethodGet, http.HandlerFunc(r.debugKVIndex)))
-	r.mux.Handle("/sd/replicas", api.Only(http.MethodGet, http.HandlerFunc(r.serveSD)))
+	if https != nil {
+		r.mux.Handle("/", closeChunked(r.handler)) // framing.go
+	} else {
+		r.mux.Handle("/", r.handler)
+	}
 	return r, nil
 }
 
@@ -399,11 +417,12 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		Ready:        r.ready,
 		// The keys of the state the watch client published last: a
 		// revocation applies to the next request after it arrives.
-		Keys:         func() *auth.Set { return wc.Current().APIKeys },
-		RequireKey:   cfg.RequireAPIKey,
-		KeysRequired: func() bool { return wc.Current().Config.GetApiKeysRequired() },
+		Keys:           func() *auth.Set { return wc.Current().APIKeys },
+		RequireKey:     cfg.RequireAPIKey,
+		KeysRequired:   func() bool { return wc.Current().Config.GetApiKeysRequired() },
+		MaxKeyInflight: cfg.MaxKeyInflight,
 	}
-	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg, r.reg)
+	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil
 }
 
@@ -447,9 +466,10 @@ func (r *Router) Run(ctx context.Context) error {
 	return r.Serve(ctx, ln)
 }
 
-// Serve runs the router on ln until ctx is cancelled and returns once
-// everything it started has stopped. The shutdown order keeps traffic
-// flowing as long as possible:
+// Serve runs the router's API on ln, and its operations port on
+// --ops-addr, until ctx is cancelled and returns once everything it
+// started has stopped. The shutdown order keeps traffic flowing as long
+// as possible, and the operations port answering longer still:
 //  1. /readyz fails, so load balancers stop sending new requests;
 //  2. the HTTP server stops accepting and waits up to ShutdownGrace for
 //     in-flight requests (streams included) to finish;
@@ -459,17 +479,23 @@ func (r *Router) Run(ctx context.Context) error {
 //     and the proxy's idle engine connections;
 //  5. only then stop the endpoint scrapers, the watch client (which saves
 //     the state a last time) and the forgetter: requests route from them
-//     to the end.
+//     to the end;
+//  6. the operations port.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
-	var prof *pprofServer
-	if r.cfg.PprofAddr != "" {
+	if r.https == nil {
+		// Requests framed two ways are refused below the server (framing.go).
+		ln = framingListener{Listener: ln, maxHeader: r.cfg.MaxHeaderBytes}
+	}
+	var ops *opsServer
+	if r.cfg.OpsAddr != "" {
 		var err error
-		if prof, err = startPprof(r.cfg.PprofAddr, r.log); err != nil {
+		if ops, err = r.startOps(); err != nil {
+			_ = ln.Close()
 			return err
 		}
-		r.pprof.Store(prof)
+		r.ops.Store(ops)
 	}
-	defer prof.stop()
+	defer ops.stop() // last: /metrics answers until the end
 	bgCtx, stopBG := context.WithCancel(context.Background())
 	reqCtx, cancelRequests := context.WithCancel(context.Background())
 	defer cancelRequests()
@@ -587,33 +613,6 @@ func (r *Router) forget(ctx context.Context) {
 		// Per-replica series go with the placement too.
 		r.handler.ForgetReplicas(func(id string) bool { return st.Replicas[id] != nil })
 	}
-}
-
-// debugKVIndex serves the precise KV index read-only, for operators and the
-// exactness tests: GET /debug/kvindex lists every replica's status;
-// ?replica=<id> adds that replica's block hashes (the low 64 bits, as
-// KVBlocks and vLLM's int events carry them), sorted; 404 when the index
-// holds nothing for it.
-func (r *Router) debugKVIndex(w http.ResponseWriter, req *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	id := req.URL.Query().Get("replica")
-	if id == "" {
-		_ = json.NewEncoder(w).Encode(struct {
-			Size     kvindex.Size     `json:"size"`
-			Replicas []kvindex.Status `json:"replicas"`
-		}{r.kv.Size(), r.kv.Replicas()})
-		return
-	}
-	st, blocks, ok := r.kv.Blocks(id)
-	if !ok {
-		w.WriteHeader(http.StatusNotFound)
-		_ = json.NewEncoder(w).Encode(map[string]string{"error": "no kv state for replica " + id})
-		return
-	}
-	_ = json.NewEncoder(w).Encode(struct {
-		kvindex.Status
-		Hashes []uint64 `json:"hashes"`
-	}{st, blocks})
 }
 
 // controlAddrs lists the control servers to ask: the configured ones,

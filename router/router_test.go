@@ -21,6 +21,7 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
+	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -122,6 +123,7 @@ func TestEndToEnd(t *testing.T) {
 	cfg.ID = "r-test"
 	cfg.Control = []string{control(t, strings.TrimPrefix(eng.URL, "http://"))}
 	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.OpsAddr = "127.0.0.1:0"
 	cfg.DataDir = t.TempDir()
 	cfg.ScrapeInterval = 20 * time.Millisecond
 	r, err := New(cfg, slog.New(slog.DiscardHandler))
@@ -145,8 +147,9 @@ func TestEndToEnd(t *testing.T) {
 		eps, _ := r.eps.Lookup("demo")
 		return len(eps) > 0
 	})
-	// Prometheus's HTTP service discovery lists the engine, labelled.
-	sd, err := http.Get(base + "/sd/replicas")
+	// Prometheus's HTTP service discovery lists the engine, labelled, on
+	// the operations port.
+	sd, err := http.Get("http://" + r.OpsAddr() + "/sd/replicas")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,10 +217,19 @@ func TestConfigValidate(t *testing.T) {
 		{"connect", func(c *Config) { c.ConnectTimeout = -1 }, "--connect-timeout"},
 		{"first byte", func(c *Config) { c.FirstByteTimeout = 0 }, "--first-byte-timeout"},
 		{"grace", func(c *Config) { c.ShutdownGrace = -time.Second }, "--shutdown-grace"},
-		{"pprof loopback", func(c *Config) { c.PprofAddr = "127.0.0.1:6060" }, ""},
-		{"pprof beyond loopback", func(c *Config) { c.PprofAddr = "0.0.0.0:6060" }, "--pprof-addr"},
-		{"pprof every interface", func(c *Config) { c.PprofAddr = ":6060" }, "--pprof-addr"},
-		{"pprof without port", func(c *Config) { c.PprofAddr = "127.0.0.1" }, "--pprof-addr"},
+		{"no key bound", func(c *Config) { c.MaxKeyInflight = 0 }, ""},
+		{"negative key bound", func(c *Config) { c.MaxKeyInflight = -1 }, "--max-key-inflight"},
+		// The operations port: beyond loopback only with TLS, --insecure
+		// or not; --pprof serves on it.
+		{"no operations port", func(c *Config) { c.OpsAddr = "" }, ""},
+		{"pprof", func(c *Config) { c.Pprof = true }, ""},
+		{"pprof without the operations port", func(c *Config) { c.OpsAddr, c.Pprof = "", true }, "--pprof (pprof): the profiles are served on the operations port"},
+		{"operations port without a port", func(c *Config) { c.OpsAddr = "127.0.0.1" }, "--ops-addr (ops_addr): "},
+		{"operations port on every interface", func(c *Config) { c.OpsAddr = ":7406" }, "--ops-addr (ops_addr): :7406: the operations port"},
+		{"operations port beyond loopback, --insecure", func(c *Config) { c.OpsAddr, c.Insecure = "0.0.0.0:7406", true }, "--ops-addr (ops_addr): 0.0.0.0:7406: the operations port"},
+		{"operations port beyond loopback with TLS", func(c *Config) {
+			c.OpsAddr, c.TLS = "0.0.0.0:7406", mtls.Files{CA: "ca.pem", Cert: "r.pem", Key: "r-key.pem"}
+		}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -235,39 +247,4 @@ func TestConfigValidate(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestPprof: --pprof-addr serves the profiles on its own address and the
-// API's address does not; without it nothing listens for them.
-func TestPprof(t *testing.T) {
-	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {}))
-	defer engine.Close()
-	cfg := DefaultConfig()
-	cfg.Control = []string{control(t, strings.TrimPrefix(engine.URL, "http://"))}
-	cfg.PprofAddr = "127.0.0.1:0"
-	r, err := New(cfg, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
-	api := "http://" + ln.Addr().String()
-	waitStatus(t, api+"/healthz", 200)
-	prof := r.pprof.Load()
-	if prof == nil {
-		t.Fatal("no pprof listener")
-	}
-	waitStatus(t, "http://"+prof.addr()+"/debug/pprof/cmdline", 200)
-	waitStatus(t, api+"/debug/pprof/cmdline", 404)
 }

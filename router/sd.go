@@ -23,8 +23,9 @@ type sdTargetGroup struct {
 // replicas are listed: a replica that is not ready has nothing worth
 // scraping, and it returns to the list when it is ready again.
 //
-// Like /metrics it is plain and unauthenticated (design §11): it names
-// engine addresses a scraper needs, never keys or prompts.
+// Like /metrics it is on the operations port (ops.go), to scrapers and
+// admins: it names engine addresses, which a scraper needs and API
+// clients do not.
 func (r *Router) serveSD(w http.ResponseWriter, _ *http.Request) {
 	groups := []sdTargetGroup{}
 	for _, m := range r.eps.Models() {

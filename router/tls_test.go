@@ -1,7 +1,6 @@
 package router
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"log/slog"
@@ -78,6 +77,7 @@ func TestHTTPS(t *testing.T) {
 	files := issue()
 	c := DefaultConfig()
 	c.Control = []string{control(t, "127.0.0.1:1")}
+	c.OpsAddr = "127.0.0.1:0"
 	c.HTTPSCert, c.HTTPSKey = files.Cert, files.Key
 	r, err := New(c, slog.New(slog.DiscardHandler))
 	if err != nil {
@@ -86,19 +86,7 @@ func TestHTTPS(t *testing.T) {
 	now := time.Now()
 	var mu sync.Mutex
 	r.https.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	addr := serveRouter(t, r)
 
 	pool := x509.NewCertPool()
 	caPEM, err := os.ReadFile(files.CA)
@@ -110,7 +98,7 @@ func TestHTTPS(t *testing.T) {
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	serial := func() string {
 		t.Helper()
-		resp, err := client.Get("https://" + ln.Addr().String() + "/healthz")
+		resp, err := client.Get("https://" + addr + "/healthz")
 		if err != nil {
 			t.Fatalf("GET over HTTPS: %v", err)
 		}
@@ -123,7 +111,7 @@ func TestHTTPS(t *testing.T) {
 	first := serial()
 
 	plain := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	if resp, err := plain.Get("http://" + ln.Addr().String() + "/healthz"); err == nil {
+	if resp, err := plain.Get("http://" + addr + "/healthz"); err == nil {
 		resp.Body.Close()
 		if resp.StatusCode == http.StatusOK {
 			t.Fatal("a plain-HTTP request was served by the HTTPS listener")

@@ -57,6 +57,9 @@ ctl=("$bin/llmgwctl" --addr 127.0.0.1:33700)
 r1=http://127.0.0.1:33480
 r2addr=127.0.0.1:33481
 r2=http://$r2addr
+# The routers' operations ports (/metrics), apart from the API.
+r1ops=http://127.0.0.1:33482
+r2ops=http://127.0.0.1:33483
 dev_pid=
 r2_pid=
 bench_pid=
@@ -71,7 +74,7 @@ trap stop EXIT
 trap 'exit 130' INT TERM
 
 rm -rf "$out/data" "$out/r2data"
-"$bin/llmgw" dev --replicas 4 --gpus 8 --data-dir "$out/data" --http-addr 127.0.0.1:33480 \
+"$bin/llmgw" dev --replicas 4 --gpus 8 --data-dir "$out/data" --http-addr 127.0.0.1:33480 --ops-addr "${r1ops#http://}" \
 	--grpc-addr 127.0.0.1:33700 --raft-addr 127.0.0.1:33701 --control-http-addr 127.0.0.1:33703 \
 	--agent-http-addr 127.0.0.1:33704 --agent-grpc-addr 127.0.0.1:33705 --port-range 33100-33399 >"$out/dev.log" 2>&1 &
 dev_pid=$!
@@ -94,7 +97,7 @@ ready() {
 # r2start: the second router, against dev's control plane; its own data
 # dir, so a restart starts from its last state as a real one does.
 r2start() {
-	"$bin/llmgw" router --id r2 --control 127.0.0.1:33700 --http-addr "$r2addr" \
+	"$bin/llmgw" router --id r2 --control 127.0.0.1:33700 --http-addr "$r2addr" --ops-addr "${r2ops#http://}" \
 		--data-dir "$out/r2data" >>"$out/r2.log" 2>&1 &
 	r2_pid=$!
 	for _ in $(seq 120); do
@@ -171,7 +174,7 @@ workload() { # SCENARIO
 bench() {
 	local json=$out/$2-$1-$3.json
 	# shellcheck disable=SC2046 # the workload's flags are words
-	timeout 600 "$bin/llmgwctl" bench --target "$1=$r1" --target "$1=$r2" --targets-round-robin \
+	timeout 600 "$bin/llmgwctl" bench --target "$1=$r1" --target "$1=$r2" --target-metrics "$r1ops" --target-metrics "$r2ops" --targets-round-robin \
 		"${common[@]}" $(workload "$2") --seed "$3" >"$json" 2>"$out/$2-$1-$3.err" &
 	bench_pid=$!
 }

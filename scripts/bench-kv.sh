@@ -30,6 +30,7 @@ done
 
 ctl=("$bin/llmgwctl" --addr 127.0.0.1:17700)
 r1=http://127.0.0.1:18480
+r1ops=http://127.0.0.1:18481 # its operations port: /metrics
 pids=()
 stop() {
 	# SIGINT is dev's Ctrl-C: router, agent and its engines, control.
@@ -41,7 +42,7 @@ stop() {
 trap stop EXIT
 
 rm -rf "$out/data"
-"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr 127.0.0.1:18480 \
+"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr 127.0.0.1:18480 --ops-addr 127.0.0.1:18481 \
 	--grpc-addr 127.0.0.1:17700 --raft-addr 127.0.0.1:17701 --control-http-addr 127.0.0.1:17703 \
 	--agent-http-addr 127.0.0.1:17704 --agent-grpc-addr 127.0.0.1:17705 --port-range 24000-24999 >"$out/dev.log" 2>&1 &
 pids+=($!)
@@ -105,7 +106,7 @@ row() {
 }
 # kvs FILE: the router's llmgw_kv_decisions_total{decision} counts (the bench
 # tool reads only session and prefix decisions); kvdiff BEFORE AFTER: the run's.
-kvs() { curl -sf "$r1/metrics" | sed -n 's/^llmgw_kv_decisions_total{.*decision="\([a-z_]*\)".*} \([0-9.e+]*\)$/\1 \2/p' >"$1" || true; }
+kvs() { curl -sf "$r1ops/metrics" | sed -n 's/^llmgw_kv_decisions_total{.*decision="\([a-z_]*\)".*} \([0-9.e+]*\)$/\1 \2/p' >"$1" || true; }
 kvdiff() {
 	awk 'FILENAME == ARGV[1] { b[$1] = $2; next } { d = $2 - b[$1]; if (d > 0) printf "%s%s=%d", (n++ ? " " : ""), $1, d } END { if (!n) printf "-" }' "$1" "$2"
 }
@@ -119,7 +120,7 @@ for cfg in tier2 tier1 rr; do
 	for seed in $(seq "$runs"); do
 		reset
 		kvs "$out/$cfg-$seed.kv0"
-		"${ctl[@]}" bench --target "$cfg=$r1" --model demo -q -o json "${work[@]}" --seed "$seed" >"$out/$cfg-$seed.json"
+		"${ctl[@]}" bench --target "$cfg=$r1" --target-metrics "$r1ops" --model demo -q -o json "${work[@]}" --seed "$seed" >"$out/$cfg-$seed.json"
 		kvs "$out/$cfg-$seed.kv1"
 		row "$cfg-$seed" >>"$out/summary.txt"
 	done

@@ -24,7 +24,7 @@
 #   SETTLE=12         seconds of quiet before each run
 #   RATES="4"        open-loop rates, space-separated (each runs RUNS pairs)
 #   PORT_BASE=17700   control gRPC at PORT_BASE, raft +1, HTTP +3, agent +4
-#                     and +5, routers +80 and +81, engines +100 to +199
+#                     and +5, routers +80 and +81 (operations ports +82 and +83), engines +100 to +199
 # Needs curl and jq. Takes about RUNS × 2 × DURATION plus SETTLE, per run,
 # and 20 s per MIN_IDLE value.
 # Everything it starts is stopped on exit, Ctrl-C included.
@@ -48,6 +48,9 @@ grpc=127.0.0.1:$base
 ctl=("$bin/llmgwctl" --addr "$grpc")
 r1=http://127.0.0.1:$((base + 80))
 r2=http://127.0.0.1:$((base + 81))
+# The routers' operations ports, where their /metrics is.
+r1ops=http://127.0.0.1:$((base + 82))
+r2ops=http://127.0.0.1:$((base + 83))
 control_metrics=http://127.0.0.1:$((base + 3))/metrics
 pids=()
 stop() {
@@ -114,7 +117,7 @@ counters() {
 		loads=$((loads + l)) unloads=$((unloads + u))
 	done
 	ev=$(curl -sf "$control_metrics" | awk '/^llmgw_control_adapter_placements_total\{action="evict"\}/ {print $2}')
-	for r in "$r1" "$r2"; do
+	for r in "$r1ops" "$r2ops"; do
 		read -r s t < <(curl -sf "$r/metrics" | awk '/^llmgw_router_adapter_queue_requests_total/ {
 			if ($0 ~ /result="served_after_wait"/) s += $2; if ($0 ~ /result="timed_out"/ || $0 ~ /result="queue_full"/) t += $2 }
 			END {printf "%d %d\n", s, t}')
@@ -132,7 +135,7 @@ bench() {
 	sleep "$settle"
 	counters >"$out/$name.counters"
 	"$bin/llmgwctl" bench --workload lora-mix --model lora --adapters "$adapters" --targets-round-robin \
-		--target "$r1" --target "$r2" --rate "$rate" --duration "$duration" --requests 100000 \
+		--target "$r1" --target "$r2" --target-metrics "$r1ops" --target-metrics "$r2ops" --rate "$rate" --duration "$duration" --requests 100000 \
 		--max-tokens 32 --prompt-words 50 --system-words 200 --request-timeout 60s \
 		--seed "$seed" -q -o json >"$out/$name.json"
 	counters >>"$out/$name.counters"
@@ -165,7 +168,7 @@ for idle in $min_idles; do
 		--stop-engines-on-exit >"$out/agent-$idle.log" 2>&1 &
 	pids+=($!)
 	for r in 1 2; do
-		"$bin/llmgw" router --id "r$r" --control "$grpc" --http-addr "127.0.0.1:$((base + 79 + r))" \
+		"$bin/llmgw" router --id "r$r" --control "$grpc" --http-addr "127.0.0.1:$((base + 79 + r))" --ops-addr "127.0.0.1:$((base + 81 + r))" \
 			--data-dir "$out/data/r$r" >"$out/r$r-$idle.log" 2>&1 &
 		pids+=($!)
 	done

@@ -45,7 +45,8 @@
 #             proxy then runs with one P, as nginx runs one worker.
 #   ROUTER_FLAGS="..."  extra flags for the measured router(s)
 #   OUT=bench-out/proxy   wrk outputs and logs
-# Ports (loopback): 36100-36105 (dev), 36110-36112 (routers, pprof),
+# Ports (loopback): 36100-36106 (dev), 36110-36113 (routers and their
+# operations ports: /metrics, and /debug/pprof/ with PPROF=1),
 # 36120-36122 (nginx and Go proxies), engines 36200-36299. Needs wrk,
 # nginx, curl, jq (and taskset for PIN=1).
 # Everything it starts is stopped on exit, Ctrl-C included.
@@ -82,6 +83,7 @@ fi
 grpc=127.0.0.1:36101
 ctl=("$bin/llmgwctl" --addr "$grpc")
 router=127.0.0.1:36110
+router_ops=127.0.0.1:36111
 base_router=127.0.0.1:36112
 nginx_proxy=127.0.0.1:36120
 go_proxy=127.0.0.1:36121
@@ -109,7 +111,7 @@ wait_http() { # url what
 
 go build -o "$out/bench-proxy" "$here/bench-proxy"
 
-"${on_load[@]}" "$bin/llmgw" dev --http-addr 127.0.0.1:36100 --grpc-addr "$grpc" --raft-addr 127.0.0.1:36102 \
+"${on_load[@]}" "$bin/llmgw" dev --http-addr 127.0.0.1:36100 --ops-addr 127.0.0.1:36106 --grpc-addr "$grpc" --raft-addr 127.0.0.1:36102 \
 	--control-http-addr 127.0.0.1:36103 --agent-http-addr 127.0.0.1:36104 --agent-grpc-addr 127.0.0.1:36105 \
 	--data-dir "$out/dev" --port-range 36200-36299 --replicas 1 \
 	--vllm-command "$here/bench-proxy/nginx-engine.sh" >"$out/dev.log" 2>&1 &
@@ -133,14 +135,17 @@ done
 [ -n "$engine" ] || { echo "bench-proxy.sh: the bench replica never became ready" >&2; exit 1; }
 
 pprof=()
-[ "${PPROF:-}" = 1 ] && pprof=(--pprof-addr 127.0.0.1:36111)
-"${on_proxy[@]}" "$bin/llmgw" router --control "$grpc" --http-addr "$router" --data-dir "$out/router" --log-level warn \
+[ "${PPROF:-}" = 1 ] && pprof=(--pprof)
+"${on_proxy[@]}" "$bin/llmgw" router --control "$grpc" --http-addr "$router" --ops-addr "$router_ops" --data-dir "$out/router" --log-level warn \
 	"${pprof[@]}" "${router_flags[@]}" >"$out/router.log" 2>&1 &
 pids+=($!)
 declare -A proc=([$router]=$!) # each proxy's process, for its CPU time
 targets=("$nginx_proxy" "$go_proxy" "$router")
 if [ -n "$base_bin" ]; then
-	"${on_proxy[@]}" env "${base_env[@]}" "$base_bin/llmgw" router --control "$grpc" --http-addr "$base_router" --data-dir "$out/base-router" --log-level warn \
+	# A base binary from before the operations port has no --ops-addr.
+	base_ops=()
+	"$base_bin/llmgw" router --help 2>&1 | grep -q -- --ops-addr && base_ops=(--ops-addr 127.0.0.1:36113)
+	"${on_proxy[@]}" env "${base_env[@]}" "$base_bin/llmgw" router --control "$grpc" --http-addr "$base_router" "${base_ops[@]}" --data-dir "$out/base-router" --log-level warn \
 		"${router_flags[@]}" >"$out/base-router.log" 2>&1 &
 	pids+=($!)
 	proc[$base_router]=$!
@@ -269,5 +274,5 @@ for profile in "${profiles[@]}"; do
 	done
 done
 echo "load average after: $(cat /proc/loadavg)"
-curl -s "http://$router/metrics" | grep '^llmgw_router_requests_total' >"$out/router-requests.txt" || true
+curl -s "http://$router_ops/metrics" | grep '^llmgw_router_requests_total' >"$out/router-requests.txt" || true
 echo "router requests by status: $(awk '{split($0, a, "code=\""); split(a[2], b, "\""); n[b[1]] += $NF} END {for (c in n) printf "%s=%d ", c, n[c]}' "$out/router-requests.txt")"

@@ -38,6 +38,9 @@ cp=${CONTROL_PORT:-17600}
 ctl=("$bin/llmgwctl" --addr 127.0.0.1:$cp)
 r1=http://127.0.0.1:${ROUTER_PORT:-18380}
 r2=http://127.0.0.1:${ROUTER2_PORT:-18381}
+# The routers' operations ports, where the bench reads their decisions.
+r1ops=http://127.0.0.1:${ROUTER_OPS_PORT:-18382}
+r2ops=http://127.0.0.1:${ROUTER2_OPS_PORT:-18383}
 engineArgs=${ENGINE_ARGS:-'"--sim-decode-ms-per-token", "10", "--sim-prefill-us-per-token", "75"'}
 pids=()
 stop() {
@@ -51,7 +54,7 @@ stop() {
 trap stop EXIT
 
 rm -rf "$out/data" "$out/r2"
-"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr "${r1#http://}" \
+"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr "${r1#http://}" --ops-addr "${r1ops#http://}" \
 	--grpc-addr 127.0.0.1:$cp --raft-addr 127.0.0.1:$((cp + 1)) --control-http-addr 127.0.0.1:$((cp + 3)) \
 	--agent-http-addr 127.0.0.1:$((cp + 4)) --agent-grpc-addr 127.0.0.1:$((cp + 5)) \
 	--port-range "${ENGINE_PORTS:-23000-23999}" >"$out/dev.log" 2>&1 &
@@ -127,7 +130,7 @@ header "1. multi-turn: debug (round robin) vs chat" >"$out/summary.txt"
 for seed in $(seq "$runs"); do
 	for p in debug chat; do
 		profile "$p"
-		bench "mt-$p-$seed" --target "$p=$r1" "${multiturn[@]}" --seed "$seed"
+		bench "mt-$p-$seed" --target "$p=$r1" --target-metrics "$r1ops" "${multiturn[@]}" --seed "$seed"
 		row "mt-$p-$seed" >>"$out/summary.txt"
 	done
 done
@@ -136,14 +139,14 @@ header "2. hot prefix (80%): chat vs debug" >>"$out/summary.txt"
 for p in chat debug; do
 	profile "$p"
 	for seed in $(seq "$runs"); do
-		bench "hot-$p-$seed" --target "$p=$r1" "${hot[@]}" --seed "$seed"
+		bench "hot-$p-$seed" --target "$p=$r1" --target-metrics "$r1ops" "${hot[@]}" --seed "$seed"
 		row "hot-$p-$seed" >>"$out/summary.txt"
 	done
 done
 
 header "3. multi-turn, chat: one router vs two behind a round-robin client" >>"$out/summary.txt"
 profile chat
-"$bin/llmgw" router --control 127.0.0.1:$cp --http-addr "${r2#http://}" --id r2 --data-dir "$out/r2" >"$out/r2.log" 2>&1 &
+"$bin/llmgw" router --control 127.0.0.1:$cp --http-addr "${r2#http://}" --ops-addr "${r2ops#http://}" --id r2 --data-dir "$out/r2" >"$out/r2.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 60); do curl -sf "$r2/readyz" >/dev/null && break; sleep 0.5; done
 # The two halves of a pair run the same sessions (one seed), so the ratio
@@ -153,9 +156,9 @@ for _ in $(seq 60); do curl -sf "$r2/readyz" >/dev/null && break; sleep 0.5; don
 # half runs first, so whatever r1 remembers of the sessions can only help
 # the one-router half: the ratio errs against two routers.
 for i in $(seq "$runs"); do
-	bench "two-$((40 + i))" --target "$r1" --target "$r2" --targets-round-robin "${multiturn[@]}" --seed $((40 + i))
+	bench "two-$((40 + i))" --target "$r1" --target "$r2" --target-metrics "$r1ops" --target-metrics "$r2ops" --targets-round-robin "${multiturn[@]}" --seed $((40 + i))
 	row "two-$((40 + i))" >>"$out/summary.txt"
-	bench "one-$((40 + i))" --target "r1=$r1" "${multiturn[@]}" --seed $((40 + i))
+	bench "one-$((40 + i))" --target "r1=$r1" --target-metrics "$r1ops" "${multiturn[@]}" --seed $((40 + i))
 	row "one-$((40 + i))" >>"$out/summary.txt"
 done
 column -t -s $'\t' "$out/summary.txt"

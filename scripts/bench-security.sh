@@ -25,7 +25,7 @@
 #   OUT_DIR  gets every run's JSON, the certificates and the logs (default bench-out/security)
 #   PAIRS=5      A/B pairs
 #   REQUESTS=500 requests per run (multi-turn, concurrency 8)
-# Ports (loopback): A 17800-17805, 18580-18581; B 17810-17815, 18590-18591;
+# Ports (loopback): A 17800-17805, 18580-18581 (operations 18585-18586); B 17810-17815, 18590-18591 (18595-18596);
 # engines 25000-25199. Needs curl and jq. Takes about 4.5 minutes on 2 cores.
 # Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
@@ -84,7 +84,7 @@ stack() {
 		--data-dir "$out/data/$name/agent" --http-addr "127.0.0.1:$((base + 4))" --grpc-addr "127.0.0.1:$((base + 5))" \
 		--gpus 2 --port-range "$engines" --stop-engines-on-exit >"$out/$name-agent.log" 2>&1 &
 	pids+=($!)
-	"$bin/llmgw" router --id r1 --control "127.0.0.1:$base" --http-addr "127.0.0.1:$rport" "${r[@]}" \
+	"$bin/llmgw" router --id r1 --control "127.0.0.1:$base" --http-addr "127.0.0.1:$rport" --ops-addr "127.0.0.1:$((rport + 5))" "${r[@]}" \
 		--data-dir "$out/data/$name/router" >"$out/$name-router.log" 2>&1 &
 	pids+=($!)
 	# The second router, r2, serves the other way round: HTTPS in the
@@ -95,7 +95,7 @@ stack() {
 	else
 		r=(--https-cert "$pki/router/r2.pem" --https-key "$pki/router/r2-key.pem")
 	fi
-	"$bin/llmgw" router --id r2 --control "127.0.0.1:$base" --http-addr "127.0.0.1:$((rport + 1))" "${r[@]}" \
+	"$bin/llmgw" router --id r2 --control "127.0.0.1:$base" --http-addr "127.0.0.1:$((rport + 1))" --ops-addr "127.0.0.1:$((rport + 6))" "${r[@]}" \
 		--data-dir "$out/data/$name/router2" >"$out/$name-router2.log" 2>&1 &
 	pids+=($!)
 }

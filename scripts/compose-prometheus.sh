@@ -2,8 +2,10 @@
 # compose-prometheus.sh — a real Prometheus (Debian's package) against the
 # compose cluster (`make compose-up` first; `make compose-prometheus` does
 # both), with the shipped alert rules, checked end to end:
-#   1. every target is up: 3 control servers, 2 agents, 2 routers, and every
-#      engine router1 lists for HTTP service discovery (/sd/replicas);
+#   1. every target is up: 3 control servers, 2 agents, 2 routers (on their
+#      operations ports, over mutual TLS with deploy/compose/pki's scraper
+#      certificate), and every engine router1 lists for HTTP service
+#      discovery (/sd/replicas, on the same port and terms);
 #   2. every rule of deploy/prometheus/llmgw-alerts.yml is loaded and healthy;
 #   3. stopping agent2 fires LlmgwAgentDisconnected for it (the rule's own
 #      `for: 1m`, so this takes a minute or two), and agent2 is started again.
@@ -49,6 +51,10 @@ waitFor() {
 
 "${compose[@]}" ps --services --filter status=running 2>/dev/null | grep -qx router1 ||
 	{ echo "compose-prometheus.sh: the compose cluster is not running (make compose-up)" >&2; exit 1; }
+# The scraper certificate the router jobs present (the certs container
+# makes it; the whole check below reads it).
+waitFor 30 "no scraper certificate in deploy/compose/pki/scraper (the certs container makes it)" \
+	test -s deploy/compose/pki/scraper/prometheus-key.pem
 promtool check config deploy/prometheus/compose.yml >/dev/null
 
 prometheus --config.file=deploy/prometheus/compose.yml --web.listen-address="$addr" \

@@ -13,7 +13,7 @@
 #   BIN_DIR  holds llmgw and llmgwctl (default bin)
 #   OUT_DIR  gets every run's JSON, metrics and the logs (default kv-event-lag-out)
 #   RUNS=3   runs (seeds); BASE=32000 the first of the loopback ports used
-#            (BASE..BASE+5 and engines BASE+200..BASE+499); CONC=16 and
+#            (BASE..BASE+6 and engines BASE+200..BASE+499); CONC=16 and
 #            REQS=480 the bench's --concurrency and --requests (CONC=1: a
 #            mostly quiet engine)
 # Needs curl and jq.
@@ -31,6 +31,7 @@ done
 
 ctl=("$bin/llmgwctl" --addr "127.0.0.1:$((base + 1))")
 r1=http://127.0.0.1:$base
+r1ops=http://127.0.0.1:$((base + 6)) # its operations port: /metrics
 agent=http://127.0.0.1:$((base + 4))
 pids=()
 stop() {
@@ -42,7 +43,7 @@ stop() {
 trap stop EXIT
 
 rm -rf "$out/data"
-"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr "127.0.0.1:$base" \
+"$bin/llmgw" dev --replicas 4 --data-dir "$out/data" --http-addr "127.0.0.1:$base" --ops-addr "${r1ops#http://}" \
 	--grpc-addr "127.0.0.1:$((base + 1))" --raft-addr "127.0.0.1:$((base + 2))" --control-http-addr "127.0.0.1:$((base + 3))" \
 	--agent-http-addr "127.0.0.1:$((base + 4))" --agent-grpc-addr "127.0.0.1:$((base + 5))" \
 	--port-range "$((base + 200))-$((base + 499))" >"$out/dev.log" 2>&1 &
@@ -112,10 +113,10 @@ for seed in $(seq "$runs"); do
 		curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null
 	done
 	sleep 1
-	curl -sf "$r1/metrics" >"$out/r-$seed.0"
+	curl -sf "$r1ops/metrics" >"$out/r-$seed.0"
 	curl -sf "$agent/metrics" >"$out/a-$seed.0"
-	"$bin/llmgwctl" bench --target "tier2=$r1" --model demo -q -o json "${work[@]}" --seed "$seed" >"$out/run-$seed.json"
-	curl -sf "$r1/metrics" >"$out/r-$seed.1"
+	"$bin/llmgwctl" bench --target "tier2=$r1" --target-metrics "$r1ops" --model demo -q -o json "${work[@]}" --seed "$seed" >"$out/run-$seed.json"
+	curl -sf "$r1ops/metrics" >"$out/r-$seed.1"
 	curl -sf "$agent/metrics" >"$out/a-$seed.1"
 	printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$seed" \
 		"$(quantiles "$out/r-$seed.0" "$out/r-$seed.1" llmgw_router_kv_event_lag_seconds)" \

@@ -26,6 +26,7 @@ import (
 // demo model's shape.
 type devOptions struct {
 	httpAddr, grpcAddr, raftAddr         string
+	opsAddr                              string
 	controlHTTPAddr, agentHTTPAddr       string
 	agentGRPCAddr                        string
 	dataDir                              string
@@ -75,6 +76,7 @@ included.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.httpAddr, "http-addr", "127.0.0.1:8080", "the router's OpenAI API (loopback only: dev runs without TLS)")
+	f.StringVar(&o.opsAddr, "ops-addr", router.DefaultOpsAddr, "the router's operations port: /metrics, /sd/replicas, /debug/kvindex")
 	f.StringVar(&o.grpcAddr, "grpc-addr", "127.0.0.1:7400", "the control plane's gRPC (llmgwctl's --addr)")
 	f.StringVar(&o.raftAddr, "raft-addr", "127.0.0.1:7401", "the control node's Raft transport")
 	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz and web console (/ui/)")
@@ -112,7 +114,9 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	ccfg.GRPCAddr, ccfg.RaftAddr, ccfg.HTTPAddr = o.grpcAddr, o.raftAddr, o.controlHTTPAddr
 	ccfg.GossipAddr = ""
 	ccfg.Bootstrap = true
-	ccfg.ConsoleRouters = []string{"http://" + o.httpAddr}
+	// The console reads the router's decision counters on its operations
+	// port, where /metrics is.
+	ccfg.ConsoleRouters = []string{"http://" + o.opsAddr}
 	ccfg.Version = version
 	if err := ccfg.Validate(); err != nil {
 		return fmt.Errorf("control: %w", err)
@@ -146,6 +150,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	rcfg.ID = "dev-router"
 	rcfg.Control = []string{o.grpcAddr}
 	rcfg.HTTPAddr = o.httpAddr
+	rcfg.OpsAddr = o.opsAddr
 	rcfg.DataDir = filepath.Join(o.dataDir, "router")
 	if err := rcfg.Validate(); err != nil {
 		return fmt.Errorf("router: %w", err)
@@ -179,8 +184,8 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 		return fmt.Errorf("router: %w", err)
 	}
 	group.start("router", rt.Run)
-	log.Info("llmgw dev is up", "openai_api", "http://"+displayAddr(o.httpAddr)+"/v1", "control_grpc", o.grpcAddr,
-		"model", "demo", "replicas", o.replicas)
+	log.Info("llmgw dev is up", "openai_api", "http://"+displayAddr(o.httpAddr)+"/v1", "router_ops", "http://"+displayAddr(o.opsAddr),
+		"control_grpc", o.grpcAddr, "model", "demo", "replicas", o.replicas)
 
 	select {
 	case <-ctx.Done():
@@ -199,7 +204,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 // address, 127.0.0.1 here, and gossip is off.)
 func (o devOptions) checkLoopback() error {
 	for _, l := range []struct{ flag, addr string }{
-		{"http-addr", o.httpAddr}, {"grpc-addr", o.grpcAddr}, {"raft-addr", o.raftAddr},
+		{"http-addr", o.httpAddr}, {"ops-addr", o.opsAddr}, {"grpc-addr", o.grpcAddr}, {"raft-addr", o.raftAddr},
 		{"control-http-addr", o.controlHTTPAddr}, {"agent-http-addr", o.agentHTTPAddr}, {"agent-grpc-addr", o.agentGRPCAddr},
 	} {
 		if !mtls.IsLoopback(l.addr) {

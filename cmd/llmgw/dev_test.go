@@ -10,7 +10,7 @@ import (
 // loopback, naming its flag (design §11: dev has no TLS and no
 // authentication).
 func TestDevListensOnLoopbackOnly(t *testing.T) {
-	base := devOptions{httpAddr: "127.0.0.1:8080", grpcAddr: "127.0.0.1:7400", raftAddr: "127.0.0.1:7401",
+	base := devOptions{httpAddr: "127.0.0.1:8080", opsAddr: "127.0.0.1:7406", grpcAddr: "127.0.0.1:7400", raftAddr: "127.0.0.1:7401",
 		controlHTTPAddr: "127.0.0.1:7403", agentHTTPAddr: "localhost:7404", agentGRPCAddr: "[::1]:7405"}
 	if err := base.checkLoopback(); err != nil {
 		t.Fatalf("loopback addresses refused: %v", err)
@@ -20,6 +20,7 @@ func TestDevListensOnLoopbackOnly(t *testing.T) {
 		edit func(*devOptions, string)
 	}{
 		{"--http-addr", func(o *devOptions, a string) { o.httpAddr = a }},
+		{"--ops-addr", func(o *devOptions, a string) { o.opsAddr = a }},
 		{"--grpc-addr", func(o *devOptions, a string) { o.grpcAddr = a }},
 		{"--raft-addr", func(o *devOptions, a string) { o.raftAddr = a }},
 		{"--control-http-addr", func(o *devOptions, a string) { o.controlHTTPAddr = a }},

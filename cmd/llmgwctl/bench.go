@@ -30,6 +30,7 @@ func (c *cli) benchCmd() *cobra.Command {
 	cfg := bench.DefaultConfig()
 	var (
 		targets  []string
+		metrics  []string
 		adapters string
 		chart    string
 		quiet    bool
@@ -70,10 +71,18 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
   llmgwctl bench --target http://r1:8080 --target http://r2:8080 --targets-round-robin --model demo -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			for _, s := range targets {
+			if len(metrics) > 0 && len(metrics) != len(targets) {
+				return fmt.Errorf("--target-metrics: give one per --target, in the same order (%d targets, %d given)", len(targets), len(metrics))
+			}
+			for i, s := range targets {
 				t, err := bench.ParseTarget(s)
 				if err != nil {
 					return err
+				}
+				if len(metrics) > 0 {
+					if t.Metrics, err = bench.ParseMetricsURL(metrics[i]); err != nil {
+						return err
+					}
 				}
 				cfg.Targets = append(cfg.Targets, t)
 			}
@@ -137,6 +146,7 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	}
 	f := cmd.Flags()
 	f.StringArrayVar(&targets, "target", nil, "router base URL, or label=URL; repeat to compare several side by side")
+	f.StringArrayVar(&metrics, "target-metrics", nil, "each --target's operations port (http://host:port, its --ops-addr), in the same order, to report the routers' decisions")
 	f.BoolVar(&cfg.RoundRobin, "targets-round-robin", false, "one run alternating requests over all targets, as behind a round-robin balancer")
 	f.StringVar(&cfg.Workload.Model, "model", "", "model name sent in every request")
 	f.StringVar(&cfg.APIKey, "api-key", os.Getenv("LLMGW_API_KEY"), "router API key sent as `Authorization: Bearer KEY` (env LLMGW_API_KEY)")

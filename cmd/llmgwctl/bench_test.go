@@ -117,6 +117,8 @@ func TestBenchCommandRejectsBadFlags(t *testing.T) {
 		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--model", "m", "--workload", "nope"}, "--workload"},
 		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--workload", "lora-mix"}, "--adapters"},
 		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--model", "m", "--ca-cert", "/nonexistent/ca.pem"}, "--ca-cert"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--target", "http://127.0.0.1:2", "--target-metrics", "http://127.0.0.1:3", "--model", "m"}, "--target-metrics: give one per --target"},
+		{[]string{"--addr", "127.0.0.1:1", "--target", "http://127.0.0.1:1", "--target-metrics", "127.0.0.1:3", "--model", "m"}, "--target-metrics"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

@@ -13,7 +13,7 @@ import (
 
 // tlsCmd is `tls ca create` and `tls cert create` (design §11), the shape
 // of `consul tls`: a CA directory holding ca.pem and ca-key.pem, and one
-// certificate per component, whose role (server, agent, router, admin) and
+// certificate per component, whose role (server, agent, router, admin, scraper) and
 // name are its identity. It needs no server.
 func (c *cli) tlsCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "tls", Short: "Make the CA and the role certificates of mutual TLS"}
@@ -83,7 +83,7 @@ func (c *cli) tlsCertCreateCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&caDir, "ca", ".", "the CA's directory (ca.pem, ca-key.pem)")
 	f.StringVar(&dir, "dir", ".", "directory for NAME.pem and NAME-key.pem")
-	f.StringVar(&role, "role", "", "server, agent, router or admin (required)")
+	f.StringVar(&role, "role", "", "server, agent, router, admin or scraper (required)")
 	f.StringVar(&name, "name", "", "the identity's name: a server's or agent's node id, a router's or admin's chosen name (required)")
 	f.IPSliceVar(&ips, "ip", nil, "extra IP SANs, for tools that check addresses (llmgw's own clients check roles)")
 	f.StringSliceVar(&dns, "dns", nil, "extra DNS SANs")

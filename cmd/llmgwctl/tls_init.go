@@ -25,7 +25,7 @@ func (c *cli) tlsInitCmd() *cobra.Command {
 	names := map[mtls.Role]*[]string{}
 	var dir, gossipKey string
 	cmd := &cobra.Command{
-		Use:   "init --dir DIR [--server N,...] [--agent N,...] [--router N,...] [--admin N,...]",
+		Use:   "init --dir DIR [--server N,...] [--agent N,...] [--router N,...] [--admin N,...] [--scraper N,...]",
 		Short: "Create the CA and every missing certificate of a cluster (idempotent)",
 		Args:  cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error {

@@ -1,4 +1,4 @@
-// Package mtls is how llmgw uses TLS (design §11): the four roles and the
+// Package mtls is how llmgw uses TLS (design §11): the roles and the
 // identity a certificate carries, making a CA and role certificates
 // (llmgwctl tls), loading them with renewal on disk picked up without a
 // restart, and the tls.Config and gRPC credentials every listener and dialer
@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"strings"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -39,10 +40,16 @@ const (
 	// RoleAdmin is an operator (llmgwctl): AdminService writes, snapshots
 	// and Raft verbs.
 	RoleAdmin Role = "admin"
+	// RoleScraper is a monitoring system (Prometheus): it may read a
+	// router's operations port — /metrics, /sd/replicas, the KV index's
+	// summary — and nothing else anywhere. It exists so that a scraper
+	// reaching routers across the network needs no admin certificate,
+	// which would let whoever holds its key administer the cluster.
+	RoleScraper Role = "scraper"
 )
 
 // Roles lists every role, in the order documentation shows them.
-var Roles = []Role{RoleServer, RoleAgent, RoleRouter, RoleAdmin}
+var Roles = []Role{RoleServer, RoleAgent, RoleRouter, RoleAdmin, RoleScraper}
 
 // Valid reports whether r is one of Roles.
 func (r Role) Valid() bool {
@@ -52,6 +59,15 @@ func (r Role) Valid() bool {
 		}
 	}
 	return false
+}
+
+// roleList is Roles as a comma-separated list, for messages.
+func roleList() string {
+	names := make([]string, len(Roles))
+	for i, r := range Roles {
+		names[i] = string(r)
+	}
+	return strings.Join(names, ", ")
 }
 
 // DNSName is the SAN every certificate of role r carries, and the name a
@@ -77,7 +93,7 @@ var nameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9._-]{0,62}[A-Za-z0-9])?$
 // Validate checks that i can be written into a certificate.
 func (i Identity) Validate() error {
 	if !i.Role.Valid() {
-		return fmt.Errorf("role %q is not one of server, agent, router, admin", i.Role)
+		return fmt.Errorf("role %q is not one of %s", i.Role, roleList())
 	}
 	if !nameRE.MatchString(i.Name) {
 		return fmt.Errorf("name %q must be 1-64 letters, digits, '.', '-' or '_', starting and ending with a letter or digit", i.Name)

@@ -66,7 +66,13 @@ var scrapeClient = &http.Client{Timeout: 10 * time.Second}
 // or no sample matched, so a caller polling a process that is starting can
 // tell "not yet" from 0.
 func Scrape(url, name string, labels Labels) (v float64, ok bool) {
-	mfs, err := scrape(url)
+	return ScrapeWith(scrapeClient, url, name, labels)
+}
+
+// ScrapeWith is Scrape through client: for a page behind mutual TLS, such
+// as a router's operations port, read with a certificate.
+func ScrapeWith(client *http.Client, url, name string, labels Labels) (v float64, ok bool) {
+	mfs, err := scrape(client, url)
 	if err != nil {
 		return 0, false
 	}
@@ -77,7 +83,7 @@ func Scrape(url, name string, labels Labels) (v float64, ok bool) {
 // with no matching sample reads 0.
 func MustScrape(t testing.TB, url, name string, labels Labels) float64 {
 	t.Helper()
-	mfs, err := scrape(url)
+	mfs, err := scrape(scrapeClient, url)
 	if err != nil {
 		t.Fatalf("scrape %s: %v", name, err)
 	}
@@ -85,11 +91,11 @@ func MustScrape(t testing.TB, url, name string, labels Labels) float64 {
 	return v
 }
 
-func scrape(url string) ([]*dto.MetricFamily, error) {
+func scrape(client *http.Client, url string) ([]*dto.MetricFamily, error) {
 	if !strings.Contains(url, "://") {
 		url = "http://" + url + "/metrics"
 	}
-	resp, err := scrapeClient.Get(url)
+	resp, err := client.Get(url)
 	if err != nil {
 		return nil, err
 	}

@@ -86,7 +86,7 @@ func loraRouter(t *testing.T, tb *table, ctl director.AdapterControl, wait time.
 	if ctl != nil {
 		opts = append(opts, director.WithAdapters(ctl, wait))
 	}
-	h := newHandler(t, DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg, opts...)
+	h := newHandler(t, DefaultConfig(), tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, opts...)
 	s := newServer(t, h)
 	return s, reg
 }

@@ -1,8 +1,9 @@
 // Package api is the router's OpenAI-compatible HTTP surface (design
-// §7.1): the completion endpoints, /v1/models, the probes and /metrics. A
-// completion request runs as a pipeline of stages, in the shape of the
-// Gateway API Inference Extension (handler → director → scheduler →
-// proxy), each given only what it needs:
+// §7.1): the completion endpoints, /v1/models and the probes, and nothing
+// about other users (/metrics and the debug pages are on the router's
+// operations port, router/ops.go). A completion request runs as a
+// pipeline of stages, in the shape of the Gateway API Inference Extension
+// (handler → director → scheduler → proxy), each given only what it needs:
 //
 //  1. decode and sniff: read the body within its limit, and just enough of
 //     it (router/openai) to route it;
@@ -32,6 +33,9 @@
 // §11): 401 without a valid one. The key's name is logged and labels the
 // request metrics; a key limited to some models gets 403 for others, told
 // before the name is resolved, and /v1/models lists only what it may use.
+// Then its caller — the key, or the client's address without one — takes
+// one of its MaxKeyInflight places until the answer ends (429 past them),
+// so one caller's requests, slow uploads included, cannot fill the router.
 package api
 
 import (
@@ -51,7 +55,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/auth"
@@ -114,6 +117,11 @@ type Config struct {
 	// api_keys_required, set by the first key ever created): with it, no
 	// key left means no request passes. nil means false.
 	KeysRequired func() bool
+	// MaxKeyInflight bounds the /v1/ requests one caller has in flight —
+	// an API key, or a client address while requests without a key pass —
+	// from its key's check to its answer's end, its body's upload
+	// included; past it, 429 (callers.go). 0 is no bound.
+	MaxKeyInflight int
 }
 
 // DefaultConfig returns the defaults of design §7.1.
@@ -132,17 +140,18 @@ type Handler struct {
 	m       *metrics
 	dir     Director
 	fwd     Forwarder
+	callers *callers
 }
 
 // New builds the handler over the routing table's models and the stages
 // after decoding: dir resolves, prepares and schedules, fwd forwards. reg
-// receives its metrics and gather serves /metrics (normally the same
-// registry).
-func New(cfg Config, models Models, dir Director, fwd Forwarder, log *slog.Logger, reg prometheus.Registerer, gather prometheus.Gatherer) *Handler {
+// receives its metrics, which the router serves on its operations port,
+// never here: they name API keys and engines (design §11).
+func New(cfg Config, models Models, dir Director, fwd Forwarder, log *slog.Logger, reg prometheus.Registerer) *Handler {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
 	}
-	h := &Handler{cfg: cfg, desired: models, log: log, m: newMetrics(reg), dir: dir, fwd: fwd}
+	h := &Handler{cfg: cfg, desired: models, log: log, m: newMetrics(reg), dir: dir, fwd: fwd, callers: newCallers(cfg.MaxKeyInflight, reg)}
 	// Patterns carry no method: Only answers a wrong one, and "/" an
 	// unknown path, in OpenAI's error body rather than ServeMux's plain text.
 	mux := http.NewServeMux()
@@ -153,9 +162,6 @@ func New(cfg Config, models Models, dir Director, fwd Forwarder, log *slog.Logge
 	mux.Handle("/v1/models/{id...}", Only(http.MethodGet, http.HandlerFunc(h.model)))
 	mux.Handle("/healthz", Only(http.MethodGet, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })))
 	mux.Handle("/readyz", Only(http.MethodGet, http.HandlerFunc(h.readyz)))
-	if gather != nil {
-		mux.Handle("/metrics", Only(http.MethodGet, promhttp.HandlerFor(gather, promhttp.HandlerOpts{})))
-	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, openai.UnknownPath(r.Method, r.URL.Path))
 	})
@@ -195,7 +201,7 @@ func (h *Handler) endpoint(t task) http.Handler {
 
 // ServeHTTP gives every request an X-Request-ID (the client's, or a new
 // one), echoed in the response and forwarded to the engine, and checks the
-// API key of every /v1/ request (the probes and /metrics need none).
+// API key of every /v1/ request (the probes need none).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	id := r.Header.Get("X-Request-Id")
 	if id == "" || len(id) > 128 {
@@ -219,6 +225,22 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			return
 		}
+		c := callerOf(r, key)
+		if cerr := h.callers.acquire(c); cerr != nil {
+			h.log.Debug("router: request refused", "request_id", id, "path", r.URL.Path, "err", cerr)
+			if r.ContentLength != 0 {
+				// Go's server would read the rest of the unread body before
+				// sending the answer: a slow upload would wait for its 429
+				// as long as it takes to send. Closing answers at once.
+				w.Header().Set("Connection", "close")
+			}
+			openai.WriteError(w, cerr)
+			if isCompletion(r.URL.Path) {
+				h.m.requests.WithLabelValues("_unknown", strconv.Itoa(cerr.Status), key.GetName()).Inc()
+			}
+			return
+		}
+		defer h.callers.release(c)
 		if key != nil {
 			r = r.WithContext(context.WithValue(r.Context(), keyCtx{}, key))
 		}

@@ -112,13 +112,13 @@ func (inOrder) Pick(_ *scheduler.Profile, _ *scheduler.Request, c []scheduler.Ca
 // closed once the test, and every cleanup registered after this one (the
 // servers over the handler), ended.
 func newHandler(t testing.TB, cfg Config, tb *table, sched director.Scheduler, brs *breaker.Set[scheduler.Key], log *slog.Logger,
-	reg prometheus.Registerer, gather prometheus.Gatherer, opts ...director.Option,
+	reg prometheus.Registerer, opts ...director.Option,
 ) *Handler {
 	t.Helper()
 	dir := director.New(tb, sched, brs, reg, opts...)
 	px := proxy.New(proxy.DefaultConfig(), brs, reg)
 	t.Cleanup(func() { dir.Close(); px.Close() })
-	return New(cfg, tb, dir, px, log, reg, gather)
+	return New(cfg, tb, dir, px, log, reg)
 }
 
 func breakers(t *testing.T) *breaker.Set[scheduler.Key] {
@@ -159,7 +159,7 @@ func newRouter(t *testing.T, tb *table, mutate func(*Config)) *httptest.Server {
 		mutate(&cfg)
 	}
 	reg := prometheus.NewRegistry()
-	h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
+	h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg)
 	s := httptest.NewServer(h)
 	t.Cleanup(s.Close)
 	return s
@@ -356,7 +356,7 @@ func TestModelsAndProbes(t *testing.T) {
 	for _, tt := range []struct {
 		path string
 		want int
-	}{{"/healthz", 200}, {"/readyz", 503}, {"/metrics", 200}} {
+	}{{"/healthz", 200}, {"/readyz", 503}, {"/metrics", 404}, {"/debug/kvindex", 404}, {"/sd/replicas", 404}} {
 		r, err := http.Get(srv.URL + tt.path)
 		if err != nil {
 			t.Fatal(err)

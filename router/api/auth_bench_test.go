@@ -51,7 +51,7 @@ func BenchmarkHandlerAPIKey(b *testing.B) {
 				b.Fatal(err)
 			}
 			reg := prometheus.NewRegistry()
-			h := newHandler(b, cfg, tb, inOrder{}, br, slog.New(slog.DiscardHandler), reg, reg)
+			h := newHandler(b, cfg, tb, inOrder{}, br, slog.New(slog.DiscardHandler), reg)
 			serve := func() *httptest.ResponseRecorder {
 				req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
 				req.Header.Set("Content-Type", "application/json")
@@ -120,7 +120,7 @@ func BenchmarkServeStream(b *testing.B) {
 					b.Fatal(err)
 				}
 				reg := prometheus.NewRegistry()
-				h := newHandler(b, cfg, tb, inOrder{}, br, slog.New(slog.DiscardHandler), reg, reg)
+				h := newHandler(b, cfg, tb, inOrder{}, br, slog.New(slog.DiscardHandler), reg)
 				s := httptest.NewUnstartedServer(h)
 				if scheme == "https" {
 					s.StartTLS() // HTTP/1.1 only: EnableHTTP2 is false

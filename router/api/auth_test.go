@@ -64,7 +64,7 @@ func authRouter(t *testing.T, src *keySource, require bool) (*httptest.Server, *
 	cfg.RequireKey = require
 	cfg.KeysRequired = src.required.Load
 	reg := prometheus.NewRegistry()
-	h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
+	h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg)
 	s := httptest.NewServer(h)
 	t.Cleanup(s.Close)
 	return s, reg, seen
@@ -141,8 +141,8 @@ func TestAPIKeys(t *testing.T) {
 		})
 	}
 
-	t.Run("probes and metrics need no key", func(t *testing.T) {
-		for _, p := range []string{"/healthz", "/readyz", "/metrics"} {
+	t.Run("probes need no key", func(t *testing.T) {
+		for _, p := range []string{"/healthz", "/readyz"} {
 			resp, err := http.Get(srv.URL + p)
 			if err != nil {
 				t.Fatal(err)

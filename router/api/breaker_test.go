@@ -71,7 +71,7 @@ func TestEngineKilledUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": eps}}, sched, brs, log, reg, reg)
+	h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": eps}}, sched, brs, log, reg)
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 

@@ -64,7 +64,7 @@ func BenchmarkRequestPath(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			h := newHandler(b, DefaultConfig(), tb, inOrder{}, br, slog.New(slog.NewJSONHandler(io.Discard, nil)), reg, reg) //nolint:sloglint // the JSON handler, as llmgw router runs, is part of what is measured
+			h := newHandler(b, DefaultConfig(), tb, inOrder{}, br, slog.New(slog.NewJSONHandler(io.Discard, nil)), reg) //nolint:sloglint // the JSON handler, as llmgw router runs, is part of what is measured
 			var srv http.Handler = h
 			if baseline {
 				// The plainest Go reverse proxy, over the same engine

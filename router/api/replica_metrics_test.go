@@ -32,7 +32,7 @@ func TestPerReplicaMetrics(t *testing.T) {
 	})
 	reg := prometheus.NewRegistry()
 	h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
-		inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
+		inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg)
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 

@@ -177,7 +177,7 @@ func TestStatusAccounting(t *testing.T) {
 			})
 			reg := prometheus.NewRegistry()
 			h := newHandler(t, DefaultConfig(), &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", addr)}}},
-				inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg, reg)
+				inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg)
 			srv := httptest.NewServer(h)
 			t.Cleanup(srv.Close)
 

@@ -78,6 +78,16 @@ func Overloaded(limit, retryAfter int) *Error {
 		Message: fmt.Sprintf("the router is serving its limit of %d requests; retry shortly", limit), RetryAfter: retryAfter}
 }
 
+// CallerBusy is the 429 for a request past the in-flight bound of one
+// caller (--max-key-inflight): an API key, or a client address while keys
+// are not required (who says which). OpenAI's rate-limit shape, so the
+// SDKs back off and retry as they do for OpenAI's own 429s.
+func CallerBusy(who string, limit, retryAfter int) *Error {
+	return &Error{Status: http.StatusTooManyRequests, Type: "requests", Code: "rate_limit_exceeded",
+		Message: fmt.Sprintf("%s already has %d requests in flight, the most this router serves one caller at once (max_key_inflight); retry once one has finished",
+			who, limit), RetryAfter: retryAfter}
+}
+
 // NoReplica is the 503 for a model no replica can take a request of now.
 func NoReplica(model string) *Error {
 	return &Error{Status: http.StatusServiceUnavailable, Type: "server_error", Code: "no_replica_available",

@@ -18,7 +18,7 @@ import (
 // remove the last — that rides in the agent's next update with the churn,
 // so it takes the path every event takes (agent → its server → the other
 // servers → every watch → every router's index). The harness polls each
-// router's read-only GET /debug/kvindex?replica=ID (router/router.go)
+// router's read-only GET /debug/kvindex?replica=ID (router/debug.go, on its operations port)
 // until the probe's block, or a later probe's, is there: updates of one
 // agent apply in order, so a later probe there means this one was applied.
 //

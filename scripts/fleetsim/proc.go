@@ -16,9 +16,11 @@ import (
 )
 
 // proc is one `llmgw` process the harness started (a control server or a
-// router), with the figures read from /proc and its /metrics.
+// router), with the figures read from /proc and its /metrics, which is on
+// opsAddr (a router's operations port; a control server's HTTP port).
 type proc struct {
 	name, httpAddr, pprofAddr, logPath string
+	opsAddr                            string
 	args                               []string
 	cmd                                *exec.Cmd
 	done                               chan error
@@ -186,7 +188,7 @@ func (p *proc) snapshot(ctx context.Context, hc *http.Client) (usage, error) {
 	if u.rss, err = readRSS(pid); err != nil {
 		return u, fmt.Errorf("%s: %w", p.name, err)
 	}
-	if u.metrics, err = scrape(ctx, hc, p.httpAddr, metricNames); err != nil {
+	if u.metrics, err = scrape(ctx, hc, p.opsAddr, metricNames); err != nil {
 		return u, fmt.Errorf("%s: %w", p.name, err)
 	}
 	u.heap = u.metrics["go_memstats_heap_inuse_bytes"]

@@ -326,7 +326,7 @@ func (fl *fleet) startServers() error {
 			}
 		}
 		id := fmt.Sprintf("c%d", i+1)
-		p := &proc{name: id, httpAddr: addrs[i][3], pprofAddr: addrs[i][4], logPath: filepath.Join(fl.dir, id+".log"),
+		p := &proc{name: id, httpAddr: addrs[i][3], opsAddr: addrs[i][3], pprofAddr: addrs[i][4], logPath: filepath.Join(fl.dir, id+".log"),
 			args: []string{"control", "--config", cfgFile, "--node-id", id, "--data-dir", filepath.Join(fl.dir, id),
 				"--grpc-addr", addrs[i][0], "--raft-addr", addrs[i][1], "--gossip-addr", addrs[i][2], "--http-addr", addrs[i][3],
 				"--bootstrap-expect", strconv.Itoa(n), "--join", strings.Join(join, ","),
@@ -350,15 +350,15 @@ func (fl *fleet) startServers() error {
 // addRouter starts one more router; router i lists the servers from
 // server i on, so the watch streams spread over them.
 func (fl *fleet) addRouter() (*proc, error) {
-	a, err := freePorts(2, fl.seen)
+	a, err := freePorts(3, fl.seen)
 	if err != nil {
 		return nil, err
 	}
 	i := len(fl.routers)
 	ctl := append(slices.Clone(fl.grpc[i%len(fl.grpc):]), fl.grpc[:i%len(fl.grpc)]...)
 	id := fmt.Sprintf("r%d", i+1)
-	p := &proc{name: id, httpAddr: a[0], pprofAddr: a[1], logPath: filepath.Join(fl.dir, id+".log"),
-		args: []string{"router", "--id", id, "--control", strings.Join(ctl, ","), "--http-addr", a[0],
+	p := &proc{name: id, httpAddr: a[0], opsAddr: a[2], pprofAddr: a[1], logPath: filepath.Join(fl.dir, id+".log"),
+		args: []string{"router", "--id", id, "--control", strings.Join(ctl, ","), "--http-addr", a[0], "--ops-addr", a[2],
 			"--data-dir", filepath.Join(fl.dir, id), "--scrape-interval", "1h"}}
 	fl.routers = append(fl.routers, p)
 	return p, p.start(fl.bin)
@@ -441,7 +441,7 @@ func (fl *fleet) waitReady(ctx context.Context, r *proc) error {
 // the fleet's entries.
 func (fl *fleet) waitIndex(ctx context.Context, r *proc) error {
 	return fl.waitFor(ctx, r.name+"'s index full", func() (bool, string) {
-		m, err := scrape(ctx, fl.hc, r.httpAddr, []string{"llmgw_router_kvindex_entries", "llmgw_router_kvindex_replicas"})
+		m, err := scrape(ctx, fl.hc, r.opsAddr, []string{"llmgw_router_kvindex_entries", "llmgw_router_kvindex_replicas"})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -489,7 +489,7 @@ func (fl *fleet) snapshot(ctx context.Context) (snap, error) {
 func (fl *fleet) routerAddrs() []string {
 	out := make([]string, len(fl.routers))
 	for i, r := range fl.routers {
-		out[i] = r.httpAddr
+		out[i] = r.opsAddr // /debug/kvindex is on the operations port
 	}
 	return out
 }
