@@ -89,6 +89,10 @@ type adapterUse struct {
 	now     func() time.Time
 	m       *useMetrics
 
+	// The reports run from the first request counted until close: a
+	// router that never served an adapter has nothing to report, and one
+	// built but never run starts nothing.
+	start  sync.Once
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -110,10 +114,8 @@ func newAdapterUse(o *useOptions, models Models, reg prometheus.Registerer) *ada
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	u := &adapterUse{rep: o.rep, router: o.router, session: session, models: models, log: log, now: time.Now,
+	return &adapterUse{rep: o.rep, router: o.router, session: session, models: models, log: log, now: time.Now,
 		m: newUseMetrics(reg), ctx: ctx, cancel: cancel, uses: map[useKey]*useCount{}, changed: make(chan struct{}, 1)}
-	u.wg.Go(u.run)
-	return u
 }
 
 // close stops the reports and waits for the last one.
@@ -144,6 +146,7 @@ func (u *adapterUse) acquire(adapter string, e *endpoint.Endpoint) *useHold {
 	c.last = u.now()
 	u.mu.Unlock()
 	u.m.inflight.Inc()
+	u.start.Do(func() { u.wg.Go(u.run) })
 	u.signal()
 	return &useHold{u: u, k: k}
 }

@@ -138,27 +138,30 @@ func TestAdapterUseCounted(t *testing.T) {
 	}
 }
 
-// TestAdapterUseReportPace: reports go out every second while a model
-// loads adapters on demand, and none while none does and nothing was
-// used; a failed report is sent again soon, not at the next second.
+// TestAdapterUseReportPace: once a router has counted a request, its
+// reports go out every second while a model loads adapters on demand —
+// the leader keeps one 3 s — and none before; a failed report is sent
+// again soon, not at the next second.
 func TestAdapterUseReportPace(t *testing.T) {
 	t.Run("keepalive", func(t *testing.T) {
 		tb := baseTable()
+		tb.held = map[string]string{"r0": "sql"}
 		tb.models[0].MaxLoadedAdapters = 1
 		tb.models[0].Adapters = []*llmgwv1.Adapter{{Name: "sql"}}
 		rep := &fakeReporter{}
 		d := New(tb, &sched{}, noBreakers{}, nil, WithAdapterUse(rep, "r", discard))
 		defer d.Close()
-		testkit.Wait(t, "two reports without any request", func() bool { n, _ := rep.count(); return n >= 2 })
-	})
-	t.Run("nothing to report", func(t *testing.T) {
-		rep := &fakeReporter{}
-		d := New(baseTable(), &sched{}, noBreakers{}, nil, WithAdapterUse(rep, "r", discard))
 		time.Sleep(useKeepalive + useKeepalive/2) // pacing: a check that nothing happens
-		d.Close()
 		if n, tries := rep.count(); tries != 0 {
-			t.Errorf("%d reports (%d tries) with no model loading adapters on demand", n, tries)
+			t.Errorf("%d reports (%d tries) before any request", n, tries)
 		}
+		tgt, _ := d.Resolve(context.Background(), "sql", discard)
+		pl, _ := d.Prepare(context.Background(), tgt, Input{Body: []byte(`{}`)})
+		pl.Next(nil)
+		pl.Done("r0", 200)
+		rep.waitFor(t, "the use reported", map[string]uint32{"sql/r0": 0})
+		n, _ := rep.count()
+		testkit.Wait(t, "two keepalives", func() bool { m, _ := rep.count(); return m >= n+2 })
 	})
 	t.Run("retried after a failure", func(t *testing.T) {
 		tb := baseTable()
