@@ -156,11 +156,21 @@ func (u *adapterUse) of(adapter, replica string, uid uint64, now time.Time) rout
 }
 
 // ReportAdapterUse keeps a router's report of its requests in flight per
-// adapter and replica (design §7.6) and returns how long it counts; ok is
-// false when it is of a new router session and maxUseSessions are kept.
-// It runs on the leader; the AdapterService has checked r's bounds.
-func (l *Leader) ReportAdapterUse(r *llmgwv1.AdapterUseReport) (keep time.Duration, ok bool) {
+// adapter and replica (design §7.6) and answers how long it counts and the
+// adapter_min_idle its uses keep adapters busy for; ok is false when it is
+// of a new router session and maxUseSessions are kept. It runs on the
+// leader; the AdapterService has checked r's bounds.
+//
+// It takes adapterMu, as the eviction decisions do from reading the uses
+// to committing: a report is kept either before a decision reads the uses
+// (which then see it) or after its eviction is committed. A router that
+// waits for this answer before sending a request for an adapter it has
+// not used lately therefore never sends it where an eviction was decided
+// without it in view.
+func (l *Leader) ReportAdapterUse(r *llmgwv1.AdapterUseReport) (_ *llmgwv1.AdapterUseReportResponse, ok bool) {
+	l.adapterMu.Lock()
 	n, ok := l.use.report(r, l.now())
+	l.adapterMu.Unlock()
 	l.metrics.adapterUseRouters.Set(float64(n))
-	return adapterUseKeep, ok
+	return &llmgwv1.AdapterUseReportResponse{KeepMs: adapterUseKeep.Milliseconds(), MinIdleMs: l.cfg.AdapterMinIdle.Milliseconds()}, ok
 }

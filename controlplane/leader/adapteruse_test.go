@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -122,13 +123,58 @@ func TestAdapterUseBounds(t *testing.T) {
 	}
 }
 
-// TestReportAdapterUseMetric: the leader's gauge of router sessions.
-func TestReportAdapterUseMetric(t *testing.T) {
+// TestReportAdapterUseAnswer: the leader's gauge of router sessions, and
+// its answer: how long a report counts and adapter_min_idle.
+func TestReportAdapterUseAnswer(t *testing.T) {
 	r := newRig(t, testConfig(), loraState(1))
 	routerReport(r, "r1", 1)
-	routerReport(r, "r2", 1)
+	resp, ok := r.l.ReportAdapterUse(&llmgwv1.AdapterUseReport{Router: "r2", Session: 1, Seq: 1})
+	if !ok || resp.GetKeepMs() != adapterUseKeep.Milliseconds() || resp.GetMinIdleMs() != time.Minute.Milliseconds() {
+		t.Errorf("answer %v %v, want keep 3 s and the 1 m adapter_min_idle", resp, ok)
+	}
 	if got := testkit.Metric(t, r.reg, "llmgw_control_adapter_use_routers", nil); got != 2 {
 		t.Errorf("llmgw_control_adapter_use_routers = %v, want 2", got)
+	}
+}
+
+// TestReportWaitsForAnEviction (issue 27): a report that arrives while an
+// eviction is being decided and committed is kept, and answered, only once
+// the eviction is committed — so a router that waits for the answer before
+// sending a request never sends it into an eviction decided without it.
+func TestReportWaitsForAnEviction(t *testing.T) {
+	r := newRig(t, testConfig(), loraState(1, placed("a", "base-0"), placed("b", "base-1")))
+	setPhases(r, ready, "base-0", "base-1")
+	r.reports.setAdapter("base-0", 1, loaded("a", t0.Add(-time.Hour), 0))
+	r.reports.setAdapter("base-1", 2, loaded("b", t0.Add(-2*time.Hour), 0))
+	agentLoads(r)
+	evicting, release := make(chan struct{}), make(chan struct{})
+	r.prop.fail = func(p proposal) error {
+		if c, ok := p.msg.(*llmgwv1.SetAdapterPlacementCommand); ok && len(c.Placement.Replicas) == 0 {
+			close(evicting)
+			<-release
+		}
+		return nil
+	}
+	ensured := make(chan error, 1)
+	go func() {
+		_, _, err := r.l.EnsureAdapter(context.Background(), &llmgwv1.EnsureAdapterRequest{Adapter: "c"}, 5*time.Second)
+		ensured <- err
+	}()
+	<-evicting
+	answered := make(chan struct{})
+	go func() {
+		routerReport(r, "r1", 1, inFlight("b", "base-1", 1, t0))
+		close(answered)
+	}()
+	select {
+	case <-answered:
+		t.Fatal("a report was answered while an eviction was being committed")
+	case <-time.After(50 * time.Millisecond): // pacing: a check that nothing happens
+	}
+	close(release)
+	<-answered
+	if err := <-ensured; err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -42,15 +42,23 @@ type useOptions struct {
 
 // The pace of the reports. A change is sent at once unless one went out
 // within useMinGap (then at the end of it: a burst costs one report per
-// gap, not one per request); the whole is sent again every useKeepalive
-// regardless, as the leader keeps a report only 3 s. A failed report is
-// sent again after useRetry, doubling to useKeepalive.
+// gap, not one per request) — but at once when a request waits for it;
+// the whole is sent again every useKeepalive regardless, as the leader
+// keeps a report only 3 s. A failed report is sent again after useRetry,
+// doubling to useKeepalive.
 const (
 	useMinGap    = 25 * time.Millisecond
 	useKeepalive = time.Second
 	useRetry     = 100 * time.Millisecond
 	useTimeout   = 2 * time.Second
 )
+
+// useAnswerWait bounds how long a request for an adapter this router has
+// not used lately waits for the control plane to acknowledge it before it
+// is sent (adapterUse.acquire): routers never block traffic on the
+// control plane for longer (design §5.6), and not at all while reports
+// fail.
+const useAnswerWait = 200 * time.Millisecond
 
 // useRetain is how long an adapter's use on a replica stays in the
 // reports once its last request ended: the leader reads the last use for
@@ -68,10 +76,14 @@ type useKey struct {
 	rep     scheduler.Key
 }
 
-// useCount is a key's requests in flight and when the last one ended.
+// useCount is a key's requests in flight and when the last one ended,
+// and the same as the control plane last acknowledged them.
 type useCount struct {
 	n    int
 	last time.Time
+
+	ackedN    int
+	ackedLast time.Time
 }
 
 // adapterUse counts this router's requests in flight per adapter and
@@ -80,6 +92,16 @@ type useCount struct {
 // full (or the attempt failed, or the client left): always at least as
 // long as the engine has it, so a count of 0 means the engine has nothing
 // of this router's for the adapter.
+//
+// A count alone would leave a race: the leader may decide an eviction
+// while a report of a new request is on its way. So a request for an
+// adapter the leader does not already hold busy on this router's word —
+// none in flight there that it acknowledged, nor a use it acknowledged
+// within half its adapter_min_idle — is sent only once the report counting
+// it is acknowledged (at most useAnswerWait). The leader keeps reports and
+// commits evictions under one lock, so the request then either was in
+// view of every eviction decision or follows its commit (and the table's
+// change then sends the next ones elsewhere).
 type adapterUse struct {
 	rep     AdapterUseReporter
 	router  string
@@ -100,6 +122,17 @@ type adapterUse struct {
 	mu      sync.Mutex
 	uses    map[useKey]*useCount
 	changed chan struct{}
+	// urgent: a request waits for the next report's answer.
+	urgent bool
+	// minIdle is the leader's adapter_min_idle from its last answer (0
+	// before any).
+	minIdle time.Duration
+	// taken is the seq of the last report whose uses were read, acked of
+	// the last one answered; answered is closed at every answer or
+	// failure; failing: the last report failed, and nobody waits.
+	taken, acked uint64
+	answered     chan struct{}
+	failing      bool
 }
 
 func newAdapterUse(o *useOptions, models Models, reg prometheus.Registerer) *adapterUse {
@@ -115,7 +148,8 @@ func newAdapterUse(o *useOptions, models Models, reg prometheus.Registerer) *ada
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &adapterUse{rep: o.rep, router: o.router, session: session, models: models, log: log, now: time.Now,
-		m: newUseMetrics(reg), ctx: ctx, cancel: cancel, uses: map[useKey]*useCount{}, changed: make(chan struct{}, 1)}
+		m: newUseMetrics(reg), ctx: ctx, cancel: cancel, uses: map[useKey]*useCount{}, changed: make(chan struct{}, 1),
+		answered: make(chan struct{})}
 }
 
 // close stops the reports and waits for the last one.
@@ -134,21 +168,61 @@ type useHold struct {
 }
 
 // acquire counts a request for adapter on e until its hold is released.
-func (u *adapterUse) acquire(adapter string, e *endpoint.Endpoint) *useHold {
+// When the control plane does not already hold the adapter busy there on
+// this router's word, it returns once the report counting the request is
+// acknowledged, or after useAnswerWait, or when ctx ends.
+func (u *adapterUse) acquire(ctx context.Context, adapter string, e *endpoint.Endpoint) *useHold {
 	k := useKey{adapter: adapter, rep: Key(e)}
+	now := u.now()
 	u.mu.Lock()
 	c := u.uses[k]
 	if c == nil {
 		c = &useCount{}
 		u.uses[k] = c
 	}
+	told := c.ackedN > 0 || (u.minIdle > 0 && now.Before(c.ackedLast.Add(u.minIdle/2)))
 	c.n++
-	c.last = u.now()
+	c.last = now
+	wait := !told && !u.failing
+	target, answered := u.taken+1, u.answered
+	if wait {
+		u.urgent = true
+	}
 	u.mu.Unlock()
 	u.m.inflight.Inc()
 	u.start.Do(func() { u.wg.Go(u.run) })
 	u.signal()
+	if wait {
+		u.m.waits.WithLabelValues(u.awaitAnswer(ctx, target, answered)).Inc()
+	}
 	return &useHold{u: u, k: k}
+}
+
+// awaitAnswer waits until report target is answered, and says how the
+// wait ended: answered, failed (reports fail: nobody waits), timeout
+// (useAnswerWait), or client_gone.
+func (u *adapterUse) awaitAnswer(ctx context.Context, target uint64, answered <-chan struct{}) string {
+	timer := time.NewTimer(useAnswerWait)
+	defer timer.Stop()
+	for {
+		select {
+		case <-answered:
+		case <-timer.C:
+			return "timeout"
+		case <-ctx.Done():
+			return "client_gone"
+		}
+		u.mu.Lock()
+		done, failing := u.acked >= target, u.failing
+		answered = u.answered
+		u.mu.Unlock()
+		switch {
+		case done:
+			return "answered"
+		case failing:
+			return "failed"
+		}
+	}
 }
 
 func (h *useHold) release() {
@@ -199,11 +273,14 @@ func (u *adapterUse) run() {
 		case <-u.ctx.Done():
 			return
 		case <-u.changed:
-			if wait := useMinGap - u.now().Sub(last); wait > 0 {
+			// Within useMinGap of the last report, wait for its end, or
+			// for a request that waits for the report.
+			for wait := useMinGap - u.now().Sub(last); wait > 0 && !u.isUrgent(); wait = useMinGap - u.now().Sub(last) {
 				select {
 				case <-u.ctx.Done():
 					return
 				case <-time.After(wait):
+				case <-u.changed:
 				}
 			}
 		case <-keepalive.C:
@@ -226,6 +303,7 @@ func (u *adapterUse) run() {
 		case u.ctx.Err() != nil:
 			return
 		default:
+			u.failed()
 			u.m.reports.WithLabelValues("error").Inc()
 			if !failing {
 				// Once per outage: the leader then judges from the agents'
@@ -256,19 +334,53 @@ func (u *adapterUse) wanted() bool {
 	return false
 }
 
+func (u *adapterUse) isUrgent() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.urgent
+}
+
+// send sends report seq and, once answered, records what the control
+// plane now holds of each use, and wakes the requests waiting for it.
 func (u *adapterUse) send(seq uint64, now time.Time) error {
 	ctx, cancel := context.WithTimeout(u.ctx, useTimeout)
 	defer cancel()
-	_, err := u.rep.ReportAdapterUse(ctx, &llmgwv1.AdapterUseReport{Router: u.router, Session: u.session, Seq: seq,
-		SentUnixNano: now.UnixNano(), Uses: u.snapshot(now)})
-	return err
-}
-
-// snapshot is the report's uses, forgetting those idle for useRetain;
-// bounded by maxReportUses, those in flight first, then the most recent.
-func (u *adapterUse) snapshot(now time.Time) []*llmgwv1.AdapterStatus {
+	uses := u.snapshot(now, seq)
+	resp, err := u.rep.ReportAdapterUse(ctx, &llmgwv1.AdapterUseReport{Router: u.router, Session: u.session, Seq: seq,
+		SentUnixNano: now.UnixNano(), Uses: uses})
+	if err != nil {
+		return err
+	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.acked, u.failing = seq, false
+	u.minIdle = time.Duration(resp.GetMinIdleMs()) * time.Millisecond
+	for _, s := range uses {
+		k := useKey{adapter: s.GetAdapter(), rep: scheduler.Key{ID: s.GetReplicaId(), UID: s.GetUid(), Incarnation: s.GetIncarnation()}}
+		if c := u.uses[k]; c != nil {
+			c.ackedN, c.ackedLast = int(s.GetActive()), time.Unix(0, s.GetLastActiveUnixNano())
+		}
+	}
+	close(u.answered)
+	u.answered = make(chan struct{})
+	return nil
+}
+
+// failed notes a failed report: the requests waiting for one go on.
+func (u *adapterUse) failed() {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.failing = true
+	close(u.answered)
+	u.answered = make(chan struct{})
+}
+
+// snapshot is report seq's uses, forgetting those idle for useRetain;
+// bounded by maxReportUses, those in flight first, then the most recent.
+func (u *adapterUse) snapshot(now time.Time, seq uint64) []*llmgwv1.AdapterStatus {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.taken, u.urgent = seq, false
 	type use struct {
 		k useKey
 		c useCount
@@ -305,6 +417,7 @@ func (u *adapterUse) snapshot(now time.Time) []*llmgwv1.AdapterStatus {
 type useMetrics struct {
 	inflight prometheus.Gauge
 	reports  *prometheus.CounterVec
+	waits    *prometheus.CounterVec
 }
 
 // newUseMetrics registers the adapter-use metrics with reg (nil for none).
@@ -316,9 +429,12 @@ func newUseMetrics(reg prometheus.Registerer) *useMetrics {
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_router_adapter_use_reports_total", Help: "Reports of requests in flight per adapter and replica sent to the control plane, by result: ok, error.",
 		}, []string{"result"}),
+		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_adapter_use_waits_total", Help: "Requests for an adapter not used lately on their replica that waited for the control plane to acknowledge them before being sent, by how the wait ended: answered, failed, timeout (200 ms), client_gone.",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.inflight, m.reports)
+		reg.MustRegister(m.inflight, m.reports, m.waits)
 	}
 	return m
 }

@@ -16,15 +16,24 @@ import (
 	"github.com/llmgw/llmgw/router/endpoint"
 )
 
-// fakeReporter keeps every report; the first fail of them fail.
+// fakeReporter keeps every report; the first fail of them fail. With
+// gate set, each answer waits for a value from it (or the call's end).
 type fakeReporter struct {
+	gate    chan struct{}
 	mu      sync.Mutex
 	reports []*llmgwv1.AdapterUseReport
 	fail    int
 	tries   int
 }
 
-func (f *fakeReporter) ReportAdapterUse(_ context.Context, r *llmgwv1.AdapterUseReport) (*llmgwv1.AdapterUseReportResponse, error) {
+func (f *fakeReporter) ReportAdapterUse(ctx context.Context, r *llmgwv1.AdapterUseReport) (*llmgwv1.AdapterUseReportResponse, error) {
+	if f.gate != nil {
+		select {
+		case <-f.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tries++
@@ -33,7 +42,7 @@ func (f *fakeReporter) ReportAdapterUse(_ context.Context, r *llmgwv1.AdapterUse
 		return nil, errors.New("control plane unreachable")
 	}
 	f.reports = append(f.reports, r)
-	return &llmgwv1.AdapterUseReportResponse{KeepMs: 3000}, nil
+	return &llmgwv1.AdapterUseReportResponse{KeepMs: 3000, MinIdleMs: 2000}, nil
 }
 
 // last is the newest report, nil before any.
@@ -192,7 +201,7 @@ func TestAdapterUseSnapshot(t *testing.T) {
 		u.uses[key(i)] = &useCount{last: now.Add(-time.Duration(i) * time.Millisecond)}
 	}
 	u.uses[key(maxReportUses+5)].n = 2 // old, but in flight
-	got := u.snapshot(now)
+	got := u.snapshot(now, 1)
 	if len(got) != maxReportUses {
 		t.Fatalf("%d uses, want %d", len(got), maxReportUses)
 	}
@@ -247,3 +256,87 @@ func TestChooseOnlyHolders(t *testing.T) {
 		t.Errorf("with no holder left, chose %v, want Resolve's r0 then r1", got)
 	}
 }
+
+// TestAdapterUseWaitsForTheAnswer (issue 27): a request for an adapter the
+// control plane does not already hold busy on this router's word is sent
+// only once the report counting it is answered — not before, and not
+// later than useAnswerWait; one used within half the leader's
+// adapter_min_idle, or while reports fail, goes at once.
+func TestAdapterUseWaitsForTheAnswer(t *testing.T) {
+	tb := baseTable()
+	tb.held = map[string]string{"r0": "sql"}
+	rep := &fakeReporter{gate: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	d := New(tb, &sched{}, noBreakers{}, reg, WithAdapterUse(rep, "r", discard))
+	defer d.Close()
+	defer close(rep.gate) // let every report through at the end
+	next := func() chan time.Duration {
+		t.Helper()
+		tgt, aerr := d.Resolve(context.Background(), "sql", discard)
+		if aerr != nil {
+			t.Fatal(aerr)
+		}
+		pl, _ := d.Prepare(context.Background(), tgt, Input{Body: []byte(`{}`)})
+		out := make(chan time.Duration, 1)
+		go func() {
+			start := time.Now()
+			pl.Next(nil)
+			out <- time.Since(start)
+			pl.Done("r0", 200)
+		}()
+		return out
+	}
+	waits := func(result string) float64 {
+		return testkit.Metric(t, reg, "llmgw_router_adapter_use_waits_total", testkit.Labels{"result": result})
+	}
+
+	// First use: held until the control plane answers.
+	sent := next()
+	select {
+	case <-sent:
+		t.Fatal("a first use was sent before the control plane answered its report")
+	case <-time.After(useAnswerWait / 4): // pacing: a check that nothing happens
+	}
+	rep.gate <- struct{}{}
+	<-sent
+	if got := waits("answered"); got != 1 {
+		t.Errorf("waits answered %v, want 1", got)
+	}
+	// The release's report, answered: sql on r0 is now used within half
+	// of adapter_min_idle, so the next request goes at once, reports held.
+	rep.gate <- struct{}{}
+	rep.waitFor(t, "the release reported", map[string]uint32{"sql/r0": 0})
+	if took := <-next(); took >= useAnswerWait/2 {
+		t.Errorf("a use within half of adapter_min_idle waited %v", took)
+	}
+
+	// Nothing answers: sent after useAnswerWait.
+	d2 := New(tb, &sched{}, noBreakers{}, prometheus.NewRegistry(), WithAdapterUse(&fakeReporter{gate: make(chan struct{})}, "r", discard))
+	defer d2.Close()
+	d = d2
+	if took := <-next(); took < useAnswerWait || took > 10*useAnswerWait {
+		t.Errorf("with no answer, sent after %v, want useAnswerWait (%v)", took, useAnswerWait)
+	}
+}
+
+// TestAdapterUseNoWaitWhileReportsFail: while reports fail, requests do
+// not wait for answers that do not come (the control plane is not in the
+// way of traffic).
+func TestAdapterUseNoWaitWhileReportsFail(t *testing.T) {
+	tb := baseTable()
+	tb.held = map[string]string{"r0": "sql", "r1": "sql"}
+	rep := &fakeReporter{fail: 1 << 30}
+	d := New(tb, &sched{}, noBreakers{}, nil, WithAdapterUse(rep, "r", discard))
+	defer d.Close()
+	tgt, _ := d.Resolve(context.Background(), "sql", discard)
+	pl, _ := d.Prepare(context.Background(), tgt, Input{Body: []byte(`{}`)})
+	e, _ := pl.Next(nil) // waits for the first failure at most
+	testkit.Wait(t, "a failed report", func() bool { _, tries := rep.count(); return tries >= 1 })
+	start := time.Now()
+	pl.Next([]*endpoint.Endpoint{e}) // r1: never used, and reports fail
+	if took := time.Since(start); took >= useAnswerWait/2 {
+		t.Errorf("waited %v for an answer while reports fail", took)
+	}
+	pl.Done("r1", 200)
+}
+

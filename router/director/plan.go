@@ -65,6 +65,7 @@ type Plan struct {
 	use     *adapterUse
 	hold    holdSlot
 	stopUse func() bool
+	ctx     context.Context // the request's, for the use's wait
 }
 
 // attempt is what one attempt recorded: the blocks it speculated on its
@@ -120,7 +121,7 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 	if t.Adapter != "" && p.use != nil {
 		// Released by Done or the next attempt; should the request end
 		// without either (the client gone), by its context's end.
-		pl.use = p.use
+		pl.use, pl.ctx = p.use, ctx
 		pl.stopUse = context.AfterFunc(ctx, pl.hold.release)
 	}
 	pl.profile = p.profiles.ProfileFor(t.Model)
@@ -153,8 +154,10 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 //
 // For an adapter, each attempt counts as the adapter's use of its replica
 // in the reports to the control plane (design §7.6) until the next
-// attempt, Done, or the request's end; and only replicas the table still
-// shows holding it are chosen (choose).
+// attempt, Done, or the request's end — an adapter not used there lately
+// only once the control plane has acknowledged it (adapterUse.acquire, at
+// most 200 ms) — and only replicas the table still shows holding it are
+// chosen (choose).
 func (p *Plan) Next(tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.Key) {
 	p.settle(true)
 	p.hold.release() // the previous attempt failed
@@ -167,7 +170,10 @@ func (p *Plan) Next(tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.K
 		p.record(ep)
 	}
 	if p.use != nil {
-		p.hold.set(p.use.acquire(p.Adapter, ep))
+		p.hold.set(p.use.acquire(p.ctx, p.Adapter, ep))
+		if p.ctx.Err() != nil {
+			p.hold.release() // the context ended before the hold was set
+		}
 	}
 	return ep, cand.Key
 }

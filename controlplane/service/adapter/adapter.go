@@ -25,10 +25,10 @@ type Leader interface {
 	// bounded); wait is its timeout as capped.
 	EnsureAdapter(ctx context.Context, req *llmgwv1.EnsureAdapterRequest, wait time.Duration) (*llmgwv1.EnsureAdapterResponse, string, error)
 	// ReportAdapterUse keeps a router's requests in flight per adapter
-	// and replica, r checked (checkUseReport), and says for how long; ok
+	// and replica, r checked (checkUseReport), and gives the answer; ok
 	// is false when r is of a new router session and the leader holds as
 	// many as it may.
-	ReportAdapterUse(r *llmgwv1.AdapterUseReport) (keep time.Duration, ok bool)
+	ReportAdapterUse(r *llmgwv1.AdapterUseReport) (_ *llmgwv1.AdapterUseReportResponse, ok bool)
 }
 
 // Service is the AdapterService.
@@ -98,11 +98,11 @@ func (a *Service) ReportAdapterUse(ctx context.Context, r *llmgwv1.AdapterUseRep
 	if id, ok := mtls.FromContext(ctx); ok && id.Role == mtls.RoleRouter && id.Name != r.GetRouter() {
 		return nil, status.Errorf(codes.PermissionDenied, "router: %q is not the caller's name %q", r.GetRouter(), id.Name)
 	}
-	keep, ok := a.leader.ReportAdapterUse(r)
+	resp, ok := a.leader.ReportAdapterUse(r)
 	if !ok {
 		return nil, status.Errorf(codes.ResourceExhausted, "router %s: the leader holds the adapter use of as many router sessions as it may; this one's is not kept", r.GetRouter())
 	}
-	return &llmgwv1.AdapterUseReportResponse{KeepMs: keep.Milliseconds()}, nil
+	return resp, nil
 }
 
 // checkUseReport checks a use report's bounds; the error names the field.

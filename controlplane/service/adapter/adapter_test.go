@@ -30,12 +30,12 @@ func (f *fakeLeader) EnsureAdapter(context.Context, *llmgwv1.EnsureAdapterReques
 	return &llmgwv1.EnsureAdapterResponse{}, "loaded", nil
 }
 
-func (f *fakeLeader) ReportAdapterUse(r *llmgwv1.AdapterUseReport) (time.Duration, bool) {
+func (f *fakeLeader) ReportAdapterUse(r *llmgwv1.AdapterUseReport) (*llmgwv1.AdapterUseReportResponse, bool) {
 	if f.full {
-		return 0, false
+		return nil, false
 	}
 	f.reports = append(f.reports, r)
-	return 3 * time.Second, true
+	return &llmgwv1.AdapterUseReportResponse{KeepMs: 3000, MinIdleMs: 2000}, true
 }
 
 // ctxAs is an incoming call's context from a peer whose verified
@@ -106,7 +106,7 @@ func TestReportAdapterUse(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if resp.GetKeepMs() != 3000 || len(l.reports) != 1 || !proto.Equal(l.reports[0], tt.req) {
+				if resp.GetKeepMs() != 3000 || resp.GetMinIdleMs() != 2000 || len(l.reports) != 1 || !proto.Equal(l.reports[0], tt.req) {
 					t.Errorf("answer %v, leader given %v", resp, l.reports)
 				}
 				return

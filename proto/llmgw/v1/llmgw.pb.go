@@ -6601,7 +6601,13 @@ func (x *AdapterUseReport) GetUses() []*AdapterStatus {
 type AdapterUseReportResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How long the leader keeps the report: send again well before.
-	KeepMs        int64 `protobuf:"varint,1,opt,name=keep_ms,json=keepMs,proto3" json:"keep_ms,omitempty"`
+	KeepMs int64 `protobuf:"varint,1,opt,name=keep_ms,json=keepMs,proto3" json:"keep_ms,omitempty"`
+	// The leader's adapter_min_idle: an adapter whose use it has
+	// acknowledged is not evicted within this of that use (nor while a
+	// request for it is in flight). A router sends a request for an adapter
+	// it has not used lately only once a report of it is acknowledged, so
+	// no eviction decided before it can meet the request in the engine.
+	MinIdleMs     int64 `protobuf:"varint,2,opt,name=min_idle_ms,json=minIdleMs,proto3" json:"min_idle_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6639,6 +6645,13 @@ func (*AdapterUseReportResponse) Descriptor() ([]byte, []int) {
 func (x *AdapterUseReportResponse) GetKeepMs() int64 {
 	if x != nil {
 		return x.KeepMs
+	}
+	return 0
+}
+
+func (x *AdapterUseReportResponse) GetMinIdleMs() int64 {
+	if x != nil {
+		return x.MinIdleMs
 	}
 	return 0
 }
@@ -7439,9 +7452,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\asession\x18\x02 \x01(\x04R\asession\x12\x10\n" +
 	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12$\n" +
 	"\x0esent_unix_nano\x18\x04 \x01(\x03R\fsentUnixNano\x12+\n" +
-	"\x04uses\x18\x05 \x03(\v2\x17.llmgw.v1.AdapterStatusR\x04uses\"3\n" +
+	"\x04uses\x18\x05 \x03(\v2\x17.llmgw.v1.AdapterStatusR\x04uses\"S\n" +
 	"\x18AdapterUseReportResponse\x12\x17\n" +
-	"\akeep_ms\x18\x01 \x01(\x03R\x06keepMs\"\xb8\x01\n" +
+	"\akeep_ms\x18\x01 \x01(\x03R\x06keepMs\x12\x1e\n" +
+	"\vmin_idle_ms\x18\x02 \x01(\x03R\tminIdleMs\"\xb8\x01\n" +
 	"\x15EnsureAdapterResponse\x12,\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x16.llmgw.v1.AdapterStateR\x05state\x12\x1b\n" +
 	"\tloaded_on\x18\x02 \x03(\tR\bloadedOn\x12\x16\n" +
