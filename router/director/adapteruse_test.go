@@ -339,4 +339,3 @@ func TestAdapterUseNoWaitWhileReportsFail(t *testing.T) {
 	}
 	pl.Done("r1", 200)
 }
-
