@@ -285,19 +285,36 @@ func TestRemovedUnloadedWhenIdleOnly(t *testing.T) {
 	}
 }
 
+// fullEngine is an engine of --max-loras 2 holding a and b, placed and
+// loaded by a manager with opts.
+func fullEngine(t *testing.T, opts ...func(*Config)) (*fakeEngine, *harness) {
+	t.Helper()
+	eng := newFakeEngine(t)
+	eng.max = 2
+	h := start(t, eng, 2, opts...)
+	h.place("a", "b")
+	h.engine(1)
+	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	return eng, h
+}
+
+// wantAReplacedByC fails t unless the engine unloaded a once and holds b
+// and c.
+func wantAReplacedByC(t *testing.T, eng *fakeEngine) {
+	t.Helper()
+	if loaded, _, unloads := eng.state(); unloads["a"] != 1 || !slices.Equal(loaded, []string{"b", "c"}) {
+		t.Errorf("engine holds %v after unloads %v", loaded, unloads)
+	}
+}
+
 // TestUnloadReadsTheEngineFirst: an adapter removed to make room, idle in
 // the latest reading but busy in the engine now (a burst routed since the
 // reading), is not unloaded: the fresh reading just before the unload
 // shows it busy. Once the engine is idle it is unloaded and the new one
 // loaded.
 func TestUnloadReadsTheEngineFirst(t *testing.T) {
-	eng := newFakeEngine(t)
-	eng.max = 2
-	h := start(t, eng, 2, func(c *Config) { c.ScrapeInterval = time.Hour })
-	h.place("a", "b")
-	h.engine(1)
-	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
-	h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	eng, h := fullEngine(t, func(c *Config) { c.ScrapeInterval = time.Hour })
 	if st := h.states()["a"]; st.GetActive() != 0 {
 		t.Fatalf("a active in the reading: %v", st)
 	}
@@ -315,9 +332,7 @@ func TestUnloadReadsTheEngineFirst(t *testing.T) {
 	eng.setRunning()
 	h.clock.advance(2 * time.Hour) // the next reading, and the recheck
 	h.waitState("c", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
-	if loaded, _, unloads := eng.state(); unloads["a"] != 1 || !slices.Equal(loaded, []string{"b", "c"}) {
-		t.Errorf("engine holds %v after unloads %v", loaded, unloads)
-	}
+	wantAReplacedByC(t, eng)
 }
 
 // TestUnloadCheckJudgesIdleEngine (issue 27): an engine whose activity
@@ -329,13 +344,7 @@ func TestUnloadReadsTheEngineFirst(t *testing.T) {
 // never loaded. The clock does not move: the bound on putting it off is
 // not what lets it through.
 func TestUnloadCheckJudgesIdleEngine(t *testing.T) {
-	eng := newFakeEngine(t)
-	eng.max = 2
-	h := start(t, eng, 2)
-	h.place("a", "b")
-	h.engine(1)
-	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
-	h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	eng, h := fullEngine(t)
 	eng.mu.Lock()
 	eng.stuck = []string{"a"} // named, but the engine runs nothing
 	eng.mu.Unlock()
@@ -344,9 +353,7 @@ func TestUnloadCheckJudgesIdleEngine(t *testing.T) {
 	if n := testkit.Metric(t, h.reg, "llmgw_agent_adapter_unloads_deferred_total", nil); n != 0 {
 		t.Errorf("the unload of a was put off %v times with the engine idle", n)
 	}
-	if loaded, _, unloads := eng.state(); unloads["a"] != 1 || !slices.Equal(loaded, []string{"b", "c"}) {
-		t.Errorf("engine holds %v after unloads %v", loaded, unloads)
-	}
+	wantAReplacedByC(t, eng)
 }
 
 // TestStuckBusyUnloadedPastTheBound (issue 27): the engine is busy and its
@@ -356,13 +363,7 @@ func TestUnloadCheckJudgesIdleEngine(t *testing.T) {
 // adapter is unloaded, the one waiting for the slot loaded, and the
 // overdue unload counted.
 func TestStuckBusyUnloadedPastTheBound(t *testing.T) {
-	eng := newFakeEngine(t)
-	eng.max = 2
-	h := start(t, eng, 2)
-	h.place("a", "b")
-	h.engine(1)
-	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
-	h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	eng, h := fullEngine(t)
 	eng.setRunning("a")
 	h.place("b", "c")
 	h.waitFor("a's unload put off", func() bool {
@@ -373,9 +374,7 @@ func TestStuckBusyUnloadedPastTheBound(t *testing.T) {
 	}
 	h.clock.advance(DefaultConfig().UnloadDeferMax)
 	h.waitState("c", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
-	if loaded, _, unloads := eng.state(); unloads["a"] != 1 || !slices.Equal(loaded, []string{"b", "c"}) {
-		t.Errorf("engine holds %v after unloads %v", loaded, unloads)
-	}
+	wantAReplacedByC(t, eng)
 	if n := testkit.Metric(t, h.reg, "llmgw_agent_adapter_unloads_overdue_total", nil); n != 1 {
 		t.Errorf("overdue unloads %v, want 1", n)
 	}
