@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/scheduler"
@@ -109,7 +107,7 @@ type adapterUse struct {
 	models  Models
 	log     *slog.Logger
 	now     func() time.Time
-	m       *useMetrics
+	m       *adapterMetrics
 
 	// The reports run from the first request counted until close: a
 	// router that never served an adapter has nothing to report, and one
@@ -135,7 +133,7 @@ type adapterUse struct {
 	failing      bool
 }
 
-func newAdapterUse(o *useOptions, models Models, reg prometheus.Registerer) *adapterUse {
+func newAdapterUse(o *useOptions, models Models, m *adapterMetrics) *adapterUse {
 	var b [8]byte
 	_, _ = rand.Read(b[:]) // crypto/rand never fails on Linux; a zero session is redrawn below
 	session := binary.LittleEndian.Uint64(b[:])
@@ -148,7 +146,7 @@ func newAdapterUse(o *useOptions, models Models, reg prometheus.Registerer) *ada
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &adapterUse{rep: o.rep, router: o.router, session: session, models: models, log: log, now: time.Now,
-		m: newUseMetrics(reg), ctx: ctx, cancel: cancel, uses: map[useKey]*useCount{}, changed: make(chan struct{}, 1),
+		m: m, ctx: ctx, cancel: cancel, uses: map[useKey]*useCount{}, changed: make(chan struct{}, 1),
 		answered: make(chan struct{})}
 }
 
@@ -189,11 +187,11 @@ func (u *adapterUse) acquire(ctx context.Context, adapter string, e *endpoint.En
 		u.urgent = true
 	}
 	u.mu.Unlock()
-	u.m.inflight.Inc()
+	u.m.useInflight.Inc()
 	u.start.Do(func() { u.wg.Go(u.run) })
 	u.signal()
 	if wait {
-		u.m.waits.WithLabelValues(u.awaitAnswer(ctx, target, answered)).Inc()
+		u.m.useWaits.WithLabelValues(u.awaitAnswer(ctx, target, answered)).Inc()
 	}
 	return &useHold{u: u, k: k}
 }
@@ -233,7 +231,7 @@ func (h *useHold) release() {
 		c.last = u.now()
 	}
 	u.mu.Unlock()
-	u.m.inflight.Dec()
+	u.m.useInflight.Dec()
 	u.signal()
 }
 
@@ -295,7 +293,7 @@ func (u *adapterUse) run() {
 		err := u.send(seq, last)
 		switch {
 		case err == nil:
-			u.m.reports.WithLabelValues("ok").Inc()
+			u.m.useReports.WithLabelValues("ok").Inc()
 			if failing {
 				u.log.Info("router: adapter use reported again")
 			}
@@ -304,7 +302,7 @@ func (u *adapterUse) run() {
 			return
 		default:
 			u.failed()
-			u.m.reports.WithLabelValues("error").Inc()
+			u.m.useReports.WithLabelValues("error").Inc()
 			if !failing {
 				// Once per outage: the leader then judges from the agents'
 				// readings alone once this router's last report expires.
@@ -412,29 +410,4 @@ func (u *adapterUse) snapshot(now time.Time, seq uint64) []*llmgwv1.AdapterStatu
 			Adapter: x.k.adapter, Active: uint32(x.c.n), LastActiveUnixNano: last.UnixNano()}
 	}
 	return out
-}
-
-type useMetrics struct {
-	inflight prometheus.Gauge
-	reports  *prometheus.CounterVec
-	waits    *prometheus.CounterVec
-}
-
-// newUseMetrics registers the adapter-use metrics with reg (nil for none).
-func newUseMetrics(reg prometheus.Registerer) *useMetrics {
-	m := &useMetrics{
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "llmgw_router_adapter_inflight_requests", Help: "Requests for LoRA adapters this router has in flight to replicas, as it reports them to the control plane.",
-		}),
-		reports: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "llmgw_router_adapter_use_reports_total", Help: "Reports of requests in flight per adapter and replica sent to the control plane, by result: ok, error.",
-		}, []string{"result"}),
-		waits: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "llmgw_router_adapter_use_waits_total", Help: "Requests for an adapter not used lately on their replica that waited for the control plane to acknowledge them before being sent, by how the wait ended: answered, failed, timeout (200 ms), client_gone.",
-		}, []string{"result"}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.inflight, m.reports, m.waits)
-	}
-	return m
 }

@@ -192,7 +192,7 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 	}
 	var use *adapterUse
 	if o.use != nil && o.use.rep != nil {
-		use = newAdapterUse(o.use, table, reg)
+		use = newAdapterUse(o.use, table, adm)
 	}
 	return &Director{
 		res:  res,
