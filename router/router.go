@@ -408,7 +408,8 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	r.dir = director.New(r.eps, sched, brs, r.reg,
 		director.WithKV(r.kv, tok, cfg.KVMinBlocks),
 		director.WithAdapters(r.control, cfg.AdapterWait),
-		director.WithAdapterQueue(cfg.AdapterQueue, nil))
+		director.WithAdapterQueue(cfg.AdapterQueue, nil),
+		director.WithAdapterUse(r.control, cfg.ID, r.log))
 	r.proxy = proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
 		MaxAttempts: proxy.DefaultConfig().MaxAttempts}, brs, r.reg)
 	wc := r.watch
@@ -659,6 +660,17 @@ func (c *controlAdapters) EnsureAdapter(ctx context.Context, req *llmgwv1.Ensure
 		}
 	}
 	return nil, lastErr
+}
+
+// ReportAdapterUse sends the router's adapter use to the next control
+// server (followers forward it to the leader); the director sends again
+// on failure.
+func (c *controlAdapters) ReportAdapterUse(ctx context.Context, req *llmgwv1.AdapterUseReport) (*llmgwv1.AdapterUseReportResponse, error) {
+	conn, _, err := c.conn(c.addrs())
+	if err != nil {
+		return nil, err
+	}
+	return llmgwv1.NewAdapterServiceClient(conn).ReportAdapterUse(ctx, req)
 }
 
 // conn returns a connection to the next address in rotation.

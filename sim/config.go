@@ -86,6 +86,12 @@ type Config struct {
 	// adapter onto the GPU is not free, and a router waiting for a cold
 	// adapter should see it.
 	LoRALoadDelay time.Duration
+	// LoRAInfoFrozen freezes vllm:lora_requests_info once it has named an
+	// adapter (--sim-lora-info-frozen): it keeps showing those adapters
+	// running or waiting, as current, for the rest of the run. Engines
+	// exist whose adapter-activity metric never returns to idle (issue
+	// 27); this is how a test makes one, so that nothing may wait on it.
+	LoRAInfoFrozen bool
 
 	// Seed makes generated text, request ids, injected failures and (GPU
 	// timing) the API server's per-request jitter reproducible.
@@ -454,6 +460,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.Float64Var(&f.decodeMS, "sim-decode-ms-per-token", f.decodeMS, "simple timing: decode time per generated token, milliseconds")
 	fs.DurationVar(&c.StartupDelay, "sim-startup-delay", c.StartupDelay, "time spent \"loading weights\" before listening")
 	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
+	fs.BoolVar(&c.LoRAInfoFrozen, "sim-lora-info-frozen", false, "engine deviation: vllm:lora_requests_info stops changing once it has named an adapter (an adapter-activity metric stuck busy)")
 	fs.IntVar(&c.DefaultMaxTokens, "sim-default-max-tokens", c.DefaultMaxTokens, "completion length when a request sets none")
 	fs.Float64Var(&c.Faults.Slowdown, "sim-slowdown", 0, "fault injection: multiply prefill and decode times")
 	fs.Float64Var(&c.Faults.FailRate, "sim-fail-rate", 0, "fault injection: share of requests failed with --sim-fail-status")

@@ -104,6 +104,10 @@ type loraSet struct {
 	// and when it was last current: vLLM's labelled gauge keeps stale
 	// series, and a reader must pick the newest.
 	info map[loraInfoKey]float64
+	// freeze is --sim-lora-info-frozen; frozen is then the first label
+	// combination that named an adapter, shown as current from then on.
+	freeze bool
+	frozen *loraInfoKey
 }
 
 type loraAdapter struct {
@@ -130,7 +134,8 @@ const maxLoRAInfoSeries = 32
 
 func newLoRASet(cfg *Config, now func() float64) *loraSet {
 	return &loraSet{enabled: cfg.EnableLoRA, max: cfg.MaxLoRAs, base: cfg.ServedNames()[0], now: now,
-		adapters: map[string]*loraAdapter{}, stats: map[string]*loraStats{}, info: map[loraInfoKey]float64{}}
+		adapters: map[string]*loraAdapter{}, stats: map[string]*loraStats{}, info: map[loraInfoKey]float64{},
+		freeze: cfg.LoRAInfoFrozen}
 }
 
 // loadStatic registers the --lora-modules adapters, as vLLM does before it
@@ -475,6 +480,12 @@ func (c *loraInfo) Collect(ch chan<- prometheus.Metric) {
 	slices.Sort(running)
 	slices.Sort(waiting)
 	key := loraInfoKey{running: strings.Join(running, ","), waiting: strings.Join(waiting, ",")}
+	switch {
+	case l.frozen != nil:
+		key = *l.frozen
+	case l.freeze && key != (loraInfoKey{}):
+		l.frozen = &key
+	}
 	l.info[key] = l.now()
 	for len(l.info) > maxLoRAInfoSeries {
 		oldest, first := loraInfoKey{}, true

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -393,6 +395,55 @@ func TestLoRARequestsInfo(t *testing.T) {
 	close(gate.step) // let every sleep through
 	<-done
 	<-done
+}
+
+// TestLoRARequestsInfoFrozen: with --sim-lora-info-frozen the gauge keeps
+// the first adapters it named as its newest series once they are idle,
+// and once others run: an activity metric stuck busy (issue 27).
+func TestLoRARequestsInfoFrozen(t *testing.T) {
+	cfg := loraConfig(2)
+	cfg.LoRAInfoFrozen = true
+	now := 1.0
+	l := newLoRASet(&cfg, func() float64 { return now })
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(newLoRAInfo(l))
+	newest := func() string {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		best, at := "", -1.0
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				if v := m.GetGauge().GetValue(); v > at {
+					best, at = "", v
+					for _, lp := range m.GetLabel() {
+						best += lp.GetName() + "=" + lp.GetValue() + ";"
+					}
+				}
+			}
+		}
+		return best
+	}
+	set := func(name string, running int) {
+		l.mu.Lock()
+		l.statsLocked(name, "").running = running
+		l.mu.Unlock()
+		now++
+	}
+	idle := "max_lora=2;running_lora_adapters=;waiting_lora_adapters=;"
+	if got := newest(); got != idle {
+		t.Fatalf("before any request: %q, want %q", got, idle)
+	}
+	set("sql", 1)
+	want := "max_lora=2;running_lora_adapters=sql;waiting_lora_adapters=;"
+	for _, step := range []func(){func() {}, func() { set("sql", 0) }, func() { set("legal", 1) }} {
+		step()
+		if got := newest(); got != want {
+			t.Errorf("newest series %q, want it frozen at %q", got, want)
+		}
+	}
 }
 
 // FuzzParseLoRAModule: any item is parsed or refused with an error, and a

@@ -52,6 +52,16 @@ type Config struct {
 	// RequestTimeout bounds one call to an engine; a load reads weights
 	// from disk, so it is generous.
 	RequestTimeout time.Duration
+	// UnloadDeferMax bounds how long an adapter removed from the placement
+	// stays loaded because the engine's reading says requests for it run
+	// or wait: past it, the adapter is unloaded all the same. The control
+	// plane removes an adapter only once no router has a request in
+	// flight for it there (routers count theirs exactly, design §7.6),
+	// and routers then stop sending it there; what the engine still shows
+	// is requests already on their way, which end, or a metric that is
+	// stuck busy (issue 27), which never ends. A third of the routers'
+	// 30 s --adapter-wait, so a request waiting for the slot is served.
+	UnloadDeferMax time.Duration
 	// RetryInitial and RetryMax bound the backoff between loads of an
 	// adapter that failed for a reason that may pass (a 5xx, the engine
 	// unreachable). A 4xx (no such path, bad input) is not retried until
@@ -66,7 +76,7 @@ type Config struct {
 // DefaultConfig returns the defaults.
 func DefaultConfig() Config {
 	return Config{ScrapeInterval: time.Second, IdleGrace: 5 * time.Second, RequestTimeout: 2 * time.Minute,
-		RetryInitial: 5 * time.Second, RetryMax: 5 * time.Minute}
+		UnloadDeferMax: 10 * time.Second, RetryInitial: 5 * time.Second, RetryMax: 5 * time.Minute}
 }
 
 // Validate checks the durations; errors name the field.
@@ -76,7 +86,7 @@ func (c Config) Validate() error {
 		name string
 		d    time.Duration
 	}{{"scrape_interval", c.ScrapeInterval}, {"idle_grace", c.IdleGrace}, {"request_timeout", c.RequestTimeout},
-		{"retry_initial", c.RetryInitial}, {"retry_max", c.RetryMax}} {
+		{"unload_defer_max", c.UnloadDeferMax}, {"retry_initial", c.RetryInitial}, {"retry_max", c.RetryMax}} {
 		if f.d < 0 {
 			errs = append(errs, fmt.Errorf("adapters: %s: %v must not be negative", f.name, f.d))
 		}
@@ -90,7 +100,7 @@ func (c Config) Validate() error {
 func (c *Config) fill() {
 	d := DefaultConfig()
 	for _, p := range []struct{ v, def *time.Duration }{{&c.ScrapeInterval, &d.ScrapeInterval},
-		{&c.IdleGrace, &d.IdleGrace}, {&c.RequestTimeout, &d.RequestTimeout},
+		{&c.IdleGrace, &d.IdleGrace}, {&c.RequestTimeout, &d.RequestTimeout}, {&c.UnloadDeferMax, &d.UnloadDeferMax},
 		{&c.RetryInitial, &d.RetryInitial}, {&c.RetryMax, &d.RetryMax}} {
 		if *p.v == 0 {
 			*p.v = *p.def
@@ -176,6 +186,9 @@ type entry struct {
 	// fullAt, when not 0, is replica.unloaded+1 at a load the engine
 	// refused as full: the load waits until an unload has finished.
 	fullAt uint64
+	// removedAt is when the adapter was removed from the placement while
+	// loaded (it turned UNLOADING): UnloadDeferMax counts from it.
+	removedAt time.Time
 }
 
 // New returns a manager whose metrics (llmgw_agent_adapter_*) are on reg.
@@ -434,6 +447,7 @@ func (m *Manager) stepReplicaLocked(ctx context.Context, wg *sync.WaitGroup, r *
 		case e.inflight:
 		case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
 			// Placed again before it was unloaded.
+			e.removedAt = time.Time{}
 			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_LOADED })
 		case e.st.GetState() == llmgwv1.AdapterState_ADAPTER_STATE_LOADING:
 			// Waiting for room: refused as full, or not started for lack
@@ -455,10 +469,13 @@ func (m *Manager) stepReplicaLocked(ctx context.Context, wg *sync.WaitGroup, r *
 			m.setLocked(r, e, func(*llmgwv1.AdapterStatus) {})
 			e.gone = true
 		case llmgwv1.AdapterState_ADAPTER_STATE_LOADED:
+			e.removedAt = now
 			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.State = llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING })
 			fallthrough
 		case llmgwv1.AdapterState_ADAPTER_STATE_UNLOADING:
-			if e.st.GetActive() == 0 && !now.Before(e.next) {
+			// Idle in the latest reading, or removed so long ago that a
+			// reading still busy is not believed (UnloadDeferMax).
+			if (e.st.GetActive() == 0 && !now.Before(e.next)) || m.overdueLocked(e, now) {
 				removed = append(removed, e)
 			}
 		}
@@ -483,10 +500,11 @@ func (m *Manager) stepReplicaLocked(ctx context.Context, wg *sync.WaitGroup, r *
 	// may hold more than the model's N, or count differently).
 	short = max(short, refused-freeing)
 	for _, e := range removed {
-		graceOver := now.Sub(time.Unix(0, e.st.GetLastActiveUnixNano())) >= m.cfg.IdleGrace
+		overdue := m.overdueLocked(e, now)
+		graceOver := overdue || now.Sub(time.Unix(0, e.st.GetLastActiveUnixNano())) >= m.cfg.IdleGrace
 		if graceOver || short > 0 {
 			short--
-			m.startUnload(ctx, wg, r, e.st.GetAdapter(), e)
+			m.startUnload(ctx, wg, r, e.st.GetAdapter(), e, overdue)
 		}
 	}
 	for _, name := range want {
@@ -508,6 +526,13 @@ func (m *Manager) stepReplicaLocked(ctx context.Context, wg *sync.WaitGroup, r *
 		free--
 		m.startLoad(ctx, wg, r, name)
 	}
+}
+
+// overdueLocked says whether e was removed from the placement
+// UnloadDeferMax ago or more: it is unloaded whatever the engine's reading
+// says.
+func (m *Manager) overdueLocked(e *entry, now time.Time) bool {
+	return !e.removedAt.IsZero() && now.Sub(e.removedAt) >= m.cfg.UnloadDeferMax
 }
 
 // occupiedLocked counts the adapters that hold a slot in r's engine:
@@ -623,7 +648,10 @@ func (m *Manager) failLocked(r *replica, e *entry, reason string, retryable bool
 	})
 }
 
-func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replica, name string, e *entry) {
+// startUnload unloads a removed adapter. overdue: it was removed
+// UnloadDeferMax ago, and a reading that says it is busy no longer puts
+// the unload off.
+func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replica, name string, e *entry, overdue bool) {
 	e.inflight = true
 	addr, inc := r.addr, r.incarnation
 	wg.Add(1)
@@ -633,21 +661,30 @@ func (m *Manager) startUnload(ctx context.Context, wg *sync.WaitGroup, r *replic
 		defer m.signal(m.wake)
 		// The decision was made on the latest reading, up to a scrape
 		// interval old: a burst routed since then is running in the engine
-		// now. Read it again just before the unload and leave a busy one
-		// be (routers have stopped sending it; it is unloaded once idle).
-		if act, _, _, err := m.readActivity(ctx, addr); err == nil && act.found && act.active[name] {
-			m.mu.Lock()
-			defer m.mu.Unlock()
-			e.inflight = false
-			if m.replicas[r.id] != r || r.incarnation != inc || e.gone {
+		// now. Read it again just before the unload, judged as every
+		// reading is (busyWith), and leave a busy one be (routers have
+		// stopped sending it; it is unloaded once idle) — until it is
+		// overdue: then the reading is stuck, or the requests are some
+		// router's that did not learn of the removal, and the slot is
+		// worth more (UnloadDeferMax).
+		if rd, err := m.read(ctx, addr); err == nil && rd.busyWith(name) {
+			if !overdue {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				e.inflight = false
+				if m.replicas[r.id] != r || r.incarnation != inc || e.gone {
+					return
+				}
+				now := m.cfg.Now()
+				e.next = now.Add(unloadRecheck)
+				m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.Active, s.LastActiveUnixNano = max(s.Active, 1), now.UnixNano() })
+				m.metrics.unloadsDeferred.Inc()
+				m.log.Info("adapter unload deferred: requests for it are in the engine", "replica", r.id, "model", r.model.GetName(), "adapter", name)
 				return
 			}
-			now := m.cfg.Now()
-			e.next = now.Add(unloadRecheck)
-			m.setLocked(r, e, func(s *llmgwv1.AdapterStatus) { s.Active, s.LastActiveUnixNano = max(s.Active, 1), now.UnixNano() })
-			m.metrics.unloadsDeferred.Inc()
-			m.log.Info("adapter unload deferred: requests for it are in the engine", "replica", r.id, "model", r.model.GetName(), "adapter", name)
-			return
+			m.metrics.unloadsOverdue.Inc()
+			m.log.Warn("adapter unloaded although the engine's reading says requests for it run or wait: removed from the placement longer ago than the bound",
+				"replica", r.id, "model", r.model.GetName(), "adapter", name, "bound", m.cfg.UnloadDeferMax)
 		}
 		code, msg, err := m.call(ctx, addr, "/v1/unload_lora_adapter", map[string]string{"lora_name": name})
 		m.mu.Lock()
@@ -721,11 +758,9 @@ func (m *Manager) scrape(ctx context.Context, r *replica, addr string, inc uint6
 	if list {
 		held, err = m.listAdapters(ctx, addr)
 	}
-	var act activity
-	var load vllm.Load
-	var loadErr error
+	var rd reading
 	if err == nil {
-		act, load, loadErr, err = m.readActivity(ctx, addr)
+		rd, err = m.read(ctx, addr)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -750,14 +785,11 @@ func (m *Manager) scrape(ctx context.Context, r *replica, addr string, inc uint6
 			}
 		}
 	}
-	// An engine that says nothing runs or waits has no active adapter,
-	// whatever a stale lora_requests_info series still names.
-	idleEngine := loadErr == nil && load.Running+load.Waiting == 0
 	for name, e := range r.entries {
 		if e.gone {
 			continue
 		}
-		active := act.active[name] && !idleEngine
+		active := rd.busyWith(name)
 		var n uint32
 		if active {
 			n = 1 // the metric names adapters, it does not count their requests
@@ -822,15 +854,33 @@ func parseModels(b []byte) ([]string, error) {
 	return out, nil
 }
 
-func (m *Manager) readActivity(ctx context.Context, addr string) (activity, vllm.Load, error, error) {
+// reading is one read of an engine's /metrics: which adapters its
+// vllm:lora_requests_info names, and whether the engine is idle.
+type reading struct {
+	act activity
+	// idle: the engine says nothing runs or waits (its load was read).
+	idle bool
+}
+
+// busyWith says whether the reading shows requests for adapter running or
+// waiting: the metric names it, and the engine is not idle. An idle
+// engine has no active adapter whatever a stale series still names:
+// vLLM's labelled gauge keeps the last one shown, and some engines' never
+// returns to idle (issue 27). Both the periodic reading and the one just
+// before an unload judge by it, so the two cannot disagree.
+func (rd reading) busyWith(adapter string) bool {
+	return rd.act.found && rd.act.active[adapter] && !rd.idle
+}
+
+func (m *Manager) read(ctx context.Context, addr string) (reading, error) {
 	b, err := m.get(ctx, "http://"+addr+"/metrics")
 	if err != nil {
-		return activity{}, vllm.Load{}, nil, err
+		return reading{}, err
 	}
 	act, err := parseActivity(b)
 	if err != nil {
-		return activity{}, vllm.Load{}, nil, err
+		return reading{}, err
 	}
 	load, loadErr := vllm.ParseLoad(bytes.NewReader(b), vllm.VLLMLoadNames)
-	return act, load, loadErr, nil
+	return reading{act: act, idle: loadErr == nil && load.Running+load.Waiting == 0}, nil
 }

@@ -36,7 +36,10 @@ type fakeEngine struct {
 	// simulator's 500 "unload one first".
 	max     int
 	running []string
-	srv     *httptest.Server
+	// stuck, when set, is what the newest lora_requests_info series names
+	// whatever runs: an activity metric stuck busy (issue 27).
+	stuck []string
+	srv   *httptest.Server
 }
 
 func newFakeEngine(t *testing.T, loaded ...string) *fakeEngine {
@@ -57,8 +60,12 @@ func newFakeEngine(t *testing.T, loaded ...string) *fakeEngine {
 		defer f.mu.Unlock()
 		// A stale series naming everything, older than the current one.
 		fmt.Fprintf(w, "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=\"a,b,c\",waiting_lora_adapters=\"\"} 1.0e+09\n")
+		named := f.running
+		if f.stuck != nil {
+			named = f.stuck
+		}
 		fmt.Fprintf(w, "vllm:lora_requests_info{max_lora=\"2\",running_lora_adapters=%q,waiting_lora_adapters=\"\"} 1.7e+09\n",
-			strings.Join(f.running, ","))
+			strings.Join(named, ","))
 		fmt.Fprintf(w, "vllm:num_requests_running{model_name=\"m\",engine=\"0\"} %d\n", len(f.running))
 		fmt.Fprintf(w, "vllm:num_requests_waiting{model_name=\"m\",engine=\"0\"} 0\n")
 	})
@@ -245,7 +252,8 @@ func TestPlacementsLoadedAndReported(t *testing.T) {
 // past the grace; once idle for the grace, it is unloaded and reported
 // gone.
 func TestRemovedUnloadedWhenIdleOnly(t *testing.T) {
-	h := start(t, newFakeEngine(t), 2)
+	// The bound on putting an unload off is beyond the test's clock.
+	h := start(t, newFakeEngine(t), 2, func(c *Config) { c.UnloadDeferMax = 24 * time.Hour })
 	h.place("a", "b")
 	h.engine(1)
 	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
@@ -277,19 +285,36 @@ func TestRemovedUnloadedWhenIdleOnly(t *testing.T) {
 	}
 }
 
+// fullEngine is an engine of --max-loras 2 holding a and b, placed and
+// loaded by a manager with opts.
+func fullEngine(t *testing.T, opts ...func(*Config)) (*fakeEngine, *harness) {
+	t.Helper()
+	eng := newFakeEngine(t)
+	eng.max = 2
+	h := start(t, eng, 2, opts...)
+	h.place("a", "b")
+	h.engine(1)
+	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	return eng, h
+}
+
+// wantAReplacedByC fails t unless the engine unloaded a once and holds b
+// and c.
+func wantAReplacedByC(t *testing.T, eng *fakeEngine) {
+	t.Helper()
+	if loaded, _, unloads := eng.state(); unloads["a"] != 1 || !slices.Equal(loaded, []string{"b", "c"}) {
+		t.Errorf("engine holds %v after unloads %v", loaded, unloads)
+	}
+}
+
 // TestUnloadReadsTheEngineFirst: an adapter removed to make room, idle in
 // the latest reading but busy in the engine now (a burst routed since the
 // reading), is not unloaded: the fresh reading just before the unload
 // shows it busy. Once the engine is idle it is unloaded and the new one
 // loaded.
 func TestUnloadReadsTheEngineFirst(t *testing.T) {
-	eng := newFakeEngine(t)
-	eng.max = 2
-	h := start(t, eng, 2, func(c *Config) { c.ScrapeInterval = time.Hour })
-	h.place("a", "b")
-	h.engine(1)
-	h.waitState("a", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
-	h.waitState("b", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	eng, h := fullEngine(t, func(c *Config) { c.ScrapeInterval = time.Hour })
 	if st := h.states()["a"]; st.GetActive() != 0 {
 		t.Fatalf("a active in the reading: %v", st)
 	}
@@ -307,8 +332,51 @@ func TestUnloadReadsTheEngineFirst(t *testing.T) {
 	eng.setRunning()
 	h.clock.advance(2 * time.Hour) // the next reading, and the recheck
 	h.waitState("c", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
-	if loaded, _, unloads := eng.state(); unloads["a"] != 1 || !slices.Equal(loaded, []string{"b", "c"}) {
-		t.Errorf("engine holds %v after unloads %v", loaded, unloads)
+	wantAReplacedByC(t, eng)
+}
+
+// TestUnloadCheckJudgesIdleEngine (issue 27): an engine whose activity
+// metric still names an adapter while nothing runs or waits in it — vLLM's
+// gauge keeps its last series, and some engines' never returns to idle. The
+// periodic reading already took that for idle; the reading just before
+// the unload must judge it the same way, or it puts the unload off for
+// ever (164 times in the issue) and the adapter waiting for the slot is
+// never loaded. The clock does not move: the bound on putting it off is
+// not what lets it through.
+func TestUnloadCheckJudgesIdleEngine(t *testing.T) {
+	eng, h := fullEngine(t)
+	eng.mu.Lock()
+	eng.stuck = []string{"a"} // named, but the engine runs nothing
+	eng.mu.Unlock()
+	h.place("b", "c")
+	h.waitState("c", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	if n := testkit.Metric(t, h.reg, "llmgw_agent_adapter_unloads_deferred_total", nil); n != 0 {
+		t.Errorf("the unload of a was put off %v times with the engine idle", n)
+	}
+	wantAReplacedByC(t, eng)
+}
+
+// TestStuckBusyUnloadedPastTheBound (issue 27): the engine is busy and its
+// activity metric names the adapter removed to make room — stuck, or
+// requests of a router that did not learn of the removal. The unload is
+// put off, but not past UnloadDeferMax after the removal: then the
+// adapter is unloaded, the one waiting for the slot loaded, and the
+// overdue unload counted.
+func TestStuckBusyUnloadedPastTheBound(t *testing.T) {
+	eng, h := fullEngine(t)
+	eng.setRunning("a")
+	h.place("b", "c")
+	h.waitFor("a's unload put off", func() bool {
+		return testkit.Metric(t, h.reg, "llmgw_agent_adapter_unloads_deferred_total", nil) >= 1
+	})
+	if _, _, unloads := eng.state(); unloads["a"] != 0 {
+		t.Fatal("a was unloaded within the bound while the engine's reading showed it busy")
+	}
+	h.clock.advance(DefaultConfig().UnloadDeferMax)
+	h.waitState("c", llmgwv1.AdapterState_ADAPTER_STATE_LOADED)
+	wantAReplacedByC(t, eng)
+	if n := testkit.Metric(t, h.reg, "llmgw_agent_adapter_unloads_overdue_total", nil); n != 1 {
+		t.Errorf("overdue unloads %v, want 1", n)
 	}
 }
 

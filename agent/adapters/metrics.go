@@ -9,7 +9,10 @@ type metrics struct {
 	// unloadsDeferred: unloads not made because a fresh reading showed
 	// requests for the adapter in the engine.
 	unloadsDeferred prometheus.Counter
-	loadSeconds     prometheus.Histogram
+	// unloadsOverdue: unloads made although the reading showed requests,
+	// the adapter having been removed UnloadDeferMax ago.
+	unloadsOverdue prometheus.Counter
+	loadSeconds    prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -20,6 +23,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "LoRA adapters unloaded after being removed from the placement and idle."}),
 		unloadsDeferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_adapter_unloads_deferred_total",
 			Help: "Unloads of removed adapters put off because a fresh reading just before showed requests for them in the engine."}),
+		unloadsOverdue: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_adapter_unloads_overdue_total",
+			Help: "Unloads of removed adapters made although the engine's reading still showed requests for them, the adapter having been removed longer ago than the bound (a stuck activity metric, or a router that did not learn of the removal)."}),
 		loadSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "llmgw_agent_adapter_load_seconds",
 			Help:    "Time for an engine to load a LoRA adapter (successful loads).",
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}}),
@@ -27,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{"ok", "failed", "full"} {
 		m.loads.WithLabelValues(r)
 	}
-	for _, c := range []prometheus.Collector{m.loads, m.unloads, m.unloadsDeferred, m.loadSeconds} {
+	for _, c := range []prometheus.Collector{m.loads, m.unloads, m.unloadsDeferred, m.unloadsOverdue, m.loadSeconds} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

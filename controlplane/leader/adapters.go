@@ -250,6 +250,19 @@ func (l *Leader) placeAdapter(ctx context.Context, m *llmgwv1.Model, adapter str
 		}
 		used := time.Unix(0, st.LastActiveUnixNano)
 		active := st.Active
+		if ru := l.use.of(name, replica, replicas[replica].GetUid(), now); ru.covered {
+			// The routers' counts are exact and fresh; the agent's reading
+			// of the engine is up to a second old, and on some engines
+			// stuck busy (issue 27). It counts only when it says idle, for
+			// the last use it saw; busy, it says nothing a router does not.
+			if active > 0 {
+				used = time.Time{}
+			}
+			active = ru.active
+			if ru.last.After(used) {
+				used = ru.last
+			}
+		}
 		if at := l.placedAt[adapterKey{name, replica}]; at.After(used) {
 			used = at
 			if now.Sub(at) < l.cfg.AdapterMinIdle {

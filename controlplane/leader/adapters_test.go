@@ -81,6 +81,21 @@ func agentLoads(r *rig) {
 	}
 }
 
+// routerReport is a router's report of its adapter use, sent now by the
+// rig's clock (the router's clock agrees).
+func routerReport(r *rig, router string, seq uint64, uses ...*llmgwv1.AdapterStatus) {
+	if _, ok := r.l.ReportAdapterUse(&llmgwv1.AdapterUseReport{Router: router, Session: 1, Seq: seq,
+		SentUnixNano: r.clock.Now().UnixNano(), Uses: uses}); !ok {
+		panic("report refused")
+	}
+}
+
+// inFlight is one use in a router's report: n requests in flight for the
+// adapter on the replica, the last one ended at last.
+func inFlight(adapter, replica string, n uint32, last time.Time) *llmgwv1.AdapterStatus {
+	return &llmgwv1.AdapterStatus{Adapter: adapter, ReplicaId: replica, Uid: uidOf(replica), Active: n, LastActiveUnixNano: last.UnixNano()}
+}
+
 func setPhases(r *rig, phase llmgwv1.ReplicaPhase, ids ...string) {
 	for _, id := range ids {
 		r.reports.setPhase(id, uidOf(id), phase)
@@ -277,6 +292,52 @@ func TestEnsureAdapter(t *testing.T) {
 			wantAdapterP: map[string]float64{"evict": 1, "place": 1},
 		},
 		{
+			// Issue 27: the agents' readings are a second old; a router's
+			// count is exact.
+			name: "an adapter a router has a request in flight for is not evicted, whatever the agent read",
+			st:   loraState(1, placed("a", "base-0"), placed("b", "base-1")),
+			setup: func(r *rig) {
+				r.reports.setAdapter("base-0", 1, loaded("a", t0.Add(-time.Hour), 0))
+				r.reports.setAdapter("base-1", 2, loaded("b", t0.Add(-2*time.Hour), 0))
+				routerReport(r, "r1", 1, inFlight("b", "base-1", 1, t0))
+			},
+			req:        &llmgwv1.EnsureAdapterRequest{Adapter: "c"},
+			agentLoads: true,
+			wantState:  stateLoaded, wantOn: []string{"base-0"}, wantResult: "loaded",
+			want:         []proposal{setAdapter("base", "a"), setAdapter("base", "c", "base-0")},
+			wantAdapterP: map[string]float64{"evict": 1, "place": 1},
+		},
+		{
+			name: "a router's use within adapter_min_idle keeps an adapter the agent read idle",
+			st:   loraState(1, placed("a", "base-0"), placed("b", "base-1")),
+			setup: func(r *rig) {
+				r.reports.setAdapter("base-0", 1, loaded("a", t0.Add(-time.Hour), 0))
+				r.reports.setAdapter("base-1", 2, loaded("b", t0.Add(-2*time.Hour), 0))
+				routerReport(r, "r1", 1, inFlight("b", "base-1", 0, t0.Add(-10*time.Second)))
+			},
+			req:        &llmgwv1.EnsureAdapterRequest{Adapter: "c"},
+			agentLoads: true,
+			wantState:  stateLoaded, wantOn: []string{"base-0"}, wantResult: "loaded",
+			want:         []proposal{setAdapter("base", "a"), setAdapter("base", "c", "base-0")},
+			wantAdapterP: map[string]float64{"evict": 1, "place": 1},
+		},
+		{
+			// Issue 27: an engine whose activity metric is stuck busy.
+			name: "with routers reporting, an agent's busy reading they do not confirm is not believed",
+			st:   loraState(1, placed("a", "base-0"), placed("b", "base-1")),
+			setup: func(r *rig) {
+				r.reports.setAdapter("base-0", 1, loaded("a", t0, 1))
+				r.reports.setAdapter("base-1", 2, loaded("b", t0, 1))
+				routerReport(r, "r1", 1, inFlight("a", "base-0", 0, t0.Add(-10*time.Minute)),
+					inFlight("b", "base-1", 0, t0.Add(-20*time.Minute)))
+			},
+			req:        &llmgwv1.EnsureAdapterRequest{Adapter: "c"},
+			agentLoads: true,
+			wantState:  stateLoaded, wantOn: []string{"base-1"}, wantResult: "loaded",
+			want:         []proposal{setAdapter("base", "b"), setAdapter("base", "c", "base-1")},
+			wantAdapterP: map[string]float64{"evict": 1, "place": 1},
+		},
+		{
 			name: "every slot busy or recently used: busy at once, nothing proposed",
 			st:   loraState(1, placed("a", "base-0"), placed("b", "base-1")),
 			setup: func(r *rig) {
@@ -286,6 +347,18 @@ func TestEnsureAdapter(t *testing.T) {
 			req:       &llmgwv1.EnsureAdapterRequest{Adapter: "c"},
 			wantState: stateUnspecified, wantRetryMs: 2000, wantResult: "busy",
 			wantReason: `adapter "c": every loaded adapter is busy`,
+		},
+		{
+			name: "with no router's report kept, the agents' readings decide: busy",
+			st:   loraState(1, placed("a", "base-0"), placed("b", "base-1")),
+			setup: func(r *rig) {
+				r.reports.setAdapter("base-0", 1, loaded("a", t0, 1))
+				r.reports.setAdapter("base-1", 2, loaded("b", t0, 1))
+				routerReport(r, "r1", 1)
+				r.clock.Add(adapterUseKeep) // the router stopped reporting
+			},
+			req:       &llmgwv1.EnsureAdapterRequest{Adapter: "c"},
+			wantState: stateUnspecified, wantRetryMs: 2000, wantResult: "busy", wantReason: "every loaded adapter is busy",
 		},
 		{
 			name: "an adapter loading or not yet reported is never evicted",

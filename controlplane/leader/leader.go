@@ -80,6 +80,8 @@ type Leader struct {
 	placedAt  map[adapterKey]time.Time
 	// queue holds the calls waiting for a slot (design §7.6).
 	queue *adapterQueue
+	// use is the routers' requests in flight per adapter and replica.
+	use *adapterUse
 }
 
 type adapterKey struct{ adapter, replica string }
@@ -89,5 +91,5 @@ type adapterKey struct{ adapter, replica string }
 // which tests replace.
 func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessions, cluster Cluster, m *Metrics, log *slog.Logger, now func() time.Time) *Leader {
 	return &Leader{cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
-		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue()}
+		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue(), use: newAdapterUse()}
 }

@@ -10,6 +10,7 @@ type Metrics struct {
 	adapterEnsure     *prometheus.HistogramVec
 	adapterWaiters    prometheus.Gauge
 	adapterQueued     prometheus.Gauge
+	adapterUseRouters prometheus.Gauge
 }
 
 // NewMetrics registers the leader's metrics with reg.
@@ -31,7 +32,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		adapterQueued: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmgw_control_adapter_queued_calls", Help: "EnsureAdapter calls waiting on this node in a model's queue for a free adapter slot.",
 		}),
+		adapterUseRouters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_control_adapter_use_routers", Help: "Router sessions whose report of requests in flight per adapter this node holds as leader (each counts for 3 s).",
+		}),
 	}
-	reg.MustRegister(m.placements, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters, m.adapterQueued)
+	reg.MustRegister(m.placements, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters, m.adapterQueued, m.adapterUseRouters)
 	return m
 }

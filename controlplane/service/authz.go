@@ -64,6 +64,9 @@ var allowed = map[string][]mtls.Role{
 	// too (debugging what routers see).
 	llmgwv1.WatchService_Watch_FullMethodName:           {mtls.RoleRouter, mtls.RoleAdmin},
 	llmgwv1.AdapterService_EnsureAdapter_FullMethodName: routerOnly,
+
+	// Routers report their requests in flight per adapter (design §7.6).
+	llmgwv1.AdapterService_ReportAdapterUse_FullMethodName: routerOnly,
 	// Agents attach; which node they may attach as is the AgentService's
 	// check (the certificate's name), since only it reads the hello.
 	llmgwv1.AgentService_Attach_FullMethodName: {mtls.RoleAgent},

@@ -116,6 +116,8 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	// The leader places adapters and single-flights each cold one (design
 	// §7.6), so every server's EnsureAdapter is answered there.
 	llmgwv1.AdapterService_EnsureAdapter_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.EnsureAdapterResponse{}, true },
+	// The leader alone evicts, so it keeps the routers' adapter use.
+	llmgwv1.AdapterService_ReportAdapterUse_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.AdapterUseReportResponse{}, true },
 }
 
 // Quorum is what a "no leader" answer says of the voters: the Raft

@@ -342,11 +342,15 @@ type adapterMetrics struct {
 	queueLen      *prometheus.GaugeVec
 	queueWait     *prometheus.HistogramVec
 	queued        *prometheus.CounterVec
+	// The adapter use reports (adapteruse.go).
+	useInflight prometheus.Gauge
+	useReports  *prometheus.CounterVec
+	useWaits    *prometheus.CounterVec
 }
 
-// newAdapterMetrics registers the cold-adapter metrics with reg (nil for
-// none), whether or not cold adapters are loaded on demand: a router that
-// refuses them still counts the refusals.
+// newAdapterMetrics registers the cold-adapter and adapter-use metrics
+// with reg (nil for none), whether or not cold adapters are loaded on
+// demand: a router that refuses them still counts the refusals.
 func newAdapterMetrics(reg prometheus.Registerer) *adapterMetrics {
 	buckets := []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 	m := &adapterMetrics{
@@ -377,9 +381,19 @@ func newAdapterMetrics(reg prometheus.Registerer) *adapterMetrics {
 			Name: "llmgw_router_adapter_queue_requests_total",
 			Help: "Requests that waited in the model's adapter queue, by result: served_after_wait, timed_out (--adapter-wait), queue_full (--adapter-queue), failed, client_gone.",
 		}, []string{"model", "result"}),
+		useInflight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_router_adapter_inflight_requests", Help: "Requests for LoRA adapters this router has in flight to replicas, as it reports them to the control plane.",
+		}),
+		useReports: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_adapter_use_reports_total", Help: "Reports of requests in flight per adapter and replica sent to the control plane, by result: ok, error.",
+		}, []string{"result"}),
+		useWaits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_adapter_use_waits_total", Help: "Requests for an adapter not used lately on their replica that waited for the control plane to acknowledge them before being sent, by how the wait ended: answered, failed, timeout (200 ms), client_gone.",
+		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ensures, m.ensureSeconds, m.waited, m.waitSeconds, m.waiting, m.queueLen, m.queueWait, m.queued)
+		reg.MustRegister(m.ensures, m.ensureSeconds, m.waited, m.waitSeconds, m.waiting, m.queueLen, m.queueWait, m.queued,
+			m.useInflight, m.useReports, m.useWaits)
 	}
 	return m
 }

@@ -115,6 +115,7 @@ type Option func(*options)
 type options struct {
 	kv       *kvOptions
 	adapters *adapterOptions
+	use      *useOptions
 }
 
 type kvOptions struct {
@@ -168,7 +169,8 @@ type Director struct {
 	res  *resolver
 	prep *preparer
 	pick *chooser
-	kv   *tier2 // nil: tier 2 off
+	kv   *tier2      // nil: tier 2 off
+	use  *adapterUse // nil: adapter use not counted
 }
 
 // New builds a director over the routing table, the scheduler and the
@@ -188,17 +190,25 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 	if o.adapters != nil && o.adapters.ctl != nil {
 		res.ad = newAdapters(o.adapters.ctl, o.adapters.wait, o.adapters.queueLen, o.adapters.clock, adm)
 	}
+	var use *adapterUse
+	if o.use != nil && o.use.rep != nil {
+		use = newAdapterUse(o.use, table, adm)
+	}
 	return &Director{
 		res:  res,
-		prep: &preparer{profiles: sched, kv: kv},
+		prep: &preparer{profiles: sched, kv: kv, use: use},
 		pick: &chooser{loads: table, holdings: table, breakers: breakers, sched: sched},
 		kv:   kv,
+		use:  use,
 	}
 }
 
-// Close ends the adapter loads requests were waiting on and waits for
-// them. Call it once no request runs.
-func (d *Director) Close() { d.res.ad.close() }
+// Close ends the adapter loads requests were waiting on and the adapter
+// use reports, and waits for them. Call it once no request runs.
+func (d *Director) Close() {
+	d.res.ad.close()
+	d.use.close()
+}
 
 // AdapterMissing tells the director that eps answered 404 for adapter
 // although the table says they hold it (evicted and unloaded before the

@@ -59,6 +59,13 @@ type Plan struct {
 	// the current attempt's speculation and queued prefill.
 	hashes []uint64
 	sent   *attempt
+	// use counts the current attempt as the adapter's use of its replica
+	// (nil: not an adapter request, or use not counted); stopUse undoes
+	// the release at the request context's end, once Done has released.
+	use     *adapterUse
+	hold    holdSlot
+	stopUse func() bool
+	ctx     context.Context // the request's, for the use's wait
 }
 
 // attempt is what one attempt recorded: the blocks it speculated on its
@@ -82,7 +89,8 @@ func (d *Director) Prepare(ctx context.Context, t Target, in Input) (*Plan, *ope
 // preparer is stage 3: the body's edits, tier 1's hashes, tier 2's query.
 type preparer struct {
 	profiles Profiles
-	kv       *tier2 // nil: tier 2 off
+	kv       *tier2      // nil: tier 2 off
+	use      *adapterUse // nil: adapter use not counted
 }
 
 func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *chooser) (*Plan, *openai.Error) {
@@ -110,6 +118,12 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 		// than the bound's 1 KiB.
 		Prefix: prefix.Hashes(make([]uint64, 0, min(len(in.Prompt)/prefix.DefaultChunk, maxPrefixChunks)),
 			in.Prompt, prefix.DefaultChunk, maxPrefixChunks)}
+	if t.Adapter != "" && p.use != nil {
+		// Released by Done or the next attempt; should the request end
+		// without either (the client gone), by its context's end.
+		pl.use, pl.ctx = p.use, ctx
+		pl.stopUse = context.AfterFunc(ctx, pl.hold.release)
+	}
 	pl.profile = p.profiles.ProfileFor(t.Model)
 	pl.req.KV, pl.hashes = p.kv.query(ctx, pl.profile, t.Model, t.Adapter, in.Kind, pl.Body, t.Endpoints)
 	switch {
@@ -137,8 +151,16 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 // headers come only at its end, when the engine's events are already on
 // their way; a next attempt means this one failed, so its record is
 // withdrawn first.
+//
+// For an adapter, each attempt counts as the adapter's use of its replica
+// in the reports to the control plane (design §7.6) until the next
+// attempt, Done, or the request's end — an adapter not used there lately
+// only once the control plane has acknowledged it (adapterUse.acquire, at
+// most 200 ms) — and only replicas the table still shows holding it are
+// chosen (choose).
 func (p *Plan) Next(tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.Key) {
 	p.settle(true)
+	p.hold.release() // the previous attempt failed
 	ep, cand := p.pick.choose(p.profile, p.req, p.Endpoints, tried, p.Adapter)
 	if ep == nil {
 		return nil, scheduler.Key{}
@@ -146,6 +168,12 @@ func (p *Plan) Next(tried []*endpoint.Endpoint) (*endpoint.Endpoint, scheduler.K
 	p.chosen = cand
 	if p.hashes != nil {
 		p.record(ep)
+	}
+	if p.use != nil {
+		p.hold.set(p.use.acquire(p.ctx, p.Adapter, ep))
+		if p.ctx.Err() != nil {
+			p.hold.release() // the context ended before the hold was set
+		}
 	}
 	return ep, cand.Key
 }
@@ -206,6 +234,10 @@ const usageTail = 4 << 10
 // when the answer carried none, or did not succeed).
 func (p *Plan) Done(replica string, code int) (outputTokens int, ok bool) {
 	p.settle(code >= 500)
+	if p.use != nil {
+		p.hold.release()
+		p.stopUse()
+	}
 	if p.tail == nil || code != 200 {
 		return 0, false
 	}
@@ -223,14 +255,27 @@ type chooser struct {
 	sched    Picker
 }
 
-// choose asks the scheduler among the endpoints not yet tried.
+// choose asks the scheduler among the endpoints not yet tried. For an
+// adapter, among those the table still shows holding it: the plan's
+// endpoints were its holders at Resolve, and one the control plane has
+// evicted the adapter from since is about to unload it (design §7.6: once
+// its placement no longer lists a replica, no request goes there, so its
+// requests drain and the agent unloads it). When none of them holds it any
+// more the plan's own are tried: the agent unloads only an idle adapter,
+// and a 404 is resolved again, never the client's answer.
 func (c *chooser) choose(prof *scheduler.Profile, sreq *scheduler.Request, eps, tried []*endpoint.Endpoint, adapter string) (*endpoint.Endpoint, scheduler.Candidate) {
-	var small [8]*endpoint.Endpoint // most models have few replicas: no allocation
-	left := small[:0]
+	var small, holding [8]*endpoint.Endpoint // most models have few replicas: no allocation
+	left, held := small[:0], holding[:0]
 	for _, e := range eps {
 		if !slices.Contains(tried, e) {
 			left = append(left, e)
+			if adapter != "" && c.holdings.Holds(e, adapter) {
+				held = append(held, e)
+			}
 		}
+	}
+	if len(held) > 0 {
+		left = held
 	}
 	if len(left) == 0 {
 		return nil, scheduler.Candidate{}

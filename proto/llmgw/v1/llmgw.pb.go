@@ -6507,6 +6507,155 @@ func (x *EnsureAdapterRequest) GetWaitingSinceUnixNano() int64 {
 	return 0
 }
 
+type AdapterUseReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The router (its --id) and this run of it, a random number it picks at
+	// start: the leader keeps one report per (router, session), so a
+	// restarted router's new run replaces nothing (the old one expires), and
+	// no caller overwrites a router's report without knowing its session.
+	Router  string `protobuf:"bytes,1,opt,name=router,proto3" json:"router,omitempty"`
+	Session uint64 `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
+	// Rises with every report of the session; one arriving after a newer
+	// one is dropped.
+	Seq uint64 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The router's clock when it sent the report: the leader reads the
+	// entries' times against it, so routers' clocks need not agree with the
+	// leader's.
+	SentUnixNano int64 `protobuf:"varint,4,opt,name=sent_unix_nano,json=sentUnixNano,proto3" json:"sent_unix_nano,omitempty"`
+	// One per adapter and replica the router has had requests for lately:
+	// replica_id, uid, incarnation and adapter name the replica as the
+	// agent's reports do; active is the requests in flight there now (sent
+	// and not yet answered in full); last_active_unix_nano is when the last
+	// one ended, on the router's clock (the send time while some are in
+	// flight). The other fields are unset.
+	Uses          []*AdapterStatus `protobuf:"bytes,5,rep,name=uses,proto3" json:"uses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterUseReport) Reset() {
+	*x = AdapterUseReport{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterUseReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterUseReport) ProtoMessage() {}
+
+func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterUseReport.ProtoReflect.Descriptor instead.
+func (*AdapterUseReport) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *AdapterUseReport) GetRouter() string {
+	if x != nil {
+		return x.Router
+	}
+	return ""
+}
+
+func (x *AdapterUseReport) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *AdapterUseReport) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *AdapterUseReport) GetSentUnixNano() int64 {
+	if x != nil {
+		return x.SentUnixNano
+	}
+	return 0
+}
+
+func (x *AdapterUseReport) GetUses() []*AdapterStatus {
+	if x != nil {
+		return x.Uses
+	}
+	return nil
+}
+
+type AdapterUseReportResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long the leader keeps the report: send again well before.
+	KeepMs int64 `protobuf:"varint,1,opt,name=keep_ms,json=keepMs,proto3" json:"keep_ms,omitempty"`
+	// The leader's adapter_min_idle: an adapter whose use it has
+	// acknowledged is not evicted within this of that use (nor while a
+	// request for it is in flight). A router sends a request for an adapter
+	// it has not used lately only once a report of it is acknowledged, so
+	// no eviction decided before it can meet the request in the engine.
+	MinIdleMs     int64 `protobuf:"varint,2,opt,name=min_idle_ms,json=minIdleMs,proto3" json:"min_idle_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdapterUseReportResponse) Reset() {
+	*x = AdapterUseReportResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdapterUseReportResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdapterUseReportResponse) ProtoMessage() {}
+
+func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdapterUseReportResponse.ProtoReflect.Descriptor instead.
+func (*AdapterUseReportResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *AdapterUseReportResponse) GetKeepMs() int64 {
+	if x != nil {
+		return x.KeepMs
+	}
+	return 0
+}
+
+func (x *AdapterUseReportResponse) GetMinIdleMs() int64 {
+	if x != nil {
+		return x.MinIdleMs
+	}
+	return 0
+}
+
 type EnsureAdapterResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	State AdapterState           `protobuf:"varint,1,opt,name=state,proto3,enum=llmgw.v1.AdapterState" json:"state,omitempty"`
@@ -6526,7 +6675,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6538,7 +6687,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6551,7 +6700,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -6604,7 +6753,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6616,7 +6765,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6629,7 +6778,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -6658,7 +6807,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6670,7 +6819,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6683,7 +6832,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -6719,7 +6868,7 @@ type AdapterView struct {
 
 func (x *AdapterView) Reset() {
 	*x = AdapterView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6731,7 +6880,7 @@ func (x *AdapterView) String() string {
 func (*AdapterView) ProtoMessage() {}
 
 func (x *AdapterView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6744,7 +6893,7 @@ func (x *AdapterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
 func (*AdapterView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *AdapterView) GetModel() string {
@@ -6793,7 +6942,7 @@ type ListAdaptersResponse struct {
 
 func (x *ListAdaptersResponse) Reset() {
 	*x = ListAdaptersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6805,7 +6954,7 @@ func (x *ListAdaptersResponse) String() string {
 func (*ListAdaptersResponse) ProtoMessage() {}
 
 func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6818,7 +6967,7 @@ func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
 func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ListAdaptersResponse) GetRevision() uint64 {
@@ -7297,7 +7446,16 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"timeout_ms\x18\x02 \x01(\x03R\ttimeoutMs\x12\x14\n" +
 	"\x05queue\x18\x03 \x01(\bR\x05queue\x12\x18\n" +
 	"\awaiting\x18\x04 \x01(\rR\awaiting\x125\n" +
-	"\x17waiting_since_unix_nano\x18\x05 \x01(\x03R\x14waitingSinceUnixNano\"\xb8\x01\n" +
+	"\x17waiting_since_unix_nano\x18\x05 \x01(\x03R\x14waitingSinceUnixNano\"\xa9\x01\n" +
+	"\x10AdapterUseReport\x12\x16\n" +
+	"\x06router\x18\x01 \x01(\tR\x06router\x12\x18\n" +
+	"\asession\x18\x02 \x01(\x04R\asession\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12$\n" +
+	"\x0esent_unix_nano\x18\x04 \x01(\x03R\fsentUnixNano\x12+\n" +
+	"\x04uses\x18\x05 \x03(\v2\x17.llmgw.v1.AdapterStatusR\x04uses\"S\n" +
+	"\x18AdapterUseReportResponse\x12\x17\n" +
+	"\akeep_ms\x18\x01 \x01(\x03R\x06keepMs\x12\x1e\n" +
+	"\vmin_idle_ms\x18\x02 \x01(\x03R\tminIdleMs\"\xb8\x01\n" +
 	"\x15EnsureAdapterResponse\x12,\n" +
 	"\x05state\x18\x01 \x01(\x0e2\x16.llmgw.v1.AdapterStateR\x05state\x12\x1b\n" +
 	"\tloaded_on\x18\x02 \x03(\tR\bloadedOn\x12\x16\n" +
@@ -7395,9 +7553,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse\x12E\n" +
 	"\fListAdapters\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListAdaptersResponse2T\n" +
 	"\vLoadService\x12E\n" +
-	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012b\n" +
+	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012\xb6\x01\n" +
 	"\x0eAdapterService\x12P\n" +
-	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponse2\xa1\x01\n" +
+	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponse\x12R\n" +
+	"\x10ReportAdapterUse\x12\x1a.llmgw.v1.AdapterUseReport\x1a\".llmgw.v1.AdapterUseReportResponse2\xa1\x01\n" +
 	"\rServerService\x12M\n" +
 	"\fRegisterNode\x12\x1d.llmgw.v1.RegisterNodeRequest\x1a\x1e.llmgw.v1.RegisterNodeResponse\x12A\n" +
 	"\fLocalKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x17.llmgw.v1.ServerKeyringB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
@@ -7415,7 +7574,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 101)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 103)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -7512,32 +7671,34 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*ReplicaLoad)(nil),                // 92: llmgw.v1.ReplicaLoad
 	(*LoadSnapshot)(nil),               // 93: llmgw.v1.LoadSnapshot
 	(*EnsureAdapterRequest)(nil),       // 94: llmgw.v1.EnsureAdapterRequest
-	(*EnsureAdapterResponse)(nil),      // 95: llmgw.v1.EnsureAdapterResponse
-	(*RegisterNodeRequest)(nil),        // 96: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 97: llmgw.v1.RegisterNodeResponse
-	(*AdapterView)(nil),                // 98: llmgw.v1.AdapterView
-	(*ListAdaptersResponse)(nil),       // 99: llmgw.v1.ListAdaptersResponse
-	nil,                                // 100: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 101: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 102: llmgw.v1.Node.LabelsEntry
-	nil,                                // 103: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 104: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 105: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 106: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*AdapterUseReport)(nil),           // 95: llmgw.v1.AdapterUseReport
+	(*AdapterUseReportResponse)(nil),   // 96: llmgw.v1.AdapterUseReportResponse
+	(*EnsureAdapterResponse)(nil),      // 97: llmgw.v1.EnsureAdapterResponse
+	(*RegisterNodeRequest)(nil),        // 98: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 99: llmgw.v1.RegisterNodeResponse
+	(*AdapterView)(nil),                // 100: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 101: llmgw.v1.ListAdaptersResponse
+	nil,                                // 102: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 103: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 104: llmgw.v1.Node.LabelsEntry
+	nil,                                // 105: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 106: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 107: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 108: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	100, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	101, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	102, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	103, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	7,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	6,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	102, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	104, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	10,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	8,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	9,   // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	11,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	12,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	103, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	105, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	16,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
 	15,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
 	14,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
@@ -7549,7 +7710,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	11,  // 20: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
 	12,  // 21: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
 	16,  // 22: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	104, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	106, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
 	2,   // 24: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
 	31,  // 25: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
 	34,  // 26: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
@@ -7589,7 +7750,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	5,   // 60: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
 	56,  // 61: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
 	57,  // 62: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	105, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	107, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
 	9,   // 64: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
 	71,  // 65: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
 	74,  // 66: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
@@ -7597,76 +7758,79 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	8,   // 68: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
 	8,   // 69: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
 	9,   // 70: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	106, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	108, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
 	11,  // 72: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
 	31,  // 73: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
 	87,  // 74: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
 	35,  // 75: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
 	92,  // 76: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	3,   // 77: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	9,   // 78: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
-	9,   // 79: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	33,  // 80: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
-	98,  // 81: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
-	38,  // 82: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	44,  // 83: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	80,  // 84: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	82,  // 85: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	84,  // 86: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	84,  // 87: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	84,  // 88: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	89,  // 89: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	64,  // 90: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	66,  // 91: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	68,  // 92: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	70,  // 93: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	73,  // 94: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	76,  // 95: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	78,  // 96: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	61,  // 97: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	62,  // 98: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	59,  // 99: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	50,  // 100: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	84,  // 101: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	53,  // 102: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	55,  // 103: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	84,  // 104: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
-	91,  // 105: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	94,  // 106: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	96,  // 107: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	55,  // 108: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	41,  // 109: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	49,  // 110: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	81,  // 111: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	83,  // 112: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	85,  // 113: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	86,  // 114: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	88,  // 115: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	90,  // 116: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	65,  // 117: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	67,  // 118: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	69,  // 119: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	72,  // 120: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	75,  // 121: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	77,  // 122: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	79,  // 123: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	62,  // 124: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	63,  // 125: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	60,  // 126: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	51,  // 127: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	52,  // 128: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	54,  // 129: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	58,  // 130: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	99,  // 131: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
-	93,  // 132: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	95,  // 133: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	97,  // 134: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	57,  // 135: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	109, // [109:136] is the sub-list for method output_type
-	82,  // [82:109] is the sub-list for method input_type
-	82,  // [82:82] is the sub-list for extension type_name
-	82,  // [82:82] is the sub-list for extension extendee
-	0,   // [0:82] is the sub-list for field type_name
+	33,  // 77: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
+	3,   // 78: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	9,   // 79: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	9,   // 80: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	33,  // 81: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	100, // 82: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	38,  // 83: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	44,  // 84: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	80,  // 85: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	82,  // 86: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	84,  // 87: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	84,  // 88: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	84,  // 89: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	89,  // 90: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	64,  // 91: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	66,  // 92: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	68,  // 93: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	70,  // 94: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	73,  // 95: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	76,  // 96: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	78,  // 97: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	61,  // 98: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	62,  // 99: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	59,  // 100: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	50,  // 101: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	84,  // 102: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	53,  // 103: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	55,  // 104: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	84,  // 105: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	91,  // 106: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	94,  // 107: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	95,  // 108: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
+	98,  // 109: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	55,  // 110: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	41,  // 111: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	49,  // 112: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	81,  // 113: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	83,  // 114: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	85,  // 115: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	86,  // 116: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	88,  // 117: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	90,  // 118: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	65,  // 119: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	67,  // 120: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	69,  // 121: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	72,  // 122: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	75,  // 123: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	77,  // 124: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	79,  // 125: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	62,  // 126: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	63,  // 127: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	60,  // 128: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	51,  // 129: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	52,  // 130: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	54,  // 131: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	58,  // 132: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	101, // 133: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	93,  // 134: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	97,  // 135: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	96,  // 136: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
+	99,  // 137: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	57,  // 138: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	111, // [111:139] is the sub-list for method output_type
+	83,  // [83:111] is the sub-list for method input_type
+	83,  // [83:83] is the sub-list for extension type_name
+	83,  // [83:83] is the sub-list for extension extendee
+	0,   // [0:83] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -7711,7 +7875,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   101,
+			NumMessages:   103,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

@@ -1255,7 +1255,8 @@ var LoadService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	AdapterService_EnsureAdapter_FullMethodName = "/llmgw.v1.AdapterService/EnsureAdapter"
+	AdapterService_EnsureAdapter_FullMethodName    = "/llmgw.v1.AdapterService/EnsureAdapter"
+	AdapterService_ReportAdapterUse_FullMethodName = "/llmgw.v1.AdapterService/ReportAdapterUse"
 )
 
 // AdapterServiceClient is the client API for AdapterService service.
@@ -1267,6 +1268,12 @@ type AdapterServiceClient interface {
 	// requests and routers ask at the same moment), then returns when a
 	// replica reports it LOADED, when loading FAILED, or at the timeout.
 	EnsureAdapter(ctx context.Context, in *EnsureAdapterRequest, opts ...grpc.CallOption) (*EnsureAdapterResponse, error)
+	// ReportAdapterUse is a router's requests in flight per adapter and
+	// replica (design §7.6), whole each time: sent when it changes (at most
+	// every 25 ms) and every second regardless. The leader keeps each
+	// router's newest report for keep_ms; it evicts an adapter from a
+	// replica only when no router reports a request in flight for it there.
+	ReportAdapterUse(ctx context.Context, in *AdapterUseReport, opts ...grpc.CallOption) (*AdapterUseReportResponse, error)
 }
 
 type adapterServiceClient struct {
@@ -1287,6 +1294,16 @@ func (c *adapterServiceClient) EnsureAdapter(ctx context.Context, in *EnsureAdap
 	return out, nil
 }
 
+func (c *adapterServiceClient) ReportAdapterUse(ctx context.Context, in *AdapterUseReport, opts ...grpc.CallOption) (*AdapterUseReportResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdapterUseReportResponse)
+	err := c.cc.Invoke(ctx, AdapterService_ReportAdapterUse_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdapterServiceServer is the server API for AdapterService service.
 // All implementations must embed UnimplementedAdapterServiceServer
 // for forward compatibility.
@@ -1296,6 +1313,12 @@ type AdapterServiceServer interface {
 	// requests and routers ask at the same moment), then returns when a
 	// replica reports it LOADED, when loading FAILED, or at the timeout.
 	EnsureAdapter(context.Context, *EnsureAdapterRequest) (*EnsureAdapterResponse, error)
+	// ReportAdapterUse is a router's requests in flight per adapter and
+	// replica (design §7.6), whole each time: sent when it changes (at most
+	// every 25 ms) and every second regardless. The leader keeps each
+	// router's newest report for keep_ms; it evicts an adapter from a
+	// replica only when no router reports a request in flight for it there.
+	ReportAdapterUse(context.Context, *AdapterUseReport) (*AdapterUseReportResponse, error)
 	mustEmbedUnimplementedAdapterServiceServer()
 }
 
@@ -1308,6 +1331,9 @@ type UnimplementedAdapterServiceServer struct{}
 
 func (UnimplementedAdapterServiceServer) EnsureAdapter(context.Context, *EnsureAdapterRequest) (*EnsureAdapterResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EnsureAdapter not implemented")
+}
+func (UnimplementedAdapterServiceServer) ReportAdapterUse(context.Context, *AdapterUseReport) (*AdapterUseReportResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportAdapterUse not implemented")
 }
 func (UnimplementedAdapterServiceServer) mustEmbedUnimplementedAdapterServiceServer() {}
 func (UnimplementedAdapterServiceServer) testEmbeddedByValue()                        {}
@@ -1348,6 +1374,24 @@ func _AdapterService_EnsureAdapter_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdapterService_ReportAdapterUse_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdapterUseReport)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdapterServiceServer).ReportAdapterUse(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdapterService_ReportAdapterUse_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdapterServiceServer).ReportAdapterUse(ctx, req.(*AdapterUseReport))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdapterService_ServiceDesc is the grpc.ServiceDesc for AdapterService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1358,6 +1402,10 @@ var AdapterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EnsureAdapter",
 			Handler:    _AdapterService_EnsureAdapter_Handler,
+		},
+		{
+			MethodName: "ReportAdapterUse",
+			Handler:    _AdapterService_ReportAdapterUse_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
