@@ -7,6 +7,7 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -29,8 +30,13 @@ func NewHCLogger(l *slog.Logger) hclog.Logger {
 
 // HCLogWriter is the io.Writer under NewHCLogger: each line, one hclog JSON
 // entry, becomes one slog record. A line that is not JSON is logged as is,
-// at info.
-type HCLogWriter struct{ Log *slog.Logger }
+// at info. Repeated warnings and errors are rate-limited (repeats.go).
+type HCLogWriter struct {
+	Log *slog.Logger
+	// Now is the rate limit's clock; time.Now when nil.
+	Now     func() time.Time
+	repeats repeats
+}
 
 func (w *HCLogWriter) Write(p []byte) (int, error) {
 	for _, line := range bytes.Split(p, []byte("\n")) {
@@ -52,7 +58,11 @@ func (w *HCLogWriter) Write(p []byte) (int, error) {
 			level = slog.LevelError
 		}
 		msg, _ := entry["@message"].(string)
-		attrs := make([]any, 0, 2*len(entry))
+		ok, suppressed := w.repeats.allow(level, msg, clock(w.Now))
+		if !ok {
+			continue
+		}
+		attrs := make([]any, 0, 2*len(entry)+2)
 		for k, v := range entry {
 			if k == "@level" || k == "@message" || k == "@timestamp" || k == "@module" {
 				continue
@@ -67,6 +77,9 @@ func (w *HCLogWriter) Write(p []byte) (int, error) {
 			}
 			attrs = append(attrs, k, v)
 		}
+		if suppressed > 0 {
+			attrs = append(attrs, "suppressed_repeats", suppressed)
+		}
 		w.Log.Log(context.Background(), level, msg, attrs...) //nolint:sloglint // hclog's message, passed on as it wrote it
 	}
 	return len(p), nil
@@ -79,8 +92,14 @@ func NewMemberlistLogger(l *slog.Logger) *log.Logger {
 }
 
 // MemberlistWriter re-logs memberlist's "[LEVEL] memberlist: msg" lines
-// through slog at their level.
-type MemberlistWriter struct{ Log *slog.Logger }
+// through slog at their level. Repeated warnings and errors are
+// rate-limited (repeats.go).
+type MemberlistWriter struct {
+	Log *slog.Logger
+	// Now is the rate limit's clock; time.Now when nil.
+	Now     func() time.Time
+	repeats repeats
+}
 
 func (w *MemberlistWriter) Write(p []byte) (int, error) {
 	for _, line := range bytes.Split(p, []byte("\n")) {
@@ -97,9 +116,25 @@ func (w *MemberlistWriter) Write(p []byte) (int, error) {
 			}
 		}
 		line = bytes.TrimPrefix(line, []byte("memberlist: "))
-		w.Log.Log(context.Background(), level, string(line)) //nolint:sloglint // memberlist's message, passed on as it wrote it
+		ok, suppressed := w.repeats.allow(level, string(line), clock(w.Now))
+		if !ok {
+			continue
+		}
+		var attrs []any
+		if suppressed > 0 {
+			attrs = []any{"suppressed_repeats", suppressed}
+		}
+		w.Log.Log(context.Background(), level, string(line), attrs...) //nolint:sloglint // memberlist's message, passed on as it wrote it
 	}
 	return len(p), nil
+}
+
+// clock is now, or time.Now when nil.
+func clock(now func() time.Time) time.Time {
+	if now == nil {
+		return time.Now()
+	}
+	return now()
 }
 
 var (
