@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"maps"
 	"net"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/llmgw/llmgw/controlplane/logadapt"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/netlimit"
 )
 
 // Config tunes memberlist; the zero value keeps DefaultLANConfig's
@@ -47,6 +49,10 @@ type Security struct {
 	// TLS carries memberlist's streams (joins, push/pull, reliable sends)
 	// over mutual TLS with server certificates only; nil is plain TCP.
 	TLS *mtls.Source
+	// Conns bounds the incoming streams (design §11 "Limits"): in total
+	// and per address, and the time to their handshake (its
+	// HandshakeTimeout, or 10 s). Nil caps nothing.
+	Conns *netlimit.Limiter
 }
 
 // Plane is the end of the ephemeral plane (package plane) that shares
@@ -176,17 +182,15 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	if _, err := g.self.Encode(); err != nil {
 		return err
 	}
-	if sec.TLS != nil {
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: c.Logger})
-		if err != nil {
-			return fmt.Errorf("gossip on %s: %w", addr, err)
-		}
-		if port == 0 {
-			c.BindPort = nt.GetAutoBindPort()
-			c.AdvertisePort = c.BindPort
-		}
-		c.Transport = newTLSTransport(nt, sec.TLS, c.Logger)
+	nt, err := newNetTransport(host, port, c.Logger)
+	if err != nil {
+		return fmt.Errorf("gossip on %s: %w", addr, err)
 	}
+	if port == 0 {
+		c.BindPort = nt.GetAutoBindPort()
+		c.AdvertisePort = c.BindPort
+	}
+	c.Transport = newStreamTransport(nt, sec.TLS, sec.Conns, c.Logger)
 	switch {
 	case sec.Keyring != nil:
 	case sec.TLS != nil:
@@ -203,6 +207,24 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	}
 	g.ml.Store(ml)
 	return nil
+}
+
+// newNetTransport binds memberlist's own transport on host:port, retrying
+// a few times on port 0 as memberlist does: its TCP and UDP sockets take
+// the same port, which another process may hold for one of them.
+func newNetTransport(host string, port int, logger *log.Logger) (*memberlist.NetTransport, error) {
+	tries := 1
+	if port == 0 {
+		tries = 10
+	}
+	var err error
+	for range tries {
+		var nt *memberlist.NetTransport
+		if nt, err = memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: logger}); err == nil {
+			return nt, nil
+		}
+	}
+	return nil, err
 }
 
 // Self is this server's metadata.

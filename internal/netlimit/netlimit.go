@@ -162,6 +162,10 @@ func (l *Limiter) Open() int {
 	return l.open
 }
 
+// HandshakeTimeout is the configured one, for a caller that runs the
+// handshake itself and bounds it the same.
+func (l *Limiter) HandshakeTimeout() time.Duration { return l.cfg.HandshakeTimeout }
+
 // Listen wraps inner: its Accept admits each connection (Admit), loops
 // past the refused ones, and returns the next admitted one.
 func (l *Limiter) Listen(inner net.Listener) net.Listener { return &listener{Listener: inner, l: l} }
