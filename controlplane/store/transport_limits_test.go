@@ -25,7 +25,7 @@ func TestTransportLimits(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	p := mtlstest.New(t)
 	for _, tt := range []struct {
-		name     string
+		name      string
 		src, peer *mtls.Source
 	}{
 		{"plain", nil, nil},
