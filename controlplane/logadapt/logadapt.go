@@ -129,6 +129,44 @@ func (w *MemberlistWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// NewHTTPErrorLog returns an http.Server's ErrorLog writing through l at
+// warn: net/http logs a line per failed TLS handshake ("http: TLS
+// handshake error from ..."), which junk connections make one per socket;
+// repeats are rate-limited as the libraries' are.
+func NewHTTPErrorLog(l *slog.Logger) *log.Logger {
+	return log.New(&HTTPErrorWriter{Log: l}, "", 0)
+}
+
+// HTTPErrorWriter is the io.Writer under NewHTTPErrorLog.
+type HTTPErrorWriter struct {
+	Log *slog.Logger
+	// Now is the rate limit's clock; time.Now when nil.
+	Now     func() time.Time
+	repeats repeats
+}
+
+func (w *HTTPErrorWriter) Write(p []byte) (int, error) {
+	for _, line := range bytes.Split(p, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
+			continue
+		}
+		// net/http opens every line with "http: ", which would make every
+		// line one kind.
+		msg := string(bytes.TrimPrefix(line, []byte("http: ")))
+		ok, suppressed := w.repeats.allow(slog.LevelWarn, msg, clock(w.Now))
+		if !ok {
+			continue
+		}
+		var attrs []any
+		if suppressed > 0 {
+			attrs = []any{"suppressed_repeats", suppressed}
+		}
+		w.Log.Log(context.Background(), slog.LevelWarn, "http server: "+msg, attrs...) //nolint:sloglint // net/http's message, passed on as it wrote it
+	}
+	return len(p), nil
+}
+
 // clock is now, or time.Now when nil.
 func clock(now func() time.Time) time.Time {
 	if now == nil {
@@ -140,4 +178,5 @@ func clock(now func() time.Time) time.Time {
 var (
 	_ io.Writer = (*HCLogWriter)(nil)
 	_ io.Writer = (*MemberlistWriter)(nil)
+	_ io.Writer = (*HTTPErrorWriter)(nil)
 )

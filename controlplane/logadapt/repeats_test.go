@@ -106,6 +106,18 @@ func TestWritersLimitJunk(t *testing.T) {
 	if n := strings.Count(buf.String(), "\n"); n != 2*repeatBurst {
 		t.Fatalf("%d lines logged for 2000, want %d:\n%s", n, 2*repeatBurst, buf.String())
 	}
+	buf.Reset()
+	he := &HTTPErrorWriter{Log: log, Now: clock}
+	for i := range 100 {
+		fmt.Fprintf(he, "http: TLS handshake error from 127.0.0.%d:%d: EOF\n", 2+i%40, 4000+i)
+	}
+	fmt.Fprintf(he, "http: panic serving 127.0.0.1:1: boom\n")
+	if n := strings.Count(buf.String(), "\n"); n != repeatBurst+1 {
+		t.Fatalf("%d net/http lines logged for 101 (100 of one kind), want %d:\n%s", n, repeatBurst+1, buf.String())
+	}
+	if !strings.Contains(buf.String(), `msg="http server: TLS handshake error from 127.0.0.2:4000: EOF"`) {
+		t.Fatalf("net/http's line is not passed on as written: %s", buf.String())
+	}
 	now = now.Add(repeatWindow)
 	buf.Reset()
 	fmt.Fprintf(ml, "[ERR] memberlist: Decrypt packet failed: no key from=127.0.0.2:1\n")
