@@ -67,10 +67,10 @@ func (c ListenerLimits) validate(p *configfile.Problems) {
 	if c.GRPCMaxConns < 1 {
 		p.Add("grpc_max_conns", "must be at least 1, got %d", c.GRPCMaxConns)
 	}
+	// A per-address cap at or above the total has no effect, and is not
+	// refused: grpc_max_conns lowered alone must not need it lowered too.
 	if c.GRPCMaxConnsPerAddress < 1 {
 		p.Add("grpc_max_conns_per_address", "must be at least 1, got %d", c.GRPCMaxConnsPerAddress)
-	} else if c.GRPCMaxConns >= 1 && c.GRPCMaxConnsPerAddress > c.GRPCMaxConns {
-		p.Add("grpc_max_conns_per_address", "must not exceed grpc_max_conns (%d), got %d", c.GRPCMaxConns, c.GRPCMaxConnsPerAddress)
 	}
 	if c.HandshakeTimeout < 100*time.Millisecond {
 		p.Add("handshake_timeout", "must be at least 100ms, got %s", c.HandshakeTimeout)

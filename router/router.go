@@ -89,13 +89,19 @@ type Config struct {
 	// beyond), which are held in memory and forwarded to the engine.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	MaxHeaderCount int `yaml:"max_header_count"`
-	// MaxConnections bounds the connections open at once: past it new ones
-	// wait in the kernel's backlog until one closes. MaxInflight bounds the
+	// MaxConnections bounds the client connections open at once and
+	// MaxConnsPerAddr those from one IP address (an IPv6 /64), so one
+	// client cannot hold them all: past either, the oldest idle
+	// connection, or one still before its first request, is closed to
+	// make room (of that address, for MaxConnsPerAddr), and only when
+	// there is none is the new one closed at once (conns.go). 0 is no
+	// cap. MaxInflight bounds the
 	// requests served at once (503 with Retry-After beyond), so requests
 	// being served go on while extra ones are refused; /healthz, /readyz
 	// and /metrics are not counted.
-	MaxConnections int `yaml:"max_connections"`
-	MaxInflight    int `yaml:"max_inflight"`
+	MaxConnections  int `yaml:"max_connections"`
+	MaxConnsPerAddr int `yaml:"max_conns_per_addr"`
+	MaxInflight     int `yaml:"max_inflight"`
 	// ShutdownGrace is how long in-flight requests may run after shutdown
 	// begins before they are cut.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
@@ -159,6 +165,7 @@ func DefaultConfig() Config {
 		MaxHeaderBytes:    64 << 10,
 		MaxHeaderCount:    100,
 		MaxConnections:    4096,
+		MaxConnsPerAddr:   256,
 		MaxInflight:       1024,
 		Breaker:           breaker.DefaultConfig(),
 		Scheduler:         scheduler.DefaultConfig(),
@@ -244,9 +251,7 @@ func (c Config) Validate() error {
 	if c.MaxHeaderCount <= 0 {
 		p.Add(configfile.Flag("max-header-count"), "must be positive, got %d", c.MaxHeaderCount)
 	}
-	if c.MaxConnections <= 0 {
-		p.Add(configfile.Flag("max-connections"), "must be positive, got %d", c.MaxConnections)
-	}
+	c.validateConns(&p)
 	if c.MaxInflight <= 0 {
 		p.Add(configfile.Flag("max-inflight"), "must be positive, got %d", c.MaxInflight)
 	}
@@ -504,7 +509,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	limited := newLimitListener(ln, r.cfg.MaxConnections)
+	limited := r.limitConns(ln, srv)
 	scheme := "http"
 	if r.https != nil {
 		// ServeTLS sets up HTTP/2 as Serve does for plain text; the TLS
