@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // Bounded listeners (issue 26, design §11 "Limits"), with real processes.
@@ -333,6 +334,7 @@ func TestListenersSilentSockets(t *testing.T) {
 	readyOn(t, target, "m", 1, 30*time.Second)
 
 	// The flood, and the checks while it lasts.
+	failedBefore := sendsFailed(t, servers[:2])
 	logBefore := strings.Count(target.output(), "\n")
 	stop := make(chan struct{})
 	var rounds int
@@ -400,5 +402,24 @@ func TestListenersSilentSockets(t *testing.T) {
 	if code, body := chat(router.http, "m2"); code != http.StatusOK {
 		t.Errorf("chat to m2 while c3's gossip port is held: %d %s", code, body)
 	}
+	// Every update the agent's servers sent c3 went through: none was
+	// dropped for a stream refused (the repair, a full copy later, is what
+	// let the earlier transport's c3 catch up, seconds late, between two
+	// floods of its handshake slots).
+	if failed := sendsFailed(t, servers[:2]) - failedBefore; failed > 0 {
+		t.Errorf("c1 and c2 dropped %v updates to c3 for failed gossip streams while c3 was flooded", failed)
+	}
 	t.Logf("with 256 silent sockets held on c3's gossip port (%d opened in all), c3 learned m2's replica in %v", held.opened.Load(), learned.Round(time.Millisecond))
+}
+
+// sendsFailed is the updates servers dropped for a failed gossip stream to
+// a peer (the ephemeral plane's send_failed).
+func sendsFailed(t *testing.T, servers []*controlServer) float64 {
+	t.Helper()
+	var n float64
+	for _, s := range servers {
+		v, _ := testkit.Scrape(s.http, "llmgw_control_ephemeral_drops_total", testkit.Labels{"reason": "send_failed"})
+		n += v
+	}
+	return n
 }
