@@ -186,9 +186,9 @@ func TestListenersRouterHog(t *testing.T) {
 	start := time.Now()
 	one := hog(router.http, routerHogConns, []string{"127.0.0.2"}, false)
 	defer one.close()
+	took := legitChats(t, router.http, "chat", routerLegitRequests)
 	testkit.WaitWithin(t, within(10*time.Second), "the router to hold at most 256 of one address's connections", func() bool { return one.held.Load() <= 256 })
 	held := one.held.Load()
-	took := legitChats(t, router.http, "chat", routerLegitRequests)
 	t.Logf("one address opened %d keep-alive connections in %v; the router holds %d; another client's %d chats on new connections: p50 %v, p99 %v, max %v",
 		routerHogConns, time.Since(start).Round(time.Millisecond), held, routerLegitRequests,
 		pct(took, .5).Round(time.Microsecond), pct(took, .99).Round(time.Microsecond), took[len(took)-1].Round(time.Microsecond))
