@@ -44,7 +44,7 @@ func (c Config) validateConns(p *configfile.Problems) {
 
 // limitConns wraps ln in the caps and hooks srv's ConnState to them,
 // counting what they close in llmgw_router_connections_dropped_total
-// {reason} and what is open in llmgw_router_connections_open. With both
+// {reason} and what is open in llmgw_router_connections_open{state}. With both
 // caps 0 it returns ln as it is: nothing is counted or tracked per
 // connection (the benchmarks' "caps off").
 func (r *Router) limitConns(ln net.Listener, srv *http.Server) net.Listener {
@@ -61,9 +61,17 @@ func (r *Router) limitConns(ln net.Listener, srv *http.Server) net.Listener {
 	}
 	lim := netlimit.New(netlimit.Config{MaxConns: r.cfg.MaxConnections, MaxConnsPerAddr: r.cfg.MaxConnsPerAddr,
 		OnDrop: func(reason netlimit.Reason) { byReason[reason].Inc() }})
-	r.reg.MustRegister(dropped, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "llmgw_router_connections_open", Help: "Client connections open on the API listener.",
-	}, func() float64 { return float64(lim.Open()) }))
+	r.reg.MustRegister(dropped)
+	for state, count := range map[string]func(handshaking, busy, waiting int) int{
+		"handshake": func(h, _, _ int) int { return h },
+		"active":    func(_, a, _ int) int { return a },
+		"idle":      func(_, _, i int) int { return i },
+	} {
+		r.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "llmgw_router_connections_open", ConstLabels: prometheus.Labels{"state": state},
+			Help: "Client connections open on the API listener, by state: before their first request is read (handshake), serving a request (active), between requests (idle).",
+		}, func() float64 { return float64(count(lim.Counts())) }))
+	}
 	srv.ConnState = lim.ConnState
 	return lim.Listen(ln)
 }

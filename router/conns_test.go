@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -73,6 +74,32 @@ func (c *client) closed(d time.Duration) bool {
 	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
+// waitIdle waits until the router holds n idle connections: a client has
+// its answer a moment before the router marks the connection idle, and a
+// connection still active is not evicted.
+func waitIdle(t *testing.T, r *Router, n int) {
+	t.Helper()
+	testkit.Wait(t, fmt.Sprintf("%d idle connections", n), func() bool {
+		v, _, _ := testkit.Gathered(r.reg, "llmgw_router_connections_open", testkit.Labels{"state": "idle"})
+		return int(v) == n
+	})
+}
+
+// refused reports whether a connection from from is closed at once: with
+// a reset, which the dial itself may see.
+func refused(t *testing.T, from, addr string) bool {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 5 * time.Second}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		return errors.Is(err, syscall.ECONNRESET)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.Read(make([]byte, 1))
+	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
 // holdingEngine answers chats with a first event and then holds the
 // stream open until the request ends.
 func holdingEngine(w http.ResponseWriter, r *http.Request) {
@@ -86,17 +113,19 @@ func holdingEngine(w http.ResponseWriter, r *http.Request) {
 // is closed to make room, and a new one is served; with every connection
 // serving a request, the new one is closed at once while the others go on.
 func TestMaxConnections(t *testing.T) {
-	addr := startRouter(t, holdingEngine, func(c *Config) { c.MaxConnections, c.MaxConnsPerAddr = 3, 0 })
+	r, addr := startTestRouter(t, holdingEngine, func(c *Config) { c.MaxConnections, c.MaxConnsPerAddr = 3, 0 })
 	a := connect(t, "127.0.0.1", addr)
 	a.stream()
 	b := connect(t, "127.0.0.1", addr)
 	if err := b.health(); err != nil {
 		t.Fatal(err)
 	}
+	waitIdle(t, r, 1)
 	c := connect(t, "127.0.0.1", addr)
 	if err := c.health(); err != nil {
 		t.Fatal(err)
 	}
+	waitIdle(t, r, 2)
 	// The cap is reached: a stream and two idle. D takes B's slot, the
 	// oldest idle.
 	d := connect(t, "127.0.0.3", addr)
@@ -112,8 +141,7 @@ func TestMaxConnections(t *testing.T) {
 	// Now every slot serves: a stream on each. E is closed at once.
 	c.stream()
 	d.stream()
-	e := connect(t, "127.0.0.4", addr)
-	if !e.closed(5 * time.Second) {
+	if !refused(t, "127.0.0.4", addr) {
 		t.Fatal("a connection past the cap, with every slot serving, was not closed")
 	}
 	if a.closed(100 * time.Millisecond) {
@@ -126,16 +154,17 @@ func TestMaxConnections(t *testing.T) {
 // and past its share with none idle it is refused, while another address
 // connects.
 func TestMaxConnsPerAddr(t *testing.T) {
-	addr := startRouter(t, holdingEngine, func(c *Config) { c.MaxConnections, c.MaxConnsPerAddr = 100, 2 })
+	r, addr := startTestRouter(t, holdingEngine, func(c *Config) { c.MaxConnections, c.MaxConnsPerAddr = 100, 2 })
 	other := connect(t, "127.0.0.1", addr)
 	if err := other.health(); err != nil {
 		t.Fatal(err)
 	}
 	hog := []*client{connect(t, "127.0.0.2", addr), connect(t, "127.0.0.2", addr)}
-	for _, c := range hog {
+	for i, c := range hog {
 		if err := c.health(); err != nil {
 			t.Fatal(err)
 		}
+		waitIdle(t, r, i+2)
 	}
 	third := connect(t, "127.0.0.2", addr)
 	if err := third.health(); err != nil {
@@ -149,7 +178,7 @@ func TestMaxConnsPerAddr(t *testing.T) {
 	}
 	hog[1].stream()
 	third.stream()
-	if !connect(t, "127.0.0.2", addr).closed(5 * time.Second) {
+	if !refused(t, "127.0.0.2", addr) {
 		t.Fatal("the address's connection past its share, none idle, was not closed")
 	}
 	if err := connect(t, "127.0.0.5", addr).health(); err != nil {
@@ -194,16 +223,14 @@ func scrapeRouter(t *testing.T, addr string) string {
 
 // TestConnCapsCounted: what the caps close is counted by reason.
 func TestConnCapsCounted(t *testing.T) {
-	addr := startRouter(t, holdingEngine, func(c *Config) { c.MaxConnections, c.MaxConnsPerAddr = 100, 1 })
+	r, addr := startTestRouter(t, holdingEngine, func(c *Config) { c.MaxConnections, c.MaxConnsPerAddr = 100, 1 })
 	for range 3 {
 		if err := connect(t, "127.0.0.2", addr).health(); err != nil {
 			t.Fatal(err)
 		}
+		waitIdle(t, r, 1)
 	}
-	testkit.Wait(t, "two idle connections evicted, counted", func() bool {
-		v, ok := testkit.Scrape("http://"+addr+"/metrics", "llmgw_router_connections_dropped_total", testkit.Labels{"reason": "evicted_idle"})
-		return ok && v == 2
-	})
+	testkit.WaitMetric(t, r.reg, "llmgw_router_connections_dropped_total", testkit.Labels{"reason": "evicted_idle"}, 2)
 }
 
 func TestConnCapsValidate(t *testing.T) {

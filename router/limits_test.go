@@ -24,6 +24,14 @@ import (
 // to engine. Cleanup stops the router and checks that Serve returned.
 func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) string {
 	t.Helper()
+	_, addr := startTestRouter(t, engine, mutate)
+	return addr
+}
+
+// startTestRouter is startRouter that also returns the router, for tests
+// that read its registry.
+func startTestRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) (*Router, string) {
+	t.Helper()
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
 			io.WriteString(w, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
@@ -64,7 +72,7 @@ func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) st
 		eps, _ := r.eps.Lookup("demo")
 		return len(eps) > 0 && r.ready()
 	})
-	return ln.Addr().String()
+	return r, ln.Addr().String()
 }
 
 // newClient is an HTTP client of its own, so no connection outlives the test.

@@ -128,6 +128,8 @@ type Limiter struct {
 
 	mu    sync.Mutex
 	open  int
+	// states counts the open connections by state.
+	states [gone]int
 	addrs map[netip.Prefix]*addrConns
 	// spare is the oldest-first queue of every pending or idle connection:
 	// the candidates for eviction.
@@ -160,6 +162,14 @@ func (l *Limiter) Open() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.open
+}
+
+// Counts is the open connections by state: still in their handshake,
+// active, idle.
+func (l *Limiter) Counts() (handshaking, busy, waiting int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.states[pending], l.states[active], l.states[idle]
 }
 
 // HandshakeTimeout is the configured one, for a caller that runs the
@@ -256,6 +266,7 @@ func (l *Limiter) Admit(c net.Conn) (net.Conn, bool) {
 		l.addrs[nc.addr] = a
 	}
 	l.open++
+	l.states[pending]++
 	a.n++
 	l.spare.push(nc)
 	a.spare.push(nc)
@@ -309,6 +320,7 @@ func (l *Limiter) releaseLocked(c *conn) {
 		c.timer.Stop()
 		c.timer = nil
 	}
+	l.states[c.st]--
 	c.st = gone
 	l.open--
 	a := l.addrs[c.addr]
@@ -435,6 +447,8 @@ func (l *Limiter) set(c *conn, st state) {
 		l.spare.remove(c)
 		l.addrs[c.addr].spare.remove(c)
 	}
+	l.states[c.st]--
+	l.states[st]++
 	c.st = st
 	if st == idle {
 		l.spare.push(c)

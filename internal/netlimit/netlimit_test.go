@@ -219,6 +219,9 @@ func TestLimiter(t *testing.T) {
 			if got := l.Open(); got != tt.open {
 				t.Errorf("Open() = %d, want %d", got, tt.open)
 			}
+			if p, a, i := l.Counts(); p+a+i != tt.open {
+				t.Errorf("Counts() = %d handshaking, %d active, %d idle; Open() = %d", p, a, i, tt.open)
+			}
 		})
 	}
 }
@@ -275,6 +278,9 @@ func TestLimiterConcurrent(t *testing.T) {
 	}
 	if n := l.Open(); n != 0 {
 		t.Fatalf("Open() = %d after every connection closed", n)
+	}
+	if p, a, i := l.Counts(); p+a+i != 0 {
+		t.Fatalf("Counts() = %d, %d, %d after every connection closed", p, a, i)
 	}
 	if len(l.addrs) != 0 || l.spare.front() != nil {
 		t.Fatalf("state left behind: %d addresses, spare %v", len(l.addrs), l.spare.front())
@@ -496,4 +502,24 @@ func selfSigned(t *testing.T) tls.Certificate {
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+}
+
+func TestCounts(t *testing.T) {
+	var closed []string
+	l := New(Config{})
+	admit := func(name string) net.Conn {
+		c, _ := l.Admit(&fakeConn{name: name, local: tcpAddr("10.9.9.9", 443), remote: tcpAddr("10.0.0.1", len(closed)+len(name)*100), closed: &closed})
+		return c
+	}
+	a, b, c := admit("a"), admit("b"), admit("c")
+	l.Active(a)
+	l.Idle(b)
+	if p, ac, i := l.Counts(); p != 1 || ac != 1 || i != 1 {
+		t.Fatalf("Counts() = %d, %d, %d, want 1 handshaking, 1 active, 1 idle", p, ac, i)
+	}
+	l.Idle(a)
+	c.Close()
+	if p, ac, i := l.Counts(); p != 0 || ac != 0 || i != 2 {
+		t.Fatalf("Counts() = %d, %d, %d, want 2 idle", p, ac, i)
+	}
 }
