@@ -126,11 +126,11 @@ type Timer interface{ Stop() bool }
 type Limiter struct {
 	cfg Config
 
-	mu    sync.Mutex
-	open  int
+	mu   sync.Mutex
+	open int
 	// states counts the open connections by state.
 	states [gone]int
-	addrs map[netip.Prefix]*addrConns
+	addrs  map[netip.Prefix]*addrConns
 	// spare is the oldest-first queue of every pending or idle connection:
 	// the candidates for eviction.
 	spare queue
