@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -522,4 +523,25 @@ func TestCounts(t *testing.T) {
 	if p, ac, i := l.Counts(); p != 0 || ac != 0 || i != 2 {
 		t.Fatalf("Counts() = %d, %d, %d, want 2 idle", p, ac, i)
 	}
+}
+
+// BenchmarkConnState is the limiter's cost per HTTP request on a kept-alive
+// connection: the two state changes net/http reports (active, then idle),
+// on 1,024 open connections, from parallel goroutines (one lock for all).
+func BenchmarkConnState(b *testing.B) {
+	var closed []string
+	l := New(Config{MaxConns: 4096, MaxConnsPerAddr: 256})
+	var conns []net.Conn
+	for i := range 1024 {
+		c, _ := l.Admit(&fakeConn{name: "c", local: tcpAddr("10.9.9.9", 443), remote: tcpAddr(fmt.Sprintf("10.0.%d.%d", i/256, i%256), 40000), closed: &closed})
+		conns = append(conns, c)
+	}
+	var next atomic.Int64
+	b.RunParallel(func(pb *testing.PB) {
+		c := conns[int(next.Add(1))%len(conns)]
+		for pb.Next() {
+			l.ConnState(c, http.StateActive)
+			l.ConnState(c, http.StateIdle)
+		}
+	})
 }
