@@ -30,33 +30,16 @@ const (
 
 // agentListeners is a limiter per listener, counting what each closes in
 // llmgw_agent_connections_dropped_total{listener,reason} and what it holds
-// in llmgw_agent_connections_open{listener}.
+// in llmgw_agent_connections_open{listener,state}.
 type agentListeners struct{ load, http *netlimit.Limiter }
 
 func newAgentListeners(reg prometheus.Registerer) agentListeners {
-	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_agent_connections_dropped_total",
-		Help: "Connections a listener closed to stay within its limits, by listener (load, http) and reason (see llmgw_control_connections_dropped_total).",
-	}, []string{"listener", "reason"})
-	reg.MustRegister(dropped)
-	limiter := func(name string, cfg netlimit.Config) *netlimit.Limiter {
-		byReason := map[netlimit.Reason]prometheus.Counter{}
-		for _, r := range netlimit.Reasons {
-			byReason[r] = dropped.WithLabelValues(name, r.String())
-		}
-		cfg.OnDrop = func(r netlimit.Reason) { byReason[r].Inc() }
-		lim := netlimit.New(cfg)
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "llmgw_agent_connections_open", Help: "Connections open on a listener, by listener.",
-			ConstLabels: prometheus.Labels{"listener": name},
-		}, func() float64 { return float64(lim.Open()) }))
-		return lim
-	}
+	m := netlimit.NewMetrics(reg, "llmgw_agent")
 	return agentListeners{
 		// gRPC's server clears the deadline it set once its handshake is
 		// done: that ends the handshake here too.
-		load: limiter("load", netlimit.Config{MaxConns: loadMaxConns, MaxConnsPerAddr: loadMaxConnsPerAddr,
+		load: m.New("load", netlimit.Config{MaxConns: loadMaxConns, MaxConnsPerAddr: loadMaxConnsPerAddr,
 			HandshakeTimeout: loadHandshakeTimeout, ClearedDeadlineEndsHandshake: true}),
-		http: limiter("http", netlimit.Config{MaxConns: httpMaxConns, MaxConnsPerAddr: httpMaxConnsPerAddr}),
+		http: m.New("http", netlimit.Config{MaxConns: httpMaxConns, MaxConnsPerAddr: httpMaxConnsPerAddr}),
 	}
 }

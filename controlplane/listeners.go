@@ -79,38 +79,20 @@ func (c ListenerLimits) validate(p *configfile.Problems) {
 
 // serverListeners is a limiter per listener of the node, counting what
 // each closes in llmgw_control_connections_dropped_total{listener,reason}
-// and what it holds in llmgw_control_connections_open{listener}.
+// and what it holds in llmgw_control_connections_open{listener,state}.
 type serverListeners struct {
 	raft, grpc, gossip, http *netlimit.Limiter
 }
 
 func newServerListeners(c ListenerLimits, reg prometheus.Registerer) serverListeners {
-	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_control_connections_dropped_total",
-		Help: "Connections a listener closed to stay within its limits, by listener and reason: over its cap in total or per address with nothing to evict (total, per_address), the oldest one still in its handshake or idle closed to make room (evicted_handshake, evicted_idle), or no handshake within the deadline (handshake_timeout).",
-	}, []string{"listener", "reason"})
-	reg.MustRegister(dropped)
-	limiter := func(name string, cfg netlimit.Config) *netlimit.Limiter {
-		byReason := map[netlimit.Reason]prometheus.Counter{}
-		for _, r := range netlimit.Reasons {
-			byReason[r] = dropped.WithLabelValues(name, r.String())
-		}
-		cfg.OnDrop = func(r netlimit.Reason) { byReason[r].Inc() }
-		lim := netlimit.New(cfg)
-		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "llmgw_control_connections_open", Help: "Connections open on a listener, by listener.",
-			ConstLabels: prometheus.Labels{"listener": name},
-		}, func() float64 { return float64(lim.Open()) }))
-		return lim
-	}
-	l := serverListeners{
-		raft: limiter("raft", netlimit.Config{MaxConns: raftMaxConns, MaxConnsPerAddr: raftMaxConnsPerAddr, HandshakeTimeout: c.HandshakeTimeout}),
+	m := netlimit.NewMetrics(reg, "llmgw_control")
+	return serverListeners{
+		raft: m.New("raft", netlimit.Config{MaxConns: raftMaxConns, MaxConnsPerAddr: raftMaxConnsPerAddr, HandshakeTimeout: c.HandshakeTimeout}),
 		// gRPC's server clears the deadline it set once the TLS handshake
 		// and the HTTP/2 preface are in: that ends the handshake here too.
-		grpc: limiter("grpc", netlimit.Config{MaxConns: c.GRPCMaxConns, MaxConnsPerAddr: c.GRPCMaxConnsPerAddress,
+		grpc: m.New("grpc", netlimit.Config{MaxConns: c.GRPCMaxConns, MaxConnsPerAddr: c.GRPCMaxConnsPerAddress,
 			HandshakeTimeout: c.HandshakeTimeout, ClearedDeadlineEndsHandshake: true}),
-		gossip: limiter("gossip", netlimit.Config{MaxConns: gossipMaxConns, MaxConnsPerAddr: gossipMaxConnsPerAddr, HandshakeTimeout: c.HandshakeTimeout}),
-		http:   limiter("http", netlimit.Config{MaxConns: httpMaxConns, MaxConnsPerAddr: httpMaxConnsPerAddr}),
+		gossip: m.New("gossip", netlimit.Config{MaxConns: gossipMaxConns, MaxConnsPerAddr: gossipMaxConnsPerAddr, HandshakeTimeout: c.HandshakeTimeout}),
+		http:   m.New("http", netlimit.Config{MaxConns: httpMaxConns, MaxConnsPerAddr: httpMaxConnsPerAddr}),
 	}
-	return l
 }

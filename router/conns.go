@@ -4,8 +4,6 @@ import (
 	"net"
 	"net/http"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/netlimit"
 )
@@ -44,34 +42,15 @@ func (c Config) validateConns(p *configfile.Problems) {
 
 // limitConns wraps ln in the caps and hooks srv's ConnState to them,
 // counting what they close in llmgw_router_connections_dropped_total
-// {reason} and what is open in llmgw_router_connections_open{state}. With both
-// caps 0 it returns ln as it is: nothing is counted or tracked per
-// connection (the benchmarks' "caps off").
+// {listener="api",reason} and what is open in
+// llmgw_router_connections_open{listener="api",state}. With both caps 0 it
+// returns ln as it is: nothing is counted or tracked per connection (the
+// benchmarks' "caps off").
 func (r *Router) limitConns(ln net.Listener, srv *http.Server) net.Listener {
 	if r.cfg.MaxConnections == 0 && r.cfg.MaxConnsPerAddr == 0 {
 		return ln
 	}
-	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "llmgw_router_connections_dropped_total",
-		Help: "Client connections closed to stay within --max-connections and --max-conns-per-addr, by reason: the oldest idle one, or one before its first request, closed to make room (evicted_idle, evicted_handshake), or a new one closed at once with nothing to evict (total, per_address).",
-	}, []string{"reason"})
-	byReason := map[netlimit.Reason]prometheus.Counter{}
-	for _, reason := range netlimit.Reasons {
-		byReason[reason] = dropped.WithLabelValues(reason.String())
-	}
-	lim := netlimit.New(netlimit.Config{MaxConns: r.cfg.MaxConnections, MaxConnsPerAddr: r.cfg.MaxConnsPerAddr,
-		OnDrop: func(reason netlimit.Reason) { byReason[reason].Inc() }})
-	r.reg.MustRegister(dropped)
-	for state, count := range map[string]func(handshaking, busy, waiting int) int{
-		"handshake": func(h, _, _ int) int { return h },
-		"active":    func(_, a, _ int) int { return a },
-		"idle":      func(_, _, i int) int { return i },
-	} {
-		r.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "llmgw_router_connections_open", ConstLabels: prometheus.Labels{"state": state},
-			Help: "Client connections open on the API listener, by state: before their first request is read (handshake), serving a request (active), between requests (idle).",
-		}, func() float64 { return float64(count(lim.Counts())) }))
-	}
+	lim := netlimit.NewMetrics(r.reg, "llmgw_router").New("api", netlimit.Config{MaxConns: r.cfg.MaxConnections, MaxConnsPerAddr: r.cfg.MaxConnsPerAddr})
 	srv.ConnState = lim.ConnState
 	return lim.Listen(ln)
 }

@@ -28,7 +28,8 @@
 //     handleRawConn), never in the accept loop.
 //
 // Every connection the limiter closes is reported to Config.OnDrop with its
-// reason, for the caller's metrics: the package keeps no global state.
+// reason; Metrics counts those and the connections open on a registry the
+// caller gives. The package keeps no global state.
 //
 // How a server says "handshake done": HTTP servers through ConnState (net/
 // http's ReadHeaderTimeout already bounds a silent connection, TLS
