@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -111,43 +110,5 @@ func TestListenersBounded(t *testing.T) {
 	}
 	if n := strings.Count(r.logs.String(), "failed to decode incoming command"); n > 5 {
 		t.Errorf("raft logged %d junk lines, more than its burst of 5", n)
-	}
-}
-
-func TestListenerLimitsConfig(t *testing.T) {
-	tests := []struct {
-		name string
-		yaml string
-		// want are the problems' prefixes, in order; none = valid.
-		want []string
-	}{
-		{"defaults", "", nil},
-		{"keys at the top level", "grpc_max_conns: 10000\ngrpc_max_conns_per_address: 1000\nhandshake_timeout: 3s\n", nil},
-		{"zero caps", "grpc_max_conns: 0\ngrpc_max_conns_per_address: 0\n", []string{
-			"grpc_max_conns: must be at least 1, got 0",
-			"grpc_max_conns_per_address: must be at least 1, got 0"}},
-		{"total lowered alone", "grpc_max_conns: 100\n", nil},
-		{"no handshake time", "handshake_timeout: 0s\n", []string{"handshake_timeout: must be at least 100ms, got 0s"}},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := DefaultConfig()
-			c.NodeID = "c1"
-			if err := configfile.Decode(strings.NewReader(tt.yaml), &c); err != nil {
-				t.Fatalf("Decode: %v", err)
-			}
-			got := problems(c.Validate())
-			if len(got) != len(tt.want) {
-				t.Fatalf("Validate reported %d problems, want %d:\n%s", len(got), len(tt.want), strings.Join(got, "\n"))
-			}
-			for i, want := range tt.want {
-				if !strings.HasPrefix(got[i], want) {
-					t.Errorf("problem %d is %q, want prefix %q", i, got[i], want)
-				}
-			}
-			if tt.name == "keys at the top level" && c.Limits.Listeners != (ListenerLimits{GRPCMaxConns: 10000, GRPCMaxConnsPerAddress: 1000, HandshakeTimeout: 3 * time.Second}) {
-				t.Errorf("decoded %+v", c.Limits.Listeners)
-			}
-		})
 	}
 }

@@ -45,6 +45,33 @@ const (
 	floodLogBound = 400
 )
 
+// startTLSKeyed starts servers c1..cn, each with a server certificate of p
+// (llmgwctl reaches them with an admin one) and the gossip key in keyPath,
+// --bootstrap-expect n and --join of the others, and waits until they have
+// formed a cluster.
+func startTLSKeyed(t *testing.T, p *testPKI, keyPath string, n int) *cluster {
+	t.Helper()
+	c := &cluster{t: t}
+	for i := 1; i <= n; i++ {
+		c.servers = append(c.servers, tlsServer(t, p, fmt.Sprintf("c%d", i), serverOpts{extra: []string{"--gossip-key-file", keyPath}}))
+	}
+	for _, s := range c.servers {
+		var join []string
+		for _, o := range c.servers {
+			if o != s {
+				join = append(join, o.gossip)
+			}
+		}
+		s.args = append(s.args, "--bootstrap-expect", fmt.Sprint(n), "--join", strings.Join(join, ","))
+	}
+	for _, s := range c.servers {
+		s.start()
+	}
+	c.waitLeader(c.servers, formTimeout)
+	c.waitPeers(c.servers, ids(c.servers), formTimeout)
+	return c
+}
+
 // floodAddr is the loopback address the i-th silent socket comes from.
 func floodAddr(i int) string { return fmt.Sprintf("127.0.0.%d", 2+i%floodAddrs) }
 
@@ -300,25 +327,7 @@ func TestListenersSilentSockets(t *testing.T) {
 	raiseFDLimit(t, 6*floodPerPort+4096)
 	p := newPKI(t)
 	keyPath, _ := keyFile(t)
-	var servers []*controlServer
-	for i := 1; i <= 3; i++ {
-		servers = append(servers, tlsServer(t, p, fmt.Sprintf("c%d", i), serverOpts{extra: []string{"--gossip-key-file", keyPath}}))
-	}
-	for _, s := range servers {
-		var join []string
-		for _, o := range servers {
-			if o != s {
-				join = append(join, o.gossip)
-			}
-		}
-		s.args = append(s.args, "--bootstrap-expect", "3", "--join", strings.Join(join, ","))
-	}
-	for _, s := range servers {
-		s.start()
-	}
-	c := &cluster{t: t, servers: servers}
-	c.waitLeader(servers, formTimeout)
-	c.waitPeers(servers, ids(servers), formTimeout)
+	servers := startTLSKeyed(t, p, keyPath, 3).servers
 	target := servers[2]
 	control := []string{servers[0].grpc, servers[1].grpc}
 	agent := startAgentProc(t, "n1", control, append(p.flags(mtls.RoleAgent, "n1"), "--gpus", "4")...)

@@ -44,19 +44,7 @@ func TestTransportLimits(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { c1.Close(); c1.CloseStreams() })
-			done := make(chan struct{})
-			var wg sync.WaitGroup
-			wg.Go(func() {
-				for {
-					select {
-					case <-done:
-						return
-					case rpc := <-c1.Consumer():
-						rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil)
-					}
-				}
-			})
-			t.Cleanup(func() { close(done); wg.Wait() })
+			consume(t, c1.Consumer(), func(rpc raft.RPC) { rpc.Respond(&raft.AppendEntriesResponse{Success: true}, nil) })
 			c2 := transport(t, tt.peer)
 			send := func() error {
 				var resp raft.AppendEntriesResponse
