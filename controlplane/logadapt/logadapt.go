@@ -58,10 +58,6 @@ func (w *HCLogWriter) Write(p []byte) (int, error) {
 			level = slog.LevelError
 		}
 		msg, _ := entry["@message"].(string)
-		ok, suppressed := w.repeats.allow(level, msg, clock(w.Now))
-		if !ok {
-			continue
-		}
 		attrs := make([]any, 0, 2*len(entry)+2)
 		for k, v := range entry {
 			if k == "@level" || k == "@message" || k == "@timestamp" || k == "@module" {
@@ -77,10 +73,7 @@ func (w *HCLogWriter) Write(p []byte) (int, error) {
 			}
 			attrs = append(attrs, k, v)
 		}
-		if suppressed > 0 {
-			attrs = append(attrs, "suppressed_repeats", suppressed)
-		}
-		w.Log.Log(context.Background(), level, msg, attrs...) //nolint:sloglint // hclog's message, passed on as it wrote it
+		w.repeats.log(w.Log, w.Now, level, msg, attrs...)
 	}
 	return len(p), nil
 }
@@ -115,22 +108,13 @@ func (w *MemberlistWriter) Write(p []byte) (int, error) {
 				break
 			}
 		}
-		line = bytes.TrimPrefix(line, []byte("memberlist: "))
-		ok, suppressed := w.repeats.allow(level, string(line), clock(w.Now))
-		if !ok {
-			continue
-		}
-		var attrs []any
-		if suppressed > 0 {
-			attrs = []any{"suppressed_repeats", suppressed}
-		}
-		w.Log.Log(context.Background(), level, string(line), attrs...) //nolint:sloglint // memberlist's message, passed on as it wrote it
+		w.repeats.log(w.Log, w.Now, level, string(bytes.TrimPrefix(line, []byte("memberlist: "))))
 	}
 	return len(p), nil
 }
 
 // NewHTTPErrorLog returns an http.Server's ErrorLog writing through l at
-// warn: net/http logs a line per failed TLS handshake ("http: TLS
+// warn, without net/http's "http: " prefix: net/http logs a line per failed TLS handshake ("http: TLS
 // handshake error from ..."), which junk connections make one per socket;
 // repeats are rate-limited as the libraries' are.
 func NewHTTPErrorLog(l *slog.Logger) *log.Logger {
@@ -153,16 +137,7 @@ func (w *HTTPErrorWriter) Write(p []byte) (int, error) {
 		}
 		// net/http opens every line with "http: ", which would make every
 		// line one kind.
-		msg := string(bytes.TrimPrefix(line, []byte("http: ")))
-		ok, suppressed := w.repeats.allow(slog.LevelWarn, msg, clock(w.Now))
-		if !ok {
-			continue
-		}
-		var attrs []any
-		if suppressed > 0 {
-			attrs = []any{"suppressed_repeats", suppressed}
-		}
-		w.Log.Log(context.Background(), slog.LevelWarn, "http server: "+msg, attrs...) //nolint:sloglint // net/http's message, passed on as it wrote it
+		w.repeats.log(w.Log, w.Now, slog.LevelWarn, string(bytes.TrimPrefix(line, []byte("http: "))))
 	}
 	return len(p), nil
 }

@@ -1,6 +1,7 @@
 package logadapt
 
 import (
+	"context"
 	"log/slog"
 	"strings"
 	"sync"
@@ -35,6 +36,20 @@ type repeatWindowState struct {
 	start      time.Time
 	n          int
 	suppressed int
+}
+
+// log logs msg at level through l with attrs, unless the rate limit holds
+// it back; a line that passes after others of its kind were held back
+// carries their count.
+func (r *repeats) log(l *slog.Logger, now func() time.Time, level slog.Level, msg string, attrs ...any) {
+	ok, suppressed := r.allow(level, msg, clock(now))
+	if !ok {
+		return
+	}
+	if suppressed > 0 {
+		attrs = append(attrs, "suppressed_repeats", suppressed)
+	}
+	l.Log(context.Background(), level, msg, attrs...) //nolint:sloglint // a library's message, passed on as it wrote it
 }
 
 // allow says whether a line of msg at level, at now, is logged, and how

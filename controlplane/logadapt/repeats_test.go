@@ -115,7 +115,7 @@ func TestWritersLimitJunk(t *testing.T) {
 	if n := strings.Count(buf.String(), "\n"); n != repeatBurst+1 {
 		t.Fatalf("%d net/http lines logged for 101 (100 of one kind), want %d:\n%s", n, repeatBurst+1, buf.String())
 	}
-	if !strings.Contains(buf.String(), `msg="http server: TLS handshake error from 127.0.0.2:4000: EOF"`) {
+	if !strings.Contains(buf.String(), `msg="TLS handshake error from 127.0.0.2:4000: EOF"`) {
 		t.Fatalf("net/http's line is not passed on as written: %s", buf.String())
 	}
 	now = now.Add(repeatWindow)

@@ -233,33 +233,18 @@ func (l *Limiter) Admit(c net.Conn) (net.Conn, bool) {
 			nc.ends = ends{lo, ro}
 		}
 	}
-	var victims [2]*conn
-	var why [2]Reason
-	nv := 0
+	// Past a cap, the oldest spare connection within it makes room; with
+	// none, the new one is refused. The per-address cap goes first, so
+	// that an address over its share evicts its own.
+	var out victims
 	l.mu.Lock()
 	if max := l.cfg.MaxConnsPerAddr; max > 0 {
-		if a := l.addrs[nc.addr]; a != nil && a.n >= max {
-			v := a.spare.front()
-			if v == nil {
-				l.mu.Unlock()
-				l.drop(c, RefusedPerAddr, true)
-				return nil, false
-			}
-			victims[nv], why[nv] = v, evicted(v.st)
-			nv++
-			l.releaseLocked(v)
+		if a := l.addrs[nc.addr]; a != nil && a.n >= max && !l.evictLocked(a.spare.front(), &out) {
+			return l.refuseLocked(c, RefusedPerAddr)
 		}
 	}
-	if max := l.cfg.MaxConns; max > 0 && l.open >= max {
-		v := l.spare.front()
-		if v == nil {
-			l.mu.Unlock()
-			l.drop(c, RefusedTotal, true)
-			return nil, false
-		}
-		victims[nv], why[nv] = v, evicted(v.st)
-		nv++
-		l.releaseLocked(v)
+	if max := l.cfg.MaxConns; max > 0 && l.open >= max && !l.evictLocked(l.spare.front(), &out) {
+		return l.refuseLocked(c, RefusedTotal)
 	}
 	a := l.addrs[nc.addr]
 	if a == nil {
@@ -278,20 +263,48 @@ func (l *Limiter) Admit(c net.Conn) (net.Conn, bool) {
 		nc.timer = l.cfg.AfterFunc(d, nc.timedOut)
 	}
 	l.mu.Unlock()
-	for i := range nv {
+	for _, v := range out.list[:out.n] {
 		// An idle connection goes with a FIN, so its client sees an
 		// ordinary close of a kept-alive connection; one in its handshake
 		// with a reset.
-		l.drop(victims[i].Conn, why[i], why[i] == EvictedHandshake)
+		l.drop(v.c, v.why, v.why == EvictedHandshake)
 	}
 	return nc, true
 }
 
-func evicted(s state) Reason {
-	if s == idle {
-		return EvictedIdle
+// victims is the connections Admit evicts, at most one per cap, closed
+// once the lock is released.
+type victims struct {
+	list [2]struct {
+		c   net.Conn
+		why Reason
 	}
-	return EvictedHandshake
+	n int
+}
+
+// evictLocked releases v, the oldest spare connection within a cap, into
+// out; false when there is none (v is nil).
+func (l *Limiter) evictLocked(v *conn, out *victims) bool {
+	if v == nil {
+		return false
+	}
+	why := EvictedHandshake
+	if v.st == idle {
+		why = EvictedIdle
+	}
+	out.list[out.n].c, out.list[out.n].why = v.Conn, why
+	out.n++
+	l.releaseLocked(v)
+	return true
+}
+
+// refuseLocked unlocks l and closes c, refused for why. Nothing was
+// evicted for c by then: the per-address cap refuses before it evicts, and
+// once it has evicted, the total is below its cap.
+func (l *Limiter) refuseLocked(c net.Conn, why Reason) (net.Conn, bool) {
+	l.mu.Unlock()
+	l.drop(c, why, true)
+	return nil, false
 }
 
 // drop closes c for reason and reports it. reset closes with a TCP reset
