@@ -1,6 +1,7 @@
 // Package logadapt re-logs the output of the hashicorp libraries the control
 // plane embeds — raft and raft-autopilot (hclog), memberlist (the standard
-// log package) — through the node's slog logger, so their lines share the
+// log package), and net/http's server errors — through the node's slog
+// logger, so their lines share the
 // process's format, levels and keys (design §9), and rate-limits their
 // repeated warnings and errors, which a peer's junk — silent sockets,
 // forged UDP packets — would otherwise turn into one line each (issue 26).

@@ -81,65 +81,55 @@ func (w *HCLogWriter) Write(p []byte) (int, error) {
 // NewMemberlistLogger returns the *log.Logger memberlist's Config.Logger
 // takes, writing through l.
 func NewMemberlistLogger(l *slog.Logger) *log.Logger {
-	return log.New(&MemberlistWriter{Log: l}, "", 0)
+	return log.New(&LineWriter{Log: l, Parse: MemberlistLine}, "", 0)
 }
 
-// MemberlistWriter re-logs memberlist's "[LEVEL] memberlist: msg" lines
-// through slog at their level. Repeated warnings and errors are
-// rate-limited (repeats.go).
-type MemberlistWriter struct {
-	Log *slog.Logger
-	// Now is the rate limit's clock; time.Now when nil.
-	Now     func() time.Time
-	repeats repeats
-}
-
-func (w *MemberlistWriter) Write(p []byte) (int, error) {
-	for _, line := range bytes.Split(p, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
-		}
-		level := slog.LevelInfo
-		for prefix, l := range map[string]slog.Level{"[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo, "[WARN]": slog.LevelWarn, "[ERR]": slog.LevelError, "[ERROR]": slog.LevelError} {
-			if bytes.HasPrefix(line, []byte(prefix)) {
-				level = l
-				line = bytes.TrimSpace(line[len(prefix):])
-				break
-			}
-		}
-		w.repeats.log(w.Log, w.Now, level, string(bytes.TrimPrefix(line, []byte("memberlist: "))))
-	}
-	return len(p), nil
-}
-
-// NewHTTPErrorLog returns an http.Server's ErrorLog writing through l at
-// warn, without net/http's "http: " prefix: net/http logs a line per failed TLS handshake ("http: TLS
-// handshake error from ..."), which junk connections make one per socket;
-// repeats are rate-limited as the libraries' are.
+// NewHTTPErrorLog returns an http.Server's ErrorLog writing through l
+// (HTTPErrorLine): net/http logs a line per failed TLS handshake, which
+// junk connections make one per socket.
 func NewHTTPErrorLog(l *slog.Logger) *log.Logger {
-	return log.New(&HTTPErrorWriter{Log: l}, "", 0)
+	return log.New(&LineWriter{Log: l, Parse: HTTPErrorLine}, "", 0)
 }
 
-// HTTPErrorWriter is the io.Writer under NewHTTPErrorLog.
-type HTTPErrorWriter struct {
-	Log *slog.Logger
+// LineWriter re-logs a library's text lines through slog, each at the
+// level and with the message Parse reads from it. Repeated warnings and
+// errors are rate-limited (repeats.go).
+type LineWriter struct {
+	Log   *slog.Logger
+	Parse func(line []byte) (slog.Level, string)
 	// Now is the rate limit's clock; time.Now when nil.
 	Now     func() time.Time
 	repeats repeats
 }
 
-func (w *HTTPErrorWriter) Write(p []byte) (int, error) {
+func (w *LineWriter) Write(p []byte) (int, error) {
 	for _, line := range bytes.Split(p, []byte("\n")) {
-		line = bytes.TrimSpace(line)
-		if len(line) == 0 {
-			continue
+		if line = bytes.TrimSpace(line); len(line) > 0 {
+			level, msg := w.Parse(line)
+			w.repeats.log(w.Log, w.Now, level, msg)
 		}
-		// net/http opens every line with "http: ", which would make every
-		// line one kind.
-		w.repeats.log(w.Log, w.Now, slog.LevelWarn, string(bytes.TrimPrefix(line, []byte("http: "))))
 	}
 	return len(p), nil
+}
+
+// MemberlistLine reads memberlist's "[LEVEL] memberlist: msg"; a line
+// without a level is info.
+func MemberlistLine(line []byte) (slog.Level, string) {
+	level := slog.LevelInfo
+	for prefix, l := range map[string]slog.Level{"[DEBUG]": slog.LevelDebug, "[INFO]": slog.LevelInfo, "[WARN]": slog.LevelWarn, "[ERR]": slog.LevelError, "[ERROR]": slog.LevelError} {
+		if bytes.HasPrefix(line, []byte(prefix)) {
+			level = l
+			line = bytes.TrimSpace(line[len(prefix):])
+			break
+		}
+	}
+	return level, string(bytes.TrimPrefix(line, []byte("memberlist: ")))
+}
+
+// HTTPErrorLine reads net/http's server errors, all warnings, without the
+// "http: " that opens every one (and would make every line one kind).
+func HTTPErrorLine(line []byte) (slog.Level, string) {
+	return slog.LevelWarn, string(bytes.TrimPrefix(line, []byte("http: ")))
 }
 
 // clock is now, or time.Now when nil.
@@ -152,6 +142,5 @@ func clock(now func() time.Time) time.Time {
 
 var (
 	_ io.Writer = (*HCLogWriter)(nil)
-	_ io.Writer = (*MemberlistWriter)(nil)
-	_ io.Writer = (*HTTPErrorWriter)(nil)
+	_ io.Writer = (*LineWriter)(nil)
 )

@@ -97,7 +97,7 @@ func TestWritersLimitJunk(t *testing.T) {
 	clock := func() time.Time { return now }
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-	ml := &MemberlistWriter{Log: log, Now: clock}
+	ml := &LineWriter{Log: log, Parse: MemberlistLine, Now: clock}
 	hc := &HCLogWriter{Log: log, Now: clock}
 	for i := range 1000 {
 		fmt.Fprintf(ml, "[ERR] memberlist: Decrypt packet failed: no key from=127.0.0.%d:%d\n", 2+i%40, 4000+i)
@@ -107,7 +107,7 @@ func TestWritersLimitJunk(t *testing.T) {
 		t.Fatalf("%d lines logged for 2000, want %d:\n%s", n, 2*repeatBurst, buf.String())
 	}
 	buf.Reset()
-	he := &HTTPErrorWriter{Log: log, Now: clock}
+	he := &LineWriter{Log: log, Parse: HTTPErrorLine, Now: clock}
 	for i := range 100 {
 		fmt.Fprintf(he, "http: TLS handshake error from 127.0.0.%d:%d: EOF\n", 2+i%40, 4000+i)
 	}
