@@ -55,18 +55,7 @@ func startTLSKeyed(t *testing.T, p *testPKI, keyPath string, n int) *cluster {
 	for i := 1; i <= n; i++ {
 		c.servers = append(c.servers, tlsServer(t, p, fmt.Sprintf("c%d", i), serverOpts{extra: []string{"--gossip-key-file", keyPath}}))
 	}
-	for _, s := range c.servers {
-		var join []string
-		for _, o := range c.servers {
-			if o != s {
-				join = append(join, o.gossip)
-			}
-		}
-		s.args = append(s.args, "--bootstrap-expect", fmt.Sprint(n), "--join", strings.Join(join, ","))
-	}
-	for _, s := range c.servers {
-		s.start()
-	}
+	c.startJoined()
 	c.waitLeader(c.servers, formTimeout)
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
 	return c
