@@ -47,10 +47,10 @@ func DefaultListenerLimits() ListenerLimits {
 // legitimate peers open and well below a process's file descriptors.
 const (
 	// Raft: a peer holds raft's pool of 3, a pipeline and a snapshot
-	// stream at most, and a server is one address; 32 leaves room for
-	// several servers on one host (dev, tests) and their redials, 512 for
-	// a hundred servers.
-	raftMaxConns, raftMaxConnsPerAddr = 512, 32
+	// stream, and more for a moment when RPCs overlap; a server is one
+	// address. 64 leaves room for several servers on one host (dev, tests)
+	// and their bursts, 512 for some fifty servers.
+	raftMaxConns, raftMaxConnsPerAddr = 512, 64
 	// Gossip streams: a push/pull every 30 s and a stream per batch of the
 	// ephemeral plane per peer, each closed once read.
 	gossipMaxConns, gossipMaxConnsPerAddr = 512, 64
