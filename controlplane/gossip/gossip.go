@@ -72,6 +72,7 @@ type Gossip struct {
 	log   *slog.Logger
 	self  Meta
 	ml    atomic.Pointer[memberlist.Memberlist]
+	addr  atomic.Pointer[string] // the bound address, set by Start
 	queue *memberlist.TransmitLimitedQueue
 	// changed is signalled (without blocking) on every membership change,
 	// to wake the bootstrapper and the leader's reconciler.
@@ -205,6 +206,9 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 		}
 		return fmt.Errorf("gossip on %s: %w", addr, err)
 	}
+	n := ml.LocalNode()
+	bound := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
+	g.addr.Store(&bound)
 	g.ml.Store(ml)
 	return nil
 }
@@ -236,11 +240,10 @@ func (g *Gossip) Self() Meta {
 	return m
 }
 
-// Addr is the bound gossip address (useful with port 0).
-func (g *Gossip) Addr() string {
-	n := g.ml.Load().LocalNode()
-	return net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
-}
+// Addr is the bound gossip address (useful with port 0). It is read once,
+// at Start: memberlist rewrites its local node in place on every metadata
+// update (SetCluster), so reading it later raced.
+func (g *Gossip) Addr() string { return *g.addr.Load() }
 
 // Join contacts the given gossip addresses; it reports how many answered.
 func (g *Gossip) Join(addrs []string) (int, error) {
