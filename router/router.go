@@ -94,11 +94,10 @@ type Config struct {
 	// client cannot hold them all: past either, the oldest idle
 	// connection, or one still before its first request, is closed to
 	// make room (of that address, for MaxConnsPerAddr), and only when
-	// there is none is the new one closed at once (conns.go). 0 is no
-	// cap. MaxInflight bounds the
-	// requests served at once (503 with Retry-After beyond), so requests
-	// being served go on while extra ones are refused; /healthz, /readyz
-	// and /metrics are not counted.
+	// there is none is the new one closed at once (conns.go); 0 is no cap.
+	// MaxInflight bounds the requests served at once (503 with Retry-After
+	// beyond), so requests being served go on while extra ones are
+	// refused; /healthz, /readyz and /metrics are not counted.
 	MaxConnections  int `yaml:"max_connections"`
 	MaxConnsPerAddr int `yaml:"max_conns_per_addr"`
 	MaxInflight     int `yaml:"max_inflight"`
