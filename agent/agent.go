@@ -48,6 +48,8 @@ type Agent struct {
 	session  *session.Client
 	// tls is the agent's certificate source, nil in plain text.
 	tls *mtls.Source
+	// conns bounds each listener's connections (listeners.go).
+	conns agentListeners
 
 	mu       sync.Mutex
 	httpAddr string
@@ -69,6 +71,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	a := &Agent{cfg: cfg, log: log, reg: newRegistry(), tls: src}
+	a.conns = newAgentListeners(a.reg)
 	if a.kv, err = kv.NewHub(log, a.reg); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
@@ -209,8 +212,9 @@ func (a *Agent) startHTTP() (*httpServer, error) {
 	a.mu.Lock()
 	a.httpAddr = ln.Addr().String()
 	a.mu.Unlock()
-	h := &httpServer{srv: &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}, done: make(chan error, 1)}
-	go func() { h.done <- h.srv.Serve(ln) }()
+	h := &httpServer{srv: &http.Server{Handler: a.handler(), ReadHeaderTimeout: httpReadHeaderTimeout, ConnState: a.conns.http.ConnState},
+		done: make(chan error, 1)}
+	go func() { h.done <- h.srv.Serve(a.conns.http.Listen(ln)) }()
 	return h, nil
 }
 
@@ -304,12 +308,12 @@ func (a *Agent) startLoad() (loads *load.Reader, stop func(), err error) {
 	go func() { defer close(readerDone); _ = reader.Run(readerCtx) }()
 
 	lsrv := load.NewServer(reader, a.log, a.reg)
-	gsrv := grpc.NewServer(serverOptions(a.tls, loadCallers)...)
+	gsrv := grpc.NewServer(append(serverOptions(a.tls, loadCallers), grpc.ConnectionTimeout(loadHandshakeTimeout))...)
 	llmgwv1.RegisterLoadServiceServer(gsrv, lsrv)
 	grpcDone := make(chan struct{})
 	go func() {
 		defer close(grpcDone)
-		if err := gsrv.Serve(ln); err != nil {
+		if err := gsrv.Serve(a.conns.load.Listen(ln)); err != nil {
 			a.log.Error("LoadService server ended", "err", err)
 		}
 	}()

@@ -78,6 +78,14 @@ func TestConfigValidate(t *testing.T) {
 			"max_watch_streams_per_address: must be at least 1, got 0",
 			"agent_max_status_bytes: must be at least 256",
 		}},
+		{"listener limits", func(c *Config) {
+			c.Limits.Listeners.GRPCMaxConns, c.Limits.Listeners.GRPCMaxConnsPerAddress, c.Limits.Listeners.HandshakeTimeout = 0, 0, 0
+		}, []string{
+			"grpc_max_conns: must be at least 1, got 0",
+			"grpc_max_conns_per_address: must be at least 1, got 0",
+			"handshake_timeout: must be at least 100ms, got 0s",
+		}},
+		{"grpc connections lowered alone", func(c *Config) { c.Limits.Listeners.GRPCMaxConns = 100 }, nil},
 		{"send above what clients accept", func(c *Config) { c.Limits.GRPCMaxSendBytes = 128 << 20 },
 			[]string{"--grpc-max-send-bytes (grpc_max_send_bytes): must not exceed"}},
 		{"chunks too large for the receive limit", func(c *Config) { c.Limits.EphemeralChunkBytes = 3 << 20 },
@@ -162,6 +170,11 @@ func TestDecodeConfig(t *testing.T) {
 		{"limits at the top level", "max_watch_streams_per_address: 8\nagent_replica_slack: 0\n", "", func(t *testing.T, c Config) {
 			if c.Limits.MaxWatchStreamsPerAddress != 8 || c.Limits.AgentReplicaSlack != 0 || c.Limits.GRPCMaxRecvBytes != DefaultLimits().GRPCMaxRecvBytes {
 				t.Fatalf("decoded %+v", c.Limits)
+			}
+		}},
+		{"listener limits at the top level", "grpc_max_conns: 10000\ngrpc_max_conns_per_address: 1000\nhandshake_timeout: 3s\n", "", func(t *testing.T, c Config) {
+			if c.Limits.Listeners != (ListenerLimits{GRPCMaxConns: 10000, GRPCMaxConnsPerAddress: 1000, HandshakeTimeout: 3 * time.Second}) {
+				t.Fatalf("decoded %+v", c.Limits.Listeners)
 			}
 		}},
 		{"unknown key", "grpc_adr: x:1\n", "grpc_adr", nil},

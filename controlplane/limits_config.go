@@ -62,6 +62,10 @@ type LimitsConfig struct {
 	// SnapshotRestoreMaxBytes bounds a restored file's body, checked
 	// against the header's declared length before the body is read.
 	SnapshotRestoreMaxBytes int `yaml:"snapshot_restore_max_bytes"`
+
+	// Listeners bounds the connections of the node's listeners
+	// (listeners.go).
+	Listeners ListenerLimits `yaml:",inline"`
 }
 
 // DefaultLimits are the limits' defaults; docs/operations.md gives the
@@ -85,6 +89,8 @@ func DefaultLimits() LimitsConfig {
 		EphemeralChunkBytes: 1 << 20,
 
 		SnapshotRestoreMaxBytes: snapfile.MaxBody,
+
+		Listeners: DefaultListenerLimits(),
 	}
 }
 
@@ -141,4 +147,5 @@ func (c LimitsConfig) validate(p *configfile.Problems) {
 	if c.SnapshotRestoreMaxBytes > snapfile.MaxBody {
 		p.Add("snapshot_restore_max_bytes", "must not exceed the file format's %d, got %d", snapfile.MaxBody, c.SnapshotRestoreMaxBytes)
 	}
+	c.Listeners.validate(p)
 }

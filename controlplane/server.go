@@ -25,6 +25,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/identity"
 	"github.com/llmgw/llmgw/controlplane/leader"
 	"github.com/llmgw/llmgw/controlplane/limits"
+	"github.com/llmgw/llmgw/controlplane/logadapt"
 	"github.com/llmgw/llmgw/controlplane/service"
 	"github.com/llmgw/llmgw/controlplane/service/adapter"
 	"github.com/llmgw/llmgw/controlplane/service/admin"
@@ -55,6 +56,8 @@ type Server struct {
 	// tls is this server's certificate and CA (nil: plain text).
 	tls     *mtls.Source
 	limiter *limits.Limiter
+	// conns bounds each listener's connections (listeners.go).
+	conns serverListeners
 	// ident is the cluster's identity as this server knows it (design
 	// §5.2 "Cluster identity").
 	ident *identity.Identity
@@ -135,6 +138,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
 	s.sessions = sessions.New(s.plane, s.clock, s.reg)
 	s.limiter = limits.New(cfg.Limits.limiterConfig(), s.reg)
+	s.conns = newServerListeners(cfg.Limits.Listeners, s.reg)
 	return s, nil
 }
 
@@ -203,7 +207,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		Bootstrap: s.cfg.Bootstrap, BootstrapExpect: s.cfg.BootstrapExpect,
 		HeartbeatTimeout: s.cfg.HeartbeatTimeout, ElectionTimeout: s.cfg.ElectionTimeout, LeaderLeaseTimeout: s.cfg.LeaderLeaseTimeout,
 		ApplyTimeout: s.cfg.ApplyTimeout, Version: s.cfg.Version, ClientAddr: s.clientAddr, TLS: s.tls,
-		ClusterID: s.ident.ID,
+		ClusterID: s.ident.ID, Conns: s.conns.raft,
 	}, s.fsm, s.metrics.store, s.log, s.fatal)
 	if err != nil {
 		return err
@@ -221,6 +225,10 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		return fmt.Errorf("listen --http-addr %s: %w", s.cfg.HTTPAddr, err)
 	}
 	s.grpcAddr, s.httpAddr = grpcLis.Addr().String(), httpLis.Addr().String()
+	// Every listener bounded (design §11 "Limits"): gRPC's handshake by its
+	// ConnectionTimeout (grpcServer) and the limiter, HTTP's by
+	// ReadHeaderTimeout.
+	grpcLis, httpLis = s.conns.grpc.Listen(grpcLis), s.conns.http.Listen(httpLis)
 	var g cluster.Gossip // a nil interface without gossip
 	if s.cfg.GossipAddr != "" {
 		if s.keyring, err = gossip.OpenKeyring(s.cfg.DataDir, s.cfg.GossipKeyFile); err != nil {
@@ -232,7 +240,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		// With TLS, gossip's TCP streams (joins, push/pull, reliable
 		// sends) need a server certificate too; the keyring encrypts all of
 		// it, UDP included (design §11).
-		sec := gossip.Security{Keyring: s.keyring, TLS: s.tls}
+		sec := gossip.Security{Keyring: s.keyring, TLS: s.tls, Conns: s.conns.gossip}
 		s.gossip = gossip.New(gossip.Meta{
 			ID: s.cfg.NodeID, Version: s.cfg.Version, GRPC: s.grpcAddr, Raft: st.RaftAddr(),
 			HTTP: s.httpAddr, Expect: s.cfg.BootstrapExpect, Bootstrap: s.cfg.Bootstrap,
@@ -293,7 +301,8 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	if s.tls != nil {
 		httpLis = console.Split(httpLis, s.tls.ServerConfig()) // HTTPS for the console beside plain /metrics
 	}
-	hs := &http.Server{Handler: s.httpHandler(cons.Console), ReadHeaderTimeout: 5 * time.Second}
+	hs := &http.Server{Handler: s.httpHandler(cons.Console), ReadHeaderTimeout: httpReadHeaderTimeout,
+		ConnState: s.conns.http.ConnState, ErrorLog: logadapt.NewHTTPErrorLog(s.log.With("subsystem", "http"))}
 
 	loops, stopLoops := context.WithCancel(context.Background())
 	defer stopLoops()
@@ -385,6 +394,10 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	}
 	gs := grpc.NewServer(append(s.cfg.Limits.grpcOptions(),
 		grpc.Creds(mtls.ServerCredentials(s.tls)),
+		// gRPC's default is 120 s for a connection's TLS handshake and
+		// HTTP/2 preface; the listener's limiter closes it at the same
+		// time.
+		grpc.ConnectionTimeout(s.cfg.Limits.Listeners.HandshakeTimeout),
 		grpc.ChainUnaryInterceptor(unary...),
 		// Clients detect a dead server by application heartbeats (design
 		// §5.6); their gRPC keepalives, if any, must not get them cut off.

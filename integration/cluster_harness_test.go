@@ -240,6 +240,13 @@ func startCluster(t *testing.T, n int) *cluster {
 	for i := 1; i <= n; i++ {
 		c.servers = append(c.servers, newServer(t, fmt.Sprintf("c%d", i), serverOpts{}))
 	}
+	c.startJoined()
+	return c
+}
+
+// startJoined starts c's servers, each with --bootstrap-expect as many
+// and --join every other one's gossip address.
+func (c *cluster) startJoined() {
 	for _, s := range c.servers {
 		var join []string
 		for _, o := range c.servers {
@@ -247,12 +254,11 @@ func startCluster(t *testing.T, n int) *cluster {
 				join = append(join, o.gossip)
 			}
 		}
-		s.args = append(s.args, "--bootstrap-expect", strconv.Itoa(n), "--join", strings.Join(join, ","))
+		s.args = append(s.args, "--bootstrap-expect", strconv.Itoa(len(c.servers)), "--join", strings.Join(join, ","))
 	}
 	for _, s := range c.servers {
 		s.start()
 	}
-	return c
 }
 
 func (c *cluster) server(id string) *controlServer {

@@ -185,25 +185,8 @@ func TestClusterIdentityRefusesABootstrappedNewcomer(t *testing.T) {
 	began := time.Now()
 	p := newPKI(t)
 	keyPath, _ := keyFile(t)
-	var servers []*controlServer
-	for i := 1; i <= 3; i++ {
-		servers = append(servers, tlsServer(t, p, fmt.Sprintf("c%d", i), serverOpts{extra: []string{"--gossip-key-file", keyPath}}))
-	}
-	for _, s := range servers {
-		var join []string
-		for _, o := range servers {
-			if o != s {
-				join = append(join, o.gossip)
-			}
-		}
-		s.args = append(s.args, "--bootstrap-expect", "3", "--join", strings.Join(join, ","))
-	}
-	for _, s := range servers {
-		s.start()
-	}
-	c := &cluster{t: t, servers: servers}
-	c.waitLeader(servers, formTimeout)
-	c.waitPeers(servers, ids(servers), formTimeout)
+	c := startTLSKeyed(t, p, keyPath, 3)
+	servers := c.servers
 	clusterID := waitClusterID(t, servers, 30*time.Second)
 
 	// The state: 50 models (sim, one replica each: with no agent none is

@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,18 +40,7 @@ func startKeyedCluster(t *testing.T, n int, file string) *cluster {
 	for i := 1; i <= n; i++ {
 		c.servers = append(c.servers, newServer(t, fmt.Sprintf("c%d", i), serverOpts{extra: []string{"--gossip-key-file", file}}))
 	}
-	for _, s := range c.servers {
-		var join []string
-		for _, o := range c.servers {
-			if o != s {
-				join = append(join, o.gossip)
-			}
-		}
-		s.args = append(s.args, "--bootstrap-expect", strconv.Itoa(n), "--join", strings.Join(join, ","))
-	}
-	for _, s := range c.servers {
-		s.start()
-	}
+	c.startJoined()
 	c.waitLeader(c.servers, formTimeout)
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
 	return c

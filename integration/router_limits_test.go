@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,10 +18,11 @@ import (
 
 // The router's limits of issue #12 (design §11 "Limits", docs/operations.md
 // "Router limits") against a real `llmgw router` process: a slow body is
-// cut at --body-timeout while other requests are served, connections past
-// --max-connections wait unserved while the accepted ones go on, oversized
-// headers get 431, and requests past --max-inflight get 503 at once.
-// router/limits_test.go covers the same in-process; this shows the flags
+// cut at --body-timeout while other requests are served, a connection past
+// --max-connections takes the oldest idle one's slot, or is closed at once
+// when every slot serves a request (issue 26), oversized headers get 431,
+// and requests past --max-inflight get 503 at once. router/limits_test.go
+// and router/conns_test.go cover the same in-process; this shows the flags
 // reach the running server.
 
 // Small limits, so the test sees them in seconds.
@@ -186,9 +188,9 @@ func TestRouterLimits(t *testing.T) {
 			len(body)/2, took.Round(time.Millisecond), rlBodyTimeout, chatTook.Round(time.Millisecond))
 	})
 
-	t.Run("connections past --max-connections wait", func(t *testing.T) {
+	t.Run("connections past --max-connections", func(t *testing.T) {
 		// Fill the cap, each connection served once (a health check) so it
-		// is accepted and now idle in keep-alive; the first does chats.
+		// is idle in keep-alive.
 		conns := make([]*rawConn, rlMaxConns)
 		for i := range conns {
 			conns[i] = dialRaw(t, r1.http)
@@ -197,64 +199,50 @@ func TestRouterLimits(t *testing.T) {
 				t.Fatalf("connection %d of %d: /healthz %d %s", i+1, rlMaxConns, resp.StatusCode, b)
 			}
 		}
-		// One more: the kernel completes its handshake (it waits in the
-		// backlog), but the router does not accept it, so its request
-		// gets no answer. With the default cap of 4096 it would be
-		// answered at once: this check fails.
+		// One more is served at once: the oldest idle connection is closed
+		// to make room (issue 26). Before, it waited in the kernel's
+		// backlog until a client closed one.
 		extra := dialRaw(t, r1.http)
-		if err := extra.send(chatRequest("chat", "")); err != nil {
-			t.Fatalf("send on connection %d: %v", rlMaxConns+1, err)
+		if resp, b := extra.do(chatRequest("chat", "")); resp.StatusCode != http.StatusOK {
+			t.Fatalf("connection %d past the cap of %d, with idle ones: %d %s", rlMaxConns+1, rlMaxConns, resp.StatusCode, b)
 		}
-		// For the length of the watch (a length, not a deadline: a passing
-		// run pays all of it, and a slow machine can only make it weaker),
-		// the kept-alive connection goes on being served.
-		const watch = 1500 * time.Millisecond
-		_ = extra.c.SetReadDeadline(time.Now().Add(watch))
-		got := make(chan error, 1)
-		go func() {
-			// A one-byte peek: nothing is consumed, so the answer can be
-			// read whole later.
-			_, err := extra.br.Peek(1)
-			got <- err
-		}()
-		served := 0
-		for done := false; !done; {
-			resp, b := conns[0].do(chatRequest("chat", ""))
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("chat %d on a kept-alive connection while the cap is reached: %d %s", served+1, resp.StatusCode, b)
+		_ = conns[0].c.SetReadDeadline(time.Now().Add(within(5 * time.Second)))
+		if _, err := conns[0].br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the oldest idle connection was not closed to make room: %v", err)
+		}
+		// With every connection serving a stream, one more is closed at
+		// once, while the streams go on.
+		busy := append(conns[1:], extra)
+		stream := `{"model":"chat","messages":[{"role":"user","content":"hold"}],"max_tokens":1500,"stream":true}`
+		for i, c := range busy {
+			req := "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\n" +
+				fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(stream), stream)
+			if err := c.send(req); err != nil {
+				t.Fatalf("stream %d: %v", i+1, err)
 			}
-			served++
-			select {
-			case err := <-got:
-				var ne net.Error
-				if !errors.As(err, &ne) || !ne.Timeout() {
-					what := "answered"
-					if err != nil {
-						what = "ended: " + err.Error()
-					}
-					t.Fatalf("connection %d past the cap of %d was %s within %v", rlMaxConns+1, rlMaxConns, what, watch)
-				}
-				done = true
-			default:
+			_ = c.c.SetReadDeadline(time.Now().Add(within(10 * time.Second)))
+			if _, err := c.br.Peek(1); err != nil {
+				t.Fatalf("stream %d: no answer: %v", i+1, err)
 			}
 		}
-		// Closing one accepted connection makes room: the waiting one is
-		// accepted and its request, sent long ago, answered.
-		closedAt := time.Now()
-		conns[rlMaxConns-1].c.Close()
-		resp, b, err := extra.answer(within(10 * time.Second))
-		if err != nil {
-			t.Fatalf("connection %d: no answer within %v of closing one of the %d: %v", rlMaxConns+1, within(10*time.Second), rlMaxConns, err)
+		// Closed with a reset: the dial itself may see it.
+		start := time.Now()
+		if refused, err := net.DialTimeout("tcp", r1.http, within(5*time.Second)); err == nil {
+			defer refused.Close()
+			_ = refused.SetReadDeadline(time.Now().Add(within(5 * time.Second)))
+			if _, err := refused.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("connection %d with %d streams in flight was not closed: %v", rlMaxConns+1, rlMaxConns, err)
+			}
 		}
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("connection %d once room was made: %d %s", rlMaxConns+1, resp.StatusCode, b)
-		}
-		t.Logf("%d connections held; the %dth unanswered for %v while the kept-alive one served %d chats (all 200); served %v after one closed",
-			rlMaxConns, rlMaxConns+1, watch, served, time.Since(closedAt).Round(time.Millisecond))
-		for _, c := range conns {
+		closedIn := time.Since(start)
+		for i, c := range busy {
+			if _, err := c.br.ReadByte(); err != nil {
+				t.Fatalf("stream %d after the refusal: %v", i+1, err)
+			}
 			c.c.Close()
 		}
-		extra.c.Close()
+		t.Logf("%d idle connections held; the %dth served at once, the oldest idle closed; with %d streams, the next closed in %v",
+			rlMaxConns, rlMaxConns+1, rlMaxConns, closedIn.Round(time.Millisecond))
 	})
 
 	t.Run("headers", func(t *testing.T) {

@@ -35,7 +35,7 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 			c.IdleTimeout = 0
 			c.MaxHeaderBytes = 0
 			c.MaxHeaderCount = -1
-			c.MaxConnections = 0
+			c.MaxConnections = -1
 			c.MaxInflight = 0
 		}, []string{"--read-header-timeout (read_header_timeout): ", "--body-timeout (body_timeout): ", "--idle-timeout (idle_timeout): ",
 			"--max-header-bytes (max_header_bytes): ", "--max-header-count (max_header_count): ",
@@ -142,6 +142,7 @@ idle_timeout: 90s
 max_header_bytes: 32768
 max_header_count: 50
 max_connections: 2000
+max_conns_per_addr: 100
 max_inflight: 500
 max_key_inflight: 64
 breaker_failures: 5
@@ -185,7 +186,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		DataDir: "/var/lib/llmgw/router", OpsAddr: "127.0.0.1:9091", Pprof: true, GCMinHeap: 32 << 20, MaxBodyBytes: 1 << 20, ScrapeInterval: 250 * time.Millisecond,
 		ConnectTimeout: 3 * time.Second, FirstByteTimeout: 2 * time.Minute, ShutdownGrace: 45 * time.Second,
 		ReadHeaderTimeout: 5 * time.Second, BodyTimeout: 30 * time.Second, IdleTimeout: 90 * time.Second,
-		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxInflight: 500, MaxKeyInflight: 64,
+		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxConnsPerAddr: 100, MaxInflight: 500, MaxKeyInflight: 64,
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
 			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}, KVImbalance: scheduler.KVImbalance{Ratio: 3, MinGap: 12}},

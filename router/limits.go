@@ -1,10 +1,8 @@
 package router
 
 import (
-	"net"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/llmgw/llmgw/router/openai"
@@ -12,70 +10,10 @@ import (
 
 // This file bounds what clients can hold of a router (design §11): each
 // connection's time (header read, body read, idle), the size and number of
-// a request's headers, the connections open and the requests served at
-// once. Without them a few thousand slow or idle connections, or half-sent
+// a request's headers and the requests served at once; conns.go bounds the
+// connections open. Without them a few thousand slow or idle connections, or half-sent
 // uploads, hold the router's memory and file descriptors for as long as
 // the clients like.
-
-// limitListener accepts at most n connections at a time: past that, Accept
-// waits for one to close, so the extra connections wait in the kernel's
-// backlog (and time out there) while the ones accepted are served. It is
-// golang.org/x/net/netutil's LimitListener, written out so Close also
-// ends an Accept waiting for room.
-type limitListener struct {
-	net.Listener
-	room      chan struct{} // a token per open connection
-	closed    chan struct{}
-	closeOnce sync.Once
-}
-
-func newLimitListener(ln net.Listener, n int) *limitListener {
-	return &limitListener{Listener: ln, room: make(chan struct{}, n), closed: make(chan struct{})}
-}
-
-func (l *limitListener) Accept() (net.Conn, error) {
-	select {
-	case l.room <- struct{}{}:
-	case <-l.closed:
-		return nil, net.ErrClosed
-	}
-	c, err := l.Listener.Accept()
-	if err != nil {
-		<-l.room
-		return nil, err
-	}
-	return &limitConn{Conn: c, release: sync.OnceFunc(func() { <-l.room })}, nil
-}
-
-func (l *limitListener) Close() error {
-	l.closeOnce.Do(func() { close(l.closed) })
-	return l.Listener.Close()
-}
-
-// limitConn gives its listener's token back when closed, once.
-type limitConn struct {
-	net.Conn
-	release func()
-}
-
-func (c *limitConn) Close() error {
-	err := c.Conn.Close()
-	c.release()
-	return err
-}
-
-// CloseWrite passes on to the connection's own half-close. Go's server
-// half-closes before hanging up on a request it did not read whole (a
-// 431 for headers past --max-header-bytes, a 408 or 413 for a body), so
-// the client reads the answer and then EOF; on a connection without it
-// the server's close, over the unread bytes, resets the connection and
-// the client may get "connection reset" instead of the answer's end.
-func (c *limitConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return nil
-}
 
 // limits is the handler in front of the router's mux: it refuses, before
 // anything reads the body, a request with too many or too large headers

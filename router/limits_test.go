@@ -4,14 +4,12 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -25,6 +23,14 @@ import (
 // routable. The engine's /metrics reports it idle; every other request goes
 // to engine. Cleanup stops the router and checks that Serve returned.
 func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) string {
+	t.Helper()
+	_, addr := startTestRouter(t, engine, mutate)
+	return addr
+}
+
+// startTestRouter is startRouter that also returns the router, for tests
+// that read its registry.
+func startTestRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) (*Router, string) {
 	t.Helper()
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/metrics" {
@@ -50,7 +56,7 @@ func startRouter(t *testing.T, engine http.HandlerFunc, mutate func(*Config)) st
 		eps, _ := r.eps.Lookup("demo")
 		return len(eps) > 0 && r.ready()
 	})
-	return addr
+	return r, addr
 }
 
 // serveRouter serves r's API on a loopback port of its own until the test
@@ -334,104 +340,6 @@ func TestInflightLimit(t *testing.T) {
 	}
 	if resp, body, err := post(); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("after the first completed: %v %v %s", err, resp, body)
-	}
-}
-
-// TestMaxConnections: past --max-connections a new connection is not
-// served until one closes, while the requests on the open ones complete.
-func TestMaxConnections(t *testing.T) {
-	started, release := make(chan struct{}), make(chan struct{})
-	addr := startRouter(t, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		io.WriteString(w, "data: one\n\n")
-		w.(http.Flusher).Flush()
-		close(started)
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
-		}
-		io.WriteString(w, "data: [DONE]\n\n")
-	}, func(c *Config) { c.MaxConnections = 2 })
-	get := func(c net.Conn, r *bufio.Reader) (*http.Response, error) {
-		if _, err := io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: r\r\n\r\n"); err != nil {
-			return nil, err
-		}
-		resp, err := http.ReadResponse(r, nil)
-		if err == nil {
-			_, err = io.ReadAll(resp.Body)
-		}
-		return resp, err
-	}
-
-	// A: a stream in flight.
-	a := dial(t, addr)
-	fmt.Fprintf(a, "POST /v1/chat/completions HTTP/1.1\r\nHost: r\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
-		len(completion), completion)
-	ar := bufio.NewReader(a)
-	aResp, err := http.ReadResponse(ar, nil)
-	if err != nil {
-		t.Fatalf("stream on A: %v", err)
-	}
-	<-started
-	// B: served, then idle.
-	b := dial(t, addr)
-	if resp, err := get(b, bufio.NewReader(b)); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("B: %v %v", err, resp)
-	}
-	// C: beyond the cap, not served while A and B are open.
-	c := dial(t, addr)
-	cr := bufio.NewReader(c)
-	c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if resp, err := get(c, cr); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("C, a third connection with a cap of 2, was answered: %v %v", resp, err)
-	}
-	b.Close()
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	resp, err := http.ReadResponse(cr, nil) // the request C sent before
-	if err != nil || resp.StatusCode != 200 {
-		t.Fatalf("C after B closed: %v %v", err, resp)
-	}
-	io.ReadAll(resp.Body)
-
-	// A's stream completes.
-	close(release)
-	body, err := io.ReadAll(aResp.Body)
-	if err != nil || !strings.HasSuffix(string(body), "data: [DONE]\n\n") {
-		t.Fatalf("A's stream: %q %v", body, err)
-	}
-}
-
-// TestLimitListenerClose: Close ends an Accept waiting for room, so a
-// router full of connections still shuts down.
-func TestLimitListenerClose(t *testing.T) {
-	inner, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := newLimitListener(inner, 1)
-	dial(t, inner.Addr().String())
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	accepted := make(chan error, 1)
-	go func() {
-		c, err := ln.Accept() // no room: waits
-		if err == nil {
-			c.Close()
-		}
-		accepted <- err
-	}()
-	ln.Close()
-	select {
-	case err := <-accepted:
-		if !errors.Is(err, net.ErrClosed) {
-			t.Fatalf("Accept after Close = %v, want net.ErrClosed", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("Accept waiting for room did not return after Close")
 	}
 }
 

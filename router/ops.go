@@ -13,6 +13,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/netlimit"
 	"github.com/llmgw/llmgw/router/api"
 )
 
@@ -92,7 +93,10 @@ func (r *Router) startOps() (*opsServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: --ops-addr %s: %w", r.cfg.OpsAddr, err)
 	}
-	var limited net.Listener = newLimitListener(ln, maxOpsConnections)
+	// Bounded as the API port is (conns.go): a scraper's idle keep-alives
+	// make room for the next caller rather than hold the port.
+	lim := r.connMetrics().New("ops", netlimit.Config{MaxConns: maxOpsConnections})
+	limited := lim.Listen(ln)
 	scheme := "http"
 	if r.tls != nil {
 		// The handshake is bounded by ReadHeaderTimeout, as the headers are.
@@ -106,6 +110,7 @@ func (r *Router) startOps() (*opsServer, error) {
 			IdleTimeout:       r.cfg.IdleTimeout,
 			MaxHeaderBytes:    r.cfg.MaxHeaderBytes,
 			ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
+			ConnState:         lim.ConnState,
 		},
 		ln:   ln,
 		done: make(chan error, 1),

@@ -27,6 +27,7 @@ import (
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/netlimit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
@@ -97,13 +98,18 @@ type Config struct {
 	// beyond), which are held in memory and forwarded to the engine.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	MaxHeaderCount int `yaml:"max_header_count"`
-	// MaxConnections bounds the connections open at once: past it new ones
-	// wait in the kernel's backlog until one closes. MaxInflight bounds the
-	// requests served at once (503 with Retry-After beyond), so requests
-	// being served go on while extra ones are refused; /healthz and /readyz
-	// are not counted.
-	MaxConnections int `yaml:"max_connections"`
-	MaxInflight    int `yaml:"max_inflight"`
+	// MaxConnections bounds the client connections open at once and
+	// MaxConnsPerAddr those from one IP address (an IPv6 /64), so one
+	// client cannot hold them all: past either, the oldest idle
+	// connection, or one still before its first request, is closed to
+	// make room (of that address, for MaxConnsPerAddr), and only when
+	// there is none is the new one closed at once (conns.go); 0 is no cap.
+	// MaxInflight bounds the requests served at once (503 with Retry-After
+	// beyond), so requests being served go on while extra ones are
+	// refused; /healthz and /readyz are not counted.
+	MaxConnections  int `yaml:"max_connections"`
+	MaxConnsPerAddr int `yaml:"max_conns_per_addr"`
+	MaxInflight     int `yaml:"max_inflight"`
 	// MaxKeyInflight bounds the requests one API key — or, while keys are
 	// not required, one client address — has in flight at once, bodies
 	// still being uploaded included (429 with Retry-After beyond), so that
@@ -175,6 +181,7 @@ func DefaultConfig() Config {
 		MaxHeaderBytes:    64 << 10,
 		MaxHeaderCount:    100,
 		MaxConnections:    4096,
+		MaxConnsPerAddr:   256,
 		MaxInflight:       1024,
 		MaxKeyInflight:    256,
 		Breaker:           breaker.DefaultConfig(),
@@ -254,9 +261,7 @@ func (c Config) Validate() error {
 	if c.MaxHeaderCount <= 0 {
 		p.Add(configfile.Flag("max-header-count"), "must be positive, got %d", c.MaxHeaderCount)
 	}
-	if c.MaxConnections <= 0 {
-		p.Add(configfile.Flag("max-connections"), "must be positive, got %d", c.MaxConnections)
-	}
+	c.validateConns(&p)
 	if c.MaxInflight <= 0 {
 		p.Add(configfile.Flag("max-inflight"), "must be positive, got %d", c.MaxInflight)
 	}
@@ -279,24 +284,27 @@ func (c Config) Validate() error {
 
 // Router is one router process's worth of components.
 type Router struct {
-	cfg      Config
-	https    *httpsCert   // nil: plain HTTP
-	tls      *mtls.Source // nil: plain text (the operations port's callers are admins on loopback)
-	log      *slog.Logger
-	reg      *prometheus.Registry
-	watch    *watch.Client
-	eps      *endpoint.Registry
-	sched    *scheduler.Scheduler
-	breakers *breaker.Set[scheduler.Key]
-	kv       *kvindex.Index
-	tok      *tokenize.Client
-	dir      *director.Director
-	proxy    *proxy.Proxy
-	handler  *api.Handler
-	control  *controlAdapters
-	mux      *http.ServeMux
-	draining atomic.Bool
-	ops      atomic.Pointer[opsServer] // set while --ops-addr is served
+	cfg   Config
+	https *httpsCert   // nil: plain HTTP
+	tls   *mtls.Source // nil: plain text (the operations port's callers are admins on loopback)
+	log   *slog.Logger
+	reg   *prometheus.Registry
+	// connMetricsV is the listeners' connection metrics (connMetrics).
+	connMetricsOnce sync.Once
+	connMetricsV    *netlimit.Metrics
+	watch           *watch.Client
+	eps             *endpoint.Registry
+	sched           *scheduler.Scheduler
+	breakers        *breaker.Set[scheduler.Key]
+	kv              *kvindex.Index
+	tok             *tokenize.Client
+	dir             *director.Director
+	proxy           *proxy.Proxy
+	handler         *api.Handler
+	control         *controlAdapters
+	mux             *http.ServeMux
+	draining        atomic.Bool
+	ops             atomic.Pointer[opsServer] // set while --ops-addr is served
 }
 
 // New builds a router; nothing runs until Run.
@@ -531,7 +539,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		ErrorLog:          slog.NewLogLogger(r.log.Handler(), slog.LevelWarn),
 	}
 	serveErr := make(chan error, 1)
-	limited := newLimitListener(ln, r.cfg.MaxConnections)
+	limited := r.limitConns(ln, srv)
 	scheme := "http"
 	if r.https != nil {
 		// ServeTLS sets up HTTP/2 as Serve does for plain text; the TLS

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"maps"
 	"net"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/llmgw/llmgw/controlplane/logadapt"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/netlimit"
 )
 
 // Config tunes memberlist; the zero value keeps DefaultLANConfig's
@@ -47,6 +49,10 @@ type Security struct {
 	// TLS carries memberlist's streams (joins, push/pull, reliable sends)
 	// over mutual TLS with server certificates only; nil is plain TCP.
 	TLS *mtls.Source
+	// Conns bounds the incoming streams (design §11 "Limits"): in total
+	// and per address, and the time to their handshake (its
+	// HandshakeTimeout, or 10 s). Nil caps nothing.
+	Conns *netlimit.Limiter
 }
 
 // Plane is the end of the ephemeral plane (package plane) that shares
@@ -66,6 +72,7 @@ type Gossip struct {
 	log   *slog.Logger
 	self  Meta
 	ml    atomic.Pointer[memberlist.Memberlist]
+	addr  atomic.Pointer[string] // the bound address, set by Start
 	queue *memberlist.TransmitLimitedQueue
 	// changed is signalled (without blocking) on every membership change,
 	// to wake the bootstrapper and the leader's reconciler.
@@ -73,8 +80,6 @@ type Gossip struct {
 	now     func() time.Time
 	plane   Plane
 	tune    Config // as Start was given it
-	// addr is the bound address, set by Start.
-	addr atomic.Pointer[string]
 	// cluster is the cluster id once known (SetCluster), nil before.
 	cluster atomic.Pointer[string]
 	// refusedLogged keeps the refusals of foreign members logged once per
@@ -178,17 +183,15 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	if _, err := g.self.Encode(); err != nil {
 		return err
 	}
-	if sec.TLS != nil {
-		nt, err := memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: c.Logger})
-		if err != nil {
-			return fmt.Errorf("gossip on %s: %w", addr, err)
-		}
-		if port == 0 {
-			c.BindPort = nt.GetAutoBindPort()
-			c.AdvertisePort = c.BindPort
-		}
-		c.Transport = newTLSTransport(nt, sec.TLS, c.Logger)
+	nt, err := newNetTransport(host, port, c.Logger)
+	if err != nil {
+		return fmt.Errorf("gossip on %s: %w", addr, err)
 	}
+	if port == 0 {
+		c.BindPort = nt.GetAutoBindPort()
+		c.AdvertisePort = c.BindPort
+	}
+	c.Transport = newStreamTransport(nt, sec.TLS, sec.Conns, c.Logger)
 	switch {
 	case sec.Keyring != nil:
 	case sec.TLS != nil:
@@ -208,6 +211,24 @@ func (g *Gossip) Start(addr string, tune Config, sec Security) error {
 	g.addr.Store(&bound)
 	g.ml.Store(ml)
 	return nil
+}
+
+// newNetTransport binds memberlist's own transport on host:port, retrying
+// a few times on port 0 as memberlist does: its TCP and UDP sockets take
+// the same port, which another process may hold for one of them.
+func newNetTransport(host string, port int, logger *log.Logger) (*memberlist.NetTransport, error) {
+	tries := 1
+	if port == 0 {
+		tries = 10
+	}
+	var err error
+	for range tries {
+		var nt *memberlist.NetTransport
+		if nt, err = memberlist.NewNetTransport(&memberlist.NetTransportConfig{BindAddrs: []string{host}, BindPort: port, Logger: logger}); err == nil {
+			return nt, nil
+		}
+	}
+	return nil, err
 }
 
 // Self is this server's metadata.

@@ -11,36 +11,46 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/netlimit"
 )
 
-// handshakeTimeout bounds an incoming stream's TLS handshake, so a peer
-// that connects and says nothing holds a goroutine only that long.
-const handshakeTimeout = 5 * time.Second
+// defaultHandshakeTimeout bounds an incoming stream's handshake when no
+// limiter says otherwise (Security.Conns).
+const defaultHandshakeTimeout = 10 * time.Second
 
-// maxHandshakes bounds the incoming handshakes in progress; a stream past
-// it is closed at once. Servers open a few streams a second (push/pull,
-// the ephemeral plane's batches), far below it; a flood does not get a
-// goroutine per connection.
-const maxHandshakes = 64
-
-// tlsTransport is memberlist's NetTransport with every TCP stream carried
-// over mutual TLS between servers (design §11: only servers join gossip).
-// Joins and push/pull are streams, so a process without a server
-// certificate of the cluster's CA cannot join, nor receive the members'
-// state or the ephemeral plane's batches (reliable sends are streams too).
-// A dialed stream to a named member also checks that the certificate names
-// that member, so one server cannot answer for another.
+// streamTransport is memberlist's NetTransport with its incoming streams
+// bounded and, with TLS, every TCP stream carried over mutual TLS between
+// servers (design §11: only servers join gossip). Joins and push/pull are
+// streams, so a process without a server certificate of the cluster's CA
+// cannot join, nor receive the members' state or the ephemeral plane's
+// batches (reliable sends are streams too). A dialed stream to a named
+// member also checks that the certificate names that member, so one
+// server cannot answer for another.
+//
+// Incoming streams (issue 26): each is admitted by the listener's limiter
+// (Security.Conns: caps in total and per address, the oldest stream still
+// in its handshake closed to make room), then handshaken on a goroutine of
+// its own — TLS, or in plain text the stream's first byte — within the
+// handshake timeout, and only then handed to memberlist. Nothing in the
+// accept loop waits on a peer. The transport this replaces bounded the
+// handshakes in progress to 64 for everyone together: 64 silent sockets,
+// reopened as they timed out, kept every server's stream out (a new
+// replica stayed unknown on that server) and logged a line for each
+// refused one.
 //
 // UDP packets (probes, gossip broadcasts) are NetTransport's own: TLS has
 // no datagram form here. They are authenticated by the gossip keyring
 // (--gossip-key-file) when one is set; without it, a host that can reach
 // the gossip port can still send forged UDP gossip, though it can neither
 // join Raft (its transport demands a server certificate) nor be sent
-// anything over a stream.
-type tlsTransport struct {
+// anything over a stream. Junk packets cost a rate-limited log line
+// (package logadapt).
+type streamTransport struct {
 	*memberlist.NetTransport
-	src    *mtls.Source
-	logger *log.Logger
+	src     *mtls.Source      // nil: plain TCP
+	conns   *netlimit.Limiter // nil: no caps
+	timeout time.Duration
+	logger  *log.Logger
 	// server is made once, so its session ticket keys last; sessions is
 	// the dialer's cache. Streams that read an answer (push/pull) resume
 	// sessions and skip a full handshake's signatures; one-way sends (the
@@ -52,72 +62,133 @@ type tlsTransport struct {
 
 	streams chan net.Conn
 	done    chan struct{}
-	slots   chan struct{}
 	wg      sync.WaitGroup
+
+	mu sync.Mutex
+	// handshaking is the streams in their handshake, closed by Shutdown
+	// so that it does not wait out their timeouts.
+	handshaking map[net.Conn]bool
+	closed      bool
 }
 
-var _ memberlist.NodeAwareTransport = (*tlsTransport)(nil)
+var _ memberlist.NodeAwareTransport = (*streamTransport)(nil)
 
-func newTLSTransport(inner *memberlist.NetTransport, src *mtls.Source, logger *log.Logger) *tlsTransport {
-	t := &tlsTransport{
-		NetTransport: inner, src: src, logger: logger,
-		server: src.ServerConfig(mtls.RoleServer), sessions: tls.NewLRUClientSessionCache(64),
-		streams: make(chan net.Conn), done: make(chan struct{}), slots: make(chan struct{}, maxHandshakes),
+// newStreamTransport wraps inner: src nil is plain TCP; conns nil admits
+// every stream, with defaultHandshakeTimeout.
+func newStreamTransport(inner *memberlist.NetTransport, src *mtls.Source, conns *netlimit.Limiter, logger *log.Logger) *streamTransport {
+	t := &streamTransport{
+		NetTransport: inner, src: src, conns: conns, timeout: defaultHandshakeTimeout, logger: logger,
+		streams: make(chan net.Conn), done: make(chan struct{}), handshaking: map[net.Conn]bool{},
+	}
+	if conns != nil && conns.HandshakeTimeout() > 0 {
+		t.timeout = conns.HandshakeTimeout()
+	}
+	if src != nil {
+		t.server, t.sessions = src.ServerConfig(mtls.RoleServer), tls.NewLRUClientSessionCache(64)
 	}
 	t.wg.Go(t.accept)
 	return t
 }
 
-// accept takes NetTransport's accepted connections and handshakes each on
-// its own goroutine, so a slow peer never holds up the others.
-func (t *tlsTransport) accept() {
+// accept takes NetTransport's accepted connections, admits each and
+// handshakes it on its own goroutine, so a slow peer never holds up the
+// others. The limiter's total cap bounds those goroutines.
+func (t *streamTransport) accept() {
 	for {
 		select {
 		case <-t.done:
 			return
 		case c := <-t.NetTransport.StreamCh():
-			select {
-			case t.slots <- struct{}{}:
-			default:
-				t.logger.Printf("[WARN] memberlist: refusing a gossip stream from %s: %d TLS handshakes in progress", c.RemoteAddr(), maxHandshakes)
-				_ = c.Close()
-				continue
+			if t.conns != nil {
+				var ok bool
+				if c, ok = t.conns.Admit(c); !ok {
+					continue // refused, closed and counted by the limiter
+				}
 			}
-			t.wg.Go(func() {
-				defer func() { <-t.slots }()
-				t.serve(c)
-			})
+			t.wg.Go(func() { t.serve(c) })
 		}
 	}
 }
 
-func (t *tlsTransport) serve(c net.Conn) {
-	tc := tls.Server(c, t.server)
-	_ = tc.SetDeadline(time.Now().Add(handshakeTimeout))
-	if err := tc.Handshake(); err != nil {
-		t.logger.Printf("[WARN] memberlist: refusing a gossip stream from %s: %v", c.RemoteAddr(), err)
+// serve handshakes c and hands it to memberlist, or closes it.
+func (t *streamTransport) serve(c net.Conn) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
 		_ = c.Close()
 		return
 	}
-	_ = tc.SetDeadline(time.Time{})
+	t.handshaking[c] = true
+	t.mu.Unlock()
+	defer func() {
+		t.mu.Lock()
+		delete(t.handshaking, c)
+		t.mu.Unlock()
+	}()
+	_ = c.SetDeadline(time.Now().Add(t.timeout))
+	var out net.Conn
+	if t.src != nil {
+		tc := tls.Server(c, t.server)
+		if err := tc.Handshake(); err != nil {
+			t.logger.Printf("[WARN] memberlist: refusing a gossip stream from %s: %v", c.RemoteAddr(), err)
+			_ = c.Close()
+			return
+		}
+		out = tc
+	} else {
+		// Plain text: the stream's first byte is its handshake, so a silent
+		// socket is closed here as in TLS rather than held by memberlist.
+		p := &peeked{Conn: c}
+		if _, err := c.Read(p.first[:]); err != nil {
+			t.logger.Printf("[WARN] memberlist: refusing a gossip stream from %s: nothing received: %v", c.RemoteAddr(), err)
+			_ = c.Close()
+			return
+		}
+		p.have = true
+		out = p
+	}
+	_ = c.SetDeadline(time.Time{})
+	if t.conns != nil {
+		t.conns.Active(c)
+	}
 	select {
-	case t.streams <- tc:
+	case t.streams <- out:
 	case <-t.done:
-		_ = tc.Close()
+		_ = out.Close()
 	}
 }
 
-// StreamCh is the streams whose peer proved to be a server of the cluster.
-func (t *tlsTransport) StreamCh() <-chan net.Conn { return t.streams }
+// peeked is a plain stream whose first byte was read to see it speak.
+type peeked struct {
+	net.Conn
+	first [1]byte
+	have  bool
+}
 
-func (t *tlsTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+func (p *peeked) Read(b []byte) (int, error) {
+	if p.have && len(b) > 0 {
+		p.have = false
+		b[0] = p.first[0]
+		return 1, nil
+	}
+	return p.Conn.Read(b)
+}
+
+// StreamCh is the admitted streams that completed their handshake: with
+// TLS, those whose peer proved to be a server of the cluster.
+func (t *streamTransport) StreamCh() <-chan net.Conn { return t.streams }
+
+func (t *streamTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
 }
 
-// DialAddressTimeout opens a stream and handshakes within timeout. With a
-// member's name (every send but a join by address), the peer's certificate
-// must name it.
-func (t *tlsTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+// DialAddressTimeout opens a stream and, with TLS, handshakes within
+// timeout. With a member's name (every send but a join by address), the
+// peer's certificate must name it.
+func (t *streamTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	if t.src == nil {
+		return t.NetTransport.DialAddressTimeout(a, timeout)
+	}
 	deadline := time.Now().Add(timeout)
 	c, err := t.NetTransport.DialAddressTimeout(a, timeout)
 	if err != nil {
@@ -153,10 +224,16 @@ func (t *tlsTransport) DialAddressTimeout(a memberlist.Address, timeout time.Dur
 
 // Shutdown closes the listeners first, while accept still drains them
 // (NetTransport waits for its accept loop, which may be handing over a
-// connection), then stops accept and the handshakes.
-func (t *tlsTransport) Shutdown() error {
+// connection), then stops accept and cuts the handshakes.
+func (t *streamTransport) Shutdown() error {
 	err := t.NetTransport.Shutdown()
 	close(t.done)
+	t.mu.Lock()
+	t.closed = true
+	for c := range t.handshaking {
+		_ = c.Close()
+	}
+	t.mu.Unlock()
 	t.wg.Wait()
 	return err
 }

@@ -44,7 +44,7 @@ func TestMemberlistLogWriter(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.line, func(t *testing.T) {
 			var buf bytes.Buffer
-			w := &MemberlistWriter{Log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+			w := &LineWriter{Log: slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), Parse: MemberlistLine}
 			if _, err := w.Write([]byte(tt.line)); err != nil {
 				t.Fatal(err)
 			}

@@ -19,6 +19,7 @@ import (
 	"github.com/llmgw/llmgw/fsm"
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/ratelog"
+	"github.com/llmgw/llmgw/internal/netlimit"
 )
 
 // Config is what the store takes from the node's configuration.
@@ -57,6 +58,10 @@ type Config struct {
 	// gRPC address, as gossip carries it), so NotLeaderError can send them
 	// there. It is called only after Open has returned.
 	ClientAddr func(serverID string) (addr string, ok bool)
+	// Conns, when set, bounds the Raft listener: its connections, in total
+	// and per address, and the time to a connection's first RPC (see
+	// newTransport). Nil bounds nothing.
+	Conns *netlimit.Limiter
 }
 
 // Store is the Raft member and the stores it owns, opened and closed
@@ -111,7 +116,7 @@ func Open(cfg Config, f *fsm.FSM, m *Metrics, log *slog.Logger, fatal func(error
 			log.Error("raft refused a server outside this cluster", "rpc", rpc, "from", from, "reason", why)
 		}
 	}
-	nt, err := newTransport(cfg.RaftAddr, cfg.TLS, cfg.ClusterID, refused, hlog)
+	nt, err := newTransport(cfg.RaftAddr, cfg.TLS, cfg.ClusterID, refused, cfg.Conns, hlog)
 	if err != nil {
 		bolt.Close()
 		return nil, fmt.Errorf("raft transport on %s: %w", cfg.RaftAddr, err)

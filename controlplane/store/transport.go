@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/netlimit"
 )
 
 // Transport settings, as raft's own TCP transport has them: three pooled
@@ -30,31 +31,17 @@ const (
 // id refuses a dialer that offers another, before any RPC is read (design
 // §5.2 "Cluster identity"), and calls refused. A peer that offers none — a
 // release before identities, or a fresh server — is left to the guard.
-func newTransport(addr string, src *mtls.Source, clusterID func() string, refused func(rpc, from, why string), log hclog.Logger) (*raft.NetworkTransport, error) {
-	if src == nil {
-		return raft.NewTCPTransportWithLogger(addr, nil, transportPool, transportTimeout, log)
-	}
-	if clusterID == nil {
-		clusterID = func() string { return "" }
-	}
-	layer, err := newTLSLayer(addr, src, clusterID, refused)
-	if err != nil {
-		return nil, err
-	}
-	return raft.NewNetworkTransportWithLogger(layer, transportPool, transportTimeout, log), nil
-}
-
-// tlsLayer is raft's StreamLayer over TLS: accepted connections must
-// present a server certificate (checked in the handshake, which the first
-// read of raft's connection handler runs), and dialed peers must be
-// servers of the same CA.
-type tlsLayer struct {
-	net.Listener
-	client    *tls.Config
-	clusterID func() string
-}
-
-func newTLSLayer(addr string, src *mtls.Source, clusterID func() string, refused func(rpc, from, why string)) (*tlsLayer, error) {
+//
+// conns (nil: none) bounds the listener (design §11 "Limits"): raft's own
+// accept loop reads nothing, and its connection handler waits for an RPC
+// without a deadline, so a silent socket was held for good (1,500 of them
+// stayed open past 70 s, issue 26). Under conns a connection is in its
+// handshake until the first byte of an RPC arrives — after the TLS
+// handshake, with TLS — and closed if that takes longer than conns'
+// handshake timeout; past its caps the oldest connection still in its
+// handshake is closed to make room. Once an RPC has come, a connection is
+// a peer's pooled one and is never timed out: raft keeps it for the next.
+func newTransport(addr string, src *mtls.Source, clusterID func() string, refused func(rpc, from, why string), conns *netlimit.Limiter, log hclog.Logger) (*raft.NetworkTransport, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
@@ -65,11 +52,45 @@ func newTLSLayer(addr string, src *mtls.Source, clusterID func() string, refused
 		lis.Close()
 		return nil, errors.New("raft transport: the bound address is not advertisable")
 	}
-	return &tlsLayer{
-		Listener:  tls.NewListener(lis, clusterChecked(src.ServerConfig(mtls.RoleServer), clusterID, refused)),
-		client:    src.ClientConfig(mtls.RoleServer),
-		clusterID: clusterID,
-	}, nil
+	var ln net.Listener = lis
+	if conns != nil {
+		ln = conns.Listen(lis)
+	}
+	if src == nil {
+		if conns != nil {
+			ln = conns.ActiveOnFirstRead(ln)
+		}
+		return raft.NewNetworkTransportWithLogger(&plainLayer{Listener: ln}, transportPool, transportTimeout, log), nil
+	}
+	if clusterID == nil {
+		clusterID = func() string { return "" }
+	}
+	// The TLS handshake runs in the first Read of raft's per-connection
+	// handler, never in its accept loop.
+	ln = tls.NewListener(ln, clusterChecked(src.ServerConfig(mtls.RoleServer), clusterID, refused))
+	if conns != nil {
+		ln = conns.ActiveOnFirstRead(ln)
+	}
+	layer := &tlsLayer{Listener: ln, client: src.ClientConfig(mtls.RoleServer), clusterID: clusterID}
+	return raft.NewNetworkTransportWithLogger(layer, transportPool, transportTimeout, log), nil
+}
+
+// plainLayer is raft's StreamLayer over plain TCP, as raft's own
+// TCPStreamLayer, over a listener of ours.
+type plainLayer struct{ net.Listener }
+
+func (l *plainLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return (&net.Dialer{Timeout: timeout}).Dial("tcp", string(address))
+}
+
+// tlsLayer is raft's StreamLayer over TLS: accepted connections must
+// present a server certificate (checked in the handshake, which the first
+// read of raft's connection handler runs), and dialed peers must be
+// servers of the same CA.
+type tlsLayer struct {
+	net.Listener
+	client    *tls.Config
+	clusterID func() string
 }
 
 // alpnCluster prefixes the cluster id a Raft dialer offers as its ALPN

@@ -24,7 +24,7 @@ func clusterTransport(t *testing.T, src *mtls.Source, id string, refused func(rp
 	if refused == nil {
 		refused = func(string, string, string) {}
 	}
-	tr, err := newTransport("127.0.0.1:0", src, func() string { return id }, refused, hclog.NewNullLogger())
+	tr, err := newTransport("127.0.0.1:0", src, func() string { return id }, refused, nil, hclog.NewNullLogger())
 	if err != nil {
 		t.Fatal(err)
 	}
