@@ -18,8 +18,8 @@ import (
 	"github.com/llmgw/llmgw/controlplane/logadapt"
 	"github.com/llmgw/llmgw/fsm"
 	"github.com/llmgw/llmgw/internal/mtls"
-	"github.com/llmgw/llmgw/internal/ratelog"
 	"github.com/llmgw/llmgw/internal/netlimit"
+	"github.com/llmgw/llmgw/internal/ratelog"
 )
 
 // Config is what the store takes from the node's configuration.
