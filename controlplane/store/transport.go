@@ -52,7 +52,7 @@ func newTransport(addr string, src *mtls.Source, clusterID func() string, refuse
 		lis.Close()
 		return nil, errors.New("raft transport: the bound address is not advertisable")
 	}
-	var ln net.Listener = lis
+	ln := lis
 	if conns != nil {
 		ln = conns.Listen(lis)
 	}
