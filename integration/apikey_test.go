@@ -259,13 +259,20 @@ func init() {
 // appends the headers of every completion request it gets to a file of
 // its own in dir, one JSON object a line. It runs until killed.
 func headerEngineMain(dir string, args []string) int {
+	// The driver writes every option as --name=value (design §6), so a
+	// value can never be read as an option; the older --name value form
+	// is read too.
 	var host, port string
-	for i := 0; i+1 < len(args); i++ {
-		switch args[i] {
+	for i, a := range args {
+		name, value, inline := strings.Cut(a, "=")
+		if !inline && i+1 < len(args) {
+			value = args[i+1]
+		}
+		switch name {
 		case "--host":
-			host = args[i+1]
+			host = value
 		case "--port":
-			port = args[i+1]
+			port = value
 		}
 	}
 	rec, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("engine-%d.jsonl", os.Getpid())), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)

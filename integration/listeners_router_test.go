@@ -210,13 +210,13 @@ func TestListenersRouterHog(t *testing.T) {
 	many := hog(router.http, routerHogConns, from, false)
 	defer many.close()
 	testkit.WaitWithin(t, within(10*time.Second), "the router to hold the 16 addresses' connections", func() bool {
-		n, _ := testkit.Scrape(router.http, "llmgw_router_connections_open", nil)
+		n, _ := testkit.Scrape(router.ops, "llmgw_router_connections_open", testkit.Labels{"listener": "api"})
 		return n >= routerHogConns-16
 	})
 	held = many.held.Load()
-	evictedBefore, _ := testkit.Scrape(router.http, "llmgw_router_connections_dropped_total", testkit.Labels{"reason": "evicted_idle"})
+	evictedBefore, _ := testkit.Scrape(router.ops, "llmgw_router_connections_dropped_total", testkit.Labels{"listener": "api", "reason": "evicted_idle"})
 	took = legitChats(t, router.http, "chat", routerLegitRequests)
-	evicted, _ := testkit.Scrape(router.http, "llmgw_router_connections_dropped_total", testkit.Labels{"reason": "evicted_idle"})
+	evicted, _ := testkit.Scrape(router.ops, "llmgw_router_connections_dropped_total", testkit.Labels{"listener": "api", "reason": "evicted_idle"})
 	t.Logf("16 addresses held %d idle connections (opened in %v); another client's %d chats, each on a new connection kept open, %v idle ones evicted for them: p50 %v, p99 %v, max %v",
 		held, time.Since(start).Round(time.Millisecond), routerLegitRequests, evicted-evictedBefore,
 		pct(took, .5).Round(time.Microsecond), pct(took, .99).Round(time.Microsecond), took[len(took)-1].Round(time.Microsecond))
