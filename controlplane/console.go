@@ -3,6 +3,8 @@ package controlplane
 import (
 	"fmt"
 	"net"
+	"net/http"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -34,13 +36,28 @@ func (s *Server) newConsole() (nodeConsole, error) {
 		return nodeConsole{}, fmt.Errorf("console: connect to this node's gRPC %s: %w", s.grpcAddr, err)
 	}
 	log := s.log.With("subsystem", "console")
-	routers := console.NewSampler(console.SamplerConfig{Routers: s.cfg.ConsoleRouters}, log)
+	routers := console.NewSampler(console.SamplerConfig{Routers: s.cfg.ConsoleRouters, Client: s.routerOpsClient()}, log)
 	access := console.Access{TLS: s.tls != nil, Insecure: s.cfg.Insecure}
 	return nodeConsole{
 		Console: console.New(llmgwv1.NewAdminServiceClient(conn), access, console.NewLoad(), routers, log),
 		routers: routers,
 		conn:    conn,
 	}, nil
+}
+
+// routerOpsClient reads the routers' operations ports (--console-router).
+// Under TLS a router's operations port admits admin, scraper and server
+// certificates only (router/ops.go), so the client presents this server's
+// and expects a router's; without TLS it is nil and the sampler's default
+// plain client is used.
+func (s *Server) routerOpsClient() *http.Client {
+	if s.tls == nil {
+		return nil
+	}
+	return &http.Client{
+		Timeout:   5 * time.Second,
+		Transport: &http.Transport{TLSClientConfig: s.tls.ClientConfig(mtls.RoleRouter), MaxIdleConnsPerHost: 1},
+	}
 }
 
 // selfAddr is where this node reaches its own bound gRPC address: a

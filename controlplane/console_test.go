@@ -1,16 +1,22 @@
 package controlplane
 
 import (
+	"crypto/tls"
 	"encoding/json"
+	"fmt"
 	"io"
+	"log"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/controlplane/console"
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/mtls/mtlstest"
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // TestConsoleOverTLS: a node with mutual TLS serves its console over HTTPS
@@ -69,5 +75,59 @@ func TestConsoleOverTLS(t *testing.T) {
 	}
 	if code, body := get(client(nil), "http://"+addr+"/metrics"); code != http.StatusOK || !strings.Contains(body, "llmgw_control_raft_is_leader 1") {
 		t.Fatalf("plain /metrics: %d", code)
+	}
+}
+
+// TestConsoleReadsTLSRouterOps: under mutual TLS a router's operations
+// port admits admin, scraper and server certificates only; the console's
+// router sampler presents this server's and reads the router's counters,
+// where a client without a certificate is refused.
+func TestConsoleReadsTLSRouterOps(t *testing.T) {
+	ca := mtlstest.New(t)
+	router := ca.Source(mtls.RoleRouter, "r1")
+	ops := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		io.WriteString(w, "# TYPE llmgw_prefix_decisions_total counter\nllmgw_prefix_decisions_total{decision=\"owner\"} 7\n")
+	}))
+	ops.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused plain client below
+	ops.TLS = router.ServerConfig(mtls.RoleAdmin, mtls.RoleScraper, mtls.RoleServer)
+	ops.StartTLS()
+	defer ops.Close()
+
+	cfg := testConfig(t, filepath.Join(t.TempDir(), "c1"), freeAddr(t))
+	cfg.TLS = ca.Files(mtls.RoleServer, "c1")
+	cfg.ConsoleRouters = []string{ops.URL}
+	r := start(t, cfg)
+	defer r.stop(t)
+
+	admin := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: ca.Source(mtls.RoleAdmin, "ops").ClientConfig(mtls.RoleServer)}}
+	testkit.WaitErr(t, 20*time.Second, "the console's routers page reading the TLS router", func() error {
+		resp, err := admin.Get("https://" + r.srv.HTTPAddr() + "/ui/api/routers")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var page struct{ Routers console.RoutersView }
+		if err := json.NewDecoder(resp.Body).Decode(&page); err != nil {
+			return fmt.Errorf("%s: %w", resp.Status, err)
+		}
+		v := page.Routers
+		if len(v.Routers) != 1 || v.Routers[0].Error != "" || len(v.Routers[0].Tiers) == 0 {
+			return fmt.Errorf("routers %+v", v.Routers)
+		}
+		for _, tier := range v.Routers[0].Tiers {
+			for _, d := range tier.Decisions {
+				if d.Decision == "owner" && d.Total == 7 {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("tiers %+v", v.Routers[0].Tiers)
+	})
+
+	// Without a certificate the same port refuses: the check above could fail.
+	plain := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	if resp, err := plain.Get(ops.URL + "/metrics"); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a client without a certificate read the router: %s", resp.Status)
 	}
 }

@@ -118,19 +118,6 @@ func newHAClusterWith(t *testing.T, expect int, tune func(*Config), hook func(*S
 	return c
 }
 
-// awaitServing waits until Run has wired the server and serves gRPC and
-// HTTP, for a test that reads its parts before it is ready (the serving
-// flag orders those reads after Run's writes).
-func (r *running) awaitServing(ctx context.Context, t *testing.T) {
-	t.Helper()
-	testkit.WaitCtx(ctx, t, r.srv.cfg.NodeID+" serving", func() error {
-		if !r.srv.serving.Load() {
-			return fmt.Errorf("not yet")
-		}
-		return nil
-	})
-}
-
 // stopQuietly stops a server that may have stopped already.
 func (r *running) stopQuietly() {
 	if r.conn != nil {
@@ -431,14 +418,25 @@ func TestHAKillRestartRemove(t *testing.T) {
 func TestBootstrapExpectMismatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	a, b := haConfig(t, "m1", 2), haConfig(t, "m2", 3)
-	a.Join, b.Join = []string{b.GossipAddr}, []string{a.GossipAddr}
-	ra, rb := launch(t, a, nil), launch(t, b, nil)
+	// The two join each other by the addresses picked here, so a server
+	// whose port another test's socket took meanwhile cannot be started
+	// again alone: the pair is started again on fresh addresses.
+	var ra, rb *running
+	for attempt := 1; ; attempt++ {
+		a, b := haConfig(t, "m1", 2), haConfig(t, "m2", 3)
+		a.Join, b.Join = []string{b.GossipAddr}, []string{a.GossipAddr}
+		ra, rb = launch(t, a, nil), launch(t, b, nil)
+		err := awaitPairServing(ctx, ra, rb)
+		if err == nil {
+			break
+		}
+		if attempt == 5 || !addrInUse(err) {
+			t.Fatalf("the pair did not start: %v\n%s\n%s", err, ra.logs, rb.logs)
+		}
+		t.Logf("the pair did not start (%v); again on fresh addresses", err)
+	}
 	defer ra.stopQuietly()
 	defer rb.stopQuietly()
-	for _, r := range []*running{ra, rb} {
-		r.awaitServing(ctx, t)
-	}
 	testkit.WaitCtx(ctx, t, "mismatch reported", func() error {
 		for _, r := range []*running{ra, rb} {
 			if p := r.srv.members.BootstrapProblem(); !strings.Contains(p, "--bootstrap-expect") {
@@ -462,6 +460,36 @@ func TestBootstrapExpectMismatch(t *testing.T) {
 		}
 		if !strings.Contains(r.logs.String(), "bootstrap refused") {
 			t.Fatalf("%s logged no refusal", r.srv.cfg.NodeID)
+		}
+	}
+}
+
+// awaitPairServing waits until both servers serve. If either's Run returns
+// first, it stops the other and returns that error; both are then stopped.
+func awaitPairServing(ctx context.Context, rs ...*running) error {
+	for {
+		serving := 0
+		for _, r := range rs {
+			select {
+			case err := <-r.done:
+				r.done <- err // stopQuietly reads it again
+				for _, o := range rs {
+					o.stopQuietly()
+				}
+				return fmt.Errorf("%s: %w", r.srv.cfg.NodeID, err)
+			default:
+			}
+			if r.srv.serving.Load() {
+				serving++
+			}
+		}
+		if serving == len(rs) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("servers not serving: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 }
