@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -68,6 +69,17 @@ type kvAgent struct {
 	cancel          context.CancelFunc
 }
 
+// drainStatus reads st until it ends and returns how it ended (at most
+// 1,000 messages: a server that keeps sending is reported as such).
+func drainStatus(st grpc.BidiStreamingClient[llmgwv1.AgentMessage, llmgwv1.ControlMessage]) error {
+	for range 1000 {
+		if _, err := st.Recv(); err != nil {
+			return err
+		}
+	}
+	return errors.New("the stream did not end after 1,000 messages")
+}
+
 // attachKV opens a session on conn, waits for the node's desired set to
 // hold want replicas, and sends the full copy — in chunks of the welcome's
 // budget — with a heartbeat every half second after it.
@@ -107,7 +119,9 @@ func attachKV(ctx context.Context, conn *grpc.ClientConn, epoch uint64, want, bl
 	parts := chunking.Split(full, int(a.welcome.GetMaxChunkBytes()))
 	for _, p := range parts {
 		if err := st.Send(&llmgwv1.AgentMessage{Body: &llmgwv1.AgentMessage_Update{Update: p}}); err != nil {
-			_, rerr := st.Recv()
+			// Send says only that the stream ended; the server's status
+			// comes after whatever it sent before.
+			rerr := drainStatus(st)
 			cancel()
 			return nil, fmt.Errorf("sending the full copy: %w (the server: %w)", err, rerr)
 		}
@@ -235,7 +249,18 @@ func TestKVScale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), within(120*time.Second))
 	defer cancel()
 
-	c := startCluster(t, 3)
+	// This test's agent builds its 16 MB full copy between the desired set
+	// and the first chunk, sending nothing meanwhile (an agent's heartbeats
+	// run beside its work; this one's do not): under -race on a loaded
+	// machine that took longer than the default agent_timeout (1.5 s), and
+	// the session was ended for silence before the copy went out.
+	cfg := filepath.Join(t.TempDir(), "control.yaml")
+	writeFile(t, cfg, "agent_timeout: 30s\n")
+	c := &cluster{t: t}
+	for i := 1; i <= 3; i++ {
+		c.servers = append(c.servers, newServer(t, fmt.Sprintf("c%d", i), serverOpts{extra: []string{"--config", cfg}}))
+	}
+	c.startJoined()
 	leader := c.waitLeader(c.servers, formTimeout)
 	adm, closeAdm := admin(t, leader.grpc)
 	defer closeAdm()

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -72,7 +73,7 @@ func TestPartitionHeal(t *testing.T) {
 	c := startClusterOn(t, hosts, "--config", cfg)
 	c.waitLeader(c.servers, formTimeout)
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
-	if took, why := c.waitHealthy(formTimeout); why != "" {
+	if took, _, why := c.waitHealthy(formTimeout); why != "" {
 		t.Fatalf("the cluster is not healthy %v after forming: %s", took, why)
 	}
 
@@ -143,62 +144,70 @@ func (c *cluster) partitionAndHeal(t *testing.T, s *controlServer, during func()
 		time.Sleep(rest) // the partition's length is the scenario, not a wait for a condition
 	}
 	p.heal()
-	healedAt := time.Now()
-	if _, why := c.waitHealthy(healedWithin); why != "" {
+	took, gossipTook, why := c.waitHealthy(healedWithin)
+	if why != "" {
 		t.Fatalf("after a %v partition of %s the cluster is not healthy within %v of the heal, with no operator action: %s",
 			healPartition(), s.id, within(healedWithin), why)
 	}
-	return time.Since(healedAt)
+	t.Logf("after the heal: gossip whole on every server in %v, healthy in %v", gossipTook.Round(10*time.Millisecond), took.Round(10*time.Millisecond))
+	return took
 }
 
 // waitHealthy waits up to within(d) until every server lists every server
 // alive and says the cluster is healthy with failure tolerance 1 under an
-// agreed leader; it returns how long it waited and, on failure, what was
-// last seen not to hold ("" on success).
-func (c *cluster) waitHealthy(d time.Duration) (time.Duration, string) {
+// agreed leader; it returns how long it waited, how long until gossip
+// alone was whole (every server listing every server alive: the reconnect
+// loop's part, before autopilot's) and, on failure, what was last seen not
+// to hold ("" on success).
+func (c *cluster) waitHealthy(d time.Duration) (took, gossipTook time.Duration, why string) {
 	start := time.Now()
-	var why string
+	gossipTook = -1
 	ok := eventually(d, func() bool {
-		why = c.unhealthy()
+		var gossip []string
+		gossip, why = c.unhealthy()
+		if len(gossip) == 0 && gossipTook < 0 {
+			gossipTook = time.Since(start)
+		}
 		return why == ""
 	})
 	if !ok {
-		return time.Since(start), why
+		return time.Since(start), gossipTook, why
 	}
-	return time.Since(start), ""
+	return time.Since(start), gossipTook, ""
 }
 
-// unhealthy is why the cluster is not healthy on every server, "" when it
-// is.
-func (c *cluster) unhealthy() string {
+// unhealthy is why the cluster is not healthy on every server ("" when it
+// is), and of that the servers' gossip views that are not whole.
+func (c *cluster) unhealthy() (gossip []string, why string) {
 	leaders := map[string]bool{}
-	var why []string
+	var rest []string
 	for _, s := range c.servers {
 		ms, err := s.memberStatus()
 		if err != nil {
-			why = append(why, fmt.Sprintf("%s: members: %v", s.id, err))
+			gossip = append(gossip, fmt.Sprintf("%s: members: %v", s.id, err))
 			continue
 		}
 		for _, o := range c.servers {
 			if ms[o.id] != "alive" {
-				why = append(why, fmt.Sprintf("%s lists %s %q", s.id, o.id, ms[o.id]))
+				gossip = append(gossip, fmt.Sprintf("%s lists %s %q", s.id, o.id, ms[o.id]))
 			}
 		}
 		st, err := s.status()
 		if err != nil {
-			why = append(why, fmt.Sprintf("%s: cluster status: %v", s.id, err))
+			rest = append(rest, fmt.Sprintf("%s: cluster status: %v", s.id, err))
 			continue
 		}
 		leaders[st.Leader] = true
 		if !st.Healthy || st.FailureTolerance != 1 {
-			why = append(why, fmt.Sprintf("%s: healthy %v, failure tolerance %d", s.id, st.Healthy, st.FailureTolerance))
+			rest = append(rest, fmt.Sprintf("%s: healthy %v, failure tolerance %d", s.id, st.Healthy, st.FailureTolerance))
 		}
 	}
 	if len(leaders) != 1 || leaders[""] {
-		why = append(why, fmt.Sprintf("leaders seen %v", leaders))
+		rest = append(rest, fmt.Sprintf("leaders seen %v", leaders))
 	}
-	sort.Strings(why)
-	return strings.Join(why, "; ")
+	all := append(slices.Clone(gossip), rest...)
+	sort.Strings(all)
+	return gossip, strings.Join(all, "; ")
 }
 
 // waitReadyOn waits up to within(d) until s's own view (replica list is a

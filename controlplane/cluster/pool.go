@@ -54,17 +54,25 @@ func (p *Pool) Conn(addr string) grpc.ClientConnInterface {
 	if c, ok := p.conns[addr]; ok {
 		return c
 	}
+	if p.closed {
+		return closedConn()
+	}
 	c, err := grpc.NewClient("passthrough:///"+addr, mtls.DialOption(p.tls, mtls.RoleServer))
-	if err != nil || p.closed {
+	if err != nil {
 		// NewClient fails only on a malformed target; the call on this
-		// placeholder fails the same way a dead peer would.
-		c, _ = grpc.NewClient("passthrough:///invalid.invalid:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if p.closed {
-			c.Close()
-			return c
-		}
+		// placeholder fails the same way a dead peer would, and nothing
+		// is dialed for it.
+		return closedConn()
 	}
 	p.conns[addr] = c
+	return c
+}
+
+// closedConn is a connection whose every call fails at once: it is closed
+// before it could dial anything.
+func closedConn() *grpc.ClientConn {
+	c, _ := grpc.NewClient("passthrough:///127.0.0.1:1", grpc.WithTransportCredentials(insecure.NewCredentials()))
+	c.Close()
 	return c
 }
 

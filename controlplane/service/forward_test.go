@@ -126,7 +126,7 @@ func TestForwarderAnswersBeforeTheDeadline(t *testing.T) {
 			fleet:  &fakeFleet{voters: three, alive: map[string]bool{"c1": true, "c2": true, "c3": true}},
 			method: llmgwv1.AdminService_DeleteModel_FullMethodName, req: &llmgwv1.DeleteModelRequest{},
 			hold: 300 * time.Millisecond, deadline: 5 * time.Second, want: codes.Unavailable,
-			wantMsg: []string{"no leader: c3 found no leader in the 300ms", "gossip shows 3 of 3 voters alive, a quorum, so an election is under way"}},
+			wantMsg: []string{"no leader: c3 found no leader in the ", " it held this call", "gossip shows 3 of 3 voters alive, a quorum, so an election is under way"}},
 		{name: "no leader, no gossip",
 			fleet:  &fakeFleet{voters: three, alive: map[string]bool{"c3": true}},
 			method: llmgwv1.AdminService_ApplyModel_FullMethodName, req: &llmgwv1.ApplyModelRequest{},

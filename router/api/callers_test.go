@@ -67,11 +67,25 @@ func TestCallerInflight(t *testing.T) {
 			cfg.Keys = func() *auth.Set { return src.cur.Load() }
 		}
 		reg := prometheus.NewRegistry()
-		srv := httptest.NewServer(newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg))
+		h := newHandler(t, cfg, tb, inOrder{}, breakers(t), slog.New(slog.DiscardHandler), reg)
+		srv := httptest.NewServer(h)
 		t.Cleanup(srv.Close)
 		for range limit {
 			slowUpload(t, strings.TrimPrefix(srv.URL, "http://"), key)
 		}
+		// The uploads first: a request sent while one of them is not yet
+		// counted would take its place, and that upload would be the one
+		// refused.
+		testkit.Wait(t, fmt.Sprintf("%s's %d uploads holding its places", who, limit), func() bool {
+			h.callers.mu.Lock()
+			defer h.callers.mu.Unlock()
+			for c, n := range h.callers.held {
+				if c.describe() == who && n == limit {
+					return true
+				}
+			}
+			return false
+		})
 		testkit.Wait(t, who+"'s next request to be refused once its uploads hold its places", func() bool {
 			resp := chatAs(t, srv.URL, key)
 			defer resp.Body.Close()

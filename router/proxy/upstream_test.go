@@ -244,12 +244,13 @@ func closedIdle(u *upstream, addr string) bool {
 // request, while waiting for the head and in the middle of a stream.
 func TestUpstreamClientGone(t *testing.T) {
 	for _, midStream := range []bool{false, true} {
-		gone := make(chan struct{})
+		reached, gone := make(chan struct{}), make(chan struct{})
 		addr, _ := countingEngine(t, func(w http.ResponseWriter, r *http.Request) {
 			if midStream {
 				io.WriteString(w, "data: {}\n\n")
 				w.(http.Flusher).Flush()
 			}
+			close(reached)
 			<-r.Context().Done() // the connection was cut
 			close(gone)
 		})
@@ -264,19 +265,27 @@ func TestUpstreamClientGone(t *testing.T) {
 			}
 			errc <- err
 		}()
-		time.Sleep(20 * time.Millisecond) // let it reach the engine
+		// The client leaves once the request reached the engine (a cut
+		// before that is a request the engine never saw).
+		select {
+		case <-reached:
+		case err := <-errc:
+			t.Fatalf("midStream %v: the request ended before the engine had it: %v", midStream, err)
+		case <-time.After(30 * time.Second):
+			t.Fatalf("midStream %v: the request did not reach the engine", midStream)
+		}
 		cancel()
 		select {
 		case err := <-errc:
 			if err == nil {
 				t.Fatalf("midStream %v: no error after the client left", midStream)
 			}
-		case <-time.After(5 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatalf("midStream %v: the request outlived its client", midStream)
 		}
 		select {
 		case <-gone:
-		case <-time.After(5 * time.Second):
+		case <-time.After(30 * time.Second):
 			t.Fatalf("midStream %v: the engine never saw the connection cut", midStream)
 		}
 	}
