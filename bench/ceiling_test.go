@@ -1,16 +1,19 @@
 package bench
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"math"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -127,6 +130,7 @@ func TestComputeCeiling(t *testing.T) {
 // hash), /reset_prefix_cache and /metrics with vLLM's cache_config_info.
 type fakeEngine struct {
 	mu       sync.Mutex
+	noReset  bool // answer /reset_prefix_cache 404, as vLLM outside its dev mode
 	resets   int
 	tokenize int
 	cont     int // tokenizations with continue_final_message
@@ -136,8 +140,12 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.URL.Path {
 	case "/reset_prefix_cache":
 		e.mu.Lock()
+		defer e.mu.Unlock()
+		if e.noReset {
+			http.NotFound(w, r)
+			return
+		}
 		e.resets++
-		e.mu.Unlock()
 	case "/metrics":
 		fmt.Fprintln(w, `vllm:cache_config_info{block_size="4",engine="0"} 1`)
 	case "/tokenize":
@@ -238,13 +246,124 @@ func TestResetCachesNamesTheEngineThatRefuses(t *testing.T) {
 	defer refuse.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // no waiting out the retries
-	err := resetCaches(ctx, http.DefaultClient, []string{refuse.URL}, 0)
+	_, err := resetCaches(ctx, http.DefaultClient, []string{refuse.URL}, 0)
 	if err == nil {
 		t.Fatal("a refused reset passed")
 	}
-	if err := resetCaches(context.Background(), http.DefaultClient, nil, 0); err == nil || !strings.Contains(err.Error(), "no engines") {
+	if _, err := resetCaches(context.Background(), http.DefaultClient, nil, 0); err == nil || !strings.Contains(err.Error(), "no engines") {
 		t.Fatalf("no engines: %v", err)
 	}
+}
+
+// TestResetCachesWithoutTheEndpoint: an engine that has no POST
+// /reset_prefix_cache (404, 405, 501) is named at once, without retries,
+// and the others are still reset; an engine that refuses is an error.
+func TestResetCachesWithoutTheEndpoint(t *testing.T) {
+	type engine struct {
+		code  int
+		calls atomic.Int32
+	}
+	tests := []struct {
+		name        string
+		codes       []int
+		wantNoReset []int // indexes of the engines named
+		wantErr     bool
+	}{
+		{"every engine resets", []int{200, 200}, nil, false},
+		{"vLLM without VLLM_SERVER_DEV_MODE", []int{404}, []int{0}, false},
+		{"method not allowed", []int{405}, []int{0}, false},
+		{"not implemented", []int{501}, []int{0}, false},
+		{"one of two lacks it", []int{200, 404}, []int{1}, false},
+		{"a refusal is still an error", []int{400}, nil, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var urls []string
+			var engines []*engine
+			for _, code := range tt.codes {
+				e := &engine{code: code}
+				s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					e.calls.Add(1)
+					if r.Method != http.MethodPost || r.URL.Path != "/reset_prefix_cache" {
+						http.Error(w, "wrong request", http.StatusTeapot)
+						return
+					}
+					w.WriteHeader(e.code)
+				}))
+				t.Cleanup(s.Close)
+				urls, engines = append(urls, s.URL), append(engines, e)
+			}
+			ctx := context.Background()
+			if tt.wantErr {
+				c, cancel := context.WithCancel(ctx)
+				cancel() // no waiting out the refusal's retries
+				ctx = c
+			}
+			noReset, err := resetCaches(ctx, http.DefaultClient, urls, 0)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("err = %v, want an error: %v", err, tt.wantErr)
+			}
+			var want []string
+			for _, i := range tt.wantNoReset {
+				want = append(want, urls[i])
+			}
+			if !equal(noReset, want) {
+				t.Fatalf("engines without a reset %v, want %v", noReset, want)
+			}
+			for i, e := range engines {
+				if n := e.calls.Load(); n != 1 && e.code != 400 {
+					t.Errorf("engine %d (status %d) asked %d times, want once", i, e.code, n)
+				}
+			}
+		})
+	}
+}
+
+// TestRunWithoutAResetEndpoint is issue 27's case: by default a bench
+// against an engine without POST /reset_prefix_cache goes on, marks the
+// run "cache not reset" and warns; when the reset is required it stops
+// saying why.
+func TestRunWithoutAResetEndpoint(t *testing.T) {
+	eng := &fakeEngine{noReset: true}
+	es := httptest.NewServer(eng)
+	defer es.Close()
+	cfg := testConfig(serve(t, newFakeRouter()).URL)
+	cfg.Requests, cfg.Concurrency = 4, 2
+	cfg.Engines = func(context.Context) ([]string, error) { return []string{es.URL}, nil }
+	cfg.ResetCaches, cfg.ResetSettle = true, 0
+	var logs bytes.Buffer
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("a run without the reset endpoint failed: %v", err)
+	}
+	r := res.Runs[0]
+	if r.CachesReset || !equal(r.CacheNotReset, []string{es.URL}) || r.Requests != 4 {
+		t.Fatalf("reset %v, not reset %v, %d requests; want false, [%s], 4", r.CachesReset, r.CacheNotReset, r.Requests, es.URL)
+	}
+	if !strings.Contains(logs.String(), "/reset_prefix_cache") || !strings.Contains(logs.String(), "VLLM_SERVER_DEV_MODE") {
+		t.Errorf("no warning naming the missing endpoint:\n%s", logs.String())
+	}
+	_, rows := res.Table()
+	if cell := rowOf(rows, "caches"); cell != "cache not reset" {
+		t.Errorf("caches cell %q, want \"cache not reset\"", cell)
+	}
+
+	cfg.RequireReset = true
+	if _, err := Run(context.Background(), cfg); err == nil || !strings.Contains(err.Error(), "VLLM_SERVER_DEV_MODE=1") || !strings.Contains(err.Error(), es.URL) {
+		t.Fatalf("required reset: err = %v, want one naming the engine and VLLM_SERVER_DEV_MODE=1", err)
+	}
+}
+
+// rowOf is the first run's cell of the table row named name.
+func rowOf(rows [][]string, name string) string {
+	for _, r := range rows {
+		if r[0] == name {
+			return r[1]
+		}
+	}
+	return ""
 }
 
 // TestRunCeilingFallsBackToAnotherEngine: the first engine listed is down

@@ -34,8 +34,12 @@ func (res Result) Table() (header []string, rows [][]string) {
 	row("hit/ceiling", func(r Report) string { return optFloat(r.HitOverCeiling) })
 	row("caches", func(r Report) string {
 		switch {
+		case r.WarmStart && len(r.CacheNotReset) > 0:
+			return fmt.Sprintf("WARM (%d tokens), cache not reset", r.WarmCacheTokens)
 		case r.WarmStart:
 			return fmt.Sprintf("WARM (%d tokens)", r.WarmCacheTokens)
+		case len(r.CacheNotReset) > 0:
+			return "cache not reset"
 		case r.CachesReset:
 			return "reset"
 		case r.CacheHitCeiling != nil:

@@ -132,6 +132,12 @@ type Config struct {
 	// the one before: without it the second of two identical targets wins.
 	ResetCaches bool
 	ResetSettle time.Duration
+	// RequireReset makes an engine without POST /reset_prefix_cache an
+	// error (llmgwctl: --reset-caches given explicitly). Without it such
+	// an engine is warned of and the run goes on, marked
+	// Report.CacheNotReset: vLLM serves the reset only in its development
+	// mode, so a stock engine would otherwise fail every default bench.
+	RequireReset bool
 	// TokenizeURL is the engine whose POST /tokenize gives the ceiling's
 	// tokens; empty is the first of Engines, else the first target (a vLLM
 	// server serves /tokenize; a router does not).
@@ -297,11 +303,23 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 		}
 	}
 	reset := false
+	var notReset []string
 	if cfg.ResetCaches {
-		if err := resetCaches(ctx, cfg.Client, engines, cfg.ResetSettle); err != nil {
+		noReset, err := resetCaches(ctx, cfg.Client, engines, cfg.ResetSettle)
+		if err != nil {
 			return Report{Label: label, Seed: cfg.Workload.Seed}, fmt.Errorf("--reset-caches: %w", err)
 		}
-		reset = true
+		switch {
+		case len(noReset) > 0 && cfg.RequireReset:
+			return Report{Label: label, Seed: cfg.Workload.Seed}, fmt.Errorf("--reset-caches: %s: no POST /reset_prefix_cache (%s); start the engines with it, or --reset-caches=false to run on whatever the caches hold",
+				strings.Join(noReset, ", "), noResetHint)
+		case len(noReset) > 0:
+			cfg.Logger.Warn("engine has no POST /reset_prefix_cache ("+noResetHint+"): running without emptying its cache; the run is marked \"cache not reset\"",
+				"target", label, "seed", cfg.Workload.Seed, "engines", strings.Join(noReset, ","))
+			notReset = noReset
+		default:
+			reset = true
+		}
 	}
 	src := cfg.ArrivalSource
 	if src == nil {
@@ -311,7 +329,7 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 	before, scrapeErr := scrapeAllBounded(ctx, cfg.Client, targets)
 	samples := r.run(ctx)
 	rep := Summarize(label, strings.Join(urls, ","), wl.Name(), samples)
-	rep.Seed, rep.CachesReset, rep.Settings = cfg.Workload.Seed, reset, cfg.settings()
+	rep.Seed, rep.CachesReset, rep.CacheNotReset, rep.Settings = cfg.Workload.Seed, reset, notReset, cfg.settings()
 	if scrapeErr == nil && ctx.Err() == nil {
 		var after Decisions
 		if after, scrapeErr = scrapeAllBounded(ctx, cfg.Client, targets); scrapeErr == nil {

@@ -85,6 +85,10 @@ type Report struct {
 	CacheHitCeiling *float64 `json:"cache_hit_ceiling,omitempty"`
 	HitOverCeiling  *float64 `json:"hit_over_ceiling,omitempty"`
 	BlockSize       int      `json:"block_size,omitempty"`
+	// CacheNotReset lists the engines whose cache a reset was asked of
+	// but that serve no POST /reset_prefix_cache: the run ran on whatever
+	// they held (table: "cache not reset").
+	CacheNotReset []string `json:"cache_not_reset,omitempty"`
 	// CachesReset says the engines' prefix caches were emptied before the
 	// run. WarmCacheTokens are tokens the engines reported cached that no
 	// other request of the run was sent with before the request's first

@@ -202,14 +202,28 @@ func TestEngineKilledUnderTraffic(t *testing.T) {
 // TestModelApplyAndDelete applies a second model with llmgwctl (using the
 // vllm driver against the simulator, so that driver runs for real), serves
 // it, then deletes it and checks its engine is gone and the router refuses it.
+// The router's card of it carries the engine's max_model_len, as the agent
+// read it from the engine's own card (issue 27).
 func TestModelApplyAndDelete(t *testing.T) {
 	d := startDev(t, "--vllm-command", bins.llmgw+" sim")
 	file := filepath.Join(t.TempDir(), "second.yaml")
-	writeFile(t, file, "name: second\nengine: vllm\nmodel: Qwen/Qwen2.5-0.5B-Instruct\nreplicas: 1\ngpus_per_replica: 1\nextra_args: [\"--sim-decode-ms-per-token\", \"1\"]\n")
+	writeFile(t, file, "name: second\nengine: vllm\nmodel: Qwen/Qwen2.5-0.5B-Instruct\nreplicas: 1\ngpus_per_replica: 1\n"+
+		"extra_args: [\"--sim-decode-ms-per-token\", \"1\", \"--max-model-len\", \"4096\"]\n")
 	if out, err := d.ctl("model", "apply", "-f", file); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
 	ready := d.waitReady("second", 1, 60*time.Second)
+	var card struct {
+		ID          string `json:"id"`
+		MaxModelLen *int   `json:"max_model_len"`
+	}
+	if !eventually(10*time.Second, func() bool {
+		card.MaxModelLen = nil
+		code, body := d.get("/v1/models/second")
+		return code == http.StatusOK && json.Unmarshal(body, &card) == nil && card.MaxModelLen != nil
+	}) || card.ID != "second" || *card.MaxModelLen != 4096 {
+		t.Fatalf("router's card of second: %+v, want max_model_len 4096", card)
+	}
 	code, body := d.post("/v1/chat/completions", `{"model":"second","messages":[{"role":"user","content":"hi"}]}`)
 	if code != http.StatusOK {
 		t.Fatalf("chat with the second model: %d %s", code, body)

@@ -388,6 +388,20 @@ func (d *devProcess) post(path, body string) (int, []byte) {
 	return resp.StatusCode, buf.Bytes()
 }
 
+func (d *devProcess) get(path string) (int, []byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), within(30*time.Second))
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.http+path, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, []byte(err.Error())
+	}
+	defer resp.Body.Close()
+	var buf bytes.Buffer
+	_, _ = buf.ReadFrom(resp.Body)
+	return resp.StatusCode, buf.Bytes()
+}
+
 // eventually polls cond until it holds or within(timeout) passes: timeout
 // is what an idle machine needs, scaled here so no caller forgets to.
 func eventually(timeout time.Duration, cond func() bool) bool {

@@ -116,15 +116,43 @@ func (p *proc) signalGroup(sig syscall.Signal) {
 	_ = syscall.Kill(-p.pid, sig)
 }
 
+// exitError says how an engine ended, for the replica's status message and
+// the agent's log: "exited with status 1", "killed by signal SIGKILL",
+// "killed by signal SIGSEGV (core dumped)". A signal is named by its
+// constant, which is what operators search for (SIGKILL is most often the
+// kernel's OOM killer); syscall.Signal's String is its description
+// ("killed"), which read "killed by killed".
 func exitError(ws syscall.WaitStatus) error {
 	switch {
 	case ws.Exited():
 		return fmt.Errorf("exited with status %d", ws.ExitStatus())
 	case ws.Signaled():
-		return fmt.Errorf("killed by %v", ws.Signal())
+		core := ""
+		if ws.CoreDump() {
+			core = " (core dumped)"
+		}
+		return fmt.Errorf("killed by signal %s%s", signalName(ws.Signal()), core)
 	default:
 		return fmt.Errorf("ended (wait status %#x)", uint32(ws))
 	}
+}
+
+// signalNames are the signals an engine is likely to die of, by their
+// Linux constants; another is named by its number.
+var signalNames = map[syscall.Signal]string{
+	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT",
+	syscall.SIGILL: "SIGILL", syscall.SIGTRAP: "SIGTRAP", syscall.SIGABRT: "SIGABRT",
+	syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE", syscall.SIGKILL: "SIGKILL",
+	syscall.SIGUSR1: "SIGUSR1", syscall.SIGSEGV: "SIGSEGV", syscall.SIGUSR2: "SIGUSR2",
+	syscall.SIGPIPE: "SIGPIPE", syscall.SIGALRM: "SIGALRM", syscall.SIGTERM: "SIGTERM",
+	syscall.SIGXCPU: "SIGXCPU", syscall.SIGXFSZ: "SIGXFSZ", syscall.SIGSYS: "SIGSYS",
+}
+
+func signalName(sig syscall.Signal) string {
+	if name, ok := signalNames[sig]; ok {
+		return name
+	}
+	return strconv.Itoa(int(sig))
 }
 
 // groupRunning reports whether any process of group pgid still runs.

@@ -18,8 +18,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"strconv"
@@ -212,6 +214,9 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		} else {
 			st.Pid = int32(p.pid)
 			st.Phase, st.Message = phase, ""
+			if phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+				st.MaxModelLen = s.maxModelLen(ctx)
+			}
 			s.emit(st)
 			if p.adopted {
 				s.log.Info("engine adopted", "pid", p.pid, "incarnation", incarnation)
@@ -271,8 +276,9 @@ func (s *Supervisor) runExternal(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		ok, msg := s.probe(ctx)
+		var maxLen uint32
 		if ok {
-			ok, msg = s.probeModels(ctx)
+			ok, msg, maxLen = s.probeModels(ctx)
 		}
 		next := st.Phase
 		if ok {
@@ -281,7 +287,8 @@ func (s *Supervisor) runExternal(ctx context.Context) error {
 		} else if failures++; st.Phase != llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING && failures >= s.cfg.UnhealthyAfter {
 			next = llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
 		}
-		if next != st.Phase || (!ok && msg != st.Message && st.Phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING) {
+		if next != st.Phase || (!ok && msg != st.Message && st.Phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING) ||
+			(ok && maxLen != st.MaxModelLen) {
 			if st.Phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY && next == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
 				incarnation++
 				s.log.Info("external engine back", "incarnation", incarnation)
@@ -290,6 +297,9 @@ func (s *Supervisor) runExternal(ctx context.Context) error {
 			}
 			st = s.status(incarnation, uint32(incarnation-1))
 			st.Phase, st.Message = next, msg
+			if next == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+				st.MaxModelLen = maxLen
+			}
 			s.emit(st)
 		}
 		select {
@@ -307,40 +317,91 @@ func (s *Supervisor) runExternal(ctx context.Context) error {
 const maxModelsBytes = 1 << 20
 
 // probeModels asks an external engine's OpenAI model list whether it serves
-// the model by the name routers will send (no list to check: true).
-func (s *Supervisor) probeModels(ctx context.Context) (bool, string) {
+// the model by the name routers will send (no list to check: true), and
+// returns the context length its card gives (0 when none).
+func (s *Supervisor) probeModels(ctx context.Context) (bool, string, uint32) {
 	l := s.cfg.Launch
 	if l.ModelsURL == "" {
-		return true, ""
+		return true, "", 0
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.ModelsURL, nil)
+	list, err := s.models(ctx, l.ModelsURL)
 	if err != nil {
-		return false, err.Error()
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return false, err.Error()
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return false, "models: " + resp.Status
-	}
-	var list struct {
-		Data []struct {
-			ID string `json:"id"`
-		} `json:"data"`
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBytes)).Decode(&list); err != nil {
-		return false, "models: " + err.Error()
+		return false, err.Error(), 0
 	}
 	ids := make([]string, 0, len(list.Data))
 	for _, m := range list.Data {
 		if m.ID == l.ServedModel {
-			return true, ""
+			return true, "", m.maxModelLen()
 		}
 		ids = append(ids, strconv.Quote(m.ID))
 	}
-	return false, fmt.Sprintf("the engine does not serve model %q (it serves %s): start it with --served-model-name %s", l.ServedModel, strings.Join(ids, ", "), l.ServedModel)
+	return false, fmt.Sprintf("the engine does not serve model %q (it serves %s): start it with --served-model-name %s", l.ServedModel, strings.Join(ids, ", "), l.ServedModel), 0
+}
+
+// modelList is what the agent reads of an engine's OpenAI model list.
+type modelList struct {
+	Data []modelCard `json:"data"`
+}
+
+// modelCard is one entry of it. max_model_len is vLLM's (and the
+// simulator's); llama.cpp's cards have none.
+type modelCard struct {
+	ID          string `json:"id"`
+	MaxModelLen *int64 `json:"max_model_len"`
+}
+
+// maxModelLen is the card's context length, 0 when it gives none or one
+// no engine could have (not positive, past uint32).
+func (c modelCard) maxModelLen() uint32 {
+	if c.MaxModelLen == nil || *c.MaxModelLen <= 0 || *c.MaxModelLen > math.MaxUint32 {
+		return 0
+	}
+	return uint32(*c.MaxModelLen)
+}
+
+// models GETs an engine's model list, at most maxModelsBytes of it.
+func (s *Supervisor) models(ctx context.Context, modelsURL string) (modelList, error) {
+	var list modelList
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, modelsURL, nil)
+	if err != nil {
+		return list, err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return list, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return list, errors.New("models: " + resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxModelsBytes)).Decode(&list); err != nil {
+		return list, fmt.Errorf("models: %w", err)
+	}
+	return list, nil
+}
+
+// maxModelLen reads the context length of an engine llmgw runs from its
+// model list (the same origin as its health URL; vLLM, the simulator and
+// llama.cpp all serve /v1/models), on the card of the name it was started
+// under. 0 when the engine does not say: the status is only the poorer
+// for it, so a failure is logged, not fatal.
+func (s *Supervisor) maxModelLen(ctx context.Context) uint32 {
+	u, err := url.Parse(s.cfg.Launch.HealthURL)
+	if err != nil {
+		return 0
+	}
+	u.Path, u.RawQuery = "/v1/models", ""
+	list, err := s.models(ctx, u.String())
+	if err != nil {
+		s.log.Debug("engine's model list unread: no max_model_len reported", "err", err)
+		return 0
+	}
+	for _, m := range list.Data {
+		if m.ID == s.cfg.Model {
+			return m.maxModelLen()
+		}
+	}
+	return 0
 }
 
 // watch probes a running engine and returns why it should no longer run:
@@ -379,6 +440,9 @@ func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStat
 				phase = next
 				c := cloneStatus(st)
 				c.Phase, c.Message = next, msg
+				if next == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+					c.MaxModelLen = s.maxModelLen(ctx)
+				}
 				s.emit(c)
 			}
 		}

@@ -341,6 +341,74 @@ func TestMissingProgramFails(t *testing.T) {
 // TestExternalIsProbedOnly: an external engine is probed at /health and
 // /v1/models, READY only while it serves the model's name, UNHEALTHY after
 // failed probes, and READY again as a new incarnation when it comes back.
+// TestReportsMaxModelLen: the READY status carries the context length the
+// engine's own /v1/models card gives (vLLM's max_model_len), for engines
+// llmgw runs and external ones; 0 when the card has none or a value no
+// engine could have. Routers show it in their model cards.
+func TestReportsMaxModelLen(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runBy := func(engineName string, extra []string) func(t *testing.T) engine.Launch {
+		return func(t *testing.T) engine.Launch {
+			l, err := engine.Plan(engine.Spec{
+				Replica: &llmgwv1.Replica{Id: "demo-0", Uid: 9, GpuIndices: []uint32{1}},
+				Model:   &llmgwv1.Model{Name: "demo", Engine: engineName, Model: "org/model", ExtraArgs: extra},
+				Host:    "127.0.0.1", Port: freePort(t), KVEventsPort: freePort(t), KVReplayPort: freePort(t),
+				Command: []string{self},
+				Env:     map[string]string{fakeengine.EnvRecord: filepath.Join(t.TempDir(), "record.jsonl")},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}
+	}
+	external := func(card string) func(t *testing.T) engine.Launch {
+		return func(t *testing.T) engine.Launch {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/v1/models" {
+					fmt.Fprintf(w, `{"object":"list","data":[{"id":"other","max_model_len":99},%s]}`, card)
+				}
+			}))
+			t.Cleanup(srv.Close)
+			l, err := engine.Plan(engine.Spec{Replica: &llmgwv1.Replica{Id: "demo-0", Endpoint: srv.URL},
+				Model: &llmgwv1.Model{Name: "demo", Engine: engine.External, Endpoints: []string{srv.URL}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}
+	}
+	tests := []struct {
+		name   string
+		launch func(*testing.T) engine.Launch
+		want   uint32
+	}{
+		{"vllm started with --max-model-len", runBy(engine.VLLM, []string{"--max-model-len=4096"}), 4096},
+		{"vllm whose card has null", runBy(engine.VLLM, nil), 0},
+		{"llama.cpp (no max_model_len on its card)", runBy(engine.LlamaCpp, nil), 0},
+		{"external vLLM", external(`{"id":"demo","max_model_len":32768}`), 32768},
+		{"external without max_model_len", external(`{"id":"demo"}`), 0},
+		{"external with a negative one", external(`{"id":"demo","max_model_len":-1}`), 0},
+		{"external past uint32", external(`{"id":"demo","max_model_len":4294967296}`), 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := &recorder{}
+			_, stop := run(t, testConfig(t, tt.launch(t)), rec)
+			testkit.Wait(t, "READY", rec.has(llmgwv1.ReplicaPhase_REPLICA_PHASE_READY))
+			stop()
+			for _, s := range rec.all() {
+				if s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && s.GetMaxModelLen() != tt.want {
+					t.Errorf("READY with max_model_len %d, want %d", s.GetMaxModelLen(), tt.want)
+				}
+			}
+		})
+	}
+}
+
 func TestExternalIsProbedOnly(t *testing.T) {
 	var mu sync.Mutex
 	healthy, served := true, "other"

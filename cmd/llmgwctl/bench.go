@@ -54,7 +54,10 @@ over them. A target may carry a label: --target least-loaded=http://a:8080.
 Fair comparisons: before every run the engines' prefix caches are emptied
 (--reset-caches, on by default): the ready replicas of --model that the control
 plane at --addr lists, or the --engine URLs. Without it the second of two
-identical targets inherits the first one's warm cache. A run that started warm
+identical targets inherits the first one's warm cache. An engine without POST
+/reset_prefix_cache (vLLM serves it only with VLLM_SERVER_DEV_MODE=1) is warned
+of and the run goes on, marked "cache not reset"; with --reset-caches given
+explicitly it is an error instead. A run that started warm
 anyway is detected (cached tokens that no earlier request of the run had sent)
 and refused in a comparison unless --allow-warm.
 
@@ -121,6 +124,9 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 			if err := cfg.Validate(); err != nil {
 				return err
 			}
+			// Asked for by name, the reset is required: an engine without
+			// one is an error, not a run marked "cache not reset".
+			cfg.RequireReset = cfg.ResetCaches && cmd.Flags().Changed("reset-caches")
 			if err := c.benchEngines(ctx, &cfg, engines, cmd.Flags().Changed("reset-caches")); err != nil {
 				return err
 			}

@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -186,9 +187,10 @@ func TestBenchCommandTrustsCACert(t *testing.T) {
 // fakeEngine serves an engine's /tokenize (ten tokens no other request
 // has), /reset_prefix_cache (counted) and nothing else.
 type fakeEngine struct {
-	mu     sync.Mutex
-	resets int
-	n      int
+	mu      sync.Mutex
+	noReset bool // answer /reset_prefix_cache 404, as vLLM outside its dev mode
+	resets  int
+	n       int
 }
 
 func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -196,6 +198,10 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer e.mu.Unlock()
 	switch r.URL.Path {
 	case "/reset_prefix_cache":
+		if e.noReset {
+			http.NotFound(w, r)
+			return
+		}
 		e.resets++
 	case "/tokenize":
 		e.n++
@@ -298,6 +304,62 @@ func TestBenchCommandSeedsResetsAndWarmth(t *testing.T) {
 		if err != nil || !strings.Contains(out.String(), tt.want) {
 			t.Fatalf("summarize %v: %v\n%s", tt.files, err, out.String())
 		}
+	}
+}
+
+// TestBenchCommandWithoutAResetEndpoint is issue 27's case: by default
+// `llmgwctl bench` against an engine without POST /reset_prefix_cache
+// says so on stderr and runs, the table marking the run "cache not reset";
+// --reset-caches given by name makes it an error.
+func TestBenchCommandWithoutAResetEndpoint(t *testing.T) {
+	a := httptest.NewServer(streamingRouter("demo-0"))
+	defer a.Close()
+	e := httptest.NewServer(&fakeEngine{noReset: true})
+	defer e.Close()
+	args := []string{"bench", "--addr", "127.0.0.1:1", "--model", "demo", "--requests", "2", "--concurrency", "1", "--quiet",
+		"--target", a.URL, "--engine", e.URL, "--reset-settle", "0", "--block-size", "4"}
+	tests := []struct {
+		name    string
+		extra   []string
+		wantOut string // in the table
+		wantLog string // on stderr
+		wantErr string
+	}{
+		// The fake router reports cached tokens from the first request:
+		// a warm start, which the cell shows beside the missing reset.
+		{name: "by default", wantOut: "WARM (8 tokens), cache not reset", wantLog: "VLLM_SERVER_DEV_MODE=1"},
+		{name: "reset asked by name", extra: []string{"--reset-caches"}, wantErr: "VLLM_SERVER_DEV_MODE=1"},
+		{name: "reset turned off", extra: []string{"--reset-caches=false"}, wantOut: "WARM (8 tokens)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var out, stderr bytes.Buffer
+			root := newRootCmd(&out)
+			root.SetErr(&stderr)
+			root.SetArgs(append(slices.Clone(args), tt.extra...))
+			err := root.Execute()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want one with %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("bench: %v\nstderr: %s", err, stderr.String())
+			}
+			var caches string
+			for _, line := range strings.Split(out.String(), "\n") {
+				if f := strings.Fields(line); len(f) > 1 && f[0] == "caches" {
+					caches = strings.Join(f[1:], " ")
+				}
+			}
+			if caches != tt.wantOut {
+				t.Errorf("caches row %q, want %q\n%s", caches, tt.wantOut, out.String())
+			}
+			if !strings.Contains(stderr.String(), tt.wantLog) {
+				t.Errorf("stderr lacks %q:\n%s", tt.wantLog, stderr.String())
+			}
+		})
 	}
 }
 

@@ -69,7 +69,7 @@ func (c *cli) modelCmd() *cobra.Command {
 				}
 				rows := make([][]string, 0, len(resp.Models))
 				for _, m := range resp.Models {
-					rows = append(rows, []string{m.Name, m.Engine, m.Model, strconv.Itoa(int(m.Replicas)),
+					rows = append(rows, []string{m.Name, m.Engine, m.Model, strconv.Itoa(replicaCount(m)),
 						strconv.Itoa(int(m.GpusPerReplica)), orDash(m.Profile)})
 				}
 				return c.printTable([]string{"NAME", "ENGINE", "MODEL", "REPLICAS", "GPUS/REPLICA", "PROFILE"}, rows)
@@ -98,6 +98,18 @@ func (c *cli) modelCmd() *cobra.Command {
 	}
 	cmd.AddCommand(apply, list, del)
 	return cmd
+}
+
+// replicaCount is the REPLICAS column of `model list`. A model of engine
+// "external" has one replica per endpoint (design §5.5: placement gives each
+// endpoint an owning agent); its stored replicas field is not read by
+// placement and holds whatever the model file defaulted it to (1), so the
+// endpoints are counted instead.
+func replicaCount(m *llmgwv1.Model) int {
+	if m.GetEngine() == "external" {
+		return len(m.GetEndpoints())
+	}
+	return int(m.GetReplicas())
 }
 
 func (c *cli) nodeCmd() *cobra.Command {

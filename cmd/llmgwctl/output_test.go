@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 
@@ -83,5 +84,56 @@ func TestJSONWithJQ(t *testing.T) {
 	}
 	if strings.TrimSpace(string(got)) != "10" {
 		t.Errorf("jq printed %q, want 10", got)
+	}
+}
+
+// modelsAdmin lists the models it holds.
+type modelsAdmin struct {
+	llmgwv1.UnimplementedAdminServiceServer
+	models []*llmgwv1.Model
+}
+
+func (a modelsAdmin) ListModels(context.Context, *llmgwv1.ListRequest) (*llmgwv1.ListModelsResponse, error) {
+	return &llmgwv1.ListModelsResponse{Models: a.models}, nil
+}
+
+// TestModelListReplicas is issue 27's case: an external model with two
+// endpoints has two replicas (one per endpoint), whatever its stored
+// replicas field says; other engines show their replicas field.
+func TestModelListReplicas(t *testing.T) {
+	tests := []struct {
+		name  string
+		model *llmgwv1.Model
+		want  string
+	}{
+		{"external with two endpoints", &llmgwv1.Model{Name: "ext", Engine: "external", Replicas: 1,
+			Endpoints: []string{"http://127.0.0.1:8000", "http://127.0.0.1:8001"}}, "2"},
+		{"external with one endpoint", &llmgwv1.Model{Name: "ext", Engine: "external", Replicas: 1,
+			Endpoints: []string{"http://127.0.0.1:8000"}}, "1"},
+		{"external, replicas unset", &llmgwv1.Model{Name: "ext", Engine: "external",
+			Endpoints: []string{"http://127.0.0.1:8000", "http://127.0.0.1:8001", "http://127.0.0.1:8002"}}, "3"},
+		{"engine run by llmgw", &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "m", Replicas: 4, GpusPerReplica: 1}, "4"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out, err := run(serveAdmin(t, modelsAdmin{models: []*llmgwv1.Model{tt.model}}), "model", "list")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 2 {
+				t.Fatalf("want a header and one row, got:\n%s", out)
+			}
+			header, row := strings.Fields(lines[0]), strings.Fields(lines[1])
+			col := slices.Index(header, "REPLICAS")
+			// The MODEL column of an external model is empty, so find the
+			// value by counting from the right: REPLICAS GPUS/REPLICA PROFILE.
+			if col < 0 || len(row) < 3 {
+				t.Fatalf("no REPLICAS column or short row:\n%s", out)
+			}
+			if got := row[len(row)-(len(header)-col)]; got != tt.want {
+				t.Errorf("REPLICAS = %s, want %s\n%s", got, tt.want, out)
+			}
+		})
 	}
 }

@@ -77,6 +77,9 @@ type Models interface {
 	Lookup(model string) (eps []*endpoint.Endpoint, known bool)
 	// Adapter resolves an adapter name to its base model (design §7.6).
 	Adapter(name string) (endpoint.AdapterRef, bool)
+	// MaxModelLen is the context length every routable replica of a
+	// model accepts, as their engines report it; false when unknown.
+	MaxModelLen(model string) (int, bool)
 }
 
 // Director is stages 2 to 4 of the pipeline (director.Director): what a
@@ -284,14 +287,17 @@ type modelList struct {
 
 // modelEntry is vLLM's model card: root is what was loaded (the model,
 // or the adapter's path), parent the base model of an adapter (null for a
-// base model).
+// base model), max_model_len the context length the model's replicas
+// report (null for an adapter, as vLLM's, and while the replicas have not
+// said: no ready replica, or an engine whose card has none).
 type modelEntry struct {
-	ID      string  `json:"id"`
-	Object  string  `json:"object"`
-	Created int64   `json:"created"`
-	OwnedBy string  `json:"owned_by"`
-	Root    string  `json:"root"`
-	Parent  *string `json:"parent"`
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        string  `json:"root"`
+	Parent      *string `json:"parent"`
+	MaxModelLen *int    `json:"max_model_len"`
 }
 
 // models lists the models in desired state, ready or not, each followed by
@@ -325,7 +331,11 @@ func (h *Handler) modelEntries(key *llmgwv1.ApiKey, only string) []modelEntry {
 			root = m.GetName()
 		}
 		if (only == "" || only == m.GetName()) && auth.Allows(key, m.GetName(), "") {
-			out = append(out, modelEntry{ID: m.GetName(), Object: "model", Created: m.GetCreatedUnix(), OwnedBy: "llmgw", Root: root})
+			e := modelEntry{ID: m.GetName(), Object: "model", Created: m.GetCreatedUnix(), OwnedBy: "llmgw", Root: root}
+			if n, ok := h.desired.MaxModelLen(m.GetName()); ok {
+				e.MaxModelLen = &n
+			}
+			out = append(out, e)
 		}
 		for _, a := range m.GetAdapters() {
 			if only != "" && only != a.GetName() {

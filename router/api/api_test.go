@@ -38,6 +38,13 @@ type table struct {
 	changed  chan struct{}
 	// list is what Models returns; nil: demo and empty, if present.
 	list []*llmgwv1.Model
+	// maxLen is what MaxModelLen reports, by model; absent: unknown.
+	maxLen map[string]int
+}
+
+func (t *table) MaxModelLen(m string) (int, bool) {
+	n, ok := t.maxLen[m]
+	return n, ok
 }
 
 func (t *table) Adapter(name string) (endpoint.AdapterRef, bool) {

@@ -111,7 +111,9 @@ func TestSurface(t *testing.T) {
 
 // TestModelCards: /v1/models and /v1/models/{id} give each model its
 // apply time as created, adapters their model's, and a model id with a
-// slash (a Hugging Face name) is one id.
+// slash (a Hugging Face name) is one id. max_model_len is always there, as
+// in vLLM's cards: the replicas' context length, null for an adapter and
+// for a model whose replicas have not reported one (issue 27).
 func TestModelCards(t *testing.T) {
 	tb := &table{
 		models:   map[string][]*endpoint.Endpoint{"demo": nil, "org/model": nil},
@@ -119,6 +121,7 @@ func TestModelCards(t *testing.T) {
 		list: []*llmgwv1.Model{{Name: "demo", Model: "/models/demo", CreatedUnix: 1_700_000_000,
 			Adapters: []*llmgwv1.Adapter{{Name: "demo-sql", Path: "/lora/sql"}}},
 			{Name: "org/model", CreatedUnix: 1_700_000_500}},
+		maxLen: map[string]int{"demo": 8192},
 	}
 	srv := newRouter(t, tb, nil)
 	resp, b := do(t, "GET", srv.URL+"/v1/models", "")
@@ -131,10 +134,15 @@ func TestModelCards(t *testing.T) {
 		t.Fatalf("models %+v", list.Data)
 	}
 	for _, tt := range []struct {
-		id      string
-		created int64
-		parent  string
-	}{{"demo", 1_700_000_000, ""}, {"demo-sql", 1_700_000_000, "demo"}, {"org/model", 1_700_000_500, ""}} {
+		id          string
+		created     int64
+		parent      string
+		maxModelLen string // as JSON
+	}{
+		{"demo", 1_700_000_000, "", "8192"},
+		{"demo-sql", 1_700_000_000, "demo", "null"},
+		{"org/model", 1_700_000_500, "", "null"},
+	} {
 		resp, b := do(t, "GET", srv.URL+"/v1/models/"+tt.id, "")
 		var m modelEntry
 		if err := json.Unmarshal(b, &m); err != nil || resp.StatusCode != 200 {
@@ -142,6 +150,13 @@ func TestModelCards(t *testing.T) {
 		}
 		if m.ID != tt.id || m.Object != "model" || m.Created != tt.created || (tt.parent != "") != (m.Parent != nil) {
 			t.Fatalf("%s: %+v", tt.id, m)
+		}
+		var raw map[string]json.RawMessage
+		if err := json.Unmarshal(b, &raw); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := raw["max_model_len"]; !ok || string(got) != tt.maxModelLen {
+			t.Errorf("%s: max_model_len %s (present %v), want %s", tt.id, got, ok, tt.maxModelLen)
 		}
 	}
 }

@@ -155,6 +155,9 @@ type view struct {
 	// holds lists, per endpoint of a model with max_loaded_adapters > 0,
 	// the adapters it holds (see Holds).
 	holds map[*Endpoint]map[string]bool
+	// maxModelLen is, per model, the least context length its routable
+	// replicas report (see MaxModelLen).
+	maxModelLen map[string]uint32
 	// changed is closed when a newer view replaces this one.
 	changed chan struct{}
 }
@@ -259,11 +262,17 @@ func (r *Registry) rebuild(st *watch.State) {
 	}
 	v := &view{state: st, models: make(map[string][]*Endpoint), byNode: make(map[string]map[string]*Endpoint),
 		adapters: adapterRefs(st), holds: map[*Endpoint]map[string]bool{}, changed: make(chan struct{}),
-		sorted: sortedModels(st)}
+		sorted: sortedModels(st), maxModelLen: map[string]uint32{}}
+	unknownLen := map[string]bool{}
 	for _, rep := range st.Replicas {
 		s, ok := Routable(st, rep)
 		if !ok {
 			continue
+		}
+		if n := s.GetMaxModelLen(); n == 0 {
+			unknownLen[rep.GetModel()] = true
+		} else if cur, seen := v.maxModelLen[rep.GetModel()]; !seen || n < cur {
+			v.maxModelLen[rep.GetModel()] = n
 		}
 		e := &Endpoint{
 			ReplicaID: rep.GetId(), UID: rep.GetUid(), Incarnation: s.GetIncarnation(),
@@ -281,6 +290,9 @@ func (r *Registry) rebuild(st *watch.State) {
 		if h := heldAdapters(st, rep, e); h != nil {
 			v.holds[e] = h
 		}
+	}
+	for m := range unknownLen {
+		delete(v.maxModelLen, m)
 	}
 	for _, eps := range v.models {
 		slices.SortFunc(eps, func(a, b *Endpoint) int { return strings.Compare(a.ReplicaID, b.ReplicaID) })
@@ -388,6 +400,17 @@ func sortedModels(st *watch.State) []*llmgwv1.Model {
 	}
 	slices.SortFunc(out, func(a, b *llmgwv1.Model) int { return strings.Compare(a.GetName(), b.GetName()) })
 	return out
+}
+
+// MaxModelLen is the longest prompt plus completion, in tokens, that every
+// routable replica of model accepts, as their engines' own model cards say
+// (ReplicaStatus.max_model_len): the least of them, so a client sizing its
+// requests by it gets no 400 from whichever replica it lands on. False when
+// no replica is routable or one of them did not say (llama.cpp's card
+// has no such field): a guess could be too long for that one.
+func (r *Registry) MaxModelLen(model string) (int, bool) {
+	n, ok := r.cur.Load().maxModelLen[model]
+	return int(n), ok
 }
 
 // Synced reports whether the registry has a complete desired state to route

@@ -108,10 +108,11 @@ type rep struct {
 	uid       uint64
 	draining  bool
 	// status; zero phase means none reported
-	sUID  uint64
-	phase llmgwv1.ReplicaPhase
-	addr  string
-	inc   uint64
+	sUID   uint64
+	phase  llmgwv1.ReplicaPhase
+	addr   string
+	inc    uint64
+	maxLen uint32
 }
 
 func stateOf(models []string, reps ...rep) *watch.State {
@@ -128,7 +129,7 @@ func stateOf(models []string, reps ...rep) *watch.State {
 		st.Replicas[r.id] = &llmgwv1.Replica{Id: r.id, Uid: r.uid, Model: r.model, Node: "n1", Draining: r.draining}
 		if r.phase != 0 {
 			st.Ephemeral["n1"].Statuses[r.id] = &llmgwv1.ReplicaStatus{
-				ReplicaId: r.id, Uid: r.sUID, Phase: r.phase, Address: r.addr, Incarnation: r.inc}
+				ReplicaId: r.id, Uid: r.sUID, Phase: r.phase, Address: r.addr, Incarnation: r.inc, MaxModelLen: r.maxLen}
 		}
 	}
 	return st
@@ -155,6 +156,39 @@ func TestRoutable(t *testing.T) {
 			st := stateOf([]string{"m"}, tt.r)
 			if _, got := Routable(st, st.Replicas[tt.r.id]); got != tt.want {
 				t.Fatalf("Routable = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMaxModelLen: a model's context length is the least its routable
+// replicas report, and unknown when none is routable or one did not say.
+func TestMaxModelLen(t *testing.T) {
+	r := func(id string, maxLen uint32, phase llmgwv1.ReplicaPhase) rep {
+		return rep{id: id, model: "m", uid: 5, sUID: 5, phase: phase, addr: id + ":1", maxLen: maxLen}
+	}
+	starting := llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING
+	tests := []struct {
+		name string
+		reps []rep
+		want int
+		ok   bool
+	}{
+		{"one replica", []rep{r("m-0", 8192, ready)}, 8192, true},
+		{"the least of two", []rep{r("m-0", 8192, ready), r("m-1", 4096, ready)}, 4096, true},
+		{"a replica that did not say", []rep{r("m-0", 8192, ready), r("m-1", 0, ready)}, 0, false},
+		{"only routable replicas count", []rep{r("m-0", 8192, ready), r("m-1", 2048, starting)}, 8192, true},
+		{"no routable replica", []rep{r("m-0", 8192, starting)}, 0, false},
+		{"no replica", nil, 0, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := newTestRegistry(t, DefaultConfig(), newFakeSource(stateOf([]string{"m"}, tt.reps...)))
+			if got, ok := reg.MaxModelLen("m"); got != tt.want || ok != tt.ok {
+				t.Fatalf("MaxModelLen = %d, %v; want %d, %v", got, ok, tt.want, tt.ok)
+			}
+			if _, ok := reg.MaxModelLen("other"); ok {
+				t.Fatal("a model not in desired state has a length")
 			}
 		})
 	}

@@ -4,7 +4,9 @@
 //
 // It records its argv and environment (one JSON line per start, appended to
 // the file named by LLMGW_FAKE_ENGINE), serves GET /health on the --host and
-// --port it was given, and exits on SIGTERM. With LLMGW_FAKE_BUSY naming a
+// --port it was given, GET /v1/models with one card (the id of
+// --served-model-name or --alias, max_model_len from --max-model-len, null
+// without one), and exits on SIGTERM. With LLMGW_FAKE_BUSY naming a
 // file it also serves vLLM's load gauges on GET /metrics: one request
 // running while that file exists, none otherwise. LLMGW_FAKE_MODE bends it:
 //
@@ -99,6 +101,18 @@ func run(path string) int {
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" && mode != "unready" {
 			w.WriteHeader(http.StatusOK)
+			return
+		}
+		if r.URL.Path == "/v1/models" && mode != "unready" {
+			id := flag("--served-model-name")
+			if id == "" {
+				id = flag("--alias")
+			}
+			maxLen := "null"
+			if v := flag("--max-model-len"); v != "" {
+				maxLen = v
+			}
+			fmt.Fprintf(w, `{"object":"list","data":[{"id":%q,"object":"model","max_model_len":%s}]}`, id, maxLen)
 			return
 		}
 		if busy := os.Getenv(EnvBusy); r.URL.Path == "/metrics" && busy != "" {

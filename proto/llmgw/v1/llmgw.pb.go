@@ -2342,8 +2342,13 @@ type ReplicaStatus struct {
 	UpdatedUnixNano int64  `protobuf:"varint,9,opt,name=updated_unix_nano,json=updatedUnixNano,proto3" json:"updated_unix_nano,omitempty"`
 	Pid             int32  `protobuf:"varint,10,opt,name=pid,proto3" json:"pid,omitempty"`
 	Restarts        uint32 `protobuf:"varint,11,opt,name=restarts,proto3" json:"restarts,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The longest prompt plus completion the engine accepts, in tokens, as
+	// its OpenAI model card says (vLLM's max_model_len), read by the agent
+	// before it reports the engine READY; 0 when the engine's card gives
+	// none (llama.cpp's). Routers show it in their own /v1/models cards.
+	MaxModelLen   uint32 `protobuf:"varint,12,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReplicaStatus) Reset() {
@@ -2449,6 +2454,13 @@ func (x *ReplicaStatus) GetPid() int32 {
 func (x *ReplicaStatus) GetRestarts() uint32 {
 	if x != nil {
 		return x.Restarts
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetMaxModelLen() uint32 {
+	if x != nil {
+		return x.MaxModelLen
 	}
 	return 0
 }
@@ -7156,7 +7168,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
 	"\aremoved\x18\x02 \x01(\bR\aremoved\x12 \n" +
 	"\fat_unix_nano\x18\x03 \x01(\x03R\n" +
-	"atUnixNano\"\xc8\x02\n" +
+	"atUnixNano\"\xec\x02\n" +
 	"\rReplicaStatus\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -7170,7 +7182,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x11updated_unix_nano\x18\t \x01(\x03R\x0fupdatedUnixNano\x12\x10\n" +
 	"\x03pid\x18\n" +
 	" \x01(\x05R\x03pid\x12\x1a\n" +
-	"\brestarts\x18\v \x01(\rR\brestarts\"\xc8\x02\n" +
+	"\brestarts\x18\v \x01(\rR\brestarts\x12\"\n" +
+	"\rmax_model_len\x18\f \x01(\rR\vmaxModelLen\"\xc8\x02\n" +
 	"\x0fEphemeralUpdate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
