@@ -62,6 +62,21 @@ type ListenerConfig struct {
 	// frame's length and a message's total. A peer that declares more
 	// loses its connection before zmq4 allocates anything (package zmtp).
 	MaxMessageBytes uint64
+	// MaxBlocks caps the blocks the mirror holds for the engine: what its
+	// cache can hold (num_gpu_blocks), once the engine reports it
+	// (SetEngineBlocks), at most this. An engine's events that would hold
+	// more are not its cache's (a forged or broken stream): the replica
+	// becomes untrusted and its mirror is emptied (design §7.5).
+	MaxBlocks int
+	// MaxBatchBytes caps one batch's decoded size, checked against what
+	// its msgpack headers declare before anything is allocated; a batch
+	// over it is undecodable (the replica becomes untrusted). A batch also
+	// names at most twice the block cap in hashes: a step can evict and
+	// store the whole cache, no more.
+	MaxBatchBytes int
+	// MaxReplayBytes caps the payloads of one replay's reply, held until
+	// its end marker; a longer reply fails the replay.
+	MaxReplayBytes int
 	// Dial, if set, makes the sockets' TCP connections (the publisher's
 	// with Connect, and the replay socket's): for an external engine, the
 	// agent's endpoint guard, which resolves the engine's host and refuses
@@ -74,8 +89,26 @@ type ListenerConfig struct {
 // the agent's timings; the caller sets the replica and endpoints.
 func DefaultListenerConfig() ListenerConfig {
 	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, ReplayBufferSteps: 10_000, QueueSize: 4096,
-		QueueBytes: DefaultQueueBytes, MaxMessageBytes: zmtp.DefaultMaxMessageBytes}
+		QueueBytes: DefaultQueueBytes, MaxMessageBytes: zmtp.DefaultMaxMessageBytes,
+		MaxBlocks: DefaultMaxBlocks, MaxBatchBytes: DefaultMaxBatchBytes, MaxReplayBytes: DefaultMaxReplayBytes}
 }
+
+// Bounds of one engine's KV state (design §7.5 "Bounds").
+const (
+	// DefaultMaxBlocks is the block cap before the engine reports its
+	// num_gpu_blocks: 2^20 blocks of 16 tokens is 16 M tokens of cache,
+	// past a small model's on the largest GPU, and a mirror of that many
+	// blocks is about 150 MB.
+	DefaultMaxBlocks = 1 << 20
+	// DefaultMaxBatchBytes bounds one decoded batch. vLLM publishes a
+	// batch per step, and a step's events are bounded by the tokens it
+	// schedules (tens of thousands): a megabyte or two decoded. 32 MiB
+	// is 4 M token ids.
+	DefaultMaxBatchBytes = 32 << 20
+	// DefaultMaxReplayBytes bounds one replay's reply: the engine's
+	// buffer of 10,000 batches at 25 KiB each.
+	DefaultMaxReplayBytes = 256 << 20
+)
 
 // Validate reports the first bad field by its name.
 func (c ListenerConfig) Validate() error {
@@ -98,6 +131,12 @@ func (c ListenerConfig) Validate() error {
 		return errors.New("kv listener: queue_bytes: must be at least 1")
 	case c.MaxMessageBytes == 0:
 		return errors.New("kv listener: max_message_bytes: must be at least 1")
+	case c.MaxBlocks <= 0:
+		return errors.New("kv listener: max_blocks: must be at least 1")
+	case c.MaxBatchBytes <= 0:
+		return errors.New("kv listener: max_batch_bytes: must be at least 1")
+	case c.MaxReplayBytes <= 0:
+		return errors.New("kv listener: max_replay_bytes: must be at least 1")
 	}
 	return nil
 }
@@ -140,7 +179,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{
 		cfg: cfg, log: logger.With("replica", cfg.ReplicaID), hub: h,
-		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed),
+		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed, cfg.MaxBlocks),
 		msgs:   make(chan zmq4.Msg, cfg.QueueSize), queued: newByteBudget(cfg.QueueBytes), cancel: cancel,
 		connected: make(chan struct{}, 1),
 	}
@@ -241,6 +280,23 @@ func (l *Listener) Engine(incarnation uint64) {
 	l.log.Info("engine restarted; kv mirror reset", "incarnation", incarnation)
 	m.newEngine(incarnation)
 	l.hub.pacer.changed()
+}
+
+// SetEngineBlocks lowers the mirror's block cap to what the engine's
+// cache holds, num_gpu_blocks from its vllm:cache_config_info (at most
+// MaxBlocks; n <= 0 restores MaxBlocks). A mirror already holding more is
+// not this engine's cache: the replica becomes untrusted.
+func (l *Listener) SetEngineBlocks(n int) {
+	if n <= 0 || n > l.cfg.MaxBlocks {
+		n = l.cfg.MaxBlocks
+	}
+	m := l.mirror
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.maxBlocks = n
+	if len(m.byEngine) > n && !m.untrusted {
+		l.untrustLocked("the mirror holds more blocks than the engine's cache", "blocks", len(m.byEngine), "num_gpu_blocks", n)
+	}
 }
 
 // Close stops receiving, waits for the listener's goroutines and drops the
@@ -415,7 +471,8 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	m := l.mirror
 	met := l.hub.metrics
 	m.seq = seqState{started: true, next: seq + 1}
-	b, err := vllm.DecodeEventBatch(payload)
+	b, err := vllm.DecodeEventBatchLimited(payload, vllm.DecodeLimits{MaxDecodedBytes: l.cfg.MaxBatchBytes,
+		MaxBlockHashes: 2 * m.maxBlocks})
 	if err != nil {
 		met.badBatches.Inc()
 		if !m.untrusted {
@@ -445,6 +502,11 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	}
 	if st.mismatches > 0 {
 		met.mismatches.Add(float64(st.mismatches))
+	}
+	if st.overCap {
+		met.overCap.Inc()
+		l.untrustLocked("the engine's events hold more blocks than its cache", "seq", seq, "max_blocks", m.maxBlocks)
+		return
 	}
 	if wasUntrusted && st.regainedTrust {
 		l.log.Info("engine cleared its cache; kv state trusted again", "seq", seq)
@@ -566,7 +628,10 @@ const (
 	replayPoll
 )
 
-var errReplayTimeout = errors.New("no reply in time")
+var (
+	errReplayTimeout  = errors.New("no reply in time")
+	errReplayTooLarge = errors.New("reply over the bounds")
+)
 
 // fetchReplay runs one replay request through a fresh DEALER socket and
 // returns the batches replied before the end marker.
@@ -591,6 +656,7 @@ func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayR
 		return nil, timedOut(err)
 	}
 	var out []vllm.ReplayReply
+	held := 0 // payload bytes in out
 	for {
 		var msg zmq4.Msg
 		err := safely(func() (err error) { msg, err = d.Recv(); return err })
@@ -607,6 +673,12 @@ func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayR
 		}
 		if l.cfg.Topic != "" && r.Topic != "" && !strings.HasPrefix(r.Topic, l.cfg.Topic) {
 			continue
+		}
+		// The engine's buffer holds ReplayBufferSteps batches: a reply
+		// of more, or of more bytes than the cap, is not its buffer's.
+		if held += len(r.Payload); len(out) >= l.cfg.ReplayBufferSteps || held > l.cfg.MaxReplayBytes {
+			return nil, fmt.Errorf("replay from %s: %w: more than %d batches or %d bytes", l.cfg.ReplayEndpoint,
+				errReplayTooLarge, l.cfg.ReplayBufferSteps, l.cfg.MaxReplayBytes)
 		}
 		out = append(out, r)
 	}
