@@ -7,6 +7,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -22,19 +23,30 @@ type ListenerConfig struct {
 	// ReplicaID and UID name the replica whose leader shard the engine is.
 	ReplicaID string
 	UID       uint64
-	// Endpoint is where the SUB socket binds, the endpoint the engine's PUB
-	// is told to connect to: tcp://127.0.0.1:PORT. vLLM connects rather
-	// than binds to a non-wildcard endpoint, so the agent binds first and
-	// the engine may start, crash and restart against it (design §6).
+	// Endpoint is the engine's publisher. For an engine the agent runs it
+	// is, by default, ipc://PATH in the agent's socket directory
+	// (SocketDir, IPCEndpoints), which vLLM binds and the SUB socket
+	// connects to; the directory's mode is what keeps every other user
+	// out (design §6 "KV events"). The fallback is tcp://127.0.0.1:PORT,
+	// where the SUB socket binds: vLLM connects rather than binds to a
+	// non-wildcard TCP endpoint, so the agent binds first and the engine
+	// may start, crash and restart against it.
 	Endpoint string
 	// Connect makes the SUB socket connect to Endpoint instead of binding
 	// it: for an engine llmgw does not run, whose publisher binds (vLLM
 	// binds a wildcard endpoint, tcp://*:5557 by default). The socket
 	// reconnects whenever the engine goes away and comes back.
 	Connect bool
-	// ReplayEndpoint is the engine's replay ROUTER socket; empty means the
-	// engine has none, and every gap makes the replica untrusted.
+	// ReplayEndpoint is the engine's replay ROUTER socket (tcp:// or
+	// ipc://, which vLLM always binds); empty means the engine has none,
+	// and every gap makes the replica untrusted.
 	ReplayEndpoint string
+	// SameUser refuses every peer of either socket that does not run as
+	// the agent's user (zmtp.Policy.RequireUID): for engines the agent
+	// runs, which run as it. On loopback TCP it is the guard that keeps
+	// other users' processes off the SUB socket's port and from posing
+	// as the engine's replay socket.
+	SameUser bool
 	// Topic is the engine's topic (a prefix match, as ZMQ subscribes).
 	Topic string
 	// BlockSize is the engine's block size in tokens, until its events say.
@@ -115,10 +127,10 @@ func (c ListenerConfig) Validate() error {
 	switch {
 	case c.ReplicaID == "":
 		return errors.New("kv listener: replica_id: required")
-	case !strings.HasPrefix(c.Endpoint, "tcp://"):
-		return fmt.Errorf("kv listener: endpoint %q: must be tcp://HOST:PORT", c.Endpoint)
-	case c.ReplayEndpoint != "" && !strings.HasPrefix(c.ReplayEndpoint, "tcp://"):
-		return fmt.Errorf("kv listener: replay_endpoint %q: must be tcp://HOST:PORT", c.ReplayEndpoint)
+	case !validEndpoint(c.Endpoint):
+		return fmt.Errorf("kv listener: endpoint %q: must be tcp://HOST:PORT or ipc://PATH", c.Endpoint)
+	case c.ReplayEndpoint != "" && !validEndpoint(c.ReplayEndpoint):
+		return fmt.Errorf("kv listener: replay_endpoint %q: must be tcp://HOST:PORT or ipc://PATH", c.ReplayEndpoint)
 	case c.BlockSize == 0:
 		return errors.New("kv listener: block_size: must be at least 1")
 	case c.ReplayTimeout <= 0:
@@ -140,6 +152,18 @@ func (c ListenerConfig) Validate() error {
 	}
 	return nil
 }
+
+func validEndpoint(ep string) bool {
+	rest, tcp := strings.CutPrefix(ep, "tcp://")
+	if !tcp {
+		rest, _ = strings.CutPrefix(ep, "ipc://")
+	}
+	return rest != "" && rest != ep
+}
+
+// connects reports whether the SUB socket dials the endpoint: an engine's
+// ipc:// publisher binds, as vLLM binds every ipc endpoint.
+func (c ListenerConfig) connects() bool { return c.Connect || strings.HasPrefix(c.Endpoint, "ipc://") }
 
 // Listener receives one engine's KV events into its mirror in the hub.
 //
@@ -199,7 +223,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 		h.metrics.listenFailures.Inc()
 		return nil, fmt.Errorf("kv listener: subscribe: %w", err)
 	}
-	if cfg.Connect {
+	if cfg.connects() {
 		l.connect(ctx)
 	} else if err := l.sub.Listen(zmtp.Endpoint(cfg.Endpoint)); err != nil {
 		cancel()
@@ -220,7 +244,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 // be down when the listener starts or restart at any time.
 func (l *Listener) socketOptions() []zmq4.Option {
 	opts := []zmq4.Option{zmq4.WithLogger(l.zlog)}
-	if l.cfg.Connect {
+	if l.cfg.connects() {
 		opts = append(opts, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(connectRetry))
 	}
 	return opts
@@ -244,7 +268,7 @@ func (l *Listener) connect(ctx context.Context) {
 
 // Endpoint is the bound endpoint (with the port chosen for port 0).
 func (l *Listener) Endpoint() string {
-	if a, ok := l.sub.Addr().(*net.TCPAddr); ok && a != nil && !l.cfg.Connect {
+	if a, ok := l.sub.Addr().(*net.TCPAddr); ok && a != nil && !l.cfg.connects() {
 		return "tcp://" + a.String()
 	}
 	return l.cfg.Endpoint
@@ -314,10 +338,14 @@ func (l *Listener) Close() {
 // or whatever else connects to the SUB's port or listens on the replay
 // port (design §6: both stay on loopback, which bounds who, not what).
 func (l *Listener) policy(peers ...zmq4.SocketType) zmtp.Policy {
-	return zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Dial: l.cfg.Dial, Refused: func(remote net.Addr, err error) {
+	p := zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Dial: l.cfg.Dial, Refused: func(remote net.Addr, err error) {
 		l.hub.metrics.framesRefused.Inc()
-		l.log.Warn("kv socket: peer refused, connection closed", "remote", remote.String(), "err", err)
+		l.log.Warn("kv socket: peer refused, connection closed", "remote", fmt.Sprint(remote), "err", err)
 	}}
+	if l.cfg.SameUser {
+		p.RequireUID, p.UID = true, uint32(os.Geteuid())
+	}
+	return p
 }
 
 // errLibraryPanic marks a panic of zmq4 caught on a goroutine of ours.
