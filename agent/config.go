@@ -125,6 +125,11 @@ type Config struct {
 	// an engine's KV-event sockets accept (design §11 "Limits"): a peer
 	// declaring more loses its connection before anything is allocated.
 	KVMaxFrameBytes uint64 `yaml:"kv_max_frame_bytes"`
+	// KVTCP puts the KV-event sockets of engines the agent runs on
+	// loopback TCP (guarded by the peer's user) instead of Unix sockets in
+	// data_dir/kv, mode 0700 (design §6 "KV events"): for an engine build
+	// that cannot bind ipc endpoints.
+	KVTCP bool `yaml:"kv_events_tcp"`
 	// TLS is the CA, certificate and key (--tls-ca, --tls-cert, --tls-key;
 	// design §11). Given, the agent dials control servers over mutual TLS,
 	// demanding a server certificate, and serves LoadService to routers
@@ -298,7 +303,7 @@ func (c *Config) replicasConfig() replicas.Config {
 		Engines: engines, StopEnginesOnExit: c.StopEnginesOnExit,
 		ReadyTimeout: c.ReadyTimeout, StopGrace: c.StopGrace, ProbeInterval: c.ProbeInterval, RestartBackoff: c.RestartBackoff,
 		Drain:           drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now},
-		KVMaxFrameBytes: c.KVMaxFrameBytes, Now: c.Now, Resolver: c.Resolver,
+		KVMaxFrameBytes: c.KVMaxFrameBytes, KVTCP: c.KVTCP, Now: c.Now, Resolver: c.Resolver,
 	}
 }
 

@@ -123,6 +123,7 @@ heartbeat_interval: 1s
 drain_quiet: 2s
 drain_timeout: 10m
 kv_max_frame_bytes: 1048576
+kv_events_tcp: true
 probe_interval: 2s
 restart_backoff: {initial: 1s, max: 1m, stable_after: 5m}
 reconnect_initial: 500ms
@@ -160,6 +161,7 @@ func TestConfigFileKeys(t *testing.T) {
 		DrainQuiet:        2 * time.Second,
 		DrainTimeout:      10 * time.Minute,
 		KVMaxFrameBytes:   1 << 20,
+		KVTCP:             true,
 		ProbeInterval:     2 * time.Second,
 		RestartBackoff:    supervisor.Backoff{Initial: time.Second, Max: time.Minute, StableAfter: 5 * time.Minute},
 		ReconnectInitial:  500 * time.Millisecond,

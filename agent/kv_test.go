@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -61,8 +62,13 @@ func TestKVEventsReachControl(t *testing.T) {
 		}
 		return false
 	})
-	if !strings.HasPrefix(endpoint, "tcp://127.0.0.1:") {
+	// An ipc socket in the agent's own directory (issue 27), which the
+	// engine binds.
+	if !strings.HasPrefix(endpoint, "ipc://"+filepath.Join(c.DataDir, "kv")+"/") {
 		t.Fatalf("kv endpoint %q", endpoint)
+	}
+	if fi, err := os.Stat(filepath.Join(c.DataDir, "kv")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("socket dir: %v %v, want mode 0700", fi.Mode(), err)
 	}
 
 	// Publish as the engine would.
@@ -70,7 +76,7 @@ func TestKVEventsReachControl(t *testing.T) {
 	defer cancel()
 	pub := zmq4.NewPub(ctx)
 	defer pub.Close()
-	if err := pub.Dial(endpoint); err != nil {
+	if err := pub.Listen(endpoint); err != nil {
 		t.Fatal(err)
 	}
 	testkit.Wait(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })

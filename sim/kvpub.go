@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -269,6 +270,7 @@ func (p *kvPublisher) open() error {
 		return fmt.Errorf("sim: kv events: set hwm: %w", err)
 	}
 	if bind {
+		removeStaleSocket(p.cfg.Endpoint)
 		if err := p.pub.Listen(p.cfg.Endpoint); err != nil {
 			p.closeAll()
 			return fmt.Errorf("sim: kv events: bind %s: %w", p.cfg.Endpoint, err)
@@ -282,6 +284,7 @@ func (p *kvPublisher) open() error {
 	}
 	if p.cfg.ReplayEndpoint != nil {
 		p.replay = zmq4.NewRouter(p.sockCtx, zmq4.WithLogger(zlog))
+		removeStaleSocket(*p.cfg.ReplayEndpoint)
 		if err := p.replay.Listen(*p.cfg.ReplayEndpoint); err != nil {
 			p.closeAll()
 			return fmt.Errorf("sim: kv events: bind replay %s: %w", *p.cfg.ReplayEndpoint, err)
@@ -292,6 +295,21 @@ func (p *kvPublisher) open() error {
 	p.log.Info("publishing kv cache events", "endpoint", p.cfg.Endpoint, "bind", bind, "bound", fmt.Sprint(pubAddr),
 		"replay_bound", fmt.Sprint(replayAddr), "topic", p.cfg.Topic, "encoding", p.enc.String(), "int_hashes", p.asInt)
 	return nil
+}
+
+// removeStaleSocket removes the socket file an ipc:// endpoint names, left
+// by an earlier process, as libzmq does before it binds one: otherwise the
+// bind fails with the address in use, and an engine restarted by the agent
+// in its socket directory (design §6 "KV events") could not publish. Only
+// a socket is removed.
+func removeStaleSocket(ep string) {
+	path, ok := strings.CutPrefix(ep, "ipc://")
+	if !ok {
+		return
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode().Type() == os.ModeSocket {
+		_ = os.Remove(path)
+	}
 }
 
 // closeAll closes the sockets and waits for the goroutines they end.

@@ -263,6 +263,14 @@ func prompt(prefix, n int) []int {
 // block set, in every encoding, hash form and socket mode.
 func TestKVEventsMirrorTheCache(t *testing.T) {
 	ipc := "ipc://" + filepath.Join(t.TempDir(), "kv.sock")
+	// An engine killed in the agent's socket directory leaves its socket
+	// file behind; the next one binds over it, as libzmq does.
+	stale, err := net.Listen("unix", strings.TrimPrefix(ipc, "ipc://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	_ = stale.Close()
 	for _, tc := range []struct {
 		name string
 		k    kvSetup

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
@@ -36,10 +37,39 @@ var ErrMalformedBatch = errMalformed
 // returned: a consumer treats it as lost (a gap to repair), never as half
 // applied.
 func DecodeEventBatch(payload []byte) (EventBatch, error) {
+	return DecodeEventBatchLimited(payload, DecodeLimits{})
+}
+
+// DecodeLimits bound what decoding one batch may allocate, over and above
+// DecodeEventBatch's rule that no length header may claim more elements
+// than bytes remain: a msgpack int takes one byte and decodes into eight,
+// a block hash into ExternalBlockHash's 32, so a 16 MiB payload could
+// otherwise expand into half a gigabyte (issue 27). Each is checked
+// against what the headers declare, before the allocation they ask for.
+type DecodeLimits struct {
+	// MaxDecodedBytes caps the decoded batch's size, as the sum of every
+	// slice, string and event the headers declare; 0: no cap.
+	MaxDecodedBytes int
+	// MaxBlockHashes caps the block hashes of all the batch's events
+	// together (stored and removed); 0: no cap.
+	MaxBlockHashes int
+}
+
+// DecodeEventBatchLimited is DecodeEventBatch within lim: a batch whose
+// headers declare more is malformed (ErrMalformedBatch, and
+// ErrBatchTooLarge), and nothing of its excess is allocated.
+func DecodeEventBatchLimited(payload []byte, lim DecodeLimits) (EventBatch, error) {
 	if len(payload) == 0 {
 		return EventBatch{}, fmt.Errorf("%w: empty payload", errMalformed)
 	}
 	r := newKVReader(payload)
+	r.bytesLeft, r.hashesLeft = lim.MaxDecodedBytes, lim.MaxBlockHashes
+	if r.bytesLeft <= 0 {
+		r.bytesLeft = math.MaxInt
+	}
+	if r.hashesLeft <= 0 {
+		r.hashesLeft = math.MaxInt
+	}
 	b, err := r.batch()
 	if err == nil && r.br.Len() > 0 {
 		err = fmt.Errorf("%d bytes after the batch", r.br.Len())
@@ -57,6 +87,32 @@ func DecodeEventBatch(payload []byte) (EventBatch, error) {
 type kvReader struct {
 	br *bytes.Reader
 	d  *msgpack.Decoder
+	// bytesLeft and hashesLeft are what DecodeLimits still allow.
+	bytesLeft, hashesLeft int
+}
+
+// ErrBatchTooLarge is matched with errors.Is on a DecodeEventBatchLimited
+// error for a batch over its limits.
+var ErrBatchTooLarge = errors.New("kv event batch over the decoding limits")
+
+// Decoded sizes charged against DecodeLimits.MaxDecodedBytes.
+const (
+	sizeHash      = int(unsafe.Sizeof(ExternalBlockHash{}))
+	sizeInt       = int(unsafe.Sizeof(int(0)))
+	sizeAny       = int(unsafe.Sizeof(any(nil)))
+	sizeExtraKeys = int(unsafe.Sizeof(ExtraKeys(nil)))
+	sizeEvent     = int(unsafe.Sizeof(BlockStored{})) // the largest event
+	sizeMapEntry  = 48                                // a seen-field entry, key and bucket share
+)
+
+// charge takes n elements of size bytes from the budget, before they are
+// allocated.
+func (r *kvReader) charge(n, size int) error {
+	if n > r.bytesLeft/max(size, 1) {
+		return fmt.Errorf("%w: %d elements of %d bytes with %d bytes left", ErrBatchTooLarge, n, size, r.bytesLeft)
+	}
+	r.bytesLeft -= n * size
+	return nil
 }
 
 func newKVReader(p []byte) *kvReader {
@@ -138,6 +194,9 @@ func (r *kvReader) raw() ([]byte, error) {
 	}
 	if n <= 0 {
 		return []byte{}, nil
+	}
+	if err := r.charge(n, 2); err != nil { // the bytes and, mostly, a string of them
+		return nil, err
 	}
 	b := make([]byte, n)
 	if err := r.d.ReadFull(b); err != nil {
@@ -270,6 +329,13 @@ func (r *kvReader) hashes() ([]ExternalBlockHash, error) {
 	if err != nil || !ok {
 		return nil, errOr(err, "block_hashes is nil")
 	}
+	if n > r.hashesLeft {
+		return nil, fmt.Errorf("%w: %d block hashes with %d left", ErrBatchTooLarge, n, r.hashesLeft)
+	}
+	r.hashesLeft -= n
+	if err := r.charge(n, sizeHash); err != nil {
+		return nil, err
+	}
 	out := make([]ExternalBlockHash, n)
 	for i := range out {
 		if out[i], err = r.hash(); err != nil {
@@ -283,6 +349,9 @@ func (r *kvReader) ints() ([]int, error) {
 	n, ok, err := r.arrayLen()
 	if err != nil || !ok {
 		return nil, errOr(err, "token_ids is nil")
+	}
+	if err := r.charge(n, sizeInt); err != nil {
+		return nil, err
 	}
 	out := make([]int, n)
 	for i := range out {
@@ -304,6 +373,9 @@ func errOr(err error, msg string) error {
 func (r *kvReader) extraKeys() ([]ExtraKeys, error) {
 	n, ok, err := r.arrayLen()
 	if err != nil || !ok {
+		return nil, err
+	}
+	if err := r.charge(n, sizeExtraKeys); err != nil {
 		return nil, err
 	}
 	out := make([]ExtraKeys, n)
@@ -354,6 +426,9 @@ func (r *kvReader) value(depth int) (any, error) {
 		}
 		n, _, err := r.arrayLen()
 		if err != nil {
+			return nil, err
+		}
+		if err := r.charge(n, sizeAny); err != nil {
 			return nil, err
 		}
 		out := make([]any, n)
@@ -432,6 +507,9 @@ func (r *kvReader) batch() (EventBatch, error) {
 	m, ok, err := r.arrayLen()
 	if err != nil || !ok {
 		return b, fmt.Errorf("events: %w", errOr(err, "nil"))
+	}
+	if err := r.charge(m, sizeAny+sizeEvent); err != nil {
+		return b, fmt.Errorf("events: %w", err)
 	}
 	if m > 0 {
 		b.Events = make([]Event, 0, m)
@@ -574,6 +652,9 @@ type eventFields struct {
 func (r *kvReader) mapEvent() (Event, string, error) {
 	n, err := r.mapLen()
 	if err != nil {
+		return nil, "", err
+	}
+	if err := r.charge(n, sizeMapEntry); err != nil {
 		return nil, "", err
 	}
 	var (

@@ -462,3 +462,57 @@ func TestFrames(t *testing.T) {
 		}
 	}
 }
+
+// denseRemoved is a batch of one BlockRemoved naming n hashes of one byte
+// each (positive fixints): the densest expansion msgpack allows, each byte
+// decoding into an ExternalBlockHash.
+func denseRemoved(n int) []byte {
+	p := []byte{0x92, 0x01, 0x91, 0x92, 0xac}
+	p = append(p, "BlockRemoved"...)
+	p = append(p, 0xdd, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	return append(p, bytes.Repeat([]byte{0x07}, n)...)
+}
+
+// TestDecodeLimits: a batch whose headers declare more than the limits is
+// refused (ErrBatchTooLarge, ErrMalformedBatch) without allocating its
+// expansion (issue 27: a 16 MiB frame decoded into over 512 MB); one
+// within them decodes as without limits.
+func TestDecodeLimits(t *testing.T) {
+	const n = 1 << 20
+	dense := denseRemoved(n)
+	for _, tc := range []struct {
+		name    string
+		lim     DecodeLimits
+		payload []byte
+		ok      bool
+	}{
+		{"no limits", DecodeLimits{}, dense, true},
+		{"within both", DecodeLimits{MaxDecodedBytes: 64 << 20, MaxBlockHashes: n}, dense, true},
+		{"hashes over", DecodeLimits{MaxBlockHashes: n - 1}, dense, false},
+		{"bytes over", DecodeLimits{MaxDecodedBytes: n}, dense, false},
+		{"token ids over", DecodeLimits{MaxDecodedBytes: 1 << 10}, mp(t, []any{1.0, []any{[]any{"BlockStored",
+			[]any{1}, nil, make([]any, 200), 16, nil}}}), false},
+		{"events over", DecodeLimits{MaxDecodedBytes: 1 << 10}, mp(t, []any{1.0, make([]any, 100)}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeEventBatchLimited(tc.payload, tc.lim)
+			if tc.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if !errors.Is(err, ErrBatchTooLarge) || !errors.Is(err, ErrMalformedBatch) {
+				t.Fatalf("err = %v, want ErrBatchTooLarge and ErrMalformedBatch", err)
+			}
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			_, _ = DecodeEventBatchLimited(tc.payload, tc.lim)
+			runtime.ReadMemStats(&after)
+			if got := after.TotalAlloc - before.TotalAlloc; got > 64<<10 {
+				t.Errorf("the refused batch allocated %d bytes", got)
+			}
+		})
+	}
+}

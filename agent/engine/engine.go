@@ -50,8 +50,13 @@ type Spec struct {
 	Host string
 	// Port is the engine's HTTP port, allocated by the agent.
 	Port int
+	// KVEventsEndpoint and KVReplayEndpoint are the KV-event PUB and
+	// replay endpoints, ipc://PATH in the agent's socket directory (design
+	// §6 "KV events"); used only when the model has kv_events. Empty, the
+	// loopback TCP ports below are (the fallback).
+	KVEventsEndpoint, KVReplayEndpoint string
 	// KVEventsPort and KVReplayPort are the loopback ports of the KV-event
-	// PUB and replay endpoints; used only when the model has kv_events.
+	// PUB and replay endpoints when they are not ipc.
 	KVEventsPort, KVReplayPort int
 	// Command is the program to run with its leading arguments; empty means
 	// the driver's default.

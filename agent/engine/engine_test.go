@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"slices"
@@ -195,4 +196,48 @@ func FuzzPlan(f *testing.F) {
 			t.Fatalf("model %q placed where vLLM reads an option: %q", model, l.Argv)
 		}
 	})
+}
+
+// TestVLLMKVEndpoints: the driver gives vLLM the agent's ipc endpoints
+// when it has them (design §6 "KV events"), loopback TCP ports otherwise,
+// and refuses kv_events with neither.
+func TestVLLMKVEndpoints(t *testing.T) {
+	rep := &llmgwv1.Replica{Id: "demo-0", Model: "demo"}
+	model := &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", KvEvents: true}
+	for _, tc := range []struct {
+		name      string
+		spec      Spec
+		pub, repl string
+	}{
+		{"ipc", Spec{KVEventsEndpoint: "ipc:///run/llmgw/kv/a.pub", KVReplayEndpoint: "ipc:///run/llmgw/kv/a.replay"},
+			"ipc:///run/llmgw/kv/a.pub", "ipc:///run/llmgw/kv/a.replay"},
+		{"tcp", Spec{KVEventsPort: 21000, KVReplayPort: 21001}, "tcp://127.0.0.1:21000", "tcp://127.0.0.1:21001"},
+		{"neither", Spec{}, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.spec
+			s.Replica, s.Model, s.Host, s.Port = rep, model, "10.0.0.5", 20000
+			l, err := Plan(s)
+			if tc.pub == "" {
+				if err == nil {
+					t.Fatal("kv_events without endpoints planned")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var cfg kvEventsConfig
+			for _, a := range l.Argv {
+				if v, ok := strings.CutPrefix(a, "--kv-events-config="); ok {
+					if err := json.Unmarshal([]byte(v), &cfg); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if cfg.Endpoint != tc.pub || cfg.ReplayEndpoint != tc.repl {
+				t.Errorf("endpoints %q %q, want %q %q", cfg.Endpoint, cfg.ReplayEndpoint, tc.pub, tc.repl)
+			}
+		})
+	}
 }

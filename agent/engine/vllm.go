@@ -8,8 +8,10 @@ import (
 )
 
 // kvEventsConfig is vLLM's KVEventsConfig as --kv-events-config takes it.
-// The endpoints are loopback and not wildcards: the agent binds the SUB side
-// and vLLM connects to a non-wildcard endpoint (design §6 "KV events").
+// The endpoints are ipc:// paths in the agent's socket directory, which
+// vLLM binds and only the agent's user can open; or, the fallback,
+// loopback TCP and not wildcards: the agent binds the SUB side and vLLM
+// connects to a non-wildcard TCP endpoint (design §6 "KV events").
 type kvEventsConfig struct {
 	Enable         bool   `json:"enable_kv_cache_events"`
 	Publisher      string `json:"publisher"`
@@ -59,8 +61,13 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 	}
 	var env []string
 	if m.GetKvEvents() {
-		if s.KVEventsPort <= 0 || s.KVReplayPort <= 0 {
-			return Launch{}, fmt.Errorf("engine %s: kv_events without KV ports", m.GetEngine())
+		pub, replay := s.KVEventsEndpoint, s.KVReplayEndpoint
+		if pub == "" || replay == "" {
+			if s.KVEventsPort <= 0 || s.KVReplayPort <= 0 {
+				return Launch{}, fmt.Errorf("engine %s: kv_events without KV endpoints", m.GetEngine())
+			}
+			pub = "tcp://127.0.0.1:" + strconv.Itoa(s.KVEventsPort)
+			replay = "tcp://127.0.0.1:" + strconv.Itoa(s.KVReplayPort)
 		}
 		bs := m.GetBlockSize()
 		if bs == 0 {
@@ -73,8 +80,8 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 		cfg, err := json.Marshal(kvEventsConfig{
 			Enable:         true,
 			Publisher:      "zmq",
-			Endpoint:       "tcp://127.0.0.1:" + strconv.Itoa(s.KVEventsPort),
-			ReplayEndpoint: "tcp://127.0.0.1:" + strconv.Itoa(s.KVReplayPort),
+			Endpoint:       pub,
+			ReplayEndpoint: replay,
 			Topic:          "kv",
 		})
 		if err != nil {

@@ -7,6 +7,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -22,19 +23,30 @@ type ListenerConfig struct {
 	// ReplicaID and UID name the replica whose leader shard the engine is.
 	ReplicaID string
 	UID       uint64
-	// Endpoint is where the SUB socket binds, the endpoint the engine's PUB
-	// is told to connect to: tcp://127.0.0.1:PORT. vLLM connects rather
-	// than binds to a non-wildcard endpoint, so the agent binds first and
-	// the engine may start, crash and restart against it (design §6).
+	// Endpoint is the engine's publisher. For an engine the agent runs it
+	// is, by default, ipc://PATH in the agent's socket directory
+	// (SocketDir, IPCEndpoints), which vLLM binds and the SUB socket
+	// connects to; the directory's mode is what keeps every other user
+	// out (design §6 "KV events"). The fallback is tcp://127.0.0.1:PORT,
+	// where the SUB socket binds: vLLM connects rather than binds to a
+	// non-wildcard TCP endpoint, so the agent binds first and the engine
+	// may start, crash and restart against it.
 	Endpoint string
 	// Connect makes the SUB socket connect to Endpoint instead of binding
 	// it: for an engine llmgw does not run, whose publisher binds (vLLM
 	// binds a wildcard endpoint, tcp://*:5557 by default). The socket
 	// reconnects whenever the engine goes away and comes back.
 	Connect bool
-	// ReplayEndpoint is the engine's replay ROUTER socket; empty means the
-	// engine has none, and every gap makes the replica untrusted.
+	// ReplayEndpoint is the engine's replay ROUTER socket (tcp:// or
+	// ipc://, which vLLM always binds); empty means the engine has none,
+	// and every gap makes the replica untrusted.
 	ReplayEndpoint string
+	// SameUser refuses every peer of either socket that does not run as
+	// the agent's user (zmtp.Policy.RequireUID): for engines the agent
+	// runs, which run as it. On loopback TCP it is the guard that keeps
+	// other users' processes off the SUB socket's port and from posing
+	// as the engine's replay socket.
+	SameUser bool
 	// Topic is the engine's topic (a prefix match, as ZMQ subscribes).
 	Topic string
 	// BlockSize is the engine's block size in tokens, until its events say.
@@ -62,6 +74,21 @@ type ListenerConfig struct {
 	// frame's length and a message's total. A peer that declares more
 	// loses its connection before zmq4 allocates anything (package zmtp).
 	MaxMessageBytes uint64
+	// MaxBlocks caps the blocks the mirror holds for the engine: what its
+	// cache can hold (num_gpu_blocks), once the engine reports it
+	// (SetEngineBlocks), at most this. An engine's events that would hold
+	// more are not its cache's (a forged or broken stream): the replica
+	// becomes untrusted and its mirror is emptied (design §7.5).
+	MaxBlocks int
+	// MaxBatchBytes caps one batch's decoded size, checked against what
+	// its msgpack headers declare before anything is allocated; a batch
+	// over it is undecodable (the replica becomes untrusted). A batch also
+	// names at most twice the block cap in hashes: a step can evict and
+	// store the whole cache, no more.
+	MaxBatchBytes int
+	// MaxReplayBytes caps the payloads of one replay's reply, held until
+	// its end marker; a longer reply fails the replay.
+	MaxReplayBytes int
 	// Dial, if set, makes the sockets' TCP connections (the publisher's
 	// with Connect, and the replay socket's): for an external engine, the
 	// agent's endpoint guard, which resolves the engine's host and refuses
@@ -74,18 +101,36 @@ type ListenerConfig struct {
 // the agent's timings; the caller sets the replica and endpoints.
 func DefaultListenerConfig() ListenerConfig {
 	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, ReplayBufferSteps: 10_000, QueueSize: 4096,
-		QueueBytes: DefaultQueueBytes, MaxMessageBytes: zmtp.DefaultMaxMessageBytes}
+		QueueBytes: DefaultQueueBytes, MaxMessageBytes: zmtp.DefaultMaxMessageBytes,
+		MaxBlocks: DefaultMaxBlocks, MaxBatchBytes: DefaultMaxBatchBytes, MaxReplayBytes: DefaultMaxReplayBytes}
 }
+
+// Bounds of one engine's KV state (design §7.5 "Bounds").
+const (
+	// DefaultMaxBlocks is the block cap before the engine reports its
+	// num_gpu_blocks: 2^20 blocks of 16 tokens is 16 M tokens of cache,
+	// past a small model's on the largest GPU, and a mirror of that many
+	// blocks is about 150 MB.
+	DefaultMaxBlocks = 1 << 20
+	// DefaultMaxBatchBytes bounds one decoded batch. vLLM publishes a
+	// batch per step, and a step's events are bounded by the tokens it
+	// schedules (tens of thousands): a megabyte or two decoded. 32 MiB
+	// is 4 M token ids.
+	DefaultMaxBatchBytes = 32 << 20
+	// DefaultMaxReplayBytes bounds one replay's reply: the engine's
+	// buffer of 10,000 batches at 25 KiB each.
+	DefaultMaxReplayBytes = 256 << 20
+)
 
 // Validate reports the first bad field by its name.
 func (c ListenerConfig) Validate() error {
 	switch {
 	case c.ReplicaID == "":
 		return errors.New("kv listener: replica_id: required")
-	case !strings.HasPrefix(c.Endpoint, "tcp://"):
-		return fmt.Errorf("kv listener: endpoint %q: must be tcp://HOST:PORT", c.Endpoint)
-	case c.ReplayEndpoint != "" && !strings.HasPrefix(c.ReplayEndpoint, "tcp://"):
-		return fmt.Errorf("kv listener: replay_endpoint %q: must be tcp://HOST:PORT", c.ReplayEndpoint)
+	case !validEndpoint(c.Endpoint):
+		return fmt.Errorf("kv listener: endpoint %q: must be tcp://HOST:PORT or ipc://PATH", c.Endpoint)
+	case c.ReplayEndpoint != "" && !validEndpoint(c.ReplayEndpoint):
+		return fmt.Errorf("kv listener: replay_endpoint %q: must be tcp://HOST:PORT or ipc://PATH", c.ReplayEndpoint)
 	case c.BlockSize == 0:
 		return errors.New("kv listener: block_size: must be at least 1")
 	case c.ReplayTimeout <= 0:
@@ -98,9 +143,27 @@ func (c ListenerConfig) Validate() error {
 		return errors.New("kv listener: queue_bytes: must be at least 1")
 	case c.MaxMessageBytes == 0:
 		return errors.New("kv listener: max_message_bytes: must be at least 1")
+	case c.MaxBlocks <= 0:
+		return errors.New("kv listener: max_blocks: must be at least 1")
+	case c.MaxBatchBytes <= 0:
+		return errors.New("kv listener: max_batch_bytes: must be at least 1")
+	case c.MaxReplayBytes <= 0:
+		return errors.New("kv listener: max_replay_bytes: must be at least 1")
 	}
 	return nil
 }
+
+func validEndpoint(ep string) bool {
+	rest, tcp := strings.CutPrefix(ep, "tcp://")
+	if !tcp {
+		rest, _ = strings.CutPrefix(ep, "ipc://")
+	}
+	return rest != "" && rest != ep
+}
+
+// connects reports whether the SUB socket dials the endpoint: an engine's
+// ipc:// publisher binds, as vLLM binds every ipc endpoint.
+func (c ListenerConfig) connects() bool { return c.Connect || strings.HasPrefix(c.Endpoint, "ipc://") }
 
 // Listener receives one engine's KV events into its mirror in the hub.
 //
@@ -140,7 +203,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{
 		cfg: cfg, log: logger.With("replica", cfg.ReplicaID), hub: h,
-		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed),
+		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed, cfg.MaxBlocks),
 		msgs:   make(chan zmq4.Msg, cfg.QueueSize), queued: newByteBudget(cfg.QueueBytes), cancel: cancel,
 		connected: make(chan struct{}, 1),
 	}
@@ -160,7 +223,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 		h.metrics.listenFailures.Inc()
 		return nil, fmt.Errorf("kv listener: subscribe: %w", err)
 	}
-	if cfg.Connect {
+	if cfg.connects() {
 		l.connect(ctx)
 	} else if err := l.sub.Listen(zmtp.Endpoint(cfg.Endpoint)); err != nil {
 		cancel()
@@ -181,7 +244,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 // be down when the listener starts or restart at any time.
 func (l *Listener) socketOptions() []zmq4.Option {
 	opts := []zmq4.Option{zmq4.WithLogger(l.zlog)}
-	if l.cfg.Connect {
+	if l.cfg.connects() {
 		opts = append(opts, zmq4.WithAutomaticReconnect(true), zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(connectRetry))
 	}
 	return opts
@@ -205,7 +268,7 @@ func (l *Listener) connect(ctx context.Context) {
 
 // Endpoint is the bound endpoint (with the port chosen for port 0).
 func (l *Listener) Endpoint() string {
-	if a, ok := l.sub.Addr().(*net.TCPAddr); ok && a != nil && !l.cfg.Connect {
+	if a, ok := l.sub.Addr().(*net.TCPAddr); ok && a != nil && !l.cfg.connects() {
 		return "tcp://" + a.String()
 	}
 	return l.cfg.Endpoint
@@ -243,6 +306,23 @@ func (l *Listener) Engine(incarnation uint64) {
 	l.hub.pacer.changed()
 }
 
+// SetEngineBlocks lowers the mirror's block cap to what the engine's
+// cache holds, num_gpu_blocks from its vllm:cache_config_info (at most
+// MaxBlocks; n <= 0 restores MaxBlocks). A mirror already holding more is
+// not this engine's cache: the replica becomes untrusted.
+func (l *Listener) SetEngineBlocks(n int) {
+	if n <= 0 || n > l.cfg.MaxBlocks {
+		n = l.cfg.MaxBlocks
+	}
+	m := l.mirror
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.maxBlocks = n
+	if len(m.byEngine) > n && !m.untrusted {
+		l.untrustLocked("the mirror holds more blocks than the engine's cache", "blocks", len(m.byEngine), "num_gpu_blocks", n)
+	}
+}
+
 // Close stops receiving, waits for the listener's goroutines and drops the
 // replica's mirror from the hub. It is idempotent.
 func (l *Listener) Close() {
@@ -258,10 +338,14 @@ func (l *Listener) Close() {
 // or whatever else connects to the SUB's port or listens on the replay
 // port (design §6: both stay on loopback, which bounds who, not what).
 func (l *Listener) policy(peers ...zmq4.SocketType) zmtp.Policy {
-	return zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Dial: l.cfg.Dial, Refused: func(remote net.Addr, err error) {
+	p := zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Dial: l.cfg.Dial, Refused: func(remote net.Addr, err error) {
 		l.hub.metrics.framesRefused.Inc()
-		l.log.Warn("kv socket: peer refused, connection closed", "remote", remote.String(), "err", err)
+		l.log.Warn("kv socket: peer refused, connection closed", "remote", fmt.Sprint(remote), "err", err)
 	}}
+	if l.cfg.SameUser {
+		p.RequireUID, p.UID = true, uint32(os.Geteuid())
+	}
+	return p
 }
 
 // errLibraryPanic marks a panic of zmq4 caught on a goroutine of ours.
@@ -415,7 +499,8 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	m := l.mirror
 	met := l.hub.metrics
 	m.seq = seqState{started: true, next: seq + 1}
-	b, err := vllm.DecodeEventBatch(payload)
+	b, err := vllm.DecodeEventBatchLimited(payload, vllm.DecodeLimits{MaxDecodedBytes: l.cfg.MaxBatchBytes,
+		MaxBlockHashes: 2 * m.maxBlocks})
 	if err != nil {
 		met.badBatches.Inc()
 		if !m.untrusted {
@@ -445,6 +530,11 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	}
 	if st.mismatches > 0 {
 		met.mismatches.Add(float64(st.mismatches))
+	}
+	if st.overCap {
+		met.overCap.Inc()
+		l.untrustLocked("the engine's events hold more blocks than its cache", "seq", seq, "max_blocks", m.maxBlocks)
+		return
 	}
 	if wasUntrusted && st.regainedTrust {
 		l.log.Info("engine cleared its cache; kv state trusted again", "seq", seq)
@@ -566,7 +656,10 @@ const (
 	replayPoll
 )
 
-var errReplayTimeout = errors.New("no reply in time")
+var (
+	errReplayTimeout  = errors.New("no reply in time")
+	errReplayTooLarge = errors.New("reply over the bounds")
+)
 
 // fetchReplay runs one replay request through a fresh DEALER socket and
 // returns the batches replied before the end marker.
@@ -591,6 +684,7 @@ func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayR
 		return nil, timedOut(err)
 	}
 	var out []vllm.ReplayReply
+	held := 0 // payload bytes in out
 	for {
 		var msg zmq4.Msg
 		err := safely(func() (err error) { msg, err = d.Recv(); return err })
@@ -607,6 +701,12 @@ func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayR
 		}
 		if l.cfg.Topic != "" && r.Topic != "" && !strings.HasPrefix(r.Topic, l.cfg.Topic) {
 			continue
+		}
+		// The engine's buffer holds ReplayBufferSteps batches: a reply
+		// of more, or of more bytes than the cap, is not its buffer's.
+		if held += len(r.Payload); len(out) >= l.cfg.ReplayBufferSteps || held > l.cfg.MaxReplayBytes {
+			return nil, fmt.Errorf("replay from %s: %w: more than %d batches or %d bytes", l.cfg.ReplayEndpoint,
+				errReplayTooLarge, l.cfg.ReplayBufferSteps, l.cfg.MaxReplayBytes)
 		}
 		out = append(out, r)
 	}

@@ -45,16 +45,25 @@ type fakeEngine struct {
 
 func newFakeEngine(t *testing.T, buffer int, enc vllm.Encoding, asInt, silent bool) (*fakeEngine, string) {
 	t.Helper()
+	return newFakeEngineOn(t, "tcp://127.0.0.1:0", buffer, enc, asInt, silent)
+}
+
+// newFakeEngineOn is newFakeEngine with its replay socket bound at replayEP.
+func newFakeEngineOn(t *testing.T, replayEP string, buffer int, enc vllm.Encoding, asInt, silent bool) (*fakeEngine, string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &fakeEngine{t: t, topic: "kv", enc: enc, asInt: asInt, buffer: buffer, cancel: cancel, silent: silent, held: map[uint64]int{}}
 	e.replay = zmq4.NewRouter(ctx, zmq4.WithLogger(slog.NewLogLogger(quiet.Handler(), slog.LevelDebug)))
-	if err := e.replay.Listen("tcp://127.0.0.1:0"); err != nil {
+	if err := e.replay.Listen(replayEP); err != nil {
 		t.Fatal(err)
 	}
 	e.pub = zmq4.NewPub(ctx, zmq4.WithLogger(slog.NewLogLogger(quiet.Handler(), slog.LevelDebug)))
 	e.wg.Add(1)
 	go e.serveReplay()
 	t.Cleanup(e.close)
+	if strings.HasPrefix(replayEP, "ipc://") {
+		return e, replayEP
+	}
 	return e, "tcp://" + e.replay.Addr().String()
 }
 
@@ -448,7 +457,12 @@ func TestListenerConfigValidate(t *testing.T) {
 	}{
 		{"ok", func(*ListenerConfig) {}, ""},
 		{"no replica", func(c *ListenerConfig) { c.ReplicaID = "" }, "replica_id"},
-		{"ipc endpoint", func(c *ListenerConfig) { c.Endpoint = "ipc:///tmp/x" }, "endpoint"},
+		{"ipc endpoint", func(c *ListenerConfig) { c.Endpoint, c.ReplayEndpoint = "ipc:///tmp/x.pub", "ipc:///tmp/x.replay" }, ""},
+		{"empty ipc path", func(c *ListenerConfig) { c.Endpoint = "ipc://" }, "endpoint"},
+		{"other scheme", func(c *ListenerConfig) { c.Endpoint = "inproc://x" }, "endpoint"},
+		{"block cap", func(c *ListenerConfig) { c.MaxBlocks = 0 }, "max_blocks"},
+		{"batch cap", func(c *ListenerConfig) { c.MaxBatchBytes = 0 }, "max_batch_bytes"},
+		{"replay cap", func(c *ListenerConfig) { c.MaxReplayBytes = 0 }, "max_replay_bytes"},
 		{"bad replay", func(c *ListenerConfig) { c.ReplayEndpoint = "x" }, "replay_endpoint"},
 		{"block size", func(c *ListenerConfig) { c.BlockSize = 0 }, "block_size"},
 		{"timeout", func(c *ListenerConfig) { c.ReplayTimeout = 0 }, "replay_timeout"},

@@ -22,6 +22,7 @@ type metrics struct {
 	mismatches     prometheus.Counter
 	listenFailures prometheus.Counter
 	framesRefused  prometheus.Counter
+	overCap        prometheus.Counter
 	lag            *prometheus.HistogramVec
 }
 
@@ -66,6 +67,8 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 			Help: "KV-event sockets that could not be bound; those engines run without events."}),
 		framesRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_frames_refused_total",
 			Help: "ZMTP frames refused on KV-event and replay sockets (over the size cap, or a malformed handshake); each closed its connection."}),
+		overCap: prometheus.NewCounter(prometheus.CounterOpts{Name: "llmgw_agent_kv_over_capacity_total",
+			Help: "Times an engine's events would have held more blocks than its cache (num_gpu_blocks, or the agent's cap); each made the replica untrusted."}),
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "llmgw_agent_kv_event_lag_seconds",
 			Help:    "Time from an engine's KV-event batch (its ts, on the engine's clock) to the agent's send of the change, by edge: the oldest and the newest batch a send carries.",
 			Buckets: LagBuckets}, []string{"edge"}),
@@ -77,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 		Help: "Replicas whose KV state is untrusted after a gap replay could not close."},
 		func() float64 { _, u := h.totals(); return float64(u) })
 	for _, c := range []prometheus.Collector{m.events, m.batches, m.badBatches, m.gaps, m.replays, m.resets,
-		m.mismatches, m.listenFailures, m.framesRefused, m.lag, blocks, untrusted} {
+		m.mismatches, m.listenFailures, m.framesRefused, m.overCap, m.lag, blocks, untrusted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

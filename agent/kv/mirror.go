@@ -75,6 +75,10 @@ type mirror struct {
 	// what the report carries for the lag metrics. 0: none.
 	oldest, newest float64
 
+	// maxBlocks caps len(byEngine): what the engine's cache can hold
+	// (ListenerConfig.MaxBlocks, SetEngineBlocks).
+	maxBlocks int
+
 	// Sequence state of the engine's publisher, owned by the listener.
 	seq seqState
 	// gen counts resets of the engine's identity, so a replay started for
@@ -87,9 +91,9 @@ type seqState struct {
 	next    uint64 // the seq wanted next
 }
 
-func newMirror(replicaID string, uid uint64, blockSize uint32, hashSeed string) *mirror {
+func newMirror(replicaID string, uid uint64, blockSize uint32, hashSeed string, maxBlocks int) *mirror {
 	return &mirror{
-		replicaID: replicaID, uid: uid, blockSize: blockSize, root: vllm.NoneHash(hashSeed),
+		replicaID: replicaID, uid: uid, blockSize: blockSize, root: vllm.NoneHash(hashSeed), maxBlocks: maxBlocks,
 		byEngine: map[uint64]*block{}, held: map[uint64]int{}, skipGroups: map[int]bool{},
 		pending: map[uint64]int8{}, reset: true,
 	}
@@ -100,6 +104,9 @@ type applyStats struct {
 	stored, removed, cleared, skipped int
 	mismatches                        int
 	regainedTrust                     bool
+	// overCap: a store would have held more than maxBlocks blocks; the
+	// batch stopped there, and the caller makes the replica untrusted.
+	overCap bool
 }
 
 // applyBatch applies a decoded batch's events in order. While untrusted,
@@ -122,7 +129,12 @@ func (m *mirror) applyBatch(b vllm.EventBatch) applyStats {
 				continue
 			}
 			st.stored += len(e.BlockHashes)
-			st.mismatches += m.stored(e)
+			mism, ok := m.stored(e)
+			st.mismatches += mism
+			if !ok {
+				st.overCap = true
+				return st
+			}
 		case *vllm.BlockRemoved:
 			if m.untrusted {
 				continue
@@ -182,15 +194,18 @@ func (m *mirror) markUntrusted() {
 // mismatch counter tells the operator, and byEngine keeps removals working.
 // A block whose parent the mirror never saw cannot be derived, and is
 // taken as the engine reports it.
-func (m *mirror) stored(e *vllm.BlockStored) (mismatches int) {
+//
+// ok is false when a new block would take the mirror past maxBlocks: the
+// event is not the engine's cache, and the rest of it is not stored.
+func (m *mirror) stored(e *vllm.BlockStored) (mismatches int, ok bool) {
 	if !e.OnGPU() {
-		return 0
+		return 0, true
 	}
 	if !e.FullAttention() {
 		if e.GroupIdx != nil {
 			m.skipGroups[*e.GroupIdx] = true
 		}
-		return 0
+		return 0, true
 	}
 	n := len(e.BlockHashes)
 	bs := e.BlockSize
@@ -209,6 +224,9 @@ func (m *mirror) stored(e *vllm.BlockStored) (mismatches int) {
 		}
 	}
 	for i, h := range e.BlockHashes {
+		if m.byEngine[h.Uint64()] == nil && len(m.byEngine) >= m.maxBlocks {
+			return mismatches, false
+		}
 		if derive && parentKnown {
 			d, err := vllm.HashBlock(parent, e.TokenIDs[i*bs:(i+1)*bs], extraKeys(e, i))
 			if err == nil {
@@ -224,7 +242,7 @@ func (m *mirror) stored(e *vllm.BlockStored) (mismatches int) {
 		m.store(h.Uint64(), block{canon: h.Uint64(), digest: d, known: ok})
 		parent, parentKnown = d, ok
 	}
-	return mismatches
+	return mismatches, true
 }
 
 // extraKeys are block i's extra hash keys as the event gives them. Engines

@@ -2,6 +2,7 @@ package replicas
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 
 	"google.golang.org/protobuf/proto"
@@ -50,14 +51,20 @@ func (rs *Set) plan(r *runner) (launch engine.Launch, ports map[string]int, kvl 
 			return engine.Launch{}, nil, nil, err
 		}
 		if model.GetKvEvents() {
-			// KV-event sockets stay on loopback (design §6).
-			if spec.KVEventsPort, err = port("kv-events", "127.0.0.1"); err != nil {
-				return engine.Launch{}, nil, nil, err
+			// KV-event sockets are Unix sockets only the agent's user
+			// can open, or stay on loopback (design §6).
+			spec.KVEventsEndpoint, spec.KVReplayEndpoint = rs.kvIPC(rep)
+			if spec.KVEventsEndpoint == "" {
+				if spec.KVEventsPort, err = port("kv-events", "127.0.0.1"); err != nil {
+					return engine.Launch{}, nil, nil, err
+				}
+				if spec.KVReplayPort, err = port("kv-replay", "127.0.0.1"); err != nil {
+					return engine.Launch{}, nil, nil, err
+				}
+				spec.KVEventsEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(spec.KVEventsPort)
+				spec.KVReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(spec.KVReplayPort)
 			}
-			if spec.KVReplayPort, err = port("kv-replay", "127.0.0.1"); err != nil {
-				return engine.Launch{}, nil, nil, err
-			}
-			if kvl = rs.listenKV(rep, model, spec.KVEventsPort, spec.KVReplayPort, adopted != nil); kvl == nil {
+			if kvl = rs.listenKV(rep, model, spec.KVEventsEndpoint, spec.KVReplayEndpoint, adopted != nil); kvl == nil {
 				m := proto.Clone(model).(*llmgwv1.Model)
 				m.KvEvents = false
 				spec.Model = m
@@ -82,7 +89,7 @@ const kvTopic = "kv"
 // on failure, which is logged: the engine then starts without events and
 // routers use tier 1 for it, rather than the replica not running at all
 // for want of an optimisation.
-func (rs *Set) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port, replayPort int, catchUp bool) *kv.Listener {
+func (rs *Set) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, endpoint, replay string, catchUp bool) *kv.Listener {
 	if eng := model.GetEngine(); eng != engine.VLLM && eng != engine.Sim {
 		return nil
 	}
@@ -91,8 +98,10 @@ func (rs *Set) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, port, replay
 	}
 	cfg := kv.DefaultListenerConfig()
 	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), kvTopic
-	cfg.Endpoint = "tcp://127.0.0.1:" + strconv.Itoa(port)
-	cfg.ReplayEndpoint = "tcp://127.0.0.1:" + strconv.Itoa(replayPort)
+	cfg.Endpoint, cfg.ReplayEndpoint = endpoint, replay
+	// The engine runs as the agent's user: no one else may feed or
+	// answer for it (issue 27).
+	cfg.SameUser = true
 	cfg.CatchUp = catchUp
 	return rs.startKV(cfg, rep, model)
 }
@@ -117,6 +126,27 @@ func (rs *Set) startKV(cfg kv.ListenerConfig, rep *llmgwv1.Replica, model *llmgw
 		return nil
 	}
 	return l
+}
+
+// kvIPC is a replica's ipc:// KV endpoints in DataDir/kv, or empty for
+// loopback TCP: when the agent is configured so (KVTCP), or the directory
+// cannot be made safe or is too deep for a socket's path (logged).
+func (rs *Set) kvIPC(rep *llmgwv1.Replica) (pub, replay string) {
+	if rs.cfg.KVTCP {
+		return "", ""
+	}
+	dir, err := filepath.Abs(filepath.Join(rs.cfg.DataDir, "kv"))
+	if err == nil {
+		err = kv.SocketDir(dir)
+	}
+	if err == nil {
+		pub, replay, err = kv.IPCEndpoints(dir, rep.GetId())
+	}
+	if err != nil {
+		rs.log.Warn("kv events over loopback TCP instead of ipc", "replica", rep.GetId(), "err", err)
+		return "", ""
+	}
+	return pub, replay
 }
 
 // leaderNode is the node of a replica's rank-0 shard, the one that serves

@@ -54,6 +54,9 @@ type Config struct {
 	// KVMaxFrameBytes caps the KV-event sockets' frames; 0 keeps the
 	// listener's default.
 	KVMaxFrameBytes uint64
+	// KVTCP puts managed engines' KV-event sockets on loopback TCP instead
+	// of ipc:// in DataDir/kv (design §6 "KV events"): the fallback.
+	KVTCP bool
 	// Resolver resolves external engines' host names at each connection
 	// (external.go); nil is net.DefaultResolver.
 	Resolver Resolver

@@ -42,6 +42,10 @@ import (
 // peer's framing bounded. Endpoint turns a tcp:// endpoint into it.
 const Scheme = "llmgw-tcp"
 
+// IPCScheme is the same for ZeroMQ's ipc:// (Unix domain sockets), the
+// transport the agent prefers for engines it runs (design §6 "KV events").
+const IPCScheme = "llmgw-ipc"
+
 const (
 	// DefaultMaxMessageBytes bounds one message (the sum of its frames).
 	// vLLM publishes a batch per engine step; a step that stores a 128k
@@ -85,6 +89,13 @@ type Policy struct {
 	// whose batches sent while it had no peer went to no one. It runs on
 	// zmq4's goroutine: keep it short.
 	Handshaken func(remote net.Addr)
+	// RequireUID makes every connection's peer prove it runs as UID: the
+	// peer's credentials on a Unix socket (SO_PEERCRED), the owner of the
+	// peer's socket on loopback TCP (/proc/net/tcp). A peer of another
+	// user, or one that cannot be told, is refused before zmq4 reads a
+	// byte of it. Linux only; elsewhere every such peer is refused.
+	RequireUID bool
+	UID        uint32
 	// Dial, if set, makes a dialing socket's TCP connections instead of
 	// zmq4's dialer, so the caller decides which addresses a name may
 	// reach (the agent's guard for external engines). It runs on zmq4's
@@ -125,6 +136,9 @@ func Endpoint(ep string) string {
 	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok {
 		return Scheme + "://" + rest
 	}
+	if rest, ok := strings.CutPrefix(ep, "ipc://"); ok {
+		return IPCScheme + "://" + rest
+	}
 	return ep
 }
 
@@ -132,6 +146,9 @@ func init() {
 	// zmq4's registry is process-wide and refuses a name twice: the only
 	// failure is this package being linked twice under one name.
 	if err := zmq4.RegisterTransport(Scheme, tcpTransport{}); err != nil {
+		panic(err)
+	}
+	if err := zmq4.RegisterTransport(IPCScheme, ipcTransport{}); err != nil {
 		panic(err)
 	}
 }
@@ -151,7 +168,7 @@ func (tcpTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (
 	if err != nil {
 		return nil, err
 	}
-	return Guard(c, p), nil
+	return checkedGuard(c, p)
 }
 
 func (tcpTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -159,31 +176,70 @@ func (tcpTransport) Listen(ctx context.Context, addr string) (net.Listener, erro
 	if err != nil {
 		return nil, err
 	}
-	return &listener{Listener: l, p: policyFrom(ctx)}, nil
+	return newListener(l, policyFrom(ctx)), nil
 }
 
 func (tcpTransport) Addr(ep string) (string, error) { return plainTCP.Addr(ep) }
 
-// listener guards every connection it accepts.
-type listener struct {
-	net.Listener
-	p Policy
-}
+// ipcTransport is zmq4's ipc transport with every connection guarded.
+type ipcTransport struct{}
 
-func (l *listener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
+func (ipcTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := d.DialContext(ctx, "unix", addr)
 	if err != nil {
 		return nil, err
 	}
-	return Guard(c, l.p), nil
+	return checkedGuard(c, policyFrom(ctx))
+}
+
+func (ipcTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	l, err := net.Listen("unix", addr)
+	if err != nil {
+		return nil, err
+	}
+	return newListener(l, policyFrom(ctx)), nil
+}
+
+func (ipcTransport) Addr(ep string) (string, error) { return ep, nil }
+
+// checkedGuard guards a dialed connection after checking its peer's user.
+func checkedGuard(c net.Conn, p Policy) (net.Conn, error) {
+	if err := p.checkPeer(c); err != nil {
+		_ = c.Close()
+		if p.Refused != nil {
+			p.Refused(c.RemoteAddr(), err)
+		}
+		return nil, err
+	}
+	return Guard(c, p), nil
+}
+
+// checkPeer refuses a peer of another user than p.UID, if p asks.
+func (p Policy) checkPeer(c net.Conn) error {
+	if !p.RequireUID {
+		return nil
+	}
+	uid, err := PeerUID(c)
+	if err != nil {
+		return fmt.Errorf("%w: the peer's user cannot be told: %w", ErrRefused, err)
+	}
+	if uid != p.UID {
+		return fmt.Errorf("%w: the peer runs as uid %d, not %d", ErrRefused, uid, p.UID)
+	}
+	return nil
 }
 
 // Guard wraps c, whose reads are a ZMTP 3.x peer's side from its greeting
 // on, so that its reads deliver only what p allows.
 func Guard(c net.Conn, p Policy) net.Conn {
 	p = p.withDefaults()
+	return guardUntil(c, p, time.Now().Add(p.HandshakeTimeout))
+}
+
+// guardUntil is Guard with the handshake's deadline given.
+func guardUntil(c net.Conn, p Policy, deadline time.Time) net.Conn {
 	g := &conn{Conn: c, p: p, g: newGuard(p.MaxMessageBytes, p.PeerTypes)}
-	_ = c.SetReadDeadline(time.Now().Add(p.HandshakeTimeout))
+	_ = c.SetReadDeadline(deadline)
 	return g
 }
 

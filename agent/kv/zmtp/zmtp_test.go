@@ -233,7 +233,8 @@ func TestConnNoDeadlineAfterHandshake(t *testing.T) {
 func TestEndpoint(t *testing.T) {
 	for in, want := range map[string]string{
 		"tcp://127.0.0.1:5557": Scheme + "://127.0.0.1:5557",
-		"ipc:///tmp/x":         "ipc:///tmp/x",
+		"ipc:///tmp/x":         IPCScheme + ":///tmp/x",
+		"inproc://x":           "inproc://x",
 	} {
 		if got := Endpoint(in); got != want {
 			t.Errorf("Endpoint(%q) = %q, want %q", in, got, want)
