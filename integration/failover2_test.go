@@ -717,9 +717,20 @@ func partitionHosts() []string {
 // there) and running as group serverGID(i); extra flags go to every server.
 func startClusterOn(t *testing.T, hosts []string, extra ...string) *cluster {
 	t.Helper()
+	return startClusterOnAs(t, hosts, nil, extra...)
+}
+
+// startClusterOnAs is startClusterOn with each server's own flags from
+// own (nil: none), such as the certificate that names it.
+func startClusterOnAs(t *testing.T, hosts []string, own func(s *controlServer) []string, extra ...string) *cluster {
+	t.Helper()
 	c := &cluster{t: t}
 	for i, h := range hosts {
-		c.servers = append(c.servers, newServerOn(t, fmt.Sprintf("c%d", i+1), h))
+		s := newServerOn(t, fmt.Sprintf("c%d", i+1), h)
+		if own != nil {
+			s.args = append(s.args, own(s)...)
+		}
+		c.servers = append(c.servers, s)
 	}
 	for _, s := range c.servers {
 		var join []string

@@ -315,7 +315,10 @@ func zmtpReadyPub() []byte {
 // replica keeps serving.
 func TestKVSocketOversizedFrame(t *testing.T) {
 	s := limitedServer(t, "")
-	a := startAgentProc(t, "n1", []string{s.grpc}, "--kv-max-frame-bytes", "1048576")
+	// Loopback TCP (the fallback): a peer of the agent's own user (this
+	// test runs as the agent does) passes the socket's user check and is
+	// left to the frame bound, which is what this test is about.
+	a := startAgentProc(t, "n1", []string{s.grpc}, "--kv-max-frame-bytes", "1048576", "--kv-events-tcp")
 	file := filepath.Join(t.TempDir(), "kvx.yaml")
 	writeFile(t, file, kvModelYAML("kvx", 1))
 	if out, err := s.ctl("model", "apply", "-f", file); err != nil {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/mtls"
 )
 
 // healPartition is how long TestPartitionHeal cuts a server off: the
@@ -56,6 +58,11 @@ const healedWithin = 10 * time.Second
 //
 // Servers run with the default reconnect interval
 // (gossip.reconnect_interval, 3 s); see healGossip for memberlist's.
+//
+// The cluster runs in plain text and, as operators deploy it, on mutual
+// TLS with a gossip key: there every stream between servers (gossip's
+// push/pull, Raft, the leader's autopilot questions) is a TLS connection
+// that must be made again after the heal.
 func TestPartitionHeal(t *testing.T) {
 	iptablesOrSkip(t)
 	hosts := partitionHosts()
@@ -66,11 +73,25 @@ func TestPartitionHeal(t *testing.T) {
 		}
 		l.Close()
 	}
+	t.Run("plain", func(t *testing.T) { partitionHealOn(t, hosts, nil) })
+	t.Run("tls", func(t *testing.T) {
+		p := newPKI(t)
+		keyPath, _ := keyFile(t)
+		partitionHealOn(t, hosts, func(s *controlServer) []string {
+			s.ctlArgs = p.flags(mtls.RoleAdmin, "ops")
+			return append(p.flags(mtls.RoleServer, s.id), "--gossip-key-file", keyPath)
+		})
+	})
+}
+
+// partitionHealOn is TestPartitionHeal on a cluster of servers on hosts,
+// each with own's flags (nil: none).
+func partitionHealOn(t *testing.T, hosts []string, own func(s *controlServer) []string) {
 	// As in TestFailoverPartitionAgentServer: a loaded machine must not
 	// end the agent's session for silence.
 	cfg := filepath.Join(t.TempDir(), "control.yaml")
 	writeFile(t, cfg, "agent_timeout: 10s\n"+healGossip())
-	c := startClusterOn(t, hosts, "--config", cfg)
+	c := startClusterOnAs(t, hosts, own, "--config", cfg)
 	c.waitLeader(c.servers, formTimeout)
 	c.waitPeers(c.servers, ids(c.servers), formTimeout)
 	if took, _, why := c.waitHealthy(formTimeout); why != "" {
@@ -82,10 +103,19 @@ func TestPartitionHeal(t *testing.T) {
 	took := c.partitionAndHeal(t, leader, nil)
 	t.Logf("partition of the leader %s for %v: healthy %v after the heal", leader.id, healPartition(), took.Round(10*time.Millisecond))
 
-	// A follower's partition, with a model applied meanwhile.
 	cutBefore := leader
 	leader = c.waitLeader(c.servers, formTimeout)
 	follower := without(c.servers, leader, cutBefore)[0]
+	if own != nil {
+		// The follower's partition alone: the replica's part below is the
+		// plain run's (its agent and calls would need certificates of
+		// their own, and it tests the ephemeral plane, not TLS).
+		took = c.partitionAndHeal(t, follower, nil)
+		t.Logf("partition of the follower %s for %v: healthy %v after the heal", follower.id, healPartition(), took.Round(10*time.Millisecond))
+		return
+	}
+
+	// A follower's partition, with a model applied meanwhile.
 	majority := without(c.servers, follower)
 	var ctl []string
 	for _, s := range majority {

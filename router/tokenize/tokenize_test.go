@@ -161,13 +161,13 @@ func TestTokenize(t *testing.T) {
 		setup     func(e *engine)
 		cfg       func(*Config)
 		reqs      []string
-		wantCalls int32
+		wantCalls int32 // -1: at most one (a request cut by the budget may never have reached the engine)
 		wantErr   error
 	}{
 		{"a repeat is a cache hit", nil, nil, []string{"abc", "abc"}, 1, nil},
 		{"different prompts ask twice", nil, nil, []string{"abc", "abd"}, 2, nil},
 		{"LRU evicts past the token bound", nil, func(c *Config) { c.CacheTokens = 4 }, []string{"abc", "xyz", "abc"}, 3, nil},
-		{"over budget is a timeout", func(e *engine) { e.block.Store(true) }, func(c *Config) { c.Budget = 50 * time.Millisecond }, []string{"abc"}, 1, ErrTimeout},
+		{"over budget is a timeout", func(e *engine) { e.block.Store(true) }, func(c *Config) { c.Budget = 50 * time.Millisecond }, []string{"abc"}, -1, ErrTimeout},
 		{"engine error", func(e *engine) { e.status.Store(500) }, nil, []string{"abc"}, 1, ErrEngine},
 		{"errors are not cached", func(e *engine) { e.status.Store(503) }, nil, []string{"abc", "abc"}, 2, ErrEngine},
 	}
@@ -194,8 +194,8 @@ func TestTokenize(t *testing.T) {
 			if !errors.Is(err, tc.wantErr) {
 				t.Errorf("err = %v, want %v", err, tc.wantErr)
 			}
-			if n := e.calls.Load(); n != tc.wantCalls {
-				t.Errorf("engine calls = %d, want %d", n, tc.wantCalls)
+			if n := e.calls.Load(); n != tc.wantCalls && (tc.wantCalls != -1 || n > 1) {
+				t.Errorf("engine calls = %d, want %d (-1: at most one)", n, tc.wantCalls)
 			}
 		})
 	}
