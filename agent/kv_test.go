@@ -20,6 +20,93 @@ import (
 // A kv_events replica's engine is given a KV endpoint the agent listens
 // on; what the engine publishes reaches the control node as net changes,
 // and whole in every full copy (design §7.5 step 2).
+// kvEndpointOf waits for the (fake) engine the agent of c started and
+// returns where it was told to publish its KV events.
+func kvEndpointOf(t *testing.T, c Config) string {
+	t.Helper()
+	var endpoint string
+	testkit.Wait(t, "the engine's start", func() bool {
+		recs, _ := fakeengine.Read(filepath.Join(c.DataDir, "engine.jsonl"))
+		for _, r := range recs {
+			if i := slices.IndexFunc(r.Argv, func(a string) bool { return strings.HasPrefix(a, "--kv-events-config=") }); i >= 0 {
+				var cfg struct {
+					Endpoint string `json:"endpoint"`
+				}
+				if err := json.Unmarshal([]byte(strings.TrimPrefix(r.Argv[i], "--kv-events-config=")), &cfg); err != nil {
+					t.Fatal(err)
+				}
+				endpoint = cfg.Endpoint
+				return true
+			}
+		}
+		return false
+	})
+	return endpoint
+}
+
+// TestKVMirrorBoundByEngineCache: the agent bounds an engine's KV mirror
+// by the cache the engine says it has (vllm:cache_config_info's
+// num_gpu_blocks, read as it turns READY), not only by the configured cap:
+// an engine that publishes more blocks than its cache holds is not this
+// engine's cache, and its replica is reported untrusted.
+func TestKVMirrorBoundByEngineCache(t *testing.T) {
+	ctl := startFakeControl(t, "c1")
+	c := testConfig(t, ctl.addr)
+	_, stop := startAgent(t, c)
+	defer stop()
+	testkit.Wait(t, "the welcome's full copy", func() bool { _, u := ctl.snapshot(); return len(u) >= 1 })
+	ctl.push <- &llmgwv1.ControlMessage{Body: &llmgwv1.ControlMessage_Desired{Desired: &llmgwv1.DesiredReplicas{
+		Revision: 3, Replicas: []*llmgwv1.Replica{{Id: "demo-0", Uid: 5, Model: "demo", Node: "n1"}},
+		Models: []*llmgwv1.Model{{Name: "demo", Engine: "sim", Model: "org/demo", Replicas: 1,
+			KvEvents: true, BlockSize: 4, HashSeed: "7", ExtraArgs: []string{"--num-gpu-blocks-override=2"}}},
+	}}}
+	endpoint := kvEndpointOf(t, c)
+	testkit.Wait(t, "the engine READY with its cache size", func() bool {
+		_, ups := ctl.snapshot()
+		return slices.ContainsFunc(ups, func(u *llmgwv1.EphemeralUpdate) bool {
+			return slices.ContainsFunc(u.GetStatuses(), func(st *llmgwv1.ReplicaStatus) bool {
+				return st.GetReplicaId() == "demo-0" && st.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && st.GetKvCacheBlocks() == 2
+			})
+		})
+	})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pub := zmq4.NewPub(ctx)
+	defer pub.Close()
+	if err := pub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Wait(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })
+	tokens := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
+	hs, err := vllm.BlockHashes(vllm.NoneHash("7"), tokens, 4, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored []vllm.ExternalBlockHash
+	for _, h := range hs {
+		stored = append(stored, vllm.ExternalHash(h, true))
+	}
+	// Three blocks from an engine whose cache holds two (the configured cap
+	// is far above).
+	payload, err := vllm.EncodeEventBatch(vllm.EventBatch{TS: 1, Events: []vllm.Event{&vllm.BlockStored{
+		BlockHashes: stored, TokenIDs: tokens, BlockSize: 4, Medium: vllm.Ptr(vllm.MediumGPU)}}}, vllm.EncodingMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.SendMulti(zmq4.NewMsgFrom(vllm.PubFrames("kv", 0, payload)...)); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Wait(t, "the replica reported untrusted, its mirror empty", func() bool {
+		_, ups := ctl.snapshot()
+		return slices.ContainsFunc(ups, func(u *llmgwv1.EphemeralUpdate) bool {
+			return slices.ContainsFunc(u.GetKv(), func(b *llmgwv1.KVBlocks) bool {
+				return b.GetReplicaId() == "demo-0" && b.GetUntrusted() && len(b.GetStored()) == 0
+			})
+		})
+	})
+}
+
 func TestKVEventsReachControl(t *testing.T) {
 	ctl := startFakeControl(t, "c1")
 	c := testConfig(t, ctl.addr)
@@ -45,23 +132,7 @@ func TestKVEventsReachControl(t *testing.T) {
 	}))
 
 	// The engine was told where to publish.
-	var endpoint string
-	testkit.Wait(t, "the engine's start", func() bool {
-		recs, _ := fakeengine.Read(filepath.Join(c.DataDir, "engine.jsonl"))
-		for _, r := range recs {
-			if i := slices.IndexFunc(r.Argv, func(a string) bool { return strings.HasPrefix(a, "--kv-events-config=") }); i >= 0 {
-				var cfg struct {
-					Endpoint string `json:"endpoint"`
-				}
-				if err := json.Unmarshal([]byte(strings.TrimPrefix(r.Argv[i], "--kv-events-config=")), &cfg); err != nil {
-					t.Fatal(err)
-				}
-				endpoint = cfg.Endpoint
-				return true
-			}
-		}
-		return false
-	})
+	endpoint := kvEndpointOf(t, c)
 	// An ipc socket in the agent's own directory (issue 27), which the
 	// engine binds.
 	if !strings.HasPrefix(endpoint, "ipc://"+filepath.Join(c.DataDir, "kv")+"/") {

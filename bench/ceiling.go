@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/binary"
@@ -12,11 +11,12 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // The ceiling (issue 14, item 5): the cache-hit share an ideal router with
@@ -119,24 +119,11 @@ func blockSizeFromMetrics(ctx context.Context, hc *http.Client, baseURL string) 
 	if resp.StatusCode != http.StatusOK {
 		return 0, fmt.Errorf("%s/metrics: status %d", baseURL, resp.StatusCode)
 	}
-	sc := bufio.NewScanner(io.LimitReader(resp.Body, maxMetricsBytes))
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		brace := strings.IndexByte(line, '{')
-		end := strings.LastIndexByte(line, '}')
-		if brace < 0 || end < brace || line[:brace] != "vllm:cache_config_info" {
-			continue
-		}
-		if v, ok := labelValue(line[brace+1:end], "block_size"); ok {
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return 0, fmt.Errorf("%s/metrics: block_size %q", baseURL, v)
-			}
-			return n, nil
-		}
+	cc, _, err := vllm.ParseCacheConfig(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("%s/metrics: %w", baseURL, err)
 	}
-	return 0, sc.Err()
+	return cc.BlockSize, nil
 }
 
 // ceilingInput is one successful request for the ceiling: its tokens, the

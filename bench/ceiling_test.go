@@ -346,8 +346,10 @@ func TestRunWithoutAResetEndpoint(t *testing.T) {
 		t.Errorf("no warning naming the missing endpoint:\n%s", logs.String())
 	}
 	_, rows := res.Table()
-	if cell := rowOf(rows, "caches"); cell != "cache not reset" {
-		t.Errorf("caches cell %q, want \"cache not reset\"", cell)
+	// Two requests at once may hit what the other computed first, which
+	// the table marks WARM beside the mark this test is about.
+	if cell := rowOf(rows, "caches"); cell != "cache not reset" && !strings.HasSuffix(cell, "), cache not reset") {
+		t.Errorf("caches cell %q, want \"cache not reset\" (after a WARM mark or alone)", cell)
 	}
 
 	cfg.RequireReset = true

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // Decisions are a router's own account of how it placed a run's requests:
@@ -57,7 +59,7 @@ func parseDecisions(r io.Reader) (Decisions, error) {
 		if end < brace {
 			return nil, fmt.Errorf("metrics line %d: unterminated labels", n)
 		}
-		decision, ok := labelValue(line[brace+1:end], "decision")
+		decision, ok := vllm.LabelValue(line[brace+1:end], "decision")
 		if !ok {
 			continue
 		}
@@ -81,41 +83,6 @@ func parseDecisions(r io.Reader) (Decisions, error) {
 		return nil, fmt.Errorf("read metrics: %w", err)
 	}
 	return d, nil
-}
-
-// labelValue finds name="value" in a label set, honouring the exposition
-// format's escapes (\\, \", \n) inside values.
-func labelValue(labels, name string) (string, bool) {
-	for len(labels) > 0 {
-		eq := strings.IndexByte(labels, '=')
-		if eq < 0 || eq+1 >= len(labels) || labels[eq+1] != '"' {
-			return "", false
-		}
-		key := strings.TrimSpace(strings.TrimLeft(labels[:eq], ","))
-		var val strings.Builder
-		i := eq + 2
-		for ; i < len(labels) && labels[i] != '"'; i++ {
-			c := labels[i]
-			if c == '\\' && i+1 < len(labels) {
-				i++
-				switch labels[i] {
-				case 'n':
-					c = '\n'
-				default:
-					c = labels[i]
-				}
-			}
-			val.WriteByte(c)
-		}
-		if i >= len(labels) {
-			return "", false
-		}
-		if key == name {
-			return val.String(), true
-		}
-		labels = labels[i+1:]
-	}
-	return "", false
 }
 
 // scrapeDecisions reads one router's decision counters from base/metrics.

@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"path/filepath"
 	"sync"
 	"time"
@@ -466,6 +467,11 @@ func (rs *Set) reporter(r *runner) supervisor.Reporter {
 		if l := r.listener(); l != nil && st.GetIncarnation() > 0 {
 			// Reported as the process starts, before it can publish.
 			l.Engine(st.GetIncarnation())
+			if n := st.GetKvCacheBlocks(); n > 0 && st.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+				// The engine's own cache size bounds its mirror below the
+				// configured cap (design §6 "KV events").
+				l.SetEngineBlocks(int(min(n, math.MaxInt32)))
+			}
 		}
 		rs.metrics.setPhase(st.GetReplicaId(), st.GetModel(), st.GetPhase())
 		rs.book.put(st)

@@ -36,6 +36,7 @@ import (
 	"github.com/llmgw/llmgw/agent/engine"
 	"github.com/llmgw/llmgw/internal/backoff"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // Config describes one replica's engine and how to supervise it.
@@ -215,7 +216,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			st.Pid = int32(p.pid)
 			st.Phase, st.Message = phase, ""
 			if phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
-				st.MaxModelLen = s.maxModelLen(ctx)
+				s.readyFacts(ctx, st)
 			}
 			s.emit(st)
 			if p.adopted {
@@ -380,6 +381,48 @@ func (s *Supervisor) models(ctx context.Context, modelsURL string) (modelList, e
 	return list, nil
 }
 
+// readyFacts fills in what an engine llmgw runs says of itself once it
+// is ready: its context length (its model card) and its KV-cache size (its
+// metrics). Either is 0 when the engine does not say.
+func (s *Supervisor) readyFacts(ctx context.Context, st *llmgwv1.ReplicaStatus) {
+	st.MaxModelLen = s.maxModelLen(ctx)
+	st.KvCacheBlocks = s.kvCacheBlocks(ctx)
+}
+
+// kvCacheBlocks reads how many KV-cache blocks an engine llmgw runs holds
+// from its /metrics (the same origin as its health URL):
+// vllm:cache_config_info's num_gpu_blocks, which vLLM and the simulator
+// publish once the cache is allocated, before they serve. It bounds the
+// engine's KV mirror (design §6 "KV events"); 0 when the engine does not
+// say (llama.cpp), and the mirror keeps its configured bound.
+func (s *Supervisor) kvCacheBlocks(ctx context.Context) uint64 {
+	u, err := url.Parse(s.cfg.Launch.HealthURL)
+	if err != nil {
+		return 0
+	}
+	u.Path, u.RawQuery = "/metrics", ""
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return 0
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		s.log.Debug("engine's metrics unread: no KV-cache size reported", "err", err)
+		return 0
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		s.log.Debug("engine's metrics unread: no KV-cache size reported", "status", resp.Status)
+		return 0
+	}
+	cc, _, err := vllm.ParseCacheConfig(resp.Body)
+	if err != nil {
+		s.log.Warn("engine's cache_config_info unreadable: no KV-cache size reported", "err", err)
+		return 0
+	}
+	return uint64(cc.NumGPUBlocks)
+}
+
 // maxModelLen reads the context length of an engine llmgw runs from its
 // model list (the same origin as its health URL; vLLM, the simulator and
 // llama.cpp all serve /v1/models), on the card of the name it was started
@@ -441,7 +484,7 @@ func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStat
 				c := cloneStatus(st)
 				c.Phase, c.Message = next, msg
 				if next == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
-					c.MaxModelLen = s.maxModelLen(ctx)
+					s.readyFacts(ctx, c)
 				}
 				s.emit(c)
 			}

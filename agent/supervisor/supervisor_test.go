@@ -382,17 +382,19 @@ func TestReportsMaxModelLen(t *testing.T) {
 		}
 	}
 	tests := []struct {
-		name   string
-		launch func(*testing.T) engine.Launch
-		want   uint32
+		name       string
+		launch     func(*testing.T) engine.Launch
+		want       uint32
+		wantBlocks uint64 // the cache size from the engine's metrics (engines llmgw runs)
 	}{
-		{"vllm started with --max-model-len", runBy(engine.VLLM, []string{"--max-model-len=4096"}), 4096},
-		{"vllm whose card has null", runBy(engine.VLLM, nil), 0},
-		{"llama.cpp (no max_model_len on its card)", runBy(engine.LlamaCpp, nil), 0},
-		{"external vLLM", external(`{"id":"demo","max_model_len":32768}`), 32768},
-		{"external without max_model_len", external(`{"id":"demo"}`), 0},
-		{"external with a negative one", external(`{"id":"demo","max_model_len":-1}`), 0},
-		{"external past uint32", external(`{"id":"demo","max_model_len":4294967296}`), 0},
+		{"vllm started with --max-model-len", runBy(engine.VLLM, []string{"--max-model-len=4096"}), 4096, 0},
+		{"vllm whose card has null", runBy(engine.VLLM, nil), 0, 0},
+		{"vllm publishing its cache size", runBy(engine.VLLM, []string{"--num-gpu-blocks-override=2048"}), 0, 2048},
+		{"llama.cpp (no max_model_len on its card)", runBy(engine.LlamaCpp, nil), 0, 0},
+		{"external vLLM", external(`{"id":"demo","max_model_len":32768}`), 32768, 0},
+		{"external without max_model_len", external(`{"id":"demo"}`), 0, 0},
+		{"external with a negative one", external(`{"id":"demo","max_model_len":-1}`), 0, 0},
+		{"external past uint32", external(`{"id":"demo","max_model_len":4294967296}`), 0, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -403,6 +405,9 @@ func TestReportsMaxModelLen(t *testing.T) {
 			for _, s := range rec.all() {
 				if s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && s.GetMaxModelLen() != tt.want {
 					t.Errorf("READY with max_model_len %d, want %d", s.GetMaxModelLen(), tt.want)
+				}
+				if s.GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY && s.GetKvCacheBlocks() != tt.wantBlocks {
+					t.Errorf("READY with kv_cache_blocks %d, want %d", s.GetKvCacheBlocks(), tt.wantBlocks)
 				}
 			}
 		})

@@ -188,8 +188,8 @@ var rules = []rule{
 	},
 	{
 		Prefix: "bench",
-		InRepo: []string{"proto"},
-		Why:    "bench drives a cluster through proto only (design §3, §10)",
+		InRepo: []string{"proto", "vllm"},
+		Why:    "bench drives a cluster through proto only, and reads engines through vllm's formats (design §3, §10)",
 	},
 	{
 		Prefix: "internal",

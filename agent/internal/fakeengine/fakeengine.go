@@ -123,6 +123,11 @@ func run(path string) int {
 			fmt.Fprintf(w, "vllm:num_requests_running %d\nvllm:num_requests_waiting 0\n", running)
 			return
 		}
+		// vLLM's cache size, when it was set by the flag vLLM takes for it.
+		if blocks := flag("--num-gpu-blocks-override"); r.URL.Path == "/metrics" && blocks != "" {
+			fmt.Fprintf(w, "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=%q} 1.0\n", blocks)
+			return
+		}
 		http.Error(w, "not ready", http.StatusServiceUnavailable)
 	})}
 	go srv.Serve(ln) //nolint:errcheck // the process exits below

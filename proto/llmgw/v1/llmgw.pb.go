@@ -2346,7 +2346,12 @@ type ReplicaStatus struct {
 	// its OpenAI model card says (vLLM's max_model_len), read by the agent
 	// before it reports the engine READY; 0 when the engine's card gives
 	// none (llama.cpp's). Routers show it in their own /v1/models cards.
-	MaxModelLen   uint32 `protobuf:"varint,12,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	MaxModelLen uint32 `protobuf:"varint,12,opt,name=max_model_len,json=maxModelLen,proto3" json:"max_model_len,omitempty"`
+	// How many KV-cache blocks the engine holds, as its
+	// vllm:cache_config_info says (num_gpu_blocks), read by the agent before
+	// it reports the engine READY; 0 when the engine does not say. The agent
+	// bounds the engine's KV mirror by it (design §6 "KV events").
+	KvCacheBlocks uint64 `protobuf:"varint,13,opt,name=kv_cache_blocks,json=kvCacheBlocks,proto3" json:"kv_cache_blocks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2461,6 +2466,13 @@ func (x *ReplicaStatus) GetRestarts() uint32 {
 func (x *ReplicaStatus) GetMaxModelLen() uint32 {
 	if x != nil {
 		return x.MaxModelLen
+	}
+	return 0
+}
+
+func (x *ReplicaStatus) GetKvCacheBlocks() uint64 {
+	if x != nil {
+		return x.KvCacheBlocks
 	}
 	return 0
 }
@@ -7168,7 +7180,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
 	"\aremoved\x18\x02 \x01(\bR\aremoved\x12 \n" +
 	"\fat_unix_nano\x18\x03 \x01(\x03R\n" +
-	"atUnixNano\"\xec\x02\n" +
+	"atUnixNano\"\x94\x03\n" +
 	"\rReplicaStatus\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -7183,7 +7195,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x03pid\x18\n" +
 	" \x01(\x05R\x03pid\x12\x1a\n" +
 	"\brestarts\x18\v \x01(\rR\brestarts\x12\"\n" +
-	"\rmax_model_len\x18\f \x01(\rR\vmaxModelLen\"\xc8\x02\n" +
+	"\rmax_model_len\x18\f \x01(\rR\vmaxModelLen\x12&\n" +
+	"\x0fkv_cache_blocks\x18\r \x01(\x04R\rkvCacheBlocks\"\xc8\x02\n" +
 	"\x0fEphemeralUpdate\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x10\n" +
