@@ -44,6 +44,21 @@ func kvEndpointOf(t *testing.T, c Config) string {
 	return endpoint
 }
 
+// publishAt binds a PUB socket where the engine was told to publish, as
+// the engine would, and waits for the agent's subscription; it is closed
+// when the test ends.
+func publishAt(t *testing.T, endpoint string) zmq4.Socket {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pub := zmq4.NewPub(ctx)
+	t.Cleanup(func() { pub.Close(); cancel() })
+	if err := pub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Wait(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })
+	return pub
+}
+
 // TestKVMirrorBoundByEngineCache: the agent bounds an engine's KV mirror
 // by the cache the engine says it has (vllm:cache_config_info's
 // num_gpu_blocks, read as it turns READY), not only by the configured cap:
@@ -70,14 +85,7 @@ func TestKVMirrorBoundByEngineCache(t *testing.T) {
 		})
 	})
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen(endpoint); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Wait(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })
+	pub := publishAt(t, endpoint)
 	tokens := []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}
 	hs, err := vllm.BlockHashes(vllm.NoneHash("7"), tokens, 4, nil)
 	if err != nil {
@@ -143,14 +151,7 @@ func TestKVEventsReachControl(t *testing.T) {
 	}
 
 	// Publish as the engine would.
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pub := zmq4.NewPub(ctx)
-	defer pub.Close()
-	if err := pub.Listen(endpoint); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Wait(t, "the agent's subscription", func() bool { return slices.Contains(pub.(zmq4.Topics).Topics(), "kv") })
+	pub := publishAt(t, endpoint)
 	tokens := []int{1, 2, 3, 4, 5, 6, 7, 8}
 	hs, err := vllm.BlockHashes(vllm.NoneHash("7"), tokens, 4, nil)
 	if err != nil {

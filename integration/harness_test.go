@@ -378,6 +378,11 @@ func (d *devProcess) post(path, body string) (int, []byte) {
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.http+path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
+	return do(req)
+}
+
+// do sends req and returns its status and body, or 0 and the error's text.
+func do(req *http.Request) (int, []byte) {
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, []byte(err.Error())
@@ -392,14 +397,7 @@ func (d *devProcess) get(path string) (int, []byte) {
 	ctx, cancel := context.WithTimeout(context.Background(), within(30*time.Second))
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+d.http+path, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, []byte(err.Error())
-	}
-	defer resp.Body.Close()
-	var buf bytes.Buffer
-	_, _ = buf.ReadFrom(resp.Body)
-	return resp.StatusCode, buf.Bytes()
+	return do(req)
 }
 
 // eventually polls cond until it holds or within(timeout) passes: timeout
