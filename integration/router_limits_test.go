@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/llmgw/llmgw/internal/testkit"
 )
 
 // The router's limits of issue #12 (design §11 "Limits", docs/operations.md
@@ -243,6 +245,16 @@ func TestRouterLimits(t *testing.T) {
 		}
 		t.Logf("%d idle connections held; the %dth served at once, the oldest idle closed; with %d streams, the next closed in %v",
 			rlMaxConns, rlMaxConns+1, rlMaxConns, closedIn.Round(time.Millisecond))
+		// The next subtests need slots: the router must have seen the
+		// streams' clients go (a loaded machine takes its time), or their
+		// first connection is the one past the cap, closed at once.
+		if !eventually(30*time.Second, func() bool {
+			v, ok := testkit.Scrape(r1.ops, "llmgw_router_connections_open", testkit.Labels{"listener": "api"})
+			return ok && v == 0
+		}) {
+			v, _ := testkit.Scrape(r1.ops, "llmgw_router_connections_open", testkit.Labels{"listener": "api"})
+			t.Fatalf("the router still holds %v API connections after their clients closed them", v)
+		}
 	})
 
 	t.Run("headers", func(t *testing.T) {
