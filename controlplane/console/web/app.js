@@ -110,7 +110,9 @@ function renderModels(d) {
         `<td>${badge(phase, PHASE_CLASS[phase] || "idle")}</td><td>${esc(r.node)}</td><td>${esc((r.gpu_indices || []).join(","))}</td>` +
         `<td class="mono">${esc(st.address)}</td><td class="num">${esc(st.restarts || 0)}</td>${loadCells}<td class="wrap muted">${esc(st.message)}</td></tr>`;
     });
-    const want = Number(m.replicas || 0);
+    // An external model has one replica per endpoint; its replicas field
+    // is the file's default, which nothing reads (design §5.5).
+    const want = m.engine === "external" ? (m.endpoints || []).length : Number(m.replicas || 0);
     const state = ready >= want ? badge(`${ready} / ${want} ready`, "ok") : badge(`${ready} / ${want} ready`, ready ? "warn" : "bad");
     return panel(`${esc(m.name)} ${state}`,
       `${esc(m.engine)} · <code>${esc(m.model || (m.endpoints || []).join(", "))}</code> · profile ${esc(m.profile)} · ${esc(m.gpus_per_replica)} GPU/replica · ${(m.adapters || []).length} adapters`,
