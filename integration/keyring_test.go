@@ -349,10 +349,15 @@ func TestKeyringCatchUpAfterMissedRotation(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// Once the new key is installed on c3, the others' reconnect loop (it
+	// dials a dead member every few seconds, with the new key, which c3
+	// can now read) may bring c3 back before the "use": then the command
+	// reaches every server, which holds the key too. What counts is that
+	// it is done on c3.
 	for _, step := range [][]string{{"install", newKey}, {"use", newKey}} {
 		keys, errs, err := c3.keyringAnswers(step...)
-		if err == nil || keys["c3"] == "" || errs["c3"] != "" {
-			t.Fatalf("%s at c3: keys %v, errors %v, %v; want it done on c3, the others not reached", step[0], keys, errs, err)
+		if keys["c3"] == "" || errs["c3"] != "" || (err != nil) != (len(errs) > 0) {
+			t.Fatalf("%s at c3: keys %v, errors %v, %v; want it done on c3 (the others reached or not)", step[0], keys, errs, err)
 		}
 	}
 	c.waitAlive(c.servers, ids(c.servers), formTimeout)
