@@ -21,8 +21,11 @@ build: ## build llmgw and llmgwctl (static) into bin/
 run: build ## start `llmgw dev`: the OpenAI API on :8080 over simulated replicas
 	$(BIN)/llmgw dev
 
+# -timeout is a guard against a hung test binary, not a budget: integration
+# takes ~8 min on a quiet 2-core machine and ~12 min beside `stress --cpu 2`,
+# so 25m leaves room on a shared CI machine while still ending a hang.
 test: check rules ## the checks, the alert rules' tests, then every test with -race (what CI runs)
-	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -timeout 25m ./...
 
 # The cheap checks first, so a failure shows in seconds; lint runs every
 # `go vet` analyzer (see .golangci.yml), so `vet` is not repeated here.
