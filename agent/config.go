@@ -130,6 +130,10 @@ type Config struct {
 	// data_dir/kv, mode 0700 (design §6 "KV events"): for an engine build
 	// that cannot bind ipc endpoints.
 	KVTCP bool `yaml:"kv_events_tcp"`
+	// KVStreamTimeout is how long an external engine's KV-event publisher
+	// has to connect (or be connected to) before its replica is marked
+	// untrusted and routed by tier 1 (design §6 "External engines").
+	KVStreamTimeout time.Duration `yaml:"kv_stream_timeout"`
 	// TLS is the CA, certificate and key (--tls-ca, --tls-cert, --tls-key;
 	// design §11). Given, the agent dials control servers over mutual TLS,
 	// demanding a server certificate, and serves LoadService to routers
@@ -179,6 +183,7 @@ func DefaultConfig() Config {
 		DrainQuiet:        drain.DefaultConfig().Quiet,
 		DrainTimeout:      drain.DefaultConfig().Timeout,
 		KVMaxFrameBytes:   zmtp.DefaultMaxMessageBytes,
+		KVStreamTimeout:   replicas.DefaultKVStreamTimeout,
 		ProbeInterval:     time.Second,
 		RestartBackoff:    supervisor.DefaultBackoff(),
 		ReconnectInitial:  250 * time.Millisecond,
@@ -268,6 +273,7 @@ func (c *Config) Validate() error {
 		p.Add(configfile.Flag("kv-max-frame-bytes"), "must be between 65536 and 1073741824, got %d", c.KVMaxFrameBytes)
 	}
 	positive("probe_interval", c.ProbeInterval)
+	positive(configfile.Flag("kv-stream-timeout"), c.KVStreamTimeout)
 	positive("restart_backoff.initial", c.RestartBackoff.Initial)
 	if c.RestartBackoff.Max < c.RestartBackoff.Initial {
 		p.Add("restart_backoff.max", "%s must be at least restart_backoff.initial %s", c.RestartBackoff.Max, c.RestartBackoff.Initial)
@@ -303,7 +309,7 @@ func (c *Config) replicasConfig() replicas.Config {
 		Engines: engines, StopEnginesOnExit: c.StopEnginesOnExit,
 		ReadyTimeout: c.ReadyTimeout, StopGrace: c.StopGrace, ProbeInterval: c.ProbeInterval, RestartBackoff: c.RestartBackoff,
 		Drain:           drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now},
-		KVMaxFrameBytes: c.KVMaxFrameBytes, KVTCP: c.KVTCP, Now: c.Now, Resolver: c.Resolver,
+		KVMaxFrameBytes: c.KVMaxFrameBytes, KVTCP: c.KVTCP, KVStreamTimeout: c.KVStreamTimeout, Now: c.Now, Resolver: c.Resolver,
 	}
 }
 

@@ -265,6 +265,17 @@ func TestFailoverGrace(t *testing.T) {
 		}
 		return nil
 	})
+	// The new leader learns of n1's session on the follower some time
+	// after its election (later on a loaded machine); the injected clock
+	// jumps an hour in a moment, so the test waits for that first, as the
+	// grace would in real time.
+	testkit.WaitCtx(ctx, t, "the new leader to see n1's session on a follower", func() error {
+		ns, err := c.admin(newLeader).ListNodes(ctx, &llmgwv1.ListRequest{})
+		if err != nil || !ns.Connected["n1"] {
+			return fmt.Errorf("connected %v, %w", ns.GetConnected(), err)
+		}
+		return nil
+	})
 	time.Sleep(200 * time.Millisecond) // its first reconcile rounds; not a timing assertion
 	state := func(id string) llmgwv1.NodeState {
 		ns, err := c.admin(newLeader).ListNodes(ctx, &llmgwv1.ListRequest{})

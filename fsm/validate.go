@@ -323,20 +323,53 @@ func validateEndpoints(m *llmgwv1.Model) error {
 }
 
 // validateKVEndpoints checks where the agent finds an external engine's KV
-// events (design §6): with kv_events, one publisher per endpoint, by index,
-// and a replay socket per endpoint or none at all. The agent connects to
-// both, so a wildcard host — what vLLM itself binds — is refused: it names
-// no host to connect to.
+// events (design §6): with kv_events, per endpoint by index, either a
+// publisher the agent connects to (kv_events_publishers: a wildcard host,
+// what vLLM itself binds, names no host to connect to) or an address the
+// agent binds for a publisher that connects out (kv_events_listen, with
+// kv_events_allow saying who may connect); and a replay socket per
+// endpoint or none at all. kv_events_buffer_steps is any engine's.
 func validateKVEndpoints(m *llmgwv1.Model) error {
-	kvFields := len(m.KvEventsPublishers) > 0 || len(m.KvEventsReplay) > 0 || m.KvEventsTopic != ""
+	if m.KvEventsBufferSteps > maxBufferSteps {
+		return invalid("kv_events_buffer_steps", "at most %d, got %d", maxBufferSteps, m.KvEventsBufferSteps)
+	}
+	if m.KvEventsBufferSteps != 0 && !m.KvEvents {
+		return invalid("kv_events_buffer_steps", "only with kv_events: true")
+	}
+	kvFields := len(m.KvEventsPublishers) > 0 || len(m.KvEventsReplay) > 0 || m.KvEventsTopic != "" ||
+		len(m.KvEventsListen) > 0 || len(m.KvEventsAllow) > 0
 	if m.Engine != "external" || !m.KvEvents {
 		if kvFields {
-			return invalid("kv_events_publishers", "only for engine \"external\" with kv_events: true (llmgw sets up the sockets of the engines it runs)")
+			key := "kv_events_publishers"
+			if len(m.KvEventsListen) > 0 {
+				key = "kv_events_listen"
+			}
+			return invalid(key, "only for engine \"external\" with kv_events: true (llmgw sets up the sockets of the engines it runs)")
 		}
 		return nil
 	}
-	if len(m.KvEventsPublishers) != len(m.Endpoints) {
-		return invalid("kv_events_publishers", "kv_events on engine \"external\" needs one ZMQ publisher endpoint per endpoint (%d), got %d", len(m.Endpoints), len(m.KvEventsPublishers))
+	switch {
+	case len(m.KvEventsListen) > 0 && len(m.KvEventsPublishers) > 0:
+		return invalid("kv_events_listen", "give kv_events_publishers (the agent connects) or kv_events_listen (the engines connect), not both")
+	case len(m.KvEventsListen) > 0:
+		if len(m.KvEventsListen) != len(m.Endpoints) {
+			return invalid("kv_events_listen", "one ZMQ endpoint per endpoint (%d), got %d", len(m.Endpoints), len(m.KvEventsListen))
+		}
+		for i, ep := range m.KvEventsListen {
+			if err := checkZMQBind(fmt.Sprintf("kv_events_listen[%d]", i), ep); err != nil {
+				return err
+			}
+		}
+	case len(m.KvEventsPublishers) != len(m.Endpoints):
+		return invalid("kv_events_publishers", "kv_events on engine \"external\" needs one ZMQ publisher endpoint per endpoint (%d), got %d (or kv_events_listen, for engines whose publishers connect out)", len(m.Endpoints), len(m.KvEventsPublishers))
+	}
+	if len(m.KvEventsAllow) > 0 && len(m.KvEventsListen) == 0 {
+		return invalid("kv_events_allow", "only with kv_events_listen")
+	}
+	for i, a := range m.KvEventsAllow {
+		if _, err := hostcheck.ParseAllow(a); err != nil {
+			return invalid(fmt.Sprintf("kv_events_allow[%d]", i), "%v", err)
+		}
 	}
 	if len(m.KvEventsReplay) != 0 && len(m.KvEventsReplay) != len(m.Endpoints) {
 		return invalid("kv_events_replay", "one replay endpoint per endpoint (%d, \"\" for an engine without one) or none, got %d", len(m.Endpoints), len(m.KvEventsReplay))
@@ -356,6 +389,10 @@ func validateKVEndpoints(m *llmgwv1.Model) error {
 	}
 	return nil
 }
+
+// maxBufferSteps bounds kv_events_buffer_steps: the agent holds a replay
+// of that many batches, each bounded, while it applies them.
+const maxBufferSteps = 1_000_000
 
 // zmqHostPort splits tcp://HOST:PORT (an IPv6 host in brackets) without
 // package net, which fsm may not import (it must stay off the network).
@@ -389,6 +426,19 @@ func checkZMQConnect(field, ep string) error {
 	}
 	if host == "" || host == "*" || host == "::" || host == "0.0.0.0" {
 		return invalid(field, "%q is a wildcard the engine binds; name the engine's host, which the agent connects to", ep)
+	}
+	return nil
+}
+
+// checkZMQBind checks a ZMQ endpoint the agent binds: tcp://HOST:PORT
+// with a port (a wildcard host binds every address of the agent's node).
+func checkZMQBind(field, ep string) error {
+	_, port, ok := zmqHostPort(ep)
+	if !ok {
+		return invalid(field, "must be tcp://HOST:PORT, got %q", ep)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return invalid(field, "port must be in 1..65535, got %q", ep)
 	}
 	return nil
 }

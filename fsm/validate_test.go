@@ -99,6 +99,40 @@ func TestValidateModel(t *testing.T) {
 			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
 			m.KvEventsPublishers, m.KvEventsReplay = []string{"tcp://a:5557", "tcp://b:5557"}, []string{"tcp://a:5558"}
 		}, "kv_events_replay", "one replay endpoint per endpoint (2"},
+		{"kv_events_listen on external", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
+			m.KvEventsListen, m.KvEventsAllow = []string{"tcp://0.0.0.0:5557", "tcp://[::1]:5558"}, []string{"10.0.0.0/24", "::1"}
+			m.KvEventsBufferSteps = 1000
+		}, "", ""},
+		{"kv_events_listen and publishers", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000"}, true
+			m.KvEventsListen, m.KvEventsPublishers = []string{"tcp://0.0.0.0:5557"}, []string{"tcp://a:5557"}
+		}, "kv_events_listen", "not both"},
+		{"kv_events_listen short", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000", "http://b:8000"}, true
+			m.KvEventsListen = []string{"tcp://0.0.0.0:5557"}
+		}, "kv_events_listen", "one ZMQ endpoint per endpoint (2), got 1"},
+		{"kv_events_listen without a port", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000"}, true
+			m.KvEventsListen = []string{"tcp://0.0.0.0"}
+		}, "kv_events_listen[0]", "tcp://HOST:PORT"},
+		{"kv_events_allow bad", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000"}, true
+			m.KvEventsListen, m.KvEventsAllow = []string{"tcp://0.0.0.0:5557"}, []string{"10.0.0.0/24", "a.example"}
+		}, "kv_events_allow[1]", "address or a CIDR prefix"},
+		{"kv_events_allow host bits", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000"}, true
+			m.KvEventsListen, m.KvEventsAllow = []string{"tcp://0.0.0.0:5557"}, []string{"10.0.0.1/24"}
+		}, "kv_events_allow[0]", "write 10.0.0.0/24"},
+		{"kv_events_allow without listen", func(m *llmgwv1.Model) {
+			m.Engine, m.Model, m.Replicas, m.Endpoints, m.KvEvents = "external", "", 0, []string{"http://a:8000"}, true
+			m.KvEventsPublishers, m.KvEventsAllow = []string{"tcp://a:5557"}, []string{"10.0.0.1"}
+		}, "kv_events_allow", "only with kv_events_listen"},
+		{"kv_events_listen on sim", func(m *llmgwv1.Model) {
+			m.KvEvents, m.KvEventsListen = true, []string{"tcp://0.0.0.0:5557"}
+		}, "kv_events_listen", "only for engine"},
+		{"kv_events_buffer_steps without kv_events", func(m *llmgwv1.Model) { m.KvEventsBufferSteps = 100 }, "kv_events_buffer_steps", "only with kv_events"},
+		{"kv_events_buffer_steps too many", func(m *llmgwv1.Model) { m.KvEvents, m.KvEventsBufferSteps = true, 2_000_000 }, "kv_events_buffer_steps", "at most 1000000"},
 		{"kv publishers without kv_events", func(m *llmgwv1.Model) {
 			m.Engine, m.Model, m.Replicas, m.Endpoints = "external", "", 0, []string{"http://a:8000"}
 			m.KvEventsPublishers = []string{"tcp://a:5557"}

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	"go.uber.org/goleak"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -208,15 +210,21 @@ func TestVLLMKVEndpoints(t *testing.T) {
 		name      string
 		spec      Spec
 		pub, repl string
+		// steps is the model's kv_events_buffer_steps, passed on as
+		// vLLM's buffer_steps.
+		steps uint32
 	}{
 		{"ipc", Spec{KVEventsEndpoint: "ipc:///run/llmgw/kv/a.pub", KVReplayEndpoint: "ipc:///run/llmgw/kv/a.replay"},
-			"ipc:///run/llmgw/kv/a.pub", "ipc:///run/llmgw/kv/a.replay"},
-		{"tcp", Spec{KVEventsPort: 21000, KVReplayPort: 21001}, "tcp://127.0.0.1:21000", "tcp://127.0.0.1:21001"},
-		{"neither", Spec{}, "", ""},
+			"ipc:///run/llmgw/kv/a.pub", "ipc:///run/llmgw/kv/a.replay", 0},
+		{"tcp", Spec{KVEventsPort: 21000, KVReplayPort: 21001}, "tcp://127.0.0.1:21000", "tcp://127.0.0.1:21001", 0},
+		{"buffer steps", Spec{KVEventsPort: 21000, KVReplayPort: 21001}, "tcp://127.0.0.1:21000", "tcp://127.0.0.1:21001", 500},
+		{"neither", Spec{}, "", "", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := tc.spec
-			s.Replica, s.Model, s.Host, s.Port = rep, model, "10.0.0.5", 20000
+			m := proto.CloneOf(model)
+			m.KvEventsBufferSteps = tc.steps
+			s.Replica, s.Model, s.Host, s.Port = rep, m, "10.0.0.5", 20000
 			l, err := Plan(s)
 			if tc.pub == "" {
 				if err == nil {
@@ -237,6 +245,9 @@ func TestVLLMKVEndpoints(t *testing.T) {
 			}
 			if cfg.Endpoint != tc.pub || cfg.ReplayEndpoint != tc.repl {
 				t.Errorf("endpoints %q %q, want %q %q", cfg.Endpoint, cfg.ReplayEndpoint, tc.pub, tc.repl)
+			}
+			if cfg.BufferSteps != tc.steps {
+				t.Errorf("buffer_steps %d, want %d", cfg.BufferSteps, tc.steps)
 			}
 		})
 	}

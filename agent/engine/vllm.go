@@ -18,6 +18,11 @@ type kvEventsConfig struct {
 	Endpoint       string `json:"endpoint"`
 	ReplayEndpoint string `json:"replay_endpoint"`
 	Topic          string `json:"topic"`
+	// BufferSteps is the replay buffer's size in batches: the model's
+	// kv_events_buffer_steps, omitted for vLLM's 10,000. The agent's
+	// listener reads a replay as the engine's whole history only when it
+	// is shorter than this (design §7.5).
+	BufferSteps uint32 `json:"buffer_steps,omitempty"`
 }
 
 // planVLLM builds `vllm serve` (or the simulator, which takes the same
@@ -83,6 +88,7 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 			Endpoint:       pub,
 			ReplayEndpoint: replay,
 			Topic:          "kv",
+			BufferSteps:    m.GetKvEventsBufferSteps(),
 		})
 		if err != nil {
 			return Launch{}, fmt.Errorf("engine %s: kv events config: %w", m.GetEngine(), err)

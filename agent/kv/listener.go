@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"math"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -15,6 +17,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/llmgw/llmgw/agent/kv/zmtp"
+	"github.com/llmgw/llmgw/internal/backoff"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -95,6 +98,20 @@ type ListenerConfig struct {
 	// an address the model policy refuses each time it connects (design §6
 	// "External engines"). Nil dials directly.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// AllowFrom are the addresses that may connect to a bound TCP
+	// endpoint: for an external engine whose publisher connects out
+	// (kv_events_listen), where no peer's user can be checked. A bound
+	// endpoint beyond loopback needs it or SameUser (Validate).
+	AllowFrom []netip.Prefix
+	// StreamTimeout, if set, is how long the engine's publisher has to
+	// complete a handshake after the listener starts: for an external
+	// engine, running already, whose events could otherwise be missing in
+	// silence (issue 27: an agent that only dials meeting a publisher that
+	// only dials, or a port that answers nothing, left the replica trusted
+	// with an empty index). Past it the replica is untrusted, with that
+	// reason, until a publisher connects and the engine's replay gives
+	// its whole history, or the engine clears its cache.
+	StreamTimeout time.Duration
 }
 
 // DefaultListenerConfig has vLLM's defaults (topic "", block size 16) and
@@ -149,8 +166,23 @@ func (c ListenerConfig) Validate() error {
 		return errors.New("kv listener: max_batch_bytes: must be at least 1")
 	case c.MaxReplayBytes <= 0:
 		return errors.New("kv listener: max_replay_bytes: must be at least 1")
+	case c.StreamTimeout < 0:
+		return errors.New("kv listener: stream_timeout: must not be negative")
+	case !c.connects() && !c.SameUser && len(c.AllowFrom) == 0 && !loopbackEndpoint(c.Endpoint):
+		return fmt.Errorf("kv listener: allow_from: required to bind %s beyond loopback without a user check", c.Endpoint)
 	}
 	return nil
+}
+
+// loopbackEndpoint reports whether tcp://HOST:PORT names a loopback
+// address, which only this node's processes can reach.
+func loopbackEndpoint(ep string) bool {
+	host, _, err := net.SplitHostPort(strings.TrimPrefix(ep, "tcp://"))
+	if err != nil {
+		return false
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
 }
 
 func validEndpoint(ep string) bool {
@@ -187,6 +219,10 @@ type Listener struct {
 	// its handshake with the SUB socket; process then polls the replay
 	// socket (pollAfterConnect).
 	connected chan struct{}
+	// pace spaces the SUB socket's redials; refusals logs a refusal that
+	// repeats once until a handshake goes through.
+	pace     *redialPacer
+	refusals onceLog
 }
 
 // Listen binds the engine's SUB socket and starts receiving. It must be
@@ -203,13 +239,19 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{
 		cfg: cfg, log: logger.With("replica", cfg.ReplicaID), hub: h,
-		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed, cfg.MaxBlocks),
+		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed, cfg.MaxBlocks, cfg.QueueSize+recentSlack),
 		msgs:   make(chan zmq4.Msg, cfg.QueueSize), queued: newByteBudget(cfg.QueueBytes), cancel: cancel,
-		connected: make(chan struct{}, 1),
+		connected: make(chan struct{}, 1), pace: newRedialPacer(),
 	}
 	l.zlog = slog.NewLogLogger(l.log.Handler(), slog.LevelDebug)
 	subPolicy := l.policy(zmq4.Pub, zmq4.XPub)
+	subPolicy.AllowFrom = cfg.AllowFrom
+	if cfg.connects() {
+		subPolicy.Dial = l.pace.wrap(subPolicy.Dial)
+	}
 	subPolicy.Handshaken = func(net.Addr) {
+		l.pace.connected()
+		l.refusals.forget()
 		select {
 		case l.connected <- struct{}{}:
 		default:
@@ -238,6 +280,11 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	l.log.Info("listening for kv cache events", "endpoint", l.Endpoint(), "replay", cfg.ReplayEndpoint)
 	return l, nil
 }
+
+// recentSlack is how many batches past the queue's the mirror remembers
+// (recentBatches): those in flight between the engine and the queue when a
+// replay overtakes them.
+const recentSlack = 1024
 
 // socketOptions are the SUB socket's: a connecting one redials for as long
 // as the listener lives, every connectRetry, since an external engine may
@@ -340,7 +387,11 @@ func (l *Listener) Close() {
 func (l *Listener) policy(peers ...zmq4.SocketType) zmtp.Policy {
 	p := zmtp.Policy{MaxMessageBytes: l.cfg.MaxMessageBytes, PeerTypes: peers, Dial: l.cfg.Dial, Refused: func(remote net.Addr, err error) {
 		l.hub.metrics.framesRefused.Inc()
-		l.log.Warn("kv socket: peer refused, connection closed", "remote", fmt.Sprint(remote), "err", err)
+		level := slog.LevelWarn
+		if !l.refusals.first(err.Error()) {
+			level = slog.LevelDebug // logged once already (llmgw_agent_kv_frames_refused_total counts them all)
+		}
+		l.log.Log(context.Background(), level, "kv socket: peer refused, connection closed", "remote", fmt.Sprint(remote), "err", err)
 	}}
 	if l.cfg.SameUser {
 		p.RequireUID, p.UID = true, uint32(os.Geteuid())
@@ -424,6 +475,13 @@ func (l *Listener) process(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	// stream fires if no publisher has connected by StreamTimeout.
+	var stream <-chan time.Time
+	if l.cfg.StreamTimeout > 0 {
+		st := time.NewTimer(l.cfg.StreamTimeout)
+		defer st.Stop()
+		stream = st.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -431,14 +489,22 @@ func (l *Listener) process(ctx context.Context) {
 		case msg := <-l.msgs:
 			l.queued.release(msgBytes(msg))
 			l.handle(ctx, msg)
+		case <-stream:
+			l.mirror.mu.Lock()
+			if !l.mirror.untrusted {
+				l.untrustLocked(fmt.Sprintf("no event stream: the engine's publisher did not connect within %v", l.cfg.StreamTimeout),
+					"endpoint", l.Endpoint())
+			}
+			l.mirror.mu.Unlock()
 		case <-l.connected:
+			stream = nil
 			if l.cfg.ReplayEndpoint == "" {
 				continue // nothing to poll: a loss shows as a gap, untrusted
 			}
 			poll = 0
 			timer.Reset(pollAfterConnect[0])
 		case <-timer.C:
-			l.repair(ctx, l.gen(), 0, replayPoll)
+			l.poll(ctx)
 			if poll++; poll < len(pollAfterConnect) {
 				timer.Reset(pollAfterConnect[poll] - pollAfterConnect[poll-1])
 			}
@@ -469,6 +535,17 @@ func (l *Listener) handle(ctx context.Context, msg zmq4.Msg) {
 	}
 	m := l.mirror
 	m.mu.Lock()
+	if m.seq.started && seq < m.seq.next {
+		if m.recent.applied(seq, payload) {
+			// Already applied, from a replay that overtook the live stream.
+			m.mu.Unlock()
+			return
+		}
+		// Not a batch applied lately: another process of the engine,
+		// counting from 0 again — restarted before any health check
+		// noticed. Its cache is empty and its history starts over.
+		l.restartLocked("its kv events count again from a lower seq", "seq", seq, "want_seq", m.seq.next)
+	}
 	switch {
 	case m.untrusted:
 		// Only an AllBlocksCleared can make the set known again; gaps
@@ -479,10 +556,6 @@ func (l *Listener) handle(ctx context.Context, msg zmq4.Msg) {
 		return
 	case (!m.seq.started && seq == 0) || (m.seq.started && seq == m.seq.next):
 		l.applyLocked(seq, payload)
-		m.mu.Unlock()
-		return
-	case m.seq.started && seq < m.seq.next:
-		// Already applied, from a replay that overtook the live stream.
 		m.mu.Unlock()
 		return
 	}
@@ -499,6 +572,7 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	m := l.mirror
 	met := l.hub.metrics
 	m.seq = seqState{started: true, next: seq + 1}
+	m.recent.add(seq, payload)
 	b, err := vllm.DecodeEventBatchLimited(payload, vllm.DecodeLimits{MaxDecodedBytes: l.cfg.MaxBatchBytes,
 		MaxBlockHashes: 2 * m.maxBlocks})
 	if err != nil {
@@ -541,11 +615,31 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	}
 }
 
+// untrustLocked marks the replica untrusted: why, with the error among
+// args if there is one, is the reason its report carries (shown by
+// llmgwctl replica list and the console). Logged once: every caller checks
+// the mirror is trusted first, and it stays untrusted until a restart, a
+// clear or a whole history replayed.
 func (l *Listener) untrustLocked(why string, args ...any) {
-	l.mirror.markUntrusted()
+	reason := why
+	for i := 0; i+1 < len(args); i += 2 {
+		if args[i] == "err" {
+			reason += ": " + fmt.Sprint(args[i+1])
+		}
+	}
+	l.mirror.markUntrusted(reason)
 	l.hub.pacer.changed()
 	l.hub.metrics.resets.WithLabelValues("untrusted").Inc()
 	l.log.Warn("kv state untrusted until the engine restarts or clears its cache", append([]any{"why", why}, args...)...)
+}
+
+// restartLocked starts the mirror over for a restart of the engine that
+// its own events showed (mirror.restart).
+func (l *Listener) restartLocked(why string, args ...any) {
+	l.hub.metrics.resets.WithLabelValues("restart").Inc()
+	l.log.Info("engine restarted; kv mirror reset", append([]any{"why", why}, args...)...)
+	l.mirror.restart()
+	l.hub.pacer.changed()
 }
 
 // repair asks the replay socket for every batch from the wanted seq on and
@@ -555,10 +649,9 @@ func (l *Listener) untrustLocked(why string, args ...any) {
 // time leaves the gap open, and the replica untrusted (design §7.5).
 //
 // One exception (issue 14): before any batch of the engine is applied, a
-// replay of fewer batches than the engine's buffer holds is its whole
-// history — the buffer never dropped one — so a first batch past 0 means
-// the engine numbers from there (a vLLM-compatible engine counting from
-// 1), not that batches were lost. The history is complete.
+// replay that is the engine's whole history (wholeHistory) starting at 1
+// means the engine numbers from there (a vLLM-compatible engine counting
+// from 1), not that batches were lost. The history is complete.
 //
 // A poll (replayPoll) asks the same of an engine that showed no gap, in
 // case batches went to no one (pollAfterConnect): one the engine cannot
@@ -607,7 +700,7 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, why replayReaso
 		if r.Seq < m.seq.next && m.seq.started {
 			continue
 		}
-		if r.Seq != m.seq.next && !m.seq.started && len(replies) < l.cfg.ReplayBufferSteps {
+		if r.Seq != m.seq.next && !m.seq.started && l.wholeHistory(replies) {
 			complete = true
 			l.log.Debug("kv events: the replay is the engine's whole history", "first_seq", r.Seq, "batches", len(replies))
 			m.seq.next = r.Seq
@@ -642,6 +735,108 @@ func (l *Listener) repair(ctx context.Context, gen, seen uint64, why replayReaso
 	}
 	met.replays.WithLabelValues("repaired").Inc()
 	l.log.Debug("kv events: gap repaired by replay", "from_seq", want, "batches", len(replies))
+}
+
+// wholeHistory reports whether a replay from seq 0 is everything the
+// engine published: fewer batches than its buffer holds, so the buffer
+// never dropped one. It is only as good as ReplayBufferSteps, the model's
+// kv_events_buffer_steps: an engine whose buffer is smaller than the agent
+// was told, and wrapped, gives a replay taken for its whole history (issue
+// 27: a hot prompt's blocks missing from the index). Its first seq cannot
+// tell, as vLLM-compatible engines may number from anywhere (issue 14).
+func (l *Listener) wholeHistory(replies []vllm.ReplayReply) bool {
+	return len(replies) < l.cfg.ReplayBufferSteps
+}
+
+// poll is what a handshake's polls do (pollAfterConnect). For a trusted
+// mirror, it first checks that the publisher is the engine process whose
+// batches the mirror applied: its replay must still hold the last of
+// them, byte for byte. An engine restarted between two health checks
+// (issue 27) holds another batch at that seq, or none; the mirror then
+// starts over from the new process's whole history. For an untrusted
+// mirror, a publisher's return is the chance to rebuild it whole
+// (recover).
+func (l *Listener) poll(ctx context.Context) {
+	m := l.mirror
+	m.mu.Lock()
+	gen, untrusted, started, last := m.gen, m.untrusted, m.seq.started, m.seq.next-1
+	m.mu.Unlock()
+	switch {
+	case untrusted:
+		l.recover(ctx, gen)
+		return
+	case !started || last == math.MaxUint64:
+		l.repair(ctx, gen, 0, replayPoll)
+		return
+	}
+	replies, err := l.fetchReplay(ctx, last)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		l.hub.metrics.replays.WithLabelValues("poll_failed").Inc()
+		l.log.Debug("kv events: replay poll failed", "from_seq", last, "err", err)
+		return
+	}
+	m.mu.Lock()
+	if m.gen != gen || m.untrusted || m.seq.next-1 != last {
+		m.mu.Unlock()
+		return // the mirror moved on meanwhile; the next poll or batch tells
+	}
+	if len(replies) == 0 || replies[0].Seq != last || !m.recent.applied(last, replies[0].Payload) {
+		l.restartLocked("its replay no longer holds the last batch applied", "seq", last)
+		gen = m.gen
+		m.mu.Unlock()
+		l.repair(ctx, gen, 0, replayCatchUp)
+		return
+	}
+	m.mu.Unlock()
+	l.repair(ctx, gen, 0, replayPoll)
+}
+
+// recover rebuilds an untrusted mirror from the engine's replay when that
+// is its whole history (wholeHistory): then nothing the engine ever did is
+// missing, whatever made the mirror untrusted. Anything less leaves it
+// untrusted until the engine clears or restarts.
+func (l *Listener) recover(ctx context.Context, gen uint64) {
+	if l.cfg.ReplayEndpoint == "" {
+		return
+	}
+	met := l.hub.metrics
+	replies, err := l.fetchReplay(ctx, 0)
+	if ctx.Err() != nil {
+		return
+	}
+	m := l.mirror
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gen != gen || !m.untrusted {
+		return
+	}
+	if err != nil || !l.wholeHistory(replies) {
+		met.replays.WithLabelValues("unrecovered").Inc()
+		l.log.Debug("kv events: the engine's replay is not its whole history; kv state stays untrusted", "batches", len(replies), "err", err)
+		return
+	}
+	was := m.why
+	m.restart()
+	l.hub.pacer.changed()
+	for i, r := range replies {
+		if i == 0 {
+			m.seq.next = r.Seq
+		}
+		if r.Seq != m.seq.next {
+			met.replays.WithLabelValues("unrepairable").Inc()
+			l.untrustLocked("the engine's replay has holes", "want_seq", m.seq.next, "replayed_seq", r.Seq)
+			return
+		}
+		if l.applyLocked(r.Seq, r.Payload); m.untrusted {
+			met.replays.WithLabelValues("unrepairable").Inc()
+			return
+		}
+	}
+	met.replays.WithLabelValues("recovered").Inc()
+	l.log.Info("kv state trusted again: the engine's replay holds its whole history", "batches", len(replies), "was", was)
 }
 
 // replayReason is why a replay is asked for.
@@ -710,4 +905,78 @@ func (l *Listener) fetchReplay(ctx context.Context, from uint64) ([]vllm.ReplayR
 		}
 		out = append(out, r)
 	}
+}
+
+// redialPacer spaces a connecting SUB socket's dials. zmq4 redials at once
+// a connection its peer ended, so a peer refused at every handshake — the
+// publisher and replay ports swapped — was redialed, refused and logged
+// about 2,000 times a second (issue 27). The first dial, and the first
+// after a handshake went through, go at once; each further one waits the
+// next delay of internal/backoff, from redialMin doubling to redialMax.
+type redialPacer struct {
+	mu     sync.Mutex
+	b      *backoff.Backoff
+	dialed bool // a dial was made since the last handshake
+	sleep  func(ctx context.Context, d time.Duration) bool
+}
+
+const (
+	redialMin = 100 * time.Millisecond
+	redialMax = 5 * time.Second
+)
+
+func newRedialPacer() *redialPacer {
+	return &redialPacer{b: backoff.New(redialMin, redialMax, nil), sleep: backoff.Sleep}
+}
+
+// wrap paces dial (nil: a plain net.Dialer's).
+func (p *redialPacer) wrap(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		p.mu.Lock()
+		var wait time.Duration
+		if p.dialed {
+			wait = p.b.Next()
+		}
+		p.dialed = true
+		p.mu.Unlock()
+		if wait > 0 && !p.sleep(ctx, wait) {
+			return nil, ctx.Err()
+		}
+		return dial(ctx, network, addr)
+	}
+}
+
+// connected is a handshake gone through: the next dial goes at once.
+func (p *redialPacer) connected() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.dialed = false
+	p.b.Reset()
+}
+
+// onceLog tells the first of a repeating message from its repeats, until
+// forget.
+type onceLog struct {
+	mu   sync.Mutex
+	last string
+}
+
+// first reports whether msg differs from the last one seen, and keeps it.
+func (o *onceLog) first(msg string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.last == msg {
+		return false
+	}
+	o.last = msg
+	return true
+}
+
+func (o *onceLog) forget() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.last = ""
 }

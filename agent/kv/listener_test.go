@@ -3,6 +3,7 @@ package kv
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -468,6 +469,13 @@ func TestListenerConfigValidate(t *testing.T) {
 		{"timeout", func(c *ListenerConfig) { c.ReplayTimeout = 0 }, "replay_timeout"},
 		{"queue", func(c *ListenerConfig) { c.QueueSize = 0 }, "queue_size"},
 		{"message cap", func(c *ListenerConfig) { c.MaxMessageBytes = 0 }, "max_message_bytes"},
+		{"bound beyond loopback", func(c *ListenerConfig) { c.Endpoint = "tcp://0.0.0.0:5557" }, "allow_from"},
+		{"bound beyond loopback, allow-list", func(c *ListenerConfig) {
+			c.Endpoint, c.AllowFrom = "tcp://0.0.0.0:5557", []netip.Prefix{netip.MustParsePrefix("10.0.0.7/32")}
+		}, ""},
+		{"bound beyond loopback, same user", func(c *ListenerConfig) { c.Endpoint, c.SameUser = "tcp://0.0.0.0:5557", true }, ""},
+		{"connects beyond loopback", func(c *ListenerConfig) { c.Endpoint, c.Connect = "tcp://10.0.0.7:5557", true }, ""},
+		{"stream timeout", func(c *ListenerConfig) { c.StreamTimeout = -1 }, "stream_timeout"},
 	}
 	for _, tc := range tests {
 		c := ok

@@ -13,6 +13,7 @@
 package kv
 
 import (
+	"hash/maphash"
 	"math"
 	"slices"
 	"sync"
@@ -68,8 +69,10 @@ type mirror struct {
 	// AllBlocksCleared, trust lost or regained, a new mirror).
 	reset bool
 	// untrusted: events were lost and replay could not recover them, so
-	// the set is unknown until the engine restarts or clears its cache.
+	// the set is unknown until the engine restarts or clears its cache;
+	// why says so in the words reported (KVBlocks.untrusted_reason).
 	untrusted bool
+	why       string
 	// oldest and newest are the engine's times (its batches' ts, Unix
 	// seconds) of the first and last batch applied since the last report:
 	// what the report carries for the lag metrics. 0: none.
@@ -81,6 +84,9 @@ type mirror struct {
 
 	// Sequence state of the engine's publisher, owned by the listener.
 	seq seqState
+	// recent tells a batch below seq.next that was applied already from
+	// one of another engine process (recentBatches).
+	recent *recentBatches
 	// gen counts resets of the engine's identity, so a replay started for
 	// one engine process is not applied to the next.
 	gen uint64
@@ -91,11 +97,14 @@ type seqState struct {
 	next    uint64 // the seq wanted next
 }
 
-func newMirror(replicaID string, uid uint64, blockSize uint32, hashSeed string, maxBlocks int) *mirror {
+// newMirror returns an empty mirror; recent is how many applied batches
+// it remembers to tell a repeat from a restarted engine's (at least the
+// listener's queue: a replay can overtake that many live batches).
+func newMirror(replicaID string, uid uint64, blockSize uint32, hashSeed string, maxBlocks, recent int) *mirror {
 	return &mirror{
 		replicaID: replicaID, uid: uid, blockSize: blockSize, root: vllm.NoneHash(hashSeed), maxBlocks: maxBlocks,
 		byEngine: map[uint64]*block{}, held: map[uint64]int{}, skipGroups: map[int]bool{},
-		pending: map[uint64]int8{}, reset: true,
+		pending: map[uint64]int8{}, reset: true, recent: newRecentBatches(recent),
 	}
 }
 
@@ -123,7 +132,7 @@ func (m *mirror) applyBatch(b vllm.EventBatch) applyStats {
 				st.regainedTrust = true
 			}
 			m.clear()
-			m.untrusted = false
+			m.untrusted, m.why = false, ""
 		case *vllm.BlockStored:
 			if m.untrusted {
 				continue
@@ -171,17 +180,27 @@ func (m *mirror) clear() {
 // its seq starts from 0 (design §7.5: "resets on engine restart").
 func (m *mirror) newEngine(incarnation uint64) {
 	m.incarnation = incarnation
+	m.restart()
+}
+
+// restart starts over for a new process of the same engine, one the
+// engine's own events showed (its seq counting again from below, or a
+// whole history replayed) rather than the supervisor: the same
+// incarnation, an empty cache, seq from 0.
+func (m *mirror) restart() {
 	m.clear()
 	clear(m.skipGroups)
-	m.untrusted = false
+	m.untrusted, m.why = false, ""
 	m.seq = seqState{}
+	m.recent.forget()
 	m.gen++
 }
 
-// markUntrusted gives up on the set until the engine restarts or clears.
-func (m *mirror) markUntrusted() {
+// markUntrusted gives up on the set until the engine restarts or clears;
+// why is what the report says.
+func (m *mirror) markUntrusted(why string) {
 	m.clear()
-	m.untrusted = true
+	m.untrusted, m.why = true, why
 }
 
 // stored adds the blocks of one event and returns how many of the
@@ -317,7 +336,7 @@ func (m *mirror) report(full bool) *llmgwv1.KVBlocks {
 		return nil
 	}
 	out := &llmgwv1.KVBlocks{ReplicaId: m.replicaID, Uid: m.uid, Incarnation: m.incarnation,
-		Untrusted: m.untrusted, BlockSize: m.blockSize,
+		Untrusted: m.untrusted, UntrustedReason: m.why, BlockSize: m.blockSize,
 		OldestEventUnixNano: unixNano(m.oldest), NewestEventUnixNano: unixNano(m.newest)}
 	m.oldest, m.newest = 0, 0
 	switch {
@@ -358,3 +377,36 @@ func (m *mirror) blocks() []uint64 {
 	slices.Sort(out)
 	return out
 }
+
+// recentBatches remembers a digest of each of the last batches applied, by
+// seq, in a ring. A batch whose seq is below the one wanted next is either
+// one of these again (a live batch a replay overtook: the same bytes, as
+// vLLM replays what it published) or a batch of another process of the
+// engine, restarted and counting from 0 again before any health check
+// noticed (issue 27: its batches were dropped as "already applied" and
+// the index stayed stale).
+type recentBatches struct {
+	seed    maphash.Seed
+	entries []recentBatch
+}
+
+type recentBatch struct {
+	seq, sum uint64
+	set      bool
+}
+
+func newRecentBatches(n int) *recentBatches {
+	return &recentBatches{seed: maphash.MakeSeed(), entries: make([]recentBatch, max(n, 1))}
+}
+
+func (r *recentBatches) add(seq uint64, payload []byte) {
+	r.entries[seq%uint64(len(r.entries))] = recentBatch{seq: seq, sum: maphash.Bytes(r.seed, payload), set: true}
+}
+
+// applied reports whether the batch seq with payload is one applied lately.
+func (r *recentBatches) applied(seq uint64, payload []byte) bool {
+	e := r.entries[seq%uint64(len(r.entries))]
+	return e.set && e.seq == seq && e.sum == maphash.Bytes(r.seed, payload)
+}
+
+func (r *recentBatches) forget() { clear(r.entries) }

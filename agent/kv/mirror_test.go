@@ -128,7 +128,7 @@ func TestMirror(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks)
+			m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, 16)
 			m.newEngine(1)
 			st := m.applyBatch(vllm.EventBatch{Events: tc.events})
 			if got := m.blocks(); !slices.Equal(got, tc.want.blocks) {
@@ -166,7 +166,7 @@ func checkInvariants(t testing.TB, m *mirror) {
 func TestMirrorReports(t *testing.T) {
 	root := vllm.NoneHash("0")
 	a := chain(t, root, toks(1, 12))
-	m := newMirror("r", 9, testBS, "0", DefaultMaxBlocks)
+	m := newMirror("r", 9, testBS, "0", DefaultMaxBlocks, 16)
 	if r := m.report(false); r != nil {
 		t.Fatalf("report before the engine started: %v", r)
 	}
@@ -221,11 +221,11 @@ func TestMirrorReports(t *testing.T) {
 
 func TestMirrorUntrusted(t *testing.T) {
 	a := chain(t, vllm.NoneHash("0"), toks(1, 8))
-	m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks)
+	m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, 16)
 	m.newEngine(1)
 	m.applyBatch(vllm.EventBatch{Events: []vllm.Event{storedEv(nil, a, toks(1, 8))}})
 	m.report(false)
-	m.markUntrusted()
+	m.markUntrusted("test")
 	if r := m.report(false); r == nil || !r.Reset_ || !r.Untrusted || len(r.Stored) != 0 {
 		t.Fatalf("untrusted report: %v", r)
 	}

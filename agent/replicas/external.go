@@ -35,24 +35,42 @@ import (
 // owner goes away the control plane gives the replica to another agent
 // (design §5.5), and the engine never notices.
 
-// connectKV connects the KV listener of an external replica to its
-// engine's publisher: the model's kv_events_publishers and
-// kv_events_replay entries at the index of the replica's endpoint, each
-// connection through the replica's endpoint guard. Like listenKV it
-// returns nil, logged, when it cannot: routers then use tier 1 for the
+// connectKV starts the KV listener of an external replica (design §6
+// "External engines"): it connects to the engine's publisher and replay
+// sockets, the model's kv_events_publishers and kv_events_replay entries
+// at the index of the replica's endpoint, each connection through the
+// replica's endpoint guard; or, for engines whose publisher connects out,
+// it binds the model's kv_events_listen entry, open only to the
+// kv_events_allow addresses (by default, those the endpoint's host
+// resolves to). Either way the engine's stream must show itself within
+// kvStreamTimeout, or the replica is untrusted, saying why. Like listenKV
+// it returns nil, logged, when it cannot: routers then use tier 1 for the
 // replica.
 func (rs *Set) connectKV(r *runner) *kv.Listener {
 	rep, model := r.replica, r.model
 	i := slices.Index(model.GetEndpoints(), rep.GetEndpoint())
-	if i < 0 || i >= len(model.GetKvEventsPublishers()) {
+	listen := len(model.GetKvEventsListen()) > 0
+	if i < 0 || (!listen && i >= len(model.GetKvEventsPublishers())) || (listen && i >= len(model.GetKvEventsListen())) {
 		rs.log.Warn("kv_events model without a publisher for this endpoint; routers use tier 1 for it",
 			"replica", rep.GetId(), "model", rep.GetModel(), "endpoint", rep.GetEndpoint())
 		return nil
 	}
 	cfg := kv.DefaultListenerConfig()
 	cfg.ReplicaID, cfg.UID, cfg.Topic = rep.GetId(), rep.GetUid(), model.GetKvEventsTopic()
-	cfg.Endpoint, cfg.Connect = model.GetKvEventsPublishers()[i], true
 	cfg.Dial = r.guard.DialContext
+	cfg.StreamTimeout = rs.kvStreamTimeout()
+	if listen {
+		cfg.Endpoint = model.GetKvEventsListen()[i]
+		allow, err := rs.kvAllow(r)
+		if err != nil {
+			rs.log.Warn("kv_events_listen: no address may connect; routers use tier 1 for the replica",
+				"replica", rep.GetId(), "model", rep.GetModel(), "err", err)
+			return nil
+		}
+		cfg.AllowFrom = allow
+	} else {
+		cfg.Endpoint, cfg.Connect = model.GetKvEventsPublishers()[i], true
+	}
 	// The engine was running before this listener, whatever it is: the
 	// mirror starts with a replay from seq 0 (untrusted if the engine's
 	// buffer no longer holds it).
@@ -61,6 +79,51 @@ func (rs *Set) connectKV(r *runner) *kv.Listener {
 		cfg.ReplayEndpoint = model.GetKvEventsReplay()[i]
 	}
 	return rs.startKV(cfg, rep, model)
+}
+
+// kvStreamTimeout is how long an external engine's publisher has to
+// connect before its replica is untrusted (Config.KVStreamTimeout).
+func (rs *Set) kvStreamTimeout() time.Duration {
+	if rs.cfg.KVStreamTimeout > 0 {
+		return rs.cfg.KVStreamTimeout
+	}
+	return DefaultKVStreamTimeout
+}
+
+// DefaultKVStreamTimeout is Config.KVStreamTimeout's default: an external
+// engine is running already, so its publisher connects (or is connected
+// to) within a few redials; a stream silent for this long is not coming.
+const DefaultKVStreamTimeout = 10 * time.Second
+
+// kvAllow is who may connect to an external replica's kv_events_listen
+// socket: the model's kv_events_allow, or else the addresses the
+// replica's endpoint host resolves to, checked by its guard.
+func (rs *Set) kvAllow(r *runner) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, a := range r.model.GetKvEventsAllow() {
+		p, err := hostcheck.ParseAllow(a)
+		if err != nil {
+			return nil, fmt.Errorf("kv_events_allow: %w", err)
+		}
+		out = append(out, p)
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	u, err := url.Parse(r.replica.GetEndpoint())
+	if err != nil {
+		return nil, fmt.Errorf("endpoint %q: %w", r.replica.GetEndpoint(), err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), externalDialTimeout)
+	defer cancel()
+	addrs, err := r.guard.resolve(ctx, "tcp", u.Hostname())
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range addrs {
+		out = append(out, netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()))
+	}
+	return out, nil
 }
 
 // isExternal reports whether a runner's replica is one this agent owns

@@ -110,6 +110,9 @@ func (rs *Set) listenKV(rep *llmgwv1.Replica, model *llmgwv1.Model, endpoint, re
 // settings and starts it; nil, logged, on failure.
 func (rs *Set) startKV(cfg kv.ListenerConfig, rep *llmgwv1.Replica, model *llmgwv1.Model) *kv.Listener {
 	cfg.BlockSize, cfg.HashSeed = model.GetBlockSize(), model.GetHashSeed()
+	if n := model.GetKvEventsBufferSteps(); n != 0 {
+		cfg.ReplayBufferSteps = int(n)
+	}
 	if rs.cfg.KVMaxFrameBytes != 0 {
 		cfg.MaxMessageBytes = rs.cfg.KVMaxFrameBytes
 	}

@@ -58,6 +58,10 @@ type Config struct {
 	// KVTCP puts managed engines' KV-event sockets on loopback TCP instead
 	// of ipc:// in DataDir/kv (design §6 "KV events"): the fallback.
 	KVTCP bool
+	// KVStreamTimeout is how long an external engine's KV-event publisher
+	// has to connect before its replica is untrusted; 0 means
+	// DefaultKVStreamTimeout.
+	KVStreamTimeout time.Duration
 	// Resolver resolves external engines' host names at each connection
 	// (external.go); nil is net.DefaultResolver.
 	Resolver Resolver

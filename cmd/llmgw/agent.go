@@ -84,6 +84,7 @@ func bindAgentFlags(f *pflag.FlagSet) *agentFlags {
 	f.DurationVar(&cfg.DrainQuiet, "drain-quiet", d.DrainQuiet, "how long a draining replica's engine must be idle before it is stopped")
 	f.DurationVar(&cfg.DrainTimeout, "drain-timeout", d.DrainTimeout, "stop a draining replica's engine after this long even if busy")
 	f.BoolVar(&cfg.KVTCP, "kv-events-tcp", d.KVTCP, "put managed engines' KV-event sockets on loopback TCP instead of Unix sockets in the data dir (the fallback)")
+	f.DurationVar(&cfg.KVStreamTimeout, "kv-stream-timeout", d.KVStreamTimeout, "how long an external engine's KV-event publisher has to connect before its replica is untrusted (routed by tier 1)")
 	f.Uint64Var(&cfg.KVMaxFrameBytes, "kv-max-frame-bytes", d.KVMaxFrameBytes, "largest frame (and message) an engine's KV-event sockets accept; a peer declaring more is disconnected")
 	// Security (design §11).
 	f.StringVar(&cfg.TLS.CA, "tls-ca", "", "CA certificate (PEM); with --tls-cert and --tls-key, every gRPC connection is mutual TLS")

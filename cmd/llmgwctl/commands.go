@@ -170,15 +170,29 @@ func (c *cli) replicaCmd() *cobra.Command {
 						state += " (draining)"
 					}
 					rows = append(rows, []string{r.GetId(), r.GetModel(), r.GetNode(), orDash(s.GetAddress()), state,
-						strconv.FormatUint(r.GetUid(), 10), strconv.FormatUint(s.GetIncarnation(), 10), strconv.Itoa(int(s.GetRestarts()))})
+						strconv.FormatUint(r.GetUid(), 10), strconv.FormatUint(s.GetIncarnation(), 10), strconv.Itoa(int(s.GetRestarts())),
+						kvState(v.GetKv())})
 				}
-				return c.printTable([]string{"ID", "MODEL", "NODE", "ADDRESS", "STATE", "UID", "INCARNATION", "RESTARTS"}, rows)
+				return c.printTable([]string{"ID", "MODEL", "NODE", "ADDRESS", "STATE", "UID", "INCARNATION", "RESTARTS", "KV"}, rows)
 			})
 		},
 	}
 	consistentFlag(list, &consistent)
 	cmd.AddCommand(list)
 	return cmd
+}
+
+// kvState is a replica's KV column: its mirror's size, or "untrusted" and
+// why (routers then place it by tier 1, design §7.5); "-" without KV
+// events. Last, as the reason is as long as it needs to be.
+func kvState(k *llmgwv1.ReplicaKV) string {
+	switch {
+	case k == nil:
+		return "-"
+	case k.GetUntrusted():
+		return "untrusted: " + orDash(k.GetUntrustedReason())
+	}
+	return strconv.FormatUint(k.GetBlocks(), 10) + " blocks"
 }
 
 func (c *cli) clusterCmd() *cobra.Command {

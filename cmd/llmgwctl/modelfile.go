@@ -39,6 +39,12 @@ type modelFile struct {
 	KVEventsPublishers []string `yaml:"kv_events_publishers"`
 	KVEventsReplay     []string `yaml:"kv_events_replay"`
 	KVEventsTopic      string   `yaml:"kv_events_topic"`
+	// Instead of publishers: what the owning agent binds for engines
+	// whose publishers connect out, and who may connect to it.
+	KVEventsListen []string `yaml:"kv_events_listen"`
+	KVEventsAllow  []string `yaml:"kv_events_allow"`
+	// The engines' replay buffer size (vLLM's buffer_steps).
+	KVEventsBufferSteps int `yaml:"kv_events_buffer_steps"`
 	// The model policy's explicit permissions (fsm.ValidateModel says what
 	// each allows); both default to false.
 	AllowRemoteCode         bool `yaml:"allow_remote_code"`
@@ -113,6 +119,8 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 		KvEventsPublishers: f.KVEventsPublishers,
 		KvEventsReplay:     f.KVEventsReplay,
 		KvEventsTopic:      f.KVEventsTopic,
+		KvEventsListen:     f.KVEventsListen,
+		KvEventsAllow:      f.KVEventsAllow,
 
 		AllowRemoteCode:         f.AllowRemoteCode,
 		AllowLinkLocalEndpoints: f.AllowLinkLocalEndpoints,
@@ -141,6 +149,7 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 	set("block_size", f.BlockSize, &m.BlockSize)
 	set("max_loaded_adapters", f.MaxLoadedAdapters, &m.MaxLoadedAdapters)
 	set("max_lora_rank", f.MaxLoRARank, &m.MaxLoraRank)
+	set("kv_events_buffer_steps", f.KVEventsBufferSteps, &m.KvEventsBufferSteps)
 	if err != nil {
 		return nil, err
 	}

@@ -51,7 +51,7 @@ func TestParseModelFile(t *testing.T) {
 		{"external vLLM with kv events", "name: ext\nengine: external\nendpoints: [\"http://10.0.0.7:8000\", \"http://10.0.0.8:8000\"]\nkv_events: true\n" +
 			"kv_events_publishers: [\"tcp://10.0.0.7:5557\", \"tcp://10.0.0.8:5557\"]\nkv_events_replay: [\"tcp://10.0.0.7:5558\", \"\"]\nkv_events_topic: kv\n", ""},
 		{"external kv events, a publisher short", "name: ext\nengine: external\nendpoints: [\"http://10.0.0.7:8000\", \"http://10.0.0.8:8000\"]\nkv_events: true\n" +
-			"kv_events_publishers: [\"tcp://10.0.0.7:5557\"]\n", "kv_events_publishers: kv_events on engine \"external\" needs one ZMQ publisher endpoint per endpoint (2), got 1"},
+			"kv_events_publishers: [\"tcp://10.0.0.7:5557\"]\n", "kv_events_publishers: kv_events on engine \"external\" needs one ZMQ publisher endpoint per endpoint (2), got 1 (or kv_events_listen, for engines whose publishers connect out)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

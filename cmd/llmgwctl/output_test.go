@@ -137,3 +137,43 @@ func TestModelListReplicas(t *testing.T) {
 		})
 	}
 }
+
+type replicasAdmin struct {
+	llmgwv1.UnimplementedAdminServiceServer
+	views []*llmgwv1.ReplicaView
+}
+
+func (a replicasAdmin) ListReplicas(context.Context, *llmgwv1.ListRequest) (*llmgwv1.ListReplicasResponse, error) {
+	return &llmgwv1.ListReplicasResponse{Replicas: a.views}, nil
+}
+
+// TestReplicaListKV (issue 27): replica list shows whether routers may
+// trust a replica's KV state, and why not.
+func TestReplicaListKV(t *testing.T) {
+	tests := []struct {
+		name string
+		kv   *llmgwv1.ReplicaKV
+		want string
+	}{
+		{"no kv events", nil, "-"},
+		{"trusted", &llmgwv1.ReplicaKV{Blocks: 42}, "42 blocks"},
+		{"untrusted", &llmgwv1.ReplicaKV{Untrusted: true, UntrustedReason: "no event stream: the engine's publisher did not connect within 10s"},
+			"untrusted: no event stream: the engine's publisher did not connect within 10s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			view := &llmgwv1.ReplicaView{Replica: &llmgwv1.Replica{Id: "ext-0", Model: "ext", Node: "n1", Uid: 3}, Kv: tt.kv}
+			out, err := run(serveAdmin(t, replicasAdmin{views: []*llmgwv1.ReplicaView{view}}), "replica", "list")
+			if err != nil {
+				t.Fatal(err)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 2 || !strings.HasSuffix(strings.TrimSpace(lines[0]), "KV") {
+				t.Fatalf("want a header ending in KV and one row, got:\n%s", out)
+			}
+			if col := strings.Index(lines[0], "KV"); strings.TrimSpace(lines[1][col:]) != tt.want {
+				t.Errorf("KV = %q, want %q\n%s", strings.TrimSpace(lines[1][col:]), tt.want, out)
+			}
+		})
+	}
+}

@@ -74,6 +74,7 @@ type kvState struct {
 	uid, incarnation uint64
 	blockSize        uint32
 	untrusted        bool
+	reason           string // why untrusted, in the agent's words
 	blocks           map[uint64]struct{}
 }
 
@@ -84,7 +85,7 @@ func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
 		// hashes a replica would otherwise grow the map a dozen times.
 		k.blocks = make(map[uint64]struct{}, len(b.Stored))
 	}
-	k.uid, k.incarnation, k.untrusted = b.Uid, b.Incarnation, b.Untrusted
+	k.uid, k.incarnation, k.untrusted, k.reason = b.Uid, b.Incarnation, b.Untrusted, b.UntrustedReason
 	if b.BlockSize != 0 {
 		k.blockSize = b.BlockSize
 	}
@@ -101,7 +102,7 @@ func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
 // replica's 250 k hashes take 20 ms to sort).
 func (k *kvState) copy(replicaID string) *llmgwv1.KVBlocks {
 	out := &llmgwv1.KVBlocks{ReplicaId: replicaID, Uid: k.uid, Incarnation: k.incarnation, Reset_: true,
-		Untrusted: k.untrusted, BlockSize: k.blockSize, Stored: make([]uint64, 0, len(k.blocks))}
+		Untrusted: k.untrusted, UntrustedReason: k.reason, BlockSize: k.blockSize, Stored: make([]uint64, 0, len(k.blocks))}
 	for h := range k.blocks {
 		out.Stored = append(out.Stored, h)
 	}
@@ -350,6 +351,23 @@ func (s *Store) StatusOf(r *llmgwv1.Replica) *llmgwv1.ReplicaStatus {
 		return nil
 	}
 	return st
+}
+
+// KVOf summarises the KV-cache blocks replica r's own node last reported
+// for it (design §7.5): how many, and whether routers may trust them; nil
+// for another placement (uid) or none reported (no KV events).
+func (s *Store) KVOf(r *llmgwv1.Replica) *llmgwv1.ReplicaKV {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.nodes[r.GetNode()]
+	if !ok {
+		return nil
+	}
+	k, ok := d.kv[r.GetId()]
+	if !ok || k.uid != r.GetUid() {
+		return nil
+	}
+	return &llmgwv1.ReplicaKV{Blocks: uint64(len(k.blocks)), Untrusted: k.untrusted, UntrustedReason: k.reason, Incarnation: k.incarnation}
 }
 
 // AdaptersOf returns copies of the adapter statuses replica r's own node

@@ -186,11 +186,21 @@ func TestKVBlocksAreHeldForCopies(t *testing.T) {
 		t.Fatalf("after a delta: %v", k)
 	}
 	// A new incarnation replaces the set even without a reset.
+	if got := s.KVOf(&llmgwv1.Replica{Id: "a", Node: "n1", Uid: 1}); got.GetBlocks() != 3 || got.GetUntrusted() {
+		t.Fatalf("KVOf after a delta: %v", got)
+	}
 	d = upd(1, 3, false)
-	d.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 2, Stored: []uint64{9}, Untrusted: true}}
+	d.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 2, Stored: []uint64{9}, Untrusted: true, UntrustedReason: "replay failed"}}
 	s.Apply(d)
-	if k := copyOf(); fmt.Sprint(k.Stored) != "[9]" || !k.Untrusted || k.Incarnation != 2 || k.BlockSize != 16 {
+	if k := copyOf(); fmt.Sprint(k.Stored) != "[9]" || !k.Untrusted || k.UntrustedReason != "replay failed" || k.Incarnation != 2 || k.BlockSize != 16 {
 		t.Fatalf("after a restart: %v", k)
+	}
+	// What llmgwctl replica list shows: the summary, for this placement only.
+	if got := s.KVOf(&llmgwv1.Replica{Id: "a", Node: "n1", Uid: 1}); !got.GetUntrusted() || got.GetUntrustedReason() != "replay failed" || got.GetIncarnation() != 2 {
+		t.Fatalf("KVOf: %v", got)
+	}
+	if got := s.KVOf(&llmgwv1.Replica{Id: "a", Node: "n1", Uid: 2}); got != nil {
+		t.Fatalf("KVOf of another placement: %v", got)
 	}
 	d = upd(1, 4, false)
 	d.RemovedReplicas = []string{"a"}

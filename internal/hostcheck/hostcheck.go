@@ -12,6 +12,7 @@
 package hostcheck
 
 import (
+	"fmt"
 	"net/netip"
 	"strings"
 )
@@ -67,4 +68,23 @@ func Addr(a netip.Addr) string {
 		return "a link-local address, where cloud metadata services answer"
 	}
 	return ""
+}
+
+// ParseAllow reads one entry of an allow-list of source addresses (a
+// model's kv_events_allow: who may connect to the agent's socket for an
+// external engine's publisher): an address, taken as a prefix of its full
+// length, or a CIDR prefix in its canonical form. fsm checks the entries
+// when a model is applied, the agent reads them when it binds.
+func ParseAllow(s string) (netip.Prefix, error) {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		if p != p.Masked() {
+			return netip.Prefix{}, fmt.Errorf("%q has host bits set; write %s", s, p.Masked())
+		}
+		return p, nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || a.Zone() != "" {
+		return netip.Prefix{}, fmt.Errorf("must be an address or a CIDR prefix, got %q", s)
+	}
+	return netip.PrefixFrom(a.Unmap(), a.Unmap().BitLen()), nil
 }

@@ -60,3 +60,30 @@ func TestAddr(t *testing.T) {
 		}
 	}
 }
+
+func TestParseAllow(t *testing.T) {
+	for _, tc := range []struct {
+		in, want, err string
+	}{
+		{"10.0.0.7", "10.0.0.7/32", ""},
+		{"10.0.0.0/24", "10.0.0.0/24", ""},
+		{"::1", "::1/128", ""},
+		{"::ffff:10.0.0.7", "10.0.0.7/32", ""},
+		{"fd00::/8", "fd00::/8", ""},
+		{"10.0.0.1/24", "", "write 10.0.0.0/24"},
+		{"engine.example", "", "address or a CIDR prefix"},
+		{"fe80::1%eth0", "", "address or a CIDR prefix"},
+		{"", "", "address or a CIDR prefix"},
+	} {
+		p, err := ParseAllow(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseAllow(%q) = %v, %v; want an error with %q", tc.in, p, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || p.String() != tc.want {
+			t.Errorf("ParseAllow(%q) = %v, %v; want %s", tc.in, p, err, tc.want)
+		}
+	}
+}

@@ -167,3 +167,52 @@ func TestSocketUID(t *testing.T) {
 		}
 	}
 }
+
+// TestAllowFrom (issue 27): a socket bound for an external engine's
+// publisher, which connects out, accepts only the addresses of its
+// allow-list; any other peer is closed before a byte of it is read.
+func TestAllowFrom(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		allow string
+		pass  bool
+	}{
+		{"listed", "127.0.0.1/32", true},
+		{"listed by prefix", "127.0.0.0/8", true},
+		{"not listed", "127.0.0.2/32", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			refused := make(chan error, 4)
+			p := Policy{AllowFrom: []netip.Prefix{netip.MustParsePrefix(tc.allow)},
+				Refused: func(_ net.Addr, err error) { refused <- err }}
+			sub, connect := pubSub(t, p, "tcp://127.0.0.1:0")
+			if tc.pass {
+				pub := connect()
+				if err := pub.Send(zmq4.NewMsgString("hello")); err != nil {
+					t.Fatal(err)
+				}
+				if msg, err := sub.Recv(); err != nil || string(msg.Bytes()) != "hello" {
+					t.Fatalf("received %q, %v", msg.Bytes(), err)
+				}
+				return
+			}
+			c, err := net.Dial("tcp", sub.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			select {
+			case err := <-refused:
+				if !strings.Contains(err.Error(), "not in the allow-list") {
+					t.Errorf("refused with %v; want the allow-list named", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("a peer outside the allow-list was not refused within 30s")
+			}
+			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+			if n, err := c.Read(make([]byte, 16)); err == nil {
+				t.Errorf("the refused connection answered %d bytes; want it closed", n)
+			}
+		})
+	}
+}

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -100,7 +101,17 @@ type Policy struct {
 	// zmq4's dialer, so the caller decides which addresses a name may
 	// reach (the agent's guard for external engines). It runs on zmq4's
 	// dialing goroutine.
+	//
+	// It is also how a redial is paced: zmq4 redials a connection its
+	// peer ended at once, so a peer that is refused at every handshake
+	// (publisher and replay ports swapped) would be redialed thousands of
+	// times a second. Dial gets "unix" for ipc endpoints too.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// AllowFrom, if set, are the addresses an accepted TCP connection may
+	// come from; any other peer is refused before a byte of it is read.
+	// For a socket bound beyond loopback (an external engine's publisher
+	// connecting out to the agent), where no user can be checked.
+	AllowFrom []netip.Prefix
 }
 
 func (p Policy) withDefaults() Policy {
@@ -185,11 +196,16 @@ func (tcpTransport) Addr(ep string) (string, error) { return plainTCP.Addr(ep) }
 type ipcTransport struct{}
 
 func (ipcTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
-	c, err := d.DialContext(ctx, "unix", addr)
+	p := policyFrom(ctx)
+	dial := d.DialContext
+	if p.Dial != nil {
+		dial = p.Dial
+	}
+	c, err := dial(ctx, "unix", addr)
 	if err != nil {
 		return nil, err
 	}
-	return checkedGuard(c, policyFrom(ctx))
+	return checkedGuard(c, p)
 }
 
 func (ipcTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -216,6 +232,11 @@ func checkedGuard(c net.Conn, p Policy) (net.Conn, error) {
 
 // checkPeer refuses a peer of another user than p.UID, if p asks.
 func (p Policy) checkPeer(c net.Conn) error {
+	if len(p.AllowFrom) > 0 {
+		if err := allowed(c.RemoteAddr(), p.AllowFrom); err != nil {
+			return err
+		}
+	}
 	if !p.RequireUID {
 		return nil
 	}
@@ -227,6 +248,21 @@ func (p Policy) checkPeer(c net.Conn) error {
 		return fmt.Errorf("%w: the peer runs as uid %d, not %d", ErrRefused, uid, p.UID)
 	}
 	return nil
+}
+
+// allowed refuses a remote address outside every prefix of allow.
+func allowed(remote net.Addr, allow []netip.Prefix) error {
+	ap, err := netip.ParseAddrPort(fmt.Sprint(remote))
+	if err != nil {
+		return fmt.Errorf("%w: the peer's address %v cannot be told", ErrRefused, remote)
+	}
+	a := ap.Addr().Unmap()
+	for _, p := range allow {
+		if p.Contains(a) {
+			return nil
+		}
+	}
+	return fmt.Errorf("%w: %s is not in the allow-list", ErrRefused, a)
 }
 
 // Guard wraps c, whose reads are a ZMTP 3.x peer's side from its greeting

@@ -106,9 +106,16 @@ function renderModels(d) {
       if (l && l.error) loadCells = `<td colspan="3" class="muted wrap">${esc(l.error)}</td>`;
       else if (l) loadCells = `<td class="num">${num(l.running)}</td><td class="num">${num(l.waiting)}</td>` +
         `<td class="num"><span class="bar"><i style="width:${(100 * l.kv_usage).toFixed(0)}%"></i></span>${num(100 * l.kv_usage)}%</td>`;
-      return `<tr data-replica="${esc(r.id)}" data-phase="${esc(phase)}" data-restarts="${esc(st.restarts || 0)}"><td><b>${esc(r.id)}</b>${r.draining ? " " + badge("draining", "warn") : ""}</td>` +
+      // The KV index: untrusted (routers place the replica by tier 1,
+      // design §7.5) with the agent's reason, or the blocks it holds.
+      const kv = v.kv;
+      const kvState = !kv ? "none" : (kv.untrusted ? "untrusted" : "trusted");
+      const kvCell = !kv ? `<td class="muted">–</td>` : (kv.untrusted
+        ? `<td class="wrap">${badge("untrusted", "bad")} <span class="muted">${esc(kv.untrusted_reason)}</span></td>`
+        : `<td class="num">${num(Number(kv.blocks || 0))} blocks</td>`);
+      return `<tr data-replica="${esc(r.id)}" data-phase="${esc(phase)}" data-restarts="${esc(st.restarts || 0)}" data-kv="${kvState}"><td><b>${esc(r.id)}</b>${r.draining ? " " + badge("draining", "warn") : ""}</td>` +
         `<td>${badge(phase, PHASE_CLASS[phase] || "idle")}</td><td>${esc(r.node)}</td><td>${esc((r.gpu_indices || []).join(","))}</td>` +
-        `<td class="mono">${esc(st.address)}</td><td class="num">${esc(st.restarts || 0)}</td>${loadCells}<td class="wrap muted">${esc(st.message)}</td></tr>`;
+        `<td class="mono">${esc(st.address)}</td><td class="num">${esc(st.restarts || 0)}</td>${loadCells}${kvCell}<td class="wrap muted">${esc(st.message)}</td></tr>`;
     });
     // An external model has one replica per endpoint; its replicas field
     // is the file's default, which nothing reads (design §5.5).
@@ -116,7 +123,7 @@ function renderModels(d) {
     const state = ready >= want ? badge(`${ready} / ${want} ready`, "ok") : badge(`${ready} / ${want} ready`, ready ? "warn" : "bad");
     return panel(`${esc(m.name)} ${state}`,
       `${esc(m.engine)} · <code>${esc(m.model || (m.endpoints || []).join(", "))}</code> · profile ${esc(m.profile)} · ${esc(m.gpus_per_replica)} GPU/replica · ${(m.adapters || []).length} adapters`,
-      table(["Replica", "Phase", "Node", "GPUs", "Address", "#Restarts", "#Running", "#Waiting", "#KV cache", "Message"], rows),
+      table(["Replica", "Phase", "Node", "GPUs", "Address", "#Restarts", "#Running", "#Waiting", "#KV cache", "KV index", "Message"], rows),
       `data-model="${esc(m.name)}"`);
   }).join("") || `<p class="muted">No model. Apply one with <code>llmgwctl model apply -f model.yaml</code>.</p>`;
 }

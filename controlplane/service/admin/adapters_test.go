@@ -27,6 +27,7 @@ func (f fakeReports) AdaptersOf(r *llmgwv1.Replica) map[string]*llmgwv1.AdapterS
 }
 
 func (fakeReports) StatusOf(*llmgwv1.Replica) *llmgwv1.ReplicaStatus { return nil }
+func (fakeReports) KVOf(*llmgwv1.Replica) *llmgwv1.ReplicaKV         { return nil }
 
 // TestListAdapters: every declared adapter is listed, sorted, with its
 // placement (none for a cold one) and each replica's reported state,

@@ -85,6 +85,9 @@ type Reports interface {
 	// AdaptersOf is the adapters' states its node reported for r's
 	// placement, by adapter name.
 	AdaptersOf(r *llmgwv1.Replica) map[string]*llmgwv1.AdapterStatus
+	// KVOf is the KV state its node reported for r's placement; nil
+	// without KV events.
+	KVOf(r *llmgwv1.Replica) *llmgwv1.ReplicaKV
 }
 
 // Sessions is every node with an agent session on any server (package
@@ -215,7 +218,7 @@ func (a *Service) ListReplicas(_ context.Context, req *llmgwv1.ListRequest) (*ll
 	}
 	out := &llmgwv1.ListReplicasResponse{Revision: st.Revision}
 	for _, r := range st.Replicas {
-		out.Replicas = append(out.Replicas, &llmgwv1.ReplicaView{Replica: r, Status: a.reports.StatusOf(r)})
+		out.Replicas = append(out.Replicas, &llmgwv1.ReplicaView{Replica: r, Status: a.reports.StatusOf(r), Kv: a.reports.KVOf(r)})
 	}
 	return out, nil
 }

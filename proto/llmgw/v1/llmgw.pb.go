@@ -635,9 +635,28 @@ type Model struct {
 	// When the model was first applied (Unix seconds), set by the FSM from
 	// the Raft entry's append time, kept across updates: /v1/models' created.
 	// Ignored in a command.
-	CreatedUnix   int64 `protobuf:"varint,25,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CreatedUnix int64 `protobuf:"varint,25,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	// For engine "external" with kv_events, instead of kv_events_publishers:
+	// the ZMQ endpoint the owning agent binds for each endpoint's publisher,
+	// by index, for engines whose publisher connects out (vLLM connects when
+	// its "endpoint" has no wildcard): tcp://HOST:PORT, HOST the agent's own
+	// address or a wildcard (design §6 "External engines").
+	KvEventsListen []string `protobuf:"bytes,26,rep,name=kv_events_listen,json=kvEventsListen,proto3" json:"kv_events_listen,omitempty"`
+	// Who may connect to a kv_events_listen socket: addresses or CIDR
+	// prefixes. Empty means the addresses the endpoint's own host resolves
+	// to, each time the agent binds. Every other peer is refused before a
+	// byte of it is read.
+	KvEventsAllow []string `protobuf:"bytes,27,rep,name=kv_events_allow,json=kvEventsAllow,proto3" json:"kv_events_allow,omitempty"`
+	// How many batches each engine's replay buffer holds (vLLM's
+	// kv-events-config buffer_steps; 0 means vLLM's 10,000). The agent
+	// passes it to the engines it runs; for external engines it must say
+	// what they were started with. A catch-up replay that is shorter than
+	// this is the engine's whole history; a full one may have lost the
+	// start, and the replica stays untrusted until the engine clears or
+	// restarts.
+	KvEventsBufferSteps uint32 `protobuf:"varint,28,opt,name=kv_events_buffer_steps,json=kvEventsBufferSteps,proto3" json:"kv_events_buffer_steps,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Model) Reset() {
@@ -834,6 +853,27 @@ func (x *Model) GetKvEventsTopic() string {
 func (x *Model) GetCreatedUnix() int64 {
 	if x != nil {
 		return x.CreatedUnix
+	}
+	return 0
+}
+
+func (x *Model) GetKvEventsListen() []string {
+	if x != nil {
+		return x.KvEventsListen
+	}
+	return nil
+}
+
+func (x *Model) GetKvEventsAllow() []string {
+	if x != nil {
+		return x.KvEventsAllow
+	}
+	return nil
+}
+
+func (x *Model) GetKvEventsBufferSteps() uint32 {
+	if x != nil {
+		return x.KvEventsBufferSteps
 	}
 	return 0
 }
@@ -2759,8 +2799,11 @@ type KVBlocks struct {
 	// off by the clock skew between the engine's host and the router's.
 	OldestEventUnixNano int64 `protobuf:"varint,10,opt,name=oldest_event_unix_nano,json=oldestEventUnixNano,proto3" json:"oldest_event_unix_nano,omitempty"`
 	NewestEventUnixNano int64 `protobuf:"varint,11,opt,name=newest_event_unix_nano,json=newestEventUnixNano,proto3" json:"newest_event_unix_nano,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Why the KV state is untrusted, when it is: the agent's words, shown by
+	// llmgwctl replica list and the console.
+	UntrustedReason string `protobuf:"bytes,12,opt,name=untrusted_reason,json=untrustedReason,proto3" json:"untrusted_reason,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *KVBlocks) Reset() {
@@ -2868,6 +2911,13 @@ func (x *KVBlocks) GetNewestEventUnixNano() int64 {
 		return x.NewestEventUnixNano
 	}
 	return 0
+}
+
+func (x *KVBlocks) GetUntrustedReason() string {
+	if x != nil {
+		return x.UntrustedReason
+	}
+	return ""
 }
 
 // ControlServer describes one control-plane node, so clients can fail over
@@ -5939,9 +5989,12 @@ func (x *ListNodesResponse) GetConnected() map[string]bool {
 // ReplicaView joins a replica's desired placement with its last reported
 // status.
 type ReplicaView struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Replica       *Replica               `protobuf:"bytes,1,opt,name=replica,proto3" json:"replica,omitempty"`
-	Status        *ReplicaStatus         `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Replica *Replica               `protobuf:"bytes,1,opt,name=replica,proto3" json:"replica,omitempty"`
+	Status  *ReplicaStatus         `protobuf:"bytes,2,opt,name=status,proto3" json:"status,omitempty"`
+	// The replica's KV-event state as its agent last reported it; unset for
+	// a replica without KV events (or before its first report).
+	Kv            *ReplicaKV `protobuf:"bytes,3,opt,name=kv,proto3" json:"kv,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5990,6 +6043,83 @@ func (x *ReplicaView) GetStatus() *ReplicaStatus {
 	return nil
 }
 
+func (x *ReplicaView) GetKv() *ReplicaKV {
+	if x != nil {
+		return x.Kv
+	}
+	return nil
+}
+
+// ReplicaKV is what the answering server holds of a replica's KV mirror
+// (design §7.5): its size and whether routers may trust it.
+type ReplicaKV struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Blocks          uint64                 `protobuf:"varint,1,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	Untrusted       bool                   `protobuf:"varint,2,opt,name=untrusted,proto3" json:"untrusted,omitempty"`
+	UntrustedReason string                 `protobuf:"bytes,3,opt,name=untrusted_reason,json=untrustedReason,proto3" json:"untrusted_reason,omitempty"`
+	Incarnation     uint64                 `protobuf:"varint,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ReplicaKV) Reset() {
+	*x = ReplicaKV{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaKV) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaKV) ProtoMessage() {}
+
+func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaKV.ProtoReflect.Descriptor instead.
+func (*ReplicaKV) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *ReplicaKV) GetBlocks() uint64 {
+	if x != nil {
+		return x.Blocks
+	}
+	return 0
+}
+
+func (x *ReplicaKV) GetUntrusted() bool {
+	if x != nil {
+		return x.Untrusted
+	}
+	return false
+}
+
+func (x *ReplicaKV) GetUntrustedReason() string {
+	if x != nil {
+		return x.UntrustedReason
+	}
+	return ""
+}
+
+func (x *ReplicaKV) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 type ListReplicasResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
@@ -6000,7 +6130,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6012,7 +6142,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6025,7 +6155,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -6050,7 +6180,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6062,7 +6192,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6075,7 +6205,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
 }
 
 type ClusterStatusResponse struct {
@@ -6114,7 +6244,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6126,7 +6256,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6139,7 +6269,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -6242,7 +6372,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6254,7 +6384,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6267,7 +6397,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -6298,7 +6428,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6310,7 +6440,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6323,7 +6453,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -6391,7 +6521,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6403,7 +6533,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6416,7 +6546,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -6468,7 +6598,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6480,7 +6610,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6493,7 +6623,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -6559,7 +6689,7 @@ type AdapterUseReport struct {
 
 func (x *AdapterUseReport) Reset() {
 	*x = AdapterUseReport{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6571,7 +6701,7 @@ func (x *AdapterUseReport) String() string {
 func (*AdapterUseReport) ProtoMessage() {}
 
 func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6584,7 +6714,7 @@ func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReport.ProtoReflect.Descriptor instead.
 func (*AdapterUseReport) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *AdapterUseReport) GetRouter() string {
@@ -6638,7 +6768,7 @@ type AdapterUseReportResponse struct {
 
 func (x *AdapterUseReportResponse) Reset() {
 	*x = AdapterUseReportResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6650,7 +6780,7 @@ func (x *AdapterUseReportResponse) String() string {
 func (*AdapterUseReportResponse) ProtoMessage() {}
 
 func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6663,7 +6793,7 @@ func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReportResponse.ProtoReflect.Descriptor instead.
 func (*AdapterUseReportResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *AdapterUseReportResponse) GetKeepMs() int64 {
@@ -6699,7 +6829,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6711,7 +6841,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6724,7 +6854,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -6777,7 +6907,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6789,7 +6919,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6802,7 +6932,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -6831,7 +6961,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6843,7 +6973,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6856,7 +6986,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -6892,7 +7022,7 @@ type AdapterView struct {
 
 func (x *AdapterView) Reset() {
 	*x = AdapterView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6904,7 +7034,7 @@ func (x *AdapterView) String() string {
 func (*AdapterView) ProtoMessage() {}
 
 func (x *AdapterView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6917,7 +7047,7 @@ func (x *AdapterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
 func (*AdapterView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *AdapterView) GetModel() string {
@@ -6966,7 +7096,7 @@ type ListAdaptersResponse struct {
 
 func (x *ListAdaptersResponse) Reset() {
 	*x = ListAdaptersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6978,7 +7108,7 @@ func (x *ListAdaptersResponse) String() string {
 func (*ListAdaptersResponse) ProtoMessage() {}
 
 func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6991,7 +7121,7 @@ func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
 func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *ListAdaptersResponse) GetRevision() uint64 {
@@ -7034,7 +7164,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x0e\n" +
 	"\f_speculationB\x0e\n" +
-	"\f_kv_affinity\"\xd4\a\n" +
+	"\f_kv_affinity\"\xdb\b\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -7062,7 +7192,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x14kv_events_publishers\x18\x15 \x03(\tR\x12kvEventsPublishers\x12(\n" +
 	"\x10kv_events_replay\x18\x16 \x03(\tR\x0ekvEventsReplay\x12&\n" +
 	"\x0fkv_events_topic\x18\x17 \x01(\tR\rkvEventsTopic\x12!\n" +
-	"\fcreated_unix\x18\x19 \x01(\x03R\vcreatedUnix\x1a?\n" +
+	"\fcreated_unix\x18\x19 \x01(\x03R\vcreatedUnix\x12(\n" +
+	"\x10kv_events_listen\x18\x1a \x03(\tR\x0ekvEventsListen\x12&\n" +
+	"\x0fkv_events_allow\x18\x1b \x03(\tR\rkvEventsAllow\x123\n" +
+	"\x16kv_events_buffer_steps\x18\x1c \x01(\rR\x13kvEventsBufferSteps\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x03\n" +
@@ -7219,7 +7352,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x121\n" +
 	"\x15retry_after_unix_nano\x18\a \x01(\x03R\x12retryAfterUnixNano\x121\n" +
 	"\x15last_active_unix_nano\x18\b \x01(\x03R\x12lastActiveUnixNano\x12\x16\n" +
-	"\x06active\x18\t \x01(\rR\x06active\"\xea\x02\n" +
+	"\x06active\x18\t \x01(\rR\x06active\"\x95\x03\n" +
 	"\bKVBlocks\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -7234,7 +7367,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tcontinued\x18\t \x01(\bR\tcontinued\x123\n" +
 	"\x16oldest_event_unix_nano\x18\n" +
 	" \x01(\x03R\x13oldestEventUnixNano\x123\n" +
-	"\x16newest_event_unix_nano\x18\v \x01(\x03R\x13newestEventUnixNano\"\xdf\x01\n" +
+	"\x16newest_event_unix_nano\x18\v \x01(\x03R\x13newestEventUnixNano\x12)\n" +
+	"\x10untrusted_reason\x18\f \x01(\tR\x0funtrustedReason\"\xdf\x01\n" +
 	"\rControlServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
@@ -7421,10 +7555,16 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tconnected\x18\x03 \x03(\v2*.llmgw.v1.ListNodesResponse.ConnectedEntryR\tconnected\x1a<\n" +
 	"\x0eConnectedEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"k\n" +
+	"\x05value\x18\x02 \x01(\bR\x05value:\x028\x01\"\x90\x01\n" +
 	"\vReplicaView\x12+\n" +
 	"\areplica\x18\x01 \x01(\v2\x11.llmgw.v1.ReplicaR\areplica\x12/\n" +
-	"\x06status\x18\x02 \x01(\v2\x17.llmgw.v1.ReplicaStatusR\x06status\"e\n" +
+	"\x06status\x18\x02 \x01(\v2\x17.llmgw.v1.ReplicaStatusR\x06status\x12#\n" +
+	"\x02kv\x18\x03 \x01(\v2\x13.llmgw.v1.ReplicaKVR\x02kv\"\x8e\x01\n" +
+	"\tReplicaKV\x12\x16\n" +
+	"\x06blocks\x18\x01 \x01(\x04R\x06blocks\x12\x1c\n" +
+	"\tuntrusted\x18\x02 \x01(\bR\tuntrusted\x12)\n" +
+	"\x10untrusted_reason\x18\x03 \x01(\tR\x0funtrustedReason\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x04R\vincarnation\"e\n" +
 	"\x14ListReplicasResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
 	"\breplicas\x18\x02 \x03(\v2\x15.llmgw.v1.ReplicaViewR\breplicas\"\x16\n" +
@@ -7600,7 +7740,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 103)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -7690,41 +7830,42 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*ListModelsResponse)(nil),         // 85: llmgw.v1.ListModelsResponse
 	(*ListNodesResponse)(nil),          // 86: llmgw.v1.ListNodesResponse
 	(*ReplicaView)(nil),                // 87: llmgw.v1.ReplicaView
-	(*ListReplicasResponse)(nil),       // 88: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 89: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 90: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 91: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 92: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 93: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 94: llmgw.v1.EnsureAdapterRequest
-	(*AdapterUseReport)(nil),           // 95: llmgw.v1.AdapterUseReport
-	(*AdapterUseReportResponse)(nil),   // 96: llmgw.v1.AdapterUseReportResponse
-	(*EnsureAdapterResponse)(nil),      // 97: llmgw.v1.EnsureAdapterResponse
-	(*RegisterNodeRequest)(nil),        // 98: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 99: llmgw.v1.RegisterNodeResponse
-	(*AdapterView)(nil),                // 100: llmgw.v1.AdapterView
-	(*ListAdaptersResponse)(nil),       // 101: llmgw.v1.ListAdaptersResponse
-	nil,                                // 102: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 103: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 104: llmgw.v1.Node.LabelsEntry
-	nil,                                // 105: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 106: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 107: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 108: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*ReplicaKV)(nil),                  // 88: llmgw.v1.ReplicaKV
+	(*ListReplicasResponse)(nil),       // 89: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 90: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 91: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 92: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 93: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 94: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 95: llmgw.v1.EnsureAdapterRequest
+	(*AdapterUseReport)(nil),           // 96: llmgw.v1.AdapterUseReport
+	(*AdapterUseReportResponse)(nil),   // 97: llmgw.v1.AdapterUseReportResponse
+	(*EnsureAdapterResponse)(nil),      // 98: llmgw.v1.EnsureAdapterResponse
+	(*RegisterNodeRequest)(nil),        // 99: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 100: llmgw.v1.RegisterNodeResponse
+	(*AdapterView)(nil),                // 101: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 102: llmgw.v1.ListAdaptersResponse
+	nil,                                // 103: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 104: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 105: llmgw.v1.Node.LabelsEntry
+	nil,                                // 106: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 107: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 108: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 109: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	102, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	103, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	103, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	104, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	7,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	6,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	104, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	105, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	10,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	8,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	9,   // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	11,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	12,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	105, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	106, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	16,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
 	15,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
 	14,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
@@ -7736,7 +7877,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	11,  // 20: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
 	12,  // 21: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
 	16,  // 22: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	106, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	107, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
 	2,   // 24: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
 	31,  // 25: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
 	34,  // 26: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
@@ -7776,7 +7917,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	5,   // 60: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
 	56,  // 61: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
 	57,  // 62: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	107, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	108, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
 	9,   // 64: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
 	71,  // 65: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
 	74,  // 66: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
@@ -7784,79 +7925,80 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	8,   // 68: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
 	8,   // 69: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
 	9,   // 70: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	108, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	109, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
 	11,  // 72: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
 	31,  // 73: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	87,  // 74: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	35,  // 75: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	92,  // 76: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	33,  // 77: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
-	3,   // 78: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	9,   // 79: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
-	9,   // 80: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	33,  // 81: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
-	100, // 82: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
-	38,  // 83: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	44,  // 84: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	80,  // 85: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	82,  // 86: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	84,  // 87: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	84,  // 88: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	84,  // 89: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	89,  // 90: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	64,  // 91: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	66,  // 92: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	68,  // 93: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	70,  // 94: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	73,  // 95: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	76,  // 96: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	78,  // 97: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	61,  // 98: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	62,  // 99: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	59,  // 100: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	50,  // 101: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	84,  // 102: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	53,  // 103: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	55,  // 104: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	84,  // 105: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
-	91,  // 106: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	94,  // 107: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	95,  // 108: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
-	98,  // 109: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	55,  // 110: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	41,  // 111: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	49,  // 112: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	81,  // 113: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	83,  // 114: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	85,  // 115: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	86,  // 116: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	88,  // 117: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	90,  // 118: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	65,  // 119: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	67,  // 120: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	69,  // 121: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	72,  // 122: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	75,  // 123: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	77,  // 124: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	79,  // 125: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	62,  // 126: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	63,  // 127: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	60,  // 128: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	51,  // 129: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	52,  // 130: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	54,  // 131: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	58,  // 132: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	101, // 133: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
-	93,  // 134: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	97,  // 135: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	96,  // 136: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
-	99,  // 137: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	57,  // 138: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	111, // [111:139] is the sub-list for method output_type
-	83,  // [83:111] is the sub-list for method input_type
-	83,  // [83:83] is the sub-list for extension type_name
-	83,  // [83:83] is the sub-list for extension extendee
-	0,   // [0:83] is the sub-list for field type_name
+	88,  // 74: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
+	87,  // 75: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	35,  // 76: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	93,  // 77: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	33,  // 78: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
+	3,   // 79: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	9,   // 80: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	9,   // 81: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	33,  // 82: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	101, // 83: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	38,  // 84: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	44,  // 85: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	80,  // 86: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	82,  // 87: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	84,  // 88: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	84,  // 89: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	84,  // 90: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	90,  // 91: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	64,  // 92: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	66,  // 93: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	68,  // 94: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	70,  // 95: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	73,  // 96: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	76,  // 97: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	78,  // 98: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	61,  // 99: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	62,  // 100: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	59,  // 101: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	50,  // 102: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	84,  // 103: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	53,  // 104: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	55,  // 105: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	84,  // 106: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	92,  // 107: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	95,  // 108: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	96,  // 109: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
+	99,  // 110: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	55,  // 111: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	41,  // 112: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	49,  // 113: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	81,  // 114: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	83,  // 115: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	85,  // 116: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	86,  // 117: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	89,  // 118: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	91,  // 119: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	65,  // 120: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	67,  // 121: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	69,  // 122: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	72,  // 123: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	75,  // 124: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	77,  // 125: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	79,  // 126: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	62,  // 127: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	63,  // 128: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	60,  // 129: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	51,  // 130: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	52,  // 131: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	54,  // 132: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	58,  // 133: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	102, // 134: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	94,  // 135: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	98,  // 136: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	97,  // 137: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
+	100, // 138: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	57,  // 139: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	112, // [112:140] is the sub-list for method output_type
+	84,  // [84:112] is the sub-list for method input_type
+	84,  // [84:84] is the sub-list for extension type_name
+	84,  // [84:84] is the sub-list for extension extendee
+	0,   // [0:84] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -7894,14 +8036,14 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*WatchEvent_Heartbeat)(nil),
 		(*WatchEvent_Mark)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[84].OneofWrappers = []any{}
+	file_llmgw_v1_llmgw_proto_msgTypes[85].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   103,
+			NumMessages:   104,
 			NumExtensions: 0,
 			NumServices:   6,
 		},
