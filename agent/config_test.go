@@ -124,6 +124,7 @@ drain_quiet: 2s
 drain_timeout: 10m
 kv_max_frame_bytes: 1048576
 kv_events_tcp: true
+kv_stream_timeout: 7s
 probe_interval: 2s
 restart_backoff: {initial: 1s, max: 1m, stable_after: 5m}
 reconnect_initial: 500ms
@@ -162,6 +163,7 @@ func TestConfigFileKeys(t *testing.T) {
 		DrainTimeout:      10 * time.Minute,
 		KVMaxFrameBytes:   1 << 20,
 		KVTCP:             true,
+		KVStreamTimeout:   7 * time.Second,
 		ProbeInterval:     2 * time.Second,
 		RestartBackoff:    supervisor.Backoff{Initial: time.Second, Max: time.Minute, StableAfter: 5 * time.Minute},
 		ReconnectInitial:  500 * time.Millisecond,
