@@ -106,6 +106,25 @@ func (a *applier) deleteAPIKey(p *llmgwv1.DeleteApiKeyCommand) (any, error) {
 	return nil, nil
 }
 
+// setAPIKeysRequired sets the routers' key requirement and returns what it
+// was. Only this command clears it (a config write keeps it on, and the
+// first key sets it): turning the door's lock off is an admin's explicit
+// act, never a side effect of revoking the last key (design §11).
+func (a *applier) setAPIKeysRequired(p *llmgwv1.SetApiKeysRequiredCommand) (any, error) {
+	was := a.f.config.GetApiKeysRequired()
+	if was == p.GetRequired() {
+		return was, nil
+	}
+	c := &llmgwv1.ClusterConfig{}
+	if a.f.config != nil {
+		c = proto.Clone(a.f.config).(*llmgwv1.ClusterConfig)
+	}
+	c.ApiKeysRequired, c.Revision = p.GetRequired(), a.index
+	a.f.config = c
+	a.put(c)
+	return was, nil
+}
+
 // APIKeys returns copies of every router API key, sorted by name, hashes
 // included: the watch stream carries them to routers. A listing for people
 // strips the hashes (the AdminService does).

@@ -200,6 +200,46 @@ func TestAPIKeysRequiredStaysSet(t *testing.T) {
 	}
 }
 
+// TestAPIKeysRequiredOff (issue 28): an admin's SET_API_KEYS_REQUIRED
+// turns the requirement off with the keys kept, a config write does not
+// turn it back on, and the next key created does.
+func TestAPIKeysRequiredOff(t *testing.T) {
+	f := New(Config{})
+	applyAll(t, f, history(t)[:1])
+	set := func(index uint64, required bool) bool {
+		t.Helper()
+		res, err := f.Apply(index, mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED, &llmgwv1.SetApiKeysRequiredCommand{Required: required}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.(bool)
+	}
+	if _, err := f.Apply(10, putKey(t, "a", "s1")); err != nil {
+		t.Fatal(err)
+	}
+	if was := set(11, false); !was {
+		t.Fatal("the requirement was off after a key was created")
+	}
+	if c := f.Config(); c.GetApiKeysRequired() || c.GetRevision() != 11 || len(f.APIKeys()) != 1 {
+		t.Fatalf("after off: config %v, %d keys; want off at revision 11, the key kept", c, len(f.APIKeys()))
+	}
+	if _, err := f.Apply(12, mustCmd(t, llmgwv1.CommandType_COMMAND_TYPE_SET_CLUSTER_CONFIG, &llmgwv1.SetClusterConfigCommand{Config: &llmgwv1.ClusterConfig{DefaultBlockSize: 16}})); err != nil {
+		t.Fatal(err)
+	}
+	if f.Config().GetApiKeysRequired() {
+		t.Fatal("a config write turned the requirement back on")
+	}
+	if was := set(13, false); was || f.Config().GetRevision() != 12 {
+		t.Fatalf("off again: was %v, revision %d; want a no-op", was, f.Config().GetRevision())
+	}
+	if _, err := f.Apply(14, putKey(t, "b", "s2")); err != nil {
+		t.Fatal(err)
+	}
+	if !f.Config().GetApiKeysRequired() {
+		t.Fatal("a key created did not turn the requirement on")
+	}
+}
+
 // TestAPIKeysSnapshot: keys are part of the deterministic snapshot and
 // survive a restore; a snapshot without keys drops them.
 func TestAPIKeysSnapshot(t *testing.T) {
@@ -243,7 +283,8 @@ func TestAPIKeysSnapshot(t *testing.T) {
 // TestAPIKeyCommandsGated: both commands are behind the gate, introduced
 // with APIKeysVersion.
 func TestAPIKeyCommandsGated(t *testing.T) {
-	for _, typ := range []llmgwv1.CommandType{llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY, llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY} {
+	for _, typ := range []llmgwv1.CommandType{llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY, llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY,
+		llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED} {
 		if !Known(typ) || Introduced(typ) != APIKeysVersion || APIKeysVersion == "" {
 			t.Errorf("%s: known %v, introduced %q; want known, introduced %q", typ, Known(typ), Introduced(typ), APIKeysVersion)
 		}

@@ -96,6 +96,8 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.PutApiKeyCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY:
 		return &llmgwv1.DeleteApiKeyCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED:
+		return &llmgwv1.SetApiKeysRequiredCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

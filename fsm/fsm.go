@@ -153,6 +153,8 @@ func (f *FSM) ApplyAt(index uint64, appendedUnix int64, data []byte) (any, error
 		res, err = a.putAPIKey(p)
 	case *llmgwv1.DeleteApiKeyCommand:
 		res, err = a.deleteAPIKey(p)
+	case *llmgwv1.SetApiKeysRequiredCommand:
+		res, err = a.setAPIKeysRequired(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)

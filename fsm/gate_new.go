@@ -28,4 +28,6 @@ var gatedCommands = map[llmgwv1.CommandType]gatedCommand{
 	llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED: {schema: 1, introduced: ServerRemovedVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY:        {schema: 1, introduced: APIKeysVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY:     {schema: 1, introduced: APIKeysVersion},
+	// Keys required off again (issue 28): no release cut since the keys.
+	llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED: {schema: 1, introduced: APIKeysVersion},
 }

@@ -16,6 +16,7 @@ const APIKeysVersion = ""
 
 // gatedCommands is empty in the "old" build (tag llmgw_upgrade_old): this
 // tree as the release before any gated command existed. A
-// SET_NODE_LABELS, SET_SERVER_REMOVED, PUT_API_KEY or DELETE_API_KEY entry
+// SET_NODE_LABELS, SET_SERVER_REMOVED, PUT_API_KEY, DELETE_API_KEY or
+// SET_API_KEYS_REQUIRED entry
 // stops it loudly, as an unknown command must.
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{}

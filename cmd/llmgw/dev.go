@@ -170,7 +170,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	case <-ctx.Done():
 		return nil
 	}
-	if err := applyDemo(ctx, o); err != nil {
+	if err := applyDemo(ctx, o, log); err != nil {
 		return err
 	}
 
@@ -216,8 +216,8 @@ func (o devOptions) checkLoopback() error {
 
 // applyDemo writes the demo model through AdminService, as llmgwctl would:
 // dev's flags are its source of truth, so a restart with --replicas 3
-// rescales it.
-func applyDemo(ctx context.Context, o devOptions) error {
+// rescales it. It then logs whether the router requires API keys.
+func applyDemo(ctx context.Context, o devOptions, log *slog.Logger) error {
 	conn, err := grpc.NewClient(o.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("connect to the control plane: %w", err)
@@ -236,6 +236,19 @@ func applyDemo(ctx context.Context, o devOptions) error {
 	}})
 	if err != nil {
 		return fmt.Errorf("apply the demo model: %w", err)
+	}
+	// Whether the router wants keys (issue 28: one llmgwctl apikey create
+	// locked a newcomer's dev cluster for good, the README's curl got 401
+	// after every restart, and nothing said why).
+	keys, err := llmgwv1.NewAdminServiceClient(conn).ListApiKeys(ctx, &llmgwv1.ListRequest{})
+	switch {
+	case err != nil:
+		log.Warn("cannot tell whether API keys are required", "err", err)
+	case keys.KeysRequired:
+		log.Warn("API keys are required: requests without a valid key get 401 (llmgwctl apikey require off serves them again)",
+			"keys", len(keys.Keys))
+	default:
+		log.Info("API keys are not required: every request is served without one", "keys", len(keys.Keys))
 	}
 	return nil
 }

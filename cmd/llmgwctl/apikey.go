@@ -58,11 +58,21 @@ func (c *cli) apikeyCmd() *cobra.Command {
 				}
 				if c.output == "json" {
 					return c.printJSON(map[string]any{"name": req.Name, "models": orEmpty(req.Models),
-						"revision": resp.Revision, "secret": secret})
+						"revision": resp.Revision, "secret": secret, "turned_keys_required_on": resp.TurnedKeysRequiredOn})
 				}
-				_, err = fmt.Fprintf(c.out, "api key %s created at revision %d for %s\n"+
-					"its secret, shown only now (the cluster keeps only its hash):\n%s\n",
-					req.Name, resp.Revision, modelsOf(req.Models), secret)
+				if _, err := fmt.Fprintf(c.out, "api key %s created at revision %d for %s\n", req.Name, resp.Revision, modelsOf(req.Models)); err != nil {
+					return err
+				}
+				if resp.TurnedKeysRequiredOn {
+					// What the first key turns on, and how to undo it
+					// (issue 28: a newcomer's dev cluster was locked for
+					// good). Before the secret, which stays the last line.
+					if _, err := fmt.Fprintln(c.out, "keys are now required: every router refuses a request without a valid key, "+
+						"even after the last key is revoked (llmgwctl apikey require off serves requests without a key again)"); err != nil {
+						return err
+					}
+				}
+				_, err = fmt.Fprintf(c.out, "its secret, shown only now (the cluster keeps only its hash):\n%s\n", secret)
 				return err
 			})
 		},
@@ -91,7 +101,12 @@ func (c *cli) apikeyCmd() *cobra.Command {
 					rows = append(rows, []string{k.Name, modelsOf(k.Models),
 						time.Unix(k.CreatedUnix, 0).UTC().Format(time.RFC3339), fmt.Sprint(k.Revision)})
 				}
-				return c.printTable([]string{"NAME", "MODELS", "CREATED", "REVISION"}, rows)
+				if err := c.printTable([]string{"NAME", "MODELS", "CREATED", "REVISION"}, rows); err != nil {
+					return err
+				}
+				// Under the table, so its rows stay what scripts read.
+				_, err = fmt.Fprintf(c.out, "\nkeys required: %s\n", onOff(resp.KeysRequired))
+				return err
 			})
 		},
 	}
@@ -111,7 +126,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 				// requires keys once one has existed, router/auth): say so.
 				// Consistent: a follower's copy may not hold the revoke yet.
 				left, err := a.ListApiKeys(ctx, &llmgwv1.ListRequest{Consistent: true})
-				last := err == nil && len(left.Keys) == 0
+				last := err == nil && len(left.Keys) == 0 && left.KeysRequired
 				if c.output == "json" {
 					return c.printJSON(map[string]any{"name": args[0], "revision": resp.Revision, "last_key": last})
 				}
@@ -119,14 +134,50 @@ func (c *cli) apikeyCmd() *cobra.Command {
 					return err
 				}
 				if last {
-					_, err = fmt.Fprintln(c.out, "no API key is left: routers refuse every request until one is created (llmgwctl apikey create NAME)")
+					_, err = fmt.Fprintln(c.out, "no API key is left: routers refuse every request until one is created (llmgwctl apikey create NAME), "+
+						"or keys are no longer required (llmgwctl apikey require off)")
 				}
 				return err
 			})
 		},
 	}
-	cmd.AddCommand(create, list, revoke)
+	require := &cobra.Command{
+		Use:       "require on|off",
+		Short:     "Turn \"keys required\" on or off for every router (the first key created turns it on)",
+		Args:      cobra.MatchAll(cobra.ExactArgs(1), cobra.OnlyValidArgs),
+		ValidArgs: []string{"on", "off"},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			on := args[0] == "on"
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.SetApiKeysRequired(ctx, &llmgwv1.SetApiKeysRequiredRequest{Required: on})
+				if err != nil {
+					return fmt.Errorf("apikey require %s: %w", args[0], err)
+				}
+				if c.output == "json" {
+					return c.printJSON(map[string]any{"required": on, "was": resp.Was, "revision": resp.Revision})
+				}
+				switch {
+				case on == resp.Was:
+					_, err = fmt.Fprintf(c.out, "keys required was %s already\n", args[0])
+				case on:
+					_, err = fmt.Fprintf(c.out, "keys required on at revision %d: every router refuses a request without a valid key\n", resp.Revision)
+				default:
+					_, err = fmt.Fprintf(c.out, "keys required off at revision %d: routers serve requests without a key again "+
+						"(a key presented is still checked; the next key created turns it back on)\n", resp.Revision)
+				}
+				return err
+			})
+		},
+	}
+	cmd.AddCommand(create, list, revoke, require)
 	return cmd
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on (every router refuses a request without a valid key; llmgwctl apikey require off)"
+	}
+	return "off (routers serve requests without a key; the next key created turns it on)"
 }
 
 func modelsOf(models []string) string {

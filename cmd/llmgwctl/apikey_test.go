@@ -26,6 +26,9 @@ type keyAdmin struct {
 	created []*llmgwv1.CreateApiKeyRequest
 	// leak makes ListApiKeys send the hashes, as a broken server might.
 	leak bool
+	// required is the cluster's "keys required", which the first key
+	// created turns on.
+	required bool
 }
 
 func (f *keyAdmin) CreateApiKey(_ context.Context, r *llmgwv1.CreateApiKeyRequest) (*llmgwv1.CreateApiKeyResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
@@ -39,13 +42,24 @@ func (f *keyAdmin) CreateApiKey(_ context.Context, r *llmgwv1.CreateApiKeyReques
 	f.created = append(f.created, r)
 	k := &llmgwv1.ApiKey{Name: r.Name, SecretSha256: r.SecretSha256, Models: r.Models, CreatedUnix: 1700000000, Revision: uint64(10 + len(f.created))}
 	f.keys = append(f.keys, k)
-	return &llmgwv1.CreateApiKeyResponse{Key: &llmgwv1.ApiKey{Name: k.Name, Models: k.Models, CreatedUnix: k.CreatedUnix, Revision: k.Revision}, Revision: k.Revision}, nil
+	turned := !f.required
+	f.required = true
+	return &llmgwv1.CreateApiKeyResponse{Key: &llmgwv1.ApiKey{Name: k.Name, Models: k.Models, CreatedUnix: k.CreatedUnix, Revision: k.Revision},
+		Revision: k.Revision, TurnedKeysRequiredOn: turned}, nil
+}
+
+func (f *keyAdmin) SetApiKeysRequired(_ context.Context, r *llmgwv1.SetApiKeysRequiredRequest) (*llmgwv1.SetApiKeysRequiredResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	was := f.required
+	f.required = r.Required
+	return &llmgwv1.SetApiKeysRequiredResponse{Revision: 40, Was: was}, nil
 }
 
 func (f *keyAdmin) ListApiKeys(context.Context, *llmgwv1.ListRequest) (*llmgwv1.ListApiKeysResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := &llmgwv1.ListApiKeysResponse{Revision: 20}
+	out := &llmgwv1.ListApiKeysResponse{Revision: 20, KeysRequired: f.required}
 	for _, k := range f.keys {
 		c := &llmgwv1.ApiKey{Name: k.Name, Models: k.Models, CreatedUnix: k.CreatedUnix, Revision: k.Revision}
 		if f.leak {
@@ -87,6 +101,10 @@ func TestAPIKeyCreate(t *testing.T) {
 	if !strings.Contains(out, "api key team-a created at revision 11 for demo,chat") {
 		t.Errorf("output:\n%s", out)
 	}
+	// The first key says what it turned on and how to undo it (issue 28).
+	if !strings.Contains(out, "keys are now required") || !strings.Contains(out, "llmgwctl apikey require off") {
+		t.Errorf("the first key does not say it turned keys required on:\n%s", out)
+	}
 	req := f.created[0]
 	h := sha256.Sum256([]byte(secret))
 	if !bytes.Equal(req.SecretSha256, h[:]) || strings.Join(req.Models, ",") != "demo,chat" || req.Name != "team-a" {
@@ -110,6 +128,38 @@ func TestAPIKeyCreate(t *testing.T) {
 	}
 	if j.Secret == secret || !strings.HasPrefix(j.Secret, SecretPrefix) {
 		t.Fatalf("second secret %q", j.Secret)
+	}
+	if strings.Contains(out2, `"turned_keys_required_on": true`) {
+		t.Errorf("the second key says it turned keys required on:\n%s", out2)
+	}
+}
+
+// TestAPIKeyRequire (issue 28): "keys required" is turned off and on by
+// an admin command that says what it did; anything but on or off is
+// refused before a call.
+func TestAPIKeyRequire(t *testing.T) {
+	f := &keyAdmin{required: true}
+	addr := serveAdmin(t, f)
+	for _, tt := range []struct {
+		arg, want, wantErr string
+		required           bool
+	}{
+		{"off", "keys required off at revision 40: routers serve requests without a key again", "", false},
+		{"off", "keys required was off already", "", false},
+		{"on", "keys required on at revision 40", "", true},
+		{"maybe", "", `invalid argument "maybe"`, true},
+	} {
+		out, err := run(addr, "apikey", "require", tt.arg)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("require %s: err %v, want %q", tt.arg, err, tt.wantErr)
+			}
+		} else if err != nil || !strings.Contains(out, tt.want) {
+			t.Errorf("require %s: %q, %v; want %q", tt.arg, out, err, tt.want)
+		}
+		if f.required != tt.required {
+			t.Errorf("after require %s the cluster's requirement is %v", tt.arg, f.required)
+		}
 	}
 }
 
@@ -136,7 +186,7 @@ func TestAPIKeyCommands(t *testing.T) {
 		want    []string
 	}{
 		{name: "list", args: []string{"apikey", "list"},
-			want: []string{"NAME", "MODELS", "CREATED", "team-a", "every model", "2023-11-14T22:13:20Z", "team-b", "demo"}},
+			want: []string{"NAME", "MODELS", "CREATED", "team-a", "every model", "2023-11-14T22:13:20Z", "team-b", "demo", "keys required: on"}},
 		{name: "list json", args: []string{"apikey", "list", "-o", "json"}, want: []string{`"name": "team-a"`, `"secret_sha256": ""`}},
 		{name: "bad name refused before the call", args: []string{"apikey", "create", "Team A"}, wantErr: "apikey create: name: must match"},
 		{name: "model twice refused before the call", args: []string{"apikey", "create", "c", "--models", "demo,demo"}, wantErr: "models[1]"},

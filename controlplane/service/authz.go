@@ -50,6 +50,7 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_SnapshotRestore_FullMethodName:    adminOnly,
 	llmgwv1.AdminService_CreateApiKey_FullMethodName:       adminOnly,
 	llmgwv1.AdminService_RevokeApiKey_FullMethodName:       adminOnly,
+	llmgwv1.AdminService_SetApiKeysRequired_FullMethodName: adminOnly,
 	llmgwv1.AdminService_Keyring_FullMethodName:            adminOnly,
 	// Reads: an operator's as well.
 	llmgwv1.AdminService_ListModels_FullMethodName:    adminOnly,

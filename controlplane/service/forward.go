@@ -95,6 +95,9 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdminService_SetNodeLabels_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.SetNodeLabelsResponse{}, true },
 	llmgwv1.AdminService_CreateApiKey_FullMethodName:  func(any) (proto.Message, bool) { return &llmgwv1.CreateApiKeyResponse{}, true },
 	llmgwv1.AdminService_RevokeApiKey_FullMethodName:  func(any) (proto.Message, bool) { return &llmgwv1.RevokeApiKeyResponse{}, true },
+	llmgwv1.AdminService_SetApiKeysRequired_FullMethodName: func(any) (proto.Message, bool) {
+		return &llmgwv1.SetApiKeysRequiredResponse{}, true
+	},
 	llmgwv1.AdminService_ListApiKeys_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListApiKeysResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},

@@ -28,9 +28,9 @@
 // declares here (Director, Forwarder), so their options and dependencies
 // (scheduler, breakers, KV index, adapter control) are none of its business.
 //
-// Before any of them, every /v1/ request is checked for an API key once
-// the cluster has any, or always with RequireKey (router/auth, design
-// §11): 401 without a valid one. The key's name is logged and labels the
+// Before any of them, every /v1/ request is checked for an API key while
+// the cluster requires keys (its first key turns that on), or always with
+// RequireKey (router/auth, design §11): 401 without a valid one. The key's name is logged and labels the
 // request metrics; a key limited to some models gets 403 for others, told
 // before the name is resolved, and /v1/models lists only what it may use.
 // Then its caller — the key, or the client's address without one — takes

@@ -32,12 +32,17 @@ type keySource struct {
 	required atomic.Bool
 }
 
+// set swaps the keys in; a key makes the cluster require keys, as the
+// first key ever created does (fsm).
 func (k *keySource) set(keys ...*llmgwv1.ApiKey) {
 	s := (*auth.Set)(nil).Clone()
 	for _, key := range keys {
 		s.Put(key)
 	}
 	k.cur.Store(s)
+	if len(keys) > 0 {
+		k.required.Store(true)
+	}
 }
 
 // authRouter serves tb with keys from src; the engine behind demo records

@@ -5,11 +5,15 @@
 // llmgwctl printed them to.
 //
 // Rules:
-//   - The check is on once any key exists, or always with --require-api-key.
-//     While it is off every request is anonymous (no key) and allowed.
-//     The first key ever created also sets the cluster's api_keys_required
-//     (fsm), which nothing clears: revoking the last key then refuses
-//     every request rather than open the router to everyone.
+//   - The check is on while the cluster requires keys (its
+//     api_keys_required, which the first key ever created sets), or always
+//     with --require-api-key: a request without a valid key is refused.
+//     Revoking the last key then refuses every request rather than open
+//     the router to everyone; only an admin's `llmgwctl apikey require
+//     off` (fsm SET_API_KEYS_REQUIRED) turns it off. While it is off a
+//     request without a key is anonymous and allowed, and one presenting
+//     a Bearer key while keys exist is still checked: a wrong key is 401,
+//     a right one carries its model limits.
 //   - A request presents `Authorization: Bearer SECRET`. The router hashes
 //     the secret, finds the key by hash and compares the two hashes with
 //     subtle.ConstantTimeCompare. Finding it through a map leaks nothing
@@ -113,14 +117,15 @@ func (s *Set) Lookup(secret string) (*llmgwv1.ApiKey, bool) {
 }
 
 // Check returns the key a request's headers present: nil with no error
-// while the check is off (keys empty and require false); an error, in
-// OpenAI's shape, when it is on and the request presents no key or an
-// unknown one. The message never repeats what was presented.
+// for an anonymous request while the check is off (require false: no
+// Bearer key presented, or no key exists); an error, in OpenAI's shape,
+// when the request presents no key while it is on, or an unknown one. The
+// message never repeats what was presented.
 func Check(keys *Set, require bool, h http.Header) (*llmgwv1.ApiKey, *openai.Error) {
-	if !require && keys.Len() == 0 {
+	secret, ok := bearer(h.Get("Authorization"))
+	if !require && (!ok || keys.Len() == 0) {
 		return nil, nil
 	}
-	secret, ok := bearer(h.Get("Authorization"))
 	if !ok {
 		return nil, Unauthorized(noKey)
 	}

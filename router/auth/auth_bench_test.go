@@ -27,10 +27,10 @@ func BenchmarkCheck(b *testing.B) {
 		wantKey bool
 	}{
 		{"off", nil, false, bearer(secret), false},
-		{"valid/1key", set(key("bench", secret)), false, bearer(secret), true},
-		{"valid/1000keys", many, false, bearer(secret), true},
-		{"unknown/1000keys", many, false, bearer("sk-llmgw-not-a-key-of-this-cluster-at-all-000000000"), false},
-		{"missing/1000keys", many, false, http.Header{}, false},
+		{"valid/1key", set(key("bench", secret)), true, bearer(secret), true},
+		{"valid/1000keys", many, true, bearer(secret), true},
+		{"unknown/1000keys", many, true, bearer("sk-llmgw-not-a-key-of-this-cluster-at-all-000000000"), false},
+		{"missing/1000keys", many, true, http.Header{}, false},
 	}
 	for _, tt := range tests {
 		b.Run(tt.name, func(b *testing.B) {

@@ -48,15 +48,23 @@ func TestCheck(t *testing.T) {
 		{name: "no keys: a key is ignored", keys: set(), auth: "Bearer whatever"},
 		{name: "no keys but required", keys: nil, require: true, status: 401},
 		{name: "required: unknown key", keys: nil, require: true, auth: "Bearer sk-a", status: 401},
-		{name: "no key", keys: keys, status: 401},
-		{name: "bad key", keys: keys, auth: "Bearer sk-nope", status: 401},
-		{name: "good key", keys: keys, auth: "Bearer sk-a", want: "team-a"},
-		{name: "scheme is case-insensitive", keys: keys, auth: "bearer  sk-b ", want: "team-b"},
-		{name: "basic is not bearer", keys: keys, auth: "Basic c2stYQ==", status: 401},
-		{name: "bearer without token", keys: keys, auth: "Bearer ", status: 401},
-		{name: "the secret's hash is not the secret", keys: keys, auth: "Bearer " + string(key("x", "sk-a").SecretSha256), status: 401},
-		{name: "revoked", keys: revoked, auth: "Bearer sk-a", status: 401},
-		{name: "revoked leaves the others", keys: revoked, auth: "Bearer sk-b", want: "team-b"},
+		{name: "no key", keys: keys, require: true, status: 401},
+		{name: "bad key", keys: keys, require: true, auth: "Bearer sk-nope", status: 401},
+		{name: "good key", keys: keys, require: true, auth: "Bearer sk-a", want: "team-a"},
+		{name: "scheme is case-insensitive", keys: keys, require: true, auth: "bearer  sk-b ", want: "team-b"},
+		{name: "basic is not bearer", keys: keys, require: true, auth: "Basic c2stYQ==", status: 401},
+		{name: "bearer without token", keys: keys, require: true, auth: "Bearer ", status: 401},
+		{name: "the secret's hash is not the secret", keys: keys, require: true, auth: "Bearer " + string(key("x", "sk-a").SecretSha256), status: 401},
+		{name: "revoked", keys: revoked, require: true, auth: "Bearer sk-a", status: 401},
+		{name: "revoked leaves the others", keys: revoked, require: true, auth: "Bearer sk-b", want: "team-b"},
+		// Keys exist but the cluster's requirement was turned off (llmgwctl
+		// apikey require off, issue 28): anonymous requests pass, a key
+		// presented is still checked.
+		{name: "not required: no key", keys: keys},
+		{name: "not required: basic is no key", keys: keys, auth: "Basic c2stYQ=="},
+		{name: "not required: good key", keys: keys, auth: "Bearer sk-b", want: "team-b"},
+		{name: "not required: bad key", keys: keys, auth: "Bearer sk-nope", status: 401},
+		{name: "not required: bearer without token", keys: keys, auth: "Bearer "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

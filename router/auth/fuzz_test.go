@@ -25,7 +25,7 @@ func FuzzCheck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, v string) {
 		hdr := http.Header{}
 		hdr.Set("Authorization", v)
-		k, aerr := Check(keys, false, hdr)
+		k, aerr := Check(keys, true, hdr)
 		scheme, token, _ := strings.Cut(strings.TrimSpace(hdr.Get("Authorization")), " ")
 		valid := strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(token) == secret
 		if valid != (k != nil) || (aerr == nil) != (k != nil) {

@@ -29,13 +29,33 @@ func (a *Service) CreateApiKey(ctx context.Context, req *llmgwv1.CreateApiKeyReq
 	if err := fsm.ValidateAPIKey(k); err != nil {
 		return nil, service.ToStatus(fmt.Errorf("create api key: %w", err))
 	}
+	// Answered by the leader, whose state holds every earlier write: what
+	// it says before the key is what the key changes.
+	wasRequired := a.state.Config().GetApiKeysRequired()
 	res, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY, &llmgwv1.PutApiKeyCommand{Key: k})
 	if err != nil {
 		return nil, apiKeyStatus(fmt.Errorf("create api key %s: %w", k.Name, err))
 	}
 	stored, _ := res.(*llmgwv1.ApiKey)
 	a.log.Info("api key created", "key", k.Name, "models", k.Models, "revision", rev)
-	return &llmgwv1.CreateApiKeyResponse{Key: withoutSecret(stored), Revision: rev}, nil
+	if !wasRequired {
+		a.log.Warn("api keys are required by every router from now on", "key", k.Name, "revision", rev)
+	}
+	return &llmgwv1.CreateApiKeyResponse{Key: withoutSecret(stored), Revision: rev, TurnedKeysRequiredOn: !wasRequired}, nil
+}
+
+// SetApiKeysRequired turns the routers' key requirement on or off (design
+// §11): off, requests without a key are served again, the keys are kept,
+// and the next key created turns it back on.
+func (a *Service) SetApiKeysRequired(ctx context.Context, req *llmgwv1.SetApiKeysRequiredRequest) (*llmgwv1.SetApiKeysRequiredResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
+	res, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED,
+		&llmgwv1.SetApiKeysRequiredCommand{Required: req.GetRequired()})
+	if err != nil {
+		return nil, service.ToStatus(fmt.Errorf("set api keys required: %w", err))
+	}
+	was, _ := res.(bool)
+	a.log.Warn("api keys required set by an admin", "required", req.GetRequired(), "was", was, "revision", rev)
+	return &llmgwv1.SetApiKeysRequiredResponse{Revision: rev, Was: was}, nil
 }
 
 // ListApiKeys lists every key by name, never its hash.
@@ -44,7 +64,8 @@ func (a *Service) ListApiKeys(_ context.Context, req *llmgwv1.ListRequest) (*llm
 	if err != nil {
 		return nil, err
 	}
-	out := &llmgwv1.ListApiKeysResponse{Revision: st.Revision, Keys: make([]*llmgwv1.ApiKey, 0, len(st.ApiKeys))}
+	out := &llmgwv1.ListApiKeysResponse{Revision: st.Revision, Keys: make([]*llmgwv1.ApiKey, 0, len(st.ApiKeys)),
+		KeysRequired: st.GetConfig().GetApiKeysRequired()}
 	for _, k := range st.ApiKeys {
 		out.Keys = append(out.Keys, withoutSecret(k))
 	}

@@ -103,6 +103,8 @@ const (
 	// Gated: creates or revokes a router API key (design §11).
 	CommandType_COMMAND_TYPE_PUT_API_KEY    CommandType = 12
 	CommandType_COMMAND_TYPE_DELETE_API_KEY CommandType = 13
+	// Gated: turns the routers' key requirement on or off (design §11).
+	CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED CommandType = 14
 )
 
 // Enum value maps for CommandType.
@@ -122,6 +124,7 @@ var (
 		11: "COMMAND_TYPE_SET_SERVER_REMOVED",
 		12: "COMMAND_TYPE_PUT_API_KEY",
 		13: "COMMAND_TYPE_DELETE_API_KEY",
+		14: "COMMAND_TYPE_SET_API_KEYS_REQUIRED",
 	}
 	CommandType_value = map[string]int32{
 		"COMMAND_TYPE_UNSPECIFIED":           0,
@@ -138,6 +141,7 @@ var (
 		"COMMAND_TYPE_SET_SERVER_REMOVED":    11,
 		"COMMAND_TYPE_PUT_API_KEY":           12,
 		"COMMAND_TYPE_DELETE_API_KEY":        13,
+		"COMMAND_TYPE_SET_API_KEYS_REQUIRED": 14,
 	}
 )
 
@@ -1201,10 +1205,11 @@ type ClusterConfig struct {
 	DefaultBlockSize uint32                 `protobuf:"varint,2,opt,name=default_block_size,json=defaultBlockSize,proto3" json:"default_block_size,omitempty"`
 	DefaultHashSeed  string                 `protobuf:"bytes,3,opt,name=default_hash_seed,json=defaultHashSeed,proto3" json:"default_hash_seed,omitempty"`
 	Revision         uint64                 `protobuf:"varint,4,opt,name=revision,proto3" json:"revision,omitempty"`
-	// Set by the first router API key created and never cleared (design
-	// §11): from then on routers refuse requests without a valid key even
-	// when every key has been revoked. Revoking the last key in an incident
-	// must lock the door, not open it.
+	// Set by the first router API key created and cleared only by an
+	// admin's explicit SET_API_KEYS_REQUIRED (design §11): from then on
+	// routers refuse requests without a valid key even when every key has
+	// been revoked. Revoking the last key in an incident must lock the door,
+	// not open it.
 	ApiKeysRequired bool `protobuf:"varint,5,opt,name=api_keys_required,json=apiKeysRequired,proto3" json:"api_keys_required,omitempty"`
 	// The cluster's identity (design §5.2 "Cluster identity"): minted by the
 	// first leader of a new cluster (or of one from before identities) and
@@ -1901,6 +1906,52 @@ func (x *DeleteApiKeyCommand) GetName() string {
 	return ""
 }
 
+// SetApiKeysRequiredCommand sets ClusterConfig.api_keys_required: the one
+// write that may clear it, an admin's explicit choice (design §11).
+type SetApiKeysRequiredCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Required      bool                   `protobuf:"varint,1,opt,name=required,proto3" json:"required,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetApiKeysRequiredCommand) Reset() {
+	*x = SetApiKeysRequiredCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetApiKeysRequiredCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetApiKeysRequiredCommand) ProtoMessage() {}
+
+func (x *SetApiKeysRequiredCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetApiKeysRequiredCommand.ProtoReflect.Descriptor instead.
+func (*SetApiKeysRequiredCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *SetApiKeysRequiredCommand) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
 type RegisterNodeCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Node          *Node                  `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -1910,7 +1961,7 @@ type RegisterNodeCommand struct {
 
 func (x *RegisterNodeCommand) Reset() {
 	*x = RegisterNodeCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1922,7 +1973,7 @@ func (x *RegisterNodeCommand) String() string {
 func (*RegisterNodeCommand) ProtoMessage() {}
 
 func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1935,7 +1986,7 @@ func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCommand.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RegisterNodeCommand) GetNode() *Node {
@@ -1955,7 +2006,7 @@ type SetNodeStateCommand struct {
 
 func (x *SetNodeStateCommand) Reset() {
 	*x = SetNodeStateCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1967,7 +2018,7 @@ func (x *SetNodeStateCommand) String() string {
 func (*SetNodeStateCommand) ProtoMessage() {}
 
 func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1980,7 +2031,7 @@ func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SetNodeStateCommand) GetId() string {
@@ -2008,7 +2059,7 @@ type PlaceReplicaCommand struct {
 
 func (x *PlaceReplicaCommand) Reset() {
 	*x = PlaceReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2071,7 @@ func (x *PlaceReplicaCommand) String() string {
 func (*PlaceReplicaCommand) ProtoMessage() {}
 
 func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2084,7 @@ func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReplicaCommand.ProtoReflect.Descriptor instead.
 func (*PlaceReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PlaceReplicaCommand) GetReplica() *Replica {
@@ -2054,7 +2105,7 @@ type RemoveReplicaCommand struct {
 
 func (x *RemoveReplicaCommand) Reset() {
 	*x = RemoveReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2066,7 +2117,7 @@ func (x *RemoveReplicaCommand) String() string {
 func (*RemoveReplicaCommand) ProtoMessage() {}
 
 func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2079,7 +2130,7 @@ func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaCommand.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RemoveReplicaCommand) GetId() string {
@@ -2106,7 +2157,7 @@ type SetReplicaDrainingCommand struct {
 
 func (x *SetReplicaDrainingCommand) Reset() {
 	*x = SetReplicaDrainingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2118,7 +2169,7 @@ func (x *SetReplicaDrainingCommand) String() string {
 func (*SetReplicaDrainingCommand) ProtoMessage() {}
 
 func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2131,7 +2182,7 @@ func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaDrainingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaDrainingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetReplicaDrainingCommand) GetId() string {
@@ -2157,7 +2208,7 @@ type SetClusterConfigCommand struct {
 
 func (x *SetClusterConfigCommand) Reset() {
 	*x = SetClusterConfigCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +2220,7 @@ func (x *SetClusterConfigCommand) String() string {
 func (*SetClusterConfigCommand) ProtoMessage() {}
 
 func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +2233,7 @@ func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetClusterConfigCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetClusterConfigCommand) GetConfig() *ClusterConfig {
@@ -2203,7 +2254,7 @@ type SetAdapterPlacementCommand struct {
 
 func (x *SetAdapterPlacementCommand) Reset() {
 	*x = SetAdapterPlacementCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2215,7 +2266,7 @@ func (x *SetAdapterPlacementCommand) String() string {
 func (*SetAdapterPlacementCommand) ProtoMessage() {}
 
 func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2228,7 +2279,7 @@ func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAdapterPlacementCommand.ProtoReflect.Descriptor instead.
 func (*SetAdapterPlacementCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
@@ -2250,7 +2301,7 @@ type SetNodeLabelsCommand struct {
 
 func (x *SetNodeLabelsCommand) Reset() {
 	*x = SetNodeLabelsCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2262,7 +2313,7 @@ func (x *SetNodeLabelsCommand) String() string {
 func (*SetNodeLabelsCommand) ProtoMessage() {}
 
 func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2275,7 +2326,7 @@ func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetNodeLabelsCommand) GetId() string {
@@ -2315,7 +2366,7 @@ type SetServerRemovedCommand struct {
 
 func (x *SetServerRemovedCommand) Reset() {
 	*x = SetServerRemovedCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2327,7 +2378,7 @@ func (x *SetServerRemovedCommand) String() string {
 func (*SetServerRemovedCommand) ProtoMessage() {}
 
 func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2340,7 +2391,7 @@ func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServerRemovedCommand.ProtoReflect.Descriptor instead.
 func (*SetServerRemovedCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetServerRemovedCommand) GetServerId() string {
@@ -2398,7 +2449,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2410,7 +2461,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2423,7 +2474,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -2555,7 +2606,7 @@ type EphemeralUpdate struct {
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2567,7 +2618,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2580,7 +2631,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -2675,7 +2726,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2687,7 +2738,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2700,7 +2751,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *AdapterStatus) GetReplicaId() string {
@@ -2808,7 +2859,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2820,7 +2871,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2833,7 +2884,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -2938,7 +2989,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2950,7 +3001,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2963,7 +3014,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ControlServer) GetId() string {
@@ -3031,7 +3082,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3043,7 +3094,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3056,7 +3107,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -3081,7 +3132,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3093,7 +3144,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3106,7 +3157,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -3144,7 +3195,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3156,7 +3207,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3169,7 +3220,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -3245,7 +3296,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3257,7 +3308,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3270,7 +3321,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -3316,7 +3367,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3328,7 +3379,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3341,7 +3392,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -3388,7 +3439,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3400,7 +3451,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3413,7 +3464,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -3513,7 +3564,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3576,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3589,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -3557,7 +3608,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3569,7 +3620,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3582,7 +3633,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -3609,7 +3660,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3621,7 +3672,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3634,7 +3685,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -3682,7 +3733,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +3745,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +3758,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -3838,7 +3889,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3850,7 +3901,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3863,7 +3914,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -3882,7 +3933,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3894,7 +3945,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3907,7 +3958,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -3928,7 +3979,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3940,7 +3991,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3953,7 +4004,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -3981,7 +4032,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3993,7 +4044,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4006,7 +4057,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -4136,7 +4187,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4148,7 +4199,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4161,7 +4212,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *CreateApiKeyRequest) GetName() string {
@@ -4186,16 +4237,19 @@ func (x *CreateApiKeyRequest) GetModels() []string {
 }
 
 type CreateApiKeyResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           *ApiKey                `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Key      *ApiKey                `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Revision uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// This key turned "keys required" on: routers refuse requests without a
+	// key from now on (llmgwctl says so, and how to undo it).
+	TurnedKeysRequiredOn bool `protobuf:"varint,3,opt,name=turned_keys_required_on,json=turnedKeysRequiredOn,proto3" json:"turned_keys_required_on,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4207,7 +4261,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4220,7 +4274,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateApiKeyResponse) GetKey() *ApiKey {
@@ -4237,18 +4291,125 @@ func (x *CreateApiKeyResponse) GetRevision() uint64 {
 	return 0
 }
 
+func (x *CreateApiKeyResponse) GetTurnedKeysRequiredOn() bool {
+	if x != nil {
+		return x.TurnedKeysRequiredOn
+	}
+	return false
+}
+
+type SetApiKeysRequiredRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Required      bool                   `protobuf:"varint,1,opt,name=required,proto3" json:"required,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetApiKeysRequiredRequest) Reset() {
+	*x = SetApiKeysRequiredRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetApiKeysRequiredRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetApiKeysRequiredRequest) ProtoMessage() {}
+
+func (x *SetApiKeysRequiredRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetApiKeysRequiredRequest.ProtoReflect.Descriptor instead.
+func (*SetApiKeysRequiredRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *SetApiKeysRequiredRequest) GetRequired() bool {
+	if x != nil {
+		return x.Required
+	}
+	return false
+}
+
+type SetApiKeysRequiredResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Revision uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	// What it was before.
+	Was           bool `protobuf:"varint,2,opt,name=was,proto3" json:"was,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetApiKeysRequiredResponse) Reset() {
+	*x = SetApiKeysRequiredResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetApiKeysRequiredResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetApiKeysRequiredResponse) ProtoMessage() {}
+
+func (x *SetApiKeysRequiredResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetApiKeysRequiredResponse.ProtoReflect.Descriptor instead.
+func (*SetApiKeysRequiredResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *SetApiKeysRequiredResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *SetApiKeysRequiredResponse) GetWas() bool {
+	if x != nil {
+		return x.Was
+	}
+	return false
+}
+
 type ListApiKeysResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// secret_sha256 is never set in a listing.
-	Keys          []*ApiKey `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
-	Revision      uint64    `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	Keys     []*ApiKey `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	Revision uint64    `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	// ClusterConfig.api_keys_required: whether routers refuse requests
+	// without a key.
+	KeysRequired  bool `protobuf:"varint,3,opt,name=keys_required,json=keysRequired,proto3" json:"keys_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4260,7 +4421,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4273,7 +4434,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListApiKeysResponse) GetKeys() []*ApiKey {
@@ -4290,6 +4451,13 @@ func (x *ListApiKeysResponse) GetRevision() uint64 {
 	return 0
 }
 
+func (x *ListApiKeysResponse) GetKeysRequired() bool {
+	if x != nil {
+		return x.KeysRequired
+	}
+	return false
+}
+
 type RevokeApiKeyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -4299,7 +4467,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4311,7 +4479,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4324,7 +4492,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RevokeApiKeyRequest) GetName() string {
@@ -4343,7 +4511,7 @@ type RevokeApiKeyResponse struct {
 
 func (x *RevokeApiKeyResponse) Reset() {
 	*x = RevokeApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4355,7 +4523,7 @@ func (x *RevokeApiKeyResponse) String() string {
 func (*RevokeApiKeyResponse) ProtoMessage() {}
 
 func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4368,7 +4536,7 @@ func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RevokeApiKeyResponse) GetRevision() uint64 {
@@ -4389,7 +4557,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4401,7 +4569,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4414,7 +4582,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -4443,7 +4611,7 @@ type KeyringKey struct {
 
 func (x *KeyringKey) Reset() {
 	*x = KeyringKey{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4455,7 +4623,7 @@ func (x *KeyringKey) String() string {
 func (*KeyringKey) ProtoMessage() {}
 
 func (x *KeyringKey) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4468,7 +4636,7 @@ func (x *KeyringKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringKey.ProtoReflect.Descriptor instead.
 func (*KeyringKey) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *KeyringKey) GetFingerprint() string {
@@ -4497,7 +4665,7 @@ type ServerKeyring struct {
 
 func (x *ServerKeyring) Reset() {
 	*x = ServerKeyring{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4509,7 +4677,7 @@ func (x *ServerKeyring) String() string {
 func (*ServerKeyring) ProtoMessage() {}
 
 func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4522,7 +4690,7 @@ func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerKeyring.ProtoReflect.Descriptor instead.
 func (*ServerKeyring) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ServerKeyring) GetServerId() string {
@@ -4555,7 +4723,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4567,7 +4735,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4580,7 +4748,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *KeyringResponse) GetServers() []*ServerKeyring {
@@ -4601,7 +4769,7 @@ type SetNodeLabelsRequest struct {
 
 func (x *SetNodeLabelsRequest) Reset() {
 	*x = SetNodeLabelsRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4613,7 +4781,7 @@ func (x *SetNodeLabelsRequest) String() string {
 func (*SetNodeLabelsRequest) ProtoMessage() {}
 
 func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4626,7 +4794,7 @@ func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SetNodeLabelsRequest) GetId() string {
@@ -4660,7 +4828,7 @@ type SetNodeLabelsResponse struct {
 
 func (x *SetNodeLabelsResponse) Reset() {
 	*x = SetNodeLabelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4672,7 +4840,7 @@ func (x *SetNodeLabelsResponse) String() string {
 func (*SetNodeLabelsResponse) ProtoMessage() {}
 
 func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4685,7 +4853,7 @@ func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SetNodeLabelsResponse) GetRevision() uint64 {
@@ -4710,7 +4878,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4722,7 +4890,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4735,7 +4903,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -4748,7 +4916,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4760,7 +4928,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4773,7 +4941,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -4793,7 +4961,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4805,7 +4973,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4818,7 +4986,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -4838,7 +5006,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4850,7 +5018,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4863,7 +5031,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -4889,7 +5057,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4901,7 +5069,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4914,7 +5082,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -4934,7 +5102,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4946,7 +5114,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4959,7 +5127,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -4979,7 +5147,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4991,7 +5159,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5004,7 +5172,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -5022,7 +5190,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5034,7 +5202,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5047,7 +5215,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
 }
 
 type LeaveResponse struct {
@@ -5060,7 +5228,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5072,7 +5240,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5085,7 +5253,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -5103,7 +5271,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5115,7 +5283,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5128,7 +5296,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 // Member is one server in the gossip pool.
@@ -5152,7 +5320,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5164,7 +5332,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5177,7 +5345,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *Member) GetId() string {
@@ -5245,7 +5413,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5257,7 +5425,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5270,7 +5438,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -5288,7 +5456,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5300,7 +5468,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5313,7 +5481,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -5340,7 +5508,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5352,7 +5520,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5365,7 +5533,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -5440,7 +5608,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5452,7 +5620,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5465,7 +5633,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -5484,7 +5652,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5496,7 +5664,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5509,7 +5677,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -5527,7 +5695,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5539,7 +5707,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5552,7 +5720,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
 }
 
 type TransferLeadershipRequest struct {
@@ -5565,7 +5733,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5577,7 +5745,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5590,7 +5758,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -5609,7 +5777,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5621,7 +5789,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5634,7 +5802,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -5653,7 +5821,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5665,7 +5833,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5678,7 +5846,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -5698,7 +5866,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5710,7 +5878,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5723,7 +5891,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -5749,7 +5917,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5761,7 +5929,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5774,7 +5942,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -5793,7 +5961,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5805,7 +5973,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5818,7 +5986,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -5838,7 +6006,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5850,7 +6018,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5863,7 +6031,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -5883,7 +6051,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5895,7 +6063,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5908,7 +6076,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -5937,7 +6105,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5949,7 +6117,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5962,7 +6130,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -6001,7 +6169,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6013,7 +6181,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6026,7 +6194,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -6064,7 +6232,7 @@ type ReplicaKV struct {
 
 func (x *ReplicaKV) Reset() {
 	*x = ReplicaKV{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6076,7 +6244,7 @@ func (x *ReplicaKV) String() string {
 func (*ReplicaKV) ProtoMessage() {}
 
 func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6089,7 +6257,7 @@ func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaKV.ProtoReflect.Descriptor instead.
 func (*ReplicaKV) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *ReplicaKV) GetBlocks() uint64 {
@@ -6130,7 +6298,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6142,7 +6310,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6155,7 +6323,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -6180,7 +6348,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6192,7 +6360,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6205,7 +6373,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
 }
 
 type ClusterStatusResponse struct {
@@ -6244,7 +6412,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6256,7 +6424,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6269,7 +6437,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -6372,7 +6540,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6384,7 +6552,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6397,7 +6565,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -6428,7 +6596,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6440,7 +6608,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6453,7 +6621,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -6521,7 +6689,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6533,7 +6701,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6546,7 +6714,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -6598,7 +6766,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6610,7 +6778,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6623,7 +6791,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -6689,7 +6857,7 @@ type AdapterUseReport struct {
 
 func (x *AdapterUseReport) Reset() {
 	*x = AdapterUseReport{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6701,7 +6869,7 @@ func (x *AdapterUseReport) String() string {
 func (*AdapterUseReport) ProtoMessage() {}
 
 func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6714,7 +6882,7 @@ func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReport.ProtoReflect.Descriptor instead.
 func (*AdapterUseReport) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *AdapterUseReport) GetRouter() string {
@@ -6768,7 +6936,7 @@ type AdapterUseReportResponse struct {
 
 func (x *AdapterUseReportResponse) Reset() {
 	*x = AdapterUseReportResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6780,7 +6948,7 @@ func (x *AdapterUseReportResponse) String() string {
 func (*AdapterUseReportResponse) ProtoMessage() {}
 
 func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6793,7 +6961,7 @@ func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReportResponse.ProtoReflect.Descriptor instead.
 func (*AdapterUseReportResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *AdapterUseReportResponse) GetKeepMs() int64 {
@@ -6829,7 +6997,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6841,7 +7009,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6854,7 +7022,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -6907,7 +7075,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6919,7 +7087,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6932,7 +7100,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -6961,7 +7129,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6973,7 +7141,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6986,7 +7154,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -7022,7 +7190,7 @@ type AdapterView struct {
 
 func (x *AdapterView) Reset() {
 	*x = AdapterView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7034,7 +7202,7 @@ func (x *AdapterView) String() string {
 func (*AdapterView) ProtoMessage() {}
 
 func (x *AdapterView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7047,7 +7215,7 @@ func (x *AdapterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
 func (*AdapterView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *AdapterView) GetModel() string {
@@ -7096,7 +7264,7 @@ type ListAdaptersResponse struct {
 
 func (x *ListAdaptersResponse) Reset() {
 	*x = ListAdaptersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7108,7 +7276,7 @@ func (x *ListAdaptersResponse) String() string {
 func (*ListAdaptersResponse) ProtoMessage() {}
 
 func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7121,7 +7289,7 @@ func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
 func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ListAdaptersResponse) GetRevision() uint64 {
@@ -7284,7 +7452,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x10PutApiKeyCommand\x12\"\n" +
 	"\x03key\x18\x01 \x01(\v2\x10.llmgw.v1.ApiKeyR\x03key\")\n" +
 	"\x13DeleteApiKeyCommand\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"9\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"7\n" +
+	"\x19SetApiKeysRequiredCommand\x12\x1a\n" +
+	"\brequired\x18\x01 \x01(\bR\brequired\"9\n" +
 	"\x13RegisterNodeCommand\x12\"\n" +
 	"\x04node\x18\x01 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\"P\n" +
 	"\x13SetNodeStateCommand\x12\x0e\n" +
@@ -7447,13 +7617,20 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x13CreateApiKeyRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\rsecret_sha256\x18\x02 \x01(\fR\fsecretSha256\x12\x16\n" +
-	"\x06models\x18\x03 \x03(\tR\x06models\"V\n" +
+	"\x06models\x18\x03 \x03(\tR\x06models\"\x8d\x01\n" +
 	"\x14CreateApiKeyResponse\x12\"\n" +
 	"\x03key\x18\x01 \x01(\v2\x10.llmgw.v1.ApiKeyR\x03key\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\"W\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x125\n" +
+	"\x17turned_keys_required_on\x18\x03 \x01(\bR\x14turnedKeysRequiredOn\"7\n" +
+	"\x19SetApiKeysRequiredRequest\x12\x1a\n" +
+	"\brequired\x18\x01 \x01(\bR\brequired\"J\n" +
+	"\x1aSetApiKeysRequiredResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12\x10\n" +
+	"\x03was\x18\x02 \x01(\bR\x03was\"|\n" +
 	"\x13ListApiKeysResponse\x12$\n" +
 	"\x04keys\x18\x01 \x03(\v2\x10.llmgw.v1.ApiKeyR\x04keys\x12\x1a\n" +
-	"\brevision\x18\x02 \x01(\x04R\brevision\")\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\x12#\n" +
+	"\rkeys_required\x18\x03 \x01(\bR\fkeysRequired\")\n" +
 	"\x13RevokeApiKeyRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"2\n" +
 	"\x14RevokeApiKeyResponse\x12\x1a\n" +
@@ -7647,7 +7824,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\xe5\x03\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\x8d\x04\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -7663,7 +7840,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x12#\n" +
 	"\x1fCOMMAND_TYPE_SET_SERVER_REMOVED\x10\v\x12\x1c\n" +
 	"\x18COMMAND_TYPE_PUT_API_KEY\x10\f\x12\x1f\n" +
-	"\x1bCOMMAND_TYPE_DELETE_API_KEY\x10\r*\xee\x01\n" +
+	"\x1bCOMMAND_TYPE_DELETE_API_KEY\x10\r\x12&\n" +
+	"\"COMMAND_TYPE_SET_API_KEYS_REQUIRED\x10\x0e*\xee\x01\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -7692,7 +7870,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xfe\v\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xdf\f\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -7715,7 +7893,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\rSetNodeLabels\x12\x1e.llmgw.v1.SetNodeLabelsRequest\x1a\x1f.llmgw.v1.SetNodeLabelsResponse\x12M\n" +
 	"\fCreateApiKey\x12\x1d.llmgw.v1.CreateApiKeyRequest\x1a\x1e.llmgw.v1.CreateApiKeyResponse\x12C\n" +
 	"\vListApiKeys\x12\x15.llmgw.v1.ListRequest\x1a\x1d.llmgw.v1.ListApiKeysResponse\x12M\n" +
-	"\fRevokeApiKey\x12\x1d.llmgw.v1.RevokeApiKeyRequest\x1a\x1e.llmgw.v1.RevokeApiKeyResponse\x12>\n" +
+	"\fRevokeApiKey\x12\x1d.llmgw.v1.RevokeApiKeyRequest\x1a\x1e.llmgw.v1.RevokeApiKeyResponse\x12_\n" +
+	"\x12SetApiKeysRequired\x12#.llmgw.v1.SetApiKeysRequiredRequest\x1a$.llmgw.v1.SetApiKeysRequiredResponse\x12>\n" +
 	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse\x12E\n" +
 	"\fListAdapters\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListAdaptersResponse2T\n" +
 	"\vLoadService\x12E\n" +
@@ -7740,7 +7919,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 104)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 107)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -7764,108 +7943,111 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*DeleteModelCommand)(nil),         // 19: llmgw.v1.DeleteModelCommand
 	(*PutApiKeyCommand)(nil),           // 20: llmgw.v1.PutApiKeyCommand
 	(*DeleteApiKeyCommand)(nil),        // 21: llmgw.v1.DeleteApiKeyCommand
-	(*RegisterNodeCommand)(nil),        // 22: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),        // 23: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),        // 24: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),       // 25: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil),  // 26: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),    // 27: llmgw.v1.SetClusterConfigCommand
-	(*SetAdapterPlacementCommand)(nil), // 28: llmgw.v1.SetAdapterPlacementCommand
-	(*SetNodeLabelsCommand)(nil),       // 29: llmgw.v1.SetNodeLabelsCommand
-	(*SetServerRemovedCommand)(nil),    // 30: llmgw.v1.SetServerRemovedCommand
-	(*ReplicaStatus)(nil),              // 31: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 32: llmgw.v1.EphemeralUpdate
-	(*AdapterStatus)(nil),              // 33: llmgw.v1.AdapterStatus
-	(*KVBlocks)(nil),                   // 34: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 35: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 36: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 37: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 38: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 39: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 40: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 41: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 42: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 43: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 44: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 45: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 46: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 47: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 48: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 49: llmgw.v1.WatchEvent
-	(*CreateApiKeyRequest)(nil),        // 50: llmgw.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),       // 51: llmgw.v1.CreateApiKeyResponse
-	(*ListApiKeysResponse)(nil),        // 52: llmgw.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),        // 53: llmgw.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),       // 54: llmgw.v1.RevokeApiKeyResponse
-	(*KeyringRequest)(nil),             // 55: llmgw.v1.KeyringRequest
-	(*KeyringKey)(nil),                 // 56: llmgw.v1.KeyringKey
-	(*ServerKeyring)(nil),              // 57: llmgw.v1.ServerKeyring
-	(*KeyringResponse)(nil),            // 58: llmgw.v1.KeyringResponse
-	(*SetNodeLabelsRequest)(nil),       // 59: llmgw.v1.SetNodeLabelsRequest
-	(*SetNodeLabelsResponse)(nil),      // 60: llmgw.v1.SetNodeLabelsResponse
-	(*SnapshotSaveRequest)(nil),        // 61: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 62: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 63: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 64: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 65: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 66: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 67: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 68: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 69: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 70: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 71: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 72: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 73: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 74: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 75: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 76: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 77: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 78: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 79: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 80: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 81: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 82: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 83: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 84: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 85: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 86: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 87: llmgw.v1.ReplicaView
-	(*ReplicaKV)(nil),                  // 88: llmgw.v1.ReplicaKV
-	(*ListReplicasResponse)(nil),       // 89: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 90: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 91: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 92: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 93: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 94: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 95: llmgw.v1.EnsureAdapterRequest
-	(*AdapterUseReport)(nil),           // 96: llmgw.v1.AdapterUseReport
-	(*AdapterUseReportResponse)(nil),   // 97: llmgw.v1.AdapterUseReportResponse
-	(*EnsureAdapterResponse)(nil),      // 98: llmgw.v1.EnsureAdapterResponse
-	(*RegisterNodeRequest)(nil),        // 99: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 100: llmgw.v1.RegisterNodeResponse
-	(*AdapterView)(nil),                // 101: llmgw.v1.AdapterView
-	(*ListAdaptersResponse)(nil),       // 102: llmgw.v1.ListAdaptersResponse
-	nil,                                // 103: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 104: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 105: llmgw.v1.Node.LabelsEntry
-	nil,                                // 106: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 107: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 108: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 109: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*SetApiKeysRequiredCommand)(nil),  // 22: llmgw.v1.SetApiKeysRequiredCommand
+	(*RegisterNodeCommand)(nil),        // 23: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 24: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 25: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 26: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 27: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 28: llmgw.v1.SetClusterConfigCommand
+	(*SetAdapterPlacementCommand)(nil), // 29: llmgw.v1.SetAdapterPlacementCommand
+	(*SetNodeLabelsCommand)(nil),       // 30: llmgw.v1.SetNodeLabelsCommand
+	(*SetServerRemovedCommand)(nil),    // 31: llmgw.v1.SetServerRemovedCommand
+	(*ReplicaStatus)(nil),              // 32: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 33: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 34: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 35: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 36: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 37: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 38: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 39: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 40: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 41: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 42: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 43: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 44: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 45: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 46: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 47: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 48: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 49: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 50: llmgw.v1.WatchEvent
+	(*CreateApiKeyRequest)(nil),        // 51: llmgw.v1.CreateApiKeyRequest
+	(*CreateApiKeyResponse)(nil),       // 52: llmgw.v1.CreateApiKeyResponse
+	(*SetApiKeysRequiredRequest)(nil),  // 53: llmgw.v1.SetApiKeysRequiredRequest
+	(*SetApiKeysRequiredResponse)(nil), // 54: llmgw.v1.SetApiKeysRequiredResponse
+	(*ListApiKeysResponse)(nil),        // 55: llmgw.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),        // 56: llmgw.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),       // 57: llmgw.v1.RevokeApiKeyResponse
+	(*KeyringRequest)(nil),             // 58: llmgw.v1.KeyringRequest
+	(*KeyringKey)(nil),                 // 59: llmgw.v1.KeyringKey
+	(*ServerKeyring)(nil),              // 60: llmgw.v1.ServerKeyring
+	(*KeyringResponse)(nil),            // 61: llmgw.v1.KeyringResponse
+	(*SetNodeLabelsRequest)(nil),       // 62: llmgw.v1.SetNodeLabelsRequest
+	(*SetNodeLabelsResponse)(nil),      // 63: llmgw.v1.SetNodeLabelsResponse
+	(*SnapshotSaveRequest)(nil),        // 64: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 65: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 66: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 67: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 68: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 69: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 70: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 71: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 72: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 73: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 74: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 75: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 76: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 77: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 78: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 79: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 80: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 81: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 82: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 83: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 84: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 85: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 86: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 87: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 88: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 89: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 90: llmgw.v1.ReplicaView
+	(*ReplicaKV)(nil),                  // 91: llmgw.v1.ReplicaKV
+	(*ListReplicasResponse)(nil),       // 92: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 93: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 94: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 95: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 96: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 97: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 98: llmgw.v1.EnsureAdapterRequest
+	(*AdapterUseReport)(nil),           // 99: llmgw.v1.AdapterUseReport
+	(*AdapterUseReportResponse)(nil),   // 100: llmgw.v1.AdapterUseReportResponse
+	(*EnsureAdapterResponse)(nil),      // 101: llmgw.v1.EnsureAdapterResponse
+	(*RegisterNodeRequest)(nil),        // 102: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 103: llmgw.v1.RegisterNodeResponse
+	(*AdapterView)(nil),                // 104: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 105: llmgw.v1.ListAdaptersResponse
+	nil,                                // 106: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 107: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 108: llmgw.v1.Node.LabelsEntry
+	nil,                                // 109: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 110: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 111: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 112: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	103, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	104, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	106, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	107, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	7,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	6,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	105, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	108, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	10,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	8,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	9,   // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	11,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	12,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	106, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	109, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	16,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
 	15,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
 	14,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
@@ -7877,27 +8059,27 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	11,  // 20: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
 	12,  // 21: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
 	16,  // 22: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	107, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	110, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
 	2,   // 24: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	31,  // 25: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	34,  // 26: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	33,  // 27: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	32,  // 25: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	35,  // 26: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	34,  // 27: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
 	3,   // 28: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
 	9,   // 29: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	31,  // 30: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	37,  // 31: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	32,  // 32: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	36,  // 33: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	35,  // 34: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	32,  // 30: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	38,  // 31: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	33,  // 32: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	37,  // 33: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	36,  // 34: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
 	11,  // 35: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
 	8,   // 36: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
 	16,  // 37: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
-	39,  // 38: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	40,  // 39: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	36,  // 40: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	42,  // 41: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	43,  // 42: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	35,  // 43: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	40,  // 38: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	41,  // 39: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	37,  // 40: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	43,  // 41: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	44,  // 42: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	36,  // 43: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
 	4,   // 44: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
 	8,   // 45: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
 	9,   // 46: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
@@ -7905,97 +8087,99 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	12,  // 48: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
 	16,  // 49: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
 	14,  // 50: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
-	46,  // 51: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	45,  // 52: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	47,  // 53: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	32,  // 54: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	43,  // 55: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	36,  // 56: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	48,  // 57: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	47,  // 51: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	46,  // 52: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	48,  // 53: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	33,  // 54: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	44,  // 55: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	37,  // 56: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	49,  // 57: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
 	14,  // 58: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
 	14,  // 59: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
 	5,   // 60: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
-	56,  // 61: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
-	57,  // 62: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	108, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	59,  // 61: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
+	60,  // 62: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
+	111, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
 	9,   // 64: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
-	71,  // 65: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	74,  // 66: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	74,  // 65: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	77,  // 66: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
 	8,   // 67: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
 	8,   // 68: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
 	8,   // 69: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
 	9,   // 70: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	109, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	112, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
 	11,  // 72: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	31,  // 73: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	88,  // 74: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
-	87,  // 75: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	35,  // 76: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	93,  // 77: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	33,  // 78: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
+	32,  // 73: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	91,  // 74: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
+	90,  // 75: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	36,  // 76: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	96,  // 77: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	34,  // 78: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
 	3,   // 79: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
 	9,   // 80: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
 	9,   // 81: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	33,  // 82: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
-	101, // 83: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
-	38,  // 84: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	44,  // 85: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	80,  // 86: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	82,  // 87: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	84,  // 88: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	84,  // 89: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	84,  // 90: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	90,  // 91: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	64,  // 92: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	66,  // 93: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	68,  // 94: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	70,  // 95: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	73,  // 96: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	76,  // 97: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	78,  // 98: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	61,  // 99: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	62,  // 100: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	59,  // 101: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	50,  // 102: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	84,  // 103: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	53,  // 104: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	55,  // 105: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	84,  // 106: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
-	92,  // 107: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	95,  // 108: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	96,  // 109: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
-	99,  // 110: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	55,  // 111: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	41,  // 112: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	49,  // 113: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	81,  // 114: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	83,  // 115: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	85,  // 116: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	86,  // 117: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	89,  // 118: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	91,  // 119: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	65,  // 120: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	67,  // 121: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	69,  // 122: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	72,  // 123: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	75,  // 124: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	77,  // 125: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	79,  // 126: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	62,  // 127: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	63,  // 128: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	60,  // 129: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	51,  // 130: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	52,  // 131: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	54,  // 132: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	58,  // 133: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	102, // 134: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
-	94,  // 135: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	98,  // 136: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	97,  // 137: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
-	100, // 138: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	57,  // 139: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	112, // [112:140] is the sub-list for method output_type
-	84,  // [84:112] is the sub-list for method input_type
+	34,  // 82: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	104, // 83: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	39,  // 84: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	45,  // 85: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	83,  // 86: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	85,  // 87: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	87,  // 88: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	87,  // 89: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	87,  // 90: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	93,  // 91: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	67,  // 92: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	69,  // 93: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	71,  // 94: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	73,  // 95: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	76,  // 96: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	79,  // 97: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	81,  // 98: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	64,  // 99: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	65,  // 100: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	62,  // 101: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	51,  // 102: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	87,  // 103: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	56,  // 104: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	53,  // 105: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
+	58,  // 106: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	87,  // 107: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	95,  // 108: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	98,  // 109: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	99,  // 110: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
+	102, // 111: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	58,  // 112: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	42,  // 113: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	50,  // 114: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	84,  // 115: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	86,  // 116: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	88,  // 117: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	89,  // 118: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	92,  // 119: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	94,  // 120: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	68,  // 121: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	70,  // 122: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	72,  // 123: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	75,  // 124: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	78,  // 125: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	80,  // 126: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	82,  // 127: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	65,  // 128: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	66,  // 129: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	63,  // 130: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	52,  // 131: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	55,  // 132: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	57,  // 133: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	54,  // 134: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
+	61,  // 135: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	105, // 136: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	97,  // 137: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	101, // 138: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	100, // 139: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
+	103, // 140: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	60,  // 141: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	113, // [113:142] is the sub-list for method output_type
+	84,  // [84:113] is the sub-list for method input_type
 	84,  // [84:84] is the sub-list for extension type_name
 	84,  // [84:84] is the sub-list for extension extendee
 	0,   // [0:84] is the sub-list for field type_name
@@ -8007,19 +8191,19 @@ func file_llmgw_v1_llmgw_proto_init() {
 		return
 	}
 	file_llmgw_v1_llmgw_proto_msgTypes[1].OneofWrappers = []any{}
-	file_llmgw_v1_llmgw_proto_msgTypes[32].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[33].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[35].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[36].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[39].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[40].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
@@ -8027,7 +8211,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*Change_AdapterPlacement)(nil),
 		(*Change_ApiKey)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[43].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[44].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -8036,14 +8220,14 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*WatchEvent_Heartbeat)(nil),
 		(*WatchEvent_Mark)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[85].OneofWrappers = []any{}
+	file_llmgw_v1_llmgw_proto_msgTypes[88].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      6,
-			NumMessages:   104,
+			NumMessages:   107,
 			NumExtensions: 0,
 			NumServices:   6,
 		},

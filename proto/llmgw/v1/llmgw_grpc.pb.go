@@ -254,6 +254,7 @@ const (
 	AdminService_CreateApiKey_FullMethodName       = "/llmgw.v1.AdminService/CreateApiKey"
 	AdminService_ListApiKeys_FullMethodName        = "/llmgw.v1.AdminService/ListApiKeys"
 	AdminService_RevokeApiKey_FullMethodName       = "/llmgw.v1.AdminService/RevokeApiKey"
+	AdminService_SetApiKeysRequired_FullMethodName = "/llmgw.v1.AdminService/SetApiKeysRequired"
 	AdminService_Keyring_FullMethodName            = "/llmgw.v1.AdminService/Keyring"
 	AdminService_ListAdapters_FullMethodName       = "/llmgw.v1.AdminService/ListAdapters"
 )
@@ -300,6 +301,11 @@ type AdminServiceClient interface {
 	CreateApiKey(ctx context.Context, in *CreateApiKeyRequest, opts ...grpc.CallOption) (*CreateApiKeyResponse, error)
 	ListApiKeys(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListApiKeysResponse, error)
 	RevokeApiKey(ctx context.Context, in *RevokeApiKeyRequest, opts ...grpc.CallOption) (*RevokeApiKeyResponse, error)
+	// SetApiKeysRequired turns "keys required" on or off for every router
+	// (answered by the leader, gated): off, a request without a key is
+	// served again; the keys stay, and a request presenting one is still
+	// checked.
+	SetApiKeysRequired(ctx context.Context, in *SetApiKeysRequiredRequest, opts ...grpc.CallOption) (*SetApiKeysRequiredResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -521,6 +527,16 @@ func (c *adminServiceClient) RevokeApiKey(ctx context.Context, in *RevokeApiKeyR
 	return out, nil
 }
 
+func (c *adminServiceClient) SetApiKeysRequired(ctx context.Context, in *SetApiKeysRequiredRequest, opts ...grpc.CallOption) (*SetApiKeysRequiredResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetApiKeysRequiredResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetApiKeysRequired_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(KeyringResponse)
@@ -583,6 +599,11 @@ type AdminServiceServer interface {
 	CreateApiKey(context.Context, *CreateApiKeyRequest) (*CreateApiKeyResponse, error)
 	ListApiKeys(context.Context, *ListRequest) (*ListApiKeysResponse, error)
 	RevokeApiKey(context.Context, *RevokeApiKeyRequest) (*RevokeApiKeyResponse, error)
+	// SetApiKeysRequired turns "keys required" on or off for every router
+	// (answered by the leader, gated): off, a request without a key is
+	// served again; the keys stay, and a request presenting one is still
+	// checked.
+	SetApiKeysRequired(context.Context, *SetApiKeysRequiredRequest) (*SetApiKeysRequiredResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -658,6 +679,9 @@ func (UnimplementedAdminServiceServer) ListApiKeys(context.Context, *ListRequest
 }
 func (UnimplementedAdminServiceServer) RevokeApiKey(context.Context, *RevokeApiKeyRequest) (*RevokeApiKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RevokeApiKey not implemented")
+}
+func (UnimplementedAdminServiceServer) SetApiKeysRequired(context.Context, *SetApiKeysRequiredRequest) (*SetApiKeysRequiredResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetApiKeysRequired not implemented")
 }
 func (UnimplementedAdminServiceServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
@@ -1010,6 +1034,24 @@ func _AdminService_RevokeApiKey_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_SetApiKeysRequired_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetApiKeysRequiredRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetApiKeysRequired(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetApiKeysRequired_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetApiKeysRequired(ctx, req.(*SetApiKeysRequiredRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(KeyringRequest)
 	if err := dec(in); err != nil {
@@ -1120,6 +1162,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RevokeApiKey",
 			Handler:    _AdminService_RevokeApiKey_Handler,
+		},
+		{
+			MethodName: "SetApiKeysRequired",
+			Handler:    _AdminService_SetApiKeysRequired_Handler,
 		},
 		{
 			MethodName: "Keyring",
