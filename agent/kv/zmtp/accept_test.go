@@ -80,19 +80,27 @@ func TestSilentConnectionCut(t *testing.T) {
 	refused := make(chan error, 1)
 	sub, _ := pubSub(t, Policy{HandshakeTimeout: 200 * time.Millisecond, Refused: func(_ net.Addr, err error) { refused <- err }},
 		"tcp://127.0.0.1:0")
-	c, err := net.Dial("tcp", sub.Addr().String())
+	c := dialRefused(t, sub.Addr().String(), refused, "signature")
+	defer c.Close()
+}
+
+// dialRefused connects to addr, says nothing, and waits for the listener
+// to refuse the connection with an error naming why.
+func dialRefused(t *testing.T, addr string, refused <-chan error, why string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	select {
 	case err := <-refused:
-		if !strings.Contains(err.Error(), "signature") {
-			t.Errorf("refused for %v", err)
+		if !strings.Contains(err.Error(), why) {
+			t.Errorf("refused for %v; want %q", err, why)
 		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("the silent connection was not cut")
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the connection was not refused within 30s (%s)", why)
 	}
+	return c
 }
 
 // TestIPC: the guarded ipc transport carries messages, and a peer of
@@ -196,19 +204,8 @@ func TestAllowFrom(t *testing.T) {
 				}
 				return
 			}
-			c, err := net.Dial("tcp", sub.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := dialRefused(t, sub.Addr().String(), refused, "not in the allow-list")
 			defer c.Close()
-			select {
-			case err := <-refused:
-				if !strings.Contains(err.Error(), "not in the allow-list") {
-					t.Errorf("refused with %v; want the allow-list named", err)
-				}
-			case <-time.After(30 * time.Second):
-				t.Fatal("a peer outside the allow-list was not refused within 30s")
-			}
 			_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
 			if n, err := c.Read(make([]byte, 16)); err == nil {
 				t.Errorf("the refused connection answered %d bytes; want it closed", n)
