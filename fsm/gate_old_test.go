@@ -25,6 +25,7 @@ func TestKnownSetOld(t *testing.T) {
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, &llmgwv1.SetServerRemovedCommand{ServerId: "c3", Removed: true, AtUnixNano: 1}},
 		{llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY, &llmgwv1.PutApiKeyCommand{Key: &llmgwv1.ApiKey{Name: "a", SecretSha256: make([]byte, 32)}}},
 		{llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY, &llmgwv1.DeleteApiKeyCommand{Name: "a"}},
+		{llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED, &llmgwv1.SetApiKeysRequiredCommand{Required: false}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.typ.String(), func(t *testing.T) {
