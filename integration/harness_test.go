@@ -160,35 +160,16 @@ type devProcess struct {
 	ops     string // the router's operations port: /metrics, /sd/replicas, /debug/kvindex
 	grpc    string // control plane address
 	dataDir string
-	log     *syncBuffer   // dev's output, read while it runs
-	exited  chan struct{} // closed once the process has exited; then err is set
+	log     *testkit.SyncBuffer // dev's output, read while it runs
+	exited  chan struct{}       // closed once the process has exited; then err is set
 	err     error
-}
-
-// syncBuffer is a bytes.Buffer the process's output is written to while
-// a test reads it (exec copies stdout and stderr on goroutines of its own).
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // startDev starts `llmgw dev` on free loopback ports and waits until the
 // router answers for the demo model through a ready replica.
 func startDev(t *testing.T, extra ...string) *devProcess {
 	t.Helper()
-	d := &devProcess{t: t, http: freeAddr(t), ops: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &syncBuffer{}, exited: make(chan struct{})}
+	d := &devProcess{t: t, http: freeAddr(t), ops: freeAddr(t), grpc: freeAddr(t), dataDir: t.TempDir(), log: &testkit.SyncBuffer{}, exited: make(chan struct{})}
 	// Every listening address is a free one, so a dev started here never
 	// collides with another package's tests or a dev the developer runs.
 	args := append([]string{"dev", "--http-addr", d.http, "--ops-addr", d.ops, "--grpc-addr", d.grpc, "--data-dir", d.dataDir,

@@ -11,8 +11,10 @@
 package testkit
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 )
@@ -125,4 +127,24 @@ func Throughout(d, every time.Duration, check func() error) error {
 		}
 		time.Sleep(min(every, time.Until(end)))
 	}
+}
+
+// SyncBuffer is a bytes.Buffer that writers (a process's output copied by
+// exec, a logger on other goroutines) and a test's reads may share.
+type SyncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *SyncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String is what was written so far.
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
