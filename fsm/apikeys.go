@@ -48,20 +48,12 @@ func ValidateAPIKey(k *llmgwv1.ApiKey) error {
 	if n := len(k.GetSecretSha256()); n != sha256.Size {
 		return invalid("secret_sha256", "must be the %d-byte SHA-256 of the secret, got %d bytes", sha256.Size, n)
 	}
-	if len(k.GetModels()) > MaxAPIKeyModels {
-		return invalid("models", "at most %d, got %d", MaxAPIKeyModels, len(k.GetModels()))
-	}
-	seen := map[string]bool{}
-	for i, m := range k.GetModels() {
-		if err := checkName(fmt.Sprintf("models[%d]", i), m); err != nil {
+	if k.GetTenant() != "" {
+		if err := checkName("tenant", k.GetTenant()); err != nil {
 			return err
 		}
-		if seen[m] {
-			return invalid(fmt.Sprintf("models[%d]", i), "%q is listed twice", m)
-		}
-		seen[m] = true
 	}
-	return nil
+	return checkModelList("models", k.GetModels())
 }
 
 // putAPIKey creates a key. A name in use is refused (ErrExists): a key is
@@ -72,6 +64,9 @@ func (a *applier) putAPIKey(p *llmgwv1.PutApiKeyCommand) (any, error) {
 		return nil, err
 	}
 	k := proto.Clone(p.Key).(*llmgwv1.ApiKey)
+	if err := a.checkKeyTenant(k.Tenant); err != nil {
+		return nil, err
+	}
 	if _, ok := a.f.apiKeys[k.Name]; ok {
 		return nil, fmt.Errorf("api key %q: %w", k.Name, ErrExists)
 	}

@@ -98,6 +98,14 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.DeleteApiKeyCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED:
 		return &llmgwv1.SetApiKeysRequiredCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_PUT_TENANT:
+		return &llmgwv1.PutTenantCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT:
+		return &llmgwv1.DeleteTenantCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEY_TENANT:
+		return &llmgwv1.SetApiKeyTenantCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE:
+		return &llmgwv1.RecordUsageCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

@@ -50,7 +50,13 @@ type FSM struct {
 	removals map[string]*llmgwv1.ServerRemoval
 	// apiKeys holds the router API keys by name (apikeys.go).
 	apiKeys map[string]*llmgwv1.ApiKey
-	log     []*llmgwv1.Change
+	// tenants, the usage roll-up and its cursors (tenants.go); usageNewest
+	// is the newest hour any batch carried, the retention's reference.
+	tenants      map[string]*llmgwv1.Tenant
+	usage        map[usageKey]*llmgwv1.UsageRow
+	usageCursors map[cursorKey]*llmgwv1.UsageCursor
+	usageNewest  int64
+	log          []*llmgwv1.Change
 	// logFloor is the newest revision the log no longer covers: changes
 	// after it are all in the log.
 	logFloor uint64
@@ -80,6 +86,10 @@ func (f *FSM) reset() {
 	f.adapters = map[string]*llmgwv1.AdapterPlacement{}
 	f.removals = map[string]*llmgwv1.ServerRemoval{}
 	f.apiKeys = map[string]*llmgwv1.ApiKey{}
+	f.tenants = map[string]*llmgwv1.Tenant{}
+	f.usage = map[usageKey]*llmgwv1.UsageRow{}
+	f.usageCursors = map[cursorKey]*llmgwv1.UsageCursor{}
+	f.usageNewest = 0
 	f.log = nil
 	f.logFloor = 0
 }
@@ -155,6 +165,14 @@ func (f *FSM) ApplyAt(index uint64, appendedUnix int64, data []byte) (any, error
 		res, err = a.deleteAPIKey(p)
 	case *llmgwv1.SetApiKeysRequiredCommand:
 		res, err = a.setAPIKeysRequired(p)
+	case *llmgwv1.PutTenantCommand:
+		res, err = a.putTenant(p)
+	case *llmgwv1.DeleteTenantCommand:
+		res, err = a.deleteTenant(p)
+	case *llmgwv1.SetApiKeyTenantCommand:
+		res, err = a.setAPIKeyTenant(p)
+	case *llmgwv1.RecordUsageCommand:
+		res, err = a.recordUsage(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
@@ -213,6 +231,8 @@ func setObject(c *llmgwv1.Change, obj proto.Message) {
 		c.Object = &llmgwv1.Change_AdapterPlacement{AdapterPlacement: o}
 	case *llmgwv1.ApiKey:
 		c.Object = &llmgwv1.Change_ApiKey{ApiKey: o}
+	case *llmgwv1.Tenant:
+		c.Object = &llmgwv1.Change_Tenant{Tenant: o}
 	}
 }
 
@@ -569,6 +589,10 @@ func (f *FSM) Restore(data []byte) error {
 	for _, k := range st.ApiKeys {
 		f.apiKeys[k.Name] = k
 	}
+	for _, t := range st.Tenants {
+		f.tenants[t.Name] = t
+	}
+	f.restoreUsage(&st)
 	f.notify()
 	return nil
 }
@@ -588,7 +612,9 @@ func (f *FSM) State() *llmgwv1.State {
 		AdapterPlacements: cloneSorted(f.adapters, func(p *llmgwv1.AdapterPlacement) string { return p.Adapter }),
 		ServerRemovals:    cloneSorted(f.removals, func(r *llmgwv1.ServerRemoval) string { return r.ServerId }),
 		ApiKeys:           cloneSorted(f.apiKeys, func(k *llmgwv1.ApiKey) string { return k.Name }),
+		Tenants:           cloneSorted(f.tenants, func(t *llmgwv1.Tenant) string { return t.Name }),
 	}
+	st.Usage, st.UsageCursors = f.usageState()
 	for k, v := range f.ordinals {
 		st.NextOrdinal[k] = v
 	}

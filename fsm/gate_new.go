@@ -19,6 +19,11 @@ const ServerRemovedVersion = "v0.2.0"
 // build knows none of them.
 const APIKeysVersion = "v0.2.0"
 
+// TenantsVersion is the release that introduced tenants, a key's tenant
+// and the usage roll-up (tenants.go). No release has been cut since the
+// keys: the "old" build knows none of them.
+const TenantsVersion = "v0.2.0"
+
 // gatedCommands are the command types behind the minimum-version gate. A
 // build with the tag llmgw_upgrade_old leaves them out (gate_old.go): it is
 // this tree as the previous release, which the upgrade test runs as the
@@ -30,4 +35,8 @@ var gatedCommands = map[llmgwv1.CommandType]gatedCommand{
 	llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY:     {schema: 1, introduced: APIKeysVersion},
 	// Keys required off again (issue 28): no release cut since the keys.
 	llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED: {schema: 1, introduced: APIKeysVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_PUT_TENANT:            {schema: 1, introduced: TenantsVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT:         {schema: 1, introduced: TenantsVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEY_TENANT:    {schema: 1, introduced: TenantsVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE:          {schema: 1, introduced: TenantsVersion},
 }

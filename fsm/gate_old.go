@@ -14,9 +14,12 @@ const ServerRemovedVersion = ""
 // APIKeysVersion is empty in the "old" build: it predates the commands.
 const APIKeysVersion = ""
 
+// TenantsVersion is empty in the "old" build: it predates the commands.
+const TenantsVersion = ""
+
 // gatedCommands is empty in the "old" build (tag llmgw_upgrade_old): this
 // tree as the release before any gated command existed. A
 // SET_NODE_LABELS, SET_SERVER_REMOVED, PUT_API_KEY, DELETE_API_KEY or
-// SET_API_KEYS_REQUIRED entry
-// stops it loudly, as an unknown command must.
+// SET_API_KEYS_REQUIRED entry, or one of tenants (PUT_TENANT,
+// DELETE_TENANT, SET_API_KEY_TENANT, RECORD_USAGE), stops it loudly, as an unknown command must.
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{}

@@ -52,6 +52,9 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_RevokeApiKey_FullMethodName:       adminOnly,
 	llmgwv1.AdminService_SetApiKeysRequired_FullMethodName: adminOnly,
 	llmgwv1.AdminService_Keyring_FullMethodName:            adminOnly,
+	llmgwv1.AdminService_SetApiKeyTenant_FullMethodName:    adminOnly,
+	llmgwv1.AdminService_PutTenant_FullMethodName:          adminOnly,
+	llmgwv1.AdminService_DeleteTenant_FullMethodName:       adminOnly,
 	// Reads: an operator's as well.
 	llmgwv1.AdminService_ListModels_FullMethodName:    adminOnly,
 	llmgwv1.AdminService_ListNodes_FullMethodName:     adminOnly,
@@ -61,6 +64,9 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_ListPeers_FullMethodName:     adminOnly,
 	llmgwv1.AdminService_ListApiKeys_FullMethodName:   adminOnly,
 	llmgwv1.AdminService_ListAdapters_FullMethodName:  adminOnly,
+	llmgwv1.AdminService_GetTenant_FullMethodName:     adminOnly,
+	llmgwv1.AdminService_ListTenants_FullMethodName:   adminOnly,
+	llmgwv1.AdminService_Usage_FullMethodName:         adminOnly,
 	// Routers watch the state and ask for cold adapters; an admin may watch
 	// too (debugging what routers see).
 	llmgwv1.WatchService_Watch_FullMethodName:           {mtls.RoleRouter, mtls.RoleAdmin},
@@ -68,6 +74,10 @@ var allowed = map[string][]mtls.Role{
 
 	// Routers report their requests in flight per adapter (design §7.6).
 	llmgwv1.AdapterService_ReportAdapterUse_FullMethodName: routerOnly,
+	// Routers lease shares of tenants' limits and send their metered usage
+	// (design §7.7).
+	llmgwv1.QuotaService_Lease_FullMethodName:       routerOnly,
+	llmgwv1.QuotaService_RecordUsage_FullMethodName: routerOnly,
 	// Agents attach; which node they may attach as is the AgentService's
 	// check (the certificate's name), since only it reads the hello.
 	llmgwv1.AgentService_Attach_FullMethodName: {mtls.RoleAgent},

@@ -101,6 +101,12 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdminService_ListApiKeys_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListApiKeysResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},
+	llmgwv1.AdminService_SetApiKeyTenant_FullMethodName: func(any) (proto.Message, bool) {
+		return &llmgwv1.SetApiKeyTenantResponse{}, true
+	},
+	llmgwv1.AdminService_PutTenant_FullMethodName:    func(any) (proto.Message, bool) { return &llmgwv1.PutTenantResponse{}, true },
+	llmgwv1.AdminService_DeleteTenant_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.DeleteTenantResponse{}, true },
+	// Tenant reads are local: the roll-up moves in batches anyway.
 	llmgwv1.AdminService_ListModels_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListModelsResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},
@@ -121,6 +127,10 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdapterService_EnsureAdapter_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.EnsureAdapterResponse{}, true },
 	// The leader alone evicts, so it keeps the routers' adapter use.
 	llmgwv1.AdapterService_ReportAdapterUse_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.AdapterUseReportResponse{}, true },
+	// The leader alone grants shares of tenants' limits, and proposes the
+	// usage batches (design §7.7).
+	llmgwv1.QuotaService_Lease_FullMethodName:       func(any) (proto.Message, bool) { return &llmgwv1.LeaseResponse{}, true },
+	llmgwv1.QuotaService_RecordUsage_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.RecordUsageResponse{}, true },
 }
 
 // Quorum is what a "no leader" answer says of the voters: the Raft

@@ -105,6 +105,11 @@ const (
 	CommandType_COMMAND_TYPE_DELETE_API_KEY CommandType = 13
 	// Gated: turns the routers' key requirement on or off (design §11).
 	CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED CommandType = 14
+	// Gated: tenants, a key's tenant, and the usage roll-up (design §7.7).
+	CommandType_COMMAND_TYPE_PUT_TENANT         CommandType = 15
+	CommandType_COMMAND_TYPE_DELETE_TENANT      CommandType = 16
+	CommandType_COMMAND_TYPE_SET_API_KEY_TENANT CommandType = 17
+	CommandType_COMMAND_TYPE_RECORD_USAGE       CommandType = 18
 )
 
 // Enum value maps for CommandType.
@@ -125,6 +130,10 @@ var (
 		12: "COMMAND_TYPE_PUT_API_KEY",
 		13: "COMMAND_TYPE_DELETE_API_KEY",
 		14: "COMMAND_TYPE_SET_API_KEYS_REQUIRED",
+		15: "COMMAND_TYPE_PUT_TENANT",
+		16: "COMMAND_TYPE_DELETE_TENANT",
+		17: "COMMAND_TYPE_SET_API_KEY_TENANT",
+		18: "COMMAND_TYPE_RECORD_USAGE",
 	}
 	CommandType_value = map[string]int32{
 		"COMMAND_TYPE_UNSPECIFIED":           0,
@@ -142,6 +151,10 @@ var (
 		"COMMAND_TYPE_PUT_API_KEY":           12,
 		"COMMAND_TYPE_DELETE_API_KEY":        13,
 		"COMMAND_TYPE_SET_API_KEYS_REQUIRED": 14,
+		"COMMAND_TYPE_PUT_TENANT":            15,
+		"COMMAND_TYPE_DELETE_TENANT":         16,
+		"COMMAND_TYPE_SET_API_KEY_TENANT":    17,
+		"COMMAND_TYPE_RECORD_USAGE":          18,
 	}
 )
 
@@ -404,6 +417,71 @@ func (x KeyringOp) Number() protoreflect.EnumNumber {
 // Deprecated: Use KeyringOp.Descriptor instead.
 func (KeyringOp) EnumDescriptor() ([]byte, []int) {
 	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{5}
+}
+
+// LimitKind names one limit of TenantLimits.
+type LimitKind int32
+
+const (
+	LimitKind_LIMIT_KIND_UNSPECIFIED    LimitKind = 0
+	LimitKind_LIMIT_KIND_RPM            LimitKind = 1
+	LimitKind_LIMIT_KIND_INPUT_TPM      LimitKind = 2
+	LimitKind_LIMIT_KIND_OUTPUT_TPM     LimitKind = 3
+	LimitKind_LIMIT_KIND_WEIGHTED_TPM   LimitKind = 4
+	LimitKind_LIMIT_KIND_CONCURRENCY    LimitKind = 5
+	LimitKind_LIMIT_KIND_DAILY_TOKENS   LimitKind = 6
+	LimitKind_LIMIT_KIND_MONTHLY_TOKENS LimitKind = 7
+)
+
+// Enum value maps for LimitKind.
+var (
+	LimitKind_name = map[int32]string{
+		0: "LIMIT_KIND_UNSPECIFIED",
+		1: "LIMIT_KIND_RPM",
+		2: "LIMIT_KIND_INPUT_TPM",
+		3: "LIMIT_KIND_OUTPUT_TPM",
+		4: "LIMIT_KIND_WEIGHTED_TPM",
+		5: "LIMIT_KIND_CONCURRENCY",
+		6: "LIMIT_KIND_DAILY_TOKENS",
+		7: "LIMIT_KIND_MONTHLY_TOKENS",
+	}
+	LimitKind_value = map[string]int32{
+		"LIMIT_KIND_UNSPECIFIED":    0,
+		"LIMIT_KIND_RPM":            1,
+		"LIMIT_KIND_INPUT_TPM":      2,
+		"LIMIT_KIND_OUTPUT_TPM":     3,
+		"LIMIT_KIND_WEIGHTED_TPM":   4,
+		"LIMIT_KIND_CONCURRENCY":    5,
+		"LIMIT_KIND_DAILY_TOKENS":   6,
+		"LIMIT_KIND_MONTHLY_TOKENS": 7,
+	}
+)
+
+func (x LimitKind) Enum() *LimitKind {
+	p := new(LimitKind)
+	*p = x
+	return p
+}
+
+func (x LimitKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (LimitKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_llmgw_v1_llmgw_proto_enumTypes[6].Descriptor()
+}
+
+func (LimitKind) Type() protoreflect.EnumType {
+	return &file_llmgw_v1_llmgw_proto_enumTypes[6]
+}
+
+func (x LimitKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use LimitKind.Descriptor instead.
+func (LimitKind) EnumDescriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{6}
 }
 
 // Adapter is one LoRA adapter a model may serve (design §7.6).
@@ -1317,7 +1395,13 @@ type State struct {
 	ServerRemovals []*ServerRemoval `protobuf:"bytes,9,rep,name=server_removals,json=serverRemovals,proto3" json:"server_removals,omitempty"`
 	// Router API keys (design §11), sorted by name. Only a hash of each
 	// secret is replicated.
-	ApiKeys       []*ApiKey `protobuf:"bytes,10,rep,name=api_keys,json=apiKeys,proto3" json:"api_keys,omitempty"`
+	ApiKeys []*ApiKey `protobuf:"bytes,10,rep,name=api_keys,json=apiKeys,proto3" json:"api_keys,omitempty"`
+	// Tenants (design §7.7), sorted by name.
+	Tenants []*Tenant `protobuf:"bytes,11,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	// The usage roll-up, sorted by (tenant, model, hour), and each router
+	// session's last batch applied, sorted by (router, session).
+	Usage         []*UsageRow    `protobuf:"bytes,12,rep,name=usage,proto3" json:"usage,omitempty"`
+	UsageCursors  []*UsageCursor `protobuf:"bytes,13,rep,name=usage_cursors,json=usageCursors,proto3" json:"usage_cursors,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1422,6 +1506,27 @@ func (x *State) GetApiKeys() []*ApiKey {
 	return nil
 }
 
+func (x *State) GetTenants() []*Tenant {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *State) GetUsage() []*UsageRow {
+	if x != nil {
+		return x.Usage
+	}
+	return nil
+}
+
+func (x *State) GetUsageCursors() []*UsageCursor {
+	if x != nil {
+		return x.UsageCursors
+	}
+	return nil
+}
+
 // ApiKey is one router API key (design §11). The secret is shown once, by
 // llmgwctl when it is created, and exists nowhere else: the cluster holds
 // only its SHA-256, which a router compares in constant time. A hash of a
@@ -1433,9 +1538,14 @@ type ApiKey struct {
 	// SHA-256 of the secret (32 bytes).
 	SecretSha256 []byte `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
 	// Models (and adapters) the key may use; empty for every model.
-	Models        []string `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
-	CreatedUnix   int64    `protobuf:"varint,4,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
-	Revision      uint64   `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	Models      []string `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	CreatedUnix int64    `protobuf:"varint,4,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	Revision    uint64   `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	// The tenant whose limits and budgets the key's requests count against
+	// (design §7.7). Empty: the tenant named like the key, which has no
+	// limits until an operator creates it, so keys made before tenants
+	// existed keep working unchanged.
+	Tenant        string `protobuf:"bytes,6,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1505,6 +1615,570 @@ func (x *ApiKey) GetRevision() uint64 {
 	return 0
 }
 
+func (x *ApiKey) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// TenantLimits are one scope's limits (design §7.7); 0 is "no limit".
+// Per-minute rates are held fleet-wide by leased shares; budgets count
+// input + output tokens in UTC days and months.
+type TenantLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Requests per minute.
+	Rpm uint64 `protobuf:"varint,1,opt,name=rpm,proto3" json:"rpm,omitempty"`
+	// Prompt tokens per minute (cached ones included, as OpenAI counts).
+	InputTpm uint64 `protobuf:"varint,2,opt,name=input_tpm,json=inputTpm,proto3" json:"input_tpm,omitempty"`
+	// Completion tokens per minute.
+	OutputTpm uint64 `protobuf:"varint,3,opt,name=output_tpm,json=outputTpm,proto3" json:"output_tpm,omitempty"`
+	// One weighted token rate per minute: the tenant's weights applied to
+	// uncached input, cached input and output tokens.
+	WeightedTpm uint64 `protobuf:"varint,4,opt,name=weighted_tpm,json=weightedTpm,proto3" json:"weighted_tpm,omitempty"`
+	// Requests in flight at once, fleet-wide.
+	Concurrency uint64 `protobuf:"varint,5,opt,name=concurrency,proto3" json:"concurrency,omitempty"`
+	// Input + output tokens per UTC day and per UTC month.
+	DailyTokens   uint64 `protobuf:"varint,6,opt,name=daily_tokens,json=dailyTokens,proto3" json:"daily_tokens,omitempty"`
+	MonthlyTokens uint64 `protobuf:"varint,7,opt,name=monthly_tokens,json=monthlyTokens,proto3" json:"monthly_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantLimits) Reset() {
+	*x = TenantLimits{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantLimits) ProtoMessage() {}
+
+func (x *TenantLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantLimits.ProtoReflect.Descriptor instead.
+func (*TenantLimits) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *TenantLimits) GetRpm() uint64 {
+	if x != nil {
+		return x.Rpm
+	}
+	return 0
+}
+
+func (x *TenantLimits) GetInputTpm() uint64 {
+	if x != nil {
+		return x.InputTpm
+	}
+	return 0
+}
+
+func (x *TenantLimits) GetOutputTpm() uint64 {
+	if x != nil {
+		return x.OutputTpm
+	}
+	return 0
+}
+
+func (x *TenantLimits) GetWeightedTpm() uint64 {
+	if x != nil {
+		return x.WeightedTpm
+	}
+	return 0
+}
+
+func (x *TenantLimits) GetConcurrency() uint64 {
+	if x != nil {
+		return x.Concurrency
+	}
+	return 0
+}
+
+func (x *TenantLimits) GetDailyTokens() uint64 {
+	if x != nil {
+		return x.DailyTokens
+	}
+	return 0
+}
+
+func (x *TenantLimits) GetMonthlyTokens() uint64 {
+	if x != nil {
+		return x.MonthlyTokens
+	}
+	return 0
+}
+
+// TokenWeights weigh tokens for weighted_tpm, in thousandths (1000 = 1 ×):
+// input + 0.1 × cached + 4 × output is {1000, 100, 4000}.
+type TokenWeights struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	InputMilli    uint32                 `protobuf:"varint,1,opt,name=input_milli,json=inputMilli,proto3" json:"input_milli,omitempty"`
+	CachedMilli   uint32                 `protobuf:"varint,2,opt,name=cached_milli,json=cachedMilli,proto3" json:"cached_milli,omitempty"`
+	OutputMilli   uint32                 `protobuf:"varint,3,opt,name=output_milli,json=outputMilli,proto3" json:"output_milli,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenWeights) Reset() {
+	*x = TokenWeights{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenWeights) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenWeights) ProtoMessage() {}
+
+func (x *TokenWeights) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenWeights.ProtoReflect.Descriptor instead.
+func (*TokenWeights) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *TokenWeights) GetInputMilli() uint32 {
+	if x != nil {
+		return x.InputMilli
+	}
+	return 0
+}
+
+func (x *TokenWeights) GetCachedMilli() uint32 {
+	if x != nil {
+		return x.CachedMilli
+	}
+	return 0
+}
+
+func (x *TokenWeights) GetOutputMilli() uint32 {
+	if x != nil {
+		return x.OutputMilli
+	}
+	return 0
+}
+
+// TenantModelLimits are limits on one model's (or adapter's) requests,
+// held in addition to the tenant's own.
+type TenantModelLimits struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Model         string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Limits        *TenantLimits          `protobuf:"bytes,2,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TenantModelLimits) Reset() {
+	*x = TenantModelLimits{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TenantModelLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TenantModelLimits) ProtoMessage() {}
+
+func (x *TenantModelLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TenantModelLimits.ProtoReflect.Descriptor instead.
+func (*TenantModelLimits) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *TenantModelLimits) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *TenantModelLimits) GetLimits() *TenantLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// Tenant is a team or application sharing the fleet (design §7.7).
+type Tenant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Models (and adapters) its keys may use; empty for every model. A key's
+	// own list narrows it further.
+	Models []string      `protobuf:"bytes,2,rep,name=models,proto3" json:"models,omitempty"`
+	Limits *TenantLimits `protobuf:"bytes,3,opt,name=limits,proto3" json:"limits,omitempty"`
+	// Sorted by model, each once.
+	ModelLimits []*TenantModelLimits `protobuf:"bytes,4,rep,name=model_limits,json=modelLimits,proto3" json:"model_limits,omitempty"`
+	// Unset: input 1, cached 1, output 1.
+	Weights *TokenWeights `protobuf:"bytes,5,opt,name=weights,proto3" json:"weights,omitempty"`
+	// Count what the limits would refuse without refusing it.
+	Shadow        bool   `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	CreatedUnix   int64  `protobuf:"varint,7,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	Revision      uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Tenant) Reset() {
+	*x = Tenant{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Tenant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Tenant) ProtoMessage() {}
+
+func (x *Tenant) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Tenant.ProtoReflect.Descriptor instead.
+func (*Tenant) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *Tenant) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Tenant) GetModels() []string {
+	if x != nil {
+		return x.Models
+	}
+	return nil
+}
+
+func (x *Tenant) GetLimits() *TenantLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+func (x *Tenant) GetModelLimits() []*TenantModelLimits {
+	if x != nil {
+		return x.ModelLimits
+	}
+	return nil
+}
+
+func (x *Tenant) GetWeights() *TokenWeights {
+	if x != nil {
+		return x.Weights
+	}
+	return nil
+}
+
+func (x *Tenant) GetShadow() bool {
+	if x != nil {
+		return x.Shadow
+	}
+	return false
+}
+
+func (x *Tenant) GetCreatedUnix() int64 {
+	if x != nil {
+		return x.CreatedUnix
+	}
+	return 0
+}
+
+func (x *Tenant) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+// UsageCounts are what a tenant's requests used.
+type UsageCounts struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Requests admitted, and refused by a limit (or, in shadow mode, that a
+	// limit would have refused: shadow_refused, served anyway).
+	Requests      uint64 `protobuf:"varint,1,opt,name=requests,proto3" json:"requests,omitempty"`
+	Refused       uint64 `protobuf:"varint,2,opt,name=refused,proto3" json:"refused,omitempty"`
+	ShadowRefused uint64 `protobuf:"varint,3,opt,name=shadow_refused,json=shadowRefused,proto3" json:"shadow_refused,omitempty"`
+	// Tokens as the engines' usage blocks report them: input (prompt
+	// tokens, cached ones included), of which cached, and output. A
+	// cancelled stream counts the output chunks it was sent.
+	InputTokens   uint64 `protobuf:"varint,4,opt,name=input_tokens,json=inputTokens,proto3" json:"input_tokens,omitempty"`
+	CachedTokens  uint64 `protobuf:"varint,5,opt,name=cached_tokens,json=cachedTokens,proto3" json:"cached_tokens,omitempty"`
+	OutputTokens  uint64 `protobuf:"varint,6,opt,name=output_tokens,json=outputTokens,proto3" json:"output_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageCounts) Reset() {
+	*x = UsageCounts{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageCounts) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageCounts) ProtoMessage() {}
+
+func (x *UsageCounts) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageCounts.ProtoReflect.Descriptor instead.
+func (*UsageCounts) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *UsageCounts) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *UsageCounts) GetRefused() uint64 {
+	if x != nil {
+		return x.Refused
+	}
+	return 0
+}
+
+func (x *UsageCounts) GetShadowRefused() uint64 {
+	if x != nil {
+		return x.ShadowRefused
+	}
+	return 0
+}
+
+func (x *UsageCounts) GetInputTokens() uint64 {
+	if x != nil {
+		return x.InputTokens
+	}
+	return 0
+}
+
+func (x *UsageCounts) GetCachedTokens() uint64 {
+	if x != nil {
+		return x.CachedTokens
+	}
+	return 0
+}
+
+func (x *UsageCounts) GetOutputTokens() uint64 {
+	if x != nil {
+		return x.OutputTokens
+	}
+	return 0
+}
+
+// UsageRow is one tenant's use of one model in one UTC hour.
+type UsageRow struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Model  string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// The hour's start, Unix seconds (a multiple of 3600).
+	HourUnix      int64        `protobuf:"varint,3,opt,name=hour_unix,json=hourUnix,proto3" json:"hour_unix,omitempty"`
+	Counts        *UsageCounts `protobuf:"bytes,4,opt,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRow) Reset() {
+	*x = UsageRow{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRow) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRow) ProtoMessage() {}
+
+func (x *UsageRow) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
+func (*UsageRow) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *UsageRow) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *UsageRow) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *UsageRow) GetHourUnix() int64 {
+	if x != nil {
+		return x.HourUnix
+	}
+	return 0
+}
+
+func (x *UsageRow) GetCounts() *UsageCounts {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// UsageCursor is the last usage batch applied of one router session:
+// batches are applied once each, in order, however often a router sends
+// one again after a lost answer or a leader change.
+type UsageCursor struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Router  string                 `protobuf:"bytes,1,opt,name=router,proto3" json:"router,omitempty"`
+	Session uint64                 `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
+	Seq     uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	// The hour of the batch's newest row: sessions silent for the retention
+	// are dropped.
+	HourUnix      int64 `protobuf:"varint,4,opt,name=hour_unix,json=hourUnix,proto3" json:"hour_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageCursor) Reset() {
+	*x = UsageCursor{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageCursor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageCursor) ProtoMessage() {}
+
+func (x *UsageCursor) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageCursor.ProtoReflect.Descriptor instead.
+func (*UsageCursor) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *UsageCursor) GetRouter() string {
+	if x != nil {
+		return x.Router
+	}
+	return ""
+}
+
+func (x *UsageCursor) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *UsageCursor) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *UsageCursor) GetHourUnix() int64 {
+	if x != nil {
+		return x.HourUnix
+	}
+	return 0
+}
+
 // ServerRemoval is the replicated record of one control-plane server's
 // removal (design §5.2). The leader keeps a removed server out of Raft when
 // it shows up alive over gossip; only an explicit join clears the record.
@@ -1527,7 +2201,7 @@ type ServerRemoval struct {
 
 func (x *ServerRemoval) Reset() {
 	*x = ServerRemoval{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1539,7 +2213,7 @@ func (x *ServerRemoval) String() string {
 func (*ServerRemoval) ProtoMessage() {}
 
 func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1552,7 +2226,7 @@ func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerRemoval.ProtoReflect.Descriptor instead.
 func (*ServerRemoval) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ServerRemoval) GetServerId() string {
@@ -1602,7 +2276,7 @@ type AdapterPlacement struct {
 
 func (x *AdapterPlacement) Reset() {
 	*x = AdapterPlacement{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1614,7 +2288,7 @@ func (x *AdapterPlacement) String() string {
 func (*AdapterPlacement) ProtoMessage() {}
 
 func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1627,7 +2301,7 @@ func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterPlacement.ProtoReflect.Descriptor instead.
 func (*AdapterPlacement) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AdapterPlacement) GetModel() string {
@@ -1673,7 +2347,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1685,7 +2359,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1698,7 +2372,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Command) GetType() CommandType {
@@ -1738,7 +2412,7 @@ type UpsertModelCommand struct {
 
 func (x *UpsertModelCommand) Reset() {
 	*x = UpsertModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1750,7 +2424,7 @@ func (x *UpsertModelCommand) String() string {
 func (*UpsertModelCommand) ProtoMessage() {}
 
 func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1763,7 +2437,7 @@ func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertModelCommand.ProtoReflect.Descriptor instead.
 func (*UpsertModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UpsertModelCommand) GetModel() *Model {
@@ -1782,7 +2456,7 @@ type DeleteModelCommand struct {
 
 func (x *DeleteModelCommand) Reset() {
 	*x = DeleteModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1794,7 +2468,7 @@ func (x *DeleteModelCommand) String() string {
 func (*DeleteModelCommand) ProtoMessage() {}
 
 func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1807,7 +2481,7 @@ func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelCommand.ProtoReflect.Descriptor instead.
 func (*DeleteModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *DeleteModelCommand) GetName() string {
@@ -1827,7 +2501,7 @@ type PutApiKeyCommand struct {
 
 func (x *PutApiKeyCommand) Reset() {
 	*x = PutApiKeyCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1839,7 +2513,7 @@ func (x *PutApiKeyCommand) String() string {
 func (*PutApiKeyCommand) ProtoMessage() {}
 
 func (x *PutApiKeyCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1852,7 +2526,7 @@ func (x *PutApiKeyCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutApiKeyCommand.ProtoReflect.Descriptor instead.
 func (*PutApiKeyCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PutApiKeyCommand) GetKey() *ApiKey {
@@ -1871,7 +2545,7 @@ type DeleteApiKeyCommand struct {
 
 func (x *DeleteApiKeyCommand) Reset() {
 	*x = DeleteApiKeyCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1883,7 +2557,7 @@ func (x *DeleteApiKeyCommand) String() string {
 func (*DeleteApiKeyCommand) ProtoMessage() {}
 
 func (x *DeleteApiKeyCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1896,7 +2570,7 @@ func (x *DeleteApiKeyCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteApiKeyCommand.ProtoReflect.Descriptor instead.
 func (*DeleteApiKeyCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteApiKeyCommand) GetName() string {
@@ -1917,7 +2591,7 @@ type SetApiKeysRequiredCommand struct {
 
 func (x *SetApiKeysRequiredCommand) Reset() {
 	*x = SetApiKeysRequiredCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2603,7 @@ func (x *SetApiKeysRequiredCommand) String() string {
 func (*SetApiKeysRequiredCommand) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2616,7 @@ func (x *SetApiKeysRequiredCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredCommand.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetApiKeysRequiredCommand) GetRequired() bool {
@@ -1950,6 +2624,229 @@ func (x *SetApiKeysRequiredCommand) GetRequired() bool {
 		return x.Required
 	}
 	return false
+}
+
+// PutTenantCommand creates a tenant (create: a name in use is refused) or
+// replaces one that exists (update: an unknown name is refused).
+type PutTenantCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        *Tenant                `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Create        bool                   `protobuf:"varint,2,opt,name=create,proto3" json:"create,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutTenantCommand) Reset() {
+	*x = PutTenantCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutTenantCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutTenantCommand) ProtoMessage() {}
+
+func (x *PutTenantCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutTenantCommand.ProtoReflect.Descriptor instead.
+func (*PutTenantCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *PutTenantCommand) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+func (x *PutTenantCommand) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+// DeleteTenantCommand deletes a tenant no key belongs to.
+type DeleteTenantCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTenantCommand) Reset() {
+	*x = DeleteTenantCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTenantCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTenantCommand) ProtoMessage() {}
+
+func (x *DeleteTenantCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTenantCommand.ProtoReflect.Descriptor instead.
+func (*DeleteTenantCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *DeleteTenantCommand) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// SetApiKeyTenantCommand moves a key to a tenant that exists ("" for the
+// key's own).
+type SetApiKeyTenantCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetApiKeyTenantCommand) Reset() {
+	*x = SetApiKeyTenantCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetApiKeyTenantCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetApiKeyTenantCommand) ProtoMessage() {}
+
+func (x *SetApiKeyTenantCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetApiKeyTenantCommand.ProtoReflect.Descriptor instead.
+func (*SetApiKeyTenantCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *SetApiKeyTenantCommand) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetApiKeyTenantCommand) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+// RecordUsageCommand adds one batch of a router session's metered usage to
+// the roll-up, unless that session's cursor is at or past seq.
+type RecordUsageCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Router        string                 `protobuf:"bytes,1,opt,name=router,proto3" json:"router,omitempty"`
+	Session       uint64                 `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
+	Seq           uint64                 `protobuf:"varint,3,opt,name=seq,proto3" json:"seq,omitempty"`
+	Rows          []*UsageRow            `protobuf:"bytes,4,rep,name=rows,proto3" json:"rows,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordUsageCommand) Reset() {
+	*x = RecordUsageCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordUsageCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordUsageCommand) ProtoMessage() {}
+
+func (x *RecordUsageCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordUsageCommand.ProtoReflect.Descriptor instead.
+func (*RecordUsageCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *RecordUsageCommand) GetRouter() string {
+	if x != nil {
+		return x.Router
+	}
+	return ""
+}
+
+func (x *RecordUsageCommand) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *RecordUsageCommand) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *RecordUsageCommand) GetRows() []*UsageRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
 }
 
 type RegisterNodeCommand struct {
@@ -1961,7 +2858,7 @@ type RegisterNodeCommand struct {
 
 func (x *RegisterNodeCommand) Reset() {
 	*x = RegisterNodeCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1973,7 +2870,7 @@ func (x *RegisterNodeCommand) String() string {
 func (*RegisterNodeCommand) ProtoMessage() {}
 
 func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1986,7 +2883,7 @@ func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCommand.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RegisterNodeCommand) GetNode() *Node {
@@ -2006,7 +2903,7 @@ type SetNodeStateCommand struct {
 
 func (x *SetNodeStateCommand) Reset() {
 	*x = SetNodeStateCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2018,7 +2915,7 @@ func (x *SetNodeStateCommand) String() string {
 func (*SetNodeStateCommand) ProtoMessage() {}
 
 func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2031,7 +2928,7 @@ func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetNodeStateCommand) GetId() string {
@@ -2059,7 +2956,7 @@ type PlaceReplicaCommand struct {
 
 func (x *PlaceReplicaCommand) Reset() {
 	*x = PlaceReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2968,7 @@ func (x *PlaceReplicaCommand) String() string {
 func (*PlaceReplicaCommand) ProtoMessage() {}
 
 func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2981,7 @@ func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReplicaCommand.ProtoReflect.Descriptor instead.
 func (*PlaceReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *PlaceReplicaCommand) GetReplica() *Replica {
@@ -2105,7 +3002,7 @@ type RemoveReplicaCommand struct {
 
 func (x *RemoveReplicaCommand) Reset() {
 	*x = RemoveReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2117,7 +3014,7 @@ func (x *RemoveReplicaCommand) String() string {
 func (*RemoveReplicaCommand) ProtoMessage() {}
 
 func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2130,7 +3027,7 @@ func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaCommand.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveReplicaCommand) GetId() string {
@@ -2157,7 +3054,7 @@ type SetReplicaDrainingCommand struct {
 
 func (x *SetReplicaDrainingCommand) Reset() {
 	*x = SetReplicaDrainingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2169,7 +3066,7 @@ func (x *SetReplicaDrainingCommand) String() string {
 func (*SetReplicaDrainingCommand) ProtoMessage() {}
 
 func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2182,7 +3079,7 @@ func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaDrainingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaDrainingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetReplicaDrainingCommand) GetId() string {
@@ -2208,7 +3105,7 @@ type SetClusterConfigCommand struct {
 
 func (x *SetClusterConfigCommand) Reset() {
 	*x = SetClusterConfigCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2220,7 +3117,7 @@ func (x *SetClusterConfigCommand) String() string {
 func (*SetClusterConfigCommand) ProtoMessage() {}
 
 func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2233,7 +3130,7 @@ func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetClusterConfigCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SetClusterConfigCommand) GetConfig() *ClusterConfig {
@@ -2254,7 +3151,7 @@ type SetAdapterPlacementCommand struct {
 
 func (x *SetAdapterPlacementCommand) Reset() {
 	*x = SetAdapterPlacementCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +3163,7 @@ func (x *SetAdapterPlacementCommand) String() string {
 func (*SetAdapterPlacementCommand) ProtoMessage() {}
 
 func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +3176,7 @@ func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAdapterPlacementCommand.ProtoReflect.Descriptor instead.
 func (*SetAdapterPlacementCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
@@ -2301,7 +3198,7 @@ type SetNodeLabelsCommand struct {
 
 func (x *SetNodeLabelsCommand) Reset() {
 	*x = SetNodeLabelsCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2313,7 +3210,7 @@ func (x *SetNodeLabelsCommand) String() string {
 func (*SetNodeLabelsCommand) ProtoMessage() {}
 
 func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2326,7 +3223,7 @@ func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SetNodeLabelsCommand) GetId() string {
@@ -2366,7 +3263,7 @@ type SetServerRemovedCommand struct {
 
 func (x *SetServerRemovedCommand) Reset() {
 	*x = SetServerRemovedCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +3275,7 @@ func (x *SetServerRemovedCommand) String() string {
 func (*SetServerRemovedCommand) ProtoMessage() {}
 
 func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +3288,7 @@ func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServerRemovedCommand.ProtoReflect.Descriptor instead.
 func (*SetServerRemovedCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SetServerRemovedCommand) GetServerId() string {
@@ -2449,7 +3346,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2461,7 +3358,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2474,7 +3371,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -2606,7 +3503,7 @@ type EphemeralUpdate struct {
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2618,7 +3515,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2631,7 +3528,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -2726,7 +3623,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2738,7 +3635,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2751,7 +3648,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AdapterStatus) GetReplicaId() string {
@@ -2859,7 +3756,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2871,7 +3768,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2884,7 +3781,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -2989,7 +3886,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3001,7 +3898,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3014,7 +3911,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ControlServer) GetId() string {
@@ -3082,7 +3979,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3991,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +4004,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -3132,7 +4029,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3144,7 +4041,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3157,7 +4054,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -3195,7 +4092,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3207,7 +4104,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3220,7 +4117,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -3296,7 +4193,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3308,7 +4205,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3321,7 +4218,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -3367,7 +4264,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +4276,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +4289,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -3439,7 +4336,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3451,7 +4348,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3464,7 +4361,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -3564,7 +4461,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +4473,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +4486,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -3608,7 +4505,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3620,7 +4517,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3633,7 +4530,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -3660,7 +4557,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3672,7 +4569,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3685,7 +4582,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -3726,6 +4623,7 @@ type Change struct {
 	//	*Change_Config
 	//	*Change_AdapterPlacement
 	//	*Change_ApiKey
+	//	*Change_Tenant
 	Object        isChange_Object `protobuf_oneof:"object"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3733,7 +4631,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3745,7 +4643,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3758,7 +4656,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -3836,6 +4734,15 @@ func (x *Change) GetApiKey() *ApiKey {
 	return nil
 }
 
+func (x *Change) GetTenant() *Tenant {
+	if x != nil {
+		if x, ok := x.Object.(*Change_Tenant); ok {
+			return x.Tenant
+		}
+	}
+	return nil
+}
+
 type isChange_Object interface {
 	isChange_Object()
 }
@@ -3866,6 +4773,11 @@ type Change_ApiKey struct {
 	ApiKey *ApiKey `protobuf:"bytes,8,opt,name=api_key,json=apiKey,proto3,oneof"`
 }
 
+type Change_Tenant struct {
+	// Keyed by tenant name.
+	Tenant *Tenant `protobuf:"bytes,9,opt,name=tenant,proto3,oneof"`
+}
+
 func (*Change_Model) isChange_Object() {}
 
 func (*Change_Node) isChange_Object() {}
@@ -3878,6 +4790,8 @@ func (*Change_AdapterPlacement) isChange_Object() {}
 
 func (*Change_ApiKey) isChange_Object() {}
 
+func (*Change_Tenant) isChange_Object() {}
+
 // SnapshotBegin opens a framed snapshot at a revision: the client builds the
 // puts that follow aside and swaps them in atomically at SnapshotEnd.
 type SnapshotBegin struct {
@@ -3889,7 +4803,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3901,7 +4815,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3914,7 +4828,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -3933,7 +4847,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3945,7 +4859,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3958,7 +4872,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -3979,7 +4893,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3991,7 +4905,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4004,7 +4918,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -4032,7 +4946,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4044,7 +4958,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4057,7 +4971,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -4177,17 +5091,19 @@ func (*WatchEvent_Heartbeat) isWatchEvent_Event() {}
 func (*WatchEvent_Mark) isWatchEvent_Event() {}
 
 type CreateApiKeyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	SecretSha256  []byte                 `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
-	Models        []string               `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Name         string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	SecretSha256 []byte                 `protobuf:"bytes,2,opt,name=secret_sha256,json=secretSha256,proto3" json:"secret_sha256,omitempty"`
+	Models       []string               `protobuf:"bytes,3,rep,name=models,proto3" json:"models,omitempty"`
+	// The tenant the key belongs to; it must exist.
+	Tenant        string `protobuf:"bytes,4,opt,name=tenant,proto3" json:"tenant,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4199,7 +5115,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4212,7 +5128,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *CreateApiKeyRequest) GetName() string {
@@ -4236,6 +5152,513 @@ func (x *CreateApiKeyRequest) GetModels() []string {
 	return nil
 }
 
+func (x *CreateApiKeyRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+type SetApiKeyTenantRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Tenant        string                 `protobuf:"bytes,2,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetApiKeyTenantRequest) Reset() {
+	*x = SetApiKeyTenantRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetApiKeyTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetApiKeyTenantRequest) ProtoMessage() {}
+
+func (x *SetApiKeyTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetApiKeyTenantRequest.ProtoReflect.Descriptor instead.
+func (*SetApiKeyTenantRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *SetApiKeyTenantRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SetApiKeyTenantRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+type SetApiKeyTenantResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetApiKeyTenantResponse) Reset() {
+	*x = SetApiKeyTenantResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetApiKeyTenantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetApiKeyTenantResponse) ProtoMessage() {}
+
+func (x *SetApiKeyTenantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetApiKeyTenantResponse.ProtoReflect.Descriptor instead.
+func (*SetApiKeyTenantResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *SetApiKeyTenantResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type PutTenantRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Tenant *Tenant                `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	// Create refuses a name in use (ALREADY_EXISTS); otherwise the tenant
+	// must exist (NOT_FOUND) and is replaced whole.
+	Create        bool `protobuf:"varint,2,opt,name=create,proto3" json:"create,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutTenantRequest) Reset() {
+	*x = PutTenantRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutTenantRequest) ProtoMessage() {}
+
+func (x *PutTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutTenantRequest.ProtoReflect.Descriptor instead.
+func (*PutTenantRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *PutTenantRequest) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+func (x *PutTenantRequest) GetCreate() bool {
+	if x != nil {
+		return x.Create
+	}
+	return false
+}
+
+type PutTenantResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        *Tenant                `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutTenantResponse) Reset() {
+	*x = PutTenantResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutTenantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutTenantResponse) ProtoMessage() {}
+
+func (x *PutTenantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutTenantResponse.ProtoReflect.Descriptor instead.
+func (*PutTenantResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *PutTenantResponse) GetTenant() *Tenant {
+	if x != nil {
+		return x.Tenant
+	}
+	return nil
+}
+
+func (x *PutTenantResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type GetTenantRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetTenantRequest) Reset() {
+	*x = GetTenantRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetTenantRequest) ProtoMessage() {}
+
+func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetTenantRequest.ProtoReflect.Descriptor instead.
+func (*GetTenantRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *GetTenantRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ListTenantsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenants       []*Tenant              `protobuf:"bytes,1,rep,name=tenants,proto3" json:"tenants,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTenantsResponse) Reset() {
+	*x = ListTenantsResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTenantsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTenantsResponse) ProtoMessage() {}
+
+func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
+func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ListTenantsResponse) GetTenants() []*Tenant {
+	if x != nil {
+		return x.Tenants
+	}
+	return nil
+}
+
+func (x *ListTenantsResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type DeleteTenantRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTenantRequest) Reset() {
+	*x = DeleteTenantRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTenantRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTenantRequest) ProtoMessage() {}
+
+func (x *DeleteTenantRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTenantRequest.ProtoReflect.Descriptor instead.
+func (*DeleteTenantRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *DeleteTenantRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteTenantResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteTenantResponse) Reset() {
+	*x = DeleteTenantResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteTenantResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteTenantResponse) ProtoMessage() {}
+
+func (x *DeleteTenantResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteTenantResponse.ProtoReflect.Descriptor instead.
+func (*DeleteTenantResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *DeleteTenantResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type UsageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty: every tenant, every model.
+	Tenant string `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Model  string `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	// Rows of hours starting at or after since_unix.
+	SinceUnix     int64 `protobuf:"varint,3,opt,name=since_unix,json=sinceUnix,proto3" json:"since_unix,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageRequest) Reset() {
+	*x = UsageRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageRequest) ProtoMessage() {}
+
+func (x *UsageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
+func (*UsageRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *UsageRequest) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *UsageRequest) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *UsageRequest) GetSinceUnix() int64 {
+	if x != nil {
+		return x.SinceUnix
+	}
+	return 0
+}
+
+type UsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Rows          []*UsageRow            `protobuf:"bytes,1,rep,name=rows,proto3" json:"rows,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UsageResponse) Reset() {
+	*x = UsageResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UsageResponse) ProtoMessage() {}
+
+func (x *UsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
+func (*UsageResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *UsageResponse) GetRows() []*UsageRow {
+	if x != nil {
+		return x.Rows
+	}
+	return nil
+}
+
+func (x *UsageResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type CreateApiKeyResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Key      *ApiKey                `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -4249,7 +5672,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4261,7 +5684,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4274,7 +5697,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *CreateApiKeyResponse) GetKey() *ApiKey {
@@ -4307,7 +5730,7 @@ type SetApiKeysRequiredRequest struct {
 
 func (x *SetApiKeysRequiredRequest) Reset() {
 	*x = SetApiKeysRequiredRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4319,7 +5742,7 @@ func (x *SetApiKeysRequiredRequest) String() string {
 func (*SetApiKeysRequiredRequest) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4332,7 +5755,7 @@ func (x *SetApiKeysRequiredRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredRequest.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *SetApiKeysRequiredRequest) GetRequired() bool {
@@ -4353,7 +5776,7 @@ type SetApiKeysRequiredResponse struct {
 
 func (x *SetApiKeysRequiredResponse) Reset() {
 	*x = SetApiKeysRequiredResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4365,7 +5788,7 @@ func (x *SetApiKeysRequiredResponse) String() string {
 func (*SetApiKeysRequiredResponse) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4378,7 +5801,7 @@ func (x *SetApiKeysRequiredResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredResponse.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *SetApiKeysRequiredResponse) GetRevision() uint64 {
@@ -4409,7 +5832,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4421,7 +5844,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4434,7 +5857,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListApiKeysResponse) GetKeys() []*ApiKey {
@@ -4467,7 +5890,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +5902,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +5915,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *RevokeApiKeyRequest) GetName() string {
@@ -4511,7 +5934,7 @@ type RevokeApiKeyResponse struct {
 
 func (x *RevokeApiKeyResponse) Reset() {
 	*x = RevokeApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4523,7 +5946,7 @@ func (x *RevokeApiKeyResponse) String() string {
 func (*RevokeApiKeyResponse) ProtoMessage() {}
 
 func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4536,7 +5959,7 @@ func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *RevokeApiKeyResponse) GetRevision() uint64 {
@@ -4557,7 +5980,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4569,7 +5992,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4582,7 +6005,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -4611,7 +6034,7 @@ type KeyringKey struct {
 
 func (x *KeyringKey) Reset() {
 	*x = KeyringKey{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4623,7 +6046,7 @@ func (x *KeyringKey) String() string {
 func (*KeyringKey) ProtoMessage() {}
 
 func (x *KeyringKey) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4636,7 +6059,7 @@ func (x *KeyringKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringKey.ProtoReflect.Descriptor instead.
 func (*KeyringKey) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *KeyringKey) GetFingerprint() string {
@@ -4665,7 +6088,7 @@ type ServerKeyring struct {
 
 func (x *ServerKeyring) Reset() {
 	*x = ServerKeyring{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4677,7 +6100,7 @@ func (x *ServerKeyring) String() string {
 func (*ServerKeyring) ProtoMessage() {}
 
 func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4690,7 +6113,7 @@ func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerKeyring.ProtoReflect.Descriptor instead.
 func (*ServerKeyring) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ServerKeyring) GetServerId() string {
@@ -4723,7 +6146,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4735,7 +6158,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4748,7 +6171,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *KeyringResponse) GetServers() []*ServerKeyring {
@@ -4769,7 +6192,7 @@ type SetNodeLabelsRequest struct {
 
 func (x *SetNodeLabelsRequest) Reset() {
 	*x = SetNodeLabelsRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4781,7 +6204,7 @@ func (x *SetNodeLabelsRequest) String() string {
 func (*SetNodeLabelsRequest) ProtoMessage() {}
 
 func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4794,7 +6217,7 @@ func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SetNodeLabelsRequest) GetId() string {
@@ -4828,7 +6251,7 @@ type SetNodeLabelsResponse struct {
 
 func (x *SetNodeLabelsResponse) Reset() {
 	*x = SetNodeLabelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4840,7 +6263,7 @@ func (x *SetNodeLabelsResponse) String() string {
 func (*SetNodeLabelsResponse) ProtoMessage() {}
 
 func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4853,7 +6276,7 @@ func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *SetNodeLabelsResponse) GetRevision() uint64 {
@@ -4878,7 +6301,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4890,7 +6313,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4903,7 +6326,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -4916,7 +6339,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4928,7 +6351,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4941,7 +6364,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -4961,7 +6384,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4973,7 +6396,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4986,7 +6409,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -5006,7 +6429,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5018,7 +6441,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5031,7 +6454,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -5057,7 +6480,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5069,7 +6492,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5082,7 +6505,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -5102,7 +6525,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5114,7 +6537,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5127,7 +6550,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -5147,7 +6570,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5159,7 +6582,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5172,7 +6595,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -5190,7 +6613,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5202,7 +6625,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5215,7 +6638,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
 }
 
 type LeaveResponse struct {
@@ -5228,7 +6651,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5240,7 +6663,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5253,7 +6676,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -5271,7 +6694,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5283,7 +6706,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5296,7 +6719,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
 }
 
 // Member is one server in the gossip pool.
@@ -5320,7 +6743,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5332,7 +6755,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5345,7 +6768,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *Member) GetId() string {
@@ -5413,7 +6836,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5425,7 +6848,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5438,7 +6861,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -5456,7 +6879,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5468,7 +6891,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5481,7 +6904,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -5508,7 +6931,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5520,7 +6943,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5533,7 +6956,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -5608,7 +7031,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5620,7 +7043,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5633,7 +7056,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -5652,7 +7075,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5664,7 +7087,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5677,7 +7100,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -5695,7 +7118,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5707,7 +7130,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5720,7 +7143,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
 }
 
 type TransferLeadershipRequest struct {
@@ -5733,7 +7156,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5745,7 +7168,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5758,7 +7181,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -5777,7 +7200,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5789,7 +7212,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5802,7 +7225,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -5821,7 +7244,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5833,7 +7256,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5846,7 +7269,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -5866,7 +7289,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5878,7 +7301,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5891,7 +7314,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -5917,7 +7340,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5929,7 +7352,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5942,7 +7365,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -5961,7 +7384,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5973,7 +7396,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5986,7 +7409,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -6006,7 +7429,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6018,7 +7441,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6031,7 +7454,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -6051,7 +7474,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6063,7 +7486,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6076,7 +7499,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -6105,7 +7528,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6117,7 +7540,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6130,7 +7553,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -6169,7 +7592,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6181,7 +7604,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6194,7 +7617,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -6232,7 +7655,7 @@ type ReplicaKV struct {
 
 func (x *ReplicaKV) Reset() {
 	*x = ReplicaKV{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6244,7 +7667,7 @@ func (x *ReplicaKV) String() string {
 func (*ReplicaKV) ProtoMessage() {}
 
 func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6257,7 +7680,7 @@ func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaKV.ProtoReflect.Descriptor instead.
 func (*ReplicaKV) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ReplicaKV) GetBlocks() uint64 {
@@ -6298,7 +7721,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6310,7 +7733,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6323,7 +7746,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -6348,7 +7771,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6360,7 +7783,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6373,7 +7796,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{108}
 }
 
 type ClusterStatusResponse struct {
@@ -6412,7 +7835,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6424,7 +7847,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6437,7 +7860,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -6540,7 +7963,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6552,7 +7975,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6565,7 +7988,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -6596,7 +8019,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6608,7 +8031,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6621,7 +8044,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -6689,7 +8112,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6701,7 +8124,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6714,7 +8137,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -6766,7 +8189,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6778,7 +8201,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6791,7 +8214,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -6857,7 +8280,7 @@ type AdapterUseReport struct {
 
 func (x *AdapterUseReport) Reset() {
 	*x = AdapterUseReport{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6869,7 +8292,7 @@ func (x *AdapterUseReport) String() string {
 func (*AdapterUseReport) ProtoMessage() {}
 
 func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6882,7 +8305,7 @@ func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReport.ProtoReflect.Descriptor instead.
 func (*AdapterUseReport) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *AdapterUseReport) GetRouter() string {
@@ -6936,7 +8359,7 @@ type AdapterUseReportResponse struct {
 
 func (x *AdapterUseReportResponse) Reset() {
 	*x = AdapterUseReportResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6948,7 +8371,7 @@ func (x *AdapterUseReportResponse) String() string {
 func (*AdapterUseReportResponse) ProtoMessage() {}
 
 func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6961,7 +8384,7 @@ func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReportResponse.ProtoReflect.Descriptor instead.
 func (*AdapterUseReportResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *AdapterUseReportResponse) GetKeepMs() int64 {
@@ -6997,7 +8420,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7009,7 +8432,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7022,7 +8445,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -7060,6 +8483,396 @@ func (x *EnsureAdapterResponse) GetQueued() bool {
 	return false
 }
 
+// Scope is one limit of one tenant (model "" for the tenant's own limits).
+type Scope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tenant        string                 `protobuf:"bytes,1,opt,name=tenant,proto3" json:"tenant,omitempty"`
+	Model         string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	Kind          LimitKind              `protobuf:"varint,3,opt,name=kind,proto3,enum=llmgw.v1.LimitKind" json:"kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Scope) Reset() {
+	*x = Scope{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Scope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Scope) ProtoMessage() {}
+
+func (x *Scope) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Scope.ProtoReflect.Descriptor instead.
+func (*Scope) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{117}
+}
+
+func (x *Scope) GetTenant() string {
+	if x != nil {
+		return x.Tenant
+	}
+	return ""
+}
+
+func (x *Scope) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *Scope) GetKind() LimitKind {
+	if x != nil {
+		return x.Kind
+	}
+	return LimitKind_LIMIT_KIND_UNSPECIFIED
+}
+
+// ShareClaim is a router's view of one scope at a renewal.
+type ShareClaim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Scope *Scope                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	// What the router holds now: the share in force (a rate per minute or a
+	// concurrency), or for a budget its slices' unspent tokens plus tokens
+	// spent and not yet committed to the roll-up.
+	Held uint64 `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	// The grant it holds (0: none yet).
+	GrantSeq uint64 `protobuf:"varint,3,opt,name=grant_seq,json=grantSeq,proto3" json:"grant_seq,omitempty"`
+	// Demand over the last window, in the limit's unit per minute (budgets:
+	// tokens per minute; concurrency: the peak of requests in flight and
+	// refused).
+	Demand        uint64 `protobuf:"varint,4,opt,name=demand,proto3" json:"demand,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareClaim) Reset() {
+	*x = ShareClaim{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareClaim) ProtoMessage() {}
+
+func (x *ShareClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareClaim.ProtoReflect.Descriptor instead.
+func (*ShareClaim) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{118}
+}
+
+func (x *ShareClaim) GetScope() *Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
+func (x *ShareClaim) GetHeld() uint64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *ShareClaim) GetGrantSeq() uint64 {
+	if x != nil {
+		return x.GrantSeq
+	}
+	return 0
+}
+
+func (x *ShareClaim) GetDemand() uint64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The router's --id and this run's random session, as in
+	// AdapterUseReport.
+	Router        string        `protobuf:"bytes,1,opt,name=router,proto3" json:"router,omitempty"`
+	Session       uint64        `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
+	Claims        []*ShareClaim `protobuf:"bytes,3,rep,name=claims,proto3" json:"claims,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{119}
+}
+
+func (x *LeaseRequest) GetRouter() string {
+	if x != nil {
+		return x.Router
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *LeaseRequest) GetClaims() []*ShareClaim {
+	if x != nil {
+		return x.Claims
+	}
+	return nil
+}
+
+// ShareGrant is one scope's share until the lease ends.
+type ShareGrant struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Scope *Scope                 `protobuf:"bytes,1,opt,name=scope,proto3" json:"scope,omitempty"`
+	Seq   uint64                 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	// Rates and concurrency: the share in force until the lease ends.
+	// Budgets: a new slice of tokens to spend before it ends (added to
+	// what the router holds).
+	Share uint64 `protobuf:"varint,3,opt,name=share,proto3" json:"share,omitempty"`
+	// What the router may use once the lease has ended without a renewal:
+	// the limit divided by the routers the leader knows, rounded down
+	// (budgets: 0, nothing beyond slices already held).
+	Fallback uint64 `protobuf:"varint,4,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	// The limit itself, for the x-ratelimit-limit headers.
+	Limit         uint64 `protobuf:"varint,5,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShareGrant) Reset() {
+	*x = ShareGrant{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShareGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShareGrant) ProtoMessage() {}
+
+func (x *ShareGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShareGrant.ProtoReflect.Descriptor instead.
+func (*ShareGrant) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{120}
+}
+
+func (x *ShareGrant) GetScope() *Scope {
+	if x != nil {
+		return x.Scope
+	}
+	return nil
+}
+
+func (x *ShareGrant) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
+func (x *ShareGrant) GetShare() uint64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *ShareGrant) GetFallback() uint64 {
+	if x != nil {
+		return x.Fallback
+	}
+	return 0
+}
+
+func (x *ShareGrant) GetLimit() uint64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type LeaseResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Grants []*ShareGrant          `protobuf:"bytes,1,rep,name=grants,proto3" json:"grants,omitempty"`
+	// How long the grants hold, from when the router sent the request.
+	TermMs int64 `protobuf:"varint,2,opt,name=term_ms,json=termMs,proto3" json:"term_ms,omitempty"`
+	// A new leader grants nothing until the leases of the old one have
+	// ended: the router keeps what it holds and asks again.
+	Settling      bool `protobuf:"varint,3,opt,name=settling,proto3" json:"settling,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{121}
+}
+
+func (x *LeaseResponse) GetGrants() []*ShareGrant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *LeaseResponse) GetTermMs() int64 {
+	if x != nil {
+		return x.TermMs
+	}
+	return 0
+}
+
+func (x *LeaseResponse) GetSettling() bool {
+	if x != nil {
+		return x.Settling
+	}
+	return false
+}
+
+type RecordUsageResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordUsageResponse) Reset() {
+	*x = RecordUsageResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordUsageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordUsageResponse) ProtoMessage() {}
+
+func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordUsageResponse.ProtoReflect.Descriptor instead.
+func (*RecordUsageResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{122}
+}
+
+func (x *RecordUsageResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 type RegisterNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node as its agent reported it in its hello (id, addresses,
@@ -7075,7 +8888,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7087,7 +8900,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7100,7 +8913,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -7129,7 +8942,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7141,7 +8954,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7154,7 +8967,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{97}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -7190,7 +9003,7 @@ type AdapterView struct {
 
 func (x *AdapterView) Reset() {
 	*x = AdapterView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7202,7 +9015,7 @@ func (x *AdapterView) String() string {
 func (*AdapterView) ProtoMessage() {}
 
 func (x *AdapterView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7215,7 +9028,7 @@ func (x *AdapterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
 func (*AdapterView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{98}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *AdapterView) GetModel() string {
@@ -7264,7 +9077,7 @@ type ListAdaptersResponse struct {
 
 func (x *ListAdaptersResponse) Reset() {
 	*x = ListAdaptersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7276,7 +9089,7 @@ func (x *ListAdaptersResponse) String() string {
 func (*ListAdaptersResponse) ProtoMessage() {}
 
 func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7289,7 +9102,7 @@ func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
 func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{99}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *ListAdaptersResponse) GetRevision() uint64 {
@@ -7407,7 +9220,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\x12*\n" +
 	"\x11api_keys_required\x18\x05 \x01(\bR\x0fapiKeysRequired\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\xa9\x04\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\xbb\x05\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
@@ -7419,16 +9232,63 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x12adapter_placements\x18\b \x03(\v2\x1a.llmgw.v1.AdapterPlacementR\x11adapterPlacements\x12@\n" +
 	"\x0fserver_removals\x18\t \x03(\v2\x17.llmgw.v1.ServerRemovalR\x0eserverRemovals\x12+\n" +
 	"\bapi_keys\x18\n" +
-	" \x03(\v2\x10.llmgw.v1.ApiKeyR\aapiKeys\x1a>\n" +
+	" \x03(\v2\x10.llmgw.v1.ApiKeyR\aapiKeys\x12*\n" +
+	"\atenants\x18\v \x03(\v2\x10.llmgw.v1.TenantR\atenants\x12(\n" +
+	"\x05usage\x18\f \x03(\v2\x12.llmgw.v1.UsageRowR\x05usage\x12:\n" +
+	"\rusage_cursors\x18\r \x03(\v2\x15.llmgw.v1.UsageCursorR\fusageCursors\x1a>\n" +
 	"\x10NextOrdinalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x98\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb0\x01\n" +
 	"\x06ApiKey\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\rsecret_sha256\x18\x02 \x01(\fR\fsecretSha256\x12\x16\n" +
 	"\x06models\x18\x03 \x03(\tR\x06models\x12!\n" +
 	"\fcreated_unix\x18\x04 \x01(\x03R\vcreatedUnix\x12\x1a\n" +
-	"\brevision\x18\x05 \x01(\x04R\brevision\"\x84\x01\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\x12\x16\n" +
+	"\x06tenant\x18\x06 \x01(\tR\x06tenant\"\xeb\x01\n" +
+	"\fTenantLimits\x12\x10\n" +
+	"\x03rpm\x18\x01 \x01(\x04R\x03rpm\x12\x1b\n" +
+	"\tinput_tpm\x18\x02 \x01(\x04R\binputTpm\x12\x1d\n" +
+	"\n" +
+	"output_tpm\x18\x03 \x01(\x04R\toutputTpm\x12!\n" +
+	"\fweighted_tpm\x18\x04 \x01(\x04R\vweightedTpm\x12 \n" +
+	"\vconcurrency\x18\x05 \x01(\x04R\vconcurrency\x12!\n" +
+	"\fdaily_tokens\x18\x06 \x01(\x04R\vdailyTokens\x12%\n" +
+	"\x0emonthly_tokens\x18\a \x01(\x04R\rmonthlyTokens\"u\n" +
+	"\fTokenWeights\x12\x1f\n" +
+	"\vinput_milli\x18\x01 \x01(\rR\n" +
+	"inputMilli\x12!\n" +
+	"\fcached_milli\x18\x02 \x01(\rR\vcachedMilli\x12!\n" +
+	"\foutput_milli\x18\x03 \x01(\rR\voutputMilli\"Y\n" +
+	"\x11TenantModelLimits\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12.\n" +
+	"\x06limits\x18\x02 \x01(\v2\x16.llmgw.v1.TenantLimitsR\x06limits\"\xad\x02\n" +
+	"\x06Tenant\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06models\x18\x02 \x03(\tR\x06models\x12.\n" +
+	"\x06limits\x18\x03 \x01(\v2\x16.llmgw.v1.TenantLimitsR\x06limits\x12>\n" +
+	"\fmodel_limits\x18\x04 \x03(\v2\x1b.llmgw.v1.TenantModelLimitsR\vmodelLimits\x120\n" +
+	"\aweights\x18\x05 \x01(\v2\x16.llmgw.v1.TokenWeightsR\aweights\x12\x16\n" +
+	"\x06shadow\x18\x06 \x01(\bR\x06shadow\x12!\n" +
+	"\fcreated_unix\x18\a \x01(\x03R\vcreatedUnix\x12\x1a\n" +
+	"\brevision\x18\b \x01(\x04R\brevision\"\xd7\x01\n" +
+	"\vUsageCounts\x12\x1a\n" +
+	"\brequests\x18\x01 \x01(\x04R\brequests\x12\x18\n" +
+	"\arefused\x18\x02 \x01(\x04R\arefused\x12%\n" +
+	"\x0eshadow_refused\x18\x03 \x01(\x04R\rshadowRefused\x12!\n" +
+	"\finput_tokens\x18\x04 \x01(\x04R\vinputTokens\x12#\n" +
+	"\rcached_tokens\x18\x05 \x01(\x04R\fcachedTokens\x12#\n" +
+	"\routput_tokens\x18\x06 \x01(\x04R\foutputTokens\"\x84\x01\n" +
+	"\bUsageRow\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1b\n" +
+	"\thour_unix\x18\x03 \x01(\x03R\bhourUnix\x12-\n" +
+	"\x06counts\x18\x04 \x01(\v2\x15.llmgw.v1.UsageCountsR\x06counts\"n\n" +
+	"\vUsageCursor\x12\x16\n" +
+	"\x06router\x18\x01 \x01(\tR\x06router\x12\x18\n" +
+	"\asession\x18\x02 \x01(\x04R\asession\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12\x1b\n" +
+	"\thour_unix\x18\x04 \x01(\x03R\bhourUnix\"\x84\x01\n" +
 	"\rServerRemoval\x12\x1b\n" +
 	"\tserver_id\x18\x01 \x01(\tR\bserverId\x12\x18\n" +
 	"\aremoved\x18\x02 \x01(\bR\aremoved\x12\x1a\n" +
@@ -7454,7 +9314,20 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x13DeleteApiKeyCommand\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"7\n" +
 	"\x19SetApiKeysRequiredCommand\x12\x1a\n" +
-	"\brequired\x18\x01 \x01(\bR\brequired\"9\n" +
+	"\brequired\x18\x01 \x01(\bR\brequired\"T\n" +
+	"\x10PutTenantCommand\x12(\n" +
+	"\x06tenant\x18\x01 \x01(\v2\x10.llmgw.v1.TenantR\x06tenant\x12\x16\n" +
+	"\x06create\x18\x02 \x01(\bR\x06create\")\n" +
+	"\x13DeleteTenantCommand\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"D\n" +
+	"\x16SetApiKeyTenantCommand\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x80\x01\n" +
+	"\x12RecordUsageCommand\x12\x16\n" +
+	"\x06router\x18\x01 \x01(\tR\x06router\x12\x18\n" +
+	"\asession\x18\x02 \x01(\x04R\asession\x12\x10\n" +
+	"\x03seq\x18\x03 \x01(\x04R\x03seq\x12&\n" +
+	"\x04rows\x18\x04 \x03(\v2\x12.llmgw.v1.UsageRowR\x04rows\"9\n" +
 	"\x13RegisterNodeCommand\x12\"\n" +
 	"\x04node\x18\x01 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\"P\n" +
 	"\x13SetNodeStateCommand\x12\x0e\n" +
@@ -7587,7 +9460,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fWatchRequest\x12#\n" +
 	"\rfrom_revision\x18\x01 \x01(\x04R\ffromRevision\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12&\n" +
-	"\x0fmax_chunk_bytes\x18\x03 \x01(\rR\rmaxChunkBytes\"\xfb\x02\n" +
+	"\x0fmax_chunk_bytes\x18\x03 \x01(\rR\rmaxChunkBytes\"\xa7\x03\n" +
 	"\x06Change\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x12.llmgw.v1.ChangeOpR\x02op\x12'\n" +
@@ -7596,7 +9469,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\areplica\x18\x05 \x01(\v2\x11.llmgw.v1.ReplicaH\x00R\areplica\x121\n" +
 	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigH\x00R\x06config\x12I\n" +
 	"\x11adapter_placement\x18\a \x01(\v2\x1a.llmgw.v1.AdapterPlacementH\x00R\x10adapterPlacement\x12+\n" +
-	"\aapi_key\x18\b \x01(\v2\x10.llmgw.v1.ApiKeyH\x00R\x06apiKeyB\b\n" +
+	"\aapi_key\x18\b \x01(\v2\x10.llmgw.v1.ApiKeyH\x00R\x06apiKey\x12*\n" +
+	"\x06tenant\x18\t \x01(\v2\x10.llmgw.v1.TenantH\x00R\x06tenantB\b\n" +
 	"\x06object\"+\n" +
 	"\rSnapshotBegin\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\")\n" +
@@ -7613,11 +9487,40 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aservers\x18\x05 \x01(\v2\x14.llmgw.v1.ServerListH\x00R\aservers\x123\n" +
 	"\theartbeat\x18\x06 \x01(\v2\x13.llmgw.v1.HeartbeatH\x00R\theartbeat\x12,\n" +
 	"\x04mark\x18\a \x01(\v2\x16.llmgw.v1.RevisionMarkH\x00R\x04markB\a\n" +
-	"\x05event\"f\n" +
+	"\x05event\"~\n" +
 	"\x13CreateApiKeyRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\rsecret_sha256\x18\x02 \x01(\fR\fsecretSha256\x12\x16\n" +
-	"\x06models\x18\x03 \x03(\tR\x06models\"\x8d\x01\n" +
+	"\x06models\x18\x03 \x03(\tR\x06models\x12\x16\n" +
+	"\x06tenant\x18\x04 \x01(\tR\x06tenant\"D\n" +
+	"\x16SetApiKeyTenantRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"5\n" +
+	"\x17SetApiKeyTenantResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"T\n" +
+	"\x10PutTenantRequest\x12(\n" +
+	"\x06tenant\x18\x01 \x01(\v2\x10.llmgw.v1.TenantR\x06tenant\x12\x16\n" +
+	"\x06create\x18\x02 \x01(\bR\x06create\"Y\n" +
+	"\x11PutTenantResponse\x12(\n" +
+	"\x06tenant\x18\x01 \x01(\v2\x10.llmgw.v1.TenantR\x06tenant\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"&\n" +
+	"\x10GetTenantRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"]\n" +
+	"\x13ListTenantsResponse\x12*\n" +
+	"\atenants\x18\x01 \x03(\v2\x10.llmgw.v1.TenantR\atenants\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\")\n" +
+	"\x13DeleteTenantRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"2\n" +
+	"\x14DeleteTenantResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"[\n" +
+	"\fUsageRequest\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12\x1d\n" +
+	"\n" +
+	"since_unix\x18\x03 \x01(\x03R\tsinceUnix\"S\n" +
+	"\rUsageResponse\x12&\n" +
+	"\x04rows\x18\x01 \x03(\v2\x12.llmgw.v1.UsageRowR\x04rows\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"\x8d\x01\n" +
 	"\x14CreateApiKeyResponse\x12\"\n" +
 	"\x03key\x18\x01 \x01(\v2\x10.llmgw.v1.ApiKeyR\x03key\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x125\n" +
@@ -7804,7 +9707,34 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tloaded_on\x18\x02 \x03(\tR\bloadedOn\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12$\n" +
 	"\x0eretry_after_ms\x18\x04 \x01(\x03R\fretryAfterMs\x12\x16\n" +
-	"\x06queued\x18\x05 \x01(\bR\x06queued\"V\n" +
+	"\x06queued\x18\x05 \x01(\bR\x06queued\"^\n" +
+	"\x05Scope\x12\x16\n" +
+	"\x06tenant\x18\x01 \x01(\tR\x06tenant\x12\x14\n" +
+	"\x05model\x18\x02 \x01(\tR\x05model\x12'\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x13.llmgw.v1.LimitKindR\x04kind\"|\n" +
+	"\n" +
+	"ShareClaim\x12%\n" +
+	"\x05scope\x18\x01 \x01(\v2\x0f.llmgw.v1.ScopeR\x05scope\x12\x12\n" +
+	"\x04held\x18\x02 \x01(\x04R\x04held\x12\x1b\n" +
+	"\tgrant_seq\x18\x03 \x01(\x04R\bgrantSeq\x12\x16\n" +
+	"\x06demand\x18\x04 \x01(\x04R\x06demand\"n\n" +
+	"\fLeaseRequest\x12\x16\n" +
+	"\x06router\x18\x01 \x01(\tR\x06router\x12\x18\n" +
+	"\asession\x18\x02 \x01(\x04R\asession\x12,\n" +
+	"\x06claims\x18\x03 \x03(\v2\x14.llmgw.v1.ShareClaimR\x06claims\"\x8d\x01\n" +
+	"\n" +
+	"ShareGrant\x12%\n" +
+	"\x05scope\x18\x01 \x01(\v2\x0f.llmgw.v1.ScopeR\x05scope\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x14\n" +
+	"\x05share\x18\x03 \x01(\x04R\x05share\x12\x1a\n" +
+	"\bfallback\x18\x04 \x01(\x04R\bfallback\x12\x14\n" +
+	"\x05limit\x18\x05 \x01(\x04R\x05limit\"r\n" +
+	"\rLeaseResponse\x12,\n" +
+	"\x06grants\x18\x01 \x03(\v2\x14.llmgw.v1.ShareGrantR\x06grants\x12\x17\n" +
+	"\aterm_ms\x18\x02 \x01(\x03R\x06termMs\x12\x1a\n" +
+	"\bsettling\x18\x03 \x01(\bR\bsettling\"1\n" +
+	"\x13RecordUsageResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"V\n" +
 	"\x13RegisterNodeRequest\x12\"\n" +
 	"\x04node\x18\x01 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\"V\n" +
@@ -7824,7 +9754,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\x8d\x04\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\x8e\x05\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -7841,7 +9771,11 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x1fCOMMAND_TYPE_SET_SERVER_REMOVED\x10\v\x12\x1c\n" +
 	"\x18COMMAND_TYPE_PUT_API_KEY\x10\f\x12\x1f\n" +
 	"\x1bCOMMAND_TYPE_DELETE_API_KEY\x10\r\x12&\n" +
-	"\"COMMAND_TYPE_SET_API_KEYS_REQUIRED\x10\x0e*\xee\x01\n" +
+	"\"COMMAND_TYPE_SET_API_KEYS_REQUIRED\x10\x0e\x12\x1b\n" +
+	"\x17COMMAND_TYPE_PUT_TENANT\x10\x0f\x12\x1e\n" +
+	"\x1aCOMMAND_TYPE_DELETE_TENANT\x10\x10\x12#\n" +
+	"\x1fCOMMAND_TYPE_SET_API_KEY_TENANT\x10\x11\x12\x1d\n" +
+	"\x19COMMAND_TYPE_RECORD_USAGE\x10\x12*\xee\x01\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -7866,11 +9800,20 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x0fKEYRING_OP_LIST\x10\x01\x12\x16\n" +
 	"\x12KEYRING_OP_INSTALL\x10\x02\x12\x12\n" +
 	"\x0eKEYRING_OP_USE\x10\x03\x12\x15\n" +
-	"\x11KEYRING_OP_REMOVE\x10\x042N\n" +
+	"\x11KEYRING_OP_REMOVE\x10\x04*\xe5\x01\n" +
+	"\tLimitKind\x12\x1a\n" +
+	"\x16LIMIT_KIND_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eLIMIT_KIND_RPM\x10\x01\x12\x18\n" +
+	"\x14LIMIT_KIND_INPUT_TPM\x10\x02\x12\x19\n" +
+	"\x15LIMIT_KIND_OUTPUT_TPM\x10\x03\x12\x1b\n" +
+	"\x17LIMIT_KIND_WEIGHTED_TPM\x10\x04\x12\x1a\n" +
+	"\x16LIMIT_KIND_CONCURRENCY\x10\x05\x12\x1b\n" +
+	"\x17LIMIT_KIND_DAILY_TOKENS\x10\x06\x12\x1d\n" +
+	"\x19LIMIT_KIND_MONTHLY_TOKENS\x10\a2N\n" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xdf\f\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\x86\x10\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -7894,14 +9837,23 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fCreateApiKey\x12\x1d.llmgw.v1.CreateApiKeyRequest\x1a\x1e.llmgw.v1.CreateApiKeyResponse\x12C\n" +
 	"\vListApiKeys\x12\x15.llmgw.v1.ListRequest\x1a\x1d.llmgw.v1.ListApiKeysResponse\x12M\n" +
 	"\fRevokeApiKey\x12\x1d.llmgw.v1.RevokeApiKeyRequest\x1a\x1e.llmgw.v1.RevokeApiKeyResponse\x12_\n" +
-	"\x12SetApiKeysRequired\x12#.llmgw.v1.SetApiKeysRequiredRequest\x1a$.llmgw.v1.SetApiKeysRequiredResponse\x12>\n" +
+	"\x12SetApiKeysRequired\x12#.llmgw.v1.SetApiKeysRequiredRequest\x1a$.llmgw.v1.SetApiKeysRequiredResponse\x12V\n" +
+	"\x0fSetApiKeyTenant\x12 .llmgw.v1.SetApiKeyTenantRequest\x1a!.llmgw.v1.SetApiKeyTenantResponse\x12D\n" +
+	"\tPutTenant\x12\x1a.llmgw.v1.PutTenantRequest\x1a\x1b.llmgw.v1.PutTenantResponse\x129\n" +
+	"\tGetTenant\x12\x1a.llmgw.v1.GetTenantRequest\x1a\x10.llmgw.v1.Tenant\x12C\n" +
+	"\vListTenants\x12\x15.llmgw.v1.ListRequest\x1a\x1d.llmgw.v1.ListTenantsResponse\x12M\n" +
+	"\fDeleteTenant\x12\x1d.llmgw.v1.DeleteTenantRequest\x1a\x1e.llmgw.v1.DeleteTenantResponse\x128\n" +
+	"\x05Usage\x12\x16.llmgw.v1.UsageRequest\x1a\x17.llmgw.v1.UsageResponse\x12>\n" +
 	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse\x12E\n" +
 	"\fListAdapters\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListAdaptersResponse2T\n" +
 	"\vLoadService\x12E\n" +
 	"\tSubscribe\x12\x1e.llmgw.v1.LoadSubscribeRequest\x1a\x16.llmgw.v1.LoadSnapshot0\x012\xb6\x01\n" +
 	"\x0eAdapterService\x12P\n" +
 	"\rEnsureAdapter\x12\x1e.llmgw.v1.EnsureAdapterRequest\x1a\x1f.llmgw.v1.EnsureAdapterResponse\x12R\n" +
-	"\x10ReportAdapterUse\x12\x1a.llmgw.v1.AdapterUseReport\x1a\".llmgw.v1.AdapterUseReportResponse2\xa1\x01\n" +
+	"\x10ReportAdapterUse\x12\x1a.llmgw.v1.AdapterUseReport\x1a\".llmgw.v1.AdapterUseReportResponse2\x94\x01\n" +
+	"\fQuotaService\x128\n" +
+	"\x05Lease\x12\x16.llmgw.v1.LeaseRequest\x1a\x17.llmgw.v1.LeaseResponse\x12J\n" +
+	"\vRecordUsage\x12\x1c.llmgw.v1.RecordUsageCommand\x1a\x1d.llmgw.v1.RecordUsageResponse2\xa1\x01\n" +
 	"\rServerService\x12M\n" +
 	"\fRegisterNode\x12\x1d.llmgw.v1.RegisterNodeRequest\x1a\x1e.llmgw.v1.RegisterNodeResponse\x12A\n" +
 	"\fLocalKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x17.llmgw.v1.ServerKeyringB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
@@ -7918,8 +9870,8 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 	return file_llmgw_v1_llmgw_proto_rawDescData
 }
 
-var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 107)
+var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 134)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -7927,262 +9879,326 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(AdapterState)(0),                  // 3: llmgw.v1.AdapterState
 	(ChangeOp)(0),                      // 4: llmgw.v1.ChangeOp
 	(KeyringOp)(0),                     // 5: llmgw.v1.KeyringOp
-	(*Adapter)(nil),                    // 6: llmgw.v1.Adapter
-	(*ProfileOverrides)(nil),           // 7: llmgw.v1.ProfileOverrides
-	(*Model)(nil),                      // 8: llmgw.v1.Model
-	(*Node)(nil),                       // 9: llmgw.v1.Node
-	(*Shard)(nil),                      // 10: llmgw.v1.Shard
-	(*Replica)(nil),                    // 11: llmgw.v1.Replica
-	(*ClusterConfig)(nil),              // 12: llmgw.v1.ClusterConfig
-	(*State)(nil),                      // 13: llmgw.v1.State
-	(*ApiKey)(nil),                     // 14: llmgw.v1.ApiKey
-	(*ServerRemoval)(nil),              // 15: llmgw.v1.ServerRemoval
-	(*AdapterPlacement)(nil),           // 16: llmgw.v1.AdapterPlacement
-	(*Command)(nil),                    // 17: llmgw.v1.Command
-	(*UpsertModelCommand)(nil),         // 18: llmgw.v1.UpsertModelCommand
-	(*DeleteModelCommand)(nil),         // 19: llmgw.v1.DeleteModelCommand
-	(*PutApiKeyCommand)(nil),           // 20: llmgw.v1.PutApiKeyCommand
-	(*DeleteApiKeyCommand)(nil),        // 21: llmgw.v1.DeleteApiKeyCommand
-	(*SetApiKeysRequiredCommand)(nil),  // 22: llmgw.v1.SetApiKeysRequiredCommand
-	(*RegisterNodeCommand)(nil),        // 23: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),        // 24: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),        // 25: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),       // 26: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil),  // 27: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),    // 28: llmgw.v1.SetClusterConfigCommand
-	(*SetAdapterPlacementCommand)(nil), // 29: llmgw.v1.SetAdapterPlacementCommand
-	(*SetNodeLabelsCommand)(nil),       // 30: llmgw.v1.SetNodeLabelsCommand
-	(*SetServerRemovedCommand)(nil),    // 31: llmgw.v1.SetServerRemovedCommand
-	(*ReplicaStatus)(nil),              // 32: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 33: llmgw.v1.EphemeralUpdate
-	(*AdapterStatus)(nil),              // 34: llmgw.v1.AdapterStatus
-	(*KVBlocks)(nil),                   // 35: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 36: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 37: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 38: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 39: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 40: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 41: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 42: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 43: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 44: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 45: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 46: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 47: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 48: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 49: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 50: llmgw.v1.WatchEvent
-	(*CreateApiKeyRequest)(nil),        // 51: llmgw.v1.CreateApiKeyRequest
-	(*CreateApiKeyResponse)(nil),       // 52: llmgw.v1.CreateApiKeyResponse
-	(*SetApiKeysRequiredRequest)(nil),  // 53: llmgw.v1.SetApiKeysRequiredRequest
-	(*SetApiKeysRequiredResponse)(nil), // 54: llmgw.v1.SetApiKeysRequiredResponse
-	(*ListApiKeysResponse)(nil),        // 55: llmgw.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),        // 56: llmgw.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),       // 57: llmgw.v1.RevokeApiKeyResponse
-	(*KeyringRequest)(nil),             // 58: llmgw.v1.KeyringRequest
-	(*KeyringKey)(nil),                 // 59: llmgw.v1.KeyringKey
-	(*ServerKeyring)(nil),              // 60: llmgw.v1.ServerKeyring
-	(*KeyringResponse)(nil),            // 61: llmgw.v1.KeyringResponse
-	(*SetNodeLabelsRequest)(nil),       // 62: llmgw.v1.SetNodeLabelsRequest
-	(*SetNodeLabelsResponse)(nil),      // 63: llmgw.v1.SetNodeLabelsResponse
-	(*SnapshotSaveRequest)(nil),        // 64: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 65: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 66: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 67: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 68: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 69: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 70: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 71: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 72: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 73: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 74: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 75: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 76: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 77: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 78: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 79: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 80: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 81: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 82: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 83: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 84: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 85: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 86: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 87: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 88: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 89: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 90: llmgw.v1.ReplicaView
-	(*ReplicaKV)(nil),                  // 91: llmgw.v1.ReplicaKV
-	(*ListReplicasResponse)(nil),       // 92: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 93: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 94: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 95: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 96: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 97: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 98: llmgw.v1.EnsureAdapterRequest
-	(*AdapterUseReport)(nil),           // 99: llmgw.v1.AdapterUseReport
-	(*AdapterUseReportResponse)(nil),   // 100: llmgw.v1.AdapterUseReportResponse
-	(*EnsureAdapterResponse)(nil),      // 101: llmgw.v1.EnsureAdapterResponse
-	(*RegisterNodeRequest)(nil),        // 102: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 103: llmgw.v1.RegisterNodeResponse
-	(*AdapterView)(nil),                // 104: llmgw.v1.AdapterView
-	(*ListAdaptersResponse)(nil),       // 105: llmgw.v1.ListAdaptersResponse
-	nil,                                // 106: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 107: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 108: llmgw.v1.Node.LabelsEntry
-	nil,                                // 109: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 110: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 111: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 112: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(LimitKind)(0),                     // 6: llmgw.v1.LimitKind
+	(*Adapter)(nil),                    // 7: llmgw.v1.Adapter
+	(*ProfileOverrides)(nil),           // 8: llmgw.v1.ProfileOverrides
+	(*Model)(nil),                      // 9: llmgw.v1.Model
+	(*Node)(nil),                       // 10: llmgw.v1.Node
+	(*Shard)(nil),                      // 11: llmgw.v1.Shard
+	(*Replica)(nil),                    // 12: llmgw.v1.Replica
+	(*ClusterConfig)(nil),              // 13: llmgw.v1.ClusterConfig
+	(*State)(nil),                      // 14: llmgw.v1.State
+	(*ApiKey)(nil),                     // 15: llmgw.v1.ApiKey
+	(*TenantLimits)(nil),               // 16: llmgw.v1.TenantLimits
+	(*TokenWeights)(nil),               // 17: llmgw.v1.TokenWeights
+	(*TenantModelLimits)(nil),          // 18: llmgw.v1.TenantModelLimits
+	(*Tenant)(nil),                     // 19: llmgw.v1.Tenant
+	(*UsageCounts)(nil),                // 20: llmgw.v1.UsageCounts
+	(*UsageRow)(nil),                   // 21: llmgw.v1.UsageRow
+	(*UsageCursor)(nil),                // 22: llmgw.v1.UsageCursor
+	(*ServerRemoval)(nil),              // 23: llmgw.v1.ServerRemoval
+	(*AdapterPlacement)(nil),           // 24: llmgw.v1.AdapterPlacement
+	(*Command)(nil),                    // 25: llmgw.v1.Command
+	(*UpsertModelCommand)(nil),         // 26: llmgw.v1.UpsertModelCommand
+	(*DeleteModelCommand)(nil),         // 27: llmgw.v1.DeleteModelCommand
+	(*PutApiKeyCommand)(nil),           // 28: llmgw.v1.PutApiKeyCommand
+	(*DeleteApiKeyCommand)(nil),        // 29: llmgw.v1.DeleteApiKeyCommand
+	(*SetApiKeysRequiredCommand)(nil),  // 30: llmgw.v1.SetApiKeysRequiredCommand
+	(*PutTenantCommand)(nil),           // 31: llmgw.v1.PutTenantCommand
+	(*DeleteTenantCommand)(nil),        // 32: llmgw.v1.DeleteTenantCommand
+	(*SetApiKeyTenantCommand)(nil),     // 33: llmgw.v1.SetApiKeyTenantCommand
+	(*RecordUsageCommand)(nil),         // 34: llmgw.v1.RecordUsageCommand
+	(*RegisterNodeCommand)(nil),        // 35: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 36: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 37: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 38: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 39: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 40: llmgw.v1.SetClusterConfigCommand
+	(*SetAdapterPlacementCommand)(nil), // 41: llmgw.v1.SetAdapterPlacementCommand
+	(*SetNodeLabelsCommand)(nil),       // 42: llmgw.v1.SetNodeLabelsCommand
+	(*SetServerRemovedCommand)(nil),    // 43: llmgw.v1.SetServerRemovedCommand
+	(*ReplicaStatus)(nil),              // 44: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 45: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 46: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 47: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 48: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 49: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 50: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 51: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 52: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 53: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 54: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 55: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 56: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 57: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 58: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 59: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 60: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 61: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 62: llmgw.v1.WatchEvent
+	(*CreateApiKeyRequest)(nil),        // 63: llmgw.v1.CreateApiKeyRequest
+	(*SetApiKeyTenantRequest)(nil),     // 64: llmgw.v1.SetApiKeyTenantRequest
+	(*SetApiKeyTenantResponse)(nil),    // 65: llmgw.v1.SetApiKeyTenantResponse
+	(*PutTenantRequest)(nil),           // 66: llmgw.v1.PutTenantRequest
+	(*PutTenantResponse)(nil),          // 67: llmgw.v1.PutTenantResponse
+	(*GetTenantRequest)(nil),           // 68: llmgw.v1.GetTenantRequest
+	(*ListTenantsResponse)(nil),        // 69: llmgw.v1.ListTenantsResponse
+	(*DeleteTenantRequest)(nil),        // 70: llmgw.v1.DeleteTenantRequest
+	(*DeleteTenantResponse)(nil),       // 71: llmgw.v1.DeleteTenantResponse
+	(*UsageRequest)(nil),               // 72: llmgw.v1.UsageRequest
+	(*UsageResponse)(nil),              // 73: llmgw.v1.UsageResponse
+	(*CreateApiKeyResponse)(nil),       // 74: llmgw.v1.CreateApiKeyResponse
+	(*SetApiKeysRequiredRequest)(nil),  // 75: llmgw.v1.SetApiKeysRequiredRequest
+	(*SetApiKeysRequiredResponse)(nil), // 76: llmgw.v1.SetApiKeysRequiredResponse
+	(*ListApiKeysResponse)(nil),        // 77: llmgw.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),        // 78: llmgw.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),       // 79: llmgw.v1.RevokeApiKeyResponse
+	(*KeyringRequest)(nil),             // 80: llmgw.v1.KeyringRequest
+	(*KeyringKey)(nil),                 // 81: llmgw.v1.KeyringKey
+	(*ServerKeyring)(nil),              // 82: llmgw.v1.ServerKeyring
+	(*KeyringResponse)(nil),            // 83: llmgw.v1.KeyringResponse
+	(*SetNodeLabelsRequest)(nil),       // 84: llmgw.v1.SetNodeLabelsRequest
+	(*SetNodeLabelsResponse)(nil),      // 85: llmgw.v1.SetNodeLabelsResponse
+	(*SnapshotSaveRequest)(nil),        // 86: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 87: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 88: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 89: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 90: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 91: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 92: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 93: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 94: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 95: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 96: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 97: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 98: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 99: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 100: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 101: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 102: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 103: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 104: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 105: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 106: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 107: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 108: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 109: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 110: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 111: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 112: llmgw.v1.ReplicaView
+	(*ReplicaKV)(nil),                  // 113: llmgw.v1.ReplicaKV
+	(*ListReplicasResponse)(nil),       // 114: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 115: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 116: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 117: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 118: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 119: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 120: llmgw.v1.EnsureAdapterRequest
+	(*AdapterUseReport)(nil),           // 121: llmgw.v1.AdapterUseReport
+	(*AdapterUseReportResponse)(nil),   // 122: llmgw.v1.AdapterUseReportResponse
+	(*EnsureAdapterResponse)(nil),      // 123: llmgw.v1.EnsureAdapterResponse
+	(*Scope)(nil),                      // 124: llmgw.v1.Scope
+	(*ShareClaim)(nil),                 // 125: llmgw.v1.ShareClaim
+	(*LeaseRequest)(nil),               // 126: llmgw.v1.LeaseRequest
+	(*ShareGrant)(nil),                 // 127: llmgw.v1.ShareGrant
+	(*LeaseResponse)(nil),              // 128: llmgw.v1.LeaseResponse
+	(*RecordUsageResponse)(nil),        // 129: llmgw.v1.RecordUsageResponse
+	(*RegisterNodeRequest)(nil),        // 130: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 131: llmgw.v1.RegisterNodeResponse
+	(*AdapterView)(nil),                // 132: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 133: llmgw.v1.ListAdaptersResponse
+	nil,                                // 134: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 135: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 136: llmgw.v1.Node.LabelsEntry
+	nil,                                // 137: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 138: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 139: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 140: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	106, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	107, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
-	7,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
-	6,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	108, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	134, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	135, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	8,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
+	7,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
+	136, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
-	10,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
-	8,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
-	9,   // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
-	11,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
-	12,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	109, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
-	16,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
-	15,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
-	14,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
-	1,   // 15: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
-	8,   // 16: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
-	14,  // 17: llmgw.v1.PutApiKeyCommand.key:type_name -> llmgw.v1.ApiKey
-	9,   // 18: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
-	0,   // 19: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
-	11,  // 20: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
-	12,  // 21: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
-	16,  // 22: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	110, // 23: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
-	2,   // 24: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	32,  // 25: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	35,  // 26: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	34,  // 27: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
-	3,   // 28: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
-	9,   // 29: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	32,  // 30: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	38,  // 31: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	33,  // 32: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	37,  // 33: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	36,  // 34: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	11,  // 35: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	8,   // 36: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	16,  // 37: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
-	40,  // 38: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	41,  // 39: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	37,  // 40: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	43,  // 41: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	44,  // 42: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	36,  // 43: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	4,   // 44: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	8,   // 45: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	9,   // 46: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	11,  // 47: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	12,  // 48: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	16,  // 49: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
-	14,  // 50: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
-	47,  // 51: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	46,  // 52: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	48,  // 53: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	33,  // 54: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	44,  // 55: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	37,  // 56: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	49,  // 57: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	14,  // 58: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
-	14,  // 59: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
-	5,   // 60: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
-	59,  // 61: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
-	60,  // 62: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	111, // 63: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
-	9,   // 64: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
-	74,  // 65: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	77,  // 66: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
-	8,   // 67: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	8,   // 68: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	8,   // 69: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	9,   // 70: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	112, // 71: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	11,  // 72: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	32,  // 73: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	91,  // 74: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
-	90,  // 75: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	36,  // 76: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	96,  // 77: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	34,  // 78: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
-	3,   // 79: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	9,   // 80: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
-	9,   // 81: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	34,  // 82: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
-	104, // 83: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
-	39,  // 84: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	45,  // 85: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	83,  // 86: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	85,  // 87: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	87,  // 88: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	87,  // 89: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	87,  // 90: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	93,  // 91: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	67,  // 92: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	69,  // 93: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	71,  // 94: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	73,  // 95: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	76,  // 96: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	79,  // 97: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	81,  // 98: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	64,  // 99: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	65,  // 100: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	62,  // 101: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	51,  // 102: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	87,  // 103: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	56,  // 104: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	53,  // 105: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
-	58,  // 106: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	87,  // 107: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
-	95,  // 108: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	98,  // 109: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	99,  // 110: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
-	102, // 111: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	58,  // 112: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	42,  // 113: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	50,  // 114: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	84,  // 115: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	86,  // 116: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	88,  // 117: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	89,  // 118: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	92,  // 119: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	94,  // 120: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	68,  // 121: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	70,  // 122: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	72,  // 123: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	75,  // 124: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	78,  // 125: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	80,  // 126: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	82,  // 127: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	65,  // 128: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	66,  // 129: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	63,  // 130: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	52,  // 131: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	55,  // 132: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	57,  // 133: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	54,  // 134: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
-	61,  // 135: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	105, // 136: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
-	97,  // 137: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	101, // 138: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	100, // 139: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
-	103, // 140: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	60,  // 141: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	113, // [113:142] is the sub-list for method output_type
-	84,  // [84:113] is the sub-list for method input_type
-	84,  // [84:84] is the sub-list for extension type_name
-	84,  // [84:84] is the sub-list for extension extendee
-	0,   // [0:84] is the sub-list for field type_name
+	11,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
+	9,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
+	10,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
+	12,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
+	13,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
+	137, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	24,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
+	23,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
+	15,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
+	19,  // 15: llmgw.v1.State.tenants:type_name -> llmgw.v1.Tenant
+	21,  // 16: llmgw.v1.State.usage:type_name -> llmgw.v1.UsageRow
+	22,  // 17: llmgw.v1.State.usage_cursors:type_name -> llmgw.v1.UsageCursor
+	16,  // 18: llmgw.v1.TenantModelLimits.limits:type_name -> llmgw.v1.TenantLimits
+	16,  // 19: llmgw.v1.Tenant.limits:type_name -> llmgw.v1.TenantLimits
+	18,  // 20: llmgw.v1.Tenant.model_limits:type_name -> llmgw.v1.TenantModelLimits
+	17,  // 21: llmgw.v1.Tenant.weights:type_name -> llmgw.v1.TokenWeights
+	20,  // 22: llmgw.v1.UsageRow.counts:type_name -> llmgw.v1.UsageCounts
+	1,   // 23: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
+	9,   // 24: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
+	15,  // 25: llmgw.v1.PutApiKeyCommand.key:type_name -> llmgw.v1.ApiKey
+	19,  // 26: llmgw.v1.PutTenantCommand.tenant:type_name -> llmgw.v1.Tenant
+	21,  // 27: llmgw.v1.RecordUsageCommand.rows:type_name -> llmgw.v1.UsageRow
+	10,  // 28: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
+	0,   // 29: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
+	12,  // 30: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
+	13,  // 31: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
+	24,  // 32: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
+	138, // 33: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	2,   // 34: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
+	44,  // 35: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	47,  // 36: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	46,  // 37: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	3,   // 38: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
+	10,  // 39: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	44,  // 40: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	50,  // 41: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	45,  // 42: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	49,  // 43: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	48,  // 44: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	12,  // 45: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	9,   // 46: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	24,  // 47: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
+	52,  // 48: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	53,  // 49: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	49,  // 50: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	55,  // 51: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	56,  // 52: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	48,  // 53: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	4,   // 54: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	9,   // 55: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	10,  // 56: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	12,  // 57: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	13,  // 58: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	24,  // 59: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
+	15,  // 60: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
+	19,  // 61: llmgw.v1.Change.tenant:type_name -> llmgw.v1.Tenant
+	59,  // 62: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	58,  // 63: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	60,  // 64: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	45,  // 65: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	56,  // 66: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	49,  // 67: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	61,  // 68: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	19,  // 69: llmgw.v1.PutTenantRequest.tenant:type_name -> llmgw.v1.Tenant
+	19,  // 70: llmgw.v1.PutTenantResponse.tenant:type_name -> llmgw.v1.Tenant
+	19,  // 71: llmgw.v1.ListTenantsResponse.tenants:type_name -> llmgw.v1.Tenant
+	21,  // 72: llmgw.v1.UsageResponse.rows:type_name -> llmgw.v1.UsageRow
+	15,  // 73: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
+	15,  // 74: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
+	5,   // 75: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
+	81,  // 76: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
+	82,  // 77: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
+	139, // 78: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	10,  // 79: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
+	96,  // 80: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	99,  // 81: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	9,   // 82: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	9,   // 83: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	9,   // 84: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	10,  // 85: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	140, // 86: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	12,  // 87: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	44,  // 88: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	113, // 89: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
+	112, // 90: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	48,  // 91: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	118, // 92: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	46,  // 93: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
+	3,   // 94: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	6,   // 95: llmgw.v1.Scope.kind:type_name -> llmgw.v1.LimitKind
+	124, // 96: llmgw.v1.ShareClaim.scope:type_name -> llmgw.v1.Scope
+	125, // 97: llmgw.v1.LeaseRequest.claims:type_name -> llmgw.v1.ShareClaim
+	124, // 98: llmgw.v1.ShareGrant.scope:type_name -> llmgw.v1.Scope
+	127, // 99: llmgw.v1.LeaseResponse.grants:type_name -> llmgw.v1.ShareGrant
+	10,  // 100: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	10,  // 101: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	46,  // 102: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	132, // 103: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	51,  // 104: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	57,  // 105: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	105, // 106: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	107, // 107: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	109, // 108: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	109, // 109: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	109, // 110: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	115, // 111: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	89,  // 112: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	91,  // 113: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	93,  // 114: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	95,  // 115: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	98,  // 116: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	101, // 117: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	103, // 118: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	86,  // 119: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	87,  // 120: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	84,  // 121: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	63,  // 122: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	109, // 123: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	78,  // 124: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	75,  // 125: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
+	64,  // 126: llmgw.v1.AdminService.SetApiKeyTenant:input_type -> llmgw.v1.SetApiKeyTenantRequest
+	66,  // 127: llmgw.v1.AdminService.PutTenant:input_type -> llmgw.v1.PutTenantRequest
+	68,  // 128: llmgw.v1.AdminService.GetTenant:input_type -> llmgw.v1.GetTenantRequest
+	109, // 129: llmgw.v1.AdminService.ListTenants:input_type -> llmgw.v1.ListRequest
+	70,  // 130: llmgw.v1.AdminService.DeleteTenant:input_type -> llmgw.v1.DeleteTenantRequest
+	72,  // 131: llmgw.v1.AdminService.Usage:input_type -> llmgw.v1.UsageRequest
+	80,  // 132: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	109, // 133: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	117, // 134: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	120, // 135: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	121, // 136: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
+	126, // 137: llmgw.v1.QuotaService.Lease:input_type -> llmgw.v1.LeaseRequest
+	34,  // 138: llmgw.v1.QuotaService.RecordUsage:input_type -> llmgw.v1.RecordUsageCommand
+	130, // 139: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	80,  // 140: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	54,  // 141: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	62,  // 142: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	106, // 143: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	108, // 144: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	110, // 145: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	111, // 146: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	114, // 147: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	116, // 148: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	90,  // 149: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	92,  // 150: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	94,  // 151: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	97,  // 152: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	100, // 153: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	102, // 154: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	104, // 155: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	87,  // 156: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	88,  // 157: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	85,  // 158: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	74,  // 159: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	77,  // 160: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	79,  // 161: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	76,  // 162: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
+	65,  // 163: llmgw.v1.AdminService.SetApiKeyTenant:output_type -> llmgw.v1.SetApiKeyTenantResponse
+	67,  // 164: llmgw.v1.AdminService.PutTenant:output_type -> llmgw.v1.PutTenantResponse
+	19,  // 165: llmgw.v1.AdminService.GetTenant:output_type -> llmgw.v1.Tenant
+	69,  // 166: llmgw.v1.AdminService.ListTenants:output_type -> llmgw.v1.ListTenantsResponse
+	71,  // 167: llmgw.v1.AdminService.DeleteTenant:output_type -> llmgw.v1.DeleteTenantResponse
+	73,  // 168: llmgw.v1.AdminService.Usage:output_type -> llmgw.v1.UsageResponse
+	83,  // 169: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	133, // 170: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	119, // 171: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	123, // 172: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	122, // 173: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
+	128, // 174: llmgw.v1.QuotaService.Lease:output_type -> llmgw.v1.LeaseResponse
+	129, // 175: llmgw.v1.QuotaService.RecordUsage:output_type -> llmgw.v1.RecordUsageResponse
+	131, // 176: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	82,  // 177: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	141, // [141:178] is the sub-list for method output_type
+	104, // [104:141] is the sub-list for method input_type
+	104, // [104:104] is the sub-list for extension type_name
+	104, // [104:104] is the sub-list for extension extendee
+	0,   // [0:104] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -8191,27 +10207,28 @@ func file_llmgw_v1_llmgw_proto_init() {
 		return
 	}
 	file_llmgw_v1_llmgw_proto_msgTypes[1].OneofWrappers = []any{}
-	file_llmgw_v1_llmgw_proto_msgTypes[33].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[44].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[36].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[47].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[40].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[51].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
 		(*Change_Config)(nil),
 		(*Change_AdapterPlacement)(nil),
 		(*Change_ApiKey)(nil),
+		(*Change_Tenant)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[44].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[55].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -8220,16 +10237,16 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*WatchEvent_Heartbeat)(nil),
 		(*WatchEvent_Mark)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[88].OneofWrappers = []any{}
+	file_llmgw_v1_llmgw_proto_msgTypes[109].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   107,
+			NumEnums:      7,
+			NumMessages:   134,
 			NumExtensions: 0,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_llmgw_v1_llmgw_proto_goTypes,
 		DependencyIndexes: file_llmgw_v1_llmgw_proto_depIdxs,

@@ -255,6 +255,12 @@ const (
 	AdminService_ListApiKeys_FullMethodName        = "/llmgw.v1.AdminService/ListApiKeys"
 	AdminService_RevokeApiKey_FullMethodName       = "/llmgw.v1.AdminService/RevokeApiKey"
 	AdminService_SetApiKeysRequired_FullMethodName = "/llmgw.v1.AdminService/SetApiKeysRequired"
+	AdminService_SetApiKeyTenant_FullMethodName    = "/llmgw.v1.AdminService/SetApiKeyTenant"
+	AdminService_PutTenant_FullMethodName          = "/llmgw.v1.AdminService/PutTenant"
+	AdminService_GetTenant_FullMethodName          = "/llmgw.v1.AdminService/GetTenant"
+	AdminService_ListTenants_FullMethodName        = "/llmgw.v1.AdminService/ListTenants"
+	AdminService_DeleteTenant_FullMethodName       = "/llmgw.v1.AdminService/DeleteTenant"
+	AdminService_Usage_FullMethodName              = "/llmgw.v1.AdminService/Usage"
 	AdminService_Keyring_FullMethodName            = "/llmgw.v1.AdminService/Keyring"
 	AdminService_ListAdapters_FullMethodName       = "/llmgw.v1.AdminService/ListAdapters"
 )
@@ -306,6 +312,15 @@ type AdminServiceClient interface {
 	// served again; the keys stay, and a request presenting one is still
 	// checked.
 	SetApiKeysRequired(ctx context.Context, in *SetApiKeysRequiredRequest, opts ...grpc.CallOption) (*SetApiKeysRequiredResponse, error)
+	// SetApiKeyTenant moves a key to another tenant (design §7.7).
+	SetApiKeyTenant(ctx context.Context, in *SetApiKeyTenantRequest, opts ...grpc.CallOption) (*SetApiKeyTenantResponse, error)
+	// Tenants and their usage (design §7.7): writes answered by the leader
+	// and gated; reads local unless the request asks otherwise.
+	PutTenant(ctx context.Context, in *PutTenantRequest, opts ...grpc.CallOption) (*PutTenantResponse, error)
+	GetTenant(ctx context.Context, in *GetTenantRequest, opts ...grpc.CallOption) (*Tenant, error)
+	ListTenants(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error)
+	DeleteTenant(ctx context.Context, in *DeleteTenantRequest, opts ...grpc.CallOption) (*DeleteTenantResponse, error)
+	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -537,6 +552,66 @@ func (c *adminServiceClient) SetApiKeysRequired(ctx context.Context, in *SetApiK
 	return out, nil
 }
 
+func (c *adminServiceClient) SetApiKeyTenant(ctx context.Context, in *SetApiKeyTenantRequest, opts ...grpc.CallOption) (*SetApiKeyTenantResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetApiKeyTenantResponse)
+	err := c.cc.Invoke(ctx, AdminService_SetApiKeyTenant_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PutTenant(ctx context.Context, in *PutTenantRequest, opts ...grpc.CallOption) (*PutTenantResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PutTenantResponse)
+	err := c.cc.Invoke(ctx, AdminService_PutTenant_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetTenant(ctx context.Context, in *GetTenantRequest, opts ...grpc.CallOption) (*Tenant, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Tenant)
+	err := c.cc.Invoke(ctx, AdminService_GetTenant_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListTenants(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTenantsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListTenants_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteTenant(ctx context.Context, in *DeleteTenantRequest, opts ...grpc.CallOption) (*DeleteTenantResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteTenantResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteTenant_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UsageResponse)
+	err := c.cc.Invoke(ctx, AdminService_Usage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(KeyringResponse)
@@ -604,6 +679,15 @@ type AdminServiceServer interface {
 	// served again; the keys stay, and a request presenting one is still
 	// checked.
 	SetApiKeysRequired(context.Context, *SetApiKeysRequiredRequest) (*SetApiKeysRequiredResponse, error)
+	// SetApiKeyTenant moves a key to another tenant (design §7.7).
+	SetApiKeyTenant(context.Context, *SetApiKeyTenantRequest) (*SetApiKeyTenantResponse, error)
+	// Tenants and their usage (design §7.7): writes answered by the leader
+	// and gated; reads local unless the request asks otherwise.
+	PutTenant(context.Context, *PutTenantRequest) (*PutTenantResponse, error)
+	GetTenant(context.Context, *GetTenantRequest) (*Tenant, error)
+	ListTenants(context.Context, *ListRequest) (*ListTenantsResponse, error)
+	DeleteTenant(context.Context, *DeleteTenantRequest) (*DeleteTenantResponse, error)
+	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -682,6 +766,24 @@ func (UnimplementedAdminServiceServer) RevokeApiKey(context.Context, *RevokeApiK
 }
 func (UnimplementedAdminServiceServer) SetApiKeysRequired(context.Context, *SetApiKeysRequiredRequest) (*SetApiKeysRequiredResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetApiKeysRequired not implemented")
+}
+func (UnimplementedAdminServiceServer) SetApiKeyTenant(context.Context, *SetApiKeyTenantRequest) (*SetApiKeyTenantResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetApiKeyTenant not implemented")
+}
+func (UnimplementedAdminServiceServer) PutTenant(context.Context, *PutTenantRequest) (*PutTenantResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PutTenant not implemented")
+}
+func (UnimplementedAdminServiceServer) GetTenant(context.Context, *GetTenantRequest) (*Tenant, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetTenant not implemented")
+}
+func (UnimplementedAdminServiceServer) ListTenants(context.Context, *ListRequest) (*ListTenantsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTenants not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteTenant(context.Context, *DeleteTenantRequest) (*DeleteTenantResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteTenant not implemented")
+}
+func (UnimplementedAdminServiceServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
 }
 func (UnimplementedAdminServiceServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
@@ -1052,6 +1154,114 @@ func _AdminService_SetApiKeysRequired_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_SetApiKeyTenant_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetApiKeyTenantRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).SetApiKeyTenant(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_SetApiKeyTenant_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).SetApiKeyTenant(ctx, req.(*SetApiKeyTenantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PutTenant_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PutTenantRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PutTenant(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PutTenant_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PutTenant(ctx, req.(*PutTenantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetTenant_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetTenantRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetTenant(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetTenant_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetTenant(ctx, req.(*GetTenantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListTenants_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListTenants(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListTenants_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListTenants(ctx, req.(*ListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteTenant_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteTenantRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteTenant(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteTenant_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteTenant(ctx, req.(*DeleteTenantRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UsageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).Usage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_Usage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).Usage(ctx, req.(*UsageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(KeyringRequest)
 	if err := dec(in); err != nil {
@@ -1166,6 +1376,30 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetApiKeysRequired",
 			Handler:    _AdminService_SetApiKeysRequired_Handler,
+		},
+		{
+			MethodName: "SetApiKeyTenant",
+			Handler:    _AdminService_SetApiKeyTenant_Handler,
+		},
+		{
+			MethodName: "PutTenant",
+			Handler:    _AdminService_PutTenant_Handler,
+		},
+		{
+			MethodName: "GetTenant",
+			Handler:    _AdminService_GetTenant_Handler,
+		},
+		{
+			MethodName: "ListTenants",
+			Handler:    _AdminService_ListTenants_Handler,
+		},
+		{
+			MethodName: "DeleteTenant",
+			Handler:    _AdminService_DeleteTenant_Handler,
+		},
+		{
+			MethodName: "Usage",
+			Handler:    _AdminService_Usage_Handler,
 		},
 		{
 			MethodName: "Keyring",
@@ -1452,6 +1686,154 @@ var AdapterService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportAdapterUse",
 			Handler:    _AdapterService_ReportAdapterUse_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "llmgw/v1/llmgw.proto",
+}
+
+const (
+	QuotaService_Lease_FullMethodName       = "/llmgw.v1.QuotaService/Lease"
+	QuotaService_RecordUsage_FullMethodName = "/llmgw.v1.QuotaService/RecordUsage"
+)
+
+// QuotaServiceClient is the client API for QuotaService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type QuotaServiceClient interface {
+	// Lease renews a router's shares: it reports what it holds and its
+	// demand, the leader answers each scope's share until expiry.
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
+	// RecordUsage commits one batch of the router session's usage to the
+	// roll-up (one Raft write); a batch sent again is applied once.
+	RecordUsage(ctx context.Context, in *RecordUsageCommand, opts ...grpc.CallOption) (*RecordUsageResponse, error)
+}
+
+type quotaServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewQuotaServiceClient(cc grpc.ClientConnInterface) QuotaServiceClient {
+	return &quotaServiceClient{cc}
+}
+
+func (c *quotaServiceClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, QuotaService_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *quotaServiceClient) RecordUsage(ctx context.Context, in *RecordUsageCommand, opts ...grpc.CallOption) (*RecordUsageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecordUsageResponse)
+	err := c.cc.Invoke(ctx, QuotaService_RecordUsage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// QuotaServiceServer is the server API for QuotaService service.
+// All implementations must embed UnimplementedQuotaServiceServer
+// for forward compatibility.
+type QuotaServiceServer interface {
+	// Lease renews a router's shares: it reports what it holds and its
+	// demand, the leader answers each scope's share until expiry.
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
+	// RecordUsage commits one batch of the router session's usage to the
+	// roll-up (one Raft write); a batch sent again is applied once.
+	RecordUsage(context.Context, *RecordUsageCommand) (*RecordUsageResponse, error)
+	mustEmbedUnimplementedQuotaServiceServer()
+}
+
+// UnimplementedQuotaServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedQuotaServiceServer struct{}
+
+func (UnimplementedQuotaServiceServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
+}
+func (UnimplementedQuotaServiceServer) RecordUsage(context.Context, *RecordUsageCommand) (*RecordUsageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecordUsage not implemented")
+}
+func (UnimplementedQuotaServiceServer) mustEmbedUnimplementedQuotaServiceServer() {}
+func (UnimplementedQuotaServiceServer) testEmbeddedByValue()                      {}
+
+// UnsafeQuotaServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to QuotaServiceServer will
+// result in compilation errors.
+type UnsafeQuotaServiceServer interface {
+	mustEmbedUnimplementedQuotaServiceServer()
+}
+
+func RegisterQuotaServiceServer(s grpc.ServiceRegistrar, srv QuotaServiceServer) {
+	// If the following call panics, it indicates UnimplementedQuotaServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&QuotaService_ServiceDesc, srv)
+}
+
+func _QuotaService_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServiceServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QuotaService_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServiceServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _QuotaService_RecordUsage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecordUsageCommand)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(QuotaServiceServer).RecordUsage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: QuotaService_RecordUsage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(QuotaServiceServer).RecordUsage(ctx, req.(*RecordUsageCommand))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// QuotaService_ServiceDesc is the grpc.ServiceDesc for QuotaService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var QuotaService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "llmgw.v1.QuotaService",
+	HandlerType: (*QuotaServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Lease",
+			Handler:    _QuotaService_Lease_Handler,
+		},
+		{
+			MethodName: "RecordUsage",
+			Handler:    _QuotaService_RecordUsage_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
