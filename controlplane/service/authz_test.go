@@ -23,6 +23,7 @@ import (
 // LoadService is the agents' (design §5.3).
 var servedByControlPlane = map[string]bool{
 	"AgentService": true, "WatchService": true, "AdminService": true, "AdapterService": true, "ServerService": true,
+	"QuotaService": true,
 }
 
 // TestAllowedCoversEveryMethod: every method of every service the control
