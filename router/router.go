@@ -37,6 +37,7 @@ import (
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/proxy"
+	"github.com/llmgw/llmgw/router/quota"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
 	"github.com/llmgw/llmgw/router/watch"
@@ -302,6 +303,7 @@ type Router struct {
 	proxy           *proxy.Proxy
 	handler         *api.Handler
 	control         *controlAdapters
+	quota           *quota.Quota
 	mux             *http.ServeMux
 	draining        atomic.Bool
 	ops             atomic.Pointer[opsServer] // set while --ops-addr is served
@@ -421,7 +423,10 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	r.proxy = proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
 		MaxAttempts: proxy.DefaultConfig().MaxAttempts}, brs, r.reg)
 	wc := r.watch
+	r.quota = quota.New(quota.Config{Router: cfg.ID}, func() map[string]*llmgwv1.Tenant { return wc.Current().Tenants },
+		r.control, r.log, r.reg)
 	acfg := api.Config{
+		Quota:        r.quota,
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Ready:        r.ready,
 		// The keys of the state the watch client published last: a
@@ -524,6 +529,16 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	bg.Go(func() { r.forget(bgCtx) })
 	bg.Go(func() { newGCTuner(r.cfg.GCMinHeap).run(bgCtx) })
 
+	// The tenants' shares and usage: stopped after the last request has
+	// settled, so its usage is in the last batch, and before the control
+	// connections close.
+	quotaCtx, stopQuota := context.WithCancel(context.Background())
+	quotaDone := make(chan struct{})
+	go func() {
+		defer close(quotaDone)
+		_ = r.quota.Run(quotaCtx)
+	}()
+
 	var handlers sync.WaitGroup
 	lim := newLimits(r.cfg, r.mux)
 	srv := &http.Server{
@@ -571,6 +586,8 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		<-serveErr // http.ErrServerClosed
 	}
 	handlers.Wait()
+	stopQuota() // flushes the usage metered last
+	<-quotaDone
 	r.dir.Close() // after the requests: it ends the adapter loads they waited on
 	r.proxy.Close()
 	r.control.close()
@@ -679,6 +696,30 @@ func (c *controlAdapters) ReportAdapterUse(ctx context.Context, req *llmgwv1.Ada
 		return nil, err
 	}
 	return llmgwv1.NewAdapterServiceClient(conn).ReportAdapterUse(ctx, req)
+}
+
+// Lease renews the router's shares of tenants' limits on the next control
+// server (followers forward it to the leader).
+func (c *controlAdapters) Lease(ctx context.Context, req *llmgwv1.LeaseRequest) (*llmgwv1.LeaseResponse, error) {
+	conn, _, err := c.conn(c.addrs())
+	if err != nil {
+		return nil, err
+	}
+	return llmgwv1.NewQuotaServiceClient(conn).Lease(ctx, req)
+}
+
+// RecordUsage sends a usage batch to the next control server; a batch
+// refused as malformed is marked quota.ErrRefused, so it is not sent again.
+func (c *controlAdapters) RecordUsage(ctx context.Context, b *llmgwv1.RecordUsageCommand) (*llmgwv1.RecordUsageResponse, error) {
+	conn, _, err := c.conn(c.addrs())
+	if err != nil {
+		return nil, err
+	}
+	resp, err := llmgwv1.NewQuotaServiceClient(conn).RecordUsage(ctx, b)
+	if status.Code(err) == codes.InvalidArgument {
+		return nil, fmt.Errorf("%w: %w", quota.ErrRefused, err)
+	}
+	return resp, err
 }
 
 // conn returns a connection to the next address in rotation.

@@ -62,6 +62,7 @@ import (
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/openai"
 	"github.com/llmgw/llmgw/router/proxy"
+	"github.com/llmgw/llmgw/router/quota"
 	"github.com/llmgw/llmgw/router/tokenize"
 )
 
@@ -125,6 +126,17 @@ type Config struct {
 	// from its key's check to its answer's end, its body's upload
 	// included; past it, 429 (callers.go). 0 is no bound.
 	MaxKeyInflight int
+	// Quota admits each completion against its tenant's limits and meters
+	// its usage (design §7.7); nil: no tenants, nothing metered.
+	Quota Admitter
+}
+
+// Admitter is the tenants' admission (router/quota): Admit decides a
+// request against its tenant's shares and reserves what it may use; the
+// ticket it returns is settled once with what the request used. A
+// refusal comes with the x-ratelimit-* headers to send with it.
+type Admitter interface {
+	Admit(r quota.Request) (*quota.Ticket, *openai.Error, quota.Headers)
 }
 
 // DefaultConfig returns the defaults of design §7.1.
@@ -431,6 +443,13 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	var tgt director.Target
 	var plan *director.Plan
 	var res proxy.Result
+	// The tenant's reservation, settled once however the request ends:
+	// with used, set from the answer, or nothing for a request no engine
+	// served (design §7.7).
+	var ticket *quota.Ticket
+	var used quota.Usage
+	defer func() { ticket.Settle(used) }()
+	var events *openai.EventCounter
 	for try := 0; ; try++ {
 		// 2. Resolve the model and adapter, and the replicas that may serve it.
 		var aerr *openai.Error
@@ -457,10 +476,28 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 			return refuse(aerr), tgt.Base
 		}
 
+		// 3b. Admit against the tenant's limits, once: the prompt's tokens
+		// are known now when tier 2 tokenized it.
+		if try == 0 && h.cfg.Quota != nil {
+			var qerr *openai.Error
+			ticket, qerr = h.admit(w, r, key, tgt, plan, body)
+			if qerr != nil {
+				plan.Done("", qerr.Status)
+				return refuse(qerr), tgt.Base
+			}
+		}
+		tail := plan.Tail()
+		if ticket != nil && plan.Stream {
+			// A stream the client cancels has no usage chunk: its events
+			// are the tokens it was sent.
+			events = &openai.EventCounter{Next: tail}
+			tail = events
+		}
+
 		// 4 and 5. Schedule each attempt (the plan is the route) and forward.
 		res = h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
 			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
-			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: plan.Tail(),
+			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: tail,
 			Start: start, Log: log})
 		if res.Err == nil || len(res.Missing) == 0 || try == adapterRetries {
 			break
@@ -477,12 +514,98 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	}
 
 	// 6. Account: tier 2's prediction against what the engine reported
-	// (the caller records the metrics).
+	// (the caller records the metrics), and the tenant's usage.
+	if ticket != nil && res.Replica != nil {
+		used = usedBy(plan, ticket, events, kindOf(r))
+	}
 	if res.Replica != nil {
 		out, ok := plan.Done(res.Replica.ReplicaID, res.Code)
 		h.m.perReplica(tgt.Base, res.Replica.ReplicaID, res.Code, out, ok)
 	}
 	return res.Code, tgt.Base
+}
+
+// admit asks the tenants' admission for the request and sets the
+// x-ratelimit-* headers on the answer, whichever it is.
+func (h *Handler) admit(w http.ResponseWriter, r *http.Request, key *llmgwv1.ApiKey, tgt director.Target, plan *director.Plan, body []byte) (*quota.Ticket, *openai.Error) {
+	q := quota.Request{Tenant: tenantOf(key), Model: tgt.Name, Base: tgt.Base}
+	if n, ok := plan.PromptTokens(); ok {
+		q.Input, q.InputExact = n, true
+	} else {
+		// Without tier 2's tokens: a bound of four bytes of the body a
+		// token, settled with the engine's count.
+		q.Input = max(1, len(body)/4)
+	}
+	if n, ok := openai.MaxTokens(body); ok {
+		q.MaxTokens = n
+	}
+	ticket, refusal, hd := h.cfg.Quota.Admit(q)
+	setRateHeaders(w.Header(), hd)
+	return ticket, refusal
+}
+
+// tenantOf is the tenant a key's requests count against: its own, or the
+// one named like the key (fsm.EffectiveTenant); "" without a key.
+func tenantOf(k *llmgwv1.ApiKey) string {
+	if k == nil {
+		return ""
+	}
+	if t := k.GetTenant(); t != "" {
+		return t
+	}
+	return k.GetName()
+}
+
+// setRateHeaders writes OpenAI's x-ratelimit-* headers.
+func setRateHeaders(h http.Header, hd quota.Headers) {
+	if hd.HasRequests {
+		h.Set("X-Ratelimit-Limit-Requests", strconv.FormatUint(hd.LimitRequests, 10))
+		h.Set("X-Ratelimit-Remaining-Requests", strconv.FormatUint(hd.RemainingRequests, 10))
+		h.Set("X-Ratelimit-Reset-Requests", resetString(hd.ResetRequests))
+	}
+	if hd.HasTokens {
+		h.Set("X-Ratelimit-Limit-Tokens", strconv.FormatUint(hd.LimitTokens, 10))
+		h.Set("X-Ratelimit-Remaining-Tokens", strconv.FormatUint(hd.RemainingTokens, 10))
+		h.Set("X-Ratelimit-Reset-Tokens", resetString(hd.ResetTokens))
+	}
+}
+
+// resetString is a reset time as OpenAI writes it ("20ms", "1s", "6m0s").
+func resetString(d time.Duration) string {
+	if d < time.Second {
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}
+
+// usedBy is what a served request used: the answer's usage block, or for
+// a stream cut before it (the client went away) the chunks it was sent,
+// the first of a chat stream being the role's, with the prompt as
+// admitted.
+func usedBy(plan *director.Plan, ticket *quota.Ticket, events *openai.EventCounter, kind tokenize.Kind) quota.Usage {
+	if u, ok := plan.Usage(); ok {
+		cached := 0
+		if u.PromptTokensDetails != nil {
+			cached = u.PromptTokensDetails.CachedTokens
+		}
+		return quota.Usage{Input: u.PromptTokens, Cached: cached, Output: u.CompletionTokens, Known: true}
+	}
+	if events == nil {
+		return quota.Usage{}
+	}
+	out := events.Events
+	if kind == tokenize.Chat {
+		out--
+	}
+	return quota.Usage{Input: ticket.Input(), Output: max(0, out), Known: true}
+}
+
+// kindOf is the request's endpoint as the tokenizer knows it.
+func kindOf(r *http.Request) tokenize.Kind {
+	if strings.HasSuffix(r.URL.Path, "/v1/completions") {
+		return tokenize.Completion
+	}
+	return tokenize.Chat
 }
 
 // checkTask refuses a model on an endpoint of the other task, as vLLM

@@ -13,6 +13,7 @@ import (
 	"github.com/llmgw/llmgw/router/prefix"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // maxPrefixChunks bounds the prompt text the prefix tree keys on: the
@@ -221,6 +222,24 @@ func (p *Plan) Tail() io.Writer {
 		return nil
 	}
 	return p.tail
+}
+
+// PromptTokens is the prompt's length in tokens when tier 2 tokenized it
+// (ok false otherwise): the exact input a tenant's admission reserves.
+func (p *Plan) PromptTokens() (int, bool) {
+	if q := p.req.KV; q != nil && q.Tokens > 0 {
+		return q.Tokens, true
+	}
+	return 0, false
+}
+
+// Usage is the usage block of the accepted answer's end, read before Done
+// (which clears it); ok false when the answer carried none.
+func (p *Plan) Usage() (vllm.Usage, bool) {
+	if p.tail == nil {
+		return vllm.Usage{}, false
+	}
+	return openai.UsageOf(p.Stream, p.tail.b)
 }
 
 // usageTail is how much of an answer's end is kept without a tier-2

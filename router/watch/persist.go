@@ -51,6 +51,10 @@ func saveState(path string, st *State) error {
 	for _, k := range st.APIKeys.Keys() {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_ApiKey{ApiKey: k}})
 	}
+	// Tenants too, so limits hold from the first request after a restart.
+	for _, k := range slices.Sorted(maps.Keys(st.Tenants)) {
+		change(&llmgwv1.Change{Object: &llmgwv1.Change_Tenant{Tenant: st.Tenants[k]}})
+	}
 	if st.Config != nil {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_Config{Config: st.Config}})
 	}

@@ -40,6 +40,9 @@ type State struct {
 	// changed in place; clone shares the set and clears it on both, so a
 	// key change copies the set once, not every publish.
 	keysOwned bool
+	// Tenants are the tenants and their limits (design §7.7), by name; a
+	// published State's map is never changed.
+	Tenants map[string]*llmgwv1.Tenant
 
 	// Ephemeral holds each agent's last accepted data, by node id. A
 	// published State's (Epoch, Seq) may trail the client's: updates that
@@ -101,6 +104,7 @@ func emptyState() *State {
 		Nodes:      map[string]*llmgwv1.Node{},
 		Replicas:   map[string]*llmgwv1.Replica{},
 		Placements: map[string]*llmgwv1.AdapterPlacement{},
+		Tenants:    map[string]*llmgwv1.Tenant{},
 		Ephemeral:  map[string]*NodeEphemeral{},
 	}
 }
@@ -116,6 +120,10 @@ func (s *State) clone() *State {
 	c.Placements = maps.Clone(s.Placements)
 	if c.Placements == nil {
 		c.Placements = map[string]*llmgwv1.AdapterPlacement{} // a state saved before placements existed
+	}
+	c.Tenants = maps.Clone(s.Tenants)
+	if c.Tenants == nil {
+		c.Tenants = map[string]*llmgwv1.Tenant{} // a state saved before tenants existed
 	}
 	c.Ephemeral = maps.Clone(s.Ephemeral)
 	c.keysOwned, s.keysOwned = false, false
@@ -170,6 +178,12 @@ func (s *State) applyChange(ch *llmgwv1.Change) {
 			s.APIKeys.Put(o.ApiKey)
 		} else {
 			s.APIKeys.Delete(o.ApiKey.GetName())
+		}
+	case *llmgwv1.Change_Tenant:
+		if put {
+			s.Tenants[o.Tenant.GetName()] = o.Tenant
+		} else if del {
+			delete(s.Tenants, o.Tenant.GetName())
 		}
 	}
 }

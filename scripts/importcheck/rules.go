@@ -163,7 +163,7 @@ var rules = []rule{
 	{
 		Prefix: "router/api",
 		InRepo: []string{"proto", "vllm", "router/auth", "router/openai", "router/endpoint", "router/tokenize", "router/director", "router/proxy",
-			"router/scheduler", "router/breaker"},
+			"router/scheduler", "router/breaker", "router/quota"},
 		Why: "the HTTP surface runs the director and the proxy router.New hands it, knowing them by their types alone; it reads desired state " +
 			"through its own Models interface and never the watch stream, the KV index or the prefix tree (scheduler and breaker are " +
 			"for its tests, which build the stages as router.New does; design §7.1, §7.3)",
@@ -174,6 +174,13 @@ var rules = []rule{
 			"router/prefix", "router/tokenize"},
 		Why: "the director decides where a request goes from the routing table, the scheduler and tier 2's index, each behind an interface " +
 			"it declares; it never forwards (router/proxy), answers HTTP (router/api) or follows the watch stream (design §7.3, §7.5)",
+	},
+	{
+		Prefix: "router/quota",
+		InRepo: []string{"proto", "router/openai"},
+		Deny:   networked,
+		Why: "tenants' admission and metering decide from this router's leased shares alone: no request waits on the network, and " +
+			"the control plane is a Client the router root hands it (design §7.7)",
 	},
 	{
 		Prefix: "router/proxy",

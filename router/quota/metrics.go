@@ -1,0 +1,85 @@
+package quota
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// maxTenantSeries caps the tenants named in the per-tenant series; the
+// rest are counted as tenant="_other", so a cluster with many tenants
+// cannot grow the router's series without bound.
+const maxTenantSeries = 200
+
+type metrics struct {
+	requests      *prometheus.CounterVec
+	tenantTokens  *prometheus.CounterVec
+	modelTokens   *prometheus.CounterVec
+	leaseFailures prometheus.Counter
+	leaseSettling prometheus.Counter
+	flushFailures prometheus.Counter
+
+	mu    sync.Mutex
+	named map[string]bool
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_tenant_requests_total",
+			Help: "Requests by tenant (\"\": no key) and admission result: admitted, refused (429 by a limit or budget), shadow_refused (a shadow tenant's limits would have refused it; served).",
+		}, []string{"tenant", "result"}),
+		tenantTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_tenant_tokens_total",
+			Help: "Tokens metered by tenant and kind (input, cached, output), as the engines' usage reports them (a cancelled stream: the chunks it was sent).",
+		}, []string{"tenant", "kind"}),
+		modelTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_metered_tokens_total",
+			Help: "Tokens metered by base model and kind (input, output): held against the engines' own vllm:prompt_tokens_total and vllm:generation_tokens_total by the metering drift alert.",
+		}, []string{"model", "kind"}),
+		leaseFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_router_quota_lease_failures_total",
+			Help: "Share renewals that failed; shares hold until their lease ends, then the fallback.",
+		}),
+		leaseSettling: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_router_quota_lease_settling_total",
+			Help: "Share renewals a new leader answered with nothing while the old leader's leases run out.",
+		}),
+		flushFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_router_quota_flush_failures_total",
+			Help: "Usage batches that failed to reach the roll-up (sent again later).",
+		}),
+		named: map[string]bool{},
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.tenantTokens, m.modelTokens, m.leaseFailures, m.leaseSettling, m.flushFailures)
+	}
+	return m
+}
+
+// label is tenant as the series name it, within maxTenantSeries.
+func (m *metrics) label(tenant string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.named[tenant] {
+		return tenant
+	}
+	if len(m.named) >= maxTenantSeries {
+		return "_other"
+	}
+	m.named[tenant] = true
+	return tenant
+}
+
+func (m *metrics) admitted(tenant, result string) {
+	m.requests.WithLabelValues(m.label(tenant), result).Inc()
+}
+
+func (m *metrics) tokens(tenant, model string, u Usage) {
+	t := m.label(tenant)
+	m.tenantTokens.WithLabelValues(t, "input").Add(float64(u.Input))
+	m.tenantTokens.WithLabelValues(t, "cached").Add(float64(u.Cached))
+	m.tenantTokens.WithLabelValues(t, "output").Add(float64(u.Output))
+	m.modelTokens.WithLabelValues(model, "input").Add(float64(u.Input))
+	m.modelTokens.WithLabelValues(model, "output").Add(float64(u.Output))
+}
