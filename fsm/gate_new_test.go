@@ -11,7 +11,8 @@ import (
 
 // TestKnownSetNew: this build knows SET_NODE_LABELS and
 // SET_SERVER_REMOVED, introduced in NodeLabelsVersion and
-// ServerRemovedVersion; every older type needs no version.
+// ServerRemovedVersion, and tenants' four commands, in TenantsVersion;
+// every older type needs no version.
 func TestKnownSetNew(t *testing.T) {
 	tests := []struct {
 		typ        llmgwv1.CommandType
@@ -22,6 +23,10 @@ func TestKnownSetNew(t *testing.T) {
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_ADAPTER_PLACEMENT, true, ""},
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, true, "v0.2.0"},
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, true, "v0.2.0"},
+		{llmgwv1.CommandType_COMMAND_TYPE_PUT_TENANT, true, "v0.2.0"},
+		{llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT, true, "v0.2.0"},
+		{llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEY_TENANT, true, "v0.2.0"},
+		{llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE, true, "v0.2.0"},
 		{llmgwv1.CommandType_COMMAND_TYPE_UNSPECIFIED, false, ""},
 		{llmgwv1.CommandType(999), false, ""},
 	}
@@ -40,6 +45,7 @@ func TestKnownSetNew(t *testing.T) {
 // an unknown one never.
 func TestAdmitted(t *testing.T) {
 	labels, removed := llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED
+	usage := llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE
 	tests := []struct {
 		typ  llmgwv1.CommandType
 		min  string
@@ -51,6 +57,10 @@ func TestAdmitted(t *testing.T) {
 		{removed, ServerRemovedVersion, true},
 		{removed, "v0.3.0", true},
 		{labels, NodeLabelsVersion, true},
+		{usage, "", false},
+		{usage, "v0.1.0", false},
+		{usage, TenantsVersion, true},
+		{usage, "v0.3.0", true},
 		{llmgwv1.CommandType(999), "v9.0.0", false},
 	}
 	for _, tt := range tests {

@@ -12,7 +12,8 @@ import (
 )
 
 // TestKnownSetOld: the "old" build (-tags llmgw_upgrade_old) knows no
-// gated command, cannot propose one, and stops on meeting one.
+// gated command (tenants' included), cannot propose one, and stops on
+// meeting one.
 func TestKnownSetOld(t *testing.T) {
 	if !Known(llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL) {
 		t.Fatal("old build does not know UPSERT_MODEL")
@@ -26,6 +27,11 @@ func TestKnownSetOld(t *testing.T) {
 		{llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY, &llmgwv1.PutApiKeyCommand{Key: &llmgwv1.ApiKey{Name: "a", SecretSha256: make([]byte, 32)}}},
 		{llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY, &llmgwv1.DeleteApiKeyCommand{Name: "a"}},
 		{llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED, &llmgwv1.SetApiKeysRequiredCommand{Required: false}},
+		{llmgwv1.CommandType_COMMAND_TYPE_PUT_TENANT, &llmgwv1.PutTenantCommand{Tenant: &llmgwv1.Tenant{Name: "team-a"}, Create: true}},
+		{llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT, &llmgwv1.DeleteTenantCommand{Name: "team-a"}},
+		{llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEY_TENANT, &llmgwv1.SetApiKeyTenantCommand{Name: "a", Tenant: "team-a"}},
+		{llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE, &llmgwv1.RecordUsageCommand{Router: "r1", Session: 1, Seq: 1,
+			Rows: []*llmgwv1.UsageRow{{Tenant: "team-a", Model: "demo", HourUnix: 3600, Counts: &llmgwv1.UsageCounts{Requests: 1}}}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.typ.String(), func(t *testing.T) {
