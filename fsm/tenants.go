@@ -288,6 +288,16 @@ func (a *applier) recordUsage(p *llmgwv1.RecordUsageCommand) (any, error) {
 	if err := ValidateUsageBatch(p); err != nil {
 		return nil, err
 	}
+	// An hour ahead of the entry's own time (a router with a bad clock)
+	// would count as the newest and prune the whole roll-up: refused.
+	// The entry's time is the log's, the same on every server.
+	if a.at > 0 {
+		for i, r := range p.Rows {
+			if r.HourUnix > a.at+3600 {
+				return nil, invalid(fmt.Sprintf("rows[%d].hour_unix", i), "%d is ahead of the leader's clock (%d): check the router's clock", r.HourUnix, a.at)
+			}
+		}
+	}
 	ck := cursorKey{p.Router, p.Session}
 	cur := a.f.usageCursors[ck]
 	if cur != nil && cur.Seq >= p.Seq {

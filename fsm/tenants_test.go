@@ -881,3 +881,22 @@ func TestTenantCommandsGated(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordUsageFutureHour: a row ahead of the entry's own time by more
+// than an hour (a router with a bad clock) is refused, so it cannot
+// prune the roll-up; within the hour it is applied.
+func TestRecordUsageFutureHour(t *testing.T) {
+	f := New(Config{})
+	mustApply(t, f, 1, usageBatch(t, "r1", 1, 1, urow("a", "m", hourN(0), 10, 5)))
+	if _, err := f.ApplyAt(2, hourN(0)+60, usageBatch(t, "r1", 1, 2, urow("a", "m", hourN(1000), 1, 1))); err == nil {
+		t.Fatal("a row 1000 hours ahead of the entry's time was applied")
+	} else {
+		wantInvalid(t, err, "rows[0].hour_unix")
+	}
+	if rows := f.Usage("", "", 0); len(rows) != 1 || rows[0].HourUnix != hourN(0) {
+		t.Fatalf("roll-up after the refused batch: %v", rows)
+	}
+	if _, err := f.ApplyAt(3, hourN(0)+60, usageBatch(t, "r1", 1, 2, urow("a", "m", hourN(1), 1, 1))); err != nil {
+		t.Fatalf("a row of the next hour was refused: %v", err)
+	}
+}
