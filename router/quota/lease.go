@@ -163,7 +163,7 @@ func (s *scope) grant(g *llmgwv1.ShareGrant, sent, expires time.Time) {
 	}
 	if s.kind.budget() {
 		s.remaining += float64(g.GetShare())
-		s.exhausted = g.GetShare() == 0 && s.remaining <= 0
+		s.exhausted = g.GetShare() == 0 // nothing left to slice fleet-wide
 		return
 	}
 	s.share = float64(g.GetShare())

@@ -71,15 +71,26 @@ func (m *metrics) label(tenant string) string {
 	return tenant
 }
 
-func (m *metrics) admitted(tenant, result string) {
-	m.requests.WithLabelValues(m.label(tenant), result).Inc()
+// tenantSeries are one tenant's series, resolved once: a request adds to
+// them without looking labels up.
+type tenantSeries struct {
+	admitted, refused, shadowRefused prometheus.Counter
+	input, cached, output            prometheus.Counter
 }
 
-func (m *metrics) tokens(tenant, model string, u Usage) {
+func (m *metrics) forTenant(tenant string) *tenantSeries {
 	t := m.label(tenant)
-	m.tenantTokens.WithLabelValues(t, "input").Add(float64(u.Input))
-	m.tenantTokens.WithLabelValues(t, "cached").Add(float64(u.Cached))
-	m.tenantTokens.WithLabelValues(t, "output").Add(float64(u.Output))
-	m.modelTokens.WithLabelValues(model, "input").Add(float64(u.Input))
-	m.modelTokens.WithLabelValues(model, "output").Add(float64(u.Output))
+	return &tenantSeries{
+		admitted: m.requests.WithLabelValues(t, "admitted"), refused: m.requests.WithLabelValues(t, "refused"),
+		shadowRefused: m.requests.WithLabelValues(t, "shadow_refused"),
+		input:         m.tenantTokens.WithLabelValues(t, "input"), cached: m.tenantTokens.WithLabelValues(t, "cached"),
+		output: m.tenantTokens.WithLabelValues(t, "output"),
+	}
+}
+
+// modelSeries are one model's metered input and output counters.
+type modelSeries struct{ input, output prometheus.Counter }
+
+func (m *metrics) forModel(model string) *modelSeries {
+	return &modelSeries{input: m.modelTokens.WithLabelValues(model, "input"), output: m.modelTokens.WithLabelValues(model, "output")}
 }

@@ -86,6 +86,8 @@ type Quota struct {
 	// float64 bits): the output reservation of a request without
 	// max_tokens.
 	means sync.Map // model -> *atomic.Uint64
+	// models are the per-model series (model -> *modelSeries).
+	models sync.Map
 
 	// kick asks Run for a renewal now: a request met a scope with no
 	// share yet.
@@ -108,6 +110,7 @@ func New(cfg Config, tenants Tenants, client Client, log *slog.Logger, reg prome
 // a request takes it once to admit and once to settle.
 type tenant struct {
 	name string
+	m    *tenantSeries
 	mu   sync.Mutex
 	def  *llmgwv1.Tenant // nil: a tenant without a definition (no limits)
 	// scopes: the tenant's own limits first, then per model, each kind
@@ -138,7 +141,7 @@ func (q *Quota) tenantOf(name string) *tenant {
 	if t == nil {
 		q.mu.Lock()
 		if t = q.state[name]; t == nil {
-			t = &tenant{name: name, usage: map[usageKey]*llmgwv1.UsageCounts{},
+			t = &tenant{name: name, m: q.m.forTenant(name), usage: map[usageKey]*llmgwv1.UsageCounts{},
 				unflushedModel: map[string]float64{}, inBatchModel: map[string]float64{}}
 			q.state[name] = t
 		}
@@ -214,9 +217,12 @@ type Ticket struct {
 	req    Request
 	hour   int64
 	shadow bool // a shadow tenant's request its limits would have refused: nothing reserved
-	// reserved per scope, in the order of t.scopes at admission.
+	// reserved per scope, in the order of t.scopes at admission; the
+	// arrays hold the usual few without an allocation.
 	scopes []*scope
 	costs  []float64
+	inline [numKinds]*scope
+	icosts [numKinds]float64
 	in     float64
 	out    float64
 	// Headers are the x-ratelimit-* headers for the answer.
@@ -244,6 +250,7 @@ func (q *Quota) Admit(r Request) (*Ticket, *openai.Error, Headers) {
 	t := q.tenantOf(r.Tenant)
 	outEst := q.outputEstimate(r)
 	tk := &Ticket{q: q, t: t, req: r, hour: now.Unix() / 3600 * 3600, in: float64(r.Input), out: outEst}
+	tk.scopes, tk.costs = tk.inline[:0], tk.icosts[:0]
 
 	t.mu.Lock()
 	var refusal *openai.Error
@@ -295,12 +302,12 @@ func (q *Quota) Admit(r Request) (*Ticket, *openai.Error, Headers) {
 
 	switch {
 	case refusal == nil:
-		q.m.admitted(r.Tenant, "admitted")
+		t.m.admitted.Inc()
 	case shadow:
-		q.m.admitted(r.Tenant, "shadow_refused")
+		t.m.shadowRefused.Inc()
 		refusal = nil
 	default:
-		q.m.admitted(r.Tenant, "refused")
+		t.m.refused.Inc()
 		return nil, refusal, h
 	}
 	tk.Headers = h
@@ -366,7 +373,13 @@ func (tk *Ticket) Settle(u Usage) {
 		return
 	}
 	q, t := tk.q, tk.t
-	now := q.cfg.Now()
+	var now time.Time // read only for a budget: the clock costs on some machines
+	for _, s := range tk.scopes {
+		if s.kind.budget() {
+			now = q.cfg.Now()
+			break
+		}
+	}
 	if !u.Known {
 		u = Usage{}
 	}
@@ -386,7 +399,12 @@ func (tk *Ticket) Settle(u Usage) {
 		t.unflushedModel[tk.req.Base] += tokens
 	}
 	t.mu.Unlock()
-	q.m.tokens(tk.req.Tenant, tk.req.Base, u)
+	t.m.input.Add(float64(u.Input))
+	t.m.cached.Add(float64(u.Cached))
+	t.m.output.Add(float64(u.Output))
+	ms := q.modelSeries(tk.req.Base)
+	ms.input.Add(float64(u.Input))
+	ms.output.Add(float64(u.Output))
 	if u.Known && u.Output > 0 && tk.req.MaxTokens == 0 {
 		q.learn(tk.req.Base, u.Output)
 	}
@@ -486,6 +504,15 @@ func (q *Quota) learn(model string, n int) {
 			return
 		}
 	}
+}
+
+// modelSeries are model's counters, resolved on first use.
+func (q *Quota) modelSeries(model string) *modelSeries {
+	if v, ok := q.models.Load(model); ok {
+		return v.(*modelSeries)
+	}
+	v, _ := q.models.LoadOrStore(model, q.m.forModel(model))
+	return v.(*modelSeries)
 }
 
 // wantLease asks Run for a renewal now.

@@ -85,7 +85,7 @@ func (f *fakeLeader) set(fn func(f *fakeLeader)) {
 	f.mu.Unlock()
 }
 
-func newTestQuota(t *testing.T, tenants map[string]*llmgwv1.Tenant, f *fakeLeader, reg prometheus.Registerer) (*Quota, *clock) {
+func newTestQuota(t testing.TB, tenants map[string]*llmgwv1.Tenant, f *fakeLeader, reg prometheus.Registerer) (*Quota, *clock) {
 	t.Helper()
 	c := &clock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	q := New(Config{Router: "r1", Now: c.Now}, func() map[string]*llmgwv1.Tenant { return tenants }, f,
@@ -188,7 +188,7 @@ func TestSettleDebt(t *testing.T) {
 	if _, refusal, _ := q.Admit(Request{Tenant: "a", Model: "m", Base: "m", Input: 10, MaxTokens: 50}); refusal == nil {
 		t.Fatal("admitted while in debt")
 	}
-	c.Add(8 * time.Second) // 800 tokens at 100/s: the debt paid, the bucket back above the reservation
+	c.Add(9 * time.Second) // 900 tokens at 100/s: the debt of 800 paid, the bucket back above the reservation
 	if _, refusal, _ := q.Admit(Request{Tenant: "a", Model: "m", Base: "m", Input: 10, MaxTokens: 50}); refusal != nil {
 		t.Fatalf("refused once the debt was paid: %v", refusal)
 	}
