@@ -187,6 +187,13 @@ func (a *Allocator) settlingLocked(now time.Time) bool {
 	return !a.elected || now.Before(a.electedAt.Add(a.cfg.Settle))
 }
 
+// Leading reports whether the allocator is between Elected and Resigned.
+func (a *Allocator) Leading() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.elected
+}
+
 // Sessions is the number of router sessions held.
 func (a *Allocator) Sessions() int {
 	a.mu.Lock()

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/llmgw/llmgw/controlplane/quota"
 	"github.com/llmgw/llmgw/fsm"
 	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -118,9 +117,8 @@ func TestLease(t *testing.T) {
 			wantCode: codes.InvalidArgument, wantText: "claims[0].demand: at most 1000000000000"},
 		{name: "held past the bound", ctx: bg, req: with(func(r *llmgwv1.LeaseRequest) { r.Claims[0].Held = maxDemand + 1 }),
 			wantCode: codes.InvalidArgument, wantText: "claims[0].held: at most 1000000000000"},
-		{name: "the leader holds as many sessions as it may", ctx: bg, req: good(),
-			leaderErr: fmt.Errorf("router r1: %w: the shares of 1024 router sessions", quota.ErrFull),
-			wantCode:  codes.ResourceExhausted, wantText: "router r1: the leader holds as many shares as it may"},
+		// The allocator's quota.ErrFull is service.ToStatus's
+		// RESOURCE_EXHAUSTED (its test).
 		{name: "the leader names a field", ctx: bg, req: good(),
 			leaderErr: &fsm.ValidationError{Field: "claims[1].scope", Reason: "the same scope as claims[0]"},
 			wantCode:  codes.InvalidArgument, wantText: "claims[1].scope: the same scope as claims[0]"},
