@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -717,6 +718,39 @@ func BenchmarkLease(b *testing.B) {
 		req := &llmgwv1.LeaseRequest{Router: routers[i%3], Session: 1, Claims: claims}
 		if _, err := a.Lease(now.Add(time.Duration(i)*time.Millisecond), req, l); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestRatesRandomized: routers whose demands change at random and whose
+// answers are lost one time in five never hold, with what they may hold of
+// the grants they lost, more than the limit, for rates and the
+// concurrency alike.
+func TestRatesRandomized(t *testing.T) {
+	for _, kind := range []llmgwv1.LimitKind{rpm, concurrency} {
+		for seed := range uint64(20) {
+			t.Run(fmt.Sprintf("%v seed %d", kind, seed), func(t *testing.T) {
+				rnd := rand.New(rand.NewPCG(seed, 1))
+				const limit = 97
+				sc := scope("acme", kind)
+				k := keyOf(sc)
+				l := limitsOf(sc, limit)
+				a, now := settled(Config{})
+				routers := []*simRouter{newRouter("r1"), newRouter("r2"), newRouter("r3")}
+				for step := range 300 {
+					if step%10 == 0 {
+						for _, r := range routers {
+							r.demand[k] = rnd.Uint64N(2 * limit)
+						}
+					}
+					for i, r := range routers {
+						at := now.Add(time.Duration(i*300+rnd.IntN(300)) * time.Millisecond)
+						r.lease(t, a, l, at, rnd.IntN(5) == 0)
+						checkRates(t, a, routers, k, limit, at)
+					}
+					now = now.Add(time.Second)
+				}
+			})
 		}
 	}
 }

@@ -212,3 +212,33 @@ func TestRecordUsage(t *testing.T) {
 		})
 	}
 }
+
+// FuzzCheckLease: any decoded renewal is accepted or refused with an error
+// naming a field; an accepted one is within every bound.
+func FuzzCheckLease(f *testing.F) {
+	seed, _ := proto.Marshal(&llmgwv1.LeaseRequest{Router: "r", Session: 1, Claims: []*llmgwv1.ShareClaim{
+		{Scope: &llmgwv1.Scope{Tenant: "t", Model: "m", Kind: llmgwv1.LimitKind_LIMIT_KIND_DAILY_TOKENS}, Held: 1, GrantSeq: 2, Demand: 3}}})
+	f.Add(seed)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var r llmgwv1.LeaseRequest
+		if proto.Unmarshal(b, &r) != nil {
+			return
+		}
+		if err := checkLease(&r); err != nil {
+			if !strings.Contains(err.Error(), ":") {
+				t.Fatalf("error names no field: %v", err)
+			}
+			return
+		}
+		if r.Router == "" || len(r.Router) > maxNameLen || r.Session == 0 || len(r.Claims) > maxClaims {
+			t.Fatalf("accepted out of bounds: %v", &r)
+		}
+		for _, c := range r.Claims {
+			sc := c.GetScope()
+			if sc == nil || len(sc.Tenant) > maxNameLen || len(sc.Model) > maxNameLen || c.Held > maxDemand || c.Demand > maxDemand ||
+				sc.Kind <= llmgwv1.LimitKind_LIMIT_KIND_UNSPECIFIED || sc.Kind > llmgwv1.LimitKind_LIMIT_KIND_MONTHLY_TOKENS {
+				t.Fatalf("accepted a claim out of bounds: %v", c)
+			}
+		}
+	})
+}
