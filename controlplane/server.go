@@ -30,6 +30,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/service/adapter"
 	"github.com/llmgw/llmgw/controlplane/service/admin"
 	"github.com/llmgw/llmgw/controlplane/service/agent"
+	"github.com/llmgw/llmgw/controlplane/service/quota"
 	"github.com/llmgw/llmgw/controlplane/service/server"
 	"github.com/llmgw/llmgw/controlplane/service/watch"
 	"github.com/llmgw/llmgw/controlplane/store"
@@ -325,6 +326,10 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		// Each term: membership and autopilot beside placement; the term
 		// ends only after both have stopped.
 		st.RunLeadership(loops, func(term context.Context) {
+			// The leased shares settle from here; until then, and after
+			// the term, Lease answers settling.
+			lead.Elected()
+			defer lead.Resigned()
 			var membership sync.WaitGroup
 			defer membership.Wait()
 			membership.Go(func() { s.members.WhileLeading(term) })
@@ -377,7 +382,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	return err
 }
 
-// grpcServer is the node's gRPC server with its five services: mutual TLS
+// grpcServer is the node's gRPC server with its six services: mutual TLS
 // when configured, every call authorized by the caller's certificate
 // before anything else (design §11), leader-only unary calls forwarded
 // (package service), every stream ended when streams is.
@@ -429,6 +434,10 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
 	if !asPreviousRelease && !s.withoutServerService {
 		llmgwv1.RegisterServerServiceServer(gs, serverSvc)
+	}
+	if !asPreviousRelease {
+		// The previous release had no tenants: its routers never call it.
+		llmgwv1.RegisterQuotaServiceServer(gs, quota.New(lead, gated, s.log))
 	}
 	return gs
 }

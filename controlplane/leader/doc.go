@@ -1,7 +1,10 @@
 // Package leader is what only the leader of the control plane does:
-// placement (design §5.5), liveness (design §5.4) and the placement of
-// LoRA adapters (design §7.6). Every decision is a Raft command, proposed
-// through the minimum-version gate (package gate).
+// placement (design §5.5), liveness (design §5.4), the placement of LoRA
+// adapters (design §7.6) and the routers' leased shares of tenants' limits
+// (design §7.7, package quota's allocator, which the node tells of each
+// term through Elected and Resigned). Every decision is a Raft command,
+// proposed through the minimum-version gate (package gate); the leased
+// shares are in memory only, and a new leader settles before it grants.
 //
 // Place runs for one term of leadership: the node starts it after the
 // term's Barrier (package store, RunLeadership), so the FSM has applied

@@ -103,6 +103,29 @@ func (d *fakeDesired) AdapterPlacement(adapter string) (*llmgwv1.AdapterPlacemen
 	return nil, false
 }
 
+func (d *fakeDesired) Tenant(name string) (*llmgwv1.Tenant, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, t := range d.st.Tenants {
+		if t.Name == name {
+			return proto.Clone(t).(*llmgwv1.Tenant), true
+		}
+	}
+	return nil, false
+}
+
+func (d *fakeDesired) UsageTokens(tenant, model string, fromUnix int64) uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var n uint64
+	for _, r := range d.st.Usage {
+		if r.Tenant == tenant && (model == "" || r.Model == model) && r.HourUnix >= fromUnix {
+			n += r.Counts.GetInputTokens() + r.Counts.GetOutputTokens()
+		}
+	}
+	return n
+}
+
 // update changes the state as one applied entry.
 func (d *fakeDesired) update(fn func(st *llmgwv1.State)) {
 	d.mu.Lock()

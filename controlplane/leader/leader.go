@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/controlplane/quota"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -21,6 +22,9 @@ type Config struct {
 	DrainTimeout      time.Duration
 	AdapterMinIdle    time.Duration
 	AdapterRetryAfter time.Duration
+	// Quota times and bounds the leased shares of the tenants' limits
+	// (design §7.7); zero fields take package quota's defaults.
+	Quota quota.Config
 }
 
 // Proposer commits commands on the leader (package gate over package
@@ -36,6 +40,10 @@ type Desired interface {
 	Applied() (uint64, <-chan struct{})
 	AdapterModel(adapter string) (*llmgwv1.Model, bool)
 	AdapterPlacement(adapter string) (*llmgwv1.AdapterPlacement, bool)
+	// Tenant and UsageTokens are what the leased shares read: a tenant's
+	// limits and the roll-up's tokens of a budget's period (quota.State).
+	Tenant(name string) (*llmgwv1.Tenant, bool)
+	UsageTokens(tenant, model string, fromUnix int64) uint64
 }
 
 // Reports are the agents' reports (package ephemeral): a replica's status
@@ -59,8 +67,9 @@ type Cluster interface {
 	SessionsVisible() bool
 }
 
-// Leader does the leader's work. Place runs per term; EnsureAdapter is
-// called by the AdapterService on the leader.
+// Leader does the leader's work. Place runs per term, between Elected and
+// Resigned; EnsureAdapter is called by the AdapterService on the leader,
+// Lease by the QuotaService.
 type Leader struct {
 	cfg      Config
 	propose  Proposer
@@ -82,6 +91,10 @@ type Leader struct {
 	queue *adapterQueue
 	// use is the routers' requests in flight per adapter and replica.
 	use *adapterUse
+	// quota grants the routers' leased shares of the tenants' limits,
+	// read from limits.
+	quota  *quota.Allocator
+	limits quota.Limits
 }
 
 type adapterKey struct{ adapter, replica string }
@@ -91,5 +104,6 @@ type adapterKey struct{ adapter, replica string }
 // which tests replace.
 func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessions, cluster Cluster, m *Metrics, log *slog.Logger, now func() time.Time) *Leader {
 	return &Leader{cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
-		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue(), use: newAdapterUse()}
+		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue(), use: newAdapterUse(),
+		quota: quota.New(cfg.Quota), limits: quota.StateLimits{State: state}}
 }

@@ -3,7 +3,8 @@ package leader
 import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are the leader's figures (design §9): its placement decisions
-// and its adapter work (design §7.6).
+// its adapter work (design §7.6) and the leased shares of the tenants'
+// limits (design §7.7).
 type Metrics struct {
 	placements        *prometheus.CounterVec
 	adapterPlacements *prometheus.CounterVec
@@ -11,6 +12,8 @@ type Metrics struct {
 	adapterWaiters    prometheus.Gauge
 	adapterQueued     prometheus.Gauge
 	adapterUseRouters prometheus.Gauge
+	quotaSessions     prometheus.Gauge
+	quotaSettling     prometheus.Gauge
 }
 
 // NewMetrics registers the leader's metrics with reg.
@@ -35,7 +38,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		adapterUseRouters: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "llmgw_control_adapter_use_routers", Help: "Router sessions whose report of requests in flight per adapter this node holds as leader (each counts for 3 s).",
 		}),
+		quotaSessions: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_control_quota_sessions", Help: "Router sessions whose leased shares of tenants' limits this node holds as leader (each counts until its lease has ended and it has been silent for the hold, 30 s by default).",
+		}),
+		quotaSettling: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "llmgw_control_quota_settling", Help: "1 while this node, leader since less than the settle time (12 s by default), grants no shares of tenants' limits: the old leader's leases are running out. 0 once it grants, and on a node that does not lead.",
+		}),
 	}
-	reg.MustRegister(m.placements, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters, m.adapterQueued, m.adapterUseRouters)
+	reg.MustRegister(m.placements, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters, m.adapterQueued, m.adapterUseRouters,
+		m.quotaSessions, m.quotaSettling)
 	return m
 }

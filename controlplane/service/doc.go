@@ -5,6 +5,8 @@
 //   - service/agent   AgentService.Attach: one session per agent;
 //   - service/watch   WatchService.Watch: the routers' merged stream;
 //   - service/adapter AdapterService.EnsureAdapter (design §7.6);
+//   - service/quota   QuotaService: the routers' leased shares of tenants'
+//     limits and their usage batches (design §7.7);
 //   - service/server  ServerService: what control servers ask of each
 //     other (RegisterNode, a follower's agent registration).
 //

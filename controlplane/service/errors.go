@@ -12,6 +12,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/cluster"
 	"github.com/llmgw/llmgw/controlplane/gate"
 	"github.com/llmgw/llmgw/controlplane/leader"
+	"github.com/llmgw/llmgw/controlplane/quota"
 	"github.com/llmgw/llmgw/controlplane/store"
 	"github.com/llmgw/llmgw/fsm"
 )
@@ -57,6 +58,8 @@ func ToStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, cluster.ErrUnreachable):
 		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, quota.ErrFull):
+		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):
