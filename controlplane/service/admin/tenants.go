@@ -45,6 +45,14 @@ func (a *Service) PutTenant(ctx context.Context, req *llmgwv1.PutTenantRequest) 
 	if req.Create {
 		verb = "create"
 	}
+	// Refused here too when this state already says so, without a log
+	// entry; the FSM decides for a put racing another.
+	switch _, exists := a.state.Tenant(t.Name); {
+	case req.Create && exists:
+		return nil, status.Errorf(codes.AlreadyExists, "tenant %q already exists (llmgwctl tenant update %s changes it)", t.Name, t.Name)
+	case !req.Create && !exists:
+		return nil, status.Errorf(codes.NotFound, "tenant %q not found: create it first (llmgwctl tenant create %s)", t.Name, t.Name)
+	}
 	res, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_PUT_TENANT, &llmgwv1.PutTenantCommand{Tenant: t, Create: req.Create})
 	if err != nil {
 		return nil, existsStatus(fmt.Errorf("%s tenant %s: %w", verb, t.Name, err))
@@ -82,6 +90,9 @@ func (a *Service) ListTenants(_ context.Context, req *llmgwv1.ListRequest) (*llm
 func (a *Service) DeleteTenant(ctx context.Context, req *llmgwv1.DeleteTenantRequest) (*llmgwv1.DeleteTenantResponse, error) {
 	if req.GetName() == "" {
 		return nil, service.ToStatus(errValidation("name", "required"))
+	}
+	if _, ok := a.state.Tenant(req.Name); !ok {
+		return nil, service.ToStatus(fmt.Errorf("tenant %q: %w", req.Name, fsm.ErrNotFound))
 	}
 	_, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT, &llmgwv1.DeleteTenantCommand{Name: req.Name})
 	if err != nil {
