@@ -94,6 +94,18 @@ func (a *Service) DeleteTenant(ctx context.Context, req *llmgwv1.DeleteTenantReq
 	if _, ok := a.state.Tenant(req.Name); !ok {
 		return nil, service.ToStatus(fmt.Errorf("tenant %q: %w", req.Name, fsm.ErrNotFound))
 	}
+	// The FSM refuses it too (a key may move in meanwhile); said here
+	// plainly and without a log entry when this state already knows. A
+	// copy of the whole state, as a delete is rare.
+	var keys []string
+	for _, k := range a.state.State().GetApiKeys() {
+		if k.GetTenant() == req.Name {
+			keys = append(keys, k.Name)
+		}
+	}
+	if len(keys) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "tenant %q: keys %v belong to it; move them (llmgwctl apikey update NAME --tenant T) or revoke them first", req.Name, keys)
+	}
 	_, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT, &llmgwv1.DeleteTenantCommand{Name: req.Name})
 	if err != nil {
 		return nil, service.ToStatus(fmt.Errorf("delete tenant %s: %w", req.Name, err))

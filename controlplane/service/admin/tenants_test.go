@@ -212,7 +212,7 @@ func TestTenantReads(t *testing.T) {
 // key, a malformed tenant name — is refused saying what to do, and
 // nothing is applied.
 func TestKeyTenants(t *testing.T) {
-	a, f, _ := tenantService(t)
+	a, f, p := tenantService(t)
 	ctx := context.Background()
 	h := sha256.Sum256([]byte("sk-test"))
 	for _, n := range []string{"team-a", "team-b"} {
@@ -229,10 +229,11 @@ func TestKeyTenants(t *testing.T) {
 	if err != nil || created.Key.Tenant != "team-a" || created.Key.CreatedUnix != 1_700_000_123 {
 		t.Fatalf("create k1 in team-a: %v, %v", created, err)
 	}
+	proposals := p.proposals
 	_, err = a.DeleteTenant(ctx, &llmgwv1.DeleteTenantRequest{Name: "team-a"})
-	wantCode(t, "delete a tenant a key belongs to", err, codes.FailedPrecondition, "keys [k1] belong to it")
-	if _, ok := f.Tenant("team-a"); !ok {
-		t.Fatal("a refused delete deleted the tenant")
+	wantCode(t, "delete a tenant a key belongs to", err, codes.FailedPrecondition, `tenant "team-a": keys [k1] belong to it; move them (llmgwctl apikey update NAME --tenant T)`)
+	if _, ok := f.Tenant("team-a"); !ok || p.proposals != proposals {
+		t.Fatalf("a refused delete deleted the tenant (%v) or proposed %d commands", !ok, p.proposals-proposals)
 	}
 	if _, err := a.SetApiKeyTenant(ctx, &llmgwv1.SetApiKeyTenantRequest{Name: "k1", Tenant: "team-b"}); err != nil {
 		t.Fatal(err)
@@ -242,6 +243,7 @@ func TestKeyTenants(t *testing.T) {
 	}
 
 	keyTenant := func() string { return f.State().ApiKeys[0].Tenant }
+	proposals = p.proposals
 	for _, tt := range []struct {
 		name string
 		req  *llmgwv1.SetApiKeyTenantRequest
@@ -259,6 +261,11 @@ func TestKeyTenants(t *testing.T) {
 		if keyTenant() != "team-b" {
 			t.Fatalf("%s: the key's tenant is %q after a refused move", tt.name, keyTenant())
 		}
+	}
+	// An unknown key is the FSM's refusal, after a log entry; the rest
+	// cost none.
+	if p.proposals != proposals+1 {
+		t.Fatalf("refused moves proposed %d commands, want 1 (the unknown key's)", p.proposals-proposals)
 	}
 	_, err = a.DeleteTenant(ctx, &llmgwv1.DeleteTenantRequest{Name: "team-a"})
 	wantCode(t, "delete a deleted tenant", err, codes.NotFound, `tenant "team-a" not found`)
