@@ -17,10 +17,10 @@ import (
 // `llmgw dev` running two models in headless Chromium and checks what each
 // page shows once its JavaScript has drawn it from the console's JSON: the
 // leader and its health, the node, both models with every replica ready
-// and its load read, an adapter loaded by a request for it, and the
-// router's decisions by tier. Each page is saved as a screenshot at
-// 1366×768 (and the models page at 1920×1080) to $LLMGW_CONSOLE_SHOTS, or
-// the test's temporary directory. Then the models page, refreshing itself,
+// and its load read, an adapter loaded by a request for it, the router's
+// decisions by tier, and a tenant's limits and budget left. Each page is
+// saved as a screenshot at 1366×768 (and the models page at 1920×1080) to
+// $LLMGW_CONSOLE_SHOTS, or the test's temporary directory. Then the models page, refreshing itself,
 // must show one replica's killed engine restarted and another's frozen
 // engine as not ready, then ready again.
 func TestConsoleInBrowser(t *testing.T) {
@@ -64,6 +64,11 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("the console's routers JSON shows no tier-1 decision within %v: %s", within(20*time.Second), getBody(base+"api/routers"))
 	}
 
+	// A tenant for the tenants page (issue 28): its limits and mode.
+	if out, err := d.ctl("tenant", "create", "team-a", "--rpm", "60", "--daily-tokens", "100000", "--model-limit", "demo:input-tpm=5000"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+
 	shots := os.Getenv("LLMGW_CONSOLE_SHOTS")
 	if shots == "" {
 		shots = t.TempDir()
@@ -83,6 +88,8 @@ func TestConsoleInBrowser(t *testing.T) {
 			`data-replica="demo-1" data-phase="ready"`, ">2 / 2 ready<", "%</td>"}},
 		{"adapters", []string{`data-adapter="sql"`, `data-adapter="rust"`, ">loaded<", ">cold<"}},
 		{"routers", []string{`data-router="` + router + `"`, ">up<", "tier 1: prefix (rendezvous)", `data-decision="miss"`}},
+		{"tenants", []string{`data-tenant="team-a" data-shadow="false"`, ">enforcing<", "rpm <b>60</b>", `data-scope="demo"`, "input-tpm <b>5000</b>",
+			`data-left="100000"`}},
 	}
 	for _, p := range pages {
 		b.navigate(base + "#" + p.page)
@@ -110,7 +117,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 		b.screenshot(filepath.Join(shots, p.page+"-1366x768.png"))
 	}
-	t.Logf("five pages drawn, checked and captured in %v; screenshots in %s", time.Since(started).Round(time.Millisecond), shots)
+	t.Logf("six pages drawn, checked and captured in %v; screenshots in %s", time.Since(started).Round(time.Millisecond), shots)
 
 	wide := startBrowser(t, 1920, 1080)
 	wide.navigate(base + "#models")

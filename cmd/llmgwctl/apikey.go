@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -30,15 +31,17 @@ func newSecret(random io.Reader) (string, error) {
 	return SecretPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
-// apikeyCmd is `apikey create|list|revoke`: router API keys (design §11).
+// apikeyCmd is `apikey create|update|list|revoke|require`: router API keys
+// (design §11), each belonging to a tenant (design §7.7).
 // The secret is made here and printed once; only its SHA-256 is sent, so
 // it crosses no network and no server's log.
 func (c *cli) apikeyCmd() *cobra.Command {
-	cmd := &cobra.Command{Use: "apikey", Short: "Create, list and revoke router API keys"}
+	cmd := &cobra.Command{Use: "apikey", Short: "Create, list, move and revoke router API keys"}
 
 	var models []string
+	var tenant string
 	create := &cobra.Command{
-		Use:   "create NAME [--models a,b]",
+		Use:   "create NAME [--models a,b] [--tenant T]",
 		Short: "Create a key and print its secret, once; routers require keys once any exists",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -47,9 +50,9 @@ func (c *cli) apikeyCmd() *cobra.Command {
 				return err
 			}
 			h := sha256.Sum256([]byte(secret))
-			req := &llmgwv1.CreateApiKeyRequest{Name: args[0], SecretSha256: h[:], Models: models}
-			if err := fsm.ValidateAPIKey(&llmgwv1.ApiKey{Name: req.Name, SecretSha256: req.SecretSha256, Models: req.Models}); err != nil {
-				return fmt.Errorf("apikey create: %w", err)
+			req := &llmgwv1.CreateApiKeyRequest{Name: args[0], SecretSha256: h[:], Models: models, Tenant: tenant}
+			if err := fsm.ValidateAPIKey(&llmgwv1.ApiKey{Name: req.Name, SecretSha256: req.SecretSha256, Models: req.Models, Tenant: req.Tenant}); err != nil {
+				return fmt.Errorf("apikey create: %w", tenantFieldAsFlag(err))
 			}
 			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.CreateApiKey(ctx, req)
@@ -57,10 +60,11 @@ func (c *cli) apikeyCmd() *cobra.Command {
 					return fmt.Errorf("apikey create %s: %w", req.Name, err)
 				}
 				if c.output == "json" {
-					return c.printJSON(map[string]any{"name": req.Name, "models": orEmpty(req.Models),
+					return c.printJSON(map[string]any{"name": req.Name, "models": orEmpty(req.Models), "tenant": req.Tenant,
 						"revision": resp.Revision, "secret": secret, "turned_keys_required_on": resp.TurnedKeysRequiredOn})
 				}
-				if _, err := fmt.Fprintf(c.out, "api key %s created at revision %d for %s\n", req.Name, resp.Revision, modelsOf(req.Models)); err != nil {
+				if _, err := fmt.Fprintf(c.out, "api key %s created at revision %d for %s, in tenant %s\n", req.Name, resp.Revision,
+					modelsOf(req.Models), keyTenant(req.Name, req.Tenant)); err != nil {
 					return err
 				}
 				if resp.TurnedKeysRequiredOn {
@@ -78,6 +82,37 @@ func (c *cli) apikeyCmd() *cobra.Command {
 		},
 	}
 	create.Flags().StringSliceVar(&models, "models", nil, "models (and adapters) the key may use, a,b,...; a model brings its adapters (default: every model)")
+	create.Flags().StringVar(&tenant, "tenant", "", "the tenant whose limits the key's requests count against; it must exist (default: the key's own, named like it, without limits until created)")
+
+	var moveTo string
+	update := &cobra.Command{
+		Use:   "update NAME --tenant T",
+		Short: "Move a key to another tenant (--tenant \"\" moves it back to its own)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("tenant") {
+				return usage(fmt.Errorf("apikey update %s: --tenant: required (the key's tenant is what update changes; --tenant \"\" moves it back to its own)", args[0]))
+			}
+			if moveTo != "" {
+				var ve *fsm.ValidationError
+				if err := fsm.ValidateTenant(&llmgwv1.Tenant{Name: moveTo}); errors.As(err, &ve) {
+					return usage(fmt.Errorf("apikey update %s: --tenant: %s", args[0], ve.Reason))
+				}
+			}
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				resp, err := a.SetApiKeyTenant(ctx, &llmgwv1.SetApiKeyTenantRequest{Name: args[0], Tenant: moveTo})
+				if err != nil {
+					return fmt.Errorf("apikey update %s: %w", args[0], err)
+				}
+				if c.output == "json" {
+					return c.printJSON(map[string]any{"name": args[0], "tenant": moveTo, "revision": resp.Revision})
+				}
+				_, err = fmt.Fprintf(c.out, "api key %s moved to tenant %s at revision %d\n", args[0], keyTenant(args[0], moveTo), resp.Revision)
+				return err
+			})
+		},
+	}
+	update.Flags().StringVar(&moveTo, "tenant", "", "the tenant to move the key to; it must exist (\"\": the key's own)")
 
 	var consistent bool
 	list := &cobra.Command{
@@ -98,10 +133,10 @@ func (c *cli) apikeyCmd() *cobra.Command {
 				}
 				rows := make([][]string, 0, len(resp.Keys))
 				for _, k := range resp.Keys {
-					rows = append(rows, []string{k.Name, modelsOf(k.Models),
+					rows = append(rows, []string{k.Name, modelsOf(k.Models), keyTenant(k.Name, k.Tenant),
 						time.Unix(k.CreatedUnix, 0).UTC().Format(time.RFC3339), fmt.Sprint(k.Revision)})
 				}
-				if err := c.printTable([]string{"NAME", "MODELS", "CREATED", "REVISION"}, rows); err != nil {
+				if err := c.printTable([]string{"NAME", "MODELS", "TENANT", "CREATED", "REVISION"}, rows); err != nil {
 					return err
 				}
 				// Under the table, so its rows stay what scripts read.
@@ -169,8 +204,27 @@ func (c *cli) apikeyCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(create, list, revoke, require)
+	cmd.AddCommand(create, update, list, revoke, require)
 	return cmd
+}
+
+// keyTenant is a key's tenant as people read it: its own is named like
+// the key, "(own)" said so that no one looks for a tenant of that name.
+func keyTenant(key, tenant string) string {
+	if tenant == "" {
+		return key + " (own)"
+	}
+	return tenant
+}
+
+// tenantFieldAsFlag names --tenant for a key's tenant field; other fields
+// keep their names.
+func tenantFieldAsFlag(err error) error {
+	var ve *fsm.ValidationError
+	if errors.As(err, &ve) && ve.Field == "tenant" {
+		return fmt.Errorf("--tenant: %s", ve.Reason)
+	}
+	return err
 }
 
 func onOff(b bool) string {

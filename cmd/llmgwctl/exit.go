@@ -24,7 +24,7 @@ const (
 	// or flag, a wrong number of arguments, a bad flag value.
 	exitUsage = 2
 	// exitNotFound is a request naming what the cluster does not hold: a
-	// model, node, replica, API key, adapter or Raft peer.
+	// model, node, replica, API key, tenant, adapter or Raft peer.
 	exitNotFound = 3
 	// exitUnavailable is a request nothing was done for, so safe to retry:
 	// no server answers at --addr, or the cluster has no leader (a quorum
@@ -40,7 +40,7 @@ const exitHelp = `Exit status:
   0  success
   1  error: the request was refused (invalid, conflicting, not permitted), or a local file failed
   2  usage: unknown command or flag, wrong arguments, bad flag value
-  3  not found: the model, node, API key, adapter or peer named does not exist
+  3  not found: the model, node, API key, tenant, adapter or peer named does not exist
   4  unavailable, nothing done, safe to retry: no server answers at --addr, or the cluster has no leader
   5  outcome unknown: timed out, or leadership was lost mid-write; a write may have been applied
 

@@ -1,17 +1,20 @@
 // Package console is the control node's read-only web console (design §9):
 // a page per subject — the cluster's servers, the nodes, the models with
-// their replicas and live load, the adapters and where they are held, and
-// each router's routing decisions by tier — served under /ui/ on the node's
-// HTTP listener, beside /metrics.
+// their replicas and live load, the adapters and where they are held,
+// each router's routing decisions by tier, and the tenants with their
+// limits, usage and budgets left — served under /ui/ on the node's HTTP
+// listener, beside /metrics.
 //
 // What it reads, and why from there:
 //
-//   - The cluster, nodes, models, replicas and adapters come from
-//     AdminService, called over gRPC on the node's own listener — the calls
-//     llmgwctl makes, through the same authorization and forwarding, so the
-//     console can never show what the CLI would not (a follower forwards
-//     ListPeers to the leader exactly as it does for llmgwctl). The JSON
-//     under /ui/api/ is those responses in protojson, one object per page.
+//   - The cluster, nodes, models, replicas, adapters, tenants and the
+//     usage roll-up come from AdminService, called over gRPC on the node's
+//     own listener — the calls llmgwctl makes, through the same
+//     authorization and forwarding, so the console can never show what the
+//     CLI would not (a follower forwards ListPeers to the leader exactly as
+//     it does for llmgwctl). The JSON under /ui/api/ is those responses in
+//     protojson, one object per page (the tenants page's usage summed per
+//     hour, day and month).
 //   - Live load is nowhere in the control plane: agents stream it to
 //     routers only (LoadService admits routers alone). The console reads
 //     each ready replica's engine /metrics itself when the models page asks
@@ -55,6 +58,8 @@ type Admin interface {
 	ListModels(ctx context.Context, in *llmgwv1.ListRequest, opts ...grpc.CallOption) (*llmgwv1.ListModelsResponse, error)
 	ListReplicas(ctx context.Context, in *llmgwv1.ListRequest, opts ...grpc.CallOption) (*llmgwv1.ListReplicasResponse, error)
 	ListAdapters(ctx context.Context, in *llmgwv1.ListRequest, opts ...grpc.CallOption) (*llmgwv1.ListAdaptersResponse, error)
+	ListTenants(ctx context.Context, in *llmgwv1.ListRequest, opts ...grpc.CallOption) (*llmgwv1.ListTenantsResponse, error)
+	Usage(ctx context.Context, in *llmgwv1.UsageRequest, opts ...grpc.CallOption) (*llmgwv1.UsageResponse, error)
 }
 
 // Prefix is where the console is mounted; "/" redirects there.
@@ -74,13 +79,15 @@ type Console struct {
 	access  Access
 	load    *Load
 	routers *Sampler
-	log     *slog.Logger
+	// now is the clock of the tenants page's hour, day and month.
+	now func() time.Time
+	log *slog.Logger
 }
 
 // New returns the console of one node. routers may be nil (no router
 // named: the routers page says how to name them).
 func New(admin Admin, access Access, load *Load, routers *Sampler, log *slog.Logger) *Console {
-	return &Console{admin: admin, access: access, load: load, routers: routers, log: log}
+	return &Console{admin: admin, access: access, load: load, routers: routers, now: time.Now, log: log}
 }
 
 // Register mounts the console on mux: Prefix, its JSON under
@@ -97,6 +104,7 @@ func (c *Console) Register(mux *http.ServeMux) {
 	mux.Handle("GET "+Prefix+"api/models", c.access.Wrap(http.HandlerFunc(c.models)))
 	mux.Handle("GET "+Prefix+"api/adapters", c.access.Wrap(http.HandlerFunc(c.adapters)))
 	mux.Handle("GET "+Prefix+"api/routers", c.access.Wrap(http.HandlerFunc(c.routerDecisions)))
+	mux.Handle("GET "+Prefix+"api/tenants", c.access.Wrap(http.HandlerFunc(c.tenants)))
 	mux.Handle("GET /{$}", http.RedirectHandler(Prefix, http.StatusFound))
 }
 

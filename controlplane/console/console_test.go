@@ -22,6 +22,10 @@ type fakeAdmin struct {
 	models   []*llmgwv1.Model
 	replicas []*llmgwv1.ReplicaView
 	peersErr error
+	tenants  []*llmgwv1.Tenant
+	usage    []*llmgwv1.UsageRow
+	// since is the since_unix of the last Usage call.
+	since int64
 }
 
 func (f *fakeAdmin) ClusterStatus(context.Context, *llmgwv1.ClusterStatusRequest, ...grpc.CallOption) (*llmgwv1.ClusterStatusResponse, error) {
@@ -44,6 +48,14 @@ func (f *fakeAdmin) ListReplicas(context.Context, *llmgwv1.ListRequest, ...grpc.
 }
 func (f *fakeAdmin) ListAdapters(context.Context, *llmgwv1.ListRequest, ...grpc.CallOption) (*llmgwv1.ListAdaptersResponse, error) {
 	return &llmgwv1.ListAdaptersResponse{}, nil
+}
+
+func (f *fakeAdmin) ListTenants(context.Context, *llmgwv1.ListRequest, ...grpc.CallOption) (*llmgwv1.ListTenantsResponse, error) {
+	return &llmgwv1.ListTenantsResponse{Tenants: f.tenants}, nil
+}
+func (f *fakeAdmin) Usage(_ context.Context, r *llmgwv1.UsageRequest, _ ...grpc.CallOption) (*llmgwv1.UsageResponse, error) {
+	f.since = r.SinceUnix
+	return &llmgwv1.UsageResponse{Rows: f.usage}, nil
 }
 
 func view(id string, uid uint64, phase llmgwv1.ReplicaPhase, addr string) *llmgwv1.ReplicaView {

@@ -3,7 +3,7 @@
 "use strict";
 
 const REFRESH_MS = 2000;
-const pages = { cluster: renderCluster, nodes: renderNodes, models: renderModels, adapters: renderAdapters, routers: renderRouters };
+const pages = { cluster: renderCluster, nodes: renderNodes, models: renderModels, adapters: renderAdapters, routers: renderRouters, tenants: renderTenants };
 
 function esc(v) {
   return String(v === undefined || v === null ? "" : v).replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -165,6 +165,73 @@ function renderRouters(d) {
     return panel(`<span class="mono">${esc(r.url)}</span> ${head}`, sub, `<div class="tiers">${tiers}</div>`, `data-router="${esc(r.url)}"`);
   }).join("");
   return out || `<p class="muted">No router.</p>`;
+}
+
+// The limits of TenantLimits as llmgwctl spells them (--input-tpm, ...).
+const LIMITS = [["rpm", "rpm"], ["input_tpm", "input-tpm"], ["output_tpm", "output-tpm"], ["weighted_tpm", "weighted-tpm"],
+  ["concurrency", "concurrency"], ["daily_tokens", "daily-tokens"], ["monthly_tokens", "monthly-tokens"]];
+
+function limitsText(l) {
+  const set = LIMITS.filter(([k]) => Number((l || {})[k] || 0) > 0).map(([k, name]) => `${name} <b>${num(l[k])}</b>`);
+  return set.length ? set.join(" · ") : `<span class="muted">no limits</span>`;
+}
+
+// budgetCell is a budget left: "–" without a budget, a bar of what is
+// left of it, or what was spent beyond it.
+function budgetCell(left, budget) {
+  if (left === null || left === undefined) return `<td class="num muted">–</td>`;
+  const n = Number(left), b = Number(budget) || 1;
+  if (n < 0) return `<td class="num" data-left="${n}">${badge("over by " + num(-n), "bad")}</td>`;
+  return `<td class="num" data-left="${n}"><span class="bar"><i style="width:${Math.min(100, 100 * n / b).toFixed(0)}%"></i></span>${num(n)}</td>`;
+}
+
+function refusedCell(n, cls) {
+  return Number(n) > 0 ? `<td class="num">${badge(num(n), cls)}</td>` : `<td class="num muted">0</td>`;
+}
+
+function usageCells(u) {
+  const h = (u && u.hour) || {}, t = (u && u.today) || {};
+  const n = v => num(v || 0);
+  return `<td class="num">${n(h.requests)}</td><td class="num">${n(h.input_tokens)}</td><td class="num">${n(h.output_tokens)}</td>` +
+    `<td class="num">${n(t.requests)}</td><td class="num">${n(t.input_tokens)}</td><td class="num">${n(t.output_tokens)}</td>`;
+}
+
+function renderTenants(d) {
+  const tenants = (d.tenants && d.tenants.tenants) || [];
+  const usage = (d.usage && d.usage.tenants) || {};
+  const heads = ["Scope", "Limits", "#Requests this hour", "#Input this hour", "#Output this hour", "#Requests today", "#Input today", "#Output today",
+    "#Budget left today", "#Budget left this month", "#Refused today", "#Shadow refused today"];
+  let out = tenants.map(t => {
+    const u = usage[t.name] || {};
+    const byModel = u.models || {};
+    const limitsOf = Object.fromEntries((t.model_limits || []).map(ml => [ml.model, ml.limits || {}]));
+    const models = [...new Set([...Object.keys(limitsOf), ...Object.keys(byModel)])].sort();
+    const scope = (label, model, l, su) => {
+      const today = (su && su.today) || {};
+      return `<tr data-scope="${esc(model)}"><td>${label}</td><td class="wrap">${limitsText(l)}</td>${usageCells(su)}` +
+        budgetCell(su && su.daily_left, l && l.daily_tokens) + budgetCell(su && su.monthly_left, l && l.monthly_tokens) +
+        refusedCell(today.refused, "bad") + refusedCell(today.shadow_refused, "warn") + `</tr>`;
+    };
+    const rows = [scope("<b>all models</b>", "", t.limits || {}, u)].concat(models.map(m => scope(`<code>${esc(m || "(no model)")}</code>`, m, limitsOf[m], byModel[m])));
+    const w = t.weights;
+    const x = milli => String(Number(milli || 0) / 1000);
+    const weights = w ? ` · weights input ${x(w.input_milli)}, cached ${x(w.cached_milli)}, output ${x(w.output_milli)}` : "";
+    const mode = t.shadow ? badge("shadow: counts, never refuses", "warn") : badge("enforcing", "ok");
+    return panel(`${esc(t.name)} ${mode}`, `models: ${esc((t.models || []).join(", ") || "every model")}${weights}`,
+      table(heads, rows), `data-tenant="${esc(t.name)}" data-shadow="${t.shadow ? "true" : "false"}"`);
+  }).join("");
+  // Usage of tenants without limits: keys' own tenants and requests
+  // without a key (-).
+  const known = new Set(tenants.map(t => t.name));
+  const others = Object.keys(usage).filter(n => !known.has(n)).sort().map(n => {
+    const today = usage[n].today || {};
+    return `<tr data-usage-tenant="${esc(n)}"><td>${n ? esc(n) : "-"}</td>${usageCells(usage[n])}${refusedCell(today.refused, "bad")}</tr>`;
+  });
+  if (others.length) {
+    out += panel("Usage without a tenant's limits", "a key's own tenant, and - for requests without a key",
+      table(["Tenant", "#Requests this hour", "#Input this hour", "#Output this hour", "#Requests today", "#Input today", "#Output today", "#Refused today"], others, 'id="other-usage"'));
+  }
+  return out || `<p class="muted">No tenant. Create one with <code>llmgwctl tenant create NAME --rpm N</code>.</p>`;
 }
 
 let current = "", timer = 0, seq = 0;

@@ -13,11 +13,16 @@ import (
 // fakeState is a Desired holding one fixed state.
 type fakeState struct{ st *llmgwv1.State }
 
-func (f fakeState) State() *llmgwv1.State             { return f.st }
-func (f fakeState) Config() *llmgwv1.ClusterConfig    { return f.st.Config }
-func (f fakeState) Node(string) (*llmgwv1.Node, bool) { return nil, false }
-func (f fakeState) Revision() uint64                  { return f.st.Revision }
-func (f fakeState) Snapshot() ([]byte, error)         { return nil, nil }
+func (f fakeState) State() *llmgwv1.State                 { return f.st }
+func (f fakeState) Config() *llmgwv1.ClusterConfig        { return f.st.Config }
+func (f fakeState) Node(string) (*llmgwv1.Node, bool)     { return nil, false }
+func (f fakeState) Revision() uint64                      { return f.st.Revision }
+func (f fakeState) Snapshot() ([]byte, error)             { return nil, nil }
+func (f fakeState) Tenant(string) (*llmgwv1.Tenant, bool) { return nil, false }
+func (f fakeState) Tenants() []*llmgwv1.Tenant            { return f.st.Tenants }
+func (f fakeState) Usage(string, string, int64) []*llmgwv1.UsageRow {
+	return f.st.Usage
+}
 
 // fakeReports reports adapters per replica id.
 type fakeReports map[string]map[string]*llmgwv1.AdapterStatus

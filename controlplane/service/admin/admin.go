@@ -34,6 +34,12 @@ type Desired interface {
 	Revision() uint64
 	// Snapshot is the state encoded as an fsm snapshot body.
 	Snapshot() ([]byte, error)
+	// Tenant, Tenants and Usage read the tenants and the usage roll-up
+	// (fsm/tenants.go) without copying the rest of the state: the
+	// roll-up holds up to two months of hours.
+	Tenant(name string) (*llmgwv1.Tenant, bool)
+	Tenants() []*llmgwv1.Tenant
+	Usage(tenant, model string, sinceUnix int64) []*llmgwv1.UsageRow
 }
 
 // Raft is this server's Raft member (package store).
@@ -114,6 +120,9 @@ type Deps struct {
 	// Started is when this server's process started (ClusterStatus's
 	// started_unix_ms); zero leaves it unset.
 	Started time.Time
+	// Now is the clock of creation times (a key's, a tenant's); nil is
+	// time.Now.
+	Now func() time.Time
 }
 
 // Service is the AdminService of server self.
@@ -131,13 +140,19 @@ type Service struct {
 	restoreMax uint64
 	keyring    LocalKeyring
 	started    time.Time
+	now        func() time.Time
 	log        *slog.Logger
 }
 
 // New returns the AdminService of server self.
 func New(self string, d Deps, log *slog.Logger) *Service {
+	now := d.Now
+	if now == nil {
+		now = time.Now
+	}
 	return &Service{self: self, propose: d.Propose, state: d.State, raft: d.Raft, peers: d.Peers,
-		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, started: d.Started, log: log}
+		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, started: d.Started,
+		now: now, log: log}
 }
 
 func errValidation(field, reason string) error {
@@ -179,18 +194,27 @@ func (a *Service) DeleteModel(ctx context.Context, req *llmgwv1.DeleteModelReque
 // holds every committed entry of earlier terms), and still the leader when
 // it asks a quorum (VerifyLeader): hashicorp/raft has no ReadIndex.
 func (a *Service) read(req *llmgwv1.ListRequest) (*llmgwv1.State, error) {
-	if req.GetConsistent() {
-		if !a.raft.IsLeader() {
-			return nil, service.ToStatus(fmt.Errorf("consistent read: %w", a.raft.NotLeader()))
-		}
-		if !a.raft.LeaderReady() {
-			return nil, service.ToStatus(fmt.Errorf("consistent read: %w", service.ErrCatchingUp))
-		}
-		if err := a.raft.VerifyLeader(); err != nil {
-			return nil, service.ToStatus(fmt.Errorf("consistent read: %w", err))
-		}
+	if err := a.readable(req); err != nil {
+		return nil, err
 	}
 	return a.state.State(), nil
+}
+
+// readable is read's check alone, for a read of one part of the state
+// (the tenants) rather than a copy of all of it.
+func (a *Service) readable(req *llmgwv1.ListRequest) error {
+	if req.GetConsistent() {
+		if !a.raft.IsLeader() {
+			return service.ToStatus(fmt.Errorf("consistent read: %w", a.raft.NotLeader()))
+		}
+		if !a.raft.LeaderReady() {
+			return service.ToStatus(fmt.Errorf("consistent read: %w", service.ErrCatchingUp))
+		}
+		if err := a.raft.VerifyLeader(); err != nil {
+			return service.ToStatus(fmt.Errorf("consistent read: %w", err))
+		}
+	}
+	return nil
 }
 
 func (a *Service) ListModels(_ context.Context, req *llmgwv1.ListRequest) (*llmgwv1.ListModelsResponse, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,21 +22,25 @@ import (
 
 // CreateApiKey stores a new key under a name not in use (ALREADY_EXISTS
 // otherwise). Its creation time is this server's clock. Models may name
-// models not applied yet (fsm/apikeys.go).
+// models not applied yet (fsm/apikeys.go); a tenant must exist (NOT_FOUND,
+// saying to create it first), "" being the key's own.
 func (a *Service) CreateApiKey(ctx context.Context, req *llmgwv1.CreateApiKeyRequest) (*llmgwv1.CreateApiKeyResponse, error) { //nolint:staticcheck // ST1003: the generated AdminServiceServer method
-	k := &llmgwv1.ApiKey{Name: req.GetName(), SecretSha256: req.GetSecretSha256(), Models: req.GetModels(), CreatedUnix: time.Now().Unix()}
+	k := &llmgwv1.ApiKey{Name: req.GetName(), SecretSha256: req.GetSecretSha256(), Models: req.GetModels(), Tenant: req.GetTenant(), CreatedUnix: a.now().Unix()}
 	if err := fsm.ValidateAPIKey(k); err != nil {
 		return nil, service.ToStatus(fmt.Errorf("create api key: %w", err))
+	}
+	if err := a.tenantExists(k.Tenant); err != nil {
+		return nil, err
 	}
 	// Answered by the leader, whose state holds every earlier write: what
 	// it says before the key is what the key changes.
 	wasRequired := a.state.Config().GetApiKeysRequired()
 	res, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY, &llmgwv1.PutApiKeyCommand{Key: k})
 	if err != nil {
-		return nil, apiKeyStatus(fmt.Errorf("create api key %s: %w", k.Name, err))
+		return nil, existsStatus(fmt.Errorf("create api key %s: %w", k.Name, err))
 	}
 	stored, _ := res.(*llmgwv1.ApiKey)
-	a.log.Info("api key created", "key", k.Name, "models", k.Models, "revision", rev)
+	a.log.Info("api key created", "key", k.Name, "models", k.Models, "tenant", k.Tenant, "revision", rev)
 	if !wasRequired {
 		a.log.Warn("api keys are required by every router from now on", "key", k.Name, "revision", rev)
 	}
@@ -80,15 +83,15 @@ func (a *Service) RevokeApiKey(ctx context.Context, req *llmgwv1.RevokeApiKeyReq
 	}
 	_, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY, &llmgwv1.DeleteApiKeyCommand{Name: req.Name})
 	if err != nil {
-		return nil, apiKeyStatus(fmt.Errorf("revoke api key %s: %w", req.Name, err))
+		return nil, existsStatus(fmt.Errorf("revoke api key %s: %w", req.Name, err))
 	}
 	a.log.Info("api key revoked", "key", req.Name, "revision", rev)
 	return &llmgwv1.RevokeApiKeyResponse{Revision: rev}, nil
 }
 
-// apiKeyStatus is service.ToStatus plus ALREADY_EXISTS for a name in use,
-// which no other verb returns.
-func apiKeyStatus(err error) error {
+// existsStatus is service.ToStatus plus ALREADY_EXISTS for a name in use,
+// which only the creates of keys and tenants return.
+func existsStatus(err error) error {
 	if errors.Is(err, fsm.ErrExists) {
 		return status.Error(codes.AlreadyExists, err.Error())
 	}
