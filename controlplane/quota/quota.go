@@ -402,7 +402,7 @@ func (a *Allocator) forgotten(h *holding, now time.Time) bool {
 // max-min fair part of the limit left by the sessions that are not live,
 // over the live sessions' demands, capped by what the accounting of the
 // others leaves; and the fallback, the limit over the sessions heard from
-// within Hold.
+// within Hold, at most the share.
 func (a *Allocator) rateShare(k scopeKey, self *holding, limit uint64, now time.Time) (share, fallback uint64) {
 	var others, fixed uint64
 	wants := []uint64{self.demand}
@@ -423,7 +423,11 @@ func (a *Allocator) rateShare(k scopeKey, self *holding, limit uint64, now time.
 		}
 	}
 	target := fairPart(satSub(limit, fixed), wants, self.demand, true)
-	return min(target, satSub(limit, others)), limit / heard
+	share = min(target, satSub(limit, others))
+	// The fallback never exceeds the share it follows: the others' leases
+	// were granted against that share, and run on for up to a term after
+	// this one's ended.
+	return share, min(share, limit/heard)
 }
 
 // budgetShare is the caller's new slice of a budget: what it needs for two

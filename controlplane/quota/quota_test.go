@@ -260,7 +260,7 @@ func TestRatesConverge(t *testing.T) {
 					if got := r.got[k].share; got != tt.want[p][i] {
 						t.Errorf("phase %d: %s holds %d, want %d", p, r.name, got, tt.want[p][i])
 					}
-					if got, want := r.got[k].fallback, tt.limit/uint64(len(routers)); got != want {
+					if got, want := r.got[k].fallback, min(tt.want[p][i], tt.limit/uint64(len(routers))); got != want {
 						t.Errorf("phase %d: %s's fallback %d, want %d", p, r.name, got, want)
 					}
 				}
@@ -350,9 +350,10 @@ func TestSilentRouter(t *testing.T) {
 		wantFallback  uint64
 		wantForgotten bool
 	}{
-		{after: 1 * time.Second, wantR1: 70, wantShare: 30, wantFallback: 50},
-		{after: 9*time.Second + 999*time.Millisecond, wantR1: 70, wantShare: 30, wantFallback: 50},
-		// Its lease has expired: its fallback, 50.
+		// A fallback is never above the share it follows.
+		{after: 1 * time.Second, wantR1: 70, wantShare: 30, wantFallback: 30},
+		{after: 9*time.Second + 999*time.Millisecond, wantR1: 70, wantShare: 30, wantFallback: 30},
+		// Its lease has expired: its fallback, min(70, 100/2).
 		{after: 10 * time.Second, wantR1: 50, wantShare: 50, wantFallback: 50},
 		{after: 29 * time.Second, wantR1: 50, wantShare: 50, wantFallback: 50},
 		// Hold has passed: forgotten.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -127,7 +126,7 @@ func TestAdmitRates(t *testing.T) {
 			for {
 				tk, refusal, _ := q.Admit(tc.req)
 				if refusal != nil {
-					if refusal.Status != http.StatusTooManyRequests || refusal.Type != tc.errType || refusal.RetryAfter < 1 {
+					if refusal.Status != 429 || refusal.Type != tc.errType || refusal.RetryAfter < 1 {
 						t.Fatalf("refusal %+v: want 429 of type %s with Retry-After", refusal, tc.errType)
 					}
 					break
