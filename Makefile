@@ -116,6 +116,12 @@ bench-security: build ## the security figures of docs/benchmarks.md: TLS and API
 	$(GO) test -run XXX -bench 'BenchmarkCheck|BenchmarkHandlerAPIKey|BenchmarkServeStream' -benchmem -count 5 ./router/auth ./router/api
 	$(GO) test -run XXX -bench BenchmarkConnect -benchmem -count 5 ./internal/mtls
 
+.PHONY: bench-tenants
+bench-tenants: build ## issue 28's must-shows: 3 servers, an agent, 3 routers; accuracy, isolation, budget, shadow, usage, cost (~10 min; loopback, free ports and 41000-41099)
+	$(GO) run ./scripts/tenantbench --llmgw $(BIN)/llmgw --llmgwctl $(BIN)/llmgwctl $(BENCH_FLAGS)
+	$(GO) test -run XXX -bench 'BenchmarkAdmit' -benchmem -count 5 ./router/quota
+	$(GO) test -run XXX -bench 'BenchmarkLease' -benchmem -count 3 ./controlplane/quota
+
 .PHONY: bench-kv-wave2
 bench-kv-wave2: build ## issue 14's must-show tables: fits, disrupted, pressure; two routers, SEEDS=10 per configuration (CONFIGS, default all six: rr tier1 tier2 tier2-spec tier2-cost tier2-noaff; ~35 min; loopback ports 33480-33481, 33700-33705, 33100-33399; needs curl, jq)
 	./scripts/bench-kv-wave2.sh $(BIN) bench-out/kv-wave2

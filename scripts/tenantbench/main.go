@@ -233,19 +233,19 @@ func (b *bench) leader() string {
 }
 
 func (b *bench) startCluster() error {
-	var grpcAddrs []string
+	var grpcAddrs, gossipAddrs []string
 	for i := range 3 {
 		id := fmt.Sprintf("s%d", i+1)
-		g := freeAddr()
-		grpcAddrs = append(grpcAddrs, g)
+		g, gossip := freeAddr(), freeAddr()
+		grpcAddrs, gossipAddrs = append(grpcAddrs, g), append(gossipAddrs, gossip)
 		b.servers = append(b.servers, &proc{name: id, log: filepath.Join(b.cfg.dir, id+".log"), http: g,
 			args: []string{"control", "--node-id", id, "--data-dir", filepath.Join(b.cfg.dir, id),
-				"--grpc-addr", g, "--raft-addr", freeAddr(), "--gossip-addr", freeAddr(), "--http-addr", freeAddr(),
+				"--grpc-addr", g, "--raft-addr", freeAddr(), "--gossip-addr", gossip, "--http-addr", freeAddr(),
 				"--bootstrap-expect", "3"}})
 	}
 	for i, s := range b.servers {
 		var others []string
-		for j, g := range grpcAddrs {
+		for j, g := range gossipAddrs {
 			if j != i {
 				others = append(others, g)
 			}
@@ -306,7 +306,7 @@ func (b *bench) setupTenants() error {
 		{"C", "--daily-tokens", strconv.Itoa(b.cfg.budget)},
 		{"X", "--rpm", "100000000", "--input-tpm", "1000000000000", "--output-tpm", "1000000000000", "--concurrency", "1000000"},
 	} {
-		if _, err := b.ctlOut(append([]string{"tenant", "create"}, t...)...); err != nil {
+		if _, err := b.ctlOut(append([]string{"tenant", "create", strings.ToLower(t[0])}, t[1:]...)...); err != nil {
 			return err
 		}
 	}
@@ -314,7 +314,7 @@ func (b *bench) setupTenants() error {
 	for _, t := range []string{"A", "B", "E", "S", "C", "X", "off"} {
 		args := []string{"apikey", "create", "key-" + strings.ToLower(t)}
 		if t != "off" {
-			args = append(args, "--tenant", t)
+			args = append(args, "--tenant", strings.ToLower(t))
 		}
 		out, err := b.ctlOut(args...)
 		if err != nil {
@@ -638,8 +638,8 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	eRefused := count(streams["E"].snapshot(), http.StatusTooManyRequests)
 	fmt.Printf("E refused %d (roll-up %d); S (shadow) counted %d would-be refusals and was refused %d times: %+.1f %%\n",
-		eRefused, u1["E"].Refused, u1["S"].ShadowRefused, count(streams["S"].snapshot(), http.StatusTooManyRequests),
-		100*(float64(u1["S"].ShadowRefused)-float64(eRefused))/float64(max(1, eRefused)))
+		eRefused, u1["e"].Refused, u1["s"].ShadowRefused, count(streams["S"].snapshot(), http.StatusTooManyRequests),
+		100*(float64(u1["s"].ShadowRefused)-float64(eRefused))/float64(max(1, eRefused)))
 	var in, out uint64
 	for _, c := range u1 {
 		in += c.InputTokens
