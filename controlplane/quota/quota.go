@@ -16,14 +16,18 @@ import (
 // Config times and bounds the allocator; a field left 0 takes its default.
 type Config struct {
 	// Term is how long a grant holds, from when the router sent the
-	// request (10 s).
+	// request (5 s: five renewals of a router, and the longest a dead
+	// router's share is withheld from the others but Hold's margin).
 	Term time.Duration
 	// Settle is how long a newly elected leader grants nothing, while the
 	// old leader's leases run out (Term + 2 s: a term, and a margin for an
 	// old leader that has not yet noticed it lost office).
 	Settle time.Duration
 	// Hold is how long a router session that stopped renewing still
-	// counts, at its fallback once its lease has ended (3 × Term).
+	// counts, at its fallback once its lease has ended (Term + 2 s: a
+	// dead router's share is given back soon after its lease, and a
+	// router cut off from every server for longer may add its fallback,
+	// at most its last share, design §7.7).
 	Hold time.Duration
 	// MaxSessions bounds the router sessions held (1024).
 	MaxSessions int
@@ -34,7 +38,7 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultTerm        = 10 * time.Second
+	DefaultTerm        = 5 * time.Second
 	DefaultMaxSessions = 1024
 	DefaultMaxClaims   = 4096
 )
@@ -47,7 +51,7 @@ func (c Config) withDefaults() Config {
 		c.Settle = c.Term + 2*time.Second
 	}
 	if c.Hold <= 0 {
-		c.Hold = 3 * c.Term
+		c.Hold = c.Term + 2*time.Second
 	}
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSessions

@@ -205,7 +205,15 @@ func checkRates(t *testing.T, a *Allocator, routers []*simRouter, k scopeKey, li
 
 // settled is an allocator elected at t0 with the default config, and the
 // instant it grants from.
+// settled is an allocator past its settle wait, with the times the tests
+// were written for (a 10 s term, a 30 s hold) unless cfg sets its own.
 func settled(cfg Config) (*Allocator, time.Time) {
+	if cfg.Term == 0 {
+		cfg.Term = 10 * time.Second
+	}
+	if cfg.Hold == 0 {
+		cfg.Hold = 3 * cfg.Term
+	}
 	a := New(cfg)
 	a.Elected(t0)
 	return a, t0.Add(a.Config().Settle)
@@ -381,7 +389,7 @@ func TestSettling(t *testing.T) {
 	sc := scope("acme", rpm)
 	k := keyOf(sc)
 	l := limitsOf(sc, 90)
-	a := New(Config{})
+	a := New(Config{Term: 10 * time.Second, Hold: 30 * time.Second})
 	r1, r2 := newRouter("r1"), newRouter("r2")
 	r1.demand[k], r2.demand[k] = 90, 90
 
@@ -753,5 +761,14 @@ func TestRatesRandomized(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestDefaults: a 5 s term; a new leader and a silent router's fallback
+// both wait the term and 2 s more (design §7.7).
+func TestDefaults(t *testing.T) {
+	c := New(Config{}).Config()
+	if c.Term != 5*time.Second || c.Settle != 7*time.Second || c.Hold != 7*time.Second || c.MaxSessions != 1024 || c.MaxClaims != 4096 {
+		t.Errorf("defaults %+v", c)
 	}
 }
