@@ -532,9 +532,9 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, key *llmgwv1.Api
 	if n, ok := plan.PromptTokens(); ok {
 		q.Input, q.InputExact = n, true
 	} else {
-		// Without tier 2's tokens: a bound of four bytes of the body a
-		// token, settled with the engine's count.
-		q.Input = max(1, len(body)/4)
+		// Without tier 2's tokens: estimated from the body's length,
+		// settled with the engine's count.
+		q.Bytes = len(body)
 	}
 	if n, ok := openai.MaxTokens(body); ok {
 		q.MaxTokens = n
@@ -597,7 +597,7 @@ func usedBy(plan *director.Plan, ticket *quota.Ticket, events *openai.EventCount
 	if kind == tokenize.Chat {
 		out--
 	}
-	return quota.Usage{Input: ticket.Input(), Output: max(0, out), Known: true}
+	return quota.Usage{Input: ticket.Input(), Output: max(0, out), Known: true, Cut: true}
 }
 
 // kindOf is the request's endpoint as the tokenizer knows it.

@@ -86,6 +86,9 @@ type Quota struct {
 	// float64 bits): the output reservation of a request without
 	// max_tokens.
 	means sync.Map // model -> *atomic.Uint64
+	// perByte are the learned prompt tokens per body byte per model,
+	// the same way: the input estimate without tier 2's tokens.
+	perByte sync.Map
 	// models are the per-model series (model -> *modelSeries).
 	models sync.Map
 
@@ -195,19 +198,22 @@ type Request struct {
 	// Base its base model (the same for a model).
 	Model, Base string
 	// Input is the prompt's tokens, exact when InputExact (the router
-	// tokenized it), else an estimate from its bytes.
+	// tokenized it); otherwise Admit estimates it from Bytes, the body's
+	// length, at the model's learned tokens per byte (a quarter before
+	// any answer said).
 	Input      int
 	InputExact bool
+	Bytes      int
 	// MaxTokens is the request's output bound, 0 when it gave none.
 	MaxTokens int
 }
 
 // Usage is what the engine reported (or, for a cancelled stream, what
-// the router saw). Known is false when nothing was generated or
+// the router saw: Cut). Known is false when nothing was generated or
 // reported: a failed attempt, settled at zero.
 type Usage struct {
 	Input, Cached, Output int
-	Known                 bool
+	Known, Cut            bool
 }
 
 // Ticket is an admitted request's reservation, settled once by Settle.
@@ -217,6 +223,7 @@ type Ticket struct {
 	req    Request
 	hour   int64
 	shadow bool // a shadow tenant's request its limits would have refused: nothing reserved
+	cut    bool // settled from a cut stream's chunks: not an answer to learn from
 	// reserved per scope, in the order of t.scopes at admission; the
 	// arrays hold the usual few without an allocation.
 	scopes []*scope
@@ -248,6 +255,9 @@ type Headers struct {
 func (q *Quota) Admit(r Request) (*Ticket, *openai.Error, Headers) {
 	now := q.cfg.Now()
 	t := q.tenantOf(r.Tenant)
+	if !r.InputExact {
+		r.Input = max(1, int(math.Ceil(float64(r.Bytes)*q.mean(&q.perByte, r.Base, 0.25))))
+	}
 	outEst := q.outputEstimate(r)
 	tk := &Ticket{q: q, t: t, req: r, hour: now.Unix() / 3600 * 3600, in: float64(r.Input), out: outEst}
 	tk.scopes, tk.costs = tk.inline[:0], tk.icosts[:0]
@@ -315,7 +325,7 @@ func (q *Quota) Admit(r Request) (*Ticket, *openai.Error, Headers) {
 }
 
 // Input is the prompt's tokens as admitted (exact or estimated).
-func (tk *Ticket) Input() int { return tk.req.Input }
+func (tk *Ticket) Input() int { return int(tk.in) }
 
 // cost is what the request reserves of scope s: a request, its input, its
 // output estimate, their weighted sum (all input counted uncached: the
@@ -383,6 +393,7 @@ func (tk *Ticket) Settle(u Usage) {
 	if !u.Known {
 		u = Usage{}
 	}
+	tk.cut = u.Cut
 	t.mu.Lock()
 	for i, s := range tk.scopes {
 		s.settle(now, tk.costs[i], tk.used(s, u))
@@ -405,8 +416,11 @@ func (tk *Ticket) Settle(u Usage) {
 	ms := q.modelSeries(tk.req.Base)
 	ms.input.Add(float64(u.Input))
 	ms.output.Add(float64(u.Output))
-	if u.Known && u.Output > 0 && tk.req.MaxTokens == 0 {
-		q.learn(tk.req.Base, u.Output)
+	if u.Known && u.Output > 0 && tk.req.MaxTokens == 0 && !tk.cut {
+		q.learn(&q.means, tk.req.Base, float64(u.Output))
+	}
+	if u.Known && u.Input > 0 && !tk.req.InputExact && tk.req.Bytes > 0 && !tk.cut {
+		q.learn(&q.perByte, tk.req.Base, float64(u.Input)/float64(tk.req.Bytes))
 	}
 }
 
@@ -432,12 +446,12 @@ func (t *tenant) headers(now time.Time, r Request) Headers {
 			continue
 		}
 		share := s.inForce(now)
-		if share <= 0 {
-			continue
+		ratio, reset := 0.0, time.Second // no share yet: nothing remains until the first renewal
+		if share > 0 {
+			ratio = max(0, s.level) / (share * burst)
+			reset = time.Duration(max(0, share*burst-s.level) / (share / 60) * float64(time.Second))
 		}
-		ratio := max(0, s.level) / (share * burst)
 		remaining := uint64(float64(s.limit) * min(1, ratio))
-		reset := time.Duration(max(0, share*burst-s.level) / (share / 60) * float64(time.Second))
 		if s.kind == kindRPM {
 			if !h.HasRequests || ratio < 1 {
 				h.HasRequests, h.LimitRequests, h.RemainingRequests, h.ResetRequests = true, s.limit, remaining, reset
@@ -478,27 +492,37 @@ func refusalOf(s *scope, retry time.Duration) *openai.Error {
 // max_tokens capped by the model's learned mean (the mean alone without
 // one).
 func (q *Quota) outputEstimate(r Request) float64 {
-	mean := float64(q.cfg.DefaultOutput)
-	if v, ok := q.means.Load(r.Base); ok {
-		mean = math.Float64frombits(v.(*atomic.Uint64).Load())
-	}
+	mean := q.mean(&q.means, r.Base, float64(q.cfg.DefaultOutput))
 	if r.MaxTokens > 0 {
 		return min(float64(r.MaxTokens), mean)
 	}
 	return mean
 }
 
-// learn moves the model's mean output towards n (an exponential average
-// over about twenty requests).
-func (q *Quota) learn(model string, n int) {
-	v, _ := q.means.LoadOrStore(model, new(atomic.Uint64))
+// mean is model's learned mean in m, or def before any.
+func (q *Quota) mean(m *sync.Map, model string, def float64) float64 {
+	if v, ok := m.Load(model); ok {
+		if bits := v.(*atomic.Uint64).Load(); bits != 0 {
+			return math.Float64frombits(bits)
+		}
+	}
+	return def
+}
+
+// learn moves model's mean in m towards x (an exponential average over
+// about twenty requests).
+func (q *Quota) learn(m *sync.Map, model string, x float64) {
+	v, ok := m.Load(model)
+	if !ok {
+		v, _ = m.LoadOrStore(model, new(atomic.Uint64))
+	}
 	a := v.(*atomic.Uint64)
 	for {
 		old := a.Load()
-		mean := math.Float64frombits(old)
-		next := float64(n)
+		next := x
 		if old != 0 {
-			next = mean + (float64(n)-mean)/20
+			mean := math.Float64frombits(old)
+			next = mean + (x-mean)/20
 		}
 		if a.CompareAndSwap(old, math.Float64bits(next)) {
 			return

@@ -111,7 +111,7 @@ func TestAdmitRates(t *testing.T) {
 		{"rpm", &llmgwv1.TenantLimits{Rpm: 1000}, map[llmgwv1.LimitKind]uint64{llmgwv1.LimitKind_LIMIT_KIND_RPM: 600},
 			Request{Tenant: "a", Model: "m", Base: "m", Input: 10}, 20, "requests"},
 		{"input tpm", &llmgwv1.TenantLimits{InputTpm: 100000}, map[llmgwv1.LimitKind]uint64{llmgwv1.LimitKind_LIMIT_KIND_INPUT_TPM: 30000},
-			Request{Tenant: "a", Model: "m", Base: "m", Input: 100}, 10, "tokens"},
+			Request{Tenant: "a", Model: "m", Base: "m", Input: 100, InputExact: true}, 10, "tokens"},
 		{"output tpm uses max_tokens under the mean", &llmgwv1.TenantLimits{OutputTpm: 100000}, map[llmgwv1.LimitKind]uint64{llmgwv1.LimitKind_LIMIT_KIND_OUTPUT_TPM: 3000},
 			Request{Tenant: "a", Model: "m", Base: "m", Input: 100, MaxTokens: 10}, 10, "tokens"},
 		{"concurrency", &llmgwv1.TenantLimits{Concurrency: 10}, map[llmgwv1.LimitKind]uint64{llmgwv1.LimitKind_LIMIT_KIND_CONCURRENCY: 3},
@@ -429,5 +429,27 @@ func TestFlush(t *testing.T) {
 	last := f.batches[len(f.batches)-1]
 	if last.Seq != 4 || len(last.Rows) != 1 || last.Rows[0].Tenant != "b" {
 		t.Errorf("last batch %v: want seq 4 (3 was refused and dropped) with b's request", last)
+	}
+}
+
+// TestInputEstimate: without tier 2's tokens the input is estimated from
+// the body's bytes, a quarter token a byte until answers teach the
+// model's own ratio; a cut stream teaches nothing.
+func TestInputEstimate(t *testing.T) {
+	q, _ := newTestQuota(t, map[string]*llmgwv1.Tenant{}, &fakeLeader{term: time.Hour}, nil)
+	req := Request{Tenant: "a", Model: "m", Base: "m", Bytes: 400}
+	tk, _, _ := q.Admit(req)
+	if tk.Input() != 100 {
+		t.Fatalf("first estimate %d, want 400 bytes / 4", tk.Input())
+	}
+	tk.Settle(Usage{Input: 10, Output: 1, Known: true, Cut: true})
+	tk, _, _ = q.Admit(req)
+	if tk.Input() != 100 {
+		t.Fatalf("estimate %d after a cut stream, want still 100", tk.Input())
+	}
+	tk.Settle(Usage{Input: 40, Output: 1, Known: true}) // 0.1 token a byte
+	tk, _, _ = q.Admit(req)
+	if tk.Input() != 40 {
+		t.Errorf("estimate %d after an answer of 40 tokens for 400 bytes, want 40", tk.Input())
 	}
 }

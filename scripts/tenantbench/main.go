@@ -213,6 +213,18 @@ func (b *bench) stopAll() {
 	}
 	if b.agent != nil {
 		b.agent.stop()
+		// Engines outlive their agent on purpose (design §6); the
+		// benchmark's do not.
+		files, _ := filepath.Glob(filepath.Join(b.cfg.dir, "agent", "engines", "*.json"))
+		for _, f := range files {
+			var rec struct {
+				PID int `json:"pid"`
+			}
+			if raw, err := os.ReadFile(f); err == nil && json.Unmarshal(raw, &rec) == nil && rec.PID > 1 {
+				_ = syscall.Kill(-rec.PID, syscall.SIGKILL)
+				_ = syscall.Kill(rec.PID, syscall.SIGKILL)
+			}
+		}
 	}
 	for _, s := range b.servers {
 		s.stop()
@@ -278,7 +290,7 @@ func (b *bench) startCluster() error {
 	}
 	model := filepath.Join(b.cfg.dir, "bench.yaml")
 	if err := os.WriteFile(model, []byte("name: bench\nengine: sim\nmodel: org/bench\nreplicas: 4\ngpus_per_replica: 1\n"+
-		"extra_args: [\"--sim-decode-ms-per-token\", \"2\", \"--enable-prompt-tokens-details\"]\n"), 0o644); err != nil {
+		"extra_args: [\"--sim-decode-ms-per-token\", \"2\", \"--sim-prefill-us-per-token\", \"300\", \"--enable-prompt-tokens-details\"]\n"), 0o644); err != nil {
 		return err
 	}
 	if _, err := b.ctlOut("model", "apply", "-f", model); err != nil {
@@ -336,6 +348,9 @@ func (b *bench) setupTenants() error {
 
 var prompt string
 
+// seqNo numbers the prompts.
+var seqNo atomic.Int64
+
 // result is one request's outcome.
 type result struct {
 	code         int
@@ -352,8 +367,10 @@ var client = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{
 // (usage asked) is cancelled after cancelAfter chunks when it is above 0.
 func (b *bench) request(addr, key string, stream bool, maxTokens, cancelAfter int) result {
 	res := result{sent: time.Now()}
+	// A number first: no two prompts share a prefix the engines cached,
+	// so every request prefills its whole prompt.
 	body := fmt.Sprintf(`{"model":"bench","messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%v%s}`,
-		prompt+strconv.Itoa(int(res.sent.UnixNano()%1000000)), maxTokens, stream, map[bool]string{true: `,"stream_options":{"include_usage":true}`}[stream])
+		strconv.FormatInt(seqNo.Add(1), 10)+" "+prompt, maxTokens, stream, map[bool]string{true: `,"stream_options":{"include_usage":true}`}[stream])
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
@@ -688,11 +705,21 @@ type counts struct {
 	OutputTokens  uint64 `json:"output_tokens"`
 }
 
-// usage sums `llmgwctl usage -o json` per tenant.
+// usage sums `llmgwctl usage -o json` per tenant, read from the leader
+// (a follower's copy may lag).
 func (b *bench) usage() (map[string]counts, error) {
-	out, err := b.ctlOut("usage", "--since", "48h", "-o", "json")
+	lead := b.leader()
+	var out string
+	err := errors.New("no leader")
+	for _, s := range b.servers {
+		if s.name == lead && s.cmd != nil {
+			var o []byte
+			o, err = exec.Command(b.cfg.ctl, "--addr", s.http, "--timeout", "20s", "usage", "--since", "48h", "-o", "json").Output()
+			out = string(o)
+		}
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("usage from the leader %q: %w", lead, err)
 	}
 	var rows []struct {
 		Tenant string `json:"tenant"`
