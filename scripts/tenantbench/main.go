@@ -7,11 +7,13 @@
 //  1. alone: tenant B streams at half its input-token limit for --alone;
 //     its TTFT p99 is the baseline.
 //  2. main, --duration: tenant A (input_tpm = --limit) is offered 3 × its
-//     limit split 70/20/10 over the routers; B as in phase 1; tenants E and
-//     S (the same rpm, S in shadow mode) get the same offered load; tenant
-//     C spends a daily token budget. One router is killed at 45 % of the
-//     run and the Raft leader at 65 %; a client whose router is gone moves
-//     to the next one. 10 % of B's streams are cancelled mid-way.
+//     limit split 70/20/10 over the routers; B as in phase 1, 10 % of its
+//     streams cancelled mid-way. One router is killed at 45 % of the run
+//     and the Raft leader at 65 %; a client whose router is gone moves to
+//     the next one.
+//  2b. side, --side: tenants E and S (the same rpm, S in shadow mode) get
+//     the same offered load, and tenant C spends a daily token budget; the
+//     leader is killed at 40 %.
 //  3. usage: the routers are stopped (they flush), `llmgwctl usage` is read
 //     and held against the engines' own counters, every server is
 //     restarted and the usage read again.
@@ -52,6 +54,7 @@ type config struct {
 	dir       string
 	duration  time.Duration
 	alone     time.Duration
+	side      time.Duration
 	limit     int
 	budget    int
 	rpm       int
@@ -65,6 +68,7 @@ func main() {
 	flag.StringVar(&cfg.ctl, "llmgwctl", "bin/llmgwctl", "the llmgwctl binary")
 	flag.DurationVar(&cfg.duration, "duration", 5*time.Minute, "the main phase")
 	flag.DurationVar(&cfg.alone, "alone", time.Minute, "tenant B alone, for its baseline TTFT")
+	flag.DurationVar(&cfg.side, "side", 150*time.Second, "the phase of the shadow pair and the budget")
 	flag.IntVar(&cfg.limit, "limit", 60000, "tenant A's input tokens per minute (B's too)")
 	flag.IntVar(&cfg.budget, "budget", 150000, "tenant C's daily tokens")
 	flag.IntVar(&cfg.rpm, "rpm", 120, "tenants E and S's requests per minute")
@@ -559,9 +563,13 @@ func (b *bench) run(ctx context.Context) error {
 	streams := map[string]*stream{
 		"A": {tenant: "A", weights: []float64{0.7, 0.2, 0.1}, rps: aRate, maxTokens: 8},
 		"B": {tenant: "B", weights: even, rps: bRate, stream: true, maxTokens: 32, cancelEvery: 10},
+	}
+	// The shadow pair and the budget run in a phase of their own, after
+	// the main one, so the isolation figure is A's load against B's.
+	side := map[string]*stream{
 		"E": {tenant: "E", weights: even, rps: 2 * float64(b.cfg.rpm) / 60, maxTokens: 8},
 		"S": {tenant: "S", weights: even, rps: 2 * float64(b.cfg.rpm) / 60, maxTokens: 8},
-		"C": {tenant: "C", weights: even, rps: 1.5 * float64(b.cfg.budget) / (perReq + 32) / (0.6 * b.cfg.duration.Seconds()), maxTokens: 32},
+		"C": {tenant: "C", weights: even, rps: 1.5 * float64(b.cfg.budget) / (perReq + 32) / (0.6 * b.cfg.side.Seconds()), maxTokens: 32},
 	}
 	start := time.Now()
 	mctx, mcancel := context.WithTimeout(ctx, b.cfg.duration)
@@ -586,19 +594,30 @@ func (b *bench) run(ctx context.Context) error {
 			return
 		case <-time.After(killLeaderAt - killRouterAt):
 		}
-		lead := b.leader()
-		for _, s := range b.servers {
-			if s.name == lead {
-				s.kill()
-				events[int(killLeaderAt/time.Minute)] += " leader " + lead + " killed"
-				fmt.Printf("%v: killed leader %s\n", killLeaderAt, lead)
-				time.Sleep(2 * time.Second)
-				_ = s.start(b.cfg.bin)
-			}
+		if lead := b.killLeader(); lead != "" {
+			events[int(killLeaderAt/time.Minute)] += " leader " + lead + " killed"
+			fmt.Printf("%v: killed leader %s\n", killLeaderAt, lead)
 		}
 	}()
 	wg.Wait()
-	fmt.Printf("main phase done after %v\n\n", time.Since(start).Round(time.Second))
+	fmt.Printf("main phase done after %v\n", time.Since(start).Round(time.Second))
+
+	// 2b. The shadow pair and the budget, a leader killed at 40 %.
+	sctx, scancel := context.WithTimeout(ctx, b.cfg.side)
+	defer scancel()
+	for _, s := range side {
+		wg.Add(1)
+		go b.drive(sctx, s, &wg)
+	}
+	go func() {
+		select {
+		case <-sctx.Done():
+		case <-time.After(time.Duration(0.4 * float64(b.cfg.side))):
+			fmt.Printf("side phase: killed leader %s\n", b.killLeader())
+		}
+	}()
+	wg.Wait()
+	fmt.Println()
 
 	// A per full minute.
 	ra := streams["A"].snapshot()
@@ -630,7 +649,7 @@ func (b *bench) run(ctx context.Context) error {
 		len(rb), count(rb, http.StatusTooManyRequests), len(rb)-count(rb, http.StatusOK)-count(rb, http.StatusTooManyRequests),
 		p99(ttfts(rb)), aloneP99, float64(p99(ttfts(rb)))/float64(max(1, aloneP99)))
 
-	rc := streams["C"].snapshot()
+	rc := side["C"].snapshot()
 	ctok := 0
 	for _, r := range rc {
 		if r.code == http.StatusOK {
@@ -653,9 +672,9 @@ func (b *bench) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	eRefused := count(streams["E"].snapshot(), http.StatusTooManyRequests)
+	eRefused := count(side["E"].snapshot(), http.StatusTooManyRequests)
 	fmt.Printf("E refused %d (roll-up %d); S (shadow) counted %d would-be refusals and was refused %d times: %+.1f %%\n",
-		eRefused, u1["e"].Refused, u1["s"].ShadowRefused, count(streams["S"].snapshot(), http.StatusTooManyRequests),
+		eRefused, u1["e"].Refused, u1["s"].ShadowRefused, count(side["S"].snapshot(), http.StatusTooManyRequests),
 		100*(float64(u1["s"].ShadowRefused)-float64(eRefused))/float64(max(1, eRefused)))
 	var in, out uint64
 	for _, c := range u1 {
@@ -694,6 +713,21 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	fmt.Printf("usage after restarting every router and server: identical %v\n", same)
 	return nil
+}
+
+// killLeader kills -9 the leader and starts it again 2 s later; it
+// returns the leader's id ("" when none was known).
+func (b *bench) killLeader() string {
+	lead := b.leader()
+	for _, s := range b.servers {
+		if s.name == lead {
+			s.kill()
+			time.Sleep(2 * time.Second)
+			_ = s.start(b.cfg.bin)
+			return lead
+		}
+	}
+	return ""
 }
 
 type counts struct {
