@@ -437,7 +437,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	}
 	if !asPreviousRelease {
 		// The previous release had no tenants: its routers never call it.
-		llmgwv1.RegisterQuotaServiceServer(gs, quota.New(lead, gated, s.log))
+		llmgwv1.RegisterQuotaServiceServer(gs, quota.New(lead, gated, func() string { return s.fsm.Config().GetMinVersion() }, s.log))
 	}
 	return gs
 }

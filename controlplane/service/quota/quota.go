@@ -35,12 +35,16 @@ type Service struct {
 	llmgwv1.UnimplementedQuotaServiceServer
 	leader  Leader
 	propose Proposer
-	log     *slog.Logger
+	// minVersion is the cluster's committed minimum version (the
+	// replicated ClusterConfig's).
+	minVersion func() string
+	log        *slog.Logger
 }
 
-// New returns the QuotaService.
-func New(l Leader, p Proposer, log *slog.Logger) *Service {
-	return &Service{leader: l, propose: p, log: log}
+// New returns the QuotaService; minVersion reads the cluster's committed
+// minimum version.
+func New(l Leader, p Proposer, minVersion func() string, log *slog.Logger) *Service {
+	return &Service{leader: l, propose: p, minVersion: minVersion, log: log}
 }
 
 // The bounds of a renewal: what one router may make the leader read and
@@ -74,14 +78,25 @@ func (s *Service) Lease(ctx context.Context, req *llmgwv1.LeaseRequest) (*llmgwv
 
 // RecordUsage commits one batch of a router session's metered usage to
 // the roll-up (one Raft write); a batch sent again is applied once
-// (fsm/tenants.go). A cluster that has not admitted tenants' commands yet
-// refuses it with FAILED_PRECONDITION.
+// (fsm/tenants.go). A cluster whose committed minimum version does not
+// admit tenants' commands yet refuses it with FAILED_PRECONDITION, and
+// never opens the gate for it.
 func (s *Service) RecordUsage(ctx context.Context, req *llmgwv1.RecordUsageCommand) (*llmgwv1.RecordUsageResponse, error) {
 	if err := fsm.ValidateUsageBatch(req); err != nil {
 		return nil, service.ToStatus(fmt.Errorf("record usage: %w", err))
 	}
 	if err := ownName(ctx, req.GetRouter()); err != nil {
 		return nil, err
+	}
+	// Routers meter every request, tenants or not: a batch is background
+	// work, and background work never opens the minimum-version gate by
+	// itself (design §13.3) — that would commit, during a rolling upgrade,
+	// a minimum version no operator asked for. An operator's first
+	// tenant or key command opens it; until then the router keeps its
+	// batch.
+	if min := s.minVersion(); !fsm.Admitted(llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE, min) {
+		return nil, status.Errorf(codes.FailedPrecondition,
+			"record usage: the cluster's minimum version %q does not admit tenants' commands yet; the first tenant or API key command opens it", min)
 	}
 	res, rev, err := s.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE, req)
 	if err != nil {

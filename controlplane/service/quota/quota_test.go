@@ -126,7 +126,7 @@ func TestLease(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l := &fakeLeader{err: tt.leaderErr}
-			s := New(l, &fakeProposer{}, slog.New(slog.DiscardHandler))
+			s := New(l, &fakeProposer{}, func() string { return fsm.TenantsVersion }, slog.New(slog.DiscardHandler))
 			resp, err := s.Lease(tt.ctx, tt.req)
 			if tt.wantCode == codes.OK {
 				if err != nil {
@@ -168,10 +168,17 @@ func TestRecordUsage(t *testing.T) {
 		ctx        context.Context
 		req        *llmgwv1.RecordUsageCommand
 		proposeErr error
+		minVersion string // "" for fsm.TenantsVersion
 		wantCode   codes.Code
 		wantText   string
 	}{
 		{name: "committed", ctx: bg, req: good()},
+		// Background work never opens the gate (design §13.3): refused
+		// before anything is proposed.
+		{name: "a cluster not admitting tenants' commands yet", ctx: bg, req: good(), minVersion: "v0.1.0",
+			wantCode: codes.FailedPrecondition, wantText: `minimum version "v0.1.0" does not admit tenants' commands`},
+		{name: "a cluster with no minimum version yet", ctx: bg, req: good(), minVersion: "none",
+			wantCode: codes.FailedPrecondition, wantText: `minimum version "" does not admit`},
 		{name: "the router under its own name: committed", ctx: ctxAs(mtls.Identity{Role: mtls.RoleRouter, Name: "r1"}), req: good()},
 		{name: "a router under another's name", ctx: ctxAs(mtls.Identity{Role: mtls.RoleRouter, Name: "r2"}), req: good(),
 			wantCode: codes.PermissionDenied, wantText: `router: "r1" is not the caller's name "r2"`},
@@ -191,7 +198,14 @@ func TestRecordUsage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := &fakeProposer{err: tt.proposeErr}
-			s := New(&fakeLeader{}, p, slog.New(slog.DiscardHandler))
+			min := tt.minVersion
+			switch min {
+			case "":
+				min = fsm.TenantsVersion
+			case "none":
+				min = ""
+			}
+			s := New(&fakeLeader{}, p, func() string { return min }, slog.New(slog.DiscardHandler))
 			resp, err := s.RecordUsage(tt.ctx, tt.req)
 			if tt.wantCode == codes.OK {
 				if err != nil {
