@@ -72,8 +72,10 @@ func (q *Quota) renew(ctx context.Context) {
 		ts = append(ts, t)
 	}
 	q.mu.RUnlock()
+	defs := q.tenants()
 	for _, t := range ts {
 		t.mu.Lock()
+		t.sync(defs[t.name])
 		for _, s := range t.scopes {
 			req.Claims = append(req.Claims, t.claim(s, sent))
 		}

@@ -58,6 +58,7 @@ func (q *Quota) collect() *llmgwv1.RecordUsageCommand {
 	var rows []*llmgwv1.UsageRow
 	for _, t := range ts {
 		t.mu.Lock()
+		t.gen++
 		for k, c := range t.usage {
 			if len(rows) == maxBatchRows {
 				break // the rest goes in the next batch

@@ -119,8 +119,10 @@ type tenant struct {
 	// scopes: the tenant's own limits first, then per model, each kind
 	// ascending: the order checks run in.
 	scopes []*scope
-	// usage metered since the last batch, by (model, hour).
+	// usage metered since the last batch, by (model, hour); gen counts
+	// the batches that took rows from it.
 	usage map[usageKey]*llmgwv1.UsageCounts
+	gen   uint64
 	// tokens metered and not yet committed, for the budgets' claims:
 	// unflushed (not in a batch yet) and inBatch (in the batch in
 	// flight), the tenant's and per model.
@@ -133,11 +135,9 @@ type usageKey struct {
 	hour  int64
 }
 
-// tenantOf returns the state of name, its definition brought up to date
-// with the desired state's (limits changed: scopes added or dropped,
-// what was used of the others kept).
+// tenantOf returns the state of name, made on first use; its holder
+// brings its definition up to date under its lock (sync).
 func (q *Quota) tenantOf(name string) *tenant {
-	def := q.tenants()[name]
 	q.mu.RLock()
 	t := q.state[name]
 	q.mu.RUnlock()
@@ -150,12 +150,14 @@ func (q *Quota) tenantOf(name string) *tenant {
 		}
 		q.mu.Unlock()
 	}
-	t.mu.Lock()
+	return t
+}
+
+// sync brings t's definition up to def; t.mu is held.
+func (t *tenant) sync(def *llmgwv1.Tenant) {
 	if t.def != def {
 		t.redefine(def)
 	}
-	t.mu.Unlock()
-	return t
 }
 
 // redefine rebuilds the scopes from def, keeping the state of scopes that
@@ -224,6 +226,10 @@ type Ticket struct {
 	hour   int64
 	shadow bool // a shadow tenant's request its limits would have refused: nothing reserved
 	cut    bool // settled from a cut stream's chunks: not an answer to learn from
+	// row is the metered row of the request's model and hour as of
+	// admission, valid while the tenant's gen is still gen.
+	row *llmgwv1.UsageCounts
+	gen uint64
 	// reserved per scope, in the order of t.scopes at admission; the
 	// arrays hold the usual few without an allocation.
 	scopes []*scope
@@ -263,6 +269,7 @@ func (q *Quota) Admit(r Request) (*Ticket, *openai.Error, Headers) {
 	tk.scopes, tk.costs = tk.inline[:0], tk.icosts[:0]
 
 	t.mu.Lock()
+	t.sync(q.tenants()[r.Tenant])
 	var refusal *openai.Error
 	var refusedBy *scope
 	var retry time.Duration
@@ -300,6 +307,7 @@ func (q *Quota) Admit(r Request) (*Ticket, *openai.Error, Headers) {
 		refusal = refusalOf(refusedBy, retry)
 	}
 	u := t.counts(r.Model, tk.hour)
+	tk.row, tk.gen = u, t.gen
 	switch {
 	case refusal == nil:
 	case shadow:
@@ -398,7 +406,10 @@ func (tk *Ticket) Settle(u Usage) {
 	for i, s := range tk.scopes {
 		s.settle(now, tk.costs[i], tk.used(s, u))
 	}
-	c := t.counts(tk.req.Model, tk.hour)
+	c := tk.row
+	if tk.gen != t.gen { // a batch took the row since admission
+		c = t.counts(tk.req.Model, tk.hour)
+	}
 	c.Requests++
 	c.InputTokens += uint64(u.Input)
 	c.CachedTokens += uint64(u.Cached)
