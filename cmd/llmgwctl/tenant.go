@@ -176,7 +176,7 @@ func parseWeights(s string) (*llmgwv1.TokenWeights, error) {
 func parseModelLimit(spec string) (*llmgwv1.TenantModelLimits, error) {
 	model, rest, ok := strings.Cut(spec, ":")
 	if !ok || model == "" {
-		return nil, fmt.Errorf("--model-limit: %q is not MODEL:rpm=N,input-tpm=N,...", spec)
+		return nil, fmt.Errorf("--model-limit: %q is not of the form MODEL:rpm=N,input-tpm=N (and the other limits' flags)", spec)
 	}
 	ml := &llmgwv1.TenantModelLimits{Model: model}
 	if strings.TrimSpace(rest) == "" {

@@ -187,7 +187,7 @@ func TestTenantBadInput(t *testing.T) {
 			"--model-limit demo:daily-tokens: 9 is above monthly-tokens 3", exitUsage},
 		{"negative model limit", []string{"tenant", "create", "b", "--model-limit", "demo:rpm=-1"}, "--model-limit demo:rpm: must not be negative, got -1", exitUsage},
 		{"unknown model limit", []string{"tenant", "create", "b", "--model-limit", "demo:tpm=1"}, `--model-limit demo: "tpm=1" is not one of rpm`, exitUsage},
-		{"model limit without a model", []string{"tenant", "create", "b", "--model-limit", "rpm=1"}, `--model-limit: "rpm=1" is not MODEL:`, exitUsage},
+		{"model limit without a model", []string{"tenant", "create", "b", "--model-limit", "rpm=1"}, `--model-limit: "rpm=1" is not of the form MODEL:`, exitUsage},
 		{"bad model limit name", []string{"tenant", "create", "b", "--model-limit", "Demo:rpm=1"}, "--model-limit Demo: must match", exitUsage},
 		{"negative weight", []string{"tenant", "create", "b", "--weights", "cached=-1"}, "--weights cached: must not be negative, got -1", exitUsage},
 		{"absurd weight", []string{"tenant", "create", "b", "--weights", "output=5000"}, "--weights output: at most 1000 (1000 ×), got 5000", exitUsage},

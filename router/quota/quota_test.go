@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"sync"
 	"testing"
@@ -88,7 +87,7 @@ func newTestQuota(t testing.TB, tenants map[string]*llmgwv1.Tenant, f *fakeLeade
 	t.Helper()
 	c := &clock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	q := New(Config{Router: "r1", Now: c.Now}, func() map[string]*llmgwv1.Tenant { return tenants }, f,
-		slog.New(slog.NewTextHandler(io.Discard, nil)), reg)
+		slog.New(slog.DiscardHandler), reg)
 	return q, c
 }
 

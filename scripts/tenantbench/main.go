@@ -11,7 +11,7 @@
 //     streams cancelled mid-way. One router is killed at 45 % of the run
 //     and the Raft leader at 65 %; a client whose router is gone moves to
 //     the next one.
-//  2b. side, --side: tenants E and S (the same rpm, S in shadow mode) get
+//     2b. side, --side: tenants E and S (the same rpm, S in shadow mode) get
 //     the same offered load, and tenant C spends a daily token budget; the
 //     leader is killed at 40 %.
 //  3. usage: the routers are stopped (they flush), `llmgwctl usage` is read

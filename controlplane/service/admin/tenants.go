@@ -58,7 +58,11 @@ func (a *Service) PutTenant(ctx context.Context, req *llmgwv1.PutTenantRequest) 
 		return nil, existsStatus(fmt.Errorf("%s tenant %s: %w", verb, t.Name, err))
 	}
 	stored, _ := res.(*llmgwv1.Tenant)
-	a.log.Info("tenant "+verb+"d", "tenant", t.Name, "shadow", t.Shadow, "revision", rev)
+	if req.Create {
+		a.log.Info("tenant created", "tenant", t.Name, "shadow", t.Shadow, "revision", rev)
+	} else {
+		a.log.Info("tenant updated", "tenant", t.Name, "shadow", t.Shadow, "revision", rev)
+	}
 	return &llmgwv1.PutTenantResponse{Tenant: stored, Revision: rev}, nil
 }
 
