@@ -24,11 +24,7 @@ import (
 // is immediate, so the router's own cost is all there is to see.
 func BenchmarkHandlerAPIKey(b *testing.B) {
 	const secret = "sk-llmgw-0123456789abcdefghijklmnopqrstuvwxyzABCDEFG"
-	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}`)
-	}))
+	eng := okEngine()
 	defer eng.Close()
 	tb := &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", strings.TrimPrefix(eng.URL, "http://"))}}}
 	keys := (*auth.Set)(nil).Clone()
@@ -72,6 +68,16 @@ func BenchmarkHandlerAPIKey(b *testing.B) {
 			}
 		})
 	}
+}
+
+// okEngine is an engine stand-in that answers every chat at once, with
+// its usage: the router's own cost is all a benchmark over it sees.
+func okEngine() *httptest.Server {
+	return httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":12,"completion_tokens":1,"total_tokens":13}}`)
+	}))
 }
 
 // BenchmarkServeStream is one streamed chat request (32 tokens, each its
