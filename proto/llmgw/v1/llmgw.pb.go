@@ -1853,9 +1853,16 @@ type Tenant struct {
 	// Unset: input 1, cached 1, output 1.
 	Weights *TokenWeights `protobuf:"bytes,5,opt,name=weights,proto3" json:"weights,omitempty"`
 	// Count what the limits would refuse without refusing it.
-	Shadow        bool   `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"`
-	CreatedUnix   int64  `protobuf:"varint,7,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
-	Revision      uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	Shadow      bool   `protobuf:"varint,6,opt,name=shadow,proto3" json:"shadow,omitempty"`
+	CreatedUnix int64  `protobuf:"varint,7,opt,name=created_unix,json=createdUnix,proto3" json:"created_unix,omitempty"`
+	Revision    uint64 `protobuf:"varint,8,opt,name=revision,proto3" json:"revision,omitempty"`
+	// Flow control's priority classes (design §7.8), by name as the routers'
+	// flow.classes list them: the class its requests get unless they ask
+	// for a lower one (empty: the routers' flow.default_class), and the
+	// highest they may ask for (empty: the default class; a class above it
+	// is clamped to it).
+	DefaultClass  string `protobuf:"bytes,9,opt,name=default_class,json=defaultClass,proto3" json:"default_class,omitempty"`
+	MaxClass      string `protobuf:"bytes,10,opt,name=max_class,json=maxClass,proto3" json:"max_class,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1944,6 +1951,20 @@ func (x *Tenant) GetRevision() uint64 {
 		return x.Revision
 	}
 	return 0
+}
+
+func (x *Tenant) GetDefaultClass() string {
+	if x != nil {
+		return x.DefaultClass
+	}
+	return ""
+}
+
+func (x *Tenant) GetMaxClass() string {
+	if x != nil {
+		return x.MaxClass
+	}
+	return ""
 }
 
 // UsageCounts are what a tenant's requests used.
@@ -8873,6 +8894,372 @@ func (x *RecordUsageResponse) GetRevision() uint64 {
 	return 0
 }
 
+// FlowDepth is one model's queue of one priority class.
+type FlowDepth struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Class string                 `protobuf:"bytes,2,opt,name=class,proto3" json:"class,omitempty"`
+	// The class's place in the sender's flow.classes, 0 the highest: how a
+	// router compares a class it does not configure.
+	Rank        uint32 `protobuf:"varint,3,opt,name=rank,proto3" json:"rank,omitempty"`
+	Queued      uint64 `protobuf:"varint,4,opt,name=queued,proto3" json:"queued,omitempty"`
+	QueuedBytes uint64 `protobuf:"varint,5,opt,name=queued_bytes,json=queuedBytes,proto3" json:"queued_bytes,omitempty"`
+	// How long the oldest queued request has waited.
+	OldestWaitMs int64 `protobuf:"varint,6,opt,name=oldest_wait_ms,json=oldestWaitMs,proto3" json:"oldest_wait_ms,omitempty"`
+	// In a FlowView: how many routers reported the queue. In a FlowReport: 0.
+	Routers       uint32 `protobuf:"varint,7,opt,name=routers,proto3" json:"routers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowDepth) Reset() {
+	*x = FlowDepth{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowDepth) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowDepth) ProtoMessage() {}
+
+func (x *FlowDepth) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowDepth.ProtoReflect.Descriptor instead.
+func (*FlowDepth) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{123}
+}
+
+func (x *FlowDepth) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *FlowDepth) GetClass() string {
+	if x != nil {
+		return x.Class
+	}
+	return ""
+}
+
+func (x *FlowDepth) GetRank() uint32 {
+	if x != nil {
+		return x.Rank
+	}
+	return 0
+}
+
+func (x *FlowDepth) GetQueued() uint64 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *FlowDepth) GetQueuedBytes() uint64 {
+	if x != nil {
+		return x.QueuedBytes
+	}
+	return 0
+}
+
+func (x *FlowDepth) GetOldestWaitMs() int64 {
+	if x != nil {
+		return x.OldestWaitMs
+	}
+	return 0
+}
+
+func (x *FlowDepth) GetRouters() uint32 {
+	if x != nil {
+		return x.Routers
+	}
+	return 0
+}
+
+type FlowReport struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The router's --id and this run's random session, as in LeaseRequest.
+	Router  string `protobuf:"bytes,1,opt,name=router,proto3" json:"router,omitempty"`
+	Session uint64 `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
+	// Its non-empty queues only, at most 4096.
+	Depths        []*FlowDepth `protobuf:"bytes,3,rep,name=depths,proto3" json:"depths,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowReport) Reset() {
+	*x = FlowReport{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowReport) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowReport) ProtoMessage() {}
+
+func (x *FlowReport) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowReport.ProtoReflect.Descriptor instead.
+func (*FlowReport) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{124}
+}
+
+func (x *FlowReport) GetRouter() string {
+	if x != nil {
+		return x.Router
+	}
+	return ""
+}
+
+func (x *FlowReport) GetSession() uint64 {
+	if x != nil {
+		return x.Session
+	}
+	return 0
+}
+
+func (x *FlowReport) GetDepths() []*FlowDepth {
+	if x != nil {
+		return x.Depths
+	}
+	return nil
+}
+
+type FlowView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every other router's queues, summed per model and class (the oldest
+	// wait: the longest).
+	Depths []*FlowDepth `protobuf:"bytes,1,rep,name=depths,proto3" json:"depths,omitempty"`
+	// How long a report counts: a router that stops reporting drops out of
+	// every view this long after its last report.
+	ValidMs       int64 `protobuf:"varint,2,opt,name=valid_ms,json=validMs,proto3" json:"valid_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowView) Reset() {
+	*x = FlowView{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowView) ProtoMessage() {}
+
+func (x *FlowView) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowView.ProtoReflect.Descriptor instead.
+func (*FlowView) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{125}
+}
+
+func (x *FlowView) GetDepths() []*FlowDepth {
+	if x != nil {
+		return x.Depths
+	}
+	return nil
+}
+
+func (x *FlowView) GetValidMs() int64 {
+	if x != nil {
+		return x.ValidMs
+	}
+	return 0
+}
+
+// FlowStatus is the leader's view of every router's queues, for the
+// console and llmgwctl flow.
+type FlowStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowStatusRequest) Reset() {
+	*x = FlowStatusRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowStatusRequest) ProtoMessage() {}
+
+func (x *FlowStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowStatusRequest.ProtoReflect.Descriptor instead.
+func (*FlowStatusRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{126}
+}
+
+type FlowRouterDepths struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Router         string                 `protobuf:"bytes,1,opt,name=router,proto3" json:"router,omitempty"`
+	ReportedUnixMs int64                  `protobuf:"varint,2,opt,name=reported_unix_ms,json=reportedUnixMs,proto3" json:"reported_unix_ms,omitempty"`
+	Depths         []*FlowDepth           `protobuf:"bytes,3,rep,name=depths,proto3" json:"depths,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *FlowRouterDepths) Reset() {
+	*x = FlowRouterDepths{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowRouterDepths) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowRouterDepths) ProtoMessage() {}
+
+func (x *FlowRouterDepths) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowRouterDepths.ProtoReflect.Descriptor instead.
+func (*FlowRouterDepths) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{127}
+}
+
+func (x *FlowRouterDepths) GetRouter() string {
+	if x != nil {
+		return x.Router
+	}
+	return ""
+}
+
+func (x *FlowRouterDepths) GetReportedUnixMs() int64 {
+	if x != nil {
+		return x.ReportedUnixMs
+	}
+	return 0
+}
+
+func (x *FlowRouterDepths) GetDepths() []*FlowDepth {
+	if x != nil {
+		return x.Depths
+	}
+	return nil
+}
+
+type FlowStatusResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Routers []*FlowRouterDepths    `protobuf:"bytes,1,rep,name=routers,proto3" json:"routers,omitempty"`
+	// The routers' queues summed per model and class.
+	Total         []*FlowDepth `protobuf:"bytes,2,rep,name=total,proto3" json:"total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FlowStatusResponse) Reset() {
+	*x = FlowStatusResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FlowStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FlowStatusResponse) ProtoMessage() {}
+
+func (x *FlowStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FlowStatusResponse.ProtoReflect.Descriptor instead.
+func (*FlowStatusResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{128}
+}
+
+func (x *FlowStatusResponse) GetRouters() []*FlowRouterDepths {
+	if x != nil {
+		return x.Routers
+	}
+	return nil
+}
+
+func (x *FlowStatusResponse) GetTotal() []*FlowDepth {
+	if x != nil {
+		return x.Total
+	}
+	return nil
+}
+
 type RegisterNodeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The node as its agent reported it in its hello (id, addresses,
@@ -8888,7 +9275,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8900,7 +9287,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8913,7 +9300,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{123}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -8942,7 +9329,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8954,7 +9341,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8967,7 +9354,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{124}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -9003,7 +9390,7 @@ type AdapterView struct {
 
 func (x *AdapterView) Reset() {
 	*x = AdapterView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9015,7 +9402,7 @@ func (x *AdapterView) String() string {
 func (*AdapterView) ProtoMessage() {}
 
 func (x *AdapterView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9028,7 +9415,7 @@ func (x *AdapterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
 func (*AdapterView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{125}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *AdapterView) GetModel() string {
@@ -9077,7 +9464,7 @@ type ListAdaptersResponse struct {
 
 func (x *ListAdaptersResponse) Reset() {
 	*x = ListAdaptersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9089,7 +9476,7 @@ func (x *ListAdaptersResponse) String() string {
 func (*ListAdaptersResponse) ProtoMessage() {}
 
 func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9102,7 +9489,7 @@ func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
 func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{126}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *ListAdaptersResponse) GetRevision() uint64 {
@@ -9262,7 +9649,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\foutput_milli\x18\x03 \x01(\rR\voutputMilli\"Y\n" +
 	"\x11TenantModelLimits\x12\x14\n" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12.\n" +
-	"\x06limits\x18\x02 \x01(\v2\x16.llmgw.v1.TenantLimitsR\x06limits\"\xad\x02\n" +
+	"\x06limits\x18\x02 \x01(\v2\x16.llmgw.v1.TenantLimitsR\x06limits\"\xef\x02\n" +
 	"\x06Tenant\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06models\x18\x02 \x03(\tR\x06models\x12.\n" +
@@ -9271,7 +9658,10 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aweights\x18\x05 \x01(\v2\x16.llmgw.v1.TokenWeightsR\aweights\x12\x16\n" +
 	"\x06shadow\x18\x06 \x01(\bR\x06shadow\x12!\n" +
 	"\fcreated_unix\x18\a \x01(\x03R\vcreatedUnix\x12\x1a\n" +
-	"\brevision\x18\b \x01(\x04R\brevision\"\xd7\x01\n" +
+	"\brevision\x18\b \x01(\x04R\brevision\x12#\n" +
+	"\rdefault_class\x18\t \x01(\tR\fdefaultClass\x12\x1b\n" +
+	"\tmax_class\x18\n" +
+	" \x01(\tR\bmaxClass\"\xd7\x01\n" +
 	"\vUsageCounts\x12\x1a\n" +
 	"\brequests\x18\x01 \x01(\x04R\brequests\x12\x18\n" +
 	"\arefused\x18\x02 \x01(\x04R\arefused\x12%\n" +
@@ -9734,7 +10124,31 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\aterm_ms\x18\x02 \x01(\x03R\x06termMs\x12\x1a\n" +
 	"\bsettling\x18\x03 \x01(\bR\bsettling\"1\n" +
 	"\x13RecordUsageResponse\x12\x1a\n" +
-	"\brevision\x18\x01 \x01(\x04R\brevision\"V\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\"\xc6\x01\n" +
+	"\tFlowDepth\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x14\n" +
+	"\x05class\x18\x02 \x01(\tR\x05class\x12\x12\n" +
+	"\x04rank\x18\x03 \x01(\rR\x04rank\x12\x16\n" +
+	"\x06queued\x18\x04 \x01(\x04R\x06queued\x12!\n" +
+	"\fqueued_bytes\x18\x05 \x01(\x04R\vqueuedBytes\x12$\n" +
+	"\x0eoldest_wait_ms\x18\x06 \x01(\x03R\foldestWaitMs\x12\x18\n" +
+	"\arouters\x18\a \x01(\rR\arouters\"k\n" +
+	"\n" +
+	"FlowReport\x12\x16\n" +
+	"\x06router\x18\x01 \x01(\tR\x06router\x12\x18\n" +
+	"\asession\x18\x02 \x01(\x04R\asession\x12+\n" +
+	"\x06depths\x18\x03 \x03(\v2\x13.llmgw.v1.FlowDepthR\x06depths\"R\n" +
+	"\bFlowView\x12+\n" +
+	"\x06depths\x18\x01 \x03(\v2\x13.llmgw.v1.FlowDepthR\x06depths\x12\x19\n" +
+	"\bvalid_ms\x18\x02 \x01(\x03R\avalidMs\"\x13\n" +
+	"\x11FlowStatusRequest\"\x81\x01\n" +
+	"\x10FlowRouterDepths\x12\x16\n" +
+	"\x06router\x18\x01 \x01(\tR\x06router\x12(\n" +
+	"\x10reported_unix_ms\x18\x02 \x01(\x03R\x0ereportedUnixMs\x12+\n" +
+	"\x06depths\x18\x03 \x03(\v2\x13.llmgw.v1.FlowDepthR\x06depths\"u\n" +
+	"\x12FlowStatusResponse\x124\n" +
+	"\arouters\x18\x01 \x03(\v2\x1a.llmgw.v1.FlowRouterDepthsR\arouters\x12)\n" +
+	"\x05total\x18\x02 \x03(\v2\x13.llmgw.v1.FlowDepthR\x05total\"V\n" +
 	"\x13RegisterNodeRequest\x12\"\n" +
 	"\x04node\x18\x01 \x01(\v2\x0e.llmgw.v1.NodeR\x04node\x12\x1b\n" +
 	"\tserver_id\x18\x02 \x01(\tR\bserverId\"V\n" +
@@ -9813,7 +10227,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\x86\x10\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xcf\x10\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -9842,7 +10256,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\tPutTenant\x12\x1a.llmgw.v1.PutTenantRequest\x1a\x1b.llmgw.v1.PutTenantResponse\x129\n" +
 	"\tGetTenant\x12\x1a.llmgw.v1.GetTenantRequest\x1a\x10.llmgw.v1.Tenant\x12C\n" +
 	"\vListTenants\x12\x15.llmgw.v1.ListRequest\x1a\x1d.llmgw.v1.ListTenantsResponse\x12M\n" +
-	"\fDeleteTenant\x12\x1d.llmgw.v1.DeleteTenantRequest\x1a\x1e.llmgw.v1.DeleteTenantResponse\x128\n" +
+	"\fDeleteTenant\x12\x1d.llmgw.v1.DeleteTenantRequest\x1a\x1e.llmgw.v1.DeleteTenantResponse\x12G\n" +
+	"\n" +
+	"FlowStatus\x12\x1b.llmgw.v1.FlowStatusRequest\x1a\x1c.llmgw.v1.FlowStatusResponse\x128\n" +
 	"\x05Usage\x12\x16.llmgw.v1.UsageRequest\x1a\x17.llmgw.v1.UsageResponse\x12>\n" +
 	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse\x12E\n" +
 	"\fListAdapters\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListAdaptersResponse2T\n" +
@@ -9853,7 +10269,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x10ReportAdapterUse\x12\x1a.llmgw.v1.AdapterUseReport\x1a\".llmgw.v1.AdapterUseReportResponse2\x94\x01\n" +
 	"\fQuotaService\x128\n" +
 	"\x05Lease\x12\x16.llmgw.v1.LeaseRequest\x1a\x17.llmgw.v1.LeaseResponse\x12J\n" +
-	"\vRecordUsage\x12\x1c.llmgw.v1.RecordUsageCommand\x1a\x1d.llmgw.v1.RecordUsageResponse2\xa1\x01\n" +
+	"\vRecordUsage\x12\x1c.llmgw.v1.RecordUsageCommand\x1a\x1d.llmgw.v1.RecordUsageResponse2A\n" +
+	"\vFlowService\x122\n" +
+	"\x06Report\x12\x14.llmgw.v1.FlowReport\x1a\x12.llmgw.v1.FlowView2\xa1\x01\n" +
 	"\rServerService\x12M\n" +
 	"\fRegisterNode\x12\x1d.llmgw.v1.RegisterNodeRequest\x1a\x1e.llmgw.v1.RegisterNodeResponse\x12A\n" +
 	"\fLocalKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x17.llmgw.v1.ServerKeyringB/Z-github.com/llmgw/llmgw/proto/llmgw/v1;llmgwv1b\x06proto3"
@@ -9871,7 +10289,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 134)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 140)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -10003,31 +10421,37 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*ShareGrant)(nil),                 // 127: llmgw.v1.ShareGrant
 	(*LeaseResponse)(nil),              // 128: llmgw.v1.LeaseResponse
 	(*RecordUsageResponse)(nil),        // 129: llmgw.v1.RecordUsageResponse
-	(*RegisterNodeRequest)(nil),        // 130: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 131: llmgw.v1.RegisterNodeResponse
-	(*AdapterView)(nil),                // 132: llmgw.v1.AdapterView
-	(*ListAdaptersResponse)(nil),       // 133: llmgw.v1.ListAdaptersResponse
-	nil,                                // 134: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 135: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 136: llmgw.v1.Node.LabelsEntry
-	nil,                                // 137: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 138: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 139: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 140: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*FlowDepth)(nil),                  // 130: llmgw.v1.FlowDepth
+	(*FlowReport)(nil),                 // 131: llmgw.v1.FlowReport
+	(*FlowView)(nil),                   // 132: llmgw.v1.FlowView
+	(*FlowStatusRequest)(nil),          // 133: llmgw.v1.FlowStatusRequest
+	(*FlowRouterDepths)(nil),           // 134: llmgw.v1.FlowRouterDepths
+	(*FlowStatusResponse)(nil),         // 135: llmgw.v1.FlowStatusResponse
+	(*RegisterNodeRequest)(nil),        // 136: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 137: llmgw.v1.RegisterNodeResponse
+	(*AdapterView)(nil),                // 138: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 139: llmgw.v1.ListAdaptersResponse
+	nil,                                // 140: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 141: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 142: llmgw.v1.Node.LabelsEntry
+	nil,                                // 143: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 144: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 145: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 146: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	134, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	135, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	140, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	141, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	8,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	7,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	136, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	142, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	11,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	9,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	10,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	12,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	13,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	137, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	143, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
 	24,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
 	23,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
 	15,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
@@ -10049,7 +10473,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	12,  // 30: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
 	13,  // 31: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
 	24,  // 32: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	138, // 33: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	144, // 33: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
 	2,   // 34: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
 	44,  // 35: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
 	47,  // 36: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
@@ -10094,7 +10518,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	5,   // 75: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
 	81,  // 76: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
 	82,  // 77: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	139, // 78: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	145, // 78: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
 	10,  // 79: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
 	96,  // 80: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
 	99,  // 81: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
@@ -10102,7 +10526,7 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	9,   // 83: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
 	9,   // 84: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
 	10,  // 85: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	140, // 86: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	146, // 86: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
 	12,  // 87: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
 	44,  // 88: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
 	113, // 89: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
@@ -10116,89 +10540,98 @@ var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
 	125, // 97: llmgw.v1.LeaseRequest.claims:type_name -> llmgw.v1.ShareClaim
 	124, // 98: llmgw.v1.ShareGrant.scope:type_name -> llmgw.v1.Scope
 	127, // 99: llmgw.v1.LeaseResponse.grants:type_name -> llmgw.v1.ShareGrant
-	10,  // 100: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
-	10,  // 101: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	46,  // 102: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
-	132, // 103: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
-	51,  // 104: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	57,  // 105: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	105, // 106: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	107, // 107: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	109, // 108: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	109, // 109: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	109, // 110: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	115, // 111: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	89,  // 112: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	91,  // 113: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	93,  // 114: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	95,  // 115: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	98,  // 116: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	101, // 117: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	103, // 118: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	86,  // 119: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	87,  // 120: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	84,  // 121: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	63,  // 122: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	109, // 123: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	78,  // 124: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	75,  // 125: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
-	64,  // 126: llmgw.v1.AdminService.SetApiKeyTenant:input_type -> llmgw.v1.SetApiKeyTenantRequest
-	66,  // 127: llmgw.v1.AdminService.PutTenant:input_type -> llmgw.v1.PutTenantRequest
-	68,  // 128: llmgw.v1.AdminService.GetTenant:input_type -> llmgw.v1.GetTenantRequest
-	109, // 129: llmgw.v1.AdminService.ListTenants:input_type -> llmgw.v1.ListRequest
-	70,  // 130: llmgw.v1.AdminService.DeleteTenant:input_type -> llmgw.v1.DeleteTenantRequest
-	72,  // 131: llmgw.v1.AdminService.Usage:input_type -> llmgw.v1.UsageRequest
-	80,  // 132: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	109, // 133: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
-	117, // 134: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	120, // 135: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	121, // 136: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
-	126, // 137: llmgw.v1.QuotaService.Lease:input_type -> llmgw.v1.LeaseRequest
-	34,  // 138: llmgw.v1.QuotaService.RecordUsage:input_type -> llmgw.v1.RecordUsageCommand
-	130, // 139: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	80,  // 140: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	54,  // 141: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	62,  // 142: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	106, // 143: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	108, // 144: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	110, // 145: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	111, // 146: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	114, // 147: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	116, // 148: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	90,  // 149: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	92,  // 150: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	94,  // 151: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	97,  // 152: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	100, // 153: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	102, // 154: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	104, // 155: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	87,  // 156: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	88,  // 157: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	85,  // 158: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	74,  // 159: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	77,  // 160: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	79,  // 161: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	76,  // 162: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
-	65,  // 163: llmgw.v1.AdminService.SetApiKeyTenant:output_type -> llmgw.v1.SetApiKeyTenantResponse
-	67,  // 164: llmgw.v1.AdminService.PutTenant:output_type -> llmgw.v1.PutTenantResponse
-	19,  // 165: llmgw.v1.AdminService.GetTenant:output_type -> llmgw.v1.Tenant
-	69,  // 166: llmgw.v1.AdminService.ListTenants:output_type -> llmgw.v1.ListTenantsResponse
-	71,  // 167: llmgw.v1.AdminService.DeleteTenant:output_type -> llmgw.v1.DeleteTenantResponse
-	73,  // 168: llmgw.v1.AdminService.Usage:output_type -> llmgw.v1.UsageResponse
-	83,  // 169: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	133, // 170: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
-	119, // 171: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	123, // 172: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	122, // 173: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
-	128, // 174: llmgw.v1.QuotaService.Lease:output_type -> llmgw.v1.LeaseResponse
-	129, // 175: llmgw.v1.QuotaService.RecordUsage:output_type -> llmgw.v1.RecordUsageResponse
-	131, // 176: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	82,  // 177: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	141, // [141:178] is the sub-list for method output_type
-	104, // [104:141] is the sub-list for method input_type
-	104, // [104:104] is the sub-list for extension type_name
-	104, // [104:104] is the sub-list for extension extendee
-	0,   // [0:104] is the sub-list for field type_name
+	130, // 100: llmgw.v1.FlowReport.depths:type_name -> llmgw.v1.FlowDepth
+	130, // 101: llmgw.v1.FlowView.depths:type_name -> llmgw.v1.FlowDepth
+	130, // 102: llmgw.v1.FlowRouterDepths.depths:type_name -> llmgw.v1.FlowDepth
+	134, // 103: llmgw.v1.FlowStatusResponse.routers:type_name -> llmgw.v1.FlowRouterDepths
+	130, // 104: llmgw.v1.FlowStatusResponse.total:type_name -> llmgw.v1.FlowDepth
+	10,  // 105: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	10,  // 106: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	46,  // 107: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	138, // 108: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	51,  // 109: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	57,  // 110: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	105, // 111: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	107, // 112: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	109, // 113: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	109, // 114: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	109, // 115: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	115, // 116: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	89,  // 117: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	91,  // 118: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	93,  // 119: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	95,  // 120: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	98,  // 121: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	101, // 122: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	103, // 123: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	86,  // 124: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	87,  // 125: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	84,  // 126: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	63,  // 127: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	109, // 128: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	78,  // 129: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	75,  // 130: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
+	64,  // 131: llmgw.v1.AdminService.SetApiKeyTenant:input_type -> llmgw.v1.SetApiKeyTenantRequest
+	66,  // 132: llmgw.v1.AdminService.PutTenant:input_type -> llmgw.v1.PutTenantRequest
+	68,  // 133: llmgw.v1.AdminService.GetTenant:input_type -> llmgw.v1.GetTenantRequest
+	109, // 134: llmgw.v1.AdminService.ListTenants:input_type -> llmgw.v1.ListRequest
+	70,  // 135: llmgw.v1.AdminService.DeleteTenant:input_type -> llmgw.v1.DeleteTenantRequest
+	133, // 136: llmgw.v1.AdminService.FlowStatus:input_type -> llmgw.v1.FlowStatusRequest
+	72,  // 137: llmgw.v1.AdminService.Usage:input_type -> llmgw.v1.UsageRequest
+	80,  // 138: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	109, // 139: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	117, // 140: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	120, // 141: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	121, // 142: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
+	126, // 143: llmgw.v1.QuotaService.Lease:input_type -> llmgw.v1.LeaseRequest
+	34,  // 144: llmgw.v1.QuotaService.RecordUsage:input_type -> llmgw.v1.RecordUsageCommand
+	131, // 145: llmgw.v1.FlowService.Report:input_type -> llmgw.v1.FlowReport
+	136, // 146: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	80,  // 147: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	54,  // 148: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	62,  // 149: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	106, // 150: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	108, // 151: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	110, // 152: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	111, // 153: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	114, // 154: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	116, // 155: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	90,  // 156: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	92,  // 157: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	94,  // 158: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	97,  // 159: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	100, // 160: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	102, // 161: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	104, // 162: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	87,  // 163: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	88,  // 164: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	85,  // 165: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	74,  // 166: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	77,  // 167: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	79,  // 168: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	76,  // 169: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
+	65,  // 170: llmgw.v1.AdminService.SetApiKeyTenant:output_type -> llmgw.v1.SetApiKeyTenantResponse
+	67,  // 171: llmgw.v1.AdminService.PutTenant:output_type -> llmgw.v1.PutTenantResponse
+	19,  // 172: llmgw.v1.AdminService.GetTenant:output_type -> llmgw.v1.Tenant
+	69,  // 173: llmgw.v1.AdminService.ListTenants:output_type -> llmgw.v1.ListTenantsResponse
+	71,  // 174: llmgw.v1.AdminService.DeleteTenant:output_type -> llmgw.v1.DeleteTenantResponse
+	135, // 175: llmgw.v1.AdminService.FlowStatus:output_type -> llmgw.v1.FlowStatusResponse
+	73,  // 176: llmgw.v1.AdminService.Usage:output_type -> llmgw.v1.UsageResponse
+	83,  // 177: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	139, // 178: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	119, // 179: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	123, // 180: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	122, // 181: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
+	128, // 182: llmgw.v1.QuotaService.Lease:output_type -> llmgw.v1.LeaseResponse
+	129, // 183: llmgw.v1.QuotaService.RecordUsage:output_type -> llmgw.v1.RecordUsageResponse
+	132, // 184: llmgw.v1.FlowService.Report:output_type -> llmgw.v1.FlowView
+	137, // 185: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	82,  // 186: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	148, // [148:187] is the sub-list for method output_type
+	109, // [109:148] is the sub-list for method input_type
+	109, // [109:109] is the sub-list for extension type_name
+	109, // [109:109] is the sub-list for extension extendee
+	0,   // [0:109] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -10244,9 +10677,9 @@ func file_llmgw_v1_llmgw_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   134,
+			NumMessages:   140,
 			NumExtensions: 0,
-			NumServices:   7,
+			NumServices:   8,
 		},
 		GoTypes:           file_llmgw_v1_llmgw_proto_goTypes,
 		DependencyIndexes: file_llmgw_v1_llmgw_proto_depIdxs,

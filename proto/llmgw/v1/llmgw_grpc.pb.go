@@ -260,6 +260,7 @@ const (
 	AdminService_GetTenant_FullMethodName          = "/llmgw.v1.AdminService/GetTenant"
 	AdminService_ListTenants_FullMethodName        = "/llmgw.v1.AdminService/ListTenants"
 	AdminService_DeleteTenant_FullMethodName       = "/llmgw.v1.AdminService/DeleteTenant"
+	AdminService_FlowStatus_FullMethodName         = "/llmgw.v1.AdminService/FlowStatus"
 	AdminService_Usage_FullMethodName              = "/llmgw.v1.AdminService/Usage"
 	AdminService_Keyring_FullMethodName            = "/llmgw.v1.AdminService/Keyring"
 	AdminService_ListAdapters_FullMethodName       = "/llmgw.v1.AdminService/ListAdapters"
@@ -320,6 +321,9 @@ type AdminServiceClient interface {
 	GetTenant(ctx context.Context, in *GetTenantRequest, opts ...grpc.CallOption) (*Tenant, error)
 	ListTenants(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListTenantsResponse, error)
 	DeleteTenant(ctx context.Context, in *DeleteTenantRequest, opts ...grpc.CallOption) (*DeleteTenantResponse, error)
+	// FlowStatus: the routers' flow-control queues as the leader last heard
+	// them (design §7.8).
+	FlowStatus(ctx context.Context, in *FlowStatusRequest, opts ...grpc.CallOption) (*FlowStatusResponse, error)
 	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
@@ -602,6 +606,16 @@ func (c *adminServiceClient) DeleteTenant(ctx context.Context, in *DeleteTenantR
 	return out, nil
 }
 
+func (c *adminServiceClient) FlowStatus(ctx context.Context, in *FlowStatusRequest, opts ...grpc.CallOption) (*FlowStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FlowStatusResponse)
+	err := c.cc.Invoke(ctx, AdminService_FlowStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(UsageResponse)
@@ -687,6 +701,9 @@ type AdminServiceServer interface {
 	GetTenant(context.Context, *GetTenantRequest) (*Tenant, error)
 	ListTenants(context.Context, *ListRequest) (*ListTenantsResponse, error)
 	DeleteTenant(context.Context, *DeleteTenantRequest) (*DeleteTenantResponse, error)
+	// FlowStatus: the routers' flow-control queues as the leader last heard
+	// them (design §7.8).
+	FlowStatus(context.Context, *FlowStatusRequest) (*FlowStatusResponse, error)
 	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
@@ -781,6 +798,9 @@ func (UnimplementedAdminServiceServer) ListTenants(context.Context, *ListRequest
 }
 func (UnimplementedAdminServiceServer) DeleteTenant(context.Context, *DeleteTenantRequest) (*DeleteTenantResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteTenant not implemented")
+}
+func (UnimplementedAdminServiceServer) FlowStatus(context.Context, *FlowStatusRequest) (*FlowStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FlowStatus not implemented")
 }
 func (UnimplementedAdminServiceServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
@@ -1244,6 +1264,24 @@ func _AdminService_DeleteTenant_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_FlowStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FlowStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).FlowStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_FlowStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).FlowStatus(ctx, req.(*FlowStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_Usage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(UsageRequest)
 	if err := dec(in); err != nil {
@@ -1396,6 +1434,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteTenant",
 			Handler:    _AdminService_DeleteTenant_Handler,
+		},
+		{
+			MethodName: "FlowStatus",
+			Handler:    _AdminService_FlowStatus_Handler,
 		},
 		{
 			MethodName: "Usage",
@@ -1834,6 +1876,112 @@ var QuotaService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RecordUsage",
 			Handler:    _QuotaService_RecordUsage_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "llmgw/v1/llmgw.proto",
+}
+
+const (
+	FlowService_Report_FullMethodName = "/llmgw.v1.FlowService/Report"
+)
+
+// FlowServiceClient is the client API for FlowService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type FlowServiceClient interface {
+	// Report replaces what the router said before and answers what every
+	// other router said within the report's life.
+	Report(ctx context.Context, in *FlowReport, opts ...grpc.CallOption) (*FlowView, error)
+}
+
+type flowServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewFlowServiceClient(cc grpc.ClientConnInterface) FlowServiceClient {
+	return &flowServiceClient{cc}
+}
+
+func (c *flowServiceClient) Report(ctx context.Context, in *FlowReport, opts ...grpc.CallOption) (*FlowView, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FlowView)
+	err := c.cc.Invoke(ctx, FlowService_Report_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FlowServiceServer is the server API for FlowService service.
+// All implementations must embed UnimplementedFlowServiceServer
+// for forward compatibility.
+type FlowServiceServer interface {
+	// Report replaces what the router said before and answers what every
+	// other router said within the report's life.
+	Report(context.Context, *FlowReport) (*FlowView, error)
+	mustEmbedUnimplementedFlowServiceServer()
+}
+
+// UnimplementedFlowServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedFlowServiceServer struct{}
+
+func (UnimplementedFlowServiceServer) Report(context.Context, *FlowReport) (*FlowView, error) {
+	return nil, status.Error(codes.Unimplemented, "method Report not implemented")
+}
+func (UnimplementedFlowServiceServer) mustEmbedUnimplementedFlowServiceServer() {}
+func (UnimplementedFlowServiceServer) testEmbeddedByValue()                     {}
+
+// UnsafeFlowServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to FlowServiceServer will
+// result in compilation errors.
+type UnsafeFlowServiceServer interface {
+	mustEmbedUnimplementedFlowServiceServer()
+}
+
+func RegisterFlowServiceServer(s grpc.ServiceRegistrar, srv FlowServiceServer) {
+	// If the following call panics, it indicates UnimplementedFlowServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&FlowService_ServiceDesc, srv)
+}
+
+func _FlowService_Report_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FlowReport)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FlowServiceServer).Report(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FlowService_Report_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FlowServiceServer).Report(ctx, req.(*FlowReport))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// FlowService_ServiceDesc is the grpc.ServiceDesc for FlowService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var FlowService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "llmgw.v1.FlowService",
+	HandlerType: (*FlowServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Report",
+			Handler:    _FlowService_Report_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
