@@ -165,7 +165,7 @@ var rules = []rule{
 	{
 		Prefix: "router/api",
 		InRepo: []string{"proto", "vllm", "router/auth", "router/openai", "router/endpoint", "router/tokenize", "router/director", "router/proxy",
-			"router/scheduler", "router/breaker", "router/quota"},
+			"router/scheduler", "router/breaker", "router/quota", "router/flow"},
 		Why: "the HTTP surface runs the director and the proxy router.New hands it, knowing them by their types alone; it reads desired state " +
 			"through its own Models interface and never the watch stream, the KV index or the prefix tree (scheduler and breaker are " +
 			"for its tests, which build the stages as router.New does; design §7.1, §7.3)",
@@ -183,6 +183,13 @@ var rules = []rule{
 		Deny:   networked,
 		Why: "tenants' admission and metering decide from this router's leased shares alone: no request waits on the network, and " +
 			"the control plane is a Client the router root hands it (design §7.7)",
+	},
+	{
+		Prefix: "router/flow",
+		InRepo: []string{"proto", "router/openai", "router/endpoint"},
+		Deny:   networked,
+		Why: "flow control decides from this router's view of its replicas' load and what the other routers last reported, " +
+			"handed to it: no request waits on the network (design §7.8)",
 	},
 	{
 		Prefix: "router/proxy",
