@@ -176,6 +176,16 @@ function limitsText(l) {
   return set.length ? set.join(" · ") : `<span class="muted">no limits</span>`;
 }
 
+// classText is a tenant's priority classes (flow control, design §7.8):
+// the class its requests get unless they ask a lower one, and the highest
+// they may ask for. Empty is the routers' flow.default_class, and for the
+// highest the tenant's default class.
+function classText(t) {
+  const def = t.default_class ? `<code>${esc(t.default_class)}</code>` : "the routers' default";
+  const max = t.max_class ? `<code>${esc(t.max_class)}</code>` : "its default";
+  return ` · priority class ${def}, may ask up to ${max}`;
+}
+
 // budgetCell is a budget left: "–" without a budget, a bar of what is
 // left of it, or what was spent beyond it.
 function budgetCell(left, budget) {
@@ -217,8 +227,9 @@ function renderTenants(d) {
     const x = milli => String(Number(milli || 0) / 1000);
     const weights = w ? ` · weights input ${x(w.input_milli)}, cached ${x(w.cached_milli)}, output ${x(w.output_milli)}` : "";
     const mode = t.shadow ? badge("shadow: counts, never refuses", "warn") : badge("enforcing", "ok");
-    return panel(`${esc(t.name)} ${mode}`, `models: ${esc((t.models || []).join(", ") || "every model")}${weights}`,
-      table(heads, rows), `data-tenant="${esc(t.name)}" data-shadow="${t.shadow ? "true" : "false"}"`);
+    return panel(`${esc(t.name)} ${mode}`, `models: ${esc((t.models || []).join(", ") || "every model")}${weights}${classText(t)}`,
+      table(heads, rows), `data-tenant="${esc(t.name)}" data-shadow="${t.shadow ? "true" : "false"}" ` +
+      `data-default-class="${esc(t.default_class || "")}" data-max-class="${esc(t.max_class || "")}"`);
   }).join("");
   // Usage of tenants without limits: keys' own tenants and requests
   // without a key (-).
