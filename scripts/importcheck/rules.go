@@ -188,6 +188,13 @@ var rules = []rule{
 			"the control plane is a Client the router root hands it (design §7.7)",
 	},
 	{
+		Prefix: "router/flowshare",
+		InRepo: []string{"proto"},
+		Deny:   networked,
+		Why: "sharing the flow-control queues is a loop over two interfaces it declares, the router's flow control and a Reporter the " +
+			"router root hands it: it knows no connection (design §7.8)",
+	},
+	{
 		Prefix: "router/proxy",
 		InRepo: []string{"router/openai", "router/endpoint", "router/scheduler", "router/breaker"},
 		Why: "the proxy knows connections and bytes, not models: where to go next is the Route it declares (director.Plan), what the " +
