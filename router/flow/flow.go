@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -157,7 +156,7 @@ func (c *Controller) Resolve(header, tenantDefault, tenantMax string) (int, *ope
 		for i, cl := range c.cfg.Classes {
 			names[i] = cl.Name
 		}
-		return 0, &openai.Error{Status: http.StatusBadRequest, Type: "invalid_request_error", Code: "invalid_priority",
+		return 0, &openai.Error{Status: 400, Type: "invalid_request_error", Code: "invalid_priority",
 			Param: "x-llmgw-priority", Message: fmt.Sprintf("x-llmgw-priority: %q is not a priority class; the classes are %s", header, strings.Join(names, ", "))}
 	}
 	return max(r, highest), nil
@@ -224,7 +223,7 @@ func (c *Controller) Admit(ctx context.Context, r Request) (*Grant, *Refusal) {
 // refuse counts and builds a 429 of reason.
 func (c *Controller) refuse(model string, rank int, reason, msg string) *Refusal {
 	c.m.refused.WithLabelValues(model, c.cfg.Classes[rank].Name, reason).Inc()
-	return &Refusal{Reason: reason, Err: &openai.Error{Status: http.StatusTooManyRequests, Type: "requests",
+	return &Refusal{Reason: reason, Err: &openai.Error{Status: 429, Type: "requests",
 		Code: "rate_limit_exceeded", Message: msg, RetryAfter: 1}}
 }
 
