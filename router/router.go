@@ -35,9 +35,10 @@ import (
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/flow"
+	"github.com/llmgw/llmgw/router/flowshare"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/proxy"
-	"github.com/llmgw/llmgw/router/flow"
 	"github.com/llmgw/llmgw/router/quota"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
@@ -310,6 +311,7 @@ type Router struct {
 	control         *controlAdapters
 	quota           *quota.Quota
 	flow            *flow.Controller
+	share           *flowshare.Share
 	mux             *http.ServeMux
 	draining        atomic.Bool
 	ops             atomic.Pointer[opsServer] // set while --ops-addr is served
@@ -435,6 +437,7 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	if err != nil {
 		return fmt.Errorf("router: flow control: %w", err)
 	}
+	r.share = flowshare.New(flowshare.Config{Router: cfg.ID, Interval: cfg.Flow.ReportInterval}, r.flow, r.control, r.reg, r.log)
 	acfg := api.Config{
 		Quota:        r.quota,
 		Flow:         r.flow,
@@ -552,6 +555,16 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		_ = r.quota.Run(quotaCtx)
 	}()
 
+	// The routers' queues shared through the leader (design §7.8):
+	// stopped with the quota loop, before the control connections close.
+	shareDone := make(chan struct{})
+	go func() {
+		defer close(shareDone)
+		if r.cfg.Flow.Enabled {
+			_ = r.share.Run(quotaCtx)
+		}
+	}()
+
 	var handlers sync.WaitGroup
 	lim := newLimits(r.cfg, r.mux)
 	srv := &http.Server{
@@ -601,6 +614,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	handlers.Wait()
 	stopQuota() // flushes the usage metered last
 	<-quotaDone
+	<-shareDone
 	r.dir.Close() // after the requests: it ends the adapter loads they waited on
 	r.proxy.Close()
 	r.control.close()

@@ -60,9 +60,9 @@ import (
 	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/flow"
 	"github.com/llmgw/llmgw/router/openai"
 	"github.com/llmgw/llmgw/router/proxy"
-	"github.com/llmgw/llmgw/router/flow"
 	"github.com/llmgw/llmgw/router/quota"
 	"github.com/llmgw/llmgw/router/tokenize"
 )

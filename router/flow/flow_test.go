@@ -452,11 +452,11 @@ func TestResolve(t *testing.T) {
 	}{
 		{"", "", "", "standard", false},
 		{"", "batch", "", "batch", false},
-		{"interactive", "", "", "standard", false},                   // no maximum: not above the default
+		{"interactive", "", "", "standard", false},                       // no maximum: not above the default
 		{"interactive", "standard", "interactive", "interactive", false}, // up to the maximum
-		{"batch", "interactive", "interactive", "batch", false},         // lowering is always allowed
-		{"", "interactive", "standard", "standard", false},              // a default above the maximum is clamped
-		{"", "gold", "", "standard", false},                             // a class the routers do not configure
+		{"batch", "interactive", "interactive", "batch", false},          // lowering is always allowed
+		{"", "interactive", "standard", "standard", false},               // a default above the maximum is clamped
+		{"", "gold", "", "standard", false},                              // a class the routers do not configure
 		{" Batch ", "", "", "batch", false},
 		{"urgent", "", "", "", true},
 	}

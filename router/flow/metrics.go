@@ -49,7 +49,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-func (m *metrics) queued(model, class string, d float64) { m.queue.WithLabelValues(model, class).Add(d) }
+func (m *metrics) queued(model, class string, d float64) {
+	m.queue.WithLabelValues(model, class).Add(d)
+}
 
 func (m *metrics) waited(model, class string, since, now time.Time) {
 	m.wait.WithLabelValues(model, class).Observe(now.Sub(since).Seconds())
