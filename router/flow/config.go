@@ -23,7 +23,7 @@ type Class struct {
 	MaxQueuedBytes int64 `yaml:"max_queued_bytes"`
 	// Headroom is the share of the model's capacity the class leaves free
 	// for the classes above it: it is dispatched only while more than
-	// headroom × capacity is free. What keeps a higher class from waiting
+	// headroom × capacity (rounded down to whole requests) is free. What keeps a higher class from waiting
 	// at all, and what bounds inversions between routers (design §7.8).
 	Headroom float64 `yaml:"headroom"`
 }
