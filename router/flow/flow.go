@@ -416,8 +416,8 @@ func (c *Controller) wake() {
 }
 
 // Run dispatches queued requests as room frees — every Tick while any
-// wait, and at once when a request ends — and refuses those past their
-// TTL, until ctx ends. It returns nil; requests still queued then wait
+// wait, and at once when a request ends or is queued — and refuses those
+// past their TTL, until ctx ends. It returns nil; requests still queued then wait
 // for their TTL or their clients (the router stops taking requests first).
 func (c *Controller) Run(ctx context.Context) error {
 	if !c.Enabled() {
@@ -427,11 +427,17 @@ func (c *Controller) Run(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.Tick)
 	defer t.Stop()
 	for {
+		// Idle, only a request queued (or a fleet view) wakes the loop:
+		// below saturation it costs the router nothing.
+		var tick <-chan time.Time
+		if c.queued.Load() > 0 || c.m.shown {
+			tick = t.C
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.kick:
-		case <-t.C:
+		case <-tick:
 		}
 		if c.queued.Load() > 0 {
 			c.pass()
