@@ -65,7 +65,7 @@ type Config struct {
 	ReportInterval time.Duration `yaml:"report_interval"`
 }
 
-// DefaultConfig: on, three classes — interactive, standard (the default),
+// DefaultConfig is on, with three classes — interactive, standard (the default),
 // batch — and a replica full when its engine queues or its KV cache is
 // 95 % used.
 func DefaultConfig() Config {
