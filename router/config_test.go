@@ -182,6 +182,7 @@ flow:
   fairness_half_life: 30s
   output_weight: 3
   inversion_wait: 200ms
+  unseen_window: 400ms
   tick: 5ms
   report_interval: 500ms
 tls_ca: /etc/llmgw/ca.pem
@@ -223,7 +224,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		Flow: flow.Config{ReplicaConcurrency: 12, MaxWaiting: 3, KVCeiling: 0.9, DefaultClass: "normal",
 			Classes: []flow.Class{{Name: "urgent", TTL: 10 * time.Second, MaxQueued: 50, MaxQueuedBytes: 1 << 20, Headroom: 0.01},
 				{Name: "normal", TTL: 20 * time.Second, MaxQueued: 60, MaxQueuedBytes: 2 << 20, Headroom: 0.2}},
-			HalfLife: 30 * time.Second, OutputWeight: 3, InversionWait: 200 * time.Millisecond, Tick: 5 * time.Millisecond,
+			HalfLife: 30 * time.Second, OutputWeight: 3, InversionWait: 200 * time.Millisecond, UnseenWindow: 400 * time.Millisecond, Tick: 5 * time.Millisecond,
 			ReportInterval: 500 * time.Millisecond},
 	}
 	if !reflect.DeepEqual(got, want) {

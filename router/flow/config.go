@@ -57,6 +57,11 @@ type Config struct {
 	// a lower one is counted as an inversion; another router's higher
 	// class that has waited half of it holds this router's lower classes.
 	InversionWait time.Duration `yaml:"inversion_wait"`
+	// UnseenWindow is how long after its dispatch a request of this router
+	// is counted against its model's room on its own, on the assumption
+	// that no engine reading shows it yet: the engine's API server, the
+	// agent's scrape interval and the snapshot's way to the router.
+	UnseenWindow time.Duration `yaml:"unseen_window"`
 	// Tick is how often the queue is looked at while requests wait: the
 	// engines' load arrives every 50 ms, completions wake it at once.
 	Tick time.Duration `yaml:"tick"`
@@ -82,6 +87,7 @@ func DefaultConfig() Config {
 		HalfLife:       time.Minute,
 		OutputWeight:   2,
 		InversionWait:  100 * time.Millisecond,
+		UnseenWindow:   250 * time.Millisecond,
 		Tick:           10 * time.Millisecond,
 		ReportInterval: 250 * time.Millisecond,
 	}
@@ -173,6 +179,9 @@ func (c Config) Validate() error {
 	}
 	if c.InversionWait <= 0 {
 		bad("inversion_wait", "must be positive, got %s", c.InversionWait)
+	}
+	if c.UnseenWindow < 0 {
+		bad("unseen_window", "must not be negative, got %s", c.UnseenWindow)
 	}
 	if c.Tick <= 0 {
 		bad("tick", "must be positive, got %s", c.Tick)

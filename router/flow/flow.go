@@ -81,6 +81,10 @@ type model struct {
 	queues   []*queue
 	inflight int // dispatched here and not Done
 	service  map[string]*attained
+	// recent are the grants dispatched within UnseenWindow, oldest first,
+	// recentEnded how many of them are Done (design §7.8 "room").
+	recent      []*Grant
+	recentEnded int
 }
 
 // queue is one class's waiting requests of one model, by tenant (FIFO
@@ -176,7 +180,7 @@ func (c *Controller) Admit(ctx context.Context, r Request) (*Grant, *Refusal) {
 	c.mu.Lock()
 	m := c.model(r.Model)
 	if !m.waitingAtOrAbove(r.Rank) && !c.fleet.holds(m.name, r.Rank, now, c.cfg.InversionWait/2) {
-		room, capacity, serves := c.room(m)
+		room, capacity, serves := c.room(m, now)
 		if !serves || room >= 1+reserve(cl, capacity) {
 			g := c.dispatch(m, r, now, false)
 			c.mu.Unlock()
@@ -254,14 +258,18 @@ func (m *model) waitingAtOrAbove(rank int) bool {
 }
 
 // room is how many more requests m's replicas take now, and its capacity
-// (design §7.8). A replica with a stale reading is full. With
-// ReplicaConcurrency, a replica takes what is left of it after its load
-// (waiting + max(running, this router's in flight), as the scheduler
-// counts it); without, a replica whose engine does not queue takes up to
-// MaxWaiting. Requests dispatched here and not yet on a replica are taken
-// off. serves is false when m has no routable replica: nothing can serve
-// it, so queueing would help no one (the director answers 503).
-func (c *Controller) room(m *model) (room, capacity float64, serves bool) {
+// (design §7.8). A replica with a stale reading, or past the KV ceiling,
+// is full. With ReplicaConcurrency, a replica takes what is left of it
+// after its load (waiting + max(running, this router's in flight), as the
+// scheduler counts it); without, a replica whose engine does not queue
+// takes up to MaxWaiting. The requests this router dispatched within
+// UnseenWindow are taken off: no reading shows them yet (they are in the
+// engine's API server, or the reading was scraped before they arrived),
+// and without this a freed slot would be given again every tick until one
+// did. serves is false when m has no routable replica: nothing can serve
+// it, so queueing would help no one (the director answers 503). Called
+// with c.mu held.
+func (c *Controller) room(m *model, now time.Time) (room, capacity float64, serves bool) {
 	bp := c.loadBuf.Get().(*[]endpoint.Load)
 	loads := c.loads.Loads(m.name, (*bp)[:0])
 	if len(loads) == 0 {
@@ -272,23 +280,41 @@ func (c *Controller) room(m *model) (room, capacity float64, serves bool) {
 	if per == 0 {
 		per = float64(c.cfg.MaxWaiting)
 	}
-	var onReplicas int64
 	for _, l := range loads {
 		capacity += per
-		onReplicas += l.Inflight
-		if l.Saturated || l.Waiting >= float64(c.cfg.MaxWaiting) || l.KVUsage >= c.cfg.KVCeiling {
+		if l.Saturated || l.KVUsage >= c.cfg.KVCeiling {
 			continue
 		}
 		if c.cfg.ReplicaConcurrency > 0 {
 			room += max(0, per-(l.Waiting+max(l.Running, float64(l.Inflight))))
-		} else {
+		} else if l.Waiting < per {
 			room += per - l.Waiting
 		}
 	}
 	*bp = loads
 	c.loadBuf.Put(bp)
-	pending := max(0, int64(m.inflight)-onReplicas)
-	return room - float64(pending), capacity, true
+	return room - float64(m.unseen(now.Add(-c.cfg.UnseenWindow))), capacity, true
+}
+
+// unseen is how many of this router's requests dispatched after since are
+// still running: what no reading can be relied on to count yet. Called
+// with c.mu held.
+func (m *model) unseen(since time.Time) int {
+	i := 0
+	for ; i < len(m.recent); i++ {
+		g := m.recent[i]
+		if !g.at.Before(since) && !g.ended {
+			break
+		}
+		g.recent = false
+		if g.ended {
+			m.recentEnded--
+		}
+	}
+	if i > 0 {
+		m.recent = append(m.recent[:0], m.recent[i:]...)
+	}
+	return len(m.recent) - m.recentEnded
 }
 
 // reserve is the whole requests of capacity a class leaves to the classes
@@ -315,7 +341,9 @@ func (c *Controller) dispatch(m *model, r Request, now time.Time, queued bool) *
 	if c.inversion(m, r.Rank, now) {
 		c.m.inversions.WithLabelValues(m.name, cl).Inc()
 	}
-	return &Grant{c: c, m: m, tenant: r.Tenant, cost: r.Cost, Class: cl}
+	g := &Grant{c: c, m: m, tenant: r.Tenant, cost: r.Cost, Class: cl, at: now, recent: true}
+	m.recent = append(m.recent, g)
+	return g
 }
 
 // inversion reports whether a class above rank has waited past
@@ -377,6 +405,10 @@ type Grant struct {
 	m      *model
 	tenant string
 	cost   float64
+	at     time.Time
+	// recent and ended are under the Controller's mutex: the grant is in
+	// its model's recent list, and it has been Done.
+	recent, ended bool
 	// Class is the request's class; Waited how long it was queued (0:
 	// dispatched as it arrived).
 	Class  string
@@ -393,6 +425,10 @@ func (g *Grant) Done(cost float64, known bool) {
 	c := g.c
 	c.mu.Lock()
 	g.m.inflight--
+	g.ended = true
+	if g.recent {
+		g.m.recentEnded++
+	}
 	if a := g.m.service[g.tenant]; a != nil && known {
 		c.decay(a, c.now())
 		a.v = max(0, a.v+cost-g.cost)
@@ -458,7 +494,7 @@ func (c *Controller) pass() {
 		if !m.waitingAtOrAbove(len(m.queues) - 1) {
 			continue
 		}
-		room, capacity, serves := c.room(m)
+		room, capacity, serves := c.room(m, now)
 		for rank, q := range m.queues {
 			cl := c.cfg.Classes[rank]
 			for q.n > 0 {

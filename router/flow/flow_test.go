@@ -203,7 +203,7 @@ func TestRoom(t *testing.T) {
 		{"idle", 10, []endpoint.Load{running(0), running(0)}, 20},
 		{"running and own in flight: the larger", 10, []endpoint.Load{{Reading: endpoint.Reading{Running: 4}, Inflight: 6}, running(9)}, 5},
 		{"stale is full", 10, []endpoint.Load{{Saturated: true}, running(2)}, 8},
-		{"engine queues: full", 10, []endpoint.Load{{Reading: endpoint.Reading{Running: 2, Waiting: 1}}, running(2)}, 8},
+		{"waiting counts in the load", 10, []endpoint.Load{{Reading: endpoint.Reading{Running: 2, Waiting: 1}}, running(2)}, 15},
 		{"kv ceiling: full", 10, []endpoint.Load{{Reading: endpoint.Reading{Running: 2, KVUsage: 0.96}}, running(2)}, 8},
 		{"no concurrency target: max_waiting each", 0, []endpoint.Load{running(50), running(80)}, 2},
 	}
@@ -212,7 +212,7 @@ func TestRoom(t *testing.T) {
 			r := newRig(t, func(c *Config) { c.ReplicaConcurrency = tc.conc })
 			r.loads.set("m", tc.loads...)
 			r.c.mu.Lock()
-			room, _, serves := r.c.room(r.c.model("m"))
+			room, _, serves := r.c.room(r.c.model("m"), r.clk.now())
 			r.c.mu.Unlock()
 			if !serves || room != tc.room {
 				t.Fatalf("room = %v (serves %v), want %v", room, serves, tc.room)
@@ -328,6 +328,38 @@ func TestSmallFleetHasNoReserve(t *testing.T) {
 		if ref != nil || g == nil {
 			t.Fatalf("rank %d on one idle replica: %+v", rank, ref)
 		}
+		g.Done(0, false)
+	}
+}
+
+// TestFreedSlotGivenOnce: a slot that frees is given to one queued
+// request, not again every tick until a reading shows it taken; after
+// unseen_window the readings are trusted again.
+func TestFreedSlotGivenOnce(t *testing.T) {
+	r := newRig(t, nil)
+	r.loads.set("m", running(10), running(10))
+	ctx := context.Background()
+	var chs []<-chan result
+	for range 3 {
+		chs = append(chs, r.admitAsync(t, ctx, Request{Model: "m", Tenant: "a", Rank: interactive}))
+	}
+	r.loads.set("m", running(9), running(10)) // one slot frees; readings stay so
+	for range 5 {
+		r.c.pass()
+		r.clk.add(10 * time.Millisecond)
+	}
+	if got := r.queuedIn(interactive); got != 2 {
+		t.Fatalf("%d queued after one slot freed, want 2 (the slot given once)", got)
+	}
+	r.clk.add(250 * time.Millisecond)
+	r.c.pass()
+	if got := r.queuedIn(interactive); got != 1 {
+		t.Fatalf("%d queued once the window passed, want 1", got)
+	}
+	r.loads.set("m", running(0), running(0))
+	r.c.pass()
+	_, grants := collect(t, 3, map[string][]<-chan result{"a": chs})
+	for _, g := range grants {
 		g.Done(0, false)
 	}
 }

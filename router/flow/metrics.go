@@ -74,7 +74,7 @@ func (m *metrics) observe(c *Controller) {
 			}
 			m.oldest.WithLabelValues(md.name, c.cfg.Classes[rank].Name).Set(w)
 		}
-		room, _, serves := c.room(md)
+		room, _, serves := c.room(md, now)
 		sat := 0.0
 		if serves && room < 1 {
 			sat = 1
