@@ -37,7 +37,7 @@ type record struct {
 	sent    time.Time
 	done    time.Time
 	ttft    time.Duration
-	out     int
+	in, out int
 	code    int
 	outcome outcome
 	// reason is a refusal's x-llmgw-flow-reason; why says why a request
@@ -122,7 +122,7 @@ func newLoader(client *http.Client, model string, addrs []string, promptWords, m
 func (l *loader) send(ctx context.Context, t *tenant, i int) record {
 	res := benchchat.Do(ctx, l.client, benchchat.Request{Addr: l.addrs[i], Key: t.key, Model: l.model,
 		Prompt: strconv.FormatInt(l.seq.Add(1), 10) + " " + l.prompt, MaxTokens: l.maxTokens, Stream: true, Header: t.header})
-	rec := record{tenant: t.name, router: i, sent: res.Sent, done: res.Sent.Add(res.Elapsed), ttft: res.TTFT, out: res.Out, code: res.Code}
+	rec := record{tenant: t.name, router: i, sent: res.Sent, done: res.Sent.Add(res.Elapsed), ttft: res.TTFT, in: res.Input, out: res.Out, code: res.Code}
 	rec.outcome, rec.reason, rec.why = classify(res, t.ttl)
 	if res.Header != nil {
 		rec.class = res.Header.Get(hdrPriority)

@@ -176,9 +176,9 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	b.report.Setup = setup{Replicas: b.cfg.replicas, GPU: b.cfg.gpu, ModelID: b.cfg.modelID, MaxNumSeqs: b.cfg.maxNumSeqs,
 		MaxTokens: b.cfg.maxTokens, PromptWords: b.cfg.promptWords, Flow: b.cfg.flow, ReplicaConcurrency: b.cfg.replicaConc,
-		ClassFlags: b.classFlags, Seed: b.cfg.seed}
-	fmt.Printf("each request: %d words of prompt, %d output tokens; tenant classes from llmgwctl flags: %v\n\n",
-		b.cfg.promptWords, probe.out, b.classFlags)
+		ClassFlags: b.classFlags, Seed: b.cfg.seed, PromptTokens: probe.in}
+	fmt.Printf("each request: %d prompt tokens, %d output tokens; tenant classes from llmgwctl flags: %v\n\n",
+		probe.in, probe.out, b.classFlags)
 
 	want := map[string]bool{}
 	for _, p := range strings.Split(b.cfg.phases, ",") {

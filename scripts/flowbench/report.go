@@ -33,6 +33,7 @@ type setup struct {
 	MaxNumSeqs         int    `json:"max_num_seqs"`
 	MaxTokens          int    `json:"max_tokens"`
 	PromptWords        int    `json:"prompt_words"`
+	PromptTokens       int    `json:"prompt_tokens"`
 	Flow               bool   `json:"flow"`
 	ReplicaConcurrency int    `json:"replica_concurrency"`
 	ClassFlags         bool   `json:"class_flags"`
