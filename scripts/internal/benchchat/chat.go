@@ -59,9 +59,9 @@ type usage struct {
 }
 
 // Do sends r with client and reads the whole response.
-func Do(ctx context.Context, client *http.Client, r Request) Result {
-	res := Result{Sent: time.Now()}
-	defer func() { res.Elapsed = time.Since(res.Sent) }()
+func Do(ctx context.Context, client *http.Client, r Request) (res Result) {
+	res.Sent = time.Now()
+	defer func() { res.Elapsed = time.Since(res.Sent) }() // res is named: the deferred write is what the caller gets
 	opts := ""
 	if r.Stream {
 		opts = `,"stream_options":{"include_usage":true}`
