@@ -20,6 +20,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
 	"github.com/llmgw/llmgw/controlplane/ephemeral/plane"
 	"github.com/llmgw/llmgw/controlplane/ephemeral/sessions"
+	"github.com/llmgw/llmgw/controlplane/flowview"
 	"github.com/llmgw/llmgw/controlplane/gate"
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/controlplane/identity"
@@ -30,6 +31,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/service/adapter"
 	"github.com/llmgw/llmgw/controlplane/service/admin"
 	"github.com/llmgw/llmgw/controlplane/service/agent"
+	"github.com/llmgw/llmgw/controlplane/service/flow"
 	"github.com/llmgw/llmgw/controlplane/service/quota"
 	"github.com/llmgw/llmgw/controlplane/service/server"
 	"github.com/llmgw/llmgw/controlplane/service/watch"
@@ -57,6 +59,9 @@ type Server struct {
 	// tls is this server's certificate and CA (nil: plain text).
 	tls     *mtls.Source
 	limiter *limits.Limiter
+	// flows is the routers' flow-control reports, held while this server
+	// leads (design §7.8): emptied when a term starts and ends.
+	flows *flowview.Table
 	// conns bounds each listener's connections (listeners.go).
 	conns serverListeners
 	// ident is the cluster's identity as this server knows it (design
@@ -139,6 +144,7 @@ func New(cfg Config, logger *slog.Logger) (*Server, error) {
 		s.eph, planeTransport{s}, s.metrics.plane, s.log.With("subsystem", "ephemeral-plane"))
 	s.sessions = sessions.New(s.plane, s.clock, s.reg)
 	s.limiter = limits.New(cfg.Limits.limiterConfig(), s.reg)
+	s.flows = flowview.New(flowview.Config{Now: s.clock}, s.reg)
 	s.conns = newServerListeners(cfg.Limits.Listeners, s.reg)
 	return s, nil
 }
@@ -330,6 +336,10 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			// the term, Lease answers settling.
 			lead.Elected()
 			defer lead.Resigned()
+			// The routers' flow reports likewise: a new term starts with
+			// none, and the routers report again within 250 ms.
+			s.flows.Reset()
+			defer s.flows.Reset()
 			var membership sync.WaitGroup
 			defer membership.Wait()
 			membership.Go(func() { s.members.WhileLeading(term) })
@@ -382,7 +392,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 	return err
 }
 
-// grpcServer is the node's gRPC server with its six services: mutual TLS
+// grpcServer is the node's gRPC server with its seven services: mutual TLS
 // when configured, every call authorized by the caller's certificate
 // before anything else (design §11), leader-only unary calls forwarded
 // (package service), every stream ended when streams is.
@@ -429,7 +439,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	llmgwv1.RegisterAdminServiceServer(gs, admin.New(s.cfg.NodeID, admin.Deps{
 		Propose: gated, State: s.fsm, Raft: s.store, Peers: s.members, Membership: s.members,
 		Reports: s.eph, Sessions: s.sessions, RestoreMaxBytes: uint64(s.cfg.Limits.SnapshotRestoreMaxBytes), Keyring: serverSvc,
-		Started: s.started,
+		Started: s.started, Flows: s.flows,
 	}, s.log))
 	llmgwv1.RegisterAdapterServiceServer(gs, adapter.New(s.cfg.AdapterWaitMax, lead, s.log))
 	if !asPreviousRelease && !s.withoutServerService {
@@ -438,6 +448,8 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	if !asPreviousRelease {
 		// The previous release had no tenants: its routers never call it.
 		llmgwv1.RegisterQuotaServiceServer(gs, quota.New(lead, gated, func() string { return s.fsm.Config().GetMinVersion() }, s.log))
+		// Nor flow control: its routers never report.
+		llmgwv1.RegisterFlowServiceServer(gs, flow.New(s.flows, s.store, s.log))
 	}
 	return gs
 }

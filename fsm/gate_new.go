@@ -21,7 +21,9 @@ const APIKeysVersion = "v0.2.0"
 
 // TenantsVersion is the release that introduced tenants, a key's tenant
 // and the usage roll-up (tenants.go). No release has been cut since the
-// keys: the "old" build knows none of them.
+// keys: the "old" build knows none of them. A tenant's priority classes
+// (default_class, max_class) came before that release too, so they ride
+// PUT_TENANT's gate and need none of their own.
 const TenantsVersion = "v0.2.0"
 
 // gatedCommands are the command types behind the minimum-version gate. A

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 
 	"google.golang.org/protobuf/proto"
@@ -28,6 +29,10 @@ import (
 // Decisions where the design is silent:
 //   - A tenant is replaced whole by an update (llmgwctl sends every field
 //     it knows); a key's tenant moves only through SET_API_KEY_TENANT.
+//   - A tenant's priority classes (design §7.8) are checked for their
+//     shape only: the classes are the routers' flow.classes, a list the
+//     control plane does not hold, so a name no router knows is stored
+//     and each router treats it as its configuration says.
 //   - A tenant a key belongs to cannot be deleted: move or revoke the keys
 //     first, so no key is left pointing at nothing.
 //   - Rows and cursors older than UsageRetentionHours, counted back from
@@ -58,6 +63,18 @@ const (
 	usageCursorHours = 48
 )
 
+const (
+	// ClassPattern is what a priority class's name must match (a tenant's
+	// default_class and max_class, the routers' flow.classes): it becomes
+	// a metric label and an x-llmgw-priority header's value, so it stays
+	// short and plain.
+	ClassPattern = `[a-z][a-z0-9_-]*`
+	// MaxClassLen bounds a class's name, in bytes.
+	MaxClassLen = 32
+)
+
+var classRE = regexp.MustCompile(`^` + ClassPattern + `$`)
+
 // EffectiveTenant is the tenant a key's requests count against: its own,
 // or the one named like the key. A request without a key (keys not
 // required) counts against "", the anonymous tenant, which has no limits.
@@ -73,7 +90,8 @@ func EffectiveTenant(k *llmgwv1.ApiKey) string {
 
 // ValidateTenant checks a tenant's shape as a create or update gives it:
 // a name like a model's, model names each once, limits within bounds,
-// per-model limits sorted by model, each once. Field names are the
+// per-model limits sorted by model, each once, priority classes empty or
+// of the class shape (ValidateClass). Field names are the
 // flags' spelling with underscores (input_tpm for --input-tpm), so
 // llmgwctl can name the flag. llmgwctl, the AdminService and Apply run it
 // alike.
@@ -117,6 +135,22 @@ func ValidateTenant(t *llmgwv1.Tenant) error {
 		if w.InputMilli == 0 && w.CachedMilli == 0 && w.OutputMilli == 0 {
 			return invalid("weights", "at least one weight must be above 0")
 		}
+	}
+	if err := ValidateClass("default_class", t.GetDefaultClass()); err != nil {
+		return err
+	}
+	return ValidateClass("max_class", t.GetMaxClass())
+}
+
+// ValidateClass checks a priority class's name as field gives it: empty
+// (the routers' default), or ClassPattern within MaxClassLen bytes. Only
+// the shape: which classes exist is the routers' configuration.
+func ValidateClass(field, name string) error {
+	if name == "" {
+		return nil
+	}
+	if len(name) > MaxClassLen || !classRE.MatchString(name) {
+		return invalid(field, "must match %s and be at most %d characters, got %q", ClassPattern, MaxClassLen, name)
 	}
 	return nil
 }

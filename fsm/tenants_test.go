@@ -99,7 +99,8 @@ func wantInvalid(t testing.TB, err error, field string) {
 // TestValidateTenant: every limit is bounded, the field named as the flag
 // spells it (prefixed for a model's); a day's budget cannot pass its
 // month's; models are listed once; per-model limits are sorted, each
-// model once; weights are bounded and not all zero.
+// model once; weights are bounded and not all zero; priority classes are
+// empty or of the class shape.
 func TestValidateTenant(t *testing.T) {
 	type limitField struct {
 		name string
@@ -193,7 +194,44 @@ func TestValidateTenant(t *testing.T) {
 			tn.Weights = &llmgwv1.TokenWeights{InputMilli: 1, CachedMilli: MaxWeightMilli + 1}
 		}), "weights.cached"},
 		{"output weight above the bound", with(func(tn *llmgwv1.Tenant) { tn.Weights = &llmgwv1.TokenWeights{OutputMilli: MaxWeightMilli + 1} }), "weights.output"},
+		{"both classes", with(func(tn *llmgwv1.Tenant) { tn.DefaultClass, tn.MaxClass = "standard", "interactive" }), ""},
+		{"default class alone", with(func(tn *llmgwv1.Tenant) { tn.DefaultClass = "batch" }), ""},
+		{"max class alone", with(func(tn *llmgwv1.Tenant) { tn.MaxClass = "batch" }), ""},
 	}...)
+	// A class's name, as default_class and as max_class: the shape alone,
+	// as the control plane does not know the routers' flow.classes.
+	for _, c := range []struct {
+		name, class string
+		ok          bool
+	}{
+		{"a letter", "a", true},
+		{"digits, dash and underscore", "tier-1_b", true},
+		{"at the length bound", strings.Repeat("c", MaxClassLen), true},
+		{"past the length bound", strings.Repeat("c", MaxClassLen+1), false},
+		{"upper case", "Interactive", false},
+		{"starts with a digit", "1st", false},
+		{"starts with a dash", "-batch", false},
+		{"starts with an underscore", "_batch", false},
+		{"a space", "best effort", false},
+		{"a dot", "batch.low", false},
+		{"a slash", "a/b", false},
+		{"non-ASCII", "bätch", false},
+		{"a trailing newline", "batch\n", false},
+	} {
+		for _, field := range []string{"default_class", "max_class"} {
+			invalid := ""
+			if !c.ok {
+				invalid = field
+			}
+			tests = append(tests, tc{field + " " + c.name, with(func(tn *llmgwv1.Tenant) {
+				if field == "default_class" {
+					tn.DefaultClass = c.class
+				} else {
+					tn.MaxClass = c.class
+				}
+			}), invalid})
+		}
+	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := ValidateTenant(tt.tenant)
@@ -209,12 +247,16 @@ func TestValidateTenant(t *testing.T) {
 }
 
 // TestTenantCommands: a create makes a tenant at its entry's time and
-// index; an update replaces it whole but keeps when it was made; a create
+// index; an update replaces it whole (its classes too: llmgwctl sends the
+// stored ones again) but keeps when it was made; a create
 // of a name in use, an update or delete of an unknown one and a malformed
 // tenant are refused and change nothing but the revision.
 func TestTenantCommands(t *testing.T) {
 	updated := &llmgwv1.Tenant{Name: "team-a", Models: []string{"chat"}, Shadow: true, CreatedUnix: 5,
-		Limits: &llmgwv1.TenantLimits{Concurrency: 4}, Weights: &llmgwv1.TokenWeights{InputMilli: 1000, OutputMilli: 4000}}
+		Limits: &llmgwv1.TenantLimits{Concurrency: 4}, Weights: &llmgwv1.TokenWeights{InputMilli: 1000, OutputMilli: 4000},
+		DefaultClass: "batch", MaxClass: "standard"}
+	classed := team("team-a")
+	classed.DefaultClass, classed.MaxClass = "standard", "interactive"
 	tests := []struct {
 		name    string
 		cmds    []func(testing.TB) []byte // applied at 100, 101, ..., appended at 1000, 1001, ...
@@ -258,6 +300,28 @@ func TestTenantCommands(t *testing.T) {
 					t.Errorf("Tenant = %v, want %v", got, want)
 				}
 			}},
+		{name: "update without classes clears them", cmds: []func(testing.TB) []byte{
+			func(t testing.TB) []byte { return putTenant(t, classed, true) },
+			func(t testing.TB) []byte { return putTenant(t, team("team-a"), false) }},
+			want: []string{"team-a"},
+			check: func(t *testing.T, f *FSM) {
+				if got, _ := f.Tenant("team-a"); got.GetDefaultClass() != "" || got.GetMaxClass() != "" {
+					t.Errorf("classes %q/%q after an update without them; want them replaced (empty)", got.GetDefaultClass(), got.GetMaxClass())
+				}
+			}},
+		{name: "update keeps classes sent again", cmds: []func(testing.TB) []byte{
+			func(t testing.TB) []byte { return putTenant(t, classed, true) },
+			func(t testing.TB) []byte {
+				tn := proto.Clone(classed).(*llmgwv1.Tenant)
+				tn.Limits.Rpm = 7
+				return putTenant(t, tn, false)
+			}},
+			want: []string{"team-a"},
+			check: func(t *testing.T, f *FSM) {
+				if got, _ := f.Tenant("team-a"); got.GetDefaultClass() != "standard" || got.GetMaxClass() != "interactive" || got.GetLimits().GetRpm() != 7 {
+					t.Errorf("tenant %v; want rpm 7, classes standard/interactive", got)
+				}
+			}},
 		{name: "delete", cmds: []func(testing.TB) []byte{
 			func(t testing.TB) []byte { return putTenant(t, team("a"), true) },
 			func(t testing.TB) []byte { return putTenant(t, team("b"), true) },
@@ -295,6 +359,14 @@ func TestTenantCommands(t *testing.T) {
 				return putTenant(t, tn, false)
 			}},
 			want: []string{"a"}, invalid: "rpm"},
+		{name: "malformed class on update", cmds: []func(testing.TB) []byte{
+			func(t testing.TB) []byte { return putTenant(t, classed, true) },
+			func(t testing.TB) []byte {
+				tn := proto.Clone(classed).(*llmgwv1.Tenant)
+				tn.MaxClass = "Top"
+				return putTenant(t, tn, false)
+			}},
+			want: []string{"team-a"}, invalid: "max_class"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -752,7 +824,8 @@ func tenantHistory(t testing.TB) [][]byte {
 	return append(history(t),
 		putTenant(t, team("zeta"), true),
 		putTenant(t, team("alpha"), true),
-		putTenant(t, &llmgwv1.Tenant{Name: "zeta", Shadow: true, ModelLimits: []*llmgwv1.TenantModelLimits{{Model: "demo", Limits: &llmgwv1.TenantLimits{Rpm: 5}}}}, false),
+		putTenant(t, &llmgwv1.Tenant{Name: "zeta", Shadow: true, ModelLimits: []*llmgwv1.TenantModelLimits{{Model: "demo", Limits: &llmgwv1.TenantLimits{Rpm: 5}}},
+			DefaultClass: "batch", MaxClass: "standard"}, false),
 		putTenant(t, team("gone"), true),
 		putKeyIn(t, "k1", "s1", "zeta"),
 		putKeyIn(t, "k2", "s2", ""),
@@ -785,7 +858,8 @@ func TestTenantsSnapshot(t *testing.T) {
 		t.Fatal("two FSMs fed the same commands gave different snapshots")
 	}
 	st := a.State()
-	if len(st.Tenants) != 2 || st.Tenants[0].Name != "alpha" || st.Tenants[1].Name != "zeta" || !st.Tenants[1].Shadow {
+	if len(st.Tenants) != 2 || st.Tenants[0].Name != "alpha" || st.Tenants[1].Name != "zeta" || !st.Tenants[1].Shadow ||
+		st.Tenants[1].DefaultClass != "batch" || st.Tenants[1].MaxClass != "standard" {
 		t.Fatalf("tenants = %v", st.Tenants)
 	}
 	if len(st.Usage) != 8 || len(st.UsageCursors) != 2 {

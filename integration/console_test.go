@@ -18,7 +18,8 @@ import (
 // page shows once its JavaScript has drawn it from the console's JSON: the
 // leader and its health, the node, both models with every replica ready
 // and its load read, an adapter loaded by a request for it, the router's
-// decisions by tier, and a tenant's limits and budget left. Each page is
+// decisions by tier, a tenant's limits and budget left, and the flow
+// page's tables. Each page is
 // saved as a screenshot at 1366×768 (and the models page at 1920×1080) to
 // $LLMGW_CONSOLE_SHOTS, or the test's temporary directory. Then the models page, refreshing itself,
 // must show one replica's killed engine restarted and another's frozen
@@ -90,6 +91,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		{"routers", []string{`data-router="` + router + `"`, ">up<", "tier 1: prefix (rendezvous)", `data-decision="miss"`}},
 		{"tenants", []string{`data-tenant="team-a" data-shadow="false"`, ">enforcing<", "rpm <b>60</b>", `data-scope="demo"`, "input-tpm <b>5000</b>",
 			`data-left="100000"`}},
+		// The routers' flow-control queues (issue 29): idle here, so the
+		// tables alone.
+		{"flow", []string{`id="flow-total"`, `id="flow-routers"`, "Oldest wait"}},
 	}
 	for _, p := range pages {
 		b.navigate(base + "#" + p.page)
@@ -117,7 +121,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 		b.screenshot(filepath.Join(shots, p.page+"-1366x768.png"))
 	}
-	t.Logf("six pages drawn, checked and captured in %v; screenshots in %s", time.Since(started).Round(time.Millisecond), shots)
+	t.Logf("%d pages drawn, checked and captured in %v; screenshots in %s", len(pages), time.Since(started).Round(time.Millisecond), shots)
 
 	wide := startBrowser(t, 1920, 1080)
 	wide.navigate(base + "#models")

@@ -35,6 +35,8 @@ import (
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/flow"
+	"github.com/llmgw/llmgw/router/flowshare"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/proxy"
 	"github.com/llmgw/llmgw/router/quota"
@@ -129,6 +131,9 @@ type Config struct {
 	KVIndex kvindex.Config `yaml:",inline"`
 	// Tokenize configures tier 2's tokenization: its budget and cache.
 	Tokenize tokenize.Config `yaml:",inline"`
+	// Flow is flow control at saturation (design §7.8): priority classes
+	// and fair queueing.
+	Flow flow.Config `yaml:"flow"`
 	// KVMinBlocks is the fewest leading blocks a replica must hold for
 	// tier 2 to prefer it.
 	KVMinBlocks int `yaml:"kv_min_blocks"`
@@ -189,6 +194,7 @@ func DefaultConfig() Config {
 		Scheduler:         scheduler.DefaultConfig(),
 		KVIndex:           kvindex.DefaultConfig(),
 		Tokenize:          tokenize.DefaultConfig(),
+		Flow:              flow.DefaultConfig(),
 		KVMinBlocks:       1,
 		AdapterWait:       director.DefaultAdapterWait,
 		AdapterQueue:      director.DefaultAdapterQueue,
@@ -279,7 +285,7 @@ func (c Config) Validate() error {
 		p.Add(configfile.Flag("https-cert"), "required with --https-key")
 	}
 	// The components name their own keys (and tokenize its flag).
-	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate())
+	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate(), c.Flow.Validate())
 	return p.Err()
 }
 
@@ -304,6 +310,8 @@ type Router struct {
 	handler         *api.Handler
 	control         *controlAdapters
 	quota           *quota.Quota
+	flow            *flow.Controller
+	share           *flowshare.Share
 	mux             *http.ServeMux
 	draining        atomic.Bool
 	ops             atomic.Pointer[opsServer] // set while --ops-addr is served
@@ -425,8 +433,15 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	wc := r.watch
 	r.quota = quota.New(quota.Config{Router: cfg.ID}, func() map[string]*llmgwv1.Tenant { return wc.Current().Tenants },
 		r.control, r.log, r.reg)
+	r.flow, err = flow.New(cfg.Flow, registryLoads{r.eps}, r.log, r.reg, nil)
+	if err != nil {
+		return fmt.Errorf("router: flow control: %w", err)
+	}
+	r.share = flowshare.New(flowshare.Config{Router: cfg.ID, Interval: cfg.Flow.ReportInterval}, r.flow, r.control, r.reg, r.log)
 	acfg := api.Config{
 		Quota:        r.quota,
+		Flow:         r.flow,
+		Tenants:      func() map[string]*llmgwv1.Tenant { return wc.Current().Tenants },
 		MaxBodyBytes: cfg.MaxBodyBytes,
 		Ready:        r.ready,
 		// The keys of the state the watch client published last: a
@@ -527,6 +542,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	})
 
 	bg.Go(func() { r.forget(bgCtx) })
+	bg.Go(func() { _ = r.flow.Run(bgCtx) })
 	bg.Go(func() { newGCTuner(r.cfg.GCMinHeap).run(bgCtx) })
 
 	// The tenants' shares and usage: stopped after the last request has
@@ -537,6 +553,16 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	go func() {
 		defer close(quotaDone)
 		_ = r.quota.Run(quotaCtx)
+	}()
+
+	// The routers' queues shared through the leader (design §7.8):
+	// stopped with the quota loop, before the control connections close.
+	shareDone := make(chan struct{})
+	go func() {
+		defer close(shareDone)
+		if r.cfg.Flow.Enabled {
+			_ = r.share.Run(quotaCtx)
+		}
 	}()
 
 	var handlers sync.WaitGroup
@@ -588,6 +614,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	handlers.Wait()
 	stopQuota() // flushes the usage metered last
 	<-quotaDone
+	<-shareDone
 	r.dir.Close() // after the requests: it ends the adapter loads they waited on
 	r.proxy.Close()
 	r.control.close()
@@ -745,4 +772,15 @@ func (c *controlAdapters) close() {
 		_ = cc.Close()
 		delete(c.conns, addr)
 	}
+}
+
+// registryLoads is the endpoint registry as flow control reads it.
+type registryLoads struct{ eps *endpoint.Registry }
+
+func (l registryLoads) Loads(model string, dst []endpoint.Load) []endpoint.Load {
+	eps, _ := l.eps.Lookup(model)
+	for _, e := range eps {
+		dst = append(dst, l.eps.LoadOf(e))
+	}
+	return dst
 }

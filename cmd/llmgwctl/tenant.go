@@ -59,6 +59,9 @@ type tenantFlags struct {
 	weights     string
 	modelLimits []string
 	shadow      bool
+	// defaultClass and maxClass are the priority classes (design §7.8).
+	defaultClass string
+	maxClass     string
 }
 
 func (f *tenantFlags) register(fs *pflag.FlagSet) {
@@ -72,11 +75,14 @@ func (f *tenantFlags) register(fs *pflag.FlagSet) {
 		"MODEL:rpm=N,input-tpm=N,output-tpm=N,weighted-tpm=N,concurrency=N,daily-tokens=N,monthly-tokens=N (repeatable; "+
 		"on update it replaces that model's limits, and MODEL: alone removes them)")
 	fs.BoolVar(&f.shadow, "shadow", false, "count what the limits would refuse without refusing it (--shadow=false enforces)")
+	fs.StringVar(&f.defaultClass, "default-class", "", "the priority `CLASS` of the tenant's requests unless they ask a lower one "+
+		"(x-llmgw-priority), one of the routers' flow.classes; empty for the routers' flow.default_class")
+	fs.StringVar(&f.maxClass, "max-class", "", "the highest priority `CLASS` the tenant's requests may ask for; empty for its default class")
 }
 
 // any reports whether a flag of the tenant's was given.
 func (f *tenantFlags) any(fs *pflag.FlagSet) bool {
-	for _, n := range []string{"models", "weights", "model-limit", "shadow"} {
+	for _, n := range []string{"models", "weights", "model-limit", "shadow", "default-class", "max-class"} {
 		if fs.Changed(n) {
 			return true
 		}
@@ -142,6 +148,24 @@ func (f *tenantFlags) apply(fs *pflag.FlagSet, t *llmgwv1.Tenant, create bool) e
 	slices.SortFunc(t.ModelLimits, func(a, b *llmgwv1.TenantModelLimits) int { return cmp.Compare(a.Model, b.Model) })
 	if given("shadow") {
 		t.Shadow = f.shadow
+	}
+	// The classes' shape is checked here, so an update refuses a bad one
+	// before it reads the stored tenant. Which classes exist is the
+	// routers' flow.classes, which neither llmgwctl nor the control
+	// plane knows.
+	for _, c := range []struct {
+		flag, field string
+		v           string
+		into        *string
+	}{{"default-class", "default_class", f.defaultClass, &t.DefaultClass}, {"max-class", "max_class", f.maxClass, &t.MaxClass}} {
+		if !given(c.flag) {
+			continue
+		}
+		var ve *fsm.ValidationError
+		if err := fsm.ValidateClass(c.field, c.v); errors.As(err, &ve) {
+			return fmt.Errorf("--%s: %s", c.flag, ve.Reason)
+		}
+		*c.into = c.v
 	}
 	return nil
 }
@@ -231,6 +255,10 @@ func tenantFlagName(t *llmgwv1.Tenant, field string) string {
 		return "--models"
 	case field == "weights":
 		return "--weights"
+	case field == "default_class":
+		return "--default-class"
+	case field == "max_class":
+		return "--max-class"
 	case strings.HasPrefix(field, "weights."):
 		return "--weights " + strings.TrimPrefix(field, "weights.")
 	}
@@ -289,7 +317,8 @@ func (c *cli) tenantCmd() *cobra.Command {
 		}
 		sub := &cobra.Command{
 			Use: verb + " NAME [--models a,b] [--rpm N] [--input-tpm N] [--output-tpm N] [--weighted-tpm N] [--weights input=1,cached=0.1,output=4] " +
-				"[--concurrency N] [--daily-tokens N] [--monthly-tokens N] [--model-limit MODEL:rpm=N,...]... [--shadow[=false]]",
+				"[--concurrency N] [--daily-tokens N] [--monthly-tokens N] [--model-limit MODEL:rpm=N,...]... [--shadow[=false]] " +
+				"[--default-class CLASS] [--max-class CLASS]",
 			Short: short,
 			Args:  cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
@@ -344,14 +373,14 @@ func (c *cli) tenantCmd() *cobra.Command {
 				for _, l := range limitFlags {
 					header = append(header, strings.ToUpper(l.name))
 				}
-				header = append(header, "MODEL LIMITS", "SHADOW")
+				header = append(header, "MODEL LIMITS", "CLASS", "SHADOW")
 				rows := make([][]string, 0, len(resp.Tenants))
 				for _, t := range resp.Tenants {
 					row := []string{t.Name, modelsOf(t.Models)}
 					for _, l := range limitFlags {
 						row = append(row, limitOf(l.get(t.Limits)))
 					}
-					rows = append(rows, append(row, strconv.Itoa(len(t.ModelLimits)), strconv.FormatBool(t.Shadow)))
+					rows = append(rows, append(row, strconv.Itoa(len(t.ModelLimits)), classesOf(t), strconv.FormatBool(t.Shadow)))
 				}
 				return c.printTable(header, rows)
 			})
@@ -361,7 +390,7 @@ func (c *cli) tenantCmd() *cobra.Command {
 
 	get := &cobra.Command{
 		Use:   "get NAME",
-		Short: "Show a tenant: its models, limits, per-model limits, weights and shadow mode",
+		Short: "Show a tenant: its models, limits, per-model limits, weights, shadow mode and priority classes",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
@@ -431,8 +460,27 @@ func (c *cli) printTenant(t *llmgwv1.Tenant) error {
 		rows = append(rows, []string{"model-limit", ml.Model + ":" + limitsSpec(ml.Limits)})
 	}
 	rows = append(rows, []string{"shadow", strconv.FormatBool(t.Shadow)},
+		[]string{"default-class", orDefault(t.DefaultClass, "- (the routers' flow.default_class)")},
+		[]string{"max-class", orDefault(t.MaxClass, "- (the default class)")},
 		[]string{"created", time.Unix(t.CreatedUnix, 0).UTC().Format(time.RFC3339)}, []string{"revision", strconv.FormatUint(t.Revision, 10)})
 	return c.printTable([]string{"SETTING", "VALUE"}, rows)
+}
+
+// classesOf is `tenant list`'s CLASS: default/max, "-" for one not set
+// (the routers' default; the default class), "-" alone for neither.
+func classesOf(t *llmgwv1.Tenant) string {
+	if t.DefaultClass == "" && t.MaxClass == "" {
+		return "-"
+	}
+	return orDefault(t.DefaultClass, "-") + "/" + orDefault(t.MaxClass, "-")
+}
+
+// orDefault is s, or def when s is empty.
+func orDefault(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // limitOf is a limit as tables show it: "-" for none.

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -52,15 +53,16 @@ func serveTenantAdmin(t *testing.T) (string, *fsm.FSM, *fsmProposer) {
 }
 
 // TestTenantCommands: create sets what is given (a limit not given is no
-// limit), per-model limits in any order, weights in thousandths; get and
-// list show them, -o json as numbers; update changes only the flags
-// given; keys are created in a tenant, moved to another and back to their
+// limit), per-model limits in any order, weights in thousandths, priority
+// classes; get and list show them, -o json as numbers; update changes
+// only the flags given (a class not given is kept, "" clears one); keys are created in a tenant, moved to another and back to their
 // own; a tenant a key belongs to is not deleted.
 func TestTenantCommands(t *testing.T) {
 	addr, f, _ := serveTenantAdmin(t)
 	out, err := run(addr, "tenant", "create", "team-a", "--models", "demo,chat", "--rpm", "60", "--input-tpm", "1000",
 		"--weights", "input=1,cached=0.1,output=4", "--daily-tokens", "5000", "--monthly-tokens", "100000",
-		"--model-limit", "zeta:rpm=5", "--model-limit", "demo:input-tpm=100,concurrency=2", "--shadow")
+		"--model-limit", "zeta:rpm=5", "--model-limit", "demo:input-tpm=100,concurrency=2", "--shadow",
+		"--default-class", "standard", "--max-class", "interactive")
 	if err != nil || !strings.Contains(out, "tenant team-a created at revision 1") {
 		t.Fatalf("create: %v\n%s", err, out)
 	}
@@ -70,8 +72,10 @@ func TestTenantCommands(t *testing.T) {
 			{Model: "demo", Limits: &llmgwv1.TenantLimits{InputTpm: 100, Concurrency: 2}},
 			{Model: "zeta", Limits: &llmgwv1.TenantLimits{Rpm: 5}},
 		},
-		Weights: &llmgwv1.TokenWeights{InputMilli: 1000, CachedMilli: 100, OutputMilli: 4000},
-		Shadow:  true,
+		Weights:      &llmgwv1.TokenWeights{InputMilli: 1000, CachedMilli: 100, OutputMilli: 4000},
+		Shadow:       true,
+		DefaultClass: "standard",
+		MaxClass:     "interactive",
 	}
 	stored := func() *llmgwv1.Tenant {
 		got, _ := f.Tenant("team-a")
@@ -88,10 +92,11 @@ func TestTenantCommands(t *testing.T) {
 		want []string
 	}{
 		{[]string{"tenant", "get", "team-a"}, []string{"weights", "input=1,cached=0.1,output=4", "demo:input-tpm=100,concurrency=2", "zeta:rpm=5",
-			"output-tpm      -", "daily-tokens    5000", "shadow          true"}},
-		{[]string{"tenant", "get", "team-a", "-o", "json"}, []string{`"input_tpm": 1000`, `"cached_milli": 100`, `"model": "demo"`}},
-		{[]string{"tenant", "list"}, []string{"NAME", "INPUT-TPM", "MODEL LIMITS", "team-a", "demo,chat", "60"}},
-		{[]string{"tenant", "list", "-o", "json"}, []string{`"name": "team-a"`, `"rpm": 60`}},
+			"output-tpm      -", "daily-tokens    5000", "shadow          true", "default-class   standard", "max-class       interactive"}},
+		{[]string{"tenant", "get", "team-a", "-o", "json"}, []string{`"input_tpm": 1000`, `"cached_milli": 100`, `"model": "demo"`,
+			`"default_class": "standard"`, `"max_class": "interactive"`}},
+		{[]string{"tenant", "list"}, []string{"NAME", "INPUT-TPM", "MODEL LIMITS", "CLASS", "team-a", "demo,chat", "60", "standard/interactive"}},
+		{[]string{"tenant", "list", "-o", "json"}, []string{`"name": "team-a"`, `"rpm": 60`, `"default_class": "standard"`, `"max_class": "interactive"`}},
 	} {
 		out, err := run(addr, tt.args...)
 		if err != nil {
@@ -122,8 +127,47 @@ func TestTenantCommands(t *testing.T) {
 		t.Fatalf("after the second update\n%v\nwant\n%v", got, want)
 	}
 
+	// A class given alone changes alone; "" clears it.
+	if _, err := run(addr, "tenant", "update", "team-a", "--max-class", ""); err != nil {
+		t.Fatal(err)
+	}
+	want.MaxClass = ""
+	if got := stored(); !proto.Equal(got, want) {
+		t.Fatalf("after clearing --max-class\n%v\nwant\n%v", got, want)
+	}
+	if _, err := run(addr, "tenant", "update", "team-a", "--default-class", "batch"); err != nil {
+		t.Fatal(err)
+	}
+	want.DefaultClass = "batch"
+	if got := stored(); !proto.Equal(got, want) {
+		t.Fatalf("after --default-class batch\n%v\nwant\n%v", got, want)
+	}
+
 	if _, err := run(addr, "tenant", "create", "team-b"); err != nil {
 		t.Fatal(err)
+	}
+	// CLASS: default/max, - for one not set, - alone for neither.
+	out, err = run(addr, "tenant", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	classCol := map[string]string{}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	header := strings.Fields(strings.ReplaceAll(lines[0], "MODEL LIMITS", "MODEL_LIMITS"))
+	col := slices.Index(header, "CLASS")
+	for _, l := range lines[1:] {
+		f := strings.Fields(strings.ReplaceAll(l, "every model", "every_model"))
+		if col < 0 || len(f) != len(header) {
+			t.Fatalf("tenant list: %q does not line up with %q", l, lines[0])
+		}
+		classCol[f[0]] = f[col]
+	}
+	if classCol["team-a"] != "batch/-" || classCol["team-b"] != "-" {
+		t.Fatalf("CLASS column %v, want team-a batch/-, team-b -:\n%s", classCol, out)
+	}
+	if out, err := run(addr, "tenant", "get", "team-b"); err != nil || !strings.Contains(out, "default-class   - (the routers' flow.default_class)") ||
+		!strings.Contains(out, "max-class       - (the default class)") {
+		t.Fatalf("tenant get of a tenant without classes: %v\n%s", err, out)
 	}
 	out, err = run(addr, "apikey", "create", "k1", "--tenant", "team-a")
 	if err != nil || !strings.Contains(out, "in tenant team-a") {
@@ -195,6 +239,12 @@ func TestTenantBadInput(t *testing.T) {
 		{"zero weights", []string{"tenant", "create", "b", "--weights", "input=0,cached=0,output=0"}, "--weights: at least one weight must be above 0", exitUsage},
 		{"model twice", []string{"tenant", "create", "b", "--models", "demo,demo"}, `--models: "demo" is listed twice`, exitUsage},
 		{"bad name", []string{"tenant", "create", "Team B"}, "tenant create Team B: NAME: must match", exitUsage},
+		{"bad default class", []string{"tenant", "create", "b", "--default-class", "Interactive"},
+			`tenant create b: --default-class: must match [a-z][a-z0-9_-]* and be at most 32 characters, got "Interactive"`, exitUsage},
+		{"bad max class", []string{"tenant", "create", "b", "--max-class", "1st"}, `--max-class: must match`, exitUsage},
+		{"long class", []string{"tenant", "create", "b", "--max-class", strings.Repeat("x", fsm.MaxClassLen+1)}, `--max-class: must match`, exitUsage},
+		{"bad class on update", []string{"tenant", "update", "team-a", "--default-class", "best effort"},
+			`tenant update team-a: --default-class: must match`, exitUsage},
 		{"name in use", []string{"tenant", "create", "team-a"}, `tenant create team-a: tenant "team-a" already exists (llmgwctl tenant update team-a changes it)`, exitError},
 		{"update of an unknown tenant", []string{"tenant", "update", "nope", "--rpm", "1"}, `tenant update nope: tenant "nope" not found`, exitNotFound},
 		{"update without a flag", []string{"tenant", "update", "team-a"}, "no flag given: nothing to change", exitUsage},
@@ -264,6 +314,8 @@ func TestTenantServerFieldNames(t *testing.T) {
 		{"weights.cached: at most 1000 (1000 ×), got 2000.000", "--weights cached: at most 1000"},
 		{"daily_tokens: 9 is above monthly_tokens 3", "--daily-tokens: 9 is above --monthly-tokens 3"},
 		{"models[0]: must match", "--models: must match"},
+		{"default_class: must match [a-z]", "--default-class: must match [a-z]"},
+		{"max_class: must match [a-z]", "--max-class: must match [a-z]"},
 		{"something else entirely", "tenant create b: something else entirely"},
 	} {
 		addr := serveAdmin(t, &refusingAdmin{msg: tt.msg})
@@ -271,6 +323,61 @@ func TestTenantServerFieldNames(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tt.want) || exitCode(err) != exitError {
 			t.Errorf("server says %q: llmgwctl says %v (exit %d), want %q", tt.msg, err, exitCode(err), tt.want)
 		}
+	}
+}
+
+// countingAdmin counts the tenant calls it is sent, answering each as a
+// server would for a tenant that exists.
+type countingAdmin struct {
+	llmgwv1.UnimplementedAdminServiceServer
+	mu    sync.Mutex
+	calls int
+}
+
+func (c *countingAdmin) GetTenant(_ context.Context, req *llmgwv1.GetTenantRequest) (*llmgwv1.Tenant, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	return &llmgwv1.Tenant{Name: req.Name}, nil
+}
+
+func (c *countingAdmin) PutTenant(_ context.Context, req *llmgwv1.PutTenantRequest) (*llmgwv1.PutTenantResponse, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls++
+	return &llmgwv1.PutTenantResponse{Tenant: req.Tenant, Revision: 1}, nil
+}
+
+// TestTenantClassRefusedBeforeACall: a malformed class is refused naming
+// its flag before llmgwctl sends anything, an update's read of the stored
+// tenant included; a well-formed one is sent.
+func TestTenantClassRefusedBeforeACall(t *testing.T) {
+	srv := &countingAdmin{}
+	addr := serveAdmin(t, srv)
+	for _, args := range [][]string{
+		{"tenant", "create", "b", "--default-class", "Batch"},
+		{"tenant", "create", "b", "--max-class", "a.b"},
+		{"tenant", "update", "b", "--default-class", "-batch"},
+		{"tenant", "update", "b", "--rpm", "5", "--max-class", "_x"},
+	} {
+		_, err := run(addr, args...)
+		if err == nil || exitCode(err) != exitUsage || !strings.Contains(err.Error(), "-class: must match") {
+			t.Errorf("%v: %v (exit %d), want a usage error naming the flag", args, err, exitCode(err))
+		}
+	}
+	srv.mu.Lock()
+	calls := srv.calls
+	srv.mu.Unlock()
+	if calls != 0 {
+		t.Fatalf("%d calls sent for commands refused locally", calls)
+	}
+	if _, err := run(addr, "tenant", "update", "b", "--default-class", "batch", "--max-class", "tier-1_b"); err != nil {
+		t.Fatal(err)
+	}
+	srv.mu.Lock()
+	defer srv.mu.Unlock()
+	if srv.calls != 2 {
+		t.Fatalf("%d calls for an update, want a get and a put", srv.calls)
 	}
 }
 

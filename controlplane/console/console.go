@@ -1,29 +1,31 @@
 // Package console is the control node's read-only web console (design §9):
 // a page per subject — the cluster's servers, the nodes, the models with
 // their replicas and live load, the adapters and where they are held,
-// each router's routing decisions by tier, and the tenants with their
-// limits, usage and budgets left — served under /ui/ on the node's HTTP
-// listener, beside /metrics.
+// each router's routing decisions by tier, the tenants with their
+// limits, usage and budgets left, and the routers' flow-control queues —
+// served under /ui/ on the node's HTTP listener, beside /metrics.
 //
 // What it reads, and why from there:
 //
-//   - The cluster, nodes, models, replicas, adapters, tenants and the
-//     usage roll-up come from AdminService, called over gRPC on the node's
-//     own listener — the calls llmgwctl makes, through the same
-//     authorization and forwarding, so the console can never show what the
-//     CLI would not (a follower forwards ListPeers to the leader exactly as
-//     it does for llmgwctl). The JSON under /ui/api/ is those responses in
-//     protojson, one object per page (the tenants page's usage summed per
-//     hour, day and month).
+//   - The cluster, nodes, models, replicas, adapters, tenants, the usage
+//     roll-up and the routers' flow-control queues come from AdminService,
+//     called over gRPC on the node's own listener — the calls llmgwctl
+//     makes, through the same authorization and forwarding, so the console
+//     can never show what the CLI would not (a follower forwards ListPeers
+//     to the leader exactly as it does for llmgwctl). The JSON under
+//     /ui/api/ is those responses in protojson, one object per page (the
+//     tenants page's usage summed per hour, day and month).
 //   - Live load is nowhere in the control plane: agents stream it to
 //     routers only (LoadService admits routers alone). The console reads
 //     each ready replica's engine /metrics itself when the models page asks
 //     (Load), with vllm.ParseLoad, the agent's own parser. Engines are plain
 //     HTTP; where they are firewalled to the routers the page says
 //     "unreachable" for each.
-//   - Routers report nothing to the control plane and it does not know
-//     them. The operator names them (--console-router); a Sampler reads
-//     their /metrics every few seconds and keeps minutes of the decision
+//   - Routers report nothing of their routing decisions to the control
+//     plane (only their flow-control queues, which the leader holds for a
+//     few seconds: FlowStatus), and it does not know their addresses. The
+//     operator names them (--console-router); a Sampler reads their
+//     /metrics every few seconds and keeps minutes of the decision
 //     counters, which is what "decisions over the last minutes" needs
 //     without a Prometheus.
 //
@@ -60,6 +62,7 @@ type Admin interface {
 	ListAdapters(ctx context.Context, in *llmgwv1.ListRequest, opts ...grpc.CallOption) (*llmgwv1.ListAdaptersResponse, error)
 	ListTenants(ctx context.Context, in *llmgwv1.ListRequest, opts ...grpc.CallOption) (*llmgwv1.ListTenantsResponse, error)
 	Usage(ctx context.Context, in *llmgwv1.UsageRequest, opts ...grpc.CallOption) (*llmgwv1.UsageResponse, error)
+	FlowStatus(ctx context.Context, in *llmgwv1.FlowStatusRequest, opts ...grpc.CallOption) (*llmgwv1.FlowStatusResponse, error)
 }
 
 // Prefix is where the console is mounted; "/" redirects there.
@@ -105,6 +108,7 @@ func (c *Console) Register(mux *http.ServeMux) {
 	mux.Handle("GET "+Prefix+"api/adapters", c.access.Wrap(http.HandlerFunc(c.adapters)))
 	mux.Handle("GET "+Prefix+"api/routers", c.access.Wrap(http.HandlerFunc(c.routerDecisions)))
 	mux.Handle("GET "+Prefix+"api/tenants", c.access.Wrap(http.HandlerFunc(c.tenants)))
+	mux.Handle("GET "+Prefix+"api/flow", c.access.Wrap(http.HandlerFunc(c.flow)))
 	mux.Handle("GET /{$}", http.RedirectHandler(Prefix, http.StatusFound))
 }
 

@@ -25,7 +25,9 @@ type fakeAdmin struct {
 	tenants  []*llmgwv1.Tenant
 	usage    []*llmgwv1.UsageRow
 	// since is the since_unix of the last Usage call.
-	since int64
+	since   int64
+	flow    *llmgwv1.FlowStatusResponse
+	flowErr error
 }
 
 func (f *fakeAdmin) ClusterStatus(context.Context, *llmgwv1.ClusterStatusRequest, ...grpc.CallOption) (*llmgwv1.ClusterStatusResponse, error) {
@@ -56,6 +58,10 @@ func (f *fakeAdmin) ListTenants(context.Context, *llmgwv1.ListRequest, ...grpc.C
 func (f *fakeAdmin) Usage(_ context.Context, r *llmgwv1.UsageRequest, _ ...grpc.CallOption) (*llmgwv1.UsageResponse, error) {
 	f.since = r.SinceUnix
 	return &llmgwv1.UsageResponse{Rows: f.usage}, nil
+}
+
+func (f *fakeAdmin) FlowStatus(context.Context, *llmgwv1.FlowStatusRequest, ...grpc.CallOption) (*llmgwv1.FlowStatusResponse, error) {
+	return f.flow, f.flowErr
 }
 
 func view(id string, uid uint64, phase llmgwv1.ReplicaPhase, addr string) *llmgwv1.ReplicaView {

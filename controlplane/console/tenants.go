@@ -9,8 +9,8 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// The tenants page (design §7.7, §9): each tenant's limits and shadow
-// flag from ListTenants, and what it used this hour, today and this month
+// The tenants page (design §7.7, §9): each tenant's limits, shadow flag
+// and priority classes (design §7.8) from ListTenants, and what it used this hour, today and this month
 // from the usage roll-up (Usage, the rows `llmgwctl usage` reads), with
 // its budgets left. The roll-up is hourly and the routers send it in
 // batches every few seconds, so "this hour" is the current rate's

@@ -17,7 +17,8 @@ import (
 // at the console's clock; the budgets left are the budget minus the
 // period's input + output tokens, negative once spent beyond it, none
 // without a budget; tenants without limits (a key's own, the anonymous
-// "") are there with their usage; the page's script draws it.
+// "") are there with their usage; tenants' priority classes are there,
+// empty ones too; the page's script draws it.
 func TestTenantsPage(t *testing.T) {
 	now := time.Date(2026, 12, 2, 19, 40, 0, 0, time.UTC)
 	hour, day, month := now.Truncate(time.Hour).Unix(), time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC).Unix(), time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC).Unix()
@@ -28,7 +29,7 @@ func TestTenantsPage(t *testing.T) {
 		tenants: []*llmgwv1.Tenant{
 			{Name: "team-a", Limits: &llmgwv1.TenantLimits{Rpm: 60, DailyTokens: 1000, MonthlyTokens: 1500},
 				ModelLimits: []*llmgwv1.TenantModelLimits{{Model: "demo", Limits: &llmgwv1.TenantLimits{DailyTokens: 100}}, {Model: "idle", Limits: &llmgwv1.TenantLimits{Rpm: 1}}}},
-			{Name: "team-b", Shadow: true},
+			{Name: "team-b", Shadow: true, DefaultClass: "batch", MaxClass: "standard"},
 		},
 		usage: []*llmgwv1.UsageRow{
 			{Tenant: "team-a", Model: "demo", HourUnix: month - 3600, Counts: c(50, 0, 0, 5000, 5000)}, // last month: left out
@@ -49,8 +50,10 @@ func TestTenantsPage(t *testing.T) {
 	if admin.since != month {
 		t.Fatalf("usage read from %d, want the month's start %d", admin.since, month)
 	}
-	if !strings.Contains(string(pg["tenants"]), `"name":"team-b"`) {
-		t.Fatalf("tenants %s", pg["tenants"])
+	for _, w := range []string{`"name":"team-b"`, `"default_class":"batch"`, `"max_class":"standard"`, `"default_class":""`} {
+		if !strings.Contains(string(pg["tenants"]), w) {
+			t.Fatalf("tenants lack %s: %s", w, pg["tenants"])
+		}
 	}
 	var u TenantsUsage
 	if err := json.Unmarshal(pg["usage"], &u); err != nil {
@@ -90,8 +93,9 @@ func TestTenantsPage(t *testing.T) {
 	}
 
 	for path, wants := range map[string][]string{
-		"/ui/":       {`<a href="#tenants" data-page="tenants">Tenants</a>`},
-		"/ui/app.js": {"tenants: renderTenants", "function renderTenants", "Budget left today", "Shadow refused today"},
+		"/ui/": {`<a href="#tenants" data-page="tenants">Tenants</a>`},
+		"/ui/app.js": {"tenants: renderTenants", "function renderTenants", "Budget left today", "Shadow refused today",
+			"function classText", "${classText(t)}", "data-default-class=", "data-max-class="},
 	} {
 		req := httptest.NewRequest(http.MethodGet, path, nil)
 		req.RemoteAddr = "127.0.0.1:4000"

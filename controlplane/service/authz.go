@@ -67,6 +67,7 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_GetTenant_FullMethodName:     adminOnly,
 	llmgwv1.AdminService_ListTenants_FullMethodName:   adminOnly,
 	llmgwv1.AdminService_Usage_FullMethodName:         adminOnly,
+	llmgwv1.AdminService_FlowStatus_FullMethodName:    adminOnly,
 	// Routers watch the state and ask for cold adapters; an admin may watch
 	// too (debugging what routers see).
 	llmgwv1.WatchService_Watch_FullMethodName:           {mtls.RoleRouter, mtls.RoleAdmin},
@@ -78,6 +79,8 @@ var allowed = map[string][]mtls.Role{
 	// (design §7.7).
 	llmgwv1.QuotaService_Lease_FullMethodName:       routerOnly,
 	llmgwv1.QuotaService_RecordUsage_FullMethodName: routerOnly,
+	// Routers share their flow-control queues (design §7.8).
+	llmgwv1.FlowService_Report_FullMethodName: routerOnly,
 	// Agents attach; which node they may attach as is the AgentService's
 	// check (the certificate's name), since only it reads the hello.
 	llmgwv1.AgentService_Attach_FullMethodName: {mtls.RoleAgent},

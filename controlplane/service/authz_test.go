@@ -23,7 +23,7 @@ import (
 // LoadService is the agents' (design §5.3).
 var servedByControlPlane = map[string]bool{
 	"AgentService": true, "WatchService": true, "AdminService": true, "AdapterService": true, "ServerService": true,
-	"QuotaService": true,
+	"QuotaService": true, "FlowService": true,
 }
 
 // TestAllowedCoversEveryMethod: every method of every service the control
@@ -109,6 +109,11 @@ func TestAuthorizerCheck(t *testing.T) {
 		{"admin watches", true, cluster, as(mtls.RoleAdmin, "ops"), llmgwv1.WatchService_Watch_FullMethodName, codes.OK, ""},
 		{"agent may not watch", true, cluster, as(mtls.RoleAgent, "n1"), llmgwv1.WatchService_Watch_FullMethodName, codes.PermissionDenied, "needs a router or admin certificate"},
 		{"router ensures adapters", true, cluster, as(mtls.RoleRouter, "r1"), llmgwv1.AdapterService_EnsureAdapter_FullMethodName, codes.OK, ""},
+		{"router reports its flow queues", true, cluster, as(mtls.RoleRouter, "r1"), llmgwv1.FlowService_Report_FullMethodName, codes.OK, ""},
+		{"admin may not report flow queues", true, cluster, as(mtls.RoleAdmin, "ops"), llmgwv1.FlowService_Report_FullMethodName, codes.PermissionDenied,
+			"FlowService/Report needs a router certificate; caller is admin/ops"},
+		{"admin reads the flow status", true, cluster, as(mtls.RoleAdmin, "ops"), llmgwv1.AdminService_FlowStatus_FullMethodName, codes.OK, ""},
+		{"router may not read the flow status", true, cluster, as(mtls.RoleRouter, "r1"), llmgwv1.AdminService_FlowStatus_FullMethodName, codes.PermissionDenied, "needs an admin"},
 		{"agent attaches", true, cluster, as(mtls.RoleAgent, "n1"), llmgwv1.AgentService_Attach_FullMethodName, codes.OK, ""},
 		{"router may not attach", true, cluster, as(mtls.RoleRouter, "r1"), llmgwv1.AgentService_Attach_FullMethodName, codes.PermissionDenied, "needs an agent certificate"},
 		{"admin may not register nodes", true, cluster, as(mtls.RoleAdmin, "ops"), llmgwv1.ServerService_RegisterNode_FullMethodName, codes.PermissionDenied,

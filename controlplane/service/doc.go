@@ -7,6 +7,8 @@
 //   - service/adapter AdapterService.EnsureAdapter (design §7.6);
 //   - service/quota   QuotaService: the routers' leased shares of tenants'
 //     limits and their usage batches (design §7.7);
+//   - service/flow    FlowService: the routers' flow-control queues,
+//     shared through the leader (design §7.8);
 //   - service/server  ServerService: what control servers ask of each
 //     other (RegisterNode, a follower's agent registration).
 //

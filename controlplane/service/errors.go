@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/controlplane/cluster"
+	"github.com/llmgw/llmgw/controlplane/flowview"
 	"github.com/llmgw/llmgw/controlplane/gate"
 	"github.com/llmgw/llmgw/controlplane/leader"
 	"github.com/llmgw/llmgw/controlplane/quota"
@@ -58,8 +59,10 @@ func ToStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, cluster.ErrUnreachable):
 		return status.Error(codes.Unavailable, err.Error())
-	case errors.Is(err, quota.ErrFull):
+	case errors.Is(err, quota.ErrFull), errors.Is(err, flowview.ErrFull):
 		return status.Error(codes.ResourceExhausted, err.Error())
+	case errors.Is(err, flowview.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

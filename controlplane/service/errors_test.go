@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/controlplane/cluster"
+	"github.com/llmgw/llmgw/controlplane/flowview"
 	"github.com/llmgw/llmgw/controlplane/quota"
 	"github.com/llmgw/llmgw/controlplane/store"
 	"github.com/llmgw/llmgw/fsm"
@@ -35,6 +36,8 @@ func TestToStatus(t *testing.T) {
 		{fmt.Errorf("undrain: %w", ErrNodeDown), codes.FailedPrecondition},
 		{fmt.Errorf("join: %w", cluster.ErrUnreachable), codes.Unavailable},
 		{fmt.Errorf("router r1: %w", quota.ErrFull), codes.ResourceExhausted},
+		{fmt.Errorf("flow report of router r1: %w", flowview.ErrFull), codes.ResourceExhausted},
+		{fmt.Errorf("%w: session: required", flowview.ErrInvalid), codes.InvalidArgument},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{status.Error(codes.Aborted, "as is"), codes.Aborted},
 		{errors.New("boom"), codes.Internal},

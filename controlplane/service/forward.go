@@ -131,6 +131,10 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	// usage batches (design §7.7).
 	llmgwv1.QuotaService_Lease_FullMethodName:       func(any) (proto.Message, bool) { return &llmgwv1.LeaseResponse{}, true },
 	llmgwv1.QuotaService_RecordUsage_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.RecordUsageResponse{}, true },
+	// The leader alone holds the routers' flow-control reports (design
+	// §7.8): in memory, so only it can answer a report or the status.
+	llmgwv1.FlowService_Report_FullMethodName:      func(any) (proto.Message, bool) { return &llmgwv1.FlowView{}, true },
+	llmgwv1.AdminService_FlowStatus_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.FlowStatusResponse{}, true },
 }
 
 // Quorum is what a "no leader" answer says of the voters: the Raft

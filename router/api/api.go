@@ -60,6 +60,7 @@ import (
 	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/flow"
 	"github.com/llmgw/llmgw/router/openai"
 	"github.com/llmgw/llmgw/router/proxy"
 	"github.com/llmgw/llmgw/router/quota"
@@ -129,6 +130,23 @@ type Config struct {
 	// Quota admits each completion against its tenant's limits and meters
 	// its usage (design §7.7); nil: no tenants, nothing metered.
 	Quota Admitter
+	// Flow holds requests at saturation (design §7.8); nil: none held.
+	Flow FlowControl
+	// Tenants returns the tenants in force now, for their priority
+	// classes; nil means none.
+	Tenants func() map[string]*llmgwv1.Tenant
+}
+
+// FlowControl is flow control at saturation (router/flow): Resolve gives
+// a request's class from its header and its tenant's classes, Admit lets
+// it on — at once, or after it waited in the queue — or refuses it; the
+// grant is Done once with the weighted tokens it used.
+type FlowControl interface {
+	Enabled() bool
+	Resolve(header, tenantDefault, tenantMax string) (int, *openai.Error)
+	Admit(ctx context.Context, r flow.Request) (*flow.Grant, *flow.Refusal)
+	Class(rank int) string
+	Weighted(input, output float64) float64
 }
 
 // Admitter is the tenants' admission (router/quota): Admit decides a
@@ -449,6 +467,17 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	var ticket *quota.Ticket
 	var used quota.Usage
 	defer func() { ticket.Settle(used) }()
+	// Its place in flow control, given back however it ends (design §7.8).
+	rank, ferr := h.classOf(r, key)
+	if ferr != nil {
+		return refuse(ferr), tgt.Base
+	}
+	var grant *flow.Grant
+	defer func() {
+		if grant != nil {
+			grant.Done(h.cfg.Flow.Weighted(float64(used.Input), float64(used.Output)), used.Known)
+		}
+	}()
 	var events *openai.EventCounter
 	for try := 0; ; try++ {
 		// 2. Resolve the model and adapter, and the replicas that may serve it.
@@ -484,6 +513,20 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 			if qerr != nil {
 				plan.Done("", qerr.Status)
 				return refuse(qerr), tgt.Base
+			}
+		}
+
+		// 3c. Wait for room at saturation, by class and tenant.
+		if try == 0 && rank >= 0 {
+			var ref *flow.Refusal
+			grant, ref = h.flow(r.Context(), w, key, tgt, ticket, rank, len(body))
+			if ref != nil {
+				if ref.Err == nil { // the client left while it waited
+					plan.Done("", proxy.ClientClosed)
+					return proxy.ClientClosed, tgt.Base
+				}
+				plan.Done("", ref.Err.Status)
+				return refuse(ref.Err), tgt.Base
 			}
 		}
 		tail := plan.Tail()
@@ -542,6 +585,44 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, key *llmgwv1.Api
 	ticket, refusal, hd := h.cfg.Quota.Admit(q)
 	setRateHeaders(w.Header(), hd)
 	return ticket, refusal
+}
+
+// classOf is the rank of the request's priority class (-1: no flow
+// control), or the 400 for a header naming no class.
+func (h *Handler) classOf(r *http.Request, key *llmgwv1.ApiKey) (int, *openai.Error) {
+	if h.cfg.Flow == nil || !h.cfg.Flow.Enabled() {
+		return -1, nil
+	}
+	var t *llmgwv1.Tenant
+	if h.cfg.Tenants != nil {
+		t = h.cfg.Tenants()[tenantOf(key)]
+	}
+	return h.cfg.Flow.Resolve(r.Header.Get(flowPriorityHeader), t.GetDefaultClass(), t.GetMaxClass())
+}
+
+// The headers of flow control: the class asked for, and answered with the
+// class served; the reason of a flow-control 429; the time queued.
+const (
+	flowPriorityHeader = "X-Llmgw-Priority"
+	flowReasonHeader   = "X-Llmgw-Flow-Reason"
+	flowQueuedHeader   = "X-Llmgw-Queue-Ms"
+)
+
+// flow asks flow control to let the request on, and writes the class (and
+// the time it waited, or why it was refused) on the answer's headers.
+func (h *Handler) flow(ctx context.Context, w http.ResponseWriter, key *llmgwv1.ApiKey, tgt director.Target, ticket *quota.Ticket, rank, bytes int) (*flow.Grant, *flow.Refusal) {
+	in, out := ticket.Expected()
+	g, ref := h.cfg.Flow.Admit(ctx, flow.Request{Model: tgt.Base, Tenant: tenantOf(key), Rank: rank, Bytes: bytes,
+		Cost: h.cfg.Flow.Weighted(in, out)})
+	hd := w.Header()
+	hd.Set(flowPriorityHeader, h.cfg.Flow.Class(rank))
+	if ref != nil && ref.Reason != "" {
+		hd.Set(flowReasonHeader, ref.Reason)
+	}
+	if g != nil && g.Waited > 0 {
+		hd.Set(flowQueuedHeader, strconv.FormatInt(g.Waited.Milliseconds(), 10))
+	}
+	return g, ref
 }
 
 // tenantOf is the tenant a key's requests count against: its own, or the

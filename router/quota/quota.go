@@ -335,6 +335,15 @@ func (q *Quota) Admit(r Request) (*Ticket, *openai.Error, Headers) {
 // Input is the prompt's tokens as admitted (exact or estimated).
 func (tk *Ticket) Input() int { return int(tk.in) }
 
+// Expected is the input and output tokens the request is expected to use,
+// as admitted: what flow control charges its tenant before the answer.
+func (tk *Ticket) Expected() (input, output float64) {
+	if tk == nil {
+		return 0, 0
+	}
+	return tk.in, tk.out
+}
+
 // cost is what the request reserves of scope s: a request, its input, its
 // output estimate, their weighted sum (all input counted uncached: the
 // cache is known after), one slot, or for a budget input plus the

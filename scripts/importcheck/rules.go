@@ -119,14 +119,17 @@ var rules = []rule{
 	cpLayer("controlplane/gossip", false, "the memberlist member; it hands the ephemeral plane its messages through an interface, and never imports it", "controlplane/logadapt"),
 	cpLayer("controlplane/cluster", false, "membership: bootstrap, join, autopilot", "controlplane/gossip", "controlplane/logadapt"),
 	cpLayer("controlplane/quota", false, "the leased shares of the tenants' limits (design §7.7): pure, a leaf"),
+	cpLayer("controlplane/flowview", false, "the routers' flow-control queues as the leader last heard them (design §7.8): a leaf"),
 	cpLayer("controlplane/leader", false, "the leader's loops", "controlplane/placement", "controlplane/quota"),
 	cpLayer("controlplane/service", true, "errors to codes in one place and forwarding; the services see the rest through the interfaces they declare",
-		"controlplane/cluster", "controlplane/gate", "controlplane/leader", "controlplane/quota", "controlplane/store"),
+		"controlplane/cluster", "controlplane/flowview", "controlplane/gate", "controlplane/leader", "controlplane/quota", "controlplane/store"),
 	cpLayer("controlplane/service/admin", false, "AdminService", "controlplane/service", "controlplane/cluster", "controlplane/snapfile"),
 	cpLayer("controlplane/service/agent", false, "AgentService", "controlplane/service", "controlplane/ephemeral"),
 	cpLayer("controlplane/service/watch", false, "WatchService", "controlplane/service", "controlplane/ephemeral"),
 	cpLayer("controlplane/service/adapter", false, "AdapterService", "controlplane/service"),
 	cpLayer("controlplane/service/quota", false, "QuotaService", "controlplane/service"),
+	// Its tests run the real table behind the service.
+	cpLayer("controlplane/service/flow", false, "FlowService", "controlplane/service", "controlplane/flowview"),
 	cpLayer("controlplane/service/server", false, "ServerService", "controlplane/service"),
 	cpLayer("controlplane/console", false, "the read-only web console: AdminService over gRPC, engines' and routers' /metrics", "vllm"),
 	{
@@ -165,7 +168,7 @@ var rules = []rule{
 	{
 		Prefix: "router/api",
 		InRepo: []string{"proto", "vllm", "router/auth", "router/openai", "router/endpoint", "router/tokenize", "router/director", "router/proxy",
-			"router/scheduler", "router/breaker", "router/quota"},
+			"router/scheduler", "router/breaker", "router/quota", "router/flow"},
 		Why: "the HTTP surface runs the director and the proxy router.New hands it, knowing them by their types alone; it reads desired state " +
 			"through its own Models interface and never the watch stream, the KV index or the prefix tree (scheduler and breaker are " +
 			"for its tests, which build the stages as router.New does; design §7.1, §7.3)",
@@ -183,6 +186,20 @@ var rules = []rule{
 		Deny:   networked,
 		Why: "tenants' admission and metering decide from this router's leased shares alone: no request waits on the network, and " +
 			"the control plane is a Client the router root hands it (design §7.7)",
+	},
+	{
+		Prefix: "router/flow",
+		InRepo: []string{"proto", "router/openai", "router/endpoint"},
+		Deny:   networked,
+		Why: "flow control decides from this router's view of its replicas' load and what the other routers last reported, " +
+			"handed to it: no request waits on the network (design §7.8)",
+	},
+	{
+		Prefix: "router/flowshare",
+		InRepo: []string{"proto"},
+		Deny:   networked,
+		Why: "sharing the flow-control queues is a loop over two interfaces it declares, the router's flow control and a Reporter the " +
+			"router root hands it: it knows no connection (design §7.8)",
 	},
 	{
 		Prefix: "router/proxy",

@@ -3,7 +3,7 @@
 "use strict";
 
 const REFRESH_MS = 2000;
-const pages = { cluster: renderCluster, nodes: renderNodes, models: renderModels, adapters: renderAdapters, routers: renderRouters, tenants: renderTenants };
+const pages = { cluster: renderCluster, nodes: renderNodes, models: renderModels, adapters: renderAdapters, routers: renderRouters, tenants: renderTenants, flow: renderFlow };
 
 function esc(v) {
   return String(v === undefined || v === null ? "" : v).replace(/[&<>"']/g, c => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
@@ -176,6 +176,16 @@ function limitsText(l) {
   return set.length ? set.join(" · ") : `<span class="muted">no limits</span>`;
 }
 
+// classText is a tenant's priority classes (flow control, design §7.8):
+// the class its requests get unless they ask a lower one, and the highest
+// they may ask for. Empty is the routers' flow.default_class, and for the
+// highest the tenant's default class.
+function classText(t) {
+  const def = t.default_class ? `<code>${esc(t.default_class)}</code>` : "the routers' default";
+  const max = t.max_class ? `<code>${esc(t.max_class)}</code>` : "its default";
+  return ` · priority class ${def}, may ask up to ${max}`;
+}
+
 // budgetCell is a budget left: "–" without a budget, a bar of what is
 // left of it, or what was spent beyond it.
 function budgetCell(left, budget) {
@@ -217,8 +227,9 @@ function renderTenants(d) {
     const x = milli => String(Number(milli || 0) / 1000);
     const weights = w ? ` · weights input ${x(w.input_milli)}, cached ${x(w.cached_milli)}, output ${x(w.output_milli)}` : "";
     const mode = t.shadow ? badge("shadow: counts, never refuses", "warn") : badge("enforcing", "ok");
-    return panel(`${esc(t.name)} ${mode}`, `models: ${esc((t.models || []).join(", ") || "every model")}${weights}`,
-      table(heads, rows), `data-tenant="${esc(t.name)}" data-shadow="${t.shadow ? "true" : "false"}"`);
+    return panel(`${esc(t.name)} ${mode}`, `models: ${esc((t.models || []).join(", ") || "every model")}${weights}${classText(t)}`,
+      table(heads, rows), `data-tenant="${esc(t.name)}" data-shadow="${t.shadow ? "true" : "false"}" ` +
+      `data-default-class="${esc(t.default_class || "")}" data-max-class="${esc(t.max_class || "")}"`);
   }).join("");
   // Usage of tenants without limits: keys' own tenants and requests
   // without a key (-).
@@ -232,6 +243,39 @@ function renderTenants(d) {
       table(["Tenant", "#Requests this hour", "#Input this hour", "#Output this hour", "#Requests today", "#Input today", "#Output today", "#Refused today"], others, 'id="other-usage"'));
   }
   return out || `<p class="muted">No tenant. Create one with <code>llmgwctl tenant create NAME --rpm N</code>.</p>`;
+}
+
+// wait is a queue's oldest wait in milliseconds, as the routers report it.
+function wait(ms) {
+  const n = Number(ms) || 0;
+  return n < 1000 ? `${n.toFixed(0)} ms` : (n < 90000 ? `${(n / 1000).toFixed(1)} s` : dur(n / 1000));
+}
+function bytes(v) {
+  const n = Number(v) || 0;
+  if (n < 1024) return `${n} B`;
+  if (n < 1 << 20) return `${(n / 1024).toFixed(1)} KiB`;
+  return `${(n / (1 << 20)).toFixed(1)} MiB`;
+}
+
+// renderFlow: the routers' flow-control queues as the leader last heard
+// them (FlowStatus), summed per model and class, then each router's own.
+function renderFlow(d) {
+  const st = d.flow || {};
+  const total = st.total || [], routers = st.routers || [];
+  const queueCells = q => `<td class="num">${num(q.queued)}</td><td class="num">${bytes(q.queued_bytes)}</td><td class="num">${wait(q.oldest_wait_ms)}</td>`;
+  const rows = total.map(q => `<tr data-flow-model="${esc(q.model)}" data-flow-class="${esc(q.class)}" data-queued="${esc(q.queued)}">` +
+    `<td><b>${esc(q.model)}</b></td><td>${esc(q.class)}</td><td class="num">${esc(q.rank)}</td>${queueCells(q)}<td class="num">${esc(q.routers)}</td></tr>`);
+  const perRouter = routers.flatMap(r => {
+    const head = `<td><b>${esc(r.router)}</b></td><td class="muted">${ago(Number(r.reported_unix_ms))}</td>`;
+    const qs = r.depths || [];
+    if (!qs.length) return [`<tr data-flow-router="${esc(r.router)}">${head}<td colspan="5" class="muted">no queue</td></tr>`];
+    return qs.map((q, i) => `<tr data-flow-router="${esc(r.router)}">${i ? "<td></td><td></td>" : head}` +
+      `<td>${esc(q.model)}</td><td>${esc(q.class)}</td>${queueCells(q)}</tr>`);
+  });
+  return panel("Queued by model and class", "summed over the routers; rank 0 is the highest class",
+    table(["Model", "Class", "#Rank", "#Queued", "#Queued bytes", "#Oldest wait", "#Routers"], rows, 'id="flow-total"')) +
+    panel("By router", `${routers.length} reporting · each reports every 250 ms, and drops off 3 s after its last report`,
+      table(["Router", "Reported", "Model", "Class", "#Queued", "#Queued bytes", "#Oldest wait"], perRouter, 'id="flow-routers"'));
 }
 
 let current = "", timer = 0, seq = 0;

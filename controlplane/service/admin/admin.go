@@ -102,7 +102,14 @@ type Sessions interface {
 	Connected() map[string]bool
 }
 
-// Deps are the Service's dependencies; all are required but Keyring.
+// Flows is the leader's table of the routers' flow-control reports
+// (package flowview): in memory, so only the leader's is the fleet's.
+type Flows interface {
+	Status() *llmgwv1.FlowStatusResponse
+}
+
+// Deps are the Service's dependencies; all are required but Keyring and
+// Flows.
 type Deps struct {
 	Propose    Proposer
 	State      Desired
@@ -117,6 +124,9 @@ type Deps struct {
 	// Keyring is this server's own keyring operation; nil reports this
 	// server as not serving them.
 	Keyring LocalKeyring
+	// Flows is the routers' flow-control reports as this server holds
+	// them when it leads; nil answers FlowStatus UNIMPLEMENTED.
+	Flows Flows
 	// Started is when this server's process started (ClusterStatus's
 	// started_unix_ms); zero leaves it unset.
 	Started time.Time
@@ -139,6 +149,7 @@ type Service struct {
 	// restoreMax bounds a restored snapshot's body (snapshot.go).
 	restoreMax uint64
 	keyring    LocalKeyring
+	flows      Flows
 	started    time.Time
 	now        func() time.Time
 	log        *slog.Logger
@@ -151,7 +162,7 @@ func New(self string, d Deps, log *slog.Logger) *Service {
 		now = time.Now
 	}
 	return &Service{self: self, propose: d.Propose, state: d.State, raft: d.Raft, peers: d.Peers,
-		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, started: d.Started,
+		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, flows: d.Flows, started: d.Started,
 		now: now, log: log}
 }
 

@@ -27,7 +27,8 @@ import (
 // or replaces one whole (NOT_FOUND for an unknown name). Per-model limits
 // are sorted by model here, so a caller may give them in any order; the
 // FSM stores them sorted. A new tenant's creation time is this server's
-// clock; an update keeps the stored one.
+// clock; an update keeps the stored one. Every other field, the priority
+// classes included, passes through as given: the tenant is cloned whole.
 func (a *Service) PutTenant(ctx context.Context, req *llmgwv1.PutTenantRequest) (*llmgwv1.PutTenantResponse, error) {
 	if req.GetTenant() == nil {
 		return nil, service.ToStatus(errValidation("tenant", "required"))
@@ -59,9 +60,9 @@ func (a *Service) PutTenant(ctx context.Context, req *llmgwv1.PutTenantRequest) 
 	}
 	stored, _ := res.(*llmgwv1.Tenant)
 	if req.Create {
-		a.log.Info("tenant created", "tenant", t.Name, "shadow", t.Shadow, "revision", rev)
+		a.log.Info("tenant created", "tenant", t.Name, "shadow", t.Shadow, "default_class", t.DefaultClass, "max_class", t.MaxClass, "revision", rev)
 	} else {
-		a.log.Info("tenant updated", "tenant", t.Name, "shadow", t.Shadow, "revision", rev)
+		a.log.Info("tenant updated", "tenant", t.Name, "shadow", t.Shadow, "default_class", t.DefaultClass, "max_class", t.MaxClass, "revision", rev)
 	}
 	return &llmgwv1.PutTenantResponse{Tenant: stored, Revision: rev}, nil
 }

@@ -71,9 +71,11 @@ func tenantsJSON(f *fsm.FSM) string {
 // sorted and this server's clock as its creation time; an update replaces
 // it whole and keeps that time. Bad input — a name in use, an unknown
 // tenant to update, a limit above its bound, a daily budget above the
-// monthly one, a weight beyond 1000 ×, a model limited twice — is refused
-// naming the field (after sorting, so indices are the stored order), and
-// nothing is applied: a shape the service can check costs no log entry.
+// monthly one, a weight beyond 1000 ×, a model limited twice, a priority
+// class not of the class shape — is refused naming the field (after
+// sorting, so indices are the stored order), and nothing is applied: a
+// shape the service can check costs no log entry. The priority classes
+// pass through to the stored tenant.
 func TestPutTenant(t *testing.T) {
 	a, f, p := tenantService(t)
 	ctx := context.Background()
@@ -83,7 +85,8 @@ func TestPutTenant(t *testing.T) {
 			{Model: "zeta", Limits: &llmgwv1.TenantLimits{Rpm: 5}},
 			{Model: "demo", Limits: &llmgwv1.TenantLimits{InputTpm: 100}},
 		},
-		Weights:     &llmgwv1.TokenWeights{InputMilli: 1000, CachedMilli: 100, OutputMilli: 4000},
+		Weights:      &llmgwv1.TokenWeights{InputMilli: 1000, CachedMilli: 100, OutputMilli: 4000},
+		DefaultClass: "standard", MaxClass: "interactive",
 		CreatedUnix: 5, Revision: 99,
 	}})
 	if err != nil {
@@ -93,12 +96,17 @@ func TestPutTenant(t *testing.T) {
 	if got.CreatedUnix != 1_700_000_123 || got.Revision != resp.Revision || got.ModelLimits[0].Model != "demo" || got.ModelLimits[1].Model != "zeta" {
 		t.Fatalf("created %v at %d: want the clock's time, the revision, per-model limits sorted", got, resp.Revision)
 	}
-	upd, err := a.PutTenant(ctx, &llmgwv1.PutTenantRequest{Tenant: &llmgwv1.Tenant{Name: "team-a", Shadow: true, Limits: &llmgwv1.TenantLimits{Rpm: 10}}})
+	if stored, _ := f.Tenant("team-a"); got.DefaultClass != "standard" || got.MaxClass != "interactive" || !proto.Equal(stored, got) {
+		t.Fatalf("created %v, stored %v: want the classes passed through", got, stored)
+	}
+	upd, err := a.PutTenant(ctx, &llmgwv1.PutTenantRequest{Tenant: &llmgwv1.Tenant{Name: "team-a", Shadow: true, Limits: &llmgwv1.TenantLimits{Rpm: 10},
+		DefaultClass: "batch"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u := upd.Tenant; !u.Shadow || u.Limits.Rpm != 10 || len(u.ModelLimits) != 0 || len(u.Models) != 0 || u.CreatedUnix != 1_700_000_123 {
-		t.Fatalf("updated %v: want it replaced whole, its creation time kept", u)
+	if u := upd.Tenant; !u.Shadow || u.Limits.Rpm != 10 || len(u.ModelLimits) != 0 || len(u.Models) != 0 || u.CreatedUnix != 1_700_000_123 ||
+		u.DefaultClass != "batch" || u.MaxClass != "" {
+		t.Fatalf("updated %v: want it replaced whole (classes too), its creation time kept", u)
 	}
 
 	before, proposals := tenantsJSON(f), p.proposals
@@ -128,6 +136,12 @@ func TestPutTenant(t *testing.T) {
 			codes.InvalidArgument, "weights: at least one"},
 		{"model twice", &llmgwv1.PutTenantRequest{Create: true, Tenant: &llmgwv1.Tenant{Name: "b", Models: []string{"x", "x"}}},
 			codes.InvalidArgument, "models[1]"},
+		{"bad default class", &llmgwv1.PutTenantRequest{Create: true, Tenant: &llmgwv1.Tenant{Name: "b", DefaultClass: "Batch"}},
+			codes.InvalidArgument, `default_class: must match [a-z][a-z0-9_-]* and be at most 32 characters, got "Batch"`},
+		{"bad max class", &llmgwv1.PutTenantRequest{Create: true, Tenant: &llmgwv1.Tenant{Name: "b", MaxClass: strings.Repeat("x", fsm.MaxClassLen+1)}},
+			codes.InvalidArgument, "max_class: must match"},
+		{"bad class on update", &llmgwv1.PutTenantRequest{Tenant: &llmgwv1.Tenant{Name: "team-a", MaxClass: "9"}},
+			codes.InvalidArgument, "max_class: must match"},
 		{"name in use", &llmgwv1.PutTenantRequest{Create: true, Tenant: &llmgwv1.Tenant{Name: "team-a"}}, codes.AlreadyExists, `tenant "team-a" already exists`},
 		{"update of an unknown tenant", &llmgwv1.PutTenantRequest{Tenant: &llmgwv1.Tenant{Name: "nope"}}, codes.NotFound, `tenant "nope" not found: create it first`},
 	} {

@@ -1,0 +1,153 @@
+package flowshare
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"log/slog"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// The loop's defaults.
+const (
+	// DefaultInterval is how often the router reports: a twelfth of how
+	// long the leader counts a report, so a few lost ones cost nothing.
+	DefaultInterval = 250 * time.Millisecond
+	// DefaultTimeout bounds each report: a slow control plane must not
+	// stall the loop beyond a few intervals.
+	DefaultTimeout = time.Second
+	// DefaultValid is how long a view holds when the answer does not say
+	// (the leader's default).
+	DefaultValid = 3 * time.Second
+)
+
+// Reporter sends one report to the control plane (FlowService.Report on
+// any server; followers forward it to the leader).
+type Reporter interface {
+	ReportFlow(ctx context.Context, r *llmgwv1.FlowReport) (*llmgwv1.FlowView, error)
+}
+
+// Queues is the router's flow control as the loop sees it.
+type Queues interface {
+	Depths() []*llmgwv1.FlowDepth                          // this router's non-empty queues now
+	SetFleet(depths []*llmgwv1.FlowDepth, until time.Time) // the other routers' queues, valid until
+}
+
+// Config is the loop's identity and timing; zero durations take the
+// defaults.
+type Config struct {
+	// Router is the router's --id, the name the leader keys it by.
+	Router string
+	// Session is this run's; 0 picks a random one at New.
+	Session uint64
+	// Interval is how often to report (DefaultInterval).
+	Interval time.Duration
+	// Timeout bounds each report (DefaultTimeout).
+	Timeout time.Duration
+	// Now is the clock of the views' validity (time.Now).
+	Now func() time.Time
+}
+
+// Share is the loop. Create it with New, run it with Run.
+type Share struct {
+	cfg      Config
+	queues   Queues
+	reporter Reporter
+	log      *slog.Logger
+	m        metrics
+}
+
+type metrics struct {
+	failed  prometheus.Counter
+	seconds prometheus.Histogram
+}
+
+// New returns the loop reporting q's queues through r; its metrics are
+// registered with reg (nil: not registered).
+func New(cfg Config, q Queues, r Reporter, reg prometheus.Registerer, log *slog.Logger) *Share {
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = DefaultTimeout
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Session == 0 {
+		cfg.Session = newSession()
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := metrics{
+		failed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "llmgw_router_flow_reports_failed_total",
+			Help: "Flow-control reports to the control plane that failed or timed out; the fleet's queues this router holds expire on their own.",
+		}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "llmgw_router_flow_report_seconds",
+			Help:    "Time a flow-control report took to be answered, failed ones included.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 12),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.failed, m.seconds)
+	}
+	return &Share{cfg: cfg, queues: q, reporter: r, log: log, m: m}
+}
+
+// Session is this run's session, as the reports carry it.
+func (s *Share) Session() uint64 { return s.cfg.Session }
+
+// Run reports at once, then every Interval, until ctx ends; a report in
+// flight is cut short then. It returns nil.
+func (s *Share) Run(ctx context.Context) error {
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		s.report(ctx)
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// report sends this router's queues and hands the answer to the flow
+// control, valid from when the report was sent for the answer's valid_ms.
+func (s *Share) report(ctx context.Context) {
+	req := &llmgwv1.FlowReport{Router: s.cfg.Router, Session: s.cfg.Session, Depths: s.queues.Depths()}
+	sent := s.cfg.Now()
+	start := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	view, err := s.reporter.ReportFlow(cctx, req)
+	cancel()
+	s.m.seconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		if ctx.Err() != nil {
+			return // stopping: not a failure
+		}
+		s.m.failed.Inc()
+		s.log.Debug("flow report failed; the fleet's queues held expire on their own", "err", err)
+		return
+	}
+	valid := time.Duration(view.GetValidMs()) * time.Millisecond
+	if valid <= 0 {
+		valid = DefaultValid
+	}
+	s.queues.SetFleet(view.GetDepths(), sent.Add(valid))
+}
+
+// newSession is a random non-zero session: a restarted router's reports
+// are told from its last run's.
+func newSession() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.BigEndian.Uint64(b[:]) | 1
+}
