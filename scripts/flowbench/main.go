@@ -91,7 +91,7 @@ func main() {
 	flag.IntVar(&cfg.maxNumSeqs, "max-num-seqs", 16, "the engines' batch size")
 	flag.IntVar(&cfg.maxModelLen, "max-model-len", 4096, "the engines' context")
 	flag.StringVar(&cfg.portRange, "port-range", "42200-42299", "the engines' ports")
-	flag.BoolVar(&cfg.flow, "flow", true, "give routers 1 and 2 the flow section (false: calibrate on routers without flow control)")
+	flag.BoolVar(&cfg.flow, "flow", true, "flow control on routers 1 and 2 (false: off on every router, the figures without it)")
 	flag.IntVar(&cfg.replicaConc, "replica-concurrency", 16, "flow.replica_concurrency of the flow routers")
 	flag.IntVar(&cfg.promptWords, "prompt-words", 200, "words in each prompt")
 	flag.IntVar(&cfg.maxTokens, "max-tokens", 32, "each request's max_tokens")
@@ -214,25 +214,26 @@ func (b *bench) run(ctx context.Context) error {
 }
 
 // routerConfig is a router's YAML: no connection or in-flight bound a
-// benchmark from one address would hit, and the flow section when flow.
+// benchmark from one address would hit, and flow control on with the
+// issue's classes when flow (and --flow), else off.
 func (b *bench) routerConfig(flow bool) string {
 	s := "max_connections: 0\nmax_conns_per_addr: 0\nmax_inflight: 100000\nmax_key_inflight: 0\n"
-	if !b.cfg.flow {
-		return s
+	if !b.cfg.flow || !flow {
+		return s + "flow:\n  enabled: false\n"
 	}
 	def := "standard"
 	if !b.classFlags {
 		def = "interactive"
 	}
 	return s + fmt.Sprintf(`flow:
-  enabled: %v
+  enabled: true
   replica_concurrency: %d
   default_class: %s
   classes:
     - {name: interactive, ttl: 30s, max_queued: 2000, max_queued_bytes: 67108864, headroom: 0}
     - {name: standard, ttl: 30s, max_queued: 2000, headroom: 0.05}
     - {name: batch, ttl: 60s, max_queued: 500, headroom: 0.1}
-`, flow, b.cfg.replicaConc, def)
+`, b.cfg.replicaConc, def)
 }
 
 func (b *bench) startCluster() error {
