@@ -264,7 +264,7 @@ func (b *bench) startCluster() error {
 	}
 	return benchproc.Until(3*time.Minute, fmt.Sprintf("every router routing to %d replicas", b.cfg.replicas), func() bool {
 		for _, r := range b.c.Routers {
-			if n, err := b.routable(r.Ops); err != nil || n < b.cfg.replicas {
+			if addrs, err := b.routable(r.Ops); err != nil || len(addrs) < b.cfg.replicas {
 				return false
 			}
 		}
@@ -272,18 +272,24 @@ func (b *bench) startCluster() error {
 	})
 }
 
-// routable is how many replicas a router's /sd/replicas lists.
-func (b *bench) routable(ops string) (int, error) {
+// routable is the engine addresses a router's /sd/replicas lists.
+func (b *bench) routable(ops string) ([]string, error) {
 	resp, err := b.client.Get("http://" + ops + "/sd/replicas")
 	if err != nil {
-		return 0, err
+		return nil, fmt.Errorf("sd: %w", err)
 	}
 	defer resp.Body.Close()
-	var groups []json.RawMessage
-	if err := json.NewDecoder(resp.Body).Decode(&groups); err != nil {
-		return 0, err
+	var groups []struct {
+		Targets []string `json:"targets"`
 	}
-	return len(groups), nil
+	if err := json.NewDecoder(resp.Body).Decode(&groups); err != nil {
+		return nil, fmt.Errorf("sd: %w", err)
+	}
+	var out []string
+	for _, g := range groups {
+		out = append(out, g.Targets...)
+	}
+	return out, nil
 }
 
 // setupTenants creates the tenants and a key each: b interactive, a

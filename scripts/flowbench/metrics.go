@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -218,4 +219,71 @@ func (s *scraper) take() ([]round, int) {
 	r, f := s.rounds, s.failed
 	s.rounds, s.failed = nil, 0
 	return r, f
+}
+
+// engineLoad samples the engines' own running and waiting requests while
+// Run runs: where a request that flow control let on waits, if anywhere.
+type engineLoad struct {
+	hc       *http.Client
+	addrs    []string
+	interval time.Duration
+
+	mu sync.Mutex
+	engineFigures
+}
+
+// engineFigures sums the rounds in which every engine answered.
+type engineFigures struct {
+	Rounds int `json:"rounds"`
+	// QueuedRounds is the rounds in which some engine had a request
+	// waiting; MaxWaiting the most one engine had.
+	QueuedRounds int     `json:"queued_rounds"`
+	MaxWaiting   float64 `json:"max_waiting"`
+	// RunningSum and WaitingSum add each round's fleet totals.
+	RunningSum float64 `json:"running_sum"`
+	WaitingSum float64 `json:"waiting_sum"`
+}
+
+// Run samples until ctx ends.
+func (e *engineLoad) Run(ctx context.Context) {
+	t := time.NewTicker(e.interval)
+	defer t.Stop()
+	for {
+		pages := make([][]sample, len(e.addrs))
+		errs := make([]error, len(e.addrs))
+		var wg sync.WaitGroup
+		for i, a := range e.addrs {
+			wg.Go(func() { pages[i], errs[i] = scrape(ctx, e.hc, a, "vllm:num_requests_") })
+		}
+		wg.Wait()
+		if !slices.ContainsFunc(errs, func(err error) bool { return err != nil }) {
+			var running, waiting, most float64
+			for _, p := range pages {
+				running += sum(p, "vllm:num_requests_running", nil)
+				w := sum(p, "vllm:num_requests_waiting", nil)
+				waiting += w
+				most = max(most, w)
+			}
+			e.mu.Lock()
+			e.Rounds++
+			e.RunningSum += running
+			e.WaitingSum += waiting
+			e.MaxWaiting = max(e.MaxWaiting, most)
+			if most > 0 {
+				e.QueuedRounds++
+			}
+			e.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (e *engineLoad) figures() engineFigures {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.engineFigures
 }

@@ -96,6 +96,27 @@ func (b *bench) finish(phase string, recs []record) {
 	}
 }
 
+// withEngines runs fn while sampling the engines' running and waiting
+// requests every 100 ms, and prints what it saw.
+func (b *bench) withEngines(ctx context.Context, fn func()) (*engineFigures, error) {
+	addrs, err := b.routable(b.c.Routers[0].Ops)
+	if err != nil {
+		return nil, err
+	}
+	e := &engineLoad{hc: b.client, addrs: addrs, interval: 100 * time.Millisecond}
+	ectx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); e.Run(ectx) }()
+	fn()
+	stop()
+	<-done
+	f := e.figures()
+	n := float64(max(1, f.Rounds))
+	fmt.Printf("engines (sampled every 100 ms, %d rounds): running %.1f and waiting %.2f per engine on average; some engine had a request waiting in %.1f %% of rounds, one at most %.0f\n",
+		f.Rounds, f.RunningSum/n/float64(len(addrs)), f.WaitingSum/n/float64(len(addrs)), 100*float64(f.QueuedRounds)/n, f.MaxWaiting)
+	return &f, nil
+}
+
 // capacity is phase 0: a closed loop at 1.5 × the fleet's slots through
 // routers 1 and 2.
 func (b *bench) capacity(ctx context.Context) (*capacityResult, error) {
@@ -103,13 +124,16 @@ func (b *bench) capacity(ctx context.Context) (*capacityResult, error) {
 	n := b.cfg.replicas * b.cfg.maxNumSeqs * 3 / 2
 	fmt.Printf("phase 0, capacity: a closed loop of %d through routers 1 and 2 for %v\n", n, d)
 	start := time.Now()
-	b.load.closedLoop(ctx, d, b.tenants["cap"], n)
+	eng, err := b.withEngines(ctx, func() { b.load.closedLoop(ctx, d, b.tenants["cap"], n) })
+	if err != nil {
+		return nil, err
+	}
 	recs := b.load.take()
 	b.finish("capacity", recs)
 	from, to := start.Add(warmup(d)), start.Add(d)
 	served, tokens := servedIn(recs, from, to)
 	secs := to.Sub(from).Seconds()
-	c := &capacityResult{RPS: float64(served) / secs, OutTokensPerSec: tokens / secs, Concurrency: n, Cap: tally(recs)}
+	c := &capacityResult{RPS: float64(served) / secs, OutTokensPerSec: tokens / secs, Concurrency: n, Cap: tally(recs), Engines: eng}
 	if c.RPS == 0 {
 		return nil, fmt.Errorf("capacity: nothing served (%d lost)", c.Cap.Lost)
 	}
@@ -124,10 +148,13 @@ func (b *bench) capacity(ctx context.Context) (*capacityResult, error) {
 func (b *bench) alone(ctx context.Context, capRPS float64) error {
 	d, rate := b.cfg.alone, 0.3*capRPS
 	fmt.Printf("phase 1, B alone: %.1f req/s through routers 1 and 2 for %v\n", rate, d)
-	b.load.openLoop(ctx, b.cfg.seed, d, []*tenant{b.tenants["b"]}, []float64{rate})
+	eng, err := b.withEngines(ctx, func() { b.load.openLoop(ctx, b.cfg.seed, d, []*tenant{b.tenants["b"]}, []float64{rate}) })
+	if err != nil {
+		return err
+	}
 	recs := b.load.take()
 	b.finish("alone", recs)
-	r := &aloneResult{RateRPS: rate, B: tally(recs)}
+	r := &aloneResult{RateRPS: rate, B: tally(recs), Engines: eng}
 	b.report.Alone = r
 	fmt.Println("| B | sent | served | refused | lost | TTFT p50 | TTFT p99 |")
 	fmt.Println("|---|---|---|---|---|---|---|")
@@ -160,14 +187,17 @@ func (b *bench) mixed(ctx context.Context, capRPS float64) error {
 		go func() { defer close(scraping); sc.Run(sctx) }()
 	}
 	start := time.Now()
-	b.load.openLoop(ctx, b.cfg.seed+1, d, []*tenant{b.tenants["b"], &a}, []float64{rb, ra})
+	eng, err := b.withEngines(ctx, func() { b.load.openLoop(ctx, b.cfg.seed+1, d, []*tenant{b.tenants["b"], &a}, []float64{rb, ra}) })
 	stopScrape()
 	if scraping != nil {
 		<-scraping
 	}
+	if err != nil {
+		return err
+	}
 	recs := b.load.take()
 	b.finish("mixed", recs)
-	m := &mixedResult{BRateRPS: rb, ARateRPS: ra, B: tally(of(recs, "b")), A: tally(of(recs, "a"))}
+	m := &mixedResult{BRateRPS: rb, ARateRPS: ra, B: tally(of(recs, "b")), A: tally(of(recs, "a")), Engines: eng}
 	from, to := start.Add(warmup(d)), start.Add(d)
 	_, tokens := servedIn(recs, from, to)
 	m.FleetOutTokensPerSec = tokens / to.Sub(from).Seconds()

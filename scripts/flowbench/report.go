@@ -63,16 +63,18 @@ func (t tenantResult) refusedTotal() int {
 }
 
 type capacityResult struct {
-	RPS             float64      `json:"rps"`
-	OutTokensPerSec float64      `json:"out_tokens_per_sec"`
-	Concurrency     int          `json:"concurrency"`
-	Given           bool         `json:"given,omitempty"`
-	Cap             tenantResult `json:"requests"`
+	RPS             float64        `json:"rps"`
+	OutTokensPerSec float64        `json:"out_tokens_per_sec"`
+	Concurrency     int            `json:"concurrency"`
+	Given           bool           `json:"given,omitempty"`
+	Cap             tenantResult   `json:"requests"`
+	Engines         *engineFigures `json:"engines,omitempty"`
 }
 
 type aloneResult struct {
-	RateRPS float64      `json:"rate_rps"`
-	B       tenantResult `json:"b"`
+	RateRPS float64        `json:"rate_rps"`
+	B       tenantResult   `json:"b"`
+	Engines *engineFigures `json:"engines,omitempty"`
 }
 
 type inversionResult struct {
@@ -100,6 +102,7 @@ type mixedResult struct {
 	FleetShare           float64          `json:"fleet_share_of_capacity"`
 	AShareByMinute       []float64        `json:"a_share_by_minute"`
 	Inversions           *inversionResult `json:"inversions,omitempty"`
+	Engines              *engineFigures   `json:"engines,omitempty"`
 }
 
 type fairResult struct {
