@@ -72,6 +72,7 @@ type config struct {
 	fair         time.Duration
 	costSlice    time.Duration
 	costSlices   int
+	costIdle     time.Duration
 	scrapeEvery  time.Duration
 	capacityRPS  float64
 }
@@ -101,6 +102,7 @@ func main() {
 	flag.DurationVar(&cfg.fair, "fair", 2*time.Minute, "phases 3 and 4, each")
 	flag.DurationVar(&cfg.costSlice, "cost-slice", 30*time.Second, "phase 5's slice")
 	flag.IntVar(&cfg.costSlices, "cost-slices", 3, "phase 5's slices per router")
+	flag.DurationVar(&cfg.costIdle, "cost-idle", 15*time.Second, "phase 5's measure of the routers at rest, before its slices")
 	flag.DurationVar(&cfg.scrapeEvery, "scrape-every", 50*time.Millisecond, "how often phase 2 reads the routers' /metrics")
 	flag.Float64Var(&cfg.capacityRPS, "capacity-rps", 0, "skip phase 0 and take this capacity, requests per second")
 	flag.Parse()

@@ -6,6 +6,8 @@ import (
 	"math"
 	"slices"
 	"time"
+
+	"github.com/llmgw/llmgw/scripts/internal/benchproc"
 )
 
 // warmup is the start of a phase its throughput figures leave out (the
@@ -389,6 +391,21 @@ func (b *bench) cost(ctx context.Context, capRPS float64) error {
 		rate, b.cfg.costSlices, b.cfg.costSlice)
 	c := &costResult{RateRPS: rate}
 	rows := []*costRow{{Router: "r1", Flow: b.cfg.flow}, {Router: "r3", Flow: false}}
+	// Each router's CPU at rest first: what it spends without requests
+	// (its control streams, engine scrapes, flow control's own loops),
+	// so a difference can be told per request or in the background.
+	idle := []*benchproc.Proc{b.c.Routers[0], b.c.Routers[2]}
+	var c0 [2]time.Duration
+	for k, p := range idle {
+		c0[k] = p.CPU()
+	}
+	t0 := time.Now()
+	if !sleepUntil(ctx, t0.Add(b.cfg.costIdle)) {
+		return ctx.Err()
+	}
+	for k, p := range idle {
+		rows[k].IdleCPUmsPerSec = 1e3 * (p.CPU() - c0[k]).Seconds() / time.Since(t0).Seconds()
+	}
 	for i := range 2 * b.cfg.costSlices {
 		k := i % 2
 		ri := []int{0, 2}[k]
@@ -407,14 +424,16 @@ func (b *bench) cost(ctx context.Context, capRPS float64) error {
 		row.WallSeconds += wall.Seconds()
 		row.Lost += tr.Lost
 		row.SliceCPUmsPer1000 = append(row.SliceCPUmsPer1000, 1e6*cpu.Seconds()/float64(max(1, tr.Served)))
+		row.SliceNetCPUmsPer1000 = append(row.SliceNetCPUmsPer1000, 1e3*(1e3*cpu.Seconds()-row.IdleCPUmsPerSec*wall.Seconds())/float64(max(1, tr.Served)))
 		row.TTFTp50ms = append(row.TTFTp50ms, tr.TTFTp50ms)
 	}
-	fmt.Println("| router | flow | requests | CPU s | CPU ms per 1000 requests (mean ± sd of slices) | slices | TTFT p50 by slice |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println("| router | flow | requests | CPU s | CPU ms per 1000 requests (mean ± sd of slices) | slices | at rest, CPU ms/s | less the rest's | TTFT p50 by slice |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		r.MeanCPUmsPer1000, r.SDCPUmsPer1000 = meanSD(r.SliceCPUmsPer1000)
-		fmt.Printf("| %s | %v | %d | %.2f | %.0f ± %.0f | %.0f | %.0f |\n", r.Router, r.Flow, r.Requests, r.CPUSeconds,
-			r.MeanCPUmsPer1000, r.SDCPUmsPer1000, r.SliceCPUmsPer1000, r.TTFTp50ms)
+		r.MeanNetCPUmsPer1000, _ = meanSD(r.SliceNetCPUmsPer1000)
+		fmt.Printf("| %s | %v | %d | %.2f | %.0f ± %.0f | %.0f | %.1f | %.0f | %.0f |\n", r.Router, r.Flow, r.Requests, r.CPUSeconds,
+			r.MeanCPUmsPer1000, r.SDCPUmsPer1000, r.SliceCPUmsPer1000, r.IdleCPUmsPerSec, r.MeanNetCPUmsPer1000, r.TTFTp50ms)
 	}
 	c.Rows = []costRow{*rows[0], *rows[1]}
 	b.report.Cost = c

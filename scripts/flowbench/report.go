@@ -131,6 +131,11 @@ type costRow struct {
 	MeanCPUmsPer1000  float64   `json:"mean_cpu_ms_per_1000"`
 	SDCPUmsPer1000    float64   `json:"sd_cpu_ms_per_1000"`
 	TTFTp50ms         []float64 `json:"slice_ttft_p50_ms"`
+	// IdleCPUmsPerSec is the router's CPU at rest before the slices;
+	// the Net figures take it off each slice (its wall time × the rate).
+	IdleCPUmsPerSec      float64   `json:"idle_cpu_ms_per_sec"`
+	SliceNetCPUmsPer1000 []float64 `json:"slice_net_cpu_ms_per_1000"`
+	MeanNetCPUmsPer1000  float64   `json:"mean_net_cpu_ms_per_1000"`
 }
 
 type costResult struct {
@@ -212,8 +217,9 @@ func (r *report) judge() {
 		se := math.Sqrt(sq(on.SDCPUmsPer1000)/float64(len(on.SliceCPUmsPer1000)) + sq(off.SDCPUmsPer1000)/float64(len(off.SliceCPUmsPer1000)))
 		diff := on.MeanCPUmsPer1000 - off.MeanCPUmsPer1000
 		add("no cost below saturation: CPU per request flow on vs off within noise", diff <= max(2*se, 0.05*off.MeanCPUmsPer1000),
-			"%.0f vs %.0f ms per 1000 requests (%+.1f %%, 2 × standard error %.0f)", on.MeanCPUmsPer1000, off.MeanCPUmsPer1000,
-			100*share(diff, off.MeanCPUmsPer1000), 2*se)
+			"%.0f vs %.0f ms per 1000 requests (%+.1f %%, 2 × standard error %.0f); at rest %.1f vs %.1f ms/s, less it %.0f vs %.0f",
+			on.MeanCPUmsPer1000, off.MeanCPUmsPer1000, 100*share(diff, off.MeanCPUmsPer1000), 2*se,
+			on.IdleCPUmsPerSec, off.IdleCPUmsPerSec, on.MeanNetCPUmsPer1000, off.MeanNetCPUmsPer1000)
 	}
 	add("0 requests lost", len(r.Lost) == 0, "%d lost", len(r.Lost))
 }
