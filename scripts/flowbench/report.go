@@ -49,6 +49,7 @@ type tenantResult struct {
 	Lost      int            `json:"lost"`
 	OutTokens int            `json:"out_tokens"`
 	TTFTp50ms float64        `json:"ttft_p50_ms"`
+	TTFTp90ms float64        `json:"ttft_p90_ms"`
 	TTFTp99ms float64        `json:"ttft_p99_ms"`
 	// QueueMSp99 is the p99 of x-llmgw-queue-ms over the queued ones.
 	QueueMSp99 float64 `json:"queue_ms_p99"`
