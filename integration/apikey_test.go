@@ -45,8 +45,10 @@ func TestAPIKeys(t *testing.T) {
 	applyModel(t, d.grpc, "side", 1)
 	for name, addr := range routers {
 		for _, m := range []string{"demo", "side"} {
-			if !eventually(60*time.Second, func() bool { code, _ := chatAs(addr, m, ""); return code == http.StatusOK }) {
-				t.Fatalf("router %s does not serve %s without a key before any key exists", name, m)
+			var code int
+			var body string
+			if !eventually(60*time.Second, func() bool { code, body = chatAs(addr, m, ""); return code == http.StatusOK }) {
+				t.Fatalf("router %s does not serve %s without a key before any key exists: last %d %s", name, m, code, body)
 			}
 		}
 	}

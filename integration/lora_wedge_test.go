@@ -105,6 +105,10 @@ func loraOneSlotBurst(t *testing.T, frozen bool) {
 		waits = append(waits, ws...)
 	}
 	t.Logf("%d requests waited in the router's queue, the longest %v", len(waits), slices.Max(append(waits, 0)))
-	// At least the swaps after the burst are evictions.
-	checkEvictions(t, watch, evictionDecisions(t, d.log.String()), 3)
+	// At least the evictions no schedule avoids: the burst's three adapters
+	// on two one-slot replicas need one, and after it z, x, y, z need one
+	// more whichever two adapters the slots hold (with {z, x}: y). More
+	// depend on timing: which adapter each replica loaded first, and how
+	// long the router held requests (flow control, design §7.8).
+	checkEvictions(t, watch, evictionDecisions(t, d.log.String()), 2)
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/flow"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
@@ -55,6 +56,10 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 			c.Tokenize.CacheTokens = -1
 		}, []string{"--scrape-interval (scrape_interval): ", "--adapter-wait (adapter_wait): ", "--adapter-queue (adapter_queue): ", "breaker_failures: ",
 			"scheduler_imbalance_ratio: ", "kv_index_max_entries: ", "--tokenize-budget (tokenize_budget): ", "tokenize_cache_tokens: "}},
+		{"flow", func(c *Config) {
+			c.Flow.ReplicaConcurrency = -1
+			c.Flow.Classes[1].Name = "Std"
+		}, []string{"flow.replica_concurrency: ", "flow.classes[1]: name ", "flow.default_class: "}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -165,6 +170,20 @@ kv_min_blocks: 2
 adapter_wait: 10s
 adapter_queue: 64
 require_api_key: true
+flow:
+  enabled: false
+  replica_concurrency: 12
+  max_waiting: 3
+  kv_ceiling: 0.9
+  default_class: normal
+  classes:
+    - {name: urgent, ttl: 10s, max_queued: 50, max_queued_bytes: 1048576, headroom: 0.01}
+    - {name: normal, ttl: 20s, max_queued: 60, max_queued_bytes: 2097152, headroom: 0.2}
+  fairness_half_life: 30s
+  output_weight: 3
+  inversion_wait: 200ms
+  tick: 5ms
+  report_interval: 500ms
 tls_ca: /etc/llmgw/ca.pem
 tls_cert: /etc/llmgw/r-7.pem
 tls_key: /etc/llmgw/r-7-key.pem
@@ -201,6 +220,11 @@ func TestConfigFileEveryKey(t *testing.T) {
 		HTTPSCert:     "/etc/llmgw/api.pem",
 		HTTPSKey:      "/etc/llmgw/api-key.pem",
 		RequireAPIKey: true,
+		Flow: flow.Config{ReplicaConcurrency: 12, MaxWaiting: 3, KVCeiling: 0.9, DefaultClass: "normal",
+			Classes: []flow.Class{{Name: "urgent", TTL: 10 * time.Second, MaxQueued: 50, MaxQueuedBytes: 1 << 20, Headroom: 0.01},
+				{Name: "normal", TTL: 20 * time.Second, MaxQueued: 60, MaxQueuedBytes: 2 << 20, Headroom: 0.2}},
+			HalfLife: 30 * time.Second, OutputWeight: 3, InversionWait: 200 * time.Millisecond, Tick: 5 * time.Millisecond,
+			ReportInterval: 500 * time.Millisecond},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)

@@ -458,12 +458,16 @@ func (r *Registry) Run(ctx context.Context) error {
 }
 
 // scrapeAll reads the metrics of every endpoint whose agent streams no
-// fresh snapshots, concurrently, and waits for all; the client's timeout
+// fresh snapshots of it, concurrently, and waits for all; the client's timeout
 // bounds the round.
 func (r *Registry) scrapeAll(ctx context.Context) {
 	var wg sync.WaitGroup
 	for _, e := range r.cur.Load().all {
-		if r.covered(e.Node) {
+		// A node's stream covers the replicas its snapshots carry; one
+		// it leaves out (an external engine its agent cannot read) is
+		// scraped here, so it is not taken to be saturated for ever
+		// (flow control would hold its requests, design §7.8).
+		if r.covered(e.Node) && !r.LoadOf(e).Saturated {
 			continue
 		}
 		wg.Go(func() {

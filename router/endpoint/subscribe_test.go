@@ -257,6 +257,36 @@ func TestFallbackToScrape(t *testing.T) {
 			return l.Waiting == 2 && !l.Saturated
 		})
 	})
+	t.Run("a replica the snapshots leave out", func(t *testing.T) {
+		// An external engine its agent cannot read is in no snapshot: the
+		// router scrapes it though the node is covered, or it would stay
+		// saturated for ever.
+		var hits0, hits1 atomic.Int64
+		agent := startFakeAgent(t)
+		c := &clock{now: time.Unix(1000, 0)}
+		src := newFakeSource(withAgent(stateOf([]string{"m"},
+			rep{id: "m-0", model: "m", uid: 1, sUID: 1, phase: ready, addr: countingEngine(t, &hits0), inc: 1},
+			rep{id: "m-1", model: "m", uid: 2, sUID: 2, phase: ready, addr: countingEngine(t, &hits1), inc: 1}), agent.addr))
+		r := runRegistry(t, testConfig(c), src)
+		m0, m1 := lookup(t, r, "m-0"), lookup(t, r, "m-1")
+		testkit.Wait(t, "m-0's reading from snapshots, m-1's from scrapes", func() bool {
+			if len(agent.push) == 0 {
+				agent.push <- snapshot(50*time.Millisecond, &llmgwv1.ReplicaLoad{ReplicaId: "m-0", Uid: 1, Incarnation: 1, Waiting: 7, ScrapedUnixNano: agentNow})
+			}
+			return r.LoadOf(m0).Waiting == 7 && r.covered("n1")
+		})
+		// Time passes, the snapshots keep coming and keep the node covered:
+		// m-1's scraped reading ages past StaleAfter and is read again.
+		start, before := c.Now(), hits1.Load()
+		testkit.Wait(t, "m-1 scraped again while its node is covered", func() bool {
+			c.advance(50 * time.Millisecond)
+			if len(agent.push) == 0 {
+				agent.push <- snapshot(50*time.Millisecond, &llmgwv1.ReplicaLoad{ReplicaId: "m-0", Uid: 1, Incarnation: 1, Waiting: 7, ScrapedUnixNano: agentNow})
+			}
+			l1 := r.LoadOf(m1)
+			return c.Now().Sub(start) > 2*time.Second && hits1.Load() > before && r.covered("n1") && l1.Waiting == 2 && !l1.Saturated
+		})
+	})
 }
 
 func TestSubscriptionFollowsRoutableReplicas(t *testing.T) {

@@ -23,7 +23,7 @@ type Class struct {
 	MaxQueuedBytes int64 `yaml:"max_queued_bytes"`
 	// Headroom is the share of the model's capacity the class leaves free
 	// for the classes above it: it is dispatched only while more than
-	// headroom × capacity is free. What keeps a higher class from waiting
+	// headroom × capacity (rounded down to whole requests) is free. What keeps a higher class from waiting
 	// at all, and what bounds inversions between routers (design §7.8).
 	Headroom float64 `yaml:"headroom"`
 }
@@ -65,7 +65,7 @@ type Config struct {
 	ReportInterval time.Duration `yaml:"report_interval"`
 }
 
-// DefaultConfig: on, three classes — interactive, standard (the default),
+// DefaultConfig is on, with three classes — interactive, standard (the default),
 // batch — and a replica full when its engine queues or its KV cache is
 // 95 % used.
 func DefaultConfig() Config {

@@ -177,7 +177,7 @@ func (c *Controller) Admit(ctx context.Context, r Request) (*Grant, *Refusal) {
 	m := c.model(r.Model)
 	if !m.waitingAtOrAbove(r.Rank) && !c.fleet.holds(m.name, r.Rank, now, c.cfg.InversionWait/2) {
 		room, capacity, serves := c.room(m)
-		if !serves || room >= 1+cl.Headroom*capacity {
+		if !serves || room >= 1+reserve(cl, capacity) {
 			g := c.dispatch(m, r, now, false)
 			c.mu.Unlock()
 			return g, nil
@@ -290,6 +290,11 @@ func (c *Controller) room(m *model) (room, capacity float64, serves bool) {
 	pending := max(0, int64(m.inflight)-onReplicas)
 	return room - float64(pending), capacity, true
 }
+
+// reserve is the whole requests of capacity a class leaves to the classes
+// above it: floor(headroom × capacity), so that on a fleet too small for a
+// share to make a whole request, no class waits for room that cannot be.
+func reserve(cl Class, capacity float64) float64 { return math.Floor(cl.Headroom * capacity) }
 
 // dispatch lets r go on, charging its tenant. Called with c.mu held.
 func (c *Controller) dispatch(m *model, r Request, now time.Time, queued bool) *Grant {
@@ -411,8 +416,8 @@ func (c *Controller) wake() {
 }
 
 // Run dispatches queued requests as room frees — every Tick while any
-// wait, and at once when a request ends — and refuses those past their
-// TTL, until ctx ends. It returns nil; requests still queued then wait
+// wait, and at once when a request ends or is queued — and refuses those
+// past their TTL, until ctx ends. It returns nil; requests still queued then wait
 // for their TTL or their clients (the router stops taking requests first).
 func (c *Controller) Run(ctx context.Context) error {
 	if !c.Enabled() {
@@ -422,11 +427,17 @@ func (c *Controller) Run(ctx context.Context) error {
 	t := time.NewTicker(c.cfg.Tick)
 	defer t.Stop()
 	for {
+		// Idle, only a request queued (or a fleet view) wakes the loop:
+		// below saturation it costs the router nothing.
+		var tick <-chan time.Time
+		if c.queued.Load() > 0 || c.m.shown {
+			tick = t.C
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-c.kick:
-		case <-t.C:
+		case <-tick:
 		}
 		if c.queued.Load() > 0 {
 			c.pass()
@@ -451,7 +462,7 @@ func (c *Controller) pass() {
 		for rank, q := range m.queues {
 			cl := c.cfg.Classes[rank]
 			for q.n > 0 {
-				if c.fleet.holds(m.name, rank, now, c.cfg.InversionWait/2) || (serves && room < 1+cl.Headroom*capacity) {
+				if c.fleet.holds(m.name, rank, now, c.cfg.InversionWait/2) || (serves && room < 1+reserve(cl, capacity)) {
 					break
 				}
 				w := c.next(m, q, now)

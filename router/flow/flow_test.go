@@ -316,6 +316,22 @@ func TestLeastAttainedService(t *testing.T) {
 	}
 }
 
+// TestSmallFleetHasNoReserve: one replica without a concurrency target is
+// one request of capacity; a headroom that rounds down to no whole request
+// reserves nothing, so every class is served (found by the integration
+// tests: one replica's standard requests waited their TTL).
+func TestSmallFleetHasNoReserve(t *testing.T) {
+	r := newRig(t, func(c *Config) { c.ReplicaConcurrency = 0 })
+	r.loads.set("m", running(3))
+	for _, rank := range []int{standard, batch} {
+		g, ref := r.c.Admit(context.Background(), Request{Model: "m", Rank: rank})
+		if ref != nil || g == nil {
+			t.Fatalf("rank %d on one idle replica: %+v", rank, ref)
+		}
+		g.Done(0, false)
+	}
+}
+
 func TestServiceDecays(t *testing.T) {
 	r := newRig(t, nil)
 	a := &attained{v: 1000, at: r.clk.now()}
