@@ -122,6 +122,10 @@ bench-tenants: build ## issue 28's must-shows: 3 servers, an agent, 3 routers; a
 	$(GO) test -run XXX -bench 'BenchmarkAdmit' -benchmem -count 5 ./router/quota
 	$(GO) test -run XXX -bench 'BenchmarkLease' -benchmem -count 3 ./controlplane/quota
 
+.PHONY: bench-flow
+bench-flow: build ## issue 29's must-shows: a server, an agent with 8 simulated L4 replicas, 2 flow routers and one without; capacity, noisy neighbour, inversions, fairness, cost (~20 min; loopback, free ports and 42200-42299; JSON in bench-out/flowbench.json)
+	$(GO) run ./scripts/flowbench --llmgw $(BIN)/llmgw --llmgwctl $(BIN)/llmgwctl $(BENCH_FLAGS)
+
 .PHONY: bench-kv-wave2
 bench-kv-wave2: build ## issue 14's must-show tables: fits, disrupted, pressure; two routers, SEEDS=10 per configuration (CONFIGS, default all six: rr tier1 tier2 tier2-spec tier2-cost tier2-noaff; ~35 min; loopback ports 33480-33481, 33700-33705, 33100-33399; needs curl, jq)
 	./scripts/bench-kv-wave2.sh $(BIN) bench-out/kv-wave2

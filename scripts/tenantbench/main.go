@@ -26,20 +26,16 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,6 +43,9 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/llmgw/llmgw/scripts/internal/benchchat"
+	"github.com/llmgw/llmgw/scripts/internal/benchproc"
 )
 
 type config struct {
@@ -82,9 +81,9 @@ func main() {
 		fail(err)
 	}
 	cfg.dir = dir
-	b := &bench{cfg: cfg}
+	b := &bench{cfg: cfg, c: &benchproc.Cluster{Bin: cfg.bin, Ctl: cfg.ctl, Dir: dir}}
 	err = b.run(ctx)
-	b.stopAll()
+	b.c.StopAll()
 	if !cfg.keep {
 		_ = os.RemoveAll(dir)
 	} else {
@@ -100,209 +99,31 @@ func fail(err error) {
 	os.Exit(1)
 }
 
-// proc is one llmgw process, restartable with the same flags.
-type proc struct {
-	name, log string
-	args      []string
-	http      string // routers: the API; servers: the gRPC address
-	cmd       *exec.Cmd
-	done      chan struct{}
-}
-
-func (p *proc) start(bin string) error {
-	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	p.cmd = exec.Command(bin, p.args...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := p.cmd.Start(); err != nil {
-		return fmt.Errorf("start %s: %w", p.name, err)
-	}
-	p.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(p.cmd, p.done)
-	return nil
-}
-
-// stop is SIGTERM, waited for (then SIGKILL after 20 s).
-func (p *proc) stop() {
-	if p.cmd == nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-		<-p.done
-	}
-	p.cmd = nil
-}
-
-func (p *proc) kill() {
-	if p.cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
-	<-p.done
-	p.cmd = nil
-}
-
-// cpu is the process's user + system CPU so far.
-func (p *proc) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+2:]))
-	ut, _ := strconv.Atoi(f[11])
-	st, _ := strconv.Atoi(f[12])
-	return time.Duration(ut+st) * 10 * time.Millisecond // USER_HZ 100
-}
-
 type bench struct {
-	cfg     config
-	servers []*proc
-	agent   *proc
-	routers []*proc
-	keys    map[string]string
-}
-
-func freeAddr() string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fail(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// ctlOut runs llmgwctl against each running server in turn until one
-// answers.
-func (b *bench) ctlOut(args ...string) (string, error) {
-	var last error
-	for _, s := range b.servers {
-		if s.cmd == nil {
-			continue
-		}
-		cmd := exec.Command(b.cfg.ctl, append([]string{"--addr", s.http, "--timeout", "20s"}, args...)...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err == nil {
-			return string(out), nil
-		}
-		last = fmt.Errorf("llmgwctl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
-	}
-	return "", last
-}
-
-// until polls cond every 200 ms up to d, saying what did not happen.
-func until(d time.Duration, what string, cond func() bool) error {
-	end := time.Now().Add(d)
-	for time.Now().Before(end) {
-		if cond() {
-			return nil
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("%s: not within %v", what, d)
-}
-
-func (b *bench) stopAll() {
-	for _, r := range b.routers {
-		r.stop()
-	}
-	if b.agent != nil {
-		b.agent.stop()
-		// Engines outlive their agent on purpose (design §6); the
-		// benchmark's do not.
-		files, _ := filepath.Glob(filepath.Join(b.cfg.dir, "agent", "engines", "*.json"))
-		for _, f := range files {
-			var rec struct {
-				PID int `json:"pid"`
-			}
-			if raw, err := os.ReadFile(f); err == nil && json.Unmarshal(raw, &rec) == nil && rec.PID > 1 {
-				_ = syscall.Kill(-rec.PID, syscall.SIGKILL)
-				_ = syscall.Kill(rec.PID, syscall.SIGKILL)
-			}
-		}
-	}
-	for _, s := range b.servers {
-		s.stop()
-	}
-}
-
-// leader is the id of the leader the first answering server names.
-func (b *bench) leader() string {
-	out, err := b.ctlOut("cluster", "status", "-o", "json")
-	if err != nil {
-		return ""
-	}
-	var st struct {
-		Leader string `json:"leader"`
-	}
-	_ = json.Unmarshal([]byte(out), &st)
-	return st.Leader
+	cfg  config
+	c    *benchproc.Cluster
+	keys map[string]string
 }
 
 func (b *bench) startCluster() error {
-	var grpcAddrs, gossipAddrs []string
-	for i := range 3 {
-		id := fmt.Sprintf("s%d", i+1)
-		g, gossip := freeAddr(), freeAddr()
-		grpcAddrs, gossipAddrs = append(grpcAddrs, g), append(gossipAddrs, gossip)
-		b.servers = append(b.servers, &proc{name: id, log: filepath.Join(b.cfg.dir, id+".log"), http: g,
-			args: []string{"control", "--node-id", id, "--data-dir", filepath.Join(b.cfg.dir, id),
-				"--grpc-addr", g, "--raft-addr", freeAddr(), "--gossip-addr", gossip, "--http-addr", freeAddr(),
-				"--bootstrap-expect", "3"}})
-	}
-	for i, s := range b.servers {
-		var others []string
-		for j, g := range gossipAddrs {
-			if j != i {
-				others = append(others, g)
-			}
-		}
-		s.args = append(s.args, "--join", strings.Join(others, ","))
-		if err := s.start(b.cfg.bin); err != nil {
-			return err
-		}
-	}
-	if err := until(60*time.Second, "a leader", func() bool { return b.leader() != "" }); err != nil {
+	if err := b.c.StartServers(3); err != nil {
 		return err
 	}
-	control := strings.Join(grpcAddrs, ",")
-	b.agent = &proc{name: "agent", log: filepath.Join(b.cfg.dir, "agent.log"),
-		args: []string{"agent", "--node-id", "n1", "--control", control, "--advertise-addr", "127.0.0.1",
-			"--http-addr", freeAddr(), "--grpc-addr", freeAddr(), "--gpus", "4", "--port-range", "41000-41099",
-			"--data-dir", filepath.Join(b.cfg.dir, "agent")}}
-	if err := b.agent.start(b.cfg.bin); err != nil {
+	if err := b.c.StartAgent(4, "41000-41099"); err != nil {
 		return err
 	}
 	for i := range 3 {
-		id := fmt.Sprintf("r%d", i+1)
-		r := &proc{name: id, log: filepath.Join(b.cfg.dir, id+".log"), http: freeAddr(),
-			args: []string{"router", "--id", id, "--control", control, "--ops-addr", freeAddr(), "--data-dir", filepath.Join(b.cfg.dir, id)}}
-		r.args = append(r.args, "--http-addr", r.http)
-		if err := r.start(b.cfg.bin); err != nil {
+		if _, err := b.c.StartRouter(fmt.Sprintf("r%d", i+1)); err != nil {
 			return err
 		}
-		b.routers = append(b.routers, r)
 	}
-	model := filepath.Join(b.cfg.dir, "bench.yaml")
-	if err := os.WriteFile(model, []byte("name: bench\nengine: sim\nmodel: org/bench\nreplicas: 4\ngpus_per_replica: 1\n"+
-		"extra_args: [\"--sim-decode-ms-per-token\", \"2\", \"--sim-prefill-us-per-token\", \"300\", \"--enable-prompt-tokens-details\"]\n"), 0o644); err != nil {
+	if err := b.c.ApplyModel("bench", "name: bench\nengine: sim\nmodel: org/bench\nreplicas: 4\ngpus_per_replica: 1\n"+
+		"extra_args: [\"--sim-decode-ms-per-token\", \"2\", \"--sim-prefill-us-per-token\", \"300\", \"--enable-prompt-tokens-details\"]\n"); err != nil {
 		return err
 	}
-	if _, err := b.ctlOut("model", "apply", "-f", model); err != nil {
-		return err
-	}
-	return until(120*time.Second, "every router serving the model", func() bool {
-		for _, r := range b.routers {
-			if res := b.request(r.http, "", false, 4, 0); res.code != http.StatusOK {
+	return benchproc.Until(120*time.Second, "every router serving the model", func() bool {
+		for _, r := range b.c.Routers {
+			if res := b.request(r.Addr, "", false, 4, 0); res.Code != http.StatusOK {
 				return false
 			}
 		}
@@ -322,7 +143,7 @@ func (b *bench) setupTenants() error {
 		{"C", "--daily-tokens", strconv.Itoa(b.cfg.budget)},
 		{"X", "--rpm", "100000000", "--input-tpm", "1000000000000", "--output-tpm", "1000000000000", "--concurrency", "1000000"},
 	} {
-		if _, err := b.ctlOut(append([]string{"tenant", "create", strings.ToLower(t[0])}, t[1:]...)...); err != nil {
+		if _, err := b.c.CtlOut(append([]string{"tenant", "create", strings.ToLower(t[0])}, t[1:]...)...); err != nil {
 			return err
 		}
 	}
@@ -332,7 +153,7 @@ func (b *bench) setupTenants() error {
 		if t != "off" {
 			args = append(args, "--tenant", strings.ToLower(t))
 		}
-		out, err := b.ctlOut(args...)
+		out, err := b.c.CtlOut(args...)
 		if err != nil {
 			return err
 		}
@@ -340,9 +161,9 @@ func (b *bench) setupTenants() error {
 		b.keys[t] = strings.TrimSpace(lines[len(lines)-1])
 	}
 	// Keys and shares reach every router: each admits a request of A.
-	return until(30*time.Second, "tenant A's key in force on every router", func() bool {
-		for _, r := range b.routers {
-			if res := b.request(r.http, b.keys["A"], false, 4, 0); res.code != http.StatusOK {
+	return benchproc.Until(30*time.Second, "tenant A's key in force on every router", func() bool {
+		for _, r := range b.c.Routers {
+			if res := b.request(r.Addr, b.keys["A"], false, 4, 0); res.Code != http.StatusOK {
 				return false
 			}
 		}
@@ -355,79 +176,15 @@ var prompt string
 // seqNo numbers the prompts.
 var seqNo atomic.Int64
 
-// result is one request's outcome.
-type result struct {
-	code         int
-	sent         time.Time
-	ttft         time.Duration
-	input, out   int
-	cancelled    bool
-	connectError bool
-}
-
 var client = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 
 // request sends one chat completion with key through addr; a stream
 // (usage asked) is cancelled after cancelAfter chunks when it is above 0.
-func (b *bench) request(addr, key string, stream bool, maxTokens, cancelAfter int) result {
-	res := result{sent: time.Now()}
+func (b *bench) request(addr, key string, stream bool, maxTokens, cancelAfter int) benchchat.Result {
 	// A number first: no two prompts share a prefix the engines cached,
 	// so every request prefills its whole prompt.
-	body := fmt.Sprintf(`{"model":"bench","messages":[{"role":"user","content":%q}],"max_tokens":%d,"stream":%v%s}`,
-		strconv.FormatInt(seqNo.Add(1), 10)+" "+prompt, maxTokens, stream, map[bool]string{true: `,"stream_options":{"include_usage":true}`}[stream])
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if key != "" {
-		req.Header.Set("Authorization", "Bearer "+key)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		res.connectError = true
-		return res
-	}
-	defer resp.Body.Close()
-	res.code = resp.StatusCode
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, resp.Body)
-		return res
-	}
-	var u struct {
-		Usage *struct {
-			PromptTokens     int `json:"prompt_tokens"`
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
-	}
-	if !stream {
-		if err := json.NewDecoder(resp.Body).Decode(&u); err == nil && u.Usage != nil {
-			res.input, res.out = u.Usage.PromptTokens, u.Usage.CompletionTokens
-		}
-		return res
-	}
-	sc := bufio.NewScanner(resp.Body)
-	chunks := 0
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok || line == "[DONE]" {
-			continue
-		}
-		if strings.Contains(line, `"content":"`) && !strings.Contains(line, `"content":""`) {
-			if chunks == 0 {
-				res.ttft = time.Since(res.sent)
-			}
-			chunks++
-			if cancelAfter > 0 && chunks == cancelAfter {
-				res.cancelled = true
-				cancel()
-				return res
-			}
-		}
-		if strings.Contains(line, `"usage":{`) && json.Unmarshal([]byte(line), &u) == nil && u.Usage != nil {
-			res.input, res.out = u.Usage.PromptTokens, u.Usage.CompletionTokens
-		}
-	}
-	return res
+	return benchchat.Do(context.Background(), client, benchchat.Request{Addr: addr, Key: key, Model: "bench",
+		Prompt: strconv.FormatInt(seqNo.Add(1), 10) + " " + prompt, MaxTokens: maxTokens, Stream: stream, CancelAfter: cancelAfter})
 }
 
 // stream of one tenant's requests: rate per second through routers
@@ -441,7 +198,7 @@ type stream struct {
 	cancelEvery int // every n-th request is cancelled mid-way (0: none)
 
 	mu      sync.Mutex
-	results []result
+	results []benchchat.Result
 }
 
 func (b *bench) drive(ctx context.Context, s *stream, wg *sync.WaitGroup) {
@@ -473,11 +230,11 @@ func (b *bench) drive(ctx context.Context, s *stream, wg *sync.WaitGroup) {
 					if s.cancelEvery > 0 && k%int64(s.cancelEvery) == 0 {
 						cancelAfter = s.maxTokens / 2
 					}
-					var res result
-					for try := range len(b.routers) {
-						r := b.routers[(i+try)%len(b.routers)]
-						res = b.request(r.http, b.keys[s.tenant], s.stream, s.maxTokens, cancelAfter)
-						if !res.connectError {
+					var res benchchat.Result
+					for try := range len(b.c.Routers) {
+						r := b.c.Routers[(i+try)%len(b.c.Routers)]
+						res = b.request(r.Addr, b.keys[s.tenant], s.stream, s.maxTokens, cancelAfter)
+						if !res.ConnectError {
 							break
 						}
 					}
@@ -491,7 +248,7 @@ func (b *bench) drive(ctx context.Context, s *stream, wg *sync.WaitGroup) {
 	<-ctx.Done()
 }
 
-func (s *stream) snapshot() []result {
+func (s *stream) snapshot() []benchchat.Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.results)
@@ -505,20 +262,20 @@ func p99(ds []time.Duration) time.Duration {
 	return ds[min(len(ds)-1, int(math.Ceil(0.99*float64(len(ds))))-1)]
 }
 
-func ttfts(rs []result) []time.Duration {
+func ttfts(rs []benchchat.Result) []time.Duration {
 	var out []time.Duration
 	for _, r := range rs {
-		if r.code == http.StatusOK && r.ttft > 0 && !r.cancelled {
-			out = append(out, r.ttft)
+		if r.Code == http.StatusOK && r.TTFT > 0 && !r.Cancelled {
+			out = append(out, r.TTFT)
 		}
 	}
 	return out
 }
 
-func count(rs []result, code int) int {
+func count(rs []benchchat.Result, code int) int {
 	n := 0
 	for _, r := range rs {
-		if r.code == code {
+		if r.Code == code {
 			n++
 		}
 	}
@@ -534,12 +291,12 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.setupTenants(); err != nil {
 		return err
 	}
-	probe := b.request(b.routers[0].http, b.keys["X"], false, 4, 0)
-	if probe.input == 0 {
+	probe := b.request(b.c.Routers[0].Addr, b.keys["X"], false, 4, 0)
+	if probe.Input == 0 {
 		return errors.New("the probe request reported no prompt tokens")
 	}
-	fmt.Printf("each prompt is %d tokens\n", probe.input)
-	perReq := float64(probe.input)
+	fmt.Printf("each prompt is %d tokens\n", probe.Input)
+	perReq := float64(probe.Input)
 	even := []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}
 
 	if err := b.cost(ctx); err != nil {
@@ -586,7 +343,7 @@ func (b *bench) run(ctx context.Context) error {
 			return
 		case <-time.After(killRouterAt):
 		}
-		b.routers[2].kill()
+		b.c.Routers[2].Kill()
 		events[int(killRouterAt/time.Minute)] += " router r3 killed"
 		fmt.Printf("%v: killed router r3\n", killRouterAt)
 		select {
@@ -629,12 +386,12 @@ func (b *bench) run(ctx context.Context) error {
 	for m := range minutes {
 		tok, refused := 0, 0
 		for _, r := range ra {
-			if int(r.sent.Sub(start)/time.Minute) != m {
+			if int(r.Sent.Sub(start)/time.Minute) != m {
 				continue
 			}
-			if r.code == http.StatusOK {
-				tok += r.input
-			} else if r.code == http.StatusTooManyRequests {
+			if r.Code == http.StatusOK {
+				tok += r.Input
+			} else if r.Code == http.StatusTooManyRequests {
 				refused++
 			}
 		}
@@ -652,8 +409,8 @@ func (b *bench) run(ctx context.Context) error {
 	rc := side["C"].snapshot()
 	ctok := 0
 	for _, r := range rc {
-		if r.code == http.StatusOK {
-			ctok += r.input + r.out
+		if r.Code == http.StatusOK {
+			ctok += r.Input + r.Out
 		}
 	}
 	fmt.Printf("C (daily budget %d): %d tokens served (%+d vs the budget; one request's output reservation is 32), %d × 429\n",
@@ -661,8 +418,8 @@ func (b *bench) run(ctx context.Context) error {
 
 	// 3. Usage: stop the routers (they flush), read, hold against the
 	// engines, restart the servers, read again.
-	for _, r := range b.routers {
-		r.stop()
+	for _, r := range b.c.Routers {
+		r.Stop()
 	}
 	engIn, engOut, err := b.engineTokens()
 	if err != nil {
@@ -683,25 +440,25 @@ func (b *bench) run(ctx context.Context) error {
 	}
 	cancelled := 0
 	for _, r := range rb {
-		if r.cancelled {
+		if r.Cancelled {
 			cancelled++
 		}
 	}
 	fmt.Printf("usage (every tenant, %d streams cancelled mid-way): input %d vs engines %d (%+.3f %%), output %d vs engines %d (%+.3f %%)\n",
 		cancelled, in, engIn, 100*(float64(in)-float64(engIn))/float64(engIn), out, engOut, 100*(float64(out)-float64(engOut))/float64(engOut))
-	for _, s := range b.servers {
-		s.stop()
+	for _, s := range b.c.Servers {
+		s.Stop()
 	}
-	for _, s := range b.servers {
-		if err := s.start(b.cfg.bin); err != nil {
+	for _, s := range b.c.Servers {
+		if err := s.Start(b.cfg.bin); err != nil {
 			return err
 		}
 	}
-	if err := until(60*time.Second, "a leader after restarting every server", func() bool { return b.leader() != "" }); err != nil {
+	if err := benchproc.Until(60*time.Second, "a leader after restarting every server", func() bool { return b.c.Leader() != "" }); err != nil {
 		return err
 	}
 	var u2 map[string]counts
-	if err := until(30*time.Second, "usage readable after the restart", func() bool { u2, err = b.usage(); return err == nil }); err != nil {
+	if err := benchproc.Until(30*time.Second, "usage readable after the restart", func() bool { u2, err = b.usage(); return err == nil }); err != nil {
 		return err
 	}
 	same := true
@@ -718,12 +475,12 @@ func (b *bench) run(ctx context.Context) error {
 // killLeader kills -9 the leader and starts it again 2 s later; it
 // returns the leader's id ("" when none was known).
 func (b *bench) killLeader() string {
-	lead := b.leader()
-	for _, s := range b.servers {
-		if s.name == lead {
-			s.kill()
+	lead := b.c.Leader()
+	for _, s := range b.c.Servers {
+		if s.Name == lead {
+			s.Kill()
 			time.Sleep(2 * time.Second)
-			_ = s.start(b.cfg.bin)
+			_ = s.Start(b.cfg.bin)
 			return lead
 		}
 	}
@@ -742,13 +499,13 @@ type counts struct {
 // usage sums `llmgwctl usage -o json` per tenant, read from the leader
 // (a follower's copy may lag).
 func (b *bench) usage() (map[string]counts, error) {
-	lead := b.leader()
+	lead := b.c.Leader()
 	var out string
 	err := errors.New("no leader")
-	for _, s := range b.servers {
-		if s.name == lead && s.cmd != nil {
+	for _, s := range b.c.Servers {
+		if s.Name == lead && s.Running() {
 			var o []byte
-			o, err = exec.Command(b.cfg.ctl, "--addr", s.http, "--timeout", "20s", "usage", "--since", "48h", "-o", "json").Output()
+			o, err = exec.Command(b.cfg.ctl, "--addr", s.Addr, "--timeout", "20s", "usage", "--since", "48h", "-o", "json").Output()
 			out = string(o)
 		}
 	}
@@ -779,7 +536,7 @@ func (b *bench) usage() (map[string]counts, error) {
 // engineTokens sums every engine's vllm:prompt_tokens_total and
 // vllm:generation_tokens_total.
 func (b *bench) engineTokens() (in, out uint64, err error) {
-	o, err := b.ctlOut("replica", "list", "-o", "json")
+	o, err := b.c.CtlOut("replica", "list", "-o", "json")
 	if err != nil {
 		return 0, 0, err
 	}
@@ -824,7 +581,7 @@ func (b *bench) engineTokens() (in, out uint64, err error) {
 // tenant (metering only), four times each, and prints r1's CPU per
 // request and the throughput of each.
 func (b *bench) cost(ctx context.Context) error {
-	r := b.routers[0]
+	r := b.c.Routers[0]
 	type agg struct {
 		n   int64
 		cpu time.Duration
@@ -838,14 +595,14 @@ func (b *bench) cost(ctx context.Context) error {
 		}
 		var n atomic.Int64
 		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		c0, t0 := r.cpu(), time.Now()
+		c0, t0 := r.CPU(), time.Now()
 		var wg sync.WaitGroup
 		for range 16 {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for cctx.Err() == nil {
-					if res := b.request(r.http, key, false, 1, 0); res.code == http.StatusOK {
+					if res := b.request(r.Addr, key, false, 1, 0); res.Code == http.StatusOK {
 						n.Add(1)
 					}
 				}
@@ -855,7 +612,7 @@ func (b *bench) cost(ctx context.Context) error {
 		cancel()
 		a := res[name]
 		a.n += n.Load()
-		a.cpu += r.cpu() - c0
+		a.cpu += r.CPU() - c0
 		a.d += time.Since(t0)
 	}
 	fmt.Println("| router r1 | requests/s | CPU µs per request |")
