@@ -25,12 +25,20 @@ type queues struct {
 	fleet  []*llmgwv1.FlowDepth
 	until  time.Time
 	sets   int
+	ticks  int // calls of Depths: one a tick
 }
 
 func (q *queues) Depths() []*llmgwv1.FlowDepth {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.ticks++
 	return q.depths
+}
+
+func (q *queues) tickCount() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.ticks
 }
 
 func (q *queues) SetFleet(d []*llmgwv1.FlowDepth, until time.Time) {
@@ -146,6 +154,26 @@ func TestReports(t *testing.T) {
 		sent := r.sent()
 		fleet, until, _ := q.got()
 		return len(sent[len(sent)-1].Depths) == 0 && len(fleet) == 0 && until.Equal(now.Add(DefaultValid))
+	})
+}
+
+// TestIdleReportsLessOften: with nothing queued here or elsewhere the
+// loop reports every idleEvery-th tick; a queue here, or one elsewhere in
+// the last answer, brings back a report every tick.
+func TestIdleReportsLessOften(t *testing.T) {
+	q := &queues{}
+	r := &reporter{view: &llmgwv1.FlowView{}}
+	stop := run(t, newShare(q, r, nil, time.Second))
+	defer stop()
+	testkit.Wait(t, "9 idle reports", func() bool { return len(r.sent()) >= 9 })
+	if ticks, sent := q.tickCount(), len(r.sent()); ticks < (sent-1)*idleEvery {
+		t.Fatalf("%d reports in %d ticks while idle, want one every %d", sent, ticks, idleEvery)
+	}
+	q.setDepths([]*llmgwv1.FlowDepth{depth("m", "batch", 1)})
+	testkit.Wait(t, "a report every tick while queued", func() bool {
+		t0, s0 := q.tickCount(), len(r.sent())
+		time.Sleep(50 * time.Millisecond)
+		return len(r.sent())-s0 >= q.tickCount()-t0-1 && q.tickCount()-t0 >= 4
 	})
 }
 
