@@ -61,6 +61,7 @@ type config struct {
 	modelID      string
 	maxNumSeqs   int
 	maxModelLen  int
+	maxBatched   int
 	portRange    string
 	flow         bool
 	replicaConc  int
@@ -91,6 +92,7 @@ func main() {
 	flag.StringVar(&cfg.modelID, "model-id", "meta-llama/Llama-3.1-8B-Instruct", "the model the simulator prices (its shape)")
 	flag.IntVar(&cfg.maxNumSeqs, "max-num-seqs", 16, "the engines' batch size")
 	flag.IntVar(&cfg.maxModelLen, "max-model-len", 4096, "the engines' context")
+	flag.IntVar(&cfg.maxBatched, "max-num-batched-tokens", 0, "the engines' step token budget (0: vLLM's default for the GPU)")
 	flag.StringVar(&cfg.portRange, "port-range", "42200-42299", "the engines' ports")
 	flag.BoolVar(&cfg.flow, "flow", true, "flow control on routers 1 and 2 (false: off on every router, the figures without it)")
 	flag.IntVar(&cfg.replicaConc, "replica-concurrency", 16, "flow.replica_concurrency of the flow routers")
@@ -176,7 +178,7 @@ func (b *bench) run(ctx context.Context) error {
 	if probe.outcome != served {
 		return fmt.Errorf("the probe request: %d %s", probe.code, probe.why)
 	}
-	b.report.Setup = setup{Replicas: b.cfg.replicas, GPU: b.cfg.gpu, ModelID: b.cfg.modelID, MaxNumSeqs: b.cfg.maxNumSeqs,
+	b.report.Setup = setup{Replicas: b.cfg.replicas, GPU: b.cfg.gpu, ModelID: b.cfg.modelID, MaxNumSeqs: b.cfg.maxNumSeqs, MaxNumBatched: b.cfg.maxBatched,
 		MaxTokens: b.cfg.maxTokens, PromptWords: b.cfg.promptWords, Flow: b.cfg.flow, ReplicaConcurrency: b.cfg.replicaConc,
 		ClassFlags: b.classFlags, Seed: b.cfg.seed, PromptTokens: probe.in}
 	fmt.Printf("each request: %d prompt tokens, %d output tokens; tenant classes from llmgwctl flags: %v\n\n",
@@ -258,9 +260,13 @@ func (b *bench) startCluster() error {
 			return err
 		}
 	}
+	budget := ""
+	if b.cfg.maxBatched > 0 {
+		budget = fmt.Sprintf(", \"--max-num-batched-tokens\", \"%d\"", b.cfg.maxBatched)
+	}
 	spec := fmt.Sprintf("name: %s\nengine: sim\nmodel: %s\nreplicas: %d\ngpus_per_replica: 1\n"+
-		"extra_args: [\"--sim-gpu\", %q, \"--max-num-seqs\", \"%d\", \"--max-model-len\", \"%d\"]\n",
-		model, b.cfg.modelID, b.cfg.replicas, b.cfg.gpu, b.cfg.maxNumSeqs, b.cfg.maxModelLen)
+		"extra_args: [\"--sim-gpu\", %q, \"--max-num-seqs\", \"%d\", \"--max-model-len\", \"%d\"%s]\n",
+		model, b.cfg.modelID, b.cfg.replicas, b.cfg.gpu, b.cfg.maxNumSeqs, b.cfg.maxModelLen, budget)
 	if err := b.c.ApplyModel(model, spec); err != nil {
 		return err
 	}

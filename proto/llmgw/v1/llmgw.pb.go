@@ -110,6 +110,10 @@ const (
 	CommandType_COMMAND_TYPE_DELETE_TENANT      CommandType = 16
 	CommandType_COMMAND_TYPE_SET_API_KEY_TENANT CommandType = 17
 	CommandType_COMMAND_TYPE_RECORD_USAGE       CommandType = 18
+	// The autoscaler's count for a model (design §5.7).
+	CommandType_COMMAND_TYPE_SET_MODEL_SCALE CommandType = 19
+	// A replica put to sleep or woken (design §5.7).
+	CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING CommandType = 20
 )
 
 // Enum value maps for CommandType.
@@ -134,6 +138,8 @@ var (
 		16: "COMMAND_TYPE_DELETE_TENANT",
 		17: "COMMAND_TYPE_SET_API_KEY_TENANT",
 		18: "COMMAND_TYPE_RECORD_USAGE",
+		19: "COMMAND_TYPE_SET_MODEL_SCALE",
+		20: "COMMAND_TYPE_SET_REPLICA_SLEEPING",
 	}
 	CommandType_value = map[string]int32{
 		"COMMAND_TYPE_UNSPECIFIED":           0,
@@ -155,6 +161,8 @@ var (
 		"COMMAND_TYPE_DELETE_TENANT":         16,
 		"COMMAND_TYPE_SET_API_KEY_TENANT":    17,
 		"COMMAND_TYPE_RECORD_USAGE":          18,
+		"COMMAND_TYPE_SET_MODEL_SCALE":       19,
+		"COMMAND_TYPE_SET_REPLICA_SLEEPING":  20,
 	}
 )
 
@@ -202,6 +210,8 @@ const (
 	ReplicaPhase_REPLICA_PHASE_STOPPED  ReplicaPhase = 6
 	// Could not be started at all (bad spec, missing program).
 	ReplicaPhase_REPLICA_PHASE_FAILED ReplicaPhase = 7
+	// Asleep (vLLM's sleep mode): the process lives, takes no traffic.
+	ReplicaPhase_REPLICA_PHASE_SLEEPING ReplicaPhase = 8
 )
 
 // Enum value maps for ReplicaPhase.
@@ -215,6 +225,7 @@ var (
 		5: "REPLICA_PHASE_STOPPING",
 		6: "REPLICA_PHASE_STOPPED",
 		7: "REPLICA_PHASE_FAILED",
+		8: "REPLICA_PHASE_SLEEPING",
 	}
 	ReplicaPhase_value = map[string]int32{
 		"REPLICA_PHASE_UNSPECIFIED": 0,
@@ -225,6 +236,7 @@ var (
 		"REPLICA_PHASE_STOPPING":    5,
 		"REPLICA_PHASE_STOPPED":     6,
 		"REPLICA_PHASE_FAILED":      7,
+		"REPLICA_PHASE_SLEEPING":    8,
 	}
 )
 
@@ -737,8 +749,19 @@ type Model struct {
 	// start, and the replica stays untrusted until the engine clears or
 	// restarts.
 	KvEventsBufferSteps uint32 `protobuf:"varint,28,opt,name=kv_events_buffer_steps,json=kvEventsBufferSteps,proto3" json:"kv_events_buffer_steps,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// When set, the model's replica count follows its load between
+	// autoscale.min and autoscale.max, and replicas is only the count it
+	// starts at (design §5.7). The count the autoscaler chose is in
+	// State.scales, not here: re-applying the model keeps it.
+	Autoscale *Autoscale `protobuf:"bytes,29,opt,name=autoscale,proto3" json:"autoscale,omitempty"`
+	// Which model gives way when a scale-up finds no free GPU: a model of
+	// lower priority that is idle may have a replica put to sleep (or
+	// stopped) for one of higher priority. Higher wins; 0 by default.
+	Priority int32 `protobuf:"varint,30,opt,name=priority,proto3" json:"priority,omitempty"`
+	// A pinned model never gives a GPU to another model.
+	Pinned        bool `protobuf:"varint,31,opt,name=pinned,proto3" json:"pinned,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Model) Reset() {
@@ -960,6 +983,247 @@ func (x *Model) GetKvEventsBufferSteps() uint32 {
 	return 0
 }
 
+func (x *Model) GetAutoscale() *Autoscale {
+	if x != nil {
+		return x.Autoscale
+	}
+	return nil
+}
+
+func (x *Model) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Model) GetPinned() bool {
+	if x != nil {
+		return x.Pinned
+	}
+	return false
+}
+
+// Autoscale is a model's elastic replica count (design §5.7). Targets of
+// 0 are not used; at least one must be set. Durations of 0 take the
+// defaults the server's config states.
+type Autoscale struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Min   uint32                 `protobuf:"varint,1,opt,name=min,proto3" json:"min,omitempty"`
+	Max   uint32                 `protobuf:"varint,2,opt,name=max,proto3" json:"max,omitempty"`
+	// Requests waiting per ready replica: the engines' queues plus what the
+	// routers hold for the model.
+	TargetWaiting float64 `protobuf:"fixed64,3,opt,name=target_waiting,json=targetWaiting,proto3" json:"target_waiting,omitempty"`
+	// Mean KV-cache use of the ready replicas, 0..1.
+	TargetKvUsage float64 `protobuf:"fixed64,4,opt,name=target_kv_usage,json=targetKvUsage,proto3" json:"target_kv_usage,omitempty"`
+	// Time to first token, p90 over the routers' last minute, milliseconds.
+	TtftP90SloMs uint32 `protobuf:"varint,5,opt,name=ttft_p90_slo_ms,json=ttftP90SloMs,proto3" json:"ttft_p90_slo_ms,omitempty"`
+	// A step down is taken only when every recommendation for this long was
+	// below the current count.
+	ScaleDownAfterS uint32 `protobuf:"varint,6,opt,name=scale_down_after_s,json=scaleDownAfterS,proto3" json:"scale_down_after_s,omitempty"`
+	// No step within this long of the last one (scaling up from zero
+	// excepted).
+	CooldownS uint32 `protobuf:"varint,7,opt,name=cooldown_s,json=cooldownS,proto3" json:"cooldown_s,omitempty"`
+	// How long a router holds a request for the model while it has no ready
+	// replica, and how many it holds (per router): above the cold start.
+	HoldTimeoutS uint32 `protobuf:"varint,8,opt,name=hold_timeout_s,json=holdTimeoutS,proto3" json:"hold_timeout_s,omitempty"`
+	MaxHeld      uint32 `protobuf:"varint,9,opt,name=max_held,json=maxHeld,proto3" json:"max_held,omitempty"`
+	// How many requests a new replica is given at once in its first seconds
+	// (0: its --max-num-seqs from extra_args, else 256, vLLM's default).
+	WarmConcurrency uint32 `protobuf:"varint,10,opt,name=warm_concurrency,json=warmConcurrency,proto3" json:"warm_concurrency,omitempty"`
+	// Put idle replicas to sleep instead of stopping them when the count
+	// drops (vLLM --enable-sleep-mode): a wake is seconds, a start minutes.
+	Sleep         bool `protobuf:"varint,11,opt,name=sleep,proto3" json:"sleep,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Autoscale) Reset() {
+	*x = Autoscale{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Autoscale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Autoscale) ProtoMessage() {}
+
+func (x *Autoscale) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Autoscale.ProtoReflect.Descriptor instead.
+func (*Autoscale) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Autoscale) GetMin() uint32 {
+	if x != nil {
+		return x.Min
+	}
+	return 0
+}
+
+func (x *Autoscale) GetMax() uint32 {
+	if x != nil {
+		return x.Max
+	}
+	return 0
+}
+
+func (x *Autoscale) GetTargetWaiting() float64 {
+	if x != nil {
+		return x.TargetWaiting
+	}
+	return 0
+}
+
+func (x *Autoscale) GetTargetKvUsage() float64 {
+	if x != nil {
+		return x.TargetKvUsage
+	}
+	return 0
+}
+
+func (x *Autoscale) GetTtftP90SloMs() uint32 {
+	if x != nil {
+		return x.TtftP90SloMs
+	}
+	return 0
+}
+
+func (x *Autoscale) GetScaleDownAfterS() uint32 {
+	if x != nil {
+		return x.ScaleDownAfterS
+	}
+	return 0
+}
+
+func (x *Autoscale) GetCooldownS() uint32 {
+	if x != nil {
+		return x.CooldownS
+	}
+	return 0
+}
+
+func (x *Autoscale) GetHoldTimeoutS() uint32 {
+	if x != nil {
+		return x.HoldTimeoutS
+	}
+	return 0
+}
+
+func (x *Autoscale) GetMaxHeld() uint32 {
+	if x != nil {
+		return x.MaxHeld
+	}
+	return 0
+}
+
+func (x *Autoscale) GetWarmConcurrency() uint32 {
+	if x != nil {
+		return x.WarmConcurrency
+	}
+	return 0
+}
+
+func (x *Autoscale) GetSleep() bool {
+	if x != nil {
+		return x.Sleep
+	}
+	return false
+}
+
+// ModelScale is the count the autoscaler chose for a model and why
+// (design §5.7).
+type ModelScale struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Model    string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replicas uint32                 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// In words, with the figures it was decided on.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	DecidedUnixMs int64  `protobuf:"varint,4,opt,name=decided_unix_ms,json=decidedUnixMs,proto3" json:"decided_unix_ms,omitempty"`
+	Revision      uint64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelScale) Reset() {
+	*x = ModelScale{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelScale) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelScale) ProtoMessage() {}
+
+func (x *ModelScale) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelScale.ProtoReflect.Descriptor instead.
+func (*ModelScale) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ModelScale) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ModelScale) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *ModelScale) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ModelScale) GetDecidedUnixMs() int64 {
+	if x != nil {
+		return x.DecidedUnixMs
+	}
+	return 0
+}
+
+func (x *ModelScale) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
 // Node is a GPU machine running an agent.
 type Node struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -986,7 +1250,7 @@ type Node struct {
 
 func (x *Node) Reset() {
 	*x = Node{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[3]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1262,7 @@ func (x *Node) String() string {
 func (*Node) ProtoMessage() {}
 
 func (x *Node) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[3]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1275,7 @@ func (x *Node) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Node.ProtoReflect.Descriptor instead.
 func (*Node) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{3}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Node) GetId() string {
@@ -1097,7 +1361,7 @@ type Shard struct {
 
 func (x *Shard) Reset() {
 	*x = Shard{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[4]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1109,7 +1373,7 @@ func (x *Shard) String() string {
 func (*Shard) ProtoMessage() {}
 
 func (x *Shard) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[4]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1122,7 +1386,7 @@ func (x *Shard) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Shard.ProtoReflect.Descriptor instead.
 func (*Shard) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{4}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Shard) GetNode() string {
@@ -1164,14 +1428,19 @@ type Replica struct {
 	// replica stands for. The replica's node is then the agent that owns it
 	// (probes the engine, reads its load and KV events), not where it runs
 	// (design §5.5, §6).
-	Endpoint      string `protobuf:"bytes,11,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	Endpoint string `protobuf:"bytes,11,opt,name=endpoint,proto3" json:"endpoint,omitempty"`
+	// Set by the leader to put the engine to sleep (vLLM's sleep mode: its
+	// weights go to host memory, its KV cache is freed) and cleared to wake
+	// it. A sleeping replica takes no traffic and its GPUs may hold another
+	// model's replica (design §5.7 "Sharing GPUs").
+	Sleeping      bool `protobuf:"varint,12,opt,name=sleeping,proto3" json:"sleeping,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Replica) Reset() {
 	*x = Replica{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[5]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1183,7 +1452,7 @@ func (x *Replica) String() string {
 func (*Replica) ProtoMessage() {}
 
 func (x *Replica) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[5]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1196,7 +1465,7 @@ func (x *Replica) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Replica.ProtoReflect.Descriptor instead.
 func (*Replica) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{5}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *Replica) GetId() string {
@@ -1276,6 +1545,13 @@ func (x *Replica) GetEndpoint() string {
 	return ""
 }
 
+func (x *Replica) GetSleeping() bool {
+	if x != nil {
+		return x.Sleeping
+	}
+	return false
+}
+
 // ClusterConfig holds cluster-wide settings (design §4, §13.3).
 type ClusterConfig struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
@@ -1302,7 +1578,7 @@ type ClusterConfig struct {
 
 func (x *ClusterConfig) Reset() {
 	*x = ClusterConfig{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[6]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1314,7 +1590,7 @@ func (x *ClusterConfig) String() string {
 func (*ClusterConfig) ProtoMessage() {}
 
 func (x *ClusterConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[6]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1327,7 +1603,7 @@ func (x *ClusterConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterConfig.ProtoReflect.Descriptor instead.
 func (*ClusterConfig) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{6}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ClusterConfig) GetMinVersion() string {
@@ -1400,15 +1676,17 @@ type State struct {
 	Tenants []*Tenant `protobuf:"bytes,11,rep,name=tenants,proto3" json:"tenants,omitempty"`
 	// The usage roll-up, sorted by (tenant, model, hour), and each router
 	// session's last batch applied, sorted by (router, session).
-	Usage         []*UsageRow    `protobuf:"bytes,12,rep,name=usage,proto3" json:"usage,omitempty"`
-	UsageCursors  []*UsageCursor `protobuf:"bytes,13,rep,name=usage_cursors,json=usageCursors,proto3" json:"usage_cursors,omitempty"`
+	Usage        []*UsageRow    `protobuf:"bytes,12,rep,name=usage,proto3" json:"usage,omitempty"`
+	UsageCursors []*UsageCursor `protobuf:"bytes,13,rep,name=usage_cursors,json=usageCursors,proto3" json:"usage_cursors,omitempty"`
+	// The autoscaler's counts (design §5.7), sorted by model.
+	Scales        []*ModelScale `protobuf:"bytes,14,rep,name=scales,proto3" json:"scales,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *State) Reset() {
 	*x = State{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[7]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1420,7 +1698,7 @@ func (x *State) String() string {
 func (*State) ProtoMessage() {}
 
 func (x *State) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[7]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1433,7 +1711,7 @@ func (x *State) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use State.ProtoReflect.Descriptor instead.
 func (*State) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{7}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *State) GetFormat() uint32 {
@@ -1527,6 +1805,13 @@ func (x *State) GetUsageCursors() []*UsageCursor {
 	return nil
 }
 
+func (x *State) GetScales() []*ModelScale {
+	if x != nil {
+		return x.Scales
+	}
+	return nil
+}
+
 // ApiKey is one router API key (design §11). The secret is shown once, by
 // llmgwctl when it is created, and exists nowhere else: the cluster holds
 // only its SHA-256, which a router compares in constant time. A hash of a
@@ -1552,7 +1837,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1564,7 +1849,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[8]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1577,7 +1862,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{8}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ApiKey) GetName() string {
@@ -1647,7 +1932,7 @@ type TenantLimits struct {
 
 func (x *TenantLimits) Reset() {
 	*x = TenantLimits{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1659,7 +1944,7 @@ func (x *TenantLimits) String() string {
 func (*TenantLimits) ProtoMessage() {}
 
 func (x *TenantLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[9]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1672,7 +1957,7 @@ func (x *TenantLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantLimits.ProtoReflect.Descriptor instead.
 func (*TenantLimits) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{9}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TenantLimits) GetRpm() uint64 {
@@ -1737,7 +2022,7 @@ type TokenWeights struct {
 
 func (x *TokenWeights) Reset() {
 	*x = TokenWeights{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1749,7 +2034,7 @@ func (x *TokenWeights) String() string {
 func (*TokenWeights) ProtoMessage() {}
 
 func (x *TokenWeights) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1762,7 +2047,7 @@ func (x *TokenWeights) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenWeights.ProtoReflect.Descriptor instead.
 func (*TokenWeights) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TokenWeights) GetInputMilli() uint32 {
@@ -1798,7 +2083,7 @@ type TenantModelLimits struct {
 
 func (x *TenantModelLimits) Reset() {
 	*x = TenantModelLimits{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1810,7 +2095,7 @@ func (x *TenantModelLimits) String() string {
 func (*TenantModelLimits) ProtoMessage() {}
 
 func (x *TenantModelLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1823,7 +2108,7 @@ func (x *TenantModelLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantModelLimits.ProtoReflect.Descriptor instead.
 func (*TenantModelLimits) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TenantModelLimits) GetModel() string {
@@ -1869,7 +2154,7 @@ type Tenant struct {
 
 func (x *Tenant) Reset() {
 	*x = Tenant{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1881,7 +2166,7 @@ func (x *Tenant) String() string {
 func (*Tenant) ProtoMessage() {}
 
 func (x *Tenant) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1894,7 +2179,7 @@ func (x *Tenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tenant.ProtoReflect.Descriptor instead.
 func (*Tenant) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Tenant) GetName() string {
@@ -1987,7 +2272,7 @@ type UsageCounts struct {
 
 func (x *UsageCounts) Reset() {
 	*x = UsageCounts{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1999,7 +2284,7 @@ func (x *UsageCounts) String() string {
 func (*UsageCounts) ProtoMessage() {}
 
 func (x *UsageCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2012,7 +2297,7 @@ func (x *UsageCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageCounts.ProtoReflect.Descriptor instead.
 func (*UsageCounts) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *UsageCounts) GetRequests() uint64 {
@@ -2071,7 +2356,7 @@ type UsageRow struct {
 
 func (x *UsageRow) Reset() {
 	*x = UsageRow{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2083,7 +2368,7 @@ func (x *UsageRow) String() string {
 func (*UsageRow) ProtoMessage() {}
 
 func (x *UsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2096,7 +2381,7 @@ func (x *UsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
 func (*UsageRow) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *UsageRow) GetTenant() string {
@@ -2144,7 +2429,7 @@ type UsageCursor struct {
 
 func (x *UsageCursor) Reset() {
 	*x = UsageCursor{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2156,7 +2441,7 @@ func (x *UsageCursor) String() string {
 func (*UsageCursor) ProtoMessage() {}
 
 func (x *UsageCursor) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2169,7 +2454,7 @@ func (x *UsageCursor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageCursor.ProtoReflect.Descriptor instead.
 func (*UsageCursor) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UsageCursor) GetRouter() string {
@@ -2222,7 +2507,7 @@ type ServerRemoval struct {
 
 func (x *ServerRemoval) Reset() {
 	*x = ServerRemoval{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2519,7 @@ func (x *ServerRemoval) String() string {
 func (*ServerRemoval) ProtoMessage() {}
 
 func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2532,7 @@ func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerRemoval.ProtoReflect.Descriptor instead.
 func (*ServerRemoval) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ServerRemoval) GetServerId() string {
@@ -2297,7 +2582,7 @@ type AdapterPlacement struct {
 
 func (x *AdapterPlacement) Reset() {
 	*x = AdapterPlacement{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2309,7 +2594,7 @@ func (x *AdapterPlacement) String() string {
 func (*AdapterPlacement) ProtoMessage() {}
 
 func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2322,7 +2607,7 @@ func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterPlacement.ProtoReflect.Descriptor instead.
 func (*AdapterPlacement) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AdapterPlacement) GetModel() string {
@@ -2368,7 +2653,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2380,7 +2665,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2393,7 +2678,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Command) GetType() CommandType {
@@ -2433,7 +2718,7 @@ type UpsertModelCommand struct {
 
 func (x *UpsertModelCommand) Reset() {
 	*x = UpsertModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2445,7 +2730,7 @@ func (x *UpsertModelCommand) String() string {
 func (*UpsertModelCommand) ProtoMessage() {}
 
 func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2458,7 +2743,7 @@ func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertModelCommand.ProtoReflect.Descriptor instead.
 func (*UpsertModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *UpsertModelCommand) GetModel() *Model {
@@ -2477,7 +2762,7 @@ type DeleteModelCommand struct {
 
 func (x *DeleteModelCommand) Reset() {
 	*x = DeleteModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2774,7 @@ func (x *DeleteModelCommand) String() string {
 func (*DeleteModelCommand) ProtoMessage() {}
 
 func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2787,7 @@ func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelCommand.ProtoReflect.Descriptor instead.
 func (*DeleteModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DeleteModelCommand) GetName() string {
@@ -2522,7 +2807,7 @@ type PutApiKeyCommand struct {
 
 func (x *PutApiKeyCommand) Reset() {
 	*x = PutApiKeyCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2819,7 @@ func (x *PutApiKeyCommand) String() string {
 func (*PutApiKeyCommand) ProtoMessage() {}
 
 func (x *PutApiKeyCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2832,7 @@ func (x *PutApiKeyCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutApiKeyCommand.ProtoReflect.Descriptor instead.
 func (*PutApiKeyCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *PutApiKeyCommand) GetKey() *ApiKey {
@@ -2566,7 +2851,7 @@ type DeleteApiKeyCommand struct {
 
 func (x *DeleteApiKeyCommand) Reset() {
 	*x = DeleteApiKeyCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2578,7 +2863,7 @@ func (x *DeleteApiKeyCommand) String() string {
 func (*DeleteApiKeyCommand) ProtoMessage() {}
 
 func (x *DeleteApiKeyCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2591,7 +2876,7 @@ func (x *DeleteApiKeyCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteApiKeyCommand.ProtoReflect.Descriptor instead.
 func (*DeleteApiKeyCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteApiKeyCommand) GetName() string {
@@ -2612,7 +2897,7 @@ type SetApiKeysRequiredCommand struct {
 
 func (x *SetApiKeysRequiredCommand) Reset() {
 	*x = SetApiKeysRequiredCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2624,7 +2909,7 @@ func (x *SetApiKeysRequiredCommand) String() string {
 func (*SetApiKeysRequiredCommand) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2637,7 +2922,7 @@ func (x *SetApiKeysRequiredCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredCommand.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetApiKeysRequiredCommand) GetRequired() bool {
@@ -2659,7 +2944,7 @@ type PutTenantCommand struct {
 
 func (x *PutTenantCommand) Reset() {
 	*x = PutTenantCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2671,7 +2956,7 @@ func (x *PutTenantCommand) String() string {
 func (*PutTenantCommand) ProtoMessage() {}
 
 func (x *PutTenantCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2684,7 +2969,7 @@ func (x *PutTenantCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantCommand.ProtoReflect.Descriptor instead.
 func (*PutTenantCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *PutTenantCommand) GetTenant() *Tenant {
@@ -2711,7 +2996,7 @@ type DeleteTenantCommand struct {
 
 func (x *DeleteTenantCommand) Reset() {
 	*x = DeleteTenantCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2723,7 +3008,7 @@ func (x *DeleteTenantCommand) String() string {
 func (*DeleteTenantCommand) ProtoMessage() {}
 
 func (x *DeleteTenantCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2736,7 +3021,7 @@ func (x *DeleteTenantCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantCommand.ProtoReflect.Descriptor instead.
 func (*DeleteTenantCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteTenantCommand) GetName() string {
@@ -2758,7 +3043,7 @@ type SetApiKeyTenantCommand struct {
 
 func (x *SetApiKeyTenantCommand) Reset() {
 	*x = SetApiKeyTenantCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2770,7 +3055,7 @@ func (x *SetApiKeyTenantCommand) String() string {
 func (*SetApiKeyTenantCommand) ProtoMessage() {}
 
 func (x *SetApiKeyTenantCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2783,7 +3068,7 @@ func (x *SetApiKeyTenantCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeyTenantCommand.ProtoReflect.Descriptor instead.
 func (*SetApiKeyTenantCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetApiKeyTenantCommand) GetName() string {
@@ -2800,6 +3085,139 @@ func (x *SetApiKeyTenantCommand) GetTenant() string {
 	return ""
 }
 
+// SetModelScaleCommand sets an autoscaled model's count. It is refused
+// for a model without autoscale, or with a count outside its min and max.
+type SetModelScaleCommand struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Model    string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	Replicas uint32                 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Reason   string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// The model's revision the decision was made on: a model re-applied
+	// since is decided again.
+	ModelRevision uint64 `protobuf:"varint,4,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetModelScaleCommand) Reset() {
+	*x = SetModelScaleCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetModelScaleCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetModelScaleCommand) ProtoMessage() {}
+
+func (x *SetModelScaleCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetModelScaleCommand.ProtoReflect.Descriptor instead.
+func (*SetModelScaleCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *SetModelScaleCommand) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *SetModelScaleCommand) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *SetModelScaleCommand) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SetModelScaleCommand) GetModelRevision() uint64 {
+	if x != nil {
+		return x.ModelRevision
+	}
+	return 0
+}
+
+// SetReplicaSleepingCommand puts a replica to sleep or wakes it.
+type SetReplicaSleepingCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Uid           uint64                 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	Sleeping      bool                   `protobuf:"varint,3,opt,name=sleeping,proto3" json:"sleeping,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetReplicaSleepingCommand) Reset() {
+	*x = SetReplicaSleepingCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetReplicaSleepingCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetReplicaSleepingCommand) ProtoMessage() {}
+
+func (x *SetReplicaSleepingCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetReplicaSleepingCommand.ProtoReflect.Descriptor instead.
+func (*SetReplicaSleepingCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *SetReplicaSleepingCommand) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *SetReplicaSleepingCommand) GetUid() uint64 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *SetReplicaSleepingCommand) GetSleeping() bool {
+	if x != nil {
+		return x.Sleeping
+	}
+	return false
+}
+
 // RecordUsageCommand adds one batch of a router session's metered usage to
 // the roll-up, unless that session's cursor is at or past seq.
 type RecordUsageCommand struct {
@@ -2814,7 +3232,7 @@ type RecordUsageCommand struct {
 
 func (x *RecordUsageCommand) Reset() {
 	*x = RecordUsageCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +3244,7 @@ func (x *RecordUsageCommand) String() string {
 func (*RecordUsageCommand) ProtoMessage() {}
 
 func (x *RecordUsageCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +3257,7 @@ func (x *RecordUsageCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageCommand.ProtoReflect.Descriptor instead.
 func (*RecordUsageCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RecordUsageCommand) GetRouter() string {
@@ -2879,7 +3297,7 @@ type RegisterNodeCommand struct {
 
 func (x *RegisterNodeCommand) Reset() {
 	*x = RegisterNodeCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +3309,7 @@ func (x *RegisterNodeCommand) String() string {
 func (*RegisterNodeCommand) ProtoMessage() {}
 
 func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3322,7 @@ func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCommand.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RegisterNodeCommand) GetNode() *Node {
@@ -2924,7 +3342,7 @@ type SetNodeStateCommand struct {
 
 func (x *SetNodeStateCommand) Reset() {
 	*x = SetNodeStateCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2936,7 +3354,7 @@ func (x *SetNodeStateCommand) String() string {
 func (*SetNodeStateCommand) ProtoMessage() {}
 
 func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2949,7 +3367,7 @@ func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *SetNodeStateCommand) GetId() string {
@@ -2977,7 +3395,7 @@ type PlaceReplicaCommand struct {
 
 func (x *PlaceReplicaCommand) Reset() {
 	*x = PlaceReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3407,7 @@ func (x *PlaceReplicaCommand) String() string {
 func (*PlaceReplicaCommand) ProtoMessage() {}
 
 func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3420,7 @@ func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReplicaCommand.ProtoReflect.Descriptor instead.
 func (*PlaceReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *PlaceReplicaCommand) GetReplica() *Replica {
@@ -3023,7 +3441,7 @@ type RemoveReplicaCommand struct {
 
 func (x *RemoveReplicaCommand) Reset() {
 	*x = RemoveReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3453,7 @@ func (x *RemoveReplicaCommand) String() string {
 func (*RemoveReplicaCommand) ProtoMessage() {}
 
 func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3466,7 @@ func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaCommand.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RemoveReplicaCommand) GetId() string {
@@ -3075,7 +3493,7 @@ type SetReplicaDrainingCommand struct {
 
 func (x *SetReplicaDrainingCommand) Reset() {
 	*x = SetReplicaDrainingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3087,7 +3505,7 @@ func (x *SetReplicaDrainingCommand) String() string {
 func (*SetReplicaDrainingCommand) ProtoMessage() {}
 
 func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3100,7 +3518,7 @@ func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaDrainingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaDrainingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SetReplicaDrainingCommand) GetId() string {
@@ -3126,7 +3544,7 @@ type SetClusterConfigCommand struct {
 
 func (x *SetClusterConfigCommand) Reset() {
 	*x = SetClusterConfigCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3138,7 +3556,7 @@ func (x *SetClusterConfigCommand) String() string {
 func (*SetClusterConfigCommand) ProtoMessage() {}
 
 func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3151,7 +3569,7 @@ func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetClusterConfigCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetClusterConfigCommand) GetConfig() *ClusterConfig {
@@ -3172,7 +3590,7 @@ type SetAdapterPlacementCommand struct {
 
 func (x *SetAdapterPlacementCommand) Reset() {
 	*x = SetAdapterPlacementCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3602,7 @@ func (x *SetAdapterPlacementCommand) String() string {
 func (*SetAdapterPlacementCommand) ProtoMessage() {}
 
 func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3615,7 @@ func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAdapterPlacementCommand.ProtoReflect.Descriptor instead.
 func (*SetAdapterPlacementCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
@@ -3219,7 +3637,7 @@ type SetNodeLabelsCommand struct {
 
 func (x *SetNodeLabelsCommand) Reset() {
 	*x = SetNodeLabelsCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3231,7 +3649,7 @@ func (x *SetNodeLabelsCommand) String() string {
 func (*SetNodeLabelsCommand) ProtoMessage() {}
 
 func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3244,7 +3662,7 @@ func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SetNodeLabelsCommand) GetId() string {
@@ -3284,7 +3702,7 @@ type SetServerRemovedCommand struct {
 
 func (x *SetServerRemovedCommand) Reset() {
 	*x = SetServerRemovedCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3296,7 +3714,7 @@ func (x *SetServerRemovedCommand) String() string {
 func (*SetServerRemovedCommand) ProtoMessage() {}
 
 func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3309,7 +3727,7 @@ func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServerRemovedCommand.ProtoReflect.Descriptor instead.
 func (*SetServerRemovedCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SetServerRemovedCommand) GetServerId() string {
@@ -3367,7 +3785,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3797,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3810,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -3524,7 +3942,7 @@ type EphemeralUpdate struct {
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3536,7 +3954,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3549,7 +3967,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -3644,7 +4062,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3656,7 +4074,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3669,7 +4087,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AdapterStatus) GetReplicaId() string {
@@ -3777,7 +4195,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3789,7 +4207,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3802,7 +4220,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -3907,7 +4325,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3919,7 +4337,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3932,7 +4350,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ControlServer) GetId() string {
@@ -4000,7 +4418,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4012,7 +4430,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4025,7 +4443,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -4050,7 +4468,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4062,7 +4480,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4075,7 +4493,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -4113,7 +4531,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4125,7 +4543,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4138,7 +4556,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -4214,7 +4632,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4226,7 +4644,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4239,7 +4657,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -4285,7 +4703,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4715,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4728,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -4357,7 +4775,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4369,7 +4787,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4382,7 +4800,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -4482,7 +4900,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4494,7 +4912,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4507,7 +4925,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -4526,7 +4944,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4538,7 +4956,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4551,7 +4969,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -4578,7 +4996,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4590,7 +5008,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4603,7 +5021,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -4652,7 +5070,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4664,7 +5082,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4677,7 +5095,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -4824,7 +5242,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4836,7 +5254,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4849,7 +5267,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -4868,7 +5286,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4880,7 +5298,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4893,7 +5311,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -4914,7 +5332,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4926,7 +5344,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4939,7 +5357,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -4967,7 +5385,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4979,7 +5397,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4992,7 +5410,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -5124,7 +5542,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5136,7 +5554,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5149,7 +5567,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *CreateApiKeyRequest) GetName() string {
@@ -5190,7 +5608,7 @@ type SetApiKeyTenantRequest struct {
 
 func (x *SetApiKeyTenantRequest) Reset() {
 	*x = SetApiKeyTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5202,7 +5620,7 @@ func (x *SetApiKeyTenantRequest) String() string {
 func (*SetApiKeyTenantRequest) ProtoMessage() {}
 
 func (x *SetApiKeyTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5215,7 +5633,7 @@ func (x *SetApiKeyTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeyTenantRequest.ProtoReflect.Descriptor instead.
 func (*SetApiKeyTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *SetApiKeyTenantRequest) GetName() string {
@@ -5241,7 +5659,7 @@ type SetApiKeyTenantResponse struct {
 
 func (x *SetApiKeyTenantResponse) Reset() {
 	*x = SetApiKeyTenantResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5253,7 +5671,7 @@ func (x *SetApiKeyTenantResponse) String() string {
 func (*SetApiKeyTenantResponse) ProtoMessage() {}
 
 func (x *SetApiKeyTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5266,7 +5684,7 @@ func (x *SetApiKeyTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeyTenantResponse.ProtoReflect.Descriptor instead.
 func (*SetApiKeyTenantResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *SetApiKeyTenantResponse) GetRevision() uint64 {
@@ -5288,7 +5706,7 @@ type PutTenantRequest struct {
 
 func (x *PutTenantRequest) Reset() {
 	*x = PutTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5300,7 +5718,7 @@ func (x *PutTenantRequest) String() string {
 func (*PutTenantRequest) ProtoMessage() {}
 
 func (x *PutTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5313,7 +5731,7 @@ func (x *PutTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantRequest.ProtoReflect.Descriptor instead.
 func (*PutTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *PutTenantRequest) GetTenant() *Tenant {
@@ -5340,7 +5758,7 @@ type PutTenantResponse struct {
 
 func (x *PutTenantResponse) Reset() {
 	*x = PutTenantResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5352,7 +5770,7 @@ func (x *PutTenantResponse) String() string {
 func (*PutTenantResponse) ProtoMessage() {}
 
 func (x *PutTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5365,7 +5783,7 @@ func (x *PutTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantResponse.ProtoReflect.Descriptor instead.
 func (*PutTenantResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *PutTenantResponse) GetTenant() *Tenant {
@@ -5391,7 +5809,7 @@ type GetTenantRequest struct {
 
 func (x *GetTenantRequest) Reset() {
 	*x = GetTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5403,7 +5821,7 @@ func (x *GetTenantRequest) String() string {
 func (*GetTenantRequest) ProtoMessage() {}
 
 func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5416,7 +5834,7 @@ func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *GetTenantRequest) GetName() string {
@@ -5436,7 +5854,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5448,7 +5866,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5461,7 +5879,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*Tenant {
@@ -5487,7 +5905,7 @@ type DeleteTenantRequest struct {
 
 func (x *DeleteTenantRequest) Reset() {
 	*x = DeleteTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5499,7 +5917,7 @@ func (x *DeleteTenantRequest) String() string {
 func (*DeleteTenantRequest) ProtoMessage() {}
 
 func (x *DeleteTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5512,7 +5930,7 @@ func (x *DeleteTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *DeleteTenantRequest) GetName() string {
@@ -5531,7 +5949,7 @@ type DeleteTenantResponse struct {
 
 func (x *DeleteTenantResponse) Reset() {
 	*x = DeleteTenantResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5543,7 +5961,7 @@ func (x *DeleteTenantResponse) String() string {
 func (*DeleteTenantResponse) ProtoMessage() {}
 
 func (x *DeleteTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5556,7 +5974,7 @@ func (x *DeleteTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *DeleteTenantResponse) GetRevision() uint64 {
@@ -5579,7 +5997,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5591,7 +6009,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5604,7 +6022,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *UsageRequest) GetTenant() string {
@@ -5638,7 +6056,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5650,7 +6068,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5663,7 +6081,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *UsageResponse) GetRows() []*UsageRow {
@@ -5693,7 +6111,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5705,7 +6123,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5718,7 +6136,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *CreateApiKeyResponse) GetKey() *ApiKey {
@@ -5751,7 +6169,7 @@ type SetApiKeysRequiredRequest struct {
 
 func (x *SetApiKeysRequiredRequest) Reset() {
 	*x = SetApiKeysRequiredRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5763,7 +6181,7 @@ func (x *SetApiKeysRequiredRequest) String() string {
 func (*SetApiKeysRequiredRequest) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5776,7 +6194,7 @@ func (x *SetApiKeysRequiredRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredRequest.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *SetApiKeysRequiredRequest) GetRequired() bool {
@@ -5797,7 +6215,7 @@ type SetApiKeysRequiredResponse struct {
 
 func (x *SetApiKeysRequiredResponse) Reset() {
 	*x = SetApiKeysRequiredResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5809,7 +6227,7 @@ func (x *SetApiKeysRequiredResponse) String() string {
 func (*SetApiKeysRequiredResponse) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5822,7 +6240,7 @@ func (x *SetApiKeysRequiredResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredResponse.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *SetApiKeysRequiredResponse) GetRevision() uint64 {
@@ -5853,7 +6271,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5865,7 +6283,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5878,7 +6296,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListApiKeysResponse) GetKeys() []*ApiKey {
@@ -5911,7 +6329,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5923,7 +6341,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5936,7 +6354,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *RevokeApiKeyRequest) GetName() string {
@@ -5955,7 +6373,7 @@ type RevokeApiKeyResponse struct {
 
 func (x *RevokeApiKeyResponse) Reset() {
 	*x = RevokeApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5967,7 +6385,7 @@ func (x *RevokeApiKeyResponse) String() string {
 func (*RevokeApiKeyResponse) ProtoMessage() {}
 
 func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5980,7 +6398,7 @@ func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *RevokeApiKeyResponse) GetRevision() uint64 {
@@ -6001,7 +6419,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6013,7 +6431,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6026,7 +6444,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -6055,7 +6473,7 @@ type KeyringKey struct {
 
 func (x *KeyringKey) Reset() {
 	*x = KeyringKey{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6067,7 +6485,7 @@ func (x *KeyringKey) String() string {
 func (*KeyringKey) ProtoMessage() {}
 
 func (x *KeyringKey) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6080,7 +6498,7 @@ func (x *KeyringKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringKey.ProtoReflect.Descriptor instead.
 func (*KeyringKey) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *KeyringKey) GetFingerprint() string {
@@ -6109,7 +6527,7 @@ type ServerKeyring struct {
 
 func (x *ServerKeyring) Reset() {
 	*x = ServerKeyring{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6121,7 +6539,7 @@ func (x *ServerKeyring) String() string {
 func (*ServerKeyring) ProtoMessage() {}
 
 func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6134,7 +6552,7 @@ func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerKeyring.ProtoReflect.Descriptor instead.
 func (*ServerKeyring) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ServerKeyring) GetServerId() string {
@@ -6167,7 +6585,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6179,7 +6597,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6192,7 +6610,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *KeyringResponse) GetServers() []*ServerKeyring {
@@ -6213,7 +6631,7 @@ type SetNodeLabelsRequest struct {
 
 func (x *SetNodeLabelsRequest) Reset() {
 	*x = SetNodeLabelsRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6225,7 +6643,7 @@ func (x *SetNodeLabelsRequest) String() string {
 func (*SetNodeLabelsRequest) ProtoMessage() {}
 
 func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6238,7 +6656,7 @@ func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *SetNodeLabelsRequest) GetId() string {
@@ -6272,7 +6690,7 @@ type SetNodeLabelsResponse struct {
 
 func (x *SetNodeLabelsResponse) Reset() {
 	*x = SetNodeLabelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6284,7 +6702,7 @@ func (x *SetNodeLabelsResponse) String() string {
 func (*SetNodeLabelsResponse) ProtoMessage() {}
 
 func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6297,7 +6715,7 @@ func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *SetNodeLabelsResponse) GetRevision() uint64 {
@@ -6322,7 +6740,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6334,7 +6752,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6347,7 +6765,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -6360,7 +6778,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6372,7 +6790,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6385,7 +6803,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -6405,7 +6823,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6417,7 +6835,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6430,7 +6848,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -6450,7 +6868,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6462,7 +6880,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6475,7 +6893,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -6501,7 +6919,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6513,7 +6931,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6526,7 +6944,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -6546,7 +6964,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6558,7 +6976,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6571,7 +6989,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -6591,7 +7009,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6603,7 +7021,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6616,7 +7034,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -6634,7 +7052,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6646,7 +7064,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6659,7 +7077,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
 }
 
 type LeaveResponse struct {
@@ -6672,7 +7090,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6684,7 +7102,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6697,7 +7115,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -6715,7 +7133,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6727,7 +7145,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6740,7 +7158,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
 }
 
 // Member is one server in the gossip pool.
@@ -6764,7 +7182,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6776,7 +7194,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6789,7 +7207,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *Member) GetId() string {
@@ -6857,7 +7275,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6869,7 +7287,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6882,7 +7300,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -6900,7 +7318,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6912,7 +7330,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6925,7 +7343,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -6952,7 +7370,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6964,7 +7382,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6977,7 +7395,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -7052,7 +7470,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7064,7 +7482,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7077,7 +7495,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -7096,7 +7514,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7108,7 +7526,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7121,7 +7539,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -7139,7 +7557,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7151,7 +7569,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7164,7 +7582,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{99}
 }
 
 type TransferLeadershipRequest struct {
@@ -7177,7 +7595,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7189,7 +7607,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7202,7 +7620,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -7221,7 +7639,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7233,7 +7651,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7246,7 +7664,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{97}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -7265,7 +7683,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7277,7 +7695,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7290,7 +7708,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{98}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -7310,7 +7728,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7322,7 +7740,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7335,7 +7753,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{99}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -7361,7 +7779,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7373,7 +7791,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7386,7 +7804,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{100}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -7405,7 +7823,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7417,7 +7835,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7430,7 +7848,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{101}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -7450,7 +7868,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7462,7 +7880,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7475,7 +7893,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{102}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -7495,7 +7913,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7507,7 +7925,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7520,7 +7938,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{103}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -7549,7 +7967,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7561,7 +7979,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7574,7 +7992,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{104}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -7613,7 +8031,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7625,7 +8043,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7638,7 +8056,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{105}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -7676,7 +8094,7 @@ type ReplicaKV struct {
 
 func (x *ReplicaKV) Reset() {
 	*x = ReplicaKV{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7688,7 +8106,7 @@ func (x *ReplicaKV) String() string {
 func (*ReplicaKV) ProtoMessage() {}
 
 func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7701,7 +8119,7 @@ func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaKV.ProtoReflect.Descriptor instead.
 func (*ReplicaKV) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{106}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ReplicaKV) GetBlocks() uint64 {
@@ -7742,7 +8160,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7754,7 +8172,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7767,7 +8185,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{107}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -7792,7 +8210,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7804,7 +8222,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7817,7 +8235,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{108}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{112}
 }
 
 type ClusterStatusResponse struct {
@@ -7856,7 +8274,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7868,7 +8286,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7881,7 +8299,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{109}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -7984,7 +8402,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7996,7 +8414,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8009,7 +8427,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{110}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -8040,7 +8458,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8052,7 +8470,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8065,7 +8483,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{111}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -8133,7 +8551,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8145,7 +8563,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8158,7 +8576,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{112}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{116}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -8210,7 +8628,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8222,7 +8640,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8235,7 +8653,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{113}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -8301,7 +8719,7 @@ type AdapterUseReport struct {
 
 func (x *AdapterUseReport) Reset() {
 	*x = AdapterUseReport{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8313,7 +8731,7 @@ func (x *AdapterUseReport) String() string {
 func (*AdapterUseReport) ProtoMessage() {}
 
 func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8326,7 +8744,7 @@ func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReport.ProtoReflect.Descriptor instead.
 func (*AdapterUseReport) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{114}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *AdapterUseReport) GetRouter() string {
@@ -8380,7 +8798,7 @@ type AdapterUseReportResponse struct {
 
 func (x *AdapterUseReportResponse) Reset() {
 	*x = AdapterUseReportResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8392,7 +8810,7 @@ func (x *AdapterUseReportResponse) String() string {
 func (*AdapterUseReportResponse) ProtoMessage() {}
 
 func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8405,7 +8823,7 @@ func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReportResponse.ProtoReflect.Descriptor instead.
 func (*AdapterUseReportResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{115}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *AdapterUseReportResponse) GetKeepMs() int64 {
@@ -8441,7 +8859,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8453,7 +8871,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8466,7 +8884,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{116}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -8516,7 +8934,7 @@ type Scope struct {
 
 func (x *Scope) Reset() {
 	*x = Scope{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8528,7 +8946,7 @@ func (x *Scope) String() string {
 func (*Scope) ProtoMessage() {}
 
 func (x *Scope) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8541,7 +8959,7 @@ func (x *Scope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Scope.ProtoReflect.Descriptor instead.
 func (*Scope) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{117}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *Scope) GetTenant() string {
@@ -8585,7 +9003,7 @@ type ShareClaim struct {
 
 func (x *ShareClaim) Reset() {
 	*x = ShareClaim{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8597,7 +9015,7 @@ func (x *ShareClaim) String() string {
 func (*ShareClaim) ProtoMessage() {}
 
 func (x *ShareClaim) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8610,7 +9028,7 @@ func (x *ShareClaim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareClaim.ProtoReflect.Descriptor instead.
 func (*ShareClaim) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{118}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *ShareClaim) GetScope() *Scope {
@@ -8654,7 +9072,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8666,7 +9084,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8679,7 +9097,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{119}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *LeaseRequest) GetRouter() string {
@@ -8724,7 +9142,7 @@ type ShareGrant struct {
 
 func (x *ShareGrant) Reset() {
 	*x = ShareGrant{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8736,7 +9154,7 @@ func (x *ShareGrant) String() string {
 func (*ShareGrant) ProtoMessage() {}
 
 func (x *ShareGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8749,7 +9167,7 @@ func (x *ShareGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareGrant.ProtoReflect.Descriptor instead.
 func (*ShareGrant) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{120}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *ShareGrant) GetScope() *Scope {
@@ -8801,7 +9219,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8813,7 +9231,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8826,7 +9244,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{121}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *LeaseResponse) GetGrants() []*ShareGrant {
@@ -8859,7 +9277,7 @@ type RecordUsageResponse struct {
 
 func (x *RecordUsageResponse) Reset() {
 	*x = RecordUsageResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8871,7 +9289,7 @@ func (x *RecordUsageResponse) String() string {
 func (*RecordUsageResponse) ProtoMessage() {}
 
 func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8884,7 +9302,7 @@ func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageResponse.ProtoReflect.Descriptor instead.
 func (*RecordUsageResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{122}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *RecordUsageResponse) GetRevision() uint64 {
@@ -8914,7 +9332,7 @@ type FlowDepth struct {
 
 func (x *FlowDepth) Reset() {
 	*x = FlowDepth{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8926,7 +9344,7 @@ func (x *FlowDepth) String() string {
 func (*FlowDepth) ProtoMessage() {}
 
 func (x *FlowDepth) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8939,7 +9357,7 @@ func (x *FlowDepth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowDepth.ProtoReflect.Descriptor instead.
 func (*FlowDepth) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{123}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *FlowDepth) GetModel() string {
@@ -8997,14 +9415,17 @@ type FlowReport struct {
 	Router  string `protobuf:"bytes,1,opt,name=router,proto3" json:"router,omitempty"`
 	Session uint64 `protobuf:"varint,2,opt,name=session,proto3" json:"session,omitempty"`
 	// Its non-empty queues only, at most 4096.
-	Depths        []*FlowDepth `protobuf:"bytes,3,rep,name=depths,proto3" json:"depths,omitempty"`
+	Depths []*FlowDepth `protobuf:"bytes,3,rep,name=depths,proto3" json:"depths,omitempty"`
+	// The demand it sees per autoscaled model, at most 4096: what the
+	// leader's autoscaler decides on (design §5.7).
+	Demand        []*ModelDemand `protobuf:"bytes,4,rep,name=demand,proto3" json:"demand,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FlowReport) Reset() {
 	*x = FlowReport{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9016,7 +9437,7 @@ func (x *FlowReport) String() string {
 func (*FlowReport) ProtoMessage() {}
 
 func (x *FlowReport) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9029,7 +9450,7 @@ func (x *FlowReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowReport.ProtoReflect.Descriptor instead.
 func (*FlowReport) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{124}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *FlowReport) GetRouter() string {
@@ -9053,6 +9474,122 @@ func (x *FlowReport) GetDepths() []*FlowDepth {
 	return nil
 }
 
+func (x *FlowReport) GetDemand() []*ModelDemand {
+	if x != nil {
+		return x.Demand
+	}
+	return nil
+}
+
+// ModelDemand is one router's view of an autoscaled model's load.
+type ModelDemand struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model string                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// Requests the router holds for the model: waiting for a ready replica
+	// or queued by flow control.
+	Held uint64 `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	// The engines' readings summed over the replicas the router routes to
+	// (every router sees the same engines: the leader takes the freshest).
+	Waiting    float64 `protobuf:"fixed64,3,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	Running    float64 `protobuf:"fixed64,4,opt,name=running,proto3" json:"running,omitempty"`
+	KvUsageSum float64 `protobuf:"fixed64,5,opt,name=kv_usage_sum,json=kvUsageSum,proto3" json:"kv_usage_sum,omitempty"`
+	Replicas   uint32  `protobuf:"varint,6,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// Time to first token of the router's answers over its last minute, as
+	// counts per bucket of ModelDemand's fixed bounds (autoscale package);
+	// the leader sums every router's to take the fleet's p90.
+	TtftBuckets []uint64 `protobuf:"varint,7,rep,packed,name=ttft_buckets,json=ttftBuckets,proto3" json:"ttft_buckets,omitempty"`
+	// Requests the router sent the model over its last minute.
+	Requests      uint64 `protobuf:"varint,8,opt,name=requests,proto3" json:"requests,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelDemand) Reset() {
+	*x = ModelDemand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelDemand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelDemand) ProtoMessage() {}
+
+func (x *ModelDemand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelDemand.ProtoReflect.Descriptor instead.
+func (*ModelDemand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{129}
+}
+
+func (x *ModelDemand) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *ModelDemand) GetHeld() uint64 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetWaiting() float64 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetRunning() float64 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetKvUsageSum() float64 {
+	if x != nil {
+		return x.KvUsageSum
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *ModelDemand) GetTtftBuckets() []uint64 {
+	if x != nil {
+		return x.TtftBuckets
+	}
+	return nil
+}
+
+func (x *ModelDemand) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
 type FlowView struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Every other router's queues, summed per model and class (the oldest
@@ -9067,7 +9604,7 @@ type FlowView struct {
 
 func (x *FlowView) Reset() {
 	*x = FlowView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9079,7 +9616,7 @@ func (x *FlowView) String() string {
 func (*FlowView) ProtoMessage() {}
 
 func (x *FlowView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9092,7 +9629,7 @@ func (x *FlowView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowView.ProtoReflect.Descriptor instead.
 func (*FlowView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{125}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *FlowView) GetDepths() []*FlowDepth {
@@ -9119,7 +9656,7 @@ type FlowStatusRequest struct {
 
 func (x *FlowStatusRequest) Reset() {
 	*x = FlowStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9131,7 +9668,7 @@ func (x *FlowStatusRequest) String() string {
 func (*FlowStatusRequest) ProtoMessage() {}
 
 func (x *FlowStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9144,7 +9681,7 @@ func (x *FlowStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowStatusRequest.ProtoReflect.Descriptor instead.
 func (*FlowStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{126}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{131}
 }
 
 type FlowRouterDepths struct {
@@ -9158,7 +9695,7 @@ type FlowRouterDepths struct {
 
 func (x *FlowRouterDepths) Reset() {
 	*x = FlowRouterDepths{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9170,7 +9707,7 @@ func (x *FlowRouterDepths) String() string {
 func (*FlowRouterDepths) ProtoMessage() {}
 
 func (x *FlowRouterDepths) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9183,7 +9720,7 @@ func (x *FlowRouterDepths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowRouterDepths.ProtoReflect.Descriptor instead.
 func (*FlowRouterDepths) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{127}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *FlowRouterDepths) GetRouter() string {
@@ -9218,7 +9755,7 @@ type FlowStatusResponse struct {
 
 func (x *FlowStatusResponse) Reset() {
 	*x = FlowStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9230,7 +9767,7 @@ func (x *FlowStatusResponse) String() string {
 func (*FlowStatusResponse) ProtoMessage() {}
 
 func (x *FlowStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9243,7 +9780,7 @@ func (x *FlowStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowStatusResponse.ProtoReflect.Descriptor instead.
 func (*FlowStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{128}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *FlowStatusResponse) GetRouters() []*FlowRouterDepths {
@@ -9275,7 +9812,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9287,7 +9824,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9300,7 +9837,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{129}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -9329,7 +9866,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9341,7 +9878,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9354,7 +9891,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{130}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{135}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -9390,7 +9927,7 @@ type AdapterView struct {
 
 func (x *AdapterView) Reset() {
 	*x = AdapterView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9402,7 +9939,7 @@ func (x *AdapterView) String() string {
 func (*AdapterView) ProtoMessage() {}
 
 func (x *AdapterView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9415,7 +9952,7 @@ func (x *AdapterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
 func (*AdapterView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{131}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *AdapterView) GetModel() string {
@@ -9464,7 +10001,7 @@ type ListAdaptersResponse struct {
 
 func (x *ListAdaptersResponse) Reset() {
 	*x = ListAdaptersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9476,7 +10013,7 @@ func (x *ListAdaptersResponse) String() string {
 func (*ListAdaptersResponse) ProtoMessage() {}
 
 func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9489,7 +10026,7 @@ func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
 func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{132}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *ListAdaptersResponse) GetRevision() uint64 {
@@ -9502,6 +10039,243 @@ func (x *ListAdaptersResponse) GetRevision() uint64 {
 func (x *ListAdaptersResponse) GetAdapters() []*AdapterView {
 	if x != nil {
 		return x.Adapters
+	}
+	return nil
+}
+
+type ModelStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStatusRequest) Reset() {
+	*x = ModelStatusRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[138]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStatusRequest) ProtoMessage() {}
+
+func (x *ModelStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[138]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStatusRequest.ProtoReflect.Descriptor instead.
+func (*ModelStatusRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{138}
+}
+
+func (x *ModelStatusRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ScaleEvent is one decision of the autoscaler, or one it could not take.
+type ScaleEvent struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	UnixMs int64                  `protobuf:"varint,1,opt,name=unix_ms,json=unixMs,proto3" json:"unix_ms,omitempty"`
+	From   uint32                 `protobuf:"varint,2,opt,name=from,proto3" json:"from,omitempty"`
+	To     uint32                 `protobuf:"varint,3,opt,name=to,proto3" json:"to,omitempty"`
+	Reason string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Set when the step could not be taken (no GPU, a replica still
+	// starting): the count stayed.
+	Blocked       bool `protobuf:"varint,5,opt,name=blocked,proto3" json:"blocked,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScaleEvent) Reset() {
+	*x = ScaleEvent{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[139]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScaleEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScaleEvent) ProtoMessage() {}
+
+func (x *ScaleEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[139]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScaleEvent.ProtoReflect.Descriptor instead.
+func (*ScaleEvent) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{139}
+}
+
+func (x *ScaleEvent) GetUnixMs() int64 {
+	if x != nil {
+		return x.UnixMs
+	}
+	return 0
+}
+
+func (x *ScaleEvent) GetFrom() uint32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *ScaleEvent) GetTo() uint32 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+func (x *ScaleEvent) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *ScaleEvent) GetBlocked() bool {
+	if x != nil {
+		return x.Blocked
+	}
+	return false
+}
+
+type ModelStatusResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Model *Model                 `protobuf:"bytes,1,opt,name=model,proto3" json:"model,omitempty"`
+	// The count placement works to: the autoscaler's, or replicas.
+	Desired  uint32 `protobuf:"varint,2,opt,name=desired,proto3" json:"desired,omitempty"`
+	Placed   uint32 `protobuf:"varint,3,opt,name=placed,proto3" json:"placed,omitempty"`
+	Ready    uint32 `protobuf:"varint,4,opt,name=ready,proto3" json:"ready,omitempty"`
+	Sleeping uint32 `protobuf:"varint,5,opt,name=sleeping,proto3" json:"sleeping,omitempty"`
+	// Why replicas are missing, in words (no fitting node, GPUs in use by
+	// whom); empty when every desired replica is placed.
+	UnplacedReason string      `protobuf:"bytes,6,opt,name=unplaced_reason,json=unplacedReason,proto3" json:"unplaced_reason,omitempty"`
+	Scale          *ModelScale `protobuf:"bytes,7,opt,name=scale,proto3" json:"scale,omitempty"`
+	// The leader's newest decisions first, at most 20; empty when this
+	// server is not the leader or has just become it.
+	Events []*ScaleEvent `protobuf:"bytes,8,rep,name=events,proto3" json:"events,omitempty"`
+	// The demand the last decision saw, summed over the routers.
+	Demand        *ModelDemand `protobuf:"bytes,9,opt,name=demand,proto3" json:"demand,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ModelStatusResponse) Reset() {
+	*x = ModelStatusResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[140]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ModelStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ModelStatusResponse) ProtoMessage() {}
+
+func (x *ModelStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[140]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ModelStatusResponse.ProtoReflect.Descriptor instead.
+func (*ModelStatusResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{140}
+}
+
+func (x *ModelStatusResponse) GetModel() *Model {
+	if x != nil {
+		return x.Model
+	}
+	return nil
+}
+
+func (x *ModelStatusResponse) GetDesired() uint32 {
+	if x != nil {
+		return x.Desired
+	}
+	return 0
+}
+
+func (x *ModelStatusResponse) GetPlaced() uint32 {
+	if x != nil {
+		return x.Placed
+	}
+	return 0
+}
+
+func (x *ModelStatusResponse) GetReady() uint32 {
+	if x != nil {
+		return x.Ready
+	}
+	return 0
+}
+
+func (x *ModelStatusResponse) GetSleeping() uint32 {
+	if x != nil {
+		return x.Sleeping
+	}
+	return 0
+}
+
+func (x *ModelStatusResponse) GetUnplacedReason() string {
+	if x != nil {
+		return x.UnplacedReason
+	}
+	return ""
+}
+
+func (x *ModelStatusResponse) GetScale() *ModelScale {
+	if x != nil {
+		return x.Scale
+	}
+	return nil
+}
+
+func (x *ModelStatusResponse) GetEvents() []*ScaleEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ModelStatusResponse) GetDemand() *ModelDemand {
+	if x != nil {
+		return x.Demand
 	}
 	return nil
 }
@@ -9532,7 +10306,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\x0e\n" +
 	"\f_speculationB\x0e\n" +
-	"\f_kv_affinity\"\xdb\b\n" +
+	"\f_kv_affinity\"\xc2\t\n" +
 	"\x05Model\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06engine\x18\x02 \x01(\tR\x06engine\x12\x14\n" +
@@ -9563,10 +10337,34 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fcreated_unix\x18\x19 \x01(\x03R\vcreatedUnix\x12(\n" +
 	"\x10kv_events_listen\x18\x1a \x03(\tR\x0ekvEventsListen\x12&\n" +
 	"\x0fkv_events_allow\x18\x1b \x03(\tR\rkvEventsAllow\x123\n" +
-	"\x16kv_events_buffer_steps\x18\x1c \x01(\rR\x13kvEventsBufferSteps\x1a?\n" +
+	"\x16kv_events_buffer_steps\x18\x1c \x01(\rR\x13kvEventsBufferSteps\x121\n" +
+	"\tautoscale\x18\x1d \x01(\v2\x13.llmgw.v1.AutoscaleR\tautoscale\x12\x1a\n" +
+	"\bpriority\x18\x1e \x01(\x05R\bpriority\x12\x16\n" +
+	"\x06pinned\x18\x1f \x01(\bR\x06pinned\x1a?\n" +
 	"\x11NodeSelectorEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xf3\x02\n" +
+	"\tAutoscale\x12\x10\n" +
+	"\x03min\x18\x01 \x01(\rR\x03min\x12\x10\n" +
+	"\x03max\x18\x02 \x01(\rR\x03max\x12%\n" +
+	"\x0etarget_waiting\x18\x03 \x01(\x01R\rtargetWaiting\x12&\n" +
+	"\x0ftarget_kv_usage\x18\x04 \x01(\x01R\rtargetKvUsage\x12%\n" +
+	"\x0fttft_p90_slo_ms\x18\x05 \x01(\rR\fttftP90SloMs\x12+\n" +
+	"\x12scale_down_after_s\x18\x06 \x01(\rR\x0fscaleDownAfterS\x12\x1d\n" +
+	"\n" +
+	"cooldown_s\x18\a \x01(\rR\tcooldownS\x12$\n" +
+	"\x0ehold_timeout_s\x18\b \x01(\rR\fholdTimeoutS\x12\x19\n" +
+	"\bmax_held\x18\t \x01(\rR\amaxHeld\x12)\n" +
+	"\x10warm_concurrency\x18\n" +
+	" \x01(\rR\x0fwarmConcurrency\x12\x14\n" +
+	"\x05sleep\x18\v \x01(\bR\x05sleep\"\x9a\x01\n" +
+	"\n" +
+	"ModelScale\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1a\n" +
+	"\breplicas\x18\x02 \x01(\rR\breplicas\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12&\n" +
+	"\x0fdecided_unix_ms\x18\x04 \x01(\x03R\rdecidedUnixMs\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\"\x92\x03\n" +
 	"\x04Node\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x12\n" +
@@ -9584,7 +10382,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"/\n" +
 	"\x05Shard\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x12\n" +
-	"\x04rank\x18\x02 \x01(\rR\x04rank\"\xb2\x02\n" +
+	"\x04rank\x18\x02 \x01(\rR\x04rank\"\xce\x02\n" +
 	"\aReplica\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12\x14\n" +
@@ -9598,7 +10396,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\brevision\x18\t \x01(\x04R\brevision\x12%\n" +
 	"\x0emodel_revision\x18\n" +
 	" \x01(\x04R\rmodelRevision\x12\x1a\n" +
-	"\bendpoint\x18\v \x01(\tR\bendpoint\"\xf1\x01\n" +
+	"\bendpoint\x18\v \x01(\tR\bendpoint\x12\x1a\n" +
+	"\bsleeping\x18\f \x01(\bR\bsleeping\"\xf1\x01\n" +
 	"\rClusterConfig\x12\x1f\n" +
 	"\vmin_version\x18\x01 \x01(\tR\n" +
 	"minVersion\x12,\n" +
@@ -9607,7 +10406,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\x12*\n" +
 	"\x11api_keys_required\x18\x05 \x01(\bR\x0fapiKeysRequired\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\xbb\x05\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\xe9\x05\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
@@ -9622,7 +10421,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	" \x03(\v2\x10.llmgw.v1.ApiKeyR\aapiKeys\x12*\n" +
 	"\atenants\x18\v \x03(\v2\x10.llmgw.v1.TenantR\atenants\x12(\n" +
 	"\x05usage\x18\f \x03(\v2\x12.llmgw.v1.UsageRowR\x05usage\x12:\n" +
-	"\rusage_cursors\x18\r \x03(\v2\x15.llmgw.v1.UsageCursorR\fusageCursors\x1a>\n" +
+	"\rusage_cursors\x18\r \x03(\v2\x15.llmgw.v1.UsageCursorR\fusageCursors\x12,\n" +
+	"\x06scales\x18\x0e \x03(\v2\x14.llmgw.v1.ModelScaleR\x06scales\x1a>\n" +
 	"\x10NextOrdinalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb0\x01\n" +
@@ -9712,7 +10512,16 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"D\n" +
 	"\x16SetApiKeyTenantCommand\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
-	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x80\x01\n" +
+	"\x06tenant\x18\x02 \x01(\tR\x06tenant\"\x87\x01\n" +
+	"\x14SetModelScaleCommand\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1a\n" +
+	"\breplicas\x18\x02 \x01(\rR\breplicas\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12%\n" +
+	"\x0emodel_revision\x18\x04 \x01(\x04R\rmodelRevision\"Y\n" +
+	"\x19SetReplicaSleepingCommand\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12\x1a\n" +
+	"\bsleeping\x18\x03 \x01(\bR\bsleeping\"\x80\x01\n" +
 	"\x12RecordUsageCommand\x12\x16\n" +
 	"\x06router\x18\x01 \x01(\tR\x06router\x12\x18\n" +
 	"\asession\x18\x02 \x01(\x04R\asession\x12\x10\n" +
@@ -10132,12 +10941,23 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06queued\x18\x04 \x01(\x04R\x06queued\x12!\n" +
 	"\fqueued_bytes\x18\x05 \x01(\x04R\vqueuedBytes\x12$\n" +
 	"\x0eoldest_wait_ms\x18\x06 \x01(\x03R\foldestWaitMs\x12\x18\n" +
-	"\arouters\x18\a \x01(\rR\arouters\"k\n" +
+	"\arouters\x18\a \x01(\rR\arouters\"\x9a\x01\n" +
 	"\n" +
 	"FlowReport\x12\x16\n" +
 	"\x06router\x18\x01 \x01(\tR\x06router\x12\x18\n" +
 	"\asession\x18\x02 \x01(\x04R\asession\x12+\n" +
-	"\x06depths\x18\x03 \x03(\v2\x13.llmgw.v1.FlowDepthR\x06depths\"R\n" +
+	"\x06depths\x18\x03 \x03(\v2\x13.llmgw.v1.FlowDepthR\x06depths\x12-\n" +
+	"\x06demand\x18\x04 \x03(\v2\x15.llmgw.v1.ModelDemandR\x06demand\"\xe8\x01\n" +
+	"\vModelDemand\x12\x14\n" +
+	"\x05model\x18\x01 \x01(\tR\x05model\x12\x12\n" +
+	"\x04held\x18\x02 \x01(\x04R\x04held\x12\x18\n" +
+	"\awaiting\x18\x03 \x01(\x01R\awaiting\x12\x18\n" +
+	"\arunning\x18\x04 \x01(\x01R\arunning\x12 \n" +
+	"\fkv_usage_sum\x18\x05 \x01(\x01R\n" +
+	"kvUsageSum\x12\x1a\n" +
+	"\breplicas\x18\x06 \x01(\rR\breplicas\x12!\n" +
+	"\fttft_buckets\x18\a \x03(\x04R\vttftBuckets\x12\x1a\n" +
+	"\brequests\x18\b \x01(\x04R\brequests\"R\n" +
 	"\bFlowView\x12+\n" +
 	"\x06depths\x18\x01 \x03(\v2\x13.llmgw.v1.FlowDepthR\x06depths\x12\x19\n" +
 	"\bvalid_ms\x18\x02 \x01(\x03R\avalidMs\"\x13\n" +
@@ -10163,12 +10983,31 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\bstatuses\x18\x05 \x03(\v2\x17.llmgw.v1.AdapterStatusR\bstatuses\"e\n" +
 	"\x14ListAdaptersResponse\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x121\n" +
-	"\badapters\x18\x02 \x03(\v2\x15.llmgw.v1.AdapterViewR\badapters*l\n" +
+	"\badapters\x18\x02 \x03(\v2\x15.llmgw.v1.AdapterViewR\badapters\"(\n" +
+	"\x12ModelStatusRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"{\n" +
+	"\n" +
+	"ScaleEvent\x12\x17\n" +
+	"\aunix_ms\x18\x01 \x01(\x03R\x06unixMs\x12\x12\n" +
+	"\x04from\x18\x02 \x01(\rR\x04from\x12\x0e\n" +
+	"\x02to\x18\x03 \x01(\rR\x02to\x12\x16\n" +
+	"\x06reason\x18\x04 \x01(\tR\x06reason\x12\x18\n" +
+	"\ablocked\x18\x05 \x01(\bR\ablocked\"\xd2\x02\n" +
+	"\x13ModelStatusResponse\x12%\n" +
+	"\x05model\x18\x01 \x01(\v2\x0f.llmgw.v1.ModelR\x05model\x12\x18\n" +
+	"\adesired\x18\x02 \x01(\rR\adesired\x12\x16\n" +
+	"\x06placed\x18\x03 \x01(\rR\x06placed\x12\x14\n" +
+	"\x05ready\x18\x04 \x01(\rR\x05ready\x12\x1a\n" +
+	"\bsleeping\x18\x05 \x01(\rR\bsleeping\x12'\n" +
+	"\x0funplaced_reason\x18\x06 \x01(\tR\x0eunplacedReason\x12*\n" +
+	"\x05scale\x18\a \x01(\v2\x14.llmgw.v1.ModelScaleR\x05scale\x12,\n" +
+	"\x06events\x18\b \x03(\v2\x14.llmgw.v1.ScaleEventR\x06events\x12-\n" +
+	"\x06demand\x18\t \x01(\v2\x15.llmgw.v1.ModelDemandR\x06demand*l\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\x8e\x05\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\xd7\x05\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -10189,7 +11028,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x17COMMAND_TYPE_PUT_TENANT\x10\x0f\x12\x1e\n" +
 	"\x1aCOMMAND_TYPE_DELETE_TENANT\x10\x10\x12#\n" +
 	"\x1fCOMMAND_TYPE_SET_API_KEY_TENANT\x10\x11\x12\x1d\n" +
-	"\x19COMMAND_TYPE_RECORD_USAGE\x10\x12*\xee\x01\n" +
+	"\x19COMMAND_TYPE_RECORD_USAGE\x10\x12\x12 \n" +
+	"\x1cCOMMAND_TYPE_SET_MODEL_SCALE\x10\x13\x12%\n" +
+	"!COMMAND_TYPE_SET_REPLICA_SLEEPING\x10\x14*\x8a\x02\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -10198,7 +11039,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x18REPLICA_PHASE_RESTARTING\x10\x04\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STOPPING\x10\x05\x12\x19\n" +
 	"\x15REPLICA_PHASE_STOPPED\x10\x06\x12\x18\n" +
-	"\x14REPLICA_PHASE_FAILED\x10\a*\x99\x01\n" +
+	"\x14REPLICA_PHASE_FAILED\x10\a\x12\x1a\n" +
+	"\x16REPLICA_PHASE_SLEEPING\x10\b*\x99\x01\n" +
 	"\fAdapterState\x12\x1d\n" +
 	"\x19ADAPTER_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ADAPTER_STATE_LOADING\x10\x01\x12\x18\n" +
@@ -10227,7 +11069,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xcf\x10\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\x9b\x11\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -10259,7 +11101,8 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fDeleteTenant\x12\x1d.llmgw.v1.DeleteTenantRequest\x1a\x1e.llmgw.v1.DeleteTenantResponse\x12G\n" +
 	"\n" +
 	"FlowStatus\x12\x1b.llmgw.v1.FlowStatusRequest\x1a\x1c.llmgw.v1.FlowStatusResponse\x128\n" +
-	"\x05Usage\x12\x16.llmgw.v1.UsageRequest\x1a\x17.llmgw.v1.UsageResponse\x12>\n" +
+	"\x05Usage\x12\x16.llmgw.v1.UsageRequest\x1a\x17.llmgw.v1.UsageResponse\x12J\n" +
+	"\vModelStatus\x12\x1c.llmgw.v1.ModelStatusRequest\x1a\x1d.llmgw.v1.ModelStatusResponse\x12>\n" +
 	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse\x12E\n" +
 	"\fListAdapters\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListAdaptersResponse2T\n" +
 	"\vLoadService\x12E\n" +
@@ -10289,7 +11132,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 140)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 148)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -10301,337 +11144,354 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*Adapter)(nil),                    // 7: llmgw.v1.Adapter
 	(*ProfileOverrides)(nil),           // 8: llmgw.v1.ProfileOverrides
 	(*Model)(nil),                      // 9: llmgw.v1.Model
-	(*Node)(nil),                       // 10: llmgw.v1.Node
-	(*Shard)(nil),                      // 11: llmgw.v1.Shard
-	(*Replica)(nil),                    // 12: llmgw.v1.Replica
-	(*ClusterConfig)(nil),              // 13: llmgw.v1.ClusterConfig
-	(*State)(nil),                      // 14: llmgw.v1.State
-	(*ApiKey)(nil),                     // 15: llmgw.v1.ApiKey
-	(*TenantLimits)(nil),               // 16: llmgw.v1.TenantLimits
-	(*TokenWeights)(nil),               // 17: llmgw.v1.TokenWeights
-	(*TenantModelLimits)(nil),          // 18: llmgw.v1.TenantModelLimits
-	(*Tenant)(nil),                     // 19: llmgw.v1.Tenant
-	(*UsageCounts)(nil),                // 20: llmgw.v1.UsageCounts
-	(*UsageRow)(nil),                   // 21: llmgw.v1.UsageRow
-	(*UsageCursor)(nil),                // 22: llmgw.v1.UsageCursor
-	(*ServerRemoval)(nil),              // 23: llmgw.v1.ServerRemoval
-	(*AdapterPlacement)(nil),           // 24: llmgw.v1.AdapterPlacement
-	(*Command)(nil),                    // 25: llmgw.v1.Command
-	(*UpsertModelCommand)(nil),         // 26: llmgw.v1.UpsertModelCommand
-	(*DeleteModelCommand)(nil),         // 27: llmgw.v1.DeleteModelCommand
-	(*PutApiKeyCommand)(nil),           // 28: llmgw.v1.PutApiKeyCommand
-	(*DeleteApiKeyCommand)(nil),        // 29: llmgw.v1.DeleteApiKeyCommand
-	(*SetApiKeysRequiredCommand)(nil),  // 30: llmgw.v1.SetApiKeysRequiredCommand
-	(*PutTenantCommand)(nil),           // 31: llmgw.v1.PutTenantCommand
-	(*DeleteTenantCommand)(nil),        // 32: llmgw.v1.DeleteTenantCommand
-	(*SetApiKeyTenantCommand)(nil),     // 33: llmgw.v1.SetApiKeyTenantCommand
-	(*RecordUsageCommand)(nil),         // 34: llmgw.v1.RecordUsageCommand
-	(*RegisterNodeCommand)(nil),        // 35: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),        // 36: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),        // 37: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),       // 38: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil),  // 39: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),    // 40: llmgw.v1.SetClusterConfigCommand
-	(*SetAdapterPlacementCommand)(nil), // 41: llmgw.v1.SetAdapterPlacementCommand
-	(*SetNodeLabelsCommand)(nil),       // 42: llmgw.v1.SetNodeLabelsCommand
-	(*SetServerRemovedCommand)(nil),    // 43: llmgw.v1.SetServerRemovedCommand
-	(*ReplicaStatus)(nil),              // 44: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 45: llmgw.v1.EphemeralUpdate
-	(*AdapterStatus)(nil),              // 46: llmgw.v1.AdapterStatus
-	(*KVBlocks)(nil),                   // 47: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 48: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 49: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 50: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 51: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 52: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 53: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 54: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 55: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 56: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 57: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 58: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 59: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 60: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 61: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 62: llmgw.v1.WatchEvent
-	(*CreateApiKeyRequest)(nil),        // 63: llmgw.v1.CreateApiKeyRequest
-	(*SetApiKeyTenantRequest)(nil),     // 64: llmgw.v1.SetApiKeyTenantRequest
-	(*SetApiKeyTenantResponse)(nil),    // 65: llmgw.v1.SetApiKeyTenantResponse
-	(*PutTenantRequest)(nil),           // 66: llmgw.v1.PutTenantRequest
-	(*PutTenantResponse)(nil),          // 67: llmgw.v1.PutTenantResponse
-	(*GetTenantRequest)(nil),           // 68: llmgw.v1.GetTenantRequest
-	(*ListTenantsResponse)(nil),        // 69: llmgw.v1.ListTenantsResponse
-	(*DeleteTenantRequest)(nil),        // 70: llmgw.v1.DeleteTenantRequest
-	(*DeleteTenantResponse)(nil),       // 71: llmgw.v1.DeleteTenantResponse
-	(*UsageRequest)(nil),               // 72: llmgw.v1.UsageRequest
-	(*UsageResponse)(nil),              // 73: llmgw.v1.UsageResponse
-	(*CreateApiKeyResponse)(nil),       // 74: llmgw.v1.CreateApiKeyResponse
-	(*SetApiKeysRequiredRequest)(nil),  // 75: llmgw.v1.SetApiKeysRequiredRequest
-	(*SetApiKeysRequiredResponse)(nil), // 76: llmgw.v1.SetApiKeysRequiredResponse
-	(*ListApiKeysResponse)(nil),        // 77: llmgw.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),        // 78: llmgw.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),       // 79: llmgw.v1.RevokeApiKeyResponse
-	(*KeyringRequest)(nil),             // 80: llmgw.v1.KeyringRequest
-	(*KeyringKey)(nil),                 // 81: llmgw.v1.KeyringKey
-	(*ServerKeyring)(nil),              // 82: llmgw.v1.ServerKeyring
-	(*KeyringResponse)(nil),            // 83: llmgw.v1.KeyringResponse
-	(*SetNodeLabelsRequest)(nil),       // 84: llmgw.v1.SetNodeLabelsRequest
-	(*SetNodeLabelsResponse)(nil),      // 85: llmgw.v1.SetNodeLabelsResponse
-	(*SnapshotSaveRequest)(nil),        // 86: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 87: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 88: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 89: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 90: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 91: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 92: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 93: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 94: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 95: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 96: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 97: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 98: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 99: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 100: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 101: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 102: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 103: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 104: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 105: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 106: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 107: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 108: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 109: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 110: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 111: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 112: llmgw.v1.ReplicaView
-	(*ReplicaKV)(nil),                  // 113: llmgw.v1.ReplicaKV
-	(*ListReplicasResponse)(nil),       // 114: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 115: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 116: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 117: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 118: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 119: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 120: llmgw.v1.EnsureAdapterRequest
-	(*AdapterUseReport)(nil),           // 121: llmgw.v1.AdapterUseReport
-	(*AdapterUseReportResponse)(nil),   // 122: llmgw.v1.AdapterUseReportResponse
-	(*EnsureAdapterResponse)(nil),      // 123: llmgw.v1.EnsureAdapterResponse
-	(*Scope)(nil),                      // 124: llmgw.v1.Scope
-	(*ShareClaim)(nil),                 // 125: llmgw.v1.ShareClaim
-	(*LeaseRequest)(nil),               // 126: llmgw.v1.LeaseRequest
-	(*ShareGrant)(nil),                 // 127: llmgw.v1.ShareGrant
-	(*LeaseResponse)(nil),              // 128: llmgw.v1.LeaseResponse
-	(*RecordUsageResponse)(nil),        // 129: llmgw.v1.RecordUsageResponse
-	(*FlowDepth)(nil),                  // 130: llmgw.v1.FlowDepth
-	(*FlowReport)(nil),                 // 131: llmgw.v1.FlowReport
-	(*FlowView)(nil),                   // 132: llmgw.v1.FlowView
-	(*FlowStatusRequest)(nil),          // 133: llmgw.v1.FlowStatusRequest
-	(*FlowRouterDepths)(nil),           // 134: llmgw.v1.FlowRouterDepths
-	(*FlowStatusResponse)(nil),         // 135: llmgw.v1.FlowStatusResponse
-	(*RegisterNodeRequest)(nil),        // 136: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 137: llmgw.v1.RegisterNodeResponse
-	(*AdapterView)(nil),                // 138: llmgw.v1.AdapterView
-	(*ListAdaptersResponse)(nil),       // 139: llmgw.v1.ListAdaptersResponse
-	nil,                                // 140: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 141: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 142: llmgw.v1.Node.LabelsEntry
-	nil,                                // 143: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 144: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 145: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 146: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*Autoscale)(nil),                  // 10: llmgw.v1.Autoscale
+	(*ModelScale)(nil),                 // 11: llmgw.v1.ModelScale
+	(*Node)(nil),                       // 12: llmgw.v1.Node
+	(*Shard)(nil),                      // 13: llmgw.v1.Shard
+	(*Replica)(nil),                    // 14: llmgw.v1.Replica
+	(*ClusterConfig)(nil),              // 15: llmgw.v1.ClusterConfig
+	(*State)(nil),                      // 16: llmgw.v1.State
+	(*ApiKey)(nil),                     // 17: llmgw.v1.ApiKey
+	(*TenantLimits)(nil),               // 18: llmgw.v1.TenantLimits
+	(*TokenWeights)(nil),               // 19: llmgw.v1.TokenWeights
+	(*TenantModelLimits)(nil),          // 20: llmgw.v1.TenantModelLimits
+	(*Tenant)(nil),                     // 21: llmgw.v1.Tenant
+	(*UsageCounts)(nil),                // 22: llmgw.v1.UsageCounts
+	(*UsageRow)(nil),                   // 23: llmgw.v1.UsageRow
+	(*UsageCursor)(nil),                // 24: llmgw.v1.UsageCursor
+	(*ServerRemoval)(nil),              // 25: llmgw.v1.ServerRemoval
+	(*AdapterPlacement)(nil),           // 26: llmgw.v1.AdapterPlacement
+	(*Command)(nil),                    // 27: llmgw.v1.Command
+	(*UpsertModelCommand)(nil),         // 28: llmgw.v1.UpsertModelCommand
+	(*DeleteModelCommand)(nil),         // 29: llmgw.v1.DeleteModelCommand
+	(*PutApiKeyCommand)(nil),           // 30: llmgw.v1.PutApiKeyCommand
+	(*DeleteApiKeyCommand)(nil),        // 31: llmgw.v1.DeleteApiKeyCommand
+	(*SetApiKeysRequiredCommand)(nil),  // 32: llmgw.v1.SetApiKeysRequiredCommand
+	(*PutTenantCommand)(nil),           // 33: llmgw.v1.PutTenantCommand
+	(*DeleteTenantCommand)(nil),        // 34: llmgw.v1.DeleteTenantCommand
+	(*SetApiKeyTenantCommand)(nil),     // 35: llmgw.v1.SetApiKeyTenantCommand
+	(*SetModelScaleCommand)(nil),       // 36: llmgw.v1.SetModelScaleCommand
+	(*SetReplicaSleepingCommand)(nil),  // 37: llmgw.v1.SetReplicaSleepingCommand
+	(*RecordUsageCommand)(nil),         // 38: llmgw.v1.RecordUsageCommand
+	(*RegisterNodeCommand)(nil),        // 39: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 40: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 41: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 42: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 43: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 44: llmgw.v1.SetClusterConfigCommand
+	(*SetAdapterPlacementCommand)(nil), // 45: llmgw.v1.SetAdapterPlacementCommand
+	(*SetNodeLabelsCommand)(nil),       // 46: llmgw.v1.SetNodeLabelsCommand
+	(*SetServerRemovedCommand)(nil),    // 47: llmgw.v1.SetServerRemovedCommand
+	(*ReplicaStatus)(nil),              // 48: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 49: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 50: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 51: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 52: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 53: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 54: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 55: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 56: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 57: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 58: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 59: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 60: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 61: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 62: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 63: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 64: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 65: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 66: llmgw.v1.WatchEvent
+	(*CreateApiKeyRequest)(nil),        // 67: llmgw.v1.CreateApiKeyRequest
+	(*SetApiKeyTenantRequest)(nil),     // 68: llmgw.v1.SetApiKeyTenantRequest
+	(*SetApiKeyTenantResponse)(nil),    // 69: llmgw.v1.SetApiKeyTenantResponse
+	(*PutTenantRequest)(nil),           // 70: llmgw.v1.PutTenantRequest
+	(*PutTenantResponse)(nil),          // 71: llmgw.v1.PutTenantResponse
+	(*GetTenantRequest)(nil),           // 72: llmgw.v1.GetTenantRequest
+	(*ListTenantsResponse)(nil),        // 73: llmgw.v1.ListTenantsResponse
+	(*DeleteTenantRequest)(nil),        // 74: llmgw.v1.DeleteTenantRequest
+	(*DeleteTenantResponse)(nil),       // 75: llmgw.v1.DeleteTenantResponse
+	(*UsageRequest)(nil),               // 76: llmgw.v1.UsageRequest
+	(*UsageResponse)(nil),              // 77: llmgw.v1.UsageResponse
+	(*CreateApiKeyResponse)(nil),       // 78: llmgw.v1.CreateApiKeyResponse
+	(*SetApiKeysRequiredRequest)(nil),  // 79: llmgw.v1.SetApiKeysRequiredRequest
+	(*SetApiKeysRequiredResponse)(nil), // 80: llmgw.v1.SetApiKeysRequiredResponse
+	(*ListApiKeysResponse)(nil),        // 81: llmgw.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),        // 82: llmgw.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),       // 83: llmgw.v1.RevokeApiKeyResponse
+	(*KeyringRequest)(nil),             // 84: llmgw.v1.KeyringRequest
+	(*KeyringKey)(nil),                 // 85: llmgw.v1.KeyringKey
+	(*ServerKeyring)(nil),              // 86: llmgw.v1.ServerKeyring
+	(*KeyringResponse)(nil),            // 87: llmgw.v1.KeyringResponse
+	(*SetNodeLabelsRequest)(nil),       // 88: llmgw.v1.SetNodeLabelsRequest
+	(*SetNodeLabelsResponse)(nil),      // 89: llmgw.v1.SetNodeLabelsResponse
+	(*SnapshotSaveRequest)(nil),        // 90: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 91: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 92: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 93: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 94: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 95: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 96: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 97: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 98: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 99: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 100: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 101: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 102: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 103: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 104: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 105: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 106: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 107: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 108: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 109: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 110: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 111: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 112: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 113: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 114: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 115: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 116: llmgw.v1.ReplicaView
+	(*ReplicaKV)(nil),                  // 117: llmgw.v1.ReplicaKV
+	(*ListReplicasResponse)(nil),       // 118: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 119: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 120: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 121: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 122: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 123: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 124: llmgw.v1.EnsureAdapterRequest
+	(*AdapterUseReport)(nil),           // 125: llmgw.v1.AdapterUseReport
+	(*AdapterUseReportResponse)(nil),   // 126: llmgw.v1.AdapterUseReportResponse
+	(*EnsureAdapterResponse)(nil),      // 127: llmgw.v1.EnsureAdapterResponse
+	(*Scope)(nil),                      // 128: llmgw.v1.Scope
+	(*ShareClaim)(nil),                 // 129: llmgw.v1.ShareClaim
+	(*LeaseRequest)(nil),               // 130: llmgw.v1.LeaseRequest
+	(*ShareGrant)(nil),                 // 131: llmgw.v1.ShareGrant
+	(*LeaseResponse)(nil),              // 132: llmgw.v1.LeaseResponse
+	(*RecordUsageResponse)(nil),        // 133: llmgw.v1.RecordUsageResponse
+	(*FlowDepth)(nil),                  // 134: llmgw.v1.FlowDepth
+	(*FlowReport)(nil),                 // 135: llmgw.v1.FlowReport
+	(*ModelDemand)(nil),                // 136: llmgw.v1.ModelDemand
+	(*FlowView)(nil),                   // 137: llmgw.v1.FlowView
+	(*FlowStatusRequest)(nil),          // 138: llmgw.v1.FlowStatusRequest
+	(*FlowRouterDepths)(nil),           // 139: llmgw.v1.FlowRouterDepths
+	(*FlowStatusResponse)(nil),         // 140: llmgw.v1.FlowStatusResponse
+	(*RegisterNodeRequest)(nil),        // 141: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 142: llmgw.v1.RegisterNodeResponse
+	(*AdapterView)(nil),                // 143: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 144: llmgw.v1.ListAdaptersResponse
+	(*ModelStatusRequest)(nil),         // 145: llmgw.v1.ModelStatusRequest
+	(*ScaleEvent)(nil),                 // 146: llmgw.v1.ScaleEvent
+	(*ModelStatusResponse)(nil),        // 147: llmgw.v1.ModelStatusResponse
+	nil,                                // 148: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 149: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 150: llmgw.v1.Node.LabelsEntry
+	nil,                                // 151: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 152: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 153: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 154: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	140, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	141, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	148, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	149, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	8,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	7,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
-	142, // 4: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
-	0,   // 5: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
-	11,  // 6: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
-	9,   // 7: llmgw.v1.State.models:type_name -> llmgw.v1.Model
-	10,  // 8: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
-	12,  // 9: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
-	13,  // 10: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	143, // 11: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
-	24,  // 12: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
-	23,  // 13: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
-	15,  // 14: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
-	19,  // 15: llmgw.v1.State.tenants:type_name -> llmgw.v1.Tenant
-	21,  // 16: llmgw.v1.State.usage:type_name -> llmgw.v1.UsageRow
-	22,  // 17: llmgw.v1.State.usage_cursors:type_name -> llmgw.v1.UsageCursor
-	16,  // 18: llmgw.v1.TenantModelLimits.limits:type_name -> llmgw.v1.TenantLimits
-	16,  // 19: llmgw.v1.Tenant.limits:type_name -> llmgw.v1.TenantLimits
-	18,  // 20: llmgw.v1.Tenant.model_limits:type_name -> llmgw.v1.TenantModelLimits
-	17,  // 21: llmgw.v1.Tenant.weights:type_name -> llmgw.v1.TokenWeights
-	20,  // 22: llmgw.v1.UsageRow.counts:type_name -> llmgw.v1.UsageCounts
-	1,   // 23: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
-	9,   // 24: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
-	15,  // 25: llmgw.v1.PutApiKeyCommand.key:type_name -> llmgw.v1.ApiKey
-	19,  // 26: llmgw.v1.PutTenantCommand.tenant:type_name -> llmgw.v1.Tenant
-	21,  // 27: llmgw.v1.RecordUsageCommand.rows:type_name -> llmgw.v1.UsageRow
-	10,  // 28: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
-	0,   // 29: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
-	12,  // 30: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
-	13,  // 31: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
-	24,  // 32: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	144, // 33: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
-	2,   // 34: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	44,  // 35: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	47,  // 36: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	46,  // 37: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
-	3,   // 38: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
-	10,  // 39: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	44,  // 40: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	50,  // 41: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	45,  // 42: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	49,  // 43: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	48,  // 44: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	12,  // 45: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	9,   // 46: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	24,  // 47: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
-	52,  // 48: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	53,  // 49: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	49,  // 50: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	55,  // 51: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	56,  // 52: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	48,  // 53: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	4,   // 54: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	9,   // 55: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	10,  // 56: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	12,  // 57: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	13,  // 58: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	24,  // 59: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
-	15,  // 60: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
-	19,  // 61: llmgw.v1.Change.tenant:type_name -> llmgw.v1.Tenant
-	59,  // 62: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	58,  // 63: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	60,  // 64: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	45,  // 65: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	56,  // 66: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	49,  // 67: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	61,  // 68: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	19,  // 69: llmgw.v1.PutTenantRequest.tenant:type_name -> llmgw.v1.Tenant
-	19,  // 70: llmgw.v1.PutTenantResponse.tenant:type_name -> llmgw.v1.Tenant
-	19,  // 71: llmgw.v1.ListTenantsResponse.tenants:type_name -> llmgw.v1.Tenant
-	21,  // 72: llmgw.v1.UsageResponse.rows:type_name -> llmgw.v1.UsageRow
-	15,  // 73: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
-	15,  // 74: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
-	5,   // 75: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
-	81,  // 76: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
-	82,  // 77: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	145, // 78: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
-	10,  // 79: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
-	96,  // 80: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	99,  // 81: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
-	9,   // 82: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	9,   // 83: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	9,   // 84: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	10,  // 85: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	146, // 86: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	12,  // 87: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	44,  // 88: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	113, // 89: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
-	112, // 90: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	48,  // 91: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	118, // 92: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	46,  // 93: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
-	3,   // 94: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	6,   // 95: llmgw.v1.Scope.kind:type_name -> llmgw.v1.LimitKind
-	124, // 96: llmgw.v1.ShareClaim.scope:type_name -> llmgw.v1.Scope
-	125, // 97: llmgw.v1.LeaseRequest.claims:type_name -> llmgw.v1.ShareClaim
-	124, // 98: llmgw.v1.ShareGrant.scope:type_name -> llmgw.v1.Scope
-	127, // 99: llmgw.v1.LeaseResponse.grants:type_name -> llmgw.v1.ShareGrant
-	130, // 100: llmgw.v1.FlowReport.depths:type_name -> llmgw.v1.FlowDepth
-	130, // 101: llmgw.v1.FlowView.depths:type_name -> llmgw.v1.FlowDepth
-	130, // 102: llmgw.v1.FlowRouterDepths.depths:type_name -> llmgw.v1.FlowDepth
-	134, // 103: llmgw.v1.FlowStatusResponse.routers:type_name -> llmgw.v1.FlowRouterDepths
-	130, // 104: llmgw.v1.FlowStatusResponse.total:type_name -> llmgw.v1.FlowDepth
-	10,  // 105: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
-	10,  // 106: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	46,  // 107: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
-	138, // 108: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
-	51,  // 109: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	57,  // 110: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	105, // 111: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	107, // 112: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	109, // 113: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	109, // 114: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	109, // 115: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	115, // 116: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	89,  // 117: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	91,  // 118: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	93,  // 119: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	95,  // 120: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	98,  // 121: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	101, // 122: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	103, // 123: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	86,  // 124: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	87,  // 125: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	84,  // 126: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	63,  // 127: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	109, // 128: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	78,  // 129: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	75,  // 130: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
-	64,  // 131: llmgw.v1.AdminService.SetApiKeyTenant:input_type -> llmgw.v1.SetApiKeyTenantRequest
-	66,  // 132: llmgw.v1.AdminService.PutTenant:input_type -> llmgw.v1.PutTenantRequest
-	68,  // 133: llmgw.v1.AdminService.GetTenant:input_type -> llmgw.v1.GetTenantRequest
-	109, // 134: llmgw.v1.AdminService.ListTenants:input_type -> llmgw.v1.ListRequest
-	70,  // 135: llmgw.v1.AdminService.DeleteTenant:input_type -> llmgw.v1.DeleteTenantRequest
-	133, // 136: llmgw.v1.AdminService.FlowStatus:input_type -> llmgw.v1.FlowStatusRequest
-	72,  // 137: llmgw.v1.AdminService.Usage:input_type -> llmgw.v1.UsageRequest
-	80,  // 138: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	109, // 139: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
-	117, // 140: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	120, // 141: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	121, // 142: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
-	126, // 143: llmgw.v1.QuotaService.Lease:input_type -> llmgw.v1.LeaseRequest
-	34,  // 144: llmgw.v1.QuotaService.RecordUsage:input_type -> llmgw.v1.RecordUsageCommand
-	131, // 145: llmgw.v1.FlowService.Report:input_type -> llmgw.v1.FlowReport
-	136, // 146: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	80,  // 147: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	54,  // 148: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	62,  // 149: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	106, // 150: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	108, // 151: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	110, // 152: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	111, // 153: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	114, // 154: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	116, // 155: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	90,  // 156: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	92,  // 157: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	94,  // 158: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	97,  // 159: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	100, // 160: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	102, // 161: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	104, // 162: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	87,  // 163: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	88,  // 164: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	85,  // 165: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	74,  // 166: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	77,  // 167: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	79,  // 168: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	76,  // 169: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
-	65,  // 170: llmgw.v1.AdminService.SetApiKeyTenant:output_type -> llmgw.v1.SetApiKeyTenantResponse
-	67,  // 171: llmgw.v1.AdminService.PutTenant:output_type -> llmgw.v1.PutTenantResponse
-	19,  // 172: llmgw.v1.AdminService.GetTenant:output_type -> llmgw.v1.Tenant
-	69,  // 173: llmgw.v1.AdminService.ListTenants:output_type -> llmgw.v1.ListTenantsResponse
-	71,  // 174: llmgw.v1.AdminService.DeleteTenant:output_type -> llmgw.v1.DeleteTenantResponse
-	135, // 175: llmgw.v1.AdminService.FlowStatus:output_type -> llmgw.v1.FlowStatusResponse
-	73,  // 176: llmgw.v1.AdminService.Usage:output_type -> llmgw.v1.UsageResponse
-	83,  // 177: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	139, // 178: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
-	119, // 179: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	123, // 180: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	122, // 181: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
-	128, // 182: llmgw.v1.QuotaService.Lease:output_type -> llmgw.v1.LeaseResponse
-	129, // 183: llmgw.v1.QuotaService.RecordUsage:output_type -> llmgw.v1.RecordUsageResponse
-	132, // 184: llmgw.v1.FlowService.Report:output_type -> llmgw.v1.FlowView
-	137, // 185: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	82,  // 186: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	148, // [148:187] is the sub-list for method output_type
-	109, // [109:148] is the sub-list for method input_type
-	109, // [109:109] is the sub-list for extension type_name
-	109, // [109:109] is the sub-list for extension extendee
-	0,   // [0:109] is the sub-list for field type_name
+	10,  // 4: llmgw.v1.Model.autoscale:type_name -> llmgw.v1.Autoscale
+	150, // 5: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	0,   // 6: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
+	13,  // 7: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
+	9,   // 8: llmgw.v1.State.models:type_name -> llmgw.v1.Model
+	12,  // 9: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
+	14,  // 10: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
+	15,  // 11: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
+	151, // 12: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	26,  // 13: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
+	25,  // 14: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
+	17,  // 15: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
+	21,  // 16: llmgw.v1.State.tenants:type_name -> llmgw.v1.Tenant
+	23,  // 17: llmgw.v1.State.usage:type_name -> llmgw.v1.UsageRow
+	24,  // 18: llmgw.v1.State.usage_cursors:type_name -> llmgw.v1.UsageCursor
+	11,  // 19: llmgw.v1.State.scales:type_name -> llmgw.v1.ModelScale
+	18,  // 20: llmgw.v1.TenantModelLimits.limits:type_name -> llmgw.v1.TenantLimits
+	18,  // 21: llmgw.v1.Tenant.limits:type_name -> llmgw.v1.TenantLimits
+	20,  // 22: llmgw.v1.Tenant.model_limits:type_name -> llmgw.v1.TenantModelLimits
+	19,  // 23: llmgw.v1.Tenant.weights:type_name -> llmgw.v1.TokenWeights
+	22,  // 24: llmgw.v1.UsageRow.counts:type_name -> llmgw.v1.UsageCounts
+	1,   // 25: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
+	9,   // 26: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
+	17,  // 27: llmgw.v1.PutApiKeyCommand.key:type_name -> llmgw.v1.ApiKey
+	21,  // 28: llmgw.v1.PutTenantCommand.tenant:type_name -> llmgw.v1.Tenant
+	23,  // 29: llmgw.v1.RecordUsageCommand.rows:type_name -> llmgw.v1.UsageRow
+	12,  // 30: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
+	0,   // 31: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
+	14,  // 32: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
+	15,  // 33: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
+	26,  // 34: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
+	152, // 35: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	2,   // 36: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
+	48,  // 37: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	51,  // 38: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	50,  // 39: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	3,   // 40: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
+	12,  // 41: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	48,  // 42: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	54,  // 43: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	49,  // 44: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	53,  // 45: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	52,  // 46: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	14,  // 47: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	9,   // 48: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	26,  // 49: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
+	56,  // 50: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	57,  // 51: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	53,  // 52: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	59,  // 53: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	60,  // 54: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	52,  // 55: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	4,   // 56: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	9,   // 57: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	12,  // 58: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	14,  // 59: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	15,  // 60: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	26,  // 61: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
+	17,  // 62: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
+	21,  // 63: llmgw.v1.Change.tenant:type_name -> llmgw.v1.Tenant
+	63,  // 64: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	62,  // 65: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	64,  // 66: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	49,  // 67: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	60,  // 68: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	53,  // 69: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	65,  // 70: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	21,  // 71: llmgw.v1.PutTenantRequest.tenant:type_name -> llmgw.v1.Tenant
+	21,  // 72: llmgw.v1.PutTenantResponse.tenant:type_name -> llmgw.v1.Tenant
+	21,  // 73: llmgw.v1.ListTenantsResponse.tenants:type_name -> llmgw.v1.Tenant
+	23,  // 74: llmgw.v1.UsageResponse.rows:type_name -> llmgw.v1.UsageRow
+	17,  // 75: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
+	17,  // 76: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
+	5,   // 77: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
+	85,  // 78: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
+	86,  // 79: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
+	153, // 80: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	12,  // 81: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
+	100, // 82: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	103, // 83: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	9,   // 84: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	9,   // 85: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	9,   // 86: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	12,  // 87: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	154, // 88: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	14,  // 89: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	48,  // 90: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	117, // 91: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
+	116, // 92: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	52,  // 93: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	122, // 94: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	50,  // 95: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
+	3,   // 96: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	6,   // 97: llmgw.v1.Scope.kind:type_name -> llmgw.v1.LimitKind
+	128, // 98: llmgw.v1.ShareClaim.scope:type_name -> llmgw.v1.Scope
+	129, // 99: llmgw.v1.LeaseRequest.claims:type_name -> llmgw.v1.ShareClaim
+	128, // 100: llmgw.v1.ShareGrant.scope:type_name -> llmgw.v1.Scope
+	131, // 101: llmgw.v1.LeaseResponse.grants:type_name -> llmgw.v1.ShareGrant
+	134, // 102: llmgw.v1.FlowReport.depths:type_name -> llmgw.v1.FlowDepth
+	136, // 103: llmgw.v1.FlowReport.demand:type_name -> llmgw.v1.ModelDemand
+	134, // 104: llmgw.v1.FlowView.depths:type_name -> llmgw.v1.FlowDepth
+	134, // 105: llmgw.v1.FlowRouterDepths.depths:type_name -> llmgw.v1.FlowDepth
+	139, // 106: llmgw.v1.FlowStatusResponse.routers:type_name -> llmgw.v1.FlowRouterDepths
+	134, // 107: llmgw.v1.FlowStatusResponse.total:type_name -> llmgw.v1.FlowDepth
+	12,  // 108: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	12,  // 109: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	50,  // 110: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	143, // 111: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	9,   // 112: llmgw.v1.ModelStatusResponse.model:type_name -> llmgw.v1.Model
+	11,  // 113: llmgw.v1.ModelStatusResponse.scale:type_name -> llmgw.v1.ModelScale
+	146, // 114: llmgw.v1.ModelStatusResponse.events:type_name -> llmgw.v1.ScaleEvent
+	136, // 115: llmgw.v1.ModelStatusResponse.demand:type_name -> llmgw.v1.ModelDemand
+	55,  // 116: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	61,  // 117: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	109, // 118: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	111, // 119: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	113, // 120: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	113, // 121: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	113, // 122: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	119, // 123: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	93,  // 124: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	95,  // 125: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	97,  // 126: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	99,  // 127: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	102, // 128: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	105, // 129: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	107, // 130: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	90,  // 131: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	91,  // 132: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	88,  // 133: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	67,  // 134: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	113, // 135: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	82,  // 136: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	79,  // 137: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
+	68,  // 138: llmgw.v1.AdminService.SetApiKeyTenant:input_type -> llmgw.v1.SetApiKeyTenantRequest
+	70,  // 139: llmgw.v1.AdminService.PutTenant:input_type -> llmgw.v1.PutTenantRequest
+	72,  // 140: llmgw.v1.AdminService.GetTenant:input_type -> llmgw.v1.GetTenantRequest
+	113, // 141: llmgw.v1.AdminService.ListTenants:input_type -> llmgw.v1.ListRequest
+	74,  // 142: llmgw.v1.AdminService.DeleteTenant:input_type -> llmgw.v1.DeleteTenantRequest
+	138, // 143: llmgw.v1.AdminService.FlowStatus:input_type -> llmgw.v1.FlowStatusRequest
+	76,  // 144: llmgw.v1.AdminService.Usage:input_type -> llmgw.v1.UsageRequest
+	145, // 145: llmgw.v1.AdminService.ModelStatus:input_type -> llmgw.v1.ModelStatusRequest
+	84,  // 146: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	113, // 147: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	121, // 148: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	124, // 149: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	125, // 150: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
+	130, // 151: llmgw.v1.QuotaService.Lease:input_type -> llmgw.v1.LeaseRequest
+	38,  // 152: llmgw.v1.QuotaService.RecordUsage:input_type -> llmgw.v1.RecordUsageCommand
+	135, // 153: llmgw.v1.FlowService.Report:input_type -> llmgw.v1.FlowReport
+	141, // 154: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	84,  // 155: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	58,  // 156: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	66,  // 157: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	110, // 158: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	112, // 159: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	114, // 160: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	115, // 161: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	118, // 162: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	120, // 163: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	94,  // 164: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	96,  // 165: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	98,  // 166: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	101, // 167: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	104, // 168: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	106, // 169: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	108, // 170: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	91,  // 171: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	92,  // 172: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	89,  // 173: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	78,  // 174: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	81,  // 175: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	83,  // 176: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	80,  // 177: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
+	69,  // 178: llmgw.v1.AdminService.SetApiKeyTenant:output_type -> llmgw.v1.SetApiKeyTenantResponse
+	71,  // 179: llmgw.v1.AdminService.PutTenant:output_type -> llmgw.v1.PutTenantResponse
+	21,  // 180: llmgw.v1.AdminService.GetTenant:output_type -> llmgw.v1.Tenant
+	73,  // 181: llmgw.v1.AdminService.ListTenants:output_type -> llmgw.v1.ListTenantsResponse
+	75,  // 182: llmgw.v1.AdminService.DeleteTenant:output_type -> llmgw.v1.DeleteTenantResponse
+	140, // 183: llmgw.v1.AdminService.FlowStatus:output_type -> llmgw.v1.FlowStatusResponse
+	77,  // 184: llmgw.v1.AdminService.Usage:output_type -> llmgw.v1.UsageResponse
+	147, // 185: llmgw.v1.AdminService.ModelStatus:output_type -> llmgw.v1.ModelStatusResponse
+	87,  // 186: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	144, // 187: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	123, // 188: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	127, // 189: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	126, // 190: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
+	132, // 191: llmgw.v1.QuotaService.Lease:output_type -> llmgw.v1.LeaseResponse
+	133, // 192: llmgw.v1.QuotaService.RecordUsage:output_type -> llmgw.v1.RecordUsageResponse
+	137, // 193: llmgw.v1.FlowService.Report:output_type -> llmgw.v1.FlowView
+	142, // 194: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	86,  // 195: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	156, // [156:196] is the sub-list for method output_type
+	116, // [116:156] is the sub-list for method input_type
+	116, // [116:116] is the sub-list for extension type_name
+	116, // [116:116] is the sub-list for extension extendee
+	0,   // [0:116] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -10640,19 +11500,19 @@ func file_llmgw_v1_llmgw_proto_init() {
 		return
 	}
 	file_llmgw_v1_llmgw_proto_msgTypes[1].OneofWrappers = []any{}
-	file_llmgw_v1_llmgw_proto_msgTypes[44].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[48].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[47].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[51].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[51].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[55].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
@@ -10661,7 +11521,7 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*Change_ApiKey)(nil),
 		(*Change_Tenant)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[55].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[59].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -10670,14 +11530,14 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*WatchEvent_Heartbeat)(nil),
 		(*WatchEvent_Mark)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[109].OneofWrappers = []any{}
+	file_llmgw_v1_llmgw_proto_msgTypes[113].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   140,
+			NumMessages:   148,
 			NumExtensions: 0,
 			NumServices:   8,
 		},

@@ -262,6 +262,7 @@ const (
 	AdminService_DeleteTenant_FullMethodName       = "/llmgw.v1.AdminService/DeleteTenant"
 	AdminService_FlowStatus_FullMethodName         = "/llmgw.v1.AdminService/FlowStatus"
 	AdminService_Usage_FullMethodName              = "/llmgw.v1.AdminService/Usage"
+	AdminService_ModelStatus_FullMethodName        = "/llmgw.v1.AdminService/ModelStatus"
 	AdminService_Keyring_FullMethodName            = "/llmgw.v1.AdminService/Keyring"
 	AdminService_ListAdapters_FullMethodName       = "/llmgw.v1.AdminService/ListAdapters"
 )
@@ -325,6 +326,9 @@ type AdminServiceClient interface {
 	// them (design §7.8).
 	FlowStatus(ctx context.Context, in *FlowStatusRequest, opts ...grpc.CallOption) (*FlowStatusResponse, error)
 	Usage(ctx context.Context, in *UsageRequest, opts ...grpc.CallOption) (*UsageResponse, error)
+	// ModelStatus is a model's replicas and why any is missing, and its
+	// autoscaler's last decisions (design §5.7).
+	ModelStatus(ctx context.Context, in *ModelStatusRequest, opts ...grpc.CallOption) (*ModelStatusResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -626,6 +630,16 @@ func (c *adminServiceClient) Usage(ctx context.Context, in *UsageRequest, opts .
 	return out, nil
 }
 
+func (c *adminServiceClient) ModelStatus(ctx context.Context, in *ModelStatusRequest, opts ...grpc.CallOption) (*ModelStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ModelStatusResponse)
+	err := c.cc.Invoke(ctx, AdminService_ModelStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(KeyringResponse)
@@ -705,6 +719,9 @@ type AdminServiceServer interface {
 	// them (design §7.8).
 	FlowStatus(context.Context, *FlowStatusRequest) (*FlowStatusResponse, error)
 	Usage(context.Context, *UsageRequest) (*UsageResponse, error)
+	// ModelStatus is a model's replicas and why any is missing, and its
+	// autoscaler's last decisions (design §5.7).
+	ModelStatus(context.Context, *ModelStatusRequest) (*ModelStatusResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -804,6 +821,9 @@ func (UnimplementedAdminServiceServer) FlowStatus(context.Context, *FlowStatusRe
 }
 func (UnimplementedAdminServiceServer) Usage(context.Context, *UsageRequest) (*UsageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Usage not implemented")
+}
+func (UnimplementedAdminServiceServer) ModelStatus(context.Context, *ModelStatusRequest) (*ModelStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ModelStatus not implemented")
 }
 func (UnimplementedAdminServiceServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
@@ -1300,6 +1320,24 @@ func _AdminService_Usage_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ModelStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ModelStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ModelStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ModelStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ModelStatus(ctx, req.(*ModelStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(KeyringRequest)
 	if err := dec(in); err != nil {
@@ -1442,6 +1480,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Usage",
 			Handler:    _AdminService_Usage_Handler,
+		},
+		{
+			MethodName: "ModelStatus",
+			Handler:    _AdminService_ModelStatus_Handler,
 		},
 		{
 			MethodName: "Keyring",
