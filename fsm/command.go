@@ -106,6 +106,10 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.SetApiKeyTenantCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE:
 		return &llmgwv1.RecordUsageCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_SET_MODEL_SCALE:
+		return &llmgwv1.SetModelScaleCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING:
+		return &llmgwv1.SetReplicaSleepingCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

@@ -56,7 +56,9 @@ type FSM struct {
 	usage        map[usageKey]*llmgwv1.UsageRow
 	usageCursors map[cursorKey]*llmgwv1.UsageCursor
 	usageNewest  int64
-	log          []*llmgwv1.Change
+	// scales holds the autoscaler's counts by model (scale.go).
+	scales map[string]*llmgwv1.ModelScale
+	log    []*llmgwv1.Change
 	// logFloor is the newest revision the log no longer covers: changes
 	// after it are all in the log.
 	logFloor uint64
@@ -90,6 +92,7 @@ func (f *FSM) reset() {
 	f.usage = map[usageKey]*llmgwv1.UsageRow{}
 	f.usageCursors = map[cursorKey]*llmgwv1.UsageCursor{}
 	f.usageNewest = 0
+	f.scales = map[string]*llmgwv1.ModelScale{}
 	f.log = nil
 	f.logFloor = 0
 }
@@ -173,6 +176,10 @@ func (f *FSM) ApplyAt(index uint64, appendedUnix int64, data []byte) (any, error
 		res, err = a.setAPIKeyTenant(p)
 	case *llmgwv1.RecordUsageCommand:
 		res, err = a.recordUsage(p)
+	case *llmgwv1.SetModelScaleCommand:
+		res, err = a.setModelScale(p)
+	case *llmgwv1.SetReplicaSleepingCommand:
+		res, err = a.setReplicaSleeping(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
@@ -278,6 +285,9 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 		}
 	}
 	a.f.models[m.Name] = m
+	if m.Autoscale == nil {
+		delete(a.f.scales, m.Name) // a fixed count again
+	}
 	a.put(m)
 	a.fitAdapterPlacements(m)
 	return proto.Clone(m), nil
@@ -303,6 +313,7 @@ func (a *applier) deleteModel(p *llmgwv1.DeleteModelCommand) (any, error) {
 	}
 	delete(a.f.models, m.Name)
 	delete(a.f.ordinals, m.Name)
+	delete(a.f.scales, m.Name)
 	a.del(&llmgwv1.Model{Name: m.Name})
 	return nil, nil
 }
@@ -503,6 +514,12 @@ func NeedsRestart(old, new *llmgwv1.Model) bool {
 	strip := func(m *llmgwv1.Model) *llmgwv1.Model {
 		c := proto.Clone(m).(*llmgwv1.Model)
 		c.Replicas, c.Profile, c.ProfileOverrides, c.NodeSelector, c.Revision, c.CreatedUnix = 0, "", nil, nil, 0, 0
+		// How many run and who gives way is placement's; only sleep mode
+		// is an engine flag (design §5.7).
+		c.Priority, c.Pinned = 0, false
+		if c.Autoscale != nil {
+			c.Autoscale = &llmgwv1.Autoscale{Sleep: c.Autoscale.Sleep}
+		}
 		return c
 	}
 	return !proto.Equal(strip(old), strip(new))
@@ -593,6 +610,7 @@ func (f *FSM) Restore(data []byte) error {
 		f.tenants[t.Name] = t
 	}
 	f.restoreUsage(&st)
+	f.restoreScales(&st)
 	f.notify()
 	return nil
 }
@@ -615,6 +633,7 @@ func (f *FSM) State() *llmgwv1.State {
 		Tenants:           cloneSorted(f.tenants, func(t *llmgwv1.Tenant) string { return t.Name }),
 	}
 	st.Usage, st.UsageCursors = f.usageState()
+	st.Scales = f.scaleState()
 	for k, v := range f.ordinals {
 		st.NextOrdinal[k] = v
 	}

@@ -41,4 +41,6 @@ var gatedCommands = map[llmgwv1.CommandType]gatedCommand{
 	llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT:         {schema: 1, introduced: TenantsVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEY_TENANT:    {schema: 1, introduced: TenantsVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE:          {schema: 1, introduced: TenantsVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_SET_MODEL_SCALE:       {schema: 1, introduced: ScaleVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING:  {schema: 1, introduced: ScaleVersion},
 }

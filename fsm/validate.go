@@ -130,7 +130,10 @@ func ValidateModel(m *llmgwv1.Model) error {
 	if err != nil {
 		return err
 	}
-	return checkPolicy(m, args)
+	if err := checkPolicy(m, args); err != nil {
+		return err
+	}
+	return checkAutoscale(m)
 }
 
 // validateApplied is what Apply runs on an UpsertModel entry: the shape

@@ -67,6 +67,17 @@ func (g *Gate) Propose(ctx context.Context, t llmgwv1.CommandType, payload proto
 	return g.store.Propose(ctx, t, payload)
 }
 
+// Require checks that t may be proposed, opening its release's gate as
+// Propose would, without proposing it: for a command not gated itself
+// whose new fields only servers of that release apply alike (a model's
+// autoscale spec rides SET_MODEL_SCALE's release, design §5.7).
+func (g *Gate) Require(ctx context.Context, t llmgwv1.CommandType) error {
+	if !g.store.IsLeader() {
+		return g.store.NotLeader()
+	}
+	return g.check(ctx, t)
+}
+
 // check checks that t may be proposed and, the first time its release's
 // gate opens, commits that release as the cluster's minimum version. It
 // runs on the leader, before the command is proposed.

@@ -17,6 +17,12 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
+// requirer is a Proposer that can check a command's gate without
+// proposing it (controlplane/gate.Gate).
+type requirer interface {
+	Require(ctx context.Context, t llmgwv1.CommandType) error
+}
+
 // Proposer commits commands on the leader through the minimum-version gate
 // (package gate): the FSM's result and the revision it was applied at, or
 // why not (a NotLeaderError on a follower, the FSM's validation or
@@ -181,6 +187,13 @@ func (a *Service) ApplyModel(ctx context.Context, req *llmgwv1.ApplyModelRequest
 	}
 	if err := fsm.ValidateModel(fsm.ModelDefaults(fsm.ClusterDefaults(m, a.state.Config()))); err != nil {
 		return nil, service.ToStatus(err)
+	}
+	// A spec with elastic-capacity fields is applied alike only by servers
+	// of the release that brought them (NeedsRestart ignores them there).
+	if r, ok := a.propose.(requirer); ok && (m.Autoscale != nil || m.Priority != 0 || m.Pinned) {
+		if err := r.Require(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_MODEL_SCALE); err != nil {
+			return nil, service.ToStatus(fmt.Errorf("apply model %s: %w", m.Name, err))
+		}
 	}
 	res, rev, err := a.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_UPSERT_MODEL, &llmgwv1.UpsertModelCommand{Model: m})
 	if err != nil {
