@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -26,6 +27,8 @@ const (
 	// MaxRouters bounds the routers held, as the leased shares bound their
 	// sessions (design §7.7).
 	MaxRouters = 1024
+	// MaxTTFTBuckets bounds a demand's TTFT histogram.
+	MaxTTFTBuckets = 64
 )
 
 var (
@@ -67,6 +70,8 @@ type entry struct {
 	// depths are sorted (sortDepths), each (model, class) once, none
 	// empty; routers is 0 in each.
 	depths []*llmgwv1.FlowDepth
+	// demand is the router's view of each autoscaled model (design §5.7).
+	demand []*llmgwv1.ModelDemand
 }
 
 // New returns an empty table whose metrics are registered with reg (nil:
@@ -123,7 +128,11 @@ func (t *Table) Report(r *llmgwv1.FlowReport) (*llmgwv1.FlowView, error) {
 		t.reports.WithLabelValues("full").Inc()
 		return nil, fmt.Errorf("flow report of router %s: %w (%d)", r.GetRouter(), ErrFull, t.maxRouters)
 	}
-	t.routers[r.GetRouter()] = &entry{received: now, depths: depths}
+	demand := make([]*llmgwv1.ModelDemand, len(r.GetDemand()))
+	for i, d := range r.GetDemand() {
+		demand[i] = proto.Clone(d).(*llmgwv1.ModelDemand)
+	}
+	t.routers[r.GetRouter()] = &entry{received: now, depths: depths, demand: demand}
 	t.reports.WithLabelValues("accepted").Inc()
 	return t.view(r.GetRouter()), nil
 }
@@ -155,6 +164,40 @@ func (t *Table) Status() *llmgwv1.FlowStatusResponse {
 	}
 	slices.SortFunc(out.Routers, func(a, b *llmgwv1.FlowRouterDepths) int { return cmp.Compare(a.Router, b.Router) })
 	out.Total = t.sum("")
+	return out
+}
+
+// Demand is every live report's demand summed per model (design §5.7):
+// the requests held, the requests sent and the TTFT counts added (each is
+// the router's own); the engines' readings and the replica count the
+// largest any router gave (every router reads the same engines, one whose
+// registry lags sees fewer).
+func (t *Table) Demand() map[string]*llmgwv1.ModelDemand {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.expire(t.now())
+	out := map[string]*llmgwv1.ModelDemand{}
+	for _, e := range t.routers {
+		for _, d := range e.demand {
+			s := out[d.GetModel()]
+			if s == nil {
+				s = &llmgwv1.ModelDemand{Model: d.GetModel()}
+				out[d.GetModel()] = s
+			}
+			s.Held = addSat(s.Held, d.GetHeld())
+			s.Requests = addSat(s.Requests, d.GetRequests())
+			s.Waiting = max(s.Waiting, d.GetWaiting())
+			s.Running = max(s.Running, d.GetRunning())
+			s.KvUsageSum = max(s.KvUsageSum, d.GetKvUsageSum())
+			s.Replicas = max(s.Replicas, d.GetReplicas())
+			for len(s.TtftBuckets) < len(d.GetTtftBuckets()) {
+				s.TtftBuckets = append(s.TtftBuckets, 0)
+			}
+			for i, n := range d.GetTtftBuckets() {
+				s.TtftBuckets[i] = addSat(s.TtftBuckets[i], n)
+			}
+		}
+	}
 	return out
 }
 
@@ -230,6 +273,21 @@ func Check(r *llmgwv1.FlowReport) error {
 		return bad("session: required")
 	case len(r.GetDepths()) > MaxDepths:
 		return bad("depths: at most %d, got %d", MaxDepths, len(r.GetDepths()))
+	case len(r.GetDemand()) > MaxDepths:
+		return bad("demand: at most %d, got %d", MaxDepths, len(r.GetDemand()))
+	}
+	for i, d := range r.GetDemand() {
+		finite := func(x float64) bool { return x >= 0 && !math.IsInf(x, 0) } // NaN fails >= 0
+		switch {
+		case d == nil:
+			return bad("demand[%d]: required", i)
+		case d.GetModel() == "" || len(d.GetModel()) > MaxNameLen:
+			return bad("demand[%d].model: 1 to %d bytes, got %d", i, MaxNameLen, len(d.GetModel()))
+		case len(d.GetTtftBuckets()) > MaxTTFTBuckets:
+			return bad("demand[%d].ttft_buckets: at most %d, got %d", i, MaxTTFTBuckets, len(d.GetTtftBuckets()))
+		case !finite(d.GetWaiting()) || !finite(d.GetRunning()) || !finite(d.GetKvUsageSum()):
+			return bad("demand[%d]: waiting, running and kv_usage_sum must be finite and not negative", i)
+		}
 	}
 	for i, d := range r.GetDepths() {
 		switch {

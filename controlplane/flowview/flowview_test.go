@@ -304,3 +304,53 @@ func TestConcurrent(t *testing.T) {
 		t.Fatalf("%d live, want 8", got)
 	}
 }
+
+// TestDemand: held, sent and TTFT counts are each router's own and add up;
+// the engines' readings are the same engines seen twice and take the
+// larger; a report that lapses drops out; a bad demand is refused whole.
+func TestDemand(t *testing.T) {
+	tb, clk, _ := newTable(t, 0)
+	r1 := report("r1", 1)
+	r1.Demand = []*llmgwv1.ModelDemand{{Model: "chat", Held: 3, Waiting: 4, Running: 10, KvUsageSum: 1.5, Replicas: 2, TtftBuckets: []uint64{1, 2}, Requests: 7}}
+	r2 := report("r2", 2)
+	r2.Demand = []*llmgwv1.ModelDemand{
+		{Model: "chat", Held: 1, Waiting: 5, Running: 9, KvUsageSum: 1.2, Replicas: 1, TtftBuckets: []uint64{0, 1, 4}, Requests: 2},
+		{Model: "embed", Requests: 1},
+	}
+	mustReport(t, tb, r1)
+	clk.Advance(2 * time.Second)
+	mustReport(t, tb, r2)
+	want := map[string]*llmgwv1.ModelDemand{
+		"chat":  {Model: "chat", Held: 4, Waiting: 5, Running: 10, KvUsageSum: 1.5, Replicas: 2, TtftBuckets: []uint64{1, 3, 4}, Requests: 9},
+		"embed": {Model: "embed", Requests: 1},
+	}
+	got := tb.Demand()
+	if len(got) != len(want) {
+		t.Fatalf("demand %v, want %v", got, want)
+	}
+	for m, w := range want {
+		if !proto.Equal(got[m], w) {
+			t.Errorf("demand of %s: %v, want %v", m, got[m], w)
+		}
+	}
+	clk.Advance(1500 * time.Millisecond) // r1's report is 3.5 s old
+	if got := tb.Demand()["chat"]; got.GetHeld() != 1 || got.GetReplicas() != 1 {
+		t.Fatalf("after r1's report lapsed: %v, want r2's alone", got)
+	}
+	for _, bad := range []*llmgwv1.ModelDemand{
+		{Model: ""},
+		{Model: "chat", Waiting: math.NaN()},
+		{Model: "chat", Running: -1},
+		{Model: "chat", KvUsageSum: math.Inf(1)},
+		{Model: "chat", TtftBuckets: make([]uint64, MaxTTFTBuckets+1)},
+	} {
+		r := report("r3", 3)
+		r.Demand = []*llmgwv1.ModelDemand{bad}
+		if _, err := tb.Report(r); !errors.Is(err, ErrInvalid) {
+			t.Errorf("demand %v: err %v, want ErrInvalid", bad, err)
+		}
+	}
+	if _, ok := tb.Demand()["chat"]; !ok || tb.Live() != 1 {
+		t.Fatal("a refused report changed the table")
+	}
+}

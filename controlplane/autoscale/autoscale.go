@@ -1,0 +1,246 @@
+// Package autoscale decides an autoscaled model's replica count (design
+// §5.7): a pure function of the model's spec, its replicas, the demand the
+// routers report and what this leader decided before, so every rule is a
+// table test and the leader's loop only gathers and proposes.
+//
+// The recommendation is Kubernetes HPA's: per target, the count at which
+// the observed figure would meet it, the largest of them, within [min,
+// max]. What keeps it from flapping is HPA's too: a tolerance around each
+// target, a cooldown after a step, a step up only once the replicas of the
+// last one are ready (they are what the next measurement must see), and a
+// step down only to the largest recommendation of a whole window.
+package autoscale
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// Defaults are the timings a spec leaves at 0 (the server's config).
+type Defaults struct {
+	// ScaleDownAfter is how long every recommendation must stay below the
+	// count before a step down: five minutes, as HPA's stabilization window.
+	ScaleDownAfter time.Duration
+	// Cooldown is the least time between two steps.
+	Cooldown time.Duration
+}
+
+// DefaultDefaults are Defaults' own defaults.
+var DefaultDefaults = Defaults{ScaleDownAfter: 5 * time.Minute, Cooldown: 30 * time.Second}
+
+// Tolerance is how far from 1 an observed/target ratio must be to move the
+// count: HPA's 10 %.
+const Tolerance = 0.1
+
+// Demand is what the routers saw of a model, summed (controlplane/flowview).
+type Demand struct {
+	// Held is requests the routers hold for it (no ready replica, or queued
+	// by flow control).
+	Held uint64
+	// Waiting, Running and KVUsageSum are the engines' readings summed over
+	// its replicas.
+	Waiting, Running, KVUsageSum float64
+	// TTFTP90 is the routers' time to first token, p90 over their last
+	// minute, of TTFTCount answers.
+	TTFTP90   time.Duration
+	TTFTCount uint64
+	// Requests is what the routers sent it over their last minute.
+	Requests uint64
+}
+
+// Idle reports whether nothing asks for the model and nothing runs on it.
+func (d Demand) Idle() bool {
+	return d.Held == 0 && d.Requests == 0 && d.Waiting == 0 && d.Running == 0
+}
+
+// Observation is the model as the leader sees it now.
+type Observation struct {
+	Now time.Time
+	// Count is the count placement works to now.
+	Count uint32
+	// Ready is its replicas serving; Starting those placed for it and not
+	// ready yet (a step's replicas on their way).
+	Ready, Starting uint32
+	// Capacity is how many requests one replica runs at once (its
+	// engine's --max-num-seqs): what a step down may load the rest to.
+	Capacity float64
+	Demand   Demand
+}
+
+// Fill is the share of Capacity a step down loads the replicas it keeps
+// to, at most: the rest is headroom for the next burst.
+const Fill = 0.8
+
+// History is what the leader remembers of one model between decisions:
+// its last step and the recommendations of the last window. The zero value
+// is a model seen for the first time (a new leader remembers nothing, so
+// its first step down waits a whole window).
+type History struct {
+	LastStep time.Time
+	recs     []rec
+	since    time.Time // first recommendation kept
+}
+
+type rec struct {
+	at time.Time
+	n  uint32
+}
+
+// Decision is one round's outcome for a model.
+type Decision struct {
+	// To is the count to set; equal to Observation.Count when nothing
+	// changes.
+	To uint32
+	// Recommended is the count the targets asked for this round.
+	Recommended uint32
+	// Reason says why, with the figures.
+	Reason string
+	// Blocked is set when the targets ask for another count but a rule
+	// keeps this one (cooldown, replicas still starting, the window).
+	Blocked bool
+}
+
+// Step reports whether d changes the count.
+func (d Decision) Step(from uint32) bool { return d.To != from }
+
+// Decide is one round for a model with spec a: the recommendation from the
+// targets, then the rules that let it through. h is updated in place.
+func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decision {
+	downAfter := secondsOr(a.GetScaleDownAfterS(), def.ScaleDownAfter)
+	cooldown := secondsOr(a.GetCooldownS(), def.Cooldown)
+	n, why := Recommend(a, o)
+	h.remember(o.Now, n, downAfter)
+	d := Decision{To: o.Count, Recommended: n}
+	switch {
+	case o.Count == 0 && o.Demand.Held > 0:
+		// From zero: a request is waiting; no cooldown stands in its way.
+		d.To, d.Reason = max(1, a.GetMin()), fmt.Sprintf("scale from zero: %d requests held", o.Demand.Held)
+	case n > o.Count && o.Starting > 0:
+		d.Blocked, d.Reason = true, fmt.Sprintf("%s; waiting for %d starting replicas before another step", why, o.Starting)
+	case n > o.Count && !h.LastStep.IsZero() && o.Now.Sub(h.LastStep) < cooldown:
+		d.Blocked, d.Reason = true, fmt.Sprintf("%s; cooling down until %s", why, h.LastStep.Add(cooldown).UTC().Format(time.TimeOnly))
+	case n > o.Count:
+		// At most doubling (or 4 more) a step, as HPA's default policy.
+		d.To = min(n, max(2*o.Count, o.Count+4))
+		d.Reason = fmt.Sprintf("up: %s", why)
+	case n < o.Count:
+		top, whole := h.highest(o.Now, downAfter)
+		switch {
+		case !whole:
+			d.Blocked, d.Reason = true, fmt.Sprintf("%s; a step down waits for %v of recommendations", why, downAfter)
+		case top >= o.Count:
+			d.Blocked, d.Reason = true, fmt.Sprintf("%s; %d was recommended within the last %v", why, top, downAfter)
+		case !h.LastStep.IsZero() && o.Now.Sub(h.LastStep) < cooldown:
+			d.Blocked, d.Reason = true, fmt.Sprintf("%s; cooling down until %s", why, h.LastStep.Add(cooldown).UTC().Format(time.TimeOnly))
+		default:
+			d.To = top
+			d.Reason = fmt.Sprintf("down: %s, for the last %v", why, downAfter)
+		}
+	default:
+		d.Reason = why
+	}
+	if d.To != o.Count {
+		h.LastStep = o.Now
+	}
+	return d
+}
+
+// Recommend is the count the targets ask for and why, within [min, max].
+func Recommend(a *llmgwv1.Autoscale, o Observation) (uint32, string) {
+	dm := o.Demand
+	if dm.Idle() {
+		return a.GetMin(), fmt.Sprintf("idle: recommend min %d", a.GetMin())
+	}
+	var n uint32
+	var parts []string
+	consider := func(want uint32, why string) {
+		parts = append(parts, why)
+		n = max(n, want)
+	}
+	ready := float64(o.Ready)
+	if t := a.GetTargetWaiting(); t > 0 {
+		load := dm.Waiting + float64(dm.Held)
+		var want uint32
+		if load > ready*t*(1+Tolerance) {
+			// A queue: HPA's ceil(ready × (load/ready) / target).
+			want = uint32(math.Ceil(load / t))
+		} else {
+			// None: the replicas that carry what runs at Fill of their
+			// batch, never more than now (no queue asks for none) — HPA's
+			// formula alone would recommend 0 at any load short of a queue.
+			want = min(o.Ready, uint32(math.Ceil((dm.Running+load)/(Fill*max(o.Capacity, 1)))))
+		}
+		consider(want, fmt.Sprintf("waiting %.1f and running %.1f per ready replica (target waiting %g, batch %g) → %d",
+			load/max(ready, 1), dm.Running/max(ready, 1), t, o.Capacity, want))
+	}
+	if t := a.GetTargetKvUsage(); t > 0 && o.Ready > 0 {
+		want := ratioCount(o.Ready, dm.KVUsageSum, ready*t)
+		consider(want, fmt.Sprintf("KV use %.2f (target %g) → %d", dm.KVUsageSum/ready, t, want))
+	}
+	if slo := time.Duration(a.GetTtftP90SloMs()) * time.Millisecond; slo > 0 && dm.TTFTCount > 0 && o.Ready > 0 {
+		r := float64(dm.TTFTP90) / float64(slo)
+		want := o.Ready
+		switch {
+		case r > 1+Tolerance:
+			want = uint32(math.Ceil(ready * min(r, 2)))
+		case r < 0.5:
+			want = o.Ready - 1
+		}
+		consider(want, fmt.Sprintf("TTFT p90 %v (SLO %v) → %d", dm.TTFTP90.Round(time.Millisecond), slo, want))
+	}
+	if dm.Held > 0 || dm.Running > 0 || dm.Waiting > 0 {
+		n = max(n, 1)
+	}
+	n = min(max(n, a.GetMin()), a.GetMax())
+	return n, strings.Join(parts, ", ") + fmt.Sprintf(": recommend %d", n)
+}
+
+// ratioCount is HPA's desired count: ceil(ready × observed / target),
+// ready itself within the tolerance.
+func ratioCount(ready uint32, observed, target float64) uint32 {
+	if target <= 0 {
+		return ready
+	}
+	r := observed / target
+	if math.Abs(r-1) <= Tolerance && ready > 0 {
+		return ready
+	}
+	return uint32(math.Ceil(float64(max(ready, 1)) * r))
+}
+
+func secondsOr(s uint32, def time.Duration) time.Duration {
+	if s == 0 {
+		return def
+	}
+	return time.Duration(s) * time.Second
+}
+
+// remember keeps n as the recommendation at now and forgets those older
+// than the window.
+func (h *History) remember(now time.Time, n uint32, window time.Duration) {
+	if h.since.IsZero() {
+		h.since = now
+	}
+	h.recs = append(h.recs, rec{now, n})
+	i := 0
+	for i < len(h.recs) && now.Sub(h.recs[i].at) > window {
+		i++
+	}
+	if i > 0 {
+		h.recs = append(h.recs[:0], h.recs[i:]...)
+	}
+}
+
+// highest is the largest recommendation of the window ending at now, and
+// whether the history covers the whole window.
+func (h *History) highest(now time.Time, window time.Duration) (uint32, bool) {
+	var top uint32
+	for _, r := range h.recs {
+		top = max(top, r.n)
+	}
+	return top, now.Sub(h.since) >= window
+}
