@@ -343,6 +343,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 			var membership sync.WaitGroup
 			defer membership.Wait()
 			membership.Go(func() { s.members.WhileLeading(term) })
+			membership.Go(func() { lead.Autoscale(term, s.flows) })
 			if err := identity.EnsureMinted(term, s.fsm, gated, s.ident, nil); err != nil && term.Err() == nil {
 				s.log.Error("the cluster has no id and minting one failed; the next term tries again", "err", err)
 			}

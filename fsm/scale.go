@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"slices"
+	"strconv"
 
 	"google.golang.org/protobuf/proto"
 
@@ -145,4 +146,24 @@ func (f *FSM) restoreScales(st *llmgwv1.State) {
 	for _, s := range st.Scales {
 		f.scales[s.Model] = s
 	}
+}
+
+// MaxNumSeqs is the --max-num-seqs m's extra_args give its engines (the
+// last one, as argparse keeps), and whether they give one: a replica's
+// batch capacity (design §5.7).
+func MaxNumSeqs(m *llmgwv1.Model) (uint32, bool) {
+	args, err := ParseEngineArgs(m.GetExtraArgs())
+	if err != nil {
+		return 0, false
+	}
+	var n uint32
+	var ok bool
+	for _, a := range args {
+		if a.Long && a.Name == "max-num-seqs" && len(a.Values) == 1 {
+			if v, err := strconv.ParseUint(a.Values[0], 10, 32); err == nil && v > 0 {
+				n, ok = uint32(v), true
+			}
+		}
+	}
+	return n, ok
 }

@@ -169,6 +169,9 @@ func (d *fakeDesired) apply(typ llmgwv1.CommandType, msg proto.Message) (res any
 					n.State = c.State
 				}
 			}
+		case *llmgwv1.SetModelScaleCommand:
+			st.Scales = slices.DeleteFunc(st.Scales, func(s *llmgwv1.ModelScale) bool { return s.Model == c.Model })
+			st.Scales = append(st.Scales, &llmgwv1.ModelScale{Model: c.Model, Replicas: c.Replicas, Reason: c.Reason})
 		case *llmgwv1.SetAdapterPlacementCommand:
 			p := proto.Clone(c.Placement).(*llmgwv1.AdapterPlacement)
 			st.AdapterPlacements = slices.DeleteFunc(st.AdapterPlacements, func(o *llmgwv1.AdapterPlacement) bool { return o.Adapter == p.Adapter })

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/llmgw/llmgw/controlplane/autoscale"
 	"github.com/llmgw/llmgw/controlplane/quota"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -25,6 +26,12 @@ type Config struct {
 	// Quota times and bounds the leased shares of the tenants' limits
 	// (design §7.7); zero fields take package quota's defaults.
 	Quota quota.Config
+	// Autoscale is the timings an autoscale spec leaves at 0 (design
+	// §5.7); zero fields take package autoscale's defaults.
+	Autoscale autoscale.Defaults
+	// TTFTP90 reads the routers' summed TTFT bucket counts: the p90 and
+	// how many answers they hold.
+	TTFTP90 func(buckets []uint64) (time.Duration, uint64)
 }
 
 // Proposer commits commands on the leader (package gate over package
@@ -95,6 +102,12 @@ type Leader struct {
 	// read from limits.
 	quota  *quota.Allocator
 	limits quota.Limits
+
+	// scaler is the autoscaler's memory of this term (nil before the
+	// first); ttftP90 reads the routers' TTFT counts.
+	scaleMu sync.Mutex
+	scaler  *scaler
+	ttftP90 func([]uint64) (time.Duration, uint64)
 }
 
 type adapterKey struct{ adapter, replica string }
@@ -103,7 +116,13 @@ type adapterKey struct{ adapter, replica string }
 // every time-based judgement (node down, drain timeout, adapter idleness),
 // which tests replace.
 func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessions, cluster Cluster, m *Metrics, log *slog.Logger, now func() time.Time) *Leader {
-	return &Leader{cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
+	if cfg.Autoscale.ScaleDownAfter <= 0 {
+		cfg.Autoscale.ScaleDownAfter = autoscale.DefaultDefaults.ScaleDownAfter
+	}
+	if cfg.Autoscale.Cooldown <= 0 {
+		cfg.Autoscale.Cooldown = autoscale.DefaultDefaults.Cooldown
+	}
+	return &Leader{ttftP90: cfg.TTFTP90, cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
 		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue(), use: newAdapterUse(),
 		quota: quota.New(cfg.Quota), limits: quota.StateLimits{State: state}}
 }

@@ -1,0 +1,226 @@
+package leader
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/llmgw/llmgw/controlplane/autoscale"
+	"github.com/llmgw/llmgw/fsm"
+	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
+)
+
+// DemandSource is the routers' demand per model, summed (package flowview's
+// Table): what the autoscaler decides on (design §5.7).
+type DemandSource interface {
+	Demand() map[string]*llmgwv1.ModelDemand
+}
+
+// AutoscaleInterval is how often the autoscaler decides: the routers
+// report every 250 ms, an engine's reading is a second old at worst.
+const AutoscaleInterval = time.Second
+
+// maxScaleEvents bounds the decisions kept per model for ModelStatus.
+const maxScaleEvents = 20
+
+// scaler is the autoscaler's memory for one term: per model, the history
+// Decide keeps and the decisions kept for people.
+type scaler struct {
+	mu     sync.Mutex
+	models map[string]*scaled
+}
+
+type scaled struct {
+	revision uint64 // the model revision the history is for
+	hist     autoscale.History
+	events   []*llmgwv1.ScaleEvent // newest first
+	demand   *llmgwv1.ModelDemand
+	// blocked is the reason of the last blocked round, so a decision
+	// that stays blocked is recorded once, not every second.
+	blocked string
+}
+
+// Autoscale runs the autoscaler for one term, until ctx is done: every
+// AutoscaleInterval, a decision per autoscaled model from d's demand and
+// the agents' reports; a step is proposed as SET_MODEL_SCALE, and
+// placement does the rest (design §5.7).
+func (l *Leader) Autoscale(ctx context.Context, d DemandSource) {
+	l.scaleMu.Lock()
+	l.scaler = &scaler{models: map[string]*scaled{}}
+	l.scaleMu.Unlock()
+	t := time.NewTicker(AutoscaleInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		l.autoscaleOnce(ctx, d.Demand())
+	}
+}
+
+// autoscaleOnce is one round over every autoscaled model.
+func (l *Leader) autoscaleOnce(ctx context.Context, demand map[string]*llmgwv1.ModelDemand) {
+	st := l.state.State()
+	l.scaleMu.Lock()
+	sc := l.scaler
+	l.scaleMu.Unlock()
+	if sc == nil {
+		return
+	}
+	now := l.now()
+	live := map[string]bool{}
+	for _, m := range st.Models {
+		if m.Autoscale == nil {
+			continue
+		}
+		live[m.Name] = true
+		o := l.observe(st, m, demand[m.Name], now)
+		sc.mu.Lock()
+		s := sc.models[m.Name]
+		if s == nil || s.revision != m.Revision {
+			// A new spec starts a new history; its decisions stay.
+			var events []*llmgwv1.ScaleEvent
+			if s != nil {
+				events = s.events
+			}
+			s = &scaled{revision: m.Revision, events: events}
+			sc.models[m.Name] = s
+		}
+		s.demand = demand[m.Name]
+		dec := autoscale.Decide(m.Autoscale, l.cfg.Autoscale, o, &s.hist)
+		sc.mu.Unlock()
+		l.act(ctx, sc, s, m, o, dec)
+	}
+	sc.mu.Lock()
+	for name := range sc.models {
+		if !live[name] {
+			delete(sc.models, name)
+		}
+	}
+	sc.mu.Unlock()
+}
+
+// act proposes a step and keeps the decision for people.
+func (l *Leader) act(ctx context.Context, sc *scaler, s *scaled, m *llmgwv1.Model, o autoscale.Observation, dec autoscale.Decision) {
+	ev := &llmgwv1.ScaleEvent{UnixMs: o.Now.UnixMilli(), From: o.Count, To: dec.To, Reason: dec.Reason, Blocked: dec.Blocked}
+	switch {
+	case dec.Step(o.Count):
+		_, _, err := l.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_MODEL_SCALE,
+			&llmgwv1.SetModelScaleCommand{Model: m.Name, Replicas: dec.To, Reason: dec.Reason, ModelRevision: m.Revision})
+		if err != nil {
+			if ctx.Err() == nil {
+				l.log.Warn("autoscale: the step was not committed; the next round decides again", "model", m.Name, "from", o.Count, "to", dec.To, "err", err)
+			}
+			// Decided again next round, on what the state says then.
+			sc.mu.Lock()
+			s.hist.LastStep = time.Time{}
+			sc.mu.Unlock()
+			return
+		}
+		l.log.Info("autoscale: step", "model", m.Name, "from", o.Count, "to", dec.To, "reason", dec.Reason)
+		sc.mu.Lock()
+		s.blocked = ""
+		s.push(ev)
+		sc.mu.Unlock()
+	case dec.Blocked:
+		// The same rule blocking again is one event, not one a second:
+		// the reason's rule is what follows its figures.
+		rule := dec.Reason[strings.LastIndex(dec.Reason, ";")+1:]
+		sc.mu.Lock()
+		if s.blocked != rule {
+			s.blocked = rule
+			ev.To = dec.Recommended
+			s.push(ev)
+			sc.mu.Unlock()
+			l.log.Info("autoscale: step held", "model", m.Name, "count", o.Count, "recommended", dec.Recommended, "reason", dec.Reason)
+			return
+		}
+		sc.mu.Unlock()
+	default:
+		sc.mu.Lock()
+		s.blocked = ""
+		sc.mu.Unlock()
+	}
+}
+
+func (s *scaled) push(ev *llmgwv1.ScaleEvent) {
+	s.events = slices.Insert(s.events, 0, ev)
+	if len(s.events) > maxScaleEvents {
+		s.events = s.events[:maxScaleEvents]
+	}
+}
+
+// observe is model m as the autoscaler sees it: the count placement works
+// to, its replicas ready and starting by the agents' reports, and the
+// routers' demand.
+func (l *Leader) observe(st *llmgwv1.State, m *llmgwv1.Model, d *llmgwv1.ModelDemand, now time.Time) autoscale.Observation {
+	o := autoscale.Observation{Now: now, Count: EffectiveCount(st, m), Capacity: float64(BatchCapacity(m))}
+	for _, r := range st.Replicas {
+		if r.Model != m.Name || r.Draining || r.Sleeping {
+			continue
+		}
+		if l.reports.StatusOf(r).GetPhase() == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+			o.Ready++
+		} else {
+			o.Starting++
+		}
+	}
+	if d != nil {
+		o.Demand = autoscale.Demand{Held: d.Held, Waiting: d.Waiting, Running: d.Running, KVUsageSum: d.KvUsageSum,
+			Requests: d.Requests}
+		if l.ttftP90 != nil {
+			o.Demand.TTFTP90, o.Demand.TTFTCount = l.ttftP90(d.TtftBuckets)
+		}
+	}
+	return o
+}
+
+// ScaleStatus is the autoscaler's decisions for model, newest first, and
+// the demand the last one saw; empty when this server does not lead.
+func (l *Leader) ScaleStatus(model string) ([]*llmgwv1.ScaleEvent, *llmgwv1.ModelDemand) {
+	l.scaleMu.Lock()
+	sc := l.scaler
+	l.scaleMu.Unlock()
+	if sc == nil {
+		return nil, nil
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	s := sc.models[model]
+	if s == nil {
+		return nil, nil
+	}
+	return slices.Clone(s.events), s.demand
+}
+
+// EffectiveCount is the count placement works to for m (design §5.7): the
+// autoscaler's, or replicas while it has decided nothing, within the
+// spec's bounds; replicas for a model without autoscale.
+func EffectiveCount(st *llmgwv1.State, m *llmgwv1.Model) uint32 {
+	if m.Autoscale == nil {
+		return m.Replicas
+	}
+	for _, s := range st.Scales {
+		if s.Model == m.Name {
+			return fsm.ClampScale(m, s.Replicas)
+		}
+	}
+	return fsm.ClampScale(m, m.Replicas)
+}
+
+// BatchCapacity is how many requests one of m's replicas runs at once:
+// autoscale.warm_concurrency, else its engine's --max-num-seqs, else
+// vLLM's default of 256.
+func BatchCapacity(m *llmgwv1.Model) uint32 {
+	if n := m.GetAutoscale().GetWarmConcurrency(); n > 0 {
+		return n
+	}
+	if n, ok := fsm.MaxNumSeqs(m); ok {
+		return n
+	}
+	return 256
+}
