@@ -148,6 +148,12 @@ type Config struct {
 	AdapterMinIdle    time.Duration `yaml:"adapter_min_idle"`
 	AdapterRetryAfter time.Duration `yaml:"adapter_retry_after"`
 
+	// The autoscaler's timings where a model's autoscale spec leaves them
+	// at 0 (design §5.7): how long every recommendation must stay below
+	// the count before a step down, and the least time between two steps.
+	AutoscaleScaleDownAfter time.Duration `yaml:"autoscale_scale_down_after"`
+	AutoscaleCooldown       time.Duration `yaml:"autoscale_cooldown"`
+
 	// Limits bounds what peers can make this node hold (design §11).
 	Limits LimitsConfig `yaml:",inline"`
 }
@@ -178,6 +184,9 @@ func DefaultConfig() Config {
 		AdapterWaitMax:     60 * time.Second,
 		AdapterMinIdle:     2 * time.Second,
 		AdapterRetryAfter:  time.Second,
+
+		AutoscaleScaleDownAfter: 5 * time.Minute,
+		AutoscaleCooldown:       30 * time.Second,
 
 		JoinRetryInterval:       time.Second,
 		ServerStabilizationTime: 2 * time.Second,
@@ -282,6 +291,7 @@ func (c Config) Validate() error {
 		{"autopilot_interval", c.AutopilotInterval}, {configfile.Flag("rpc-hold-timeout"), c.RPCHoldTimeout},
 		{"leave_timeout", c.LeaveTimeout},
 		{"adapter_wait_max", c.AdapterWaitMax}, {"adapter_retry_after", c.AdapterRetryAfter},
+		{"autoscale_scale_down_after", c.AutoscaleScaleDownAfter}, {"autoscale_cooldown", c.AutoscaleCooldown},
 	} {
 		if d.v <= 0 {
 			p.Add(d.setting, "must be positive, got %s", d.v)

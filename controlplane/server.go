@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/llmgw/llmgw/controlplane/autoscale"
 	"github.com/llmgw/llmgw/controlplane/cluster"
 	"github.com/llmgw/llmgw/controlplane/console"
 	"github.com/llmgw/llmgw/controlplane/ephemeral"
@@ -290,6 +291,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		ReconcileInterval: s.cfg.ReconcileInterval, NodeDownAfter: s.cfg.NodeDownAfter,
 		RescheduleAfter: s.cfg.RescheduleAfter, DrainTimeout: s.cfg.DrainTimeout,
 		AdapterMinIdle: s.cfg.AdapterMinIdle, AdapterRetryAfter: s.cfg.AdapterRetryAfter,
+		Autoscale: autoscale.Defaults{ScaleDownAfter: s.cfg.AutoscaleScaleDownAfter, Cooldown: s.cfg.AutoscaleCooldown},
 	}, gated, s.fsm, s.eph, s.sessions, s.members, s.metrics.leader, s.log, s.clock)
 
 	// streams is cancelled first on shutdown: long-lived streams would hold
