@@ -167,3 +167,18 @@ func MaxNumSeqs(m *llmgwv1.Model) (uint32, bool) {
 	}
 	return n, ok
 }
+
+// EffectiveReplicas is the count placement works to for m in st (design
+// §5.7): the autoscaler's, or replicas while it has decided nothing, within
+// the spec's bounds; replicas for a model without autoscale.
+func EffectiveReplicas(st *llmgwv1.State, m *llmgwv1.Model) uint32 {
+	if m.GetAutoscale() == nil {
+		return m.GetReplicas()
+	}
+	for _, s := range st.GetScales() {
+		if s.Model == m.Name {
+			return ClampScale(m, s.Replicas)
+		}
+	}
+	return ClampScale(m, m.GetReplicas())
+}

@@ -158,7 +158,7 @@ func (s *scaled) push(ev *llmgwv1.ScaleEvent) {
 // to, its replicas ready and starting by the agents' reports, and the
 // routers' demand.
 func (l *Leader) observe(st *llmgwv1.State, m *llmgwv1.Model, d *llmgwv1.ModelDemand, now time.Time) autoscale.Observation {
-	o := autoscale.Observation{Now: now, Count: EffectiveCount(st, m), Capacity: float64(BatchCapacity(m))}
+	o := autoscale.Observation{Now: now, Count: fsm.EffectiveReplicas(st, m), Capacity: float64(BatchCapacity(m))}
 	for _, r := range st.Replicas {
 		if r.Model != m.Name || r.Draining || r.Sleeping {
 			continue
@@ -195,21 +195,6 @@ func (l *Leader) ScaleStatus(model string) ([]*llmgwv1.ScaleEvent, *llmgwv1.Mode
 		return nil, nil
 	}
 	return slices.Clone(s.events), s.demand
-}
-
-// EffectiveCount is the count placement works to for m (design §5.7): the
-// autoscaler's, or replicas while it has decided nothing, within the
-// spec's bounds; replicas for a model without autoscale.
-func EffectiveCount(st *llmgwv1.State, m *llmgwv1.Model) uint32 {
-	if m.Autoscale == nil {
-		return m.Replicas
-	}
-	for _, s := range st.Scales {
-		if s.Model == m.Name {
-			return fsm.ClampScale(m, s.Replicas)
-		}
-	}
-	return fsm.ClampScale(m, m.Replicas)
 }
 
 // BatchCapacity is how many requests one of m's replicas runs at once:

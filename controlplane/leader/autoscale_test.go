@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -89,7 +90,7 @@ func TestEffectiveCountAndCapacity(t *testing.T) {
 		{"clamped to min", []*llmgwv1.ModelScale{{Model: "chat", Replicas: 0}}, 1},
 	} {
 		st.Scales = tc.scales
-		if got := EffectiveCount(st, m); got != tc.want {
+		if got := fsm.EffectiveReplicas(st, m); got != tc.want {
 			t.Errorf("%s: %d, want %d", tc.name, got, tc.want)
 		}
 	}

@@ -68,6 +68,7 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_ListTenants_FullMethodName:   adminOnly,
 	llmgwv1.AdminService_Usage_FullMethodName:         adminOnly,
 	llmgwv1.AdminService_FlowStatus_FullMethodName:    adminOnly,
+	llmgwv1.AdminService_ModelStatus_FullMethodName:   adminOnly,
 	// Routers watch the state and ask for cold adapters; an admin may watch
 	// too (debugging what routers see).
 	llmgwv1.WatchService_Watch_FullMethodName:           {mtls.RoleRouter, mtls.RoleAdmin},

@@ -135,6 +135,9 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	// §7.8): in memory, so only it can answer a report or the status.
 	llmgwv1.FlowService_Report_FullMethodName:      func(any) (proto.Message, bool) { return &llmgwv1.FlowView{}, true },
 	llmgwv1.AdminService_FlowStatus_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.FlowStatusResponse{}, true },
+	// The leader alone decides counts and places (design §5.7): its
+	// decisions and reasons are in its memory.
+	llmgwv1.AdminService_ModelStatus_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.ModelStatusResponse{}, true },
 }
 
 // Quorum is what a "no leader" answer says of the voters: the Raft

@@ -114,8 +114,16 @@ type Flows interface {
 	Status() *llmgwv1.FlowStatusResponse
 }
 
-// Deps are the Service's dependencies; all are required but Keyring and
-// Flows.
+// Scaling is the leader's memory of its placement and autoscaling (package
+// leader): why a model's replicas are missing, and the autoscaler's
+// decisions, newest first, with the demand the last one saw.
+type Scaling interface {
+	Unplaced(model string) string
+	ScaleStatus(model string) ([]*llmgwv1.ScaleEvent, *llmgwv1.ModelDemand)
+}
+
+// Deps are the Service's dependencies; all are required but Keyring,
+// Flows and Scaling.
 type Deps struct {
 	Propose    Proposer
 	State      Desired
@@ -133,6 +141,9 @@ type Deps struct {
 	// Flows is the routers' flow-control reports as this server holds
 	// them when it leads; nil answers FlowStatus UNIMPLEMENTED.
 	Flows Flows
+	// Scaling is the leader's placement and autoscaling memory; nil
+	// answers ModelStatus from the state alone.
+	Scaling Scaling
 	// Started is when this server's process started (ClusterStatus's
 	// started_unix_ms); zero leaves it unset.
 	Started time.Time
@@ -156,6 +167,7 @@ type Service struct {
 	restoreMax uint64
 	keyring    LocalKeyring
 	flows      Flows
+	scaling    Scaling
 	started    time.Time
 	now        func() time.Time
 	log        *slog.Logger
@@ -168,7 +180,7 @@ func New(self string, d Deps, log *slog.Logger) *Service {
 		now = time.Now
 	}
 	return &Service{self: self, propose: d.Propose, state: d.State, raft: d.Raft, peers: d.Peers,
-		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, flows: d.Flows, started: d.Started,
+		members: d.Membership, reports: d.Reports, sessions: d.Sessions, restoreMax: d.RestoreMaxBytes, keyring: d.Keyring, flows: d.Flows, scaling: d.Scaling, started: d.Started,
 		now: now, log: log}
 }
 
