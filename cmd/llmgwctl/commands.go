@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -96,8 +97,70 @@ func (c *cli) modelCmd() *cobra.Command {
 			})
 		},
 	}
-	cmd.AddCommand(apply, list, del)
+	statusCmd := &cobra.Command{
+		Use:   "status NAME",
+		Short: "Show a model's count, its replicas, why any is missing, and the autoscaler's decisions",
+		Long: "Show the count placement works to (the autoscaler's, or replicas), how many replicas are placed, ready and asleep,\n" +
+			"why any cannot be placed, and for an autoscaled model the demand the routers report and the leader's last decisions,\n" +
+			"newest first, each with its reason; a step the autoscaler could not take says why (HELD).",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				st, err := a.ModelStatus(ctx, &llmgwv1.ModelStatusRequest{Name: args[0]})
+				if err != nil {
+					return fmt.Errorf("model status: %w", err)
+				}
+				if c.output == "json" {
+					return c.printJSON(st)
+				}
+				return c.printModelStatus(st)
+			})
+		},
+	}
+	cmd.AddCommand(apply, list, del, statusCmd)
 	return cmd
+}
+
+// printModelStatus is `model status` as text: the counts, the reason for
+// any missing replica, then the autoscaler's demand and decisions.
+func (c *cli) printModelStatus(st *llmgwv1.ModelStatusResponse) error {
+	m := st.GetModel()
+	fmt.Fprintf(c.out, "model %s: %d desired, %d placed, %d ready", m.GetName(), st.GetDesired(), st.GetPlaced(), st.GetReady())
+	if st.GetSleeping() > 0 {
+		fmt.Fprintf(c.out, ", %d asleep", st.GetSleeping())
+	}
+	fmt.Fprintln(c.out)
+	if why := st.GetUnplacedReason(); why != "" {
+		fmt.Fprintf(c.out, "not placed: %s\n", why)
+	}
+	a := m.GetAutoscale()
+	if a == nil {
+		_, err := fmt.Fprintf(c.out, "replicas: %d (no autoscale)\n", m.GetReplicas())
+		return err
+	}
+	fmt.Fprintf(c.out, "autoscale: %d..%d", a.GetMin(), a.GetMax())
+	if s := st.GetScale(); s != nil {
+		fmt.Fprintf(c.out, ", set to %d at %s: %s", s.GetReplicas(), time.UnixMilli(s.GetDecidedUnixMs()).UTC().Format(time.RFC3339), s.GetReason())
+	}
+	fmt.Fprintln(c.out)
+	if d := st.GetDemand(); d != nil {
+		fmt.Fprintf(c.out, "demand: %d held, %.1f waiting, %.1f running on %d replicas, %d requests in the last minute\n",
+			d.GetHeld(), d.GetWaiting(), d.GetRunning(), d.GetReplicas(), d.GetRequests())
+	}
+	if len(st.GetEvents()) == 0 {
+		_, err := fmt.Fprintln(c.out, "no decision yet on this leader")
+		return err
+	}
+	rows := make([][]string, 0, len(st.GetEvents()))
+	for _, e := range st.GetEvents() {
+		what := "STEP"
+		if e.GetBlocked() {
+			what = "HELD"
+		}
+		rows = append(rows, []string{time.UnixMilli(e.GetUnixMs()).UTC().Format(time.TimeOnly), what,
+			strconv.FormatUint(uint64(e.GetFrom()), 10), strconv.FormatUint(uint64(e.GetTo()), 10), e.GetReason()})
+	}
+	return c.printTable([]string{"AT", "", "FROM", "TO", "REASON"}, rows)
 }
 
 // replicaCount is the REPLICAS column of `model list`. A model of engine

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"time"
 
 	"github.com/llmgw/llmgw/fsm"
 	"github.com/llmgw/llmgw/internal/configfile"
@@ -49,6 +50,27 @@ type modelFile struct {
 	// each allows); both default to false.
 	AllowRemoteCode         bool `yaml:"allow_remote_code"`
 	AllowLinkLocalEndpoints bool `yaml:"allow_link_local_endpoints"`
+	// Elastic capacity (design §5.7): the count follows the load within
+	// autoscale's bounds; priority and pinned say who gives a GPU up.
+	Autoscale *autoscaleFile `yaml:"autoscale"`
+	Priority  int            `yaml:"priority"`
+	Pinned    bool           `yaml:"pinned"`
+}
+
+// autoscaleFile is a model file's autoscale section; durations as Go
+// writes them (500ms, 30s, 5m).
+type autoscaleFile struct {
+	Min             int           `yaml:"min"`
+	Max             int           `yaml:"max"`
+	TargetWaiting   float64       `yaml:"target_waiting"`
+	TargetKVUsage   float64       `yaml:"target_kv_usage"`
+	TTFTP90SLO      time.Duration `yaml:"ttft_p90_slo"`
+	ScaleDownAfter  time.Duration `yaml:"scale_down_after"`
+	Cooldown        time.Duration `yaml:"cooldown"`
+	HoldTimeout     time.Duration `yaml:"hold_timeout"`
+	MaxHeld         int           `yaml:"max_held"`
+	WarmConcurrency int           `yaml:"warm_concurrency"`
+	Sleep           bool          `yaml:"sleep"`
 }
 
 type overridesFile struct {
@@ -136,9 +158,12 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 		}
 		*dst = uint32(v)
 	}
-	// An omitted replica count means one; an explicit 0 is refused by
-	// validation rather than silently becoming one.
+	// An omitted replica count means one (with autoscale, its min); an
+	// explicit 0 is refused by validation rather than silently becoming one.
 	replicas := 1
+	if f.Autoscale != nil {
+		replicas = max(1, f.Autoscale.Min)
+	}
 	if f.Replicas != nil {
 		replicas = *f.Replicas
 	}
@@ -150,6 +175,33 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 	set("max_loaded_adapters", f.MaxLoadedAdapters, &m.MaxLoadedAdapters)
 	set("max_lora_rank", f.MaxLoRARank, &m.MaxLoraRank)
 	set("kv_events_buffer_steps", f.KVEventsBufferSteps, &m.KvEventsBufferSteps)
+	if a := f.Autoscale; a != nil {
+		m.Autoscale = &llmgwv1.Autoscale{TargetWaiting: a.TargetWaiting, TargetKvUsage: a.TargetKVUsage, Sleep: a.Sleep}
+		set("autoscale.min", a.Min, &m.Autoscale.Min)
+		set("autoscale.max", a.Max, &m.Autoscale.Max)
+		set("autoscale.max_held", a.MaxHeld, &m.Autoscale.MaxHeld)
+		set("autoscale.warm_concurrency", a.WarmConcurrency, &m.Autoscale.WarmConcurrency)
+		for _, d := range []struct {
+			key  string
+			v    time.Duration
+			unit time.Duration
+			dst  *uint32
+		}{
+			{"autoscale.ttft_p90_slo", a.TTFTP90SLO, time.Millisecond, &m.Autoscale.TtftP90SloMs},
+			{"autoscale.scale_down_after", a.ScaleDownAfter, time.Second, &m.Autoscale.ScaleDownAfterS},
+			{"autoscale.cooldown", a.Cooldown, time.Second, &m.Autoscale.CooldownS},
+			{"autoscale.hold_timeout", a.HoldTimeout, time.Second, &m.Autoscale.HoldTimeoutS},
+		} {
+			if err == nil && (d.v < 0 || d.v%d.unit != 0) {
+				err = fmt.Errorf("%s: %v must be a whole number of %v and not negative", d.key, d.v, d.unit)
+			}
+			set(d.key, int(min(d.v/d.unit, math.MaxUint32+1)), d.dst)
+		}
+	}
+	if f.Priority < math.MinInt32 || f.Priority > math.MaxInt32 {
+		return nil, fmt.Errorf("priority: %d is out of range", f.Priority)
+	}
+	m.Priority, m.Pinned = int32(f.Priority), f.Pinned
 	if err != nil {
 		return nil, err
 	}

@@ -52,6 +52,15 @@ func TestParseModelFile(t *testing.T) {
 			"kv_events_publishers: [\"tcp://10.0.0.7:5557\", \"tcp://10.0.0.8:5557\"]\nkv_events_replay: [\"tcp://10.0.0.7:5558\", \"\"]\nkv_events_topic: kv\n", ""},
 		{"external kv events, a publisher short", "name: ext\nengine: external\nendpoints: [\"http://10.0.0.7:8000\", \"http://10.0.0.8:8000\"]\nkv_events: true\n" +
 			"kv_events_publishers: [\"tcp://10.0.0.7:5557\"]\n", "kv_events_publishers: kv_events on engine \"external\" needs one ZMQ publisher endpoint per endpoint (2), got 1 (or kv_events_listen, for engines whose publishers connect out)"},
+		// Issue 30: elastic capacity.
+		{"autoscale", "name: chat\nengine: sim\nmodel: m\nautoscale:\n  min: 0\n  max: 4\n  target_waiting: 2\n  ttft_p90_slo: 800ms\n  scale_down_after: 2m\n  cooldown: 30s\n  sleep: true\npriority: 3\n", ""},
+		{"autoscale starts at its min", "name: chat\nengine: sim\nmodel: m\nautoscale: {min: 2, max: 4, target_waiting: 2}\n", ""},
+		{"autoscale without a target", "name: chat\nengine: sim\nmodel: m\nautoscale: {min: 0, max: 4}\n", "autoscale: needs a target"},
+		{"autoscale max below min", "name: chat\nengine: sim\nmodel: m\nautoscale: {min: 3, max: 2, target_waiting: 1}\n", "autoscale.min: 3 is above autoscale.max 2"},
+		{"autoscale fractional seconds", "name: chat\nengine: sim\nmodel: m\nautoscale: {max: 2, target_waiting: 1, cooldown: 1500ms}\n", "autoscale.cooldown: 1.5s must be a whole number of 1s"},
+		{"autoscale duration not a duration", "name: chat\nengine: sim\nmodel: m\nautoscale: {max: 2, target_waiting: 1, cooldown: soon}\n", "cooldown"},
+		{"autoscale unknown key", "name: chat\nengine: sim\nmodel: m\nautoscale: {max: 2, target_waiting: 1, target: 3}\n", "field target not found"},
+		{"autoscale on external", "name: ext\nengine: external\nendpoints: [\"http://10.0.0.7:8000\"]\nautoscale: {max: 2, target_waiting: 1}\n", "autoscale: not for engine \"external\""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -96,4 +105,19 @@ func FuzzParseModelFile(f *testing.F) {
 			t.Fatalf("accepted %v", m)
 		}
 	})
+}
+
+// TestParseModelFileAutoscale: durations become the spec's units, an
+// omitted replica count starts at autoscale's min.
+func TestParseModelFileAutoscale(t *testing.T) {
+	m, err := parseModelFile(strings.NewReader("name: chat\nengine: sim\nmodel: m\nautoscale:\n  min: 2\n  max: 6\n  target_kv_usage: 0.7\n" +
+		"  ttft_p90_slo: 800ms\n  scale_down_after: 2m\n  cooldown: 30s\n  hold_timeout: 10m\n  max_held: 50\n  warm_concurrency: 8\n  sleep: true\npriority: -2\npinned: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := m.GetAutoscale()
+	if m.Replicas != 2 || a.Min != 2 || a.Max != 6 || a.TargetKvUsage != 0.7 || a.TtftP90SloMs != 800 || a.ScaleDownAfterS != 120 ||
+		a.CooldownS != 30 || a.HoldTimeoutS != 600 || a.MaxHeld != 50 || a.WarmConcurrency != 8 || !a.Sleep || m.Priority != -2 || !m.Pinned {
+		t.Fatalf("model %v", m)
+	}
 }
