@@ -7,6 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/llmgw/llmgw/controlplane/autoscale"
 	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -50,6 +52,8 @@ func (l *Leader) Autoscale(ctx context.Context, d DemandSource) {
 	l.scaleMu.Lock()
 	l.scaler = &scaler{models: map[string]*scaled{}}
 	l.scaleMu.Unlock()
+	// A follower shows no autoscale gauges: another node decides.
+	defer l.forgetScaleSeries("")
 	t := time.NewTicker(AutoscaleInterval)
 	defer t.Stop()
 	for {
@@ -94,11 +98,17 @@ func (l *Leader) autoscaleOnce(ctx context.Context, demand map[string]*llmgwv1.M
 		dec := autoscale.Decide(m.Autoscale, l.cfg.Autoscale, o, &s.hist)
 		sc.mu.Unlock()
 		l.act(ctx, sc, s, m, o, dec)
+		if l.metrics != nil {
+			l.metrics.scaleCount.WithLabelValues(m.Name).Set(float64(o.Count))
+			l.metrics.scaleRecommended.WithLabelValues(m.Name).Set(float64(dec.Recommended))
+			l.metrics.scaleHeld.WithLabelValues(m.Name).Set(b2f(dec.Blocked))
+		}
 	}
 	sc.mu.Lock()
 	for name := range sc.models {
 		if !live[name] {
 			delete(sc.models, name)
+			l.forgetScaleSeries(name)
 		}
 	}
 	sc.mu.Unlock()
@@ -122,6 +132,13 @@ func (l *Leader) act(ctx context.Context, sc *scaler, s *scaled, m *llmgwv1.Mode
 			return
 		}
 		l.log.Info("autoscale: step", "model", m.Name, "from", o.Count, "to", dec.To, "reason", dec.Reason)
+		if l.metrics != nil {
+			dir := "up"
+			if dec.To < o.Count {
+				dir = "down"
+			}
+			l.metrics.scaleSteps.WithLabelValues(m.Name, dir).Inc()
+		}
 		sc.mu.Lock()
 		s.blocked = ""
 		s.push(ev)
@@ -145,6 +162,28 @@ func (l *Leader) act(ctx context.Context, sc *scaler, s *scaled, m *llmgwv1.Mode
 		s.blocked = ""
 		sc.mu.Unlock()
 	}
+}
+
+// forgetScaleSeries drops a model's autoscale gauges (it was deleted, or
+// lost its autoscale); "" drops every model's (the term ended).
+func (l *Leader) forgetScaleSeries(model string) {
+	if l.metrics == nil {
+		return
+	}
+	for _, g := range []*prometheus.GaugeVec{l.metrics.scaleCount, l.metrics.scaleRecommended, l.metrics.scaleHeld} {
+		if model == "" {
+			g.Reset()
+		} else {
+			g.DeleteLabelValues(model)
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func (s *scaled) push(ev *llmgwv1.ScaleEvent) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/testkit"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -61,6 +62,19 @@ func TestAutoscaleRound(t *testing.T) {
 	}
 	if demand.GetWaiting() != 80 {
 		t.Fatalf("demand %v, want the last round's", demand)
+	}
+	for _, c := range []struct {
+		name   string
+		labels testkit.Labels
+		want   float64
+	}{
+		{"llmgw_control_autoscale_steps_total", testkit.Labels{"model": "chat", "direction": "up"}, 1},
+		{"llmgw_control_autoscale_held", testkit.Labels{"model": "chat"}, 1},
+		{"llmgw_control_autoscale_replicas", testkit.Labels{"model": "chat"}, 5},
+	} {
+		if got := testkit.Metric(t, r.reg, c.name, c.labels); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
 	}
 
 	// From zero: another model with no replica and requests held.

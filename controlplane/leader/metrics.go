@@ -14,6 +14,12 @@ type Metrics struct {
 	adapterUseRouters prometheus.Gauge
 	quotaSessions     prometheus.Gauge
 	quotaSettling     prometheus.Gauge
+	// The autoscaler (design §5.7), per autoscaled model; a model's
+	// series go when it does, and every series when the term ends.
+	scaleCount       *prometheus.GaugeVec
+	scaleRecommended *prometheus.GaugeVec
+	scaleHeld        *prometheus.GaugeVec
+	scaleSteps       *prometheus.CounterVec
 }
 
 // NewMetrics registers the leader's metrics with reg.
@@ -45,7 +51,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "llmgw_control_quota_settling", Help: "1 while this node, leader since less than the settle time (12 s by default), grants no shares of tenants' limits: the old leader's leases are running out. 0 once it grants, and on a node that does not lead.",
 		}),
 	}
+	m.scaleCount = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "llmgw_control_autoscale_replicas", Help: "The count placement works to for each autoscaled model, as this node's autoscaler last saw it as leader.",
+	}, []string{"model"})
+	m.scaleRecommended = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "llmgw_control_autoscale_recommended_replicas", Help: "The count each autoscaled model's targets asked for in this leader's last round (within the spec's min and max).",
+	}, []string{"model"})
+	m.scaleHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "llmgw_control_autoscale_held", Help: "1 while a rule keeps an autoscaled model at a count its targets do not ask for (a cooldown, replicas still starting, the step-down window), 0 otherwise.",
+	}, []string{"model"})
+	m.scaleSteps = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "llmgw_control_autoscale_steps_total", Help: "Autoscale steps this node committed as leader, by model and direction (up, down).",
+	}, []string{"model", "direction"})
 	reg.MustRegister(m.placements, m.adapterPlacements, m.adapterEnsure, m.adapterWaiters, m.adapterQueued, m.adapterUseRouters,
-		m.quotaSessions, m.quotaSettling)
+		m.quotaSessions, m.quotaSettling, m.scaleCount, m.scaleRecommended, m.scaleHeld, m.scaleSteps)
 	return m
 }
