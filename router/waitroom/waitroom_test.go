@@ -375,7 +375,7 @@ func TestMaxNumSeqs(t *testing.T) {
 		{[]string{"--max-num-seqs=32"}, 32, true},
 		{[]string{"--max_num_seqs", "16"}, 16, true},
 		{[]string{"--max-num-seqs", "8", "--max-num-seqs=24"}, 24, true}, // the last wins
-		{[]string{"--max-num-seqs"}, 0, false},                         // no value
+		{[]string{"--max-num-seqs"}, 0, false},                           // no value
 		{[]string{"--max-num-seqs", "lots"}, 0, false},
 		{[]string{"--max-num-seqs=0"}, 0, false},
 		{[]string{"--max-num-seqs-x", "8"}, 0, false},
