@@ -388,3 +388,19 @@ func TestMaxNumSeqs(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEnterOpen is the room's cost for a request of an autoscaled
+// model that has a replica past its warm-up: what every such request pays.
+func BenchmarkEnterOpen(b *testing.B) {
+	tb := &table{eps: map[string][]*endpoint.Endpoint{"m": {replica("m-0", time.Time{})}}, changed: make(chan struct{})}
+	room := New(Config{}, tb, prometheus.NewRegistry())
+	req := Request{Model: "m", Limits: lim, Bytes: 100}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			p, _ := room.Enter(ctx, req)
+			p.Done()
+		}
+	})
+}
