@@ -49,12 +49,13 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 			c.ScrapeInterval = 0
 			c.AdapterWait = -time.Second
 			c.AdapterQueue = 0
+			c.HoldMaxBytes = 0
 			c.Breaker.Failures = 0
 			c.Scheduler.Imbalance.Ratio = 0
 			c.KVIndex.MaxEntries = 0
 			c.Tokenize.Budget = 0
 			c.Tokenize.CacheTokens = -1
-		}, []string{"--scrape-interval (scrape_interval): ", "--adapter-wait (adapter_wait): ", "--adapter-queue (adapter_queue): ", "breaker_failures: ",
+		}, []string{"--scrape-interval (scrape_interval): ", "--adapter-wait (adapter_wait): ", "--adapter-queue (adapter_queue): ", "hold_max_bytes: ", "breaker_failures: ",
 			"scheduler_imbalance_ratio: ", "kv_index_max_entries: ", "--tokenize-budget (tokenize_budget): ", "tokenize_cache_tokens: "}},
 		{"flow", func(c *Config) {
 			c.Flow.ReplicaConcurrency = -1
@@ -169,6 +170,7 @@ tokenize_max_response_bytes: 65536
 kv_min_blocks: 2
 adapter_wait: 10s
 adapter_queue: 64
+hold_max_bytes: 1048576
 require_api_key: true
 flow:
   enabled: false
@@ -216,6 +218,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		KVMinBlocks:   2,
 		AdapterWait:   10 * time.Second,
 		AdapterQueue:  64,
+		HoldMaxBytes:  1 << 20,
 		TLS:           mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/r-7.pem", Key: "/etc/llmgw/r-7-key.pem"},
 		Insecure:      true,
 		HTTPSCert:     "/etc/llmgw/api.pem",

@@ -33,6 +33,7 @@ import (
 	"github.com/llmgw/llmgw/router/api"
 	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/demand"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/flow"
@@ -42,6 +43,7 @@ import (
 	"github.com/llmgw/llmgw/router/quota"
 	"github.com/llmgw/llmgw/router/scheduler"
 	"github.com/llmgw/llmgw/router/tokenize"
+	"github.com/llmgw/llmgw/router/waitroom"
 	"github.com/llmgw/llmgw/router/watch"
 )
 
@@ -143,6 +145,11 @@ type Config struct {
 	// AdapterQueue bounds the requests waiting for cold adapters per model;
 	// past it they get 503 at once.
 	AdapterQueue int `yaml:"adapter_queue"`
+	// HoldMaxBytes bounds the bodies the waiting room holds at once, over
+	// every model (design §5.7): past it, a request for an autoscaled model
+	// with no replica ready gets 503 at once. The count and the time held
+	// are each model's (autoscale.max_held, autoscale.hold_timeout_s).
+	HoldMaxBytes int64 `yaml:"hold_max_bytes"`
 	// RequireAPIKey refuses requests without a valid API key even while
 	// the cluster has none (design §11); otherwise keys are required once
 	// any exists (router/auth).
@@ -198,6 +205,7 @@ func DefaultConfig() Config {
 		KVMinBlocks:       1,
 		AdapterWait:       director.DefaultAdapterWait,
 		AdapterQueue:      director.DefaultAdapterQueue,
+		HoldMaxBytes:      waitroom.DefaultMaxBytes,
 	}
 }
 
@@ -252,6 +260,9 @@ func (c Config) Validate() error {
 	}
 	if c.AdapterQueue <= 0 || c.AdapterQueue > maxAdapterQueue {
 		p.Add(configfile.Flag("adapter-queue"), "must be between 1 and %d, got %d", maxAdapterQueue, c.AdapterQueue)
+	}
+	if c.HoldMaxBytes <= 0 {
+		p.Add("hold_max_bytes", "must be positive, got %d", c.HoldMaxBytes)
 	}
 	if c.ReadHeaderTimeout <= 0 {
 		p.Add(configfile.Flag("read-header-timeout"), "must be positive, got %s", c.ReadHeaderTimeout)
@@ -311,6 +322,8 @@ type Router struct {
 	control         *controlAdapters
 	quota           *quota.Quota
 	flow            *flow.Controller
+	room            *waitroom.Room
+	demand          *demand.Demand
 	share           *flowshare.Share
 	mux             *http.ServeMux
 	draining        atomic.Bool
@@ -437,7 +450,10 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	if err != nil {
 		return fmt.Errorf("router: flow control: %w", err)
 	}
-	r.share = flowshare.New(flowshare.Config{Router: cfg.ID, Interval: cfg.Flow.ReportInterval}, r.flow, r.control, r.reg, r.log)
+	r.room = waitroom.New(waitroom.Config{MaxBytes: cfg.HoldMaxBytes}, r.eps, r.reg)
+	r.demand = demand.New(r.eps, r.room, nil)
+	r.share = flowshare.New(flowshare.Config{Router: cfg.ID, Interval: cfg.Flow.ReportInterval, Flow: cfg.Flow.Enabled},
+		r.flow, r.demand, r.control, r.reg, r.log)
 	acfg := api.Config{
 		Quota:        r.quota,
 		Flow:         r.flow,
@@ -450,6 +466,8 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		RequireKey:     cfg.RequireAPIKey,
 		KeysRequired:   func() bool { return wc.Current().Config.GetApiKeysRequired() },
 		MaxKeyInflight: cfg.MaxKeyInflight,
+		Hold:           r.room,
+		Demand:         r.demand,
 	}
 	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil
@@ -543,6 +561,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 
 	bg.Go(func() { r.forget(bgCtx) })
 	bg.Go(func() { _ = r.flow.Run(bgCtx) })
+	bg.Go(func() { _ = r.room.Run(bgCtx) })
 	bg.Go(func() { newGCTuner(r.cfg.GCMinHeap).run(bgCtx) })
 
 	// The tenants' shares and usage: stopped after the last request has
@@ -555,14 +574,14 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		_ = r.quota.Run(quotaCtx)
 	}()
 
-	// The routers' queues shared through the leader (design §7.8):
-	// stopped with the quota loop, before the control connections close.
+	// The routers' queues (design §7.8) and the autoscaled models' demand
+	// (§5.7) shared through the leader — with flow control off, only while
+	// a model is autoscaled: stopped with the quota loop, before the
+	// control connections close.
 	shareDone := make(chan struct{})
 	go func() {
 		defer close(shareDone)
-		if r.cfg.Flow.Enabled {
-			_ = r.share.Run(quotaCtx)
-		}
+		_ = r.share.Run(quotaCtx)
 	}()
 
 	var handlers sync.WaitGroup

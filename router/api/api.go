@@ -6,7 +6,9 @@
 // (handler → director → scheduler → proxy), each given only what it needs:
 //
 //  1. decode and sniff: read the body within its limit, and just enough of
-//     it (router/openai) to route it;
+//     it (router/openai) to route it; then, for an autoscaled model with
+//     no replica ready to take it, wait in the waiting room until one can
+//     (router/waitroom, §5.7);
 //  2. resolve: the model and adapter the name means, and the replicas that
 //     may serve it, waiting for a cold adapter (router/director, §7.6);
 //  3. prepare: the body as the engine must get it, tier 1's prefix hashes
@@ -49,6 +51,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -65,6 +68,7 @@ import (
 	"github.com/llmgw/llmgw/router/proxy"
 	"github.com/llmgw/llmgw/router/quota"
 	"github.com/llmgw/llmgw/router/tokenize"
+	"github.com/llmgw/llmgw/router/waitroom"
 )
 
 // Models is desired state as the handler reads it (endpoint.Registry):
@@ -135,6 +139,29 @@ type Config struct {
 	// Tenants returns the tenants in force now, for their priority
 	// classes; nil means none.
 	Tenants func() map[string]*llmgwv1.Tenant
+	// Hold is the waiting room (router/waitroom, design §5.7): a request
+	// for an autoscaled model with no replica ready to take it waits there
+	// instead of getting 503; nil: none is held.
+	Hold Holder
+	// Demand counts the autoscaled models' requests and time to first
+	// token for the router's demand report (router/demand); nil: not
+	// counted.
+	Demand DemandCounter
+}
+
+// Holder is the waiting room (router/waitroom): Enter lets a request of
+// an autoscaled model through, at once or once a replica can take it, or
+// refuses it (a nil Err: the client left while held); the Pass is Done
+// once when the request ends.
+type Holder interface {
+	Enter(ctx context.Context, r waitroom.Request) (*waitroom.Pass, *waitroom.Refusal)
+}
+
+// DemandCounter counts, per autoscaled model, the requests sent and the
+// time to first token of their streamed answers (router/demand).
+type DemandCounter interface {
+	Sent(model string)
+	FirstToken(model string, ttft time.Duration)
 }
 
 // FlowControl is flow control at saturation (router/flow): Resolve gives
@@ -451,9 +478,35 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 
 	// The key's models, before resolving: a key may not make the control
 	// plane load an adapter it may not use (router/auth).
-	if base, ok := h.mayUse(key, req.Model); !ok {
+	base, ok := h.mayUse(key, req.Model)
+	if !ok {
 		return refuse(auth.Forbidden(req.Model)), base
 	}
+
+	// 1b. The waiting room (design §5.7): an autoscaled model with no
+	// replica ready to take the request holds it until one can, in
+	// arrival order; the rest of the pipeline runs after, as for any.
+	limits, autoscaled := waitroom.LimitsOf(h.spec(base))
+	// Time to first token counts from the request's release: its time
+	// held is counted as held (router/demand).
+	ttftFrom := start
+	var pass *waitroom.Pass
+	defer func() { pass.Done() }()
+	if autoscaled && h.cfg.Hold != nil {
+		var ref *waitroom.Refusal
+		pass, ref = h.cfg.Hold.Enter(r.Context(), waitroom.Request{Model: base, Limits: limits, Bytes: len(body)})
+		if ref != nil {
+			if ref.Err == nil { // the client left while it was held
+				return proxy.ClientClosed, base
+			}
+			return refuse(ref.Err), base
+		}
+		if pass.Waited > 0 {
+			w.Header().Set(holdHeader, strconv.FormatInt(pass.Waited.Milliseconds(), 10))
+			ttftFrom = time.Now()
+		}
+	}
+	counted := autoscaled && h.cfg.Demand != nil
 
 	// 2 to 5, again (at most adapterRetries times) when every replica
 	// tried answered 404 for an adapter the table said it holds: those are
@@ -538,6 +591,9 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		}
 
 		// 4 and 5. Schedule each attempt (the plan is the route) and forward.
+		if try == 0 && counted {
+			h.cfg.Demand.Sent(tgt.Base)
+		}
 		res = h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
 			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
 			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: tail,
@@ -565,7 +621,26 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		out, ok := plan.Done(res.Replica.ReplicaID, res.Code)
 		h.m.perReplica(tgt.Base, res.Replica.ReplicaID, res.Code, out, ok)
 	}
+	if counted && res.Code == http.StatusOK && !res.FirstByte.IsZero() {
+		h.cfg.Demand.FirstToken(tgt.Base, res.FirstByte.Sub(ttftFrom))
+	}
 	return res.Code, tgt.Base
+}
+
+// holdHeader is the time an answer's request waited in the waiting room.
+const holdHeader = "X-Llmgw-Hold-Ms"
+
+// spec is the desired state of the model called name; nil when there is
+// none ("" included).
+func (h *Handler) spec(name string) *llmgwv1.Model {
+	if name == "" {
+		return nil
+	}
+	ms := h.desired.Models()
+	if i, ok := slices.BinarySearchFunc(ms, name, func(m *llmgwv1.Model, n string) int { return strings.Compare(m.GetName(), n) }); ok {
+		return ms[i]
+	}
+	return nil
 }
 
 // admit asks the tenants' admission for the request and sets the

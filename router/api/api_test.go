@@ -83,8 +83,21 @@ func (t *table) hold(replica, adapter string) {
 }
 
 func (t *table) Lookup(m string) ([]*endpoint.Endpoint, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	eps, ok := t.models[m]
 	return eps, ok
+}
+
+// route makes eps model's routable endpoints and publishes the change.
+func (t *table) route(model string, eps ...*endpoint.Endpoint) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.models[model] = eps
+	if t.changed != nil {
+		close(t.changed)
+	}
+	t.changed = make(chan struct{})
 }
 func (t *table) Models() []*llmgwv1.Model {
 	if t.list != nil {

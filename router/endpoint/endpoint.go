@@ -36,6 +36,13 @@ type Endpoint struct {
 	// Address is the engine's host:port, from the agent's status.
 	Address string
 	Weight  float64
+	// RoutableSince is when this router first saw the incarnation
+	// routable, on the registry's clock: how the waiting room tells a
+	// replica that has just loaded (design §5.7). Zero for one already
+	// routable in the first complete state the router received, whose
+	// age it cannot know (a restarted router does not take a fleet that
+	// has served for hours for a fresh one).
+	RoutableSince time.Time
 
 	reading  atomic.Pointer[timedReading]
 	inflight atomic.Int64
@@ -256,9 +263,16 @@ func Routable(st *watch.State, rep *llmgwv1.Replica) (*llmgwv1.ReplicaStatus, bo
 // rebuild computes the routing table for st, keeping the Endpoint objects
 // (and their readings and in-flight counts) of replicas that did not change.
 func (r *Registry) rebuild(st *watch.State) {
+	prevView := r.cur.Load()
 	old := make(map[key]*Endpoint)
-	for _, e := range r.cur.Load().all {
+	for _, e := range prevView.all {
 		old[e.key()] = e
+	}
+	// A replica new since a complete state was seen has just become
+	// routable; before one, the router cannot tell.
+	var since time.Time
+	if prevView.state != nil && prevView.state.Synced {
+		since = r.now()
 	}
 	v := &view{state: st, models: make(map[string][]*Endpoint), byNode: make(map[string]map[string]*Endpoint),
 		adapters: adapterRefs(st), holds: map[*Endpoint]map[string]bool{}, changed: make(chan struct{}),
@@ -277,6 +291,7 @@ func (r *Registry) rebuild(st *watch.State) {
 		e := &Endpoint{
 			ReplicaID: rep.GetId(), UID: rep.GetUid(), Incarnation: s.GetIncarnation(),
 			Model: rep.GetModel(), Node: rep.GetNode(), Address: s.GetAddress(), Weight: rep.GetWeight(),
+			RoutableSince: since,
 		}
 		if prev := old[e.key()]; prev != nil {
 			e = prev

@@ -300,3 +300,36 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRoutableSince: a replica routable in the first complete state the
+// router saw has no known start (zero); one that becomes routable later,
+// or restarts, is dated by the registry's clock, and keeps its date while
+// it stays the same incarnation.
+func TestRoutableSince(t *testing.T) {
+	at := time.Unix(1_700_000_000, 0)
+	cfg := DefaultConfig()
+	cfg.Now = func() time.Time { return at }
+	a := rep{id: "m-0", model: "m", uid: 5, sUID: 5, phase: ready, addr: "a:1", inc: 1}
+	b := rep{id: "m-1", model: "m", uid: 6, sUID: 6, phase: ready, addr: "a:2", inc: 1}
+	src := newFakeSource(stateOf([]string{"m"}, a))
+	r := newTestRegistry(t, cfg, src)
+	eps, _ := r.Lookup("m")
+	if len(eps) != 1 || !eps[0].RoutableSince.IsZero() {
+		t.Fatalf("first state: %+v, want one endpoint of unknown start", eps)
+	}
+
+	at = at.Add(time.Minute)
+	r.rebuild(stateOf([]string{"m"}, a, b))
+	eps, _ = r.Lookup("m")
+	if !eps[0].RoutableSince.IsZero() || !eps[1].RoutableSince.Equal(at) {
+		t.Fatalf("after m-1 became routable: %v, %v; want zero and %v", eps[0].RoutableSince, eps[1].RoutableSince, at)
+	}
+	first := at
+	at = at.Add(time.Minute)
+	a.inc = 2 // m-0 restarts
+	r.rebuild(stateOf([]string{"m"}, a, b))
+	eps, _ = r.Lookup("m")
+	if !eps[0].RoutableSince.Equal(at) || !eps[1].RoutableSince.Equal(first) {
+		t.Fatalf("after m-0 restarted: %v, %v; want %v and %v", eps[0].RoutableSince, eps[1].RoutableSince, at, first)
+	}
+}

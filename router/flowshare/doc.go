@@ -16,6 +16,15 @@
 // back to its own queues alone within a few seconds rather than holding
 // work back for queues that may have drained.
 //
+// The same report carries the router's demand per autoscaled model
+// (design §5.7: held requests, engine readings, time to first token), which
+// the leader's autoscaler decides on, so the loop runs whenever a model is
+// autoscaled, flow control on or off. Off, and with no autoscaled model,
+// it sends nothing. An idle router — nothing queued or held here, nothing
+// queued elsewhere at the last answer — reports every fourth tick; a held
+// request makes it report every tick, so the leader hears of a model
+// waiting for its first replica within one interval.
+//
 // The view holds from when the report was sent for as long as the leader
 // counts a report (the answer's valid_ms): the leader counted it from
 // when it received it, later, so the router never holds a view longer

@@ -121,7 +121,7 @@ func depth(model, class string, queued uint64) *llmgwv1.FlowDepth {
 var now = time.Unix(1_700_000_000, 0)
 
 func newShare(q Queues, r Reporter, reg prometheus.Registerer, timeout time.Duration) *Share {
-	return New(Config{Router: "r1", Interval: 5 * time.Millisecond, Timeout: timeout, Now: func() time.Time { return now }}, q, r, reg, nil)
+	return New(Config{Router: "r1", Interval: 5 * time.Millisecond, Timeout: timeout, Now: func() time.Time { return now }, Flow: true}, q, nil, r, reg, nil)
 }
 
 // TestReports: the loop reports at once and then every interval, under
@@ -237,11 +237,88 @@ func TestStop(t *testing.T) {
 
 // TestNewDefaults: zero values take the defaults; a session is picked.
 func TestNewDefaults(t *testing.T) {
-	s := New(Config{Router: "r1"}, &queues{}, &reporter{}, nil, nil)
+	s := New(Config{Router: "r1"}, &queues{}, nil, &reporter{}, nil, nil)
 	if s.cfg.Interval != DefaultInterval || s.cfg.Timeout != DefaultTimeout || s.Session() == 0 {
 		t.Fatalf("config %+v", s.cfg)
 	}
-	if s2 := New(Config{Router: "r1"}, &queues{}, &reporter{}, nil, nil); s2.Session() == s.Session() {
+	if s2 := New(Config{Router: "r1"}, &queues{}, nil, &reporter{}, nil, nil); s2.Session() == s.Session() {
 		t.Fatal("two runs share a session")
 	}
+}
+
+// demand is the router's demand: fixed, and counting its calls.
+type demand struct {
+	mu     sync.Mutex
+	d      []*llmgwv1.ModelDemand
+	depths []*llmgwv1.FlowDepth // what the last call was given
+}
+
+func (d *demand) Demand(depths []*llmgwv1.FlowDepth) []*llmgwv1.ModelDemand {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.depths = depths
+	return d.d
+}
+
+func (d *demand) set(md []*llmgwv1.ModelDemand) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.d = md
+}
+
+// TestDemand: the report carries the demand, computed with the queues of
+// the same tick; with flow control off, the loop reports only while a
+// model is autoscaled, at the idle cadence while nothing is held, and
+// every tick while a request is held; more than MaxDemands are cut.
+func TestDemand(t *testing.T) {
+	q := &queues{}
+	d := &demand{}
+	r := &reporter{view: &llmgwv1.FlowView{Depths: []*llmgwv1.FlowDepth{depth("m", "batch", 1)}}}
+	s := New(Config{Router: "r1", Interval: 5 * time.Millisecond, Timeout: time.Second}, q, d, r, nil, nil)
+	stop := run(t, s)
+	defer stop()
+
+	testkit.Wait(t, "ticks without a report", func() bool { return q.tickCount() >= 5 })
+	if n := len(r.sent()); n != 0 {
+		t.Fatalf("%d reports with flow control off and no autoscaled model", n)
+	}
+
+	// Idle demand: every idleEvery-th tick, though the fleet has queues
+	// (this router's flow control is off: they are not its business).
+	d.set([]*llmgwv1.ModelDemand{{Model: "m", Replicas: 1}})
+	testkit.Wait(t, "a report with the demand", func() bool { return len(r.sent()) >= 1 })
+	t0, s0 := q.tickCount(), len(r.sent())
+	testkit.Wait(t, "4 idle reports", func() bool { return len(r.sent()) >= s0+4 })
+	if ticks, sent := q.tickCount()-t0, len(r.sent())-s0; ticks < (sent-1)*idleEvery {
+		t.Fatalf("%d reports in %d ticks while idle, want one every %d", sent, ticks, idleEvery)
+	}
+	if rep := r.sent()[0]; len(rep.Demand) != 1 || rep.Demand[0].Model != "m" || rep.Demand[0].Replicas != 1 {
+		t.Fatalf("report %v, want the demand", rep)
+	}
+
+	// Held: every tick.
+	d.set([]*llmgwv1.ModelDemand{{Model: "m", Held: 3}})
+	testkit.Wait(t, "a report every tick while held", func() bool {
+		t0, s0 := q.tickCount(), len(r.sent())
+		time.Sleep(50 * time.Millisecond)
+		return len(r.sent())-s0 >= q.tickCount()-t0-1 && q.tickCount()-t0 >= 4
+	})
+
+	// The queues of the tick are handed to the demand.
+	q.setDepths([]*llmgwv1.FlowDepth{depth("m", "batch", 2)})
+	testkit.Wait(t, "the demand given the tick's queues", func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return len(d.depths) == 1 && d.depths[0].Queued == 2
+	})
+
+	many := make([]*llmgwv1.ModelDemand, MaxDemands+5)
+	for i := range many {
+		many[i] = &llmgwv1.ModelDemand{Model: "m"}
+	}
+	d.set(many)
+	testkit.Wait(t, "a report cut to MaxDemands", func() bool {
+		sent := r.sent()
+		return len(sent[len(sent)-1].Demand) == MaxDemands
+	})
 }

@@ -114,6 +114,11 @@ type Result struct {
 	// (never passed to the client: the caller may wait for a holder and
 	// serve the request again, design §7.6).
 	Missing []*endpoint.Endpoint
+	// FirstByte is when a streamed answer's first byte went to the
+	// client — the point llmgw_router_ttft_seconds observes, the time to
+	// first token; zero for an answer not streamed (its first byte is its
+	// last) and for none.
+	FirstByte time.Time
 }
 
 // Proxy forwards requests to engines. Safe for concurrent use; Close drops
@@ -181,10 +186,10 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Resu
 		}
 		attempt++
 		last := attempt == p.cfg.MaxAttempts || len(tried) == req.Replicas
-		code, err := p.forward(w, r, req, ep, last, log)
+		code, first, err := p.forward(w, r, req, ep, last, log)
 		if err == nil {
 			settle(br, code)
-			return Result{Code: code, Replica: ep}
+			return Result{Code: code, Replica: ep, FirstByte: first}
 		}
 		if r.Context().Err() != nil {
 			br.Release()
@@ -267,8 +272,8 @@ func dropped(k string) bool {
 // so the caller may retry elsewhere (design §7.4). Once the response has
 // started, it is the answer, whatever happens to it; the route's Accepted
 // runs just before, so the scheduler records where the request really went
-// (design §7.5).
-func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep *endpoint.Endpoint, last bool, log *slog.Logger) (int, error) {
+// (design §7.5). first is when a stream's first byte went to the client.
+func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep *endpoint.Endpoint, last bool, log *slog.Logger) (code int, first time.Time, err error) {
 	body := req.Body
 	release := ep.Acquire()
 	defer release()
@@ -276,18 +281,18 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	// The request's context: a client that goes away cancels the engine's work.
 	resp, err := p.up.roundTrip(r.Context(), ep.Address, r.URL.RequestURI(), r.Header, body)
 	if err != nil {
-		return 0, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
+		return 0, first, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 500 && !last {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return 0, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
+		return 0, first, fmt.Errorf("replica %s answered %s", ep.ReplicaID, resp.Status)
 	}
 	if resp.StatusCode == http.StatusNotFound && req.Adapter != "" {
 		// Even on the last attempt: the table said it holds the adapter,
 		// so this 404 is the table being behind, not the client's error.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return 0, fmt.Errorf("replica %s, adapter %s: %w", ep.ReplicaID, req.Adapter, errAdapterMissing)
+		return 0, first, fmt.Errorf("replica %s, adapter %s: %w", ep.ReplicaID, req.Adapter, errAdapterMissing)
 	}
 
 	req.Route.Accepted()
@@ -328,7 +333,7 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		ttft = p.m.ttft.WithLabelValues(ep.Model)
 	}
 	bp := p.bufs.Get().(*[]byte)
-	n, done, err := copyFlushing(w, dst, src, *bp, !sized, req.Start, ttft)
+	n, first, done, err := copyFlushing(w, dst, src, *bp, !sized, req.Start, ttft)
 	p.bufs.Put(bp)
 	if stripper != nil && err == nil {
 		if ferr := stripper.Flush(); ferr != nil {
@@ -347,9 +352,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	}
 	log.Debug("router: request done", "replica", ep.ReplicaID, "status", resp.StatusCode, "bytes", n, "whole", whole)
 	if !whole && r.Context().Err() != nil {
-		return ClientClosed, nil
+		return ClientClosed, first, nil
 	}
-	return resp.StatusCode, nil
+	return resp.StatusCode, first, nil
 }
 
 // sseDone is the end of an OpenAI stream: the [DONE] event, its data
@@ -383,19 +388,21 @@ func (t *doneTail) done() bool {
 // after every read when flush is set, so SSE chunks reach the client one
 // by one (but the read that ended the body, which the server flushes as
 // the handler returns); ttft, when
-// set, observes the time from start to the first byte. done reports
-// whether the last bytes written and flushed were a stream's [DONE].
-func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, flush bool, start time.Time, ttft prometheus.Observer) (n int64, done bool, err error) {
+// set, observes the time from start to the first byte, which is first
+// (zero without ttft). done reports whether the last bytes written and
+// flushed were a stream's [DONE].
+func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, flush bool, start time.Time, ttft prometheus.Observer) (n int64, first time.Time, done bool, err error) {
 	rc := http.NewResponseController(w)
 	var tail doneTail
 	for {
 		k, rerr := src.Read(buf)
 		if k > 0 {
 			if n == 0 && ttft != nil {
-				ttft.Observe(time.Since(start).Seconds())
+				first = time.Now()
+				ttft.Observe(first.Sub(start).Seconds())
 			}
 			if _, err := dst.Write(buf[:k]); err != nil {
-				return n, false, fmt.Errorf("write to client: %w", err)
+				return n, first, false, fmt.Errorf("write to client: %w", err)
 			}
 			n += int64(k)
 			// Not when the same read ended the body: the handler returns at
@@ -403,16 +410,16 @@ func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byt
 			// end in one write instead of two.
 			if flush && rerr != io.EOF {
 				if err := rc.Flush(); err != nil {
-					return n, false, fmt.Errorf("flush to client: %w", err)
+					return n, first, false, fmt.Errorf("flush to client: %w", err)
 				}
 			}
 			tail.add(buf[:k])
 		}
 		if rerr == io.EOF {
-			return n, tail.done(), nil
+			return n, first, tail.done(), nil
 		}
 		if rerr != nil {
-			return n, tail.done(), fmt.Errorf("read from engine: %w", rerr)
+			return n, first, tail.done(), fmt.Errorf("read from engine: %w", rerr)
 		}
 	}
 }

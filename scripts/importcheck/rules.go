@@ -169,7 +169,7 @@ var rules = []rule{
 	{
 		Prefix: "router/api",
 		InRepo: []string{"proto", "vllm", "router/auth", "router/openai", "router/endpoint", "router/tokenize", "router/director", "router/proxy",
-			"router/scheduler", "router/breaker", "router/quota", "router/flow"},
+			"router/scheduler", "router/breaker", "router/quota", "router/flow", "router/waitroom"},
 		Why: "the HTTP surface runs the director and the proxy router.New hands it, knowing them by their types alone; it reads desired state " +
 			"through its own Models interface and never the watch stream, the KV index or the prefix tree (scheduler and breaker are " +
 			"for its tests, which build the stages as router.New does; design §7.1, §7.3)",
@@ -194,6 +194,20 @@ var rules = []rule{
 		Deny:   networked,
 		Why: "flow control decides from this router's view of its replicas' load and what the other routers last reported, " +
 			"handed to it: no request waits on the network (design §7.8)",
+	},
+	{
+		Prefix: "router/waitroom",
+		InRepo: []string{"proto", "router/openai", "router/endpoint"},
+		Deny:   networked,
+		Why: "the waiting room decides from the routing table it is handed and its own counts: no request waits on the network " +
+			"(design §5.7)",
+	},
+	{
+		Prefix: "router/demand",
+		InRepo: []string{"proto", "router/endpoint"},
+		Deny:   networked,
+		Why: "the demand report is counted from the routing table and the waiting room, handed to it; the flow-share loop sends it " +
+			"(design §5.7)",
 	},
 	{
 		Prefix: "router/flowshare",
