@@ -38,6 +38,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/service/watch"
 	"github.com/llmgw/llmgw/controlplane/store"
 	"github.com/llmgw/llmgw/fsm"
+	"github.com/llmgw/llmgw/internal/ttftbuckets"
 	"github.com/llmgw/llmgw/internal/grpcstop"
 	"github.com/llmgw/llmgw/internal/mtls"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -292,6 +293,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		RescheduleAfter: s.cfg.RescheduleAfter, DrainTimeout: s.cfg.DrainTimeout,
 		AdapterMinIdle: s.cfg.AdapterMinIdle, AdapterRetryAfter: s.cfg.AdapterRetryAfter,
 		Autoscale: autoscale.Defaults{ScaleDownAfter: s.cfg.AutoscaleScaleDownAfter, Cooldown: s.cfg.AutoscaleCooldown},
+		TTFTP90:   ttftbuckets.P90,
 	}, gated, s.fsm, s.eph, s.sessions, s.members, s.metrics.leader, s.log, s.clock)
 
 	// streams is cancelled first on shutdown: long-lived streams would hold

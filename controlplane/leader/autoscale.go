@@ -211,8 +211,11 @@ func (l *Leader) observe(st *llmgwv1.State, m *llmgwv1.Model, d *llmgwv1.ModelDe
 	if d != nil {
 		o.Demand = autoscale.Demand{Held: d.Held, Waiting: d.Waiting, Running: d.Running, KVUsageSum: d.KvUsageSum,
 			Requests: d.Requests}
-		if l.ttftP90 != nil {
-			o.Demand.TTFTP90, o.Demand.TTFTCount = l.ttftP90(d.TtftBuckets)
+		for _, n := range d.TtftBuckets {
+			o.Demand.TTFTCount += n
+		}
+		if l.ttftP90 != nil && o.Demand.TTFTCount > 0 {
+			o.Demand.TTFTP90 = l.ttftP90(d.TtftBuckets)
 		}
 	}
 	return o

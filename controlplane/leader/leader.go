@@ -29,9 +29,9 @@ type Config struct {
 	// Autoscale is the timings an autoscale spec leaves at 0 (design
 	// §5.7); zero fields take package autoscale's defaults.
 	Autoscale autoscale.Defaults
-	// TTFTP90 reads the routers' summed TTFT bucket counts: the p90 and
-	// how many answers they hold.
-	TTFTP90 func(buckets []uint64) (time.Duration, uint64)
+	// TTFTP90 reads the routers' summed TTFT bucket counts
+	// (internal/ttftbuckets): their p90.
+	TTFTP90 func(buckets []uint64) time.Duration
 }
 
 // Proposer commits commands on the leader (package gate over package
@@ -107,7 +107,7 @@ type Leader struct {
 	// first); ttftP90 reads the routers' TTFT counts.
 	scaleMu sync.Mutex
 	scaler  *scaler
-	ttftP90 func([]uint64) (time.Duration, uint64)
+	ttftP90 func([]uint64) time.Duration
 }
 
 type adapterKey struct{ adapter, replica string }

@@ -9495,7 +9495,7 @@ type ModelDemand struct {
 	KvUsageSum float64 `protobuf:"fixed64,5,opt,name=kv_usage_sum,json=kvUsageSum,proto3" json:"kv_usage_sum,omitempty"`
 	Replicas   uint32  `protobuf:"varint,6,opt,name=replicas,proto3" json:"replicas,omitempty"`
 	// Time to first token of the router's answers over its last minute, as
-	// counts per bucket of ModelDemand's fixed bounds (autoscale package);
+	// counts per bucket of the fixed bounds of internal/ttftbuckets;
 	// the leader sums every router's to take the fleet's p90.
 	TtftBuckets []uint64 `protobuf:"varint,7,rep,packed,name=ttft_buckets,json=ttftBuckets,proto3" json:"ttft_buckets,omitempty"`
 	// Requests the router sent the model over its last minute.
