@@ -153,10 +153,10 @@ func (l *loader) openLoop(ctx context.Context, seed uint64, d time.Duration, ts 
 	start := time.Now()
 	for k, t := range ts {
 		rng := rand.New(rand.NewPCG(seed, uint64(k)))
-		sched := arrivals(rng, rates[k], d)
+		sched := benchchat.Arrivals(rng, rates[k], d)
 		wg.Go(func() {
 			for _, at := range sched {
-				if !sleepUntil(ctx, start.Add(at)) {
+				if !benchchat.SleepUntil(ctx, start.Add(at)) {
 					return
 				}
 				i := t.routers[rng.IntN(len(t.routers))]
@@ -182,20 +182,4 @@ func (l *loader) closedLoop(ctx context.Context, d time.Duration, t *tenant, n i
 		})
 	}
 	wg.Wait()
-}
-
-// sleepUntil waits for at; false when ctx ended first.
-func sleepUntil(ctx context.Context, at time.Time) bool {
-	d := time.Until(at)
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

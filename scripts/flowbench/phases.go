@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/llmgw/llmgw/scripts/internal/benchchat"
 	"github.com/llmgw/llmgw/scripts/internal/benchproc"
 )
 
@@ -74,9 +75,9 @@ func tally(recs []record) tenantResult {
 			t.Lost++
 		}
 	}
-	t.TTFTp50ms = ms(quantile(ttfts, 0.5))
-	t.TTFTp90ms = ms(quantile(ttfts, 0.9))
-	t.TTFTp99ms = ms(quantile(ttfts, 0.99))
+	t.TTFTp50ms = ms(benchchat.Quantile(ttfts, 0.5))
+	t.TTFTp90ms = ms(benchchat.Quantile(ttfts, 0.9))
+	t.TTFTp99ms = ms(benchchat.Quantile(ttfts, 0.99))
 	if len(waits) > 0 {
 		slices.Sort(waits)
 		t.QueueMSp99 = waits[min(len(waits)-1, int(math.Ceil(0.99*float64(len(waits))))-1)]
@@ -401,7 +402,7 @@ func (b *bench) cost(ctx context.Context, capRPS float64) error {
 		c0[k] = p.CPU()
 	}
 	t0 := time.Now()
-	if !sleepUntil(ctx, t0.Add(b.cfg.costIdle)) {
+	if !benchchat.SleepUntil(ctx, t0.Add(b.cfg.costIdle)) {
 		return ctx.Err()
 	}
 	for k, p := range idle {

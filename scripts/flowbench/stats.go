@@ -1,31 +1,9 @@
 package main
 
 import (
-	"math"
-	"math/rand/v2"
-	"slices"
 	"sort"
 	"time"
 )
-
-// arrivals is an open loop's schedule: Poisson arrivals at rate per
-// second over d, as offsets from its start. The gaps are exponential with
-// mean 1/rate, drawn from rng, so a seed fixes the schedule.
-func arrivals(rng *rand.Rand, rate float64, d time.Duration) []time.Duration {
-	if rate <= 0 {
-		return nil
-	}
-	var out []time.Duration
-	t := 0.0
-	for {
-		t += rng.ExpFloat64() / rate
-		at := time.Duration(t * float64(time.Second))
-		if at >= d {
-			return out
-		}
-		out = append(out, at)
-	}
-}
 
 // jain is Jain's fairness index of xs: (Σx)² / (n·Σx²), 1 when every x
 // is equal, 1/n when one takes everything. No service at all counts as
@@ -40,18 +18,6 @@ func jain(xs []float64) float64 {
 		return 1
 	}
 	return sum * sum / (float64(len(xs)) * sq)
-}
-
-// quantile is the q-quantile of ds (nearest rank; 0 for none). It sorts
-// a copy.
-func quantile(ds []time.Duration, q float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[min(len(s)-1, max(0, i))]
 }
 
 // event is a tenant's served value (tokens) at a time.

@@ -35,7 +35,7 @@ func TestJain(t *testing.T) {
 
 func TestArrivals(t *testing.T) {
 	const rate, d = 50.0, 200 * time.Second
-	a := arrivals(rand.New(rand.NewPCG(1, 2)), rate, d)
+	a := benchchat.Arrivals(rand.New(rand.NewPCG(1, 2)), rate, d)
 	// Poisson: the count's standard deviation is √(rate·d) = 100.
 	if n := float64(len(a)); !near(n, rate*d.Seconds(), 400) {
 		t.Fatalf("%v arrivals, want about %v", n, rate*d.Seconds())
@@ -58,10 +58,10 @@ func TestArrivals(t *testing.T) {
 	if !near(mean, 1/rate, 0.05/rate) || !near(sd, 1/rate, 0.05/rate) {
 		t.Fatalf("gaps: mean %v, sd %v; want both %v", mean, sd, 1/rate)
 	}
-	if again := arrivals(rand.New(rand.NewPCG(1, 2)), rate, d); len(again) != len(a) || again[len(a)-1] != a[len(a)-1] {
+	if again := benchchat.Arrivals(rand.New(rand.NewPCG(1, 2)), rate, d); len(again) != len(a) || again[len(a)-1] != a[len(a)-1] {
 		t.Fatal("the same seed gave another schedule")
 	}
-	if arrivals(rand.New(rand.NewPCG(1, 2)), 0, d) != nil {
+	if benchchat.Arrivals(rand.New(rand.NewPCG(1, 2)), 0, d) != nil {
 		t.Fatal("rate 0 gave arrivals")
 	}
 }
@@ -155,16 +155,16 @@ func TestQuantile(t *testing.T) {
 	for i := 1; i <= 100; i++ {
 		ds = append(ds, time.Duration(101-i)*time.Millisecond)
 	}
-	if q := quantile(ds, 0.99); q != 99*time.Millisecond {
+	if q := benchchat.Quantile(ds, 0.99); q != 99*time.Millisecond {
 		t.Fatalf("p99 = %v", q)
 	}
-	if q := quantile(ds, 0.5); q != 50*time.Millisecond {
+	if q := benchchat.Quantile(ds, 0.5); q != 50*time.Millisecond {
 		t.Fatalf("p50 = %v", q)
 	}
 	if ds[0] != 100*time.Millisecond {
 		t.Fatal("quantile sorted its input")
 	}
-	if quantile(nil, 0.99) != 0 {
+	if benchchat.Quantile(nil, 0.99) != 0 {
 		t.Fatal("no samples")
 	}
 }
