@@ -96,6 +96,12 @@ func (c *Cluster) ApplyModel(name, spec string) error {
 	return err
 }
 
+// DeleteModel deletes a model applied before.
+func (c *Cluster) DeleteModel(name string) error {
+	_, err := c.CtlOut("model", "delete", name)
+	return err
+}
+
 // CtlOut runs llmgwctl against each running server in turn until one
 // answers, and returns its standard output.
 func (c *Cluster) CtlOut(args ...string) (string, error) {
