@@ -69,6 +69,7 @@ import (
 	"github.com/llmgw/llmgw/router/quota"
 	"github.com/llmgw/llmgw/router/tokenize"
 	"github.com/llmgw/llmgw/router/waitroom"
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // Models is desired state as the handler reads it (endpoint.Registry):
@@ -581,6 +582,18 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 				plan.Done("", ref.Err.Status)
 				return refuse(ref.Err), tgt.Base
 			}
+		}
+		// 3d. An engine that schedules by priority (vLLM's
+		// --scheduling-policy priority) is told the class, 0 the highest,
+		// so the engine's own queue keeps the order flow control chose;
+		// without classes every request is 0 (design §7.8).
+		if vllm.PriorityScheduling(tgt.Model.GetExtraArgs()) {
+			body, err := openai.WithPriority(plan.Body, max(rank, 0))
+			if err != nil {
+				plan.Done("", http.StatusBadRequest)
+				return refuse(openai.InvalidField("priority", "the body is not a JSON object")), tgt.Base
+			}
+			plan.Body = body
 		}
 		tail := plan.Tail()
 		if ticket != nil && plan.Stream {

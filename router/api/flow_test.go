@@ -201,3 +201,43 @@ func BenchmarkHandlerFlow(b *testing.B) {
 		})
 	}
 }
+
+// TestFlowEnginePriority: an engine that schedules by priority is told
+// the request's class, 0 the highest, whatever the client put in the
+// body; an engine that does not gets the body as sent.
+func TestFlowEnginePriority(t *testing.T) {
+	var got atomic.Value
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		p, ok := body["priority"]
+		got.Store([]any{p, ok})
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`))
+	}))
+	defer eng.Close()
+	h, loads := flowHandler(t, eng.URL, nil, nil, nil)
+	post := func(class, body string) []any {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Llmgw-Priority", class)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		if w.Code != http.StatusOK {
+			t.Fatalf("%s: %d %s", class, w.Code, w.Body)
+		}
+		return got.Load().([]any)
+	}
+	const sneaky = `{"model":"demo","priority":-1000,"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+	if p := post("batch", sneaky); p[0] != -1000.0 {
+		t.Fatalf("an engine without priority scheduling got priority %v, want the body as sent", p)
+	}
+	loads.tb.list = []*llmgwv1.Model{{Name: "demo", ExtraArgs: []string{"--scheduling-policy", "priority"}}}
+	// Without a tenant the class is at most the default, standard: the
+	// header may lower it, never raise it.
+	for class, want := range map[string]float64{"interactive": 1, "standard": 1, "batch": 2} {
+		if p := post(class, sneaky); p[0] != want {
+			t.Errorf("class %s: the engine got priority %v, want %v", class, p, want)
+		}
+	}
+}

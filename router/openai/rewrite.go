@@ -10,10 +10,11 @@ import (
 )
 
 // The router forwards a request's bytes as the client sent them (design
-// §7.1), with two exceptions that edit single top-level fields in place:
+// §7.1), with three exceptions that edit single top-level fields in place:
 // a stream gets stream_options.include_usage so the engine reports
-// cached_tokens, and a llama.cpp adapter request names the base model and
-// the adapter in `lora`. Everything else — key order, spacing, fields the
+// cached_tokens, a llama.cpp adapter request names the base model and
+// the adapter in `lora`, and an engine that schedules by priority is told
+// the request's class in `priority`. Everything else — key order, spacing, fields the
 // router does not know — reaches the engine untouched.
 
 // span is where a top-level field's value lies in a JSON object; start
@@ -161,6 +162,14 @@ func WithUsage(body []byte) ([]byte, error) {
 		return nil, InvalidField("stream_options", "stream_options must be an object")
 	}
 	return setFields(body, setting{"stream_options", string(opts)})
+}
+
+// WithPriority returns body with vLLM's `priority` field set to p (design
+// §7.8): for an engine that schedules by priority, the request's class,
+// 0 the highest. Whatever the client put there is replaced: a client must
+// not move itself ahead of its class inside the engine.
+func WithPriority(body []byte, p int) ([]byte, error) {
+	return setFields(body, setting{"priority", strconv.Itoa(p)})
 }
 
 // ForLlamaCpp returns body addressed to llama.cpp's server: `model` the

@@ -23,6 +23,9 @@ func TestRewrites(t *testing.T) {
 		{"llama.cpp inserts lora", `{"model":"sql"}`, `{"lora":[{"id":0,"scale":1}],"model":"base"}`,
 			func(b []byte) ([]byte, error) { return ForLlamaCpp(b, "base", 0) }, false},
 		{"not an object", `[1]`, ``, WithUsage, true},
+		{"priority inserted", `{"model":"m"}`, `{"priority":2,"model":"m"}`, func(b []byte) ([]byte, error) { return WithPriority(b, 2) }, false},
+		{"a client's priority replaced", `{"priority":-100,"model":"m"}`, `{"priority":0,"model":"m"}`,
+			func(b []byte) ([]byte, error) { return WithPriority(b, 0) }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

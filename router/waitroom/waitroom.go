@@ -31,8 +31,6 @@ package waitroom
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -42,6 +40,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/openai"
+	"github.com/llmgw/llmgw/vllm"
 )
 
 // The room's defaults: per model when the spec leaves them 0 (design §5.7),
@@ -127,35 +126,11 @@ func LimitsOf(m *llmgwv1.Model) (Limits, bool) {
 	}
 	if l.Warm == 0 {
 		l.Warm = DefaultWarm
-		if n, ok := MaxNumSeqs(m.GetExtraArgs()); ok {
+		if n, ok := vllm.MaxNumSeqs(m.GetExtraArgs()); ok {
 			l.Warm = n
 		}
 	}
 	return l, true
-}
-
-// MaxNumSeqs reads vLLM's --max-num-seqs from a model's extra_args, as
-// `--max-num-seqs N` or `--max-num-seqs=N` (or with underscores, which
-// vLLM's parser takes too); the last one given wins, as with argparse.
-// False when none gives a positive number.
-func MaxNumSeqs(args []string) (int, bool) {
-	n, ok := 0, false
-	for i, a := range args {
-		name, val, hasVal := strings.Cut(a, "=")
-		if strings.ReplaceAll(name, "_", "-") != "--max-num-seqs" {
-			continue
-		}
-		if !hasVal {
-			if i+1 >= len(args) {
-				continue
-			}
-			val = args[i+1]
-		}
-		if v, err := strconv.Atoi(val); err == nil && v > 0 {
-			n, ok = v, true
-		}
-	}
-	return n, ok
 }
 
 // Request is what the room knows of a request: its base model, the

@@ -76,6 +76,7 @@ type config struct {
 	costIdle     time.Duration
 	scrapeEvery  time.Duration
 	capacityRPS  float64
+	aLoad        float64
 }
 
 func main() {
@@ -107,6 +108,7 @@ func main() {
 	flag.DurationVar(&cfg.costIdle, "cost-idle", 15*time.Second, "phase 5's measure of the routers at rest, before its slices")
 	flag.DurationVar(&cfg.scrapeEvery, "scrape-every", 50*time.Millisecond, "how often phase 2 reads the routers' /metrics")
 	flag.Float64Var(&cfg.capacityRPS, "capacity-rps", 0, "skip phase 0 and take this capacity, requests per second")
+	flag.Float64Var(&cfg.aLoad, "a-load", 3, "phase 2: tenant A's offered load in capacities (the issue's 3 ×)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

@@ -170,7 +170,7 @@ func (b *bench) alone(ctx context.Context, capRPS float64) error {
 // 1 only, both flow routers' /metrics scraped for inversions.
 func (b *bench) mixed(ctx context.Context, capRPS float64) error {
 	d := b.cfg.mixed
-	rb, ra := 0.3*capRPS, 3*capRPS
+	rb, ra := 0.3*capRPS, b.cfg.aLoad*capRPS
 	fmt.Printf("phase 2, noisy neighbour: B %.1f req/s through routers 1 and 2, A (batch) %.1f req/s through router 1, for %v\n", rb, ra, d)
 	a := *b.tenants["a"]
 	a.routers = []int{0}

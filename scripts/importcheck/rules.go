@@ -197,7 +197,7 @@ var rules = []rule{
 	},
 	{
 		Prefix: "router/waitroom",
-		InRepo: []string{"proto", "router/openai", "router/endpoint"},
+		InRepo: []string{"proto", "vllm", "router/openai", "router/endpoint"},
 		Deny:   networked,
 		Why: "the waiting room decides from the routing table it is handed and its own counts: no request waits on the network " +
 			"(design §5.7)",
