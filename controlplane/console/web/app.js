@@ -133,12 +133,12 @@ function scaleEvents(m, st) {
   const rows = evs.slice(0, MAX_EVENTS_SHOWN).map(e => {
     const kind = e.blocked ? "held" : "step";
     return `<tr data-event="${kind}"><td>${clock(e.unix_ms)}</td><td>${e.blocked ? badge("HELD", "warn") : badge("STEP", "ok")}</td>` +
-      `<td class="num">${esc(e.from)} → ${esc(e.to)}</td><td class="wrap">${esc(e.reason)}</td></tr>`;
+      `<td class="num">${esc(e.from)} → ${esc(e.to)}</td><td class="reason">${esc(e.reason)}</td></tr>`;
   });
   const more = evs.length > MAX_EVENTS_SHOWN ? `<div class="more muted">${evs.length - MAX_EVENTS_SHOWN} older: <code>llmgwctl model status ${esc(m.name)}</code></div>` : "";
   const empty = `<tr><td colspan="4" class="muted">no decision yet on this leader (a new leader starts with none)</td></tr>`;
   return `<div class="decisions" data-decisions="${esc(m.name)}"><h4>Autoscaler decisions <span class="muted">newest first · ${head}</span></h4>` +
-    `<div class="scroll"><table><thead><tr><th>At</th><th></th><th class="num">Count</th><th>Reason</th></tr></thead><tbody>${rows.join("") || empty}</tbody></table></div>${more}</div>`;
+    `<div class="scroll"><table><thead><tr><th>At</th><th></th><th class="num">From → to</th><th class="reason">Reason</th></tr></thead><tbody>${rows.join("") || empty}</tbody></table></div>${more}</div>`;
 }
 
 function renderModels(d) {
