@@ -1,6 +1,7 @@
 // Package console is the control node's read-only web console (design §9):
 // a page per subject — the cluster's servers, the nodes, the models with
-// their replicas and live load, the adapters and where they are held,
+// their replicas and live load, why any replica of a model's count is not
+// ready and its autoscaler's decisions, the adapters and where they are held,
 // each router's routing decisions by tier, the tenants with their
 // limits, usage and budgets left, and the routers' flow-control queues —
 // served under /ui/ on the node's HTTP listener, beside /metrics.
@@ -14,7 +15,11 @@
 //     can never show what the CLI would not (a follower forwards ListPeers
 //     to the leader exactly as it does for llmgwctl). The JSON under
 //     /ui/api/ is those responses in protojson, one object per page (the
-//     tenants page's usage summed per hour, day and month).
+//     tenants page's usage summed per hour, day and month). Each model's
+//     ModelStatus (the leader's count, its reason for unplaced replicas and
+//     the autoscaler's decisions) is one call per model, bounded
+//     (modelstatus.go), with a summary the console composes so that a
+//     model short of its count always says why.
 //   - Live load is nowhere in the control plane: agents stream it to
 //     routers only (LoadService admits routers alone). The console reads
 //     each ready replica's engine /metrics itself when the models page asks
