@@ -155,19 +155,26 @@ func summarize(m *llmgwv1.Model, st *llmgwv1.ModelStatusResponse, stErr error, v
 		}
 		return s
 	}
+	awake := s.Placed - min(s.Asleep, s.Placed)
 	if s.Ready >= s.Desired {
+		var parts []string
 		s.State = StateReady
 		if s.Desired == 0 {
 			s.State = StateIdle
-			s.Why = "replicas: 0, no replica runs"
+			parts = append(parts, "replicas: 0, no replica runs")
 			if m.GetAutoscale() != nil {
-				s.Why = "scaled to zero: a request is held by the routers while a replica starts"
+				parts = append(parts[:0], "scaled to zero: a request is held by the routers while a replica starts")
 			}
 		}
+		if awake > s.Desired {
+			// The count dropped: placement drains the surplus (or puts it
+			// to sleep) once idle, within its drain timeout.
+			parts = append(parts, fmt.Sprintf("%d placed above the count, to be drained or put to sleep once idle", awake-s.Desired))
+		}
+		s.Why = strings.Join(parts, "; ")
 		return s
 	}
 	var parts []string
-	awake := s.Placed - min(s.Asleep, s.Placed)
 	switch {
 	case st.GetUnplacedReason() != "":
 		s.State = StateUnplaced

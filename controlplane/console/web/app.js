@@ -94,7 +94,7 @@ function renderNodes(d) {
 // The state of a model as the page colours it (ModelSummary.state), and
 // the label of its "why" line.
 const MODEL_STATE = {
-  ready: ["ok", ""], idle: ["idle", "Idle"], unplaced: ["bad", "Not placed"], starting: ["warn", "Starting"],
+  ready: ["ok", "Above the count"], idle: ["idle", "Idle"], unplaced: ["bad", "Not placed"], starting: ["warn", "Starting"],
   not_ready: ["bad", "Not ready"], unknown: ["warn", "Unknown"],
 };
 
@@ -136,7 +136,7 @@ function scaleEvents(m, st) {
       `<td class="num">${esc(e.from)} → ${esc(e.to)}</td><td class="reason">${esc(e.reason)}</td></tr>`;
   });
   const more = evs.length > MAX_EVENTS_SHOWN ? `<div class="more muted">${evs.length - MAX_EVENTS_SHOWN} older: <code>llmgwctl model status ${esc(m.name)}</code></div>` : "";
-  const empty = `<tr><td colspan="4" class="muted">no decision yet on this leader (a new leader starts with none)</td></tr>`;
+  const empty = `<tr><td colspan="4" class="muted">no decision kept on this leader yet (a new leader starts with none)</td></tr>`;
   return `<div class="decisions" data-decisions="${esc(m.name)}"><h4>Autoscaler decisions <span class="muted">newest first · ${head}</span></h4>` +
     `<div class="scroll"><table><thead><tr><th>At</th><th></th><th class="num">From → to</th><th class="reason">Reason</th></tr></thead><tbody>${rows.join("") || empty}</tbody></table></div>${more}</div>`;
 }
@@ -177,7 +177,7 @@ function renderModels(d) {
     const desired = known ? esc(sum.desired) : "?";
     const readyBadge = badge(`${sum.ready} / ${known ? sum.desired : "?"} ready`, sum.state === "ready" || sum.state === "idle" ? "ok" : cls);
     const stateBadge = sum.state === "ready" ? "" : " " + badge(label.toLowerCase(), cls);
-    const why = sum.why ? `<div class="why ${cls}" data-why="${esc(sum.state)}"><b>${esc(label || "Why")}:</b> ${esc(sum.why)}</div>` : "";
+    const why = sum.why ? `<div class="why ${cls}" data-why="${esc(sum.state)}"><b>${esc(label)}:</b> ${esc(sum.why)}</div>` : "";
     const err = sum.error ? `<div class="why warn" data-status-error><b>No model status:</b> ${esc(sum.error)}</div>` : "";
     const facts = [`<span data-fact="counts"><b>desired</b> ${desired} · <b>placed</b> ${esc(sum.placed)} · <b>ready</b> ${esc(sum.ready)} · <b>asleep</b> ${esc(sum.asleep)}</span>`];
     if (m.autoscale) facts.push(...autoscaleFacts(m, st));
