@@ -1,6 +1,7 @@
 // Package console is the control node's read-only web console (design §9):
 // a page per subject — the cluster's servers, the nodes, the models with
-// their replicas and live load, the adapters and where they are held,
+// their replicas and live load, why any replica of a model's count is not
+// ready and its autoscaler's decisions, the adapters and where they are held,
 // each router's routing decisions by tier, the tenants with their
 // limits, usage and budgets left, and the routers' flow-control queues —
 // served under /ui/ on the node's HTTP listener, beside /metrics.
@@ -14,7 +15,11 @@
 //     can never show what the CLI would not (a follower forwards ListPeers
 //     to the leader exactly as it does for llmgwctl). The JSON under
 //     /ui/api/ is those responses in protojson, one object per page (the
-//     tenants page's usage summed per hour, day and month).
+//     tenants page's usage summed per hour, day and month). Each model's
+//     ModelStatus (the leader's count, its reason for unplaced replicas and
+//     the autoscaler's decisions) is one call per model, bounded
+//     (modelstatus.go), with a summary the console composes so that a
+//     model short of its count always says why.
 //   - Live load is nowhere in the control plane: agents stream it to
 //     routers only (LoadService admits routers alone). The console reads
 //     each ready replica's engine /metrics itself when the models page asks
@@ -38,9 +43,11 @@ import (
 	"context"
 	"embed"
 	"encoding/json"
+	"fmt"
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -63,6 +70,10 @@ type Admin interface {
 	ListTenants(ctx context.Context, in *llmgwv1.ListRequest, opts ...grpc.CallOption) (*llmgwv1.ListTenantsResponse, error)
 	Usage(ctx context.Context, in *llmgwv1.UsageRequest, opts ...grpc.CallOption) (*llmgwv1.UsageResponse, error)
 	FlowStatus(ctx context.Context, in *llmgwv1.FlowStatusRequest, opts ...grpc.CallOption) (*llmgwv1.FlowStatusResponse, error)
+	// ModelStatus is answered by the leader (a follower forwards it),
+	// whose memory holds why replicas are missing and the autoscaler's
+	// decisions.
+	ModelStatus(ctx context.Context, in *llmgwv1.ModelStatusRequest, opts ...grpc.CallOption) (*llmgwv1.ModelStatusResponse, error)
 }
 
 // Prefix is where the console is mounted; "/" redirects there.
@@ -84,13 +95,15 @@ type Console struct {
 	routers *Sampler
 	// now is the clock of the tenants page's hour, day and month.
 	now func() time.Time
-	log *slog.Logger
+	// timeout bounds each page's AdminService calls (callTimeout).
+	timeout time.Duration
+	log     *slog.Logger
 }
 
 // New returns the console of one node. routers may be nil (no router
 // named: the routers page says how to name them).
 func New(admin Admin, access Access, load *Load, routers *Sampler, log *slog.Logger) *Console {
-	return &Console{admin: admin, access: access, load: load, routers: routers, now: time.Now, log: log}
+	return &Console{admin: admin, access: access, load: load, routers: routers, now: time.Now, timeout: callTimeout, log: log}
 }
 
 // Register mounts the console on mux: Prefix, its JSON under
@@ -161,7 +174,7 @@ func (p *page) write(w http.ResponseWriter, log *slog.Logger) {
 }
 
 func (c *Console) cluster(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), c.timeout)
 	defer cancel()
 	p := newPage()
 	st, err := c.admin.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
@@ -174,7 +187,7 @@ func (c *Console) cluster(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) nodes(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), c.timeout)
 	defer cancel()
 	p := newPage()
 	nodes, err := c.admin.ListNodes(ctx, &llmgwv1.ListRequest{})
@@ -184,22 +197,52 @@ func (c *Console) nodes(w http.ResponseWriter, r *http.Request) {
 	p.write(w, c.log)
 }
 
+// models is the models page: the models, their replicas, each model's
+// ModelStatus and the summary composed from them (modelstatus.go), and the
+// ready engines' load. The statuses and the load are read at once: each is
+// bounded, and each waits mostly on others.
 func (c *Console) models(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), c.timeout)
 	defer cancel()
 	p := newPage()
 	models, err := c.admin.ListModels(ctx, &llmgwv1.ListRequest{})
 	p.add("models", models, err)
-	reps, err := c.admin.ListReplicas(ctx, &llmgwv1.ListRequest{})
-	p.add("replicas", reps, err)
-	if err == nil && c.load != nil {
+	reps, rerr := c.admin.ListReplicas(ctx, &llmgwv1.ListRequest{})
+	p.add("replicas", reps, rerr)
+	var sts map[string]*llmgwv1.ModelStatusResponse
+	var stErrs map[string]error
+	var wg sync.WaitGroup
+	wg.Go(func() { sts, stErrs = c.modelStatuses(ctx, models.GetModels()) })
+	if rerr == nil && c.load != nil {
 		p.set("load", c.load.Read(ctx, models.GetModels(), reps.GetReplicas()))
+	}
+	wg.Wait()
+	status := map[string]json.RawMessage{}
+	summary := map[string]ModelSummary{}
+	var failed []string
+	for _, m := range models.GetModels() {
+		st, stErr := sts[m.GetName()], stErrs[m.GetName()]
+		if st != nil {
+			if b, err := marshal.Marshal(st); err == nil {
+				status[m.GetName()] = b
+			}
+		} else {
+			failed = append(failed, m.GetName())
+		}
+		summary[m.GetName()] = summarize(m, st, stErr, reps.GetReplicas())
+	}
+	p.set("status", status)
+	p.set("summary", summary)
+	if len(failed) > 0 {
+		// One line above the page, not one per model: each model's panel
+		// says its own.
+		p.errors["model status"] = fmt.Sprintf("%d of %d models without status, %s: %v", len(failed), len(models.GetModels()), failed[0], stErrs[failed[0]])
 	}
 	p.write(w, c.log)
 }
 
 func (c *Console) adapters(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), c.timeout)
 	defer cancel()
 	p := newPage()
 	ads, err := c.admin.ListAdapters(ctx, &llmgwv1.ListRequest{})

@@ -9,9 +9,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -28,6 +31,15 @@ type fakeAdmin struct {
 	since   int64
 	flow    *llmgwv1.FlowStatusResponse
 	flowErr error
+	// statuses answers ModelStatus by model; a model without one is
+	// NOT_FOUND, or statusErr for every model when set. statusCalls counts
+	// the calls, inFlight and maxInFlight their concurrency.
+	statuses  map[string]*llmgwv1.ModelStatusResponse
+	statusErr error
+	// statusBlock makes ModelStatus wait for its context's end.
+	statusBlock                        bool
+	mu                                 sync.Mutex
+	statusCalls, inFlight, maxInFlight int
 }
 
 func (f *fakeAdmin) ClusterStatus(context.Context, *llmgwv1.ClusterStatusRequest, ...grpc.CallOption) (*llmgwv1.ClusterStatusResponse, error) {
@@ -62,6 +74,31 @@ func (f *fakeAdmin) Usage(_ context.Context, r *llmgwv1.UsageRequest, _ ...grpc.
 
 func (f *fakeAdmin) FlowStatus(context.Context, *llmgwv1.FlowStatusRequest, ...grpc.CallOption) (*llmgwv1.FlowStatusResponse, error) {
 	return f.flow, f.flowErr
+}
+
+func (f *fakeAdmin) ModelStatus(ctx context.Context, r *llmgwv1.ModelStatusRequest, _ ...grpc.CallOption) (*llmgwv1.ModelStatusResponse, error) {
+	f.mu.Lock()
+	f.statusCalls++
+	f.inFlight++
+	f.maxInFlight = max(f.maxInFlight, f.inFlight)
+	st, err, block := f.statuses[r.GetName()], f.statusErr, f.statusBlock
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		f.inFlight--
+		f.mu.Unlock()
+	}()
+	if block {
+		<-ctx.Done()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st == nil {
+		return nil, status.Errorf(codes.NotFound, "model %q: not found", r.GetName())
+	}
+	return st, nil
 }
 
 func view(id string, uid uint64, phase llmgwv1.ReplicaPhase, addr string) *llmgwv1.ReplicaView {

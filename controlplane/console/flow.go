@@ -14,7 +14,7 @@ import (
 // holds each router's report for 3 s: a router that stopped reporting
 // drops off the page within that.
 func (c *Console) flow(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), c.timeout)
 	defer cancel()
 	p := newPage()
 	st, err := c.admin.FlowStatus(ctx, &llmgwv1.FlowStatusRequest{})

@@ -141,7 +141,7 @@ func (u *TenantUsage) setBudgets(l *llmgwv1.TenantLimits) {
 }
 
 func (c *Console) tenants(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), callTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), c.timeout)
 	defer cancel()
 	p := newPage()
 	list, err := c.admin.ListTenants(ctx, &llmgwv1.ListRequest{})

@@ -32,7 +32,7 @@ function panel(title, sub, inner, attrs) {
 }
 function card(label, value, attrs) { return `<div class="card" ${attrs || ""}><div class="label">${esc(label)}</div><div class="value">${value}</div></div>`; }
 
-const PHASE_CLASS = { ready: "ok", starting: "warn", restarting: "bad", unhealthy: "bad", failed: "bad", stopping: "idle", stopped: "idle" };
+const PHASE_CLASS = { ready: "ok", starting: "warn", restarting: "bad", unhealthy: "bad", failed: "bad", stopping: "idle", stopped: "idle", sleeping: "idle" };
 
 // replicaPhase is a replica's phase as the console shows it: the agent's
 // last report for this placement, or "no status" while there is none.
@@ -91,13 +91,65 @@ function renderNodes(d) {
   return panel("Nodes", `${nodes.length} registered`, table(["Node", "State", "Agent", "#GPUs used", "#Replicas ready", "Version", "Address", "Agent HTTP", "Labels"], rows, 'id="nodes"'));
 }
 
+// The state of a model as the page colours it (ModelSummary.state), and
+// the label of its "why" line.
+const MODEL_STATE = {
+  ready: ["ok", "Above the count"], idle: ["idle", "Idle"], unplaced: ["bad", "Not placed"], starting: ["warn", "Starting"],
+  not_ready: ["bad", "Not ready"], unknown: ["warn", "Unknown"],
+};
+
+function clock(ms) {
+  const n = Number(ms);
+  return n ? `${new Date(n).toLocaleTimeString()} <span class="muted">(${ago(n)})</span>` : "–";
+}
+
+// autoscaleFacts: an autoscaled model's range, targets, the count the
+// autoscaler set and the demand its last decision saw (ModelStatus).
+function autoscaleFacts(m, st) {
+  const a = m.autoscale, facts = [];
+  facts.push(`<span data-fact="range"><b>autoscale</b> ${esc(a.min)}..${esc(a.max)}</span>`);
+  const targets = [];
+  if (Number(a.target_waiting) > 0) targets.push(`waiting ${esc(a.target_waiting)}/replica`);
+  if (Number(a.target_kv_usage) > 0) targets.push(`KV ${num(100 * a.target_kv_usage)}%`);
+  if (Number(a.ttft_p90_slo_ms) > 0) targets.push(`TTFT p90 ${esc(a.ttft_p90_slo_ms)} ms`);
+  facts.push(`<span><b>targets</b> ${targets.join(" · ") || "none"}</span>`);
+  if (a.sleep) facts.push(`<span><b>sleep</b> idle replicas sleep</span>`);
+  const dm = st && st.demand;
+  facts.push(dm
+    ? `<span data-fact="demand"><b>demand</b> held ${num(dm.held)} · waiting ${num(dm.waiting, 1)} · running ${num(dm.running, 1)} on ${num(dm.replicas)} replicas · ${num(dm.requests)} requests in the last minute</span>`
+    : `<span data-fact="demand"><b>demand</b> <span class="muted">none reported</span></span>`);
+  return facts;
+}
+
+// scaleEvents: the autoscaler's decisions, newest first, as ModelStatus
+// gives them (at most 20): STEP a count it set, HELD one it could not.
+const MAX_EVENTS_SHOWN = 10;
+function scaleEvents(m, st) {
+  const evs = (st && st.events) || [];
+  const set = st && st.scale;
+  const head = set
+    ? `set to <b>${esc(set.replicas)}</b> at ${clock(set.decided_unix_ms)}: ${esc(set.reason)}`
+    : `no count set yet: the model runs its starting count (replicas ${esc(m.replicas)})`;
+  const rows = evs.slice(0, MAX_EVENTS_SHOWN).map(e => {
+    const kind = e.blocked ? "held" : "step";
+    return `<tr data-event="${kind}"><td>${clock(e.unix_ms)}</td><td>${e.blocked ? badge("HELD", "warn") : badge("STEP", "ok")}</td>` +
+      `<td class="num">${esc(e.from)} → ${esc(e.to)}</td><td class="reason">${esc(e.reason)}</td></tr>`;
+  });
+  const more = evs.length > MAX_EVENTS_SHOWN ? `<div class="more muted">${evs.length - MAX_EVENTS_SHOWN} older: <code>llmgwctl model status ${esc(m.name)}</code></div>` : "";
+  const empty = `<tr><td colspan="4" class="muted">no decision kept on this leader yet (a new leader starts with none)</td></tr>`;
+  return `<div class="decisions" data-decisions="${esc(m.name)}"><h4>Autoscaler decisions <span class="muted">newest first · ${head}</span></h4>` +
+    `<div class="scroll"><table><thead><tr><th>At</th><th></th><th class="num">From → to</th><th class="reason">Reason</th></tr></thead><tbody>${rows.join("") || empty}</tbody></table></div>${more}</div>`;
+}
+
 function renderModels(d) {
   const models = (d.models && d.models.models) || [];
   const reps = (d.replicas && d.replicas.replicas) || [];
   const load = d.load || {};
+  const statuses = d.status || {}, summaries = d.summary || {};
   return models.map(m => {
     const mine = reps.filter(v => v.replica.model === m.name);
-    const ready = mine.filter(v => replicaPhase(v) === "ready" && !v.replica.draining).length;
+    const st = statuses[m.name];
+    const sum = summaries[m.name] || { desired: 0, placed: 0, ready: 0, asleep: 0, state: "unknown", why: "no summary for this model" };
     const rows = mine.map(v => {
       const r = v.replica, st = v.status || {};
       const phase = replicaPhase(v);
@@ -113,18 +165,31 @@ function renderModels(d) {
       const kvCell = !kv ? `<td class="muted">–</td>` : (kv.untrusted
         ? `<td class="wrap">${badge("untrusted", "bad")} <span class="muted">${esc(kv.untrusted_reason)}</span></td>`
         : `<td class="num">${num(Number(kv.blocks || 0))} blocks</td>`);
-      return `<tr data-replica="${esc(r.id)}" data-phase="${esc(phase)}" data-restarts="${esc(st.restarts || 0)}" data-kv="${kvState}"><td><b>${esc(r.id)}</b>${r.draining ? " " + badge("draining", "warn") : ""}</td>` +
+      return `<tr data-replica="${esc(r.id)}" data-phase="${esc(phase)}" data-restarts="${esc(st.restarts || 0)}" data-kv="${kvState}"><td><b>${esc(r.id)}</b>${r.draining ? " " + badge("draining", "warn") : ""}${r.sleeping ? " " + badge("asleep", "idle") : ""}</td>` +
         `<td>${badge(phase, PHASE_CLASS[phase] || "idle")}</td><td>${esc(r.node)}</td><td>${esc((r.gpu_indices || []).join(","))}</td>` +
         `<td class="mono">${esc(st.address)}</td><td class="num">${esc(st.restarts || 0)}</td>${loadCells}${kvCell}<td class="wrap muted">${esc(st.message)}</td></tr>`;
     });
-    // An external model has one replica per endpoint; its replicas field
-    // is the file's default, which nothing reads (design §5.5).
-    const want = m.engine === "external" ? (m.endpoints || []).length : Number(m.replicas || 0);
-    const state = ready >= want ? badge(`${ready} / ${want} ready`, "ok") : badge(`${ready} / ${want} ready`, ready ? "warn" : "bad");
-    return panel(`${esc(m.name)} ${state}`,
+    // The count is the leader's (ModelStatus): the autoscaler's, or
+    // replicas; an external model's is its endpoints. Whenever fewer are
+    // ready, the summary says why (controlplane/console/modelstatus.go).
+    const [cls, label] = MODEL_STATE[sum.state] || ["warn", sum.state];
+    const known = sum.state !== "unknown";
+    const desired = known ? esc(sum.desired) : "?";
+    const readyBadge = badge(`${sum.ready} / ${known ? sum.desired : "?"} ready`, sum.state === "ready" || sum.state === "idle" ? "ok" : cls);
+    const stateBadge = sum.state === "ready" ? "" : " " + badge(label.toLowerCase(), cls);
+    const why = sum.why ? `<div class="why ${cls}" data-why="${esc(sum.state)}"><b>${esc(label)}:</b> ${esc(sum.why)}</div>` : "";
+    const err = sum.error ? `<div class="why warn" data-status-error><b>No model status:</b> ${esc(sum.error)}</div>` : "";
+    const facts = [`<span data-fact="counts"><b>desired</b> ${desired} · <b>placed</b> ${esc(sum.placed)} · <b>ready</b> ${esc(sum.ready)} · <b>asleep</b> ${esc(sum.asleep)}</span>`];
+    if (m.autoscale) facts.push(...autoscaleFacts(m, st));
+    else facts.push(`<span><b>replicas</b> ${esc(m.engine === "external" ? (m.endpoints || []).length : m.replicas)} (no autoscale)</span>`);
+    if (Number(m.priority)) facts.push(`<span><b>priority</b> ${esc(m.priority)}</span>`);
+    if (m.pinned) facts.push(`<span><b>pinned</b> never gives a GPU</span>`);
+    return panel(`${esc(m.name)} ${readyBadge}${stateBadge}`,
       `${esc(m.engine)} · <code>${esc(m.model || (m.endpoints || []).join(", "))}</code> · profile ${esc(m.profile)} · ${esc(m.gpus_per_replica)} GPU/replica · ${(m.adapters || []).length} adapters`,
-      table(["Replica", "Phase", "Node", "GPUs", "Address", "#Restarts", "#Running", "#Waiting", "#KV cache", "KV index", "Message"], rows),
-      `data-model="${esc(m.name)}"`);
+      why + err + `<div class="facts">${facts.join("")}</div>` +
+      table(["Replica", "Phase", "Node", "GPUs", "Address", "#Restarts", "#Running", "#Waiting", "#KV cache", "KV index", "Message"], rows) +
+      (m.autoscale ? scaleEvents(m, st) : ""),
+      `data-model="${esc(m.name)}" data-state="${esc(sum.state)}" data-desired="${esc(sum.desired)}" data-placed="${esc(sum.placed)}" data-ready="${esc(sum.ready)}" data-asleep="${esc(sum.asleep)}"`);
   }).join("") || `<p class="muted">No model. Apply one with <code>llmgwctl model apply -f model.yaml</code>.</p>`;
 }
 
