@@ -63,8 +63,9 @@ type Observation struct {
 	// Count is the count placement works to now.
 	Count uint32
 	// Ready is its replicas serving; Starting those placed for it and not
-	// ready yet (a step's replicas on their way).
-	Ready, Starting uint32
+	// ready yet (a step's replicas on their way); Unplaced those of the
+	// count no node has taken (no GPU fits them).
+	Ready, Starting, Unplaced uint32
 	// Capacity is how many requests one replica runs at once (its
 	// engine's --max-num-seqs): what a step down may load the rest to.
 	Capacity float64
@@ -119,6 +120,8 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 	case o.Count == 0 && o.Demand.Held > 0:
 		// From zero: a request is waiting; no cooldown stands in its way.
 		d.To, d.Reason = max(1, a.GetMin()), fmt.Sprintf("scale from zero: %d requests held", o.Demand.Held)
+	case n > o.Count && o.Unplaced > 0:
+		d.Blocked, d.Reason = true, fmt.Sprintf("%s; %d replicas of the count are not placed: no node has the GPUs for them", why, o.Unplaced)
 	case n > o.Count && o.Starting > 0:
 		d.Blocked, d.Reason = true, fmt.Sprintf("%s; waiting for %d starting replicas before another step", why, o.Starting)
 	case n > o.Count && !h.LastStep.IsZero() && o.Now.Sub(h.LastStep) < cooldown:

@@ -35,6 +35,8 @@ func TestDecideOnce(t *testing.T) {
 			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 4.2, Running: 32, Requests: 100}}, to: 2},
 		{name: "up waits for starting replicas", a: spec(),
 			o: Observation{Count: 3, Ready: 2, Starting: 1, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 3, blocked: true, reason: "waiting for 1 starting replicas"},
+		{name: "up waits for replicas no node takes", a: spec(),
+			o: Observation{Count: 4, Ready: 2, Unplaced: 2, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 4, blocked: true, reason: "2 replicas of the count are not placed"},
 		{name: "up waits for the cooldown", a: spec(), h: History{LastStep: t0.Add(-10 * time.Second)},
 			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 2, blocked: true, reason: "cooling down"},
 		{name: "up to max only", a: &llmgwv1.Autoscale{Min: 1, Max: 3, TargetWaiting: 1},

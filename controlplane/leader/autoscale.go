@@ -208,6 +208,9 @@ func (l *Leader) observe(st *llmgwv1.State, m *llmgwv1.Model, d *llmgwv1.ModelDe
 			o.Starting++
 		}
 	}
+	if placed := o.Ready + o.Starting; placed < o.Count {
+		o.Unplaced = o.Count - placed
+	}
 	if d != nil {
 		o.Demand = autoscale.Demand{Held: d.Held, Waiting: d.Waiting, Running: d.Running, KVUsageSum: d.KvUsageSum,
 			Requests: d.Requests}
