@@ -114,6 +114,9 @@ const (
 	CommandType_COMMAND_TYPE_SET_MODEL_SCALE CommandType = 19
 	// A replica put to sleep or woken (design §5.7).
 	CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING CommandType = 20
+	// Model aliases (design §7.9).
+	CommandType_COMMAND_TYPE_PUT_ALIAS    CommandType = 21
+	CommandType_COMMAND_TYPE_DELETE_ALIAS CommandType = 22
 )
 
 // Enum value maps for CommandType.
@@ -140,6 +143,8 @@ var (
 		18: "COMMAND_TYPE_RECORD_USAGE",
 		19: "COMMAND_TYPE_SET_MODEL_SCALE",
 		20: "COMMAND_TYPE_SET_REPLICA_SLEEPING",
+		21: "COMMAND_TYPE_PUT_ALIAS",
+		22: "COMMAND_TYPE_DELETE_ALIAS",
 	}
 	CommandType_value = map[string]int32{
 		"COMMAND_TYPE_UNSPECIFIED":           0,
@@ -163,6 +168,8 @@ var (
 		"COMMAND_TYPE_RECORD_USAGE":          18,
 		"COMMAND_TYPE_SET_MODEL_SCALE":       19,
 		"COMMAND_TYPE_SET_REPLICA_SLEEPING":  20,
+		"COMMAND_TYPE_PUT_ALIAS":             21,
+		"COMMAND_TYPE_DELETE_ALIAS":          22,
 	}
 )
 
@@ -1679,7 +1686,9 @@ type State struct {
 	Usage        []*UsageRow    `protobuf:"bytes,12,rep,name=usage,proto3" json:"usage,omitempty"`
 	UsageCursors []*UsageCursor `protobuf:"bytes,13,rep,name=usage_cursors,json=usageCursors,proto3" json:"usage_cursors,omitempty"`
 	// The autoscaler's counts (design §5.7), sorted by model.
-	Scales        []*ModelScale `protobuf:"bytes,14,rep,name=scales,proto3" json:"scales,omitempty"`
+	Scales []*ModelScale `protobuf:"bytes,14,rep,name=scales,proto3" json:"scales,omitempty"`
+	// Model aliases (design §7.9), sorted by name.
+	Aliases       []*Alias `protobuf:"bytes,15,rep,name=aliases,proto3" json:"aliases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1812,6 +1821,152 @@ func (x *State) GetScales() []*ModelScale {
 	return nil
 }
 
+func (x *State) GetAliases() []*Alias {
+	if x != nil {
+		return x.Aliases
+	}
+	return nil
+}
+
+// Alias is a name clients send as `model` that the routers resolve to one
+// of weighted targets, models or adapters (design §7.9): canaries, splits
+// and cut-overs without a client change.
+type Alias struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Shares the OpenAI "model" namespace with models and adapters.
+	Name    string         `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Targets []*AliasTarget `protobuf:"bytes,2,rep,name=targets,proto3" json:"targets,omitempty"`
+	// "" (each request drawn by weight), "key" (a key's requests all go to
+	// one target, by a hash of the key) or "session" (by the session).
+	Sticky string `protobuf:"bytes,3,opt,name=sticky,proto3" json:"sticky,omitempty"`
+	// Models or adapters tried in order when the chosen target answers
+	// 429 or 503, is overloaded, or refuses the context length.
+	Fallbacks []string `protobuf:"bytes,4,rep,name=fallbacks,proto3" json:"fallbacks,omitempty"`
+	// Revision of the command that last changed it.
+	Revision      uint64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Alias) Reset() {
+	*x = Alias{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Alias) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Alias) ProtoMessage() {}
+
+func (x *Alias) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Alias.ProtoReflect.Descriptor instead.
+func (*Alias) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *Alias) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Alias) GetTargets() []*AliasTarget {
+	if x != nil {
+		return x.Targets
+	}
+	return nil
+}
+
+func (x *Alias) GetSticky() string {
+	if x != nil {
+		return x.Sticky
+	}
+	return ""
+}
+
+func (x *Alias) GetFallbacks() []string {
+	if x != nil {
+		return x.Fallbacks
+	}
+	return nil
+}
+
+func (x *Alias) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type AliasTarget struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// A model or an adapter.
+	Target string `protobuf:"bytes,1,opt,name=target,proto3" json:"target,omitempty"`
+	// Relative weight; targets of weight 0 take no new requests.
+	Weight        uint32 `protobuf:"varint,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AliasTarget) Reset() {
+	*x = AliasTarget{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AliasTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AliasTarget) ProtoMessage() {}
+
+func (x *AliasTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AliasTarget.ProtoReflect.Descriptor instead.
+func (*AliasTarget) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *AliasTarget) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *AliasTarget) GetWeight() uint32 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
 // ApiKey is one router API key (design §11). The secret is shown once, by
 // llmgwctl when it is created, and exists nowhere else: the cluster holds
 // only its SHA-256, which a router compares in constant time. A hash of a
@@ -1837,7 +1992,7 @@ type ApiKey struct {
 
 func (x *ApiKey) Reset() {
 	*x = ApiKey{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1849,7 +2004,7 @@ func (x *ApiKey) String() string {
 func (*ApiKey) ProtoMessage() {}
 
 func (x *ApiKey) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[10]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1862,7 +2017,7 @@ func (x *ApiKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApiKey.ProtoReflect.Descriptor instead.
 func (*ApiKey) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{10}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ApiKey) GetName() string {
@@ -1932,7 +2087,7 @@ type TenantLimits struct {
 
 func (x *TenantLimits) Reset() {
 	*x = TenantLimits{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1944,7 +2099,7 @@ func (x *TenantLimits) String() string {
 func (*TenantLimits) ProtoMessage() {}
 
 func (x *TenantLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[11]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1957,7 +2112,7 @@ func (x *TenantLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantLimits.ProtoReflect.Descriptor instead.
 func (*TenantLimits) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{11}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TenantLimits) GetRpm() uint64 {
@@ -2022,7 +2177,7 @@ type TokenWeights struct {
 
 func (x *TokenWeights) Reset() {
 	*x = TokenWeights{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2189,7 @@ func (x *TokenWeights) String() string {
 func (*TokenWeights) ProtoMessage() {}
 
 func (x *TokenWeights) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[12]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2202,7 @@ func (x *TokenWeights) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenWeights.ProtoReflect.Descriptor instead.
 func (*TokenWeights) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{12}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *TokenWeights) GetInputMilli() uint32 {
@@ -2083,7 +2238,7 @@ type TenantModelLimits struct {
 
 func (x *TenantModelLimits) Reset() {
 	*x = TenantModelLimits{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2095,7 +2250,7 @@ func (x *TenantModelLimits) String() string {
 func (*TenantModelLimits) ProtoMessage() {}
 
 func (x *TenantModelLimits) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[13]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2108,7 +2263,7 @@ func (x *TenantModelLimits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TenantModelLimits.ProtoReflect.Descriptor instead.
 func (*TenantModelLimits) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{13}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TenantModelLimits) GetModel() string {
@@ -2154,7 +2309,7 @@ type Tenant struct {
 
 func (x *Tenant) Reset() {
 	*x = Tenant{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2166,7 +2321,7 @@ func (x *Tenant) String() string {
 func (*Tenant) ProtoMessage() {}
 
 func (x *Tenant) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[14]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2179,7 +2334,7 @@ func (x *Tenant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Tenant.ProtoReflect.Descriptor instead.
 func (*Tenant) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{14}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Tenant) GetName() string {
@@ -2272,7 +2427,7 @@ type UsageCounts struct {
 
 func (x *UsageCounts) Reset() {
 	*x = UsageCounts{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2439,7 @@ func (x *UsageCounts) String() string {
 func (*UsageCounts) ProtoMessage() {}
 
 func (x *UsageCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[15]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2452,7 @@ func (x *UsageCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageCounts.ProtoReflect.Descriptor instead.
 func (*UsageCounts) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{15}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *UsageCounts) GetRequests() uint64 {
@@ -2356,7 +2511,7 @@ type UsageRow struct {
 
 func (x *UsageRow) Reset() {
 	*x = UsageRow{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2368,7 +2523,7 @@ func (x *UsageRow) String() string {
 func (*UsageRow) ProtoMessage() {}
 
 func (x *UsageRow) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[16]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2381,7 +2536,7 @@ func (x *UsageRow) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRow.ProtoReflect.Descriptor instead.
 func (*UsageRow) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{16}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *UsageRow) GetTenant() string {
@@ -2429,7 +2584,7 @@ type UsageCursor struct {
 
 func (x *UsageCursor) Reset() {
 	*x = UsageCursor{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2441,7 +2596,7 @@ func (x *UsageCursor) String() string {
 func (*UsageCursor) ProtoMessage() {}
 
 func (x *UsageCursor) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[17]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2454,7 +2609,7 @@ func (x *UsageCursor) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageCursor.ProtoReflect.Descriptor instead.
 func (*UsageCursor) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{17}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *UsageCursor) GetRouter() string {
@@ -2507,7 +2662,7 @@ type ServerRemoval struct {
 
 func (x *ServerRemoval) Reset() {
 	*x = ServerRemoval{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2519,7 +2674,7 @@ func (x *ServerRemoval) String() string {
 func (*ServerRemoval) ProtoMessage() {}
 
 func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[18]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2532,7 +2687,7 @@ func (x *ServerRemoval) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerRemoval.ProtoReflect.Descriptor instead.
 func (*ServerRemoval) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{18}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ServerRemoval) GetServerId() string {
@@ -2582,7 +2737,7 @@ type AdapterPlacement struct {
 
 func (x *AdapterPlacement) Reset() {
 	*x = AdapterPlacement{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2594,7 +2749,7 @@ func (x *AdapterPlacement) String() string {
 func (*AdapterPlacement) ProtoMessage() {}
 
 func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[19]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2607,7 +2762,7 @@ func (x *AdapterPlacement) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterPlacement.ProtoReflect.Descriptor instead.
 func (*AdapterPlacement) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{19}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AdapterPlacement) GetModel() string {
@@ -2653,7 +2808,7 @@ type Command struct {
 
 func (x *Command) Reset() {
 	*x = Command{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2665,7 +2820,7 @@ func (x *Command) String() string {
 func (*Command) ProtoMessage() {}
 
 func (x *Command) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[20]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2678,7 +2833,7 @@ func (x *Command) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Command.ProtoReflect.Descriptor instead.
 func (*Command) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{20}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Command) GetType() CommandType {
@@ -2718,7 +2873,7 @@ type UpsertModelCommand struct {
 
 func (x *UpsertModelCommand) Reset() {
 	*x = UpsertModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2730,7 +2885,7 @@ func (x *UpsertModelCommand) String() string {
 func (*UpsertModelCommand) ProtoMessage() {}
 
 func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[21]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2743,7 +2898,7 @@ func (x *UpsertModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpsertModelCommand.ProtoReflect.Descriptor instead.
 func (*UpsertModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{21}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *UpsertModelCommand) GetModel() *Model {
@@ -2762,7 +2917,7 @@ type DeleteModelCommand struct {
 
 func (x *DeleteModelCommand) Reset() {
 	*x = DeleteModelCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +2929,7 @@ func (x *DeleteModelCommand) String() string {
 func (*DeleteModelCommand) ProtoMessage() {}
 
 func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[22]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +2942,7 @@ func (x *DeleteModelCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelCommand.ProtoReflect.Descriptor instead.
 func (*DeleteModelCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{22}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteModelCommand) GetName() string {
@@ -2807,7 +2962,7 @@ type PutApiKeyCommand struct {
 
 func (x *PutApiKeyCommand) Reset() {
 	*x = PutApiKeyCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +2974,7 @@ func (x *PutApiKeyCommand) String() string {
 func (*PutApiKeyCommand) ProtoMessage() {}
 
 func (x *PutApiKeyCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[23]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +2987,7 @@ func (x *PutApiKeyCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutApiKeyCommand.ProtoReflect.Descriptor instead.
 func (*PutApiKeyCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{23}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *PutApiKeyCommand) GetKey() *ApiKey {
@@ -2851,7 +3006,7 @@ type DeleteApiKeyCommand struct {
 
 func (x *DeleteApiKeyCommand) Reset() {
 	*x = DeleteApiKeyCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2863,7 +3018,7 @@ func (x *DeleteApiKeyCommand) String() string {
 func (*DeleteApiKeyCommand) ProtoMessage() {}
 
 func (x *DeleteApiKeyCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[24]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2876,7 +3031,7 @@ func (x *DeleteApiKeyCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteApiKeyCommand.ProtoReflect.Descriptor instead.
 func (*DeleteApiKeyCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{24}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteApiKeyCommand) GetName() string {
@@ -2897,7 +3052,7 @@ type SetApiKeysRequiredCommand struct {
 
 func (x *SetApiKeysRequiredCommand) Reset() {
 	*x = SetApiKeysRequiredCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3064,7 @@ func (x *SetApiKeysRequiredCommand) String() string {
 func (*SetApiKeysRequiredCommand) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[25]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3077,7 @@ func (x *SetApiKeysRequiredCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredCommand.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{25}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetApiKeysRequiredCommand) GetRequired() bool {
@@ -2944,7 +3099,7 @@ type PutTenantCommand struct {
 
 func (x *PutTenantCommand) Reset() {
 	*x = PutTenantCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2956,7 +3111,7 @@ func (x *PutTenantCommand) String() string {
 func (*PutTenantCommand) ProtoMessage() {}
 
 func (x *PutTenantCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[26]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2969,7 +3124,7 @@ func (x *PutTenantCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantCommand.ProtoReflect.Descriptor instead.
 func (*PutTenantCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{26}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *PutTenantCommand) GetTenant() *Tenant {
@@ -2996,7 +3151,7 @@ type DeleteTenantCommand struct {
 
 func (x *DeleteTenantCommand) Reset() {
 	*x = DeleteTenantCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3008,7 +3163,7 @@ func (x *DeleteTenantCommand) String() string {
 func (*DeleteTenantCommand) ProtoMessage() {}
 
 func (x *DeleteTenantCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[27]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3021,7 +3176,7 @@ func (x *DeleteTenantCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantCommand.ProtoReflect.Descriptor instead.
 func (*DeleteTenantCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{27}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DeleteTenantCommand) GetName() string {
@@ -3043,7 +3198,7 @@ type SetApiKeyTenantCommand struct {
 
 func (x *SetApiKeyTenantCommand) Reset() {
 	*x = SetApiKeyTenantCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3055,7 +3210,7 @@ func (x *SetApiKeyTenantCommand) String() string {
 func (*SetApiKeyTenantCommand) ProtoMessage() {}
 
 func (x *SetApiKeyTenantCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[28]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3068,7 +3223,7 @@ func (x *SetApiKeyTenantCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeyTenantCommand.ProtoReflect.Descriptor instead.
 func (*SetApiKeyTenantCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{28}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetApiKeyTenantCommand) GetName() string {
@@ -3101,7 +3256,7 @@ type SetModelScaleCommand struct {
 
 func (x *SetModelScaleCommand) Reset() {
 	*x = SetModelScaleCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3113,7 +3268,7 @@ func (x *SetModelScaleCommand) String() string {
 func (*SetModelScaleCommand) ProtoMessage() {}
 
 func (x *SetModelScaleCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[29]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3126,7 +3281,7 @@ func (x *SetModelScaleCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetModelScaleCommand.ProtoReflect.Descriptor instead.
 func (*SetModelScaleCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{29}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetModelScaleCommand) GetModel() string {
@@ -3157,6 +3312,96 @@ func (x *SetModelScaleCommand) GetModelRevision() uint64 {
 	return 0
 }
 
+// PutAliasCommand creates or replaces an alias.
+type PutAliasCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Alias         *Alias                 `protobuf:"bytes,1,opt,name=alias,proto3" json:"alias,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutAliasCommand) Reset() {
+	*x = PutAliasCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutAliasCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutAliasCommand) ProtoMessage() {}
+
+func (x *PutAliasCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutAliasCommand.ProtoReflect.Descriptor instead.
+func (*PutAliasCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *PutAliasCommand) GetAlias() *Alias {
+	if x != nil {
+		return x.Alias
+	}
+	return nil
+}
+
+// DeleteAliasCommand removes an alias.
+type DeleteAliasCommand struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAliasCommand) Reset() {
+	*x = DeleteAliasCommand{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAliasCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAliasCommand) ProtoMessage() {}
+
+func (x *DeleteAliasCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAliasCommand.ProtoReflect.Descriptor instead.
+func (*DeleteAliasCommand) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DeleteAliasCommand) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
 // SetReplicaSleepingCommand puts a replica to sleep or wakes it.
 type SetReplicaSleepingCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3169,7 +3414,7 @@ type SetReplicaSleepingCommand struct {
 
 func (x *SetReplicaSleepingCommand) Reset() {
 	*x = SetReplicaSleepingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3181,7 +3426,7 @@ func (x *SetReplicaSleepingCommand) String() string {
 func (*SetReplicaSleepingCommand) ProtoMessage() {}
 
 func (x *SetReplicaSleepingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[30]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3194,7 +3439,7 @@ func (x *SetReplicaSleepingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaSleepingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaSleepingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{30}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *SetReplicaSleepingCommand) GetId() string {
@@ -3232,7 +3477,7 @@ type RecordUsageCommand struct {
 
 func (x *RecordUsageCommand) Reset() {
 	*x = RecordUsageCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3244,7 +3489,7 @@ func (x *RecordUsageCommand) String() string {
 func (*RecordUsageCommand) ProtoMessage() {}
 
 func (x *RecordUsageCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[31]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3257,7 +3502,7 @@ func (x *RecordUsageCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageCommand.ProtoReflect.Descriptor instead.
 func (*RecordUsageCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{31}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *RecordUsageCommand) GetRouter() string {
@@ -3297,7 +3542,7 @@ type RegisterNodeCommand struct {
 
 func (x *RegisterNodeCommand) Reset() {
 	*x = RegisterNodeCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3309,7 +3554,7 @@ func (x *RegisterNodeCommand) String() string {
 func (*RegisterNodeCommand) ProtoMessage() {}
 
 func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[32]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3322,7 +3567,7 @@ func (x *RegisterNodeCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeCommand.ProtoReflect.Descriptor instead.
 func (*RegisterNodeCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{32}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *RegisterNodeCommand) GetNode() *Node {
@@ -3342,7 +3587,7 @@ type SetNodeStateCommand struct {
 
 func (x *SetNodeStateCommand) Reset() {
 	*x = SetNodeStateCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3354,7 +3599,7 @@ func (x *SetNodeStateCommand) String() string {
 func (*SetNodeStateCommand) ProtoMessage() {}
 
 func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[33]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3367,7 +3612,7 @@ func (x *SetNodeStateCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeStateCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeStateCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{33}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SetNodeStateCommand) GetId() string {
@@ -3395,7 +3640,7 @@ type PlaceReplicaCommand struct {
 
 func (x *PlaceReplicaCommand) Reset() {
 	*x = PlaceReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3407,7 +3652,7 @@ func (x *PlaceReplicaCommand) String() string {
 func (*PlaceReplicaCommand) ProtoMessage() {}
 
 func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[34]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3420,7 +3665,7 @@ func (x *PlaceReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PlaceReplicaCommand.ProtoReflect.Descriptor instead.
 func (*PlaceReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{34}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *PlaceReplicaCommand) GetReplica() *Replica {
@@ -3441,7 +3686,7 @@ type RemoveReplicaCommand struct {
 
 func (x *RemoveReplicaCommand) Reset() {
 	*x = RemoveReplicaCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3453,7 +3698,7 @@ func (x *RemoveReplicaCommand) String() string {
 func (*RemoveReplicaCommand) ProtoMessage() {}
 
 func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[35]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3466,7 +3711,7 @@ func (x *RemoveReplicaCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaCommand.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{35}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RemoveReplicaCommand) GetId() string {
@@ -3493,7 +3738,7 @@ type SetReplicaDrainingCommand struct {
 
 func (x *SetReplicaDrainingCommand) Reset() {
 	*x = SetReplicaDrainingCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3505,7 +3750,7 @@ func (x *SetReplicaDrainingCommand) String() string {
 func (*SetReplicaDrainingCommand) ProtoMessage() {}
 
 func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[36]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3518,7 +3763,7 @@ func (x *SetReplicaDrainingCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetReplicaDrainingCommand.ProtoReflect.Descriptor instead.
 func (*SetReplicaDrainingCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{36}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SetReplicaDrainingCommand) GetId() string {
@@ -3544,7 +3789,7 @@ type SetClusterConfigCommand struct {
 
 func (x *SetClusterConfigCommand) Reset() {
 	*x = SetClusterConfigCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3556,7 +3801,7 @@ func (x *SetClusterConfigCommand) String() string {
 func (*SetClusterConfigCommand) ProtoMessage() {}
 
 func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[37]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3569,7 +3814,7 @@ func (x *SetClusterConfigCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetClusterConfigCommand.ProtoReflect.Descriptor instead.
 func (*SetClusterConfigCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{37}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *SetClusterConfigCommand) GetConfig() *ClusterConfig {
@@ -3590,7 +3835,7 @@ type SetAdapterPlacementCommand struct {
 
 func (x *SetAdapterPlacementCommand) Reset() {
 	*x = SetAdapterPlacementCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3602,7 +3847,7 @@ func (x *SetAdapterPlacementCommand) String() string {
 func (*SetAdapterPlacementCommand) ProtoMessage() {}
 
 func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[38]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3615,7 +3860,7 @@ func (x *SetAdapterPlacementCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetAdapterPlacementCommand.ProtoReflect.Descriptor instead.
 func (*SetAdapterPlacementCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{38}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SetAdapterPlacementCommand) GetPlacement() *AdapterPlacement {
@@ -3637,7 +3882,7 @@ type SetNodeLabelsCommand struct {
 
 func (x *SetNodeLabelsCommand) Reset() {
 	*x = SetNodeLabelsCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3649,7 +3894,7 @@ func (x *SetNodeLabelsCommand) String() string {
 func (*SetNodeLabelsCommand) ProtoMessage() {}
 
 func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[39]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3662,7 +3907,7 @@ func (x *SetNodeLabelsCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsCommand.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{39}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SetNodeLabelsCommand) GetId() string {
@@ -3702,7 +3947,7 @@ type SetServerRemovedCommand struct {
 
 func (x *SetServerRemovedCommand) Reset() {
 	*x = SetServerRemovedCommand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3714,7 +3959,7 @@ func (x *SetServerRemovedCommand) String() string {
 func (*SetServerRemovedCommand) ProtoMessage() {}
 
 func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[40]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3727,7 +3972,7 @@ func (x *SetServerRemovedCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetServerRemovedCommand.ProtoReflect.Descriptor instead.
 func (*SetServerRemovedCommand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{40}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SetServerRemovedCommand) GetServerId() string {
@@ -3785,7 +4030,7 @@ type ReplicaStatus struct {
 
 func (x *ReplicaStatus) Reset() {
 	*x = ReplicaStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3797,7 +4042,7 @@ func (x *ReplicaStatus) String() string {
 func (*ReplicaStatus) ProtoMessage() {}
 
 func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[41]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3810,7 +4055,7 @@ func (x *ReplicaStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaStatus.ProtoReflect.Descriptor instead.
 func (*ReplicaStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{41}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *ReplicaStatus) GetReplicaId() string {
@@ -3942,7 +4187,7 @@ type EphemeralUpdate struct {
 
 func (x *EphemeralUpdate) Reset() {
 	*x = EphemeralUpdate{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3954,7 +4199,7 @@ func (x *EphemeralUpdate) String() string {
 func (*EphemeralUpdate) ProtoMessage() {}
 
 func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[42]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3967,7 +4212,7 @@ func (x *EphemeralUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EphemeralUpdate.ProtoReflect.Descriptor instead.
 func (*EphemeralUpdate) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{42}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *EphemeralUpdate) GetNode() string {
@@ -4062,7 +4307,7 @@ type AdapterStatus struct {
 
 func (x *AdapterStatus) Reset() {
 	*x = AdapterStatus{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4074,7 +4319,7 @@ func (x *AdapterStatus) String() string {
 func (*AdapterStatus) ProtoMessage() {}
 
 func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[43]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4087,7 +4332,7 @@ func (x *AdapterStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterStatus.ProtoReflect.Descriptor instead.
 func (*AdapterStatus) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{43}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AdapterStatus) GetReplicaId() string {
@@ -4195,7 +4440,7 @@ type KVBlocks struct {
 
 func (x *KVBlocks) Reset() {
 	*x = KVBlocks{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4207,7 +4452,7 @@ func (x *KVBlocks) String() string {
 func (*KVBlocks) ProtoMessage() {}
 
 func (x *KVBlocks) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[44]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4220,7 +4465,7 @@ func (x *KVBlocks) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVBlocks.ProtoReflect.Descriptor instead.
 func (*KVBlocks) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{44}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *KVBlocks) GetReplicaId() string {
@@ -4325,7 +4570,7 @@ type ControlServer struct {
 
 func (x *ControlServer) Reset() {
 	*x = ControlServer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4337,7 +4582,7 @@ func (x *ControlServer) String() string {
 func (*ControlServer) ProtoMessage() {}
 
 func (x *ControlServer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[45]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4350,7 +4595,7 @@ func (x *ControlServer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlServer.ProtoReflect.Descriptor instead.
 func (*ControlServer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{45}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ControlServer) GetId() string {
@@ -4418,7 +4663,7 @@ type Heartbeat struct {
 
 func (x *Heartbeat) Reset() {
 	*x = Heartbeat{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4430,7 +4675,7 @@ func (x *Heartbeat) String() string {
 func (*Heartbeat) ProtoMessage() {}
 
 func (x *Heartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[46]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4443,7 +4688,7 @@ func (x *Heartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Heartbeat.ProtoReflect.Descriptor instead.
 func (*Heartbeat) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{46}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Heartbeat) GetUnixNano() int64 {
@@ -4468,7 +4713,7 @@ type AgentHello struct {
 
 func (x *AgentHello) Reset() {
 	*x = AgentHello{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4480,7 +4725,7 @@ func (x *AgentHello) String() string {
 func (*AgentHello) ProtoMessage() {}
 
 func (x *AgentHello) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[47]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4493,7 +4738,7 @@ func (x *AgentHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentHello.ProtoReflect.Descriptor instead.
 func (*AgentHello) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{47}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *AgentHello) GetNode() *Node {
@@ -4531,7 +4776,7 @@ type AgentMessage struct {
 
 func (x *AgentMessage) Reset() {
 	*x = AgentMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4543,7 +4788,7 @@ func (x *AgentMessage) String() string {
 func (*AgentMessage) ProtoMessage() {}
 
 func (x *AgentMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[48]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4556,7 +4801,7 @@ func (x *AgentMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AgentMessage.ProtoReflect.Descriptor instead.
 func (*AgentMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{48}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AgentMessage) GetBody() isAgentMessage_Body {
@@ -4632,7 +4877,7 @@ type Welcome struct {
 
 func (x *Welcome) Reset() {
 	*x = Welcome{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4644,7 +4889,7 @@ func (x *Welcome) String() string {
 func (*Welcome) ProtoMessage() {}
 
 func (x *Welcome) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[49]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4657,7 +4902,7 @@ func (x *Welcome) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Welcome.ProtoReflect.Descriptor instead.
 func (*Welcome) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{49}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *Welcome) GetSessionId() string {
@@ -4703,7 +4948,7 @@ type DesiredReplicas struct {
 
 func (x *DesiredReplicas) Reset() {
 	*x = DesiredReplicas{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4715,7 +4960,7 @@ func (x *DesiredReplicas) String() string {
 func (*DesiredReplicas) ProtoMessage() {}
 
 func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[50]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4728,7 +4973,7 @@ func (x *DesiredReplicas) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DesiredReplicas.ProtoReflect.Descriptor instead.
 func (*DesiredReplicas) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{50}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *DesiredReplicas) GetRevision() uint64 {
@@ -4775,7 +5020,7 @@ type ControlMessage struct {
 
 func (x *ControlMessage) Reset() {
 	*x = ControlMessage{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4787,7 +5032,7 @@ func (x *ControlMessage) String() string {
 func (*ControlMessage) ProtoMessage() {}
 
 func (x *ControlMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[51]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4800,7 +5045,7 @@ func (x *ControlMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ControlMessage.ProtoReflect.Descriptor instead.
 func (*ControlMessage) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{51}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *ControlMessage) GetBody() isControlMessage_Body {
@@ -4900,7 +5145,7 @@ type FullCopyRequest struct {
 
 func (x *FullCopyRequest) Reset() {
 	*x = FullCopyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4912,7 +5157,7 @@ func (x *FullCopyRequest) String() string {
 func (*FullCopyRequest) ProtoMessage() {}
 
 func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[52]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4925,7 +5170,7 @@ func (x *FullCopyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FullCopyRequest.ProtoReflect.Descriptor instead.
 func (*FullCopyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{52}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *FullCopyRequest) GetReason() string {
@@ -4944,7 +5189,7 @@ type ServerList struct {
 
 func (x *ServerList) Reset() {
 	*x = ServerList{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4956,7 +5201,7 @@ func (x *ServerList) String() string {
 func (*ServerList) ProtoMessage() {}
 
 func (x *ServerList) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[53]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4969,7 +5214,7 @@ func (x *ServerList) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerList.ProtoReflect.Descriptor instead.
 func (*ServerList) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{53}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ServerList) GetServers() []*ControlServer {
@@ -4996,7 +5241,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5008,7 +5253,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[54]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5021,7 +5266,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{54}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *WatchRequest) GetFromRevision() uint64 {
@@ -5063,6 +5308,7 @@ type Change struct {
 	//	*Change_AdapterPlacement
 	//	*Change_ApiKey
 	//	*Change_Tenant
+	//	*Change_Alias
 	Object        isChange_Object `protobuf_oneof:"object"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -5070,7 +5316,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5082,7 +5328,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[55]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5095,7 +5341,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{55}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *Change) GetRevision() uint64 {
@@ -5182,6 +5428,15 @@ func (x *Change) GetTenant() *Tenant {
 	return nil
 }
 
+func (x *Change) GetAlias() *Alias {
+	if x != nil {
+		if x, ok := x.Object.(*Change_Alias); ok {
+			return x.Alias
+		}
+	}
+	return nil
+}
+
 type isChange_Object interface {
 	isChange_Object()
 }
@@ -5217,6 +5472,11 @@ type Change_Tenant struct {
 	Tenant *Tenant `protobuf:"bytes,9,opt,name=tenant,proto3,oneof"`
 }
 
+type Change_Alias struct {
+	// Keyed by alias name.
+	Alias *Alias `protobuf:"bytes,10,opt,name=alias,proto3,oneof"`
+}
+
 func (*Change_Model) isChange_Object() {}
 
 func (*Change_Node) isChange_Object() {}
@@ -5231,6 +5491,8 @@ func (*Change_ApiKey) isChange_Object() {}
 
 func (*Change_Tenant) isChange_Object() {}
 
+func (*Change_Alias) isChange_Object() {}
+
 // SnapshotBegin opens a framed snapshot at a revision: the client builds the
 // puts that follow aside and swaps them in atomically at SnapshotEnd.
 type SnapshotBegin struct {
@@ -5242,7 +5504,7 @@ type SnapshotBegin struct {
 
 func (x *SnapshotBegin) Reset() {
 	*x = SnapshotBegin{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5254,7 +5516,7 @@ func (x *SnapshotBegin) String() string {
 func (*SnapshotBegin) ProtoMessage() {}
 
 func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[56]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5267,7 +5529,7 @@ func (x *SnapshotBegin) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotBegin.ProtoReflect.Descriptor instead.
 func (*SnapshotBegin) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{56}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *SnapshotBegin) GetRevision() uint64 {
@@ -5286,7 +5548,7 @@ type SnapshotEnd struct {
 
 func (x *SnapshotEnd) Reset() {
 	*x = SnapshotEnd{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5298,7 +5560,7 @@ func (x *SnapshotEnd) String() string {
 func (*SnapshotEnd) ProtoMessage() {}
 
 func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[57]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5311,7 +5573,7 @@ func (x *SnapshotEnd) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotEnd.ProtoReflect.Descriptor instead.
 func (*SnapshotEnd) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{57}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *SnapshotEnd) GetRevision() uint64 {
@@ -5332,7 +5594,7 @@ type RevisionMark struct {
 
 func (x *RevisionMark) Reset() {
 	*x = RevisionMark{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5344,7 +5606,7 @@ func (x *RevisionMark) String() string {
 func (*RevisionMark) ProtoMessage() {}
 
 func (x *RevisionMark) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[58]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5357,7 +5619,7 @@ func (x *RevisionMark) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevisionMark.ProtoReflect.Descriptor instead.
 func (*RevisionMark) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{58}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RevisionMark) GetRevision() uint64 {
@@ -5385,7 +5647,7 @@ type WatchEvent struct {
 
 func (x *WatchEvent) Reset() {
 	*x = WatchEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5397,7 +5659,7 @@ func (x *WatchEvent) String() string {
 func (*WatchEvent) ProtoMessage() {}
 
 func (x *WatchEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[59]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5410,7 +5672,7 @@ func (x *WatchEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchEvent.ProtoReflect.Descriptor instead.
 func (*WatchEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{59}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *WatchEvent) GetEvent() isWatchEvent_Event {
@@ -5542,7 +5804,7 @@ type CreateApiKeyRequest struct {
 
 func (x *CreateApiKeyRequest) Reset() {
 	*x = CreateApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5554,7 +5816,7 @@ func (x *CreateApiKeyRequest) String() string {
 func (*CreateApiKeyRequest) ProtoMessage() {}
 
 func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[60]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5567,7 +5829,7 @@ func (x *CreateApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{60}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *CreateApiKeyRequest) GetName() string {
@@ -5608,7 +5870,7 @@ type SetApiKeyTenantRequest struct {
 
 func (x *SetApiKeyTenantRequest) Reset() {
 	*x = SetApiKeyTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5620,7 +5882,7 @@ func (x *SetApiKeyTenantRequest) String() string {
 func (*SetApiKeyTenantRequest) ProtoMessage() {}
 
 func (x *SetApiKeyTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[61]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5633,7 +5895,7 @@ func (x *SetApiKeyTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeyTenantRequest.ProtoReflect.Descriptor instead.
 func (*SetApiKeyTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{61}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *SetApiKeyTenantRequest) GetName() string {
@@ -5659,7 +5921,7 @@ type SetApiKeyTenantResponse struct {
 
 func (x *SetApiKeyTenantResponse) Reset() {
 	*x = SetApiKeyTenantResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5671,7 +5933,7 @@ func (x *SetApiKeyTenantResponse) String() string {
 func (*SetApiKeyTenantResponse) ProtoMessage() {}
 
 func (x *SetApiKeyTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[62]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5684,7 +5946,7 @@ func (x *SetApiKeyTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeyTenantResponse.ProtoReflect.Descriptor instead.
 func (*SetApiKeyTenantResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{62}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *SetApiKeyTenantResponse) GetRevision() uint64 {
@@ -5706,7 +5968,7 @@ type PutTenantRequest struct {
 
 func (x *PutTenantRequest) Reset() {
 	*x = PutTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5718,7 +5980,7 @@ func (x *PutTenantRequest) String() string {
 func (*PutTenantRequest) ProtoMessage() {}
 
 func (x *PutTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[63]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5731,7 +5993,7 @@ func (x *PutTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantRequest.ProtoReflect.Descriptor instead.
 func (*PutTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{63}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *PutTenantRequest) GetTenant() *Tenant {
@@ -5758,7 +6020,7 @@ type PutTenantResponse struct {
 
 func (x *PutTenantResponse) Reset() {
 	*x = PutTenantResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5770,7 +6032,7 @@ func (x *PutTenantResponse) String() string {
 func (*PutTenantResponse) ProtoMessage() {}
 
 func (x *PutTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[64]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5783,7 +6045,7 @@ func (x *PutTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutTenantResponse.ProtoReflect.Descriptor instead.
 func (*PutTenantResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{64}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *PutTenantResponse) GetTenant() *Tenant {
@@ -5809,7 +6071,7 @@ type GetTenantRequest struct {
 
 func (x *GetTenantRequest) Reset() {
 	*x = GetTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5821,7 +6083,7 @@ func (x *GetTenantRequest) String() string {
 func (*GetTenantRequest) ProtoMessage() {}
 
 func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[65]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5834,7 +6096,7 @@ func (x *GetTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTenantRequest.ProtoReflect.Descriptor instead.
 func (*GetTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{65}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *GetTenantRequest) GetName() string {
@@ -5854,7 +6116,7 @@ type ListTenantsResponse struct {
 
 func (x *ListTenantsResponse) Reset() {
 	*x = ListTenantsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5866,7 +6128,7 @@ func (x *ListTenantsResponse) String() string {
 func (*ListTenantsResponse) ProtoMessage() {}
 
 func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[66]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5879,7 +6141,7 @@ func (x *ListTenantsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTenantsResponse.ProtoReflect.Descriptor instead.
 func (*ListTenantsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{66}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListTenantsResponse) GetTenants() []*Tenant {
@@ -5905,7 +6167,7 @@ type DeleteTenantRequest struct {
 
 func (x *DeleteTenantRequest) Reset() {
 	*x = DeleteTenantRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5917,7 +6179,7 @@ func (x *DeleteTenantRequest) String() string {
 func (*DeleteTenantRequest) ProtoMessage() {}
 
 func (x *DeleteTenantRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[67]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5930,7 +6192,7 @@ func (x *DeleteTenantRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantRequest.ProtoReflect.Descriptor instead.
 func (*DeleteTenantRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{67}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *DeleteTenantRequest) GetName() string {
@@ -5949,7 +6211,7 @@ type DeleteTenantResponse struct {
 
 func (x *DeleteTenantResponse) Reset() {
 	*x = DeleteTenantResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5961,7 +6223,7 @@ func (x *DeleteTenantResponse) String() string {
 func (*DeleteTenantResponse) ProtoMessage() {}
 
 func (x *DeleteTenantResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[68]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5974,7 +6236,7 @@ func (x *DeleteTenantResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteTenantResponse.ProtoReflect.Descriptor instead.
 func (*DeleteTenantResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{68}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *DeleteTenantResponse) GetRevision() uint64 {
@@ -5997,7 +6259,7 @@ type UsageRequest struct {
 
 func (x *UsageRequest) Reset() {
 	*x = UsageRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6009,7 +6271,7 @@ func (x *UsageRequest) String() string {
 func (*UsageRequest) ProtoMessage() {}
 
 func (x *UsageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[69]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6022,7 +6284,7 @@ func (x *UsageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageRequest.ProtoReflect.Descriptor instead.
 func (*UsageRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{69}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *UsageRequest) GetTenant() string {
@@ -6056,7 +6318,7 @@ type UsageResponse struct {
 
 func (x *UsageResponse) Reset() {
 	*x = UsageResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6068,7 +6330,7 @@ func (x *UsageResponse) String() string {
 func (*UsageResponse) ProtoMessage() {}
 
 func (x *UsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[70]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6081,7 +6343,7 @@ func (x *UsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UsageResponse.ProtoReflect.Descriptor instead.
 func (*UsageResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{70}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *UsageResponse) GetRows() []*UsageRow {
@@ -6111,7 +6373,7 @@ type CreateApiKeyResponse struct {
 
 func (x *CreateApiKeyResponse) Reset() {
 	*x = CreateApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6123,7 +6385,7 @@ func (x *CreateApiKeyResponse) String() string {
 func (*CreateApiKeyResponse) ProtoMessage() {}
 
 func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[71]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6136,7 +6398,7 @@ func (x *CreateApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*CreateApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{71}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *CreateApiKeyResponse) GetKey() *ApiKey {
@@ -6169,7 +6431,7 @@ type SetApiKeysRequiredRequest struct {
 
 func (x *SetApiKeysRequiredRequest) Reset() {
 	*x = SetApiKeysRequiredRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6181,7 +6443,7 @@ func (x *SetApiKeysRequiredRequest) String() string {
 func (*SetApiKeysRequiredRequest) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[72]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6194,7 +6456,7 @@ func (x *SetApiKeysRequiredRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredRequest.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{72}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *SetApiKeysRequiredRequest) GetRequired() bool {
@@ -6215,7 +6477,7 @@ type SetApiKeysRequiredResponse struct {
 
 func (x *SetApiKeysRequiredResponse) Reset() {
 	*x = SetApiKeysRequiredResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6227,7 +6489,7 @@ func (x *SetApiKeysRequiredResponse) String() string {
 func (*SetApiKeysRequiredResponse) ProtoMessage() {}
 
 func (x *SetApiKeysRequiredResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[73]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6240,7 +6502,7 @@ func (x *SetApiKeysRequiredResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetApiKeysRequiredResponse.ProtoReflect.Descriptor instead.
 func (*SetApiKeysRequiredResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{73}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *SetApiKeysRequiredResponse) GetRevision() uint64 {
@@ -6271,7 +6533,7 @@ type ListApiKeysResponse struct {
 
 func (x *ListApiKeysResponse) Reset() {
 	*x = ListApiKeysResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6283,7 +6545,7 @@ func (x *ListApiKeysResponse) String() string {
 func (*ListApiKeysResponse) ProtoMessage() {}
 
 func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[74]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6296,7 +6558,7 @@ func (x *ListApiKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListApiKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListApiKeysResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{74}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ListApiKeysResponse) GetKeys() []*ApiKey {
@@ -6329,7 +6591,7 @@ type RevokeApiKeyRequest struct {
 
 func (x *RevokeApiKeyRequest) Reset() {
 	*x = RevokeApiKeyRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6341,7 +6603,7 @@ func (x *RevokeApiKeyRequest) String() string {
 func (*RevokeApiKeyRequest) ProtoMessage() {}
 
 func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[75]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6354,7 +6616,7 @@ func (x *RevokeApiKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyRequest.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{75}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *RevokeApiKeyRequest) GetName() string {
@@ -6373,7 +6635,7 @@ type RevokeApiKeyResponse struct {
 
 func (x *RevokeApiKeyResponse) Reset() {
 	*x = RevokeApiKeyResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6385,7 +6647,7 @@ func (x *RevokeApiKeyResponse) String() string {
 func (*RevokeApiKeyResponse) ProtoMessage() {}
 
 func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[76]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6398,7 +6660,7 @@ func (x *RevokeApiKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeApiKeyResponse.ProtoReflect.Descriptor instead.
 func (*RevokeApiKeyResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{76}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *RevokeApiKeyResponse) GetRevision() uint64 {
@@ -6419,7 +6681,7 @@ type KeyringRequest struct {
 
 func (x *KeyringRequest) Reset() {
 	*x = KeyringRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6431,7 +6693,7 @@ func (x *KeyringRequest) String() string {
 func (*KeyringRequest) ProtoMessage() {}
 
 func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[77]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6444,7 +6706,7 @@ func (x *KeyringRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringRequest.ProtoReflect.Descriptor instead.
 func (*KeyringRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{77}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *KeyringRequest) GetOp() KeyringOp {
@@ -6473,7 +6735,7 @@ type KeyringKey struct {
 
 func (x *KeyringKey) Reset() {
 	*x = KeyringKey{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6485,7 +6747,7 @@ func (x *KeyringKey) String() string {
 func (*KeyringKey) ProtoMessage() {}
 
 func (x *KeyringKey) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[78]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6498,7 +6760,7 @@ func (x *KeyringKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringKey.ProtoReflect.Descriptor instead.
 func (*KeyringKey) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{78}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *KeyringKey) GetFingerprint() string {
@@ -6527,7 +6789,7 @@ type ServerKeyring struct {
 
 func (x *ServerKeyring) Reset() {
 	*x = ServerKeyring{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6539,7 +6801,7 @@ func (x *ServerKeyring) String() string {
 func (*ServerKeyring) ProtoMessage() {}
 
 func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[79]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6552,7 +6814,7 @@ func (x *ServerKeyring) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServerKeyring.ProtoReflect.Descriptor instead.
 func (*ServerKeyring) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{79}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *ServerKeyring) GetServerId() string {
@@ -6585,7 +6847,7 @@ type KeyringResponse struct {
 
 func (x *KeyringResponse) Reset() {
 	*x = KeyringResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6597,7 +6859,7 @@ func (x *KeyringResponse) String() string {
 func (*KeyringResponse) ProtoMessage() {}
 
 func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[80]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6610,7 +6872,7 @@ func (x *KeyringResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyringResponse.ProtoReflect.Descriptor instead.
 func (*KeyringResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{80}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *KeyringResponse) GetServers() []*ServerKeyring {
@@ -6631,7 +6893,7 @@ type SetNodeLabelsRequest struct {
 
 func (x *SetNodeLabelsRequest) Reset() {
 	*x = SetNodeLabelsRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6643,7 +6905,7 @@ func (x *SetNodeLabelsRequest) String() string {
 func (*SetNodeLabelsRequest) ProtoMessage() {}
 
 func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[81]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6656,7 +6918,7 @@ func (x *SetNodeLabelsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{81}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *SetNodeLabelsRequest) GetId() string {
@@ -6690,7 +6952,7 @@ type SetNodeLabelsResponse struct {
 
 func (x *SetNodeLabelsResponse) Reset() {
 	*x = SetNodeLabelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6702,7 +6964,7 @@ func (x *SetNodeLabelsResponse) String() string {
 func (*SetNodeLabelsResponse) ProtoMessage() {}
 
 func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[82]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6715,7 +6977,7 @@ func (x *SetNodeLabelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeLabelsResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeLabelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{82}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *SetNodeLabelsResponse) GetRevision() uint64 {
@@ -6740,7 +7002,7 @@ type SnapshotSaveRequest struct {
 
 func (x *SnapshotSaveRequest) Reset() {
 	*x = SnapshotSaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6752,7 +7014,7 @@ func (x *SnapshotSaveRequest) String() string {
 func (*SnapshotSaveRequest) ProtoMessage() {}
 
 func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[83]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6765,7 +7027,7 @@ func (x *SnapshotSaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSaveRequest.ProtoReflect.Descriptor instead.
 func (*SnapshotSaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{83}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
 }
 
 // SnapshotChunk is a piece of a snapshot file, in order.
@@ -6778,7 +7040,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6790,7 +7052,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[84]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6803,7 +7065,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{84}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -6823,7 +7085,7 @@ type SnapshotRestoreResponse struct {
 
 func (x *SnapshotRestoreResponse) Reset() {
 	*x = SnapshotRestoreResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6835,7 +7097,7 @@ func (x *SnapshotRestoreResponse) String() string {
 func (*SnapshotRestoreResponse) ProtoMessage() {}
 
 func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[85]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6848,7 +7110,7 @@ func (x *SnapshotRestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotRestoreResponse.ProtoReflect.Descriptor instead.
 func (*SnapshotRestoreResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{85}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *SnapshotRestoreResponse) GetRevision() uint64 {
@@ -6868,7 +7130,7 @@ type DrainNodeRequest struct {
 
 func (x *DrainNodeRequest) Reset() {
 	*x = DrainNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6880,7 +7142,7 @@ func (x *DrainNodeRequest) String() string {
 func (*DrainNodeRequest) ProtoMessage() {}
 
 func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[86]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6893,7 +7155,7 @@ func (x *DrainNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeRequest.ProtoReflect.Descriptor instead.
 func (*DrainNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{86}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *DrainNodeRequest) GetId() string {
@@ -6919,7 +7181,7 @@ type DrainNodeResponse struct {
 
 func (x *DrainNodeResponse) Reset() {
 	*x = DrainNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6931,7 +7193,7 @@ func (x *DrainNodeResponse) String() string {
 func (*DrainNodeResponse) ProtoMessage() {}
 
 func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[87]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6944,7 +7206,7 @@ func (x *DrainNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainNodeResponse.ProtoReflect.Descriptor instead.
 func (*DrainNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{87}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *DrainNodeResponse) GetRevision() uint64 {
@@ -6964,7 +7226,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6976,7 +7238,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[88]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6989,7 +7251,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{88}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *JoinRequest) GetGossipAddrs() []string {
@@ -7009,7 +7271,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7021,7 +7283,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[89]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7034,7 +7296,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{89}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *JoinResponse) GetJoined() int32 {
@@ -7052,7 +7314,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7064,7 +7326,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[90]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7077,7 +7339,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{90}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
 }
 
 type LeaveResponse struct {
@@ -7090,7 +7352,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7102,7 +7364,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[91]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7115,7 +7377,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{91}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *LeaveResponse) GetNewLeader() string {
@@ -7133,7 +7395,7 @@ type MembersRequest struct {
 
 func (x *MembersRequest) Reset() {
 	*x = MembersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7145,7 +7407,7 @@ func (x *MembersRequest) String() string {
 func (*MembersRequest) ProtoMessage() {}
 
 func (x *MembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[92]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7158,7 +7420,7 @@ func (x *MembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersRequest.ProtoReflect.Descriptor instead.
 func (*MembersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{92}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
 }
 
 // Member is one server in the gossip pool.
@@ -7182,7 +7444,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7194,7 +7456,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[93]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7207,7 +7469,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{93}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *Member) GetId() string {
@@ -7275,7 +7537,7 @@ type MembersResponse struct {
 
 func (x *MembersResponse) Reset() {
 	*x = MembersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7287,7 +7549,7 @@ func (x *MembersResponse) String() string {
 func (*MembersResponse) ProtoMessage() {}
 
 func (x *MembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[94]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7300,7 +7562,7 @@ func (x *MembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MembersResponse.ProtoReflect.Descriptor instead.
 func (*MembersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{94}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *MembersResponse) GetMembers() []*Member {
@@ -7318,7 +7580,7 @@ type ListPeersRequest struct {
 
 func (x *ListPeersRequest) Reset() {
 	*x = ListPeersRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7330,7 +7592,7 @@ func (x *ListPeersRequest) String() string {
 func (*ListPeersRequest) ProtoMessage() {}
 
 func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[95]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7343,7 +7605,7 @@ func (x *ListPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListPeersRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{95}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{99}
 }
 
 // RaftPeer is one server of the Raft configuration, with autopilot's view.
@@ -7370,7 +7632,7 @@ type RaftPeer struct {
 
 func (x *RaftPeer) Reset() {
 	*x = RaftPeer{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7382,7 +7644,7 @@ func (x *RaftPeer) String() string {
 func (*RaftPeer) ProtoMessage() {}
 
 func (x *RaftPeer) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[96]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7395,7 +7657,7 @@ func (x *RaftPeer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftPeer.ProtoReflect.Descriptor instead.
 func (*RaftPeer) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{96}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *RaftPeer) GetId() string {
@@ -7470,7 +7732,7 @@ type ListPeersResponse struct {
 
 func (x *ListPeersResponse) Reset() {
 	*x = ListPeersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7482,7 +7744,7 @@ func (x *ListPeersResponse) String() string {
 func (*ListPeersResponse) ProtoMessage() {}
 
 func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[97]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7495,7 +7757,7 @@ func (x *ListPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListPeersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{97}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *ListPeersResponse) GetPeers() []*RaftPeer {
@@ -7514,7 +7776,7 @@ type RemovePeerRequest struct {
 
 func (x *RemovePeerRequest) Reset() {
 	*x = RemovePeerRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7526,7 +7788,7 @@ func (x *RemovePeerRequest) String() string {
 func (*RemovePeerRequest) ProtoMessage() {}
 
 func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[98]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7539,7 +7801,7 @@ func (x *RemovePeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerRequest.ProtoReflect.Descriptor instead.
 func (*RemovePeerRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{98}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *RemovePeerRequest) GetId() string {
@@ -7557,7 +7819,7 @@ type RemovePeerResponse struct {
 
 func (x *RemovePeerResponse) Reset() {
 	*x = RemovePeerResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7569,7 +7831,7 @@ func (x *RemovePeerResponse) String() string {
 func (*RemovePeerResponse) ProtoMessage() {}
 
 func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[99]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7582,7 +7844,7 @@ func (x *RemovePeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemovePeerResponse.ProtoReflect.Descriptor instead.
 func (*RemovePeerResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{99}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{103}
 }
 
 type TransferLeadershipRequest struct {
@@ -7595,7 +7857,7 @@ type TransferLeadershipRequest struct {
 
 func (x *TransferLeadershipRequest) Reset() {
 	*x = TransferLeadershipRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7607,7 +7869,7 @@ func (x *TransferLeadershipRequest) String() string {
 func (*TransferLeadershipRequest) ProtoMessage() {}
 
 func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[100]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7620,7 +7882,7 @@ func (x *TransferLeadershipRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipRequest.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{100}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *TransferLeadershipRequest) GetTo() string {
@@ -7639,7 +7901,7 @@ type TransferLeadershipResponse struct {
 
 func (x *TransferLeadershipResponse) Reset() {
 	*x = TransferLeadershipResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7651,7 +7913,7 @@ func (x *TransferLeadershipResponse) String() string {
 func (*TransferLeadershipResponse) ProtoMessage() {}
 
 func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[101]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7664,7 +7926,7 @@ func (x *TransferLeadershipResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferLeadershipResponse.ProtoReflect.Descriptor instead.
 func (*TransferLeadershipResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{101}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *TransferLeadershipResponse) GetLeader() string {
@@ -7683,7 +7945,7 @@ type ApplyModelRequest struct {
 
 func (x *ApplyModelRequest) Reset() {
 	*x = ApplyModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7695,7 +7957,7 @@ func (x *ApplyModelRequest) String() string {
 func (*ApplyModelRequest) ProtoMessage() {}
 
 func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[102]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7708,7 +7970,7 @@ func (x *ApplyModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelRequest.ProtoReflect.Descriptor instead.
 func (*ApplyModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{102}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *ApplyModelRequest) GetModel() *Model {
@@ -7728,7 +7990,7 @@ type ApplyModelResponse struct {
 
 func (x *ApplyModelResponse) Reset() {
 	*x = ApplyModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7740,7 +8002,7 @@ func (x *ApplyModelResponse) String() string {
 func (*ApplyModelResponse) ProtoMessage() {}
 
 func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[103]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7753,7 +8015,7 @@ func (x *ApplyModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyModelResponse.ProtoReflect.Descriptor instead.
 func (*ApplyModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{103}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *ApplyModelResponse) GetRevision() uint64 {
@@ -7779,7 +8041,7 @@ type DeleteModelRequest struct {
 
 func (x *DeleteModelRequest) Reset() {
 	*x = DeleteModelRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7791,7 +8053,7 @@ func (x *DeleteModelRequest) String() string {
 func (*DeleteModelRequest) ProtoMessage() {}
 
 func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[104]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7804,7 +8066,7 @@ func (x *DeleteModelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelRequest.ProtoReflect.Descriptor instead.
 func (*DeleteModelRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{104}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{108}
 }
 
 func (x *DeleteModelRequest) GetName() string {
@@ -7823,7 +8085,7 @@ type DeleteModelResponse struct {
 
 func (x *DeleteModelResponse) Reset() {
 	*x = DeleteModelResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7835,7 +8097,7 @@ func (x *DeleteModelResponse) String() string {
 func (*DeleteModelResponse) ProtoMessage() {}
 
 func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[105]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7848,7 +8110,7 @@ func (x *DeleteModelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteModelResponse.ProtoReflect.Descriptor instead.
 func (*DeleteModelResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{105}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{109}
 }
 
 func (x *DeleteModelResponse) GetRevision() uint64 {
@@ -7868,7 +8130,7 @@ type ListRequest struct {
 
 func (x *ListRequest) Reset() {
 	*x = ListRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7880,7 +8142,7 @@ func (x *ListRequest) String() string {
 func (*ListRequest) ProtoMessage() {}
 
 func (x *ListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[106]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7893,7 +8155,7 @@ func (x *ListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
 func (*ListRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{106}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{110}
 }
 
 func (x *ListRequest) GetConsistent() bool {
@@ -7913,7 +8175,7 @@ type ListModelsResponse struct {
 
 func (x *ListModelsResponse) Reset() {
 	*x = ListModelsResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7925,7 +8187,7 @@ func (x *ListModelsResponse) String() string {
 func (*ListModelsResponse) ProtoMessage() {}
 
 func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[107]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7938,7 +8200,7 @@ func (x *ListModelsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListModelsResponse.ProtoReflect.Descriptor instead.
 func (*ListModelsResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{107}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{111}
 }
 
 func (x *ListModelsResponse) GetRevision() uint64 {
@@ -7967,7 +8229,7 @@ type ListNodesResponse struct {
 
 func (x *ListNodesResponse) Reset() {
 	*x = ListNodesResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7979,7 +8241,7 @@ func (x *ListNodesResponse) String() string {
 func (*ListNodesResponse) ProtoMessage() {}
 
 func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[108]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7992,7 +8254,7 @@ func (x *ListNodesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListNodesResponse.ProtoReflect.Descriptor instead.
 func (*ListNodesResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{108}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{112}
 }
 
 func (x *ListNodesResponse) GetRevision() uint64 {
@@ -8031,7 +8293,7 @@ type ReplicaView struct {
 
 func (x *ReplicaView) Reset() {
 	*x = ReplicaView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8043,7 +8305,7 @@ func (x *ReplicaView) String() string {
 func (*ReplicaView) ProtoMessage() {}
 
 func (x *ReplicaView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[109]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8056,7 +8318,7 @@ func (x *ReplicaView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaView.ProtoReflect.Descriptor instead.
 func (*ReplicaView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{109}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{113}
 }
 
 func (x *ReplicaView) GetReplica() *Replica {
@@ -8094,7 +8356,7 @@ type ReplicaKV struct {
 
 func (x *ReplicaKV) Reset() {
 	*x = ReplicaKV{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8106,7 +8368,7 @@ func (x *ReplicaKV) String() string {
 func (*ReplicaKV) ProtoMessage() {}
 
 func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[110]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8119,7 +8381,7 @@ func (x *ReplicaKV) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaKV.ProtoReflect.Descriptor instead.
 func (*ReplicaKV) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{110}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{114}
 }
 
 func (x *ReplicaKV) GetBlocks() uint64 {
@@ -8160,7 +8422,7 @@ type ListReplicasResponse struct {
 
 func (x *ListReplicasResponse) Reset() {
 	*x = ListReplicasResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8172,7 +8434,7 @@ func (x *ListReplicasResponse) String() string {
 func (*ListReplicasResponse) ProtoMessage() {}
 
 func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[111]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8185,7 +8447,7 @@ func (x *ListReplicasResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListReplicasResponse.ProtoReflect.Descriptor instead.
 func (*ListReplicasResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{111}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{115}
 }
 
 func (x *ListReplicasResponse) GetRevision() uint64 {
@@ -8210,7 +8472,7 @@ type ClusterStatusRequest struct {
 
 func (x *ClusterStatusRequest) Reset() {
 	*x = ClusterStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8222,7 +8484,7 @@ func (x *ClusterStatusRequest) String() string {
 func (*ClusterStatusRequest) ProtoMessage() {}
 
 func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[112]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8235,7 +8497,7 @@ func (x *ClusterStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusRequest.ProtoReflect.Descriptor instead.
 func (*ClusterStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{112}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{116}
 }
 
 type ClusterStatusResponse struct {
@@ -8274,7 +8536,7 @@ type ClusterStatusResponse struct {
 
 func (x *ClusterStatusResponse) Reset() {
 	*x = ClusterStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8286,7 +8548,7 @@ func (x *ClusterStatusResponse) String() string {
 func (*ClusterStatusResponse) ProtoMessage() {}
 
 func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[113]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8299,7 +8561,7 @@ func (x *ClusterStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterStatusResponse.ProtoReflect.Descriptor instead.
 func (*ClusterStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{113}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{117}
 }
 
 func (x *ClusterStatusResponse) GetLeader() string {
@@ -8402,7 +8664,7 @@ type LoadSubscribeRequest struct {
 
 func (x *LoadSubscribeRequest) Reset() {
 	*x = LoadSubscribeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8414,7 +8676,7 @@ func (x *LoadSubscribeRequest) String() string {
 func (*LoadSubscribeRequest) ProtoMessage() {}
 
 func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[114]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8427,7 +8689,7 @@ func (x *LoadSubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSubscribeRequest.ProtoReflect.Descriptor instead.
 func (*LoadSubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{114}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{118}
 }
 
 func (x *LoadSubscribeRequest) GetClientId() string {
@@ -8458,7 +8720,7 @@ type ReplicaLoad struct {
 
 func (x *ReplicaLoad) Reset() {
 	*x = ReplicaLoad{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8470,7 +8732,7 @@ func (x *ReplicaLoad) String() string {
 func (*ReplicaLoad) ProtoMessage() {}
 
 func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[115]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8483,7 +8745,7 @@ func (x *ReplicaLoad) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicaLoad.ProtoReflect.Descriptor instead.
 func (*ReplicaLoad) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{115}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{119}
 }
 
 func (x *ReplicaLoad) GetReplicaId() string {
@@ -8551,7 +8813,7 @@ type LoadSnapshot struct {
 
 func (x *LoadSnapshot) Reset() {
 	*x = LoadSnapshot{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8563,7 +8825,7 @@ func (x *LoadSnapshot) String() string {
 func (*LoadSnapshot) ProtoMessage() {}
 
 func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[116]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8576,7 +8838,7 @@ func (x *LoadSnapshot) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadSnapshot.ProtoReflect.Descriptor instead.
 func (*LoadSnapshot) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{116}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{120}
 }
 
 func (x *LoadSnapshot) GetNode() string {
@@ -8628,7 +8890,7 @@ type EnsureAdapterRequest struct {
 
 func (x *EnsureAdapterRequest) Reset() {
 	*x = EnsureAdapterRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8640,7 +8902,7 @@ func (x *EnsureAdapterRequest) String() string {
 func (*EnsureAdapterRequest) ProtoMessage() {}
 
 func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[117]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8653,7 +8915,7 @@ func (x *EnsureAdapterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterRequest.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{117}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{121}
 }
 
 func (x *EnsureAdapterRequest) GetAdapter() string {
@@ -8719,7 +8981,7 @@ type AdapterUseReport struct {
 
 func (x *AdapterUseReport) Reset() {
 	*x = AdapterUseReport{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8731,7 +8993,7 @@ func (x *AdapterUseReport) String() string {
 func (*AdapterUseReport) ProtoMessage() {}
 
 func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[118]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8744,7 +9006,7 @@ func (x *AdapterUseReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReport.ProtoReflect.Descriptor instead.
 func (*AdapterUseReport) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{118}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{122}
 }
 
 func (x *AdapterUseReport) GetRouter() string {
@@ -8798,7 +9060,7 @@ type AdapterUseReportResponse struct {
 
 func (x *AdapterUseReportResponse) Reset() {
 	*x = AdapterUseReportResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8810,7 +9072,7 @@ func (x *AdapterUseReportResponse) String() string {
 func (*AdapterUseReportResponse) ProtoMessage() {}
 
 func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[119]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8823,7 +9085,7 @@ func (x *AdapterUseReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterUseReportResponse.ProtoReflect.Descriptor instead.
 func (*AdapterUseReportResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{119}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{123}
 }
 
 func (x *AdapterUseReportResponse) GetKeepMs() int64 {
@@ -8859,7 +9121,7 @@ type EnsureAdapterResponse struct {
 
 func (x *EnsureAdapterResponse) Reset() {
 	*x = EnsureAdapterResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8871,7 +9133,7 @@ func (x *EnsureAdapterResponse) String() string {
 func (*EnsureAdapterResponse) ProtoMessage() {}
 
 func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[120]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8884,7 +9146,7 @@ func (x *EnsureAdapterResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnsureAdapterResponse.ProtoReflect.Descriptor instead.
 func (*EnsureAdapterResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{120}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{124}
 }
 
 func (x *EnsureAdapterResponse) GetState() AdapterState {
@@ -8934,7 +9196,7 @@ type Scope struct {
 
 func (x *Scope) Reset() {
 	*x = Scope{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -8946,7 +9208,7 @@ func (x *Scope) String() string {
 func (*Scope) ProtoMessage() {}
 
 func (x *Scope) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[121]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -8959,7 +9221,7 @@ func (x *Scope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Scope.ProtoReflect.Descriptor instead.
 func (*Scope) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{121}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{125}
 }
 
 func (x *Scope) GetTenant() string {
@@ -9003,7 +9265,7 @@ type ShareClaim struct {
 
 func (x *ShareClaim) Reset() {
 	*x = ShareClaim{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9015,7 +9277,7 @@ func (x *ShareClaim) String() string {
 func (*ShareClaim) ProtoMessage() {}
 
 func (x *ShareClaim) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[122]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9028,7 +9290,7 @@ func (x *ShareClaim) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareClaim.ProtoReflect.Descriptor instead.
 func (*ShareClaim) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{122}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{126}
 }
 
 func (x *ShareClaim) GetScope() *Scope {
@@ -9072,7 +9334,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9084,7 +9346,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[123]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9097,7 +9359,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{123}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{127}
 }
 
 func (x *LeaseRequest) GetRouter() string {
@@ -9142,7 +9404,7 @@ type ShareGrant struct {
 
 func (x *ShareGrant) Reset() {
 	*x = ShareGrant{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9154,7 +9416,7 @@ func (x *ShareGrant) String() string {
 func (*ShareGrant) ProtoMessage() {}
 
 func (x *ShareGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[124]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9167,7 +9429,7 @@ func (x *ShareGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShareGrant.ProtoReflect.Descriptor instead.
 func (*ShareGrant) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{124}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{128}
 }
 
 func (x *ShareGrant) GetScope() *Scope {
@@ -9219,7 +9481,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9231,7 +9493,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[125]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9244,7 +9506,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{125}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{129}
 }
 
 func (x *LeaseResponse) GetGrants() []*ShareGrant {
@@ -9277,7 +9539,7 @@ type RecordUsageResponse struct {
 
 func (x *RecordUsageResponse) Reset() {
 	*x = RecordUsageResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9289,7 +9551,7 @@ func (x *RecordUsageResponse) String() string {
 func (*RecordUsageResponse) ProtoMessage() {}
 
 func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[126]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9302,7 +9564,7 @@ func (x *RecordUsageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecordUsageResponse.ProtoReflect.Descriptor instead.
 func (*RecordUsageResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{126}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{130}
 }
 
 func (x *RecordUsageResponse) GetRevision() uint64 {
@@ -9332,7 +9594,7 @@ type FlowDepth struct {
 
 func (x *FlowDepth) Reset() {
 	*x = FlowDepth{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9344,7 +9606,7 @@ func (x *FlowDepth) String() string {
 func (*FlowDepth) ProtoMessage() {}
 
 func (x *FlowDepth) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[127]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9357,7 +9619,7 @@ func (x *FlowDepth) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowDepth.ProtoReflect.Descriptor instead.
 func (*FlowDepth) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{127}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{131}
 }
 
 func (x *FlowDepth) GetModel() string {
@@ -9425,7 +9687,7 @@ type FlowReport struct {
 
 func (x *FlowReport) Reset() {
 	*x = FlowReport{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9437,7 +9699,7 @@ func (x *FlowReport) String() string {
 func (*FlowReport) ProtoMessage() {}
 
 func (x *FlowReport) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[128]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9450,7 +9712,7 @@ func (x *FlowReport) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowReport.ProtoReflect.Descriptor instead.
 func (*FlowReport) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{128}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{132}
 }
 
 func (x *FlowReport) GetRouter() string {
@@ -9506,7 +9768,7 @@ type ModelDemand struct {
 
 func (x *ModelDemand) Reset() {
 	*x = ModelDemand{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[133]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9518,7 +9780,7 @@ func (x *ModelDemand) String() string {
 func (*ModelDemand) ProtoMessage() {}
 
 func (x *ModelDemand) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[129]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[133]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9531,7 +9793,7 @@ func (x *ModelDemand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelDemand.ProtoReflect.Descriptor instead.
 func (*ModelDemand) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{129}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{133}
 }
 
 func (x *ModelDemand) GetModel() string {
@@ -9604,7 +9866,7 @@ type FlowView struct {
 
 func (x *FlowView) Reset() {
 	*x = FlowView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[134]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9616,7 +9878,7 @@ func (x *FlowView) String() string {
 func (*FlowView) ProtoMessage() {}
 
 func (x *FlowView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[130]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[134]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9629,7 +9891,7 @@ func (x *FlowView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowView.ProtoReflect.Descriptor instead.
 func (*FlowView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{130}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{134}
 }
 
 func (x *FlowView) GetDepths() []*FlowDepth {
@@ -9656,7 +9918,7 @@ type FlowStatusRequest struct {
 
 func (x *FlowStatusRequest) Reset() {
 	*x = FlowStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[135]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9668,7 +9930,7 @@ func (x *FlowStatusRequest) String() string {
 func (*FlowStatusRequest) ProtoMessage() {}
 
 func (x *FlowStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[131]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[135]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9681,7 +9943,7 @@ func (x *FlowStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowStatusRequest.ProtoReflect.Descriptor instead.
 func (*FlowStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{131}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{135}
 }
 
 type FlowRouterDepths struct {
@@ -9695,7 +9957,7 @@ type FlowRouterDepths struct {
 
 func (x *FlowRouterDepths) Reset() {
 	*x = FlowRouterDepths{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[136]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9707,7 +9969,7 @@ func (x *FlowRouterDepths) String() string {
 func (*FlowRouterDepths) ProtoMessage() {}
 
 func (x *FlowRouterDepths) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[132]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[136]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9720,7 +9982,7 @@ func (x *FlowRouterDepths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowRouterDepths.ProtoReflect.Descriptor instead.
 func (*FlowRouterDepths) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{132}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{136}
 }
 
 func (x *FlowRouterDepths) GetRouter() string {
@@ -9755,7 +10017,7 @@ type FlowStatusResponse struct {
 
 func (x *FlowStatusResponse) Reset() {
 	*x = FlowStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[133]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[137]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9767,7 +10029,7 @@ func (x *FlowStatusResponse) String() string {
 func (*FlowStatusResponse) ProtoMessage() {}
 
 func (x *FlowStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[133]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[137]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9780,7 +10042,7 @@ func (x *FlowStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FlowStatusResponse.ProtoReflect.Descriptor instead.
 func (*FlowStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{133}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{137}
 }
 
 func (x *FlowStatusResponse) GetRouters() []*FlowRouterDepths {
@@ -9812,7 +10074,7 @@ type RegisterNodeRequest struct {
 
 func (x *RegisterNodeRequest) Reset() {
 	*x = RegisterNodeRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[134]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[138]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9824,7 +10086,7 @@ func (x *RegisterNodeRequest) String() string {
 func (*RegisterNodeRequest) ProtoMessage() {}
 
 func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[134]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[138]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9837,7 +10099,7 @@ func (x *RegisterNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeRequest.ProtoReflect.Descriptor instead.
 func (*RegisterNodeRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{134}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{138}
 }
 
 func (x *RegisterNodeRequest) GetNode() *Node {
@@ -9866,7 +10128,7 @@ type RegisterNodeResponse struct {
 
 func (x *RegisterNodeResponse) Reset() {
 	*x = RegisterNodeResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[135]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[139]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9878,7 +10140,7 @@ func (x *RegisterNodeResponse) String() string {
 func (*RegisterNodeResponse) ProtoMessage() {}
 
 func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[135]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[139]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9891,7 +10153,7 @@ func (x *RegisterNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterNodeResponse.ProtoReflect.Descriptor instead.
 func (*RegisterNodeResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{135}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{139}
 }
 
 func (x *RegisterNodeResponse) GetRevision() uint64 {
@@ -9927,7 +10189,7 @@ type AdapterView struct {
 
 func (x *AdapterView) Reset() {
 	*x = AdapterView{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[136]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[140]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -9939,7 +10201,7 @@ func (x *AdapterView) String() string {
 func (*AdapterView) ProtoMessage() {}
 
 func (x *AdapterView) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[136]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[140]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -9952,7 +10214,7 @@ func (x *AdapterView) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdapterView.ProtoReflect.Descriptor instead.
 func (*AdapterView) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{136}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{140}
 }
 
 func (x *AdapterView) GetModel() string {
@@ -10001,7 +10263,7 @@ type ListAdaptersResponse struct {
 
 func (x *ListAdaptersResponse) Reset() {
 	*x = ListAdaptersResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[137]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[141]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10013,7 +10275,7 @@ func (x *ListAdaptersResponse) String() string {
 func (*ListAdaptersResponse) ProtoMessage() {}
 
 func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[137]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[141]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10026,7 +10288,7 @@ func (x *ListAdaptersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAdaptersResponse.ProtoReflect.Descriptor instead.
 func (*ListAdaptersResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{137}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{141}
 }
 
 func (x *ListAdaptersResponse) GetRevision() uint64 {
@@ -10052,7 +10314,7 @@ type ModelStatusRequest struct {
 
 func (x *ModelStatusRequest) Reset() {
 	*x = ModelStatusRequest{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[138]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[142]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10064,7 +10326,7 @@ func (x *ModelStatusRequest) String() string {
 func (*ModelStatusRequest) ProtoMessage() {}
 
 func (x *ModelStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[138]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[142]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10077,7 +10339,7 @@ func (x *ModelStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatusRequest.ProtoReflect.Descriptor instead.
 func (*ModelStatusRequest) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{138}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{142}
 }
 
 func (x *ModelStatusRequest) GetName() string {
@@ -10103,7 +10365,7 @@ type ScaleEvent struct {
 
 func (x *ScaleEvent) Reset() {
 	*x = ScaleEvent{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[139]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[143]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10115,7 +10377,7 @@ func (x *ScaleEvent) String() string {
 func (*ScaleEvent) ProtoMessage() {}
 
 func (x *ScaleEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[139]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[143]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10128,7 +10390,7 @@ func (x *ScaleEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleEvent.ProtoReflect.Descriptor instead.
 func (*ScaleEvent) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{139}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{143}
 }
 
 func (x *ScaleEvent) GetUnixMs() int64 {
@@ -10189,7 +10451,7 @@ type ModelStatusResponse struct {
 
 func (x *ModelStatusResponse) Reset() {
 	*x = ModelStatusResponse{}
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[140]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[144]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -10201,7 +10463,7 @@ func (x *ModelStatusResponse) String() string {
 func (*ModelStatusResponse) ProtoMessage() {}
 
 func (x *ModelStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_llmgw_v1_llmgw_proto_msgTypes[140]
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[144]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -10214,7 +10476,7 @@ func (x *ModelStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ModelStatusResponse.ProtoReflect.Descriptor instead.
 func (*ModelStatusResponse) Descriptor() ([]byte, []int) {
-	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{140}
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{144}
 }
 
 func (x *ModelStatusResponse) GetModel() *Model {
@@ -10278,6 +10540,242 @@ func (x *ModelStatusResponse) GetDemand() *ModelDemand {
 		return x.Demand
 	}
 	return nil
+}
+
+type ApplyAliasRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Alias         *Alias                 `protobuf:"bytes,1,opt,name=alias,proto3" json:"alias,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyAliasRequest) Reset() {
+	*x = ApplyAliasRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[145]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyAliasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyAliasRequest) ProtoMessage() {}
+
+func (x *ApplyAliasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[145]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyAliasRequest.ProtoReflect.Descriptor instead.
+func (*ApplyAliasRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{145}
+}
+
+func (x *ApplyAliasRequest) GetAlias() *Alias {
+	if x != nil {
+		return x.Alias
+	}
+	return nil
+}
+
+type ApplyAliasResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	Alias         *Alias                 `protobuf:"bytes,2,opt,name=alias,proto3" json:"alias,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyAliasResponse) Reset() {
+	*x = ApplyAliasResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[146]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyAliasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyAliasResponse) ProtoMessage() {}
+
+func (x *ApplyAliasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[146]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyAliasResponse.ProtoReflect.Descriptor instead.
+func (*ApplyAliasResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{146}
+}
+
+func (x *ApplyAliasResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+func (x *ApplyAliasResponse) GetAlias() *Alias {
+	if x != nil {
+		return x.Alias
+	}
+	return nil
+}
+
+type ListAliasesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Aliases       []*Alias               `protobuf:"bytes,1,rep,name=aliases,proto3" json:"aliases,omitempty"`
+	Revision      uint64                 `protobuf:"varint,2,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListAliasesResponse) Reset() {
+	*x = ListAliasesResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[147]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListAliasesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListAliasesResponse) ProtoMessage() {}
+
+func (x *ListAliasesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[147]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListAliasesResponse.ProtoReflect.Descriptor instead.
+func (*ListAliasesResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{147}
+}
+
+func (x *ListAliasesResponse) GetAliases() []*Alias {
+	if x != nil {
+		return x.Aliases
+	}
+	return nil
+}
+
+func (x *ListAliasesResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
+}
+
+type DeleteAliasRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAliasRequest) Reset() {
+	*x = DeleteAliasRequest{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[148]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAliasRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAliasRequest) ProtoMessage() {}
+
+func (x *DeleteAliasRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[148]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAliasRequest.ProtoReflect.Descriptor instead.
+func (*DeleteAliasRequest) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{148}
+}
+
+func (x *DeleteAliasRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type DeleteAliasResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Revision      uint64                 `protobuf:"varint,1,opt,name=revision,proto3" json:"revision,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteAliasResponse) Reset() {
+	*x = DeleteAliasResponse{}
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[149]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteAliasResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteAliasResponse) ProtoMessage() {}
+
+func (x *DeleteAliasResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_llmgw_v1_llmgw_proto_msgTypes[149]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteAliasResponse.ProtoReflect.Descriptor instead.
+func (*DeleteAliasResponse) Descriptor() ([]byte, []int) {
+	return file_llmgw_v1_llmgw_proto_rawDescGZIP(), []int{149}
+}
+
+func (x *DeleteAliasResponse) GetRevision() uint64 {
+	if x != nil {
+		return x.Revision
+	}
+	return 0
 }
 
 var File_llmgw_v1_llmgw_proto protoreflect.FileDescriptor
@@ -10406,7 +10904,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\brevision\x18\x04 \x01(\x04R\brevision\x12*\n" +
 	"\x11api_keys_required\x18\x05 \x01(\bR\x0fapiKeysRequired\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\xe9\x05\n" +
+	"cluster_id\x18\x06 \x01(\tR\tclusterId\"\x94\x06\n" +
 	"\x05State\x12\x16\n" +
 	"\x06format\x18\x01 \x01(\rR\x06format\x12\x1a\n" +
 	"\brevision\x18\x02 \x01(\x04R\brevision\x12'\n" +
@@ -10422,10 +10920,20 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\atenants\x18\v \x03(\v2\x10.llmgw.v1.TenantR\atenants\x12(\n" +
 	"\x05usage\x18\f \x03(\v2\x12.llmgw.v1.UsageRowR\x05usage\x12:\n" +
 	"\rusage_cursors\x18\r \x03(\v2\x15.llmgw.v1.UsageCursorR\fusageCursors\x12,\n" +
-	"\x06scales\x18\x0e \x03(\v2\x14.llmgw.v1.ModelScaleR\x06scales\x1a>\n" +
+	"\x06scales\x18\x0e \x03(\v2\x14.llmgw.v1.ModelScaleR\x06scales\x12)\n" +
+	"\aaliases\x18\x0f \x03(\v2\x0f.llmgw.v1.AliasR\aaliases\x1a>\n" +
 	"\x10NextOrdinalEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\xb0\x01\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x9e\x01\n" +
+	"\x05Alias\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12/\n" +
+	"\atargets\x18\x02 \x03(\v2\x15.llmgw.v1.AliasTargetR\atargets\x12\x16\n" +
+	"\x06sticky\x18\x03 \x01(\tR\x06sticky\x12\x1c\n" +
+	"\tfallbacks\x18\x04 \x03(\tR\tfallbacks\x12\x1a\n" +
+	"\brevision\x18\x05 \x01(\x04R\brevision\"=\n" +
+	"\vAliasTarget\x12\x16\n" +
+	"\x06target\x18\x01 \x01(\tR\x06target\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\rR\x06weight\"\xb0\x01\n" +
 	"\x06ApiKey\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12#\n" +
 	"\rsecret_sha256\x18\x02 \x01(\fR\fsecretSha256\x12\x16\n" +
@@ -10517,7 +11025,11 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x05model\x18\x01 \x01(\tR\x05model\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\x12\x16\n" +
 	"\x06reason\x18\x03 \x01(\tR\x06reason\x12%\n" +
-	"\x0emodel_revision\x18\x04 \x01(\x04R\rmodelRevision\"Y\n" +
+	"\x0emodel_revision\x18\x04 \x01(\x04R\rmodelRevision\"8\n" +
+	"\x0fPutAliasCommand\x12%\n" +
+	"\x05alias\x18\x01 \x01(\v2\x0f.llmgw.v1.AliasR\x05alias\"(\n" +
+	"\x12DeleteAliasCommand\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"Y\n" +
 	"\x19SetReplicaSleepingCommand\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\x04R\x03uid\x12\x1a\n" +
@@ -10659,7 +11171,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fWatchRequest\x12#\n" +
 	"\rfrom_revision\x18\x01 \x01(\x04R\ffromRevision\x12\x1b\n" +
 	"\tclient_id\x18\x02 \x01(\tR\bclientId\x12&\n" +
-	"\x0fmax_chunk_bytes\x18\x03 \x01(\rR\rmaxChunkBytes\"\xa7\x03\n" +
+	"\x0fmax_chunk_bytes\x18\x03 \x01(\rR\rmaxChunkBytes\"\xd0\x03\n" +
 	"\x06Change\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\x12\"\n" +
 	"\x02op\x18\x02 \x01(\x0e2\x12.llmgw.v1.ChangeOpR\x02op\x12'\n" +
@@ -10669,7 +11181,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06config\x18\x06 \x01(\v2\x17.llmgw.v1.ClusterConfigH\x00R\x06config\x12I\n" +
 	"\x11adapter_placement\x18\a \x01(\v2\x1a.llmgw.v1.AdapterPlacementH\x00R\x10adapterPlacement\x12+\n" +
 	"\aapi_key\x18\b \x01(\v2\x10.llmgw.v1.ApiKeyH\x00R\x06apiKey\x12*\n" +
-	"\x06tenant\x18\t \x01(\v2\x10.llmgw.v1.TenantH\x00R\x06tenantB\b\n" +
+	"\x06tenant\x18\t \x01(\v2\x10.llmgw.v1.TenantH\x00R\x06tenant\x12'\n" +
+	"\x05alias\x18\n" +
+	" \x01(\v2\x0f.llmgw.v1.AliasH\x00R\x05aliasB\b\n" +
 	"\x06object\"+\n" +
 	"\rSnapshotBegin\x12\x1a\n" +
 	"\brevision\x18\x01 \x01(\x04R\brevision\")\n" +
@@ -11002,12 +11516,24 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x0funplaced_reason\x18\x06 \x01(\tR\x0eunplacedReason\x12*\n" +
 	"\x05scale\x18\a \x01(\v2\x14.llmgw.v1.ModelScaleR\x05scale\x12,\n" +
 	"\x06events\x18\b \x03(\v2\x14.llmgw.v1.ScaleEventR\x06events\x12-\n" +
-	"\x06demand\x18\t \x01(\v2\x15.llmgw.v1.ModelDemandR\x06demand*l\n" +
+	"\x06demand\x18\t \x01(\v2\x15.llmgw.v1.ModelDemandR\x06demand\":\n" +
+	"\x11ApplyAliasRequest\x12%\n" +
+	"\x05alias\x18\x01 \x01(\v2\x0f.llmgw.v1.AliasR\x05alias\"W\n" +
+	"\x12ApplyAliasResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision\x12%\n" +
+	"\x05alias\x18\x02 \x01(\v2\x0f.llmgw.v1.AliasR\x05alias\"\\\n" +
+	"\x13ListAliasesResponse\x12)\n" +
+	"\aaliases\x18\x01 \x03(\v2\x0f.llmgw.v1.AliasR\aaliases\x12\x1a\n" +
+	"\brevision\x18\x02 \x01(\x04R\brevision\"(\n" +
+	"\x12DeleteAliasRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"1\n" +
+	"\x13DeleteAliasResponse\x12\x1a\n" +
+	"\brevision\x18\x01 \x01(\x04R\brevision*l\n" +
 	"\tNodeState\x12\x1a\n" +
 	"\x16NODE_STATE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11NODE_STATE_ACTIVE\x10\x01\x12\x17\n" +
 	"\x13NODE_STATE_DRAINING\x10\x02\x12\x13\n" +
-	"\x0fNODE_STATE_DOWN\x10\x03*\xd7\x05\n" +
+	"\x0fNODE_STATE_DOWN\x10\x03*\x92\x06\n" +
 	"\vCommandType\x12\x1c\n" +
 	"\x18COMMAND_TYPE_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19COMMAND_TYPE_UPSERT_MODEL\x10\x01\x12\x1d\n" +
@@ -11030,7 +11556,9 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x1fCOMMAND_TYPE_SET_API_KEY_TENANT\x10\x11\x12\x1d\n" +
 	"\x19COMMAND_TYPE_RECORD_USAGE\x10\x12\x12 \n" +
 	"\x1cCOMMAND_TYPE_SET_MODEL_SCALE\x10\x13\x12%\n" +
-	"!COMMAND_TYPE_SET_REPLICA_SLEEPING\x10\x14*\x8a\x02\n" +
+	"!COMMAND_TYPE_SET_REPLICA_SLEEPING\x10\x14\x12\x1a\n" +
+	"\x16COMMAND_TYPE_PUT_ALIAS\x10\x15\x12\x1d\n" +
+	"\x19COMMAND_TYPE_DELETE_ALIAS\x10\x16*\x8a\x02\n" +
 	"\fReplicaPhase\x12\x1d\n" +
 	"\x19REPLICA_PHASE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16REPLICA_PHASE_STARTING\x10\x01\x12\x17\n" +
@@ -11069,7 +11597,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\fAgentService\x12>\n" +
 	"\x06Attach\x12\x16.llmgw.v1.AgentMessage\x1a\x18.llmgw.v1.ControlMessage(\x010\x012G\n" +
 	"\fWatchService\x127\n" +
-	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\x9b\x11\n" +
+	"\x05Watch\x12\x16.llmgw.v1.WatchRequest\x1a\x14.llmgw.v1.WatchEvent0\x012\xf5\x12\n" +
 	"\fAdminService\x12G\n" +
 	"\n" +
 	"ApplyModel\x12\x1b.llmgw.v1.ApplyModelRequest\x1a\x1c.llmgw.v1.ApplyModelResponse\x12J\n" +
@@ -11102,7 +11630,11 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\n" +
 	"FlowStatus\x12\x1b.llmgw.v1.FlowStatusRequest\x1a\x1c.llmgw.v1.FlowStatusResponse\x128\n" +
 	"\x05Usage\x12\x16.llmgw.v1.UsageRequest\x1a\x17.llmgw.v1.UsageResponse\x12J\n" +
-	"\vModelStatus\x12\x1c.llmgw.v1.ModelStatusRequest\x1a\x1d.llmgw.v1.ModelStatusResponse\x12>\n" +
+	"\vModelStatus\x12\x1c.llmgw.v1.ModelStatusRequest\x1a\x1d.llmgw.v1.ModelStatusResponse\x12G\n" +
+	"\n" +
+	"ApplyAlias\x12\x1b.llmgw.v1.ApplyAliasRequest\x1a\x1c.llmgw.v1.ApplyAliasResponse\x12C\n" +
+	"\vListAliases\x12\x15.llmgw.v1.ListRequest\x1a\x1d.llmgw.v1.ListAliasesResponse\x12J\n" +
+	"\vDeleteAlias\x12\x1c.llmgw.v1.DeleteAliasRequest\x1a\x1d.llmgw.v1.DeleteAliasResponse\x12>\n" +
 	"\aKeyring\x12\x18.llmgw.v1.KeyringRequest\x1a\x19.llmgw.v1.KeyringResponse\x12E\n" +
 	"\fListAdapters\x12\x15.llmgw.v1.ListRequest\x1a\x1e.llmgw.v1.ListAdaptersResponse2T\n" +
 	"\vLoadService\x12E\n" +
@@ -11132,7 +11664,7 @@ func file_llmgw_v1_llmgw_proto_rawDescGZIP() []byte {
 }
 
 var file_llmgw_v1_llmgw_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 148)
+var file_llmgw_v1_llmgw_proto_msgTypes = make([]protoimpl.MessageInfo, 157)
 var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(NodeState)(0),                     // 0: llmgw.v1.NodeState
 	(CommandType)(0),                   // 1: llmgw.v1.CommandType
@@ -11151,347 +11683,369 @@ var file_llmgw_v1_llmgw_proto_goTypes = []any{
 	(*Replica)(nil),                    // 14: llmgw.v1.Replica
 	(*ClusterConfig)(nil),              // 15: llmgw.v1.ClusterConfig
 	(*State)(nil),                      // 16: llmgw.v1.State
-	(*ApiKey)(nil),                     // 17: llmgw.v1.ApiKey
-	(*TenantLimits)(nil),               // 18: llmgw.v1.TenantLimits
-	(*TokenWeights)(nil),               // 19: llmgw.v1.TokenWeights
-	(*TenantModelLimits)(nil),          // 20: llmgw.v1.TenantModelLimits
-	(*Tenant)(nil),                     // 21: llmgw.v1.Tenant
-	(*UsageCounts)(nil),                // 22: llmgw.v1.UsageCounts
-	(*UsageRow)(nil),                   // 23: llmgw.v1.UsageRow
-	(*UsageCursor)(nil),                // 24: llmgw.v1.UsageCursor
-	(*ServerRemoval)(nil),              // 25: llmgw.v1.ServerRemoval
-	(*AdapterPlacement)(nil),           // 26: llmgw.v1.AdapterPlacement
-	(*Command)(nil),                    // 27: llmgw.v1.Command
-	(*UpsertModelCommand)(nil),         // 28: llmgw.v1.UpsertModelCommand
-	(*DeleteModelCommand)(nil),         // 29: llmgw.v1.DeleteModelCommand
-	(*PutApiKeyCommand)(nil),           // 30: llmgw.v1.PutApiKeyCommand
-	(*DeleteApiKeyCommand)(nil),        // 31: llmgw.v1.DeleteApiKeyCommand
-	(*SetApiKeysRequiredCommand)(nil),  // 32: llmgw.v1.SetApiKeysRequiredCommand
-	(*PutTenantCommand)(nil),           // 33: llmgw.v1.PutTenantCommand
-	(*DeleteTenantCommand)(nil),        // 34: llmgw.v1.DeleteTenantCommand
-	(*SetApiKeyTenantCommand)(nil),     // 35: llmgw.v1.SetApiKeyTenantCommand
-	(*SetModelScaleCommand)(nil),       // 36: llmgw.v1.SetModelScaleCommand
-	(*SetReplicaSleepingCommand)(nil),  // 37: llmgw.v1.SetReplicaSleepingCommand
-	(*RecordUsageCommand)(nil),         // 38: llmgw.v1.RecordUsageCommand
-	(*RegisterNodeCommand)(nil),        // 39: llmgw.v1.RegisterNodeCommand
-	(*SetNodeStateCommand)(nil),        // 40: llmgw.v1.SetNodeStateCommand
-	(*PlaceReplicaCommand)(nil),        // 41: llmgw.v1.PlaceReplicaCommand
-	(*RemoveReplicaCommand)(nil),       // 42: llmgw.v1.RemoveReplicaCommand
-	(*SetReplicaDrainingCommand)(nil),  // 43: llmgw.v1.SetReplicaDrainingCommand
-	(*SetClusterConfigCommand)(nil),    // 44: llmgw.v1.SetClusterConfigCommand
-	(*SetAdapterPlacementCommand)(nil), // 45: llmgw.v1.SetAdapterPlacementCommand
-	(*SetNodeLabelsCommand)(nil),       // 46: llmgw.v1.SetNodeLabelsCommand
-	(*SetServerRemovedCommand)(nil),    // 47: llmgw.v1.SetServerRemovedCommand
-	(*ReplicaStatus)(nil),              // 48: llmgw.v1.ReplicaStatus
-	(*EphemeralUpdate)(nil),            // 49: llmgw.v1.EphemeralUpdate
-	(*AdapterStatus)(nil),              // 50: llmgw.v1.AdapterStatus
-	(*KVBlocks)(nil),                   // 51: llmgw.v1.KVBlocks
-	(*ControlServer)(nil),              // 52: llmgw.v1.ControlServer
-	(*Heartbeat)(nil),                  // 53: llmgw.v1.Heartbeat
-	(*AgentHello)(nil),                 // 54: llmgw.v1.AgentHello
-	(*AgentMessage)(nil),               // 55: llmgw.v1.AgentMessage
-	(*Welcome)(nil),                    // 56: llmgw.v1.Welcome
-	(*DesiredReplicas)(nil),            // 57: llmgw.v1.DesiredReplicas
-	(*ControlMessage)(nil),             // 58: llmgw.v1.ControlMessage
-	(*FullCopyRequest)(nil),            // 59: llmgw.v1.FullCopyRequest
-	(*ServerList)(nil),                 // 60: llmgw.v1.ServerList
-	(*WatchRequest)(nil),               // 61: llmgw.v1.WatchRequest
-	(*Change)(nil),                     // 62: llmgw.v1.Change
-	(*SnapshotBegin)(nil),              // 63: llmgw.v1.SnapshotBegin
-	(*SnapshotEnd)(nil),                // 64: llmgw.v1.SnapshotEnd
-	(*RevisionMark)(nil),               // 65: llmgw.v1.RevisionMark
-	(*WatchEvent)(nil),                 // 66: llmgw.v1.WatchEvent
-	(*CreateApiKeyRequest)(nil),        // 67: llmgw.v1.CreateApiKeyRequest
-	(*SetApiKeyTenantRequest)(nil),     // 68: llmgw.v1.SetApiKeyTenantRequest
-	(*SetApiKeyTenantResponse)(nil),    // 69: llmgw.v1.SetApiKeyTenantResponse
-	(*PutTenantRequest)(nil),           // 70: llmgw.v1.PutTenantRequest
-	(*PutTenantResponse)(nil),          // 71: llmgw.v1.PutTenantResponse
-	(*GetTenantRequest)(nil),           // 72: llmgw.v1.GetTenantRequest
-	(*ListTenantsResponse)(nil),        // 73: llmgw.v1.ListTenantsResponse
-	(*DeleteTenantRequest)(nil),        // 74: llmgw.v1.DeleteTenantRequest
-	(*DeleteTenantResponse)(nil),       // 75: llmgw.v1.DeleteTenantResponse
-	(*UsageRequest)(nil),               // 76: llmgw.v1.UsageRequest
-	(*UsageResponse)(nil),              // 77: llmgw.v1.UsageResponse
-	(*CreateApiKeyResponse)(nil),       // 78: llmgw.v1.CreateApiKeyResponse
-	(*SetApiKeysRequiredRequest)(nil),  // 79: llmgw.v1.SetApiKeysRequiredRequest
-	(*SetApiKeysRequiredResponse)(nil), // 80: llmgw.v1.SetApiKeysRequiredResponse
-	(*ListApiKeysResponse)(nil),        // 81: llmgw.v1.ListApiKeysResponse
-	(*RevokeApiKeyRequest)(nil),        // 82: llmgw.v1.RevokeApiKeyRequest
-	(*RevokeApiKeyResponse)(nil),       // 83: llmgw.v1.RevokeApiKeyResponse
-	(*KeyringRequest)(nil),             // 84: llmgw.v1.KeyringRequest
-	(*KeyringKey)(nil),                 // 85: llmgw.v1.KeyringKey
-	(*ServerKeyring)(nil),              // 86: llmgw.v1.ServerKeyring
-	(*KeyringResponse)(nil),            // 87: llmgw.v1.KeyringResponse
-	(*SetNodeLabelsRequest)(nil),       // 88: llmgw.v1.SetNodeLabelsRequest
-	(*SetNodeLabelsResponse)(nil),      // 89: llmgw.v1.SetNodeLabelsResponse
-	(*SnapshotSaveRequest)(nil),        // 90: llmgw.v1.SnapshotSaveRequest
-	(*SnapshotChunk)(nil),              // 91: llmgw.v1.SnapshotChunk
-	(*SnapshotRestoreResponse)(nil),    // 92: llmgw.v1.SnapshotRestoreResponse
-	(*DrainNodeRequest)(nil),           // 93: llmgw.v1.DrainNodeRequest
-	(*DrainNodeResponse)(nil),          // 94: llmgw.v1.DrainNodeResponse
-	(*JoinRequest)(nil),                // 95: llmgw.v1.JoinRequest
-	(*JoinResponse)(nil),               // 96: llmgw.v1.JoinResponse
-	(*LeaveRequest)(nil),               // 97: llmgw.v1.LeaveRequest
-	(*LeaveResponse)(nil),              // 98: llmgw.v1.LeaveResponse
-	(*MembersRequest)(nil),             // 99: llmgw.v1.MembersRequest
-	(*Member)(nil),                     // 100: llmgw.v1.Member
-	(*MembersResponse)(nil),            // 101: llmgw.v1.MembersResponse
-	(*ListPeersRequest)(nil),           // 102: llmgw.v1.ListPeersRequest
-	(*RaftPeer)(nil),                   // 103: llmgw.v1.RaftPeer
-	(*ListPeersResponse)(nil),          // 104: llmgw.v1.ListPeersResponse
-	(*RemovePeerRequest)(nil),          // 105: llmgw.v1.RemovePeerRequest
-	(*RemovePeerResponse)(nil),         // 106: llmgw.v1.RemovePeerResponse
-	(*TransferLeadershipRequest)(nil),  // 107: llmgw.v1.TransferLeadershipRequest
-	(*TransferLeadershipResponse)(nil), // 108: llmgw.v1.TransferLeadershipResponse
-	(*ApplyModelRequest)(nil),          // 109: llmgw.v1.ApplyModelRequest
-	(*ApplyModelResponse)(nil),         // 110: llmgw.v1.ApplyModelResponse
-	(*DeleteModelRequest)(nil),         // 111: llmgw.v1.DeleteModelRequest
-	(*DeleteModelResponse)(nil),        // 112: llmgw.v1.DeleteModelResponse
-	(*ListRequest)(nil),                // 113: llmgw.v1.ListRequest
-	(*ListModelsResponse)(nil),         // 114: llmgw.v1.ListModelsResponse
-	(*ListNodesResponse)(nil),          // 115: llmgw.v1.ListNodesResponse
-	(*ReplicaView)(nil),                // 116: llmgw.v1.ReplicaView
-	(*ReplicaKV)(nil),                  // 117: llmgw.v1.ReplicaKV
-	(*ListReplicasResponse)(nil),       // 118: llmgw.v1.ListReplicasResponse
-	(*ClusterStatusRequest)(nil),       // 119: llmgw.v1.ClusterStatusRequest
-	(*ClusterStatusResponse)(nil),      // 120: llmgw.v1.ClusterStatusResponse
-	(*LoadSubscribeRequest)(nil),       // 121: llmgw.v1.LoadSubscribeRequest
-	(*ReplicaLoad)(nil),                // 122: llmgw.v1.ReplicaLoad
-	(*LoadSnapshot)(nil),               // 123: llmgw.v1.LoadSnapshot
-	(*EnsureAdapterRequest)(nil),       // 124: llmgw.v1.EnsureAdapterRequest
-	(*AdapterUseReport)(nil),           // 125: llmgw.v1.AdapterUseReport
-	(*AdapterUseReportResponse)(nil),   // 126: llmgw.v1.AdapterUseReportResponse
-	(*EnsureAdapterResponse)(nil),      // 127: llmgw.v1.EnsureAdapterResponse
-	(*Scope)(nil),                      // 128: llmgw.v1.Scope
-	(*ShareClaim)(nil),                 // 129: llmgw.v1.ShareClaim
-	(*LeaseRequest)(nil),               // 130: llmgw.v1.LeaseRequest
-	(*ShareGrant)(nil),                 // 131: llmgw.v1.ShareGrant
-	(*LeaseResponse)(nil),              // 132: llmgw.v1.LeaseResponse
-	(*RecordUsageResponse)(nil),        // 133: llmgw.v1.RecordUsageResponse
-	(*FlowDepth)(nil),                  // 134: llmgw.v1.FlowDepth
-	(*FlowReport)(nil),                 // 135: llmgw.v1.FlowReport
-	(*ModelDemand)(nil),                // 136: llmgw.v1.ModelDemand
-	(*FlowView)(nil),                   // 137: llmgw.v1.FlowView
-	(*FlowStatusRequest)(nil),          // 138: llmgw.v1.FlowStatusRequest
-	(*FlowRouterDepths)(nil),           // 139: llmgw.v1.FlowRouterDepths
-	(*FlowStatusResponse)(nil),         // 140: llmgw.v1.FlowStatusResponse
-	(*RegisterNodeRequest)(nil),        // 141: llmgw.v1.RegisterNodeRequest
-	(*RegisterNodeResponse)(nil),       // 142: llmgw.v1.RegisterNodeResponse
-	(*AdapterView)(nil),                // 143: llmgw.v1.AdapterView
-	(*ListAdaptersResponse)(nil),       // 144: llmgw.v1.ListAdaptersResponse
-	(*ModelStatusRequest)(nil),         // 145: llmgw.v1.ModelStatusRequest
-	(*ScaleEvent)(nil),                 // 146: llmgw.v1.ScaleEvent
-	(*ModelStatusResponse)(nil),        // 147: llmgw.v1.ModelStatusResponse
-	nil,                                // 148: llmgw.v1.ProfileOverrides.WeightsEntry
-	nil,                                // 149: llmgw.v1.Model.NodeSelectorEntry
-	nil,                                // 150: llmgw.v1.Node.LabelsEntry
-	nil,                                // 151: llmgw.v1.State.NextOrdinalEntry
-	nil,                                // 152: llmgw.v1.SetNodeLabelsCommand.SetEntry
-	nil,                                // 153: llmgw.v1.SetNodeLabelsRequest.SetEntry
-	nil,                                // 154: llmgw.v1.ListNodesResponse.ConnectedEntry
+	(*Alias)(nil),                      // 17: llmgw.v1.Alias
+	(*AliasTarget)(nil),                // 18: llmgw.v1.AliasTarget
+	(*ApiKey)(nil),                     // 19: llmgw.v1.ApiKey
+	(*TenantLimits)(nil),               // 20: llmgw.v1.TenantLimits
+	(*TokenWeights)(nil),               // 21: llmgw.v1.TokenWeights
+	(*TenantModelLimits)(nil),          // 22: llmgw.v1.TenantModelLimits
+	(*Tenant)(nil),                     // 23: llmgw.v1.Tenant
+	(*UsageCounts)(nil),                // 24: llmgw.v1.UsageCounts
+	(*UsageRow)(nil),                   // 25: llmgw.v1.UsageRow
+	(*UsageCursor)(nil),                // 26: llmgw.v1.UsageCursor
+	(*ServerRemoval)(nil),              // 27: llmgw.v1.ServerRemoval
+	(*AdapterPlacement)(nil),           // 28: llmgw.v1.AdapterPlacement
+	(*Command)(nil),                    // 29: llmgw.v1.Command
+	(*UpsertModelCommand)(nil),         // 30: llmgw.v1.UpsertModelCommand
+	(*DeleteModelCommand)(nil),         // 31: llmgw.v1.DeleteModelCommand
+	(*PutApiKeyCommand)(nil),           // 32: llmgw.v1.PutApiKeyCommand
+	(*DeleteApiKeyCommand)(nil),        // 33: llmgw.v1.DeleteApiKeyCommand
+	(*SetApiKeysRequiredCommand)(nil),  // 34: llmgw.v1.SetApiKeysRequiredCommand
+	(*PutTenantCommand)(nil),           // 35: llmgw.v1.PutTenantCommand
+	(*DeleteTenantCommand)(nil),        // 36: llmgw.v1.DeleteTenantCommand
+	(*SetApiKeyTenantCommand)(nil),     // 37: llmgw.v1.SetApiKeyTenantCommand
+	(*SetModelScaleCommand)(nil),       // 38: llmgw.v1.SetModelScaleCommand
+	(*PutAliasCommand)(nil),            // 39: llmgw.v1.PutAliasCommand
+	(*DeleteAliasCommand)(nil),         // 40: llmgw.v1.DeleteAliasCommand
+	(*SetReplicaSleepingCommand)(nil),  // 41: llmgw.v1.SetReplicaSleepingCommand
+	(*RecordUsageCommand)(nil),         // 42: llmgw.v1.RecordUsageCommand
+	(*RegisterNodeCommand)(nil),        // 43: llmgw.v1.RegisterNodeCommand
+	(*SetNodeStateCommand)(nil),        // 44: llmgw.v1.SetNodeStateCommand
+	(*PlaceReplicaCommand)(nil),        // 45: llmgw.v1.PlaceReplicaCommand
+	(*RemoveReplicaCommand)(nil),       // 46: llmgw.v1.RemoveReplicaCommand
+	(*SetReplicaDrainingCommand)(nil),  // 47: llmgw.v1.SetReplicaDrainingCommand
+	(*SetClusterConfigCommand)(nil),    // 48: llmgw.v1.SetClusterConfigCommand
+	(*SetAdapterPlacementCommand)(nil), // 49: llmgw.v1.SetAdapterPlacementCommand
+	(*SetNodeLabelsCommand)(nil),       // 50: llmgw.v1.SetNodeLabelsCommand
+	(*SetServerRemovedCommand)(nil),    // 51: llmgw.v1.SetServerRemovedCommand
+	(*ReplicaStatus)(nil),              // 52: llmgw.v1.ReplicaStatus
+	(*EphemeralUpdate)(nil),            // 53: llmgw.v1.EphemeralUpdate
+	(*AdapterStatus)(nil),              // 54: llmgw.v1.AdapterStatus
+	(*KVBlocks)(nil),                   // 55: llmgw.v1.KVBlocks
+	(*ControlServer)(nil),              // 56: llmgw.v1.ControlServer
+	(*Heartbeat)(nil),                  // 57: llmgw.v1.Heartbeat
+	(*AgentHello)(nil),                 // 58: llmgw.v1.AgentHello
+	(*AgentMessage)(nil),               // 59: llmgw.v1.AgentMessage
+	(*Welcome)(nil),                    // 60: llmgw.v1.Welcome
+	(*DesiredReplicas)(nil),            // 61: llmgw.v1.DesiredReplicas
+	(*ControlMessage)(nil),             // 62: llmgw.v1.ControlMessage
+	(*FullCopyRequest)(nil),            // 63: llmgw.v1.FullCopyRequest
+	(*ServerList)(nil),                 // 64: llmgw.v1.ServerList
+	(*WatchRequest)(nil),               // 65: llmgw.v1.WatchRequest
+	(*Change)(nil),                     // 66: llmgw.v1.Change
+	(*SnapshotBegin)(nil),              // 67: llmgw.v1.SnapshotBegin
+	(*SnapshotEnd)(nil),                // 68: llmgw.v1.SnapshotEnd
+	(*RevisionMark)(nil),               // 69: llmgw.v1.RevisionMark
+	(*WatchEvent)(nil),                 // 70: llmgw.v1.WatchEvent
+	(*CreateApiKeyRequest)(nil),        // 71: llmgw.v1.CreateApiKeyRequest
+	(*SetApiKeyTenantRequest)(nil),     // 72: llmgw.v1.SetApiKeyTenantRequest
+	(*SetApiKeyTenantResponse)(nil),    // 73: llmgw.v1.SetApiKeyTenantResponse
+	(*PutTenantRequest)(nil),           // 74: llmgw.v1.PutTenantRequest
+	(*PutTenantResponse)(nil),          // 75: llmgw.v1.PutTenantResponse
+	(*GetTenantRequest)(nil),           // 76: llmgw.v1.GetTenantRequest
+	(*ListTenantsResponse)(nil),        // 77: llmgw.v1.ListTenantsResponse
+	(*DeleteTenantRequest)(nil),        // 78: llmgw.v1.DeleteTenantRequest
+	(*DeleteTenantResponse)(nil),       // 79: llmgw.v1.DeleteTenantResponse
+	(*UsageRequest)(nil),               // 80: llmgw.v1.UsageRequest
+	(*UsageResponse)(nil),              // 81: llmgw.v1.UsageResponse
+	(*CreateApiKeyResponse)(nil),       // 82: llmgw.v1.CreateApiKeyResponse
+	(*SetApiKeysRequiredRequest)(nil),  // 83: llmgw.v1.SetApiKeysRequiredRequest
+	(*SetApiKeysRequiredResponse)(nil), // 84: llmgw.v1.SetApiKeysRequiredResponse
+	(*ListApiKeysResponse)(nil),        // 85: llmgw.v1.ListApiKeysResponse
+	(*RevokeApiKeyRequest)(nil),        // 86: llmgw.v1.RevokeApiKeyRequest
+	(*RevokeApiKeyResponse)(nil),       // 87: llmgw.v1.RevokeApiKeyResponse
+	(*KeyringRequest)(nil),             // 88: llmgw.v1.KeyringRequest
+	(*KeyringKey)(nil),                 // 89: llmgw.v1.KeyringKey
+	(*ServerKeyring)(nil),              // 90: llmgw.v1.ServerKeyring
+	(*KeyringResponse)(nil),            // 91: llmgw.v1.KeyringResponse
+	(*SetNodeLabelsRequest)(nil),       // 92: llmgw.v1.SetNodeLabelsRequest
+	(*SetNodeLabelsResponse)(nil),      // 93: llmgw.v1.SetNodeLabelsResponse
+	(*SnapshotSaveRequest)(nil),        // 94: llmgw.v1.SnapshotSaveRequest
+	(*SnapshotChunk)(nil),              // 95: llmgw.v1.SnapshotChunk
+	(*SnapshotRestoreResponse)(nil),    // 96: llmgw.v1.SnapshotRestoreResponse
+	(*DrainNodeRequest)(nil),           // 97: llmgw.v1.DrainNodeRequest
+	(*DrainNodeResponse)(nil),          // 98: llmgw.v1.DrainNodeResponse
+	(*JoinRequest)(nil),                // 99: llmgw.v1.JoinRequest
+	(*JoinResponse)(nil),               // 100: llmgw.v1.JoinResponse
+	(*LeaveRequest)(nil),               // 101: llmgw.v1.LeaveRequest
+	(*LeaveResponse)(nil),              // 102: llmgw.v1.LeaveResponse
+	(*MembersRequest)(nil),             // 103: llmgw.v1.MembersRequest
+	(*Member)(nil),                     // 104: llmgw.v1.Member
+	(*MembersResponse)(nil),            // 105: llmgw.v1.MembersResponse
+	(*ListPeersRequest)(nil),           // 106: llmgw.v1.ListPeersRequest
+	(*RaftPeer)(nil),                   // 107: llmgw.v1.RaftPeer
+	(*ListPeersResponse)(nil),          // 108: llmgw.v1.ListPeersResponse
+	(*RemovePeerRequest)(nil),          // 109: llmgw.v1.RemovePeerRequest
+	(*RemovePeerResponse)(nil),         // 110: llmgw.v1.RemovePeerResponse
+	(*TransferLeadershipRequest)(nil),  // 111: llmgw.v1.TransferLeadershipRequest
+	(*TransferLeadershipResponse)(nil), // 112: llmgw.v1.TransferLeadershipResponse
+	(*ApplyModelRequest)(nil),          // 113: llmgw.v1.ApplyModelRequest
+	(*ApplyModelResponse)(nil),         // 114: llmgw.v1.ApplyModelResponse
+	(*DeleteModelRequest)(nil),         // 115: llmgw.v1.DeleteModelRequest
+	(*DeleteModelResponse)(nil),        // 116: llmgw.v1.DeleteModelResponse
+	(*ListRequest)(nil),                // 117: llmgw.v1.ListRequest
+	(*ListModelsResponse)(nil),         // 118: llmgw.v1.ListModelsResponse
+	(*ListNodesResponse)(nil),          // 119: llmgw.v1.ListNodesResponse
+	(*ReplicaView)(nil),                // 120: llmgw.v1.ReplicaView
+	(*ReplicaKV)(nil),                  // 121: llmgw.v1.ReplicaKV
+	(*ListReplicasResponse)(nil),       // 122: llmgw.v1.ListReplicasResponse
+	(*ClusterStatusRequest)(nil),       // 123: llmgw.v1.ClusterStatusRequest
+	(*ClusterStatusResponse)(nil),      // 124: llmgw.v1.ClusterStatusResponse
+	(*LoadSubscribeRequest)(nil),       // 125: llmgw.v1.LoadSubscribeRequest
+	(*ReplicaLoad)(nil),                // 126: llmgw.v1.ReplicaLoad
+	(*LoadSnapshot)(nil),               // 127: llmgw.v1.LoadSnapshot
+	(*EnsureAdapterRequest)(nil),       // 128: llmgw.v1.EnsureAdapterRequest
+	(*AdapterUseReport)(nil),           // 129: llmgw.v1.AdapterUseReport
+	(*AdapterUseReportResponse)(nil),   // 130: llmgw.v1.AdapterUseReportResponse
+	(*EnsureAdapterResponse)(nil),      // 131: llmgw.v1.EnsureAdapterResponse
+	(*Scope)(nil),                      // 132: llmgw.v1.Scope
+	(*ShareClaim)(nil),                 // 133: llmgw.v1.ShareClaim
+	(*LeaseRequest)(nil),               // 134: llmgw.v1.LeaseRequest
+	(*ShareGrant)(nil),                 // 135: llmgw.v1.ShareGrant
+	(*LeaseResponse)(nil),              // 136: llmgw.v1.LeaseResponse
+	(*RecordUsageResponse)(nil),        // 137: llmgw.v1.RecordUsageResponse
+	(*FlowDepth)(nil),                  // 138: llmgw.v1.FlowDepth
+	(*FlowReport)(nil),                 // 139: llmgw.v1.FlowReport
+	(*ModelDemand)(nil),                // 140: llmgw.v1.ModelDemand
+	(*FlowView)(nil),                   // 141: llmgw.v1.FlowView
+	(*FlowStatusRequest)(nil),          // 142: llmgw.v1.FlowStatusRequest
+	(*FlowRouterDepths)(nil),           // 143: llmgw.v1.FlowRouterDepths
+	(*FlowStatusResponse)(nil),         // 144: llmgw.v1.FlowStatusResponse
+	(*RegisterNodeRequest)(nil),        // 145: llmgw.v1.RegisterNodeRequest
+	(*RegisterNodeResponse)(nil),       // 146: llmgw.v1.RegisterNodeResponse
+	(*AdapterView)(nil),                // 147: llmgw.v1.AdapterView
+	(*ListAdaptersResponse)(nil),       // 148: llmgw.v1.ListAdaptersResponse
+	(*ModelStatusRequest)(nil),         // 149: llmgw.v1.ModelStatusRequest
+	(*ScaleEvent)(nil),                 // 150: llmgw.v1.ScaleEvent
+	(*ModelStatusResponse)(nil),        // 151: llmgw.v1.ModelStatusResponse
+	(*ApplyAliasRequest)(nil),          // 152: llmgw.v1.ApplyAliasRequest
+	(*ApplyAliasResponse)(nil),         // 153: llmgw.v1.ApplyAliasResponse
+	(*ListAliasesResponse)(nil),        // 154: llmgw.v1.ListAliasesResponse
+	(*DeleteAliasRequest)(nil),         // 155: llmgw.v1.DeleteAliasRequest
+	(*DeleteAliasResponse)(nil),        // 156: llmgw.v1.DeleteAliasResponse
+	nil,                                // 157: llmgw.v1.ProfileOverrides.WeightsEntry
+	nil,                                // 158: llmgw.v1.Model.NodeSelectorEntry
+	nil,                                // 159: llmgw.v1.Node.LabelsEntry
+	nil,                                // 160: llmgw.v1.State.NextOrdinalEntry
+	nil,                                // 161: llmgw.v1.SetNodeLabelsCommand.SetEntry
+	nil,                                // 162: llmgw.v1.SetNodeLabelsRequest.SetEntry
+	nil,                                // 163: llmgw.v1.ListNodesResponse.ConnectedEntry
 }
 var file_llmgw_v1_llmgw_proto_depIdxs = []int32{
-	148, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
-	149, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
+	157, // 0: llmgw.v1.ProfileOverrides.weights:type_name -> llmgw.v1.ProfileOverrides.WeightsEntry
+	158, // 1: llmgw.v1.Model.node_selector:type_name -> llmgw.v1.Model.NodeSelectorEntry
 	8,   // 2: llmgw.v1.Model.profile_overrides:type_name -> llmgw.v1.ProfileOverrides
 	7,   // 3: llmgw.v1.Model.adapters:type_name -> llmgw.v1.Adapter
 	10,  // 4: llmgw.v1.Model.autoscale:type_name -> llmgw.v1.Autoscale
-	150, // 5: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
+	159, // 5: llmgw.v1.Node.labels:type_name -> llmgw.v1.Node.LabelsEntry
 	0,   // 6: llmgw.v1.Node.state:type_name -> llmgw.v1.NodeState
 	13,  // 7: llmgw.v1.Replica.shards:type_name -> llmgw.v1.Shard
 	9,   // 8: llmgw.v1.State.models:type_name -> llmgw.v1.Model
 	12,  // 9: llmgw.v1.State.nodes:type_name -> llmgw.v1.Node
 	14,  // 10: llmgw.v1.State.replicas:type_name -> llmgw.v1.Replica
 	15,  // 11: llmgw.v1.State.config:type_name -> llmgw.v1.ClusterConfig
-	151, // 12: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
-	26,  // 13: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
-	25,  // 14: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
-	17,  // 15: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
-	21,  // 16: llmgw.v1.State.tenants:type_name -> llmgw.v1.Tenant
-	23,  // 17: llmgw.v1.State.usage:type_name -> llmgw.v1.UsageRow
-	24,  // 18: llmgw.v1.State.usage_cursors:type_name -> llmgw.v1.UsageCursor
+	160, // 12: llmgw.v1.State.next_ordinal:type_name -> llmgw.v1.State.NextOrdinalEntry
+	28,  // 13: llmgw.v1.State.adapter_placements:type_name -> llmgw.v1.AdapterPlacement
+	27,  // 14: llmgw.v1.State.server_removals:type_name -> llmgw.v1.ServerRemoval
+	19,  // 15: llmgw.v1.State.api_keys:type_name -> llmgw.v1.ApiKey
+	23,  // 16: llmgw.v1.State.tenants:type_name -> llmgw.v1.Tenant
+	25,  // 17: llmgw.v1.State.usage:type_name -> llmgw.v1.UsageRow
+	26,  // 18: llmgw.v1.State.usage_cursors:type_name -> llmgw.v1.UsageCursor
 	11,  // 19: llmgw.v1.State.scales:type_name -> llmgw.v1.ModelScale
-	18,  // 20: llmgw.v1.TenantModelLimits.limits:type_name -> llmgw.v1.TenantLimits
-	18,  // 21: llmgw.v1.Tenant.limits:type_name -> llmgw.v1.TenantLimits
-	20,  // 22: llmgw.v1.Tenant.model_limits:type_name -> llmgw.v1.TenantModelLimits
-	19,  // 23: llmgw.v1.Tenant.weights:type_name -> llmgw.v1.TokenWeights
-	22,  // 24: llmgw.v1.UsageRow.counts:type_name -> llmgw.v1.UsageCounts
-	1,   // 25: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
-	9,   // 26: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
-	17,  // 27: llmgw.v1.PutApiKeyCommand.key:type_name -> llmgw.v1.ApiKey
-	21,  // 28: llmgw.v1.PutTenantCommand.tenant:type_name -> llmgw.v1.Tenant
-	23,  // 29: llmgw.v1.RecordUsageCommand.rows:type_name -> llmgw.v1.UsageRow
-	12,  // 30: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
-	0,   // 31: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
-	14,  // 32: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
-	15,  // 33: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
-	26,  // 34: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
-	152, // 35: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
-	2,   // 36: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
-	48,  // 37: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
-	51,  // 38: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
-	50,  // 39: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
-	3,   // 40: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
-	12,  // 41: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
-	48,  // 42: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
-	54,  // 43: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
-	49,  // 44: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
-	53,  // 45: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	52,  // 46: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
-	14,  // 47: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
-	9,   // 48: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
-	26,  // 49: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
-	56,  // 50: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
-	57,  // 51: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
-	53,  // 52: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
-	59,  // 53: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
-	60,  // 54: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
-	52,  // 55: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
-	4,   // 56: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
-	9,   // 57: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
-	12,  // 58: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
-	14,  // 59: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
-	15,  // 60: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
-	26,  // 61: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
-	17,  // 62: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
-	21,  // 63: llmgw.v1.Change.tenant:type_name -> llmgw.v1.Tenant
-	63,  // 64: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
-	62,  // 65: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
-	64,  // 66: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
-	49,  // 67: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
-	60,  // 68: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
-	53,  // 69: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
-	65,  // 70: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
-	21,  // 71: llmgw.v1.PutTenantRequest.tenant:type_name -> llmgw.v1.Tenant
-	21,  // 72: llmgw.v1.PutTenantResponse.tenant:type_name -> llmgw.v1.Tenant
-	21,  // 73: llmgw.v1.ListTenantsResponse.tenants:type_name -> llmgw.v1.Tenant
-	23,  // 74: llmgw.v1.UsageResponse.rows:type_name -> llmgw.v1.UsageRow
-	17,  // 75: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
-	17,  // 76: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
-	5,   // 77: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
-	85,  // 78: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
-	86,  // 79: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
-	153, // 80: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
-	12,  // 81: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
-	100, // 82: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
-	103, // 83: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
-	9,   // 84: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
-	9,   // 85: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
-	9,   // 86: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
-	12,  // 87: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
-	154, // 88: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
-	14,  // 89: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
-	48,  // 90: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
-	117, // 91: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
-	116, // 92: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
-	52,  // 93: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
-	122, // 94: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
-	50,  // 95: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
-	3,   // 96: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
-	6,   // 97: llmgw.v1.Scope.kind:type_name -> llmgw.v1.LimitKind
-	128, // 98: llmgw.v1.ShareClaim.scope:type_name -> llmgw.v1.Scope
-	129, // 99: llmgw.v1.LeaseRequest.claims:type_name -> llmgw.v1.ShareClaim
-	128, // 100: llmgw.v1.ShareGrant.scope:type_name -> llmgw.v1.Scope
-	131, // 101: llmgw.v1.LeaseResponse.grants:type_name -> llmgw.v1.ShareGrant
-	134, // 102: llmgw.v1.FlowReport.depths:type_name -> llmgw.v1.FlowDepth
-	136, // 103: llmgw.v1.FlowReport.demand:type_name -> llmgw.v1.ModelDemand
-	134, // 104: llmgw.v1.FlowView.depths:type_name -> llmgw.v1.FlowDepth
-	134, // 105: llmgw.v1.FlowRouterDepths.depths:type_name -> llmgw.v1.FlowDepth
-	139, // 106: llmgw.v1.FlowStatusResponse.routers:type_name -> llmgw.v1.FlowRouterDepths
-	134, // 107: llmgw.v1.FlowStatusResponse.total:type_name -> llmgw.v1.FlowDepth
-	12,  // 108: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
-	12,  // 109: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
-	50,  // 110: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
-	143, // 111: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
-	9,   // 112: llmgw.v1.ModelStatusResponse.model:type_name -> llmgw.v1.Model
-	11,  // 113: llmgw.v1.ModelStatusResponse.scale:type_name -> llmgw.v1.ModelScale
-	146, // 114: llmgw.v1.ModelStatusResponse.events:type_name -> llmgw.v1.ScaleEvent
-	136, // 115: llmgw.v1.ModelStatusResponse.demand:type_name -> llmgw.v1.ModelDemand
-	55,  // 116: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
-	61,  // 117: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
-	109, // 118: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
-	111, // 119: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
-	113, // 120: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
-	113, // 121: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
-	113, // 122: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
-	119, // 123: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
-	93,  // 124: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
-	95,  // 125: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
-	97,  // 126: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
-	99,  // 127: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
-	102, // 128: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
-	105, // 129: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
-	107, // 130: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
-	90,  // 131: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
-	91,  // 132: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
-	88,  // 133: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
-	67,  // 134: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
-	113, // 135: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
-	82,  // 136: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
-	79,  // 137: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
-	68,  // 138: llmgw.v1.AdminService.SetApiKeyTenant:input_type -> llmgw.v1.SetApiKeyTenantRequest
-	70,  // 139: llmgw.v1.AdminService.PutTenant:input_type -> llmgw.v1.PutTenantRequest
-	72,  // 140: llmgw.v1.AdminService.GetTenant:input_type -> llmgw.v1.GetTenantRequest
-	113, // 141: llmgw.v1.AdminService.ListTenants:input_type -> llmgw.v1.ListRequest
-	74,  // 142: llmgw.v1.AdminService.DeleteTenant:input_type -> llmgw.v1.DeleteTenantRequest
-	138, // 143: llmgw.v1.AdminService.FlowStatus:input_type -> llmgw.v1.FlowStatusRequest
-	76,  // 144: llmgw.v1.AdminService.Usage:input_type -> llmgw.v1.UsageRequest
-	145, // 145: llmgw.v1.AdminService.ModelStatus:input_type -> llmgw.v1.ModelStatusRequest
-	84,  // 146: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
-	113, // 147: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
-	121, // 148: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
-	124, // 149: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
-	125, // 150: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
-	130, // 151: llmgw.v1.QuotaService.Lease:input_type -> llmgw.v1.LeaseRequest
-	38,  // 152: llmgw.v1.QuotaService.RecordUsage:input_type -> llmgw.v1.RecordUsageCommand
-	135, // 153: llmgw.v1.FlowService.Report:input_type -> llmgw.v1.FlowReport
-	141, // 154: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
-	84,  // 155: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
-	58,  // 156: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
-	66,  // 157: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
-	110, // 158: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
-	112, // 159: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
-	114, // 160: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
-	115, // 161: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
-	118, // 162: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
-	120, // 163: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
-	94,  // 164: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
-	96,  // 165: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
-	98,  // 166: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
-	101, // 167: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
-	104, // 168: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
-	106, // 169: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
-	108, // 170: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
-	91,  // 171: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
-	92,  // 172: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
-	89,  // 173: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
-	78,  // 174: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
-	81,  // 175: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
-	83,  // 176: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
-	80,  // 177: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
-	69,  // 178: llmgw.v1.AdminService.SetApiKeyTenant:output_type -> llmgw.v1.SetApiKeyTenantResponse
-	71,  // 179: llmgw.v1.AdminService.PutTenant:output_type -> llmgw.v1.PutTenantResponse
-	21,  // 180: llmgw.v1.AdminService.GetTenant:output_type -> llmgw.v1.Tenant
-	73,  // 181: llmgw.v1.AdminService.ListTenants:output_type -> llmgw.v1.ListTenantsResponse
-	75,  // 182: llmgw.v1.AdminService.DeleteTenant:output_type -> llmgw.v1.DeleteTenantResponse
-	140, // 183: llmgw.v1.AdminService.FlowStatus:output_type -> llmgw.v1.FlowStatusResponse
-	77,  // 184: llmgw.v1.AdminService.Usage:output_type -> llmgw.v1.UsageResponse
-	147, // 185: llmgw.v1.AdminService.ModelStatus:output_type -> llmgw.v1.ModelStatusResponse
-	87,  // 186: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
-	144, // 187: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
-	123, // 188: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
-	127, // 189: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
-	126, // 190: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
-	132, // 191: llmgw.v1.QuotaService.Lease:output_type -> llmgw.v1.LeaseResponse
-	133, // 192: llmgw.v1.QuotaService.RecordUsage:output_type -> llmgw.v1.RecordUsageResponse
-	137, // 193: llmgw.v1.FlowService.Report:output_type -> llmgw.v1.FlowView
-	142, // 194: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
-	86,  // 195: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
-	156, // [156:196] is the sub-list for method output_type
-	116, // [116:156] is the sub-list for method input_type
-	116, // [116:116] is the sub-list for extension type_name
-	116, // [116:116] is the sub-list for extension extendee
-	0,   // [0:116] is the sub-list for field type_name
+	17,  // 20: llmgw.v1.State.aliases:type_name -> llmgw.v1.Alias
+	18,  // 21: llmgw.v1.Alias.targets:type_name -> llmgw.v1.AliasTarget
+	20,  // 22: llmgw.v1.TenantModelLimits.limits:type_name -> llmgw.v1.TenantLimits
+	20,  // 23: llmgw.v1.Tenant.limits:type_name -> llmgw.v1.TenantLimits
+	22,  // 24: llmgw.v1.Tenant.model_limits:type_name -> llmgw.v1.TenantModelLimits
+	21,  // 25: llmgw.v1.Tenant.weights:type_name -> llmgw.v1.TokenWeights
+	24,  // 26: llmgw.v1.UsageRow.counts:type_name -> llmgw.v1.UsageCounts
+	1,   // 27: llmgw.v1.Command.type:type_name -> llmgw.v1.CommandType
+	9,   // 28: llmgw.v1.UpsertModelCommand.model:type_name -> llmgw.v1.Model
+	19,  // 29: llmgw.v1.PutApiKeyCommand.key:type_name -> llmgw.v1.ApiKey
+	23,  // 30: llmgw.v1.PutTenantCommand.tenant:type_name -> llmgw.v1.Tenant
+	17,  // 31: llmgw.v1.PutAliasCommand.alias:type_name -> llmgw.v1.Alias
+	25,  // 32: llmgw.v1.RecordUsageCommand.rows:type_name -> llmgw.v1.UsageRow
+	12,  // 33: llmgw.v1.RegisterNodeCommand.node:type_name -> llmgw.v1.Node
+	0,   // 34: llmgw.v1.SetNodeStateCommand.state:type_name -> llmgw.v1.NodeState
+	14,  // 35: llmgw.v1.PlaceReplicaCommand.replica:type_name -> llmgw.v1.Replica
+	15,  // 36: llmgw.v1.SetClusterConfigCommand.config:type_name -> llmgw.v1.ClusterConfig
+	28,  // 37: llmgw.v1.SetAdapterPlacementCommand.placement:type_name -> llmgw.v1.AdapterPlacement
+	161, // 38: llmgw.v1.SetNodeLabelsCommand.set:type_name -> llmgw.v1.SetNodeLabelsCommand.SetEntry
+	2,   // 39: llmgw.v1.ReplicaStatus.phase:type_name -> llmgw.v1.ReplicaPhase
+	52,  // 40: llmgw.v1.EphemeralUpdate.statuses:type_name -> llmgw.v1.ReplicaStatus
+	55,  // 41: llmgw.v1.EphemeralUpdate.kv:type_name -> llmgw.v1.KVBlocks
+	54,  // 42: llmgw.v1.EphemeralUpdate.adapters:type_name -> llmgw.v1.AdapterStatus
+	3,   // 43: llmgw.v1.AdapterStatus.state:type_name -> llmgw.v1.AdapterState
+	12,  // 44: llmgw.v1.AgentHello.node:type_name -> llmgw.v1.Node
+	52,  // 45: llmgw.v1.AgentHello.running:type_name -> llmgw.v1.ReplicaStatus
+	58,  // 46: llmgw.v1.AgentMessage.hello:type_name -> llmgw.v1.AgentHello
+	53,  // 47: llmgw.v1.AgentMessage.update:type_name -> llmgw.v1.EphemeralUpdate
+	57,  // 48: llmgw.v1.AgentMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	56,  // 49: llmgw.v1.Welcome.servers:type_name -> llmgw.v1.ControlServer
+	14,  // 50: llmgw.v1.DesiredReplicas.replicas:type_name -> llmgw.v1.Replica
+	9,   // 51: llmgw.v1.DesiredReplicas.models:type_name -> llmgw.v1.Model
+	28,  // 52: llmgw.v1.DesiredReplicas.adapters:type_name -> llmgw.v1.AdapterPlacement
+	60,  // 53: llmgw.v1.ControlMessage.welcome:type_name -> llmgw.v1.Welcome
+	61,  // 54: llmgw.v1.ControlMessage.desired:type_name -> llmgw.v1.DesiredReplicas
+	57,  // 55: llmgw.v1.ControlMessage.heartbeat:type_name -> llmgw.v1.Heartbeat
+	63,  // 56: llmgw.v1.ControlMessage.full_copy_request:type_name -> llmgw.v1.FullCopyRequest
+	64,  // 57: llmgw.v1.ControlMessage.servers:type_name -> llmgw.v1.ServerList
+	56,  // 58: llmgw.v1.ServerList.servers:type_name -> llmgw.v1.ControlServer
+	4,   // 59: llmgw.v1.Change.op:type_name -> llmgw.v1.ChangeOp
+	9,   // 60: llmgw.v1.Change.model:type_name -> llmgw.v1.Model
+	12,  // 61: llmgw.v1.Change.node:type_name -> llmgw.v1.Node
+	14,  // 62: llmgw.v1.Change.replica:type_name -> llmgw.v1.Replica
+	15,  // 63: llmgw.v1.Change.config:type_name -> llmgw.v1.ClusterConfig
+	28,  // 64: llmgw.v1.Change.adapter_placement:type_name -> llmgw.v1.AdapterPlacement
+	19,  // 65: llmgw.v1.Change.api_key:type_name -> llmgw.v1.ApiKey
+	23,  // 66: llmgw.v1.Change.tenant:type_name -> llmgw.v1.Tenant
+	17,  // 67: llmgw.v1.Change.alias:type_name -> llmgw.v1.Alias
+	67,  // 68: llmgw.v1.WatchEvent.snapshot_begin:type_name -> llmgw.v1.SnapshotBegin
+	66,  // 69: llmgw.v1.WatchEvent.change:type_name -> llmgw.v1.Change
+	68,  // 70: llmgw.v1.WatchEvent.snapshot_end:type_name -> llmgw.v1.SnapshotEnd
+	53,  // 71: llmgw.v1.WatchEvent.ephemeral:type_name -> llmgw.v1.EphemeralUpdate
+	64,  // 72: llmgw.v1.WatchEvent.servers:type_name -> llmgw.v1.ServerList
+	57,  // 73: llmgw.v1.WatchEvent.heartbeat:type_name -> llmgw.v1.Heartbeat
+	69,  // 74: llmgw.v1.WatchEvent.mark:type_name -> llmgw.v1.RevisionMark
+	23,  // 75: llmgw.v1.PutTenantRequest.tenant:type_name -> llmgw.v1.Tenant
+	23,  // 76: llmgw.v1.PutTenantResponse.tenant:type_name -> llmgw.v1.Tenant
+	23,  // 77: llmgw.v1.ListTenantsResponse.tenants:type_name -> llmgw.v1.Tenant
+	25,  // 78: llmgw.v1.UsageResponse.rows:type_name -> llmgw.v1.UsageRow
+	19,  // 79: llmgw.v1.CreateApiKeyResponse.key:type_name -> llmgw.v1.ApiKey
+	19,  // 80: llmgw.v1.ListApiKeysResponse.keys:type_name -> llmgw.v1.ApiKey
+	5,   // 81: llmgw.v1.KeyringRequest.op:type_name -> llmgw.v1.KeyringOp
+	89,  // 82: llmgw.v1.ServerKeyring.keys:type_name -> llmgw.v1.KeyringKey
+	90,  // 83: llmgw.v1.KeyringResponse.servers:type_name -> llmgw.v1.ServerKeyring
+	162, // 84: llmgw.v1.SetNodeLabelsRequest.set:type_name -> llmgw.v1.SetNodeLabelsRequest.SetEntry
+	12,  // 85: llmgw.v1.SetNodeLabelsResponse.node:type_name -> llmgw.v1.Node
+	104, // 86: llmgw.v1.MembersResponse.members:type_name -> llmgw.v1.Member
+	107, // 87: llmgw.v1.ListPeersResponse.peers:type_name -> llmgw.v1.RaftPeer
+	9,   // 88: llmgw.v1.ApplyModelRequest.model:type_name -> llmgw.v1.Model
+	9,   // 89: llmgw.v1.ApplyModelResponse.model:type_name -> llmgw.v1.Model
+	9,   // 90: llmgw.v1.ListModelsResponse.models:type_name -> llmgw.v1.Model
+	12,  // 91: llmgw.v1.ListNodesResponse.nodes:type_name -> llmgw.v1.Node
+	163, // 92: llmgw.v1.ListNodesResponse.connected:type_name -> llmgw.v1.ListNodesResponse.ConnectedEntry
+	14,  // 93: llmgw.v1.ReplicaView.replica:type_name -> llmgw.v1.Replica
+	52,  // 94: llmgw.v1.ReplicaView.status:type_name -> llmgw.v1.ReplicaStatus
+	121, // 95: llmgw.v1.ReplicaView.kv:type_name -> llmgw.v1.ReplicaKV
+	120, // 96: llmgw.v1.ListReplicasResponse.replicas:type_name -> llmgw.v1.ReplicaView
+	56,  // 97: llmgw.v1.ClusterStatusResponse.servers:type_name -> llmgw.v1.ControlServer
+	126, // 98: llmgw.v1.LoadSnapshot.replicas:type_name -> llmgw.v1.ReplicaLoad
+	54,  // 99: llmgw.v1.AdapterUseReport.uses:type_name -> llmgw.v1.AdapterStatus
+	3,   // 100: llmgw.v1.EnsureAdapterResponse.state:type_name -> llmgw.v1.AdapterState
+	6,   // 101: llmgw.v1.Scope.kind:type_name -> llmgw.v1.LimitKind
+	132, // 102: llmgw.v1.ShareClaim.scope:type_name -> llmgw.v1.Scope
+	133, // 103: llmgw.v1.LeaseRequest.claims:type_name -> llmgw.v1.ShareClaim
+	132, // 104: llmgw.v1.ShareGrant.scope:type_name -> llmgw.v1.Scope
+	135, // 105: llmgw.v1.LeaseResponse.grants:type_name -> llmgw.v1.ShareGrant
+	138, // 106: llmgw.v1.FlowReport.depths:type_name -> llmgw.v1.FlowDepth
+	140, // 107: llmgw.v1.FlowReport.demand:type_name -> llmgw.v1.ModelDemand
+	138, // 108: llmgw.v1.FlowView.depths:type_name -> llmgw.v1.FlowDepth
+	138, // 109: llmgw.v1.FlowRouterDepths.depths:type_name -> llmgw.v1.FlowDepth
+	143, // 110: llmgw.v1.FlowStatusResponse.routers:type_name -> llmgw.v1.FlowRouterDepths
+	138, // 111: llmgw.v1.FlowStatusResponse.total:type_name -> llmgw.v1.FlowDepth
+	12,  // 112: llmgw.v1.RegisterNodeRequest.node:type_name -> llmgw.v1.Node
+	12,  // 113: llmgw.v1.RegisterNodeResponse.node:type_name -> llmgw.v1.Node
+	54,  // 114: llmgw.v1.AdapterView.statuses:type_name -> llmgw.v1.AdapterStatus
+	147, // 115: llmgw.v1.ListAdaptersResponse.adapters:type_name -> llmgw.v1.AdapterView
+	9,   // 116: llmgw.v1.ModelStatusResponse.model:type_name -> llmgw.v1.Model
+	11,  // 117: llmgw.v1.ModelStatusResponse.scale:type_name -> llmgw.v1.ModelScale
+	150, // 118: llmgw.v1.ModelStatusResponse.events:type_name -> llmgw.v1.ScaleEvent
+	140, // 119: llmgw.v1.ModelStatusResponse.demand:type_name -> llmgw.v1.ModelDemand
+	17,  // 120: llmgw.v1.ApplyAliasRequest.alias:type_name -> llmgw.v1.Alias
+	17,  // 121: llmgw.v1.ApplyAliasResponse.alias:type_name -> llmgw.v1.Alias
+	17,  // 122: llmgw.v1.ListAliasesResponse.aliases:type_name -> llmgw.v1.Alias
+	59,  // 123: llmgw.v1.AgentService.Attach:input_type -> llmgw.v1.AgentMessage
+	65,  // 124: llmgw.v1.WatchService.Watch:input_type -> llmgw.v1.WatchRequest
+	113, // 125: llmgw.v1.AdminService.ApplyModel:input_type -> llmgw.v1.ApplyModelRequest
+	115, // 126: llmgw.v1.AdminService.DeleteModel:input_type -> llmgw.v1.DeleteModelRequest
+	117, // 127: llmgw.v1.AdminService.ListModels:input_type -> llmgw.v1.ListRequest
+	117, // 128: llmgw.v1.AdminService.ListNodes:input_type -> llmgw.v1.ListRequest
+	117, // 129: llmgw.v1.AdminService.ListReplicas:input_type -> llmgw.v1.ListRequest
+	123, // 130: llmgw.v1.AdminService.ClusterStatus:input_type -> llmgw.v1.ClusterStatusRequest
+	97,  // 131: llmgw.v1.AdminService.DrainNode:input_type -> llmgw.v1.DrainNodeRequest
+	99,  // 132: llmgw.v1.AdminService.Join:input_type -> llmgw.v1.JoinRequest
+	101, // 133: llmgw.v1.AdminService.Leave:input_type -> llmgw.v1.LeaveRequest
+	103, // 134: llmgw.v1.AdminService.Members:input_type -> llmgw.v1.MembersRequest
+	106, // 135: llmgw.v1.AdminService.ListPeers:input_type -> llmgw.v1.ListPeersRequest
+	109, // 136: llmgw.v1.AdminService.RemovePeer:input_type -> llmgw.v1.RemovePeerRequest
+	111, // 137: llmgw.v1.AdminService.TransferLeadership:input_type -> llmgw.v1.TransferLeadershipRequest
+	94,  // 138: llmgw.v1.AdminService.SnapshotSave:input_type -> llmgw.v1.SnapshotSaveRequest
+	95,  // 139: llmgw.v1.AdminService.SnapshotRestore:input_type -> llmgw.v1.SnapshotChunk
+	92,  // 140: llmgw.v1.AdminService.SetNodeLabels:input_type -> llmgw.v1.SetNodeLabelsRequest
+	71,  // 141: llmgw.v1.AdminService.CreateApiKey:input_type -> llmgw.v1.CreateApiKeyRequest
+	117, // 142: llmgw.v1.AdminService.ListApiKeys:input_type -> llmgw.v1.ListRequest
+	86,  // 143: llmgw.v1.AdminService.RevokeApiKey:input_type -> llmgw.v1.RevokeApiKeyRequest
+	83,  // 144: llmgw.v1.AdminService.SetApiKeysRequired:input_type -> llmgw.v1.SetApiKeysRequiredRequest
+	72,  // 145: llmgw.v1.AdminService.SetApiKeyTenant:input_type -> llmgw.v1.SetApiKeyTenantRequest
+	74,  // 146: llmgw.v1.AdminService.PutTenant:input_type -> llmgw.v1.PutTenantRequest
+	76,  // 147: llmgw.v1.AdminService.GetTenant:input_type -> llmgw.v1.GetTenantRequest
+	117, // 148: llmgw.v1.AdminService.ListTenants:input_type -> llmgw.v1.ListRequest
+	78,  // 149: llmgw.v1.AdminService.DeleteTenant:input_type -> llmgw.v1.DeleteTenantRequest
+	142, // 150: llmgw.v1.AdminService.FlowStatus:input_type -> llmgw.v1.FlowStatusRequest
+	80,  // 151: llmgw.v1.AdminService.Usage:input_type -> llmgw.v1.UsageRequest
+	149, // 152: llmgw.v1.AdminService.ModelStatus:input_type -> llmgw.v1.ModelStatusRequest
+	152, // 153: llmgw.v1.AdminService.ApplyAlias:input_type -> llmgw.v1.ApplyAliasRequest
+	117, // 154: llmgw.v1.AdminService.ListAliases:input_type -> llmgw.v1.ListRequest
+	155, // 155: llmgw.v1.AdminService.DeleteAlias:input_type -> llmgw.v1.DeleteAliasRequest
+	88,  // 156: llmgw.v1.AdminService.Keyring:input_type -> llmgw.v1.KeyringRequest
+	117, // 157: llmgw.v1.AdminService.ListAdapters:input_type -> llmgw.v1.ListRequest
+	125, // 158: llmgw.v1.LoadService.Subscribe:input_type -> llmgw.v1.LoadSubscribeRequest
+	128, // 159: llmgw.v1.AdapterService.EnsureAdapter:input_type -> llmgw.v1.EnsureAdapterRequest
+	129, // 160: llmgw.v1.AdapterService.ReportAdapterUse:input_type -> llmgw.v1.AdapterUseReport
+	134, // 161: llmgw.v1.QuotaService.Lease:input_type -> llmgw.v1.LeaseRequest
+	42,  // 162: llmgw.v1.QuotaService.RecordUsage:input_type -> llmgw.v1.RecordUsageCommand
+	139, // 163: llmgw.v1.FlowService.Report:input_type -> llmgw.v1.FlowReport
+	145, // 164: llmgw.v1.ServerService.RegisterNode:input_type -> llmgw.v1.RegisterNodeRequest
+	88,  // 165: llmgw.v1.ServerService.LocalKeyring:input_type -> llmgw.v1.KeyringRequest
+	62,  // 166: llmgw.v1.AgentService.Attach:output_type -> llmgw.v1.ControlMessage
+	70,  // 167: llmgw.v1.WatchService.Watch:output_type -> llmgw.v1.WatchEvent
+	114, // 168: llmgw.v1.AdminService.ApplyModel:output_type -> llmgw.v1.ApplyModelResponse
+	116, // 169: llmgw.v1.AdminService.DeleteModel:output_type -> llmgw.v1.DeleteModelResponse
+	118, // 170: llmgw.v1.AdminService.ListModels:output_type -> llmgw.v1.ListModelsResponse
+	119, // 171: llmgw.v1.AdminService.ListNodes:output_type -> llmgw.v1.ListNodesResponse
+	122, // 172: llmgw.v1.AdminService.ListReplicas:output_type -> llmgw.v1.ListReplicasResponse
+	124, // 173: llmgw.v1.AdminService.ClusterStatus:output_type -> llmgw.v1.ClusterStatusResponse
+	98,  // 174: llmgw.v1.AdminService.DrainNode:output_type -> llmgw.v1.DrainNodeResponse
+	100, // 175: llmgw.v1.AdminService.Join:output_type -> llmgw.v1.JoinResponse
+	102, // 176: llmgw.v1.AdminService.Leave:output_type -> llmgw.v1.LeaveResponse
+	105, // 177: llmgw.v1.AdminService.Members:output_type -> llmgw.v1.MembersResponse
+	108, // 178: llmgw.v1.AdminService.ListPeers:output_type -> llmgw.v1.ListPeersResponse
+	110, // 179: llmgw.v1.AdminService.RemovePeer:output_type -> llmgw.v1.RemovePeerResponse
+	112, // 180: llmgw.v1.AdminService.TransferLeadership:output_type -> llmgw.v1.TransferLeadershipResponse
+	95,  // 181: llmgw.v1.AdminService.SnapshotSave:output_type -> llmgw.v1.SnapshotChunk
+	96,  // 182: llmgw.v1.AdminService.SnapshotRestore:output_type -> llmgw.v1.SnapshotRestoreResponse
+	93,  // 183: llmgw.v1.AdminService.SetNodeLabels:output_type -> llmgw.v1.SetNodeLabelsResponse
+	82,  // 184: llmgw.v1.AdminService.CreateApiKey:output_type -> llmgw.v1.CreateApiKeyResponse
+	85,  // 185: llmgw.v1.AdminService.ListApiKeys:output_type -> llmgw.v1.ListApiKeysResponse
+	87,  // 186: llmgw.v1.AdminService.RevokeApiKey:output_type -> llmgw.v1.RevokeApiKeyResponse
+	84,  // 187: llmgw.v1.AdminService.SetApiKeysRequired:output_type -> llmgw.v1.SetApiKeysRequiredResponse
+	73,  // 188: llmgw.v1.AdminService.SetApiKeyTenant:output_type -> llmgw.v1.SetApiKeyTenantResponse
+	75,  // 189: llmgw.v1.AdminService.PutTenant:output_type -> llmgw.v1.PutTenantResponse
+	23,  // 190: llmgw.v1.AdminService.GetTenant:output_type -> llmgw.v1.Tenant
+	77,  // 191: llmgw.v1.AdminService.ListTenants:output_type -> llmgw.v1.ListTenantsResponse
+	79,  // 192: llmgw.v1.AdminService.DeleteTenant:output_type -> llmgw.v1.DeleteTenantResponse
+	144, // 193: llmgw.v1.AdminService.FlowStatus:output_type -> llmgw.v1.FlowStatusResponse
+	81,  // 194: llmgw.v1.AdminService.Usage:output_type -> llmgw.v1.UsageResponse
+	151, // 195: llmgw.v1.AdminService.ModelStatus:output_type -> llmgw.v1.ModelStatusResponse
+	153, // 196: llmgw.v1.AdminService.ApplyAlias:output_type -> llmgw.v1.ApplyAliasResponse
+	154, // 197: llmgw.v1.AdminService.ListAliases:output_type -> llmgw.v1.ListAliasesResponse
+	156, // 198: llmgw.v1.AdminService.DeleteAlias:output_type -> llmgw.v1.DeleteAliasResponse
+	91,  // 199: llmgw.v1.AdminService.Keyring:output_type -> llmgw.v1.KeyringResponse
+	148, // 200: llmgw.v1.AdminService.ListAdapters:output_type -> llmgw.v1.ListAdaptersResponse
+	127, // 201: llmgw.v1.LoadService.Subscribe:output_type -> llmgw.v1.LoadSnapshot
+	131, // 202: llmgw.v1.AdapterService.EnsureAdapter:output_type -> llmgw.v1.EnsureAdapterResponse
+	130, // 203: llmgw.v1.AdapterService.ReportAdapterUse:output_type -> llmgw.v1.AdapterUseReportResponse
+	136, // 204: llmgw.v1.QuotaService.Lease:output_type -> llmgw.v1.LeaseResponse
+	137, // 205: llmgw.v1.QuotaService.RecordUsage:output_type -> llmgw.v1.RecordUsageResponse
+	141, // 206: llmgw.v1.FlowService.Report:output_type -> llmgw.v1.FlowView
+	146, // 207: llmgw.v1.ServerService.RegisterNode:output_type -> llmgw.v1.RegisterNodeResponse
+	90,  // 208: llmgw.v1.ServerService.LocalKeyring:output_type -> llmgw.v1.ServerKeyring
+	166, // [166:209] is the sub-list for method output_type
+	123, // [123:166] is the sub-list for method input_type
+	123, // [123:123] is the sub-list for extension type_name
+	123, // [123:123] is the sub-list for extension extendee
+	0,   // [0:123] is the sub-list for field type_name
 }
 
 func init() { file_llmgw_v1_llmgw_proto_init() }
@@ -11500,19 +12054,19 @@ func file_llmgw_v1_llmgw_proto_init() {
 		return
 	}
 	file_llmgw_v1_llmgw_proto_msgTypes[1].OneofWrappers = []any{}
-	file_llmgw_v1_llmgw_proto_msgTypes[48].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[52].OneofWrappers = []any{
 		(*AgentMessage_Hello)(nil),
 		(*AgentMessage_Update)(nil),
 		(*AgentMessage_Heartbeat)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[51].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[55].OneofWrappers = []any{
 		(*ControlMessage_Welcome)(nil),
 		(*ControlMessage_Desired)(nil),
 		(*ControlMessage_Heartbeat)(nil),
 		(*ControlMessage_FullCopyRequest)(nil),
 		(*ControlMessage_Servers)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[55].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[59].OneofWrappers = []any{
 		(*Change_Model)(nil),
 		(*Change_Node)(nil),
 		(*Change_Replica)(nil),
@@ -11520,8 +12074,9 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*Change_AdapterPlacement)(nil),
 		(*Change_ApiKey)(nil),
 		(*Change_Tenant)(nil),
+		(*Change_Alias)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[59].OneofWrappers = []any{
+	file_llmgw_v1_llmgw_proto_msgTypes[63].OneofWrappers = []any{
 		(*WatchEvent_SnapshotBegin)(nil),
 		(*WatchEvent_Change)(nil),
 		(*WatchEvent_SnapshotEnd)(nil),
@@ -11530,14 +12085,14 @@ func file_llmgw_v1_llmgw_proto_init() {
 		(*WatchEvent_Heartbeat)(nil),
 		(*WatchEvent_Mark)(nil),
 	}
-	file_llmgw_v1_llmgw_proto_msgTypes[113].OneofWrappers = []any{}
+	file_llmgw_v1_llmgw_proto_msgTypes[117].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_llmgw_v1_llmgw_proto_rawDesc), len(file_llmgw_v1_llmgw_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   148,
+			NumMessages:   157,
 			NumExtensions: 0,
 			NumServices:   8,
 		},

@@ -263,6 +263,9 @@ const (
 	AdminService_FlowStatus_FullMethodName         = "/llmgw.v1.AdminService/FlowStatus"
 	AdminService_Usage_FullMethodName              = "/llmgw.v1.AdminService/Usage"
 	AdminService_ModelStatus_FullMethodName        = "/llmgw.v1.AdminService/ModelStatus"
+	AdminService_ApplyAlias_FullMethodName         = "/llmgw.v1.AdminService/ApplyAlias"
+	AdminService_ListAliases_FullMethodName        = "/llmgw.v1.AdminService/ListAliases"
+	AdminService_DeleteAlias_FullMethodName        = "/llmgw.v1.AdminService/DeleteAlias"
 	AdminService_Keyring_FullMethodName            = "/llmgw.v1.AdminService/Keyring"
 	AdminService_ListAdapters_FullMethodName       = "/llmgw.v1.AdminService/ListAdapters"
 )
@@ -329,6 +332,10 @@ type AdminServiceClient interface {
 	// ModelStatus is a model's replicas and why any is missing, and its
 	// autoscaler's last decisions (design §5.7).
 	ModelStatus(ctx context.Context, in *ModelStatusRequest, opts ...grpc.CallOption) (*ModelStatusResponse, error)
+	// Model aliases (design §7.9).
+	ApplyAlias(ctx context.Context, in *ApplyAliasRequest, opts ...grpc.CallOption) (*ApplyAliasResponse, error)
+	ListAliases(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListAliasesResponse, error)
+	DeleteAlias(ctx context.Context, in *DeleteAliasRequest, opts ...grpc.CallOption) (*DeleteAliasResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -640,6 +647,36 @@ func (c *adminServiceClient) ModelStatus(ctx context.Context, in *ModelStatusReq
 	return out, nil
 }
 
+func (c *adminServiceClient) ApplyAlias(ctx context.Context, in *ApplyAliasRequest, opts ...grpc.CallOption) (*ApplyAliasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ApplyAliasResponse)
+	err := c.cc.Invoke(ctx, AdminService_ApplyAlias_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListAliases(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListAliasesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAliasesResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListAliases_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) DeleteAlias(ctx context.Context, in *DeleteAliasRequest, opts ...grpc.CallOption) (*DeleteAliasResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteAliasResponse)
+	err := c.cc.Invoke(ctx, AdminService_DeleteAlias_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) Keyring(ctx context.Context, in *KeyringRequest, opts ...grpc.CallOption) (*KeyringResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(KeyringResponse)
@@ -722,6 +759,10 @@ type AdminServiceServer interface {
 	// ModelStatus is a model's replicas and why any is missing, and its
 	// autoscaler's last decisions (design §5.7).
 	ModelStatus(context.Context, *ModelStatusRequest) (*ModelStatusResponse, error)
+	// Model aliases (design §7.9).
+	ApplyAlias(context.Context, *ApplyAliasRequest) (*ApplyAliasResponse, error)
+	ListAliases(context.Context, *ListRequest) (*ListAliasesResponse, error)
+	DeleteAlias(context.Context, *DeleteAliasRequest) (*DeleteAliasResponse, error)
 	// Keyring manages the gossip encryption keyring of every server (design
 	// §11): the server called runs the operation on each server it knows
 	// over ServerService.LocalKeyring and reports each one's answer.
@@ -824,6 +865,15 @@ func (UnimplementedAdminServiceServer) Usage(context.Context, *UsageRequest) (*U
 }
 func (UnimplementedAdminServiceServer) ModelStatus(context.Context, *ModelStatusRequest) (*ModelStatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ModelStatus not implemented")
+}
+func (UnimplementedAdminServiceServer) ApplyAlias(context.Context, *ApplyAliasRequest) (*ApplyAliasResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ApplyAlias not implemented")
+}
+func (UnimplementedAdminServiceServer) ListAliases(context.Context, *ListRequest) (*ListAliasesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAliases not implemented")
+}
+func (UnimplementedAdminServiceServer) DeleteAlias(context.Context, *DeleteAliasRequest) (*DeleteAliasResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteAlias not implemented")
 }
 func (UnimplementedAdminServiceServer) Keyring(context.Context, *KeyringRequest) (*KeyringResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Keyring not implemented")
@@ -1338,6 +1388,60 @@ func _AdminService_ModelStatus_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ApplyAlias_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ApplyAliasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ApplyAlias(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ApplyAlias_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ApplyAlias(ctx, req.(*ApplyAliasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListAliases_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListAliases(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListAliases_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListAliases(ctx, req.(*ListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_DeleteAlias_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteAliasRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).DeleteAlias(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_DeleteAlias_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).DeleteAlias(ctx, req.(*DeleteAliasRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_Keyring_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(KeyringRequest)
 	if err := dec(in); err != nil {
@@ -1484,6 +1588,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ModelStatus",
 			Handler:    _AdminService_ModelStatus_Handler,
+		},
+		{
+			MethodName: "ApplyAlias",
+			Handler:    _AdminService_ApplyAlias_Handler,
+		},
+		{
+			MethodName: "ListAliases",
+			Handler:    _AdminService_ListAliases_Handler,
+		},
+		{
+			MethodName: "DeleteAlias",
+			Handler:    _AdminService_DeleteAlias_Handler,
 		},
 		{
 			MethodName: "Keyring",
