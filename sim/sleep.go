@@ -3,7 +3,6 @@ package sim
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -324,8 +323,7 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request) {
 			sl.tags = map[string]bool{tagWeights: true, tagKVCache: true}
 			sl.level = level
 			sl.mu.Unlock()
-			s.log.Info(fmt.Sprintf("It took %.6f seconds to fall asleep.", s.clock.Now().Sub(began).Seconds()),
-				"level", level, "sleep_mode", s.cfg.EnableSleepMode)
+			s.log.Info("engine asleep", "took", s.clock.Now().Sub(began), "level", level, "sleep_mode", s.cfg.EnableSleepMode)
 		}
 	}
 	sl.record(true, level)
@@ -345,7 +343,7 @@ func (s *Server) handleWakeUp(w http.ResponseWriter, r *http.Request) {
 	}
 	if !sl.asleep() {
 		s.eng.resume()
-		s.log.Info(fmt.Sprintf("It took %.6f seconds to wake up.", s.clock.Now().Sub(began).Seconds()), "tags", tags)
+		s.log.Info("engine awake", "took", s.clock.Now().Sub(began), "tags", tags)
 	}
 	sl.record(false, 0) // as vLLM's AsyncLLM.wake_up, whatever was woken
 	w.WriteHeader(http.StatusOK)
@@ -370,7 +368,7 @@ func (s *Server) wakeExecutor(ctx context.Context, all bool, tags []string) {
 	for _, t := range tags {
 		if !sl.tags[t] {
 			sl.mu.Unlock()
-			s.log.Warn(fmt.Sprintf("Tag %s is not in sleeping tags", t))
+			s.log.Warn("a tag to wake is not asleep; nothing woken", "tag", t)
 			return
 		}
 	}

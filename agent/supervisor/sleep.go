@@ -119,7 +119,7 @@ func (s *Supervisor) nextSleepOp(ctx context.Context, sl *sleeper, phase llmgwv1
 	opCtx, cancel := context.WithTimeout(ctx, s.cfg.SleepTimeout)
 	op := &sleepOp{sleep: sleep, began: s.cfg.Now(), cancel: cancel, done: make(chan error, 1)}
 	sl.op = op
-	s.log.Info("engine " + op.verb() + " begins")
+	s.log.Info("engine sleep or wake begins", "op", op.verb())
 	go func() {
 		defer cancel()
 		if sleep {
@@ -146,7 +146,7 @@ func (s *Supervisor) sleepDone(ctx context.Context, sl *sleeper, err error, st *
 		sl.retryAt = s.cfg.Now().Add(d)
 		c.Phase, c.Message = phase, fmt.Sprintf("%s failed: %v; retrying in %v", op.verb(), err, d.Round(time.Millisecond))
 		s.emit(c)
-		s.log.Warn("engine "+op.verb()+" failed", "err", err, "retry_in", d)
+		s.log.Warn("engine sleep or wake failed", "op", op.verb(), "err", err, "retry_in", d)
 		return phase
 	}
 	sl.bo.Reset()
