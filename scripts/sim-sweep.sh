@@ -36,7 +36,7 @@ done
 
 # shellcheck disable=SC2086 # SIM_ARGS is a list of flags
 "$bin/llmgw" sim serve "$model" --host 127.0.0.1 --port "$port" --served-model-name sweep \
-	--sim-gpu "$gpu" --gpu-memory-utilization "$util" --max-model-len "$maxlen" --log-level warn \
+	--sim-gpu "$gpu" --sim-load-scale 0 --gpu-memory-utilization "$util" --max-model-len "$maxlen" --log-level warn \
 	${SIM_ARGS:-} >"$out/sim.log" 2>&1 &
 sim=$!
 trap 'kill "$sim" 2>/dev/null || true; wait "$sim" 2>/dev/null || true' EXIT

@@ -132,9 +132,25 @@ type Config struct {
 	// Simple timing only.
 	PrefillPerToken time.Duration
 	DecodePerToken  time.Duration
-	// StartupDelay is how long the engine "loads weights" before it
-	// listens: /health is unreachable until then, as with vLLM.
+	// StartupDelay, when above 0, is the whole start: how long the engine
+	// "loads" before it listens (--sim-startup-delay). 0 derives the start
+	// from GPU's profile (LoadTimes), or none without one. Until it
+	// listens every connection is refused, as vLLM's are: vLLM binds its
+	// port first but listens only once the engine core is up.
 	StartupDelay time.Duration
+	// LoadScale multiplies the start, sleep and wake times derived from
+	// GPU's profile (--sim-load-scale): 1 is the profile's own, 0 none, for
+	// tests and demos that need engines at once.
+	LoadScale float64
+
+	// EnableSleepMode is vLLM's --enable-sleep-mode: sleep level 1 moves
+	// the weights to host memory and back, taking LoadTimes' Sleep and
+	// Wake. Without it a sleep frees nothing and takes no time, as vLLM's
+	// (the engine still pauses and drops its prefix cache).
+	EnableSleepMode bool
+	// DevMode is VLLM_SERVER_DEV_MODE: vLLM serves its development
+	// endpoints, /sleep, /wake_up and /is_sleeping among them, only then.
+	DevMode bool
 
 	// Faults are injected failures for tests; they can also be changed at
 	// run time through POST /sim/faults.
@@ -205,7 +221,27 @@ func DefaultConfig() Config {
 		EnableChunkedPrefill:  true,
 		PrefillPerToken:       50 * time.Microsecond,
 		DecodePerToken:        10 * time.Millisecond,
+		LoadScale:             1,
 	}
+}
+
+// LoadTimes are the engine's simulated start, sleep (level 1 offload) and
+// wake (design §8 "Loading and sleeping"): GPU's profile's, scaled by
+// LoadScale; StartupDelay, when set, as the start. Without a GPU profile
+// only StartupDelay costs anything. The config must be valid.
+func (c *Config) LoadTimes() LoadTimes {
+	var lt LoadTimes
+	if c.GPU != "" {
+		if g, err := c.gpuModel(); err == nil {
+			lt = g.loadTimes()
+		}
+		scale := func(d time.Duration) time.Duration { return time.Duration(float64(d) * c.LoadScale) }
+		lt = LoadTimes{Start: scale(lt.Start), Sleep: scale(lt.Sleep), Wake: scale(lt.Wake)}
+	}
+	if c.StartupDelay > 0 {
+		lt.Start = c.StartupDelay
+	}
+	return lt
 }
 
 // Timing modes (--sim-timing).
@@ -408,6 +444,9 @@ func (c *Config) validate() error {
 	if c.StartupDelay < 0 {
 		bad("--sim-startup-delay: must not be negative")
 	}
+	if c.LoadScale < 0 || c.LoadScale > 1 {
+		bad("--sim-load-scale: %v: must be in [0, 1]", c.LoadScale)
+	}
 	if err := c.Faults.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -450,6 +489,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.IntVar(&c.NumGPUBlocks, "num-gpu-blocks-override", c.NumGPUBlocks, "KV cache capacity in blocks (0: from --sim-gpu's memory as vLLM derives it, else 2048)")
 	fs.Float64Var(&c.GPUMemoryUtilization, "gpu-memory-utilization", c.GPUMemoryUtilization, "share of GPU memory for weights, activations and KV cache (with --sim-gpu)")
 	fs.BoolVar(&c.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
+	fs.BoolVar(&c.EnableSleepMode, "enable-sleep-mode", false, "sleep mode: a level-1 sleep moves the weights to host memory and a wake back, each over --sim-gpu's host link (the endpoints need VLLM_SERVER_DEV_MODE=1)")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", c.MaxModelLen, "maximum prompt plus completion tokens")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "seed of generated text, request ids and injected failures")
 	// The simulator's own.
@@ -458,7 +498,8 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.StringVar(&c.ModelShape, "sim-model-shape", "", "model shape for the roofline: a built-in id ("+strings.Join(ModelShapeNames(), ", ")+") or params=,layers=,hidden=,heads=,kv_heads=,head_dim=,vocab=[,tied=]; default: MODEL's")
 	fs.Float64Var(&f.prefillUS, "sim-prefill-us-per-token", f.prefillUS, "simple timing: prefill time per uncached prompt token, microseconds")
 	fs.Float64Var(&f.decodeMS, "sim-decode-ms-per-token", f.decodeMS, "simple timing: decode time per generated token, milliseconds")
-	fs.DurationVar(&c.StartupDelay, "sim-startup-delay", c.StartupDelay, "time spent \"loading weights\" before listening")
+	fs.DurationVar(&c.StartupDelay, "sim-startup-delay", c.StartupDelay, "the whole start, spent before listening (0: from --sim-gpu's profile, else none)")
+	fs.Float64Var(&c.LoadScale, "sim-load-scale", c.LoadScale, "scale of the start, sleep and wake times from --sim-gpu's profile, 0..1 (0: engines ready at once)")
 	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
 	fs.BoolVar(&c.LoRAInfoFrozen, "sim-lora-info-frozen", false, "engine deviation: vllm:lora_requests_info stops changing once it has named an adapter (an adapter-activity metric stuck busy)")
 	fs.IntVar(&c.DefaultMaxTokens, "sim-default-max-tokens", c.DefaultMaxTokens, "completion length when a request sets none")

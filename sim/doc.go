@@ -21,9 +21,15 @@
 // as the batch grows and one replica's long prefill delays every decode on
 // it, which is what makes prefix hits and load-aware routing pay.
 //
+// With a GPU profile an engine also takes as long to start as vLLM would
+// to load the model there, and its sleep mode moves the weights to host
+// memory and back over the board's host link, so the cost of a cold start
+// and of a wake can be measured against each other.
+//
 // The pieces: a Tokenizer and chat template (tokenizer.go), the prefix cache
 // (cache.go), the admission queue (engine.go), the step loop (sched.go),
-// the roofline (gpu.go), the closed-loop benchmark in virtual time
-// (virtual.go), the HTTP server (server.go), its metrics (metrics.go), and
-// vLLM's flags (config.go, vllmflags.go).
+// the roofline and the load times (gpu.go), sleep mode (sleep.go), the
+// closed-loop benchmark in virtual time (virtual.go), the HTTP server
+// (server.go), its metrics (metrics.go), and vLLM's flags (config.go,
+// vllmflags.go).
 package sim

@@ -73,6 +73,16 @@ type engine struct {
 	deadline time.Time
 	// onStep, when set (tests), is told of every step before it is slept.
 	onStep func(items []stepItem, d time.Duration)
+
+	// Sleep mode (sleep.go). pause is whether the scheduler runs; a
+	// request that arrives while it does not is held — queued, marked
+	// held, not admitted — until it resumes. live are the simple engine's
+	// admitted sequences, which an abort releases. drained, when set, is
+	// closed once nothing but held requests is left (a sleep in mode
+	// wait waits for it).
+	pause   pauseState
+	live    map[*sequence]struct{}
+	drained chan struct{}
 }
 
 type waiter struct {
@@ -81,6 +91,11 @@ type waiter struct {
 	total     int // blocks needed for prompt and completion
 	admitted  chan struct{}
 	seq       *sequence // set, under mu, when admitted
+	// held is set for a request that arrived while the engine was paused:
+	// it is not scheduled until the engine resumes. onAbort tells its
+	// handler the engine aborted it.
+	held    bool
+	onAbort func()
 }
 
 // sequence is an admitted request's hold on the engine: a running slot and
@@ -91,6 +106,7 @@ type sequence struct {
 	// CachedTokens is how many prompt tokens the cache supplied.
 	CachedTokens int
 	released     bool
+	onAbort      func()
 }
 
 func newEngine(cfg *Config, obs CacheObserver) *engine {
@@ -102,6 +118,7 @@ func newEngine(cfg *Config, obs CacheObserver) *engine {
 		longPrefill: cfg.LongPrefillTokenThreshold,
 		chunked:     cfg.EnableChunkedPrefill,
 		wake:        make(chan struct{}, 1),
+		live:        make(map[*sequence]struct{}),
 	}
 	if cfg.TimingMode() == TimingGPU {
 		e.gpu, _ = cfg.gpuModel() // valid: checked by Validate
@@ -118,15 +135,19 @@ func (e *engine) stepped(items []stepItem, d time.Duration) {
 
 // admit waits until the request runs, or ctx ends (a client that goes
 // away leaves the queue). hashes are the prompt's full-block hashes and
-// maxTokens its completion budget.
-func (e *engine) admit(ctx context.Context, hashes []vllm.BlockHash, promptLen, maxTokens int) (*sequence, error) {
+// maxTokens its completion budget. onAbort, if set, is called (under the
+// engine's lock: it must not call back) when the engine aborts the request,
+// waiting or admitted; the caller's ctx should then end.
+func (e *engine) admit(ctx context.Context, onAbort func(), hashes []vllm.BlockHash, promptLen, maxTokens int) (*sequence, error) {
 	w := &waiter{
 		hashes:    hashes,
 		promptLen: promptLen,
 		total:     (promptLen + maxTokens + e.blockSize - 1) / e.blockSize,
 		admitted:  make(chan struct{}),
+		onAbort:   onAbort,
 	}
 	e.mu.Lock()
+	w.held = e.pause != unpaused
 	elem := e.waiting.PushBack(w)
 	e.schedule()
 	e.mu.Unlock()
@@ -141,16 +162,24 @@ func (e *engine) admit(ctx context.Context, hashes []vllm.BlockHash, promptLen, 
 			e.releaseLocked(w.seq)
 			return nil, ctx.Err()
 		}
-		e.waiting.Remove(elem)
-		e.schedule() // the head may have changed
+		e.waiting.Remove(elem) // a no-op if an abort took it out already
+		e.schedule()           // the head may have changed
+		e.signalDrainedLocked()
 		return nil, ctx.Err()
 	}
 }
 
-// schedule admits waiters from the head while they fit. Callers hold mu.
+// schedule admits waiters from the head while they fit; nothing while the
+// engine is paused, and no held request. Callers hold mu.
 func (e *engine) schedule() {
+	if e.pause == pausedAll {
+		return
+	}
 	for e.running < e.maxSeqs && e.waiting.Len() > 0 {
 		w := e.waiting.Front().Value.(*waiter)
+		if w.held {
+			return // held ones queue behind every other
+		}
 		hits := e.cache.hits(w.hashes, w.promptLen, e.blockSize)
 		a, ok := e.cache.allocate(w.hashes, hits, w.total)
 		if !ok {
@@ -158,7 +187,8 @@ func (e *engine) schedule() {
 		}
 		e.waiting.Remove(e.waiting.Front())
 		e.running++
-		w.seq = &sequence{e: e, a: a, CachedTokens: hits * e.blockSize}
+		w.seq = &sequence{e: e, a: a, CachedTokens: hits * e.blockSize, onAbort: w.onAbort}
+		e.live[w.seq] = struct{}{}
 		close(w.admitted)
 	}
 }
@@ -187,7 +217,9 @@ func (e *engine) releaseLocked(s *sequence) {
 	s.released = true
 	e.cache.release(s.a)
 	e.running--
+	delete(e.live, s)
 	e.schedule()
+	e.signalDrainedLocked()
 }
 
 // engineStats is a consistent reading for metrics.

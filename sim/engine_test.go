@@ -17,15 +17,15 @@ func testEngine(maxSeqs, blocks int) *engine {
 func TestEngineMaxNumSeqsQueueing(t *testing.T) {
 	e := testEngine(2, 64)
 	ctx := context.Background()
-	s1, err1 := e.admit(ctx, nil, 4, 4)
-	s2, err2 := e.admit(ctx, nil, 4, 4)
+	s1, err1 := e.admit(ctx, nil, nil, 4, 4)
+	s2, err2 := e.admit(ctx, nil, nil, 4, 4)
 	if err1 != nil || err2 != nil {
 		t.Fatal(err1, err2)
 	}
 	admitted := make(chan *sequence, 2)
 	for range 2 {
 		go func() {
-			s, err := e.admit(ctx, nil, 4, 4)
+			s, err := e.admit(ctx, nil, nil, 4, 4)
 			if err != nil {
 				t.Error(err)
 			}
@@ -53,14 +53,14 @@ func TestEngineMaxNumSeqsQueueing(t *testing.T) {
 
 func TestEngineWaitsForBlocksFIFO(t *testing.T) {
 	e := testEngine(8, 4)
-	big, err := e.admit(context.Background(), nil, 8, 4) // 3 of 4 blocks
+	big, err := e.admit(context.Background(), nil, nil, 8, 4) // 3 of 4 blocks
 	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s, err := e.admit(context.Background(), nil, 4, 4) // needs 2
+		s, err := e.admit(context.Background(), nil, nil, 4, 4) // needs 2
 		if err != nil {
 			t.Error(err)
 			return
@@ -74,14 +74,14 @@ func TestEngineWaitsForBlocksFIFO(t *testing.T) {
 
 func TestEngineCancelLeavesQueue(t *testing.T) {
 	e := testEngine(1, 64)
-	s1, err := e.admit(context.Background(), nil, 4, 4)
+	s1, err := e.admit(context.Background(), nil, nil, 4, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		_, err := e.admit(ctx, nil, 4, 4)
+		_, err := e.admit(ctx, nil, nil, 4, 4)
 		errc <- err
 	}()
 	testkit.Wait(t, "one waiting", func() bool { return e.stats().Waiting == 1 })
@@ -93,7 +93,7 @@ func TestEngineCancelLeavesQueue(t *testing.T) {
 		t.Errorf("waiting = %d after cancel", st.Waiting)
 	}
 	s1.release()
-	s, err := e.admit(context.Background(), nil, 4, 4)
+	s, err := e.admit(context.Background(), nil, nil, 4, 4)
 	if err != nil {
 		t.Fatal(err)
 	}

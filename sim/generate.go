@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -208,8 +209,14 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 		s.serveStepped(w, r, g, hashes, extra, arrival, act)
 		return
 	}
-	seq, err := s.eng.admit(ctx, hashes, len(g.tokens), g.maxTokens)
+	ctx, abortedBy := context.WithCancelCause(ctx)
+	defer abortedBy(nil)
+	seq, err := s.eng.admit(ctx, func() { abortedBy(errEngineAborted) }, hashes, len(g.tokens), g.maxTokens)
 	if err != nil {
+		if engineAborted(ctx) {
+			s.answerAborted(w, g, nil, nil, s.usage(g, 0, 0))
+			return
+		}
 		log.Debug("request left the queue", "err", err)
 		s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
 		return
@@ -227,6 +234,10 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	scaled := func(d time.Duration) time.Duration { return time.Duration(float64(d) * slowdown) }
 	uncached := len(g.tokens) - seq.CachedTokens
 	if err := s.clock.Sleep(ctx, scaled(time.Duration(uncached)*s.cfg.PrefillPerToken)); err != nil {
+		if engineAborted(ctx) {
+			s.answerAborted(w, g, nil, nil, s.usage(g, 0, seq.CachedTokens))
+			return
+		}
 		s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
 		return
 	}
@@ -234,10 +245,6 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	s.met.promptTokens.Add(float64(len(g.tokens)))
 
 	ids, texts := s.generate(g.tokens, g.maxTokens)
-	usage := &vllm.Usage{PromptTokens: len(g.tokens), CompletionTokens: len(ids), TotalTokens: len(g.tokens) + len(ids)}
-	if s.cfg.EnablePromptTokensDetails {
-		usage.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: seq.CachedTokens}
-	}
 	out := s.newStream(w, g)
 	// The first token comes out of prefill; each later one costs a decode
 	// step.
@@ -245,6 +252,10 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 		if i == 0 {
 			s.met.ttft.Observe(s.clock.Now().Sub(arrival).Seconds())
 		} else if err := s.clock.Sleep(ctx, scaled(s.cfg.DecodePerToken)); err != nil {
+			if engineAborted(ctx) {
+				s.answerAborted(w, g, out, texts[:i], s.usage(g, i, seq.CachedTokens))
+				return
+			}
 			s.met.generationTokens.Add(float64(i))
 			s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
 			return
@@ -268,7 +279,38 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
 	log.Debug("request finished", "prompt_tokens", len(g.tokens), "cached_tokens", seq.CachedTokens)
 
-	s.answer(w, g, out, texts, usage)
+	s.answer(w, g, out, texts, s.usage(g, len(ids), seq.CachedTokens), vllm.FinishedLength)
+}
+
+// usage is a request's usage after n completion tokens, cached of its
+// prompt tokens from the prefix cache.
+func (s *Server) usage(g genRequest, n, cached int) *vllm.Usage {
+	u := &vllm.Usage{PromptTokens: len(g.tokens), CompletionTokens: n, TotalTokens: len(g.tokens) + n}
+	if s.cfg.EnablePromptTokensDetails {
+		u.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: cached}
+	}
+	return u
+}
+
+// engineAborted is whether the engine aborted the request of ctx (a sleep
+// in mode abort), rather than its client leaving.
+func engineAborted(ctx context.Context) bool {
+	return errors.Is(context.Cause(ctx), errEngineAborted)
+}
+
+// answerAborted ends a request the engine aborted as vLLM does: with the
+// tokens it had generated (texts; out has sent them, if streamed) and
+// finish_reason "abort".
+func (s *Server) answerAborted(w http.ResponseWriter, g genRequest, out streamWriter, texts []string, usage *vllm.Usage) {
+	s.met.generationTokens.Add(float64(len(texts)))
+	s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+	s.log.Debug("request aborted by the engine", "request_id", g.id, "completion_tokens", len(texts))
+	if out != nil {
+		if err := out.finish(vllm.FinishedAbort); err != nil {
+			return
+		}
+	}
+	s.answer(w, g, out, texts, usage, vllm.FinishedAbort)
 }
 
 // newStream is the stream writer of a streamed request, nil otherwise.
@@ -280,8 +322,8 @@ func (s *Server) newStream(w http.ResponseWriter, g genRequest) streamWriter {
 }
 
 // answer ends a served request: the stream's usage and [DONE], or the
-// whole completion.
-func (s *Server) answer(w http.ResponseWriter, g genRequest, out streamWriter, texts []string, usage *vllm.Usage) {
+// whole completion with its finish reason.
+func (s *Server) answer(w http.ResponseWriter, g genRequest, out streamWriter, texts []string, usage *vllm.Usage, finish string) {
 	if out != nil {
 		if g.includeUsage {
 			_ = out.usage(usage)
@@ -289,7 +331,6 @@ func (s *Server) answer(w http.ResponseWriter, g genRequest, out streamWriter, t
 		_ = out.done()
 		return
 	}
-	finish := vllm.FinishedLength
 	var text string
 	for _, t := range texts {
 		text += t
@@ -311,6 +352,9 @@ func (s *Server) answer(w http.ResponseWriter, g genRequest, out streamWriter, t
 // it is written so the client sees every token when it is produced.
 type streamWriter interface {
 	token(text string, last bool) error
+	// finish ends the choice without a token, with a finish reason: how
+	// vLLM's stream ends a request the engine aborted.
+	finish(reason string) error
 	usage(u *vllm.Usage) error
 	done() error
 }
@@ -381,6 +425,21 @@ func (s *sse) token(text string, last bool) error {
 		Choices: []vllm.CompletionChoice{{Text: text, FinishReason: finish, StopReason: stop}}})
 }
 
+func (s *sse) finish(reason string) error {
+	if err := s.start(); err != nil {
+		return err
+	}
+	empty := ""
+	stop := json.RawMessage("null")
+	if s.g.chat {
+		return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
+			Model: s.g.model, Choices: []vllm.ChatChunkChoice{{Delta: vllm.ChatDelta{Content: &empty},
+				FinishReason: &reason, StopReason: stop}}})
+	}
+	return s.event(vllm.Completion{ID: s.g.id, Object: "text_completion", Created: s.created, Model: s.g.model,
+		Choices: []vllm.CompletionChoice{{Text: empty, FinishReason: &reason, StopReason: stop}}})
+}
+
 // usage sends the stream's usage chunk: no choices, only usage.
 func (s *sse) usage(u *vllm.Usage) error {
 	if s.g.chat {
@@ -420,7 +479,9 @@ func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genReque
 	if g.lora != "" {
 		loraID, _ = s.lora.lookup(g.lora) // 0 if unloaded since: the events then say so
 	}
-	seq := s.eng.submit(hashes, allHashes, all, len(g.tokens), g.maxTokens, g.lora, loraID)
+	ctx, abortedBy := context.WithCancelCause(ctx)
+	defer abortedBy(nil)
+	seq := s.eng.submit(func() { abortedBy(errEngineAborted) }, hashes, allHashes, all, len(g.tokens), g.maxTokens, g.lora, loraID)
 	defer s.eng.abort(seq) // a no-op once finished
 	out := s.newStream(w, g)
 	written, cached := 0, 0
@@ -428,11 +489,13 @@ func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genReque
 		select {
 		case <-seq.notify:
 		case <-ctx.Done():
-			s.met.generationTokens.Add(float64(written))
-			abort()
-			return
+			if !engineAborted(ctx) {
+				s.met.generationTokens.Add(float64(written))
+				abort()
+				return
+			}
 		}
-		produced, c, scheduledAt, done := s.eng.progress(seq)
+		produced, c, scheduledAt, state := s.eng.progress(seq)
 		if written == 0 && produced > 0 {
 			act.run()
 			cached = c
@@ -452,16 +515,16 @@ func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genReque
 				return
 			}
 		}
-		if done {
+		if state == seqAborted {
+			s.answerAborted(w, g, out, texts[:written], s.usage(g, written, cached))
+			return
+		}
+		if state == seqFinished {
 			break
 		}
 	}
 	s.met.generationTokens.Add(float64(len(ids)))
 	s.met.requestSuccess.WithLabelValues(vllm.FinishedLength).Inc()
 	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
-	usage := &vllm.Usage{PromptTokens: len(g.tokens), CompletionTokens: len(ids), TotalTokens: len(g.tokens) + len(ids)}
-	if s.cfg.EnablePromptTokensDetails {
-		usage.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: cached}
-	}
-	s.answer(w, g, out, texts, usage)
+	s.answer(w, g, out, texts, s.usage(g, len(ids), cached), vllm.FinishedLength)
 }

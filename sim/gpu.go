@@ -26,6 +26,15 @@ type GPUProfile struct {
 	// Device is the name vLLM's platform reports, lower case; vLLM picks its
 	// batch defaults from it (EngineArgs.get_batch_defaults).
 	Device string
+	// HostLink is the datasheet bandwidth of the board's link to the host,
+	// one direction, bytes per second: what loading weights onto the GPU,
+	// and sleep mode's offload and reload of them (design §8 "Loading and
+	// sleeping"), move over.
+	HostLink float64
+	// Disk is the read bandwidth of the node's model store, bytes per
+	// second: a local NVMe SSD of the kind the clouds attach to these
+	// boards. A start reads the weights from it first.
+	Disk float64
 }
 
 const (
@@ -51,15 +60,31 @@ const (
 // Memory is what nvidia-smi reports for each board (L4 23,034 MiB, A10G
 // 23,028 MiB, A100-40GB 40,960 MiB, A100-80GB 81,920 MiB, H100 81,559 MiB,
 // H200 143,771 MiB, RTX 4090 24,564 MiB).
+//
+// The host link, from the same datasheets: PCIe Gen4 x16 (64 GB/s both
+// ways, 32 GB/s each) on the L4, A10, A100 (SXM4 boards reach the host over
+// PCIe Gen4 too) and RTX 4090; PCIe Gen5 x16 (128 GB/s, 64 GB/s each way) on
+// the H100 SXM and H200. Copies reach HostLinkEfficiency of it
+// (Calibration). The disk is a typical local NVMe SSD, PCIe Gen3 x4:
+// about 3 GB/s sequential read (the instance-store drives of the clouds'
+// L4, A10G and A100 instances are of this class; newer Gen4 drives read
+// faster, which --sim-load-scale can stand for).
 var gpuProfiles = []GPUProfile{
-	{"l4", 23034 * mib, 300e9, 121e12, "nvidia l4"},
-	{"a10g", 23028 * mib, 600e9, 125e12, "nvidia a10g"},
-	{"a100-40gb", 40960 * mib, 1555e9, 312e12, "nvidia a100-sxm4-40gb"},
-	{"a100-80gb", 81920 * mib, 2039e9, 312e12, "nvidia a100-sxm4-80gb"},
-	{"h100-sxm", 81559 * mib, 3350e9, 989e12, "nvidia h100 80gb hbm3"},
-	{"h200", 143771 * mib, 4800e9, 989e12, "nvidia h200"},
-	{"rtx4090", 24564 * mib, 1008e9, 165.2e12, "nvidia geforce rtx 4090"},
+	{"l4", 23034 * mib, 300e9, 121e12, "nvidia l4", pcieGen4x16, nvmeRead},
+	{"a10g", 23028 * mib, 600e9, 125e12, "nvidia a10g", pcieGen4x16, nvmeRead},
+	{"a100-40gb", 40960 * mib, 1555e9, 312e12, "nvidia a100-sxm4-40gb", pcieGen4x16, nvmeRead},
+	{"a100-80gb", 81920 * mib, 2039e9, 312e12, "nvidia a100-sxm4-80gb", pcieGen4x16, nvmeRead},
+	{"h100-sxm", 81559 * mib, 3350e9, 989e12, "nvidia h100 80gb hbm3", pcieGen5x16, nvmeRead},
+	{"h200", 143771 * mib, 4800e9, 989e12, "nvidia h200", pcieGen5x16, nvmeRead},
+	{"rtx4090", 24564 * mib, 1008e9, 165.2e12, "nvidia geforce rtx 4090", pcieGen4x16, nvmeRead},
 }
+
+// Host links and disks of the profiles, bytes per second (above).
+const (
+	pcieGen4x16 = 32e9
+	pcieGen5x16 = 64e9
+	nvmeRead    = 3e9
+)
 
 // GPUProfileNames lists the built-in profiles, for help and errors.
 func GPUProfileNames() []string {
@@ -220,6 +245,19 @@ type Calibration struct {
 	// pass, per token and per unit of hidden size.
 	NonTorchReserve         float64
 	ActivationBytesPerToken float64
+	// HostLinkEfficiency is the share of the host link's datasheet
+	// bandwidth a large copy from or to pinned host memory reaches (CUDA's
+	// bandwidthTest reaches about 25 of PCIe Gen4's 32 GB/s).
+	HostLinkEfficiency float64
+	// EngineStartup is what a vLLM start costs besides moving the weights:
+	// the API server's and the engine core's processes and imports, CUDA
+	// initialisation, the model's construction, torch.compile (from a
+	// warm compile cache), the memory profile and CUDA-graph capture. An
+	// estimate, not a fit: vLLM V1 logs tens of seconds for these on an 8B
+	// model ("init engine (profile, create kv cache, warmup model) took
+	// ..."), most of it CPU-bound and so much the same on every board; 20 s
+	// is the low end of that. --sim-load-scale scales it with the rest.
+	EngineStartup time.Duration
 }
 
 // DefaultCalibration is the fitted set.
@@ -234,6 +272,8 @@ var DefaultCalibration = Calibration{
 	RequestJitter:           1 * time.Millisecond,
 	NonTorchReserve:         1.0 * gib,
 	ActivationBytesPerToken: 24 * 2, // × hidden: ~24 BF16 activations of hidden width per token at peak
+	HostLinkEfficiency:      0.78,
+	EngineStartup:           20 * time.Second,
 }
 
 // gpuModel prices engine steps on one profile for one model shape.
@@ -303,6 +343,34 @@ func (g *gpuModel) numGPUBlocks(util float64, blockSize, maxBatchedTokens int) i
 		return 0
 	}
 	return int(avail / (g.shape.kvBytesPerToken() * float64(blockSize)))
+}
+
+// LoadTimes are what moving a model's weights costs on a GPU profile
+// (design §8 "Loading and sleeping"), before any --sim-load-scale.
+type LoadTimes struct {
+	// Start is a start to ready: the engine's fixed startup, the weights
+	// read from disk and copied to the GPU. Every start reads the disk:
+	// the simulator does not model the page cache.
+	Start time.Duration
+	// Sleep is sleep mode's level 1 offload: the weights copied from the
+	// GPU to pinned host memory.
+	Sleep time.Duration
+	// Wake is a wake from level 1: the weights copied back.
+	Wake time.Duration
+}
+
+// loadTimes prices the weights' moves: bytes over the disk's and the host
+// link's bandwidth, one after the other, as vLLM's loader reads each
+// tensor and then copies it to the device.
+func (g *gpuModel) loadTimes() LoadTimes {
+	w := g.weightBytes()
+	link := g.gpu.HostLink * g.cal.HostLinkEfficiency
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	return LoadTimes{
+		Start: g.cal.EngineStartup + sec(w/g.gpu.Disk) + sec(w/link),
+		Sleep: sec(w / link),
+		Wake:  sec(w / link),
+	}
 }
 
 // batchDefaults are vLLM's max_num_batched_tokens and max_num_seqs for the

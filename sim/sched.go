@@ -57,6 +57,11 @@ type gseq struct {
 	// notify is signalled (without blocking) at the end of every step that
 	// produced a token for the sequence, or when it ends.
 	notify chan struct{}
+	// held is set for a request that arrived while the engine was paused
+	// (sleep.go): it is not admitted until the engine resumes. onAbort
+	// tells its handler the engine aborted it.
+	held    bool
+	onAbort func()
 }
 
 // numTokens is what the sequence knows: prompt and sampled tokens.
@@ -69,10 +74,13 @@ type stepItem struct {
 }
 
 // submit queues a request in the stepped engine and wakes the step loop.
-func (e *engine) submit(hashes, allHashes []vllm.BlockHash, all []int, promptLen, maxTokens int, loraName string, loraID int) *gseq {
+// onAbort, if set, is called (under the engine's lock: it must not call
+// back) when the engine aborts the request.
+func (e *engine) submit(onAbort func(), hashes, allHashes []vllm.BlockHash, all []int, promptLen, maxTokens int, loraName string, loraID int) *gseq {
 	s := &gseq{hashes: hashes, allHashes: allHashes, all: all, promptLen: promptLen, maxTokens: maxTokens,
-		loraName: loraName, loraID: loraID, cached: -1, notify: make(chan struct{}, 1)}
+		loraName: loraName, loraID: loraID, cached: -1, notify: make(chan struct{}, 1), onAbort: onAbort}
 	e.mu.Lock()
+	s.held = e.pause != unpaused
 	e.wait = append(e.wait, s)
 	e.mu.Unlock()
 	e.kick()
@@ -87,11 +95,13 @@ func (e *engine) kick() {
 	}
 }
 
-// progress is how many tokens s has produced and whether it has ended.
-func (e *engine) progress(s *gseq) (produced, cached int, scheduledAt time.Time, done bool) {
+// progress is how many tokens s has produced and where it is: finished,
+// aborted (by the engine, as a handler that still asks sees it: its own
+// abort comes only once it has stopped asking), or neither.
+func (e *engine) progress(s *gseq) (produced, cached int, scheduledAt time.Time, state seqState) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return s.generated, max(s.cached, 0), s.scheduledAt, s.state == seqFinished || s.state == seqAborted
+	return s.generated, max(s.cached, 0), s.scheduledAt, s.state
 }
 
 // abort takes s out of the engine (a client that went away); a finished
@@ -109,6 +119,7 @@ func (e *engine) abort(s *gseq) {
 		return
 	}
 	s.state = seqAborted
+	e.signalDrainedLocked()
 	e.kick()
 }
 
@@ -124,7 +135,11 @@ func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 // scheduleStep plans one step under e.mu: running sequences first, in order,
 // then waiting ones, as vllm/v1/core/sched/scheduler.py's schedule().
+// Nothing while the engine is paused; no held request.
 func (e *engine) scheduleStep(now time.Time) []stepItem {
+	if e.pause == pausedAll {
+		return nil
+	}
 	budget := e.maxBatched
 	var items []stepItem
 	preempted := false
@@ -159,6 +174,9 @@ func (e *engine) scheduleStep(now time.Time) []stepItem {
 	// vLLM admits nothing in a step that had to preempt.
 	for !preempted && len(e.wait) > 0 && len(e.run) < e.maxSeqs && budget > 0 {
 		s := e.wait[0]
+		if s.held {
+			break // held ones queue behind every other
+		}
 		hits := e.cache.hits(s.hashes, s.promptLen, e.blockSize)
 		computed := hits * e.blockSize
 		n := s.numTokens() - computed
@@ -238,6 +256,7 @@ func (e *engine) finish(items []stepItem) {
 		default:
 		}
 	}
+	e.signalDrainedLocked()
 }
 
 // step takes one engine step: plan, wait the step's time on the clock,

@@ -73,7 +73,7 @@ func (g *gpuEngine) add(t *testing.T, prompt, maxTokens int) *gseq {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return g.submit(hashes, allHashes, all, prompt, maxTokens, "", 0)
+	return g.submit(nil, hashes, allHashes, all, prompt, maxTokens, "", 0)
 }
 
 func (g *gpuEngine) step(t *testing.T) bool {

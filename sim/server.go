@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/llmgw/llmgw/vllm"
@@ -46,6 +47,7 @@ type Server struct {
 	eng      *engine
 	kv       *kvPublisher // nil unless --kv-events-config enables events
 	met      *metrics
+	sleep    *sleeper
 	lora     *loraSet
 	noneHash vllm.BlockHash
 	created  int64
@@ -113,6 +115,8 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 	}
 	s.created = s.clock.Now().Unix()
 	s.met = newMetrics(&s.cfg, s.eng)
+	s.sleep = newSleeper(prometheus.Labels{vllm.LabelModelName: cfg.ServedNames()[0], vllm.LabelEngine: "0"})
+	s.met.reg.MustRegister(s.sleep.state)
 	s.lora = newLoRASet(&s.cfg, func() float64 { return float64(s.clock.Now().UnixNano()) / 1e9 })
 	if err := s.lora.loadStatic(cfg.LoRAModules); err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
@@ -133,11 +137,15 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 // through Handler alone wait for it.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Run "loads the model" for StartupDelay, listens on Host:Port and serves
-// until ctx ends or an injected crash. A stop while loading returns nil.
+// Run "loads the model" for its start time (Config.LoadTimes), listens on
+// Host:Port and serves until ctx ends or an injected crash. A stop while
+// loading returns nil. Until it listens, connections are refused, as
+// vLLM's are while its engine core starts: vLLM binds its port at once but
+// listens only once the engine is up.
 func (s *Server) Run(ctx context.Context) error {
-	s.log.Info("loading simulated model", "delay", s.cfg.StartupDelay)
-	if err := s.clock.Sleep(ctx, s.cfg.StartupDelay); err != nil {
+	start := s.cfg.LoadTimes().Start
+	s.log.Info("loading simulated model", "load_time", start)
+	if err := s.clock.Sleep(ctx, start); err != nil {
 		return nil
 	}
 	addr := net.JoinHostPort(s.cfg.Host, strconv.Itoa(s.cfg.Port))
@@ -224,6 +232,12 @@ func (s *Server) routes() http.Handler {
 	mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
+	if s.cfg.DevMode {
+		// vLLM serves sleep mode's routes only with VLLM_SERVER_DEV_MODE.
+		mux.HandleFunc("POST /sleep", s.handleSleep)
+		mux.HandleFunc("POST /wake_up", s.handleWakeUp)
+		mux.HandleFunc("GET /is_sleeping", s.handleIsSleeping)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /sim/faults", s.handleGetFaults)
 	mux.HandleFunc("POST /sim/faults", s.handleSetFaults)

@@ -77,6 +77,12 @@ type Launch struct {
 	Address string
 	// HealthURL answers 200 once the engine serves requests.
 	HealthURL string
+	// SleepMode is set when the engine was started with vLLM's sleep mode
+	// and its endpoints (--enable-sleep-mode, VLLM_SERVER_DEV_MODE=1): a
+	// model with autoscale.sleep. The supervisor then puts it to sleep and
+	// wakes it as the desired set says, through /sleep, /wake_up and
+	// /is_sleeping on the origin of HealthURL (design §6 "Sleep").
+	SleepMode bool
 	// ModelsURL and ServedModel, set for engines llmgw does not start, are
 	// the engine's OpenAI model list and the name it must list: routers
 	// send requests under the model's own name, and an engine that serves

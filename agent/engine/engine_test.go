@@ -29,6 +29,8 @@ func TestPlan(t *testing.T) {
 		wantArgv []string
 		wantEnv  []string
 		wantAddr string
+		// wantSleep: the engine has sleep mode and its endpoints.
+		wantSleep bool
 	}{
 		{
 			name:  "vllm plain",
@@ -82,6 +84,37 @@ func TestPlan(t *testing.T) {
 			wantAddr: "10.0.0.5:20000",
 		},
 		{
+			name: "vllm with autoscale sleep: sleep mode and its dev endpoints",
+			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", KvEvents: true,
+				Autoscale: &llmgwv1.Autoscale{Max: 4, TargetWaiting: 2, Sleep: true},
+				Adapters:  []*llmgwv1.Adapter{{Name: "a", Path: "/a"}}, MaxLoadedAdapters: 1, ExtraArgs: []string{"--max-num-seqs", "8"}},
+			wantArgv: []string{"vllm", "serve", "m", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details",
+				"--block-size=16", "--prefix-caching-hash-algo=sha256_cbor", "--kv-events-config=" + kvJSON,
+				"--enable-sleep-mode", "--enable-lora", "--max-loras=1", "--max-num-seqs", "8"},
+			wantEnv: []string{"PYTHONHASHSEED=0", "VLLM_SERVER_DEV_MODE=1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true",
+				"CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr:  "10.0.0.5:20000",
+			wantSleep: true,
+		},
+		{
+			name:  "sim with autoscale sleep",
+			model: &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "m", Autoscale: &llmgwv1.Autoscale{Sleep: true}},
+			wantArgv: []string{self, "sim", "serve", "m", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details", "--enable-sleep-mode"},
+			wantEnv:   []string{"VLLM_SERVER_DEV_MODE=1", "CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr:  "10.0.0.5:20000",
+			wantSleep: true,
+		},
+		{
+			name:  "vllm autoscaled without sleep",
+			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", Autoscale: &llmgwv1.Autoscale{Max: 2}},
+			wantArgv: []string{"vllm", "serve", "m", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details"},
+			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
 			name: "llamacpp with adapters",
 			model: &llmgwv1.Model{Name: "demo", Engine: "llamacpp", Model: "/models/q4.gguf",
 				Adapters: []*llmgwv1.Adapter{{Name: "a", Path: "/a.gguf"}, {Name: "b", Path: "/b.gguf"}}},
@@ -106,6 +139,9 @@ func TestPlan(t *testing.T) {
 			}
 			if l.Address != tt.wantAddr {
 				t.Errorf("address %q, want %q", l.Address, tt.wantAddr)
+			}
+			if l.SleepMode != tt.wantSleep {
+				t.Errorf("sleep mode %v, want %v", l.SleepMode, tt.wantSleep)
 			}
 			if want := "http://" + tt.wantAddr + "/health"; l.HealthURL != want {
 				t.Errorf("health %q, want %q", l.HealthURL, want)

@@ -101,6 +101,16 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 		// process and no router could reproduce a block hash.
 		env = append(env, "PYTHONHASHSEED="+seed)
 	}
+	sleep := m.GetAutoscale().GetSleep()
+	if sleep {
+		// A replica the autoscaler's count no longer needs sleeps rather
+		// than stops (design §5.7 "Sharing GPUs"): its weights wait in host
+		// memory. vLLM serves /sleep, /wake_up and /is_sleeping only in
+		// its dev mode, which also opens its other development endpoints
+		// to whoever reaches the engine's port (design §11).
+		argv = append(argv, "--enable-sleep-mode")
+		env = append(env, "VLLM_SERVER_DEV_MODE=1")
+	}
 	var loraModules []string
 	if ads := m.GetAdapters(); len(ads) > 0 {
 		maxLoras := len(ads)
@@ -127,7 +137,7 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 	}
 	argv = append(argv, m.GetExtraArgs()...)
 	argv = append(argv, loraModules...)
-	return Launch{Argv: argv, Env: commonEnv(s, env), Address: addr, HealthURL: health}, nil
+	return Launch{Argv: argv, Env: commonEnv(s, env), Address: addr, HealthURL: health, SleepMode: sleep}, nil
 }
 
 // loraModule renders one --lora-modules item. vLLM reads `name=path` only

@@ -188,6 +188,11 @@ type runner struct {
 	undrain  context.CancelFunc
 	drained  bool
 
+	// sleeping is the desired set's Replica.sleeping; unsleep ends the
+	// wait for the engine to go idle before it sleeps. Guarded by Set.mu.
+	sleeping bool
+	unsleep  context.CancelFunc
+
 	// adopted is the engine an earlier agent left running that this
 	// runner takes over (design §6); nil for a fresh start.
 	adopted *supervisor.Adoption
@@ -208,12 +213,26 @@ type runner struct {
 	// (external.go); nil for an engine llmgw runs. Set before the runner
 	// starts, never changed.
 	guard *endpointGuard
+	// sleepNow is what the supervisor is told: sleep (the replica is
+	// wanted asleep and was idle) or be awake.
+	sleepNow bool
 }
 
 func (r *runner) supervisor() *supervisor.Supervisor {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.sup
+}
+
+// setSleep tells the supervisor, now or once it exists, whether its engine
+// should sleep.
+func (r *runner) setSleep(v bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sleepNow = v
+	if r.sup != nil {
+		r.sup.SetSleeping(v)
+	}
 }
 
 func (r *runner) listener() *kv.Listener {
@@ -258,6 +277,9 @@ func (rs *Set) Apply(d *llmgwv1.DesiredReplicas) {
 					rs.startLocked(rep, models[rep.GetModel()], old, nil)
 				}
 			}
+			if cur := rs.running[id]; rep.GetSleeping() != cur.sleeping {
+				rs.sleepLocked(cur, rep.GetSleeping())
+			}
 			continue
 		}
 		if rep.GetDraining() {
@@ -273,7 +295,10 @@ func (rs *Set) Apply(d *llmgwv1.DesiredReplicas) {
 				"old_uid", old.replica.GetUid(), "uid", rep.GetUid())
 			old.cancel()
 		}
-		rs.startLocked(rep, models[rep.GetModel()], old, nil)
+		r := rs.startLocked(rep, models[rep.GetModel()], old, nil)
+		if rep.GetSleeping() {
+			rs.sleepLocked(r, true)
+		}
 	}
 	for id, r := range rs.running {
 		if !want[id] {
@@ -305,10 +330,10 @@ func (rs *Set) forget(id string, r *runner) {
 	}
 }
 
-func (rs *Set) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner, adopt *supervisor.Adoption) {
+func (rs *Set) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *runner, adopt *supervisor.Adoption) *runner {
 	ctx, cancel := context.WithCancel(rs.ctx)
 	r := &runner{replica: rep, model: model, ctx: ctx, cancel: cancel, done: make(chan struct{}), adopted: adopt,
-		undrain: func() {}}
+		undrain: func() {}, unsleep: func() {}}
 	if r.isExternal() {
 		r.guard = rs.newGuard(rep, model)
 	}
@@ -327,6 +352,63 @@ func (rs *Set) startLocked(rep *llmgwv1.Replica, model *llmgwv1.Model, prev *run
 		}
 		rs.run(ctx, r)
 	}()
+	return r
+}
+
+// sleepLocked follows a placement's Replica.sleeping (design §5.7 "Sharing
+// GPUs", §6 "Sleep"). Asleep: once the engine has been idle for the drain's
+// quiet period (package drain) — routers stop choosing a sleeping replica
+// a moment after the agent learns of it — its supervisor puts it to sleep,
+// so nothing in flight is cut; after the drain timeout, however busy.
+// Awake: the supervisor wakes it at once. The wait is owned by the
+// placement's context and ends on a wake.
+func (rs *Set) sleepLocked(r *runner, sleeping bool) {
+	r.sleeping = sleeping
+	r.unsleep()
+	log := rs.log.With("replica", r.replica.GetId(), "model", r.replica.GetModel())
+	if !sleeping {
+		log.Info("replica to wake")
+		r.setSleep(false)
+		return
+	}
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.unsleep = cancel
+	rs.wg.Add(1)
+	go func() {
+		defer rs.wg.Done()
+		defer cancel()
+		rs.sleepWhenIdle(ctx, r, log)
+	}()
+}
+
+func (rs *Set) sleepWhenIdle(ctx context.Context, r *runner, log *slog.Logger) {
+	id, uid := r.replica.GetId(), r.replica.GetUid()
+	log.Info("replica to sleep; its engine sleeps once idle", "quiet", rs.cfg.Drain.Quiet, "timeout", rs.cfg.Drain.Timeout)
+	out, err := drain.Wait(ctx, rs.cfg.Drain, rs.loads, drain.Replica{ID: id, UID: uid, Serving: func() bool {
+		st := rs.book.status(id)
+		if st == nil || st.GetUid() != uid {
+			return false
+		}
+		p := st.GetPhase()
+		return p == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY || p == llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
+	}})
+	if err != nil && !errors.Is(err, drain.ErrNoLoads) {
+		return // woken, replaced or removed
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if ctx.Err() != nil {
+		return // woken as the wait ended
+	}
+	switch {
+	case err != nil:
+		log.Warn("no load readings to judge the engine idle; it sleeps now")
+	case out == drain.TimedOut:
+		log.Warn("replica still busy at the drain timeout; its engine sleeps now, cutting what runs", "timeout", rs.cfg.Drain.Timeout)
+	default:
+		log.Info("replica idle; its engine sleeps", "why", out.String())
+	}
+	r.setSleep(true)
 }
 
 // drainLocked starts waiting for a draining placement's engine to go idle
@@ -442,6 +524,7 @@ func (rs *Set) run(ctx context.Context, r *runner) {
 	if r.detached {
 		sup.Detach()
 	}
+	sup.SetSleeping(r.sleepNow)
 	r.mu.Unlock()
 	if err := sup.Run(ctx); err != nil {
 		log.Error("supervisor ended", "err", err)

@@ -79,6 +79,10 @@ type Config struct {
 	// refuses an address the model policy refuses each time it connects
 	// (design §6 "External engines"). Nil dials directly.
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// SleepTimeout bounds one sleep or wake of a sleep-mode engine, its
+	// check included (sleep.go): moving a large model's weights over PCIe
+	// takes seconds.
+	SleepTimeout time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -94,6 +98,7 @@ func DefaultConfig() Config {
 		UnhealthyAfter: 3,
 		Backoff:        DefaultBackoff(),
 		LogLines:       100,
+		SleepTimeout:   2 * time.Minute,
 	}
 }
 
@@ -110,6 +115,13 @@ type Supervisor struct {
 	client *http.Client
 	ring   *logRing
 	detach atomic.Bool
+
+	// Sleep (sleep.go): wantSleep is the replica set's wish, sleepKick
+	// wakes the loop when it changes; sleepClient makes the sleep and wake
+	// calls, which take longer than a probe.
+	wantSleep   atomic.Bool
+	sleepKick   chan struct{}
+	sleepClient *http.Client
 
 	mu   sync.Mutex
 	last *llmgwv1.ReplicaStatus
@@ -136,6 +148,9 @@ func New(cfg Config, report Reporter, logger *slog.Logger) *Supervisor {
 	if cfg.Backoff.Initial <= 0 {
 		cfg.Backoff = d.Backoff
 	}
+	if cfg.SleepTimeout <= 0 {
+		cfg.SleepTimeout = d.SleepTimeout
+	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
@@ -148,8 +163,10 @@ func New(cfg Config, report Reporter, logger *slog.Logger) *Supervisor {
 		log:    logger.With("replica", cfg.ReplicaID, "model", cfg.Model),
 		// Probes must not reuse connections across engine restarts: a kept-
 		// alive connection to a dead engine would fail the first probe.
-		client: &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cfg.Dial}},
-		ring:   newLogRing(cfg.LogLines),
+		client:      &http.Client{Timeout: cfg.ProbeTimeout, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cfg.Dial}},
+		sleepClient: &http.Client{Timeout: cfg.SleepTimeout, Transport: &http.Transport{DisableKeepAlives: true, DialContext: cfg.Dial}},
+		sleepKick:   make(chan struct{}, 1),
+		ring:        newLogRing(cfg.LogLines),
 	}
 }
 
@@ -216,7 +233,13 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			st.Pid = int32(p.pid)
 			st.Phase, st.Message = phase, ""
 			if phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
-				s.readyFacts(ctx, st)
+				if s.asleepNow(ctx) {
+					// Adopted asleep: woken below if it should not be.
+					st.Phase, st.Message = llmgwv1.ReplicaPhase_REPLICA_PHASE_SLEEPING, "asleep: weights in host memory"
+					phase = st.Phase
+				} else {
+					s.readyFacts(ctx, st)
+				}
 			}
 			s.emit(st)
 			if p.adopted {
@@ -448,10 +471,13 @@ func (s *Supervisor) maxModelLen(ctx context.Context) uint32 {
 }
 
 // watch probes a running engine and returns why it should no longer run:
-// errStopped on cancellation, or the exit or readiness failure.
+// errStopped on cancellation, or the exit or readiness failure. It also
+// puts a sleep-mode engine to sleep and wakes it (sleep.go).
 func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStatus, phase llmgwv1.ReplicaPhase) error {
 	poll := time.NewTicker(s.cfg.PollInterval)
 	defer poll.Stop()
+	sl := newSleeper()
+	defer sl.stop()
 	started := s.cfg.Now()
 	nextProbe := started
 	failures := 0
@@ -466,9 +492,16 @@ func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStat
 			ok, msg := s.probe(ctx)
 			next := phase
 			switch {
+			case ok && phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_SLEEPING:
+				// An asleep engine answers its probe: it stays asleep
+				// until woken.
+				failures = 0
 			case ok:
 				failures = 0
 				next = llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+				if phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY && s.asleepNow(ctx) {
+					next = llmgwv1.ReplicaPhase_REPLICA_PHASE_SLEEPING
+				}
 			case phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING:
 				if s.cfg.ReadyTimeout > 0 && now.Sub(started) >= s.cfg.ReadyTimeout {
 					return fmt.Errorf("not ready within %v: %s", s.cfg.ReadyTimeout, msg)
@@ -479,20 +512,32 @@ func (s *Supervisor) watch(ctx context.Context, p *proc, st *llmgwv1.ReplicaStat
 					next = llmgwv1.ReplicaPhase_REPLICA_PHASE_UNHEALTHY
 				}
 			}
-			if next != phase {
+			if next != phase && sl.op == nil {
+				if phase == llmgwv1.ReplicaPhase_REPLICA_PHASE_STARTING && next == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+					// The cold start, as the benchmarks read it.
+					s.log.Info("engine ready", "pid", p.pid, "incarnation", st.GetIncarnation(), "took", now.Sub(started))
+				}
 				phase = next
 				c := cloneStatus(st)
 				c.Phase, c.Message = next, msg
-				if next == llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+				switch next {
+				case llmgwv1.ReplicaPhase_REPLICA_PHASE_READY:
 					s.readyFacts(ctx, c)
+				case llmgwv1.ReplicaPhase_REPLICA_PHASE_SLEEPING:
+					c.Message = "asleep: weights in host memory"
 				}
 				s.emit(c)
 			}
 		}
+		s.nextSleepOp(ctx, sl, phase)
 		select {
 		case <-ctx.Done():
 			return errStopped
 		case <-poll.C:
+		case <-s.sleepKick:
+		case err := <-sl.done():
+			phase = s.sleepDone(ctx, sl, err, st, phase)
+			failures = 0
 		}
 	}
 }

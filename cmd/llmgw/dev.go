@@ -36,8 +36,11 @@ type devOptions struct {
 	decodeMS                             float64
 	// simGPU is the demo engines' GPU profile; a --sim-decode-ms-per-token
 	// given instead keeps the old per-request timing.
-	simGPU    string
-	extraArgs []string
+	simGPU string
+	// simLoadScale scales the demo engines' simulated start, sleep and
+	// wake (llmgw sim serve --sim-load-scale).
+	simLoadScale float64
+	extraArgs    []string
 }
 
 // demoEngineArgs are the demo model's simulator flags: a GPU profile, or
@@ -46,7 +49,7 @@ func (o devOptions) demoEngineArgs(decodeSet bool) []string {
 	if decodeSet {
 		return []string{"--sim-timing", "simple", "--sim-decode-ms-per-token", strconv.FormatFloat(o.decodeMS, 'f', -1, 64)}
 	}
-	return []string{"--sim-gpu", o.simGPU}
+	return []string{"--sim-gpu", o.simGPU, "--sim-load-scale", strconv.FormatFloat(o.simLoadScale, 'f', -1, 64)}
 }
 
 func newDevCmd() *cobra.Command {
@@ -67,6 +70,9 @@ included.`,
 			}
 			ctx, stop := signalContext()
 			defer stop()
+			if o.simLoadScale < 0 || o.simLoadScale > 1 {
+				return fmt.Errorf("--sim-load-scale: %v: must be in [0, 1]", o.simLoadScale)
+			}
 			if _, ok := sim.LookupGPU(o.simGPU); !ok {
 				return fmt.Errorf("--sim-gpu: %q: not a profile (%s)", o.simGPU, strings.Join(sim.GPUProfileNames(), ", "))
 			}
@@ -88,6 +94,7 @@ included.`,
 	f.StringVar(&o.portRange, "port-range", "20000-20999", "ports for engines, FIRST-LAST")
 	f.Float64Var(&o.decodeMS, "sim-decode-ms-per-token", 20, "the demo engines' decode time per token, milliseconds, with simple timing instead of --sim-gpu")
 	f.StringVar(&o.simGPU, "sim-gpu", "a100-40gb", "the demo engines' GPU profile (llmgw sim serve --sim-gpu): Llama-3.1-8B on it decodes at about 14 ms per token alone")
+	f.Float64Var(&o.simLoadScale, "sim-load-scale", 0, "scale of the demo engines' simulated start, sleep and wake on --sim-gpu, 0..1 (0: ready at once; 1: as long as vLLM takes to load the model there)")
 	f.StringVar(&o.vllmCommand, "vllm-command", "", "program (and leading args, space-separated) the vllm driver runs; default vllm")
 	f.StringVar(&o.llamacppCommand, "llamacpp-command", "", "program (and leading args) the llamacpp driver runs; default llama-server")
 	f.StringVar(&o.simCmd, "sim-command", "", "program (and leading args) the sim driver runs; default this binary's sim")

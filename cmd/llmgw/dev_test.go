@@ -43,8 +43,12 @@ func TestDevListensOnLoopbackOnly(t *testing.T) {
 
 func TestDemoEngineArgs(t *testing.T) {
 	o := devOptions{decodeMS: 20, simGPU: "a100-40gb"}
-	if got, want := o.demoEngineArgs(false), []string{"--sim-gpu", "a100-40gb"}; !slices.Equal(got, want) {
+	if got, want := o.demoEngineArgs(false), []string{"--sim-gpu", "a100-40gb", "--sim-load-scale", "0"}; !slices.Equal(got, want) {
 		t.Errorf("default: %q, want %q", got, want)
+	}
+	o.simLoadScale = 0.25
+	if got, want := o.demoEngineArgs(false), []string{"--sim-gpu", "a100-40gb", "--sim-load-scale", "0.25"}; !slices.Equal(got, want) {
+		t.Errorf("with a load scale: %q, want %q", got, want)
 	}
 	o.decodeMS = 2.5
 	if got, want := o.demoEngineArgs(true), []string{"--sim-timing", "simple", "--sim-decode-ms-per-token", "2.5"}; !slices.Equal(got, want) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -44,7 +45,14 @@ scheduler does, each priced by a roofline of the GPU and the model's shape,
 and the KV cache is sized from the GPU's memory; --sim-timing simple keeps
 the per-request --sim-*-per-token latencies.
 
-PYTHONHASHSEED and VLLM_ALLOW_RUNTIME_LORA_UPDATING
+With --sim-gpu the engine takes as long to start as vLLM would to load the
+model there (its fixed startup, the weights read from disk and copied over
+the host link), and with --enable-sleep-mode a level-1 sleep and a wake each
+copy the weights over the host link; --sim-load-scale scales all three (0:
+at once), --sim-startup-delay sets the start outright.
+
+PYTHONHASHSEED, VLLM_ALLOW_RUNTIME_LORA_UPDATING, VLLM_SERVER_DEV_MODE (1:
+serve /sleep, /wake_up and /is_sleeping, as vLLM's dev mode does)
 and VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (0 or false: hashes in KV events
 as 32-byte digests) are read from the environment, and LLMGW_SIM_FAULTS may hold the fault
 injection settings as JSON ({"slowdown":2,"fail_rate":0.1,"fail_status":503,
@@ -84,6 +92,14 @@ override it.`,
 			switch strings.ToLower(strings.TrimSpace(os.Getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING"))) {
 			case "1", "true":
 				cfg.AllowRuntimeLoRAUpdating = true
+			}
+			if v := strings.TrimSpace(os.Getenv("VLLM_SERVER_DEV_MODE")); v != "" {
+				// vLLM reads it as bool(int(...)): anything else stops it.
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					return fmt.Errorf("VLLM_SERVER_DEV_MODE: %q: must be an integer (1: dev mode)", v)
+				}
+				cfg.DevMode = n != 0
 			}
 			switch strings.ToLower(strings.TrimSpace(os.Getenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"))) {
 			case "0", "false":

@@ -88,7 +88,9 @@ func TestSimServeTakesVLLMDriverArgv(t *testing.T) {
 		{"extra args in vLLM's forms", &llmgwv1.Model{ExtraArgs: []string{
 			"--max-num-seqs", "8", "--max_num_batched_tokens=4096", "--no-enable-prefix-caching", "-tp", "1",
 			"--trust-remote-code", "--dtype", "bfloat16", "--gpu-memory-utilization=0.6", "--disable-log-requests",
-			"--sim-gpu", "l4"}}, []string{"demo"}},
+			"--sim-gpu", "l4", "--sim-load-scale", "0"}}, []string{"demo"}},
+		{"sleep mode", &llmgwv1.Model{Autoscale: &llmgwv1.Autoscale{Max: 2, TargetWaiting: 1, Sleep: true},
+			ExtraArgs: []string{"--sim-gpu", "l4", "--sim-load-scale", "0"}}, []string{"demo"}},
 		{"every feature", &llmgwv1.Model{KvEvents: true, Adapters: adapters,
 			ExtraArgs: []string{"--enable-chunked-prefill", "--long-prefill-token-threshold", "512", "--sim-timing", "simple"}},
 			[]string{"demo", "sql", "legal"}},
@@ -140,6 +142,18 @@ func TestSimServeTakesVLLMDriverArgv(t *testing.T) {
 				if !strings.Contains(body, `"id":"`+id+`"`) {
 					t.Errorf("/v1/models lacks %s: %s", id, body)
 				}
+			}
+			// Sleep mode's endpoints are served exactly when the driver
+			// asks for them (VLLM_SERVER_DEV_MODE).
+			resp, err := http.Get(base + "/is_sleeping")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if sleep := m.GetAutoscale().GetSleep(); sleep != (resp.StatusCode == http.StatusOK) ||
+				(sleep && strings.TrimSpace(string(b)) != `{"is_sleeping":false}`) {
+				t.Errorf("sleep mode %v: /is_sleeping = %s %s", sleep, resp.Status, b)
 			}
 		})
 	}

@@ -8,7 +8,13 @@
 // --served-model-name or --alias, max_model_len from --max-model-len, null
 // without one), and exits on SIGTERM. With LLMGW_FAKE_BUSY naming a
 // file it also serves vLLM's load gauges on GET /metrics: one request
-// running while that file exists, none otherwise. LLMGW_FAKE_MODE bends it:
+// running while that file exists, none otherwise. With
+// VLLM_SERVER_DEV_MODE=1 it serves vLLM's sleep mode as vLLM does: POST
+// /sleep and POST /wake_up answer 200 with no body, GET /is_sleeping
+// {"is_sleeping":bool}, and /health stays 200 while asleep; each call is
+// recorded (Record.Call); while the file LLMGW_FAKE_SLEEP_FAIL names
+// exists, /sleep and /wake_up answer 500 and change nothing.
+// LLMGW_FAKE_MODE bends it:
 //
 //	crash        exit with status 3 shortly after recording
 //	ignore-term  ignore SIGTERM (the supervisor must SIGKILL it)
@@ -27,16 +33,18 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
 
 // Env names the variables that turn a process into a fake engine.
 const (
-	EnvRecord = "LLMGW_FAKE_ENGINE"
-	EnvMode   = "LLMGW_FAKE_MODE"
-	EnvBusy   = "LLMGW_FAKE_BUSY"
-	envChild  = "LLMGW_FAKE_GRANDCHILD"
+	EnvRecord    = "LLMGW_FAKE_ENGINE"
+	EnvMode      = "LLMGW_FAKE_MODE"
+	EnvBusy      = "LLMGW_FAKE_BUSY"
+	EnvSleepFail = "LLMGW_FAKE_SLEEP_FAIL"
+	envChild     = "LLMGW_FAKE_GRANDCHILD"
 )
 
 // Record is one start of the fake engine as it saw itself.
@@ -46,6 +54,9 @@ type Record struct {
 	Pid  int      `json:"pid"`
 	// Grandchild is set on the line a grandchild writes.
 	Grandchild bool `json:"grandchild,omitempty"`
+	// Call is a sleep-mode call the engine answered 200 ("POST
+	// /sleep?level=1"), on a line of its own.
+	Call string `json:"call,omitempty"`
 }
 
 // MaybeRun turns the process into a fake engine when EnvRecord is set, and
@@ -98,7 +109,25 @@ func run(path string) int {
 		fmt.Fprintln(os.Stderr, "fake engine: listen:", err)
 		return 2
 	}
+	var asleep atomic.Bool
+	devMode := os.Getenv("VLLM_SERVER_DEV_MODE") == "1"
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if devMode && (r.URL.Path == "/sleep" || r.URL.Path == "/wake_up") && r.Method == http.MethodPost {
+			if fail := os.Getenv(EnvSleepFail); fail != "" {
+				if _, err := os.Stat(fail); err == nil {
+					http.Error(w, "injected failure", http.StatusInternalServerError)
+					return
+				}
+			}
+			asleep.Store(r.URL.Path == "/sleep")
+			_ = record(path, Record{Pid: os.Getpid(), Call: r.Method + " " + r.URL.RequestURI()})
+			w.WriteHeader(http.StatusOK)
+			return
+		}
+		if devMode && r.URL.Path == "/is_sleeping" {
+			fmt.Fprintf(w, `{"is_sleeping":%v}`, asleep.Load())
+			return
+		}
 		if r.URL.Path == "/health" && mode != "unready" {
 			w.WriteHeader(http.StatusOK)
 			return
