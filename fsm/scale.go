@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 
 	"google.golang.org/protobuf/proto"
 
@@ -32,6 +33,15 @@ const ScaleVersion = TenantsVersion
 // checkAutoscale is an autoscale spec's rules, at the entry points only
 // (validateApplied's comment says why).
 func checkAutoscale(m *llmgwv1.Model) error {
+	// The agent passes --enable-sleep-mode (and vLLM's dev mode, whose
+	// endpoints it calls) exactly when autoscale.sleep asks for it.
+	if m.Engine == "vllm" || m.Engine == "sim" {
+		for i, arg := range m.ExtraArgs {
+			if flag, _, _ := strings.Cut(arg, "="); strings.ReplaceAll(flag, "_", "-") == "--enable-sleep-mode" {
+				return invalid(fmt.Sprintf("extra_args[%d]", i), "--enable-sleep-mode is set by llmgw: use autoscale.sleep")
+			}
+		}
+	}
 	a := m.GetAutoscale()
 	if a == nil {
 		return nil

@@ -40,6 +40,7 @@ func TestCheckAutoscale(t *testing.T) {
 		{"replicas above max", func(m *llmgwv1.Model) { m.Replicas = 5 }, "replicas"},
 		{"sleep on llamacpp", func(m *llmgwv1.Model) { m.Engine, m.Autoscale.Sleep = "llamacpp", true }, "autoscale.sleep"},
 		{"sleep on sim", func(m *llmgwv1.Model) { m.Autoscale.Sleep = true }, ""},
+		{"sleep mode by hand", func(m *llmgwv1.Model) { m.ExtraArgs = []string{"--enable_sleep_mode"} }, "extra_args[0]"},
 		{"cooldown a day and more", func(m *llmgwv1.Model) { m.Autoscale.CooldownS = maxScaleSeconds + 1 }, "autoscale.cooldown_s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
