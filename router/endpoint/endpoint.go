@@ -247,10 +247,11 @@ func New(cfg Config, src Source, log *slog.Logger, reg prometheus.Registerer) (*
 }
 
 // Routable reports whether a replica may receive traffic (design §5.3): it is
-// in desired state, not draining, its model exists, and its latest status
-// for the same uid is READY with an address.
+// in desired state, neither draining nor marked to sleep (design §5.7: the
+// agent puts it to sleep once what it runs has ended), its model exists,
+// and its latest status for the same uid is READY with an address.
 func Routable(st *watch.State, rep *llmgwv1.Replica) (*llmgwv1.ReplicaStatus, bool) {
-	if rep.GetDraining() || st.Models[rep.GetModel()] == nil {
+	if rep.GetDraining() || rep.GetSleeping() || st.Models[rep.GetModel()] == nil {
 		return nil, false
 	}
 	s := st.Status(rep)

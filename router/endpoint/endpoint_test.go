@@ -107,6 +107,7 @@ type rep struct {
 	id, model string
 	uid       uint64
 	draining  bool
+	sleeping  bool
 	// status; zero phase means none reported
 	sUID   uint64
 	phase  llmgwv1.ReplicaPhase
@@ -126,7 +127,7 @@ func stateOf(models []string, reps ...rep) *watch.State {
 		st.Models[m] = &llmgwv1.Model{Name: m}
 	}
 	for _, r := range reps {
-		st.Replicas[r.id] = &llmgwv1.Replica{Id: r.id, Uid: r.uid, Model: r.model, Node: "n1", Draining: r.draining}
+		st.Replicas[r.id] = &llmgwv1.Replica{Id: r.id, Uid: r.uid, Model: r.model, Node: "n1", Draining: r.draining, Sleeping: r.sleeping}
 		if r.phase != 0 {
 			st.Ephemeral["n1"].Statuses[r.id] = &llmgwv1.ReplicaStatus{
 				ReplicaId: r.id, Uid: r.sUID, Phase: r.phase, Address: r.addr, Incarnation: r.inc, MaxModelLen: r.maxLen}
@@ -145,6 +146,8 @@ func TestRoutable(t *testing.T) {
 	}{
 		{"ready", rep{id: "m-0", model: "m", uid: 5, sUID: 5, phase: ready, addr: "a:1"}, true},
 		{"draining", rep{id: "m-0", model: "m", uid: 5, draining: true, sUID: 5, phase: ready, addr: "a:1"}, false},
+		{"marked to sleep, still ready", rep{id: "m-0", model: "m", uid: 5, sleeping: true, sUID: 5, phase: ready, addr: "a:1"}, false},
+		{"asleep", rep{id: "m-0", model: "m", uid: 5, sleeping: true, sUID: 5, phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_SLEEPING, addr: "a:1"}, false},
 		{"model gone", rep{id: "x-0", model: "x", uid: 5, sUID: 5, phase: ready, addr: "a:1"}, false},
 		{"no status", rep{id: "m-0", model: "m", uid: 5}, false},
 		{"old placement's status", rep{id: "m-0", model: "m", uid: 5, sUID: 4, phase: ready, addr: "a:1"}, false},
