@@ -126,6 +126,11 @@ type Config struct {
 	// EnableChunkedPrefill splits prefills over steps to fit the budget;
 	// vLLM V1 has it on.
 	EnableChunkedPrefill bool
+	// SchedulingPolicy is vLLM's --scheduling-policy: "fcfs" (arrival
+	// order) or "priority" (requests' `priority`, lower first, then
+	// arrival; the lowest priority is preempted first). Only then may a
+	// request carry a priority other than 0.
+	SchedulingPolicy string
 
 	// PrefillPerToken is the time to prefill one token the cache did not
 	// supply; DecodePerToken the time per generated token after the first.
@@ -219,6 +224,7 @@ func DefaultConfig() Config {
 		DefaultMaxTokens:      16,
 		GPUMemoryUtilization:  0.9,
 		EnableChunkedPrefill:  true,
+		SchedulingPolicy:      "fcfs",
 		PrefillPerToken:       50 * time.Microsecond,
 		DecodePerToken:        10 * time.Millisecond,
 		LoadScale:             1,
@@ -394,6 +400,9 @@ func (c *Config) validate() error {
 	if c.LongPrefillTokenThreshold < 0 {
 		bad("--long-prefill-token-threshold: %d: must not be negative", c.LongPrefillTokenThreshold)
 	}
+	if c.SchedulingPolicy != "fcfs" && c.SchedulingPolicy != "priority" {
+		bad("--scheduling-policy: invalid choice: %q (choose from 'fcfs', 'priority')", c.SchedulingPolicy)
+	}
 	if c.MaxNumSeqs < 1 {
 		bad("--max-num-seqs: %d: must be at least 1", c.MaxNumSeqs)
 	}
@@ -485,6 +494,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.IntVar(&c.MaxNumSeqs, "max-num-seqs", c.MaxNumSeqs, "sequences running at once; more wait (0: vLLM's default for the GPU, 256 or 1024)")
 	fs.IntVar(&c.MaxNumBatchedTokens, "max-num-batched-tokens", c.MaxNumBatchedTokens, "GPU timing: a step's token budget (0: vLLM's default for the GPU, 2048 or 8192)")
 	fs.IntVar(&c.LongPrefillTokenThreshold, "long-prefill-token-threshold", c.LongPrefillTokenThreshold, "GPU timing: most prefill tokens of one sequence in a step (0: no cap)")
+	fs.StringVar(&c.SchedulingPolicy, "scheduling-policy", c.SchedulingPolicy, "fcfs or priority: the order waiting requests are admitted in (GPU timing) and whether a request may carry a priority")
 	fs.BoolVar(&c.EnableChunkedPrefill, "enable-chunked-prefill", c.EnableChunkedPrefill, "GPU timing: split long prefills over steps")
 	fs.IntVar(&c.NumGPUBlocks, "num-gpu-blocks-override", c.NumGPUBlocks, "KV cache capacity in blocks (0: from --sim-gpu's memory as vLLM derives it, else 2048)")
 	fs.Float64Var(&c.GPUMemoryUtilization, "gpu-memory-utilization", c.GPUMemoryUtilization, "share of GPU memory for weights, activations and KV cache (with --sim-gpu)")

@@ -67,6 +67,10 @@ type engine struct {
 	chunked     bool
 	run         []*gseq // admission order
 	wait        []*gseq // head first
+	// byPriority is vLLM's priority policy: wait is kept in (priority,
+	// arrival) order and the lowest priority is preempted first.
+	byPriority  bool
+	arrivals    uint64
 	wake        chan struct{}
 	preemptions int
 	// deadline is when the last step's time is up, on the engine's clock.
@@ -117,6 +121,7 @@ func newEngine(cfg *Config, obs CacheObserver) *engine {
 		maxBatched:  cfg.MaxNumBatchedTokens,
 		longPrefill: cfg.LongPrefillTokenThreshold,
 		chunked:     cfg.EnableChunkedPrefill,
+		byPriority:  cfg.SchedulingPolicy == "priority",
 		wake:        make(chan struct{}, 1),
 		live:        make(map[*sequence]struct{}),
 	}

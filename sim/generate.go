@@ -25,6 +25,8 @@ type genRequest struct {
 	id           string
 	// lora is the adapter the request named, "" for the base model.
 	lora string
+	// priority is vLLM's request priority (lower first).
+	priority int
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -63,7 +65,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		stream: req.Stream, cacheSalt: req.CacheSalt,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 		id:           "chatcmpl-" + s.baseRequestID(r), lora: s.loraName(req.Model)}
-	if !s.setMaxTokens(w, &g, maxTokens) {
+	if !s.setMaxTokens(w, &g, maxTokens) || !s.setPriority(w, &g, req.Priority) {
 		return
 	}
 	s.serveGeneration(w, r, g)
@@ -107,7 +109,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		cacheSalt:    req.CacheSalt,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 		id:           "cmpl-" + s.baseRequestID(r), lora: s.loraName(req.Model)}
-	if !s.setMaxTokens(w, &g, req.MaxTokens) {
+	if !s.setMaxTokens(w, &g, req.MaxTokens) || !s.setPriority(w, &g, req.Priority) {
 		return
 	}
 	s.serveGeneration(w, r, g)
@@ -128,6 +130,17 @@ func (s *Server) baseRequestID(r *http.Request) string {
 		return id
 	}
 	return s.newID()
+}
+
+// setPriority takes the request's priority, which vLLM's processor
+// refuses unless the engine schedules by priority.
+func (s *Server) setPriority(w http.ResponseWriter, g *genRequest, p int) bool {
+	if p != 0 && s.cfg.SchedulingPolicy != "priority" {
+		badRequest(w, "Got priority %d but Priority scheduling is not enabled.", p)
+		return false
+	}
+	g.priority = p
+	return true
 }
 
 // setMaxTokens applies the default and vLLM's context-length checks.
@@ -481,7 +494,7 @@ func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genReque
 	}
 	ctx, abortedBy := context.WithCancelCause(ctx)
 	defer abortedBy(nil)
-	seq := s.eng.submit(func() { abortedBy(errEngineAborted) }, hashes, allHashes, all, len(g.tokens), g.maxTokens, g.lora, loraID)
+	seq := s.eng.submit(func() { abortedBy(errEngineAborted) }, hashes, allHashes, all, len(g.tokens), g.maxTokens, g.lora, loraID, g.priority)
 	defer s.eng.abort(seq) // a no-op once finished
 	out := s.newStream(w, g)
 	written, cached := 0, 0

@@ -62,6 +62,16 @@ type gseq struct {
 	// tells its handler the engine aborted it.
 	held    bool
 	onAbort func()
+	// priority is the request's (lower first, under the priority policy)
+	// and arrival its place in arrival order: the queue's order.
+	priority int
+	arrival  uint64
+}
+
+// before reports whether a goes ahead of b in the priority policy's queue
+// (vLLM's PriorityRequestQueue: priority, then arrival).
+func (a *gseq) before(b *gseq) bool {
+	return a.priority < b.priority || (a.priority == b.priority && a.arrival < b.arrival)
 }
 
 // numTokens is what the sequence knows: prompt and sampled tokens.
@@ -76,15 +86,33 @@ type stepItem struct {
 // submit queues a request in the stepped engine and wakes the step loop.
 // onAbort, if set, is called (under the engine's lock: it must not call
 // back) when the engine aborts the request.
-func (e *engine) submit(onAbort func(), hashes, allHashes []vllm.BlockHash, all []int, promptLen, maxTokens int, loraName string, loraID int) *gseq {
+func (e *engine) submit(onAbort func(), hashes, allHashes []vllm.BlockHash, all []int, promptLen, maxTokens int, loraName string, loraID, priority int) *gseq {
 	s := &gseq{hashes: hashes, allHashes: allHashes, all: all, promptLen: promptLen, maxTokens: maxTokens,
-		loraName: loraName, loraID: loraID, cached: -1, notify: make(chan struct{}, 1), onAbort: onAbort}
+		loraName: loraName, loraID: loraID, cached: -1, notify: make(chan struct{}, 1), onAbort: onAbort, priority: priority}
 	e.mu.Lock()
 	s.held = e.pause != unpaused
-	e.wait = append(e.wait, s)
+	e.arrivals++
+	s.arrival = e.arrivals
+	e.enqueueLocked(s)
 	e.mu.Unlock()
 	e.kick()
 	return s
+}
+
+// enqueueLocked puts s in the waiting queue: last under FCFS, in
+// (priority, arrival) order under the priority policy.
+func (e *engine) enqueueLocked(s *gseq) {
+	if !e.byPriority {
+		e.wait = append(e.wait, s)
+		return
+	}
+	i, _ := slices.BinarySearchFunc(e.wait, s, func(x, t *gseq) int {
+		if x.before(t) {
+			return -1
+		}
+		return 1
+	})
+	e.wait = slices.Insert(e.wait, i, s)
 }
 
 // kick wakes the step loop if it is idle.
@@ -153,10 +181,30 @@ func (e *engine) scheduleStep(now time.Time) []stepItem {
 			continue
 		}
 		for !e.cache.grow(s.alloc, ceilDiv(s.computed+n, e.blockSize)-s.blocks) {
-			// Preempt the lowest-priority (last admitted) running sequence;
-			// under FCFS that may be s itself.
-			victim := e.run[len(e.run)-1]
-			e.run = e.run[:len(e.run)-1]
+			// Preempt the lowest-priority running sequence: under FCFS
+			// the last admitted, under the priority policy the one last
+			// in (priority, arrival) order; either may be s itself, or
+			// one this step already scheduled, whose tokens go back.
+			v := len(e.run) - 1
+			if e.byPriority {
+				for j, x := range e.run {
+					if e.run[v].before(x) {
+						v = j
+					}
+				}
+			}
+			victim := e.run[v]
+			e.run = slices.Delete(e.run, v, v+1)
+			if v < i {
+				for k, it := range items {
+					if it.seq == victim {
+						budget += it.newTokens
+						items = slices.Delete(items, k, k+1)
+						break
+					}
+				}
+				i--
+			}
 			e.preemptLocked(victim)
 			preempted = true
 			if victim == s {
@@ -212,7 +260,11 @@ func (e *engine) scheduleStep(now time.Time) []stepItem {
 func (e *engine) preemptLocked(s *gseq) {
 	e.freeLocked(s)
 	s.computed, s.state = 0, seqWaiting
-	e.wait = slices.Insert(e.wait, 0, s)
+	if e.byPriority {
+		e.enqueueLocked(s)
+	} else {
+		e.wait = slices.Insert(e.wait, 0, s)
+	}
 	e.preemptions++
 }
 

@@ -3,7 +3,9 @@ package sim
 import (
 	"context"
 	"math/rand/v2"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,6 +62,12 @@ func newGPUEngine(t *testing.T, mutate func(*Config)) *gpuEngine {
 // add submits a fresh prompt (no prefix shared with any other).
 func (g *gpuEngine) add(t *testing.T, prompt, maxTokens int) *gseq {
 	t.Helper()
+	return g.addWith(t, prompt, maxTokens, 0)
+}
+
+// addWith is add with a request priority.
+func (g *gpuEngine) addWith(t *testing.T, prompt, maxTokens, priority int) *gseq {
+	t.Helper()
 	all := make([]int, prompt+maxTokens)
 	for i := range all {
 		all[i] = g.rng.IntN(TokenEOT)
@@ -73,7 +81,7 @@ func (g *gpuEngine) add(t *testing.T, prompt, maxTokens int) *gseq {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return g.submit(nil, hashes, allHashes, all, prompt, maxTokens, "", 0)
+	return g.submit(nil, hashes, allHashes, all, prompt, maxTokens, "", 0, priority)
 }
 
 func (g *gpuEngine) step(t *testing.T) bool {
@@ -230,4 +238,85 @@ func TestRunStepsStopsWithContext(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// TestPriorityScheduling is vLLM's priority policy: the waiting queue is
+// ordered by (priority, arrival), so a request of a higher class (a lower
+// number) that arrives behind others is admitted before them; under FCFS
+// it waits its turn. Under KV pressure the running sequence last in that
+// order is preempted, not the last admitted.
+func TestPriorityScheduling(t *testing.T) {
+	admitted := func(policy string) []int {
+		g := newGPUEngine(t, func(c *Config) { c.MaxNumSeqs, c.SchedulingPolicy = 1, policy })
+		first := g.addWith(t, 64, 4, 5) // runs alone: one slot
+		g.step(t)
+		var order []int
+		seqs := []*gseq{g.addWith(t, 64, 4, 5), g.addWith(t, 64, 4, 5), g.addWith(t, 64, 4, 0)}
+		seen := map[*gseq]bool{first: true}
+		g.until(t, "every request admitted", func() bool {
+			for i, s := range seqs {
+				if !seen[s] && s.state != seqWaiting {
+					seen[s] = true
+					order = append(order, i)
+				}
+			}
+			return len(order) == len(seqs)
+		})
+		return order
+	}
+	if got := admitted("fcfs"); !slices.Equal(got, []int{0, 1, 2}) {
+		t.Errorf("fcfs admitted %v, want arrival order [0 1 2]", got)
+	}
+	if got := admitted("priority"); !slices.Equal(got, []int{2, 0, 1}) {
+		t.Errorf("priority admitted %v, want the priority-0 request first: [2 0 1]", got)
+	}
+
+	// KV pressure: three running sequences that each grow; with too few
+	// blocks for all, the priority policy preempts the priority-9 one
+	// although it was admitted first.
+	g := newGPUEngine(t, func(c *Config) { c.SchedulingPolicy, c.NumGPUBlocks, c.MaxModelLen = "priority", 12, 128 })
+	low := g.addWith(t, 48, 64, 9)
+	g.step(t)
+	mid, high := g.addWith(t, 48, 64, 1), g.addWith(t, 48, 64, 0)
+	// The step that preempts may run nothing: vLLM stops scheduling the
+	// running queue at the request it had to preempt, here the first.
+	for i := 0; g.preemptions == 0; i++ {
+		if i == 1000 {
+			t.Fatal("no preemption in 1000 steps")
+		}
+		g.step(t)
+	}
+	if low.state != seqWaiting || mid.state == seqWaiting || high.state == seqWaiting {
+		t.Fatalf("after the first preemption: low %v, mid %v, high %v; want low preempted", low.state, mid.state, high.state)
+	}
+}
+
+// TestPriorityRefusedUnderFCFS: vLLM's processor refuses a priority other
+// than 0 unless the engine schedules by priority.
+func TestPriorityRefusedUnderFCFS(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		body   string
+		code   int
+	}{
+		{"fcfs", `{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"priority":1}`, http.StatusBadRequest},
+		{"fcfs", `{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"priority":0}`, http.StatusOK},
+		{"priority", `{"model":"llama","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"priority":3}`, http.StatusOK},
+		{"fcfs", `{"model":"llama","prompt":"hi","max_tokens":2,"priority":-1}`, http.StatusBadRequest},
+	} {
+		cfg := testConfig()
+		cfg.SchedulingPolicy = tc.policy
+		_, ts := newTestServer(t, cfg)
+		path := "/v1/chat/completions"
+		if strings.Contains(tc.body, `"prompt"`) {
+			path = "/v1/completions"
+		}
+		resp, body := post(t, ts.URL+path, tc.body)
+		if resp.StatusCode != tc.code {
+			t.Errorf("%s %s: %d %s, want %d", tc.policy, tc.body, resp.StatusCode, body, tc.code)
+		}
+		if tc.code == http.StatusBadRequest && !strings.Contains(string(body), "Priority scheduling is not enabled.") {
+			t.Errorf("%s: %s, want vLLM's words", tc.body, body)
+		}
+	}
 }

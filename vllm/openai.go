@@ -27,6 +27,9 @@ type ChatCompletionRequest struct {
 	ChatTemplateKwargs  json.RawMessage `json:"chat_template_kwargs,omitempty"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt,omitempty"`
 	CacheSalt           string          `json:"cache_salt,omitempty"`
+	// Priority is vLLM's extension: lower is served first when the engine
+	// runs --scheduling-policy priority; anything but 0 is refused otherwise.
+	Priority int `json:"priority,omitempty"`
 }
 
 // CompletionRequest is the part of POST /v1/completions llmgw reads.
@@ -40,6 +43,7 @@ type CompletionRequest struct {
 	MaxTokens     *int            `json:"max_tokens,omitempty"`
 	N             *int            `json:"n,omitempty"`
 	CacheSalt     string          `json:"cache_salt,omitempty"`
+	Priority      int             `json:"priority,omitempty"`
 }
 
 // PromptInput is one completion prompt: text, or token ids given directly.
