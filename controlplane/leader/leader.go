@@ -25,6 +25,13 @@ type Config struct {
 	// Quota times and bounds the leased shares of the tenants' limits
 	// (design §7.7); zero fields take package quota's defaults.
 	Quota quota.Config
+	// PlaceInterval is the least time between the starts of two placement
+	// rounds (placement.go); 0 means DefaultPlaceInterval.
+	PlaceInterval time.Duration
+	// PlaceInFlight bounds the decisions of one kind a round has proposed
+	// and not yet seen committed (placement.go); 0 means
+	// DefaultPlaceInFlight, 1 proposes one at a time in the plan's order.
+	PlaceInFlight int
 }
 
 // Proposer commits commands on the leader (package gate over package
