@@ -403,13 +403,15 @@ func (a *applier) placeReplica(p *llmgwv1.PlaceReplicaCommand) (any, error) {
 }
 
 // checkGPUs refuses a placement of r on node whose GPU indices do not
-// exist there, repeat, or are held by a replica other than r. It reads
-// only the node's replicas (the index).
+// exist there, repeat, or are held by an awake replica other than r. A
+// GPU whose every holder sleeps is free (design §5.7 "Sharing GPUs": a
+// sleeping vLLM has given its memory back), so another replica may be
+// placed on it. It reads only the node's replicas (the index).
 func (f *FSM) checkGPUs(r *llmgwv1.Replica, node *llmgwv1.Node) error {
-	held := map[uint32]string{} // GPU → the first holder, by id
+	held := map[uint32]string{} // GPU → the first awake holder, by id
 	for _, id := range f.index.onNode(r.Node) {
 		o := f.replicas[id]
-		if o.Id == r.Id {
+		if o.Id == r.Id || o.Sleeping {
 			continue
 		}
 		for _, g := range o.GpuIndices {

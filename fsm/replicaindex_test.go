@@ -1,8 +1,10 @@
 package fsm
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -126,6 +128,52 @@ func TestNodeDesiredFollowsIndex(t *testing.T) {
 			}
 			if done["move"] == 0 || done["remove"] == 0 || done["adapter"] == 0 || done["delete model"] == 0 || done["restore"] == 0 {
 				t.Fatalf("the walk missed a kind of command: %v", done)
+			}
+		})
+	}
+}
+
+// TestPlaceOnSleepingGPU: a GPU whose every holder sleeps may be given to
+// a new replica (design §5.7 "Sharing GPUs"); one awake holder keeps it.
+func TestPlaceOnSleepingGPU(t *testing.T) {
+	sleeping := func(r *llmgwv1.Replica) *llmgwv1.Replica { r.Sleeping = true; return r }
+	rep := func(id, model string, gpus ...uint32) *llmgwv1.Replica {
+		return &llmgwv1.Replica{Id: id, Uid: 1, Model: model, Node: "n1", GpuIndices: gpus, Weight: 1}
+	}
+	tests := []struct {
+		name    string
+		held    []*llmgwv1.Replica
+		place   []uint32
+		wantErr string // "" = placed
+	}{
+		{"free GPU", nil, []uint32{0}, ""},
+		{"held by an awake replica", []*llmgwv1.Replica{rep("a-0", "a", 0)}, []uint32{0}, `GPU 0 on node "n1" is already given to "a-0"`},
+		{"held by a sleeping replica", []*llmgwv1.Replica{sleeping(rep("a-0", "a", 0))}, []uint32{0}, ""},
+		{"two GPUs, one sleeping, one free", []*llmgwv1.Replica{sleeping(rep("a-0", "a", 0, 1))}, []uint32{1, 2}, ""},
+		{"held by a sleeper and an awake replica", []*llmgwv1.Replica{sleeping(rep("a-0", "a", 0)), rep("c-0", "c", 0)}, []uint32{0}, `already given to "c-0"`},
+		{"two sleepers", []*llmgwv1.Replica{sleeping(rep("a-0", "a", 0)), sleeping(rep("c-0", "c", 0))}, []uint32{0}, ""},
+		{"one sleeping GPU, one awake", []*llmgwv1.Replica{sleeping(rep("a-0", "a", 0)), rep("a-1", "a", 1)}, []uint32{0, 1}, `GPU 1 on node "n1" is already given to "a-1"`},
+		{"a GPU given twice in one replica", []*llmgwv1.Replica{sleeping(rep("a-0", "a", 0))}, []uint32{0, 0}, "is already given"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st := &llmgwv1.State{Format: SnapshotFormat, Revision: 10,
+				Models: []*llmgwv1.Model{
+					{Name: "a", Engine: "sim", Model: "x", Replicas: 1}, {Name: "b", Engine: "sim", Model: "x", Replicas: 1},
+					{Name: "c", Engine: "sim", Model: "x", Replicas: 1}},
+				Nodes:    []*llmgwv1.Node{{Id: "n1", Gpus: 4, State: llmgwv1.NodeState_NODE_STATE_ACTIVE}},
+				Replicas: tt.held}
+			b, _ := proto.Marshal(st)
+			f := New(Config{})
+			if err := f.Restore(b); err != nil {
+				t.Fatal(err)
+			}
+			_, err := f.Apply(11, place(t, "", "b", "n1", tt.place...))
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("place: %v", err)
+			case tt.wantErr != "" && (err == nil || !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("place: %v, want a conflict saying %q", err, tt.wantErr)
 			}
 		})
 	}
