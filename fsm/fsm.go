@@ -39,7 +39,11 @@ type FSM struct {
 	revision uint64
 	models   map[string]*llmgwv1.Model
 	nodes    map[string]*llmgwv1.Node
+	// replicas is added to and deleted from only through putReplica and
+	// dropReplica, which keep index (replicaindex.go); a record may be
+	// replaced in place when its node and model stay.
 	replicas map[string]*llmgwv1.Replica
+	index    replicaIndex
 	config   *llmgwv1.ClusterConfig
 	ordinals map[string]uint64
 	// adapters holds the adapter placements by adapter name (names are
@@ -83,6 +87,7 @@ func (f *FSM) reset() {
 	f.models = map[string]*llmgwv1.Model{}
 	f.nodes = map[string]*llmgwv1.Node{}
 	f.replicas = map[string]*llmgwv1.Replica{}
+	f.index = newReplicaIndex()
 	f.config = &llmgwv1.ClusterConfig{}
 	f.ordinals = map[string]uint64{}
 	f.adapters = map[string]*llmgwv1.AdapterPlacement{}
@@ -305,11 +310,10 @@ func (a *applier) deleteModel(p *llmgwv1.DeleteModelCommand) (any, error) {
 			a.dropPlacement(p.Adapter)
 		}
 	}
-	for _, r := range sortedValues(a.f.replicas, func(r *llmgwv1.Replica) string { return r.Id }) {
-		if r.Model == m.Name {
-			delete(a.f.replicas, r.Id)
-			a.del(&llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node})
-		}
+	for _, id := range a.f.index.ofModel(m.Name) {
+		r := a.f.replicas[id]
+		a.f.dropReplica(id)
+		a.del(&llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node})
 	}
 	delete(a.f.models, m.Name)
 	delete(a.f.ordinals, m.Name)
@@ -386,23 +390,8 @@ func (a *applier) placeReplica(p *llmgwv1.PlaceReplicaCommand) (any, error) {
 	} else if old.Model != r.Model {
 		return nil, fmt.Errorf("replica %q belongs to model %q, not %q: %w", r.Id, old.Model, r.Model, ErrConflict)
 	}
-	used := map[uint32]string{}
-	for _, o := range a.f.replicas {
-		if o.Node == r.Node && o.Id != r.Id {
-			for _, g := range o.GpuIndices {
-				used[g] = o.Id
-			}
-		}
-	}
-	seen := map[uint32]bool{}
-	for _, g := range r.GpuIndices {
-		if g >= node.Gpus {
-			return nil, fmt.Errorf("replica %q: GPU %d does not exist on node %q (%d GPUs): %w", r.Id, g, r.Node, node.Gpus, ErrConflict)
-		}
-		if holder, ok := used[g]; ok || seen[g] {
-			return nil, fmt.Errorf("replica %q: GPU %d on node %q is already given to %q: %w", r.Id, g, r.Node, holder, ErrConflict)
-		}
-		seen[g] = true
+	if err := a.f.checkGPUs(r, node); err != nil {
+		return nil, err
 	}
 	if r.Weight == 0 {
 		r.Weight = 1
@@ -419,9 +408,40 @@ func (a *applier) placeReplica(p *llmgwv1.PlaceReplicaCommand) (any, error) {
 	if p.Replica.Id == "" {
 		a.f.ordinals[r.Model] = newOrdinal + 1
 	}
-	a.f.replicas[r.Id] = r
+	a.f.putReplica(r)
 	a.put(r)
 	return proto.Clone(r), nil
+}
+
+// checkGPUs refuses a placement of r on node whose GPU indices do not
+// exist there, repeat, or are held by an awake replica other than r. A
+// GPU whose every holder sleeps is free (design §5.7 "Sharing GPUs": a
+// sleeping vLLM has given its memory back), so another replica may be
+// placed on it. It reads only the node's replicas (the index).
+func (f *FSM) checkGPUs(r *llmgwv1.Replica, node *llmgwv1.Node) error {
+	held := map[uint32]string{} // GPU → the first awake holder, by id
+	for _, id := range f.index.onNode(r.Node) {
+		o := f.replicas[id]
+		if o.Id == r.Id || o.Sleeping {
+			continue
+		}
+		for _, g := range o.GpuIndices {
+			if _, ok := held[g]; !ok {
+				held[g] = o.Id
+			}
+		}
+	}
+	seen := map[uint32]bool{}
+	for _, g := range r.GpuIndices {
+		if g >= node.Gpus {
+			return fmt.Errorf("replica %q: GPU %d does not exist on node %q (%d GPUs): %w", r.Id, g, r.Node, node.Gpus, ErrConflict)
+		}
+		if holder, ok := held[g]; ok || seen[g] {
+			return fmt.Errorf("replica %q: GPU %d on node %q is already given to %q: %w", r.Id, g, r.Node, holder, ErrConflict)
+		}
+		seen[g] = true
+	}
+	return nil
 }
 
 // checkReplicaEndpoint holds the replica record of an external engine
@@ -450,7 +470,7 @@ func (a *applier) removeReplica(p *llmgwv1.RemoveReplicaCommand) (any, error) {
 		return nil, nil // an older placement's remove: nothing left to do
 	}
 	a.dropReplicaFromPlacements(r.Id)
-	delete(a.f.replicas, r.Id)
+	a.f.dropReplica(r.Id)
 	a.del(&llmgwv1.Replica{Id: r.Id, Uid: r.Uid, Model: r.Model, Node: r.Node})
 	return nil, nil
 }
@@ -586,7 +606,7 @@ func (f *FSM) Restore(data []byte) error {
 		f.nodes[n.Id] = n
 	}
 	for _, r := range st.Replicas {
-		f.replicas[r.Id] = r
+		f.putReplica(r)
 	}
 	if st.Config != nil {
 		f.config = st.Config
@@ -708,27 +728,36 @@ func (f *FSM) Node(id string) (*llmgwv1.Node, bool) {
 
 // NodeDesired returns what one node should run: its replicas (sorted by id),
 // the models they belong to and the adapter placements naming any of them
-// (sorted by adapter), at one revision.
+// (sorted by adapter), at one revision. Every agent session reads it at
+// every applied entry, so it costs the node's replicas (the index) and the
+// adapter placements, never a pass over every replica.
 func (f *FSM) NodeDesired(node string) *llmgwv1.DesiredReplicas {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	d := &llmgwv1.DesiredReplicas{Revision: f.revision}
-	models := map[string]*llmgwv1.Model{}
-	for _, r := range sortedValues(f.replicas, func(r *llmgwv1.Replica) string { return r.Id }) {
-		if r.Node != node {
-			continue
-		}
+	ids := f.index.onNode(node)
+	var names []string
+	for _, id := range ids {
+		r := f.replicas[id]
 		d.Replicas = append(d.Replicas, proto.Clone(r).(*llmgwv1.Replica))
-		if m, ok := f.models[r.Model]; ok {
-			models[m.Name] = m
+		if _, ok := f.models[r.Model]; ok && !slices.Contains(names, r.Model) {
+			names = append(names, r.Model)
 		}
 	}
-	d.Models = cloneSorted(models, func(m *llmgwv1.Model) string { return m.Name })
-	for _, p := range sortedValues(f.adapters, func(p *llmgwv1.AdapterPlacement) string { return p.Adapter }) {
-		if slices.ContainsFunc(p.Replicas, func(id string) bool { return f.replicas[id].GetNode() == node }) {
+	slices.Sort(names)
+	for _, name := range names {
+		d.Models = append(d.Models, proto.Clone(f.models[name]).(*llmgwv1.Model))
+	}
+	if len(ids) == 0 || len(f.adapters) == 0 {
+		return d
+	}
+	here := f.index.byNode[node]
+	for _, p := range f.adapters {
+		if slices.ContainsFunc(p.Replicas, func(id string) bool { _, ok := here[id]; return ok }) {
 			d.Adapters = append(d.Adapters, proto.Clone(p).(*llmgwv1.AdapterPlacement))
 		}
 	}
+	slices.SortFunc(d.Adapters, func(a, b *llmgwv1.AdapterPlacement) int { return cmp.Compare(a.Adapter, b.Adapter) })
 	return d
 }
 

@@ -374,6 +374,9 @@ func testConfig() Config {
 		DrainTimeout:      time.Minute,
 		AdapterMinIdle:    time.Minute,
 		AdapterRetryAfter: 2 * time.Second,
+		// One decision at a time, in the plan's order: the tests assert
+		// the order (placement_test.go tests PlaceInFlight > 1).
+		PlaceInFlight: 1,
 	}
 }
 

@@ -32,6 +32,13 @@ type Config struct {
 	// TTFTP90 reads the routers' summed TTFT bucket counts
 	// (internal/ttftbuckets): their p90.
 	TTFTP90 func(buckets []uint64) time.Duration
+	// PlaceInterval is the least time between the starts of two placement
+	// rounds (placement.go); 0 means DefaultPlaceInterval.
+	PlaceInterval time.Duration
+	// PlaceInFlight bounds the decisions of one kind a round has proposed
+	// and not yet seen committed (placement.go); 0 means
+	// DefaultPlaceInFlight, 1 proposes one at a time in the plan's order.
+	PlaceInFlight int
 }
 
 // Proposer commits commands on the leader (package gate over package

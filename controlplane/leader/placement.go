@@ -3,23 +3,55 @@ package leader
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	"github.com/llmgw/llmgw/controlplane/placement"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
-// Place runs placement for one term, until ctx is done: one round on every
-// applied entry, every change of the agents' reports (readiness moves
-// rolling placements on) and every ReconcileInterval.
+const (
+	// DefaultPlaceInterval is the least time between two placement rounds.
+	// A round at 2,000 replicas costs ~2 ms (a copy of the state and
+	// placement.Reconcile), so rounds at most this often cost under a
+	// tenth of a core however busy the fleet, and a change made while the
+	// leader is idle is still acted on at once; one made just after a
+	// round waits at most this long, which keeps a scale step within 50 ms
+	// of its decision to its placement's commit (issue 30).
+	DefaultPlaceInterval = 25 * time.Millisecond
+	// DefaultPlaceInFlight bounds a round's decisions in flight at once
+	// (Raft's batch: hashicorp/raft's MaxAppendEntries is 64). Proposed
+	// one after another, 2,000 placements are 2,000 commits back to back;
+	// in flight together, Raft writes and replicates them in batches.
+	DefaultPlaceInFlight = 64
+)
+
+// Place runs placement for one term, until ctx is done: a round on applied
+// entries, on changes of the agents' reports (readiness moves rolling
+// placements on) and every ReconcileInterval — at most one round per
+// PlaceInterval, whatever comes meanwhile (issue 30: an autoscaler writes
+// often, and every agent's report once woke a round over the whole fleet).
+// A change that finds the loop idle past the interval is acted on at once.
+// Pacing, like the tick, is by the real clock: it spreads work, it judges
+// nothing (l.now is the clock of judgements).
 func (l *Leader) Place(ctx context.Context) {
 	l.log.Info("leading; placement started")
 	term := newTerm(l.now())
 	t := time.NewTicker(l.cfg.ReconcileInterval)
 	defer t.Stop()
+	gap := l.cfg.PlaceInterval
+	if gap <= 0 {
+		gap = DefaultPlaceInterval
+	}
+	pace := time.NewTimer(gap)
+	defer pace.Stop()
 	for {
 		_, applied := l.state.Applied()
 		statusChanged := l.reports.Changed()
+		started := time.Now()
 		if l.reconcileOnce(ctx, term) {
 			// A refused decision would be recomputed identically on the
 			// revision its refusal made; wait for the tick instead.
@@ -31,6 +63,16 @@ func (l *Leader) Place(ctx context.Context) {
 		case <-applied:
 		case <-statusChanged:
 		case <-t.C:
+		}
+		// Whatever else applies or reports meanwhile is in the state the
+		// next round reads: one round for all of it.
+		if wait := gap - time.Since(started); wait > 0 {
+			pace.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return
+			case <-pace.C:
+			}
 		}
 	}
 }
@@ -58,7 +100,7 @@ func newTerm(now time.Time) *term {
 func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 	now := l.now()
 	st := l.state.State()
-	failed = l.markDown(ctx, term, st, now)
+	marked, failed := l.markDown(ctx, term, st, now)
 	status := l.reports.StatusOf
 	in := placement.Inputs{
 		Ready: func(r *llmgwv1.Replica) bool {
@@ -99,6 +141,12 @@ func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 		}
 		in.Lost[n.Id] = now.Sub(term.downSeen[n.Id]) >= l.cfg.RescheduleAfter
 	}
+	// A node this round marked DOWN was seen DOWN now, though st, read
+	// before, has it ACTIVE: the grace counts from here, not from the next
+	// round, which pacing may start a little later.
+	for _, id := range marked {
+		term.downSeen[id] = now
+	}
 
 	plan := placement.Reconcile(st, in)
 	for model, n := range plan.Unplaceable {
@@ -109,22 +157,71 @@ func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 		// once it is ready, on a later round (design §5.5).
 		l.log.Info("spreading replicas: a replacement goes to a less-loaded node", "model", mv.Model, "from_node", mv.From, "target_node", mv.To)
 	}
-	for _, r := range plan.Remove {
-		_, _, err := l.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_REMOVE_REPLICA, &llmgwv1.RemoveReplicaCommand{Id: r.Id, Uid: r.Uid})
-		failed = l.recordPlacement("remove", r, err) || failed
-	}
-	for _, r := range plan.Drain {
-		_, _, err := l.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING, &llmgwv1.SetReplicaDrainingCommand{Id: r.Id, Uid: r.Uid})
-		failed = l.recordPlacement("drain", r, err) || failed
-	}
-	for _, r := range plan.Place {
-		res, _, err := l.propose.Propose(ctx, llmgwv1.CommandType_COMMAND_TYPE_PLACE_REPLICA, &llmgwv1.PlaceReplicaCommand{Replica: r})
+	// Removals first (they free GPUs the placements may take), then
+	// drains, then placements; within each, up to PlaceInFlight at once.
+	failed = l.proposeAll(ctx, "remove", plan.Remove, func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
+		return llmgwv1.CommandType_COMMAND_TYPE_REMOVE_REPLICA, &llmgwv1.RemoveReplicaCommand{Id: r.Id, Uid: r.Uid}
+	}) || failed
+	failed = l.proposeAll(ctx, "drain", plan.Drain, func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
+		return llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING, &llmgwv1.SetReplicaDrainingCommand{Id: r.Id, Uid: r.Uid}
+	}) || failed
+	failed = l.proposeAll(ctx, "place", plan.Place, func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
+		return llmgwv1.CommandType_COMMAND_TYPE_PLACE_REPLICA, &llmgwv1.PlaceReplicaCommand{Replica: r}
+	}) || failed
+	return failed
+}
+
+// proposeAll proposes one command per replica of a kind (action), at most
+// PlaceInFlight at once, records each and reports whether any failed. Raft
+// commits the entries in flight together — one log write and one round
+// trip for many — which is what makes placing 2,000 replicas take a second
+// rather than 2,000 commits in a row (issue 30). The decisions of one kind
+// never conflict (placement gave each its own GPUs), so their order in the
+// log only decides which new replica gets which ordinal. Nothing more is
+// proposed once ctx is done.
+func (l *Leader) proposeAll(ctx context.Context, action string, rs []*llmgwv1.Replica, cmd func(*llmgwv1.Replica) (llmgwv1.CommandType, proto.Message)) bool {
+	one := func(r *llmgwv1.Replica) bool {
+		t, msg := cmd(r)
+		res, _, err := l.propose.Propose(ctx, t, msg)
 		if placed, ok := res.(*llmgwv1.Replica); ok {
 			r = placed
 		}
-		failed = l.recordPlacement("place", r, err) || failed
+		return l.recordPlacement(action, r, err)
 	}
-	return failed
+	n := l.cfg.PlaceInFlight
+	if n <= 0 {
+		n = DefaultPlaceInFlight
+	}
+	if n == 1 || len(rs) == 1 {
+		failed := false
+		for _, r := range rs {
+			if ctx.Err() != nil {
+				return true
+			}
+			failed = one(r) || failed
+		}
+		return failed
+	}
+	var (
+		wg      sync.WaitGroup
+		anyFail atomic.Bool
+		slot    = make(chan struct{}, n)
+	)
+	for _, r := range rs {
+		if ctx.Err() != nil {
+			anyFail.Store(true)
+			break
+		}
+		slot <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slot }()
+			if one(r) {
+				anyFail.Store(true)
+			}
+		})
+	}
+	wg.Wait()
+	return anyFail.Load()
 }
 
 // markDown marks ACTIVE nodes DOWN once no control node has held a session
@@ -133,10 +230,11 @@ func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 // failover never reschedules replicas that are still serving (design
 // §5.4). Sessions on other servers are known from the ephemeral plane's
 // session lists; without gossip they are invisible, so a leader without
-// gossip judges only when it is the only server.
-func (l *Leader) markDown(ctx context.Context, term *term, st *llmgwv1.State, now time.Time) (failed bool) {
+// gossip judges only when it is the only server. It returns the nodes it
+// marked.
+func (l *Leader) markDown(ctx context.Context, term *term, st *llmgwv1.State, now time.Time) (marked []string, failed bool) {
 	if !l.cluster.SessionsVisible() {
-		return false
+		return nil, false
 	}
 	for _, n := range st.Nodes {
 		if n.State != llmgwv1.NodeState_NODE_STATE_ACTIVE {
@@ -159,8 +257,9 @@ func (l *Leader) markDown(ctx context.Context, term *term, st *llmgwv1.State, no
 			continue
 		}
 		l.log.Warn("node marked down: no agent session", "target_node", n.Id, "since", at)
+		marked = append(marked, n.Id)
 	}
-	return failed
+	return marked, failed
 }
 
 func (l *Leader) recordPlacement(action string, r *llmgwv1.Replica, err error) bool {

@@ -300,7 +300,7 @@ func TestMarkDown(t *testing.T) {
 				r.sessions.detached["n1"] = t0.Add(*tt.detached)
 			}
 			r.clock.Add(tt.elapsed)
-			if failed := r.l.markDown(context.Background(), term, r.desired.State(), r.clock.Now()); failed {
+			if _, failed := r.l.markDown(context.Background(), term, r.desired.State(), r.clock.Now()); failed {
 				t.Fatal("markDown reported a failure; the fake refuses nothing")
 			}
 			wantProposals(t, r.prop.proposed(), tt.want)

@@ -61,12 +61,83 @@ type Inputs struct {
 	Lost map[string]bool
 }
 
+// nodeFree is a node's GPUs as one Reconcile sees them, changed by the
+// placements it plans.
 type nodeFree struct {
 	node *llmgwv1.Node
-	free []uint32 // free GPU indices, ascending
+	free []uint32 // GPU indices no replica holds, ascending
+	// asleep holds the GPUs whose every holder sleeps, with the models of
+	// those holders: free to any other model, since a sleeping engine has
+	// given its GPU memory back (design §5.7 "Sharing GPUs"); not to the
+	// sleepers' own model, which wakes one instead.
+	asleep map[uint32][]string
 }
 
-// Reconcile compares each model's replica count with its placements:
+// avail is how many GPUs a new replica of model may take here.
+func (nf *nodeFree) avail(model string) int {
+	n := len(nf.free)
+	for _, models := range nf.asleep {
+		if !slices.Contains(models, model) {
+			n++
+		}
+	}
+	return n
+}
+
+// take gives n GPUs to a new replica of model: free ones first (a sleeper
+// keeps its GPU while there is another), then sleeping ones, lowest index
+// first.
+func (nf *nodeFree) take(model string, n int) []uint32 {
+	out := slices.Clone(nf.free[:min(n, len(nf.free))])
+	nf.free = nf.free[len(out):]
+	if len(out) < n {
+		gs := make([]uint32, 0, len(nf.asleep))
+		for g, models := range nf.asleep {
+			if !slices.Contains(models, model) {
+				gs = append(gs, g)
+			}
+		}
+		slices.Sort(gs)
+		for _, g := range gs[:n-len(out)] {
+			out = append(out, g)
+			delete(nf.asleep, g)
+		}
+		slices.Sort(out)
+	}
+	return out
+}
+
+// EffectiveReplicas is the count placement works to for m (design §5.7
+// "Where the count lives"): for an autoscaled model the autoscaler's count
+// in st.Scales, or m.Replicas while it has decided none, clamped to
+// [autoscale.min, autoscale.max] (a max of 0, unset, bounds nothing
+// above); for any other model m.Replicas. The console and ModelStatus
+// show the same figure.
+func EffectiveReplicas(st *llmgwv1.State, m *llmgwv1.Model) uint32 {
+	as := m.GetAutoscale()
+	if as == nil {
+		return m.GetReplicas()
+	}
+	n := m.GetReplicas()
+	scales := st.GetScales()
+	// Sorted by model (the FSM's State); a scan if a caller's are not.
+	i, ok := slices.BinarySearchFunc(scales, m.GetName(), func(s *llmgwv1.ModelScale, name string) int { return cmp.Compare(s.GetModel(), name) })
+	if !ok {
+		i = slices.IndexFunc(scales, func(s *llmgwv1.ModelScale) bool { return s.GetModel() == m.GetName() })
+		ok = i >= 0
+	}
+	if ok {
+		n = scales[i].GetReplicas()
+	}
+	n = max(n, as.GetMin())
+	if as.GetMax() > 0 {
+		n = min(n, max(as.GetMax(), as.GetMin()))
+	}
+	return n
+}
+
+// Reconcile compares each model's effective replica count
+// (EffectiveReplicas) with its placements:
 //   - draining replicas count for nothing; a drained one is removed;
 //   - replicas on lost nodes are removed, and count for nothing;
 //   - missing replicas go to ACTIVE nodes that match the model's
@@ -93,34 +164,51 @@ type nodeFree struct {
 //     among equals), so a scale-down keeps the spread; a ready one drains
 //     only once every replica kept is ready, so a spread move never dips
 //     below the count either;
+//   - a sleeping replica (design §5.7) counts as placed, but its GPUs
+//     are free to other models' new replicas (nodeFree.asleep);
 //   - engine "external" runs nothing on the nodes: each of its endpoints is
 //     one replica, owned by an agent that probes it (Plan.external).
 func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)
 	drained := orFalse(in.Drained)
 	plan := Plan{Unplaceable: map[string]int{}}
-	// One pass over the replicas: GPUs in use per node, replicas per model.
-	used := map[string]map[uint32]bool{}
+	// One pass over the replicas: GPUs held awake and asleep per node,
+	// replicas per model.
+	awake := map[string]map[uint32]bool{}
+	asleep := map[string]map[uint32][]string{}
 	byModel := map[string][]*llmgwv1.Replica{}
 	for _, r := range st.GetReplicas() {
 		byModel[r.Model] = append(byModel[r.Model], r)
-		if in.Lost[r.Node] {
+		if in.Lost[r.Node] || len(r.GpuIndices) == 0 {
 			continue
 		}
-		if used[r.Node] == nil {
-			used[r.Node] = map[uint32]bool{}
-		}
 		for _, g := range r.GpuIndices {
-			used[r.Node][g] = true
+			if r.Sleeping {
+				if asleep[r.Node] == nil {
+					asleep[r.Node] = map[uint32][]string{}
+				}
+				if !slices.Contains(asleep[r.Node][g], r.Model) {
+					asleep[r.Node][g] = append(asleep[r.Node][g], r.Model)
+				}
+				continue
+			}
+			if awake[r.Node] == nil {
+				awake[r.Node] = map[uint32]bool{}
+			}
+			awake[r.Node][g] = true
 		}
 	}
 	nodeByID := map[string]*llmgwv1.Node{}
 	nodes := map[string]*nodeFree{}
 	for _, n := range st.GetNodes() {
 		nodeByID[n.Id] = n
-		nf := &nodeFree{node: n}
+		nf := &nodeFree{node: n, asleep: map[uint32][]string{}}
 		for g := uint32(0); g < n.Gpus; g++ {
-			if !used[n.Id][g] {
+			switch {
+			case awake[n.Id][g]:
+			case asleep[n.Id][g] != nil:
+				nf.asleep[g] = asleep[n.Id][g]
+			default:
 				nf.free = append(nf.free, g)
 			}
 		}
@@ -165,7 +253,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 				perNode[r.Node]++
 			}
 		}
-		want := int(m.Replicas)
+		want := int(EffectiveReplicas(st, m))
 		if len(stay) == want && len(moving) == 0 && countReady(stay, ready) == want && allActive(stay, nodeByID) {
 			if mv, ok := spreadRule(nodes, perNode, m); ok {
 				plan.Spread = append(plan.Spread, mv)
@@ -217,8 +305,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 // place adds a new replica of m on nf, taking its GPUs from nf's free
 // ones.
 func (p *Plan) place(nf *nodeFree, perNode map[string]int, m *llmgwv1.Model) {
-	gpus := slices.Clone(nf.free[:m.GpusPerReplica])
-	nf.free = nf.free[m.GpusPerReplica:]
+	gpus := nf.take(m.Name, int(m.GpusPerReplica))
 	perNode[nf.node.Id]++
 	p.Place = append(p.Place, &llmgwv1.Replica{Model: m.Name, Node: nf.node.Id, GpuIndices: gpus, Weight: 1})
 }
@@ -350,20 +437,20 @@ func sortedReplicas(rs []*llmgwv1.Replica, model string) []*llmgwv1.Replica {
 func pick(nodes map[string]*nodeFree, perNode map[string]int, m *llmgwv1.Model) *nodeFree {
 	var best *nodeFree
 	for _, nf := range nodes {
-		if nf.node.State != llmgwv1.NodeState_NODE_STATE_ACTIVE || len(nf.free) < int(m.GpusPerReplica) || !Matches(nf.node, m.NodeSelector) {
+		if nf.node.State != llmgwv1.NodeState_NODE_STATE_ACTIVE || nf.avail(m.Name) < int(m.GpusPerReplica) || !Matches(nf.node, m.NodeSelector) {
 			continue
 		}
-		if best == nil || better(nf, best, perNode) {
+		if best == nil || better(nf, best, perNode, m.Name) {
 			best = nf
 		}
 	}
 	return best
 }
 
-func better(a, b *nodeFree, perNode map[string]int) bool {
+func better(a, b *nodeFree, perNode map[string]int, model string) bool {
 	return cmp.Or(
 		cmp.Compare(perNode[a.node.Id], perNode[b.node.Id]),
-		cmp.Compare(len(b.free), len(a.free)),
+		cmp.Compare(b.avail(model), a.avail(model)),
 		cmp.Compare(a.node.Id, b.node.Id),
 	) < 0
 }

@@ -46,16 +46,26 @@ type fakeAgent struct {
 	sessions atomic.Int64 // sessions opened (1 when none broke)
 	lastErr  atomic.Value // string: why the last session ended
 	desired  atomic.Int64 // replicas in the last DesiredReplicas
+	draining atomic.Int64 // of them, draining
+	// markAt is set by the harness before a step (Unix ns); firstAt and
+	// lastAt are when the desired set first and last changed since (ids,
+	// uids or draining), so a step is timed at the agent, whatever the
+	// harness's polling.
+	markAt, firstAt, lastAt atomic.Int64
 }
 
 // fakeReplica is one placed replica and its block set, oldest first.
 type fakeReplica struct {
 	id, model string
 	uid       uint64
-	reported  bool // its status and KV reset were sent in this session
-	set       []uint64
-	head      int // set[head] is the oldest block
-	next      uint64
+	// draining: the control plane drains it; a live agent reports it
+	// STOPPED at once (stopped: sent), as the real agent does once
+	// nothing runs in the engine — nothing ever does here.
+	draining, stopped bool
+	reported          bool // its status and KV reset were sent in this session
+	set               []uint64
+	head              int // set[head] is the oldest block
+	next              uint64
 }
 
 func (a *fakeAgent) setRate(perSec float64) { a.rate.Store(uint64FromFloat(perSec)) }
@@ -180,16 +190,25 @@ func (a *fakeAgent) receive(st llmgwv1.AgentService_AttachClient, askFull chan<-
 func (a *fakeAgent) setDesired(d *llmgwv1.DesiredReplicas) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	changed := false
 	keep := map[string]bool{}
+	draining := 0
 	for _, r := range d.GetReplicas() {
 		keep[r.GetId()] = true
+		if r.GetDraining() {
+			draining++
+		}
 		if old := a.reps[r.GetId()]; old != nil && old.uid == r.GetUid() {
+			changed = changed || old.draining != r.GetDraining()
+			old.draining = r.GetDraining()
 			continue
 		}
-		a.reps[r.GetId()] = &fakeReplica{id: r.GetId(), model: r.GetModel(), uid: r.GetUid()}
+		changed = true
+		a.reps[r.GetId()] = &fakeReplica{id: r.GetId(), model: r.GetModel(), uid: r.GetUid(), draining: r.GetDraining()}
 	}
 	for id := range a.reps {
 		if !keep[id] {
+			changed = true
 			delete(a.reps, id)
 		}
 	}
@@ -202,6 +221,14 @@ func (a *fakeAgent) setDesired(d *llmgwv1.DesiredReplicas) {
 		}
 	}
 	a.desired.Store(int64(len(a.reps)))
+	a.draining.Store(int64(draining))
+	if changed {
+		now := time.Now().UnixNano()
+		if a.firstAt.Load() < a.markAt.Load() {
+			a.firstAt.Store(now)
+		}
+		a.lastAt.Store(now)
+	}
 }
 
 // update builds the next update: a full copy, or the delta of statuses
@@ -231,14 +258,26 @@ func (a *fakeAgent) update(epoch, seq uint64, full bool, pairs int) (*llmgwv1.Ep
 		if !live {
 			continue
 		}
-		if id != a.probeID {
+		if id != a.probeID && !r.draining {
 			churn = append(churn, r)
+		}
+		phase := llmgwv1.ReplicaPhase_REPLICA_PHASE_READY
+		if r.draining {
+			phase = llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED
+		}
+		if r.draining && !r.stopped && r.reported && !full {
+			r.stopped = true
+			u.Statuses = append(u.Statuses, &llmgwv1.ReplicaStatus{
+				ReplicaId: id, Uid: r.uid, Incarnation: 1, Model: r.model, Node: a.id,
+				Phase: phase, UpdatedUnixNano: time.Now().UnixNano(),
+			})
 		}
 		if full || !r.reported {
 			r.reported = true
+			r.stopped = r.draining
 			u.Statuses = append(u.Statuses, &llmgwv1.ReplicaStatus{
 				ReplicaId: id, Uid: r.uid, Incarnation: 1, Model: r.model, Node: a.id,
-				Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY, Address: fakeAddr, UpdatedUnixNano: time.Now().UnixNano(),
+				Phase: phase, Address: fakeAddr, UpdatedUnixNano: time.Now().UnixNano(),
 			})
 			kv := &llmgwv1.KVBlocks{ReplicaId: id, Uid: r.uid, Incarnation: 1, Reset_: true, BlockSize: 16}
 			if id == a.probeID {

@@ -10,9 +10,13 @@
 //
 // For each fleet size (--replicas) it starts a fresh cluster, applies one
 // model of that many replicas with a node selector only the fake nodes
-// match, waits until every router's index holds every replica's blocks,
-// then measures a window at each event rate (--rates, increasing) until
-// the KV lag p99 passes --lag-limit:
+// match and times its placement; times --scale-steps scale steps of the
+// model (down by one replica and back up, each from the apply to the
+// affected agent's new desired set: placement's reaction to a changed
+// count, issue 30); with --place-only it stops there. Otherwise it waits
+// until every router's index holds every replica's blocks, then measures a
+// window at each event rate (--rates, increasing) until the KV lag p99
+// passes --lag-limit:
 //
 //   - control CPU (cores, from /proc/PID/stat) and memory (VmRSS, Go heap
 //     in use), per replica and per 1 k events/s;
@@ -68,6 +72,15 @@ type config struct {
 	profileDir       string
 	jsonOut, keep    bool
 	heartbeatTimeout time.Duration
+	ports            portRange
+	// placeOnly stops each fleet after its placement and scale steps:
+	// no KV sweep, no fan-out.
+	placeOnly  bool
+	scaleSteps int
+	// scaleRate: with placeOnly, the steps are timed again with the
+	// agents live (reporting, a drained replica STOPPED at once) at this
+	// many KV events/s; 0 skips them.
+	scaleRate float64
 }
 
 func (c config) validate() error {
@@ -88,6 +101,12 @@ func (c config) validate() error {
 		return errors.New("--probe-interval, --probe-poll, --probe-timeout: must be positive")
 	case c.lagLimit <= 0 || c.setupTimeout <= 0:
 		return errors.New("--lag-limit, --setup-timeout: must be positive")
+	case c.scaleSteps < 0:
+		return fmt.Errorf("--scale-steps: must not be negative, got %d", c.scaleSteps)
+	case c.scaleRate < 0:
+		return fmt.Errorf("--scale-rate: must not be negative, got %g", c.scaleRate)
+	case c.ports.lo != 0 && c.ports.hi-c.ports.lo+1 < 15+3*(c.routers+c.addRouters):
+		return fmt.Errorf("--ports: %d ports, want at least %d (5 a server, 3 a router)", c.ports.hi-c.ports.lo+1, 15+3*(c.routers+c.addRouters))
 	}
 	for _, r := range c.replicas {
 		if r < c.perAgent {
@@ -104,7 +123,7 @@ func (c config) validate() error {
 
 func main() {
 	cfg := config{}
-	var replicas, rates string
+	var replicas, rates, ports string
 	flag.StringVar(&cfg.llmgw, "llmgw", "", "the llmgw binary; it must serve pprof as the harness's build does (default: build ./cmd/llmgw with the pprof overlay into a temporary directory)")
 	flag.StringVar(&replicas, "replicas", "100,500,2000", "fleet sizes, in replicas, comma-separated; each gets a fresh cluster")
 	flag.IntVar(&cfg.perAgent, "replicas-per-agent", 8, "replicas (GPUs) per fake node")
@@ -125,6 +144,10 @@ func main() {
 	flag.StringVar(&cfg.profileDir, "profile-dir", "", "save a CPU profile of every server (and the first router) per point into this directory")
 	flag.BoolVar(&cfg.jsonOut, "json", false, "print the result as JSON")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the processes' data and logs (their directory is printed)")
+	flag.StringVar(&ports, "ports", "", "LO-HI: the loopback ports the servers and routers listen on (default: any free port)")
+	flag.BoolVar(&cfg.placeOnly, "place-only", false, "measure each fleet's placement and scale steps only: no KV sweep, no fan-out")
+	flag.IntVar(&cfg.scaleSteps, "scale-steps", 5, "after placement, scale the model down by one and back up this many times, each step timed from the apply to the placement's commit and to the agent's new desired set")
+	flag.Float64Var(&cfg.scaleRate, "scale-rate", 10000, "with --place-only: time the scale steps again with the agents live (every agent reporting each flush, a drained replica STOPPED at once) at this many KV events/s over the fleet; 0 skips")
 	flag.Parse()
 	var err error
 	if cfg.replicas, err = parseInts(replicas); err != nil {
@@ -133,6 +156,10 @@ func main() {
 	}
 	if cfg.rates, err = parseFloats(rates); err != nil {
 		fmt.Fprintln(os.Stderr, "fleetsim: --rates:", err)
+		os.Exit(2)
+	}
+	if cfg.ports, err = parsePorts(ports); err != nil {
+		fmt.Fprintln(os.Stderr, "fleetsim: --ports:", err)
 		os.Exit(2)
 	}
 	if err := cfg.validate(); err != nil {

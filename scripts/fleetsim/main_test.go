@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -276,5 +277,43 @@ func TestPairs(t *testing.T) {
 				t.Errorf("pairs = %d, acc %v; want %d, acc %v", got, acc, tt.want, tt.wantLeft)
 			}
 		})
+	}
+}
+
+// TestAgentStopsDraining: a live agent reports a replica the control plane
+// drains STOPPED once, at its next update (nothing runs in a fake engine),
+// and churns it no more; a full copy says STOPPED too.
+func TestAgentStopsDraining(t *testing.T) {
+	a := &fakeAgent{id: "n1", replicas: 3, blocks: 4, reps: map[string]*fakeReplica{}, seed: 1}
+	d := &llmgwv1.DesiredReplicas{}
+	for i := range 3 {
+		d.Replicas = append(d.Replicas, &llmgwv1.Replica{Id: fmt.Sprintf("m-%d", i), Uid: uint64(10 + i), Model: "m"})
+	}
+	a.setDesired(d)
+	a.live.Store(true)
+	a.update(1, 1, true, 0)
+	d.Replicas[2].Draining = true
+	a.setDesired(d)
+	phases := func(u *llmgwv1.EphemeralUpdate) map[string]llmgwv1.ReplicaPhase {
+		out := map[string]llmgwv1.ReplicaPhase{}
+		for _, s := range u.GetStatuses() {
+			out[s.ReplicaId] = s.Phase
+		}
+		return out
+	}
+	u, _ := a.update(1, 2, false, 8)
+	if got := phases(u); len(got) != 1 || got["m-2"] != llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED {
+		t.Fatalf("after the drain: statuses %v, want m-2 STOPPED only", got)
+	}
+	for _, kv := range u.Kv {
+		if kv.ReplicaId == "m-2" {
+			t.Fatalf("a draining replica churns: %v", kv)
+		}
+	}
+	if u, _ := a.update(1, 3, false, 0); len(u.GetStatuses()) != 0 {
+		t.Fatalf("STOPPED sent again: %v", u.GetStatuses())
+	}
+	if got := phases(func() *llmgwv1.EphemeralUpdate { u, _ := a.update(2, 1, true, 0); return u }()); got["m-2"] != llmgwv1.ReplicaPhase_REPLICA_PHASE_STOPPED || got["m-0"] != llmgwv1.ReplicaPhase_REPLICA_PHASE_READY {
+		t.Fatalf("full copy: %v, want m-2 STOPPED, the others READY", got)
 	}
 }

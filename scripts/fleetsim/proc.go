@@ -251,20 +251,59 @@ func parseMetrics(r io.Reader, names []string) (map[string]float64, error) {
 	return out, sc.Err()
 }
 
-// freePorts returns n distinct loopback addresses nothing listens on now.
-func freePorts(n int, seen map[string]bool) ([]string, error) {
+// portRange is where the harness's listeners go: the loopback ports lo
+// to hi, or any free ephemeral port when lo is 0 (--ports).
+type portRange struct{ lo, hi int }
+
+// parsePorts reads "LO-HI"; "" is any free port.
+func parsePorts(s string) (portRange, error) {
+	if s == "" {
+		return portRange{}, nil
+	}
+	a, b, ok := strings.Cut(s, "-")
+	lo, err1 := strconv.Atoi(strings.TrimSpace(a))
+	hi, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if !ok || err1 != nil || err2 != nil || lo < 1 || hi > 65535 || lo > hi {
+		return portRange{}, fmt.Errorf("want LO-HI with 1 <= LO <= HI <= 65535, got %q", s)
+	}
+	return portRange{lo, hi}, nil
+}
+
+// free returns n distinct loopback addresses nothing listens on now, from
+// the range (the lowest free first) or, without one, from the kernel's
+// ephemeral ports.
+func (pr portRange) free(n int, seen map[string]bool) ([]string, error) {
 	out := make([]string, 0, n)
-	for len(out) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	if pr.lo == 0 {
+		for len(out) < n {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return nil, err
+			}
+			a := l.Addr().String()
+			l.Close()
+			if !seen[a] {
+				seen[a] = true
+				out = append(out, a)
+			}
+		}
+		return out, nil
+	}
+	for p := pr.lo; p <= pr.hi && len(out) < n; p++ {
+		a := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+		if seen[a] {
+			continue
+		}
+		l, err := net.Listen("tcp", a)
 		if err != nil {
-			return nil, err
+			continue // taken
 		}
-		a := l.Addr().String()
 		l.Close()
-		if !seen[a] {
-			seen[a] = true
-			out = append(out, a)
-		}
+		seen[a] = true
+		out = append(out, a)
+	}
+	if len(out) < n {
+		return nil, fmt.Errorf("--ports %d-%d: fewer than %d free ports left", pr.lo, pr.hi, n)
 	}
 	return out, nil
 }

@@ -40,14 +40,23 @@ func (c config) public() publicConfig {
 
 // fleetResult is one fleet size's figures.
 type fleetResult struct {
-	Replicas          int     `json:"replicas"`
-	Agents            int     `json:"agents"`
-	ReplicasPerAgent  int     `json:"replicas_per_agent"`
-	BlocksPerReplica  int     `json:"blocks_per_replica"`
-	Entries           int     `json:"entries"`
-	Routers           int     `json:"routers"`
-	PlaceSeconds      float64 `json:"place_seconds"`
-	FirstIndexSeconds float64 `json:"first_index_seconds"`
+	Replicas         int     `json:"replicas"`
+	Agents           int     `json:"agents"`
+	ReplicasPerAgent int     `json:"replicas_per_agent"`
+	BlocksPerReplica int     `json:"blocks_per_replica"`
+	Entries          int     `json:"entries"`
+	Routers          int     `json:"routers"`
+	PlaceSeconds     float64 `json:"place_seconds"`
+	// RegisterSeconds is the agents' start to every node registered (a
+	// part of PlaceSeconds); ApplyToPlacedSeconds the model's apply to the
+	// last agent's desired set holding its replicas.
+	// ApplyToCommittedSeconds is the apply to the last replica's commit,
+	// as the leader's watch saw it (commits.go).
+	RegisterSeconds         float64     `json:"register_seconds"`
+	ApplyToCommittedSeconds float64     `json:"apply_to_committed_seconds"`
+	ApplyToPlacedSeconds    float64     `json:"apply_to_placed_seconds"`
+	ScaleSteps              []scaleStep `json:"scale_steps,omitempty"`
+	FirstIndexSeconds       float64     `json:"first_index_seconds"`
 
 	// Per replica: the loaded, idle fleet against the servers before any
 	// agent attached, both after a GC (mean of the 3 servers); the idle
@@ -105,6 +114,26 @@ type point struct {
 	AgentSessions    int64   `json:"agent_sessions_opened"`
 	EntriesOK        bool    `json:"router_entries_exact"`
 	LoadAvg          string  `json:"load_avg"`
+}
+
+// scaleStep is one change of the model's count by one replica, timed at
+// the agents: from the start of the apply call to the first and the last
+// change of an agent's desired set that followed.
+type scaleStep struct {
+	Kind string `json:"kind"` // "down" (one fewer) or "up" (back)
+	// Live: the agents were reporting at each flush (--scale-rate).
+	Live bool `json:"live,omitempty"`
+	// ApplyMs is the ApplyModel call: the decision's own commit.
+	ApplyMs float64 `json:"apply_ms"`
+	// CommitFirstMs is to placement's first decision committed, as the
+	// leader's watch saw it (down: the replica draining; up: the new
+	// replica); CommitDoneMs to its last (down: the drained replica
+	// removed). FirstMs and DoneMs are the same at the agents: the first
+	// and last change of a desired set.
+	CommitFirstMs float64 `json:"commit_first_ms"`
+	CommitDoneMs  float64 `json:"commit_done_ms"`
+	FirstMs       float64 `json:"agent_first_ms"`
+	DoneMs        float64 `json:"agent_done_ms"`
 }
 
 // procUsage is one process over a window.
@@ -257,6 +286,19 @@ func (r *result) print(w io.Writer, asJSON bool) {
 	for _, f := range r.Fleets {
 		fmt.Fprintf(w, "\n%d replicas (%d agents), %d entries, %d routers; placed in %.1f s, routers' index full %.1f s later\n",
 			f.Replicas, f.Agents, f.Entries, f.Routers, f.PlaceSeconds, f.FirstIndexSeconds)
+		fmt.Fprintf(w, "nodes registered in %.1f s; apply → every replica committed %.2f s, in its agent's desired set %.2f s\n",
+			f.RegisterSeconds, f.ApplyToCommittedSeconds, f.ApplyToPlacedSeconds)
+		for _, st := range f.ScaleSteps {
+			live := "idle"
+			if st.Live {
+				live = "live"
+			}
+			fmt.Fprintf(w, "scale %-4s (%s) apply %.1f ms; placement committed: first %.1f ms, done %.1f ms; at the agent: first %.1f ms, done %.1f ms\n",
+				st.Kind, live, st.ApplyMs, st.CommitFirstMs, st.CommitDoneMs, st.FirstMs, st.DoneMs)
+		}
+		if f.Idle == nil {
+			continue // --place-only
+		}
 		fmt.Fprintf(w, "control per replica: RSS %.1f KiB, heap %.1f KiB, idle CPU ÷ replicas %.4f cores per 1k; router per 1 M entries: RSS %.1f MiB, heap %.1f MiB\n",
 			f.ControlRSSPerReplicaKB, f.ControlHeapPerReplicaKB, f.ControlCoresPerKReplica, f.RouterRSSPerMEntriesMB, f.RouterHeapPerMEntriesMB)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

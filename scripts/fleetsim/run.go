@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,7 +19,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/llmgw/llmgw/chunking"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
@@ -159,10 +162,33 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 	}); err != nil {
 		return res, err
 	}
-	if _, err := fl.admin[0].ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: &llmgwv1.Model{
+	res.RegisterSeconds = time.Since(t0).Seconds()
+	model := &llmgwv1.Model{
 		Name: "fleet", Engine: "sim", Model: "fleetsim/fake", Replicas: uint32(replicas), GpusPerReplica: 1,
 		NodeSelector: map[string]string{fleetLabel: "1"}, KvEvents: true,
-	}}); err != nil {
+	}
+	// The leader's watch times placement's commits (commits.go), until the
+	// scale steps are done: the KV sweep's updates are not for it.
+	li, err := fl.leader(ctx)
+	if err != nil {
+		return res, err
+	}
+	commits := &commitLog{}
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan error, 1)
+	go func() { watchDone <- commits.follow(watchCtx, llmgwv1.NewWatchServiceClient(fl.conns[li])) }()
+	endWatch := func() error {
+		stopWatch()
+		if err := <-watchDone; !isCanceled(err) {
+			return fmt.Errorf("the leader's watch ended: %w", err)
+		}
+		return nil
+	}
+	applyStart := time.Now()
+	fl.mark(applyStart)
+	applied, err := fl.admin[li].ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: model})
+	if err != nil {
+		_ = endWatch()
 		return res, fmt.Errorf("apply model: %w", err)
 	}
 	if err := fl.waitFor(ctx, "every replica placed and known to every server", func() (bool, string) {
@@ -187,6 +213,43 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 		return res, err
 	}
 	res.PlaceSeconds = time.Since(t0).Seconds()
+	if _, last, ok := fl.changedSince(applyStart); ok {
+		res.ApplyToPlacedSeconds = last.Sub(applyStart).Seconds()
+	}
+	if _, last, ok := commits.span(applied.Revision); ok {
+		res.ApplyToCommittedSeconds = last.Sub(applyStart).Seconds()
+	}
+	log.Info("placed", "replicas", replicas, "register_s", res.RegisterSeconds, "apply_to_committed_s", res.ApplyToCommittedSeconds,
+		"apply_to_placed_s", res.ApplyToPlacedSeconds)
+	if cfg.scaleSteps > 0 {
+		steps, err := fl.scale(ctx, li, commits, model, replicas, cfg.scaleSteps, false)
+		res.ScaleSteps = steps
+		if err == nil && cfg.placeOnly && cfg.scaleRate > 0 {
+			// Again with every agent reporting at each flush: the
+			// leader's placement loop is woken by reports all along.
+			for _, a := range fl.agents {
+				a.live.Store(true)
+				a.setRate(cfg.scaleRate / float64(len(fl.agents)))
+			}
+			if err = sleep(ctx, cfg.warmup); err == nil {
+				steps, err = fl.scale(ctx, li, commits, model, replicas, cfg.scaleSteps, true)
+				res.ScaleSteps = append(res.ScaleSteps, steps...)
+			}
+			for _, a := range fl.agents {
+				a.setRate(0)
+			}
+		}
+		if err != nil {
+			_ = endWatch()
+			return res, err
+		}
+	}
+	if err := endWatch(); err != nil {
+		return res, err
+	}
+	if cfg.placeOnly {
+		return res, nil
+	}
 	fl.replicas, fl.expected = 0, 0
 	for _, a := range fl.agents {
 		d := int(a.desired.Load())
@@ -302,6 +365,83 @@ func runFleet(ctx context.Context, cfg config, log *slog.Logger, dir string, rep
 	return res, nil
 }
 
+// mark starts a step at the agents: their firstAt and lastAt then tell
+// when the step changed their desired sets.
+func (fl *fleet) mark(at time.Time) {
+	for _, a := range fl.agents {
+		a.markAt.Store(at.UnixNano())
+	}
+}
+
+// changedSince is the first and the last change of any agent's desired
+// set since the mark at since; ok is false when none changed.
+func (fl *fleet) changedSince(since time.Time) (first, last time.Time, ok bool) {
+	for _, a := range fl.agents {
+		f, l := a.firstAt.Load(), a.lastAt.Load()
+		if f < since.UnixNano() {
+			continue
+		}
+		if !ok || f < first.UnixNano() {
+			first = time.Unix(0, f)
+		}
+		if !ok || l > last.UnixNano() {
+			last = time.Unix(0, l)
+		}
+		ok = true
+	}
+	return first, last, ok
+}
+
+// scale applies the model steps times at one replica fewer and back at n,
+// timing each step at the leader and the agents (scaleStep). A drained
+// replica is removed once its agent reports it stopped, at once when the
+// agents are not live (nothing reported: nothing runs), at the agent's
+// next flush when they are.
+func (fl *fleet) scale(ctx context.Context, leader int, commits *commitLog, m *llmgwv1.Model, n, steps int, live bool) ([]scaleStep, error) {
+	var out []scaleStep
+	for range steps {
+		for _, to := range []int{n - 1, n} {
+			kind := "up"
+			if to < n {
+				kind = "down"
+			}
+			start := time.Now()
+			fl.mark(start)
+			m.Replicas = uint32(to)
+			res, err := fl.admin[leader].ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: m})
+			if err != nil {
+				return out, fmt.Errorf("scale %s to %d: apply model: %w", kind, to, err)
+			}
+			applied := time.Since(start)
+			if err := fl.waitFor(ctx, fmt.Sprintf("scale %s to %d replicas", kind, to), func() (bool, string) {
+				got, draining := 0, 0
+				for _, a := range fl.agents {
+					got += int(a.desired.Load())
+					draining += int(a.draining.Load())
+				}
+				return got == to && draining == 0, fmt.Sprintf("agents hold %d desired replicas (%d draining), want %d", got, draining, to)
+			}); err != nil {
+				return out, err
+			}
+			first, last, _ := fl.changedSince(start)
+			st := scaleStep{Kind: kind, Live: live, ApplyMs: msSince(start, start.Add(applied)), FirstMs: msSince(start, first), DoneMs: msSince(start, last)}
+			if c1, c2, ok := commits.span(res.Revision); ok {
+				st.CommitFirstMs, st.CommitDoneMs = msSince(start, c1), msSince(start, c2)
+			}
+			out = append(out, st)
+			fl.log.Info("scale step", "kind", kind, "live", live, "replicas", to, "apply_ms", st.ApplyMs, "commit_first_ms", st.CommitFirstMs,
+				"commit_done_ms", st.CommitDoneMs, "agent_first_ms", st.FirstMs, "agent_done_ms", st.DoneMs)
+		}
+	}
+	return out, nil
+}
+
+func isCanceled(err error) bool {
+	return errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled
+}
+
+func msSince(from, to time.Time) float64 { return math.Round(to.Sub(from).Seconds()*1e4) / 10 }
+
 // startServers starts the 3 control servers.
 func (fl *fleet) startServers() error {
 	cfgFile := filepath.Join(fl.dir, "control.yaml")
@@ -311,7 +451,7 @@ func (fl *fleet) startServers() error {
 	const n = 3
 	addrs := make([][]string, n)
 	for i := range addrs {
-		a, err := freePorts(5, fl.seen)
+		a, err := fl.cfg.ports.free(5, fl.seen)
 		if err != nil {
 			return err
 		}
@@ -350,7 +490,7 @@ func (fl *fleet) startServers() error {
 // addRouter starts one more router; router i lists the servers from
 // server i on, so the watch streams spread over them.
 func (fl *fleet) addRouter() (*proc, error) {
-	a, err := freePorts(3, fl.seen)
+	a, err := fl.cfg.ports.free(3, fl.seen)
 	if err != nil {
 		return nil, err
 	}

@@ -62,6 +62,7 @@ type config struct {
 	maxNumSeqs   int
 	maxModelLen  int
 	maxBatched   int
+	enginePrio   bool
 	portRange    string
 	flow         bool
 	replicaConc  int
@@ -94,6 +95,7 @@ func main() {
 	flag.IntVar(&cfg.maxNumSeqs, "max-num-seqs", 16, "the engines' batch size")
 	flag.IntVar(&cfg.maxModelLen, "max-model-len", 4096, "the engines' context")
 	flag.IntVar(&cfg.maxBatched, "max-num-batched-tokens", 0, "the engines' step token budget (0: vLLM's default for the GPU)")
+	flag.BoolVar(&cfg.enginePrio, "engine-priority", false, "engines run --scheduling-policy priority (the routers then tell them each request's class)")
 	flag.StringVar(&cfg.portRange, "port-range", "42200-42299", "the engines' ports")
 	flag.BoolVar(&cfg.flow, "flow", true, "flow control on routers 1 and 2 (false: off on every router, the figures without it)")
 	flag.IntVar(&cfg.replicaConc, "replica-concurrency", 16, "flow.replica_concurrency of the flow routers")
@@ -180,7 +182,7 @@ func (b *bench) run(ctx context.Context) error {
 	if probe.outcome != served {
 		return fmt.Errorf("the probe request: %d %s", probe.code, probe.why)
 	}
-	b.report.Setup = setup{Replicas: b.cfg.replicas, GPU: b.cfg.gpu, ModelID: b.cfg.modelID, MaxNumSeqs: b.cfg.maxNumSeqs, MaxNumBatched: b.cfg.maxBatched,
+	b.report.Setup = setup{Replicas: b.cfg.replicas, GPU: b.cfg.gpu, ModelID: b.cfg.modelID, MaxNumSeqs: b.cfg.maxNumSeqs, MaxNumBatched: b.cfg.maxBatched, EnginePriority: b.cfg.enginePrio,
 		MaxTokens: b.cfg.maxTokens, PromptWords: b.cfg.promptWords, Flow: b.cfg.flow, ReplicaConcurrency: b.cfg.replicaConc,
 		ClassFlags: b.classFlags, Seed: b.cfg.seed, PromptTokens: probe.in}
 	fmt.Printf("each request: %d prompt tokens, %d output tokens; tenant classes from llmgwctl flags: %v\n\n",
@@ -265,6 +267,9 @@ func (b *bench) startCluster() error {
 	budget := ""
 	if b.cfg.maxBatched > 0 {
 		budget = fmt.Sprintf(", \"--max-num-batched-tokens\", \"%d\"", b.cfg.maxBatched)
+	}
+	if b.cfg.enginePrio {
+		budget += `, "--scheduling-policy", "priority"`
 	}
 	spec := fmt.Sprintf("name: %s\nengine: sim\nmodel: %s\nreplicas: %d\ngpus_per_replica: 1\n"+
 		"extra_args: [\"--sim-gpu\", %q, \"--max-num-seqs\", \"%d\", \"--max-model-len\", \"%d\"%s]\n",

@@ -32,6 +32,7 @@ type setup struct {
 	ModelID            string `json:"model_id"`
 	MaxNumSeqs         int    `json:"max_num_seqs"`
 	MaxNumBatched      int    `json:"max_num_batched_tokens,omitempty"`
+	EnginePriority     bool   `json:"engine_priority,omitempty"`
 	MaxTokens          int    `json:"max_tokens"`
 	PromptWords        int    `json:"prompt_words"`
 	PromptTokens       int    `json:"prompt_tokens"`
