@@ -102,6 +102,9 @@ type Leader struct {
 	// read from limits.
 	quota  *quota.Allocator
 	limits quota.Limits
+	// unplaced is the latest reason each model is short of replicas
+	// (unplaced.go), for Unplaced.
+	unplaced *unplacedReasons
 }
 
 type adapterKey struct{ adapter, replica string }
@@ -112,5 +115,5 @@ type adapterKey struct{ adapter, replica string }
 func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessions, cluster Cluster, m *Metrics, log *slog.Logger, now func() time.Time) *Leader {
 	return &Leader{cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
 		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue(), use: newAdapterUse(),
-		quota: quota.New(cfg.Quota), limits: quota.StateLimits{State: state}}
+		quota: quota.New(cfg.Quota), limits: quota.StateLimits{State: state}, unplaced: newUnplacedReasons()}
 }
