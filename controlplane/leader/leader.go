@@ -115,6 +115,10 @@ type Leader struct {
 	scaleMu sync.Mutex
 	scaler  *scaler
 	ttftP90 func([]uint64) time.Duration
+
+	// unplaced is the latest reason each model is short of replicas
+	// (unplaced.go), for Unplaced.
+	unplaced *unplacedReasons
 }
 
 type adapterKey struct{ adapter, replica string }
@@ -131,5 +135,5 @@ func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessio
 	}
 	return &Leader{ttftP90: cfg.TTFTP90, cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
 		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue(), use: newAdapterUse(),
-		quota: quota.New(cfg.Quota), limits: quota.StateLimits{State: state}}
+		quota: quota.New(cfg.Quota), limits: quota.StateLimits{State: state}, unplaced: newUnplacedReasons()}
 }

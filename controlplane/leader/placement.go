@@ -39,6 +39,8 @@ const (
 // nothing (l.now is the clock of judgements).
 func (l *Leader) Place(ctx context.Context) {
 	l.log.Info("leading; placement started")
+	// The reasons are this term's: a server that does not lead says none.
+	defer l.unplaced.set(nil)
 	term := newTerm(l.now())
 	t := time.NewTicker(l.cfg.ReconcileInterval)
 	defer t.Stop()
@@ -149,9 +151,7 @@ func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 	}
 
 	plan := placement.Reconcile(st, in)
-	for model, n := range plan.Unplaceable {
-		l.log.Debug("replicas do not fit on any node", "model", model, "missing", n)
-	}
+	l.sayUnplaced(plan)
 	for _, mv := range plan.Spread {
 		// The replacement is in plan.Place; one replica of From drains
 		// once it is ready, on a later round (design §5.5).
@@ -222,6 +222,18 @@ func (l *Leader) proposeAll(ctx context.Context, action string, rs []*llmgwv1.Re
 	}
 	wg.Wait()
 	return anyFail.Load()
+}
+
+// sayUnplaced keeps the round's reasons for Unplaced and logs each model's
+// once per change (design §5.7 "Saying why"), not once per round.
+func (l *Leader) sayUnplaced(plan placement.Plan) {
+	changed, cleared := l.unplaced.set(plan.Unplaced)
+	for _, m := range changed {
+		l.log.Warn("replicas cannot be placed", "model", m, "missing", plan.Unplaceable[m], "reason", plan.Unplaced[m])
+	}
+	for _, m := range cleared {
+		l.log.Info("no replica of the model is left unplaced", "model", m)
+	}
 }
 
 // markDown marks ACTIVE nodes DOWN once no control node has held a session

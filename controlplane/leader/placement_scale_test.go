@@ -3,6 +3,7 @@ package leader
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -200,6 +201,88 @@ func TestProposeInFlightStopsWithTheTerm(t *testing.T) {
 	if n := len(r.prop.proposed()); n > cfg.PlaceInFlight+1 {
 		t.Fatalf("%d proposals after the term ended, want at most %d (those already started)", n, cfg.PlaceInFlight+1)
 	}
+}
+
+// TestUnplacedSaid: a model short of replicas has its reason in Unplaced
+// and in the log at the default level, once per change rather than per
+// round; once it fits the reason goes (and the log says so); a term's
+// reasons end with it.
+func TestUnplacedSaid(t *testing.T) {
+	r := newRig(t, testConfig(), &llmgwv1.State{Nodes: []*llmgwv1.Node{active("dev", 2)}, Models: []*llmgwv1.Model{model("chat", 3, 1)}})
+	term := newTerm(r.clock.Now())
+	round := func() {
+		t.Helper()
+		if r.l.reconcileOnce(context.Background(), term) {
+			t.Fatal("a decision failed")
+		}
+	}
+	const placing = "1 of 3 replicas cannot be placed: each needs 1 GPU; matching nodes: dev (2 GPUs, 0 free: 2 held by 2 new of chat)"
+	const placed = "1 of 3 replicas cannot be placed: each needs 1 GPU; matching nodes: dev (2 GPUs, 0 free: 2 held by chat-0, chat-1)"
+	round()
+	if got := r.l.Unplaced("chat"); got != placing {
+		t.Fatalf("Unplaced(chat) = %q, want %q", got, placing)
+	}
+	for range 3 {
+		round()
+	}
+	if got := r.l.Unplaced("chat"); got != placed {
+		t.Fatalf("Unplaced(chat) = %q, want %q", got, placed)
+	}
+	logs := r.logs.String()
+	if n := strings.Count(logs, `msg="replicas cannot be placed"`); n != 2 {
+		t.Fatalf("the reason logged %d times over 4 rounds and 2 reasons, want 2:\n%s", n, logs)
+	}
+	if !strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "chat-0, chat-1") {
+		t.Fatalf("the log lacks the reason at WARN:\n%s", logs)
+	}
+	if got := r.l.Unplaced("other"); got != "" {
+		t.Fatalf("Unplaced(other) = %q, want none", got)
+	}
+
+	// A node attaches: the model fits, its reason goes.
+	r.desired.update(func(st *llmgwv1.State) { st.Nodes = append(st.Nodes, active("dev2", 2)) })
+	round()
+	if got := r.l.Unplaced("chat"); got != "" {
+		t.Fatalf("Unplaced(chat) = %q after it fit", got)
+	}
+	if !strings.Contains(r.logs.String(), "no replica of the model is left unplaced") {
+		t.Fatal("the log does not say the shortfall ended")
+	}
+
+	// A term's reasons end with it.
+	r.desired.update(func(st *llmgwv1.State) { st.Models[0].Replicas = 9 })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.l.Place(ctx) }()
+	testkit.Wait(t, "chat short again", func() bool { return r.l.Unplaced("chat") != "" })
+	cancel()
+	<-done
+	if got := r.l.Unplaced("chat"); got != "" {
+		t.Fatalf("Unplaced(chat) = %q after the term ended", got)
+	}
+}
+
+// TestUnplacedConcurrent: Unplaced may be read while placement runs.
+func TestUnplacedConcurrent(t *testing.T) {
+	cfg := testConfig()
+	cfg.PlaceInterval = time.Millisecond
+	r := newRig(t, cfg, &llmgwv1.State{Nodes: []*llmgwv1.Node{active("dev", 1)}, Models: []*llmgwv1.Model{model("chat", 2, 1)}})
+	startPlace(t, r)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			r.desired.update(func(st *llmgwv1.State) { st.Models[0].Replicas = uint32(2 + i%3) })
+		}
+	})
+	testkit.Wait(t, "a reason", func() bool { return strings.Contains(r.l.Unplaced("chat"), "cannot be placed") })
+	close(stop)
+	wg.Wait()
 }
 
 // TestMarkedDownGraceStartsAtOnce: a node the leader marks DOWN is seen

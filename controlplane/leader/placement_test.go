@@ -64,12 +64,12 @@ func TestReconcileOnce(t *testing.T) {
 				Nodes:  []*llmgwv1.Node{active("n1", 4), {Id: "n2", Gpus: 1, State: llmgwv1.NodeState_NODE_STATE_ACTIVE, Labels: map[string]string{"gpu": "h100"}}},
 				Models: []*llmgwv1.Model{{Name: "m", Engine: "vllm", Replicas: 2, GpusPerReplica: 1, NodeSelector: map[string]string{"gpu": "h100"}}}},
 			want:    []proposal{place("m", "n2", 0)},
-			wantLog: "replicas do not fit on any node",
+			wantLog: "replicas cannot be placed",
 		},
 		{
 			name:    "nothing fits: nothing proposed",
 			st:      &llmgwv1.State{Nodes: []*llmgwv1.Node{active("n1", 2)}, Models: []*llmgwv1.Model{model("m", 1, 4)}},
-			wantLog: "replicas do not fit on any node",
+			wantLog: "replicas cannot be placed",
 		},
 		{
 			name: "every replica placed and ready: nothing to do",

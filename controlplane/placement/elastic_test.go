@@ -40,7 +40,6 @@ func TestEffectiveReplicas(t *testing.T) {
 		{"another model's decision", autoscaled("m", 3, 0, 8), []*llmgwv1.ModelScale{scale("a", 1), scale("z", 6)}, 3},
 		{"among others, sorted", autoscaled("m", 3, 0, 8), []*llmgwv1.ModelScale{scale("a", 1), scale("m", 5), scale("z", 6)}, 5},
 		{"among others, unsorted", autoscaled("m", 3, 0, 8), []*llmgwv1.ModelScale{scale("z", 6), scale("m", 5), scale("a", 1)}, 5},
-		{"a max of 0 bounds nothing above", autoscaled("m", 3, 1, 0), []*llmgwv1.ModelScale{scale("m", 40)}, 40},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -101,6 +101,9 @@ func (p *Plan) external(m *llmgwv1.Model, replicas []*llmgwv1.Replica, nodes map
 			}
 		}
 	}
+	if n := p.Unplaceable[m.Name]; n > 0 {
+		p.Unplaced[m.Name] = whyNoOwner(m, n, nodes)
+	}
 }
 
 // ownerGone reports whether an external replica must move to another

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -29,6 +30,11 @@ type Plan struct {
 	// Unplaceable counts, per model, replicas that fit on no node now.
 	// The leader reports it; placement retries on the next state change.
 	Unplaceable map[string]int
+	// Unplaced says, in words, why each model of Unplaceable is short
+	// (why.go): which nodes match, how many GPUs each has free for it and
+	// what holds the rest, bounded to a few nodes and holders (design §5.7
+	// "Saying why").
+	Unplaced map[string]string
 	// Spread holds the spread moves this plan starts (its replacement is
 	// in Place), so the leader can say why it places a replica beyond the
 	// count.
@@ -71,6 +77,10 @@ type nodeFree struct {
 	// given its GPU memory back (design §5.7 "Sharing GPUs"); not to the
 	// sleepers' own model, which wakes one instead.
 	asleep map[uint32][]string
+	// holders are the replicas holding GPUs here, by id (why.go names
+	// them); added counts this plan's new replicas here, per model.
+	holders []*llmgwv1.Replica
+	added   map[string]int
 }
 
 // avail is how many GPUs a new replica of model may take here.
@@ -114,26 +124,7 @@ func (nf *nodeFree) take(model string, n int) []uint32 {
 // above); for any other model m.Replicas. The console and ModelStatus
 // show the same figure.
 func EffectiveReplicas(st *llmgwv1.State, m *llmgwv1.Model) uint32 {
-	as := m.GetAutoscale()
-	if as == nil {
-		return m.GetReplicas()
-	}
-	n := m.GetReplicas()
-	scales := st.GetScales()
-	// Sorted by model (the FSM's State); a scan if a caller's are not.
-	i, ok := slices.BinarySearchFunc(scales, m.GetName(), func(s *llmgwv1.ModelScale, name string) int { return cmp.Compare(s.GetModel(), name) })
-	if !ok {
-		i = slices.IndexFunc(scales, func(s *llmgwv1.ModelScale) bool { return s.GetModel() == m.GetName() })
-		ok = i >= 0
-	}
-	if ok {
-		n = scales[i].GetReplicas()
-	}
-	n = max(n, as.GetMin())
-	if as.GetMax() > 0 {
-		n = min(n, max(as.GetMax(), as.GetMin()))
-	}
-	return n
+	return fsm.EffectiveReplicas(st, m)
 }
 
 // Reconcile compares each model's effective replica count
@@ -167,21 +158,25 @@ func EffectiveReplicas(st *llmgwv1.State, m *llmgwv1.Model) uint32 {
 //   - a sleeping replica (design §5.7) counts as placed, but its GPUs
 //     are free to other models' new replicas (nodeFree.asleep);
 //   - engine "external" runs nothing on the nodes: each of its endpoints is
-//     one replica, owned by an agent that probes it (Plan.external).
+//     one replica, owned by an agent that probes it (Plan.external);
+//   - a model still short of replicas gets the reason in words
+//     (Plan.Unplaced).
 func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	ready := orFalse(in.Ready)
 	drained := orFalse(in.Drained)
-	plan := Plan{Unplaceable: map[string]int{}}
+	plan := Plan{Unplaceable: map[string]int{}, Unplaced: map[string]string{}}
 	// One pass over the replicas: GPUs held awake and asleep per node,
-	// replicas per model.
+	// replicas per model and per node.
 	awake := map[string]map[uint32]bool{}
 	asleep := map[string]map[uint32][]string{}
 	byModel := map[string][]*llmgwv1.Replica{}
+	onNode := map[string][]*llmgwv1.Replica{}
 	for _, r := range st.GetReplicas() {
 		byModel[r.Model] = append(byModel[r.Model], r)
 		if in.Lost[r.Node] || len(r.GpuIndices) == 0 {
 			continue
 		}
+		onNode[r.Node] = append(onNode[r.Node], r)
 		for _, g := range r.GpuIndices {
 			if r.Sleeping {
 				if asleep[r.Node] == nil {
@@ -202,7 +197,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	nodes := map[string]*nodeFree{}
 	for _, n := range st.GetNodes() {
 		nodeByID[n.Id] = n
-		nf := &nodeFree{node: n, asleep: map[uint32][]string{}}
+		nf := &nodeFree{node: n, holders: onNode[n.Id], asleep: map[uint32][]string{}, added: map[string]int{}}
 		for g := uint32(0); g < n.Gpus; g++ {
 			switch {
 			case awake[n.Id][g]:
@@ -276,7 +271,8 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			}
 			continue
 		}
-		missing := max(want-len(stay)-len(moving), 0)
+		short := max(want-len(stay)-len(moving), 0)
+		missing := short
 		if len(moving) > 0 && countReady(stay, ready) == len(stay) {
 			// One move at a time: while every replica that stays is ready,
 			// either a replacement is up (a surplus over the count), so one
@@ -294,6 +290,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			best := pick(nodes, perNode, m)
 			if best == nil {
 				plan.Unplaceable[m.Name] = missing - i
+				plan.Unplaced[m.Name] = whyUnplaced(m, min(missing-i, short), want, nodes)
 				break
 			}
 			plan.place(best, perNode, m)
@@ -306,6 +303,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 // ones.
 func (p *Plan) place(nf *nodeFree, perNode map[string]int, m *llmgwv1.Model) {
 	gpus := nf.take(m.Name, int(m.GpusPerReplica))
+	nf.added[m.Name]++
 	perNode[nf.node.Id]++
 	p.Place = append(p.Place, &llmgwv1.Replica{Model: m.Name, Node: nf.node.Id, GpuIndices: gpus, Weight: 1})
 }
