@@ -38,9 +38,9 @@ import (
 	"github.com/llmgw/llmgw/controlplane/service/watch"
 	"github.com/llmgw/llmgw/controlplane/store"
 	"github.com/llmgw/llmgw/fsm"
-	"github.com/llmgw/llmgw/internal/ttftbuckets"
 	"github.com/llmgw/llmgw/internal/grpcstop"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/ttftbuckets"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 

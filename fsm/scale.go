@@ -116,10 +116,26 @@ func (a *applier) setReplicaSleeping(p *llmgwv1.SetReplicaSleepingCommand) (any,
 	if p.Sleeping && !a.f.models[r.Model].GetAutoscale().GetSleep() {
 		return nil, invalid("sleeping", "model %q does not sleep (autoscale.sleep)", r.Model)
 	}
+	if !p.Sleeping {
+		// A sleeper's GPUs may have gone to another model meanwhile
+		// (placement gives them out): it wakes only on GPUs nobody awake
+		// holds, or two engines would share one.
+		for _, id := range a.f.index.onNode(r.Node) {
+			o := a.f.replicas[id]
+			if o == nil || o.Id == r.Id || o.Sleeping {
+				continue
+			}
+			for _, g := range o.GpuIndices {
+				if slices.Contains(r.GpuIndices, g) {
+					return nil, fmt.Errorf("wake %s: GPU %d of node %s is held by %s: %w", r.Id, g, r.Node, o.Id, ErrConflict)
+				}
+			}
+		}
+	}
 	r = proto.Clone(r).(*llmgwv1.Replica)
 	r.Sleeping = p.Sleeping
 	r.Revision = a.index
-	a.f.replicas[r.Id] = r
+	a.f.putReplica(r)
 	a.put(r)
 	return proto.Clone(r), nil
 }

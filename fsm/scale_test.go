@@ -161,4 +161,10 @@ func TestSetReplicaSleeping(t *testing.T) {
 	if got.Sleeping {
 		t.Fatal("wake left it asleep")
 	}
+	// Asleep again, its GPU goes to another model; it cannot wake on it.
+	mustApply(t, f, 11, sleep(chat, chat.Uid, true))
+	mustApply(t, f, 12, place(t, "", "demo", "n1", 0))
+	if _, err := applyUnchanged(t, f, 13, sleep(chat, chat.Uid, false)); !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "GPU 0 of node n1 is held by demo-1") {
+		t.Fatalf("waking on a GPU another replica holds: %v, want a conflict naming it", err)
+	}
 }

@@ -117,6 +117,7 @@ func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 			return now.Sub(term.drainSeen[replicaKey{r.Id, r.Uid}]) >= l.cfg.DrainTimeout
 		},
 		Lost: map[string]bool{},
+		Idle: l.idle,
 	}
 	seenDraining := map[replicaKey]bool{}
 	for _, r := range st.Replicas {
@@ -165,10 +166,47 @@ func (l *Leader) reconcileOnce(ctx context.Context, term *term) (failed bool) {
 	failed = l.proposeAll(ctx, "drain", plan.Drain, func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
 		return llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING, &llmgwv1.SetReplicaDrainingCommand{Id: r.Id, Uid: r.Uid}
 	}) || failed
+	// GPUs shared between models (design §5.7): a donor gives its GPU up
+	// (asleep, or draining) for a model of higher priority; surplus
+	// replicas of sleeping models park; short ones wake.
+	var sleep, drainFor []*llmgwv1.Replica
+	for _, t := range plan.Take {
+		l.log.Info("taking an idle model's GPU for a model of higher priority", "replica", t.Replica.Id, "model", t.Replica.Model, "for", t.For, "sleep", t.Sleep)
+		if t.Sleep {
+			sleep = append(sleep, t.Replica)
+		} else {
+			drainFor = append(drainFor, t.Replica)
+		}
+	}
+	failed = l.proposeAll(ctx, "drain", drainFor, func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
+		return llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_DRAINING, &llmgwv1.SetReplicaDrainingCommand{Id: r.Id, Uid: r.Uid}
+	}) || failed
+	failed = l.proposeAll(ctx, "sleep", append(sleep, plan.Sleep...), func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
+		return llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING, &llmgwv1.SetReplicaSleepingCommand{Id: r.Id, Uid: r.Uid, Sleeping: true}
+	}) || failed
+	failed = l.proposeAll(ctx, "wake", plan.Wake, func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
+		return llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING, &llmgwv1.SetReplicaSleepingCommand{Id: r.Id, Uid: r.Uid, Sleeping: false}
+	}) || failed
 	failed = l.proposeAll(ctx, "place", plan.Place, func(r *llmgwv1.Replica) (llmgwv1.CommandType, proto.Message) {
 		return llmgwv1.CommandType_COMMAND_TYPE_PLACE_REPLICA, &llmgwv1.PlaceReplicaCommand{Replica: r}
 	}) || failed
 	return failed
+}
+
+// idle reports whether the routers' demand, as the autoscaler last read
+// it, shows nothing using model (design §5.7): only such a model gives a
+// GPU to another. A model the routers do not report on is not idle.
+func (l *Leader) idle(model string) bool {
+	l.scaleMu.Lock()
+	sc := l.scaler
+	l.scaleMu.Unlock()
+	if sc == nil {
+		return false
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	s := sc.models[model]
+	return s != nil && placement.Idle(s.demand)
 }
 
 // proposeAll proposes one command per replica of a kind (action), at most

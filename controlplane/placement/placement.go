@@ -39,6 +39,13 @@ type Plan struct {
 	// in Place), so the leader can say why it places a replica beyond the
 	// count.
 	Spread []SpreadMove
+	// Sleep and Wake hold replicas of models with autoscale.sleep to put
+	// to sleep (a surplus, instead of a drain) and to wake (a shortfall,
+	// before a new replica is placed) (design §5.7 "Sharing GPUs").
+	Sleep, Wake []*llmgwv1.Replica
+	// Take holds replicas of idle models of lower priority that give their
+	// GPUs to a model no node has room for (sharing.go).
+	Take []Taking
 }
 
 // SpreadMove is the start of one spread move: a replica of Model leaves
@@ -50,7 +57,9 @@ type SpreadMove struct {
 }
 
 // Empty reports whether the plan changes nothing.
-func (p Plan) Empty() bool { return len(p.Place) == 0 && len(p.Drain) == 0 && len(p.Remove) == 0 }
+func (p Plan) Empty() bool {
+	return len(p.Place) == 0 && len(p.Drain) == 0 && len(p.Remove) == 0 && len(p.Sleep) == 0 && len(p.Wake) == 0 && len(p.Take) == 0
+}
 
 // Inputs is what the leader knows beyond the desired state: readiness from
 // the ephemeral plane and time-based judgements from its own clock, so that
@@ -65,6 +74,10 @@ type Inputs struct {
 	// Lost holds nodes that have been DOWN longer than the grace period:
 	// their replicas are removed and placed elsewhere.
 	Lost map[string]bool
+	// Idle reports whether nothing asks for a model and nothing runs on
+	// it (the routers' demand, design §5.7): only an idle model gives a
+	// GPU to another. Nil: none is idle.
+	Idle func(model string) bool
 }
 
 // nodeFree is a node's GPUs as one Reconcile sees them, changed by the
@@ -210,7 +223,11 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 		nodes[n.Id] = nf
 	}
 	models := slices.Clone(st.GetModels())
-	slices.SortFunc(models, func(a, b *llmgwv1.Model) int { return cmp.Compare(a.Name, b.Name) })
+	// Higher priority first: a GPU a sleeper left is offered to the model
+	// that outranks it before the sleeper's own model may wake on it.
+	slices.SortFunc(models, func(a, b *llmgwv1.Model) int {
+		return cmp.Or(cmp.Compare(b.Priority, a.Priority), cmp.Compare(a.Name, b.Name))
+	})
 	// owned counts each node's external replicas of every model, which
 	// spreads the owning of them (external.go).
 	owned := map[string]int{}
@@ -229,10 +246,11 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			plan.external(m, byModel[m.Name], nodes, nodeByID, owned, in, ready, drained)
 			continue
 		}
-		var stay, moving []*llmgwv1.Replica
+		var stay, moving, sleeping []*llmgwv1.Replica
 		// perNode counts the replicas that stay: a moving one is leaving,
 		// so it holds no share of its node.
 		perNode := map[string]int{}
+		sleeps := m.GetAutoscale().GetSleep()
 		for _, r := range sortedReplicas(byModel[m.Name], m.Name) {
 			switch {
 			case in.Lost[r.Node]:
@@ -241,6 +259,10 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 				if drained(r) {
 					plan.Remove = append(plan.Remove, ref(r))
 				}
+			case r.Sleeping && sleeps:
+				// Parked: not serving, so not of the count; woken first
+				// when the count grows (design §5.7).
+				sleeping = append(sleeping, r)
 			case misplaced(r, m, nodeByID[r.Node]):
 				moving = append(moving, r)
 			default:
@@ -249,6 +271,9 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			}
 		}
 		want := int(EffectiveReplicas(st, m))
+		if sleeps {
+			plan.parkSleepers(m, sleeping, len(stay), want)
+		}
 		if len(stay) == want && len(moving) == 0 && countReady(stay, ready) == want && allActive(stay, nodeByID) {
 			if mv, ok := spreadRule(nodes, perNode, m); ok {
 				plan.Spread = append(plan.Spread, mv)
@@ -260,7 +285,12 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			keep, extra := keepSpread(stay, want, ready)
 			keptReady := countReady(keep, ready) == want
 			for _, r := range extra {
-				if keptReady || !ready(r) {
+				switch {
+				case sleeps && ready(r) && len(moving) == 0:
+					// A ready surplus of a model that sleeps is parked,
+					// not stopped: a wake is seconds, a start a load.
+					plan.Sleep = append(plan.Sleep, ref(r))
+				case keptReady || !ready(r):
 					plan.Drain = append(plan.Drain, ref(r))
 				}
 			}
@@ -272,6 +302,9 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			continue
 		}
 		short := max(want-len(stay)-len(moving), 0)
+		if sleeps {
+			short -= plan.wake(sleeping, short, nodes)
+		}
 		missing := short
 		if len(moving) > 0 && countReady(stay, ready) == len(stay) {
 			// One move at a time: while every replica that stays is ready,
@@ -291,6 +324,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			if best == nil {
 				plan.Unplaceable[m.Name] = missing - i
 				plan.Unplaced[m.Name] = whyUnplaced(m, min(missing-i, short), want, nodes)
+				plan.takeFor(m, missing-i, st, byModel, nodes, in, ready)
 				break
 			}
 			plan.place(best, perNode, m)
