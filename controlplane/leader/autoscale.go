@@ -22,7 +22,13 @@ type DemandSource interface {
 
 // AutoscaleInterval is how often the autoscaler decides: the routers
 // report every 250 ms, an engine's reading is a second old at worst.
-const AutoscaleInterval = time.Second
+// Between rounds it looks at the demand every ZeroCheckInterval, and a
+// model at zero replicas with requests held gets its round at once: a
+// request waiting for a cold start must not wait for the tick too.
+const (
+	AutoscaleInterval = time.Second
+	ZeroCheckInterval = 100 * time.Millisecond
+)
 
 // maxScaleEvents bounds the decisions kept per model for ModelStatus.
 const maxScaleEvents = 20
@@ -37,6 +43,7 @@ type scaler struct {
 type scaled struct {
 	revision uint64 // the model revision the history is for
 	hist     autoscale.History
+	count    uint32                // the count the last round saw
 	events   []*llmgwv1.ScaleEvent // newest first
 	demand   *llmgwv1.ModelDemand
 	// blocked is the reason of the last blocked round, so a decision
@@ -54,16 +61,37 @@ func (l *Leader) Autoscale(ctx context.Context, d DemandSource) {
 	l.scaleMu.Unlock()
 	// A follower shows no autoscale gauges: another node decides.
 	defer l.forgetScaleSeries("")
-	t := time.NewTicker(AutoscaleInterval)
+	t := time.NewTicker(ZeroCheckInterval)
 	defer t.Stop()
+	var last time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		l.autoscaleOnce(ctx, d.Demand())
+		demand := d.Demand()
+		if now := l.now(); now.Sub(last) >= AutoscaleInterval || l.heldAtZero(demand) {
+			last = now
+			l.autoscaleOnce(ctx, demand)
+		}
 	}
+}
+
+// heldAtZero reports whether a model the last round saw at zero replicas
+// now has requests held by a router.
+func (l *Leader) heldAtZero(demand map[string]*llmgwv1.ModelDemand) bool {
+	l.scaleMu.Lock()
+	sc := l.scaler
+	l.scaleMu.Unlock()
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for name, d := range demand {
+		if s := sc.models[name]; s != nil && s.count == 0 && d.GetHeld() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // autoscaleOnce is one round over every autoscaled model.
@@ -95,7 +123,11 @@ func (l *Leader) autoscaleOnce(ctx context.Context, demand map[string]*llmgwv1.M
 			sc.models[m.Name] = s
 		}
 		s.demand = demand[m.Name]
+		s.count = o.Count
 		dec := autoscale.Decide(m.Autoscale, l.cfg.Autoscale, o, &s.hist)
+		if dec.Step(o.Count) {
+			s.count = dec.To
+		}
 		sc.mu.Unlock()
 		l.act(ctx, sc, s, m, o, dec)
 		if l.metrics != nil {

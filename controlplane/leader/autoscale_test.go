@@ -85,6 +85,13 @@ func TestAutoscaleRound(t *testing.T) {
 		st.Scales = append(st.Scales, &llmgwv1.ModelScale{Model: "cold", Replicas: 0})
 	})
 	r.prop.reset()
+	// A round with nothing held sees it at zero; held requests then call
+	// a round at once, without waiting for the tick.
+	r.l.autoscaleOnce(ctx, map[string]*llmgwv1.ModelDemand{"cold": {Model: "cold"}, "chat": {Model: "chat", Waiting: 80, Running: 16, Requests: 100}})
+	if !r.l.heldAtZero(map[string]*llmgwv1.ModelDemand{"cold": {Model: "cold", Held: 1}}) || r.l.heldAtZero(map[string]*llmgwv1.ModelDemand{"chat": {Model: "chat", Held: 1}}) {
+		t.Fatal("heldAtZero: want true for cold (at zero, a request held), false for chat (at 5)")
+	}
+	r.prop.reset()
 	r.l.autoscaleOnce(ctx, map[string]*llmgwv1.ModelDemand{"cold": {Model: "cold", Held: 3}, "chat": {Model: "chat", Waiting: 80, Running: 16, Requests: 100}})
 	wantProposals(t, r.prop.proposed(), []proposal{scaleTo("cold", 1, "scale from zero: 3 requests held")})
 }
