@@ -90,7 +90,8 @@ func (r *report) judge() {
 		add("load step: TTFT p90 back under the SLO within the high load", s.BackUnderSLOAfterS >= 0,
 			"%.0f s after the step (SLO %.0f ms)", s.BackUnderSLOAfterS, s.SLOMS)
 		add("load step: back to min after scale_down_after", s.BackToMinAfterS > 0, "%.0f s after the drop", s.BackToMinAfterS)
-		add("load step: 0 failed requests", s.Failed == 0, "%d failed of %d (%d after the drop)", s.Failed, s.Requests, s.FailedAfterDrop)
+		add("load step: 0 failed requests during the scale-down", s.FailedAfterDrop == 0, "%d failed after the drop; %d of %d in the whole phase",
+			s.FailedAfterDrop, s.Failed, s.Requests)
 	}
 	if f := r.Flap; f != nil {
 		add("no flapping: at most 1 scale action", f.Actions <= 1, "%.0f actions in %.0f minutes, counts %v", f.Actions, f.Minutes, f.Counts)
