@@ -182,6 +182,9 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 	// replicas per model and per node.
 	awake := map[string]map[uint32]bool{}
 	asleep := map[string]map[uint32][]string{}
+	// parked holds every GPU a sleeper is parked on, whoever else holds
+	// it: a surplus there drains first, so the sleeper can wake.
+	parked := map[string]map[uint32]bool{}
 	byModel := map[string][]*llmgwv1.Replica{}
 	onNode := map[string][]*llmgwv1.Replica{}
 	for _, r := range st.GetReplicas() {
@@ -192,6 +195,10 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 		onNode[r.Node] = append(onNode[r.Node], r)
 		for _, g := range r.GpuIndices {
 			if r.Sleeping {
+				if parked[r.Node] == nil {
+					parked[r.Node] = map[uint32]bool{}
+				}
+				parked[r.Node][g] = true
 				if asleep[r.Node] == nil {
 					asleep[r.Node] = map[uint32][]string{}
 				}
@@ -282,7 +289,10 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 			}
 		}
 		if len(stay) >= want {
-			keep, extra := keepSpread(stay, want, ready)
+			onParked := func(r *llmgwv1.Replica) bool {
+				return slices.ContainsFunc(r.GpuIndices, func(g uint32) bool { return parked[r.Node][g] })
+			}
+			keep, extra := keepSpread(stay, want, ready, onParked)
 			keptReady := countReady(keep, ready) == want
 			for _, r := range extra {
 				switch {
@@ -386,11 +396,12 @@ func allActive(rs []*llmgwv1.Replica, nodeByID map[string]*llmgwv1.Node) bool {
 // keepSpread splits the replicas that stay (sorted by ordinal) into the
 // want to keep and the extra to drain. Extras are taken one by one from
 // the node holding the most of those left; among equals a not-ready one
-// goes first (draining it costs no serving capacity), then the highest
-// ordinal (so ids stay low and stable). Taking from the busiest node is
-// what ends a spread move on the right replica: its replacement, on a
-// node with fewer, stays.
-func keepSpread(stay []*llmgwv1.Replica, want int, ready func(*llmgwv1.Replica) bool) (keep, extra []*llmgwv1.Replica) {
+// goes first (draining it costs no serving capacity), then one on a GPU
+// another model's sleeper is parked on (design §5.7: that model can then
+// wake rather than start anew), then the highest ordinal (so ids stay low
+// and stable). Taking from the busiest node is what ends a spread move on
+// the right replica: its replacement, on a node with fewer, stays.
+func keepSpread(stay []*llmgwv1.Replica, want int, ready, onParked func(*llmgwv1.Replica) bool) (keep, extra []*llmgwv1.Replica) {
 	keep = slices.Clone(stay)
 	count := map[string]int{}
 	for _, r := range keep {
@@ -399,7 +410,7 @@ func keepSpread(stay []*llmgwv1.Replica, want int, ready func(*llmgwv1.Replica) 
 	for len(keep) > want {
 		victim := 0
 		for i := 1; i < len(keep); i++ {
-			if goesFirst(keep[i], keep[victim], count, ready) {
+			if goesFirst(keep[i], keep[victim], count, ready, onParked) {
 				victim = i
 			}
 		}
@@ -413,12 +424,15 @@ func keepSpread(stay []*llmgwv1.Replica, want int, ready func(*llmgwv1.Replica) 
 
 // goesFirst: a is drained before b (keep is sorted by ordinal, so a later
 // one of equal rank has the higher ordinal and wins the tie).
-func goesFirst(a, b *llmgwv1.Replica, count map[string]int, ready func(*llmgwv1.Replica) bool) bool {
+func goesFirst(a, b *llmgwv1.Replica, count map[string]int, ready, onParked func(*llmgwv1.Replica) bool) bool {
 	if count[a.Node] != count[b.Node] {
 		return count[a.Node] > count[b.Node]
 	}
 	if ra, rb := ready(a), ready(b); ra != rb {
 		return !ra
+	}
+	if pa, pb := onParked(a), onParked(b); pa != pb {
+		return pa
 	}
 	return true
 }

@@ -74,6 +74,8 @@ func TestSharing(t *testing.T) {
 			[]*llmgwv1.Replica{replica("busy-0", "busy", "n1", 1, 0), replica("b-0", "b", "n1", 2, 1)}, 2, "!b:1 "},
 		{"never an equal's", []*llmgwv1.Model{sleeper("a", 1), withPrio(model("b", 2, 1), 1)}, nil,
 			[]*llmgwv1.Replica{replica("a-0", "a", "n1", 1, 0), replica("b-0", "b", "n1", 2, 1)}, 2, "!b:1 "},
+		{"a surplus on a sleeper's GPU drains first", []*llmgwv1.Model{sleeper("a", 0), withPrio(autoscaled("b", 3, 1, 3), 1)}, []*llmgwv1.ModelScale{scale("a", 0), scale("b", 2)},
+			[]*llmgwv1.Replica{asleep(replica("a-0", "a", "n1", 1, 0)), replica("b-0", "b", "n1", 2, 0), replica("b-1", "b", "n1", 3, 1), replica("b-2", "b", "n1", 4, 2)}, 3, "~b-0 "},
 		{"not while a GPU is on its way", []*llmgwv1.Model{sleeper("a", 0), withPrio(model("b", 2, 1), 1), model("c", 0, 1)}, nil,
 			[]*llmgwv1.Replica{replica("a-0", "a", "n1", 1, 0), replica("b-0", "b", "n1", 2, 1), draining(replica("c-0", "c", "n1", 3, 2))}, 3, "!b:1 "},
 	}
