@@ -17,6 +17,10 @@
 //     returns to min after scale_down_after, no request fails.
 //   - flap: a stationary load near a threshold for --flap: at most one
 //     scale action.
+//   - share: two models with a GPU each and one spare (a pinned model
+//     holds the rest): a burst on the higher-priority one takes the idle
+//     one's GPU, asleep, never the pinned model's; after it, the idle
+//     model's next request wakes it within the simulated wake + 1 s.
 //
 // It exits 1 naming each must-show that failed; every figure is in --out.
 package main
@@ -60,6 +64,7 @@ type config struct {
 	ttftSLO      time.Duration
 	flap         time.Duration
 	flapLoad     float64
+	shareBurst   time.Duration
 	capacityRPS  float64
 }
 
@@ -70,7 +75,7 @@ func main() {
 	flag.StringVar(&cfg.out, "out", "bench-out/scalebench.json", "the JSON file of every figure")
 	flag.BoolVar(&cfg.keep, "keep", false, "keep the processes' data and logs")
 	flag.Uint64Var(&cfg.seed, "seed", 1, "seed of the arrivals")
-	flag.StringVar(&cfg.phases, "phases", "zero,step,flap", "the phases to run, in order")
+	flag.StringVar(&cfg.phases, "phases", "zero,step,flap,share", "the phases to run, in order")
 	flag.IntVar(&cfg.gpus, "gpus", 8, "the agent's simulated GPUs")
 	flag.StringVar(&cfg.gpu, "sim-gpu", "l4", "the engines' GPU profile")
 	flag.StringVar(&cfg.modelID, "model-id", "meta-llama/Llama-3.1-8B-Instruct", "the model the simulator prices (its shape and weights)")
@@ -90,6 +95,7 @@ func main() {
 	flag.DurationVar(&cfg.ttftSLO, "ttft-slo", 2*time.Second, "step: the model's TTFT p90 SLO")
 	flag.DurationVar(&cfg.flap, "flap", 10*time.Minute, "flap: how long the stationary load runs")
 	flag.Float64Var(&cfg.flapLoad, "flap-load", 1.9, "flap: the stationary load in replicas' capacity")
+	flag.DurationVar(&cfg.shareBurst, "share-burst", 2*time.Minute, "share: how long the burst on model b lasts")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -160,8 +166,10 @@ func (b *bench) run(ctx context.Context) error {
 			err = b.step(ctx)
 		case "flap":
 			err = b.flapPhase(ctx)
+		case "share":
+			err = b.share(ctx)
 		default:
-			err = fmt.Errorf("--phases: unknown phase %q (zero, step, flap)", p)
+			err = fmt.Errorf("--phases: unknown phase %q (zero, step, flap, share)", p)
 		}
 		if err != nil {
 			return fmt.Errorf("phase %s: %w", p, err)

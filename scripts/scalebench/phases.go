@@ -10,6 +10,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/scripts/internal/benchchat"
+	"github.com/llmgw/llmgw/sim"
 )
 
 // zero is the scale-from-zero phase: a model brought to 0 replicas takes
@@ -284,3 +285,108 @@ func (b *bench) flapPhase(ctx context.Context) error {
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// share is the sharing phase: models A (sleeps, priority 0, idle) and B
+// (priority 1) with a GPU each and one spare, the rest of the GPUs held by
+// a pinned idle model. A burst on B takes the spare, then A's GPU (A goes
+// to sleep), never the pinned model's; once the burst is over and B is
+// back to one replica, A's next request wakes it.
+func (b *bench) share(ctx context.Context) error {
+	if b.cfg.gpus < 4 {
+		return fmt.Errorf("--gpus %d: the sharing phase needs at least 4 (a pinned model holds all but 3)", b.cfg.gpus)
+	}
+	pinnedN := b.cfg.gpus - 3
+	specs := map[string]string{
+		"pin": b.spec("pin", pinnedN, fmt.Sprintf("{min: %d, max: %d, target_waiting: 2}", pinnedN, pinnedN)) + "pinned: true\n",
+		"a":   b.spec("a", 1, "{min: 0, max: 1, target_waiting: 2, sleep: true, scale_down_after: 30s, cooldown: 5s}"),
+		"b":   b.spec("b", 1, "{min: 1, max: 3, target_waiting: 2, scale_down_after: 30s, cooldown: 10s}") + "priority: 1\n",
+	}
+	for _, name := range []string{"pin", "a", "b"} {
+		if err := b.c.ApplyModel(name, specs[name]); err != nil {
+			return err
+		}
+	}
+	for name, n := range map[string]uint32{"pin": uint32(pinnedN), "a": 1, "b": 1} {
+		if err := b.waitReady(ctx, name, n); err != nil {
+			return err
+		}
+	}
+	capRPS, err := b.capacity(ctx)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nphase share: %d GPUs; pin holds %d (pinned), a 1 (sleeps), b 1 (priority 1); a burst on b of %.2f req/s (4 ×) for %v\n",
+		b.cfg.gpus, pinnedN, 4*capRPS, b.cfg.shareBurst)
+	res := shareResult{}
+	trB, stopB := b.track(ctx, "b")
+	trPin, stopPin := b.track(ctx, "pin")
+	var aSlept bool
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for watchCtx.Err() == nil {
+			if st, err := b.status("a"); err == nil && st.GetSleeping() > 0 {
+				aSlept = true
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	})
+	l := b.loader("b")
+	l.openLoop(ctx, b.cfg.seed+2, []segment{{4 * capRPS, b.cfg.shareBurst}})
+	for _, r := range l.take() {
+		res.BRequests++
+		if !r.ok {
+			res.BFailed++
+		}
+	}
+	// B back to one replica, and A's GPU free again.
+	if err := waitFor(ctx, 5*time.Minute, "b back to 1 replica", func() bool {
+		st, err := b.status("b")
+		return err == nil && st.GetDesired() == 1 && st.GetPlaced() == 1
+	}); err != nil {
+		return err
+	}
+	stopWatch()
+	wg.Wait()
+	stopB()
+	stopPin()
+	for _, s := range trB.samples {
+		res.BPeak = max(res.BPeak, s.Ready)
+	}
+	res.PinMin = math.MaxUint32
+	for _, s := range trPin.samples {
+		res.PinMin = min(res.PinMin, s.Ready)
+	}
+	res.PinCount, res.ASlept = uint32(pinnedN), aSlept
+	if err := waitFor(ctx, 3*time.Minute, "a at 0, asleep", func() bool {
+		st, err := b.status("a")
+		return err == nil && st.GetDesired() == 0 && st.GetSleeping() == 1
+	}); err != nil {
+		return err
+	}
+	// A's next request wakes it.
+	la := b.loader("a")
+	r := la.send(ctx)
+	res.AWakeOK, res.AFirstTokenMS = r.ok, ms(r.ttft)
+	res.AWakeMS = ms(b.loadTimes().Wake)
+	b.report.Share = &res
+	fmt.Printf("| b requests | b failed | b peak ready | a put to sleep | pinned ready (min of %d) | a's first token after the burst | a's simulated wake |\n|---|---|---|---|---|---|---|\n", res.PinCount)
+	fmt.Printf("| %d | %d | %d | %v | %d | %.0f ms (ok %v) | %.0f ms |\n", res.BRequests, res.BFailed, res.BPeak, res.ASlept, res.PinMin,
+		res.AFirstTokenMS, res.AWakeOK, res.AWakeMS)
+	for _, m := range []string{"a", "b", "pin"} {
+		if err := b.c.DeleteModel(m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// loadTimes is what the simulator prices a start, a sleep and a wake of
+// the bench's model at on its GPU profile (sim.Config.LoadTimes).
+func (b *bench) loadTimes() sim.LoadTimes {
+	cfg := sim.DefaultConfig()
+	cfg.Model, cfg.GPU = b.cfg.modelID, b.cfg.gpu
+	cfg.Derive()
+	return cfg.LoadTimes()
+}

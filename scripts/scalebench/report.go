@@ -57,13 +57,26 @@ type flapResult struct {
 	Failed  int      `json:"failed"`
 }
 
+type shareResult struct {
+	BRequests     int     `json:"b_requests"`
+	BFailed       int     `json:"b_failed"`
+	BPeak         uint32  `json:"b_peak_ready"`
+	ASlept        bool    `json:"a_put_to_sleep"`
+	PinCount      uint32  `json:"pinned_count"`
+	PinMin        uint32  `json:"pinned_min_ready"`
+	AWakeOK       bool    `json:"a_served_after"`
+	AFirstTokenMS float64 `json:"a_first_token_ms"`
+	AWakeMS       float64 `json:"a_simulated_wake_ms"`
+}
+
 type report struct {
-	Setup       setup       `json:"setup"`
-	CapacityRPS float64     `json:"capacity_rps,omitempty"`
-	Zero        *zeroResult `json:"zero,omitempty"`
-	Step        *stepResult `json:"step,omitempty"`
-	Flap        *flapResult `json:"flap,omitempty"`
-	Verdicts    []verdict   `json:"verdicts"`
+	Setup       setup        `json:"setup"`
+	CapacityRPS float64      `json:"capacity_rps,omitempty"`
+	Zero        *zeroResult  `json:"zero,omitempty"`
+	Step        *stepResult  `json:"step,omitempty"`
+	Flap        *flapResult  `json:"flap,omitempty"`
+	Share       *shareResult `json:"share,omitempty"`
+	Verdicts    []verdict    `json:"verdicts"`
 }
 
 type verdict struct {
@@ -92,6 +105,13 @@ func (r *report) judge() {
 		add("load step: back to min after scale_down_after", s.BackToMinAfterS > 0, "%.0f s after the drop", s.BackToMinAfterS)
 		add("load step: 0 failed requests during the scale-down", s.FailedAfterDrop == 0, "%d failed after the drop; %d of %d in the whole phase",
 			s.FailedAfterDrop, s.Failed, s.Requests)
+	}
+	if s := r.Share; s != nil {
+		add("sharing: a burst on b takes idle a's GPU (a asleep)", s.ASlept && s.BPeak >= 3, "a put to sleep: %v; b's peak %d ready", s.ASlept, s.BPeak)
+		add("sharing: b's queue drains", s.BFailed == 0, "%d failed of %d", s.BFailed, s.BRequests)
+		add("sharing: a wakes on its next request within the simulated wake + 1 s", s.AWakeOK && s.AFirstTokenMS <= s.AWakeMS+1000,
+			"first token %.0f ms, wake %.0f ms", s.AFirstTokenMS, s.AWakeMS)
+		add("sharing: a pinned model is never taken", s.PinMin == s.PinCount, "pinned ready at least %d of %d throughout", s.PinMin, s.PinCount)
 	}
 	if f := r.Flap; f != nil {
 		add("no flapping: at most 1 scale action", f.Actions <= 1, "%.0f actions in %.0f minutes, counts %v", f.Actions, f.Minutes, f.Counts)
