@@ -55,6 +55,8 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_SetApiKeyTenant_FullMethodName:    adminOnly,
 	llmgwv1.AdminService_PutTenant_FullMethodName:          adminOnly,
 	llmgwv1.AdminService_DeleteTenant_FullMethodName:       adminOnly,
+	llmgwv1.AdminService_ApplyAlias_FullMethodName:         adminOnly,
+	llmgwv1.AdminService_DeleteAlias_FullMethodName:        adminOnly,
 	// Reads: an operator's as well.
 	llmgwv1.AdminService_ListModels_FullMethodName:    adminOnly,
 	llmgwv1.AdminService_ListNodes_FullMethodName:     adminOnly,
@@ -69,6 +71,7 @@ var allowed = map[string][]mtls.Role{
 	llmgwv1.AdminService_Usage_FullMethodName:         adminOnly,
 	llmgwv1.AdminService_FlowStatus_FullMethodName:    adminOnly,
 	llmgwv1.AdminService_ModelStatus_FullMethodName:   adminOnly,
+	llmgwv1.AdminService_ListAliases_FullMethodName:   adminOnly,
 	// Routers watch the state and ask for cold adapters; an admin may watch
 	// too (debugging what routers see).
 	llmgwv1.WatchService_Watch_FullMethodName:           {mtls.RoleRouter, mtls.RoleAdmin},
