@@ -2,7 +2,6 @@ package fsm
 
 import (
 	"fmt"
-	"slices"
 
 	"google.golang.org/protobuf/proto"
 
@@ -221,19 +220,4 @@ func (f *FSM) Alias(name string) (*llmgwv1.Alias, bool) {
 		return nil, false
 	}
 	return proto.Clone(a).(*llmgwv1.Alias), true
-}
-
-// AliasTargets returns every name an alias routes to: its targets, then
-// its fallbacks not among them, in order.
-func AliasTargets(a *llmgwv1.Alias) []string {
-	out := make([]string, 0, len(a.GetTargets())+len(a.GetFallbacks()))
-	for _, t := range a.GetTargets() {
-		out = append(out, t.GetTarget())
-	}
-	for _, f := range a.GetFallbacks() {
-		if !slices.Contains(out, f) {
-			out = append(out, f)
-		}
-	}
-	return out
 }

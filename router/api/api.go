@@ -615,6 +615,8 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		if next != nil {
 			tgt, next = *next, nil
 		} else {
+			// Again after an adapter's 404s: an alias is drawn again (a
+			// sticky one lands where it did).
 			tgt, aerr = h.dir.ResolveFor(r.Context(), req.Model, caller, reqLog)
 		}
 		if aerr != nil {

@@ -215,7 +215,7 @@ func (r *resolver) exists(name string) bool {
 // draw is step 1: the target for this request, "" when none exists with
 // weight above 0.
 func (r *resolver) draw(a *llmgwv1.Alias, c Caller) string {
-	var small [MaxDrawTargets]int
+	var small [maxDrawTargets]int
 	live := small[:0]
 	total := 0.0
 	for i, t := range a.GetTargets() {
@@ -236,7 +236,7 @@ func (r *resolver) draw(a *llmgwv1.Alias, c Caller) string {
 	}
 	targets := a.GetTargets()
 	if key != "" {
-		return targets[StickyPick(key, targets, live)].GetTarget()
+		return targets[stickyPick(key, targets, live)].GetTarget()
 	}
 	x := r.aliases.rnd() * total
 	for _, i := range live {
@@ -248,18 +248,19 @@ func (r *resolver) draw(a *llmgwv1.Alias, c Caller) string {
 	return targets[live[len(live)-1]].GetTarget() // rounding at the top end
 }
 
-// MaxDrawTargets is the targets a draw holds without allocating: the
-// FSM's bound on an alias's targets (fsm.MaxAliasTargets).
-const MaxDrawTargets = 16
+// maxDrawTargets is the targets a draw holds without allocating: the
+// FSM's bound on an alias's targets (fsm.MaxAliasTargets; the router may
+// not import fsm).
+const maxDrawTargets = 16
 
-// StickyPick is weighted rendezvous hashing: of targets[live...], the one
+// stickyPick is weighted rendezvous hashing: of targets[live...], the one
 // whose -ln(u) / weight is least, u uniform in (0, 1) from a hash of key
 // and the target's name. Each target wins a share of keys equal to its
 // share of the weight (the least of exponential draws of rates w_i); the
 // hash is FNV-1a with splitmix64's finalizer, the same on every router.
 // A weight change moves only the keys it must: a target whose weight
 // grows wins keys from the others and loses none.
-func StickyPick(key string, targets []*llmgwv1.AliasTarget, live []int) int {
+func stickyPick(key string, targets []*llmgwv1.AliasTarget, live []int) int {
 	kh := prefix.Mix(fnv64(key))
 	best, bestScore := live[0], math.Inf(1)
 	for _, i := range live {

@@ -5,7 +5,8 @@
 //
 //   - resolves the name in `model` to a model, or to one of its adapters
 //     and the replicas holding it, waiting for a cold adapter to load
-//     (design §7.6);
+//     (design §7.6), or an alias to one of its targets, and to the next
+//     of its fallbacks when that target refuses (design §7.9);
 //   - prepares what the scheduler reads: tier 1's prefix hashes, and tier
 //     2's tokens, block hashes and index matches (design §7.5), with the
 //     body edited as the engine must get it;

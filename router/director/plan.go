@@ -39,9 +39,10 @@ type Input struct {
 // request went. It belongs to the request's goroutine.
 type Plan struct {
 	Target
-	// Body is what goes to the engine: as the client sent it but for two
-	// fields, usage on streams (the router learns cached_tokens from it)
-	// and llama.cpp's adapter addressing (design §7.1, §7.6).
+	// Body is what goes to the engine: as the client sent it but for a few
+	// fields, usage on streams (the router learns cached_tokens from it),
+	// llama.cpp's adapter addressing (design §7.1, §7.6) and, for an
+	// alias, `model`: the target's name (§7.9).
 	Body   []byte
 	Stream bool
 	// StripUsage is set when the router asked for usage the client did
