@@ -110,6 +110,10 @@ func payloadFor(t llmgwv1.CommandType) proto.Message {
 		return &llmgwv1.SetModelScaleCommand{}
 	case llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING:
 		return &llmgwv1.SetReplicaSleepingCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_PUT_ALIAS:
+		return &llmgwv1.PutAliasCommand{}
+	case llmgwv1.CommandType_COMMAND_TYPE_DELETE_ALIAS:
+		return &llmgwv1.DeleteAliasCommand{}
 	}
 	return &llmgwv1.Command{} // never a payload; only for the descriptor check
 }

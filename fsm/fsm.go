@@ -60,6 +60,8 @@ type FSM struct {
 	usage        map[usageKey]*llmgwv1.UsageRow
 	usageCursors map[cursorKey]*llmgwv1.UsageCursor
 	usageNewest  int64
+	// aliases holds the model aliases by name (aliases.go).
+	aliases map[string]*llmgwv1.Alias
 	// scales holds the autoscaler's counts by model (scale.go).
 	scales map[string]*llmgwv1.ModelScale
 	log    []*llmgwv1.Change
@@ -98,6 +100,7 @@ func (f *FSM) reset() {
 	f.usageCursors = map[cursorKey]*llmgwv1.UsageCursor{}
 	f.usageNewest = 0
 	f.scales = map[string]*llmgwv1.ModelScale{}
+	f.aliases = map[string]*llmgwv1.Alias{}
 	f.log = nil
 	f.logFloor = 0
 }
@@ -185,6 +188,10 @@ func (f *FSM) ApplyAt(index uint64, appendedUnix int64, data []byte) (any, error
 		res, err = a.setModelScale(p)
 	case *llmgwv1.SetReplicaSleepingCommand:
 		res, err = a.setReplicaSleeping(p)
+	case *llmgwv1.PutAliasCommand:
+		res, err = a.putAlias(p)
+	case *llmgwv1.DeleteAliasCommand:
+		res, err = a.deleteAlias(p)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("apply index %d %s: %w", index, cmd.Type, err)
@@ -245,6 +252,8 @@ func setObject(c *llmgwv1.Change, obj proto.Message) {
 		c.Object = &llmgwv1.Change_ApiKey{ApiKey: o}
 	case *llmgwv1.Tenant:
 		c.Object = &llmgwv1.Change_Tenant{Tenant: o}
+	case *llmgwv1.Alias:
+		c.Object = &llmgwv1.Change_Alias{Alias: o}
 	}
 }
 
@@ -275,6 +284,9 @@ func (a *applier) upsertModel(p *llmgwv1.UpsertModelCommand) (any, error) {
 		if owner, ok := owners[ad.Name]; ok {
 			return nil, invalid(fmt.Sprintf("adapters[%d].name", i), "%q is already used by model %q", ad.Name, owner)
 		}
+	}
+	if err := a.modelNameFree(m); err != nil {
+		return nil, err
 	}
 	// Revision moves only when what the replicas run changes, so placement
 	// rolls them exactly then (design §4 "Changes roll"); a new replica count
@@ -631,6 +643,9 @@ func (f *FSM) Restore(data []byte) error {
 	}
 	f.restoreUsage(&st)
 	f.restoreScales(&st)
+	for _, a := range st.Aliases {
+		f.aliases[a.Name] = a
+	}
 	f.notify()
 	return nil
 }
@@ -651,6 +666,7 @@ func (f *FSM) State() *llmgwv1.State {
 		ServerRemovals:    cloneSorted(f.removals, func(r *llmgwv1.ServerRemoval) string { return r.ServerId }),
 		ApiKeys:           cloneSorted(f.apiKeys, func(k *llmgwv1.ApiKey) string { return k.Name }),
 		Tenants:           cloneSorted(f.tenants, func(t *llmgwv1.Tenant) string { return t.Name }),
+		Aliases:           cloneSorted(f.aliases, func(a *llmgwv1.Alias) string { return a.Name }),
 	}
 	st.Usage, st.UsageCursors = f.usageState()
 	st.Scales = f.scaleState()

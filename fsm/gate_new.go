@@ -43,4 +43,7 @@ var gatedCommands = map[llmgwv1.CommandType]gatedCommand{
 	llmgwv1.CommandType_COMMAND_TYPE_RECORD_USAGE:          {schema: 1, introduced: TenantsVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_SET_MODEL_SCALE:       {schema: 1, introduced: ScaleVersion},
 	llmgwv1.CommandType_COMMAND_TYPE_SET_REPLICA_SLEEPING:  {schema: 1, introduced: ScaleVersion},
+	// Model aliases (aliases.go): no release cut since tenants either.
+	llmgwv1.CommandType_COMMAND_TYPE_PUT_ALIAS:    {schema: 1, introduced: AliasesVersion},
+	llmgwv1.CommandType_COMMAND_TYPE_DELETE_ALIAS: {schema: 1, introduced: AliasesVersion},
 }

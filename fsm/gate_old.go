@@ -20,6 +20,8 @@ const TenantsVersion = ""
 // gatedCommands is empty in the "old" build (tag llmgw_upgrade_old): this
 // tree as the release before any gated command existed. A
 // SET_NODE_LABELS, SET_SERVER_REMOVED, PUT_API_KEY, DELETE_API_KEY or
-// SET_API_KEYS_REQUIRED entry, or one of tenants (PUT_TENANT,
-// DELETE_TENANT, SET_API_KEY_TENANT, RECORD_USAGE), stops it loudly, as an unknown command must.
+// SET_API_KEYS_REQUIRED entry, one of tenants (PUT_TENANT,
+// DELETE_TENANT, SET_API_KEY_TENANT, RECORD_USAGE), of elastic capacity
+// (SET_MODEL_SCALE, SET_REPLICA_SLEEPING) or of model aliases (PUT_ALIAS,
+// DELETE_ALIAS), stops it loudly, as an unknown command must.
 var gatedCommands = map[llmgwv1.CommandType]gatedCommand{}

@@ -436,14 +436,16 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	r.tok, r.sched, r.breakers = tok, sched, brs
 	r.control = &controlAdapters{addrs: r.controlAddrs, tls: src, conns: map[string]*grpc.ClientConn{}}
 
+	wc := r.watch
+	aliases := func() map[string]*llmgwv1.Alias { return wc.Current().Aliases }
 	r.dir = director.New(r.eps, sched, brs, r.reg,
+		director.WithAliases(aliases, nil),
 		director.WithKV(r.kv, tok, cfg.KVMinBlocks),
 		director.WithAdapters(r.control, cfg.AdapterWait),
 		director.WithAdapterQueue(cfg.AdapterQueue, nil),
 		director.WithAdapterUse(r.control, cfg.ID, r.log))
 	r.proxy = proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
 		MaxAttempts: proxy.DefaultConfig().MaxAttempts}, brs, r.reg)
-	wc := r.watch
 	r.quota = quota.New(quota.Config{Router: cfg.ID}, func() map[string]*llmgwv1.Tenant { return wc.Current().Tenants },
 		r.control, r.log, r.reg)
 	r.flow, err = flow.New(cfg.Flow, registryLoads{r.eps}, r.log, r.reg, nil)
@@ -468,6 +470,7 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		MaxKeyInflight: cfg.MaxKeyInflight,
 		Hold:           r.room,
 		Demand:         r.demand,
+		Aliases:        aliases,
 	}
 	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil

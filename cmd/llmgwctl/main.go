@@ -76,7 +76,7 @@ func newRootCmd(out io.Writer) *cobra.Command {
 	node.AddCommand(c.nodeLabelCmd())
 	root.AddCommand(c.modelCmd(), node, c.replicaCmd(), c.clusterCmd(), c.benchCmd(),
 		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd(), c.upgradeCmd(), c.tlsCmd())
-	root.AddCommand(c.apikeyCmd(), c.tenantCmd(), c.usageCmd(), c.flowCmd(), c.keyringCmd())
+	root.AddCommand(c.apikeyCmd(), c.tenantCmd(), c.usageCmd(), c.flowCmd(), c.keyringCmd(), c.aliasCmd())
 	wireUsage(root)
 	return root
 }

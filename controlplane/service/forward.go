@@ -107,6 +107,11 @@ var leaderOnly = map[string]func(req any) (proto.Message, bool){
 	llmgwv1.AdminService_PutTenant_FullMethodName:    func(any) (proto.Message, bool) { return &llmgwv1.PutTenantResponse{}, true },
 	llmgwv1.AdminService_DeleteTenant_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.DeleteTenantResponse{}, true },
 	// Tenant reads are local: the roll-up moves in batches anyway.
+	llmgwv1.AdminService_ApplyAlias_FullMethodName:  func(any) (proto.Message, bool) { return &llmgwv1.ApplyAliasResponse{}, true },
+	llmgwv1.AdminService_DeleteAlias_FullMethodName: func(any) (proto.Message, bool) { return &llmgwv1.DeleteAliasResponse{}, true },
+	llmgwv1.AdminService_ListAliases_FullMethodName: func(r any) (proto.Message, bool) {
+		return &llmgwv1.ListAliasesResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
+	},
 	llmgwv1.AdminService_ListModels_FullMethodName: func(r any) (proto.Message, bool) {
 		return &llmgwv1.ListModelsResponse{}, r.(*llmgwv1.ListRequest).GetConsistent()
 	},

@@ -49,6 +49,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"slices"
@@ -93,10 +94,15 @@ type Models interface {
 // request's name means and where it may go, and the plan that schedules
 // each attempt and is told how the request ended. Safe for concurrent use.
 type Director interface {
-	// Resolve is stage 2: on error, the target's Base is set when the name
-	// resolved to a model, and an error while ctx is done means the client
-	// went away.
-	Resolve(ctx context.Context, name string, log *slog.Logger) (director.Target, *openai.Error)
+	// ResolveFor is stage 2 for a request from a caller (whose key or
+	// session a sticky alias routes by): on error, the target's Base is
+	// set when the name resolved to a model, and an error while ctx is
+	// done means the client went away.
+	ResolveFor(ctx context.Context, name string, c director.Caller, log *slog.Logger) (director.Target, *openai.Error)
+	// Fallback is stage 2 again for an alias's request its target refused
+	// before any byte reached the client (design §7.9): the next of the
+	// alias's candidates, or false when there is none to try.
+	Fallback(ctx context.Context, t director.Target, code int, diverted bool, log *slog.Logger) (director.Target, bool)
 	// Prepare is stage 3; the plan it returns is stage 4's route and
 	// answers to stage 6.
 	Prepare(ctx context.Context, t director.Target, in director.Input) (*director.Plan, *openai.Error)
@@ -148,6 +154,9 @@ type Config struct {
 	// token for the router's demand report (router/demand); nil: not
 	// counted.
 	Demand DemandCounter
+	// Aliases returns the model aliases in force now, by name, which
+	// /v1/models lists (design §7.9); nil means none.
+	Aliases func() map[string]*llmgwv1.Alias
 }
 
 // Holder is the waiting room (router/waitroom): Enter lets a request of
@@ -362,7 +371,8 @@ type modelEntry struct {
 // its adapters (design §7.1): a model being rolled out exists, it only
 // answers 503 for a moment, and an adapter is servable whether or not a
 // replica holds it now. created is the model's first apply (its adapters
-// share it). A key limited to some models sees only those (auth.Allows).
+// share it). Aliases follow, sorted by name (aliasEntry). A key limited to
+// some models sees only those (auth.Allows).
 func (h *Handler) models(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, modelList{Object: "list", Data: h.modelEntries(keyOf(r), "")})
 }
@@ -404,6 +414,67 @@ func (h *Handler) modelEntries(key *llmgwv1.ApiKey, only string) []modelEntry {
 					Root: a.GetPath(), Parent: &ref.Model})
 			}
 		}
+	}
+	if h.cfg.Aliases == nil {
+		return out
+	}
+	as := h.cfg.Aliases()
+	for _, name := range slices.Sorted(maps.Keys(as)) {
+		if (only == "" || only == name) && auth.Allows(key, name, "") {
+			out = append(out, h.aliasEntry(as[name]))
+		}
+	}
+	return out
+}
+
+// aliasEntry is an alias's card (design §7.9): a model owned by llmgw,
+// its root the target of the largest weight that exists (its primary),
+// created that target's model's; max_model_len the least of every model
+// it may send a request to (targets and fallbacks that exist, an adapter
+// counting as its model), so a request sized by it fits wherever it goes,
+// and null while any of them has not said.
+func (h *Handler) aliasEntry(a *llmgwv1.Alias) modelEntry {
+	e := modelEntry{ID: a.GetName(), Object: "model", OwnedBy: "llmgw", Root: a.GetName()}
+	baseOf := func(name string) string {
+		if _, ok := h.desired.Lookup(name); ok {
+			return name
+		}
+		if ref, ok := h.desired.Adapter(name); ok {
+			return ref.Model
+		}
+		return ""
+	}
+	found, best := false, uint32(0)
+	for _, t := range a.GetTargets() {
+		if b := baseOf(t.GetTarget()); b != "" && (!found || t.GetWeight() > best) {
+			found, best = true, t.GetWeight()
+			e.Root, e.Created = t.GetTarget(), h.spec(b).GetCreatedUnix()
+		}
+	}
+	least, known := 0, false
+	for _, name := range append(targetNames(a), a.GetFallbacks()...) {
+		b := baseOf(name)
+		if b == "" {
+			continue
+		}
+		n, ok := h.desired.MaxModelLen(b)
+		if !ok {
+			return e // one has not said: null
+		}
+		if !known || n < least {
+			least, known = n, true
+		}
+	}
+	if known {
+		e.MaxModelLen = &least
+	}
+	return e
+}
+
+func targetNames(a *llmgwv1.Alias) []string {
+	out := make([]string, 0, len(a.GetTargets())+len(a.GetFallbacks()))
+	for _, t := range a.GetTargets() {
+		out = append(out, t.GetTarget())
 	}
 	return out
 }
@@ -533,12 +604,23 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		}
 	}()
 	var events *openai.EventCounter
+	// next is an alias's fallback, served instead of resolving the name
+	// again (design §7.9); missingRetries counts the adapter retries.
+	var next *director.Target
+	missingRetries := 0
+	caller := director.Caller{Key: key.GetName(), Session: r.Header.Get("X-Session-Id")}
 	for try := 0; ; try++ {
-		// 2. Resolve the model and adapter, and the replicas that may serve it.
+		// 2. Resolve the model, adapter or alias, and the replicas that may serve it.
 		var aerr *openai.Error
-		tgt, aerr = h.dir.Resolve(r.Context(), req.Model, reqLog)
+		if next != nil {
+			tgt, next = *next, nil
+		} else {
+			// Again after an adapter's 404s: an alias is drawn again (a
+			// sticky one lands where it did).
+			tgt, aerr = h.dir.ResolveFor(r.Context(), req.Model, caller, reqLog)
+		}
 		if aerr != nil {
-			if tgt.Adapter != "" && r.Context().Err() != nil {
+			if (tgt.Adapter != "" || tgt.Alias != "") && r.Context().Err() != nil {
 				return proxy.ClientClosed, tgt.Base
 			}
 			return refuse(aerr), tgt.Base
@@ -610,10 +692,20 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		res = h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
 			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
 			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: tail,
-			Start: start, Log: log})
-		if res.Err == nil || len(res.Missing) == 0 || try == adapterRetries {
+			Divert: plan.Divert(), Start: start, Log: log})
+		// An alias's target refused before any byte reached the client:
+		// the next of its candidates serves instead (design §7.9).
+		if res.Err != nil && len(res.Missing) == 0 && tgt.Alias != "" && r.Context().Err() == nil {
+			if fb, ok := h.dir.Fallback(r.Context(), tgt, res.Code, res.Diverted, log); ok {
+				plan.Done("", http.StatusBadGateway) // close the attempt's record
+				next = &fb
+				continue
+			}
+		}
+		if res.Err == nil || len(res.Missing) == 0 || missingRetries == adapterRetries {
 			break
 		}
+		missingRetries++
 		// Every attempt failed: the plan's last record (its queued prefill,
 		// its speculative entries) is closed before the next one.
 		plan.Done("", http.StatusBadGateway)

@@ -5,7 +5,8 @@
 //
 //   - resolves the name in `model` to a model, or to one of its adapters
 //     and the replicas holding it, waiting for a cold adapter to load
-//     (design §7.6);
+//     (design §7.6), or an alias to one of its targets, and to the next
+//     of its fallbacks when that target refuses (design §7.9);
 //   - prepares what the scheduler reads: tier 1's prefix hashes, and tier
 //     2's tokens, block hashes and index matches (design §7.5), with the
 //     body edited as the engine must get it;
@@ -116,6 +117,7 @@ type options struct {
 	kv       *kvOptions
 	adapters *adapterOptions
 	use      *useOptions
+	aliases  *aliasOptions
 }
 
 type kvOptions struct {
@@ -186,7 +188,10 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 		kv = &tier2{idx: o.kv.idx, tok: o.kv.tok, loads: table, minBlocks: o.kv.minBlocks, m: newKVMetrics(reg),
 			prefill: newPrefillLedger(time.Now)}
 	}
-	res := &resolver{models: table, holdings: table, m: adm}
+	res := &resolver{models: table, holdings: table, loads: table, m: adm}
+	if o.aliases != nil && o.aliases.table != nil {
+		res.aliases = &aliases{table: o.aliases.table, rnd: o.aliases.rnd, m: newAliasMetrics(reg)}
+	}
 	if o.adapters != nil && o.adapters.ctl != nil {
 		res.ad = newAdapters(o.adapters.ctl, o.adapters.wait, o.adapters.queueLen, o.adapters.clock, adm)
 	}
@@ -194,9 +199,13 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 	if o.use != nil && o.use.rep != nil {
 		use = newAdapterUse(o.use, table, adm)
 	}
+	var am *aliasMetrics
+	if res.aliases != nil {
+		am = res.aliases.m
+	}
 	return &Director{
 		res:  res,
-		prep: &preparer{profiles: sched, kv: kv, use: use},
+		prep: &preparer{profiles: sched, kv: kv, use: use, aliasM: am},
 		pick: &chooser{loads: table, holdings: table, breakers: breakers, sched: sched},
 		kv:   kv,
 		use:  use,
@@ -244,6 +253,13 @@ type Target struct {
 	// routable ones, or for an adapter those holding it. Empty when none
 	// is ready (the request then gets 503).
 	Endpoints []*endpoint.Endpoint
+	// Alias is the alias Name named, "" when Name is a model or an
+	// adapter (design §7.9); the target it resolved to is Base, or
+	// Adapter when set (ServedName), and the engine gets the request
+	// under that name.
+	Alias string
+	// chain is an alias's request's candidates (aliases.go).
+	chain *aliasChain
 }
 
 // Resolve is stage 2: it maps name, the request's `model`, to a model
@@ -254,14 +270,17 @@ type Target struct {
 // refusal with the model; an error while ctx is done means the client
 // went away. log receives the wait's progress.
 func (d *Director) Resolve(ctx context.Context, name string, log *slog.Logger) (Target, *openai.Error) {
-	return d.res.resolve(ctx, name, log)
+	return d.ResolveFor(ctx, name, Caller{}, log)
 }
 
-// resolver is stage 2: names to models, adapters to their holders.
+// resolver is stage 2: names to models, adapters to their holders,
+// aliases to one of their targets (aliases.go).
 type resolver struct {
 	models   Models
 	holdings Holdings
+	loads    Loads     // an alias's candidates' overload
 	ad       *adapters // nil: cold adapters are refused
+	aliases  *aliases  // nil: no aliases
 	m        *adapterMetrics
 }
 

@@ -39,9 +39,10 @@ type Input struct {
 // request went. It belongs to the request's goroutine.
 type Plan struct {
 	Target
-	// Body is what goes to the engine: as the client sent it but for two
-	// fields, usage on streams (the router learns cached_tokens from it)
-	// and llama.cpp's adapter addressing (design §7.1, §7.6).
+	// Body is what goes to the engine: as the client sent it but for a few
+	// fields, usage on streams (the router learns cached_tokens from it),
+	// llama.cpp's adapter addressing (design §7.1, §7.6) and, for an
+	// alias, `model`: the target's name (§7.9).
 	Body   []byte
 	Stream bool
 	// StripUsage is set when the router asked for usage the client did
@@ -67,6 +68,8 @@ type Plan struct {
 	hold    holdSlot
 	stopUse func() bool
 	ctx     context.Context // the request's, for the use's wait
+	// aliasM counts an alias's answers by target (nil: no aliases).
+	aliasM *aliasMetrics
 }
 
 // attempt is what one attempt recorded: the blocks it speculated on its
@@ -90,12 +93,21 @@ func (d *Director) Prepare(ctx context.Context, t Target, in Input) (*Plan, *ope
 // preparer is stage 3: the body's edits, tier 1's hashes, tier 2's query.
 type preparer struct {
 	profiles Profiles
-	kv       *tier2      // nil: tier 2 off
-	use      *adapterUse // nil: adapter use not counted
+	kv       *tier2        // nil: tier 2 off
+	use      *adapterUse   // nil: adapter use not counted
+	aliasM   *aliasMetrics // nil: no aliases
 }
 
 func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *chooser) (*Plan, *openai.Error) {
-	pl := &Plan{Target: t, Body: in.Body, Stream: in.Stream, pick: pick, kv: p.kv}
+	pl := &Plan{Target: t, Body: in.Body, Stream: in.Stream, pick: pick, kv: p.kv, aliasM: p.aliasM}
+	if t.Alias != "" {
+		// The engine serves the target under its own name (design §7.9).
+		b, err := openai.WithModel(pl.Body, t.ServedName())
+		if err != nil {
+			return nil, openai.InvalidField("", err.Error())
+		}
+		pl.Body = b
+	}
 	if in.Stream && !openai.WantsUsage(pl.Body) {
 		b, err := openai.WithUsage(pl.Body)
 		if err != nil {
@@ -253,6 +265,9 @@ const usageTail = 4 << 10
 // when the answer carried none, or did not succeed).
 func (p *Plan) Done(replica string, code int) (outputTokens int, ok bool) {
 	p.settle(code >= 500)
+	if replica != "" {
+		p.served(code)
+	}
 	if p.use != nil {
 		p.hold.release()
 		p.stopUse()

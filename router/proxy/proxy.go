@@ -15,6 +15,7 @@ package proxy
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -95,6 +96,14 @@ type Request struct {
 	StripUsage bool
 	// Tail, when set, receives a copy of the accepted answer's bytes.
 	Tail io.Writer
+	// Divert, when set, is asked about an answer of status 400 or more
+	// before any byte of it reaches the client (a 5xx from an attempt
+	// that is not the last is retried on another replica first, as
+	// always), with up to DivertPeek bytes of its body. An answer it
+	// claims is not passed on and no other replica is tried: Serve
+	// returns with Result.Diverted set, and the caller serves the request
+	// from another model (an alias's fallback, design §7.9).
+	Divert func(code int, body []byte) bool
 	// Start is when the request arrived, for the time to first byte.
 	Start time.Time
 	// Log is the request's logger.
@@ -119,7 +128,23 @@ type Result struct {
 	// first token; zero for an answer not streamed (its first byte is its
 	// last) and for none.
 	FirstByte time.Time
+	// Diverted is set when Request.Divert claimed the answer: nothing was
+	// written, Code is the engine's status and Err the engine's error as
+	// the client would have seen it.
+	Diverted bool
 }
+
+// DivertPeek bounds the body of an answer Request.Divert is shown: an
+// engine's error body is a few hundred bytes.
+const DivertPeek = 16 << 10
+
+// divertedError is an answer Request.Divert claimed.
+type divertedError struct {
+	code int
+	body []byte
+}
+
+func (e *divertedError) Error() string { return fmt.Sprintf("answer %d diverted", e.code) }
 
 // Proxy forwards requests to engines. Safe for concurrent use; Close drops
 // its idle upstream connections.
@@ -196,6 +221,14 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Resu
 			log.Info("router: client went away", "replica", ep.ReplicaID)
 			return Result{Code: ClientClosed}
 		}
+		var dv *divertedError
+		if errors.As(err, &dv) {
+			// The replica answered; its breaker counts the answer as it
+			// would have counted it passed on.
+			settle(br, dv.code)
+			log.Info("router: answer diverted", "replica", ep.ReplicaID, "status", dv.code)
+			return Result{Code: dv.code, Err: engineError(dv.code, dv.body), Diverted: true}
+		}
 		lastErr = err
 		if errors.Is(err, errAdapterMissing) {
 			// The replica is healthy; the table was a moment behind.
@@ -233,6 +266,49 @@ func settle(br *breaker.Breaker, code int) {
 	default:
 		br.Success()
 	}
+}
+
+// engineError is an engine's error answer as the client would have seen
+// it: its OpenAI body's message, type, param and code where it has them
+// (vLLM's, nested under "error" or flat with "object": "error"), else its
+// status's text.
+func engineError(code int, body []byte) *openai.Error {
+	e := &openai.Error{Status: code, Type: "server_error", Message: http.StatusText(code)}
+	if code < 500 {
+		e.Type = "invalid_request_error"
+	}
+	if code == http.StatusTooManyRequests || code == http.StatusServiceUnavailable {
+		e.RetryAfter = 1
+	}
+	type fields struct {
+		Message string          `json:"message"`
+		Type    string          `json:"type"`
+		Param   string          `json:"param"`
+		Code    json.RawMessage `json:"code"`
+	}
+	var v struct {
+		fields
+		Error *fields `json:"error"`
+	}
+	if json.Unmarshal(body, &v) != nil {
+		return e
+	}
+	f := v.Error
+	if f == nil {
+		f = &v.fields
+	}
+	if f.Message != "" {
+		e.Message = f.Message
+	}
+	if f.Type != "" {
+		e.Type = f.Type
+	}
+	e.Param = f.Param
+	var c string
+	if json.Unmarshal(f.Code, &c) == nil {
+		e.Code = c
+	}
+	return e
 }
 
 // hopHeaders are per-connection headers a proxy must not forward (RFC 9110 §7.6.1).
@@ -293,6 +369,18 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		// so this 404 is the table being behind, not the client's error.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return 0, first, fmt.Errorf("replica %s, adapter %s: %w", ep.ReplicaID, req.Adapter, errAdapterMissing)
+	}
+	if req.Divert != nil && resp.StatusCode >= 400 {
+		peek, _ := io.ReadAll(io.LimitReader(resp.Body, DivertPeek))
+		if req.Divert(resp.StatusCode, peek) {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			return 0, first, &divertedError{code: resp.StatusCode, body: peek}
+		}
+		// Not claimed: the answer goes on whole, what was read first.
+		resp.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(peek), resp.Body), resp.Body}
 	}
 
 	req.Route.Accepted()

@@ -55,6 +55,11 @@ func saveState(path string, st *State) error {
 	for _, k := range slices.Sorted(maps.Keys(st.Tenants)) {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_Tenant{Tenant: st.Tenants[k]}})
 	}
+	// Aliases too, so a restarted router resolves them from its first
+	// request (design §7.9).
+	for _, k := range slices.Sorted(maps.Keys(st.Aliases)) {
+		change(&llmgwv1.Change{Object: &llmgwv1.Change_Alias{Alias: st.Aliases[k]}})
+	}
 	if st.Config != nil {
 		change(&llmgwv1.Change{Object: &llmgwv1.Change_Config{Config: st.Config}})
 	}

@@ -43,6 +43,10 @@ type State struct {
 	// Tenants are the tenants and their limits (design §7.7), by name; a
 	// published State's map is never changed.
 	Tenants map[string]*llmgwv1.Tenant
+	// Aliases are the model aliases (design §7.9), by name: the director
+	// resolves a request's `model` through them and /v1/models lists
+	// them. A published State's map is never changed.
+	Aliases map[string]*llmgwv1.Alias
 
 	// Ephemeral holds each agent's last accepted data, by node id. A
 	// published State's (Epoch, Seq) may trail the client's: updates that
@@ -105,6 +109,7 @@ func emptyState() *State {
 		Replicas:   map[string]*llmgwv1.Replica{},
 		Placements: map[string]*llmgwv1.AdapterPlacement{},
 		Tenants:    map[string]*llmgwv1.Tenant{},
+		Aliases:    map[string]*llmgwv1.Alias{},
 		Ephemeral:  map[string]*NodeEphemeral{},
 	}
 }
@@ -124,6 +129,10 @@ func (s *State) clone() *State {
 	c.Tenants = maps.Clone(s.Tenants)
 	if c.Tenants == nil {
 		c.Tenants = map[string]*llmgwv1.Tenant{} // a state saved before tenants existed
+	}
+	c.Aliases = maps.Clone(s.Aliases)
+	if c.Aliases == nil {
+		c.Aliases = map[string]*llmgwv1.Alias{} // a state saved before aliases existed
 	}
 	c.Ephemeral = maps.Clone(s.Ephemeral)
 	c.keysOwned, s.keysOwned = false, false
@@ -184,6 +193,12 @@ func (s *State) applyChange(ch *llmgwv1.Change) {
 			s.Tenants[o.Tenant.GetName()] = o.Tenant
 		} else if del {
 			delete(s.Tenants, o.Tenant.GetName())
+		}
+	case *llmgwv1.Change_Alias:
+		if put {
+			s.Aliases[o.Alias.GetName()] = o.Alias
+		} else if del {
+			delete(s.Aliases, o.Alias.GetName())
 		}
 	}
 }

@@ -23,6 +23,8 @@ func (f fakeState) Tenants() []*llmgwv1.Tenant            { return f.st.Tenants 
 func (f fakeState) Usage(string, string, int64) []*llmgwv1.UsageRow {
 	return f.st.Usage
 }
+func (f fakeState) Aliases() []*llmgwv1.Alias           { return f.st.Aliases }
+func (f fakeState) Alias(string) (*llmgwv1.Alias, bool) { return nil, false }
 
 // fakeReports reports adapters per replica id.
 type fakeReports map[string]map[string]*llmgwv1.AdapterStatus

@@ -46,6 +46,9 @@ type Desired interface {
 	Tenant(name string) (*llmgwv1.Tenant, bool)
 	Tenants() []*llmgwv1.Tenant
 	Usage(tenant, model string, sinceUnix int64) []*llmgwv1.UsageRow
+	// Aliases and Alias read the model aliases (fsm/aliases.go).
+	Aliases() []*llmgwv1.Alias
+	Alias(name string) (*llmgwv1.Alias, bool)
 }
 
 // Raft is this server's Raft member (package store).

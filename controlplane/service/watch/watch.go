@@ -223,7 +223,7 @@ func (w *Service) sendDesired(stream llmgwv1.WatchService_WatchServer, sent uint
 func (w *Service) sendSnapshot(stream llmgwv1.WatchService_WatchServer) (uint64, error) {
 	st := w.state.State()
 	w.metrics.watchSnapshots.Inc()
-	events := make([]*llmgwv1.WatchEvent, 0, 3+len(st.Models)+len(st.Nodes)+len(st.Replicas)+len(st.AdapterPlacements)+len(st.ApiKeys)+len(st.Tenants))
+	events := make([]*llmgwv1.WatchEvent, 0, 3+len(st.Models)+len(st.Nodes)+len(st.Replicas)+len(st.AdapterPlacements)+len(st.ApiKeys)+len(st.Tenants)+len(st.Aliases))
 	events = append(events, &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_SnapshotBegin{SnapshotBegin: &llmgwv1.SnapshotBegin{Revision: st.Revision}}})
 	put := func(c *llmgwv1.Change) {
 		c.Revision, c.Op = st.Revision, llmgwv1.ChangeOp_CHANGE_OP_PUT
@@ -251,6 +251,10 @@ func (w *Service) sendSnapshot(stream llmgwv1.WatchService_WatchServer) (uint64,
 	// roll-up stays in the control plane.
 	for _, t := range st.Tenants {
 		put(&llmgwv1.Change{Object: &llmgwv1.Change_Tenant{Tenant: t}})
+	}
+	// Model aliases: routers resolve them (design §7.9).
+	for _, a := range st.Aliases {
+		put(&llmgwv1.Change{Object: &llmgwv1.Change_Alias{Alias: a}})
 	}
 	put(&llmgwv1.Change{Object: &llmgwv1.Change_Config{Config: st.Config}})
 	events = append(events, &llmgwv1.WatchEvent{Event: &llmgwv1.WatchEvent_SnapshotEnd{SnapshotEnd: &llmgwv1.SnapshotEnd{Revision: st.Revision}}})
