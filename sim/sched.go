@@ -68,10 +68,10 @@ type gseq struct {
 	arrival  uint64
 }
 
-// before reports whether a goes ahead of b in the priority policy's queue
+// before reports whether s goes ahead of o in the priority policy's queue
 // (vLLM's PriorityRequestQueue: priority, then arrival).
-func (a *gseq) before(b *gseq) bool {
-	return a.priority < b.priority || (a.priority == b.priority && a.arrival < b.arrival)
+func (s *gseq) before(o *gseq) bool {
+	return s.priority < o.priority || (s.priority == o.priority && s.arrival < o.arrival)
 }
 
 // numTokens is what the sequence knows: prompt and sampled tokens.
