@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,6 +100,16 @@ type Config struct {
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	BodyTimeout       time.Duration `yaml:"body_timeout"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	// ClientWriteTimeout bounds one write of an answer to a client: a
+	// client that stops reading a stream is taken to have gone once a
+	// write has blocked this long, and its engine request is cancelled
+	// (design §7.1), instead of generating into a connection nobody reads.
+	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
+	// SessionHeaders name the request headers that carry a session's key
+	// for session affinity (design §7.5 tier 0), the first present
+	// winning: by default X-Session-ID and the coding agents' own
+	// (api.DefaultSessionHeaders).
+	SessionHeaders []string `yaml:"session_headers"`
 	// MaxHeaderBytes and MaxHeaderCount bound a request's headers (431
 	// beyond), which are held in memory and forwarded to the engine.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
@@ -179,33 +190,35 @@ type Config struct {
 func DefaultConfig() Config {
 	a, px := api.DefaultConfig(), proxy.DefaultConfig()
 	return Config{
-		Control:           []string{"127.0.0.1:7400"},
-		HTTPAddr:          "127.0.0.1:8080",
-		OpsAddr:           DefaultOpsAddr,
-		MaxBodyBytes:      a.MaxBodyBytes,
-		GCMinHeap:         16 << 20,
-		ScrapeInterval:    200 * time.Millisecond,
-		ConnectTimeout:    px.ConnectTimeout,
-		FirstByteTimeout:  px.FirstByteTimeout,
-		ShutdownGrace:     30 * time.Second,
-		ReadHeaderTimeout: 10 * time.Second,
-		BodyTimeout:       60 * time.Second,
-		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    64 << 10,
-		MaxHeaderCount:    100,
-		MaxConnections:    4096,
-		MaxConnsPerAddr:   256,
-		MaxInflight:       1024,
-		MaxKeyInflight:    256,
-		Breaker:           breaker.DefaultConfig(),
-		Scheduler:         scheduler.DefaultConfig(),
-		KVIndex:           kvindex.DefaultConfig(),
-		Tokenize:          tokenize.DefaultConfig(),
-		Flow:              flow.DefaultConfig(),
-		KVMinBlocks:       1,
-		AdapterWait:       director.DefaultAdapterWait,
-		AdapterQueue:      director.DefaultAdapterQueue,
-		HoldMaxBytes:      waitroom.DefaultMaxBytes,
+		Control:            []string{"127.0.0.1:7400"},
+		HTTPAddr:           "127.0.0.1:8080",
+		OpsAddr:            DefaultOpsAddr,
+		MaxBodyBytes:       a.MaxBodyBytes,
+		GCMinHeap:          16 << 20,
+		ScrapeInterval:     200 * time.Millisecond,
+		ConnectTimeout:     px.ConnectTimeout,
+		FirstByteTimeout:   px.FirstByteTimeout,
+		ShutdownGrace:      30 * time.Second,
+		ReadHeaderTimeout:  10 * time.Second,
+		BodyTimeout:        60 * time.Second,
+		IdleTimeout:        120 * time.Second,
+		ClientWriteTimeout: px.ClientWriteTimeout,
+		SessionHeaders:     api.DefaultSessionHeaders(),
+		MaxHeaderBytes:     64 << 10,
+		MaxHeaderCount:     100,
+		MaxConnections:     4096,
+		MaxConnsPerAddr:    256,
+		MaxInflight:        1024,
+		MaxKeyInflight:     256,
+		Breaker:            breaker.DefaultConfig(),
+		Scheduler:          scheduler.DefaultConfig(),
+		KVIndex:            kvindex.DefaultConfig(),
+		Tokenize:           tokenize.DefaultConfig(),
+		Flow:               flow.DefaultConfig(),
+		KVMinBlocks:        1,
+		AdapterWait:        director.DefaultAdapterWait,
+		AdapterQueue:       director.DefaultAdapterQueue,
+		HoldMaxBytes:       waitroom.DefaultMaxBytes,
 	}
 }
 
@@ -272,6 +285,14 @@ func (c Config) Validate() error {
 	}
 	if c.IdleTimeout <= 0 {
 		p.Add(configfile.Flag("idle-timeout"), "must be positive, got %s", c.IdleTimeout)
+	}
+	if c.ClientWriteTimeout <= 0 {
+		p.Add(configfile.Flag("client-write-timeout"), "must be positive, got %s", c.ClientWriteTimeout)
+	}
+	for _, h := range c.SessionHeaders {
+		if !validHeaderName(h) {
+			p.Add(configfile.Flag("session-headers"), "%q is not a header name", h)
+		}
 	}
 	if c.MaxHeaderBytes <= 0 {
 		p.Add(configfile.Flag("max-header-bytes"), "must be positive, got %d", c.MaxHeaderBytes)
@@ -442,7 +463,7 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		director.WithAdapterQueue(cfg.AdapterQueue, nil),
 		director.WithAdapterUse(r.control, cfg.ID, r.log))
 	r.proxy = proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
-		MaxAttempts: proxy.DefaultConfig().MaxAttempts}, brs, r.reg)
+		MaxAttempts: proxy.DefaultConfig().MaxAttempts, ClientWriteTimeout: cfg.ClientWriteTimeout}, brs, r.reg)
 	wc := r.watch
 	r.quota = quota.New(quota.Config{Router: cfg.ID}, func() map[string]*llmgwv1.Tenant { return wc.Current().Tenants },
 		r.control, r.log, r.reg)
@@ -468,6 +489,7 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		MaxKeyInflight: cfg.MaxKeyInflight,
 		Hold:           r.room,
 		Demand:         r.demand,
+		SessionHeaders: append([]string{}, cfg.SessionHeaders...), // empty: none
 	}
 	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil
@@ -802,4 +824,21 @@ func (l registryLoads) Loads(model string, dst []endpoint.Load) []endpoint.Load 
 		dst = append(dst, l.eps.LoadOf(e))
 	}
 	return dst
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110 token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -227,37 +227,6 @@ func TestStripAndTail(t *testing.T) {
 	}
 }
 
-// TestDoneTail: the end of a stream is seen however the reads cut it,
-// and only at the very end.
-func TestDoneTail(t *testing.T) {
-	long := strings.Repeat("data: {\"choices\":[{}]}\n\n", 3)
-	tests := []struct {
-		in   string
-		want bool
-	}{
-		{long + "data: [DONE]\n\n", true},
-		{long + "data: [DONE]\r\n\r\n", true},
-		{"data: [DONE]\n\n", true},
-		{long + "data: [DONE]\n", false},
-		{long + "data: [DONE]\n\ndata: {}\n\n", false},
-		{long, false},
-		{"", false},
-	}
-	for _, tt := range tests {
-		for n := 1; n <= len(tt.in)+1; n++ {
-			var d doneTail
-			for in := tt.in; len(in) > 0; {
-				k := min(n, len(in))
-				d.add([]byte(in[:k]))
-				in = in[k:]
-			}
-			if d.done() != tt.want {
-				t.Fatalf("%q in reads of %d: done %v, want %v", tt.in, n, d.done(), tt.want)
-			}
-		}
-	}
-}
-
 // TestForwardHeader: the engine never gets the client's credentials,
 // hop-by-hop fields, Expect or its Content-Length; everything else
 // passes, with the body's own length and the engine's address as Host.
