@@ -28,8 +28,8 @@ type EventCounter struct {
 	// Events counted so far.
 	Events int
 
-	line    [64]byte // the current line's first bytes
-	n       int      // the current line's length so far
+	line [64]byte // the current line's first bytes
+	n    int      // the current line's length so far
 	// The current event: its name, whether it is the API's last, and
 	// whether it has begun (a field line seen).
 	name     [64]byte

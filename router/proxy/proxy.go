@@ -19,6 +19,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -364,15 +365,17 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	// client does next (closing right after its last event is what SDKs
 	// do).
 	whole := err == nil || (req.Stream && c.end.Ended()) || (resp.ContentLength >= 0 && n == resp.ContentLength)
+	// A write to the client that failed means it went away, whether or
+	// not its context says so yet (the server cancels it on a failed
+	// write); closing the engine's connection (resp.Body.Close, the body
+	// unread) cancels the engine's work.
 	gone := r.Context().Err() != nil || c.clientErr
 	switch {
 	case whole:
-	case c.clientErr && r.Context().Err() == nil:
-		// The client is connected but stopped reading (the write stalled
-		// past ClientWriteTimeout) or its connection failed under the
-		// write: it went away all the same, and closing the engine's
-		// connection (resp.Body.Close, unread) cancels its work.
-		p.m.clientWriteFailures.WithLabelValues(ep.Model).Inc()
+	case c.clientErr && errors.Is(err, os.ErrDeadlineExceeded):
+		// Connected, but it stopped reading: the write stalled past
+		// ClientWriteTimeout.
+		p.m.clientStalls.WithLabelValues(ep.Model).Inc()
 		log.Info("router: the client stopped reading; cancelling the engine's request", "replica", ep.ReplicaID, "bytes", n, "err", err)
 	case !gone:
 		// Too late to answer with an error: the client sees a cut stream.
@@ -475,10 +478,10 @@ func (c *copier) arm(rc *http.ResponseController) {
 type metrics struct {
 	ttft           *prometheus.HistogramVec
 	upstreamErrors *prometheus.CounterVec
-	// clientWriteFailures counts answers cut because writing to the
-	// client failed or stalled while its request was still live.
-	clientWriteFailures *prometheus.CounterVec
-	adapterMissing      prometheus.Counter
+	// clientStalls counts answers cut because a write to the client
+	// stalled past ClientWriteTimeout.
+	clientStalls   *prometheus.CounterVec
+	adapterMissing prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -490,9 +493,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "llmgw_router_upstream_errors_total",
 			Help: "Engine failures: connection errors, 5xx answers retried elsewhere, streams cut short.",
 		}, []string{"model"}),
-		clientWriteFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "llmgw_router_client_write_failures_total",
-			Help: "Answers cut because a write to a connected client failed or stalled past --client-write-timeout (a client that stopped reading); the engine's request was cancelled.",
+		clientStalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_client_stalls_total",
+			Help: "Answers cut because a write to a connected client stalled past --client-write-timeout (a client that stopped reading); the engine's request was cancelled.",
 		}, []string{"model"}),
 		adapterMissing: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgw_router_adapter_missing_total",
@@ -500,7 +503,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ttft, m.upstreamErrors, m.clientWriteFailures, m.adapterMissing)
+		reg.MustRegister(m.ttft, m.upstreamErrors, m.clientStalls, m.adapterMissing)
 	}
 	return m
 }
