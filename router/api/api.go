@@ -1,7 +1,11 @@
-// Package api is the router's OpenAI-compatible HTTP surface (design
-// §7.1): the completion endpoints, /v1/models and the probes, and nothing
-// about other users (/metrics and the debug pages are on the router's
-// operations port, router/ops.go). A completion request runs as a
+// Package api is the router's HTTP surface (design §7.1): OpenAI's
+// completion endpoints and Responses API, Anthropic's Messages API (and
+// its count_tokens), /v1/models and the probes, and nothing about other
+// users (/metrics and the debug pages are on the router's operations
+// port, router/ops.go). Every inference API runs the same pipeline; what
+// differs between them — where the prompt is, how the answer reports its
+// usage and ends its stream, the shape of an error — is router/openai's,
+// asked through the request's openai.API. A completion request runs as a
 // pipeline of stages, in the shape of the Gateway API Inference Extension
 // (handler → director → scheduler → proxy), each given only what it needs:
 //
@@ -24,11 +28,16 @@
 //     the answer to finish.
 //
 // The handler does no routing of its own: it runs the stages in order and
-// answers a refusal from any of them with OpenAI's error body. Nor does it
+// answers a refusal from any of them with the API's error body (OpenAI's,
+// or Anthropic's on /v1/messages). Nor does it
 // build them: the router (router.New) builds the director and the proxy
 // and hands them to New, which sees each only through the interface it
 // declares here (Director, Forwarder), so their options and dependencies
 // (scheduler, breakers, KV index, adapter control) are none of its business.
+//
+// The session key session affinity routes by (design §7.5 tier 0) is the
+// first of Config.SessionHeaders the request carries: X-Session-ID, or a
+// coding agent's own session header.
 //
 // Before any of them, every /v1/ request is checked for an API key while
 // the cluster requires keys (its first key turns that on), or always with

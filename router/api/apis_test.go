@@ -273,7 +273,7 @@ func withStream(body string) string {
 func TestAPIsServed(t *testing.T) {
 	for _, api := range []openai.API{openai.Chat, openai.Responses, openai.Messages} {
 		for _, stream := range []bool{false, true} {
-			t.Run(fmt.Sprintf("%s stream=%v", apiName(api), stream), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s stream=%v", api.String(), stream), func(t *testing.T) {
 				f := newFakeVLLM(t)
 				srv, reg, _ := apiRouter(t, f, proxy.DefaultConfig(), nil)
 				body := apiBodies[api]
@@ -563,7 +563,7 @@ func TestSessionHeaders(t *testing.T) {
 // not 499.
 func TestStreamEndCounts(t *testing.T) {
 	for _, api := range []openai.API{openai.Chat, openai.Responses, openai.Messages} {
-		t.Run(apiName(api), func(t *testing.T) {
+		t.Run(api.String(), func(t *testing.T) {
 			f := newFakeVLLM(t)
 			f.mode.Store("linger")
 			srv, reg, _ := apiRouter(t, f, proxy.DefaultConfig(), nil)
@@ -599,7 +599,7 @@ func TestCancellationReachesEngine(t *testing.T) {
 	apis := []openai.API{openai.Chat, openai.Completions, openai.Responses, openai.Messages}
 	for _, api := range apis {
 		for _, how := range []string{"disconnect mid-stream", "disconnect before the answer", "stop reading"} {
-			t.Run(fmt.Sprintf("%s %s", apiName(api), how), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s %s", api.String(), how), func(t *testing.T) {
 				f := newFakeVLLM(t)
 				px := proxy.DefaultConfig()
 				px.ClientWriteTimeout = 200 * time.Millisecond
@@ -658,7 +658,23 @@ func rawRequest(t *testing.T, addr, path, body string) net.Conn {
 // keySource serves the keys of authRouter's tests to apiRouter.
 func (k *keySource) get() *auth.Set { return k.cur.Load() }
 
-// apiName is api's path as a subtest's name (no slashes).
-func apiName(api openai.API) string {
-	return strings.ReplaceAll(strings.TrimPrefix(api.Path(), "/v1/"), "/", ".")
+// TestEnginePriorityByAPI: an engine that schedules by priority is told
+// the class on the Responses API, which takes vLLM's priority field, and
+// not on the Messages API, whose request has none (vLLM drops it).
+func TestEnginePriorityByAPI(t *testing.T) {
+	f := newFakeVLLM(t)
+	h, loads := flowHandler(t, "http://"+f.addr, nil, nil, nil)
+	loads.tb.list = []*llmgwv1.Model{{Name: "demo", ExtraArgs: []string{"--scheduling-policy", "priority"}}}
+	for api, want := range map[openai.API]bool{openai.Responses: true, openai.Messages: false} {
+		req := httptest.NewRequest(http.MethodPost, api.Path(), strings.NewReader(apiBodies[api]))
+		req.Header.Set("X-Llmgw-Priority", "batch")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		_, sent, _ := f.last()
+		var body map[string]any
+		_ = json.Unmarshal([]byte(sent), &body)
+		if p, ok := body["priority"]; w.Code != 200 || ok != want || (ok && p != 2.0) {
+			t.Errorf("%s: %d, the engine got priority %v (%v), want it: %v", api, w.Code, p, ok, want)
+		}
+	}
 }

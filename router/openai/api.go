@@ -73,7 +73,25 @@ func (a API) Path() string {
 	return ""
 }
 
-func (a API) String() string { return a.Path() }
+// String names the API as logs and test names do: chat, completions,
+// embeddings, responses, messages, count_tokens.
+func (a API) String() string {
+	switch a {
+	case Chat:
+		return "chat"
+	case Completions:
+		return "completions"
+	case Embeddings:
+		return "embeddings"
+	case Responses:
+		return "responses"
+	case Messages:
+		return "messages"
+	case CountTokens:
+		return "count_tokens"
+	}
+	return "unknown"
+}
 
 // Anthropic reports whether the API is Anthropic's: its errors are
 // Anthropic's body (WriteErrorFor), its clients present keys as x-api-key.
