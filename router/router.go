@@ -551,6 +551,8 @@ func (r *Router) Run(ctx context.Context) error {
 //     to the end;
 //  6. the operations port.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
+	// Stalled clients' writes block soon enough to be found (unsent.go).
+	ln = unsentListener{Listener: ln}
 	if r.https == nil {
 		// Requests framed two ways are refused below the server (framing.go).
 		ln = framingListener{Listener: ln, maxHeader: r.cfg.MaxHeaderBytes}
