@@ -1,9 +1,12 @@
-// Package openai is what the router knows of the OpenAI wire format
-// (design §7.1): the few fields it reads of a request (Sniff), the two it
-// edits in place (WithUsage, ForLlamaCpp), the usage chunk it strips from
-// a stream it asked usage for (UsageStripper), the cached_tokens it reads
-// back for tier 2's accounting (CachedTokens), and the error body every
-// refusal is sent in (Error). It holds no state and does no I/O beyond
+// Package openai is what the router knows of the wire formats it serves
+// (design §7.1): OpenAI's chat, completions, embeddings and Responses
+// APIs and Anthropic's Messages API, each an API value. It holds the few
+// fields the router reads of a request (SniffFor), the ones it edits in
+// place (WithUsage, ForLlamaCpp, WithPriority), the usage chunk it strips
+// from a stream it asked usage for (UsageStripper), the usage it reads
+// back for metering and tier 2's accounting (UsageFor), the events of a
+// stream it counts and whose end it watches (EventCounter), and the error
+// body every refusal is sent in (Error; Anthropic's on its API). It holds no state and does no I/O beyond
 // the writer it is given, so the router's pipeline stages share one
 // definition of each and can be tested without a network.
 package openai
