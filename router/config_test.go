@@ -38,8 +38,11 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 			c.MaxHeaderCount = -1
 			c.MaxConnections = -1
 			c.MaxInflight = 0
+			c.ClientWriteTimeout = 0
+			c.SessionHeaders = []string{"X-Session-Id", "x session", ""}
 		}, []string{"--read-header-timeout (read_header_timeout): ", "--body-timeout (body_timeout): ", "--idle-timeout (idle_timeout): ",
-			"--max-header-bytes (max_header_bytes): ", "--max-header-count (max_header_count): ",
+			"--client-write-timeout (client_write_timeout): ", `--session-headers (session_headers): "x session" is not a header name`,
+			`--session-headers (session_headers): "" is not`, "--max-header-bytes (max_header_bytes): ", "--max-header-count (max_header_count): ",
 			"--max-connections (max_connections): ", "--max-inflight (max_inflight): "}},
 		{"half an HTTPS setup", func(c *Config) { c.HTTPSCert = "api.pem" }, []string{"--https-key (https_key): required with --https-cert"}},
 		{"the other half", func(c *Config) { c.HTTPSKey = "api-key.pem" }, []string{"--https-cert (https_cert): required with --https-key"}},
@@ -151,6 +154,8 @@ max_connections: 2000
 max_conns_per_addr: 100
 max_inflight: 500
 max_key_inflight: 64
+client_write_timeout: 45s
+session_headers: [X-Session-Id, X-Conversation]
 breaker_failures: 5
 breaker_cooldown: 7s
 scheduler_sessions: 1024
@@ -209,6 +214,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		ConnectTimeout: 3 * time.Second, FirstByteTimeout: 2 * time.Minute, ShutdownGrace: 45 * time.Second,
 		ReadHeaderTimeout: 5 * time.Second, BodyTimeout: 30 * time.Second, IdleTimeout: 90 * time.Second,
 		MaxHeaderBytes: 32 << 10, MaxHeaderCount: 50, MaxConnections: 2000, MaxConnsPerAddr: 100, MaxInflight: 500, MaxKeyInflight: 64,
+		ClientWriteTimeout: 45 * time.Second, SessionHeaders: []string{"X-Session-Id", "X-Conversation"},
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
 			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}, KVImbalance: scheduler.KVImbalance{Ratio: 3, MinGap: 12}},

@@ -51,7 +51,7 @@ func counted(path string) bool {
 func (l *limits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if e := l.checkHeaders(r.Header); e != nil {
 		w.Header().Set("Connection", "close")
-		openai.WriteError(w, e)
+		openai.WriteErrorAt(w, r.URL.Path, e)
 		return
 	}
 	if counted(r.URL.Path) {
@@ -65,7 +65,7 @@ func (l *limits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// as long as it takes to send. Closing answers at once.
 				w.Header().Set("Connection", "close")
 			}
-			openai.WriteError(w, openai.Overloaded(cap(l.inflight), 1))
+			openai.WriteErrorAt(w, r.URL.Path, openai.Overloaded(cap(l.inflight), 1))
 			return
 		}
 	}
@@ -82,8 +82,8 @@ func (l *limits) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // checkHeaders counts every header line and its bytes (name, ": ", value,
 // CRLF). Go's server already refuses more than MaxHeaderBytes (plus its
-// 4 KiB of slack) with a plain 431; this answers the rest in OpenAI's shape
-// and bounds the count, which Go does not.
+// 4 KiB of slack) with a plain 431; this answers the rest in the API's
+// error shape and bounds the count, which Go does not.
 func (l *limits) checkHeaders(h http.Header) *openai.Error {
 	count, size := 0, 0
 	for k, vs := range h {

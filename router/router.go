@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,6 +100,16 @@ type Config struct {
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	BodyTimeout       time.Duration `yaml:"body_timeout"`
 	IdleTimeout       time.Duration `yaml:"idle_timeout"`
+	// ClientWriteTimeout bounds one write of an answer to a client: a
+	// client that stops reading a stream is taken to have gone once a
+	// write has blocked this long, and its engine request is cancelled
+	// (design §7.1), instead of generating into a connection nobody reads.
+	ClientWriteTimeout time.Duration `yaml:"client_write_timeout"`
+	// SessionHeaders name the request headers that carry a session's key
+	// for session affinity (design §7.5 tier 0), the first present
+	// winning: by default X-Session-ID and the coding agents' own
+	// (api.DefaultSessionHeaders).
+	SessionHeaders []string `yaml:"session_headers"`
 	// MaxHeaderBytes and MaxHeaderCount bound a request's headers (431
 	// beyond), which are held in memory and forwarded to the engine.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
@@ -206,6 +217,10 @@ func DefaultConfig() Config {
 		AdapterWait:       director.DefaultAdapterWait,
 		AdapterQueue:      director.DefaultAdapterQueue,
 		HoldMaxBytes:      waitroom.DefaultMaxBytes,
+
+		// A client that stopped reading; the agents' session headers (§7.1.1).
+		ClientWriteTimeout: px.ClientWriteTimeout,
+		SessionHeaders:     api.DefaultSessionHeaders(),
 	}
 }
 
@@ -272,6 +287,14 @@ func (c Config) Validate() error {
 	}
 	if c.IdleTimeout <= 0 {
 		p.Add(configfile.Flag("idle-timeout"), "must be positive, got %s", c.IdleTimeout)
+	}
+	if c.ClientWriteTimeout <= 0 {
+		p.Add(configfile.Flag("client-write-timeout"), "must be positive, got %s", c.ClientWriteTimeout)
+	}
+	for _, h := range c.SessionHeaders {
+		if !validHeaderName(h) {
+			p.Add(configfile.Flag("session-headers"), "%q is not a header name", h)
+		}
 	}
 	if c.MaxHeaderBytes <= 0 {
 		p.Add(configfile.Flag("max-header-bytes"), "must be positive, got %d", c.MaxHeaderBytes)
@@ -445,7 +468,7 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		director.WithAdapterQueue(cfg.AdapterQueue, nil),
 		director.WithAdapterUse(r.control, cfg.ID, r.log))
 	r.proxy = proxy.New(proxy.Config{ConnectTimeout: cfg.ConnectTimeout, FirstByteTimeout: cfg.FirstByteTimeout,
-		MaxAttempts: proxy.DefaultConfig().MaxAttempts}, brs, r.reg)
+		MaxAttempts: proxy.DefaultConfig().MaxAttempts, ClientWriteTimeout: cfg.ClientWriteTimeout}, brs, r.reg)
 	r.quota = quota.New(quota.Config{Router: cfg.ID}, func() map[string]*llmgwv1.Tenant { return wc.Current().Tenants },
 		r.control, r.log, r.reg)
 	r.flow, err = flow.New(cfg.Flow, registryLoads{r.eps}, r.log, r.reg, nil)
@@ -471,6 +494,7 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		Hold:           r.room,
 		Demand:         r.demand,
 		Aliases:        aliases,
+		SessionHeaders: append([]string{}, cfg.SessionHeaders...), // empty: none
 	}
 	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil
@@ -532,6 +556,8 @@ func (r *Router) Run(ctx context.Context) error {
 //     to the end;
 //  6. the operations port.
 func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
+	// Stalled clients' writes block soon enough to be found (unsent.go).
+	ln = unsentListener{Listener: ln}
 	if r.https == nil {
 		// Requests framed two ways are refused below the server (framing.go).
 		ln = framingListener{Listener: ln, maxHeader: r.cfg.MaxHeaderBytes}
@@ -805,4 +831,21 @@ func (l registryLoads) Loads(model string, dst []endpoint.Load) []endpoint.Load 
 		dst = append(dst, l.eps.LoadOf(e))
 	}
 	return dst
+}
+
+// validHeaderName reports whether s is an HTTP field name (RFC 9110 token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -59,6 +59,8 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.DurationVar(&cfg.ReadHeaderTimeout, "read-header-timeout", cfg.ReadHeaderTimeout, "longest wait for a request's headers")
 	f.DurationVar(&cfg.BodyTimeout, "body-timeout", cfg.BodyTimeout, "longest wait for a request's whole body (408 past it)")
 	f.DurationVar(&cfg.IdleTimeout, "idle-timeout", cfg.IdleTimeout, "how long a kept-alive connection may wait for its next request")
+	f.DurationVar(&cfg.ClientWriteTimeout, "client-write-timeout", cfg.ClientWriteTimeout, "longest a write of an answer to a client may block; past it the client counts as gone and its engine request is cancelled (a client that stopped reading a stream)")
+	f.StringSliceVar(&cfg.SessionHeaders, "session-headers", cfg.SessionHeaders, "request headers naming a session for session affinity, the first present winning (X-Session-ID, Claude Code's and the Codex CLI's)")
 	f.IntVar(&cfg.MaxHeaderBytes, "max-header-bytes", cfg.MaxHeaderBytes, "largest request headers accepted, in bytes (431 beyond)")
 	f.IntVar(&cfg.MaxHeaderCount, "max-header-count", cfg.MaxHeaderCount, "most request header fields accepted (431 beyond)")
 	f.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most client connections open at once; past it the oldest idle one is closed to make room, or the new one if none is idle (0: no cap)")

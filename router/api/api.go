@@ -1,7 +1,11 @@
-// Package api is the router's OpenAI-compatible HTTP surface (design
-// §7.1): the completion endpoints, /v1/models and the probes, and nothing
-// about other users (/metrics and the debug pages are on the router's
-// operations port, router/ops.go). A completion request runs as a
+// Package api is the router's HTTP surface (design §7.1): OpenAI's
+// completion endpoints and Responses API, Anthropic's Messages API (and
+// its count_tokens), /v1/models and the probes, and nothing about other
+// users (/metrics and the debug pages are on the router's operations
+// port, router/ops.go). Every inference API runs the same pipeline; what
+// differs between them — where the prompt is, how the answer reports its
+// usage and ends its stream, the shape of an error — is router/openai's,
+// asked through the request's openai.API. A completion request runs as a
 // pipeline of stages, in the shape of the Gateway API Inference Extension
 // (handler → director → scheduler → proxy), each given only what it needs:
 //
@@ -24,11 +28,16 @@
 //     the answer to finish.
 //
 // The handler does no routing of its own: it runs the stages in order and
-// answers a refusal from any of them with OpenAI's error body. Nor does it
+// answers a refusal from any of them with the API's error body (OpenAI's,
+// or Anthropic's on /v1/messages). Nor does it
 // build them: the router (router.New) builds the director and the proxy
 // and hands them to New, which sees each only through the interface it
 // declares here (Director, Forwarder), so their options and dependencies
 // (scheduler, breakers, KV index, adapter control) are none of its business.
+//
+// The session key session affinity routes by (design §7.5 tier 0) is the
+// first of Config.SessionHeaders the request carries: X-Session-ID, or a
+// coding agent's own session header.
 //
 // Before any of them, every /v1/ request is checked for an API key while
 // the cluster requires keys (its first key turns that on), or always with
@@ -157,6 +166,31 @@ type Config struct {
 	// Aliases returns the model aliases in force now, by name, which
 	// /v1/models lists (design §7.9); nil means none.
 	Aliases func() map[string]*llmgwv1.Alias
+	// SessionHeaders name the request headers that carry a session's key
+	// (design §7.5 tier 0), first present wins; nil takes
+	// DefaultSessionHeaders, empty means none.
+	SessionHeaders []string
+}
+
+// DefaultSessionHeaders are the session headers the router reads unless
+// told otherwise: llmgw's own X-Session-ID, Claude Code's
+// X-Claude-Code-Session-Id (a UUID per conversation, sent on every request
+// since Claude Code 2.1.86) and the Codex CLI's session_id (its
+// conversation id: openai/codex codex-rs/codex-api/src/requests/headers.rs
+// build_conversation_headers).
+func DefaultSessionHeaders() []string {
+	return []string{"X-Session-Id", "X-Claude-Code-Session-Id", "Session_id"}
+}
+
+// session is the request's session key: the value of the first session
+// header it carries, "" when none.
+func (h *Handler) session(hd http.Header) string {
+	for _, k := range h.cfg.SessionHeaders {
+		if v := hd[k]; len(v) > 0 && v[0] != "" {
+			return v[0]
+		}
+	}
+	return ""
 }
 
 // Holder is the waiting room (router/waitroom): Enter lets a request of
@@ -196,7 +230,7 @@ type Admitter interface {
 
 // DefaultConfig returns the defaults of design §7.1.
 func DefaultConfig() Config {
-	return Config{MaxBodyBytes: 4 << 20}
+	return Config{MaxBodyBytes: 4 << 20, SessionHeaders: DefaultSessionHeaders()}
 }
 
 // Handler serves the router's HTTP API. It runs the stages it is given
@@ -221,26 +255,36 @@ func New(cfg Config, models Models, dir Director, fwd Forwarder, log *slog.Logge
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultConfig().MaxBodyBytes
 	}
+	if cfg.SessionHeaders == nil {
+		cfg.SessionHeaders = DefaultSessionHeaders()
+	}
+	// Header maps are keyed canonically (Session_id for session_id).
+	hs := make([]string, 0, len(cfg.SessionHeaders))
+	for _, k := range cfg.SessionHeaders {
+		hs = append(hs, http.CanonicalHeaderKey(k))
+	}
+	cfg.SessionHeaders = hs
 	h := &Handler{cfg: cfg, desired: models, log: log, m: newMetrics(reg), dir: dir, fwd: fwd, callers: newCallers(cfg.MaxKeyInflight, reg)}
 	// Patterns carry no method: Only answers a wrong one, and "/" an
 	// unknown path, in OpenAI's error body rather than ServeMux's plain text.
 	mux := http.NewServeMux()
-	mux.Handle("/v1/chat/completions", Only(http.MethodPost, h.endpoint(taskGenerate)))
-	mux.Handle("/v1/completions", Only(http.MethodPost, h.endpoint(taskGenerate)))
-	mux.Handle("/v1/embeddings", Only(http.MethodPost, h.endpoint(taskEmbed)))
+	for _, a := range []openai.API{openai.Chat, openai.Completions, openai.Embeddings, openai.Responses, openai.Messages, openai.CountTokens} {
+		mux.Handle(a.Path(), Only(http.MethodPost, h.endpoint(a)))
+	}
 	mux.Handle("/v1/models", Only(http.MethodGet, http.HandlerFunc(h.models)))
 	mux.Handle("/v1/models/{id...}", Only(http.MethodGet, http.HandlerFunc(h.model)))
 	mux.Handle("/healthz", Only(http.MethodGet, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })))
 	mux.Handle("/readyz", Only(http.MethodGet, http.HandlerFunc(h.readyz)))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		openai.WriteError(w, openai.UnknownPath(r.Method, r.URL.Path))
+		openai.WriteErrorAt(w, r.URL.Path, openai.UnknownPath(r.Method, r.URL.Path))
 	})
 	h.mux = mux
 	return h
 }
 
 // Only serves h for method (and HEAD with GET, as ServeMux does) and
-// answers any other method with OpenAI's 405 body and its Allow header.
+// answers any other method with a 405 in the path's API's error body
+// (openai.WriteErrorAt) and its Allow header.
 func Only(method string, h http.Handler) http.Handler {
 	allow := method
 	if method == http.MethodGet {
@@ -248,25 +292,16 @@ func Only(method string, h http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != method && (method != http.MethodGet || r.Method != http.MethodHead) {
-			openai.WriteError(w, openai.MethodNotAllowed(r.Method, r.URL.Path, allow))
+			openai.WriteErrorAt(w, r.URL.Path, openai.MethodNotAllowed(r.Method, r.URL.Path, allow))
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
 }
 
-// task is what an inference endpoint serves: generating models
-// (completions) or embedding ones (design §4 `task`).
-type task uint8
-
-const (
-	taskGenerate task = iota
-	taskEmbed
-)
-
-// endpoint is the handler of an inference endpoint of task t.
-func (h *Handler) endpoint(t task) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.complete(w, r, t) })
+// endpoint is the handler of the inference API a.
+func (h *Handler) endpoint(a openai.API) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h.complete(w, r, a) })
 }
 
 // ServeHTTP gives every request an X-Request-ID (the client's, or a new
@@ -289,7 +324,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if aerr != nil {
 			h.log.Debug("router: request refused", "request_id", id, "path", r.URL.Path, "err", aerr)
 			w.Header().Set("WWW-Authenticate", auth.Challenge)
-			openai.WriteError(w, aerr)
+			openai.WriteErrorAt(w, r.URL.Path, aerr)
 			if isCompletion(r.URL.Path) {
 				h.m.requests.WithLabelValues("_unknown", strconv.Itoa(aerr.Status), "").Inc()
 			}
@@ -304,7 +339,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				// as long as it takes to send. Closing answers at once.
 				w.Header().Set("Connection", "close")
 			}
-			openai.WriteError(w, cerr)
+			openai.WriteErrorAt(w, r.URL.Path, cerr)
 			if isCompletion(r.URL.Path) {
 				h.m.requests.WithLabelValues("_unknown", strconv.Itoa(cerr.Status), key.GetName()).Inc()
 			}
@@ -330,7 +365,8 @@ func keyOf(r *http.Request) *llmgwv1.ApiKey {
 // isCompletion reports whether path is an inference endpoint, whose
 // requests the request metrics count.
 func isCompletion(path string) bool {
-	return path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings"
+	_, ok := openai.APIOf(path)
+	return ok
 }
 
 func newRequestID() string {
@@ -486,11 +522,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // complete serves the inference endpoints: the pipeline, then the
 // request's metrics.
-func (h *Handler) complete(w http.ResponseWriter, r *http.Request, t task) {
+func (h *Handler) complete(w http.ResponseWriter, r *http.Request, api openai.API) {
 	start := time.Now()
 	h.m.inflight.Inc()
 	defer h.m.inflight.Dec()
-	code, model := h.run(w, r, t, start)
+	code, model := h.run(w, r, api, start)
 	label := model // set only for models that exist, so junk names cannot grow it
 	if label == "" {
 		label = "_unknown"
@@ -527,25 +563,22 @@ func codeLabel(code int) string {
 // status the client got and the base model it was for ("" when the name
 // resolved to none). Adapters share their model's label: names are many,
 // models few.
-func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time.Time) (code int, model string) {
+func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, start time.Time) (code int, model string) {
 	rid := r.Header.Get("X-Request-Id")
 	key := keyOf(r)
 	reqLog, rh := newReqLog(h.log.Handler(), rid, key.GetName())
 	refuse := func(err *openai.Error) int {
 		reqLog.Debug("router: request refused", "err", err)
-		openai.WriteError(w, err)
+		openai.WriteErrorFor(w, api, err)
 		return err.Status
 	}
 
-	// 1. Decode and sniff.
-	body, req, aerr := h.decode(w, r)
+	// 1. Decode and sniff. Embeddings and count_tokens neither stream nor
+	// share prefixes worth routing by: the scheduler's load scorers alone
+	// choose (no prefix hashes).
+	body, req, aerr := h.decode(w, r, api)
 	if aerr != nil {
 		return refuse(aerr), ""
-	}
-	if t == taskEmbed {
-		// Embeddings neither stream nor share prefixes worth routing by:
-		// the scheduler's load scorers alone choose (no prefix hashes).
-		req.Stream, req.Prompt = false, ""
 	}
 
 	// The key's models, before resolving: a key may not make the control
@@ -593,9 +626,16 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	var used quota.Usage
 	defer func() { ticket.Settle(used) }()
 	// Its place in flow control, given back however it ends (design §7.8).
-	rank, ferr := h.classOf(r, key)
-	if ferr != nil {
-		return refuse(ferr), tgt.Base
+	// count_tokens is answered from the engine's tokenizer at once, with no
+	// generation to meter or to queue: neither tenants' limits nor flow
+	// control hold it.
+	metered := api != openai.CountTokens
+	rank := -1
+	if metered {
+		var ferr *openai.Error
+		if rank, ferr = h.classOf(r, key); ferr != nil {
+			return refuse(ferr), tgt.Base
+		}
 	}
 	var grant *flow.Grant
 	defer func() {
@@ -625,27 +665,23 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 			}
 			return refuse(aerr), tgt.Base
 		}
-		if err := checkTask(tgt, t, r.URL.Path); err != nil {
+		if err := checkTask(tgt, api); err != nil {
 			return refuse(err), tgt.Base
 		}
 		log := rh.withTarget(tgt.Base, tgt.Adapter)
 
 		// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
-		kind := tokenize.Chat
-		if strings.HasSuffix(r.URL.Path, "/v1/completions") {
-			kind = tokenize.Completion
-		}
-		plan, aerr = h.dir.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: r.Header.Get("X-Session-Id"),
-			Kind: kind, Body: body, Stream: req.Stream, Prompt: req.Prompt})
+		plan, aerr = h.dir.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: h.session(r.Header),
+			Kind: tokenKind(api), API: api, Body: body, Stream: req.Stream, Prompt: req.Prompt})
 		if aerr != nil {
 			return refuse(aerr), tgt.Base
 		}
 
 		// 3b. Admit against the tenant's limits, once: the prompt's tokens
 		// are known now when tier 2 tokenized it.
-		if try == 0 && h.cfg.Quota != nil {
+		if try == 0 && h.cfg.Quota != nil && metered {
 			var qerr *openai.Error
-			ticket, qerr = h.admit(w, r, key, tgt, plan, body)
+			ticket, qerr = h.admit(w, api, key, tgt, plan, body)
 			if qerr != nil {
 				plan.Done("", qerr.Status)
 				return refuse(qerr), tgt.Base
@@ -668,8 +704,10 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		// 3d. An engine that schedules by priority (vLLM's
 		// --scheduling-policy priority) is told the class, 0 the highest,
 		// so the engine's own queue keeps the order flow control chose;
-		// without classes every request is 0 (design §7.8).
-		if vllm.PriorityScheduling(tgt.Model.GetExtraArgs()) {
+		// without classes every request is 0 (design §7.8). vLLM's Messages
+		// API takes no priority (it ignores the field), nor does
+		// count_tokens schedule anything.
+		if vllm.PriorityScheduling(tgt.Model.GetExtraArgs()) && !api.Anthropic() {
 			body, err := openai.WithPriority(plan.Body, max(rank, 0))
 			if err != nil {
 				plan.Done("", http.StatusBadRequest)
@@ -681,7 +719,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 		if ticket != nil && plan.Stream {
 			// A stream the client cancels has no usage chunk: its events
 			// are the tokens it was sent.
-			events = &openai.EventCounter{Next: tail}
+			events = &openai.EventCounter{Next: tail, API: api}
 			tail = events
 		}
 
@@ -690,7 +728,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 			h.cfg.Demand.Sent(tgt.Base)
 		}
 		res = h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
-			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter,
+			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter, API: api,
 			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: tail,
 			Divert: plan.Divert(), Start: start, Log: log})
 		// An alias's target refused before any byte reached the client:
@@ -720,7 +758,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, t task, start time
 	// 6. Account: tier 2's prediction against what the engine reported
 	// (the caller records the metrics), and the tenant's usage.
 	if ticket != nil && res.Replica != nil {
-		used = usedBy(plan, ticket, events, kindOf(r))
+		used = usedBy(plan, ticket, events, api)
 	}
 	if res.Replica != nil {
 		out, ok := plan.Done(res.Replica.ReplicaID, res.Code)
@@ -750,7 +788,7 @@ func (h *Handler) spec(name string) *llmgwv1.Model {
 
 // admit asks the tenants' admission for the request and sets the
 // x-ratelimit-* headers on the answer, whichever it is.
-func (h *Handler) admit(w http.ResponseWriter, r *http.Request, key *llmgwv1.ApiKey, tgt director.Target, plan *director.Plan, body []byte) (*quota.Ticket, *openai.Error) {
+func (h *Handler) admit(w http.ResponseWriter, api openai.API, key *llmgwv1.ApiKey, tgt director.Target, plan *director.Plan, body []byte) (*quota.Ticket, *openai.Error) {
 	q := quota.Request{Tenant: tenantOf(key), Model: tgt.Name, Base: tgt.Base}
 	if n, ok := plan.PromptTokens(); ok {
 		q.Input, q.InputExact = n, true
@@ -759,7 +797,7 @@ func (h *Handler) admit(w http.ResponseWriter, r *http.Request, key *llmgwv1.Api
 		// settled with the engine's count.
 		q.Bytes = len(body)
 	}
-	if n, ok := openai.MaxTokens(body); ok {
+	if n, ok := openai.MaxTokensFor(api, body); ok {
 		q.MaxTokens = n
 	}
 	ticket, refusal, hd := h.cfg.Quota.Admit(q)
@@ -840,10 +878,10 @@ func resetString(d time.Duration) string {
 }
 
 // usedBy is what a served request used: the answer's usage block, or for
-// a stream cut before it (the client went away) the chunks it was sent,
-// the first of a chat stream being the role's, with the prompt as
-// admitted.
-func usedBy(plan *director.Plan, ticket *quota.Ticket, events *openai.EventCounter, kind tokenize.Kind) quota.Usage {
+// a stream cut before it (the client went away) the events carrying
+// tokens it was sent — a chat stream's first being the role's — with the
+// prompt as admitted.
+func usedBy(plan *director.Plan, ticket *quota.Ticket, events *openai.EventCounter, api openai.API) quota.Usage {
 	if u, ok := plan.Usage(); ok {
 		cached := 0
 		if u.PromptTokensDetails != nil {
@@ -855,16 +893,23 @@ func usedBy(plan *director.Plan, ticket *quota.Ticket, events *openai.EventCount
 		return quota.Usage{}
 	}
 	out := events.Events
-	if kind == tokenize.Chat {
+	if api == openai.Chat {
 		out--
 	}
 	return quota.Usage{Input: ticket.Input(), Output: max(0, out), Known: true, Cut: true}
 }
 
-// kindOf is the request's endpoint as the tokenizer knows it.
-func kindOf(r *http.Request) tokenize.Kind {
-	if strings.HasSuffix(r.URL.Path, "/v1/completions") {
+// tokenKind is the prompt form tier 2 tokenizes a request of api in.
+func tokenKind(api openai.API) tokenize.Kind {
+	switch api {
+	case openai.Completions:
 		return tokenize.Completion
+	case openai.Responses:
+		return tokenize.Responses
+	case openai.Messages:
+		return tokenize.Messages
+	case openai.Embeddings, openai.CountTokens:
+		return tokenize.None
 	}
 	return tokenize.Chat
 }
@@ -872,13 +917,14 @@ func kindOf(r *http.Request) tokenize.Kind {
 // checkTask refuses a model on an endpoint of the other task, as vLLM
 // would (a pooling runner serves no completions, a generating one no
 // embeddings), before a replica is bothered with it.
-func checkTask(tgt director.Target, t task, path string) *openai.Error {
+func checkTask(tgt director.Target, api openai.API) *openai.Error {
 	embed := tgt.Model.GetTask() == "embed"
 	switch {
-	case embed && t != taskEmbed:
-		return openai.WrongTask(tgt.Name, "embed", path, "/v1/embeddings")
-	case !embed && t == taskEmbed:
-		return openai.WrongTask(tgt.Name, "generate", path, "/v1/chat/completions or /v1/completions")
+	case embed && api != openai.Embeddings:
+		return openai.WrongTask(tgt.Name, "embed", api.Path(), openai.PathEmbeddings)
+	case !embed && api == openai.Embeddings:
+		return openai.WrongTask(tgt.Name, "generate", api.Path(),
+			"/v1/chat/completions, /v1/completions, /v1/responses or /v1/messages")
 	}
 	return nil
 }
@@ -906,7 +952,7 @@ func (h *Handler) mayUse(key *llmgwv1.ApiKey, name string) (string, bool) {
 
 // decode is stage 1: the body within MaxBodyBytes, and what the router
 // reads of it.
-func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai.Request, *openai.Error) {
+func (h *Handler) decode(w http.ResponseWriter, r *http.Request, api openai.API) ([]byte, openai.Request, *openai.Error) {
 	body, err := readBody(w, r, h.cfg.MaxBodyBytes)
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -918,7 +964,7 @@ func (h *Handler) decode(w http.ResponseWriter, r *http.Request) ([]byte, openai
 		}
 		return nil, openai.Request{}, openai.InvalidField("", "reading the body: "+err.Error())
 	}
-	req, err := openai.Sniff(body)
+	req, err := openai.SniffFor(api, body)
 	if err != nil {
 		var ae *openai.Error
 		errors.As(err, &ae)

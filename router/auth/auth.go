@@ -14,7 +14,11 @@
 //     request without a key is anonymous and allowed, and one presenting
 //     a Bearer key while keys exist is still checked: a wrong key is 401,
 //     a right one carries its model limits.
-//   - A request presents `Authorization: Bearer SECRET`. The router hashes
+//   - A request presents `Authorization: Bearer SECRET`, or `x-api-key:
+//     SECRET` as Anthropic's SDKs and Claude Code send it (with
+//     anthropic-version beside it, which the router passes on to the
+//     engine and otherwise ignores); the Bearer credential wins when a
+//     request has both. The router hashes
 //     the secret, finds the key by hash and compares the two hashes with
 //     subtle.ConstantTimeCompare. Finding it through a map leaks nothing
 //     worth having: the caller chose what was hashed, and learning whether
@@ -122,7 +126,7 @@ func (s *Set) Lookup(secret string) (*llmgwv1.ApiKey, bool) {
 // when the request presents no key while it is on, or an unknown one. The
 // message never repeats what was presented.
 func Check(keys *Set, require bool, h http.Header) (*llmgwv1.ApiKey, *openai.Error) {
-	secret, ok := bearer(h.Get("Authorization"))
+	secret, ok := presented(h)
 	if !require && (!ok || keys.Len() == 0) {
 		return nil, nil
 	}
@@ -136,9 +140,22 @@ func Check(keys *Set, require bool, h http.Header) (*llmgwv1.ApiKey, *openai.Err
 	return k, nil
 }
 
+// APIKeyHeader is Anthropic's credential header.
+const APIKeyHeader = "X-Api-Key"
+
+// presented is the secret a request presents: its Bearer credential, else
+// its x-api-key.
+func presented(h http.Header) (string, bool) {
+	if s, ok := bearer(h.Get("Authorization")); ok {
+		return s, true
+	}
+	s := strings.TrimSpace(h.Get(APIKeyHeader))
+	return s, s != ""
+}
+
 // The two 401 messages: fixed texts, never what was presented.
 const (
-	noKey  = "no API key given: send it as Authorization: Bearer KEY"
+	noKey  = "no API key given: send it as Authorization: Bearer KEY (or x-api-key: KEY)"
 	badKey = "the API key given is not valid"
 )
 

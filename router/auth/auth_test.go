@@ -29,9 +29,19 @@ func hdr(auth string) http.Header {
 	return h
 }
 
+// xKey is a header presenting secret as Anthropic's SDKs do, with auth
+// (when set) as its Authorization.
+func xKey(secret, auth string) http.Header {
+	h := hdr(auth)
+	h.Set("x-api-key", secret)
+	h.Set("anthropic-version", "2023-06-01")
+	return h
+}
+
 // TestCheck: the check is off while there are no keys (unless required),
 // and then every request is anonymous; once on, a request needs a known
-// key as a Bearer credential, and a revoked key is unknown.
+// key as a Bearer credential or as x-api-key (the Bearer one wins), and a
+// revoked key is unknown.
 func TestCheck(t *testing.T) {
 	keys := set(key("team-a", "sk-a"), key("team-b", "sk-b", "demo"))
 	revoked := keys.Clone()
@@ -41,6 +51,7 @@ func TestCheck(t *testing.T) {
 		keys    *Set
 		require bool
 		auth    string
+		xkey    string // x-api-key
 		want    string // key name; "" anonymous
 		status  int    // 0: allowed
 	}{
@@ -65,10 +76,23 @@ func TestCheck(t *testing.T) {
 		{name: "not required: good key", keys: keys, auth: "Bearer sk-b", want: "team-b"},
 		{name: "not required: bad key", keys: keys, auth: "Bearer sk-nope", status: 401},
 		{name: "not required: bearer without token", keys: keys, auth: "Bearer "},
+		// Anthropic's x-api-key, as its SDKs and Claude Code send it.
+		{name: "x-api-key", keys: keys, require: true, xkey: "sk-b", want: "team-b"},
+		{name: "x-api-key, spaces", keys: keys, require: true, xkey: " sk-b ", want: "team-b"},
+		{name: "bad x-api-key", keys: keys, require: true, xkey: "sk-nope", status: 401},
+		{name: "not required: bad x-api-key", keys: keys, xkey: "sk-nope", status: 401},
+		{name: "no keys: x-api-key is ignored", keys: set(), xkey: "whatever"},
+		{name: "bearer wins over x-api-key", keys: keys, require: true, auth: "Bearer sk-a", xkey: "sk-b", want: "team-a"},
+		{name: "a bad bearer is not saved by x-api-key", keys: keys, require: true, auth: "Bearer sk-nope", xkey: "sk-b", status: 401},
+		{name: "basic falls to x-api-key", keys: keys, require: true, auth: "Basic c2stYQ==", xkey: "sk-b", want: "team-b"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			k, err := Check(tt.keys, tt.require, hdr(tt.auth))
+			h := hdr(tt.auth)
+			if tt.xkey != "" {
+				h = xKey(tt.xkey, tt.auth)
+			}
+			k, err := Check(tt.keys, tt.require, h)
 			if tt.status != 0 {
 				if err == nil || err.Status != tt.status || err.Code != "invalid_api_key" || err.Type != "invalid_request_error" {
 					t.Fatalf("Check = %v, %v; want %d invalid_api_key", k, err, tt.status)

@@ -28,6 +28,14 @@ func FuzzCheck(f *testing.F) {
 		k, aerr := Check(keys, true, hdr)
 		scheme, token, _ := strings.Cut(strings.TrimSpace(hdr.Get("Authorization")), " ")
 		valid := strings.EqualFold(scheme, "Bearer") && strings.TrimSpace(token) == secret
+		// The same value as Anthropic's x-api-key: valid when it is the
+		// secret, spaces aside.
+		xh := http.Header{}
+		xh.Set("X-Api-Key", v)
+		if xk, xerr := Check(keys, true, xh); (xk != nil) != (strings.TrimSpace(xh.Get("X-Api-Key")) == secret) ||
+			(xerr != nil && xerr.Message != noKey && xerr.Message != badKey) {
+			t.Fatalf("Check(x-api-key %q) = %v, %v", v, xk, xerr)
+		}
 		if valid != (k != nil) || (aerr == nil) != (k != nil) {
 			t.Fatalf("Check(%q) = %v, %v; valid %v", v, k, aerr, valid)
 		}

@@ -25,8 +25,11 @@ type Input struct {
 	// ID is the request's X-Request-ID; Session its X-Session-ID.
 	ID, Session string
 	// Kind is the endpoint's prompt form (chat or completion), for tier
-	// 2's tokenization.
+	// 2's tokenization; tokenize.None skips tier 2.
 	Kind tokenize.Kind
+	// API is the API the request was sent to: which body edits apply and
+	// how its answer's usage reads (design §7.1).
+	API openai.API
 	// Body is the request body as the client sent it, Stream and Prompt
 	// what openai.Sniff read of it.
 	Body   []byte
@@ -49,6 +52,7 @@ type Plan struct {
 	// not: the usage chunk is dropped from the client's stream.
 	StripUsage bool
 
+	api     openai.API
 	pick    *chooser
 	kv      *tier2
 	profile *scheduler.Profile
@@ -99,7 +103,7 @@ type preparer struct {
 }
 
 func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *chooser) (*Plan, *openai.Error) {
-	pl := &Plan{Target: t, Body: in.Body, Stream: in.Stream, pick: pick, kv: p.kv, aliasM: p.aliasM}
+	pl := &Plan{Target: t, Body: in.Body, Stream: in.Stream, api: in.API, pick: pick, kv: p.kv, aliasM: p.aliasM}
 	if t.Alias != "" {
 		// The engine serves the target under its own name (design §7.9).
 		b, err := openai.WithModel(pl.Body, t.ServedName())
@@ -108,7 +112,7 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 		}
 		pl.Body = b
 	}
-	if in.Stream && !openai.WantsUsage(pl.Body) {
+	if in.Stream && in.API.StreamOptions() && !openai.WantsUsage(pl.Body) {
 		b, err := openai.WithUsage(pl.Body)
 		if err != nil {
 			var ae *openai.Error
@@ -138,7 +142,7 @@ func (p *preparer) prepare(ctx context.Context, t Target, in Input, pick *choose
 		pl.stopUse = context.AfterFunc(ctx, pl.hold.release)
 	}
 	pl.profile = p.profiles.ProfileFor(t.Model)
-	pl.req.KV, pl.hashes = p.kv.query(ctx, pl.profile, t.Model, t.Adapter, in.Kind, pl.Body, t.Endpoints)
+	pl.req.KV, pl.hashes = p.kv.query(ctx, pl.profile, t.Model, t.Adapter, in.Kind, in.API, pl.Body, t.Endpoints)
 	switch {
 	case pl.req.KV != nil && pl.req.KV.Fallback == "":
 		pl.tail = &tailBuffer{max: 256 << 10}
@@ -251,7 +255,7 @@ func (p *Plan) Usage() (vllm.Usage, bool) {
 	if p.tail == nil {
 		return vllm.Usage{}, false
 	}
-	return openai.UsageOf(p.Stream, p.tail.b)
+	return openai.UsageFor(p.api, p.Stream, p.tail.b)
 }
 
 // usageTail is how much of an answer's end is kept without a tier-2
@@ -275,8 +279,8 @@ func (p *Plan) Done(replica string, code int) (outputTokens int, ok bool) {
 	if p.tail == nil || code != 200 {
 		return 0, false
 	}
-	outputTokens, ok = openai.CompletionTokens(p.tail.b)
-	p.kv.observe(p.req.KV, replica, p.Stream, p.tail.b)
+	outputTokens, ok = openai.CompletionTokensFor(p.api, p.Stream, p.tail.b)
+	p.kv.observe(p.req.KV, replica, p.api, p.Stream, p.tail.b)
 	p.tail.b = p.tail.b[:0]
 	return outputTokens, ok
 }

@@ -65,8 +65,8 @@ type tier2 struct {
 // It also returns the prompt's block hashes (the low 64 bits), for the
 // speculative entries of each attempt; nil with a fallback. prof says
 // whether this router's pending entries count as held.
-func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.Model, adapter string, kind tokenize.Kind, body []byte, eps []*endpoint.Endpoint) (*scheduler.KVQuery, []uint64) {
-	if t == nil || !m.GetKvEvents() || len(eps) == 0 {
+func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.Model, adapter string, kind tokenize.Kind, api openai.API, body []byte, eps []*endpoint.Endpoint) (*scheduler.KVQuery, []uint64) {
+	if t == nil || !m.GetKvEvents() || len(eps) == 0 || kind == tokenize.None {
 		return nil, nil
 	}
 	fallback := func(why string) (*scheduler.KVQuery, []uint64) { return &scheduler.KVQuery{Fallback: why}, nil }
@@ -99,7 +99,11 @@ func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.M
 	if bs == 0 {
 		bs = 16 // vLLM's default, as the agent starts it (fsm fills it in for kv_events models)
 	}
-	hs, err := vllm.BlockHashes(vllm.NoneHash(m.GetHashSeed()), toks, bs, vllm.RequestExtraKeys(adapter, openai.CacheSalt(body)))
+	salt := ""
+	if api != openai.Messages { // vLLM's Messages API takes no cache_salt
+		salt = openai.CacheSalt(body)
+	}
+	hs, err := vllm.BlockHashes(vllm.NoneHash(m.GetHashSeed()), toks, bs, vllm.RequestExtraKeys(adapter, salt))
 	if err != nil {
 		return fallback(scheduler.KVUnsupported)
 	}
@@ -281,11 +285,11 @@ func newKVMetrics(reg prometheus.Registerer) *kvMetrics {
 // observe records one response's usage against the prediction for the
 // replica it went to. tail is the end of the response body: the whole
 // JSON of a non-streamed answer, or the last SSE events of a stream.
-func (t *tier2) observe(q *scheduler.KVQuery, replica string, stream bool, tail []byte) {
+func (t *tier2) observe(q *scheduler.KVQuery, replica string, api openai.API, stream bool, tail []byte) {
 	if t == nil || q == nil || q.Fallback != "" || q.BlockSize <= 0 || q.Untrusted[replica] {
 		return
 	}
-	cached, ok := openai.CachedTokens(stream, tail)
+	cached, ok := openai.CachedTokensFor(api, stream, tail)
 	if !ok {
 		return
 	}

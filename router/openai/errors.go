@@ -1,9 +1,12 @@
-// Package openai is what the router knows of the OpenAI wire format
-// (design §7.1): the few fields it reads of a request (Sniff), the two it
-// edits in place (WithUsage, ForLlamaCpp), the usage chunk it strips from
-// a stream it asked usage for (UsageStripper), the cached_tokens it reads
-// back for tier 2's accounting (CachedTokens), and the error body every
-// refusal is sent in (Error). It holds no state and does no I/O beyond
+// Package openai is what the router knows of the wire formats it serves
+// (design §7.1): OpenAI's chat, completions, embeddings and Responses
+// APIs and Anthropic's Messages API, each an API value. It holds the few
+// fields the router reads of a request (SniffFor), the ones it edits in
+// place (WithUsage, ForLlamaCpp, WithPriority), the usage chunk it strips
+// from a stream it asked usage for (UsageStripper), the usage it reads
+// back for metering and tier 2's accounting (UsageFor), the events of a
+// stream it counts and whose end it watches (EventCounter), and the error
+// body every refusal is sent in (Error; Anthropic's on its API). It holds no state and does no I/O beyond
 // the writer it is given, so the router's pipeline stages share one
 // definition of each and can be tested without a network.
 package openai
@@ -13,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // Error is an error the client sees, in OpenAI's shape (design §7.1), so
@@ -142,10 +146,7 @@ func AdapterCold(adapter, why string, retryAfter int) *Error {
 
 // WriteError sends e (or a 500 for any other error) as OpenAI's error body.
 func WriteError(w http.ResponseWriter, err error) {
-	var e *Error
-	if !errors.As(err, &e) {
-		e = &Error{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
-	}
+	e := asError(err)
 	body := errorBody{Error: errorFields{Message: e.Message, Type: e.Type}}
 	if e.Param != "" {
 		body.Error.Param = &e.Param
@@ -153,6 +154,95 @@ func WriteError(w http.ResponseWriter, err error) {
 	if e.Code != "" {
 		body.Error.Code = &e.Code
 	}
+	writeHead(w, e)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// WriteErrorFor sends e in the error body of the API the request was sent
+// to: Anthropic's for /v1/messages and its count_tokens, so Anthropic's SDKs
+// raise their own typed errors, OpenAI's for the rest.
+func WriteErrorFor(w http.ResponseWriter, api API, err error) {
+	if api.Anthropic() {
+		WriteAnthropicError(w, err)
+		return
+	}
+	WriteError(w, err)
+}
+
+// WriteErrorAt is WriteErrorFor for a request that may not have reached an
+// API: the shape is chosen by path, Anthropic's for every path under
+// /v1/messages (an unknown one included), OpenAI's for the rest.
+func WriteErrorAt(w http.ResponseWriter, path string, err error) {
+	if path == PathMessages || strings.HasPrefix(path, PathMessages+"/") {
+		WriteAnthropicError(w, err)
+		return
+	}
+	WriteError(w, err)
+}
+
+// anthropicBody is Anthropic's error body, as vLLM's /v1/messages sends it
+// too (vllm/entrypoints/anthropic/protocol.py AnthropicErrorResponse):
+// {"type":"error","error":{"type":...,"message":...}}.
+type anthropicBody struct {
+	Type  string         `json:"type"`
+	Error anthropicError `json:"error"`
+}
+
+type anthropicError struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// WriteAnthropicError sends e (or a 500 for any other error) as Anthropic's
+// error body. The type is Anthropic's name for the status (AnthropicType);
+// OpenAI's code, which Anthropic's body has no field for, is kept at the
+// head of the message so nothing the OpenAI body would say is lost.
+func WriteAnthropicError(w http.ResponseWriter, err error) {
+	e := asError(err)
+	msg := e.Message
+	if e.Code != "" {
+		msg = e.Code + ": " + msg
+	}
+	writeHead(w, e)
+	_ = json.NewEncoder(w).Encode(anthropicBody{Type: "error", Error: anthropicError{Type: AnthropicType(e.Status), Message: msg}})
+}
+
+// AnthropicType is Anthropic's error type for an HTTP status
+// (docs.anthropic.com "Errors"): the types its SDKs map to their error
+// classes.
+func AnthropicType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusMethodNotAllowed, http.StatusRequestTimeout, http.StatusRequestHeaderFieldsTooLarge:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	}
+	if status >= 500 {
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+func asError(err error) *Error {
+	var e *Error
+	if !errors.As(err, &e) {
+		e = &Error{Status: http.StatusInternalServerError, Type: "server_error", Message: err.Error()}
+	}
+	return e
+}
+
+// writeHead writes an error's status and headers.
+func writeHead(w http.ResponseWriter, e *Error) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	if e.Allow != "" {
@@ -162,5 +252,4 @@ func WriteError(w http.ResponseWriter, err error) {
 		h.Set("Retry-After", fmt.Sprint(e.RetryAfter))
 	}
 	w.WriteHeader(e.Status)
-	_ = json.NewEncoder(w).Encode(body)
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 
@@ -14,8 +13,21 @@ import (
 // MaxTokens is the request's output bound: max_completion_tokens, else
 // max_tokens (OpenAI's newer name wins, as vLLM's does). ok is false when
 // neither is a positive integer: the engine's own bound then applies.
-func MaxTokens(body []byte) (n int, ok bool) {
-	for _, name := range []string{"max_completion_tokens", "max_tokens"} {
+func MaxTokens(body []byte) (n int, ok bool) { return MaxTokensFor(Chat, body) }
+
+// maxTokensFields name each API's output bound, the one that wins first.
+var maxTokensFields = map[API][]string{
+	Chat:        {"max_completion_tokens", "max_tokens"},
+	Completions: {"max_completion_tokens", "max_tokens"},
+	Responses:   {"max_output_tokens"},
+	Messages:    {"max_tokens"},
+}
+
+// MaxTokensFor is MaxTokens for a body sent to api: the Responses API
+// names its bound max_output_tokens, Anthropic's max_tokens (required
+// there).
+func MaxTokensFor(api API, body []byte) (n int, ok bool) {
+	for _, name := range maxTokensFields[api] {
 		sp, found := field(body, name)
 		if !found {
 			continue
@@ -60,43 +72,6 @@ func UsageOf(stream bool, tail []byte) (u vllm.Usage, ok bool) {
 		}
 	}
 	return u, false
-}
-
-// EventCounter counts a stream's server-sent events (lines starting
-// "data:") as the bytes pass, for a stream the client cancelled: the
-// events it was sent are the tokens generated so far, one per chunk as
-// vLLM streams them. It forwards every write to Next (when set).
-type EventCounter struct {
-	Next io.Writer
-	// Events counted so far.
-	Events int
-	// matched is how much of "data:" the current line has matched; -1
-	// once the line can no longer start with it.
-	matched int
-}
-
-var dataPrefix = []byte("data:")
-
-func (c *EventCounter) Write(p []byte) (int, error) {
-	for _, b := range p {
-		switch {
-		case b == '\n':
-			c.matched = 0
-		case c.matched >= 0 && c.matched < len(dataPrefix):
-			if b == dataPrefix[c.matched] {
-				c.matched++
-				if c.matched == len(dataPrefix) {
-					c.Events++
-				}
-			} else {
-				c.matched = -1
-			}
-		}
-	}
-	if c.Next != nil {
-		return c.Next.Write(p)
-	}
-	return len(p), nil
 }
 
 // RateLimited is the 429 for a request past one of its tenant's limits

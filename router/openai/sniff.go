@@ -30,7 +30,18 @@ const MaxPromptBytes = 8 << 10
 // garbage. One validating pass (json.Valid) and one pass of the
 // allocation-free scanner (scan.go) read everything; only the prompt's
 // text and the model's name are copied out.
-func Sniff(body []byte) (Request, error) {
+func Sniff(body []byte) (Request, error) { return SniffFor(Chat, body) }
+
+// SniffFor is Sniff for a body sent to api: the prompt text is read from
+// the fields that API names it by (design §7.5 tier 1) — messages or
+// prompt for OpenAI's chat and completions, instructions and input for
+// the Responses API, system and messages for Anthropic's Messages API —
+// and laid out alike, "role\x00text\x00" per message, so one
+// conversation keys the prefix tree alike whichever API carried it (the
+// engine caches one conversation alike too, as every API renders it with
+// one chat template). Embeddings and count_tokens are routed by load
+// alone: no prompt, and count_tokens never streams.
+func SniffFor(api API, body []byte) (Request, error) {
 	if !json.Valid(body) {
 		var v any
 		err := json.Unmarshal(body, &v) // the reason, for the client
@@ -43,7 +54,7 @@ func Sniff(body []byte) (Request, error) {
 	if i >= len(body) || body[i] != '{' {
 		return Request{}, InvalidJSON(errors.New("the body must be a JSON object"))
 	}
-	var model, stream, messages, prompt []byte
+	var model, stream, messages, prompt, input, instructions, system []byte
 	eachField(body, i, func(key []byte, vs, ve int) bool {
 		v := body[vs:ve]
 		switch {
@@ -55,6 +66,12 @@ func Sniff(body []byte) (Request, error) {
 			messages = v
 		case keyIs(key, "prompt"):
 			prompt = v
+		case keyIs(key, "input"):
+			input = v
+		case keyIs(key, "instructions"):
+			instructions = v
+		case keyIs(key, "system"):
+			system = v
 		}
 		return true
 	})
@@ -77,10 +94,19 @@ func Sniff(body []byte) (Request, error) {
 	default:
 		return Request{}, InvalidField("stream", "stream must be a boolean")
 	}
-	if messages != nil {
-		out.Prompt = chatText(messages)
-	} else if prompt != nil {
-		out.Prompt = promptText(prompt)
+	switch api {
+	case Chat, Completions:
+		if messages != nil {
+			out.Prompt = chatText(messages)
+		} else if prompt != nil {
+			out.Prompt = promptText(prompt)
+		}
+	case Responses:
+		out.Prompt = responsesText(instructions, input)
+	case Messages:
+		out.Prompt = messagesText(system, messages)
+	case Embeddings, CountTokens:
+		out.Stream = false
 	}
 	return out, nil
 }

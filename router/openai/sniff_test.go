@@ -43,16 +43,20 @@ func FuzzSniff(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
+	f.Add([]byte(`{"model":"m","system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"tool_result","content":[{"type":"text","text":"x"}]}]}]}`))
+	f.Add([]byte(`{"model":"m","instructions":"s","input":[{"role":"user","content":[{"type":"input_text","text":"x"}]},{"type":"function_call_output","output":"y"}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
-		got, err := Sniff(body)
-		if err != nil {
-			if e := (*Error)(nil); !errors.As(err, &e) {
-				t.Fatalf("error %T is not an API error", err)
+		for _, api := range []API{Chat, Completions, Embeddings, Responses, Messages, CountTokens} {
+			got, err := SniffFor(api, body)
+			if err != nil {
+				if e := (*Error)(nil); !errors.As(err, &e) {
+					t.Fatalf("error %T is not an API error", err)
+				}
+				continue
 			}
-			return
-		}
-		if got.Model == "" || !json.Valid(body) || len(got.Prompt) > MaxPromptBytes {
-			t.Fatalf("accepted %q as %+v", body, got)
+			if got.Model == "" || !json.Valid(body) || len(got.Prompt) > MaxPromptBytes {
+				t.Fatalf("%s accepted %q as %+v", api, body, got)
+			}
 		}
 	})
 }

@@ -21,6 +21,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -65,15 +66,25 @@ type Config struct {
 	FirstByteTimeout time.Duration
 	// MaxAttempts bounds the replicas tried for one request (design §7.4).
 	MaxAttempts int
+	// ClientWriteTimeout bounds how long one write of the answer to the
+	// client may block: a client that stops reading a stream (its
+	// connection still open, its window shut) is taken to have gone once
+	// a write has waited this long, and the engine's request is cancelled
+	// with it, rather than holding a place in the engine's batch until the
+	// generation's end. It bounds a stall, not a slow reader: each write
+	// that goes through starts the bound anew.
+	ClientWriteTimeout time.Duration
 }
 
-// DefaultConfig returns the defaults of design §7.4: three attempts, each
-// bounded by a 2 s connect and a 5 min first-byte timeout.
+// DefaultConfig returns the defaults of design §7.1 and §7.4: three
+// attempts, each bounded by a 2 s connect and a 5 min first-byte timeout,
+// and a client's write stalled for 30 s ends its request.
 func DefaultConfig() Config {
 	return Config{
-		ConnectTimeout:   2 * time.Second,
-		FirstByteTimeout: 5 * time.Minute,
-		MaxAttempts:      3,
+		ConnectTimeout:     2 * time.Second,
+		FirstByteTimeout:   5 * time.Minute,
+		MaxAttempts:        3,
+		ClientWriteTimeout: 30 * time.Second,
 	}
 }
 
@@ -89,6 +100,8 @@ type Request struct {
 	// Adapter, when set, makes an engine's 404 before the first byte a
 	// reason to try another replica (design §7.6).
 	Adapter string
+	// API is the API the request was sent to: what ends its stream.
+	API openai.API
 	// Body is what goes to the engine.
 	Body   []byte
 	Stream bool
@@ -169,6 +182,9 @@ func New(cfg Config, breakers Breakers, reg prometheus.Registerer) *Proxy {
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = d.MaxAttempts
+	}
+	if cfg.ClientWriteTimeout <= 0 {
+		cfg.ClientWriteTimeout = d.ClientWriteTimeout
 	}
 	return &Proxy{
 		cfg: cfg, breakers: breakers,
@@ -319,7 +335,7 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy
 // (or whatever stands in front of it), never for an engine, which would
 // log them or hand them to whoever controls it. The engines are reached
 // without credentials of the client's.
-var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie"}
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key"}
 
 // dropped reports whether the canonical header key k of the client's
 // request stays behind: hop-by-hop fields, credentials and Content-Length
@@ -421,100 +437,139 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 		ttft = p.m.ttft.WithLabelValues(ep.Model)
 	}
 	bp := p.bufs.Get().(*[]byte)
-	n, first, done, err := copyFlushing(w, dst, src, *bp, !sized, req.Start, ttft)
+	c := copier{w: w, dst: dst, flush: !sized, start: req.Start, ttft: ttft, stall: p.cfg.ClientWriteTimeout,
+		end: openai.EventCounter{API: req.API}}
+	n, err := c.copy(src, *bp)
 	p.bufs.Put(bp)
 	if stripper != nil && err == nil {
 		if ferr := stripper.Flush(); ferr != nil {
-			err = fmt.Errorf("write to client: %w", ferr)
+			err, c.clientErr = fmt.Errorf("write to client: %w", ferr), true
 		}
 	}
+	first = c.first
 	// Delivered whole: the engine's body ended and all of it reached the
-	// client, a stream's [DONE] was written and flushed, or a sized body's
-	// every byte was. Such an answer is counted by its status, whatever
-	// the client does next (closing right after [DONE] is what SDKs do).
-	whole := err == nil || (req.Stream && done) || (resp.ContentLength >= 0 && n == resp.ContentLength)
-	if !whole && r.Context().Err() == nil {
+	// client, a stream's last event (data: [DONE], message_stop,
+	// response.completed) was written and flushed, or a sized body's every
+	// byte was. Such an answer is counted by its status, whatever the
+	// client does next (closing right after its last event is what SDKs
+	// do).
+	whole := err == nil || (req.Stream && c.end.Ended()) || (resp.ContentLength >= 0 && n == resp.ContentLength)
+	// A write to the client that failed means it went away, whether or
+	// not its context says so yet (the server cancels it on a failed
+	// write); closing the engine's connection (resp.Body.Close, the body
+	// unread) cancels the engine's work.
+	gone := r.Context().Err() != nil || c.clientErr
+	switch {
+	case whole:
+	case c.clientErr && errors.Is(err, os.ErrDeadlineExceeded):
+		// Connected, but it stopped reading: the write stalled past
+		// ClientWriteTimeout.
+		p.m.clientStalls.WithLabelValues(ep.Model).Inc()
+		log.Info("router: the client stopped reading; cancelling the engine's request", "replica", ep.ReplicaID, "bytes", n, "err", err)
+	case !gone:
 		// Too late to answer with an error: the client sees a cut stream.
 		p.m.upstreamErrors.WithLabelValues(ep.Model).Inc()
 		log.Warn("router: response cut short", "replica", ep.ReplicaID, "bytes", n, "err", err)
 	}
 	log.Debug("router: request done", "replica", ep.ReplicaID, "status", resp.StatusCode, "bytes", n, "whole", whole)
-	if !whole && r.Context().Err() != nil {
+	if !whole && gone {
 		return ClientClosed, first, nil
 	}
 	return resp.StatusCode, first, nil
 }
 
-// sseDone is the end of an OpenAI stream: the [DONE] event, its data
-// line and blank line, in LF or CRLF framing.
-var sseDone = [][]byte{[]byte("data: [DONE]\n\n"), []byte("data: [DONE]\r\n\r\n")}
-
-// doneTail remembers the last bytes written to the client, enough to
-// tell whether the stream's last event was [DONE] however the engine's
-// reads cut it.
-type doneTail struct {
-	b [32]byte
-	n int
+// copier copies an engine's answer to the client (w, or a filter writing
+// to w), flushing w after every read when flush is set, so SSE events
+// reach the client one by one (but the read that ended the body, which
+// the server flushes as the handler returns). Every write (and flush) is
+// bounded by stall: a client that stops reading fails the copy instead of
+// blocking it for as long as its connection lives.
+type copier struct {
+	w     http.ResponseWriter
+	dst   io.Writer
+	flush bool
+	start time.Time
+	// ttft, when set, observes the time from start to the first byte,
+	// which is first (zero without ttft).
+	ttft  prometheus.Observer
+	first time.Time
+	stall time.Duration
+	// end follows what was written and flushed, to tell a stream that
+	// ended with its last event.
+	end openai.EventCounter
+	// clientErr is set when the copy failed writing to the client rather
+	// than reading from the engine.
+	clientErr bool
+	// deadline is the write deadline in force; armed tells whether one is.
+	deadline time.Time
+	armed    bool
 }
 
-func (t *doneTail) add(p []byte) {
-	if len(p) >= len(t.b) {
-		t.n = copy(t.b[:], p[len(p)-len(t.b):])
-		return
-	}
-	keep := min(t.n, len(t.b)-len(p))
-	copy(t.b[:], t.b[t.n-keep:t.n])
-	t.n = keep + copy(t.b[keep:], p)
-}
-
-// done reports whether what was written ends with the [DONE] event.
-func (t *doneTail) done() bool {
-	return bytes.HasSuffix(t.b[:t.n], sseDone[0]) || bytes.HasSuffix(t.b[:t.n], sseDone[1])
-}
-
-// copyFlushing copies src to dst (w, or a filter writing to w), flushing w
-// after every read when flush is set, so SSE chunks reach the client one
-// by one (but the read that ended the body, which the server flushes as
-// the handler returns); ttft, when
-// set, observes the time from start to the first byte, which is first
-// (zero without ttft). done reports whether the last bytes written and
-// flushed were a stream's [DONE].
-func copyFlushing(w http.ResponseWriter, dst io.Writer, src io.Reader, buf []byte, flush bool, start time.Time, ttft prometheus.Observer) (n int64, first time.Time, done bool, err error) {
-	rc := http.NewResponseController(w)
-	var tail doneTail
+// copy copies src to the client with buf and returns the bytes written.
+func (c *copier) copy(src io.Reader, buf []byte) (n int64, err error) {
+	rc := http.NewResponseController(c.w)
+	defer func() {
+		if c.armed {
+			// The connection may carry the client's next request.
+			_ = rc.SetWriteDeadline(time.Time{})
+		}
+	}()
 	for {
 		k, rerr := src.Read(buf)
 		if k > 0 {
-			if n == 0 && ttft != nil {
-				first = time.Now()
-				ttft.Observe(first.Sub(start).Seconds())
+			if n == 0 && c.ttft != nil {
+				c.first = time.Now()
+				c.ttft.Observe(c.first.Sub(c.start).Seconds())
 			}
-			if _, err := dst.Write(buf[:k]); err != nil {
-				return n, first, false, fmt.Errorf("write to client: %w", err)
+			c.arm(rc)
+			if _, err := c.dst.Write(buf[:k]); err != nil {
+				c.clientErr = true
+				return n, fmt.Errorf("write to client: %w", err)
 			}
 			n += int64(k)
 			// Not when the same read ended the body: the handler returns at
 			// once, and the server then writes these bytes and the body's
 			// end in one write instead of two.
-			if flush && rerr != io.EOF {
+			if c.flush && rerr != io.EOF {
 				if err := rc.Flush(); err != nil {
-					return n, first, false, fmt.Errorf("flush to client: %w", err)
+					c.clientErr = true
+					return n, fmt.Errorf("flush to client: %w", err)
 				}
 			}
-			tail.add(buf[:k])
+			_, _ = c.end.Write(buf[:k])
 		}
 		if rerr == io.EOF {
-			return n, first, tail.done(), nil
+			return n, nil
 		}
 		if rerr != nil {
-			return n, first, tail.done(), fmt.Errorf("read from engine: %w", rerr)
+			return n, fmt.Errorf("read from engine: %w", rerr)
 		}
 	}
+}
+
+// arm moves the write deadline to stall from now before a write. To spare
+// a timer reset on every chunk of a fast stream, the deadline is moved
+// only once an eighth of stall has passed since it was last set: a write
+// may then fail after between 7/8 and all of stall without progress.
+func (c *copier) arm(rc *http.ResponseController) {
+	if c.stall <= 0 {
+		return
+	}
+	now := time.Now()
+	if c.armed && c.deadline.Sub(now) > c.stall-c.stall/8 {
+		return
+	}
+	c.deadline = now.Add(c.stall)
+	// A writer without deadlines (a test's recorder) is bounded by nothing.
+	c.armed = rc.SetWriteDeadline(c.deadline) == nil
 }
 
 type metrics struct {
 	ttft           *prometheus.HistogramVec
 	upstreamErrors *prometheus.CounterVec
+	// clientStalls counts answers cut because a write to the client
+	// stalled past ClientWriteTimeout.
+	clientStalls   *prometheus.CounterVec
 	adapterMissing prometheus.Counter
 }
 
@@ -527,13 +582,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "llmgw_router_upstream_errors_total",
 			Help: "Engine failures: connection errors, 5xx answers retried elsewhere, streams cut short.",
 		}, []string{"model"}),
+		clientStalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_client_stalls_total",
+			Help: "Answers cut because a write to a connected client stalled past --client-write-timeout (a client that stopped reading); the engine's request was cancelled.",
+		}, []string{"model"}),
 		adapterMissing: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "llmgw_router_adapter_missing_total",
 			Help: "Engine 404s for an adapter the router thought it held, retried elsewhere.",
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ttft, m.upstreamErrors, m.adapterMissing)
+		reg.MustRegister(m.ttft, m.upstreamErrors, m.clientStalls, m.adapterMissing)
 	}
 	return m
 }

@@ -227,39 +227,8 @@ func TestStripAndTail(t *testing.T) {
 	}
 }
 
-// TestDoneTail: the end of a stream is seen however the reads cut it,
-// and only at the very end.
-func TestDoneTail(t *testing.T) {
-	long := strings.Repeat("data: {\"choices\":[{}]}\n\n", 3)
-	tests := []struct {
-		in   string
-		want bool
-	}{
-		{long + "data: [DONE]\n\n", true},
-		{long + "data: [DONE]\r\n\r\n", true},
-		{"data: [DONE]\n\n", true},
-		{long + "data: [DONE]\n", false},
-		{long + "data: [DONE]\n\ndata: {}\n\n", false},
-		{long, false},
-		{"", false},
-	}
-	for _, tt := range tests {
-		for n := 1; n <= len(tt.in)+1; n++ {
-			var d doneTail
-			for in := tt.in; len(in) > 0; {
-				k := min(n, len(in))
-				d.add([]byte(in[:k]))
-				in = in[k:]
-			}
-			if d.done() != tt.want {
-				t.Fatalf("%q in reads of %d: done %v, want %v", tt.in, n, d.done(), tt.want)
-			}
-		}
-	}
-}
-
-// TestForwardHeader: the engine never gets the client's credentials,
-// hop-by-hop fields, Expect or its Content-Length; everything else
+// TestForwardHeader: the engine never gets the client's credentials
+// (Anthropic's x-api-key included), hop-by-hop fields, Expect or its Content-Length; everything else
 // passes, with the body's own length and the engine's address as Host.
 func TestForwardHeader(t *testing.T) {
 	got := make(chan *http.Request, 1)
@@ -270,8 +239,9 @@ func TestForwardHeader(t *testing.T) {
 	})
 	p, _ := newProxy(t, 1)
 	r := httptest.NewRequest(http.MethodPost, "/v1/completions?x=1", nil)
-	for _, k := range []string{"Authorization", "Cookie", "Proxy-Authorization", "Connection", "Keep-Alive", "Te", "Trailer",
-		"Transfer-Encoding", "Upgrade", "Proxy-Connection", "Content-Length", "Expect", "Content-Type", "X-Request-Id", "X-Session-Id"} {
+	for _, k := range []string{"Authorization", "Cookie", "Proxy-Authorization", "X-Api-Key", "Connection", "Keep-Alive", "Te", "Trailer",
+		"Transfer-Encoding", "Upgrade", "Proxy-Connection", "Content-Length", "Expect", "Content-Type", "X-Request-Id", "X-Session-Id",
+		"Anthropic-Version"} {
 		r.Header.Set(k, "v")
 	}
 	r.Header.Add("X-Session-Id", " two\r\nInjected: yes ")
@@ -287,7 +257,7 @@ func TestForwardHeader(t *testing.T) {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if want := []string{"Content-Length", "Content-Type", "User-Agent", "X-Request-Id", "X-Session-Id"}; !slices.Equal(keys, want) {
+	if want := []string{"Anthropic-Version", "Content-Length", "Content-Type", "User-Agent", "X-Request-Id", "X-Session-Id"}; !slices.Equal(keys, want) {
 		t.Fatalf("engine got %v, want %v", keys, want)
 	}
 	if er.ContentLength != int64(len(body)) || er.Host != addr || er.URL.RequestURI() != "/v1/completions?x=1" {
@@ -296,7 +266,7 @@ func TestForwardHeader(t *testing.T) {
 	if v := er.Header.Values("X-Session-Id"); !slices.Equal(v, []string{"v", "two  Injected: yes"}) {
 		t.Fatalf("X-Session-Id %q: a value's CR LF must not start a field", v)
 	}
-	if len(r.Header) != 15 {
+	if len(r.Header) != 17 {
 		t.Fatalf("the client's header was changed: %v", r.Header)
 	}
 }

@@ -80,7 +80,7 @@ var (
 	ErrEngine = errors.New("tokenize: engine error")
 )
 
-// Kind says which OpenAI endpoint a body was sent to.
+// Kind says which endpoint a body was sent to.
 type Kind uint8
 
 const (
@@ -88,6 +88,16 @@ const (
 	Chat Kind = iota
 	// Completion is /v1/completions: the prompt form.
 	Completion
+	// Responses is OpenAI's Responses API, /v1/responses: its input turned
+	// into chat messages as vLLM does (convert.go), then the chat form.
+	Responses
+	// Messages is Anthropic's Messages API, /v1/messages: its system,
+	// messages and tools turned into OpenAI's as vLLM does (convert.go),
+	// then the chat form.
+	Messages
+	// None is a request tier 2 does not route by, as it runs no prompt
+	// through the engine (count_tokens): never tokenized.
+	None
 )
 
 // Request is a prepared /tokenize call: the body to send and the key its
@@ -143,6 +153,8 @@ func Prepare(kind Kind, model string, body []byte) (Request, error) {
 		set("continue_final_message", f.ContinueFinalMessage)
 		set("add_special_tokens", f.AddSpecialTokens)
 		set("documents", f.Documents)
+	case Responses, Messages:
+		return prepareConverted(kind, m, body)
 	case Completion:
 		var s string
 		if json.Unmarshal(f.Prompt, &s) != nil {
