@@ -190,8 +190,12 @@ func Recommend(a *llmgwv1.Autoscale, o Observation) (uint32, string) {
 		switch {
 		case r > 1+Tolerance:
 			want = uint32(math.Ceil(ready * min(r, 2)))
-		case r < 0.5:
-			want = o.Ready - 1
+		case r < 0.8:
+			// Well under the SLO, TTFT asks for no more than carries the
+			// load at Fill of a batch: how far under says nothing of how
+			// few replicas would still meet it, and one replica less per
+			// window would take a burst's fleet back one by one.
+			want = min(o.Ready, uint32(math.Ceil((dm.Running+dm.Waiting+float64(dm.Held))/(Fill*max(o.Capacity, 1)))))
 		}
 		consider(want, fmt.Sprintf("TTFT p90 %v (SLO %v) → %d", dm.TTFTP90.Round(time.Millisecond), slo, want))
 	}

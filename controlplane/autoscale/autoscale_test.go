@@ -49,6 +49,9 @@ func TestDecideOnce(t *testing.T) {
 			o: Observation{Count: 2, Ready: 2, Demand: Demand{TTFTP90: 900 * time.Millisecond, TTFTCount: 50, Running: 10, Requests: 50}}, to: 4, reason: "TTFT p90 900ms (SLO 500ms) → 4"},
 		{name: "TTFT within its SLO: stay", a: &llmgwv1.Autoscale{Min: 1, Max: 10, TtftP90SloMs: 500},
 			o: Observation{Count: 2, Ready: 2, Demand: Demand{TTFTP90: 450 * time.Millisecond, TTFTCount: 50, Running: 10, Requests: 50}}, to: 2},
+		{name: "TTFT well under its SLO asks for what carries the load", a: &llmgwv1.Autoscale{Min: 1, Max: 10, TtftP90SloMs: 2000},
+			o: Observation{Count: 8, Ready: 8, Capacity: 16, Demand: Demand{TTFTP90: 150 * time.Millisecond, TTFTCount: 50, Running: 4, Requests: 50}},
+			to: 8, blocked: true, reason: "TTFT p90 150ms (SLO 2s) → 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.o.Now = t0
@@ -108,6 +111,15 @@ func offered(rps float64, ready uint32) Demand {
 
 func TestLoadStepUpAndBack(t *testing.T) {
 	a := &llmgwv1.Autoscale{Min: 1, Max: 10, TargetWaiting: 2, ScaleDownAfterS: 120}
+	testLoadStep(t, a)
+	// With a TTFT SLO too (the fleet's p90 well under it once the queue
+	// is gone): the way back to min is still one step, not one a window.
+	a = &llmgwv1.Autoscale{Min: 1, Max: 10, TargetWaiting: 2, TtftP90SloMs: 2000, ScaleDownAfterS: 120}
+	testLoadStep(t, a)
+}
+
+func testLoadStep(t *testing.T, a *llmgwv1.Autoscale) {
+	t.Helper()
 	// One replica's capacity is 8 requests per second (16 running, 2 s
 	// each): 1 × for 2 minutes, 6 × for 5, then half of 1 × for 5 (at
 	// 1 × a step down stops at 2: Fill keeps a fifth of a batch spare).
@@ -120,7 +132,15 @@ func TestLoadStepUpAndBack(t *testing.T) {
 		}
 		return 8
 	}
-	steps, counts := fleet(a, 1, 12*time.Minute, 20*time.Second, func(s int, ready uint32) Demand { return offered(rps(s), ready) })
+	steps, counts := fleet(a, 1, 12*time.Minute, 20*time.Second, func(s int, ready uint32) Demand {
+		d := offered(rps(s), ready)
+		// TTFT: under a tenth of the SLO without a queue, past it with one.
+		d.TTFTCount, d.TTFTP90 = 100, 150*time.Millisecond
+		if d.Waiting > 0 {
+			d.TTFTP90 = 5 * time.Second
+		}
+		return d
+	})
 	if got := counts[419]; got < 6 {
 		t.Errorf("%d replicas at the end of the 6 × load, want at least 6 (steps %v)", got, steps)
 	}
