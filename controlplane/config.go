@@ -153,6 +153,9 @@ type Config struct {
 	// the count before a step down, and the least time between two steps.
 	AutoscaleScaleDownAfter time.Duration `yaml:"autoscale_scale_down_after"`
 	AutoscaleCooldown       time.Duration `yaml:"autoscale_cooldown"`
+	// AutoscaleUpAfter is how long every recommendation must stay above
+	// the count before a step up (scaling from zero excepted).
+	AutoscaleUpAfter time.Duration `yaml:"autoscale_up_after"`
 
 	// Limits bounds what peers can make this node hold (design §11).
 	Limits LimitsConfig `yaml:",inline"`
@@ -187,6 +190,7 @@ func DefaultConfig() Config {
 
 		AutoscaleScaleDownAfter: 5 * time.Minute,
 		AutoscaleCooldown:       30 * time.Second,
+		AutoscaleUpAfter:        15 * time.Second,
 
 		JoinRetryInterval:       time.Second,
 		ServerStabilizationTime: 2 * time.Second,
@@ -292,6 +296,7 @@ func (c Config) Validate() error {
 		{"leave_timeout", c.LeaveTimeout},
 		{"adapter_wait_max", c.AdapterWaitMax}, {"adapter_retry_after", c.AdapterRetryAfter},
 		{"autoscale_scale_down_after", c.AutoscaleScaleDownAfter}, {"autoscale_cooldown", c.AutoscaleCooldown},
+		{"autoscale_up_after", c.AutoscaleUpAfter},
 	} {
 		if d.v <= 0 {
 			p.Add(d.setting, "must be positive, got %s", d.v)

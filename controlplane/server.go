@@ -292,7 +292,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		ReconcileInterval: s.cfg.ReconcileInterval, NodeDownAfter: s.cfg.NodeDownAfter,
 		RescheduleAfter: s.cfg.RescheduleAfter, DrainTimeout: s.cfg.DrainTimeout,
 		AdapterMinIdle: s.cfg.AdapterMinIdle, AdapterRetryAfter: s.cfg.AdapterRetryAfter,
-		Autoscale: autoscale.Defaults{ScaleDownAfter: s.cfg.AutoscaleScaleDownAfter, Cooldown: s.cfg.AutoscaleCooldown},
+		Autoscale: autoscale.Defaults{ScaleDownAfter: s.cfg.AutoscaleScaleDownAfter, Cooldown: s.cfg.AutoscaleCooldown, UpAfter: s.cfg.AutoscaleUpAfter},
 		TTFTP90:   ttftbuckets.P90,
 	}, gated, s.fsm, s.eph, s.sessions, s.members, s.metrics.leader, s.log, s.clock)
 

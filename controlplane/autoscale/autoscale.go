@@ -27,10 +27,15 @@ type Defaults struct {
 	ScaleDownAfter time.Duration
 	// Cooldown is the least time between two steps.
 	Cooldown time.Duration
+	// UpAfter is how long every recommendation must stay above the count
+	// before a step up (to the lowest of them): a queue's one-second
+	// spike — Poisson arrivals at a fleet near its capacity make them all
+	// the time — is not a trend. Scaling from zero does not wait.
+	UpAfter time.Duration
 }
 
 // DefaultDefaults are Defaults' own defaults.
-var DefaultDefaults = Defaults{ScaleDownAfter: 5 * time.Minute, Cooldown: 30 * time.Second}
+var DefaultDefaults = Defaults{ScaleDownAfter: 5 * time.Minute, Cooldown: 30 * time.Second, UpAfter: 15 * time.Second}
 
 // Tolerance is how far from 1 an observed/target ratio must be to move the
 // count: HPA's 10 %.
@@ -73,8 +78,12 @@ type Observation struct {
 }
 
 // Fill is the share of Capacity a step down loads the replicas it keeps
-// to, at most: the rest is headroom for the next burst.
-const Fill = 0.8
+// to, at most: the rest is headroom for the next burst, and it is well
+// below the load at which a queue forms and the count steps up again —
+// requests take longer in a fuller batch, so a fleet made smaller holds
+// more of them than its load now shows (Little's law), and a Fill near 1
+// steps down to a count that queues.
+const Fill = 0.6
 
 // History is what the leader remembers of one model between decisions:
 // its last step and the recommendations of the last window. The zero value
@@ -114,7 +123,7 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 	downAfter := secondsOr(a.GetScaleDownAfterS(), def.ScaleDownAfter)
 	cooldown := secondsOr(a.GetCooldownS(), def.Cooldown)
 	n, why := Recommend(a, o)
-	h.remember(o.Now, n, downAfter)
+	h.remember(o.Now, n, max(downAfter, def.UpAfter))
 	d := Decision{To: o.Count, Recommended: n}
 	switch {
 	case o.Count == 0 && o.Demand.Held > 0:
@@ -127,9 +136,15 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 	case n > o.Count && !h.LastStep.IsZero() && o.Now.Sub(h.LastStep) < cooldown:
 		d.Blocked, d.Reason = true, fmt.Sprintf("%s; cooling down until %s", why, h.LastStep.Add(cooldown).UTC().Format(time.TimeOnly))
 	case n > o.Count:
-		// At most doubling (or 4 more) a step, as HPA's default policy.
-		d.To = min(n, max(2*o.Count, o.Count+4))
-		d.Reason = fmt.Sprintf("up: %s", why)
+		low, whole := h.lowest(o.Now, def.UpAfter)
+		switch {
+		case !whole || low <= o.Count:
+			d.Blocked, d.Reason = true, fmt.Sprintf("%s; a step up waits for %v of recommendations above %d", why, def.UpAfter, o.Count)
+		default:
+			// At most doubling (or 4 more) a step, as HPA's default policy.
+			d.To = min(low, max(2*o.Count, o.Count+4))
+			d.Reason = fmt.Sprintf("up: %s, for the last %v", why, def.UpAfter)
+		}
 	case n < o.Count:
 		top, whole := h.highest(o.Now, downAfter)
 		switch {
@@ -240,6 +255,20 @@ func (h *History) remember(now time.Time, n uint32, window time.Duration) {
 	if i > 0 {
 		h.recs = append(h.recs[:0], h.recs[i:]...)
 	}
+}
+
+// lowest is the least recommendation of the last d, and whether the
+// history covers it. With d 0 it is the newest.
+func (h *History) lowest(now time.Time, d time.Duration) (uint32, bool) {
+	low := uint32(math.MaxUint32)
+	for i := len(h.recs) - 1; i >= 0; i-- {
+		r := h.recs[i]
+		low = min(low, r.n)
+		if now.Sub(r.at) >= d {
+			return low, true
+		}
+	}
+	return low, d == 0 || now.Sub(h.since) >= d
 }
 
 // highest is the largest recommendation of the window ending at now, and

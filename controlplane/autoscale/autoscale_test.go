@@ -1,6 +1,7 @@
 package autoscale
 
 import (
+	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -50,13 +51,15 @@ func TestDecideOnce(t *testing.T) {
 		{name: "TTFT within its SLO: stay", a: &llmgwv1.Autoscale{Min: 1, Max: 10, TtftP90SloMs: 500},
 			o: Observation{Count: 2, Ready: 2, Demand: Demand{TTFTP90: 450 * time.Millisecond, TTFTCount: 50, Running: 10, Requests: 50}}, to: 2},
 		{name: "TTFT well under its SLO asks for what carries the load", a: &llmgwv1.Autoscale{Min: 1, Max: 10, TtftP90SloMs: 2000},
-			o: Observation{Count: 8, Ready: 8, Capacity: 16, Demand: Demand{TTFTP90: 150 * time.Millisecond, TTFTCount: 50, Running: 4, Requests: 50}},
+			o:  Observation{Count: 8, Ready: 8, Capacity: 16, Demand: Demand{TTFTP90: 150 * time.Millisecond, TTFTCount: 50, Running: 4, Requests: 50}},
 			to: 8, blocked: true, reason: "TTFT p90 150ms (SLO 2s) → 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.o.Now = t0
 			h := tc.h
-			d := Decide(tc.a, DefaultDefaults, tc.o, &h)
+			def := DefaultDefaults
+			def.UpAfter = 0 // one round decides; TestUpWaitsForATrend has the window
+			d := Decide(tc.a, def, tc.o, &h)
 			if d.To != tc.to || d.Blocked != tc.blocked || !strings.Contains(d.Reason, tc.reason) {
 				t.Fatalf("decision %+v, want to %d, blocked %v, a reason with %q", d, tc.to, tc.blocked, tc.reason)
 			}
@@ -177,6 +180,28 @@ func TestNoFlapping(t *testing.T) {
 	}
 }
 
+// TestNoFlappingNearCapacity is the bench's case: two replicas at 95 % of
+// their capacity, the requests in flight wandering around that (Poisson
+// arrivals, a slowly moving queue: AR(1) noise, sd 5 requests, 10 s
+// memory). Spikes past the batch make a queue now and then; the count may
+// take one step up, and then neither flaps up nor steps back down.
+func TestNoFlappingNearCapacity(t *testing.T) {
+	for seed := range uint64(10) {
+		rng := rand.New(rand.NewPCG(seed, 2))
+		a := &llmgwv1.Autoscale{Min: 1, Max: 8, TargetWaiting: 2, ScaleDownAfterS: 120}
+		noise := 0.0
+		steps, _ := fleet(a, 2, 10*time.Minute, 20*time.Second, func(_ int, ready uint32) Demand {
+			noise = 0.9*noise + math.Sqrt(1-0.81)*5*rng.NormFloat64()
+			inflight := max(0, 0.95*32+noise)
+			running := min(inflight, 16*float64(ready))
+			return Demand{Running: running, Waiting: inflight - running, Requests: 1000}
+		})
+		if len(steps) > 1 {
+			t.Errorf("seed %d: %d scale actions in 10 minutes: %+v", seed, len(steps), steps)
+		}
+	}
+}
+
 func TestIdleToMinAfterTheWindow(t *testing.T) {
 	a := &llmgwv1.Autoscale{Min: 0, Max: 4, TargetWaiting: 2, ScaleDownAfterS: 60}
 	steps, counts := fleet(a, 2, 3*time.Minute, 0, func(int, uint32) Demand { return Demand{} })
@@ -185,5 +210,40 @@ func TestIdleToMinAfterTheWindow(t *testing.T) {
 	}
 	if counts[58] != 2 {
 		t.Fatalf("count %d before the window passed, want 2", counts[58])
+	}
+}
+
+// TestUpWaitsForATrend: a step up needs every recommendation of UpAfter
+// above the count, and goes to the lowest of them; a one-round spike moves
+// nothing.
+func TestUpWaitsForATrend(t *testing.T) {
+	a := spec()
+	var h History
+	round := func(s int, waiting float64) Decision {
+		return Decide(a, DefaultDefaults, Observation{Now: t0.Add(time.Duration(s) * time.Second), Count: 2, Ready: 2, Capacity: 16,
+			Demand: Demand{Waiting: waiting, Running: 32, Requests: 100}}, &h)
+	}
+	for s := range 30 {
+		w := 0.0
+		if s == 10 {
+			w = 40 // a spike
+		}
+		if d := round(s, w); d.Step(2) {
+			t.Fatalf("second %d: stepped to %d on a spike", s, d.To)
+		}
+	}
+	var d Decision
+	for s := 30; s <= 45; s++ {
+		w := 12.0 // a queue for 15 s: recommend 6
+		if s == 40 {
+			w = 8 // once recommend 4
+		}
+		d = round(s, w)
+		if s < 45 && d.Step(2) {
+			t.Fatalf("second %d: stepped before the queue lasted %v", s, DefaultDefaults.UpAfter)
+		}
+	}
+	if d.To != 4 || !strings.Contains(d.Reason, "for the last 15s") {
+		t.Fatalf("after 15 s of a queue: %+v, want a step to the lowest recommendation, 4", d)
 	}
 }

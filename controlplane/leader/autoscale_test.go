@@ -35,6 +35,12 @@ func TestAutoscaleRound(t *testing.T) {
 	ctx := context.Background()
 	queue := map[string]*llmgwv1.ModelDemand{"chat": {Model: "chat", Waiting: 20, Running: 16, Replicas: 1, Requests: 100}}
 
+	// A queue must last UpAfter (15 s) before a step up.
+	r.l.autoscaleOnce(ctx, queue)
+	if got := r.prop.proposed(); len(got) != 0 {
+		t.Fatalf("proposed %s on the queue's first round", list(got))
+	}
+	r.clock.Add(16 * time.Second)
 	r.l.autoscaleOnce(ctx, queue)
 	got := r.prop.proposed()
 	if len(got) != 1 || got[0].msg.(*llmgwv1.SetModelScaleCommand).Replicas != 5 {
@@ -57,8 +63,9 @@ func TestAutoscaleRound(t *testing.T) {
 	}
 	wantProposals(t, r.prop.proposed(), nil)
 	events, demand := r.l.ScaleStatus("chat")
-	if len(events) != 2 || !events[0].Blocked || !strings.Contains(events[0].Reason, "waiting for 4 starting replicas") || events[1].To != 5 {
-		t.Fatalf("events %v, want the held step (newest) and the step to 5", events)
+	if len(events) != 3 || !events[0].Blocked || !strings.Contains(events[0].Reason, "waiting for 4 starting replicas") || events[1].To != 5 ||
+		!strings.Contains(events[2].Reason, "a step up waits for 15s") {
+		t.Fatalf("events %v, want the step held by the starting replicas (newest), the step to 5, the step held by the up window", events)
 	}
 	if demand.GetWaiting() != 80 {
 		t.Fatalf("demand %v, want the last round's", demand)

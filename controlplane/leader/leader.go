@@ -133,6 +133,9 @@ func New(cfg Config, p Proposer, state Desired, reports Reports, sessions Sessio
 	if cfg.Autoscale.Cooldown <= 0 {
 		cfg.Autoscale.Cooldown = autoscale.DefaultDefaults.Cooldown
 	}
+	if cfg.Autoscale.UpAfter <= 0 {
+		cfg.Autoscale.UpAfter = autoscale.DefaultDefaults.UpAfter
+	}
 	return &Leader{ttftP90: cfg.TTFTP90, cfg: cfg, propose: p, state: state, reports: reports, sessions: sessions, cluster: cluster,
 		metrics: m, log: log, now: now, placedAt: map[adapterKey]time.Time{}, queue: newAdapterQueue(), use: newAdapterUse(),
 		quota: quota.New(cfg.Quota), limits: quota.StateLimits{State: state}, unplaced: newUnplacedReasons()}

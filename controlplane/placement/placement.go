@@ -279,7 +279,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 		}
 		want := int(EffectiveReplicas(st, m))
 		if sleeps {
-			plan.parkSleepers(m, sleeping, len(stay), want)
+			plan.parkSleepers(m, sleeping, len(stay))
 		}
 		if len(stay) == want && len(moving) == 0 && countReady(stay, ready) == want && allActive(stay, nodeByID) {
 			if mv, ok := spreadRule(nodes, perNode, m); ok {

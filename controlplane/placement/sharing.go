@@ -24,10 +24,11 @@ type Taking struct {
 }
 
 // parkSleepers drains the sleepers of m beyond what its autoscale.max
-// leaves room for beside awake replicas (the highest ordinal first): a
-// parked replica still holds host memory and a process.
-func (p *Plan) parkSleepers(m *llmgwv1.Model, sleeping []*llmgwv1.Replica, awake, want int) {
-	room := max(int(m.GetAutoscale().GetMax())-max(awake, want), 0)
+// leaves room for beside its awake replicas (the highest ordinal first): a
+// parked replica still holds host memory and a process. A sleeper the
+// count wants awake is within that room: it is the one to wake.
+func (p *Plan) parkSleepers(m *llmgwv1.Model, sleeping []*llmgwv1.Replica, awake int) {
+	room := max(int(m.GetAutoscale().GetMax())-awake, 0)
 	for i := len(sleeping) - 1; i >= room; i-- {
 		p.Drain = append(p.Drain, ref(sleeping[i]))
 	}

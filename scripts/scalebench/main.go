@@ -32,6 +32,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -147,7 +148,13 @@ func (b *bench) run(ctx context.Context) error {
 	if err := b.c.StartAgent(b.cfg.gpus, b.cfg.portRange); err != nil {
 		return err
 	}
-	r, err := b.c.StartRouter("r1")
+	// One client address sends everything: the router's per-address and
+	// per-key bounds would refuse the load generator, not the fleet.
+	cfgPath := filepath.Join(b.c.Dir, "r1.yaml")
+	if err := os.WriteFile(cfgPath, []byte("max_connections: 0\nmax_conns_per_addr: 0\nmax_inflight: 100000\nmax_key_inflight: 0\n"), 0o644); err != nil {
+		return fmt.Errorf("router config: %w", err)
+	}
+	r, err := b.c.StartRouter("r1", "--config", cfgPath)
 	if err != nil {
 		return err
 	}
