@@ -70,7 +70,15 @@ func pieceID(p string) int {
 // Encode turns text into token ids. Special-token strings inside the text
 // become their ids, as Hugging Face tokenizers treat added special tokens.
 func (t *Tokenizer) Encode(text string) []int {
+	ids, _ := t.EncodePieces(text)
+	return ids
+}
+
+// EncodePieces is Encode with each token's text: the pieces concatenate to
+// text.
+func (t *Tokenizer) EncodePieces(text string) ([]int, []string) {
 	var ids []int
+	var pieces []string
 	var learned map[int]string
 	for len(text) > 0 {
 		piece, id := nextPiece(text)
@@ -83,11 +91,12 @@ func (t *Tokenizer) Encode(text string) []int {
 			learned[id] = piece
 		}
 		ids = append(ids, id)
+		pieces = append(pieces, piece)
 	}
 	if len(learned) > 0 {
 		t.learn(learned)
 	}
-	return ids
+	return ids, pieces
 }
 
 func (t *Tokenizer) learn(m map[int]string) {
