@@ -65,7 +65,7 @@ func newMetrics(cfg *Config, e *engine) *metrics {
 			Help: "Histogram of time spent in WAITING phase for request.", ConstLabels: labels,
 			Buckets: vllm.RequestLatencyBuckets}),
 		aborted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSimAbortedRequests,
-			Help: "Requests aborted unfinished, by reason: client (went away or stopped reading) or engine (sleep in mode abort). The simulator's own metric.",
+			Help:        "Requests aborted unfinished, by reason: client (went away or stopped reading) or engine (sleep in mode abort). The simulator's own metric.",
 			ConstLabels: labels}, []string{LabelAbortReason}),
 	}
 	// The gauges read the engine when scraped, so they are always
