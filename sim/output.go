@@ -91,6 +91,9 @@ type output struct {
 	mode toolMode
 	// seed is the prompt's: logprobs are drawn from it.
 	seed uint64
+	// limit is the most tokens the output could have taken (Responses
+	// reports it as max_output_tokens).
+	limit int
 }
 
 func (o *output) text() string { return strings.Join(o.pieces, "") }
@@ -137,7 +140,7 @@ type planInput struct {
 // cannot generate for): the handler answers 400.
 func (s *Server) plan(in planInput) (*output, error) {
 	seed := s.promptSeed(in.prompt)
-	o := &output{seed: seed, finish: vllm.FinishedLength}
+	o := &output{seed: seed, finish: vllm.FinishedLength, limit: in.budget}
 	if spec, mode, ok := s.chooseTool(in); ok {
 		args := "{}"
 		if len(in.tools.tools) > 0 && len(spec.params) > 0 && string(spec.params) != "null" {
@@ -181,6 +184,7 @@ func (s *Server) plan(in planInput) (*output, error) {
 		s.setText(o, text, in.budget)
 		return o, nil
 	}
+	o.limit = in.textTokens
 	ids, texts := s.generate(in.prompt, in.textTokens)
 	o.ids, o.pieces = ids, texts
 	o.offsets = offsetsOf(texts)
