@@ -187,7 +187,7 @@ func (s *Server) chatLogprobsRequest(on bool, top *int) (logprobsRequest, error)
 	if top != nil {
 		n = *top
 		if n != 0 && !on {
-			return logprobsRequest{}, errors.New("when using `top_logprobs`, `logprobs` must be set to true.")
+			return logprobsRequest{}, errors.New("when using `top_logprobs`, `logprobs` must be set to true.") //nolint:staticcheck // ST1005: vLLM's wording
 		}
 	}
 	if !on {
@@ -274,10 +274,10 @@ func (s *Server) tokenBudget(n int, asked *int) (text, budget int, err error) {
 		return min(s.cfg.DefaultMaxTokens, maxLen-n), maxLen - n, nil
 	}
 	if *asked < 1 {
-		return 0, 0, fmt.Errorf("max_tokens must be at least 1, got %d.", *asked)
+		return 0, 0, fmt.Errorf("max_tokens must be at least 1, got %d.", *asked) //nolint:staticcheck // ST1005: vLLM's wording
 	}
 	if n+*asked > maxLen {
-		return 0, 0, fmt.Errorf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
+		return 0, 0, fmt.Errorf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", //nolint:staticcheck // ST1005: vLLM's wording
 			*asked, maxLen, n, *asked, maxLen, n)
 	}
 	return *asked, *asked, nil

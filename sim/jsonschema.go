@@ -66,7 +66,7 @@ type jsonGen struct {
 func genJSON(schema json.RawMessage, seed uint64) (string, error) {
 	root, err := decodeOrdered(schema)
 	if err != nil {
-		return "", fmt.Errorf("%w: not JSON: %v", errSchema, err)
+		return "", fmt.Errorf("%w: not JSON: %w", errSchema, err)
 	}
 	g := &jsonGen{rng: rand.New(rand.NewPCG(seed, 0x736368656d61))}
 	if o, ok := root.(*ordered); ok {

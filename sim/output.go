@@ -482,7 +482,7 @@ func (s *Server) checkLogprobs(top int) error {
 		return errors.New("top_logprobs -1 (the whole vocabulary) is not emulated by the simulator")
 	}
 	if top < 0 {
-		return errors.New("`top_logprobs` must be a positive value or -1.")
+		return errors.New("`top_logprobs` must be a positive value or -1.") //nolint:staticcheck // ST1005: vLLM's wording
 	}
 	if s.cfg.MaxLogprobs >= 0 && top > s.cfg.MaxLogprobs {
 		return fmt.Errorf("Requested sample logprobs of %d, which is greater than max allowed: %d", top, s.cfg.MaxLogprobs) //nolint:staticcheck // ST1005: vLLM's wording

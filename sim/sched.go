@@ -68,10 +68,10 @@ type gseq struct {
 	arrival  uint64
 }
 
-// before reports whether a goes ahead of b in the priority policy's queue
+// before reports whether s goes ahead of b in the priority policy's queue
 // (vLLM's PriorityRequestQueue: priority, then arrival).
-func (a *gseq) before(b *gseq) bool {
-	return a.priority < b.priority || (a.priority == b.priority && a.arrival < b.arrival)
+func (s *gseq) before(b *gseq) bool {
+	return s.priority < b.priority || (s.priority == b.priority && s.arrival < b.arrival)
 }
 
 // numTokens is what the sequence knows: prompt and sampled tokens.
