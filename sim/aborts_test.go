@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -143,6 +144,12 @@ func TestStalledReaderAborts(t *testing.T) {
 	testkit.Wait(t, "the sequence released", func() bool { return s.eng.stats().Running == 0 })
 	if v := testkit.Metric(t, s.met.reg, vllm.MetricGenerationTokens, nil); v >= 3000 {
 		t.Errorf("%v tokens generated: the request was not cut short", v)
+	}
+	// The server gives the connection up too: the client, still not
+	// reading, finds it closed once it drains what was buffered.
+	_ = conn.SetReadDeadline(time.Now().Add(testkit.DefaultTimeout))
+	if _, err := io.Copy(io.Discard, conn); err != nil {
+		t.Errorf("the server kept the connection open: %v", err)
 	}
 }
 

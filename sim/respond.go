@@ -39,20 +39,24 @@ func (s *sseWriter) start() {
 	s.w.WriteHeader(http.StatusOK)
 }
 
-// write sends b and flushes it within the write timeout.
+// write sends b and flushes it within the write timeout. After a failed
+// write the deadline stays expired: net/http closes the broken connection
+// once the handler returns, without waiting on the stalled reader again.
 func (s *sseWriter) write(b []byte) error {
 	s.start()
 	if s.timeout > 0 {
 		if err := s.rc.SetWriteDeadline(time.Now().Add(s.timeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
 			return fmt.Errorf("set write deadline: %w", err)
 		}
-		defer func() { _ = s.rc.SetWriteDeadline(time.Time{}) }()
 	}
 	if _, err := s.w.Write(b); err != nil {
 		return fmt.Errorf("write event: %w", err)
 	}
 	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		return fmt.Errorf("flush event: %w", err)
+	}
+	if s.timeout > 0 {
+		_ = s.rc.SetWriteDeadline(time.Time{})
 	}
 	return nil
 }
