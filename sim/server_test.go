@@ -527,6 +527,9 @@ func TestConfigValidate(t *testing.T) {
 		{"lora rank", func(c *Config) { c.MaxLoRARank = 7 }, "--max-lora-rank"},
 		{"fail rate", func(c *Config) { c.Faults.FailRate = 2 }, "--sim-fail-rate"},
 		{"hash algo", func(c *Config) { c.PrefixCachingHashAlgo = "md5" }, "--prefix-caching-hash-algo"},
+		{"auto tools without a parser", func(c *Config) { c.EnableAutoToolChoice = true }, "--enable-auto-tool-choice: requires --tool-call-parser"},
+		{"max logprobs", func(c *Config) { c.MaxLogprobs = -2 }, "--max-logprobs"},
+		{"stream write timeout", func(c *Config) { c.StreamWriteTimeout = -time.Second }, "--sim-stream-write-timeout"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
