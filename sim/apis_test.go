@@ -812,3 +812,32 @@ func TestSimMetricNames(t *testing.T) {
 		}
 	}
 }
+
+// TestToolConversationCostsTheSameEverywhere: one conversation with a tool
+// call and its result, as chat messages and as Anthropic messages, renders
+// to the same prompt (vLLM renders both through one template, tools as
+// model_dump'ed chat tools).
+func TestToolConversationCostsTheSameEverywhere(t *testing.T) {
+	_, ts := newTestServer(t, testConfig())
+	var tr vllm.TokenizeResponse
+	postOK(t, ts.URL+"/tokenize", `{"model":"llama","messages":[{"role":"system","content":"sys"},{"role":"user","content":"weather?"},`+
+		`{"role":"assistant","tool_calls":[{"id":"t1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},`+
+		`{"role":"tool","tool_call_id":"t1","content":"sunny"}],`+
+		`"tools":[{"type":"function","function":{"name":"get_weather","description":"the weather","parameters":`+weatherSchema+`}}]}`, &tr)
+	var ct vllm.AnthropicCountTokensResponse
+	postOK(t, ts.URL+"/v1/messages/count_tokens", `{"model":"llama","system":"sys","messages":[{"role":"user","content":"weather?"},`+
+		`{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"get_weather","input":{"city":"Paris"}}]},`+
+		`{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"sunny"}]}],`+
+		`"tools":[{"name":"get_weather","description":"the weather","input_schema":`+weatherSchema+`}]}`, &ct)
+	if ct.InputTokens != tr.Count {
+		t.Errorf("Messages count %d, chat %d", ct.InputTokens, tr.Count)
+	}
+	var r vllm.ResponsesResponse
+	postOK(t, ts.URL+"/v1/responses", `{"model":"llama","max_output_tokens":1,"instructions":"sys","input":[{"role":"user","content":"weather?"},`+
+		`{"type":"function_call","call_id":"t1","name":"get_weather","arguments":"{\"city\": \"Paris\"}"},`+
+		`{"type":"function_call_output","call_id":"t1","output":"sunny"}],`+
+		`"tools":[{"type":"function","name":"get_weather","description":"the weather","parameters":`+weatherSchema+`}],"tool_choice":"none"}`, &r)
+	if r.Usage.InputTokens != tr.Count {
+		t.Errorf("Responses input %d, chat %d", r.Usage.InputTokens, tr.Count)
+	}
+}

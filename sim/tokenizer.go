@@ -232,7 +232,7 @@ func RenderChat(p ChatPrompt) (string, error) {
 		b.WriteString(role)
 		b.WriteString("<|end_header_id|>\n\n")
 	}
-	tools, err := canonicalJSON(p.Tools)
+	tools, err := canonicalJSON(normalizeTools(p.Tools))
 	if err != nil {
 		return "", fmt.Errorf("tools: %w", err)
 	}
@@ -276,6 +276,52 @@ func RenderChat(p ChatPrompt) (string, error) {
 		header("assistant")
 	}
 	return b.String(), nil
+}
+
+// normalizeTools gives function tools the form vLLM renders them in,
+// whichever API they came from: each the model_dump of a chat tool,
+// {"type":"function","function":{"name","description","parameters"}} with
+// null for what is absent, so the same tools cost the same tokens in chat,
+// Responses and Messages. Anything else is left as it is.
+func normalizeTools(raw json.RawMessage) json.RawMessage {
+	var tools []struct {
+		Type     string `json:"type"`
+		Function *struct {
+			Name        string          `json:"name"`
+			Description json.RawMessage `json:"description"`
+			Parameters  json.RawMessage `json:"parameters"`
+		} `json:"function"`
+	}
+	if len(raw) == 0 || json.Unmarshal(raw, &tools) != nil {
+		return raw
+	}
+	type fn struct {
+		Name        string          `json:"name"`
+		Description json.RawMessage `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	}
+	out := make([]any, len(tools))
+	for i, t := range tools {
+		if t.Type != "function" || t.Function == nil {
+			return raw
+		}
+		f := fn{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+		if len(f.Description) == 0 {
+			f.Description = json.RawMessage("null")
+		}
+		if len(f.Parameters) == 0 {
+			f.Parameters = json.RawMessage("null")
+		}
+		out[i] = struct {
+			Type     string `json:"type"`
+			Function fn     `json:"function"`
+		}{"function", f}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return raw
+	}
+	return b
 }
 
 // canonicalJSON re-encodes raw with object keys sorted; "" for absent or
