@@ -89,6 +89,12 @@ func TestClientDisconnectAbortsSteppedEngine(t *testing.T) {
 	cfg.Model, cfg.GPU, cfg.GPUMemoryUtilization, cfg.NumGPUBlocks = "Qwen/Qwen2.5-0.5B-Instruct", "l4", 0.6, 0
 	cfg.LoadScale = 0
 	s, base := serve(t, cfg, nil)
+	// A whole answer first: the new APIs run on the step loop like chat.
+	var m vllm.AnthropicMessagesResponse
+	postOK(t, base+"/v1/messages", `{"model":"llama","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`, &m)
+	if m.Usage == nil || m.Usage.OutputTokens != 3 {
+		t.Fatalf("answer %+v", m)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/responses",
