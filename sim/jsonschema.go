@@ -156,7 +156,17 @@ func (g *jsonGen) object(s *ordered, path string, depth int) error {
 		if !ok || len(list) == 0 {
 			return refuse(path, "enum that is not a non-empty array")
 		}
-		return g.literal(list[g.rng.IntN(len(list))])
+		// Only the values the schema's type admits.
+		var fit []any
+		for _, v := range list {
+			if typeAdmits(s, v) {
+				fit = append(fit, v)
+			}
+		}
+		if len(fit) == 0 {
+			return refuse(path, "enum with no value of the schema's type")
+		}
+		return g.literal(fit[g.rng.IntN(len(fit))])
 	}
 	for _, k := range []string{"anyOf", "oneOf"} {
 		if alt, ok := s.get(k); ok {
@@ -164,7 +174,8 @@ func (g *jsonGen) object(s *ordered, path string, depth int) error {
 			if !ok || len(list) == 0 {
 				return refuse(path, "%s that is not a non-empty array", k)
 			}
-			return g.value(list[0], path+"."+k+"[0]", depth+1)
+			// The first branch, with the keywords beside anyOf applying too.
+			return g.value(mergeBranch(s, k, list[0]), path+"."+k+"[0]", depth+1)
 		}
 	}
 	if all, ok := s.get("allOf"); ok {
@@ -196,6 +207,90 @@ func (g *jsonGen) object(s *ordered, path string, depth int) error {
 	default:
 		return refuse(path, "type %q", typ)
 	}
+}
+
+// mergeBranch is branch with the keywords of s beside key (anyOf, oneOf)
+// added: required lists joined, properties merged, the branch's own
+// keywords winning otherwise.
+func mergeBranch(s *ordered, key string, branch any) any {
+	b, ok := branch.(*ordered)
+	if !ok || len(s.keys) == 1 {
+		return branch
+	}
+	m := b.clone()
+	for _, k := range s.keys {
+		if k == key {
+			continue
+		}
+		v := s.vals[k]
+		cur, has := m.get(k)
+		switch {
+		case !has:
+			m.set(k, v)
+		case k == "required":
+			a, _ := cur.([]any)
+			c, _ := v.([]any)
+			m.set(k, append(append([]any{}, a...), c...))
+		case k == "properties":
+			po, ok1 := cur.(*ordered)
+			so, ok2 := v.(*ordered)
+			if ok1 && ok2 {
+				merged := so.clone()
+				for _, pk := range po.keys {
+					merged.set(pk, po.vals[pk])
+				}
+				m.set(k, merged)
+			}
+		}
+	}
+	return m
+}
+
+// typeAdmits reports whether v is of the schema's type (any, without one).
+func typeAdmits(s *ordered, v any) bool {
+	t, ok := s.get("type")
+	if !ok {
+		return true
+	}
+	var types []any
+	switch t := t.(type) {
+	case string:
+		types = []any{t}
+	case []any:
+		types = t
+	}
+	for _, x := range types {
+		switch x {
+		case "string":
+			if _, ok := v.(string); ok {
+				return true
+			}
+		case "number", "integer":
+			if n, ok := v.(json.Number); ok {
+				f, err := n.Float64()
+				if err == nil && (x == "number" || f == math.Trunc(f)) {
+					return true
+				}
+			}
+		case "boolean":
+			if _, ok := v.(bool); ok {
+				return true
+			}
+		case "null":
+			if v == nil {
+				return true
+			}
+		case "object":
+			if _, ok := v.(*ordered); ok {
+				return true
+			}
+		case "array":
+			if _, ok := v.([]any); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // schemaType is the type to generate: the schema's, the first non-null of
@@ -358,6 +453,9 @@ func (g *jsonGen) genArray(s *ordered, path string, depth int) error {
 	if hasItems && depth < minimalDepth {
 		n = max(n, 1+g.rng.IntN(3))
 	}
+	if mn > maxGeneratedBytes/2 {
+		return refuse(path, "minItems above %d", maxGeneratedBytes/2)
+	}
 	n = max(n, mn)
 	if hasMax {
 		n = min(n, mx)
@@ -419,10 +517,15 @@ func (g *jsonGen) genString(s *ordered, path string) error {
 	if hasMax && mx < mn {
 		return refuse(path, "maxLength below minLength")
 	}
-	v := g.words(1, 3)
-	for utf8.RuneCountInString(v) < mn {
-		v += " " + g.words(1, 1)
+	if mn > maxGeneratedBytes {
+		return refuse(path, "minLength above %d", maxGeneratedBytes)
 	}
+	var b strings.Builder
+	b.WriteString(g.words(1, 3))
+	for b.Len() < mn { // the words are ASCII: bytes are characters
+		b.WriteString(" " + g.words(1, 1))
+	}
+	v := b.String()
 	if hasMax && utf8.RuneCountInString(v) > mx {
 		v = string([]rune(v)[:mx])
 	}
@@ -547,12 +650,15 @@ func (g *jsonGen) words(lo, hi int) string {
 	return strings.Join(w, " ")
 }
 
+// intKeyword reads a count keyword (minItems, maxLength…); a count beyond
+// maxGeneratedBytes reads as just beyond it, which no generated value
+// needs or can meet.
 func intKeyword(s *ordered, k string) (int, bool) {
 	f, ok := numKeyword(s, k)
-	if !ok || f < 0 || f > 1<<20 {
+	if !ok || f < 0 {
 		return 0, false
 	}
-	return int(f), true
+	return int(math.Min(f, maxGeneratedBytes+1)), true
 }
 
 func numKeyword(s *ordered, k string) (float64, bool) {

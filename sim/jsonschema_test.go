@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -56,6 +57,8 @@ func TestGenJSONValidAgainstSchema(t *testing.T) {
 		{"allOf of one", `{"allOf":[{"type":"object","properties":{"q":{"type":"boolean"}},"required":["q"]}]}`},
 		{"annotations ignored", `{"$schema":"https://json-schema.org/draft/2020-12/schema","title":"T","description":"d","type":"object","properties":{"a":{"type":"string","default":"x","examples":["y"]}}}`},
 		{"empty schema", `{}`},
+		{"enum filtered by type", `{"type":"integer","enum":["a",1,2.5,3]}`},
+		{"anyOf beside properties", `{"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"boolean"}},"anyOf":[{"required":["a"]},{"required":["b"]}]}`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -105,6 +108,10 @@ func TestGenJSONRefuses(t *testing.T) {
 		{"endless recursion", `{"$defs":{"A":{"type":"object","properties":{"a":{"$ref":"#/$defs/A"}},"required":["a"]}},"$ref":"#/$defs/A"}`, `nesting deeper`},
 		{"too few unique values", `{"type":"array","items":{"type":"boolean"},"minItems":3,"uniqueItems":true}`, `uniqueItems`},
 		{"not JSON", `{"type":`, `not JSON`},
+		{"enum of the wrong type", `{"type":"string","enum":[1,2]}`, `no value of the schema's type`},
+		{"huge minLength", `{"type":"string","minLength":1e12}`, `minLength above`},
+		{"huge minItems", `{"type":"array","items":{"type":"null"},"minItems":1e9}`, `minItems above`},
+		{"too long", `{"type":"array","items":{"type":"string","minLength":1000},"minItems":2000}`, `a value longer than`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -124,4 +131,47 @@ func TestGenJSONObject(t *testing.T) {
 			t.Fatalf("seed %d: %q is not a non-empty JSON object: %v", seed, text, err)
 		}
 	}
+}
+
+// FuzzGenJSON: any schema either generates valid JSON or is refused with
+// errSchema; nothing panics or runs away.
+func FuzzGenJSON(f *testing.F) {
+	for _, seed := range []string{
+		weatherSchema, `{"$defs":{"N":{"type":"array","items":{"$ref":"#/$defs/N"}}},"$ref":"#/$defs/N"}`,
+		`{"type":["integer","null"],"minimum":-3,"exclusiveMaximum":-2}`, `{"enum":[{"a":[1,{"b":null}]},"x"]}`,
+		`{"type":"array","prefixItems":[true,false],"minItems":2}`, `{"anyOf":[]}`, `[]`, `7`,
+	} {
+		f.Add([]byte(seed), uint64(1))
+	}
+	f.Fuzz(func(t *testing.T, schema []byte, seed uint64) {
+		text, err := genJSON(schema, seed)
+		if err != nil {
+			if !errors.Is(err, errSchema) {
+				t.Fatalf("error outside errSchema: %v", err)
+			}
+			return
+		}
+		if !json.Valid([]byte(text)) {
+			t.Fatalf("schema %s gave invalid JSON %q", schema, text)
+		}
+		// Where the independent validator can read the schema, the value
+		// must satisfy it.
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
+		if err != nil {
+			return
+		}
+		c := jsonschema.NewCompiler()
+		c.AssertFormat()
+		if c.AddResource("mem:///schema.json", doc) != nil {
+			return
+		}
+		sch, err := c.Compile("mem:///schema.json")
+		if err != nil {
+			return
+		}
+		v, _ := jsonschema.UnmarshalJSON(strings.NewReader(text))
+		if err := sch.Validate(v); err != nil {
+			t.Fatalf("schema %s gave %s, invalid: %v", schema, text, err)
+		}
+	})
 }
