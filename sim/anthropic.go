@@ -271,7 +271,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		anthropicBadRequest(w, "%v", err)
 		return
 	}
-	g := s.newGenRequest(r, req.Model, s.tok.Encode(text), "", "chatcmpl-"+s.baseRequestID(r))
+	g := s.newGenRequest(req.Model, s.tok.Encode(text), "", "chatcmpl-"+s.baseRequestID(r))
 	g.writeErr = writeAnthropicError
 	if err := s.prepare(&g, req.MaxTokens, 0, planInput{messages: c.messages, tools: c.tools, format: format,
 		callIDPrefix: "chatcmpl-tool-"}); err != nil {

@@ -107,7 +107,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "%v", err)
 		return
 	}
-	g := s.newGenRequest(r, req.Model, s.tok.Encode(text), req.CacheSalt, "chatcmpl-"+s.baseRequestID(r))
+	g := s.newGenRequest(req.Model, s.tok.Encode(text), req.CacheSalt, "chatcmpl-"+s.baseRequestID(r))
 	if err := s.prepare(&g, maxTokens, req.Priority, planInput{messages: req.Messages, tools: tools,
 		format: format, callIDPrefix: "chatcmpl-tool-"}); err != nil {
 		badRequest(w, "%v", err)
@@ -164,7 +164,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		}
 		lp = logprobsRequest{on: true, top: *req.Logprobs}
 	}
-	g := s.newGenRequest(r, req.Model, tokens, req.CacheSalt, "cmpl-"+s.baseRequestID(r))
+	g := s.newGenRequest(req.Model, tokens, req.CacheSalt, "cmpl-"+s.baseRequestID(r))
 	if err := s.prepare(&g, req.MaxTokens, req.Priority, planInput{format: format}); err != nil {
 		badRequest(w, "%v", err)
 		return
@@ -209,7 +209,7 @@ func (s *Server) checkAutoTools(t toolRequest) error {
 }
 
 // newGenRequest starts a request arriving now.
-func (s *Server) newGenRequest(_ *http.Request, model string, tokens []int, salt, id string) genRequest {
+func (s *Server) newGenRequest(model string, tokens []int, salt, id string) genRequest {
 	return genRequest{model: s.responseModel(model), tokens: tokens, cacheSalt: salt, id: id,
 		lora: s.loraName(model), created: s.clock.Now().Unix(), writeErr: writeError}
 }

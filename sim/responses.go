@@ -99,7 +99,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if id == "" {
 		id = "resp_" + s.newID()
 	}
-	g := s.newGenRequest(r, req.Model, s.tok.Encode(text), req.CacheSalt, id)
+	g := s.newGenRequest(req.Model, s.tok.Encode(text), req.CacheSalt, id)
 	n, maxLen := len(g.tokens), s.cfg.MaxModelLen
 	if n >= maxLen {
 		responsesError(w, http.StatusBadRequest, "input", "The engine prompt length %d exceeds the max_model_len %d. Please reduce prompt.", n, maxLen)
