@@ -42,6 +42,22 @@ type Config struct {
 	// EnablePromptTokensDetails makes usage carry
 	// prompt_tokens_details.cached_tokens; vLLM reports null without it.
 	EnablePromptTokensDetails bool
+	// EnableAutoToolChoice and ToolCallParser are vLLM's
+	// --enable-auto-tool-choice and --tool-call-parser: without both a chat
+	// request with tool_choice "auto" (the default when it has tools) is
+	// refused, as vLLM refuses it; with them the simulated model calls a
+	// tool by a fixed rule (output.go). The parser's name is recorded only.
+	EnableAutoToolChoice bool
+	ToolCallParser       string
+	// MaxLogprobs is vLLM's --max-logprobs: the most alternatives a
+	// request may ask for at each position (-1: no limit).
+	MaxLogprobs int
+	// StreamWriteTimeout is how long one write of a stream may block on a
+	// client that stopped reading before the request is aborted
+	// (--sim-stream-write-timeout; 0: never). vLLM has no such limit, but
+	// its engine stops a request whose client has gone; a reader that
+	// stalls holds a sequence until then.
+	StreamWriteTimeout time.Duration
 	// PrefixCachingHashAlgo is accepted and reported; the simulator always
 	// hashes with sha256_cbor, the only algorithm reproducible outside
 	// Python.
@@ -222,6 +238,8 @@ func DefaultConfig() Config {
 		MaxLoRAs:              1,
 		MaxLoRARank:           16,
 		DefaultMaxTokens:      16,
+		MaxLogprobs:           20,
+		StreamWriteTimeout:    10 * time.Second,
 		GPUMemoryUtilization:  0.9,
 		EnableChunkedPrefill:  true,
 		SchedulingPolicy:      "fcfs",
@@ -441,6 +459,15 @@ func (c *Config) validate() error {
 		bad("--max-lora-rank: %d: must be one of 1, 8, 16, 32, 64, 128, 256, 320, 512", c.MaxLoRARank)
 	}
 	errs = append(errs, c.validateLoRA()...)
+	if c.EnableAutoToolChoice && c.ToolCallParser == "" {
+		bad("--enable-auto-tool-choice: requires --tool-call-parser")
+	}
+	if c.MaxLogprobs < -1 {
+		bad("--max-logprobs: %d: must be -1 (no limit) or at least 0", c.MaxLogprobs)
+	}
+	if c.StreamWriteTimeout < 0 {
+		bad("--sim-stream-write-timeout: must not be negative")
+	}
 	if c.DefaultMaxTokens < 1 {
 		bad("--sim-default-max-tokens: %d: must be at least 1", c.DefaultMaxTokens)
 	}
@@ -499,6 +526,9 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.IntVar(&c.NumGPUBlocks, "num-gpu-blocks-override", c.NumGPUBlocks, "KV cache capacity in blocks (0: from --sim-gpu's memory as vLLM derives it, else 2048)")
 	fs.Float64Var(&c.GPUMemoryUtilization, "gpu-memory-utilization", c.GPUMemoryUtilization, "share of GPU memory for weights, activations and KV cache (with --sim-gpu)")
 	fs.BoolVar(&c.EnablePromptTokensDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens")
+	fs.BoolVar(&c.EnableAutoToolChoice, "enable-auto-tool-choice", false, "let chat requests use tool_choice \"auto\" (needs --tool-call-parser): the model calls a tool when the last message is the user's")
+	fs.StringVar(&c.ToolCallParser, "tool-call-parser", "", "tool-call parser for --enable-auto-tool-choice (recorded; calls are written in Llama 3 JSON)")
+	fs.IntVar(&c.MaxLogprobs, "max-logprobs", c.MaxLogprobs, "most logprob alternatives a request may ask for (-1: no limit)")
 	fs.BoolVar(&c.EnableSleepMode, "enable-sleep-mode", false, "sleep mode: a level-1 sleep moves the weights to host memory and a wake back, each over --sim-gpu's host link (the endpoints need VLLM_SERVER_DEV_MODE=1)")
 	fs.IntVar(&c.MaxModelLen, "max-model-len", c.MaxModelLen, "maximum prompt plus completion tokens")
 	fs.Int64Var(&c.Seed, "seed", c.Seed, "seed of generated text, request ids and injected failures")
@@ -512,6 +542,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.Float64Var(&c.LoadScale, "sim-load-scale", c.LoadScale, "scale of the start, sleep and wake times from --sim-gpu's profile, 0..1 (0: engines ready at once)")
 	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
 	fs.BoolVar(&c.LoRAInfoFrozen, "sim-lora-info-frozen", false, "engine deviation: vllm:lora_requests_info stops changing once it has named an adapter (an adapter-activity metric stuck busy)")
+	fs.DurationVar(&c.StreamWriteTimeout, "sim-stream-write-timeout", c.StreamWriteTimeout, "abort a streamed request when one write blocks this long on a client that stopped reading (0: never)")
 	fs.IntVar(&c.DefaultMaxTokens, "sim-default-max-tokens", c.DefaultMaxTokens, "completion length when a request sets none")
 	fs.Float64Var(&c.Faults.Slowdown, "sim-slowdown", 0, "fault injection: multiply prefill and decode times")
 	fs.Float64Var(&c.Faults.FailRate, "sim-fail-rate", 0, "fault injection: share of requests failed with --sim-fail-status")

@@ -26,10 +26,21 @@
 // memory and back over the board's host link, so the cost of a cold start
 // and of a wake can be measured against each other.
 //
+// Chat, completions, the Responses API and Anthropic's Messages API share
+// one engine path (generate.go): each reads its request into the chat
+// template's messages and writes its own answer through a responder
+// (respond.go, responses.go, anthropic.go). What the model says is planned
+// per request (output.go): deterministic text, or — when tools, a
+// response_format or logprobs ask for it — tool calls and JSON valid
+// against the request's schema (jsonschema.go), as vLLM's structured
+// outputs and tool parsers shape them. A client that leaves, or stops
+// reading a stream, has its request aborted and counted.
+//
 // The pieces: a Tokenizer and chat template (tokenizer.go), the prefix cache
 // (cache.go), the admission queue (engine.go), the step loop (sched.go),
 // the roofline and the load times (gpu.go), sleep mode (sleep.go), the
 // closed-loop benchmark in virtual time (virtual.go), the HTTP server
-// (server.go), its metrics (metrics.go), and vLLM's flags (config.go,
-// vllmflags.go).
+// (server.go), the generation APIs (generate.go, respond.go, responses.go,
+// anthropic.go, output.go, jsonschema.go), its metrics (metrics.go), and
+// vLLM's flags (config.go, vllmflags.go).
 package sim

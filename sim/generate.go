@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,21 +11,49 @@ import (
 	"github.com/llmgw/llmgw/vllm"
 )
 
-// genRequest is a chat or completion request reduced to what the engine
-// needs.
+// genRequest is a generation request of any API (chat, completions,
+// Responses, Messages) reduced to what the engine needs: every API goes
+// through the same queue, prefix cache, KV events and timing, and differs
+// only in how it reads the request and writes the answer (its responder).
 type genRequest struct {
-	chat         bool
-	model        string // as the client named it, echoed in responses
-	tokens       []int
-	maxTokens    int
-	stream       bool
-	includeUsage bool
-	cacheSalt    string
-	id           string
+	model     string // as the client named it, echoed in responses
+	tokens    []int
+	cacheSalt string
+	id        string
 	// lora is the adapter the request named, "" for the base model.
 	lora string
 	// priority is vLLM's request priority (lower first).
 	priority int
+	// created is the request's arrival, in Unix seconds, as vLLM stamps
+	// its answers.
+	created int64
+	// out is what the engine will generate; maxTokens is its length.
+	out       *output
+	maxTokens int
+	resp      responder
+	// writeErr writes an error in the API's shape (injected failures).
+	writeErr func(http.ResponseWriter, vllm.ErrorResponse)
+}
+
+// responder writes one API's answer as the engine produces it. Its writes
+// to a stream go through an sseWriter, so a client that stops reading
+// fails them (StreamWriteTimeout) and the request is aborted.
+type responder interface {
+	// begin is called when the request enters the engine: a Responses
+	// stream opens here.
+	begin() error
+	// token streams output token i once it is produced; a no-op when not
+	// streaming.
+	token(i int) error
+	// end answers the request once n tokens are out: finish is the
+	// output's reason, or "abort" when the engine aborted it.
+	end(n int, finish string, u usage) error
+}
+
+// usage is a request's token counts, from which each API builds its own
+// usage object.
+type usage struct {
+	prompt, completion, cached int
 }
 
 func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
@@ -50,6 +77,25 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "n: only 1 is supported by the simulator")
 		return
 	}
+	tools, err := parseChatTools(req.Tools, req.ToolChoice)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	if err := s.checkAutoTools(tools); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	format, err := parseResponseFormat(req.ResponseFormat)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	lp, err := s.chatLogprobsRequest(req.Logprobs, req.TopLogprobs)
+	if err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
 	maxTokens := req.MaxTokens
 	if req.MaxCompletionTokens != nil {
 		maxTokens = req.MaxCompletionTokens
@@ -61,13 +107,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "%v", err)
 		return
 	}
-	g := genRequest{chat: true, model: s.responseModel(req.Model), tokens: s.tok.Encode(text),
-		stream: req.Stream, cacheSalt: req.CacheSalt,
-		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		id:           "chatcmpl-" + s.baseRequestID(r), lora: s.loraName(req.Model)}
-	if !s.setMaxTokens(w, &g, maxTokens) || !s.setPriority(w, &g, req.Priority) {
+	g := s.newGenRequest(req.Model, s.tok.Encode(text), req.CacheSalt, "chatcmpl-"+s.baseRequestID(r))
+	if err := s.prepare(&g, maxTokens, req.Priority, planInput{messages: req.Messages, tools: tools,
+		format: format, callIDPrefix: "chatcmpl-tool-"}); err != nil {
+		badRequest(w, "%v", err)
 		return
 	}
+	g.resp = s.newOpenAIResponder(w, &g, true, req.Stream, req.StreamOptions, lp)
 	s.serveGeneration(w, r, g)
 }
 
@@ -105,14 +151,87 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		}
 		tokens = p.Tokens
 	}
-	g := genRequest{model: s.responseModel(req.Model), tokens: tokens, stream: req.Stream,
-		cacheSalt:    req.CacheSalt,
-		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		id:           "cmpl-" + s.baseRequestID(r), lora: s.loraName(req.Model)}
-	if !s.setMaxTokens(w, &g, req.MaxTokens) || !s.setPriority(w, &g, req.Priority) {
+	format, err := parseResponseFormat(req.ResponseFormat)
+	if err != nil {
+		badRequest(w, "%v", err)
 		return
 	}
+	lp := logprobsRequest{}
+	if req.Logprobs != nil {
+		if err := s.checkLogprobs(*req.Logprobs); err != nil {
+			badRequest(w, "%v", err)
+			return
+		}
+		lp = logprobsRequest{on: true, top: *req.Logprobs}
+	}
+	g := s.newGenRequest(req.Model, tokens, req.CacheSalt, "cmpl-"+s.baseRequestID(r))
+	if err := s.prepare(&g, req.MaxTokens, req.Priority, planInput{format: format}); err != nil {
+		badRequest(w, "%v", err)
+		return
+	}
+	g.resp = s.newOpenAIResponder(w, &g, false, req.Stream, req.StreamOptions, lp)
 	s.serveGeneration(w, r, g)
+}
+
+// logprobsRequest is whether a request wants logprobs, and how many
+// alternatives at each position.
+type logprobsRequest struct {
+	on  bool
+	top int
+}
+
+// chatLogprobsRequest reads chat's logprobs and top_logprobs with vLLM's
+// checks (ChatCompletionRequest.check_logprobs and --max-logprobs).
+func (s *Server) chatLogprobsRequest(on bool, top *int) (logprobsRequest, error) {
+	n := 0
+	if top != nil {
+		n = *top
+		if n != 0 && !on {
+			return logprobsRequest{}, errors.New("when using `top_logprobs`, `logprobs` must be set to true.") //nolint:staticcheck // ST1005: vLLM's wording
+		}
+	}
+	if !on {
+		return logprobsRequest{}, nil
+	}
+	if err := s.checkLogprobs(n); err != nil {
+		return logprobsRequest{}, err
+	}
+	return logprobsRequest{on: true, top: n}, nil
+}
+
+// checkAutoTools refuses tool_choice "auto" without the flags, with vLLM's
+// message.
+func (s *Server) checkAutoTools(t toolRequest) error {
+	if t.mode == toolAuto && !s.cfg.EnableAutoToolChoice {
+		return errors.New(`"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set`)
+	}
+	return nil
+}
+
+// newGenRequest starts a request arriving now.
+func (s *Server) newGenRequest(model string, tokens []int, salt, id string) genRequest {
+	return genRequest{model: s.responseModel(model), tokens: tokens, cacheSalt: salt, id: id,
+		lora: s.loraName(model), created: s.clock.Now().Unix(), writeErr: writeError}
+}
+
+// prepare applies the context-length and priority checks and plans the
+// output; an error is the request's fault (400).
+func (s *Server) prepare(g *genRequest, asked *int, priority int, in planInput) error {
+	textTokens, budget, err := s.tokenBudget(len(g.tokens), asked)
+	if err != nil {
+		return err
+	}
+	if err := s.checkPriority(priority); err != nil {
+		return err
+	}
+	g.priority = priority
+	in.prompt, in.textTokens, in.budget = g.tokens, textTokens, budget
+	out, err := s.plan(in)
+	if err != nil {
+		return err
+	}
+	g.out, g.maxTokens = out, len(out.ids)
+	return nil
 }
 
 // responseModel is the model name responses carry: the one asked for, or
@@ -132,47 +251,41 @@ func (s *Server) baseRequestID(r *http.Request) string {
 	return s.newID()
 }
 
-// setPriority takes the request's priority, which vLLM's processor
-// refuses unless the engine schedules by priority.
-func (s *Server) setPriority(w http.ResponseWriter, g *genRequest, p int) bool {
+// checkPriority refuses a priority unless the engine schedules by it, as
+// vLLM's processor does.
+func (s *Server) checkPriority(p int) error {
 	if p != 0 && s.cfg.SchedulingPolicy != "priority" {
-		badRequest(w, "Got priority %d but Priority scheduling is not enabled.", p)
-		return false
+		return fmt.Errorf("Got priority %d but Priority scheduling is not enabled.", p) //nolint:staticcheck // ST1005: vLLM's wording, verbatim
 	}
-	g.priority = p
-	return true
+	return nil
 }
 
-// setMaxTokens applies the default and vLLM's context-length checks.
-func (s *Server) setMaxTokens(w http.ResponseWriter, g *genRequest, asked *int) bool {
-	n, maxLen := len(g.tokens), s.cfg.MaxModelLen
+// tokenBudget applies vLLM's context-length checks to a prompt of n tokens
+// and the max tokens asked: text is a text answer's length (the asked
+// count, else --sim-default-max-tokens, within the context), budget what an
+// output that ends by itself may take (the asked count, else the rest of
+// the context, vLLM's default).
+func (s *Server) tokenBudget(n int, asked *int) (text, budget int, err error) {
+	maxLen := s.cfg.MaxModelLen
 	if n >= maxLen {
-		badRequest(w, "This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxLen, n)
-		return false
+		return 0, 0, fmt.Errorf("This model's maximum context length is %d tokens. However, your request has %d input tokens. Please reduce the length of the input messages.", maxLen, n) //nolint:staticcheck // ST1005: vLLM's wording
 	}
-	g.maxTokens = s.cfg.DefaultMaxTokens
-	if asked != nil {
-		if *asked < 1 {
-			badRequest(w, "max_tokens must be at least 1, got %d.", *asked)
-			return false
-		}
-		g.maxTokens = *asked
+	if asked == nil {
+		return min(s.cfg.DefaultMaxTokens, maxLen-n), maxLen - n, nil
 	}
-	if n+g.maxTokens > maxLen {
-		if asked == nil {
-			g.maxTokens = maxLen - n
-			return true
-		}
-		badRequest(w, "'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).",
-			g.maxTokens, maxLen, n, g.maxTokens, maxLen, n)
-		return false
+	if *asked < 1 {
+		return 0, 0, fmt.Errorf("max_tokens must be at least 1, got %d.", *asked) //nolint:staticcheck // ST1005: vLLM's wording
 	}
-	return true
+	if n+*asked > maxLen {
+		return 0, 0, fmt.Errorf("'max_tokens' or 'max_completion_tokens' is too large: %d. This model's maximum context length is %d tokens and your request has %d input tokens (%d > %d - %d).", //nolint:staticcheck // ST1005: vLLM's wording
+			*asked, maxLen, n, *asked, maxLen, n)
+	}
+	return *asked, *asked, nil
 }
 
 // injectFault applies the fault knobs to an arriving request; true means
 // it has been answered (or the server has crashed) and must not be served.
-func (s *Server) injectFault(w http.ResponseWriter) (slowdown float64, handled bool) {
+func (s *Server) injectFault(w http.ResponseWriter, g genRequest) (slowdown float64, handled bool) {
 	s.mu.Lock()
 	f := s.faults
 	s.arrived++
@@ -189,7 +302,7 @@ func (s *Server) injectFault(w http.ResponseWriter) (slowdown float64, handled b
 		if status == 0 {
 			status = http.StatusInternalServerError
 		}
-		writeError(w, vllm.NewError(status, vllm.ErrTypeInternalServer, "injected failure"))
+		g.writeErr(w, vllm.NewError(status, vllm.ErrTypeInternalServer, "injected failure"))
 		return 0, true
 	}
 	if f.Slowdown == 0 {
@@ -201,7 +314,7 @@ func (s *Server) injectFault(w http.ResponseWriter) (slowdown float64, handled b
 // serveGeneration runs a request through the engine: queue for a slot,
 // prefill what the cache does not hold, decode token by token, answer.
 func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRequest) {
-	slowdown, handled := s.injectFault(w)
+	slowdown, handled := s.injectFault(w, g)
 	if handled {
 		return
 	}
@@ -212,14 +325,18 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	extra := vllm.RequestExtraKeys(g.lora, g.cacheSalt)
 	hashes, err := vllm.BlockHashes(s.noneHash, g.tokens, s.cfg.BlockSize, extra)
 	if err != nil {
-		writeError(w, vllm.NewError(http.StatusInternalServerError, vllm.ErrTypeInternalServer, err.Error()))
+		g.writeErr(w, vllm.NewError(http.StatusInternalServerError, vllm.ErrTypeInternalServer, err.Error()))
 		return
 	}
 	arrival := s.clock.Now()
 	act := s.lora.arrive(g.lora)
 	defer act.done()
+	if err := g.resp.begin(); err != nil {
+		s.clientGone(g, 0, err)
+		return
+	}
 	if s.eng.gpu != nil {
-		s.serveStepped(w, r, g, hashes, extra, arrival, act)
+		s.serveStepped(r, g, hashes, extra, arrival, act)
 		return
 	}
 	ctx, abortedBy := context.WithCancelCause(ctx)
@@ -227,11 +344,10 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	seq, err := s.eng.admit(ctx, func() { abortedBy(errEngineAborted) }, hashes, len(g.tokens), g.maxTokens)
 	if err != nil {
 		if engineAborted(ctx) {
-			s.answerAborted(w, g, nil, nil, s.usage(g, 0, 0))
+			s.answerAborted(g, 0, 0)
 			return
 		}
-		log.Debug("request left the queue", "err", err)
-		s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+		s.clientGone(g, 0, err)
 		return
 	}
 	defer seq.release()
@@ -248,61 +364,67 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	uncached := len(g.tokens) - seq.CachedTokens
 	if err := s.clock.Sleep(ctx, scaled(time.Duration(uncached)*s.cfg.PrefillPerToken)); err != nil {
 		if engineAborted(ctx) {
-			s.answerAborted(w, g, nil, nil, s.usage(g, 0, seq.CachedTokens))
+			s.answerAborted(g, 0, seq.CachedTokens)
 			return
 		}
-		s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+		s.clientGone(g, 0, err)
 		return
 	}
 	seq.commit(hashes, g.tokens)
 	s.met.promptTokens.Add(float64(len(g.tokens)))
 
-	ids, texts := s.generate(g.tokens, g.maxTokens)
-	out := s.newStream(w, g)
 	// The first token comes out of prefill; each later one costs a decode
 	// step.
-	for i := range ids {
+	for i := range g.maxTokens {
 		if i == 0 {
 			s.met.ttft.Observe(s.clock.Now().Sub(arrival).Seconds())
 		} else if err := s.clock.Sleep(ctx, scaled(s.cfg.DecodePerToken)); err != nil {
 			if engineAborted(ctx) {
-				s.answerAborted(w, g, out, texts[:i], s.usage(g, i, seq.CachedTokens))
+				s.answerAborted(g, i, seq.CachedTokens)
 				return
 			}
-			s.met.generationTokens.Add(float64(i))
-			s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
+			s.clientGone(g, i, err)
 			return
 		}
-		if out != nil {
-			last := i == len(ids)-1
-			if err := out.token(texts[i], last); err != nil {
-				log.Debug("client went away mid-stream", "err", err)
-				s.met.generationTokens.Add(float64(i))
-				s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
-				return
-			}
+		if err := g.resp.token(i); err != nil {
+			s.clientGone(g, i, err)
+			return
 		}
 	}
-	all := append(append(make([]int, 0, len(g.tokens)+len(ids)), g.tokens...), ids...)
+	all := append(append(make([]int, 0, len(g.tokens)+g.maxTokens), g.tokens...), g.out.ids...)
 	if allHashes, err := vllm.BlockHashes(s.noneHash, all, s.cfg.BlockSize, extra); err == nil {
 		seq.commit(allHashes, all)
 	}
-	s.met.generationTokens.Add(float64(len(ids)))
-	s.met.requestSuccess.WithLabelValues(vllm.FinishedLength).Inc()
-	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
+	s.finished(g, arrival, seq.CachedTokens)
 	log.Debug("request finished", "prompt_tokens", len(g.tokens), "cached_tokens", seq.CachedTokens)
-
-	s.answer(w, g, out, texts, s.usage(g, len(ids), seq.CachedTokens), vllm.FinishedLength)
 }
 
-// usage is a request's usage after n completion tokens, cached of its
-// prompt tokens from the prefix cache.
-func (s *Server) usage(g genRequest, n, cached int) *vllm.Usage {
-	u := &vllm.Usage{PromptTokens: len(g.tokens), CompletionTokens: n, TotalTokens: len(g.tokens) + n}
+// finished counts a request the engine completed and answers it.
+func (s *Server) finished(g genRequest, arrival time.Time, cached int) {
+	s.met.generationTokens.Add(float64(g.maxTokens))
+	s.met.requestSuccess.WithLabelValues(g.out.finish).Inc()
+	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
+	_ = g.resp.end(g.maxTokens, g.out.finish, usage{prompt: len(g.tokens), completion: g.maxTokens, cached: cached})
+}
+
+// clientGone counts a request whose client went away, or stopped reading
+// its stream, after n tokens: the engine drops it, as vLLM aborts a request
+// on disconnect.
+func (s *Server) clientGone(g genRequest, n int, err error) {
+	s.met.generationTokens.Add(float64(n))
+	s.met.aborted.WithLabelValues(AbortReasonClient).Inc()
+	s.log.Debug("client went away; request aborted", "request_id", g.id, "completion_tokens", n, "err", err)
+}
+
+// usage is a request's OpenAI usage after n completion tokens, cached of
+// its prompt tokens from the prefix cache: prompt_tokens_details only with
+// --enable-prompt-tokens-details, as vLLM.
+func (s *Server) usage(u usage) *vllm.Usage {
+	out := &vllm.Usage{PromptTokens: u.prompt, CompletionTokens: u.completion, TotalTokens: u.prompt + u.completion}
 	if s.cfg.EnablePromptTokensDetails {
-		u.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: cached}
+		out.PromptTokensDetails = &vllm.PromptTokensDetails{CachedTokens: u.cached}
 	}
-	return u
+	return out
 }
 
 // engineAborted is whether the engine aborted the request of ctx (a sleep
@@ -312,180 +434,30 @@ func engineAborted(ctx context.Context) bool {
 }
 
 // answerAborted ends a request the engine aborted as vLLM does: with the
-// tokens it had generated (texts; out has sent them, if streamed) and
+// n tokens it had generated (already streamed, if streaming) and
 // finish_reason "abort".
-func (s *Server) answerAborted(w http.ResponseWriter, g genRequest, out streamWriter, texts []string, usage *vllm.Usage) {
-	s.met.generationTokens.Add(float64(len(texts)))
+func (s *Server) answerAborted(g genRequest, n, cached int) {
+	s.met.generationTokens.Add(float64(n))
 	s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
-	s.log.Debug("request aborted by the engine", "request_id", g.id, "completion_tokens", len(texts))
-	if out != nil {
-		if err := out.finish(vllm.FinishedAbort); err != nil {
-			return
-		}
-	}
-	s.answer(w, g, out, texts, usage, vllm.FinishedAbort)
-}
-
-// newStream is the stream writer of a streamed request, nil otherwise.
-func (s *Server) newStream(w http.ResponseWriter, g genRequest) streamWriter {
-	if g.stream {
-		return newSSE(w, g, s.created)
-	}
-	return nil
-}
-
-// answer ends a served request: the stream's usage and [DONE], or the
-// whole completion with its finish reason.
-func (s *Server) answer(w http.ResponseWriter, g genRequest, out streamWriter, texts []string, usage *vllm.Usage, finish string) {
-	if out != nil {
-		if g.includeUsage {
-			_ = out.usage(usage)
-		}
-		_ = out.done()
-		return
-	}
-	var text string
-	for _, t := range texts {
-		text += t
-	}
-	if g.chat {
-		writeJSON(w, http.StatusOK, vllm.ChatCompletion{ID: g.id, Object: "chat.completion", Created: s.created,
-			Model: g.model, Usage: usage, Choices: []vllm.ChatChoice{{
-				Message:      vllm.AssistantMessage{Role: "assistant", Content: text, ToolCalls: []json.RawMessage{}},
-				FinishReason: &finish, StopReason: json.RawMessage("null"),
-			}}})
-		return
-	}
-	writeJSON(w, http.StatusOK, vllm.Completion{ID: g.id, Object: "text_completion", Created: s.created,
-		Model: g.model, Usage: usage, Choices: []vllm.CompletionChoice{{Text: text, FinishReason: &finish,
-			StopReason: json.RawMessage("null")}}})
-}
-
-// streamWriter writes a response as server-sent events, each flushed as
-// it is written so the client sees every token when it is produced.
-type streamWriter interface {
-	token(text string, last bool) error
-	// finish ends the choice without a token, with a finish reason: how
-	// vLLM's stream ends a request the engine aborted.
-	finish(reason string) error
-	usage(u *vllm.Usage) error
-	done() error
-}
-
-type sse struct {
-	w       http.ResponseWriter
-	rc      *http.ResponseController
-	g       genRequest
-	created int64
-	started bool
-}
-
-func newSSE(w http.ResponseWriter, g genRequest, created int64) *sse {
-	return &sse{w: w, rc: http.NewResponseController(w), g: g, created: created}
-}
-
-func (s *sse) event(v any) error {
-	var b bytes.Buffer
-	b.WriteString("data: ")
-	if err := newJSONEncoder(&b).Encode(v); err != nil {
-		return fmt.Errorf("encode chunk: %w", err)
-	}
-	b.WriteString("\n") // Encode ended the line; a blank line ends the event
-	if _, err := s.w.Write(b.Bytes()); err != nil {
-		return fmt.Errorf("write chunk: %w", err)
-	}
-	if err := s.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
-		return fmt.Errorf("flush chunk: %w", err)
-	}
-	return nil
-}
-
-func (s *sse) start() error {
-	if s.started {
-		return nil
-	}
-	s.started = true
-	h := s.w.Header()
-	h.Set("Content-Type", "text/event-stream; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	s.w.WriteHeader(http.StatusOK)
-	if !s.g.chat {
-		return nil
-	}
-	// vLLM's first chat chunk announces the role with empty content.
-	empty := ""
-	return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
-		Model: s.g.model, Choices: []vllm.ChatChunkChoice{{Delta: vllm.ChatDelta{Role: "assistant", Content: &empty}}}})
-}
-
-// token sends one token; the last carries finish_reason, as vLLM's does.
-func (s *sse) token(text string, last bool) error {
-	if err := s.start(); err != nil {
-		return err
-	}
-	var finish *string
-	var stop json.RawMessage
-	if last {
-		f := vllm.FinishedLength
-		finish, stop = &f, json.RawMessage("null")
-	}
-	if s.g.chat {
-		return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
-			Model: s.g.model, Choices: []vllm.ChatChunkChoice{{Delta: vllm.ChatDelta{Content: &text},
-				FinishReason: finish, StopReason: stop}}})
-	}
-	return s.event(vllm.Completion{ID: s.g.id, Object: "text_completion", Created: s.created, Model: s.g.model,
-		Choices: []vllm.CompletionChoice{{Text: text, FinishReason: finish, StopReason: stop}}})
-}
-
-func (s *sse) finish(reason string) error {
-	if err := s.start(); err != nil {
-		return err
-	}
-	empty := ""
-	stop := json.RawMessage("null")
-	if s.g.chat {
-		return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
-			Model: s.g.model, Choices: []vllm.ChatChunkChoice{{Delta: vllm.ChatDelta{Content: &empty},
-				FinishReason: &reason, StopReason: stop}}})
-	}
-	return s.event(vllm.Completion{ID: s.g.id, Object: "text_completion", Created: s.created, Model: s.g.model,
-		Choices: []vllm.CompletionChoice{{Text: empty, FinishReason: &reason, StopReason: stop}}})
-}
-
-// usage sends the stream's usage chunk: no choices, only usage.
-func (s *sse) usage(u *vllm.Usage) error {
-	if s.g.chat {
-		return s.event(vllm.ChatCompletionChunk{ID: s.g.id, Object: "chat.completion.chunk", Created: s.created,
-			Model: s.g.model, Choices: []vllm.ChatChunkChoice{}, Usage: u})
-	}
-	return s.event(vllm.Completion{ID: s.g.id, Object: "text_completion", Created: s.created, Model: s.g.model,
-		Choices: []vllm.CompletionChoice{}, Usage: u})
-}
-
-func (s *sse) done() error {
-	if _, err := fmt.Fprint(s.w, "data: [DONE]\n\n"); err != nil {
-		return fmt.Errorf("write done: %w", err)
-	}
-	return s.rc.Flush()
+	s.met.aborted.WithLabelValues(AbortReasonEngine).Inc()
+	s.log.Debug("request aborted by the engine", "request_id", g.id, "completion_tokens", n)
+	_ = g.resp.end(n, vllm.FinishedAbort, usage{prompt: len(g.tokens), completion: n, cached: cached})
 }
 
 // serveStepped serves a request on the stepped engine (GPU timing): the
 // API server's overhead, then the step loop runs it with everything else,
 // and each token is written when the step that made it ends.
-func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genRequest,
+func (s *Server) serveStepped(r *http.Request, g genRequest,
 	hashes []vllm.BlockHash, extra vllm.ExtraKeysFunc, arrival time.Time, act *loraActivity) {
 	ctx := r.Context()
-	abort := func() { s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc() }
 	if err := s.clock.Sleep(ctx, s.eng.api.enter(arrival).Sub(s.clock.Now())); err != nil {
-		abort()
+		s.clientGone(g, 0, err)
 		return
 	}
-	ids, texts := s.generate(g.tokens, g.maxTokens)
-	all := append(append(make([]int, 0, len(g.tokens)+len(ids)), g.tokens...), ids...)
+	all := append(append(make([]int, 0, len(g.tokens)+g.maxTokens), g.tokens...), g.out.ids...)
 	allHashes, err := vllm.BlockHashes(s.noneHash, all, s.cfg.BlockSize, extra)
 	if err != nil {
-		writeError(w, vllm.NewError(http.StatusInternalServerError, vllm.ErrTypeInternalServer, err.Error()))
+		s.clientGone(g, 0, err) // cannot happen: the prompt's hashes were computed
 		return
 	}
 	var loraID int
@@ -496,15 +468,13 @@ func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genReque
 	defer abortedBy(nil)
 	seq := s.eng.submit(func() { abortedBy(errEngineAborted) }, hashes, allHashes, all, len(g.tokens), g.maxTokens, g.lora, loraID, g.priority)
 	defer s.eng.abort(seq) // a no-op once finished
-	out := s.newStream(w, g)
 	written, cached := 0, 0
 	for {
 		select {
 		case <-seq.notify:
 		case <-ctx.Done():
 			if !engineAborted(ctx) {
-				s.met.generationTokens.Add(float64(written))
-				abort()
+				s.clientGone(g, written, context.Cause(ctx))
 				return
 			}
 		}
@@ -519,25 +489,18 @@ func (s *Server) serveStepped(w http.ResponseWriter, r *http.Request, g genReque
 			s.met.promptTokens.Add(float64(len(g.tokens)))
 		}
 		for ; written < produced; written++ {
-			if out == nil {
-				continue
-			}
-			if err := out.token(texts[written], written == len(ids)-1); err != nil {
-				s.met.generationTokens.Add(float64(written))
-				abort()
+			if err := g.resp.token(written); err != nil {
+				s.clientGone(g, written, err)
 				return
 			}
 		}
 		if state == seqAborted {
-			s.answerAborted(w, g, out, texts[:written], s.usage(g, written, cached))
+			s.answerAborted(g, written, cached)
 			return
 		}
 		if state == seqFinished {
 			break
 		}
 	}
-	s.met.generationTokens.Add(float64(len(ids)))
-	s.met.requestSuccess.WithLabelValues(vllm.FinishedLength).Inc()
-	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
-	s.answer(w, g, out, texts, s.usage(g, len(ids), cached), vllm.FinishedLength)
+	s.finished(g, arrival, cached)
 }

@@ -384,10 +384,10 @@ func (s *Server) adapterCards() []vllm.ModelCard {
 	cards := make([]vllm.ModelCard, 0, len(ads))
 	for _, a := range ads {
 		parent := a.parent
-		cards = append(cards, vllm.ModelCard{ID: a.name, Object: "model", Created: s.created, OwnedBy: "vllm",
+		cards = append(cards, vllm.ModelCard{ID: a.name, Object: "model", Created: s.clock.Now().Unix(), OwnedBy: "vllm",
 			Root: a.path, Parent: &parent,
 			Permission: []vllm.ModelPermission{{
-				ID: "modelperm-" + s.newID(), Object: "model_permission", Created: s.created,
+				ID: "modelperm-" + s.newID(), Object: "model_permission", Created: s.clock.Now().Unix(),
 				AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
 			}}})
 	}

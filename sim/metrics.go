@@ -20,7 +20,24 @@ type metrics struct {
 	ttft             prometheus.Histogram
 	e2e              prometheus.Histogram
 	queueTime        prometheus.Histogram
+	// aborted is the simulator's own (llmgw_sim_ prefix, not a vLLM name):
+	// requests the engine dropped unfinished, by reason — "client" when
+	// the client went away or stopped reading a stream, "engine" when the
+	// engine aborted it (a sleep in mode abort). vLLM counts a client's
+	// abort nowhere: its vllm:request_success_total{finished_reason="abort"}
+	// stays 0 for them (vllm-project/vllm#31503), and so does the
+	// simulator's; tests read this counter instead.
+	aborted *prometheus.CounterVec
 }
+
+// MetricSimAbortedRequests is the simulator's count of aborted requests,
+// labelled by LabelAbortReason.
+const (
+	MetricSimAbortedRequests = "llmgw_sim_aborted_requests_total"
+	LabelAbortReason         = "reason"
+	AbortReasonClient        = "client"
+	AbortReasonEngine        = "engine"
+)
 
 func newMetrics(cfg *Config, e *engine) *metrics {
 	labels := prometheus.Labels{vllm.LabelModelName: cfg.ServedNames()[0], vllm.LabelEngine: "0"}
@@ -47,6 +64,9 @@ func newMetrics(cfg *Config, e *engine) *metrics {
 		queueTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: vllm.MetricRequestQueueTime,
 			Help: "Histogram of time spent in WAITING phase for request.", ConstLabels: labels,
 			Buckets: vllm.RequestLatencyBuckets}),
+		aborted: prometheus.NewCounterVec(prometheus.CounterOpts{Name: MetricSimAbortedRequests,
+			Help:        "Requests aborted unfinished, by reason: client (went away or stopped reading) or engine (sleep in mode abort). The simulator's own metric.",
+			ConstLabels: labels}, []string{LabelAbortReason}),
 	}
 	// The gauges read the engine when scraped, so they are always
 	// consistent with one another and cost nothing between scrapes.
@@ -69,7 +89,7 @@ func newMetrics(cfg *Config, e *engine) *metrics {
 	cacheInfo.Set(1)
 	reg.MustRegister(
 		m.prefixQueries, m.prefixHits, m.promptTokens, m.generationTokens, m.requestSuccess,
-		m.ttft, m.e2e, m.queueTime, cacheInfo,
+		m.ttft, m.e2e, m.queueTime, cacheInfo, m.aborted,
 		gauge(vllm.MetricNumRequestsRunning, "Number of requests in model execution batches.",
 			func(s engineStats) float64 { return float64(s.Running) }),
 		gauge(vllm.MetricNumRequestsWaiting, "Number of requests waiting to be processed.",
@@ -84,6 +104,8 @@ func newMetrics(cfg *Config, e *engine) *metrics {
 	for _, r := range []string{vllm.FinishedStop, vllm.FinishedLength, vllm.FinishedAbort} {
 		m.requestSuccess.WithLabelValues(r)
 	}
+	m.aborted.WithLabelValues(AbortReasonClient)
+	m.aborted.WithLabelValues(AbortReasonEngine)
 	return m
 }
 

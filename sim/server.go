@@ -50,7 +50,6 @@ type Server struct {
 	sleep    *sleeper
 	lora     *loraSet
 	noneHash vllm.BlockHash
-	created  int64
 	handler  http.Handler
 	// words are the pieces generated text is drawn from, and wordIDs
 	// their token ids.
@@ -113,7 +112,6 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Server, error) {
 	} else {
 		s.noneHash = vllm.NoneHash(cfg.PythonHashSeed)
 	}
-	s.created = s.clock.Now().Unix()
 	s.met = newMetrics(&s.cfg, s.eng)
 	s.sleep = newSleeper(prometheus.Labels{vllm.LabelModelName: cfg.ServedNames()[0], vllm.LabelEngine: "0"})
 	s.met.reg.MustRegister(s.sleep.state)
@@ -226,6 +224,9 @@ func (s *Server) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
 	mux.HandleFunc("POST /v1/completions", s.handleCompletion)
+	mux.HandleFunc("POST /v1/responses", s.handleResponses)
+	mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", s.handleCountTokens)
 	mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
 	mux.HandleFunc("GET /v1/models", s.handleModels)
 	mux.HandleFunc("POST /tokenize", s.handleTokenize)
@@ -308,13 +309,15 @@ func (s *Server) checkModel(w http.ResponseWriter, model string) bool {
 
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	list := vllm.ModelList{Object: "list"}
+	// vLLM stamps each card with the time of the listing.
+	created := s.clock.Now().Unix()
 	for _, name := range s.cfg.ServedNames() {
 		maxLen := s.cfg.MaxModelLen
 		list.Data = append(list.Data, vllm.ModelCard{
-			ID: name, Object: "model", Created: s.created, OwnedBy: "vllm",
+			ID: name, Object: "model", Created: created, OwnedBy: "vllm",
 			Root: s.cfg.Model, MaxModelLen: &maxLen,
 			Permission: []vllm.ModelPermission{{
-				ID: "modelperm-" + s.newID(), Object: "model_permission", Created: s.created,
+				ID: "modelperm-" + s.newID(), Object: "model_permission", Created: created,
 				AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
 			}},
 		})

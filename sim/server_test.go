@@ -527,6 +527,9 @@ func TestConfigValidate(t *testing.T) {
 		{"lora rank", func(c *Config) { c.MaxLoRARank = 7 }, "--max-lora-rank"},
 		{"fail rate", func(c *Config) { c.Faults.FailRate = 2 }, "--sim-fail-rate"},
 		{"hash algo", func(c *Config) { c.PrefixCachingHashAlgo = "md5" }, "--prefix-caching-hash-algo"},
+		{"auto tools without a parser", func(c *Config) { c.EnableAutoToolChoice = true }, "--enable-auto-tool-choice: requires --tool-call-parser"},
+		{"max logprobs", func(c *Config) { c.MaxLogprobs = -2 }, "--max-logprobs"},
+		{"stream write timeout", func(c *Config) { c.StreamWriteTimeout = -time.Second }, "--sim-stream-write-timeout"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -604,5 +607,46 @@ func FuzzTokenize(f *testing.F) {
 	fuzzHandler(f, "/tokenize", []string{
 		`{"prompt":"hi"}`, `{"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false}`,
 		`{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}`, `{}`,
+	})
+}
+
+func FuzzResponses(f *testing.F) {
+	fuzzHandler(f, "/v1/responses", []string{
+		`{"input":"hi"}`, `{"input":"hi","stream":true,"include":["message.output_text.logprobs"],"top_logprobs":2}`,
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]},{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},{"type":"function_call_output","call_id":"c","output":"x"}]}`,
+		`{"input":"x","tools":[{"type":"function","name":"f","parameters":{"type":"object","properties":{"a":{"type":"integer"}}}}],"tool_choice":"required"}`,
+		`{"input":"x","text":{"format":{"type":"json_schema","name":"s","schema":{"type":"array","items":{"enum":[1,2]}}}}}`,
+		`{"input":null}`, `{"input":"x","max_output_tokens":0}`,
+	})
+}
+
+func FuzzMessages(f *testing.F) {
+	s := fuzzServer(f)
+	for _, seed := range []string{
+		`{"model":"llama","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`,
+		`{"model":"llama","max_tokens":2,"stream":true,"system":[{"type":"text","text":"s"}],"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"tool_result","tool_use_id":"t","content":"r"}]}]}`,
+		`{"model":"llama","max_tokens":64,"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"t","name":"f","input":{"a":1}}]}],"tools":[{"name":"f","input_schema":{"properties":{"a":{"type":"number"}}}}],"tool_choice":{"type":"any"}}`,
+		`{"model":"llama","max_tokens":64,"messages":[{"role":"user","content":"x"}],"output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, path := range []string{"/v1/messages", "/v1/messages/count_tokens"} {
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, httptest.NewRequest("POST", path, strings.NewReader(string(body))))
+			switch rec.Code {
+			case 200:
+			case 400, 404:
+				var e vllm.AnthropicErrorResponse
+				if err := json.Unmarshal(rec.Body.Bytes(), &e); err != nil || e.Type != "error" || e.Error.Message == "" {
+					t.Fatalf("error body %q: %v", rec.Body, err)
+				}
+			default:
+				t.Fatalf("status %d: %s", rec.Code, rec.Body)
+			}
+		}
+		if st := s.eng.stats(); st.Running != 0 || st.Waiting != 0 {
+			t.Fatalf("request left engine state behind: %+v", st)
+		}
 	})
 }

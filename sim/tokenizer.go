@@ -70,7 +70,15 @@ func pieceID(p string) int {
 // Encode turns text into token ids. Special-token strings inside the text
 // become their ids, as Hugging Face tokenizers treat added special tokens.
 func (t *Tokenizer) Encode(text string) []int {
+	ids, _ := t.EncodePieces(text)
+	return ids
+}
+
+// EncodePieces is Encode with each token's text: the pieces concatenate to
+// text.
+func (t *Tokenizer) EncodePieces(text string) ([]int, []string) {
 	var ids []int
+	var pieces []string
 	var learned map[int]string
 	for len(text) > 0 {
 		piece, id := nextPiece(text)
@@ -83,11 +91,12 @@ func (t *Tokenizer) Encode(text string) []int {
 			learned[id] = piece
 		}
 		ids = append(ids, id)
+		pieces = append(pieces, piece)
 	}
 	if len(learned) > 0 {
 		t.learn(learned)
 	}
-	return ids
+	return ids, pieces
 }
 
 func (t *Tokenizer) learn(m map[int]string) {
@@ -223,7 +232,7 @@ func RenderChat(p ChatPrompt) (string, error) {
 		b.WriteString(role)
 		b.WriteString("<|end_header_id|>\n\n")
 	}
-	tools, err := canonicalJSON(p.Tools)
+	tools, err := canonicalJSON(normalizeTools(p.Tools))
 	if err != nil {
 		return "", fmt.Errorf("tools: %w", err)
 	}
@@ -267,6 +276,52 @@ func RenderChat(p ChatPrompt) (string, error) {
 		header("assistant")
 	}
 	return b.String(), nil
+}
+
+// normalizeTools gives function tools the form vLLM renders them in,
+// whichever API they came from: each the model_dump of a chat tool,
+// {"type":"function","function":{"name","description","parameters"}} with
+// null for what is absent, so the same tools cost the same tokens in chat,
+// Responses and Messages. Anything else is left as it is.
+func normalizeTools(raw json.RawMessage) json.RawMessage {
+	var tools []struct {
+		Type     string `json:"type"`
+		Function *struct {
+			Name        string          `json:"name"`
+			Description json.RawMessage `json:"description"`
+			Parameters  json.RawMessage `json:"parameters"`
+		} `json:"function"`
+	}
+	if len(raw) == 0 || json.Unmarshal(raw, &tools) != nil {
+		return raw
+	}
+	type fn struct {
+		Name        string          `json:"name"`
+		Description json.RawMessage `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+	}
+	out := make([]any, len(tools))
+	for i, t := range tools {
+		if t.Type != "function" || t.Function == nil {
+			return raw
+		}
+		f := fn{Name: t.Function.Name, Description: t.Function.Description, Parameters: t.Function.Parameters}
+		if len(f.Description) == 0 {
+			f.Description = json.RawMessage("null")
+		}
+		if len(f.Parameters) == 0 {
+			f.Parameters = json.RawMessage("null")
+		}
+		out[i] = struct {
+			Type     string `json:"type"`
+			Function fn     `json:"function"`
+		}{"function", f}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return raw
+	}
+	return b
 }
 
 // canonicalJSON re-encodes raw with object keys sorted; "" for absent or

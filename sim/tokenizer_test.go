@@ -90,9 +90,14 @@ func TestRenderChat(t *testing.T) {
 			"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>" +
 				"<|start_header_id|>assistant<|end_header_id|>\n\nHel", false},
 		{"tools canonical", ChatPrompt{Messages: []vllm.ChatMessage{user},
-			Tools: json.RawMessage(`[{"type":"function","function":{"name":"f"}}]`)},
+			Tools: json.RawMessage(`[{"type":"function","function":{"name":"f","strict":true}}]`)},
 			"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" +
-				`Tools: [{"function":{"name":"f"},"type":"function"}]` + "\n<|eot_id|>" +
+				`Tools: [{"function":{"description":null,"name":"f","parameters":null},"type":"function"}]` + "\n<|eot_id|>" +
+				"<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>", false},
+		{"other tools as given", ChatPrompt{Messages: []vllm.ChatMessage{user},
+			Tools: json.RawMessage(`[{"type":"custom","name":"g"}]`)},
+			"<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n" +
+				`Tools: [{"name":"g","type":"custom"}]` + "\n<|eot_id|>" +
 				"<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>", false},
 		{"missing role", ChatPrompt{Messages: []vllm.ChatMessage{{Content: json.RawMessage(`"x"`)}}}, "", true},
 		{"bad content", ChatPrompt{Messages: []vllm.ChatMessage{{Role: "user", Content: json.RawMessage(`3`)}}}, "", true},

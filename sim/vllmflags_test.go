@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 )
@@ -41,6 +42,19 @@ func TestFlagsTakeVLLMForms(t *testing.T) {
 	}
 	if c.EnablePrefixCaching || c.EnableLoRA || c.MaxNumBatchedTokens != 512 || !slices.Equal(c.ServedModelNames, []string{"a", "b"}) || c.GPU != "l4" {
 		t.Errorf("config %+v", c)
+	}
+	// The tool and logprob flags the simulator reads.
+	fs = pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	f = NewFlags(fs)
+	if err := fs.Parse(NormalizeArgs([]string{"m", "--enable-auto-tool-choice", "--tool_call_parser", "hermes", "--max-logprobs", "5",
+		"--sim-stream-write-timeout", "2s"})); err != nil {
+		t.Fatal(err)
+	}
+	if c, _ := f.Resolve(); !c.EnableAutoToolChoice || c.ToolCallParser != "hermes" || c.MaxLogprobs != 5 || c.StreamWriteTimeout != 2*time.Second {
+		t.Errorf("tool and logprob flags: %+v", c)
+	}
+	if fs.Lookup("no-enable-auto-tool-choice") == nil {
+		t.Error("--enable-auto-tool-choice is BooleanOptionalAction in vLLM: --no- form missing")
 	}
 	if fs.Lookup("no-port") != nil || fs.Lookup("no-disable-log-stats") != nil {
 		t.Error("--no- forms exist only for BooleanOptionalAction flags")

@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 )
@@ -30,6 +31,16 @@ type ChatCompletionRequest struct {
 	// Priority is vLLM's extension: lower is served first when the engine
 	// runs --scheduling-policy priority; anything but 0 is refused otherwise.
 	Priority int `json:"priority,omitempty"`
+	// ToolChoice is "none", "auto", "required" or a named function
+	// ({"type":"function","function":{"name":...}}), kept raw.
+	ToolChoice json.RawMessage `json:"tool_choice,omitempty"`
+	// ResponseFormat is {"type":"text"|"json_object"|"json_schema",
+	// "json_schema":{"name","schema","strict"}}, kept raw.
+	ResponseFormat json.RawMessage `json:"response_format,omitempty"`
+	// Logprobs asks for the sampled tokens' log probabilities, and
+	// TopLogprobs for that many alternatives at each position (0..20).
+	Logprobs    bool `json:"logprobs,omitempty"`
+	TopLogprobs *int `json:"top_logprobs,omitempty"`
 }
 
 // CompletionRequest is the part of POST /v1/completions llmgw reads.
@@ -44,6 +55,10 @@ type CompletionRequest struct {
 	N             *int            `json:"n,omitempty"`
 	CacheSalt     string          `json:"cache_salt,omitempty"`
 	Priority      int             `json:"priority,omitempty"`
+	// Logprobs is how many alternatives to return at each position with
+	// the sampled token's log probability (null: none).
+	Logprobs       *int            `json:"logprobs,omitempty"`
+	ResponseFormat json.RawMessage `json:"response_format,omitempty"`
 }
 
 // PromptInput is one completion prompt: text, or token ids given directly.
@@ -149,10 +164,63 @@ type ChatChunkChoice struct {
 }
 
 // ChatDelta is the increment a chunk carries: the role on the first chunk,
-// then content.
+// then content or tool-call pieces.
 type ChatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string          `json:"role,omitempty"`
+	Content   *string         `json:"content,omitempty"`
+	ToolCalls []DeltaToolCall `json:"tool_calls,omitempty"`
+}
+
+// ToolCall is one tool call of an assistant message: Arguments is the
+// function's arguments as a JSON text.
+type ToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"` // "function"
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall is the function a ToolCall calls.
+type FunctionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// DeltaToolCall is a streamed piece of a tool call, as vLLM sends it: the
+// first piece of call Index carries ID, Type and the function's Name, the
+// later ones only more Arguments text.
+type DeltaToolCall struct {
+	Index    int               `json:"index"`
+	ID       string            `json:"id,omitempty"`
+	Type     string            `json:"type,omitempty"`
+	Function DeltaFunctionCall `json:"function"`
+}
+
+// DeltaFunctionCall is the function part of a DeltaToolCall.
+type DeltaFunctionCall struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments,omitempty"`
+}
+
+// ChatLogprobs is a chat choice's logprobs: one entry per generated token.
+type ChatLogprobs struct {
+	Content []ChatLogprob `json:"content"`
+}
+
+// ChatLogprob is one generated token's log probability, its UTF-8 bytes
+// and the most likely alternatives at its position (the sampled token
+// among them when it ranks).
+type ChatLogprob struct {
+	Token       string       `json:"token"`
+	Logprob     float64      `json:"logprob"`
+	Bytes       []int        `json:"bytes"`
+	TopLogprobs []TopLogprob `json:"top_logprobs"`
+}
+
+// TopLogprob is one alternative of a ChatLogprob.
+type TopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
 }
 
 // Completion is a non-streamed completion answer, and (with Object
@@ -173,4 +241,70 @@ type CompletionChoice struct {
 	Logprobs     json.RawMessage `json:"logprobs"`
 	FinishReason *string         `json:"finish_reason"`
 	StopReason   json.RawMessage `json:"stop_reason,omitempty"`
+}
+
+// CompletionLogprobs is a completion choice's logprobs, the legacy
+// completions shape: parallel lists, one entry per generated token.
+// TextOffset is where each token starts in the choice's text.
+type CompletionLogprobs struct {
+	TextOffset    []int           `json:"text_offset"`
+	TokenLogprobs []float64       `json:"token_logprobs"`
+	Tokens        []string        `json:"tokens"`
+	TopLogprobs   []TokenLogprobs `json:"top_logprobs"`
+}
+
+// TokenLogprobs is one position's most likely tokens, best first, as the
+// completions API writes them: a JSON object from token to log
+// probability, whose key order is the rank. (TopLogprob.Bytes is not part
+// of this shape and is neither written nor read.)
+type TokenLogprobs []TopLogprob
+
+// MarshalJSON writes the object in rank order.
+func (t TokenLogprobs) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, lp := range t {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, err := json.Marshal(lp.Token)
+		if err != nil {
+			return nil, err
+		}
+		v, err := json.Marshal(lp.Logprob)
+		if err != nil {
+			return nil, err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// UnmarshalJSON reads the object keeping its key order.
+func (t *TokenLogprobs) UnmarshalJSON(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return fmt.Errorf("top_logprobs entry: want an object, got %v", tok)
+	}
+	out := TokenLogprobs{}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		var v float64
+		if err := dec.Decode(&v); err != nil {
+			return err
+		}
+		out = append(out, TopLogprob{Token: k.(string), Logprob: v})
+	}
+	*t = out
+	return nil
 }
