@@ -93,6 +93,11 @@ type History struct {
 	LastStep time.Time
 	recs     []rec
 	since    time.Time // first recommendation kept
+	// settled is when the model last had no replica starting or
+	// unplaced: a step up counts only recommendations made since, so the
+	// queue that built while the last step's replicas loaded does not buy
+	// the next step the moment they are ready.
+	settled time.Time
 }
 
 type rec struct {
@@ -124,6 +129,9 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 	cooldown := secondsOr(a.GetCooldownS(), def.Cooldown)
 	n, why := Recommend(a, o)
 	h.remember(o.Now, n, max(downAfter, def.UpAfter))
+	if o.Starting > 0 || o.Unplaced > 0 {
+		h.settled = o.Now
+	}
 	d := Decision{To: o.Count, Recommended: n}
 	switch {
 	case o.Count == 0 && o.Demand.Held > 0:
@@ -261,14 +269,14 @@ func (h *History) remember(now time.Time, n uint32, window time.Duration) {
 // history covers it. With d 0 it is the newest.
 func (h *History) lowest(now time.Time, d time.Duration) (uint32, bool) {
 	low := uint32(math.MaxUint32)
-	for i := len(h.recs) - 1; i >= 0; i-- {
+	for i := len(h.recs) - 1; i >= 0 && !h.recs[i].at.Before(h.settled); i-- {
 		r := h.recs[i]
 		low = min(low, r.n)
 		if now.Sub(r.at) >= d {
 			return low, true
 		}
 	}
-	return low, d == 0 || now.Sub(h.since) >= d
+	return low, d == 0 || (now.Sub(h.since) >= d && now.Sub(h.settled) >= d)
 }
 
 // highest is the largest recommendation of the window ending at now, and

@@ -247,3 +247,27 @@ func TestUpWaitsForATrend(t *testing.T) {
 		t.Fatalf("after 15 s of a queue: %+v, want a step to the lowest recommendation, 4", d)
 	}
 }
+
+// TestUpWindowStartsWhenSettled: the queue that built while a step's
+// replicas loaded does not buy the next step the moment they are ready:
+// the window counts from then.
+func TestUpWindowStartsWhenSettled(t *testing.T) {
+	a := spec()
+	var h History
+	round := func(s int, starting uint32) Decision {
+		return Decide(a, DefaultDefaults, Observation{Now: t0.Add(time.Duration(s) * time.Second), Count: 3, Ready: 3 - starting, Starting: starting,
+			Capacity: 16, Demand: Demand{Waiting: 30, Running: 32, Requests: 100}}, &h)
+	}
+	for s := range 30 {
+		round(s, 1) // a replica loads for 30 s under a queue
+	}
+	// The last round that saw it loading was second 29.
+	for s := 30; s < 44; s++ {
+		if d := round(s, 0); d.Step(3) {
+			t.Fatalf("second %d: stepped %v after the replica was ready, want to wait %v", s-30, d.To, DefaultDefaults.UpAfter)
+		}
+	}
+	if d := round(44, 0); !d.Step(3) {
+		t.Fatalf("15 s of a queue after the replica was ready: %+v, want a step", d)
+	}
+}
