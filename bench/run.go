@@ -71,6 +71,9 @@ type Config struct {
 	RoundRobin bool
 
 	Workload WorkloadConfig
+	// API is the wire format of every request: APIChat (empty is chat),
+	// APIMessages or APIResponses.
+	API string
 
 	// Rate > 0 is an open loop: Poisson arrivals at Rate per second, however
 	// slow the answers. Otherwise a closed loop of Concurrency clients, each
@@ -195,6 +198,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--reset-settle: must not be negative, got %s", c.ResetSettle)
 	case c.BlockSize < 0:
 		return fmt.Errorf("--block-size: must not be negative, got %d", c.BlockSize)
+	}
+	if c.API != "" && !slices.Contains(apiNames, c.API) {
+		return fmt.Errorf("--api: %q is not one of %s", c.API, strings.Join(apiNames, ", "))
 	}
 	for i, s := range c.Seeds {
 		if slices.Contains(c.Seeds[:i], s) {
@@ -407,9 +413,10 @@ func (c Config) settings() string {
 	add("hot-share", w.HotShare, w.HotShare > 0)
 	add("system-words", w.SystemWords, w.SystemWords > 0)
 	add("prompt-words", w.PromptWords, true)
-	add("sessions", w.Sessions, w.Name == MultiTurn)
-	add("turns", w.Turns, w.Name == MultiTurn)
+	add("sessions", w.Sessions, w.Name == MultiTurn || w.Name == AgentSession)
+	add("turns", w.Turns, w.Name == MultiTurn || w.Name == AgentSession)
 	add("max-tokens", w.MaxTokens, true)
+	add("api", c.API, c.API != "" && c.API != APIChat)
 	add("rate", c.Rate, c.Rate > 0)
 	add("concurrency", c.Concurrency, c.Rate == 0)
 	add("requests", c.Requests, c.Requests > 0)
@@ -549,7 +556,7 @@ func (r *runner) do(ctx context.Context, conv Conversation, req Request) {
 	t := r.targets[int(n%uint64(len(r.targets)))]
 	id := fmt.Sprintf("bench-%d-%d-%d", r.cfg.Workload.Seed, r.start.Unix(), n)
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
-	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, id, r.cfg.APIKey, req, r.start, r.cfg.Now)
+	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, id, r.cfg.APIKey, r.cfg.API, req, r.start, r.cfg.Now)
 	cancel()
 	if !s.OK() {
 		r.cfg.Logger.Debug("request failed", "request_id", id, "replica", s.Replica, "model", s.Model, "kind", s.ErrKind, "err", s.Err)
