@@ -244,3 +244,40 @@ func TestRunAgentSessionOverEachAPI(t *testing.T) {
 		})
 	}
 }
+
+func TestRunsOfOneSeedUseTheirOwnSessions(t *testing.T) {
+	srv := &apiServer{paths: map[string]int{}, keys: map[string]bool{}, session: map[string]bool{}}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	cfg := testConfig(hs.URL)
+	cfg.Targets[0].Metrics = ""
+	cfg.Workload = WorkloadConfig{Name: AgentSession, Model: "m", Seed: 1, Sessions: 2, Turns: 2, SystemWords: 20, PromptWords: 5, MaxTokens: 2}
+	cfg.Concurrency, cfg.Requests = 2, 4
+	// A clock the clients share: each reading a millisecond on, so the two
+	// runs' tags differ without a wall clock.
+	var mu sync.Mutex
+	clock := &tickClock{t: time.Unix(100, 0), step: time.Millisecond}
+	cfg.Now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return clock.now()
+	}
+	var runs []map[string]bool
+	for range 2 {
+		if _, err := Run(context.Background(), cfg); err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		srv.mu.Lock()
+		runs = append(runs, srv.session)
+		srv.session = map[string]bool{}
+		srv.mu.Unlock()
+	}
+	if len(runs[0]) == 0 || len(runs[1]) == 0 {
+		t.Fatalf("session ids %v: a run sent none", runs)
+	}
+	for id := range runs[1] {
+		if runs[0][id] {
+			t.Fatalf("session id %q sent by both runs: the second inherits the first's affinity", id)
+		}
+	}
+}

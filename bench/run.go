@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -295,7 +296,14 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 		urls[i] = t.URL
 	}
 	label := strings.Join(labels, "+")
-	// A fresh workload per run: every target sees the same prompts.
+	// A fresh workload per run: every target sees the same prompts, under
+	// session ids of the run's own. With the seed's ids alone, a second run
+	// would find the routers' session table holding the first run's
+	// affinities, pointing at replicas whose caches were reset since, and
+	// the two runs would differ by their order rather than their targets.
+	if cfg.Workload.SessionTag == "" {
+		cfg.Workload.SessionTag = strconv.FormatInt(cfg.Now().UnixNano(), 36)
+	}
 	wl, err := NewWorkload(cfg.Workload)
 	if err != nil {
 		return Report{Label: label}, err

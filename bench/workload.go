@@ -108,6 +108,10 @@ type WorkloadConfig struct {
 	// without piling the hot prefix onto one replica (one application's
 	// system prompt in most traffic). Zero draws every group alike.
 	HotShare float64
+	// SessionTag, when set, goes into every session id (X-Session-ID),
+	// so runs with one seed can send the same prompts under different
+	// sessions; the runner sets one per run. Empty: bench-SEED-N.
+	SessionTag string
 	// Adapters are the adapter names lora-mix puts in `model`, drawn by a
 	// Zipf law (s=1) so the first is the most popular.
 	Adapters []string
@@ -338,10 +342,17 @@ func (w *multiTurn) Live() int    { return w.cfg.Sessions }
 func (w *multiTurn) Conversation(n int) Conversation {
 	return &session{
 		w:       w,
-		id:      fmt.Sprintf("bench-%d-%d", w.cfg.Seed, n),
+		id:      sessionID(w.cfg, n),
 		rng:     rngFor(w.cfg.Seed, streamConversation, n),
 		history: []Message{{Role: "system", Content: w.system}},
 	}
+}
+
+func sessionID(c WorkloadConfig, n int) string {
+	if c.SessionTag == "" {
+		return fmt.Sprintf("bench-%d-%d", c.Seed, n)
+	}
+	return fmt.Sprintf("bench-%s-%d-%d", c.SessionTag, c.Seed, n)
 }
 
 type session struct {
