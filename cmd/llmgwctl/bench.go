@@ -42,7 +42,9 @@ func (c *cli) benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench --target URL --model NAME [flags]",
 		Short: "Drive routers with a workload and report TTFT, ITL, throughput, cache hits and replica spread",
-		Long: `Drive one or more routers with a named workload over the OpenAI API and report
+		Long: `Drive one or more routers with a named workload over the OpenAI API (--api
+chat: /v1/chat/completions; responses: /v1/responses) or Anthropic's Messages
+API (--api messages: /v1/messages), and report
 time to first token, inter-token latency, end-to-end latency (p50/p90/p99),
 throughput, errors, the cache-hit share (cached_tokens / prompt_tokens) and the
 spread of requests over replicas (X-Llmgw-Replica).
