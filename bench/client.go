@@ -48,32 +48,19 @@ type Sample struct {
 // OK reports whether the request succeeded.
 func (s Sample) OK() bool { return s.ErrKind == "" }
 
-// chatBody is the request body; streaming with usage is always on, since the
-// per-chunk timing and cached_tokens are the point.
-type chatBody struct {
-	Model         string    `json:"model"`
-	Messages      []Message `json:"messages"`
-	MaxTokens     int       `json:"max_tokens,omitempty"`
-	Stream        bool      `json:"stream"`
-	StreamOptions struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-}
-
 // maxErrorBody bounds how much of an error response is kept.
 const maxErrorBody = 4 << 10
 
-// send makes one streamed chat request to baseURL and returns the sample and
-// the answer's text. It never returns an error: failures are samples too.
-func send(ctx context.Context, hc *http.Client, baseURL, label, requestID, apiKey string, req Request, start time.Time, now func() time.Time) (Sample, string) {
+// send makes one streamed request to baseURL in the API's wire form (chat
+// when empty) and returns the sample and the answer's text. It never returns
+// an error: failures are samples too.
+func send(ctx context.Context, hc *http.Client, baseURL, label, requestID, apiKey, api string, req Request, start time.Time, now func() time.Time) (Sample, string) {
 	s := Sample{Target: label, RequestID: requestID, SessionID: req.SessionID, Model: req.Model}
-	body := chatBody{Model: req.Model, Messages: req.Messages, MaxTokens: req.MaxTokens, Stream: true}
-	body.StreamOptions.IncludeUsage = true
-	raw, err := json.Marshal(body)
+	raw, err := encodeBody(api, req)
 	if err != nil {
 		return fail(s, "encode", err), ""
 	}
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(baseURL, "/")+"/v1/chat/completions", bytes.NewReader(raw))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(baseURL, "/")+apiPath(api), bytes.NewReader(raw))
 	if err != nil {
 		return fail(s, "encode", err), ""
 	}
@@ -87,6 +74,10 @@ func send(ctx context.Context, hc *http.Client, baseURL, label, requestID, apiKe
 	}
 	if apiKey != "" {
 		hreq.Header.Set("Authorization", "Bearer "+apiKey)
+		if api == APIMessages {
+			// Anthropic's clients send their key so.
+			hreq.Header.Set("X-Api-Key", apiKey)
+		}
 	}
 	t0 := now()
 	s.Start = t0.Sub(start)
@@ -103,7 +94,7 @@ func send(ctx context.Context, hc *http.Client, baseURL, label, requestID, apiKe
 		s.E2E = now().Sub(t0)
 		return fail(s, fmt.Sprintf("http_%d", resp.StatusCode), fmt.Errorf("status %d: %s", resp.StatusCode, errorMessage(msg))), ""
 	}
-	res, err := readStream(resp.Body, t0, now)
+	res, err := readStreamWith(resp.Body, parserFor(api), t0, now)
 	s.TTFT, s.ITL, s.E2E = res.ttft, res.itl, res.last
 	if res.usage != nil {
 		s.PromptTokens = res.usage.PromptTokens

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -71,6 +72,9 @@ type Config struct {
 	RoundRobin bool
 
 	Workload WorkloadConfig
+	// API is the wire format of every request: APIChat (empty is chat),
+	// APIMessages or APIResponses.
+	API string
 
 	// Rate > 0 is an open loop: Poisson arrivals at Rate per second, however
 	// slow the answers. Otherwise a closed loop of Concurrency clients, each
@@ -196,6 +200,9 @@ func (c Config) Validate() error {
 	case c.BlockSize < 0:
 		return fmt.Errorf("--block-size: must not be negative, got %d", c.BlockSize)
 	}
+	if c.API != "" && !slices.Contains(apiNames, c.API) {
+		return fmt.Errorf("--api: %q is not one of %s", c.API, strings.Join(apiNames, ", "))
+	}
 	for i, s := range c.Seeds {
 		if slices.Contains(c.Seeds[:i], s) {
 			return fmt.Errorf("--seeds: seed %d appears twice", s)
@@ -289,7 +296,14 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 		urls[i] = t.URL
 	}
 	label := strings.Join(labels, "+")
-	// A fresh workload per run: every target sees the same prompts.
+	// A fresh workload per run: every target sees the same prompts, under
+	// session ids of the run's own. With the seed's ids alone, a second run
+	// would find the routers' session table holding the first run's
+	// affinities, pointing at replicas whose caches were reset since, and
+	// the two runs would differ by their order rather than their targets.
+	if cfg.Workload.SessionTag == "" {
+		cfg.Workload.SessionTag = strconv.FormatInt(cfg.Now().UnixNano(), 36)
+	}
 	wl, err := NewWorkload(cfg.Workload)
 	if err != nil {
 		return Report{Label: label}, err
@@ -407,9 +421,10 @@ func (c Config) settings() string {
 	add("hot-share", w.HotShare, w.HotShare > 0)
 	add("system-words", w.SystemWords, w.SystemWords > 0)
 	add("prompt-words", w.PromptWords, true)
-	add("sessions", w.Sessions, w.Name == MultiTurn)
-	add("turns", w.Turns, w.Name == MultiTurn)
+	add("sessions", w.Sessions, w.Name == MultiTurn || w.Name == AgentSession)
+	add("turns", w.Turns, w.Name == MultiTurn || w.Name == AgentSession)
 	add("max-tokens", w.MaxTokens, true)
+	add("api", c.API, c.API != "" && c.API != APIChat)
 	add("rate", c.Rate, c.Rate > 0)
 	add("concurrency", c.Concurrency, c.Rate == 0)
 	add("requests", c.Requests, c.Requests > 0)
@@ -549,7 +564,7 @@ func (r *runner) do(ctx context.Context, conv Conversation, req Request) {
 	t := r.targets[int(n%uint64(len(r.targets)))]
 	id := fmt.Sprintf("bench-%d-%d-%d", r.cfg.Workload.Seed, r.start.Unix(), n)
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.RequestTimeout)
-	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, id, r.cfg.APIKey, req, r.start, r.cfg.Now)
+	s, answer := send(rctx, r.cfg.Client, t.URL, t.Label, id, r.cfg.APIKey, r.cfg.API, req, r.start, r.cfg.Now)
 	cancel()
 	if !s.OK() {
 		r.cfg.Logger.Debug("request failed", "request_id", id, "replica", s.Replica, "model", s.Model, "kind", s.ErrKind, "err", s.Err)

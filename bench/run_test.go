@@ -446,6 +446,9 @@ func TestConfigValidate(t *testing.T) {
 		{"negative duration", func(c *Config) { c.Duration = -time.Second }, "--duration"},
 		{"no timeout", func(c *Config) { c.RequestTimeout = 0 }, "--request-timeout"},
 		{"bad workload", func(c *Config) { c.Workload.Name = "x" }, "--workload"},
+		{"messages", func(c *Config) { c.API = APIMessages }, ""},
+		{"responses", func(c *Config) { c.API = APIResponses }, ""},
+		{"bad api", func(c *Config) { c.API = "completions" }, "--api"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -15,11 +15,14 @@ import (
 // absent unless the engine runs with --enable-prompt-tokens-details, in which
 // case the run's cache-hit share is zero rather than unknown.
 type Usage struct {
-	PromptTokens        int `json:"prompt_tokens"`
-	CompletionTokens    int `json:"completion_tokens"`
-	PromptTokensDetails *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
+	PromptTokens        int                  `json:"prompt_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details"`
+}
+
+// PromptTokensDetails is the cache's part of a prompt.
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // CachedTokens is how many prompt tokens the prefix cache supplied.
@@ -125,6 +128,11 @@ var (
 // completes. It returns what it measured even on error, so a broken stream
 // still reports its TTFT.
 func readStream(body io.Reader, start time.Time, now func() time.Time) (streamResult, error) {
+	return readStreamWith(body, parseEvent, start, now)
+}
+
+// readStreamWith is readStream with the API's event decoder.
+func readStreamWith(body io.Reader, parse func([]byte) (streamEvent, error), start time.Time, now func() time.Time) (streamResult, error) {
 	var res streamResult
 	var answer strings.Builder
 	var prev time.Time
@@ -135,7 +143,7 @@ func readStream(body io.Reader, start time.Time, now func() time.Time) (streamRe
 		if !haveData {
 			return nil
 		}
-		ev, err := parseEvent(data)
+		ev, err := parse(data)
 		data, haveData = data[:0], false
 		if err != nil {
 			return err

@@ -14,10 +14,11 @@ const (
 	MultiTurn    = "multi-turn"
 	LongContext  = "long-context"
 	LoRAMix      = "lora-mix"
+	AgentSession = "agent-session"
 )
 
 // workloadNames are the accepted names, in the order help text lists them.
-var workloadNames = []string{SharedPrefix, MultiTurn, LongContext, LoRAMix}
+var workloadNames = []string{SharedPrefix, MultiTurn, LongContext, LoRAMix, AgentSession}
 
 // WorkloadNames returns the workload names in a stable order.
 func WorkloadNames() []string { return slices.Clone(workloadNames) }
@@ -28,9 +29,10 @@ type Message struct {
 	Content string `json:"content"`
 }
 
-// Request is one call the benchmark makes to /v1/chat/completions. Every
-// workload uses the chat endpoint so that runs of different workloads differ
-// only in the shape of their prompts.
+// Request is one call the benchmark makes, held in chat form: the run's
+// --api decides whether it goes out as chat completions, Messages or
+// Responses (see encodeBody), so runs of different workloads differ only in
+// the shape of their prompts and runs of different APIs only in the wire.
 type Request struct {
 	Model    string
 	Messages []Message
@@ -71,7 +73,7 @@ type Workload interface {
 // WorkloadConfig chooses and shapes a workload. Zero values take the
 // workload's own default (see each field); flags are named after the fields.
 type WorkloadConfig struct {
-	// Name is one of SharedPrefix, MultiTurn, LongContext, LoRAMix.
+	// Name is one of SharedPrefix, MultiTurn, LongContext, LoRAMix, AgentSession.
 	Name string
 	// Model goes in every request's `model`; lora-mix draws adapters instead.
 	Model string
@@ -91,8 +93,9 @@ type WorkloadConfig struct {
 	// (default 100), a multi-turn user message (default 50), or a
 	// long-context document (default 4000).
 	PromptWords int
-	// Sessions is how many multi-turn chats run at once (default 8), and
-	// Turns how many turns each has (default 5).
+	// Sessions is how many multi-turn chats or agent sessions run at once
+	// (default 8), and Turns how many turns each has (default 5 for
+	// multi-turn, 30 for agent-session).
 	Sessions int
 	Turns    int
 	// SharedShare is the share of long-context requests that reuse one of
@@ -105,6 +108,10 @@ type WorkloadConfig struct {
 	// without piling the hot prefix onto one replica (one application's
 	// system prompt in most traffic). Zero draws every group alike.
 	HotShare float64
+	// SessionTag, when set, goes into every session id (X-Session-ID),
+	// so runs with one seed can send the same prompts under different
+	// sessions; the runner sets one per run. Empty: bench-SEED-N.
+	SessionTag string
 	// Adapters are the adapter names lora-mix puts in `model`, drawn by a
 	// Zipf law (s=1) so the first is the most popular.
 	Adapters []string
@@ -128,6 +135,11 @@ func (c WorkloadConfig) withDefaults() WorkloadConfig {
 		def(&c.PromptWords, 50)
 		def(&c.Sessions, 8)
 		def(&c.Turns, 5)
+	case AgentSession:
+		def(&c.SystemWords, 1000)
+		def(&c.PromptWords, 60)
+		def(&c.Sessions, 8)
+		def(&c.Turns, 30)
 	case LongContext:
 		def(&c.Groups, 2)
 		def(&c.PromptWords, 4000)
@@ -198,7 +210,7 @@ func NewWorkload(c WorkloadConfig) (Workload, error) {
 			w.zipf = zipfWeights(len(c.Adapters))
 		}
 		return w, nil
-	case MultiTurn:
+	case MultiTurn, AgentSession:
 		return &multiTurn{cfg: c, system: words(rngFor(c.Seed, streamGroup, 0), c.SystemWords)}, nil
 	default: // LongContext, Validate has ruled out the rest
 		w := &longContext{cfg: c, docs: make([]string, c.Groups)}
@@ -310,6 +322,15 @@ func (w *longContext) Conversation(n int) Conversation {
 // whole conversation so far — the real answers received included — plus a
 // new user message, under the session's X-Session-ID. All sessions share one
 // system prompt, as the users of one application do.
+//
+// As agent-session it is a coding agent's loop: a long system prompt (the
+// agent's instructions and tool descriptions), then 30 turns in which the
+// agent resends everything so far with the newest tool output, the shape
+// that makes an agent's traffic nearly all prefix. The tool output is sent
+// as user text rather than tool_result blocks so that the three APIs render
+// one conversation to the same tokens (the chat form has no tool_call id
+// the Messages form could keep), which the ceiling, tokenized as chat,
+// relies on.
 type multiTurn struct {
 	cfg    WorkloadConfig
 	system string
@@ -321,10 +342,17 @@ func (w *multiTurn) Live() int    { return w.cfg.Sessions }
 func (w *multiTurn) Conversation(n int) Conversation {
 	return &session{
 		w:       w,
-		id:      fmt.Sprintf("bench-%d-%d", w.cfg.Seed, n),
+		id:      sessionID(w.cfg, n),
 		rng:     rngFor(w.cfg.Seed, streamConversation, n),
 		history: []Message{{Role: "system", Content: w.system}},
 	}
+}
+
+func sessionID(c WorkloadConfig, n int) string {
+	if c.SessionTag == "" {
+		return fmt.Sprintf("bench-%d-%d", c.Seed, n)
+	}
+	return fmt.Sprintf("bench-%s-%d-%d", c.SessionTag, c.Seed, n)
 }
 
 type session struct {
@@ -340,7 +368,11 @@ func (s *session) Next() (Request, bool) {
 		return Request{}, false
 	}
 	s.turn++
-	s.history = append(s.history, Message{Role: "user", Content: words(s.rng, s.w.cfg.PromptWords)})
+	text := words(s.rng, s.w.cfg.PromptWords)
+	if s.w.cfg.Name == AgentSession {
+		text = agentTurn(s.turn, text)
+	}
+	s.history = append(s.history, Message{Role: "user", Content: text})
 	return Request{
 		Model:     s.w.cfg.Model,
 		Messages:  slices.Clip(s.history),
@@ -355,6 +387,15 @@ func (s *session) Reply(answer string, ok bool) {
 		return
 	}
 	s.history = append(s.history, Message{Role: "assistant", Content: answer})
+}
+
+// agentTurn dresses turn t's (t ≥ 1) words as what a coding agent sends:
+// the task first, then the output of the tool it last ran.
+func agentTurn(t int, text string) string {
+	if t == 1 {
+		return "Task: " + text
+	}
+	return fmt.Sprintf("Tool output (step %d):\n%s", t-1, text)
 }
 
 // zipfWeights returns the cumulative weights of a Zipf law with s=1 over n

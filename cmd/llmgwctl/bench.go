@@ -42,7 +42,9 @@ func (c *cli) benchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench --target URL --model NAME [flags]",
 		Short: "Drive routers with a workload and report TTFT, ITL, throughput, cache hits and replica spread",
-		Long: `Drive one or more routers with a named workload over the OpenAI API and report
+		Long: `Drive one or more routers with a named workload over the OpenAI API (--api
+chat: /v1/chat/completions; responses: /v1/responses) or Anthropic's Messages
+API (--api messages: /v1/messages), and report
 time to first token, inter-token latency, end-to-end latency (p50/p90/p99),
 throughput, errors, the cache-hit share (cached_tokens / prompt_tokens) and the
 spread of requests over replicas (X-Llmgw-Replica).
@@ -158,13 +160,14 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	f.StringVar(&cfg.APIKey, "api-key", os.Getenv("LLMGW_API_KEY"), "router API key sent as `Authorization: Bearer KEY` (env LLMGW_API_KEY)")
 	f.StringVar(&caCert, "ca-cert", "", "trust only the CA certificates in this PEM file for https targets (a router whose --https-cert the system does not trust, such as one made by llmgwctl tls init)")
 	f.StringVar(&cfg.Workload.Name, "workload", cfg.Workload.Name, "workload: "+strings.Join(bench.WorkloadNames(), ", "))
+	f.StringVar(&cfg.API, "api", bench.APIChat, "wire format of the requests: "+strings.Join(bench.APINames(), ", ")+" (/v1/chat/completions, /v1/messages, /v1/responses)")
 	f.Uint64Var(&cfg.Workload.Seed, "seed", 1, "seed of the prompts and arrivals, for repeatable runs")
 	f.IntVar(&cfg.Workload.MaxTokens, "max-tokens", 0, "max_tokens of each request (0: 128)")
 	f.IntVar(&cfg.Workload.Groups, "groups", 0, "shared system prompts (shared-prefix, lora-mix; 0: 8) or shared documents (long-context; 0: 2)")
 	f.IntVar(&cfg.Workload.SystemWords, "system-words", 0, "words in a shared system prompt (0: 1000; multi-turn 200)")
-	f.IntVar(&cfg.Workload.PromptWords, "prompt-words", 0, "words in each request's own part (0: question 100, multi-turn message 50, long-context document 4000)")
-	f.IntVar(&cfg.Workload.Sessions, "sessions", 0, "multi-turn chats open at once (0: 8)")
-	f.IntVar(&cfg.Workload.Turns, "turns", 0, "turns per multi-turn chat (0: 5)")
+	f.IntVar(&cfg.Workload.PromptWords, "prompt-words", 0, "words in each request's own part (0: question 100, multi-turn message 50, agent-session tool output 60, long-context document 4000)")
+	f.IntVar(&cfg.Workload.Sessions, "sessions", 0, "multi-turn chats or agent sessions open at once (0: 8)")
+	f.IntVar(&cfg.Workload.Turns, "turns", 0, "turns per multi-turn chat (0: 5) or agent session (0: 30)")
 	f.Float64Var(&cfg.Workload.SharedShare, "shared-share", 0, "long-context: share of requests reusing a shared document (0: 0.25, negative: none)")
 	f.Float64Var(&cfg.Workload.HotShare, "hot-share", 0, "shared-prefix, lora-mix: share of requests using the first system prompt, the rest spread over the others (0: all alike)")
 	f.StringVar(&adapters, "adapters", "", "lora-mix: comma-separated adapter names, most popular first (Zipf)")
