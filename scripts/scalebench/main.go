@@ -66,6 +66,7 @@ type config struct {
 	flap         time.Duration
 	flapLoad     float64
 	shareBurst   time.Duration
+	shareLoad    float64
 	capacityRPS  float64
 }
 
@@ -97,6 +98,7 @@ func main() {
 	flag.DurationVar(&cfg.flap, "flap", 10*time.Minute, "flap: how long the stationary load runs")
 	flag.Float64Var(&cfg.flapLoad, "flap-load", 1.9, "flap: the stationary load in replicas' capacity")
 	flag.DurationVar(&cfg.shareBurst, "share-burst", 2*time.Minute, "share: how long the burst on model b lasts")
+	flag.Float64Var(&cfg.shareLoad, "share-load", 2.5, "share: the burst in one replica's capacity (b's max is 3 replicas: above 3 its queue cannot drain)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

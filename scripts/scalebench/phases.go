@@ -315,8 +315,8 @@ func (b *bench) share(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\nphase share: %d GPUs; pin holds %d (pinned), a 1 (sleeps), b 1 (priority 1); a burst on b of %.2f req/s (4 ×) for %v\n",
-		b.cfg.gpus, pinnedN, 4*capRPS, b.cfg.shareBurst)
+	fmt.Printf("\nphase share: %d GPUs; pin holds %d (pinned), a 1 (sleeps), b 1 (priority 1); a burst on b of %.2f req/s (%.1f ×) for %v\n",
+		b.cfg.gpus, pinnedN, b.cfg.shareLoad*capRPS, b.cfg.shareLoad, b.cfg.shareBurst)
 	res := shareResult{}
 	trB, stopB := b.track(ctx, "b")
 	trPin, stopPin := b.track(ctx, "pin")
@@ -333,7 +333,7 @@ func (b *bench) share(ctx context.Context) error {
 		}
 	})
 	l := b.loader("b")
-	l.openLoop(ctx, b.cfg.seed+2, []segment{{4 * capRPS, b.cfg.shareBurst}})
+	l.openLoop(ctx, b.cfg.seed+2, []segment{{b.cfg.shareLoad * capRPS, b.cfg.shareBurst}})
 	for _, r := range l.take() {
 		res.BRequests++
 		if !r.ok {
