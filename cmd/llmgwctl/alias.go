@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
 	"strings"
 
@@ -93,15 +92,11 @@ func (c *cli) aliasCmd() *cobra.Command {
 			if file == "" {
 				return usage(errors.New("-f: an alias file is required"))
 			}
-			in := os.Stdin
-			if file != "-" {
-				f, err := os.Open(file)
-				if err != nil {
-					return fmt.Errorf("-f: %w", err)
-				}
-				defer f.Close()
-				in = f
+			in, err := openFileFlag(file)
+			if err != nil {
+				return err
 			}
+			defer in.Close()
 			al, err := parseAliasFile(in)
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)

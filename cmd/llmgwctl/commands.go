@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -26,15 +27,11 @@ func (c *cli) modelCmd() *cobra.Command {
 			if file == "" {
 				return usage(errors.New("-f: a model file is required"))
 			}
-			in := os.Stdin
-			if file != "-" {
-				f, err := os.Open(file)
-				if err != nil {
-					return fmt.Errorf("-f: %w", err)
-				}
-				defer f.Close()
-				in = f
+			in, err := openFileFlag(file)
+			if err != nil {
+				return err
 			}
+			defer in.Close()
 			m, err := parseModelFile(in)
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)
@@ -326,4 +323,17 @@ func labels(m map[string]string) string {
 		parts[i] = k + "=" + m[k]
 	}
 	return strings.Join(parts, ",")
+}
+
+// openFileFlag opens the file an apply's -f names, standard input for
+// "-" (closing it then is a no-op).
+func openFileFlag(file string) (io.ReadCloser, error) {
+	if file == "-" {
+		return io.NopCloser(os.Stdin), nil
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, fmt.Errorf("-f: %w", err)
+	}
+	return f, nil
 }

@@ -3,6 +3,7 @@ package placement
 import (
 	"testing"
 
+	"github.com/llmgw/llmgw/fsm"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -44,7 +45,7 @@ func TestEffectiveReplicas(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			st := &llmgwv1.State{Models: []*llmgwv1.Model{tt.model}, Scales: tt.scales}
-			if got := EffectiveReplicas(st, tt.model); got != tt.want {
+			if got := fsm.EffectiveReplicas(st, tt.model); got != tt.want {
 				t.Errorf("EffectiveReplicas = %d, want %d", got, tt.want)
 			}
 		})

@@ -130,18 +130,8 @@ func (nf *nodeFree) take(model string, n int) []uint32 {
 	return out
 }
 
-// EffectiveReplicas is the count placement works to for m (design §5.7
-// "Where the count lives"): for an autoscaled model the autoscaler's count
-// in st.Scales, or m.Replicas while it has decided none, clamped to
-// [autoscale.min, autoscale.max] (a max of 0, unset, bounds nothing
-// above); for any other model m.Replicas. The console and ModelStatus
-// show the same figure.
-func EffectiveReplicas(st *llmgwv1.State, m *llmgwv1.Model) uint32 {
-	return fsm.EffectiveReplicas(st, m)
-}
-
 // Reconcile compares each model's effective replica count
-// (EffectiveReplicas) with its placements:
+// (fsm.EffectiveReplicas) with its placements:
 //   - draining replicas count for nothing; a drained one is removed;
 //   - replicas on lost nodes are removed, and count for nothing;
 //   - missing replicas go to ACTIVE nodes that match the model's
@@ -277,7 +267,7 @@ func Reconcile(st *llmgwv1.State, in Inputs) Plan {
 				perNode[r.Node]++
 			}
 		}
-		want := int(EffectiveReplicas(st, m))
+		want := int(fsm.EffectiveReplicas(st, m))
 		if sleeps {
 			plan.parkSleepers(m, sleeping, len(stay))
 		}
