@@ -9,11 +9,22 @@
 // target, a cooldown after a step, a step up only once the replicas of the
 // last one are ready (they are what the next measurement must see), and a
 // step down only to the largest recommendation of a whole window.
+//
+// Two rules are an LLM engine's, not HPA's. A queue asks for the replicas
+// that would run what is in flight plus the target waiting each, not for
+// waiting over target: a replica absorbs a whole batch before anything
+// waits. And a step down never returns to a count at which a queue formed
+// while the load is still what it was then (Floor): requests in flight
+// shrink as a fleet grows (each takes less time in a smaller batch), so a
+// count sized from them in calm reads too low, and the one measure that
+// does not shrink — the requests a second that count was sent while it
+// queued — is what a step down must get under.
 package autoscale
 
 import (
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,10 +96,20 @@ type Observation struct {
 // steps down to a count that queues.
 const Fill = 0.6
 
+// FloorMargin is how far under the rate a count queued at the load must
+// be before a step down may return to that count: the tolerance on either
+// side of it, so a load that wanders within it moves nothing.
+const FloorMargin = 1 - 2*Tolerance
+
+// rateWindow is the routers' minute (router/demand: the current 10 s slot
+// and the five before it, 50 to 60 s).
+const rateWindow = 55 * time.Second
+
 // History is what the leader remembers of one model between decisions:
-// its last step and the recommendations of the last window. The zero value
-// is a model seen for the first time (a new leader remembers nothing, so
-// its first step down waits a whole window).
+// its last step, the recommendations of the last window and the counts
+// at which a queue formed. The zero value is a model seen for the first
+// time (a new leader remembers nothing, so its first step down waits a
+// whole window).
 type History struct {
 	LastStep time.Time
 	recs     []rec
@@ -98,6 +119,23 @@ type History struct {
 	// queue that built while the last step's replicas loaded does not buy
 	// the next step the moment they are ready.
 	settled time.Time
+	// active is when the model's demand last went from idle to busy: until
+	// a minute has passed, the routers' count of requests sent covers less
+	// than their minute, and the rate is over the time since.
+	active time.Time
+	// floors are the counts a step up left because a queue formed there,
+	// with the rate they were sent then, by count (at most one each).
+	floors []Floor
+}
+
+// Floor is a count at which a queue formed and the requests a second the
+// model was sent then: that count carries at most that rate (a saturated
+// fleet is sent what it serves), so a step down to it or below waits for
+// the rate to fall under FloorMargin of it.
+type Floor struct {
+	Count uint32
+	Rate  float64
+	At    time.Time
 }
 
 type rec struct {
@@ -129,6 +167,7 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 	cooldown := secondsOr(a.GetCooldownS(), def.Cooldown)
 	n, why := Recommend(a, o)
 	h.remember(o.Now, n, max(downAfter, def.UpAfter))
+	rate := h.rate(o)
 	if o.Starting > 0 || o.Unplaced > 0 {
 		h.settled = o.Now
 	}
@@ -152,6 +191,7 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 			// At most doubling (or 4 more) a step, as HPA's default policy.
 			d.To = min(low, max(2*o.Count, o.Count+4))
 			d.Reason = fmt.Sprintf("up: %s, for the last %v", why, def.UpAfter)
+			h.floor(Floor{Count: o.Count, Rate: rate, At: o.Now})
 		}
 	case n < o.Count:
 		top, whole := h.highest(o.Now, downAfter)
@@ -163,8 +203,19 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 		case !h.LastStep.IsZero() && o.Now.Sub(h.LastStep) < cooldown:
 			d.Blocked, d.Reason = true, fmt.Sprintf("%s; cooling down until %s", why, h.LastStep.Add(cooldown).UTC().Format(time.TimeOnly))
 		default:
-			d.To = top
+			to, f, held := h.above(top, rate)
+			if to >= o.Count {
+				d.Blocked, d.Reason = true, fmt.Sprintf("%s; a queue formed at %d replicas %v ago, sent %.2f requests/s; now %.2f/s, not under %.2f",
+					why, f.Count, o.Now.Sub(f.At).Round(time.Second), f.Rate, rate, FloorMargin*f.Rate)
+				break
+			}
+			d.To = to
 			d.Reason = fmt.Sprintf("down: %s, for the last %v", why, downAfter)
+			if held {
+				d.Reason += fmt.Sprintf("; not to %d: a queue formed at %d replicas %v ago, sent %.2f requests/s, now %.2f/s",
+					top, f.Count, o.Now.Sub(f.At).Round(time.Second), f.Rate, rate)
+			}
+			h.forgetFloors(to)
 		}
 	default:
 		d.Reason = why
@@ -192,8 +243,14 @@ func Recommend(a *llmgwv1.Autoscale, o Observation) (uint32, string) {
 		load := dm.Waiting + float64(dm.Held)
 		var want uint32
 		if load > ready*t*(1+Tolerance) {
-			// A queue: HPA's ceil(ready × (load/ready) / target).
-			want = uint32(math.Ceil(load / t))
+			// A queue: the replicas that would run everything in flight,
+			// each as many as the ready ones run now plus the target
+			// waiting, one more at least. HPA's ceil(load/target) asks for
+			// a replica per target's worth of waiting, as if a replica ran
+			// nothing: a near-saturated fleet's passing queue of 10 at
+			// target 2 asked for 5 where 3 carry it.
+			per := dm.Running/max(ready, 1) + t
+			want = max(o.Ready+1, uint32(math.Ceil((dm.Running+load)/per)))
 		} else {
 			// None: the replicas that carry what runs at Fill of their
 			// batch, never more than now (no queue asks for none) — HPA's
@@ -248,6 +305,63 @@ func secondsOr(s uint32, def time.Duration) time.Duration {
 	}
 	return time.Duration(s) * time.Second
 }
+
+// rate is the requests a second the routers sent the model over their
+// last minute, or over the time since it went busy if that is shorter.
+// It keeps track of when that was.
+func (h *History) rate(o Observation) float64 {
+	if o.Demand.Idle() {
+		h.active = time.Time{}
+		return 0
+	}
+	if h.active.IsZero() {
+		h.active = o.Now
+	}
+	over := min(rateWindow, max(o.Now.Sub(h.active), slot))
+	return float64(o.Demand.Requests) / over.Seconds()
+}
+
+// slot is the shortest span a rate is taken over: the routers' slot.
+const slot = 10 * time.Second
+
+// floor records f, replacing an older floor of its count.
+func (h *History) floor(f Floor) {
+	for i := range h.floors {
+		if h.floors[i].Count == f.Count {
+			h.floors[i] = f
+			return
+		}
+	}
+	h.floors = append(h.floors, f)
+}
+
+// above is the count a step down to `to` may take at the rate: to, or one
+// above the highest floor at or above it whose rate the load has not
+// fallen under — with that floor, and whether it held the step.
+func (h *History) above(to uint32, rate float64) (uint32, Floor, bool) {
+	var hit Floor
+	held := false
+	for _, f := range h.floors {
+		if f.Count >= to && rate > FloorMargin*f.Rate {
+			if !held || f.Count > hit.Count {
+				hit, held = f, true
+			}
+		}
+	}
+	if held {
+		return hit.Count + 1, hit, true
+	}
+	return to, hit, false
+}
+
+// forgetFloors drops the floors a step down to `to` went under: the load
+// that queued there is gone.
+func (h *History) forgetFloors(to uint32) {
+	h.floors = slices.DeleteFunc(h.floors, func(f Floor) bool { return f.Count >= to })
+}
+
+// Floors is a copy of the counts at which a queue formed, for status.
+func (h *History) Floors() []Floor { return slices.Clone(h.floors) }
 
 // remember keeps n as the recommendation at now and forgets those older
 // than the window.

@@ -31,13 +31,17 @@ func TestDecideOnce(t *testing.T) {
 		{name: "from zero to min", a: &llmgwv1.Autoscale{Min: 2, Max: 4, TargetWaiting: 1},
 			o: Observation{Count: 0, Demand: Demand{Held: 1}}, to: 2},
 		{name: "a queue: up, at most doubling or 4 more", a: spec(),
-			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 6, reason: "up: waiting 20.0"},
+			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 200, Running: 32, Requests: 100}}, to: 6, reason: "up: waiting 100.0"},
+		{name: "a queue: the replicas that run what is in flight, each a batch and the target", a: spec(),
+			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 4, reason: "→ 4"},
+		{name: "a short queue: one more", a: spec(),
+			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 6, Running: 32, Requests: 100}}, to: 3, reason: "→ 3"},
 		{name: "a queue within the tolerance: stay", a: spec(),
 			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 4.2, Running: 32, Requests: 100}}, to: 2},
 		{name: "up waits for starting replicas", a: spec(),
 			o: Observation{Count: 3, Ready: 2, Starting: 1, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 3, blocked: true, reason: "waiting for 1 starting replicas"},
 		{name: "up waits for replicas no node takes", a: spec(),
-			o: Observation{Count: 4, Ready: 2, Unplaced: 2, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 4, blocked: true, reason: "2 replicas of the count are not placed"},
+			o: Observation{Count: 4, Ready: 2, Unplaced: 2, Capacity: 16, Demand: Demand{Waiting: 200, Running: 32, Requests: 100}}, to: 4, blocked: true, reason: "2 replicas of the count are not placed"},
 		{name: "up waits for the cooldown", a: spec(), h: History{LastStep: t0.Add(-10 * time.Second)},
 			o: Observation{Count: 2, Ready: 2, Capacity: 16, Demand: Demand{Waiting: 40, Running: 32, Requests: 100}}, to: 2, blocked: true, reason: "cooling down"},
 		{name: "up to max only", a: &llmgwv1.Autoscale{Min: 1, Max: 3, TargetWaiting: 1},
@@ -202,6 +206,130 @@ func TestNoFlappingNearCapacity(t *testing.T) {
 	}
 }
 
+// engines is a fleet whose requests take longer in a fuller batch, as an
+// engine's do: a request's time is base × (1 + b/batch) at b running on
+// its replica, so a full batch of 16 takes 4 s and a replica serves at
+// most 4 requests a second. Arrivals are Poisson at rps (normal noise);
+// what does not fit a batch waits. Requests is the arrivals of the last
+// 55 s, as the routers count what they send.
+type engines struct {
+	rng      *rand.Rand
+	rps      func(s int) float64
+	inflight float64
+	sent     []float64 // arrivals per second, newest last
+}
+
+func (e *engines) demand(s int, ready uint32) Demand {
+	const batch, base = 16.0, 2.0
+	arrived := max(0, e.rps(s)+math.Sqrt(e.rps(s))*e.rng.NormFloat64())
+	e.sent = append(e.sent, arrived)
+	if len(e.sent) > 55 {
+		e.sent = e.sent[1:]
+	}
+	n := float64(max(ready, 1))
+	running := min(e.inflight, batch*n)
+	done := running / (base * (1 + running/n/batch))
+	e.inflight = max(0, e.inflight+arrived-done)
+	running = min(e.inflight, batch*n)
+	var requests float64
+	for _, a := range e.sent {
+		requests += a
+	}
+	return Demand{Running: running, Waiting: e.inflight - running, Requests: uint64(requests)}
+}
+
+// TestNoFlappingLittlesLaw is the bench's failure of the first build: 1.9 ×
+// one replica's capacity on 2. A queue forms; a step up by the queue over
+// the target went to 5; there, each request takes less time, so fewer are
+// in flight, and a step down sized from them went back towards 2 — where
+// the queue was. Now the step up asks for what is in flight (3), and the
+// floor keeps the count off 2 while the load is what queued there.
+func TestNoFlappingLittlesLaw(t *testing.T) {
+	for seed := range uint64(10) {
+		e := &engines{rng: rand.New(rand.NewPCG(seed, 3)), rps: func(int) float64 { return 1.9 * 4 }}
+		a := &llmgwv1.Autoscale{Min: 1, Max: 8, TargetWaiting: 2, ScaleDownAfterS: 120, CooldownS: 30}
+		steps, counts := fleet(a, 2, 10*time.Minute, 27*time.Second, e.demand)
+		t.Logf("seed %d: %d actions, end %d", seed, len(steps), counts[len(counts)-1])
+		if len(steps) > 1 {
+			t.Errorf("seed %d: %d scale actions in 10 minutes: %+v", seed, len(steps), steps)
+		}
+		if last := counts[len(counts)-1]; last < 2 || last > 3 {
+			t.Errorf("seed %d: %d replicas at the end, want 2 or 3 for 1.9 × one replica's load", seed, last)
+		}
+	}
+}
+
+// TestFloorHoldsAStepDown: a count a queue formed at is not stepped down
+// to while the rate sent is what it was then, however few requests are in
+// flight; once the rate falls under FloorMargin of it, the step is taken.
+func TestFloorHoldsAStepDown(t *testing.T) {
+	a := &llmgwv1.Autoscale{Min: 1, Max: 8, TargetWaiting: 2, ScaleDownAfterS: 60, CooldownS: 30}
+	var h History
+	s := 0
+	round := func(count uint32, dm Demand) Decision {
+		s++
+		return Decide(a, DefaultDefaults, Observation{Now: t0.Add(time.Duration(s) * time.Second), Count: count, Ready: count, Capacity: 16, Demand: dm}, &h)
+	}
+	const sent = 418 // 7.6 requests a second over the routers' 55 s
+	var d Decision
+	for range 80 { // a minute busy, then a queue for 15 s
+		w := 0.0
+		if s >= 55 {
+			w = 10
+		}
+		if d = round(2, Demand{Running: 32, Waiting: w, Requests: sent}); d.Step(2) {
+			break
+		}
+	}
+	if d.To != 3 {
+		t.Fatalf("under a queue: %+v, want a step to 3", d)
+	}
+	// At 3, few in flight (each request is quicker): the targets ask for 2.
+	for range 180 {
+		if d = round(3, Demand{Running: 12, Requests: sent}); d.Step(3) {
+			t.Fatalf("stepped to %d at the rate that queued at 2: %+v", d.To, d)
+		}
+	}
+	if !d.Blocked || d.Recommended != 2 || !strings.Contains(d.Reason, "a queue formed at 2 replicas") || !strings.Contains(d.Reason, "now 7.60/s, not under 6.08") {
+		t.Fatalf("held step: %+v, want blocked with the floor's figures", d)
+	}
+	if f := h.Floors(); len(f) != 1 || f[0].Count != 2 || math.Abs(f[0].Rate-7.6) > 0.01 {
+		t.Fatalf("floors %+v, want one at 2 with 7.6 requests/s", f)
+	}
+	// The load falls to 3.6/s: the step is taken, and the floor forgotten.
+	for range 60 {
+		if d = round(3, Demand{Running: 6, Requests: 200}); d.Step(3) {
+			break
+		}
+	}
+	if d.To != 2 || len(h.Floors()) != 0 {
+		t.Fatalf("after the load fell: %+v, floors %+v; want a step to 2 and none left", d, h.Floors())
+	}
+}
+
+// TestFloorGivesWayToALowerLoad: the floor holds a step down only while
+// the load is what queued there; the same fleet, the load at a quarter, goes
+// back to min.
+func TestFloorGivesWayToALowerLoad(t *testing.T) {
+	e := &engines{rng: rand.New(rand.NewPCG(7, 3)), rps: func(s int) float64 {
+		if s < 300 {
+			return 2.2 * 4 // past 2 replicas' capacity: a queue that grows
+		}
+		return 0.5 * 4
+	}}
+	a := &llmgwv1.Autoscale{Min: 1, Max: 8, TargetWaiting: 2, ScaleDownAfterS: 120, CooldownS: 30}
+	steps, counts := fleet(a, 2, 10*time.Minute, 27*time.Second, e.demand)
+	if counts[299] < 3 {
+		t.Fatalf("%d replicas under 1.9 × one replica's load (steps %+v), want the step up this test is about", counts[299], steps)
+	}
+	if counts[299] > 4 {
+		t.Fatalf("%d replicas for 2.2 × one replica's load (steps %+v), want 3 or 4", counts[299], steps)
+	}
+	if last := counts[len(counts)-1]; last != 1 {
+		t.Fatalf("%d replicas 5 minutes after the load fell to 0.5 ×, want min 1 (steps %+v)", last, steps)
+	}
+}
+
 func TestIdleToMinAfterTheWindow(t *testing.T) {
 	a := &llmgwv1.Autoscale{Min: 0, Max: 4, TargetWaiting: 2, ScaleDownAfterS: 60}
 	steps, counts := fleet(a, 2, 3*time.Minute, 0, func(int, uint32) Demand { return Demand{} })
@@ -226,7 +354,7 @@ func TestUpWaitsForATrend(t *testing.T) {
 	for s := range 30 {
 		w := 0.0
 		if s == 10 {
-			w = 40 // a spike
+			w = 80 // a spike
 		}
 		if d := round(s, w); d.Step(2) {
 			t.Fatalf("second %d: stepped to %d on a spike", s, d.To)
@@ -234,17 +362,17 @@ func TestUpWaitsForATrend(t *testing.T) {
 	}
 	var d Decision
 	for s := 30; s <= 45; s++ {
-		w := 12.0 // a queue for 15 s: recommend 6
+		w := 40.0 // a queue for 15 s: recommend 4 (72 in flight, 18 a replica)
 		if s == 40 {
-			w = 8 // once recommend 4
+			w = 12 // once recommend 3
 		}
 		d = round(s, w)
 		if s < 45 && d.Step(2) {
 			t.Fatalf("second %d: stepped before the queue lasted %v", s, DefaultDefaults.UpAfter)
 		}
 	}
-	if d.To != 4 || !strings.Contains(d.Reason, "for the last 15s") {
-		t.Fatalf("after 15 s of a queue: %+v, want a step to the lowest recommendation, 4", d)
+	if d.To != 3 || !strings.Contains(d.Reason, "for the last 15s") {
+		t.Fatalf("after 15 s of a queue: %+v, want a step to the lowest recommendation, 3", d)
 	}
 }
 

@@ -33,7 +33,7 @@ func TestAutoscaleRound(t *testing.T) {
 	r.reports.setPhase("chat-0", 1, llmgwv1.ReplicaPhase_REPLICA_PHASE_READY)
 	r.l.scaler = &scaler{models: map[string]*scaled{}}
 	ctx := context.Background()
-	queue := map[string]*llmgwv1.ModelDemand{"chat": {Model: "chat", Waiting: 20, Running: 16, Replicas: 1, Requests: 100}}
+	queue := map[string]*llmgwv1.ModelDemand{"chat": {Model: "chat", Waiting: 100, Running: 16, Replicas: 1, Requests: 100}}
 
 	// A queue must last UpAfter (15 s) before a step up.
 	r.l.autoscaleOnce(ctx, queue)
@@ -46,7 +46,7 @@ func TestAutoscaleRound(t *testing.T) {
 	if len(got) != 1 || got[0].msg.(*llmgwv1.SetModelScaleCommand).Replicas != 5 {
 		t.Fatalf("proposed %s, want one SET_MODEL_SCALE to 5 (1 + 4)", list(got))
 	}
-	if c := got[0].msg.(*llmgwv1.SetModelScaleCommand); c.ModelRevision != 7 || !strings.Contains(c.Reason, "waiting 20.0") {
+	if c := got[0].msg.(*llmgwv1.SetModelScaleCommand); c.ModelRevision != 7 || !strings.Contains(c.Reason, "waiting 100.0") {
 		t.Fatalf("command %v: want model revision 7 and the figures in its reason", c)
 	}
 	// The four new replicas are placed but not ready: three rounds later,
