@@ -139,8 +139,9 @@ type Floor struct {
 }
 
 type rec struct {
-	at time.Time
-	n  uint32
+	at    time.Time
+	n     uint32
+	queue float64 // waiting and held
 }
 
 // Decision is one round's outcome for a model.
@@ -166,7 +167,7 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 	downAfter := secondsOr(a.GetScaleDownAfterS(), def.ScaleDownAfter)
 	cooldown := secondsOr(a.GetCooldownS(), def.Cooldown)
 	n, why := Recommend(a, o)
-	h.remember(o.Now, n, max(downAfter, def.UpAfter))
+	h.remember(rec{o.Now, n, o.Demand.Waiting + float64(o.Demand.Held)}, max(downAfter, def.UpAfter))
 	rate := h.rate(o)
 	if o.Starting > 0 || o.Unplaced > 0 {
 		h.settled = o.Now
@@ -183,10 +184,16 @@ func Decide(a *llmgwv1.Autoscale, def Defaults, o Observation, h *History) Decis
 	case n > o.Count && !h.LastStep.IsZero() && o.Now.Sub(h.LastStep) < cooldown:
 		d.Blocked, d.Reason = true, fmt.Sprintf("%s; cooling down until %s", why, h.LastStep.Add(cooldown).UTC().Format(time.TimeOnly))
 	case n > o.Count:
-		low, whole := h.lowest(o.Now, def.UpAfter)
+		low, whole, from, to := h.lowest(o.Now, def.UpAfter)
 		switch {
 		case !whole || low <= o.Count:
 			d.Blocked, d.Reason = true, fmt.Sprintf("%s; a step up waits for %v of recommendations above %d", why, def.UpAfter, o.Count)
+		case to < (1-Tolerance)*from:
+			// The replicas serve more than arrives: what queued while the
+			// last step's replicas loaded, or a burst that has passed.
+			// Another step would buy what the queue's fall shows is not
+			// needed (the count it left would then be a floor).
+			d.Blocked, d.Reason = true, fmt.Sprintf("%s; the queue fell from %.1f to %.1f over the last %v: the replicas drain it", why, from, to, def.UpAfter)
 		default:
 			// At most doubling (or 4 more) a step, as HPA's default policy.
 			d.To = min(low, max(2*o.Count, o.Count+4))
@@ -363,13 +370,13 @@ func (h *History) forgetFloors(to uint32) {
 // Floors is a copy of the counts at which a queue formed, for status.
 func (h *History) Floors() []Floor { return slices.Clone(h.floors) }
 
-// remember keeps n as the recommendation at now and forgets those older
-// than the window.
-func (h *History) remember(now time.Time, n uint32, window time.Duration) {
+// remember keeps r and forgets the recommendations older than the window.
+func (h *History) remember(r rec, window time.Duration) {
+	now := r.at
 	if h.since.IsZero() {
 		h.since = now
 	}
-	h.recs = append(h.recs, rec{now, n})
+	h.recs = append(h.recs, r)
 	i := 0
 	for i < len(h.recs) && now.Sub(h.recs[i].at) > window {
 		i++
@@ -379,18 +386,22 @@ func (h *History) remember(now time.Time, n uint32, window time.Duration) {
 	}
 }
 
-// lowest is the least recommendation of the last d, and whether the
-// history covers it. With d 0 it is the newest.
-func (h *History) lowest(now time.Time, d time.Duration) (uint32, bool) {
-	low := uint32(math.MaxUint32)
+// lowest is the least recommendation of the last d and whether the
+// history covers it, with the queue at the oldest and the newest of the
+// recommendations it looked at. With d 0 it is the newest.
+func (h *History) lowest(now time.Time, d time.Duration) (low uint32, whole bool, from, to float64) {
+	low = math.MaxUint32
+	if len(h.recs) > 0 {
+		to = h.recs[len(h.recs)-1].queue
+	}
 	for i := len(h.recs) - 1; i >= 0 && !h.recs[i].at.Before(h.settled); i-- {
 		r := h.recs[i]
-		low = min(low, r.n)
+		low, from = min(low, r.n), r.queue
 		if now.Sub(r.at) >= d {
-			return low, true
+			return low, true, from, to
 		}
 	}
-	return low, d == 0 || (now.Sub(h.since) >= d && now.Sub(h.settled) >= d)
+	return low, d == 0 || (now.Sub(h.since) >= d && now.Sub(h.settled) >= d), from, to
 }
 
 // highest is the largest recommendation of the window ending at now, and

@@ -399,3 +399,33 @@ func TestUpWindowStartsWhenSettled(t *testing.T) {
 		t.Fatalf("15 s of a queue after the replica was ready: %+v, want a step", d)
 	}
 }
+
+// TestDrainingQueueBuysNothing: the backlog a cold start left, draining
+// once the replica is up, asks for more replicas all the while (it is a
+// queue), but a queue that falls over the up window is being served: no
+// step. One that stops falling is a trend again.
+func TestDrainingQueueBuysNothing(t *testing.T) {
+	a := spec()
+	var h History
+	round := func(s int, waiting float64) Decision {
+		return Decide(a, DefaultDefaults, Observation{Now: t0.Add(time.Duration(s) * time.Second), Count: 3, Ready: 3,
+			Capacity: 16, Demand: Demand{Waiting: waiting, Running: 27, Requests: 400}}, &h)
+	}
+	for s := range 40 { // 48 waiting, half a request fewer a second
+		w := 48 - 0.5*float64(s)
+		if d := round(s, w); d.Step(3) {
+			t.Fatalf("second %d: stepped to %d on a draining queue (%.1f waiting): %+v", s, d.To, w, d)
+		} else if s == 39 && !strings.Contains(d.Reason, "the replicas drain it") {
+			t.Fatalf("held for another reason: %+v", d)
+		}
+	}
+	var d Decision
+	for s := 40; s < 60; s++ { // it stops falling at 30
+		if d = round(s, 30); d.Step(3) {
+			break
+		}
+	}
+	if d.To != 6 {
+		t.Fatalf("a queue of 30 that stopped falling: %+v, want a step to 6 (57 in flight, 11 a replica)", d)
+	}
+}
