@@ -1,6 +1,7 @@
 package router
 
 import (
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/flow"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/scheduler"
@@ -176,6 +178,10 @@ kv_min_blocks: 2
 adapter_wait: 10s
 adapter_queue: 64
 hold_max_bytes: 1048576
+capture_path: CAPTURE_DIR/cap.jsonl
+capture_max_bytes: 2097152
+capture_max_files: 2
+capture_queue: 64
 require_api_key: true
 flow:
   enabled: false
@@ -205,7 +211,8 @@ https_key: /etc/llmgw/api-key.pem
 // decode, and a field no key reached fails the comparison.
 func TestConfigFileEveryKey(t *testing.T) {
 	got := DefaultConfig()
-	if err := configfile.Decode(strings.NewReader(everyKey), &got); err != nil {
+	capDir := t.TempDir() // the capture's directory must exist to validate
+	if err := configfile.Decode(strings.NewReader(strings.ReplaceAll(everyKey, "CAPTURE_DIR", capDir)), &got); err != nil {
 		t.Fatal(err)
 	}
 	want := Config{
@@ -225,6 +232,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		AdapterWait:   10 * time.Second,
 		AdapterQueue:  64,
 		HoldMaxBytes:  1 << 20,
+		Capture:       capture.Config{Path: filepath.Join(capDir, "cap.jsonl"), MaxBytes: 2 << 20, MaxFiles: 2, Queue: 64},
 		TLS:           mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/r-7.pem", Key: "/etc/llmgw/r-7-key.pem"},
 		Insecure:      true,
 		HTTPSCert:     "/etc/llmgw/api.pem",

@@ -34,6 +34,7 @@ import (
 	"github.com/llmgw/llmgw/router/api"
 	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/demand"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -161,6 +162,10 @@ type Config struct {
 	// with no replica ready gets 503 at once. The count and the time held
 	// are each model's (autoscale.max_held, autoscale.hold_timeout_s).
 	HoldMaxBytes int64 `yaml:"hold_max_bytes"`
+	// Capture records a trace of the traffic, without text, for
+	// `llmgwctl bench --replay` (router/capture, design §9); off unless
+	// capture_path (--capture-path) is set.
+	Capture capture.Config `yaml:",inline"`
 	// RequireAPIKey refuses requests without a valid API key even while
 	// the cluster has none (design §11); otherwise keys are required once
 	// any exists (router/auth).
@@ -279,6 +284,7 @@ func (c Config) Validate() error {
 	if c.HoldMaxBytes <= 0 {
 		p.Add("hold_max_bytes", "must be positive, got %d", c.HoldMaxBytes)
 	}
+	c.Capture.WithDefaults().Validate(&p)
 	if c.ReadHeaderTimeout <= 0 {
 		p.Add(configfile.Flag("read-header-timeout"), "must be positive, got %s", c.ReadHeaderTimeout)
 	}
@@ -347,6 +353,7 @@ type Router struct {
 	flow            *flow.Controller
 	room            *waitroom.Room
 	demand          *demand.Demand
+	capture         *capture.Writer // nil: no capture
 	share           *flowshare.Share
 	mux             *http.ServeMux
 	draining        atomic.Bool
@@ -477,6 +484,11 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	}
 	r.room = waitroom.New(waitroom.Config{MaxBytes: cfg.HoldMaxBytes}, r.eps, r.reg)
 	r.demand = demand.New(r.eps, r.room, nil)
+	if cfg.Capture.Path != "" {
+		if r.capture, err = capture.New(cfg.Capture, r.log, captureMetrics(r.reg), nil); err != nil {
+			return fmt.Errorf("router: %w", err)
+		}
+	}
 	r.share = flowshare.New(flowshare.Config{Router: cfg.ID, Interval: cfg.Flow.ReportInterval, Flow: cfg.Flow.Enabled},
 		r.flow, r.demand, r.control, r.reg, r.log)
 	acfg := api.Config{
@@ -495,6 +507,9 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 		Demand:         r.demand,
 		Aliases:        aliases,
 		SessionHeaders: append([]string{}, cfg.SessionHeaders...), // empty: none
+	}
+	if r.capture != nil {
+		acfg.Capture = r.capture
 	}
 	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil
@@ -612,6 +627,17 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		defer close(shareDone)
 		_ = r.share.Run(quotaCtx)
 	}()
+	// The capture: stopped with the quota loop, after the last request
+	// has recorded itself.
+	captureDone := make(chan struct{})
+	go func() {
+		defer close(captureDone)
+		if r.capture != nil {
+			if err := r.capture.Run(quotaCtx); err != nil {
+				r.log.Error("router: capture stopped", "err", err)
+			}
+		}
+	}()
 
 	var handlers sync.WaitGroup
 	lim := newLimits(r.cfg, r.mux)
@@ -663,6 +689,7 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	stopQuota() // flushes the usage metered last
 	<-quotaDone
 	<-shareDone
+	<-captureDone
 	r.dir.Close() // after the requests: it ends the adapter loads they waited on
 	r.proxy.Close()
 	r.control.close()

@@ -37,6 +37,8 @@ type devOptions struct {
 	// simGPU is the demo engines' GPU profile; a --sim-decode-ms-per-token
 	// given instead keeps the old per-request timing.
 	simGPU string
+	// capture is the router's --capture-path ("": none).
+	capture string
 	// simLoadScale scales the demo engines' simulated start, sleep and
 	// wake (llmgw sim serve --sim-load-scale).
 	simLoadScale float64
@@ -92,6 +94,7 @@ included.`,
 	f.IntVar(&o.replicas, "replicas", 2, "replicas of the demo model")
 	f.IntVar(&o.gpus, "gpus", 8, "GPUs the simulated node reports (each replica takes one)")
 	f.StringVar(&o.portRange, "port-range", "20000-20999", "ports for engines, FIRST-LAST")
+	f.StringVar(&o.capture, "capture-path", "", "record the router's traffic, without text, to this file (llmgw router --capture-path) for llmgwctl bench --replay")
 	f.Float64Var(&o.decodeMS, "sim-decode-ms-per-token", 20, "the demo engines' decode time per token, milliseconds, with simple timing instead of --sim-gpu")
 	f.StringVar(&o.simGPU, "sim-gpu", "a100-40gb", "the demo engines' GPU profile (llmgw sim serve --sim-gpu): Llama-3.1-8B on it decodes at about 14 ms per token alone")
 	f.Float64Var(&o.simLoadScale, "sim-load-scale", 0, "scale of the demo engines' simulated start, sleep and wake on --sim-gpu, 0..1 (0: ready at once; 1: as long as vLLM takes to load the model there)")
@@ -159,6 +162,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	rcfg.HTTPAddr = o.httpAddr
 	rcfg.OpsAddr = o.opsAddr
 	rcfg.DataDir = filepath.Join(o.dataDir, "router")
+	rcfg.Capture.Path = o.capture
 	if err := rcfg.Validate(); err != nil {
 		return fmt.Errorf("router: %w", err)
 	}

@@ -71,6 +71,7 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.DurationVar(&cfg.Tokenize.Budget, "tokenize-budget", cfg.Tokenize.Budget, "how long tier-2 prefix routing may wait for /tokenize before falling back to tier 1")
 	f.IntVar(&cfg.KVMinBlocks, "kv-min-blocks", cfg.KVMinBlocks, "fewest leading KV blocks a replica must hold to be preferred by tier 2")
 	f.DurationVar(&cfg.AdapterWait, "adapter-wait", cfg.AdapterWait, "how long a request for a cold LoRA adapter waits, in its model's queue, for a slot and the load (503 Retry-After past it)")
+	f.StringVar(&cfg.Capture.Path, "capture-path", cfg.Capture.Path, "record a trace of the traffic, without text, to this file for llmgwctl bench --replay (rotated past capture_max_bytes, capture_max_files kept)")
 	f.IntVar(&cfg.AdapterQueue, "adapter-queue", cfg.AdapterQueue, "most requests waiting for cold LoRA adapters per model (503 Retry-After past it)")
 	f.BoolVar(&cfg.RequireAPIKey, "require-api-key", cfg.RequireAPIKey, "refuse requests without a valid API key even while the cluster has none (keys are required once any exists)")
 	// Security (design §11).

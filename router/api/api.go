@@ -71,6 +71,7 @@ import (
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/auth"
+	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/flow"
@@ -163,6 +164,9 @@ type Config struct {
 	// token for the router's demand report (router/demand); nil: not
 	// counted.
 	Demand DemandCounter
+	// Capture records each request, without its text, for a replay
+	// (router/capture, design §9); nil: none recorded.
+	Capture Capturer
 	// Aliases returns the model aliases in force now, by name, which
 	// /v1/models lists (design §7.9); nil means none.
 	Aliases func() map[string]*llmgwv1.Alias
@@ -760,12 +764,19 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 	if ticket != nil && res.Replica != nil {
 		used = usedBy(plan, ticket, events, api)
 	}
+	var rec *capture.Request
+	if h.cfg.Capture != nil {
+		rec = h.captured(r, api, key, tgt, plan, len(body), start)
+	}
 	if res.Replica != nil {
 		out, ok := plan.Done(res.Replica.ReplicaID, res.Code)
 		h.m.perReplica(tgt.Base, res.Replica.ReplicaID, res.Code, out, ok)
 	}
 	if counted && res.Code == http.StatusOK && !res.FirstByte.IsZero() {
 		h.cfg.Demand.FirstToken(tgt.Base, res.FirstByte.Sub(ttftFrom))
+	}
+	if rec != nil {
+		h.capture(rec, res)
 	}
 	return res.Code, tgt.Base
 }

@@ -249,6 +249,17 @@ func (p *Plan) PromptTokens() (int, bool) {
 	return 0, false
 }
 
+// Blocks are the prompt's chained block hashes, for a capture of the
+// traffic (router/capture): tier 2's, size tokens each, when it answered;
+// else tier 1's chunks of the prompt's leading text, size bytes each
+// (tokens false). The slice is the plan's: a caller keeping it copies it.
+func (p *Plan) Blocks() (hashes []uint64, size int, tokens bool) {
+	if q := p.req.KV; q != nil && q.Fallback == "" && len(p.hashes) > 0 {
+		return p.hashes, q.BlockSize, true
+	}
+	return p.req.Prefix, prefix.DefaultChunk, false
+}
+
 // Usage is the usage block of the accepted answer's end, read before Done
 // (which clears it); ok false when the answer carried none.
 func (p *Plan) Usage() (vllm.Usage, bool) {
