@@ -40,6 +40,7 @@ type chatBody struct {
 	Model         string    `json:"model"`
 	Messages      []Message `json:"messages"`
 	MaxTokens     int       `json:"max_tokens,omitempty"`
+	IgnoreEOS     bool      `json:"ignore_eos,omitempty"`
 	Stream        bool      `json:"stream"`
 	StreamOptions struct {
 		IncludeUsage bool `json:"include_usage"`
@@ -100,7 +101,7 @@ func encodeBody(api string, req Request) ([]byte, error) {
 	case APIResponses:
 		return json.Marshal(responsesBody{Model: req.Model, Input: req.Messages, MaxOutputTokens: req.MaxTokens, Stream: true})
 	}
-	body := chatBody{Model: req.Model, Messages: req.Messages, MaxTokens: req.MaxTokens, Stream: true}
+	body := chatBody{Model: req.Model, Messages: req.Messages, MaxTokens: req.MaxTokens, IgnoreEOS: req.IgnoreEOS, Stream: true}
 	body.StreamOptions.IncludeUsage = true
 	return json.Marshal(body)
 }

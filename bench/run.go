@@ -183,9 +183,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("--rate: must not be negative, got %g", c.Rate)
 	case c.Concurrency < 0:
 		return fmt.Errorf("--concurrency: must not be negative, got %d", c.Concurrency)
+	case c.Workload.Name == Replay && (c.Rate > 0 || c.Concurrency > 0):
+		return errors.New("--rate, --concurrency: a replay sends each request at its captured time (--replay-speed scales them)")
 	case c.Rate > 0 && c.Concurrency > 0:
 		return errors.New("--rate, --concurrency: choose one, open loop or closed")
-	case c.Rate == 0 && c.Concurrency == 0:
+	case c.Rate == 0 && c.Concurrency == 0 && c.Workload.Name != Replay:
 		return errors.New("--concurrency: must be at least 1 (or set --rate)")
 	case c.Duration < 0:
 		return fmt.Errorf("--duration: must not be negative, got %s", c.Duration)
@@ -441,6 +443,13 @@ func scrapeAllBounded(ctx context.Context, client *http.Client, targets []Target
 	return scrapeAll(ctx, client, targets)
 }
 
+// scheduled is a workload that says when each of its requests is sent
+// (Replay); the runner then follows it instead of Rate or Concurrency.
+type scheduled interface {
+	Len() int
+	At(n int) time.Duration
+}
+
 // runner is one run: it hands out turns of the workload's conversations to
 // the load generator and collects samples.
 type runner struct {
@@ -477,7 +486,20 @@ func (r *runner) run(ctx context.Context) []Sample {
 		defer cancel()
 	}
 	var wg sync.WaitGroup
-	if r.cfg.Rate > 0 {
+	if sch, ok := r.wl.(scheduled); ok {
+		// A replay: each request at its captured time, however slow the
+		// answers, as an open loop.
+		for n := range sch.Len() {
+			if !sleepUntil(dispatch, r.start.Add(sch.At(n))) {
+				break
+			}
+			conv, req, ok := r.take(dispatch)
+			if !ok {
+				break
+			}
+			wg.Go(func() { r.do(ctx, conv, req) })
+		}
+	} else if r.cfg.Rate > 0 {
 		// Arrivals keep their schedule even when answers are slow: that is
 		// what makes it an open loop. Only a multi-turn run with every
 		// session busy holds an arrival back.

@@ -38,6 +38,8 @@ type fakeRouter struct {
 	broken   int
 	prompt   int
 	cached   int
+	asked    int              // max_tokens asked for, summed
+	eos      int              // requests with ignore_eos
 	sessions map[string][]int // message counts per session, in arrival order
 	ids      map[string]bool  // X-Request-ID values seen
 }
@@ -62,6 +64,7 @@ func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Model         string    `json:"model"`
 		Messages      []Message `json:"messages"`
 		MaxTokens     int       `json:"max_tokens"`
+		IgnoreEOS     bool      `json:"ignore_eos"`
 		Stream        bool      `json:"stream"`
 		StreamOptions struct {
 			IncludeUsage bool `json:"include_usage"`
@@ -87,6 +90,10 @@ func (f *fakeRouter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	f.mu.Lock()
 	f.n++
 	n := f.n
+	f.asked += body.MaxTokens
+	if body.IgnoreEOS {
+		f.eos++
+	}
 	f.ids[r.Header.Get("X-Request-ID")] = true
 	if sid := r.Header.Get("X-Session-ID"); sid != "" {
 		f.sessions[sid] = append(f.sessions[sid], len(body.Messages))

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+
+	"github.com/llmgw/llmgw/router/capture"
 )
 
 // Workload names accepted by WorkloadConfig.Name (design §10).
@@ -18,7 +20,7 @@ const (
 )
 
 // workloadNames are the accepted names, in the order help text lists them.
-var workloadNames = []string{SharedPrefix, MultiTurn, LongContext, LoRAMix, AgentSession}
+var workloadNames = []string{SharedPrefix, MultiTurn, LongContext, LoRAMix, AgentSession, Replay}
 
 // WorkloadNames returns the workload names in a stable order.
 func WorkloadNames() []string { return slices.Clone(workloadNames) }
@@ -40,6 +42,9 @@ type Request struct {
 	// (design §7.1); empty sends no header.
 	SessionID string
 	MaxTokens int
+	// IgnoreEOS asks the engine for exactly MaxTokens (vLLM's ignore_eos,
+	// chat only): a replay reproduces the captured output lengths.
+	IgnoreEOS bool
 }
 
 // Conversation is a sequence of requests in which a later one may depend on
@@ -115,6 +120,10 @@ type WorkloadConfig struct {
 	// Adapters are the adapter names lora-mix puts in `model`, drawn by a
 	// Zipf law (s=1) so the first is the most popular.
 	Adapters []string
+	// Records are the replay's requests (LoadCapture), and ReplaySpeed
+	// how much faster than captured they are sent (default 1).
+	Records     []capture.Record
+	ReplaySpeed float64
 }
 
 // withDefaults resolves the zero values for the chosen workload.
@@ -150,6 +159,9 @@ func (c WorkloadConfig) withDefaults() WorkloadConfig {
 			c.SharedShare = 0
 		}
 	}
+	if c.ReplaySpeed == 0 {
+		c.ReplaySpeed = 1
+	}
 	return c
 }
 
@@ -178,6 +190,14 @@ func (c WorkloadConfig) Validate() error {
 	}
 	if c.HotShare > 0 && c.Name != SharedPrefix && c.Name != LoRAMix {
 		return fmt.Errorf("--hot-share: applies to %s and %s only, not %s", SharedPrefix, LoRAMix, c.Name)
+	}
+	if c.Name == Replay {
+		if len(c.Records) == 0 {
+			return errors.New("--replay: the replay workload needs a capture's records")
+		}
+		if !(c.ReplaySpeed > 0) {
+			return fmt.Errorf("--replay-speed: must be positive, got %g", c.ReplaySpeed)
+		}
 	}
 	if c.Name == LoRAMix {
 		if len(c.Adapters) == 0 {
@@ -210,6 +230,8 @@ func NewWorkload(c WorkloadConfig) (Workload, error) {
 			w.zipf = zipfWeights(len(c.Adapters))
 		}
 		return w, nil
+	case Replay:
+		return &replay{cfg: c, recs: c.Records}, nil
 	case MultiTurn, AgentSession:
 		return &multiTurn{cfg: c, system: words(rngFor(c.Seed, streamGroup, 0), c.SystemWords)}, nil
 	default: // LongContext, Validate has ruled out the rest

@@ -38,6 +38,7 @@ func (c *cli) benchCmd() *cobra.Command {
 		caCert   string
 		seeds    string
 		engines  []string
+		replay   []string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench --target URL --model NAME [flags]",
@@ -73,7 +74,8 @@ seed-by-seed wins; "llmgwctl bench summarize" does the same from saved JSON.
 Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 		Example: `  llmgwctl bench --target http://127.0.0.1:8080 --model demo --workload multi-turn --concurrency 8 --requests 200
   llmgwctl bench --target a=http://10.0.0.1:8080 --target b=http://10.0.0.2:8080 --model demo --rate 5 --duration 2m --chart ttft.svg
-  llmgwctl bench --target http://r1:8080 --target http://r2:8080 --targets-round-robin --model demo -o json`,
+  llmgwctl bench --target http://r1:8080 --target http://r2:8080 --targets-round-robin --model demo -o json
+  llmgwctl bench --target http://127.0.0.1:8080 --model demo --replay /var/lib/llmgw/capture.jsonl,/var/lib/llmgw/capture.jsonl.1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(metrics) > 0 && len(metrics) != len(targets) {
@@ -100,6 +102,24 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 			}
 			if adapters != "" {
 				cfg.Workload.Adapters = strings.Split(adapters, ",")
+			}
+			if len(replay) > 0 {
+				if cmd.Flags().Changed("workload") && cfg.Workload.Name != bench.Replay {
+					return fmt.Errorf("--replay: replays a capture; it does not go with --workload %s", cfg.Workload.Name)
+				}
+				recs, err := bench.LoadCapture(replay...)
+				if err != nil {
+					return err
+				}
+				cfg.Workload.Name, cfg.Workload.Records = bench.Replay, recs
+				// Every captured request, at its time: no budget or
+				// loop of its own.
+				if !cmd.Flags().Changed("requests") {
+					cfg.Requests = len(recs)
+				}
+				if !cmd.Flags().Changed("concurrency") {
+					cfg.Concurrency = 0
+				}
 			}
 			// --rate picks the open loop; the default concurrency then steps aside.
 			if cmd.Flags().Changed("rate") && !cmd.Flags().Changed("concurrency") {
@@ -171,6 +191,8 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	f.Float64Var(&cfg.Workload.SharedShare, "shared-share", 0, "long-context: share of requests reusing a shared document (0: 0.25, negative: none)")
 	f.Float64Var(&cfg.Workload.HotShare, "hot-share", 0, "shared-prefix, lora-mix: share of requests using the first system prompt, the rest spread over the others (0: all alike)")
 	f.StringVar(&adapters, "adapters", "", "lora-mix: comma-separated adapter names, most popular first (Zipf)")
+	f.StringSliceVar(&replay, "replay", nil, "replay a router's capture (llmgw router --capture-path): every request at its captured time, prompts sharing what the captured ones shared, of their lengths; give the rotated files too (FILE,FILE.1,...) to replay all of it")
+	f.Float64Var(&cfg.Workload.ReplaySpeed, "replay-speed", 1, "--replay: send this many times faster than captured")
 	f.Float64Var(&cfg.Rate, "rate", 0, "open loop: Poisson arrivals per second")
 	f.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "closed loop: clients each sending when answered")
 	f.DurationVar(&cfg.Duration, "duration", 0, "stop sending after this long")

@@ -10,7 +10,6 @@ import (
 
 	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/endpoint"
-	"github.com/llmgw/llmgw/router/prefix"
 )
 
 // captures is a Capturer keeping what it is handed.
@@ -59,8 +58,9 @@ func TestCaptureRecordsEveryRequest(t *testing.T) {
 		c.MaxTokens != 7 || c.Status != 200 || c.Replica != "demo-0" || c.Arrived.Before(before) {
 		t.Fatalf("record %+v", c)
 	}
-	if c.Unit != capture.UnitBytes || c.BlockSize != prefix.DefaultChunk || len(c.Hashes) != len(prompt)/prefix.DefaultChunk {
+	const chunk = 64 // tier 1's (router/prefix.DefaultChunk)
+	if c.Unit != capture.UnitBytes || c.BlockSize != chunk || len(c.Hashes) != len(prompt)/chunk {
 		t.Fatalf("blocks: unit %q size %d, %d hashes; want tier 1's %d chunks of %d bytes", c.Unit, c.BlockSize, len(c.Hashes),
-			len(prompt)/prefix.DefaultChunk, prefix.DefaultChunk)
+			len(prompt)/chunk, chunk)
 	}
 }

@@ -236,8 +236,9 @@ var rules = []rule{
 	},
 	{
 		Prefix: "bench",
-		InRepo: []string{"proto", "vllm"},
-		Why:    "bench drives a cluster through proto only, and reads engines through vllm's formats (design §3, §10)",
+		InRepo: []string{"proto", "vllm", "router/capture"},
+		Why: "bench drives a cluster through proto only, reads engines through vllm's formats and a router's capture through its " +
+			"format (design §3, §10)",
 	},
 	{
 		Prefix: "internal",

@@ -1,0 +1,186 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/llmgw/llmgw/router/capture"
+)
+
+// Replay is the workload of a router's capture (router/capture, design
+// §10 "Replay"): each captured request becomes one request, sent at its
+// captured time from the run's start (over ReplaySpeed), with a prompt
+// made to share with the others exactly the blocks the captured prompts
+// shared, of the captured lengths, asking for the captured output length.
+// A policy can then be judged on yesterday's traffic instead of a
+// synthetic shape.
+const Replay = "replay"
+
+// maxCaptureLine bounds one line of a capture: a record of a 128 Ki-token
+// prompt's 8,192 block hashes is ~150 KB.
+const maxCaptureLine = 4 << 20
+
+// LoadCapture reads the records of a capture's files, in arrival order. The
+// files must be of one capture (one salt: block hashes of two captures are
+// not comparable), as a router's rotated files are: pass path and its
+// rotated path.1, path.2, … to replay all of it. Requests that failed
+// before reaching a replica are kept: they were load too.
+func LoadCapture(paths ...string) ([]capture.Record, error) {
+	if len(paths) == 0 {
+		return nil, errors.New("--replay: no file")
+	}
+	var salt string
+	var recs []capture.Record
+	for _, p := range paths {
+		h, rs, err := readCapture(p)
+		if err != nil {
+			return nil, err
+		}
+		if salt != "" && h.Salt != salt {
+			return nil, fmt.Errorf("--replay: %s is of another capture (salt %s, not %s): its block hashes cannot be compared", p, h.Salt, salt)
+		}
+		salt = h.Salt
+		recs = append(recs, rs...)
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("--replay: %s: no request recorded", strings.Join(paths, ", "))
+	}
+	sort.SliceStable(recs, func(i, j int) bool { return recs[i].T < recs[j].T })
+	return recs, nil
+}
+
+func readCapture(path string) (capture.Header, []capture.Record, error) {
+	var h capture.Header
+	f, err := os.Open(path)
+	if err != nil {
+		return h, nil, fmt.Errorf("--replay: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), maxCaptureLine)
+	var recs []capture.Record
+	for line := 1; sc.Scan(); line++ {
+		if line == 1 {
+			if err := json.Unmarshal(sc.Bytes(), &h); err != nil || h.Capture == 0 {
+				return h, nil, fmt.Errorf("--replay: %s: not an llmgw capture (its first line is no header)", path)
+			}
+			if h.Capture != capture.Version {
+				return h, nil, fmt.Errorf("--replay: %s: capture format %d; this llmgwctl reads %d", path, h.Capture, capture.Version)
+			}
+			continue
+		}
+		var r capture.Record
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return h, nil, fmt.Errorf("--replay: %s line %d: %w", path, line, err)
+		}
+		if r.T < 0 || r.PromptTokens < 0 || r.OutputTokens < 0 || r.BlockSize < 0 || len(r.Blocks) > 0 && r.BlockSize == 0 {
+			return h, nil, fmt.Errorf("--replay: %s line %d: a negative figure, or blocks without a size", path, line)
+		}
+		recs = append(recs, r)
+	}
+	if err := sc.Err(); err != nil {
+		return h, nil, fmt.Errorf("--replay: %s: %w", path, err)
+	}
+	return h, recs, nil
+}
+
+// replay is the Replay workload over its records.
+type replay struct {
+	cfg  WorkloadConfig
+	recs []capture.Record
+}
+
+func (w *replay) Name() string { return Replay }
+func (w *replay) Live() int    { return 0 }
+
+// Len and At are the schedule the runner follows instead of its own
+// arrivals: request n at At(n) from the run's start.
+func (w *replay) Len() int { return len(w.recs) }
+func (w *replay) At(n int) time.Duration {
+	return time.Duration(w.recs[n].T / w.cfg.ReplaySpeed * float64(time.Second))
+}
+
+func (w *replay) Conversation(n int) Conversation {
+	if n >= len(w.recs) {
+		return &single{done: true}
+	}
+	r := w.recs[n]
+	out := r.OutputTokens
+	if out == 0 {
+		out = r.MaxTokens // failed, or no usage: what it asked for
+	}
+	if out == 0 {
+		out = w.cfg.MaxTokens
+	}
+	return &single{req: Request{Model: w.cfg.Model, Messages: []Message{{Role: "user", Content: replayPrompt(r, n)}},
+		SessionID: r.Session, MaxTokens: out, IgnoreEOS: true}}
+}
+
+// replayPrompt is a prompt with the captured one's sharing and length. A
+// captured block hash stands for its block and everything before it, so
+// the words of block i are drawn from a source seeded by block i's hash
+// alone: two requests whose captured prompts shared their first k blocks
+// get the same first k blocks of words and differ after. Tier 2's blocks
+// are BlockSize tokens (one vocabulary word is about one token); tier 1's
+// chunks are BlockSize bytes of text, made of 7-byte words and a space. The
+// rest of the prompt — the part no block covers — is words of the
+// request's own, to the captured length.
+func replayPrompt(r capture.Record, n int) string {
+	var b strings.Builder
+	tokens := 0
+	for _, h := range r.Blocks {
+		rng := rand.New(rand.NewPCG(seedOf(h), 0))
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		if r.Unit == capture.UnitBytes {
+			k := max(1, r.BlockSize/8)
+			b.WriteString(fixedWords(rng, k))
+			tokens += k
+		} else {
+			b.WriteString(words(rng, r.BlockSize))
+			tokens += r.BlockSize
+		}
+	}
+	rest := r.PromptTokens - tokens
+	if r.PromptTokens == 0 && tokens == 0 {
+		rest = max(1, r.PromptBytes/8) // no count known: the body's size in words, roughly
+	}
+	if rest > 0 {
+		if b.Len() > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(words(rand.New(rand.NewPCG(uint64(n), 1)), rest))
+	}
+	return b.String()
+}
+
+// seedOf is a salted hash's seed.
+func seedOf(h string) uint64 {
+	f := fnv.New64a()
+	f.Write([]byte(h))
+	return f.Sum64()
+}
+
+// fixedWords is n words of 7 letters: 8 bytes each with the space.
+func fixedWords(rng *rand.Rand, n int) string {
+	var b strings.Builder
+	b.Grow(n * 8)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		for range 7 {
+			b.WriteByte(byte('a' + rng.IntN(26)))
+		}
+	}
+	return b.String()
+}

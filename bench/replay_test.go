@@ -1,0 +1,148 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/llmgw/llmgw/router/capture"
+)
+
+// writeCapture writes a capture file of salt with recs.
+func writeCapture(t *testing.T, dir, name, salt string, recs ...capture.Record) string {
+	t.Helper()
+	var b strings.Builder
+	enc := json.NewEncoder(&b)
+	if err := enc.Encode(capture.Header{Capture: capture.Version, Salt: salt}); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if err := enc.Encode(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestReplayPromptsShareWhatTheCaptureShared: prompts share exactly the
+// leading blocks the captured ones shared, and have the captured lengths.
+func TestReplayPromptsShareWhatTheCaptureShared(t *testing.T) {
+	a := capture.Record{PromptTokens: 40, Unit: capture.UnitTokens, BlockSize: 16, Blocks: []string{"aa", "bb"}}
+	b := capture.Record{PromptTokens: 50, Unit: capture.UnitTokens, BlockSize: 16, Blocks: []string{"aa", "cc", "dd"}}
+	c := capture.Record{PromptTokens: 40, Unit: capture.UnitTokens, BlockSize: 16, Blocks: []string{"aa", "bb"}}
+	pa, pb, pc := strings.Fields(replayPrompt(a, 0)), strings.Fields(replayPrompt(b, 1)), strings.Fields(replayPrompt(c, 2))
+	if len(pa) != 40 || len(pb) != 50 {
+		t.Fatalf("lengths %d, %d words, want 40 and 50", len(pa), len(pb))
+	}
+	shared := func(x, y []string) int {
+		n := 0
+		for n < min(len(x), len(y)) && x[n] == y[n] {
+			n++
+		}
+		return n
+	}
+	// One block in common; the second differs within its 16 words (a
+	// chance match of a word or two is the vocabulary's, not a block's).
+	if n := shared(pa, pb); n < 16 || n >= 32 {
+		t.Fatalf("a and b share %d leading words, want the 16 of their one shared block", n)
+	}
+	// Two blocks in common; the tails are each request's own.
+	if n := shared(pa, pc); n < 32 || n >= 40 {
+		t.Fatalf("a and c share %d leading words, want the 32 of their two shared blocks and not their tails", n)
+	}
+	// Tier 1's chunks: 64 bytes of 7-letter words each.
+	d := capture.Record{PromptBytes: 500, Unit: capture.UnitBytes, BlockSize: 64, Blocks: []string{"aa", "bb"}}
+	if p := replayPrompt(d, 3); !strings.HasPrefix(p, strings.Join(strings.Fields(p)[:16], " ")) || len(strings.Join(strings.Fields(p)[:16], " ")) != 127 {
+		t.Fatalf("tier 1 prompt %q: want 2 chunks of 8 seven-letter words first", p)
+	}
+}
+
+func TestLoadCapture(t *testing.T) {
+	dir := t.TempDir()
+	one := writeCapture(t, dir, "c", "s1", capture.Record{T: 2, Model: "m", PromptTokens: 10}, capture.Record{T: 0.5, Model: "m"})
+	rotated := writeCapture(t, dir, "c.1", "s1", capture.Record{T: 1, Model: "m"})
+	other := writeCapture(t, dir, "d", "s2", capture.Record{T: 1, Model: "m"})
+	bad := writeCapture(t, dir, "e", "s1", capture.Record{T: 1, Blocks: []string{"x"}})
+	empty := writeCapture(t, dir, "f", "s1")
+	notCapture := filepath.Join(dir, "g")
+	if err := os.WriteFile(notCapture, []byte(`{"hello":1}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := LoadCapture(one, rotated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 3 || recs[0].T != 0.5 || recs[1].T != 1 || recs[2].T != 2 {
+		t.Fatalf("records %+v, want three in arrival order", recs)
+	}
+	for _, tc := range []struct {
+		paths []string
+		want  string
+	}{
+		{[]string{one, other}, "is of another capture"},
+		{[]string{bad}, "blocks without a size"},
+		{[]string{empty}, "no request recorded"},
+		{[]string{notCapture}, "not an llmgw capture"},
+		{[]string{filepath.Join(dir, "missing")}, "no such file"},
+		{nil, "no file"},
+	} {
+		if _, err := LoadCapture(tc.paths...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("LoadCapture(%v): %v, want %q", tc.paths, err, tc.want)
+		}
+	}
+}
+
+// TestRunReplay: every captured request is sent once, in capture order, with
+// its session and its output length (ignore_eos).
+func TestRunReplay(t *testing.T) {
+	f := newFakeRouter()
+	s := serve(t, f)
+	cfg := testConfig(s.URL)
+	var recs []capture.Record
+	for i := range 12 {
+		recs = append(recs, capture.Record{T: float64(i) * 0.05, Model: "captured", Session: []string{"s-a", "s-b"}[i%2],
+			PromptTokens: 20, OutputTokens: 3, Unit: capture.UnitTokens, BlockSize: 16, Blocks: []string{"x"}, Status: 200})
+	}
+	cfg.Workload = WorkloadConfig{Name: Replay, Model: "m", Records: recs, ReplaySpeed: 10}
+	cfg.Concurrency, cfg.Requests = 0, len(recs)
+	res, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	r := res.Runs[0]
+	if r.Requests != 12 || r.Errors != 0 {
+		t.Fatalf("requests %d errors %d %v, want 12 and 0", r.Requests, r.Errors, r.ErrorsByKind)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.sessions["s-a"]) != 6 || len(f.sessions["s-b"]) != 6 {
+		t.Fatalf("sessions %v, want 6 requests under each captured one", f.sessions)
+	}
+	if f.asked != 36 || f.eos != 12 {
+		t.Fatalf("max_tokens %d in all, %d with ignore_eos; want the captured 3 for each of 12, all with ignore_eos", f.asked, f.eos)
+	}
+}
+
+func TestReplayValidate(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  WorkloadConfig
+		want string
+	}{
+		{WorkloadConfig{Name: Replay, Model: "m"}, "needs a capture's records"},
+		{WorkloadConfig{Name: Replay, Model: "m", Records: []capture.Record{{}}, ReplaySpeed: -1}, "--replay-speed: must be positive"},
+	} {
+		if err := tc.cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+	if err := (WorkloadConfig{Name: Replay, Model: "m", Records: []capture.Record{{}}}).Validate(); err != nil {
+		t.Errorf("speed left at 0 (1): %v", err)
+	}
+}
