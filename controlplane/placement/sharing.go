@@ -36,7 +36,12 @@ func (p *Plan) parkSleepers(m *llmgwv1.Model, sleeping []*llmgwv1.Replica, awake
 
 // wake wakes up to n of m's sleepers (lowest ordinal first) whose GPUs no
 // other replica holds awake, taking those GPUs out of the round's asleep
-// set so that no other model is given them too; it returns how many.
+// set so that no other model is given them too; it returns how many,
+// counting as woken the sleepers whose GPUs only draining replicas hold
+// awake: those wake once the drain ends (a later round), and a start
+// elsewhere — a full load, tens of seconds — would cost more than the
+// drain's seconds, and would leave the weights parked in host memory
+// unused. drain_timeout bounds the wait.
 func (p *Plan) wake(sleeping []*llmgwv1.Replica, n int, nodes map[string]*nodeFree) int {
 	woken := 0
 	for _, r := range sleeping {
@@ -54,6 +59,9 @@ func (p *Plan) wake(sleeping []*llmgwv1.Replica, n int, nodes map[string]*nodeFr
 			}
 		}
 		if !free {
+			if nf.onlyDraining(r) {
+				woken++
+			}
 			continue
 		}
 		for _, g := range r.GpuIndices {
@@ -63,6 +71,27 @@ func (p *Plan) wake(sleeping []*llmgwv1.Replica, n int, nodes map[string]*nodeFr
 		woken++
 	}
 	return woken
+}
+
+// onlyDraining reports whether every awake replica holding one of
+// sleeper's GPUs here is draining (at least one holds one).
+func (nf *nodeFree) onlyDraining(sleeper *llmgwv1.Replica) bool {
+	held := false
+	for _, h := range nf.holders {
+		if h.Sleeping || h.Id == sleeper.Id {
+			continue
+		}
+		for _, g := range h.GpuIndices {
+			if !slices.Contains(sleeper.GpuIndices, g) {
+				continue
+			}
+			if !h.Draining {
+				return false
+			}
+			held = true
+		}
+	}
+	return held
 }
 
 // takeFor finds GPUs for n replicas of m, which no node has room for,

@@ -127,24 +127,36 @@ func (b *bench) status(model string) (*llmgwv1.ModelStatusResponse, error) {
 	return st, nil
 }
 
-// replicaAddrs is the addresses of model's ready replicas, by id.
-func (b *bench) replicaAddrs(model string) (map[string]string, error) {
+// replicaItem is one entry of `llmgwctl replica list -o json`.
+type replicaItem struct {
+	Replica struct {
+		ID    string `json:"id"`
+		Model string `json:"model"`
+	} `json:"replica"`
+	Status struct {
+		Phase   string `json:"phase"`
+		Address string `json:"address"`
+	} `json:"status"`
+}
+
+// replicas lists every replica placed, draining ones included.
+func (b *bench) replicas() ([]replicaItem, error) {
 	out, err := b.c.CtlOut("replica", "list", "-o", "json")
 	if err != nil {
 		return nil, err
 	}
-	var list []struct {
-		Replica struct {
-			ID    string `json:"id"`
-			Model string `json:"model"`
-		} `json:"replica"`
-		Status struct {
-			Phase   string `json:"phase"`
-			Address string `json:"address"`
-		} `json:"status"`
-	}
+	var list []replicaItem
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		return nil, fmt.Errorf("replica list: %w", err)
+	}
+	return list, nil
+}
+
+// replicaAddrs is the addresses of model's ready replicas, by id.
+func (b *bench) replicaAddrs(model string) (map[string]string, error) {
+	list, err := b.replicas()
+	if err != nil {
+		return nil, err
 	}
 	addrs := map[string]string{}
 	for _, r := range list {
@@ -153,6 +165,22 @@ func (b *bench) replicaAddrs(model string) (map[string]string, error) {
 		}
 	}
 	return addrs, nil
+}
+
+// replicaCount is how many replicas of model are placed, draining ones
+// included (each holds its GPUs until it is gone).
+func (b *bench) replicaCount(model string) (int, error) {
+	list, err := b.replicas()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, r := range list {
+		if r.Replica.Model == model {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // engineQueue is an engine's requests running plus waiting.

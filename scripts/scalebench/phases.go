@@ -340,10 +340,16 @@ func (b *bench) share(ctx context.Context) error {
 			res.BFailed++
 		}
 	}
-	// B back to one replica, and A's GPU free again.
-	if err := waitFor(ctx, 5*time.Minute, "b back to 1 replica", func() bool {
+	// B back to one replica, and A's GPU free again: the replicas B gave
+	// up drained and gone (status counts a draining replica as not placed,
+	// while it still holds its GPU).
+	if err := waitFor(ctx, 5*time.Minute, "b back to 1 replica, the others drained", func() bool {
 		st, err := b.status("b")
-		return err == nil && st.GetDesired() == 1 && st.GetPlaced() == 1
+		if err != nil || st.GetDesired() != 1 || st.GetPlaced() != 1 {
+			return false
+		}
+		n, err := b.replicaCount("b")
+		return err == nil && n == 1
 	}); err != nil {
 		return err
 	}
