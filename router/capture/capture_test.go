@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -27,7 +26,7 @@ var t0 = time.Date(2026, 12, 3, 8, 0, 0, 0, time.UTC)
 func start(t *testing.T, cfg Config, m Metrics) (w *Writer, stop func()) {
 	t.Helper()
 	clock := t0
-	w, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), m, func() time.Time { return clock })
+	w, err := New(cfg, slog.New(slog.DiscardHandler), m, func() time.Time { return clock })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +175,7 @@ func TestRotationBoundsTheFiles(t *testing.T) {
 func TestFullQueueDrops(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "cap.jsonl")
 	var dropped atomic.Int64
-	w, err := New(Config{Path: path, Queue: 2}, slog.New(slog.NewTextHandler(io.Discard, nil)), Metrics{Dropped: func() { dropped.Add(1) }}, nil)
+	w, err := New(Config{Path: path, Queue: 2}, slog.New(slog.DiscardHandler), Metrics{Dropped: func() { dropped.Add(1) }}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
