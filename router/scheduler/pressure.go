@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"maps"
 	"math"
 	"sync"
 	"time"
@@ -84,35 +85,52 @@ const (
 // reserving room within minutes.
 const footprintWindow = 2 * time.Minute
 
-// maxFootprints bounds the record (some 80 bytes an entry).
+// footprintFresh is how long after a send the index may not yet show the
+// prompt's blocks: the agent's flush (250 ms), the prefill, and margin.
+// Older footprints are checked against the index (footprints.planned).
+const footprintFresh = 2 * time.Second
+
+// maxFootprints bounds the record (some 100 bytes an entry).
 const maxFootprints = 64 << 10
 
-// footprints is where this router last sent each session, and the blocks
-// planned for it there (the larger of its prompt and the reserve): the sum
-// per replica is the room its live sessions are expected to need. Safe for
-// concurrent use.
+// footprints is where this router last sent each session, the blocks of
+// its prompt then, and the blocks planned for it there (the larger of its
+// prompt and the reserve): the room its replica's live sessions are
+// expected to need. Safe for concurrent use.
 type footprints struct {
 	now func() time.Time
 
 	mu sync.Mutex
 	m  map[uint64]footprint
-	// per sums m's planned blocks by replica, kept with m.
-	per       map[Key]int
+	// per sums m by replica, kept with m.
+	per map[Key]blockSums
+	// recent lists the sets of the last footprintFresh, oldest first (a
+	// session set twice appears twice; only its current entry counts).
+	recent    []recentSet
 	lastPrune time.Time
 }
 
 type footprint struct {
-	k      Key
-	blocks int
-	at     time.Time
+	k       Key
+	planned int // blocks planned: max(reserve, prompt)
+	prompt  int // the prompt's blocks at the last send
+	at      time.Time
+}
+
+type blockSums struct{ planned, prompt int }
+
+type recentSet struct {
+	session uint64
+	at      time.Time
 }
 
 func newFootprints(now func() time.Time) *footprints {
-	return &footprints{now: now, m: map[uint64]footprint{}, per: map[Key]int{}}
+	return &footprints{now: now, m: map[uint64]footprint{}, per: map[Key]blockSums{}}
 }
 
-// set records session as living on k with blocks planned, now.
-func (f *footprints) set(session uint64, k Key, blocks int) {
+// set records session as living on k now, its prompt prompt blocks long,
+// with planned blocks planned.
+func (f *footprints) set(session uint64, k Key, planned, prompt int) {
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -124,35 +142,78 @@ func (f *footprints) set(session uint64, k Key, blocks int) {
 	if ok {
 		f.dropLocked(old)
 	}
-	f.m[session] = footprint{k, blocks, now}
-	f.per[k] += blocks
+	e := footprint{k, planned, prompt, now}
+	f.m[session] = e
+	f.addLocked(e)
+	f.recent = append(f.recent, recentSet{session, now})
 }
 
 // planned returns the blocks planned for the live sessions of each
-// replica, not counting session itself.
-func (f *footprints) planned(session uint64) map[Key]int {
+// replica, not counting session itself. A footprint older than
+// footprintFresh should by now show in the index, so the room planned for
+// those of a replica is at most what its cache holds (held, by the index)
+// plus their expected growth (planned − prompt): a cache that was reset,
+// or whose sessions' contexts were evicted, does not keep reserving room
+// for conversations that are no longer in it. Fresh footprints count in
+// full — the burst of new sessions the index has not heard of yet.
+func (f *footprints) planned(session uint64, held map[string]int) map[Key]int {
 	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pruneLocked(now)
-	out := make(map[Key]int, len(f.per))
-	for k, n := range f.per {
-		out[k] = n
+	// The fresh part of each replica's sums; session itself left out of
+	// both.
+	fresh := map[Key]blockSums{}
+	counted := map[uint64]bool{session: true}
+	for _, rs := range f.recent {
+		e, ok := f.m[rs.session]
+		if !ok || !e.at.Equal(rs.at) || counted[rs.session] {
+			continue
+		}
+		counted[rs.session] = true
+		fresh[e.k] = fresh[e.k].add(e, 1)
 	}
+	all := maps.Clone(f.per)
 	if e, ok := f.m[session]; ok {
-		out[e.k] -= e.blocks
+		all[e.k] = all[e.k].add(e, -1)
+	}
+	out := make(map[Key]int, len(all))
+	for k, a := range all {
+		fs := fresh[k]
+		oldPlanned, oldPrompt := a.planned-fs.planned, a.prompt-fs.prompt
+		if h, ok := held[k.ID]; ok {
+			oldPlanned = min(oldPlanned, h+oldPlanned-oldPrompt)
+		}
+		out[k] = oldPlanned + fs.planned
 	}
 	return out
 }
 
-func (f *footprints) dropLocked(e footprint) {
-	if f.per[e.k] -= e.blocks; f.per[e.k] <= 0 {
-		delete(f.per, e.k)
-	}
+func (b blockSums) add(e footprint, sign int) blockSums {
+	return blockSums{b.planned + sign*e.planned, b.prompt + sign*e.prompt}
 }
 
-// pruneLocked drops entries past the window, at most every tenth of it.
+func (f *footprints) addLocked(e footprint) { f.per[e.k] = f.per[e.k].add(e, 1) }
+
+func (f *footprints) dropLocked(e footprint) {
+	s := f.per[e.k].add(e, -1)
+	if s.planned <= 0 {
+		delete(f.per, e.k)
+		return
+	}
+	f.per[e.k] = s
+}
+
+// pruneLocked drops the recent sets past footprintFresh, and entries past
+// the window at most every tenth of it.
 func (f *footprints) pruneLocked(now time.Time) {
+	i := 0
+	for i < len(f.recent) && now.Sub(f.recent[i].at) >= footprintFresh {
+		i++
+	}
+	if i > 0 {
+		f.recent = append(f.recent[:0], f.recent[i:]...)
+	}
 	if now.Sub(f.lastPrune) < footprintWindow/10 {
 		return
 	}
@@ -236,7 +297,7 @@ func (f kvAffinity) pressureChoice(r *Request, q *KVQuery, hot []bool, in []Cand
 		h := sessionHash(r.Session)
 		if k, depth := f.s.sessions.Match([]uint64{h}, nil); depth == 0 || indexOf(in, k) < 0 {
 			c := f.placeSession(q, hot, in, caps, j, h)
-			f.s.footprints.set(h, in[c].Key, kp.plannedBlocks(q))
+			f.s.footprints.set(h, in[c].Key, kp.plannedBlocks(q), q.Total)
 			return c
 		}
 	}
@@ -270,7 +331,7 @@ func (f kvAffinity) pressureChoice(r *Request, q *KVQuery, hot []bool, in []Cand
 // considered (j always is).
 func (f kvAffinity) placeSession(q *KVQuery, hot []bool, in []Candidate, caps []int, j int, session uint64) int {
 	kp := f.s.cfg.KVPressure
-	planned := f.s.footprints.planned(session)
+	planned := f.s.footprints.planned(session, q.Held)
 	need := kp.plannedBlocks(q)
 	room := func(i int) float64 {
 		return kp.SessionFill*float64(caps[i]) - float64(planned[in[i].Key]+need)

@@ -164,7 +164,7 @@ func TestKVPressureSessions(t *testing.T) {
 			for id, k := range tt.planned {
 				for range k {
 					n++
-					s.footprints.set(uint64(1000+n), key(id), 256)
+					s.footprints.set(uint64(1000+n), key(id), 256, 68)
 				}
 			}
 			if tt.known != "" {
@@ -227,7 +227,7 @@ func TestKVPressureSessionBurst(t *testing.T) {
 				t.Fatalf("sessions per replica %v: the most on one %d, want %d (on a, the primary)", per, top, tt.wantMax)
 			}
 			clk.t = clk.t.Add(footprintWindow + time.Second)
-			if p := s.footprints.planned(0); len(p) != 0 && tt.kp.SessionReserveTokens > 0 {
+			if p := s.footprints.planned(0, nil); len(p) != 0 && tt.kp.SessionReserveTokens > 0 {
 				t.Fatalf("footprints past the window: %v", p)
 			}
 		})
@@ -251,12 +251,55 @@ func TestKVPressureObserveAndRetain(t *testing.T) {
 		r := &Request{Session: tt.session, KV: &KVQuery{Total: tt.total, BlockSize: 16}}
 		s.Observe(p, r, c(tt.on, 0, 0, 0))
 	}
-	got := s.footprints.planned(0)
+	got := s.footprints.planned(0, nil)
 	if got[Key{ID: "a", UID: 1}] != 256+400 || got[Key{ID: "b", UID: 1}] != 256 {
 		t.Fatalf("planned %v, want a 656 (256 + 400), b 256 (no session: none)", got)
 	}
 	s.Retain(func(k Key) bool { return k.ID != "a" })
-	if got := s.footprints.planned(0); len(got) != 1 || got[Key{ID: "b", UID: 1}] != 256 {
+	if got := s.footprints.planned(0, nil); len(got) != 1 || got[Key{ID: "b", UID: 1}] != 256 {
 		t.Fatalf("after Retain planned %v, want only b 256", got)
+	}
+}
+
+// TestFootprintsPlanned: the room planned per replica. Fresh footprints
+// (the index may not show their blocks yet) count in full; older ones at
+// most what the replica's cache holds plus their expected growth, so a
+// reset cache stops reserving room for the conversations it lost, while
+// live ones whose contexts the cache holds keep theirs.
+func TestFootprintsPlanned(t *testing.T) {
+	a, b := Key{ID: "a", UID: 1}, Key{ID: "b", UID: 1}
+	tests := []struct {
+		name string
+		// sessions on a: planned, prompt blocks each
+		n, planned, prompt int
+		age                time.Duration
+		held               map[string]int
+		want               int
+	}{
+		{"fresh, cache empty: in full", 3, 256, 68, time.Second, map[string]int{"a": 0}, 768},
+		{"old, the cache holds their prompts: in full", 3, 256, 100, 10 * time.Second, map[string]int{"a": 362}, 768},
+		{"old, the cache was reset: their growth only", 3, 256, 100, 10 * time.Second, map[string]int{"a": 0}, 468},
+		{"old, finished sessions longer than the reserve, cache reset: nothing", 8, 262, 262, 10 * time.Second, map[string]int{"a": 0}, 0},
+		{"old, partly evicted: what is held plus growth", 3, 256, 100, 10 * time.Second, map[string]int{"a": 100}, 568},
+		{"old, the index says nothing of the replica: in full", 3, 256, 100, 10 * time.Second, nil, 768},
+		{"past the window: gone", 3, 256, 100, footprintWindow + time.Second, map[string]int{"a": 1000}, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			clk := &clock{t: time.Unix(1_000_000, 0)}
+			f := newFootprints(clk.Now)
+			for i := range tt.n {
+				f.set(uint64(i+1), a, tt.planned, tt.prompt)
+			}
+			f.set(99, b, 300, 300) // another replica's, and the session asking, left out
+			clk.t = clk.t.Add(tt.age)
+			got := f.planned(99, tt.held)
+			if got[a] != tt.want {
+				t.Fatalf("planned on a %d, want %d (all %v)", got[a], tt.want, got)
+			}
+			if got[b] != 0 {
+				t.Fatalf("planned on b %d, want 0: the asking session is left out", got[b])
+			}
+		})
 	}
 }

@@ -376,7 +376,7 @@ func (s *Scheduler) Observe(p *Profile, r *Request, chosen Candidate) {
 		o.Observe(r, &chosen)
 	}
 	if r.Session != "" && r.KV != nil && r.KV.Fallback == "" && r.KV.Total > 0 && s.cfg.KVPressure.SessionReserveTokens > 0 {
-		s.footprints.set(sessionHash(r.Session), chosen.Key, s.cfg.KVPressure.plannedBlocks(r.KV))
+		s.footprints.set(sessionHash(r.Session), chosen.Key, s.cfg.KVPressure.plannedBlocks(r.KV), r.KV.Total)
 	}
 }
 
