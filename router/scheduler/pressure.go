@@ -9,7 +9,7 @@ import (
 	"github.com/llmgw/llmgw/internal/configfile"
 )
 
-// KVPressure is tier 2's cache-pressure rule (design §7.5 step 5, "Cache
+// KVPressure is tier 2's cache-pressure rule (design §7.5 step 6, "Cache
 // pressure"): the KV affinity filter sends a hit to the replica that holds
 // the longest match, which is right while that replica's cache has room
 // for what the request adds, and wrong once it has not — the blocks the
