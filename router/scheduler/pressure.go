@@ -20,7 +20,8 @@ import (
 //     keeps the one with the least prefill plus EvictionWeight × the blocks
 //     it would evict (held + new − the engine's num_gpu_blocks), the
 //     longest match winning ties — so while no cache is full the choice is
-//     the longest match, as before. 0 turns it off.
+//     the longest match, as before. A session whose last prompt its replica
+//     still holds stays there regardless. 0 turns it off.
 //   - SessionReserveTokens plans room for conversations. A session this
 //     router has not seen yet (session: new) matches only what other
 //     requests left — a shared system prompt — yet will grow on whichever
@@ -189,6 +190,17 @@ func (f *footprints) planned(session uint64, held map[string]int) map[Key]int {
 	return out
 }
 
+// cached reports whether session was last sent to k and k still holds
+// its prompt of then — all of its full blocks but the last, which the
+// prompt's end may have left partial and so unhashed — by matched, the
+// leading blocks k holds of its new prompt.
+func (f *footprints) cached(session uint64, k Key, matched int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	e, ok := f.m[session]
+	return ok && e.k == k && matched >= e.prompt-1
+}
+
 func (b blockSums) add(e footprint, sign int) blockSums {
 	return blockSums{b.planned + sign*e.planned, b.prompt + sign*e.prompt}
 }
@@ -302,6 +314,12 @@ func (f kvAffinity) pressureChoice(r *Request, q *KVQuery, hot []bool, in []Cand
 		}
 	}
 	if kp.EvictionWeight <= 0 {
+		return j
+	}
+	if r.Session != "" && f.s.footprints.cached(sessionHash(r.Session), in[j].Key, min(q.Matched[in[j].Key.ID], q.Total)) {
+		// Session affinity is not broken while the session's context is
+		// cached where it lives.
+		f.s.m.pressure.WithLabelValues(PressureKept).Inc()
 		return j
 	}
 	best, bestCost := j, evictionCost(q, in[j].Key.ID, caps[j], kp.EvictionWeight)

@@ -303,3 +303,39 @@ func TestFootprintsPlanned(t *testing.T) {
 		})
 	}
 }
+
+// TestKVPressureKeepsCachedSessions: the eviction rule does not move a
+// session this router knows while its replica still holds the session's
+// last prompt, even where the arithmetic would (a short context whose
+// shared prefix another replica holds with room); once part of it was
+// evicted, the rule applies.
+func TestKVPressureKeepsCachedSessions(t *testing.T) {
+	tests := []struct {
+		name       string
+		lastPrompt int // blocks of the session's last prompt, sent to a
+		matched    int // leading blocks a holds of the new prompt
+		want       string
+	}{
+		{"its last prompt held: stays", 69, 68, "a"},
+		{"its last prompt held to the block: stays", 68, 68, "a"},
+		{"its tail evicted: moves where it evicts nothing", 90, 68, "c"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := pressureSched(t, DefaultKVPressure())
+			a := Key{ID: "a", UID: 1}
+			h := sessionHash("s")
+			s.sessions.Observe([]uint64{h}, a)
+			s.footprints.set(h, a, 256, tt.lastPrompt)
+			// a is full: its 8 new blocks cost 16; c holds the shared 62
+			// with room: 14.
+			q := &KVQuery{Total: 76, MinBlocks: 2, BlockSize: 16, Matched: map[string]int{"a": tt.matched, "c": 62},
+				Held: map[string]int{"a": 1024, "b": 1024, "c": 200, "d": 1024}, Capacity: caps(1024, "a", "b", "c", "d")}
+			r := &Request{Session: "s", KV: q, Prefix: []uint64{42}}
+			in := []Candidate{c("a", 0, 1, 1), c("b", 0, 1, 1), c("c", 0, 1, 1), c("d", 0, 1, 1)}
+			if got := ids(s.KVAffinity().Filter(r, in, nil)); got != tt.want {
+				t.Fatalf("kept %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
