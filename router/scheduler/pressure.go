@@ -21,7 +21,7 @@ import (
 //     it would evict (held + new − the engine's num_gpu_blocks), the
 //     longest match winning ties — so while no cache is full the choice is
 //     the longest match, as before. A session whose last prompt its replica
-//     still holds stays there regardless. 0 turns it off.
+//     still holds stays there regardless. 0 (the default) turns it off.
 //   - SessionReserveTokens plans room for conversations. A session this
 //     router has not seen yet (session: new) matches only what other
 //     requests left — a shared system prompt — yet will grow on whichever
@@ -40,13 +40,18 @@ type KVPressure struct {
 	SessionFill          float64 `yaml:"scheduler_kv_session_fill"`
 }
 
-// DefaultKVPressure counts an evicted block as one recomputed, plans 4,096
-// tokens per live session (a coding agent's session passes that within a
-// few dozen turns; issue 31's bench grows from ~1,100 to ~4,200) and lets
-// sessions be planned into 90 % of a cache, the rest for the shared
-// prefixes and the blocks of answers being decoded.
+// DefaultKVPressure plans 4,096 tokens per live session (a coding agent's
+// session passes that within a few dozen turns; issue 31's bench grows
+// from ~1,100 to ~4,200) and lets sessions be planned into 90 % of a
+// cache, the rest for the shared prefixes and the blocks of answers being
+// decoded. The eviction part is off: on issue 14's shared-prefix bench it
+// moved a handful of requests a run whose group's prompt its home had
+// partly evicted, each move left a second copy that evicted another
+// group elsewhere, and the "pressure" scenario fell from 0.965 to 0.908
+// of the hit ceiling, while on the agent bench it acted 3 times in 6 runs
+// (docs/benchmarks.md "Cache pressure in the router").
 func DefaultKVPressure() KVPressure {
-	return KVPressure{EvictionWeight: 1, SessionReserveTokens: 4096, SessionFill: 0.9}
+	return KVPressure{EvictionWeight: 0, SessionReserveTokens: 4096, SessionFill: 0.9}
 }
 
 // Validate reports every bad field, each named by its configuration key.

@@ -24,6 +24,9 @@ func pressureSched(t *testing.T, kp KVPressure) (*Scheduler, *prometheus.Registr
 	return s, reg, clk
 }
 
+// withEvictions is the default with the eviction part on.
+var withEvictions = KVPressure{EvictionWeight: 1, SessionReserveTokens: 4096, SessionFill: 0.9}
+
 // caps gives each of ids a cache of n blocks.
 func caps(n int, ids ...string) map[string]int {
 	m := map[string]int{}
@@ -50,38 +53,38 @@ func TestKVPressureEvictions(t *testing.T) {
 		want     string
 		decision string // the pressure counter's label that counted, "" none
 	}{
-		{"capacities unknown: the longest match", DefaultKVPressure(),
+		{"capacities unknown: the longest match", withEvictions,
 			KVQuery{Total: 100, MinBlocks: 2, Matched: map[string]int{"a": 30}, Held: map[string]int{"a": 1024}},
 			four(), "a", ""},
-		{"one replica's capacity unknown: the longest match", DefaultKVPressure(),
+		{"one replica's capacity unknown: the longest match", withEvictions,
 			KVQuery{Total: 100, MinBlocks: 2, Matched: map[string]int{"a": 30}, Held: map[string]int{"a": 1024},
 				Capacity: caps(1024, "a", "b", "c")},
 			four(), "a", ""},
-		{"room everywhere: the longest match", DefaultKVPressure(),
+		{"room everywhere: the longest match", withEvictions,
 			KVQuery{Total: 100, MinBlocks: 2, Matched: map[string]int{"a": 30, "b": 20}, Held: map[string]int{"a": 500, "b": 100},
 				Capacity: caps(1024, "a", "b", "c", "d")},
 			four(), "a", PressureKept},
-		{"full primary, a few blocks to add: still the primary (12 < 68)", DefaultKVPressure(),
+		{"full primary, a few blocks to add: still the primary (12 < 68)", withEvictions,
 			KVQuery{Total: 68, MinBlocks: 2, Matched: map[string]int{"a": 62}, Held: map[string]int{"a": 1024},
 				Capacity: caps(1024, "a", "b", "c", "d")},
 			four(), "a", PressureKept},
-		{"full primary, a holder one block short with room: the holder with room (6 < 5 + 5)", DefaultKVPressure(),
+		{"full primary, a holder one block short with room: the holder with room (6 < 5 + 5)", withEvictions,
 			KVQuery{Total: 68, MinBlocks: 2, Matched: map[string]int{"a": 63, "c": 62}, Held: map[string]int{"a": 1024, "c": 300},
 				Capacity: caps(1024, "a", "b", "c", "d")},
 			four(), "c", PressureEvictions},
-		{"full primary holding a third of the prompt: an empty replica (140 > 100)", DefaultKVPressure(),
+		{"full primary holding a third of the prompt: an empty replica (140 > 100)", withEvictions,
 			KVQuery{Total: 100, MinBlocks: 2, Matched: map[string]int{"a": 30}, Held: map[string]int{"a": 1024, "b": 1024, "c": 1024},
 				Capacity: caps(1024, "a", "b", "c", "d")},
 			four(), "d", PressureEvictions},
-		{"the same with eviction weight 0: the longest match", KVPressure{SessionReserveTokens: 4096, SessionFill: 0.9},
+		{"the same with eviction weight 0 (the default): the longest match", DefaultKVPressure(),
 			KVQuery{Total: 100, MinBlocks: 2, Matched: map[string]int{"a": 30}, Held: map[string]int{"a": 1024, "b": 1024, "c": 1024},
 				Capacity: caps(1024, "a", "b", "c", "d")},
 			four(), "a", ""},
-		{"partly full: only the overflow counts (70 + 20 < 100)", DefaultKVPressure(),
+		{"partly full: only the overflow counts (70 + 20 < 100)", withEvictions,
 			KVQuery{Total: 100, MinBlocks: 2, Matched: map[string]int{"a": 30}, Held: map[string]int{"a": 974, "b": 1024, "c": 1024},
 				Capacity: caps(1024, "a", "b", "c", "d")},
 			four(), "a", PressureKept},
-		{"the replica with room is hot: not chosen", DefaultKVPressure(),
+		{"the replica with room is hot: not chosen", withEvictions,
 			KVQuery{Total: 100, MinBlocks: 2, Matched: map[string]int{"a": 30}, Held: map[string]int{"a": 1024, "b": 1024, "c": 1024},
 				Capacity: caps(1024, "a", "b", "c", "d")},
 			func() []Candidate { cs := four(); cs[3].Inflight = 20; return cs }(), "a", PressureKept},
@@ -133,7 +136,7 @@ func TestKVPressureSessions(t *testing.T) {
 		planned  map[string]int // sessions already planned per replica (of 256 blocks each)
 		known    string         // the replica this router remembers the session on
 		want     string
-		decision string
+		decision string // the one pressure decision counted; "" none (the rule did not run)
 	}{
 		{"room at the primary: the primary", DefaultKVPressure(),
 			newSession(map[string]int{"a": 62}), map[string]int{"a": 2}, "", "a", PressureKept},
@@ -146,7 +149,7 @@ func TestKVPressureSessions(t *testing.T) {
 		{"every replica planned full: the most room", DefaultKVPressure(),
 			newSession(map[string]int{"a": 62}), map[string]int{"a": 5, "b": 4, "c": 4, "d": 3}, "", "d", PressureSessionOverfull},
 		{"a session this router knows: its replica, however full", DefaultKVPressure(),
-			newSession(map[string]int{"a": 62}), map[string]int{"a": 6}, "a", "a", PressureKept},
+			newSession(map[string]int{"a": 62}), map[string]int{"a": 6}, "a", "a", ""},
 		{"an unknown session whose context the primary holds: stays", DefaultKVPressure(),
 			KVQuery{Total: 300, MinBlocks: 2, BlockSize: 16, Matched: map[string]int{"a": 295}, Held: map[string]int{}, Capacity: capsAll},
 			map[string]int{"a": 5}, "", "a", PressureKept},
@@ -187,8 +190,14 @@ func TestKVPressureSessions(t *testing.T) {
 			if got != want {
 				t.Fatalf("kept %q, want %q", got, want)
 			}
-			if v := testutil.ToFloat64(s.m.pressure.WithLabelValues(tt.decision)); v != 1 {
-				t.Errorf("llmgw_router_kv_pressure_decisions_total{decision=%q} = %v, want 1", tt.decision, v)
+			for _, d := range []string{PressureKept, PressureEvictions, PressureSessionPlaced, PressureSessionOverfull} {
+				want := 0.0
+				if d == tt.decision {
+					want = 1
+				}
+				if v := testutil.ToFloat64(s.m.pressure.WithLabelValues(d)); v != want {
+					t.Errorf("llmgw_router_kv_pressure_decisions_total{decision=%q} = %v, want %v", d, v, want)
+				}
 			}
 		})
 	}
@@ -322,7 +331,7 @@ func TestKVPressureKeepsCachedSessions(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s, _, _ := pressureSched(t, DefaultKVPressure())
+			s, _, _ := pressureSched(t, withEvictions)
 			a := Key{ID: "a", UID: 1}
 			h := sessionHash("s")
 			s.sessions.Observe([]uint64{h}, a)
