@@ -44,11 +44,11 @@ type KVPressure struct {
 // session passes that within a few dozen turns; issue 31's bench grows
 // from ~1,100 to ~4,200) and lets sessions be planned into 90 % of a
 // cache, the rest for the shared prefixes and the blocks of answers being
-// decoded. The eviction part is off: on issue 14's shared-prefix bench it
-// moved a handful of requests a run whose group's prompt its home had
-// partly evicted, each move left a second copy that evicted another
-// group elsewhere, and the "pressure" scenario fell from 0.965 to 0.908
-// of the hit ceiling, while on the agent bench it acted 3 times in 6 runs
+// decoded. The eviction part is off: on the agent bench it acted 3 times
+// in 6 runs for no measurable gain, and on issue 14's shared-prefix bench
+// it moves requests whose group's prompt their home partly evicted,
+// leaving a second copy that evicts another group elsewhere — the churn
+// KVAffinity exists to stop — with a reading within main's own spread
 // (docs/benchmarks.md "Cache pressure in the router").
 func DefaultKVPressure() KVPressure {
 	return KVPressure{EvictionWeight: 0, SessionReserveTokens: 4096, SessionFill: 0.9}
