@@ -142,7 +142,12 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 		}
 	}
 	if best < max(q.MinBlocks, 1) {
-		return f.place(key, hot, in, out)
+		n := len(out)
+		out = f.place(key, hot, in, out)
+		if len(out) == n+1 {
+			f.noteNewSession(r, q, out[n].Key)
+		}
+		return out
 	}
 	j := -1
 	for i := range in {

@@ -345,6 +345,22 @@ func (f kvAffinity) pressureChoice(r *Request, q *KVQuery, hot []bool, in []Cand
 	return best
 }
 
+// noteNewSession records, for a session new to this router whose request
+// the filter sent to k without the session rule (a prefix nobody holds
+// yet: the first request of a burst), its footprint at once, as the rule
+// does for those it places — else the burst's next sessions, placed
+// before this one is accepted, would not see it.
+func (f kvAffinity) noteNewSession(r *Request, q *KVQuery, k Key) {
+	if f.s == nil || r.Session == "" || f.s.cfg.KVPressure.SessionReserveTokens <= 0 {
+		return
+	}
+	h := sessionHash(r.Session)
+	if _, depth := f.s.sessions.Match([]uint64{h}, nil); depth > 0 {
+		return
+	}
+	f.s.footprints.set(h, k, f.s.cfg.KVPressure.plannedBlocks(q), q.Total)
+}
+
 // placeSession chooses the replica for a session new to this router: the
 // primary j while the session fits there (the planned blocks of the live
 // sessions, plus this one's, within SessionFill × the cache); else the

