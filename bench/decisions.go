@@ -16,7 +16,8 @@ import (
 )
 
 // Decisions are a router's own account of how it placed a run's requests:
-// per kind ("session" for tier 0, "prefix" for tier 1, "kv" for tier 2), how many decisions
+// per kind ("session" for tier 0, "prefix" for tier 1, "kv" for tier 2,
+// "kv_pressure" for tier 2's cache-pressure rule), how many decisions
 // of each outcome (hit, new, load_override, ...). The bench reads them from
 // each target's /metrics (on its operations port) before and after a run
 // and reports the difference,
@@ -30,6 +31,9 @@ var decisionMetrics = map[string]string{
 	"llmgw_router_session_decisions_total": "session",
 	"llmgw_prefix_decisions_total":         "prefix",
 	"llmgw_kv_decisions_total":             "kv",
+	// tier 2's cache-pressure rule (kept, evictions, session_placed,
+	// session_overfull)
+	"llmgw_router_kv_pressure_decisions_total": "kv_pressure",
 }
 
 // maxMetricsBytes bounds how much of a /metrics page is read: a router's is

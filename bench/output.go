@@ -77,6 +77,9 @@ func (res Result) Table() (header []string, rows [][]string) {
 		row("session decisions", func(r Report) string { return r.Decisions.cell("session") })
 		row("prefix decisions", func(r Report) string { return r.Decisions.cell("prefix") })
 		row("kv decisions", func(r Report) string { return r.Decisions.cell("kv") })
+		if slices.ContainsFunc(res.Runs, func(r Report) bool { return len(r.Decisions["kv_pressure"]) > 0 }) {
+			row("kv pressure decisions", func(r Report) string { return r.Decisions.cell("kv_pressure") })
+		}
 	}
 	return header, rows
 }

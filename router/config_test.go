@@ -166,6 +166,9 @@ scheduler_imbalance_ratio: 2.5
 scheduler_imbalance_min_gap: 8
 scheduler_kv_imbalance_ratio: 3
 scheduler_kv_imbalance_min_gap: 12
+scheduler_kv_eviction_weight: 2
+scheduler_kv_session_reserve_tokens: 8192
+scheduler_kv_session_fill: 0.8
 kv_index_max_entries: 4096
 kv_speculation_ttl_min: 300ms
 kv_speculation_ttl_max: 4s
@@ -224,7 +227,8 @@ func TestConfigFileEveryKey(t *testing.T) {
 		ClientWriteTimeout: 45 * time.Second, SessionHeaders: []string{"X-Session-Id", "X-Conversation"},
 		Breaker: breaker.Config{Failures: 5, Cooldown: 7 * time.Second},
 		Scheduler: scheduler.Config{Sessions: 1024, TreeEntries: 2048,
-			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}, KVImbalance: scheduler.KVImbalance{Ratio: 3, MinGap: 12}},
+			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}, KVImbalance: scheduler.KVImbalance{Ratio: 3, MinGap: 12},
+			KVPressure: scheduler.KVPressure{EvictionWeight: 2, SessionReserveTokens: 8192, SessionFill: 0.8}},
 		KVIndex: kvindex.Config{MaxEntries: 4096, SpecTTLMin: 300 * time.Millisecond, SpecTTLMax: 4 * time.Second,
 			SpecPending: 50000, SpecPendingPerReplica: 5000},
 		Tokenize:      tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},

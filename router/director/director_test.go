@@ -604,3 +604,57 @@ func replicaIDs(rs []kvindex.Replica) []string {
 	}
 	return out
 }
+
+// TestPrepareTier2CacheSizes: tier 2's answer carries, for the cache-pressure
+// rule, what each routed incarnation's cache holds by the index and can
+// hold by its engine — only for replicas whose engine said its size and
+// whose reported incarnation is the one routed.
+func TestPrepareTier2CacheSizes(t *testing.T) {
+	toks := make([]int, 40)
+	tests := []struct {
+		name         string
+		sizes        map[string]uint64 // endpoints' KVCacheBlocks
+		status       map[string]kvindex.Status
+		wantHeld     map[string]int
+		wantCapacity map[string]int
+	}{
+		{"both sized", map[string]uint64{"r0": 1024, "r1": 4096},
+			map[string]kvindex.Status{"r0": withBlocks(status("r0", false), 700), "r1": withBlocks(status("r1", false), 12)},
+			map[string]int{"r0": 700, "r1": 12}, map[string]int{"r0": 1024, "r1": 4096}},
+		{"one engine did not say", map[string]uint64{"r0": 1024},
+			map[string]kvindex.Status{"r0": withBlocks(status("r0", false), 700), "r1": withBlocks(status("r1", false), 12)},
+			map[string]int{"r0": 700}, map[string]int{"r0": 1024}},
+		{"another incarnation reported", map[string]uint64{"r0": 1024, "r1": 1024},
+			map[string]kvindex.Status{"r0": withBlocks(status("r0", false), 700),
+				"r1": {Replica: kvindex.Replica{ID: "r1", UID: 1, Incarnation: 2}, Blocks: 5}},
+			map[string]int{"r0": 700}, map[string]int{"r0": 1024}},
+		{"no sizes", nil, map[string]kvindex.Status{"r0": withBlocks(status("r0", false), 700)}, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tb := baseTable()
+			tb.models[0].KvEvents = true
+			tb.models[0].HashSeed = "0"
+			for _, e := range tb.eps["base"] {
+				e.KVCacheBlocks = tt.sizes[e.ReplicaID]
+			}
+			d := New(tb, &sched{}, noBreakers{}, nil, WithKV(&index{status: tt.status}, &tokenizer{toks: toks}, 1))
+			defer d.Close()
+			tgt, _ := d.Resolve(context.Background(), "base", discard)
+			pl, aerr := d.Prepare(context.Background(), tgt, Input{Kind: tokenize.Chat,
+				Body: []byte(`{"model":"base","messages":[{"role":"user","content":"hi"}]}`)})
+			if aerr != nil {
+				t.Fatal(aerr)
+			}
+			q := pl.req.KV
+			if q == nil || q.Fallback != "" {
+				t.Fatalf("KV = %+v, want an answer", q)
+			}
+			if !mapsEqual(q.Held, tt.wantHeld) || !mapsEqual(q.Capacity, tt.wantCapacity) {
+				t.Fatalf("held %v, capacity %v; want %v, %v", q.Held, q.Capacity, tt.wantHeld, tt.wantCapacity)
+			}
+		})
+	}
+}
+
+func withBlocks(s kvindex.Status, n int) kvindex.Status { s.Blocks = n; return s }

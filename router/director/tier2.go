@@ -119,13 +119,24 @@ func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.M
 	byID := make(map[string]*endpoint.Endpoint, len(eps))
 	for _, e := range eps {
 		byID[e.ReplicaID] = e
+		st, ok := t.idx.Status(e.ReplicaID)
+		ok = ok && st.UID == e.UID && st.Incarnation == e.Incarnation
 		// Untrusted replicas holding nothing of this prompt are untrusted
 		// too: "holds nothing" is exactly what cannot be believed.
-		if st, ok := t.idx.Status(e.ReplicaID); ok && st.Untrusted && st.UID == e.UID && st.Incarnation == e.Incarnation {
+		if ok && st.Untrusted {
 			if q.Untrusted == nil {
 				q.Untrusted = map[string]bool{}
 			}
 			q.Untrusted[e.ReplicaID] = true
+		}
+		// The cache-pressure rule's inputs: what the cache holds, by the
+		// index, and what it can hold, by the engine.
+		if ok && e.KVCacheBlocks > 0 {
+			if q.Held == nil {
+				q.Held, q.Capacity = map[string]int{}, map[string]int{}
+			}
+			q.Held[e.ReplicaID] = st.Blocks
+			q.Capacity[e.ReplicaID] = int(min(e.KVCacheBlocks, math.MaxInt32))
 		}
 	}
 	lookup := t.idx.Lookup

@@ -36,6 +36,9 @@ type Endpoint struct {
 	// Address is the engine's host:port, from the agent's status.
 	Address string
 	Weight  float64
+	// KVCacheBlocks is how many KV-cache blocks the engine holds
+	// (num_gpu_blocks, from the agent's status); 0 when it has not said.
+	KVCacheBlocks uint64
 	// RoutableSince is when this router first saw the incarnation
 	// routable, on the registry's clock: how the waiting room tells a
 	// replica that has just loaded (design §5.7). Zero for one already
@@ -292,7 +295,7 @@ func (r *Registry) rebuild(st *watch.State) {
 		e := &Endpoint{
 			ReplicaID: rep.GetId(), UID: rep.GetUid(), Incarnation: s.GetIncarnation(),
 			Model: rep.GetModel(), Node: rep.GetNode(), Address: s.GetAddress(), Weight: rep.GetWeight(),
-			RoutableSince: since,
+			KVCacheBlocks: s.GetKvCacheBlocks(), RoutableSince: since,
 		}
 		if prev := old[e.key()]; prev != nil {
 			e = prev

@@ -114,6 +114,7 @@ type rep struct {
 	addr   string
 	inc    uint64
 	maxLen uint32
+	blocks uint64
 }
 
 func stateOf(models []string, reps ...rep) *watch.State {
@@ -130,7 +131,7 @@ func stateOf(models []string, reps ...rep) *watch.State {
 		st.Replicas[r.id] = &llmgwv1.Replica{Id: r.id, Uid: r.uid, Model: r.model, Node: "n1", Draining: r.draining, Sleeping: r.sleeping}
 		if r.phase != 0 {
 			st.Ephemeral["n1"].Statuses[r.id] = &llmgwv1.ReplicaStatus{
-				ReplicaId: r.id, Uid: r.sUID, Phase: r.phase, Address: r.addr, Incarnation: r.inc, MaxModelLen: r.maxLen}
+				ReplicaId: r.id, Uid: r.sUID, Phase: r.phase, Address: r.addr, Incarnation: r.inc, MaxModelLen: r.maxLen, KvCacheBlocks: r.blocks}
 		}
 	}
 	return st
@@ -194,6 +195,23 @@ func TestMaxModelLen(t *testing.T) {
 				t.Fatal("a model not in desired state has a length")
 			}
 		})
+	}
+}
+
+// TestKVCacheBlocks: an endpoint carries its engine's cache size as the
+// agent reported it (tier 2's cache-pressure rule reads it), 0 when the
+// engine did not say.
+func TestKVCacheBlocks(t *testing.T) {
+	reg := newTestRegistry(t, DefaultConfig(), newFakeSource(stateOf([]string{"m"},
+		rep{id: "m-0", model: "m", uid: 5, sUID: 5, phase: ready, addr: "a:1", blocks: 1024},
+		rep{id: "m-1", model: "m", uid: 5, sUID: 5, phase: ready, addr: "b:1"})))
+	got := map[string]uint64{}
+	eps, _ := reg.Lookup("m")
+	for _, e := range eps {
+		got[e.ReplicaID] = e.KVCacheBlocks
+	}
+	if len(got) != 2 || got["m-0"] != 1024 || got["m-1"] != 0 {
+		t.Fatalf("KVCacheBlocks %v, want m-0 1024, m-1 0", got)
 	}
 }
 

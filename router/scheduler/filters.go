@@ -104,11 +104,13 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 // same index and the same candidates, so all of them pick the same primary
 // without talking, and a copy that lost blocks stops being chosen, goes
 // cold, and is the first thing its engine's LRU evicts.
-func (s *Scheduler) KVAffinity() Filter { return kvAffinity{s.cfg.KVImbalance.imbalance(), s.homes} }
+func (s *Scheduler) KVAffinity() Filter { return kvAffinity{s.cfg.KVImbalance.imbalance(), s.homes, s} }
 
 type kvAffinity struct {
 	guard Imbalance
 	homes *homes
+	// s, when set, brings the cache-pressure rule (KVPressure).
+	s *Scheduler
 }
 
 func (kvAffinity) Name() string { return "kv-affinity" }
@@ -140,7 +142,12 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 		}
 	}
 	if best < max(q.MinBlocks, 1) {
-		return f.place(key, hot, in, out)
+		n := len(out)
+		out = f.place(key, hot, in, out)
+		if len(out) == n+1 {
+			f.noteNewSession(r, q, out[n].Key)
+		}
+		return out
 	}
 	j := -1
 	for i := range in {
@@ -150,6 +157,9 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 		}
 	}
 	f.homes.set(key, in[j].Key)
+	if c := f.pressureChoice(r, q, hot, in, j); c != j {
+		return append(out, in[c])
+	}
 	return append(out, in[j])
 }
 

@@ -6,6 +6,7 @@ type metrics struct {
 	prefix        *prometheus.CounterVec
 	kv            *prometheus.CounterVec
 	kvSpecHits    prometheus.Counter
+	pressure      *prometheus.CounterVec
 	session       *prometheus.CounterVec
 	clamped       *prometheus.CounterVec
 	profileErrors *prometheus.CounterVec
@@ -28,6 +29,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "llmgw_kv_speculative_hits_total",
 			Help: "Tier-2 decisions (hit or untrusted) whose best match counted blocks pending from this router's own sends, not yet confirmed by the engine's events.",
 		}),
+		pressure: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "llmgw_router_kv_pressure_decisions_total",
+			Help: "Tier-2 cache-pressure decisions on KV hits: kept (the longest match), evictions (sent where fewer blocks are evicted), session_placed (a new session sent where its planned room fits), session_overfull (fits nowhere: sent where the most room is planned).",
+		}, []string{"decision"}),
 		session: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "llmgw_router_session_decisions_total",
 			Help: "Tier-0 session affinity decisions: hit, new (placed by rendezvous), moved (replica gone), load_override (over the load bound).",
@@ -47,7 +52,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.prefix, m.kv, m.kvSpecHits, m.session, m.clamped, m.profileErrors, m.latency)
+		reg.MustRegister(m.prefix, m.kv, m.kvSpecHits, m.pressure, m.session, m.clamped, m.profileErrors, m.latency)
 	}
 	return m
 }

@@ -110,6 +110,13 @@ type KVQuery struct {
 	// Queued is the prefill, in tokens, this router has sent each replica
 	// and not yet seen a first byte for (the cost score's queue).
 	Queued map[string]float64
+	// Held is how many blocks each replica's cache holds by the index (its
+	// confirmed entries), and Capacity how many it can hold (the engine's
+	// num_gpu_blocks, as its agent reports it); a replica absent from
+	// Capacity has not said. The cache-pressure rule reads both
+	// (KVPressure).
+	Held     map[string]int
+	Capacity map[string]int
 }
 
 // Request is what the scheduler knows of a request.
@@ -216,6 +223,10 @@ type Config struct {
 	// KVImbalance is the guard of tier 2's KV affinity: past it a replica
 	// holding a request's prefix is passed over for load.
 	KVImbalance KVImbalance `yaml:",inline"`
+	// KVPressure is tier 2's cache-pressure rule: where the longest match's
+	// cache is full, or over-planned with sessions, a request goes where it
+	// evicts less.
+	KVPressure KVPressure `yaml:",inline"`
 	// Rand is the randomness of pickers and ties; nil draws from a seed
 	// taken at New. Must be safe for concurrent use.
 	Rand Rand `yaml:"-"`
@@ -226,7 +237,8 @@ type Config struct {
 // DefaultConfig remembers 64k sessions and 256k prefix chunks (some
 // 30 MiB together) with the design's imbalance guards.
 func DefaultConfig() Config {
-	return Config{Sessions: 1 << 16, TreeEntries: 1 << 18, Imbalance: DefaultImbalance(), KVImbalance: DefaultKVImbalance()}
+	return Config{Sessions: 1 << 16, TreeEntries: 1 << 18, Imbalance: DefaultImbalance(), KVImbalance: DefaultKVImbalance(),
+		KVPressure: DefaultKVPressure()}
 }
 
 // Validate reports every bad field, each named by its configuration key.
@@ -240,6 +252,7 @@ func (c Config) Validate() error {
 	}
 	p.Join(c.Imbalance.Validate())
 	p.Join(c.KVImbalance.Validate())
+	p.Join(c.KVPressure.Validate())
 	return p.Err()
 }
 
@@ -253,6 +266,9 @@ type Scheduler struct {
 	tree     *prefix.Tree[Key]
 	sends    *sendLog
 	homes    *homes
+	// footprints: where this router's live sessions are, and the room
+	// planned for each (KVPressure).
+	footprints *footprints
 
 	mu       sync.Mutex
 	profiles map[*llmgwv1.Model]*Profile
@@ -273,11 +289,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Scheduler, e
 	}
 	s := &Scheduler{
 		cfg: cfg, log: log, m: newMetrics(reg),
-		sessions: prefix.NewTree[Key](cfg.Sessions),
-		tree:     prefix.NewTree[Key](cfg.TreeEntries),
-		sends:    newSendLog(cfg.Now),
-		homes:    newHomes(cfg.Now),
-		profiles: make(map[*llmgwv1.Model]*Profile),
+		sessions:   prefix.NewTree[Key](cfg.Sessions),
+		tree:       prefix.NewTree[Key](cfg.TreeEntries),
+		sends:      newSendLog(cfg.Now),
+		homes:      newHomes(cfg.Now),
+		footprints: newFootprints(cfg.Now),
+		profiles:   make(map[*llmgwv1.Model]*Profile),
 	}
 	s.scratch.New = func() any { return new(scratch) }
 	return s, nil
@@ -358,6 +375,9 @@ func (s *Scheduler) Observe(p *Profile, r *Request, chosen Candidate) {
 	if o, ok := p.Picker.(Observer); ok {
 		o.Observe(r, &chosen)
 	}
+	if r.Session != "" && r.KV != nil && r.KV.Fallback == "" && r.KV.Total > 0 && s.cfg.KVPressure.SessionReserveTokens > 0 {
+		s.footprints.set(sessionHash(r.Session), chosen.Key, s.cfg.KVPressure.plannedBlocks(r.KV), r.KV.Total)
+	}
 }
 
 // Retain forgets every replica keep rejects: call it when the routing
@@ -368,6 +388,7 @@ func (s *Scheduler) Retain(keep func(Key) bool) {
 	s.sessions.RetainReplicas(keep)
 	s.sends.Retain(keep)
 	s.homes.retain(keep)
+	s.footprints.retain(keep)
 }
 
 func grow(b []float64, n int) []float64 {

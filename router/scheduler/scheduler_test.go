@@ -516,6 +516,12 @@ func TestConfigValidate(t *testing.T) {
 		{"gap", func(c *Config) { c.Imbalance.MinGap = math.NaN() }, "scheduler_imbalance_min_gap:"},
 		{"kv ratio", func(c *Config) { c.KVImbalance.Ratio = 0 }, "scheduler_kv_imbalance_ratio:"},
 		{"kv gap", func(c *Config) { c.KVImbalance.MinGap = math.Inf(1) }, "scheduler_kv_imbalance_min_gap:"},
+		{"eviction weight", func(c *Config) { c.KVPressure.EvictionWeight = math.NaN() }, "scheduler_kv_eviction_weight:"},
+		{"eviction weight negative", func(c *Config) { c.KVPressure.EvictionWeight = -1 }, "scheduler_kv_eviction_weight:"},
+		{"session reserve", func(c *Config) { c.KVPressure.SessionReserveTokens = -1 }, "scheduler_kv_session_reserve_tokens:"},
+		{"session fill zero", func(c *Config) { c.KVPressure.SessionFill = 0 }, "scheduler_kv_session_fill:"},
+		{"session fill over one", func(c *Config) { c.KVPressure.SessionFill = 1.5 }, "scheduler_kv_session_fill:"},
+		{"pressure off", func(c *Config) { c.KVPressure.EvictionWeight, c.KVPressure.SessionReserveTokens = 0, 0 }, ""},
 		{"every problem at once", func(c *Config) {
 			c.Sessions, c.TreeEntries, c.Imbalance = 0, 0, Imbalance{Ratio: math.Inf(1), MinGap: -1}
 		}, "scheduler_sessions: must be at least 1, got 0\nscheduler_tree_entries: must be at least 1, got 0\n" +
