@@ -163,6 +163,11 @@ type Config struct {
 	// GPU's profile (--sim-load-scale): 1 is the profile's own, 0 none, for
 	// tests and demos that need engines at once.
 	LoadScale float64
+	// RequestOverhead, when above 0, is the API server's time for a
+	// request before the engine sees it (--sim-request-overhead), in place
+	// of the profile's host's (GPUProfile.FrontEnd) or the calibration's.
+	// GPU timing only.
+	RequestOverhead time.Duration
 
 	// EnableSleepMode is vLLM's --enable-sleep-mode: sleep level 1 moves
 	// the weights to host memory and back, taking LoadTimes' Sleep and
@@ -303,7 +308,19 @@ func (c *Config) gpuModel() (*gpuModel, error) {
 		}
 		return nil, fmt.Errorf("--sim-model-shape: %w", err)
 	}
-	return &gpuModel{gpu: p, shape: m, cal: DefaultCalibration}, nil
+	return &gpuModel{gpu: p, shape: m, cal: c.frontEnd(DefaultCalibration, p)}, nil
+}
+
+// frontEnd is cal with the request overhead of this run's host: the
+// profile's own (GPUProfile.FrontEnd), then --sim-request-overhead.
+func (c *Config) frontEnd(cal Calibration, p GPUProfile) Calibration {
+	if p.FrontEnd > 0 {
+		cal.RequestOverhead = p.FrontEnd
+	}
+	if c.RequestOverhead > 0 {
+		cal.RequestOverhead = c.RequestOverhead
+	}
+	return cal
 }
 
 // Derive fills in what vLLM derives when it is not given: with a GPU
@@ -480,6 +497,9 @@ func (c *Config) validate() error {
 	if c.StartupDelay < 0 {
 		bad("--sim-startup-delay: must not be negative")
 	}
+	if c.RequestOverhead < 0 {
+		bad("--sim-request-overhead: must not be negative")
+	}
 	if c.LoadScale < 0 || c.LoadScale > 1 {
 		bad("--sim-load-scale: %v: must be in [0, 1]", c.LoadScale)
 	}
@@ -540,6 +560,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.Float64Var(&f.decodeMS, "sim-decode-ms-per-token", f.decodeMS, "simple timing: decode time per generated token, milliseconds")
 	fs.DurationVar(&c.StartupDelay, "sim-startup-delay", c.StartupDelay, "the whole start, spent before listening (0: from --sim-gpu's profile, else none)")
 	fs.Float64Var(&c.LoadScale, "sim-load-scale", c.LoadScale, "scale of the start, sleep and wake times from --sim-gpu's profile, 0..1 (0: engines ready at once)")
+	fs.DurationVar(&c.RequestOverhead, "sim-request-overhead", c.RequestOverhead, "GPU timing: the API server's time for a request before the engine sees it, the host CPU's (0: --sim-gpu's profile's host, else 21ms)")
 	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
 	fs.BoolVar(&c.LoRAInfoFrozen, "sim-lora-info-frozen", false, "engine deviation: vllm:lora_requests_info stops changing once it has named an adapter (an adapter-activity metric stuck busy)")
 	fs.DurationVar(&c.StreamWriteTimeout, "sim-stream-write-timeout", c.StreamWriteTimeout, "abort a streamed request when one write blocks this long on a client that stopped reading (0: never)")

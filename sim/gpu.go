@@ -43,6 +43,13 @@ type GPUProfile struct {
 	// Calibration.ClockDerate says how far towards base the roofline
 	// takes a board.
 	BaseClock, BoostClock float64
+	// FrontEnd, when set, replaces Calibration.RequestOverhead for this
+	// profile: the API server's time for a request is the host CPU's, not
+	// the GPU's, and the profile stands for a node, GPU and host. Only the
+	// RTX 4090 has one of its own, fitted on its published sweep (a
+	// desktop host; docs/benchmarks.md "Concurrency fidelity (issue 32)");
+	// --sim-request-overhead replaces either.
+	FrontEnd time.Duration
 }
 
 // sustainedFLOPS is the tensor throughput a long prefill step sees: FLOPS
@@ -92,14 +99,17 @@ const (
 // H100 SXM5 1590 / 1980 (the H200, the same GH100 silicon, taken as the
 // H100), RTX 4090 2235 / 2520.
 var gpuProfiles = []GPUProfile{
-	{"l4", 23034 * mib, 300e9, 121e12, "nvidia l4", pcieGen4x16, nvmeRead, 795, 2040},
-	{"a10g", 23028 * mib, 600e9, 125e12, "nvidia a10g", pcieGen4x16, nvmeRead, 885, 1695},
-	{"a100-40gb", 40960 * mib, 1555e9, 312e12, "nvidia a100-sxm4-40gb", pcieGen4x16, nvmeRead, 1095, 1410},
-	{"a100-80gb", 81920 * mib, 2039e9, 312e12, "nvidia a100-sxm4-80gb", pcieGen4x16, nvmeRead, 1095, 1410},
-	{"h100-sxm", 81559 * mib, 3350e9, 989e12, "nvidia h100 80gb hbm3", pcieGen5x16, nvmeRead, 1590, 1980},
-	{"h200", 143771 * mib, 4800e9, 989e12, "nvidia h200", pcieGen5x16, nvmeRead, 1590, 1980},
-	{"rtx4090", 24564 * mib, 1008e9, 165.2e12, "nvidia geforce rtx 4090", pcieGen4x16, nvmeRead, 2235, 2520},
+	{"l4", 23034 * mib, 300e9, 121e12, "nvidia l4", pcieGen4x16, nvmeRead, 795, 2040, 0},
+	{"a10g", 23028 * mib, 600e9, 125e12, "nvidia a10g", pcieGen4x16, nvmeRead, 885, 1695, 0},
+	{"a100-40gb", 40960 * mib, 1555e9, 312e12, "nvidia a100-sxm4-40gb", pcieGen4x16, nvmeRead, 1095, 1410, 0},
+	{"a100-80gb", 81920 * mib, 2039e9, 312e12, "nvidia a100-sxm4-80gb", pcieGen4x16, nvmeRead, 1095, 1410, 0},
+	{"h100-sxm", 81559 * mib, 3350e9, 989e12, "nvidia h100 80gb hbm3", pcieGen5x16, nvmeRead, 1590, 1980, 0},
+	{"h200", 143771 * mib, 4800e9, 989e12, "nvidia h200", pcieGen5x16, nvmeRead, 1590, 1980, 0},
+	{"rtx4090", 24564 * mib, 1008e9, 165.2e12, "nvidia geforce rtx 4090", pcieGen4x16, nvmeRead, 2235, 2520, rtx4090FrontEnd},
 }
+
+// rtx4090FrontEnd is the RTX 4090 node's request overhead (GPUProfile.FrontEnd).
+const rtx4090FrontEnd = 12 * time.Millisecond
 
 // Host links and disks of the profiles, bytes per second (above).
 const (
@@ -265,6 +275,9 @@ type Calibration struct {
 	RequestOverhead time.Duration
 	RequestSerial   time.Duration
 	RequestJitter   time.Duration
+	// RequestTail, when set, adds to each request's overhead a draw from
+	// an exponential distribution of that mean (seeded as the jitter).
+	RequestTail time.Duration
 	// NonTorchReserve and ActivationBytesPerToken are what vLLM's memory
 	// profile subtracts besides the weights: CUDA context, NCCL and CUDA
 	// graphs, and the peak activations of a max_num_batched_tokens forward
@@ -294,9 +307,10 @@ var DefaultCalibration = Calibration{
 	ClockDerate:             1.5,
 	StepOverhead:            900 * time.Microsecond,
 	SeqOverhead:             60 * time.Microsecond,
-	RequestOverhead:         21 * time.Millisecond,
-	RequestSerial:           2 * time.Millisecond,
+	RequestOverhead:         22 * time.Millisecond,
+	RequestSerial:           1 * time.Millisecond,
 	RequestJitter:           1 * time.Millisecond,
+	RequestTail:             3 * time.Millisecond,
 	NonTorchReserve:         1.0 * gib,
 	ActivationBytesPerToken: 24 * 2, // × hidden: ~24 BF16 activations of hidden width per token at peak
 	HostLinkEfficiency:      0.78,

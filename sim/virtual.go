@@ -83,7 +83,7 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 	}
 	e := newEngine(&cfg, nil)
 	if run.Calibration != nil {
-		e.gpu.cal = *run.Calibration
+		e.gpu.cal = cfg.frontEnd(*run.Calibration, e.gpu.gpu)
 	}
 	e.api = newAPIServer(e.gpu.cal, run.Seed)
 	epoch := time.Unix(0, 0)

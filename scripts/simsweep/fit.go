@@ -60,7 +60,7 @@ var references = []refSweep{
 		cells: []refCell{
 			{c: 4, outTokS: 210, ttft: 53},
 			{c: 8, outTokS: 377, ttft: 55},
-			{c: 16, outTokS: 644, ttft: 97},
+			{c: 16, outTokS: 644, ttft: 97, unfitted: true},
 			{c: 32, outTokS: 975, ttft: 277, unfitted: true},
 			{c: 48, outTokS: 1190, ttft: 840, unfitted: true},
 		},
@@ -88,8 +88,10 @@ type cellErr struct {
 
 // fitPoint is one calibration tried, with its errors.
 type fitPoint struct {
-	cal   sim.Calibration
-	worst float64
+	cal sim.Calibration
+	// frontEnd is the request overhead of the hosts with their own.
+	frontEnd time.Duration
+	worst    float64
 	// errs are the means over the seeds; worst is the worst single seed's
 	// cell.
 	errs []cellErr
@@ -97,7 +99,7 @@ type fitPoint struct {
 
 // grid is the calibration values --fit tries.
 type grid struct {
-	computeEff, smallGEMM, overheadMs, serialMs, jitterMs, clockDerate []float64
+	computeEff, smallGEMM, overheadMs, serialMs, jitterMs, clockDerate, tailMs, frontEndMs []float64
 }
 
 // fit grids the calibration over every reference sweep at once in virtual
@@ -105,32 +107,54 @@ type grid struct {
 // published cell and seed, prints the best top, then every cell of the
 // best.
 func fit(sweeps []refSweep, perLevel, seeds, top int, g grid) error {
+	ms := func(x float64) time.Duration { return time.Duration(x * float64(time.Millisecond)) }
+	axes := []struct {
+		values []float64
+		set    func(*sim.Calibration, float64)
+	}{
+		{g.clockDerate, func(c *sim.Calibration, x float64) { c.ClockDerate = x }},
+		{g.computeEff, func(c *sim.Calibration, x float64) { c.ComputeEfficiency = x }},
+		{g.smallGEMM, func(c *sim.Calibration, x float64) { c.SmallGEMMHidden = x }},
+		{g.overheadMs, func(c *sim.Calibration, x float64) { c.RequestOverhead = ms(x) }},
+		{g.serialMs, func(c *sim.Calibration, x float64) { c.RequestSerial = ms(x) }},
+		{g.jitterMs, func(c *sim.Calibration, x float64) { c.RequestJitter = ms(x) }},
+		{g.tailMs, func(c *sim.Calibration, x float64) { c.RequestTail = ms(x) }},
+	}
+	// The front end of the hosts whose profile has its own
+	// (sim.GPUProfile.FrontEnd); the overhead axis is the calibration's,
+	// every other host's.
+	var fe time.Duration
+	axes = append(axes, struct {
+		values []float64
+		set    func(*sim.Calibration, float64)
+	}{g.frontEndMs, func(_ *sim.Calibration, x float64) { fe = ms(x) }})
+	// Every combination: idx counts in mixed radix over the axes.
 	var points []fitPoint
-	for _, cd := range g.clockDerate {
-		for _, ce := range g.computeEff {
-			for _, sg := range g.smallGEMM {
-				for _, ovMs := range g.overheadMs {
-					for _, serMs := range g.serialMs {
-						for _, jitMs := range g.jitterMs {
-							cal := sim.DefaultCalibration
-							cal.ComputeEfficiency, cal.SmallGEMMHidden, cal.ClockDerate = ce, sg, cd
-							cal.RequestOverhead = time.Duration(ovMs * float64(time.Millisecond))
-							cal.RequestSerial = time.Duration(serMs * float64(time.Millisecond))
-							cal.RequestJitter = time.Duration(jitMs * float64(time.Millisecond))
-							p, err := score(sweeps, cal, perLevel, seeds)
-							if err != nil {
-								return err
-							}
-							points = append(points, p)
-						}
-					}
-				}
+	idx := make([]int, len(axes))
+	for {
+		cal := sim.DefaultCalibration
+		for i, a := range axes {
+			a.set(&cal, a.values[idx[i]])
+		}
+		p, err := score(sweeps, cal, fe, perLevel, seeds)
+		if err != nil {
+			return err
+		}
+		points = append(points, p)
+		i := len(axes) - 1
+		for ; i >= 0; i-- {
+			if idx[i]++; idx[i] < len(axes[i].values) {
+				break
 			}
+			idx[i] = 0
+		}
+		if i < 0 {
+			break
 		}
 	}
 	slices.SortStableFunc(points, func(a, b fitPoint) int { return cmp.Compare(a.worst, b.worst) })
-	fmt.Println("| clock derate | compute eff. | small-GEMM hidden | request overhead | serialized | jitter ± | worst error (any seed) | worst mean error |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| clock derate | compute eff. | small-GEMM hidden | request overhead | own front ends | serialized | jitter ± | exp. tail | worst error (any seed) | worst mean error |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, p := range points[:min(top, len(points))] {
 		var worstMean float64
 		for _, e := range p.errs {
@@ -139,8 +163,8 @@ func fit(sweeps []refSweep, perLevel, seeds, top int, g grid) error {
 			}
 			worstMean = math.Max(worstMean, math.Abs(e.err))
 		}
-		fmt.Printf("| %.2f | %.2f | %.0f | %v | %v | %v | %.0f %% | %.0f %% |\n", p.cal.ClockDerate, p.cal.ComputeEfficiency, p.cal.SmallGEMMHidden,
-			p.cal.RequestOverhead, p.cal.RequestSerial, p.cal.RequestJitter, 100*p.worst, 100*worstMean)
+		fmt.Printf("| %.2f | %.2f | %.0f | %v | %v | %v | %v | %v | %.0f %% | %.0f %% |\n", p.cal.ClockDerate, p.cal.ComputeEfficiency, p.cal.SmallGEMMHidden,
+			p.cal.RequestOverhead, p.frontEnd, p.cal.RequestSerial, p.cal.RequestJitter, p.cal.RequestTail, 100*p.worst, 100*worstMean)
 	}
 	fmt.Println()
 	printCells(points[0])
@@ -162,11 +186,14 @@ func printCells(p fitPoint) {
 }
 
 // score runs every sweep for one calibration over seeds 1..seeds.
-func score(sweeps []refSweep, cal sim.Calibration, perLevel, seeds int) (fitPoint, error) {
-	p := fitPoint{cal: cal}
+func score(sweeps []refSweep, cal sim.Calibration, frontEnd time.Duration, perLevel, seeds int) (fitPoint, error) {
+	p := fitPoint{cal: cal, frontEnd: frontEnd}
 	for _, sw := range sweeps {
 		cfg := sim.DefaultConfig()
 		cfg.Model, cfg.GPU, cfg.GPUMemoryUtilization, cfg.MaxModelLen = sw.model, sw.gpu, sw.util, sw.maxLen
+		if prof, ok := sim.LookupGPU(sw.gpu); ok && prof.FrontEnd > 0 {
+			cfg.RequestOverhead = frontEnd
+		}
 		type acc struct{ tput, ttft, itl, gain float64 }
 		means := make([]acc, len(sw.cells))
 		for seed := 1; seed <= seeds; seed++ {

@@ -44,6 +44,8 @@ func run(args []string) error {
 	doFit := fs.Bool("fit", false, "grid the calibration against the published sweeps (fit.go's references; --gpu, --model and the shape flags are theirs)")
 	sweeps := fs.String("fit-sweeps", "", "with --fit: comma-separated reference names (default all)")
 	gemms := fs.String("fit-small-gemm", "1024", "with --fit: small-GEMM hidden sizes to try")
+	tails := fs.String("fit-tail-ms", "0", "with --fit: exponential tails (means) of the request overhead to try, ms")
+	fronts := fs.String("fit-front-end-ms", "12", "with --fit: request overheads to try for the hosts whose profile has its own (sim.GPUProfile.FrontEnd), ms")
 	derates := fs.String("fit-clock-derate", "0", "with --fit: clock derates (exponents of base/boost) to try")
 	seeds := fs.Int("seeds", 1, "with --fit: seeds per concurrency (the score is the worst)")
 	top := fs.Int("top", 12, "with --fit: rows to print, best first")
@@ -58,8 +60,8 @@ func run(args []string) error {
 	cfg.Model, cfg.GPU, cfg.GPUMemoryUtilization, cfg.MaxModelLen = *model, *gpu, *util, *maxLen
 	cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs = *batched, *seqs
 	if *doFit {
-		var lists [6][]float64
-		for i, list := range []string{*effs, *gemms, *ovs, *sers, *jits, *derates} {
+		var lists [8][]float64
+		for i, list := range []string{*effs, *gemms, *ovs, *sers, *jits, *derates, *tails, *fronts} {
 			for _, f := range strings.Split(list, ",") {
 				x, err := strconv.ParseFloat(strings.TrimSpace(f), 64)
 				if err != nil {
@@ -72,7 +74,7 @@ func run(args []string) error {
 		if err != nil {
 			return err
 		}
-		return fit(refs, *perLevel, *seeds, *top, grid{lists[0], lists[1], lists[2], lists[3], lists[4], lists[5]})
+		return fit(refs, *perLevel, *seeds, *top, grid{lists[0], lists[1], lists[2], lists[3], lists[4], lists[5], lists[6], lists[7]})
 	}
 	fmt.Println("| concurrency | req/s | out tok/s | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | E2E p50 | E2E p95 | preemptions |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
