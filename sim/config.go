@@ -163,6 +163,18 @@ type Config struct {
 	// GPU's profile (--sim-load-scale): 1 is the profile's own, 0 none, for
 	// tests and demos that need engines at once.
 	LoadScale float64
+	// KVOffloadingSize is vLLM's --kv-offloading-size: GiB of host memory
+	// for the native offloading connector's CPU tier (design §8 "KV
+	// offload"); 0 is none. Its capacity in blocks is the size over a
+	// block's bytes, from the model's shape (numCPUBlocks), unless
+	// NumCPUBlocks is set.
+	KVOffloadingSize float64
+	// KVOffloadingBackend is vLLM's --kv-offloading-backend; only
+	// "native" (the OffloadingConnector) is simulated.
+	KVOffloadingBackend string
+	// NumCPUBlocks, when above 0, is the CPU tier's capacity in blocks
+	// outright (vLLM's kv_connector_extra_config num_cpu_blocks).
+	NumCPUBlocks int
 	// RequestOverhead, when above 0, is the API server's time for a
 	// request before the engine sees it (--sim-request-overhead), in place
 	// of the profile's host's (GPUProfile.FrontEnd) or the calibration's.
@@ -353,6 +365,24 @@ func (c *Config) Derive() {
 	}
 }
 
+// numCPUBlocks is the CPU tier's capacity in blocks: NumCPUBlocks, or
+// KVOffloadingSize GiB over a block's bytes (all layers' K and V in BF16
+// for BlockSize tokens, as the GPU's blocks), or 0 for no tier. The config
+// must be valid.
+func (c *Config) numCPUBlocks() int {
+	if c.NumCPUBlocks > 0 {
+		return c.NumCPUBlocks
+	}
+	if c.KVOffloadingSize <= 0 {
+		return 0
+	}
+	g, err := c.gpuModel()
+	if err != nil {
+		return 0
+	}
+	return int(c.KVOffloadingSize * gib / (g.shape.kvBytesPerToken() * float64(c.BlockSize)))
+}
+
 // KVEvents is the KV events config the server publishes with:
 // --kv-events-config over vLLM's defaults, its buffer_steps replaced by
 // KVBufferSteps when that is set.
@@ -497,6 +527,18 @@ func (c *Config) validate() error {
 	if c.StartupDelay < 0 {
 		bad("--sim-startup-delay: must not be negative")
 	}
+	if c.KVOffloadingSize < 0 {
+		bad("--kv-offloading-size: %v: must not be negative", c.KVOffloadingSize)
+	}
+	if c.KVOffloadingSize > 0 && c.NumCPUBlocks == 0 && c.TimingMode() != TimingGPU {
+		bad("--kv-offloading-size: needs --sim-gpu (a block's bytes come from the model's shape)")
+	}
+	if b := c.KVOffloadingBackend; b != "" && b != "native" {
+		bad("--kv-offloading-backend: %q: the simulator has the native one only", b)
+	}
+	if c.NumCPUBlocks < 0 {
+		bad("num CPU blocks: %d: must not be negative", c.NumCPUBlocks)
+	}
 	if c.RequestOverhead < 0 {
 		bad("--sim-request-overhead: must not be negative")
 	}
@@ -560,6 +602,8 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.Float64Var(&f.decodeMS, "sim-decode-ms-per-token", f.decodeMS, "simple timing: decode time per generated token, milliseconds")
 	fs.DurationVar(&c.StartupDelay, "sim-startup-delay", c.StartupDelay, "the whole start, spent before listening (0: from --sim-gpu's profile, else none)")
 	fs.Float64Var(&c.LoadScale, "sim-load-scale", c.LoadScale, "scale of the start, sleep and wake times from --sim-gpu's profile, 0..1 (0: engines ready at once)")
+	fs.Float64Var(&c.KVOffloadingSize, "kv-offloading-size", 0, "GiB of host memory for offloaded KV blocks (the native OffloadingConnector's CPU tier; 0: none)")
+	fs.StringVar(&c.KVOffloadingBackend, "kv-offloading-backend", "native", "KV offloading backend (native only)")
 	fs.DurationVar(&c.RequestOverhead, "sim-request-overhead", c.RequestOverhead, "GPU timing: the API server's time for a request before the engine sees it, the host CPU's (0: --sim-gpu's profile's host, else 21ms)")
 	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
 	fs.BoolVar(&c.LoRAInfoFrozen, "sim-lora-info-frozen", false, "engine deviation: vllm:lora_requests_info stops changing once it has named an adapter (an adapter-activity metric stuck busy)")

@@ -335,13 +335,17 @@ type seqWork struct {
 	// samples is true when the step ends the sequence's known tokens, so
 	// the lm_head runs for its last position and a token is sampled.
 	samples bool
+	// loaded is how many of the context's tokens the step first copies in
+	// from the CPU tier.
+	loaded int
 }
 
 // weightBytes are the weights in BF16, read once per step.
 func (g *gpuModel) weightBytes() float64 { return g.shape.Params * 2 }
 
 // stepTime is the roofline: the larger of memory time and compute time,
-// plus the fixed overheads.
+// plus the fixed overheads, plus the copy of any KV loaded from the CPU tier
+// over the host link (before the forward pass that needs it).
 func (g *gpuModel) stepTime(w stepWork) time.Duration {
 	if len(w.seqs) == 0 {
 		return 0
@@ -354,8 +358,9 @@ func (g *gpuModel) stepTime(w stepWork) time.Duration {
 		body -= lmHead // the input embedding is a lookup, not a GEMM
 	}
 	attnWidth := float64(m.Heads * m.HeadDim)
-	var tokens, samples, kvRead, attnFLOPs float64
+	var tokens, samples, kvRead, attnFLOPs, loaded float64
 	for _, s := range w.seqs {
+		loaded += float64(s.loaded)
 		n, c := float64(s.newTokens), float64(s.context)
 		tokens += n
 		if s.samples {
@@ -370,6 +375,7 @@ func (g *gpuModel) stepTime(w stepWork) time.Duration {
 	h := float64(m.Hidden)
 	eff := g.cal.ComputeEfficiency * h / (h + g.cal.SmallGEMMHidden)
 	sec := math.Max(bytes/(g.gpu.Bandwidth*g.cal.MemEfficiency), flops/(g.gpu.sustainedFLOPS(g.cal.ClockDerate)*eff))
+	sec += loaded * kvTok / (g.gpu.HostLink * g.cal.HostLinkEfficiency)
 	return time.Duration(sec*float64(time.Second)) + g.cal.StepOverhead +
 		time.Duration(len(w.seqs))*g.cal.SeqOverhead
 }
