@@ -604,7 +604,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.Float64Var(&c.LoadScale, "sim-load-scale", c.LoadScale, "scale of the start, sleep and wake times from --sim-gpu's profile, 0..1 (0: engines ready at once)")
 	fs.Float64Var(&c.KVOffloadingSize, "kv-offloading-size", 0, "GiB of host memory for offloaded KV blocks (the native OffloadingConnector's CPU tier; 0: none)")
 	fs.StringVar(&c.KVOffloadingBackend, "kv-offloading-backend", "native", "KV offloading backend (native only)")
-	fs.DurationVar(&c.RequestOverhead, "sim-request-overhead", c.RequestOverhead, "GPU timing: the API server's time for a request before the engine sees it, the host CPU's (0: --sim-gpu's profile's host, else 21ms)")
+	fs.DurationVar(&c.RequestOverhead, "sim-request-overhead", c.RequestOverhead, "GPU timing: the API server's time for a request before the engine sees it, the host CPU's (0: --sim-gpu's profile's host, else 22ms)")
 	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
 	fs.BoolVar(&c.LoRAInfoFrozen, "sim-lora-info-frozen", false, "engine deviation: vllm:lora_requests_info stops changing once it has named an adapter (an adapter-activity metric stuck busy)")
 	fs.DurationVar(&c.StreamWriteTimeout, "sim-stream-write-timeout", c.StreamWriteTimeout, "abort a streamed request when one write blocks this long on a client that stopped reading (0: never)")
