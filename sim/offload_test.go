@@ -217,3 +217,92 @@ func TestOffloadHitCostsATransfer(t *testing.T) {
 		t.Errorf("CPU hit costs %v over a GPU hit, want the copy's %v", d, link)
 	}
 }
+
+// TestKVEventsMirrorBothTiers: a subscriber that applies the events of
+// each medium to its own set — the agent's job with tiers, in miniature —
+// ends with exactly the GPU cache and the CPU tier the simulator holds,
+// after prompts that overflow both, in map and array encodings; the CPU
+// set never exceeds the tier.
+func TestKVEventsMirrorBothTiers(t *testing.T) {
+	for _, enc := range []vllm.Encoding{vllm.EncodingMap, vllm.EncodingArray} {
+		t.Run(fmt.Sprint(enc), func(t *testing.T) {
+			const cpuBlocks = 10
+			h := startKV(t, kvSetup{endpoint: "connect", topic: "kv", encoding: enc, cpuBlocks: cpuBlocks})
+			gpu, cpu := map[uint64]bool{}, map[uint64]bool{}
+			var next uint64
+			var cpuEvents int
+			drain := func() {
+				n := h.settle()
+				for ; next < n; next++ {
+					_, _, payload := h.recv()
+					b, err := vllm.DecodeEventBatch(payload)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, ev := range b.Events {
+						switch e := ev.(type) {
+						case *vllm.BlockStored:
+							m := gpu
+							if !e.OnGPU() {
+								m, cpuEvents = cpu, cpuEvents+1
+								if e.ParentBlockHash != nil || len(e.TokenIDs) != 0 || e.GroupIdx != nil || e.BlockSize != 4 {
+									t.Errorf("CPU BlockStored %+v: want no parent, tokens or group, block size 4", e)
+								}
+							}
+							for _, x := range e.BlockHashes {
+								m[x.Uint64()] = true
+							}
+						case *vllm.BlockRemoved:
+							m := gpu
+							if !e.OnGPU() {
+								m, cpuEvents = cpu, cpuEvents+1
+							}
+							for _, x := range e.BlockHashes {
+								if !m[x.Uint64()] {
+									t.Errorf("removal of %d from %v, which was never stored there", x.Uint64(), *e.Medium)
+								}
+								delete(m, x.Uint64())
+							}
+						case *vllm.AllBlocksCleared:
+							clear(gpu)
+						}
+					}
+					if len(cpu) > cpuBlocks {
+						t.Fatalf("the CPU mirror holds %d blocks, the tier %d", len(cpu), cpuBlocks)
+					}
+				}
+			}
+			sorted := func(m map[uint64]bool) []uint64 {
+				out := make([]uint64, 0, len(m))
+				for k := range m {
+					out = append(out, k)
+				}
+				slices.Sort(out)
+				return out
+			}
+			prompt := func(first, n int) []int {
+				p := make([]int, n)
+				for i := range p {
+					p[i] = first*1000 + i
+				}
+				return p
+			}
+			// 24 GPU blocks of 4 tokens; prompts of 5–12 blocks overflow
+			// the GPU, then the 10-block tier.
+			for i, p := range [][]int{prompt(1, 20), prompt(2, 40), prompt(3, 48), prompt(1, 20), prompt(4, 44), prompt(2, 40)} {
+				h.complete(p...)
+				drain()
+				blocks := h.blocks()
+				if got := sorted(gpu); !slices.Equal(got, blocks.BlockHashes) {
+					t.Fatalf("after request %d: GPU mirror %v, simulator %v", i, got, blocks.BlockHashes)
+				}
+				if got := sorted(cpu); !slices.Equal(got, blocks.CPUBlockHashes) && (len(got) > 0 || len(blocks.CPUBlockHashes) > 0) {
+					t.Fatalf("after request %d: CPU mirror %v, simulator %v", i, got, blocks.CPUBlockHashes)
+				}
+			}
+			if cpuEvents == 0 || len(cpu) != cpuBlocks {
+				t.Errorf("%d CPU events, %d blocks in the CPU mirror: the tier was never filled", cpuEvents, len(cpu))
+			}
+		})
+	}
+}
