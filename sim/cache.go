@@ -32,7 +32,7 @@ type StoredBlock struct {
 	LoRAID   int
 }
 
-// TierObserver, when a CacheObserver also implements it, is told what the
+// TierObserver is told, when a CacheObserver also implements it, what the
 // CPU tier (--kv-offloading-size) stores and evicts, as vLLM's
 // OffloadingConnector reports them: one OffloadStored per completed store
 // and one OffloadRemoved per eviction round, each naming every block in it
