@@ -20,7 +20,7 @@ import (
 // closed loop (SimulateClosedLoop) both take a request's entry time from
 // here, so they see the same front end.
 type apiServer struct {
-	overhead, serial, jitter time.Duration
+	overhead, serial, jitter, tail time.Duration
 
 	mu  sync.Mutex
 	rng *rand.Rand
@@ -30,7 +30,7 @@ type apiServer struct {
 
 func newAPIServer(cal Calibration, seed uint64) *apiServer {
 	serial := min(cal.RequestSerial, cal.RequestOverhead)
-	return &apiServer{overhead: cal.RequestOverhead, serial: serial,
+	return &apiServer{overhead: cal.RequestOverhead, serial: serial, tail: cal.RequestTail,
 		jitter: min(cal.RequestJitter, cal.RequestOverhead-serial), rng: rand.New(rand.NewPCG(seed, 0x617069))}
 }
 
@@ -47,6 +47,9 @@ func (a *apiServer) enter(now time.Time) time.Time {
 	rest := a.overhead - a.serial
 	if a.jitter > 0 {
 		rest += time.Duration(a.rng.Int64N(int64(2*a.jitter)+1)) - a.jitter
+	}
+	if a.tail > 0 {
+		rest += time.Duration(a.rng.ExpFloat64() * float64(a.tail))
 	}
 	return a.busy.Add(rest)
 }

@@ -32,6 +32,16 @@ type StoredBlock struct {
 	LoRAID   int
 }
 
+// TierObserver is told, when a CacheObserver also implements it, what the
+// CPU tier (--kv-offloading-size) stores and evicts, as vLLM's
+// OffloadingConnector reports them: one OffloadStored per completed store
+// and one OffloadRemoved per eviction round, each naming every block in it
+// (design §8 "KV offload"). Same rules as CacheObserver's.
+type TierObserver interface {
+	OffloadStored(hashes []vllm.BlockHash)
+	OffloadRemoved(hashes []vllm.BlockHash)
+}
+
 type nopObserver struct{}
 
 func (nopObserver) BlocksStored(*vllm.BlockHash, []StoredBlock) {}
@@ -57,6 +67,88 @@ type prefixCache struct {
 	lru      list.List
 	enabled  bool
 	observer CacheObserver
+	// cpu is the offload tier, nil without one.
+	cpu *cpuTier
+}
+
+// cpuTier is vLLM's native offloading connector with its LRU manager
+// (vllm/v1/kv_offload/lru_manager.py): a bounded set of blocks in host
+// memory. Every full block a sequence computes is stored to it as well
+// (write-through: the connector offloads each request's new full blocks,
+// skipping those already stored), evicting the least recently used when
+// full; a prefix the GPU cache has lost but the tier holds is loaded back
+// instead of recomputed.
+type cpuTier struct {
+	capacity int
+	entries  map[vllm.BlockHash]*list.Element
+	lru      list.List // of vllm.BlockHash, least recently used at the front
+	observer TierObserver
+}
+
+func newCPUTier(capacity int, obs CacheObserver) *cpuTier {
+	t := &cpuTier{capacity: capacity, entries: make(map[vllm.BlockHash]*list.Element)}
+	if o, ok := obs.(TierObserver); ok {
+		t.observer = o
+	}
+	return t
+}
+
+// store offloads the blocks not yet in the tier, as prepare_store and
+// complete_store do: it evicts least recently used blocks to make room
+// (one OffloadRemoved for them all), then stores (one OffloadStored). When
+// more blocks are new than the tier holds, nothing is stored, as vLLM's
+// prepare_store gives up when it cannot evict enough.
+func (t *cpuTier) store(hashes []vllm.BlockHash) {
+	var fresh []vllm.BlockHash
+	seen := make(map[vllm.BlockHash]bool, len(hashes))
+	for _, h := range hashes {
+		if e, ok := t.entries[h]; ok {
+			t.lru.MoveToBack(e) // stored again: used again
+		} else if !seen[h] {
+			fresh = append(fresh, h)
+			seen[h] = true
+		}
+	}
+	if len(fresh) == 0 || len(fresh) > t.capacity {
+		return
+	}
+	var evicted []vllm.BlockHash
+	for len(t.entries)+len(fresh) > t.capacity {
+		h := t.lru.Remove(t.lru.Front()).(vllm.BlockHash)
+		delete(t.entries, h)
+		evicted = append(evicted, h)
+	}
+	if len(evicted) > 0 && t.observer != nil {
+		t.observer.OffloadRemoved(evicted)
+	}
+	for _, h := range fresh {
+		t.entries[h] = t.lru.PushBack(h)
+	}
+	if t.observer != nil {
+		t.observer.OffloadStored(fresh)
+	}
+}
+
+// hits is how many of hashes, from the first, the tier holds.
+func (t *cpuTier) hits(hashes []vllm.BlockHash) int {
+	n := 0
+	for n < len(hashes) {
+		if _, ok := t.entries[hashes[n]]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// touch marks blocks as recently used, the last most recently (the
+// manager's touch walks them in reverse).
+func (t *cpuTier) touch(hashes []vllm.BlockHash) {
+	for _, h := range hashes {
+		if e, ok := t.entries[h]; ok {
+			t.lru.MoveToBack(e)
+		}
+	}
 }
 
 type cacheEntry struct {
@@ -71,6 +163,31 @@ func newPrefixCache(capacity int, enabled bool, obs CacheObserver) *prefixCache 
 	}
 	return &prefixCache{capacity: capacity, enabled: enabled, observer: obs,
 		entries: make(map[vllm.BlockHash]*cacheEntry)}
+}
+
+// withCPUTier adds an offload tier of capacity blocks (none when 0).
+func (c *prefixCache) withCPUTier(capacity int) *prefixCache {
+	if capacity > 0 {
+		c.cpu = newCPUTier(capacity, c.observer)
+	}
+	return c
+}
+
+// offloadHits is how many blocks after the GPU cache's gpuHits the CPU tier
+// holds, within the same cap as hits (at least one prompt token is
+// computed); those are loaded, not recomputed. It touches the whole prefix
+// the request uses, as the connector touches a request's blocks.
+func (c *prefixCache) offloadHits(hashes []vllm.BlockHash, gpuHits, promptLen, blockSize int) int {
+	if c.cpu == nil || !c.enabled {
+		return 0
+	}
+	limit := min(len(hashes), (promptLen-1)/blockSize)
+	if gpuHits >= limit {
+		return 0
+	}
+	n := c.cpu.hits(hashes[gpuHits:limit])
+	c.cpu.touch(hashes[:gpuHits+n])
+	return n
 }
 
 // used is the number of blocks sequences are using.
@@ -212,6 +329,9 @@ func (c *prefixCache) commit(a *allocation, hashes []vllm.BlockHash, tokens []in
 	}
 	if len(stored) > 0 {
 		c.observer.BlocksStored(parent, stored)
+	}
+	if c.cpu != nil {
+		c.cpu.store(hashes[start:len(a.entries)])
 	}
 }
 

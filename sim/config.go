@@ -163,6 +163,23 @@ type Config struct {
 	// GPU's profile (--sim-load-scale): 1 is the profile's own, 0 none, for
 	// tests and demos that need engines at once.
 	LoadScale float64
+	// KVOffloadingSize is vLLM's --kv-offloading-size: GiB of host memory
+	// for the native offloading connector's CPU tier (design §8 "KV
+	// offload"); 0 is none. Its capacity in blocks is the size over a
+	// block's bytes, from the model's shape (numCPUBlocks), unless
+	// NumCPUBlocks is set.
+	KVOffloadingSize float64
+	// KVOffloadingBackend is vLLM's --kv-offloading-backend; only
+	// "native" (the OffloadingConnector) is simulated.
+	KVOffloadingBackend string
+	// NumCPUBlocks, when above 0, is the CPU tier's capacity in blocks
+	// outright (vLLM's kv_connector_extra_config num_cpu_blocks).
+	NumCPUBlocks int
+	// RequestOverhead, when above 0, is the API server's time for a
+	// request before the engine sees it (--sim-request-overhead), in place
+	// of the profile's host's (GPUProfile.FrontEnd) or the calibration's.
+	// GPU timing only.
+	RequestOverhead time.Duration
 
 	// EnableSleepMode is vLLM's --enable-sleep-mode: sleep level 1 moves
 	// the weights to host memory and back, taking LoadTimes' Sleep and
@@ -303,7 +320,19 @@ func (c *Config) gpuModel() (*gpuModel, error) {
 		}
 		return nil, fmt.Errorf("--sim-model-shape: %w", err)
 	}
-	return &gpuModel{gpu: p, shape: m, cal: DefaultCalibration}, nil
+	return &gpuModel{gpu: p, shape: m, cal: c.frontEnd(DefaultCalibration, p)}, nil
+}
+
+// frontEnd is cal with the request overhead of this run's host: the
+// profile's own (GPUProfile.FrontEnd), then --sim-request-overhead.
+func (c *Config) frontEnd(cal Calibration, p GPUProfile) Calibration {
+	if p.FrontEnd > 0 {
+		cal.RequestOverhead = p.FrontEnd
+	}
+	if c.RequestOverhead > 0 {
+		cal.RequestOverhead = c.RequestOverhead
+	}
+	return cal
 }
 
 // Derive fills in what vLLM derives when it is not given: with a GPU
@@ -334,6 +363,24 @@ func (c *Config) Derive() {
 	if c.NumGPUBlocks == 0 {
 		c.NumGPUBlocks = blocks
 	}
+}
+
+// numCPUBlocks is the CPU tier's capacity in blocks: NumCPUBlocks, or
+// KVOffloadingSize GiB over a block's bytes (all layers' K and V in BF16
+// for BlockSize tokens, as the GPU's blocks), or 0 for no tier. The config
+// must be valid.
+func (c *Config) numCPUBlocks() int {
+	if c.NumCPUBlocks > 0 {
+		return c.NumCPUBlocks
+	}
+	if c.KVOffloadingSize <= 0 {
+		return 0
+	}
+	g, err := c.gpuModel()
+	if err != nil {
+		return 0
+	}
+	return int(c.KVOffloadingSize * gib / (g.shape.kvBytesPerToken() * float64(c.BlockSize)))
 }
 
 // KVEvents is the KV events config the server publishes with:
@@ -480,6 +527,21 @@ func (c *Config) validate() error {
 	if c.StartupDelay < 0 {
 		bad("--sim-startup-delay: must not be negative")
 	}
+	if c.KVOffloadingSize < 0 {
+		bad("--kv-offloading-size: %v: must not be negative", c.KVOffloadingSize)
+	}
+	if c.KVOffloadingSize > 0 && c.NumCPUBlocks == 0 && c.TimingMode() != TimingGPU {
+		bad("--kv-offloading-size: needs --sim-gpu (a block's bytes come from the model's shape)")
+	}
+	if b := c.KVOffloadingBackend; b != "" && b != "native" {
+		bad("--kv-offloading-backend: %q: the simulator has the native one only", b)
+	}
+	if c.NumCPUBlocks < 0 {
+		bad("num CPU blocks: %d: must not be negative", c.NumCPUBlocks)
+	}
+	if c.RequestOverhead < 0 {
+		bad("--sim-request-overhead: must not be negative")
+	}
 	if c.LoadScale < 0 || c.LoadScale > 1 {
 		bad("--sim-load-scale: %v: must be in [0, 1]", c.LoadScale)
 	}
@@ -540,6 +602,9 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.Float64Var(&f.decodeMS, "sim-decode-ms-per-token", f.decodeMS, "simple timing: decode time per generated token, milliseconds")
 	fs.DurationVar(&c.StartupDelay, "sim-startup-delay", c.StartupDelay, "the whole start, spent before listening (0: from --sim-gpu's profile, else none)")
 	fs.Float64Var(&c.LoadScale, "sim-load-scale", c.LoadScale, "scale of the start, sleep and wake times from --sim-gpu's profile, 0..1 (0: engines ready at once)")
+	fs.Float64Var(&c.KVOffloadingSize, "kv-offloading-size", 0, "GiB of host memory for offloaded KV blocks (the native OffloadingConnector's CPU tier; 0: none)")
+	fs.StringVar(&c.KVOffloadingBackend, "kv-offloading-backend", "native", "KV offloading backend (native only)")
+	fs.DurationVar(&c.RequestOverhead, "sim-request-overhead", c.RequestOverhead, "GPU timing: the API server's time for a request before the engine sees it, the host CPU's (0: --sim-gpu's profile's host, else 22ms)")
 	fs.DurationVar(&c.LoRALoadDelay, "sim-lora-load-delay", c.LoRALoadDelay, "time a runtime LoRA load takes (POST /v1/load_lora_adapter)")
 	fs.BoolVar(&c.LoRAInfoFrozen, "sim-lora-info-frozen", false, "engine deviation: vllm:lora_requests_info stops changing once it has named an adapter (an adapter-activity metric stuck busy)")
 	fs.DurationVar(&c.StreamWriteTimeout, "sim-stream-write-timeout", c.StreamWriteTimeout, "abort a streamed request when one write blocks this long on a client that stopped reading (0: never)")

@@ -117,7 +117,7 @@ func newEngine(cfg *Config, obs CacheObserver) *engine {
 	e := &engine{
 		maxSeqs:     cfg.MaxNumSeqs,
 		blockSize:   cfg.BlockSize,
-		cache:       newPrefixCache(cfg.NumGPUBlocks, cfg.EnablePrefixCaching, obs),
+		cache:       newPrefixCache(cfg.NumGPUBlocks, cfg.EnablePrefixCaching, obs).withCPUTier(cfg.numCPUBlocks()),
 		maxBatched:  cfg.MaxNumBatchedTokens,
 		longPrefill: cfg.LongPrefillTokenThreshold,
 		chunked:     cfg.EnableChunkedPrefill,
@@ -190,9 +190,12 @@ func (e *engine) schedule() {
 		if !ok {
 			return
 		}
+		// Blocks the CPU tier holds are loaded (at no cost in simple
+		// timing) rather than recomputed.
+		loaded := e.cache.offloadHits(w.hashes, hits, w.promptLen, e.blockSize)
 		e.waiting.Remove(e.waiting.Front())
 		e.running++
-		w.seq = &sequence{e: e, a: a, CachedTokens: hits * e.blockSize, onAbort: w.onAbort}
+		w.seq = &sequence{e: e, a: a, CachedTokens: (hits + loaded) * e.blockSize, onAbort: w.onAbort}
 		e.live[w.seq] = struct{}{}
 		close(w.admitted)
 	}

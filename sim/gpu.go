@@ -35,6 +35,30 @@ type GPUProfile struct {
 	// second: a local NVMe SSD of the kind the clouds attach to these
 	// boards. A start reads the weights from it first.
 	Disk float64
+	// BaseClock and BoostClock are the board's datasheet GPU clocks, MHz.
+	// FLOPS is quoted at the boost clock; under a sustained dense tensor
+	// load a board whose power limit is low for its silicon (the 72 W L4
+	// above all, base 795 against boost 2040 MHz) runs well below it, one
+	// with headroom (the 450 W RTX 4090, 2235 against 2520) close to it.
+	// Calibration.ClockDerate says how far towards base the roofline
+	// takes a board.
+	BaseClock, BoostClock float64
+	// FrontEnd, when set, replaces Calibration.RequestOverhead for this
+	// profile: the API server's time for a request is the host CPU's, not
+	// the GPU's, and the profile stands for a node, GPU and host. Only the
+	// RTX 4090 has one of its own, fitted on its published sweep (a
+	// desktop host; docs/benchmarks.md "Concurrency fidelity (issue 32)");
+	// --sim-request-overhead replaces either.
+	FrontEnd time.Duration
+}
+
+// sustainedFLOPS is the tensor throughput a long prefill step sees: FLOPS
+// derated towards the base clock by (base/boost)^derate.
+func (p GPUProfile) sustainedFLOPS(derate float64) float64 {
+	if p.BaseClock <= 0 || p.BoostClock <= 0 || derate == 0 {
+		return p.FLOPS
+	}
+	return p.FLOPS * math.Pow(p.BaseClock/p.BoostClock, derate)
 }
 
 const (
@@ -69,15 +93,23 @@ const (
 // about 3 GB/s sequential read (the instance-store drives of the clouds'
 // L4, A10G and A100 instances are of this class; newer Gen4 drives read
 // faster, which --sim-load-scale can stand for).
+//
+// Clocks (base / boost, MHz), from the same datasheets and NVIDIA's board
+// specifications: L4 795 / 2040, A10 885 / 1695, A100 SXM4 1095 / 1410,
+// H100 SXM5 1590 / 1980 (the H200, the same GH100 silicon, taken as the
+// H100), RTX 4090 2235 / 2520.
 var gpuProfiles = []GPUProfile{
-	{"l4", 23034 * mib, 300e9, 121e12, "nvidia l4", pcieGen4x16, nvmeRead},
-	{"a10g", 23028 * mib, 600e9, 125e12, "nvidia a10g", pcieGen4x16, nvmeRead},
-	{"a100-40gb", 40960 * mib, 1555e9, 312e12, "nvidia a100-sxm4-40gb", pcieGen4x16, nvmeRead},
-	{"a100-80gb", 81920 * mib, 2039e9, 312e12, "nvidia a100-sxm4-80gb", pcieGen4x16, nvmeRead},
-	{"h100-sxm", 81559 * mib, 3350e9, 989e12, "nvidia h100 80gb hbm3", pcieGen5x16, nvmeRead},
-	{"h200", 143771 * mib, 4800e9, 989e12, "nvidia h200", pcieGen5x16, nvmeRead},
-	{"rtx4090", 24564 * mib, 1008e9, 165.2e12, "nvidia geforce rtx 4090", pcieGen4x16, nvmeRead},
+	{"l4", 23034 * mib, 300e9, 121e12, "nvidia l4", pcieGen4x16, nvmeRead, 795, 2040, 0},
+	{"a10g", 23028 * mib, 600e9, 125e12, "nvidia a10g", pcieGen4x16, nvmeRead, 885, 1695, 0},
+	{"a100-40gb", 40960 * mib, 1555e9, 312e12, "nvidia a100-sxm4-40gb", pcieGen4x16, nvmeRead, 1095, 1410, 0},
+	{"a100-80gb", 81920 * mib, 2039e9, 312e12, "nvidia a100-sxm4-80gb", pcieGen4x16, nvmeRead, 1095, 1410, 0},
+	{"h100-sxm", 81559 * mib, 3350e9, 989e12, "nvidia h100 80gb hbm3", pcieGen5x16, nvmeRead, 1590, 1980, 0},
+	{"h200", 143771 * mib, 4800e9, 989e12, "nvidia h200", pcieGen5x16, nvmeRead, 1590, 1980, 0},
+	{"rtx4090", 24564 * mib, 1008e9, 165.2e12, "nvidia geforce rtx 4090", pcieGen4x16, nvmeRead, 2235, 2520, rtx4090FrontEnd},
 }
+
+// rtx4090FrontEnd is the RTX 4090 node's request overhead (GPUProfile.FrontEnd).
+const rtx4090FrontEnd = 12 * time.Millisecond
 
 // Host links and disks of the profiles, bytes per second (above).
 const (
@@ -225,6 +257,10 @@ type Calibration struct {
 	// h/(h+SmallGEMMHidden): narrow matrices keep tensor cores idle.
 	ComputeEfficiency float64
 	SmallGEMMHidden   float64
+	// ClockDerate takes each board's FLOPS towards its base clock:
+	// × (base/boost)^ClockDerate (GPUProfile.sustainedFLOPS). 0 is the
+	// datasheet's boost figure for every board.
+	ClockDerate float64
 	// StepOverhead is the fixed CPU time of an engine step (scheduling,
 	// input preparation, sampling launch); SeqOverhead is added per
 	// sequence in the step (per-request bookkeeping, detokenising its
@@ -239,6 +275,9 @@ type Calibration struct {
 	RequestOverhead time.Duration
 	RequestSerial   time.Duration
 	RequestJitter   time.Duration
+	// RequestTail, when set, adds to each request's overhead a draw from
+	// an exponential distribution of that mean (seeded as the jitter).
+	RequestTail time.Duration
 	// NonTorchReserve and ActivationBytesPerToken are what vLLM's memory
 	// profile subtracts besides the weights: CUDA context, NCCL and CUDA
 	// graphs, and the peak activations of a max_num_batched_tokens forward
@@ -263,13 +302,15 @@ type Calibration struct {
 // DefaultCalibration is the fitted set.
 var DefaultCalibration = Calibration{
 	MemEfficiency:           0.80,
-	ComputeEfficiency:       0.45,
-	SmallGEMMHidden:         1024,
+	ComputeEfficiency:       1.0,
+	SmallGEMMHidden:         0,
+	ClockDerate:             1.5,
 	StepOverhead:            900 * time.Microsecond,
 	SeqOverhead:             60 * time.Microsecond,
-	RequestOverhead:         21 * time.Millisecond,
-	RequestSerial:           2 * time.Millisecond,
+	RequestOverhead:         22 * time.Millisecond,
+	RequestSerial:           1 * time.Millisecond,
 	RequestJitter:           1 * time.Millisecond,
+	RequestTail:             3 * time.Millisecond,
 	NonTorchReserve:         1.0 * gib,
 	ActivationBytesPerToken: 24 * 2, // × hidden: ~24 BF16 activations of hidden width per token at peak
 	HostLinkEfficiency:      0.78,
@@ -294,13 +335,17 @@ type seqWork struct {
 	// samples is true when the step ends the sequence's known tokens, so
 	// the lm_head runs for its last position and a token is sampled.
 	samples bool
+	// loaded is how many of the context's tokens the step first copies in
+	// from the CPU tier.
+	loaded int
 }
 
 // weightBytes are the weights in BF16, read once per step.
 func (g *gpuModel) weightBytes() float64 { return g.shape.Params * 2 }
 
 // stepTime is the roofline: the larger of memory time and compute time,
-// plus the fixed overheads.
+// plus the fixed overheads, plus the copy of any KV loaded from the CPU tier
+// over the host link (before the forward pass that needs it).
 func (g *gpuModel) stepTime(w stepWork) time.Duration {
 	if len(w.seqs) == 0 {
 		return 0
@@ -313,8 +358,9 @@ func (g *gpuModel) stepTime(w stepWork) time.Duration {
 		body -= lmHead // the input embedding is a lookup, not a GEMM
 	}
 	attnWidth := float64(m.Heads * m.HeadDim)
-	var tokens, samples, kvRead, attnFLOPs float64
+	var tokens, samples, kvRead, attnFLOPs, loaded float64
 	for _, s := range w.seqs {
+		loaded += float64(s.loaded)
 		n, c := float64(s.newTokens), float64(s.context)
 		tokens += n
 		if s.samples {
@@ -328,7 +374,8 @@ func (g *gpuModel) stepTime(w stepWork) time.Duration {
 	flops := 2*body*tokens + 2*lmHead*samples + attnFLOPs
 	h := float64(m.Hidden)
 	eff := g.cal.ComputeEfficiency * h / (h + g.cal.SmallGEMMHidden)
-	sec := math.Max(bytes/(g.gpu.Bandwidth*g.cal.MemEfficiency), flops/(g.gpu.FLOPS*eff))
+	sec := math.Max(bytes/(g.gpu.Bandwidth*g.cal.MemEfficiency), flops/(g.gpu.sustainedFLOPS(g.cal.ClockDerate)*eff))
+	sec += loaded * kvTok / (g.gpu.HostLink * g.cal.HostLinkEfficiency)
 	return time.Duration(sec*float64(time.Second)) + g.cal.StepOverhead +
 		time.Duration(len(w.seqs))*g.cal.SeqOverhead
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -150,4 +151,30 @@ func FuzzParseModelShape(f *testing.F) {
 			t.Errorf("%q parsed to %+v", s, m)
 		}
 	})
+}
+
+// TestPrefillOnAWideModel: a 256-token prefill of a 7B model on an RTX 4090
+// takes about 30 ms on vLLM (docs/benchmarks.md "Concurrency fidelity
+// (issue 32)"); the issue-18 constants priced it at 60 ms, which made every
+// prefill wave of a concurrency sweep twice as long as it is (issue 32).
+// The L4's 0.5B prefill, which those constants were fitted on, stays where
+// it was.
+func TestPrefillOnAWideModel(t *testing.T) {
+	for _, tc := range []struct {
+		gpu, model string
+		lo, hi     time.Duration
+	}{
+		{"rtx4090", "mistralai/Mistral-7B-Instruct-v0.3", 20 * time.Millisecond, 35 * time.Millisecond},
+		{"l4", "Qwen/Qwen2.5-0.5B-Instruct", 5 * time.Millisecond, 12 * time.Millisecond},
+	} {
+		cfg := DefaultConfig()
+		cfg.Model, cfg.GPU = tc.model, tc.gpu
+		g, err := cfg.gpuModel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := g.stepTime(stepWork{seqs: []seqWork{{newTokens: 256, samples: true}}}); d < tc.lo || d > tc.hi {
+			t.Errorf("%s on %s: a 256-token prefill step takes %v, want %v–%v", tc.model, tc.gpu, d, tc.lo, tc.hi)
+		}
+	}
 }

@@ -238,6 +238,32 @@ func (p *kvPublisher) BlocksRemoved(hashes []vllm.BlockHash) {
 	p.add(e)
 }
 
+// OffloadStored implements TierObserver with the event vLLM's
+// OffloadingConnector.take_events makes of a completed store: every block
+// in one BlockStored with medium "CPU", no parent, no tokens, no adapter,
+// the offloaded block size (the GPU's: the simulator offloads block for
+// block), and the fields it leaves at their defaults (extra_keys,
+// group_idx, the spec kind) None.
+func (p *kvPublisher) OffloadStored(hashes []vllm.BlockHash) {
+	e := &vllm.BlockStored{BlockHashes: make([]vllm.ExternalBlockHash, len(hashes)), TokenIDs: []int{},
+		BlockSize: p.blockSize, Medium: vllm.Ptr(vllm.MediumCPU)}
+	for i, h := range hashes {
+		e.BlockHashes[i] = vllm.ExternalHash(h, p.asInt)
+	}
+	p.add(e)
+}
+
+// OffloadRemoved implements TierObserver: the blocks one store evicted, in
+// one BlockRemoved with medium "CPU" and no group_idx, as the connector
+// sends them.
+func (p *kvPublisher) OffloadRemoved(hashes []vllm.BlockHash) {
+	e := &vllm.BlockRemoved{BlockHashes: make([]vllm.ExternalBlockHash, len(hashes)), Medium: vllm.Ptr(vllm.MediumCPU)}
+	for i, h := range hashes {
+		e.BlockHashes[i] = vllm.ExternalHash(h, p.asInt)
+	}
+	p.add(e)
+}
+
 // AllBlocksCleared implements CacheObserver.
 func (p *kvPublisher) AllBlocksCleared() { p.add(&vllm.AllBlocksCleared{}) }
 

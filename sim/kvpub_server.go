@@ -46,13 +46,34 @@ func (s *Server) CachedBlocks() []vllm.BlockHash {
 		out = append(out, h)
 	}
 	s.eng.mu.Unlock()
+	sortHashes(out)
+	return out
+}
+
+// CachedCPUBlocks is CachedBlocks for the CPU tier (--kv-offloading-size):
+// the blocks it holds, in the same order; none without a tier.
+func (s *Server) CachedCPUBlocks() []vllm.BlockHash {
+	s.eng.mu.Lock()
+	var out []vllm.BlockHash
+	if t := s.eng.cache.cpu; t != nil {
+		out = make([]vllm.BlockHash, 0, len(t.entries))
+		for h := range t.entries {
+			out = append(out, h)
+		}
+	}
+	s.eng.mu.Unlock()
+	sortHashes(out)
+	return out
+}
+
+// sortHashes orders hashes by their int event form, then their bytes.
+func sortHashes(out []vllm.BlockHash) {
 	slices.SortFunc(out, func(a, b vllm.BlockHash) int {
 		if c := compareUint64(a.Uint64(), b.Uint64()); c != 0 {
 			return c
 		}
 		return slices.Compare(a[:], b[:])
 	})
-	return out
 }
 
 func compareUint64(a, b uint64) int {
@@ -71,6 +92,9 @@ func compareUint64(a, b uint64) int {
 type BlocksResponse struct {
 	BlockHashes []uint64 `json:"block_hashes"`
 	Digests     []string `json:"digests"`
+	// CPUBlockHashes are the CPU tier's blocks (--kv-offloading-size), in
+	// the same form; absent without a tier.
+	CPUBlockHashes []uint64 `json:"cpu_block_hashes,omitempty"`
 }
 
 func (s *Server) handleBlocks(w http.ResponseWriter, _ *http.Request) {
@@ -78,6 +102,9 @@ func (s *Server) handleBlocks(w http.ResponseWriter, _ *http.Request) {
 	resp := BlocksResponse{BlockHashes: make([]uint64, len(blocks)), Digests: make([]string, len(blocks))}
 	for i, h := range blocks {
 		resp.BlockHashes[i], resp.Digests[i] = h.Uint64(), h.String()
+	}
+	for _, h := range s.CachedCPUBlocks() {
+		resp.CPUBlockHashes = append(resp.CPUBlockHashes, h.Uint64())
 	}
 	writeJSON(w, http.StatusOK, resp)
 }

@@ -48,6 +48,8 @@ type kvSetup struct {
 	// (--sim-kv-seq-start, --sim-kv-parent-zero).
 	seqStart   uint64
 	parentZero bool
+	// cpuBlocks is the CPU tier's capacity (0: none).
+	cpuBlocks int
 }
 
 func startKV(t *testing.T, k kvSetup) *kvHarness {
@@ -79,6 +81,7 @@ func startKV(t *testing.T, k kvSetup) *kvHarness {
 	cfg.Faults = k.faults
 	cfg.KVBufferSteps = k.bufferFlag
 	cfg.KVSeqStart, cfg.KVParentZero = k.seqStart, k.parentZero
+	cfg.NumCPUBlocks = k.cpuBlocks
 	srv, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

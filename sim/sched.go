@@ -81,6 +81,9 @@ func (s *gseq) numTokens() int { return s.promptLen + s.generated }
 type stepItem struct {
 	seq       *gseq
 	newTokens int
+	// loaded is how many tokens' KV the step copies in from the CPU tier
+	// before its forward pass (a prefix the GPU cache lost).
+	loaded int
 }
 
 // submit queues a request in the stepped engine and wakes the step loop.
@@ -216,7 +219,7 @@ func (e *engine) scheduleStep(now time.Time) []stepItem {
 			break
 		}
 		s.blocks = ceilDiv(s.computed+n, e.blockSize)
-		items = append(items, stepItem{s, n})
+		items = append(items, stepItem{seq: s, newTokens: n})
 		budget -= n
 	}
 	// vLLM admits nothing in a step that had to preempt.
@@ -226,7 +229,11 @@ func (e *engine) scheduleStep(now time.Time) []stepItem {
 			break // held ones queue behind every other
 		}
 		hits := e.cache.hits(s.hashes, s.promptLen, e.blockSize)
-		computed := hits * e.blockSize
+		// What the CPU tier holds past the GPU's hits is loaded, not
+		// recomputed: vLLM's offloading connector reports it as external
+		// tokens and copies it in before the request runs.
+		loaded := e.cache.offloadHits(s.hashes, hits, s.promptLen, e.blockSize) * e.blockSize
+		computed := hits*e.blockSize + loaded
 		n := s.numTokens() - computed
 		if !e.chunked && n > budget {
 			break
@@ -247,7 +254,7 @@ func (e *engine) scheduleStep(now time.Time) []stepItem {
 			s.cached, s.scheduledAt = computed, now
 		}
 		e.run = append(e.run, s)
-		items = append(items, stepItem{s, n})
+		items = append(items, stepItem{s, n, loaded})
 		budget -= n
 	}
 	return items
@@ -273,7 +280,7 @@ func work(items []stepItem) stepWork {
 	w := stepWork{seqs: make([]seqWork, len(items))}
 	for i, it := range items {
 		s := it.seq
-		w.seqs[i] = seqWork{newTokens: it.newTokens, context: s.computed,
+		w.seqs[i] = seqWork{newTokens: it.newTokens, context: s.computed, loaded: it.loaded,
 			samples: s.computed+it.newTokens == s.numTokens()}
 	}
 	return w

@@ -16,6 +16,11 @@ import (
 // when answered, until Requests have been sent.
 type ClosedLoop struct {
 	Concurrency, InputTokens, OutputTokens, Requests int
+	// OutputTokensMin, when set, makes each request's output length a
+	// uniform draw from [OutputTokensMin, OutputTokens] instead of
+	// OutputTokens: a sweep run without --ignore-eos, whose requests stop at
+	// their EOS, so equal clients do not finish in step.
+	OutputTokensMin int
 	// Seed draws the prompts' tokens and the API server's jitter.
 	Seed uint64
 	// Calibration, when set, replaces DefaultCalibration (fitting it).
@@ -70,12 +75,15 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 	if run.Concurrency < 1 || run.Requests < 1 || run.InputTokens < 1 || run.OutputTokens < 1 {
 		return ClosedLoopResult{}, fmt.Errorf("closed loop: %+v: every count must be at least 1", run)
 	}
+	if run.OutputTokensMin > run.OutputTokens {
+		return ClosedLoopResult{}, fmt.Errorf("closed loop: output tokens min %d above max %d", run.OutputTokensMin, run.OutputTokens)
+	}
 	if run.InputTokens+run.OutputTokens > cfg.MaxModelLen {
 		return ClosedLoopResult{}, fmt.Errorf("closed loop: %d+%d tokens exceed --max-model-len %d", run.InputTokens, run.OutputTokens, cfg.MaxModelLen)
 	}
 	e := newEngine(&cfg, nil)
 	if run.Calibration != nil {
-		e.gpu.cal = *run.Calibration
+		e.gpu.cal = cfg.frontEnd(*run.Calibration, e.gpu.gpu)
 	}
 	e.api = newAPIServer(e.gpu.cal, run.Seed)
 	epoch := time.Unix(0, 0)
@@ -90,8 +98,14 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 	var now time.Duration
 	var pending, live []*req
 	sent := 0
+	outputs := 0
 	send := func(at time.Duration) error {
-		all := make([]int, run.InputTokens+run.OutputTokens)
+		out := run.OutputTokens
+		if run.OutputTokensMin > 0 {
+			out = run.OutputTokensMin + rng.IntN(run.OutputTokens-run.OutputTokensMin+1)
+		}
+		outputs += out
+		all := make([]int, run.InputTokens+out)
 		for i := range all {
 			all[i] = rng.IntN(TokenEOT)
 		}
@@ -105,7 +119,7 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 		}
 		r := &req{sent: at, enter: e.api.enter(epoch.Add(at)).Sub(epoch),
 			seq: &gseq{hashes: hashes, allHashes: allHashes, all: all, promptLen: run.InputTokens,
-				maxTokens: run.OutputTokens, cached: -1, notify: make(chan struct{}, 1)}}
+				maxTokens: out, cached: -1, notify: make(chan struct{}, 1)}}
 		pending = append(pending, r)
 		sent++
 		return nil
@@ -165,7 +179,7 @@ func SimulateClosedLoop(cfg Config, run ClosedLoop) (ClosedLoopResult, error) {
 	sec := now.Seconds()
 	return ClosedLoopResult{Concurrency: run.Concurrency, Duration: now,
 		RequestsPerSecond: float64(run.Requests) / sec,
-		OutputTokensPerS:  float64(run.Requests*run.OutputTokens) / sec,
+		OutputTokensPerS:  float64(outputs) / sec,
 		TTFT:              percentiles(ttft), ITL: percentiles(itl), E2E: percentiles(e2e),
 		Preemptions: e.preemptions}, nil
 }
