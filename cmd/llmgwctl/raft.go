@@ -43,7 +43,7 @@ func (c *cli) listPeersCmd() *cobra.Command {
 				for _, p := range peers {
 					rows = append(rows, []string{p.Id, p.Address, role(p), strconv.FormatBool(p.Healthy),
 						contact(p.LastContactMs), strconv.FormatUint(p.LastIndex, 10),
-						(time.Duration(p.StableSeconds) * time.Second).String(), orDash(p.Version)})
+						stableFor(p), orDash(p.Version)})
 				}
 				return c.printTable([]string{"ID", "ADDRESS", "ROLE", "HEALTHY", "LAST CONTACT", "LAST INDEX", "STABLE", "VERSION"}, rows)
 			})
@@ -133,4 +133,13 @@ func (c *cli) transferLeadershipCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&to, "to", "", "id of the voter to hand leadership to")
 	return cmd
+}
+
+// stableFor is how long a peer has been stable, "-" while it is not
+// healthy (autopilot's 0, which is no duration).
+func stableFor(p *llmgwv1.RaftPeer) string {
+	if !p.Healthy {
+		return "-"
+	}
+	return (time.Duration(p.StableSeconds) * time.Second).String()
 }
