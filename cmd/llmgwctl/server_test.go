@@ -254,8 +254,8 @@ func TestServerAndRaftCommands(t *testing.T) {
 				}
 				for i, want := range []string{"c1 10.0.0.1:7401 leader true 0ms 41 2m0s v0.2.0", "c2 10.0.0.2:7401 voter true 8ms 41 2m0s v0.2.0",
 					"c3 10.0.0.3:7401 non-voter true 12ms 40 3s v0.2.0",
-					"c4 10.0.0.4:7401 voter false 45s 30 0s v0.2.0",   // dead: silent for 45 s
-					"c5 10.0.0.5:7401 non-voter false never 0 0s -"} { // never heard from this term
+					"c4 10.0.0.4:7401 voter false 45s 30 - v0.2.0",   // dead: silent for 45 s
+					"c5 10.0.0.5:7401 non-voter false never 0 - -"} { // never heard from this term
 					if got := strings.Join(strings.Fields(lines[i+1]), " "); got != want {
 						t.Errorf("row %d = %q, want %q", i+1, got, want)
 					}
