@@ -27,17 +27,17 @@ import (
 // devOptions are `llmgw dev`'s flags: where each component listens, and the
 // demo model's shape.
 type devOptions struct {
-	httpAddr, grpcAddr, raftAddr         string
-	opsAddr                              string
-	controlHTTPAddr, agentHTTPAddr       string
-	agentGRPCAddr                        string
-	dataDir                              string
-	replicas, gpus                       int
-	portRange                            string
+	httpAddr, grpcAddr, raftAddr   string
+	opsAddr                        string
+	controlHTTPAddr, agentHTTPAddr string
+	agentGRPCAddr                  string
+	dataDir                        string
+	replicas, gpus                 int
+	portRange                      string
 	// portOffset is added to every port dev listens on (and to its
 	// engines' port range) that was not given on its own flag, so a second
 	// dev runs beside the first with one flag.
-	portOffset int
+	portOffset                           int
 	vllmCommand, llamacppCommand, simCmd string
 	decodeMS                             float64
 	// simGPU is the demo engines' GPU profile; a --sim-decode-ms-per-token

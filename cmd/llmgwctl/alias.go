@@ -128,7 +128,7 @@ func (c *cli) aliasCmd() *cobra.Command {
 					return fmt.Errorf("alias list: %w", err)
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Aliases))
+					return c.printItems(messages(resp.Aliases), nil)
 				}
 				rows := make([][]string, 0, len(resp.Aliases))
 				for _, al := range resp.Aliases {

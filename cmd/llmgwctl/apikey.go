@@ -129,7 +129,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 					k.SecretSha256 = nil // never shown, even if a server sent it
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Keys))
+					return c.printItems(messages(resp.Keys), nil)
 				}
 				rows := make([][]string, 0, len(resp.Keys))
 				for _, k := range resp.Keys {

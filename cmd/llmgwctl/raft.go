@@ -37,7 +37,7 @@ func (c *cli) listPeersCmd() *cobra.Command {
 				peers := append([]*llmgwv1.RaftPeer(nil), resp.Peers...)
 				sort.Slice(peers, func(i, j int) bool { return peers[i].Id < peers[j].Id })
 				if c.output == "json" {
-					return c.printJSON(&llmgwv1.ListPeersResponse{Peers: peers})
+					return c.printItems(messages(peers), nil)
 				}
 				rows := make([][]string, 0, len(peers))
 				for _, p := range peers {

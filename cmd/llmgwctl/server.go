@@ -124,7 +124,7 @@ func (c *cli) membersCmd() *cobra.Command {
 				members := append([]*llmgwv1.Member(nil), resp.Members...)
 				sort.Slice(members, func(i, j int) bool { return members[i].Id < members[j].Id })
 				if c.output == "json" {
-					return c.printJSON(&llmgwv1.MembersResponse{Members: members})
+					return c.printItems(messages(members), nil)
 				}
 				rows := make([][]string, 0, len(members))
 				for _, m := range members {

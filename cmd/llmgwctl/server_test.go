@@ -236,13 +236,11 @@ func TestServerAndRaftCommands(t *testing.T) {
 			}},
 		{name: "members as JSON", args: []string{"server", "members", "-o", "json"}, calls: []string{"Members"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
-				var r struct {
-					Members []struct {
-						ID              string `json:"id"`
-						BootstrapExpect int    `json:"bootstrap_expect"`
-					} `json:"members"`
+				var r []struct {
+					ID              string `json:"id"`
+					BootstrapExpect int    `json:"bootstrap_expect"`
 				}
-				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Members) != 3 || r.Members[0].ID != "c1" || r.Members[0].BootstrapExpect != 3 {
+				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r) != 3 || r[0].ID != "c1" || r[0].BootstrapExpect != 3 {
 					t.Errorf("json %+v (%v): %s", r, err, out)
 				}
 			}},
@@ -263,14 +261,12 @@ func TestServerAndRaftCommands(t *testing.T) {
 			}},
 		{name: "list-peers as JSON", args: []string{"raft", "list-peers", "-o", "json"}, calls: []string{"ListPeers"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
-				var r struct {
-					Peers []struct {
-						ID     string `json:"id"`
-						Voter  bool   `json:"voter"`
-						Leader bool   `json:"leader"`
-					} `json:"peers"`
+				var r []struct {
+					ID     string `json:"id"`
+					Voter  bool   `json:"voter"`
+					Leader bool   `json:"leader"`
 				}
-				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Peers) != 5 || !r.Peers[0].Leader || r.Peers[2].Voter {
+				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r) != 5 || !r[0].Leader || r[2].Voter {
 					t.Errorf("json %+v (%v): %s", r, err, out)
 				}
 			}},

@@ -367,7 +367,7 @@ func (c *cli) tenantCmd() *cobra.Command {
 					return fmt.Errorf("tenant list: %w", err)
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Tenants))
+					return c.printItems(messages(resp.Tenants), nil)
 				}
 				header := []string{"NAME", "MODELS"}
 				for _, l := range limitFlags {

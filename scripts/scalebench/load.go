@@ -134,22 +134,18 @@ func (b *bench) replicaAddrs(model string) (map[string]string, error) {
 		return nil, err
 	}
 	var list []struct {
-		Replica struct {
-			ID    string `json:"id"`
-			Model string `json:"model"`
-		} `json:"replica"`
-		Status struct {
-			Phase   string `json:"phase"`
-			Address string `json:"address"`
-		} `json:"status"`
+		ID      string `json:"id"`
+		Model   string `json:"model"`
+		State   string `json:"state"`
+		Address string `json:"address"`
 	}
 	if err := json.Unmarshal([]byte(out), &list); err != nil {
 		return nil, fmt.Errorf("replica list: %w", err)
 	}
 	addrs := map[string]string{}
 	for _, r := range list {
-		if r.Replica.Model == model && strings.HasSuffix(r.Status.Phase, "READY") && r.Status.Address != "" {
-			addrs[r.Replica.ID] = r.Status.Address
+		if r.Model == model && r.State == "ready" && r.Address != "" {
+			addrs[r.ID] = r.Address
 		}
 	}
 	return addrs, nil
