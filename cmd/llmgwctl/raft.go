@@ -93,7 +93,7 @@ func (c *cli) removePeerCmd() *cobra.Command {
 			if id == "" {
 				return errors.New("raft remove-peer: ID: a server id is required")
 			}
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.RemovePeer(ctx, &llmgwv1.RemovePeerRequest{Id: id})
 				if err != nil {
 					return fmt.Errorf("raft remove-peer %s: %w", id, err)
