@@ -1,6 +1,8 @@
 package main
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -154,5 +156,31 @@ func TestParseModelFileAutoscale(t *testing.T) {
 	if m.Replicas != 2 || a.Min != 2 || a.Max != 6 || a.TargetKvUsage != 0.7 || a.TtftP90SloMs != 800 || a.ScaleDownAfterS != 120 ||
 		a.CooldownS != 30 || a.HoldTimeoutS != 600 || a.MaxHeld != 50 || a.WarmConcurrency != 8 || !a.Sleep || m.Priority != -2 || !m.Pinned {
 		t.Fatalf("model %v", m)
+	}
+}
+
+// TestExampleModelFiles: every model file in deploy/examples, which the
+// README and docs/operations.md apply, is one llmgwctl accepts; the
+// embedding example is an embedding model.
+func TestExampleModelFiles(t *testing.T) {
+	files, err := filepath.Glob("../../deploy/examples/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) {
+			in, err := os.Open(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer in.Close()
+			m, err := parseModelFile(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if filepath.Base(f) == "embed.yaml" && m.Task != "embed" {
+				t.Errorf("task %q, want embed", m.Task)
+			}
+		})
 	}
 }
