@@ -34,8 +34,8 @@ type devOptions struct {
 	dataDir                        string
 	replicas, gpus                 int
 	portRange                      string
-	// portOffset is added to every port dev listens on (and to its
-	// engines' port range) that was not given on its own flag, so a second
+	// portOffset is added to every port dev listens on and to its
+	// engines' port range, given on their own flags or not, so a second
 	// dev runs beside the first with one flag.
 	portOffset                           int
 	vllmCommand, llamacppCommand, simCmd string
@@ -73,8 +73,8 @@ included.
 
 It listens on seven ports (the flags below; 8080 and 7400-7406) and starts
 engines on --port-range. A second dev beside the first needs one flag:
---port-offset 100 moves every one of them that is not given on its own flag
-(8180, 7500-7506, engines on 20100-21099) and keeps its state apart
+--port-offset 100 adds 100 to every one of them, the defaults and those
+given (8180, 7500-7506, engines on 20100-21099), and keeps its state apart
 (.data/dev-100 unless --data-dir is given).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -106,7 +106,7 @@ engines on --port-range. A second dev beside the first needs one flag:
 	f.StringVar(&o.agentHTTPAddr, "agent-http-addr", "127.0.0.1:7404", "the agent's /metrics, /healthz, /readyz")
 	f.StringVar(&o.agentGRPCAddr, "agent-grpc-addr", "127.0.0.1:7405", "the agent's LoadService, which the router subscribes to")
 	f.StringVar(&o.dataDir, "data-dir", ".data/dev", "where Raft, the agent and the router keep their state (.data/dev-N with --port-offset N)")
-	f.IntVar(&o.portOffset, "port-offset", 0, "added to every port above not given on its own flag, and to --port-range, so a second dev runs beside the first (--port-offset 100)")
+	f.IntVar(&o.portOffset, "port-offset", 0, "added to every port above, given or default, and to --port-range, so a second dev runs beside the first (--port-offset 100)")
 	f.IntVar(&o.replicas, "replicas", 2, "replicas of the demo model")
 	f.IntVar(&o.gpus, "gpus", 8, "GPUs the simulated node reports (each replica takes one)")
 	f.StringVar(&o.portRange, "port-range", "20000-20999", "ports for engines, FIRST-LAST")
@@ -255,9 +255,10 @@ func (o *devOptions) listeners() []struct {
 }
 
 // offsetPorts adds --port-offset to the port of every listener and to the
-// engines' port range, each unless changed says its flag was given (an
-// address given is where the user wants it), and moves the default data
-// directory to .data/dev-N, since two devs cannot share one Raft store.
+// engines' port range, given or default — so the command line of a dev
+// that runs, plus one flag, is a second one beside it — and moves the
+// default data directory to .data/dev-N (changed says whether --data-dir
+// was given), since two devs cannot share one Raft store.
 func (o *devOptions) offsetPorts(changed func(flag string) bool) error {
 	if o.portOffset == 0 {
 		return nil
@@ -266,9 +267,6 @@ func (o *devOptions) offsetPorts(changed func(flag string) bool) error {
 		return fmt.Errorf("--port-offset: %d must be in [0, 40000]", o.portOffset)
 	}
 	for _, l := range o.listeners() {
-		if changed(l.flag) {
-			continue
-		}
 		host, port, err := net.SplitHostPort(*l.addr)
 		if err != nil {
 			return fmt.Errorf("--%s %s: %w", l.flag, *l.addr, err)
@@ -279,16 +277,14 @@ func (o *devOptions) offsetPorts(changed func(flag string) bool) error {
 		}
 		*l.addr = net.JoinHostPort(host, strconv.Itoa(n+o.portOffset))
 	}
-	if !changed("port-range") {
-		var first, last int
-		if _, err := fmt.Sscanf(o.portRange, "%d-%d", &first, &last); err != nil {
-			return fmt.Errorf("--port-range: %q is not FIRST-LAST", o.portRange)
-		}
-		if last+o.portOffset > 65535 {
-			return fmt.Errorf("--port-offset %d: moves --port-range %s beyond port 65535", o.portOffset, o.portRange)
-		}
-		o.portRange = fmt.Sprintf("%d-%d", first+o.portOffset, last+o.portOffset)
+	var first, last int
+	if _, err := fmt.Sscanf(o.portRange, "%d-%d", &first, &last); err != nil {
+		return fmt.Errorf("--port-range: %q is not FIRST-LAST", o.portRange)
 	}
+	if last+o.portOffset > 65535 {
+		return fmt.Errorf("--port-offset %d: moves --port-range %s beyond port 65535", o.portOffset, o.portRange)
+	}
+	o.portRange = fmt.Sprintf("%d-%d", first+o.portOffset, last+o.portOffset)
 	if !changed("data-dir") {
 		o.dataDir = fmt.Sprintf("%s-%d", o.dataDir, o.portOffset)
 	}

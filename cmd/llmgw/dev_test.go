@@ -60,9 +60,9 @@ func TestDemoEngineArgs(t *testing.T) {
 	}
 }
 
-// TestDevPortOffset: --port-offset moves every listener, the engines' port
-// range and the data directory, except what was given on its own flag, so
-// a second dev runs beside the first with one flag (issue 34).
+// TestDevPortOffset: --port-offset moves every listener and the engines'
+// port range, given or default, and the default data directory, so a
+// second dev runs beside the first with one flag (issue 34).
 func TestDevPortOffset(t *testing.T) {
 	tests := []struct {
 		name string
@@ -73,9 +73,9 @@ func TestDevPortOffset(t *testing.T) {
 			controlHTTPAddr: "127.0.0.1:7403", agentHTTPAddr: "127.0.0.1:7404", agentGRPCAddr: "127.0.0.1:7405", portRange: "20000-20999", dataDir: ".data/dev"}},
 		{"offset 100", []string{"--port-offset", "100"}, devPorts{httpAddr: "127.0.0.1:8180", opsAddr: "127.0.0.1:7506", grpcAddr: "127.0.0.1:7500", raftAddr: "127.0.0.1:7501",
 			controlHTTPAddr: "127.0.0.1:7503", agentHTTPAddr: "127.0.0.1:7504", agentGRPCAddr: "127.0.0.1:7505", portRange: "20100-21099", dataDir: ".data/dev-100"}},
-		{"an address given stays", []string{"--port-offset", "100", "--http-addr", "127.0.0.1:9000", "--data-dir", "/tmp/d", "--port-range", "30000-30009"},
-			devPorts{httpAddr: "127.0.0.1:9000", opsAddr: "127.0.0.1:7506", grpcAddr: "127.0.0.1:7500", raftAddr: "127.0.0.1:7501",
-				controlHTTPAddr: "127.0.0.1:7503", agentHTTPAddr: "127.0.0.1:7504", agentGRPCAddr: "127.0.0.1:7505", portRange: "30000-30009", dataDir: "/tmp/d"}},
+		{"an address given moves too; a data dir given stays", []string{"--port-offset", "100", "--http-addr", "127.0.0.1:9000", "--data-dir", "/tmp/d", "--port-range", "30000-30009"},
+			devPorts{httpAddr: "127.0.0.1:9100", opsAddr: "127.0.0.1:7506", grpcAddr: "127.0.0.1:7500", raftAddr: "127.0.0.1:7501",
+				controlHTTPAddr: "127.0.0.1:7503", agentHTTPAddr: "127.0.0.1:7504", agentGRPCAddr: "127.0.0.1:7505", portRange: "30100-30109", dataDir: "/tmp/d"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
