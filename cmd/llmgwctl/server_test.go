@@ -208,13 +208,13 @@ func TestServerAndRaftCommands(t *testing.T) {
 			setup:   func(f *fakeAdmin) { f.err = status.Error(codes.Unavailable, "join 10.9.9.9:7402: connection refused") },
 			calls:   []string{"Join"},
 			wantErr: "join: join 10.9.9.9:7402: connection refused"},
-		{name: "leave of the leader names the new one", args: []string{"leave"}, calls: []string{"Leave"},
+		{name: "leave of the leader names the new one", args: []string{"leave"}, calls: []string{"ClusterStatus", "Leave"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
 				if out != "left the cluster; leadership transferred to c2\n" {
 					t.Errorf("output %q", out)
 				}
 			}},
-		{name: "leave of a follower", args: []string{"server", "leave"}, setup: func(f *fakeAdmin) { f.newLeader = "" }, calls: []string{"Leave"},
+		{name: "leave of a follower", args: []string{"server", "leave"}, setup: func(f *fakeAdmin) { f.newLeader = "" }, calls: []string{"ClusterStatus", "Leave"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
 				if out != "left the cluster\n" {
 					t.Errorf("output %q", out)
@@ -222,7 +222,7 @@ func TestServerAndRaftCommands(t *testing.T) {
 			}},
 		{name: "the last voter may not leave", args: []string{"leave"},
 			setup:   func(f *fakeAdmin) { f.err = status.Error(codes.FailedPrecondition, "c1 is the last voter") },
-			calls:   []string{"Leave"},
+			calls:   []string{"ClusterStatus", "Leave"},
 			wantErr: "leave: c1 is the last voter"},
 		{name: "members as a table, sorted by id", args: []string{"server", "members"}, calls: []string{"Members"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
@@ -270,13 +270,13 @@ func TestServerAndRaftCommands(t *testing.T) {
 					t.Errorf("json %+v (%v): %s", r, err, out)
 				}
 			}},
-		{name: "remove-peer", args: []string{"raft", "remove-peer", "c3"}, calls: []string{"RemovePeer c3"},
+		{name: "remove-peer", args: []string{"raft", "remove-peer", "c3"}, calls: []string{"ClusterStatus", "RemovePeer c3"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
 				if out != "removed peer c3 from the Raft configuration\n" {
 					t.Errorf("output %q", out)
 				}
 			}},
-		{name: "remove-peer of an unknown id", args: []string{"raft", "remove-peer", "nope"}, calls: []string{"RemovePeer nope"},
+		{name: "remove-peer of an unknown id", args: []string{"raft", "remove-peer", "nope"}, calls: []string{"ClusterStatus", "RemovePeer nope"},
 			wantErr: "raft remove-peer nope: remove peer: nope is not in the Raft configuration"},
 		{name: "remove-peer needs an id", args: []string{"raft", "remove-peer", " "}, wantErr: "raft remove-peer: ID: a server id is required"},
 		{name: "transfer-leadership to a named voter", args: []string{"raft", "transfer-leadership", "--to", "c3"}, calls: []string{"TransferLeadership"},
