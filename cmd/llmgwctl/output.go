@@ -281,15 +281,6 @@ func (c *cli) printItems(items []proto.Message, add func(i int, obj object) obje
 	return c.printJSON(list)
 }
 
-// get is the value of key in o, nil if o lacks it.
-func (o object) get(key string) any {
-	for _, m := range o {
-		if m.key == key {
-			return m.value
-		}
-	}
-	return nil
-}
 
 // isInteger reports whether s is a decimal integer, as protojson writes
 // 64-bit ones.
