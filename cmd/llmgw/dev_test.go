@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"slices"
@@ -108,7 +110,7 @@ type devPorts struct {
 }
 
 // TestDevPortClash: a port dev wants that is taken is refused before
-// anything starts, naming its flag and --port-offset.
+// anything starts, naming its flag and --port-offset (issue 34).
 func TestDevPortClash(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -124,11 +126,17 @@ func TestDevPortClash(t *testing.T) {
 		return l.Addr().String()
 	}
 	o := devOptions{httpAddr: free(), opsAddr: free(), grpcAddr: ln.Addr().String(), raftAddr: free(),
-		controlHTTPAddr: free(), agentHTTPAddr: free(), agentGRPCAddr: free()}
-	err = o.checkPortsFree()
+		controlHTTPAddr: free(), agentHTTPAddr: free(), agentGRPCAddr: free(),
+		replicas: 1, gpus: 1, portRange: "20000-20009", dataDir: t.TempDir()}
+	err = runDev(context.Background(), o, slog.New(slog.DiscardHandler))
 	if err == nil || !strings.HasPrefix(err.Error(), "--grpc-addr "+ln.Addr().String()+": the port is in use") || !strings.Contains(err.Error(), "--port-offset") {
-		t.Fatalf("checkPortsFree = %v, want a refusal naming --grpc-addr and --port-offset", err)
+		t.Fatalf("runDev = %v, want a refusal naming --grpc-addr and --port-offset", err)
 	}
+}
+
+// TestDevPortHint: a port taken after the check (a component's bind)
+// names --port-offset too.
+func TestDevPortHint(t *testing.T) {
 	if err := portHint(fmt.Errorf("router: %w", &net.OpError{Op: "listen", Err: os.NewSyscallError("bind", syscall.EADDRINUSE)})); !strings.Contains(err.Error(), "--port-offset") {
 		t.Errorf("portHint = %v, want --port-offset named", err)
 	}

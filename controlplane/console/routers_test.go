@@ -205,8 +205,7 @@ func TestSamplerQuietStart(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
 	rec := &warnRecorder{}
 	const r = "http://127.0.0.1:7406"
-	s := NewSampler(SamplerConfig{Routers: []string{r}, Interval: 5 * time.Second, Quiet: 30 * time.Second,
-		Now: func() time.Time { return now }}, slog.New(rec))
+	s := NewSampler(SamplerConfig{Routers: []string{r}, Interval: 5 * time.Second, Now: func() time.Time { return now }}, slog.New(rec)) // Quiet: 30 s, the default
 	refused := errors.New("connection refused")
 	steps := []struct {
 		after      time.Duration
@@ -235,8 +234,7 @@ func TestSamplerQuietStart(t *testing.T) {
 
 	// A router that never answers is warned of once Quiet has passed.
 	rec = &warnRecorder{}
-	s = NewSampler(SamplerConfig{Routers: []string{r}, Interval: 5 * time.Second, Quiet: 30 * time.Second,
-		Now: func() time.Time { return now }}, slog.New(rec))
+	s = NewSampler(SamplerConfig{Routers: []string{r}, Interval: 5 * time.Second, Now: func() time.Time { return now }}, slog.New(rec)) // Quiet: 30 s, the default
 	for i := range 8 {
 		s.record(r, nil, refused)
 		want := 0
