@@ -67,7 +67,7 @@ function renderCluster(d) {
     const gossip = m ? badge(m.status, m.status === "alive" ? "ok" : (m.status === "left" ? "idle" : "bad")) : `<span class="muted">no gossip</span>`;
     return `<tr data-server="${esc(id)}"><td><b>${esc(id)}</b>${id === st.server_id ? ' <span class="muted">(this server)</span>' : ""}</td><td>${role}</td><td>${health}</td><td>${gossip}</td>` +
       `<td>${esc(s.version || (p && p.version) || (m && m.version) || "")}</td><td class="num">${p ? esc(p.last_contact_ms) + " ms" : "–"}</td>` +
-      `<td class="num">${p ? esc(p.last_index) : "–"}</td><td class="num">${p ? dur(p.stable_seconds) : "–"}</td>` +
+      `<td class="num">${p ? esc(p.last_index) : "–"}</td><td class="num">${p && p.healthy ? dur(p.stable_seconds) : "–"}</td>` +
       `<td class="mono">${esc(s.grpc_addr || (m && m.grpc_addr) || "")}</td><td class="mono">${esc(s.raft_addr || (p && p.address) || "")}</td><td class="mono">${esc(s.http_addr || "")}</td></tr>`;
   });
   const tol = Number(st.failure_tolerance || 0);
