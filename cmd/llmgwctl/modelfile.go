@@ -149,7 +149,13 @@ func withLines(err error, lines map[string]int) error {
 			problems[i] = fmt.Sprintf("%s: line %d: %s", key, line, msg)
 		}
 	}
-	return fmt.Errorf("model file: %w", &problemsError{msg: strings.Join(problems, "\n"), err: err})
+	msg := problems[0]
+	if len(problems) > 1 {
+		// One problem a line, under a count, rather than the first on the
+		// line of the command's own words.
+		msg = fmt.Sprintf("%d problems:\n  %s", len(problems), strings.Join(problems, "\n  "))
+	}
+	return fmt.Errorf("model file: %w", &problemsError{msg: msg, err: err})
 }
 
 // problemsError is a model file's problems with their lines, wrapping the
