@@ -281,7 +281,6 @@ func (c *cli) printItems(items []proto.Message, add func(i int, obj object) obje
 	return c.printJSON(list)
 }
 
-
 // isInteger reports whether s is a decimal integer, as protojson writes
 // 64-bit ones.
 func isInteger(s string) bool {
