@@ -216,14 +216,12 @@ func (s *controlServer) peers() ([]peerView, error) {
 	if err != nil {
 		return nil, err
 	}
-	var v struct {
-		Peers []peerView `json:"peers"`
-	}
+	var v []peerView // one item per peer (docs/operations.md, "-o json")
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		return nil, fmt.Errorf("decode list-peers: %w: %s", err, out)
 	}
-	sort.Slice(v.Peers, func(i, j int) bool { return v.Peers[i].ID < v.Peers[j].ID })
-	return v.Peers, nil
+	sort.Slice(v, func(i, j int) bool { return v[i].ID < v[j].ID })
+	return v, nil
 }
 
 // cluster is the servers a test started, in start order.

@@ -236,7 +236,7 @@ func TestExternalEngines(t *testing.T) {
 	ld.carry(t, 0, 20, "before the kill")
 	victim.proc.kill()
 	waitExternal(t, c1.grpc, model, engines, "the killed engine's replica UNHEALTHY", func(e *externalEngine, rv replicaView) bool {
-		return e != victim || rv.Status.Phase == "REPLICA_PHASE_UNHEALTHY"
+		return e != victim || rv.Status.Phase == "unhealthy"
 	})
 	ld.carry(t, time.Second, 40, "engine down")
 	victim.proc.start()

@@ -664,18 +664,16 @@ func nodeUp(t *testing.T, addr, node string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v struct {
-		Nodes []struct {
-			ID    string `json:"id"`
-			State string `json:"state"`
-		} `json:"nodes"`
+	var v []struct {
+		ID    string `json:"id"`
+		State string `json:"state"`
 	}
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		t.Fatalf("decode node list: %v: %s", err, out)
 	}
-	for _, n := range v.Nodes {
+	for _, n := range v {
 		if n.ID == node {
-			if n.State != "NODE_STATE_ACTIVE" {
+			if n.State != "active" {
 				t.Errorf("node %s is %s during the partition, want ACTIVE", node, n.State)
 			}
 			return

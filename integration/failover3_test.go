@@ -22,25 +22,20 @@ import (
 // rollView is what the drain test reads of `llmgwctl replica list -o json`
 // beyond replicaView: the draining mark and the model revision.
 type rollView struct {
-	Replica struct {
-		ID            string      `json:"id"`
-		UID           json.Number `json:"uid"`
-		Model         string      `json:"model"`
-		Node          string      `json:"node"`
-		Draining      bool        `json:"draining"`
-		ModelRevision json.Number `json:"model_revision"`
-	} `json:"replica"`
-	Status *struct {
-		UID     json.Number `json:"uid"`
-		Phase   string      `json:"phase"`
-		Address string      `json:"address"`
-	} `json:"status"`
+	ID            string      `json:"id"`
+	UID           json.Number `json:"uid"`
+	Model         string      `json:"model"`
+	Node          string      `json:"node"`
+	Draining      bool        `json:"draining"`
+	ModelRevision json.Number `json:"model_revision"`
+	// State is ready only for a status of this uid.
+	State   string `json:"state"`
+	Address string `json:"address"`
 }
 
-// serving: routers may choose it (READY for its uid, not draining).
+// serving: routers may choose it (ready for its uid, not draining).
 func (r rollView) serving() bool {
-	return !r.Replica.Draining && r.Status != nil && r.Status.UID == r.Replica.UID &&
-		r.Status.Phase == "REPLICA_PHASE_READY" && r.Status.Address != ""
+	return !r.Draining && r.State == "ready" && r.Address != ""
 }
 
 func rollReplicas(addr, model string) ([]rollView, error) {
@@ -54,7 +49,7 @@ func rollReplicas(addr, model string) ([]rollView, error) {
 	}
 	var mine []rollView
 	for _, r := range list {
-		if r.Replica.Model == model {
+		if r.Model == model {
 			mine = append(mine, r)
 		}
 	}
@@ -103,14 +98,14 @@ func sampleRoll(addr, model string) *rollSampler {
 			serving, draining, starting := 0, 0, 0
 			seen := map[string]bool{}
 			for _, r := range list {
-				k := r.Replica.ID + "/" + string(r.Replica.UID)
+				k := r.ID + "/" + string(r.UID)
 				seen[k] = true
 				l := s.lives[k]
 				if l == nil {
-					l = &placementLife{node: r.Replica.Node, firstSeen: now}
+					l = &placementLife{node: r.Node, firstSeen: now}
 					s.lives[k] = l
 				}
-				if r.Replica.Draining {
+				if r.Draining {
 					draining++
 					if l.drainSeen.IsZero() {
 						l.drainSeen = now
@@ -118,7 +113,7 @@ func sampleRoll(addr, model string) *rollSampler {
 				}
 				if r.serving() {
 					serving++
-				} else if !r.Replica.Draining {
+				} else if !r.Draining {
 					starting++
 				}
 			}
@@ -232,11 +227,11 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 	onEach := func(rev string) func() bool {
 		return func() bool {
 			list, err := rollReplicas(via, "chat")
-			if err != nil || len(list) != 2 || list[0].Replica.Node == list[1].Replica.Node {
+			if err != nil || len(list) != 2 || list[0].Node == list[1].Node {
 				return false
 			}
 			for _, r := range list {
-				if !r.serving() || (rev != "" && string(r.Replica.ModelRevision) == rev) {
+				if !r.serving() || (rev != "" && string(r.ModelRevision) == rev) {
 					return false
 				}
 			}
@@ -267,7 +262,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 				return false
 			}
 			for _, r := range list {
-				if r.Replica.Node != node || !r.serving() || (rev != "" && string(r.Replica.ModelRevision) == rev) {
+				if r.Node != node || !r.serving() || (rev != "" && string(r.ModelRevision) == rev) {
 					return false
 				}
 			}
@@ -307,7 +302,7 @@ func TestFailoverDrainAndRollUnderLoad(t *testing.T) {
 	if err != nil || len(list) == 0 {
 		t.Fatalf("replica list: %v", err)
 	}
-	oldRev := string(list[0].Replica.ModelRevision)
+	oldRev := string(list[0].ModelRevision)
 	s.reset()
 	rollStart := time.Now()
 	file := filepath.Join(t.TempDir(), "chat.yaml")

@@ -274,18 +274,50 @@ type replicaView struct {
 		Model string      `json:"model"`
 		Node  string      `json:"node"`
 	} `json:"replica"`
-	Status *struct {
+	Status *replicaStatusView `json:"status"`
+}
+
+// replicaStatusView is a replica's engine as replicaView reads it; Phase
+// is the table's word (ready, unhealthy, ...).
+type replicaStatusView struct {
+	UID         json.Number
+	Incarnation json.Number
+	Phase       string
+	Address     string
+	PID         int
+	Restarts    int
+}
+
+// UnmarshalJSON reads one item of `replica list -o json` (flat: the
+// placement's fields, state, then the engine's; docs/operations.md) into
+// the placement and the status of this replica's uid (nil when state is
+// unknown: no status of this uid yet).
+func (r *replicaView) UnmarshalJSON(b []byte) error {
+	var flat struct {
+		ID          string      `json:"id"`
 		UID         json.Number `json:"uid"`
+		Model       string      `json:"model"`
+		Node        string      `json:"node"`
+		State       string      `json:"state"`
 		Incarnation json.Number `json:"incarnation"`
-		Phase       string      `json:"phase"`
 		Address     string      `json:"address"`
 		PID         int         `json:"pid"`
 		Restarts    int         `json:"restarts"`
-	} `json:"status"`
+	}
+	if err := json.Unmarshal(b, &flat); err != nil {
+		return err
+	}
+	*r = replicaView{}
+	r.Replica.ID, r.Replica.UID, r.Replica.Model, r.Replica.Node = flat.ID, flat.UID, flat.Model, flat.Node
+	if flat.State != "" && flat.State != "unknown" {
+		r.Status = &replicaStatusView{UID: flat.UID, Incarnation: flat.Incarnation, Phase: flat.State,
+			Address: flat.Address, PID: flat.PID, Restarts: flat.Restarts}
+	}
+	return nil
 }
 
 func (r replicaView) ready() bool {
-	return r.Status != nil && r.Status.UID == r.Replica.UID && r.Status.Phase == "REPLICA_PHASE_READY" && r.Status.Address != ""
+	return r.Status != nil && r.Status.UID == r.Replica.UID && r.Status.Phase == "ready" && r.Status.Address != ""
 }
 
 func (d *devProcess) replicas() ([]replicaView, error) {

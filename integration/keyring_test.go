@@ -52,17 +52,15 @@ func (s *controlServer) memberStatus() (map[string]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var v struct {
-		Members []struct {
-			ID     string `json:"id"`
-			Status string `json:"status"`
-		} `json:"members"`
+	var v []struct {
+		ID     string `json:"id"`
+		Status string `json:"status"`
 	}
 	if err := json.Unmarshal([]byte(out), &v); err != nil {
 		return nil, fmt.Errorf("decode members: %w: %s", err, out)
 	}
 	m := map[string]string{}
-	for _, x := range v.Members {
+	for _, x := range v {
 		m[x.ID] = x.Status
 	}
 	return m, nil
@@ -135,16 +133,14 @@ func waitDead(t *testing.T, s, dead *controlServer) {
 	}
 }
 
-// keyringView is `llmgwctl keyring ... -o json`.
-type keyringView struct {
-	Servers []struct {
-		ServerID string `json:"server_id"`
-		Keys     []struct {
-			Fingerprint string `json:"fingerprint"`
-			Primary     bool   `json:"primary"`
-		} `json:"keys"`
-		Error string `json:"error"`
-	} `json:"servers"`
+// keyringView is `llmgwctl keyring ... -o json`: one item per server.
+type keyringView []struct {
+	ServerID string `json:"server_id"`
+	Keys     []struct {
+		Fingerprint string `json:"fingerprint"`
+		Primary     bool   `json:"primary"`
+	} `json:"keys"`
+	Error string `json:"error"`
 }
 
 // keyring runs `llmgwctl keyring ARGS -o json` at s and returns each
@@ -166,7 +162,7 @@ func (s *controlServer) keyringAnswers(args ...string) (keys, errs map[string]st
 		return nil, nil, err
 	}
 	got, errs := map[string]string{}, map[string]string{}
-	for _, srv := range v.Servers {
+	for _, srv := range v {
 		if srv.Error != "" {
 			errs[srv.ServerID] = srv.Error
 		}

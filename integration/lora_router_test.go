@@ -495,7 +495,7 @@ func TestEvictionCheck(t *testing.T) {
 	}))
 	defer srv.Close()
 	var r replicaView
-	if err := json.Unmarshal([]byte(fmt.Sprintf(`{"replica":{"id":"lora-0"},"status":{"address":%q}}`,
+	if err := json.Unmarshal([]byte(fmt.Sprintf(`{"id":"lora-0","uid":1,"state":"ready","address":%q}`,
 		strings.TrimPrefix(srv.URL, "http://"))), &r); err != nil {
 		t.Fatal(err)
 	}

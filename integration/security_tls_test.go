@@ -428,12 +428,13 @@ func TestTLSRogueAgent(t *testing.T) {
 	}
 }
 
-// membersView is `llmgwctl server members -o json`, the part tests read.
+// membersView is `llmgwctl server members -o json` (an array, one item
+// per member), the part tests read.
 type membersView struct {
 	Members []struct {
 		ID     string `json:"id"`
 		Status string `json:"status"`
-	} `json:"members"`
+	}
 }
 
 func (s *controlServer) members() (membersView, error) {
@@ -442,7 +443,7 @@ func (s *controlServer) members() (membersView, error) {
 	if err != nil {
 		return v, err
 	}
-	return v, json.Unmarshal([]byte(out), &v)
+	return v, json.Unmarshal([]byte(out), &v.Members)
 }
 
 // TestTLSOnlyCertifiedServersJoin is the other attack of issue #12: a bare

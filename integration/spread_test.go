@@ -61,7 +61,7 @@ func TestSpreadLateAgent(t *testing.T) {
 			if !v.serving() {
 				return false
 			}
-			nodes = append(nodes, v.Replica.Node)
+			nodes = append(nodes, v.Node)
 		}
 		slices.Sort(nodes)
 		return slices.Equal(nodes, []string{"a", "b"})
@@ -103,18 +103,16 @@ func nodeActive(addr, id string) bool {
 	if err != nil {
 		return false
 	}
-	var v struct {
-		Nodes []struct {
-			ID    string `json:"id"`
-			State string `json:"state"`
-		} `json:"nodes"`
+	var v []struct {
+		ID    string `json:"id"`
+		State string `json:"state"`
 	}
 	if json.Unmarshal([]byte(out), &v) != nil {
 		return false
 	}
-	for _, n := range v.Nodes {
+	for _, n := range v {
 		if n.ID == id {
-			return n.State == "NODE_STATE_ACTIVE"
+			return n.State == "active"
 		}
 	}
 	return false

@@ -393,16 +393,14 @@ func checkOldRefused(t *testing.T, c *cluster, oldBin string) {
 		if err != nil {
 			return err
 		}
-		var v struct {
-			Members []struct {
-				ID      string `json:"id"`
-				Refused string `json:"refused"`
-			} `json:"members"`
+		var v []struct {
+			ID      string `json:"id"`
+			Refused string `json:"refused"`
 		}
 		if err := json.Unmarshal([]byte(out), &v); err != nil {
 			return err
 		}
-		for _, m := range v.Members {
+		for _, m := range v {
 			if m.ID == "c4" && strings.Contains(m.Refused, "below the cluster's minimum version "+newVersion) {
 				return nil
 			}

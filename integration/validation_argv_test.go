@@ -42,13 +42,13 @@ func TestApplyRefusesInjection(t *testing.T) {
 		t.Fatalf("a valid model refused: %v (%s)", err, out)
 	}
 	for _, tc := range []struct{ name, body, want string }{
-		{"model-as-flag", head + "model: \"--trust-remote-code\"\n", `model: must not start with "-"`},
+		{"model-as-flag", head + "model: \"--trust-remote-code\"\n", `model: line 3: must not start with "-"`},
 		{"replicas-exponent", head + "model: org/m\nreplicas: 1e9\n", "replicas: line 4: must be a whole number, got 1e9"},
 		{"replicas-fraction", head + "model: org/m\nreplicas: 1.5\n", "replicas: line 4: must be a whole number, got 1.5"},
-		{"replicas-billion", head + "model: org/m\nreplicas: 1000000000\n", "replicas: must be at most 4096"},
-		{"adapter-as-flag", head + "model: org/m\nadapters:\n  - name: \"-x\"\n    path: /adapters/x\n", "adapters[0].name: must match"},
-		{"adapter-path-as-flag", head + "model: org/m\nadapters:\n  - name: x\n    path: \"--trust-remote-code\"\n", `adapters[0].path: must not start with "-"`},
-		{"remote-code-spelt-otherwise", head + "model: org/m\nextra_args: [\"--trust_remote_code=true\"]\n", "extra_args[0]: --trust-remote-code runs code"},
+		{"replicas-billion", head + "model: org/m\nreplicas: 1000000000\n", "replicas: line 4: must be at most 4096"},
+		{"adapter-as-flag", head + "model: org/m\nadapters:\n  - name: \"-x\"\n    path: /adapters/x\n", "adapters[0].name: line 5: must match"},
+		{"adapter-path-as-flag", head + "model: org/m\nadapters:\n  - name: x\n    path: \"--trust-remote-code\"\n", `adapters[0].path: line 6: must not start with "-"`},
+		{"remote-code-spelt-otherwise", head + "model: org/m\nextra_args: [\"--trust_remote_code=true\"]\n", "extra_args[0]: line 4: --trust-remote-code runs code"},
 	} {
 		out, err := apply(tc.name, tc.body)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

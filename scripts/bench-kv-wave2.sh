@@ -87,7 +87,7 @@ ready() {
 	for _ in $(seq 240); do
 		kill -0 "$dev_pid" 2>/dev/null || die "llmgw dev exited; see $out/dev.log"
 		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
-			jq '[.[] | select(.replica.model == "demo")] | (map(select(.status.phase == "REPLICA_PHASE_READY" and .status.uid == .replica.uid)) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo -2)
+			jq '[.[] | select(.model == "demo")] | (map(select(.state == "ready")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo -2)
 		[[ $n -eq $1 ]] && return 0
 		sleep 0.5
 	done
@@ -201,7 +201,7 @@ disrupt() {
 		restart) r2stop; r2start ;;
 		reset)
 			local a
-			a=$("${ctl[@]}" replica list -o json | jq -r '[.[] | select(.replica.model == "demo" and .status.phase == "REPLICA_PHASE_READY") | .status.address] | sort | .[0]')
+			a=$("${ctl[@]}" replica list -o json | jq -r '[.[] | select(.model == "demo" and .state == "ready") | .address] | sort | .[0]')
 			# An engine refuses a reset while requests hold cached blocks,
 			# which under this load is nearly always; after 1 s of
 			# refusals it is crashed instead (the simulator's crash_after

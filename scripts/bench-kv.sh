@@ -53,7 +53,7 @@ waitReady() {
 	for _ in $(seq 180); do
 		kill -0 "${pids[0]}" 2>/dev/null || { echo "bench-kv.sh: llmgw dev exited; see $out/dev.log" >&2; return 1; }
 		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
-			jq '[.[] | select(.replica.model == "demo")] | (map(select(.status.phase == "REPLICA_PHASE_READY")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo 0)
+			jq '[.[] | select(.model == "demo")] | (map(select(.state == "ready")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo 0)
 		[[ $n -eq $1 ]] && return 0
 		sleep 0.5
 	done
@@ -89,7 +89,7 @@ model rr debug false
 waitReady 4
 
 reset() {
-	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model == "demo") | .status.address'); do
+	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.model == "demo") | .address'); do
 		curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null
 	done
 	sleep 1 # the agents' next 250 ms batches carry the AllBlocksCleared

@@ -92,7 +92,7 @@ waitReady() {
 			kill -0 "$p" 2>/dev/null || { echo "bench-lora.sh: a process exited; see $out/*.log" >&2; return 1; }
 		done
 		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
-			jq '[.[] | select(.replica.model == "lora" and .status.phase == "REPLICA_PHASE_READY")] | length' 2>/dev/null || echo 0)
+			jq '[.[] | select(.model == "lora" and .state == "ready")] | length' 2>/dev/null || echo 0)
 		if [[ $n -ge 2 ]]; then
 			ok=1
 			for r in "$r1" "$r2"; do
@@ -112,7 +112,7 @@ waitReady() {
 # both engines, the plane and both routers' queues.
 counters() {
 	local loads=0 unloads=0 ev served=0 timedout=0 s t
-	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model == "lora") | .status.address'); do
+	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.model == "lora") | .address'); do
 		read -r l u < <(curl -sf "http://$a/sim/adapters" | jq -r '[([.adapters[].loads] | add // 0), ([.adapters[].unloads] | add // 0)] | @tsv')
 		loads=$((loads + l)) unloads=$((unloads + u))
 	done

@@ -128,7 +128,7 @@ EOF
 "${ctl[@]}" model apply -f "$out/bench.yaml" >/dev/null
 engine=
 for _ in $(seq 1 300); do
-	engine=$("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model=="bench" and .status.phase=="REPLICA_PHASE_READY") | .status.address' | head -1)
+	engine=$("${ctl[@]}" replica list -o json | jq -r '.[] | select(.model =="bench" and .state == "ready") | .address' | head -1)
 	[ -n "$engine" ] && break
 	sleep 0.2
 done

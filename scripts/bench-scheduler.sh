@@ -65,7 +65,7 @@ waitReady() {
 	for _ in $(seq 120); do
 		kill -0 "${pids[0]}" 2>/dev/null || { echo "bench-scheduler.sh: llmgw dev exited; see $out/dev.log" >&2; return 1; }
 		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
-			jq '[.[] | select(.replica.model == "demo" and .status.phase == "REPLICA_PHASE_READY")] | length' 2>/dev/null || echo 0)
+			jq '[.[] | select(.model == "demo" and .state == "ready")] | length' 2>/dev/null || echo 0)
 		[[ $n -ge $1 ]] && return 0
 		sleep 0.5
 	done
@@ -98,7 +98,7 @@ sleep 2
 waitReady 4
 
 reset() {
-	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model == "demo") | .status.address'); do
+	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.model == "demo") | .address'); do
 		curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null
 	done
 }

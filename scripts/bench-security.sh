@@ -128,7 +128,7 @@ waitReady() {
 			kill -0 "$p" 2>/dev/null || { echo "bench-security.sh: a process exited; see $out/*.log" >&2; return 1; }
 		done
 		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
-			jq '[.[] | select(.replica.model == "demo" and .status.phase == "REPLICA_PHASE_READY")] | length' 2>/dev/null || echo 0)
+			jq '[.[] | select(.model == "demo" and .state == "ready")] | length' 2>/dev/null || echo 0)
 		if [[ $n -ge 2 ]]; then
 			code=$(curl -s -o /dev/null -w '%{http_code}' "$@" "$url/v1/chat/completions" -H 'content-type: application/json' \
 				-d '{"model":"demo","messages":[{"role":"user","content":"x"}],"max_tokens":1}') || code=0
@@ -156,7 +156,7 @@ fi
 # in both stacks: the agent's engines are not behind TLS).
 reset() {
 	local -n ctl=$1
-	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model == "demo") | .status.address'); do
+	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.model == "demo") | .address'); do
 		curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null
 	done
 }

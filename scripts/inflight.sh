@@ -45,8 +45,8 @@ done
 
 # "id address" per ready replica, in id order.
 replicas=$("$ctl" --addr "$addr" replica list -o json | jq -r --arg m "$model" '
-	.[] | select(.status.phase == "REPLICA_PHASE_READY" and ($m == "" or .replica.model == $m))
-	| "\(.replica.id) \(.status.address)"' | sort)
+	.[] | select(.state == "ready" and ($m == "" or .model == $m))
+	| "\(.id) \(.address)"' | sort)
 if [[ -z $replicas ]]; then
 	echo "inflight.sh: no ready replicas${model:+ of model $model} at $addr" >&2
 	exit 1

@@ -53,7 +53,7 @@ waitReady() { # N: until exactly N replicas of demo are ready and none other
 	for _ in $(seq 180); do
 		kill -0 "${pids[0]}" 2>/dev/null || { echo "kv-event-lag.sh: llmgw dev exited; see $out/dev.log" >&2; return 1; }
 		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
-			jq '[.[] | select(.replica.model == "demo")] | (map(select(.status.phase == "REPLICA_PHASE_READY")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo 0)
+			jq '[.[] | select(.model == "demo")] | (map(select(.state == "ready")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo 0)
 		[[ $n -eq $1 ]] && return 0
 		sleep 0.5
 	done
@@ -109,7 +109,7 @@ quantiles() {
 
 printf 'run\trouter_p50_ms\trouter_p99_ms\trouter_n\tagent_p50_ms\tagent_p99_ms\tagent_n\thit\tttft_p50_ms\tttft_p90_ms\tload1\n' >"$out/summary.txt"
 for seed in $(seq "$runs"); do
-	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.replica.model == "demo") | .status.address'); do
+	for a in $("${ctl[@]}" replica list -o json | jq -r '.[] | select(.model == "demo") | .address'); do
 		curl -sf -XPOST "http://$a/reset_prefix_cache" -o /dev/null
 	done
 	sleep 1

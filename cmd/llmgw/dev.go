@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,13 +27,17 @@ import (
 // devOptions are `llmgw dev`'s flags: where each component listens, and the
 // demo model's shape.
 type devOptions struct {
-	httpAddr, grpcAddr, raftAddr         string
-	opsAddr                              string
-	controlHTTPAddr, agentHTTPAddr       string
-	agentGRPCAddr                        string
-	dataDir                              string
-	replicas, gpus                       int
-	portRange                            string
+	httpAddr, grpcAddr, raftAddr   string
+	opsAddr                        string
+	controlHTTPAddr, agentHTTPAddr string
+	agentGRPCAddr                  string
+	dataDir                        string
+	replicas, gpus                 int
+	portRange                      string
+	// portOffset is added to every port dev listens on and to its
+	// engines' port range, given on their own flags or not, so a second
+	// dev runs beside the first with one flag.
+	portOffset                           int
 	vllmCommand, llamacppCommand, simCmd string
 	decodeMS                             float64
 	// simGPU is the demo engines' GPU profile; a --sim-decode-ms-per-token
@@ -54,8 +60,10 @@ func (o devOptions) demoEngineArgs(decodeSet bool) []string {
 	return []string{"--sim-gpu", o.simGPU, "--sim-load-scale", strconv.FormatFloat(o.simLoadScale, 'f', -1, 64)}
 }
 
-func newDevCmd() *cobra.Command {
-	o := devOptions{}
+func newDevCmd() *cobra.Command { return devCmd(&devOptions{}) }
+
+// devCmd is `llmgw dev` with its flags bound to o.
+func devCmd(o *devOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run a control node, an agent with simulated replicas and a router in one process",
@@ -63,7 +71,13 @@ func newDevCmd() *cobra.Command {
 (node "dev") running the model "demo" on simulated vLLM engines, and a router
 serving the OpenAI API. The three are the real components and talk gRPC over
 loopback, as they would across machines. Ctrl-C stops everything, engines
-included.`,
+included.
+
+It listens on seven ports (the flags below; 8080 and 7400-7406) and starts
+engines on --port-range. A second dev beside the first needs one flag:
+--port-offset 100 adds 100 to every one of them, the defaults and those
+given (8180, 7500-7506, engines on 20100-21099), and keeps its state apart
+(.data/dev-100 unless --data-dir is given).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log, err := newLogger(cmd)
@@ -79,7 +93,10 @@ included.`,
 				return fmt.Errorf("--sim-gpu: %q: not a profile (%s)", o.simGPU, strings.Join(sim.GPUProfileNames(), ", "))
 			}
 			o.extraArgs = o.demoEngineArgs(cmd.Flags().Changed("sim-decode-ms-per-token"))
-			return runDev(ctx, o, log)
+			if err := o.offsetPorts(cmd.Flags().Changed); err != nil {
+				return err
+			}
+			return runDev(ctx, *o, log)
 		},
 	}
 	f := cmd.Flags()
@@ -90,7 +107,8 @@ included.`,
 	f.StringVar(&o.controlHTTPAddr, "control-http-addr", "127.0.0.1:7403", "the control node's /metrics, /healthz, /readyz and web console (/ui/)")
 	f.StringVar(&o.agentHTTPAddr, "agent-http-addr", "127.0.0.1:7404", "the agent's /metrics, /healthz, /readyz")
 	f.StringVar(&o.agentGRPCAddr, "agent-grpc-addr", "127.0.0.1:7405", "the agent's LoadService, which the router subscribes to")
-	f.StringVar(&o.dataDir, "data-dir", ".data/dev", "where Raft, the agent and the router keep their state")
+	f.StringVar(&o.dataDir, "data-dir", ".data/dev", "where Raft, the agent and the router keep their state (.data/dev-N with --port-offset N)")
+	f.IntVar(&o.portOffset, "port-offset", 0, "added to every port above, given or default, and to --port-range, so a second dev runs beside the first (--port-offset 100)")
 	f.IntVar(&o.replicas, "replicas", 2, "replicas of the demo model")
 	f.IntVar(&o.gpus, "gpus", 8, "GPUs the simulated node reports (each replica takes one)")
 	f.StringVar(&o.portRange, "port-range", "20000-20999", "ports for engines, FIRST-LAST")
@@ -115,6 +133,9 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 		return fmt.Errorf("--gpus: %d cannot hold %d replicas of one GPU each", o.gpus, o.replicas)
 	}
 	if err := o.checkLoopback(); err != nil {
+		return err
+	}
+	if err := o.checkPortsFree(); err != nil {
 		return err
 	}
 
@@ -177,7 +198,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	select {
 	case <-control.Ready():
 	case err := <-group.failed:
-		return err
+		return portHint(err)
 	case <-ctx.Done():
 		return nil
 	}
@@ -203,7 +224,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 		log.Info("stopping: router, then agent and engines, then control")
 		return nil
 	case err := <-group.failed:
-		return err
+		return portHint(err)
 	}
 }
 
@@ -213,16 +234,97 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 // is for control, agent and router run as themselves, where TLS or
 // --insecure is an explicit choice. (The engines bind the agent's advertise
 // address, 127.0.0.1 here, and gossip is off.)
-func (o devOptions) checkLoopback() error {
-	for _, l := range []struct{ flag, addr string }{
-		{"http-addr", o.httpAddr}, {"ops-addr", o.opsAddr}, {"grpc-addr", o.grpcAddr}, {"raft-addr", o.raftAddr},
-		{"control-http-addr", o.controlHTTPAddr}, {"agent-http-addr", o.agentHTTPAddr}, {"agent-grpc-addr", o.agentGRPCAddr},
-	} {
-		if !mtls.IsLoopback(l.addr) {
-			return fmt.Errorf("--%s %s: llmgw dev listens on loopback only (it runs without TLS); use 127.0.0.1, or run llmgw control, agent and router to serve a network", l.flag, l.addr)
+func (o *devOptions) checkLoopback() error {
+	for _, l := range o.listeners() {
+		if !mtls.IsLoopback(*l.addr) {
+			return fmt.Errorf("--%s %s: llmgw dev listens on loopback only (it runs without TLS); use 127.0.0.1, or run llmgw control, agent and router to serve a network", l.flag, *l.addr)
 		}
 	}
 	return nil
+}
+
+// listeners are dev's addresses with the flag that sets each, in the
+// order its help lists them.
+func (o *devOptions) listeners() []struct {
+	flag string
+	addr *string
+} {
+	return []struct {
+		flag string
+		addr *string
+	}{
+		{"http-addr", &o.httpAddr}, {"ops-addr", &o.opsAddr}, {"grpc-addr", &o.grpcAddr}, {"raft-addr", &o.raftAddr},
+		{"control-http-addr", &o.controlHTTPAddr}, {"agent-http-addr", &o.agentHTTPAddr}, {"agent-grpc-addr", &o.agentGRPCAddr},
+	}
+}
+
+// offsetPorts adds --port-offset to the port of every listener and to the
+// engines' port range, given or default — so the command line of a dev
+// that runs, plus one flag, is a second one beside it — and moves the
+// default data directory to .data/dev-N (changed says whether --data-dir
+// was given), since two devs cannot share one Raft store.
+func (o *devOptions) offsetPorts(changed func(flag string) bool) error {
+	if o.portOffset == 0 {
+		return nil
+	}
+	if o.portOffset < 0 || o.portOffset > 40000 {
+		return fmt.Errorf("--port-offset: %d must be in [0, 40000]", o.portOffset)
+	}
+	for _, l := range o.listeners() {
+		host, port, err := net.SplitHostPort(*l.addr)
+		if err != nil {
+			return fmt.Errorf("--%s %s: %w", l.flag, *l.addr, err)
+		}
+		n, err := strconv.Atoi(port)
+		if err != nil || n+o.portOffset > 65535 {
+			return fmt.Errorf("--port-offset %d: moves --%s %s beyond port 65535", o.portOffset, l.flag, *l.addr)
+		}
+		*l.addr = net.JoinHostPort(host, strconv.Itoa(n+o.portOffset))
+	}
+	var first, last int
+	if _, err := fmt.Sscanf(o.portRange, "%d-%d", &first, &last); err != nil {
+		return fmt.Errorf("--port-range: %q is not FIRST-LAST", o.portRange)
+	}
+	if last+o.portOffset > 65535 {
+		return fmt.Errorf("--port-offset %d: moves --port-range %s beyond port 65535", o.portOffset, o.portRange)
+	}
+	o.portRange = fmt.Sprintf("%d-%d", first+o.portOffset, last+o.portOffset)
+	if !changed("data-dir") {
+		o.dataDir = fmt.Sprintf("%s-%d", o.dataDir, o.portOffset)
+	}
+	return nil
+}
+
+// checkPortsFree refuses to start when one of dev's ports is taken, naming
+// its flag and the one flag that moves them all: the usual cause is a dev
+// already running, and without this the error would be a component's
+// "bind: address already in use" after the control node had started.
+func (o *devOptions) checkPortsFree() error {
+	for _, l := range o.listeners() {
+		ln, err := net.Listen("tcp", *l.addr)
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return fmt.Errorf("--%s %s: the port is in use (another llmgw dev?): %s", l.flag, *l.addr, portOffsetHint)
+			}
+			return fmt.Errorf("--%s %s: %w", l.flag, *l.addr, err)
+		}
+		if err := ln.Close(); err != nil {
+			return fmt.Errorf("--%s %s: %w", l.flag, *l.addr, err)
+		}
+	}
+	return nil
+}
+
+// portOffsetHint is what a port clash says to do.
+const portOffsetHint = "give --port-offset 100 (or any N) to move every port of this dev, or stop the other one"
+
+// portHint adds portOffsetHint to a component's failure to bind a port
+// taken between checkPortsFree and its start.
+func portHint(err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%w: %s", err, portOffsetHint)
+	}
+	return err
 }
 
 // applyDemo writes the demo model through AdminService, as llmgwctl would:

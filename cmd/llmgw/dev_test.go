@@ -1,8 +1,14 @@
 package main
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -53,5 +59,85 @@ func TestDemoEngineArgs(t *testing.T) {
 	o.decodeMS = 2.5
 	if got, want := o.demoEngineArgs(true), []string{"--sim-timing", "simple", "--sim-decode-ms-per-token", "2.5"}; !slices.Equal(got, want) {
 		t.Errorf("with a decode time: %q, want %q", got, want)
+	}
+}
+
+// TestDevPortOffset: --port-offset moves every listener and the engines'
+// port range, given or default, and the default data directory, so a
+// second dev runs beside the first with one flag (issue 34).
+func TestDevPortOffset(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want devPorts
+	}{
+		{"defaults", nil, devPorts{httpAddr: "127.0.0.1:8080", opsAddr: "127.0.0.1:7406", grpcAddr: "127.0.0.1:7400", raftAddr: "127.0.0.1:7401",
+			controlHTTPAddr: "127.0.0.1:7403", agentHTTPAddr: "127.0.0.1:7404", agentGRPCAddr: "127.0.0.1:7405", portRange: "20000-20999", dataDir: ".data/dev"}},
+		{"offset 100", []string{"--port-offset", "100"}, devPorts{httpAddr: "127.0.0.1:8180", opsAddr: "127.0.0.1:7506", grpcAddr: "127.0.0.1:7500", raftAddr: "127.0.0.1:7501",
+			controlHTTPAddr: "127.0.0.1:7503", agentHTTPAddr: "127.0.0.1:7504", agentGRPCAddr: "127.0.0.1:7505", portRange: "20100-21099", dataDir: ".data/dev-100"}},
+		{"an address given moves too; a data dir given stays", []string{"--port-offset", "100", "--http-addr", "127.0.0.1:9000", "--data-dir", "/tmp/d", "--port-range", "30000-30009"},
+			devPorts{httpAddr: "127.0.0.1:9100", opsAddr: "127.0.0.1:7506", grpcAddr: "127.0.0.1:7500", raftAddr: "127.0.0.1:7501",
+				controlHTTPAddr: "127.0.0.1:7503", agentHTTPAddr: "127.0.0.1:7504", agentGRPCAddr: "127.0.0.1:7505", portRange: "30100-30109", dataDir: "/tmp/d"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var o devOptions
+			cmd := devCmd(&o)
+			if err := cmd.ParseFlags(tt.args); err != nil {
+				t.Fatalf("flags %q: %v", tt.args, err)
+			}
+			if err := o.offsetPorts(cmd.Flags().Changed); err != nil {
+				t.Fatalf("offsetPorts: %v", err)
+			}
+			got := devPorts{httpAddr: o.httpAddr, opsAddr: o.opsAddr, grpcAddr: o.grpcAddr, raftAddr: o.raftAddr, controlHTTPAddr: o.controlHTTPAddr,
+				agentHTTPAddr: o.agentHTTPAddr, agentGRPCAddr: o.agentGRPCAddr, portRange: o.portRange, dataDir: o.dataDir}
+			if got != tt.want {
+				t.Errorf("got  %+v\nwant %+v", got, tt.want)
+			}
+		})
+	}
+	o := devOptions{portOffset: 60000, httpAddr: "127.0.0.1:8080"}
+	if err := o.offsetPorts(func(string) bool { return false }); err == nil || !strings.Contains(err.Error(), "--port-offset") {
+		t.Errorf("an offset past port 65535: %v, want a refusal naming --port-offset", err)
+	}
+}
+
+// devPorts are the options --port-offset moves.
+type devPorts struct {
+	httpAddr, opsAddr, grpcAddr, raftAddr         string
+	controlHTTPAddr, agentHTTPAddr, agentGRPCAddr string
+	portRange, dataDir                            string
+}
+
+// TestDevPortClash: a port dev wants that is taken is refused before
+// anything starts, naming its flag and --port-offset (issue 34).
+func TestDevPortClash(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	o := devOptions{httpAddr: free(), opsAddr: free(), grpcAddr: ln.Addr().String(), raftAddr: free(),
+		controlHTTPAddr: free(), agentHTTPAddr: free(), agentGRPCAddr: free(),
+		replicas: 1, gpus: 1, portRange: "20000-20009", dataDir: t.TempDir()}
+	err = runDev(context.Background(), o, slog.New(slog.DiscardHandler))
+	if err == nil || !strings.HasPrefix(err.Error(), "--grpc-addr "+ln.Addr().String()+": the port is in use") || !strings.Contains(err.Error(), "--port-offset") {
+		t.Fatalf("runDev = %v, want a refusal naming --grpc-addr and --port-offset", err)
+	}
+}
+
+// TestDevPortHint: a port taken after the check (a component's bind)
+// names --port-offset too.
+func TestDevPortHint(t *testing.T) {
+	if err := portHint(fmt.Errorf("router: %w", &net.OpError{Op: "listen", Err: os.NewSyscallError("bind", syscall.EADDRINUSE)})); !strings.Contains(err.Error(), "--port-offset") {
+		t.Errorf("portHint = %v, want --port-offset named", err)
 	}
 }

@@ -101,7 +101,7 @@ func (c *cli) aliasCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("%s: %w", file, err)
 			}
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_PUT_ALIAS, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.ApplyAlias(ctx, &llmgwv1.ApplyAliasRequest{Alias: al})
 				if err != nil {
 					return fmt.Errorf("alias apply %s: %w", al.Name, err)
@@ -128,7 +128,7 @@ func (c *cli) aliasCmd() *cobra.Command {
 					return fmt.Errorf("alias list: %w", err)
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Aliases))
+					return c.printItems(messages(resp.Aliases), nil)
 				}
 				rows := make([][]string, 0, len(resp.Aliases))
 				for _, al := range resp.Aliases {
@@ -146,7 +146,7 @@ func (c *cli) aliasCmd() *cobra.Command {
 		Short: "Delete an alias: routers answer its name 404 from then on",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_DELETE_ALIAS, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.DeleteAlias(ctx, &llmgwv1.DeleteAliasRequest{Name: args[0]})
 				if err != nil {
 					return fmt.Errorf("alias delete %s: %w", args[0], err)

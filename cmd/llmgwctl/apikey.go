@@ -54,7 +54,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 			if err := fsm.ValidateAPIKey(&llmgwv1.ApiKey{Name: req.Name, SecretSha256: req.SecretSha256, Models: req.Models, Tenant: req.Tenant}); err != nil {
 				return fmt.Errorf("apikey create: %w", tenantFieldAsFlag(err))
 			}
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_PUT_API_KEY, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.CreateApiKey(ctx, req)
 				if err != nil {
 					return fmt.Errorf("apikey create %s: %w", req.Name, err)
@@ -99,7 +99,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 					return usage(fmt.Errorf("apikey update %s: --tenant: %s", args[0], ve.Reason))
 				}
 			}
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEY_TENANT, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.SetApiKeyTenant(ctx, &llmgwv1.SetApiKeyTenantRequest{Name: args[0], Tenant: moveTo})
 				if err != nil {
 					return fmt.Errorf("apikey update %s: %w", args[0], err)
@@ -129,7 +129,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 					k.SecretSha256 = nil // never shown, even if a server sent it
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Keys))
+					return c.printItems(messages(resp.Keys), nil)
 				}
 				rows := make([][]string, 0, len(resp.Keys))
 				for _, k := range resp.Keys {
@@ -152,7 +152,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 		Short: "Revoke a key: every router refuses its secret once the change reaches it",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_DELETE_API_KEY, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.RevokeApiKey(ctx, &llmgwv1.RevokeApiKeyRequest{Name: args[0]})
 				if err != nil {
 					return fmt.Errorf("apikey revoke %s: %w", args[0], err)
@@ -183,7 +183,7 @@ func (c *cli) apikeyCmd() *cobra.Command {
 		ValidArgs: []string{"on", "off"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			on := args[0] == "on"
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_SET_API_KEYS_REQUIRED, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.SetApiKeysRequired(ctx, &llmgwv1.SetApiKeysRequiredRequest{Required: on})
 				if err != nil {
 					return fmt.Errorf("apikey require %s: %w", args[0], err)

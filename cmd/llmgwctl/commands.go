@@ -63,7 +63,7 @@ func (c *cli) modelCmd() *cobra.Command {
 					return fmt.Errorf("model list: %w", err)
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Models))
+					return c.printItems(messages(resp.Models), nil)
 				}
 				rows := make([][]string, 0, len(resp.Models))
 				for _, m := range resp.Models {
@@ -186,7 +186,9 @@ func (c *cli) nodeCmd() *cobra.Command {
 					return fmt.Errorf("node list: %w", err)
 				}
 				if c.output == "json" {
-					return c.printJSON(resp)
+					return c.printItems(messages(resp.Nodes), func(i int, obj object) object {
+						return append(obj, member{"connected", resp.Connected[resp.Nodes[i].GetId()]})
+					})
 				}
 				rows := make([][]string, 0, len(resp.Nodes))
 				for _, n := range resp.Nodes {
@@ -217,7 +219,7 @@ func (c *cli) replicaCmd() *cobra.Command {
 					return fmt.Errorf("replica list: %w", err)
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Replicas))
+					return c.printReplicas(resp.Replicas)
 				}
 				rows := make([][]string, 0, len(resp.Replicas))
 				for _, v := range resp.Replicas {
@@ -336,4 +338,58 @@ func openFileFlag(file string) (io.ReadCloser, error) {
 		return nil, fmt.Errorf("-f: %w", err)
 	}
 	return f, nil
+}
+
+// printReplicas is `replica list -o json`: one flat object per replica,
+// the placement's fields (id, uid, model, node, draining, ...), then
+// state as the table's STATE column says it, then the running engine's
+// fields (address, incarnation, restarts, pid, message, ...) and its KV
+// index. A status of an older uid is not this replica's: its state reads
+// unknown and its engine fields are empty, as the table shows.
+func (c *cli) printReplicas(views []*llmgwv1.ReplicaView) error {
+	list := make([]any, 0, len(views))
+	for _, v := range views {
+		r, s := v.GetReplica(), v.GetStatus()
+		state := "unknown"
+		if s == nil || s.GetUid() != r.GetUid() {
+			s = &llmgwv1.ReplicaStatus{}
+		} else {
+			state = stateName(s.GetPhase().String(), "REPLICA_PHASE_")
+		}
+		rj, err := toJSON(orZero(r))
+		if err != nil {
+			return err
+		}
+		sj, err := toJSON(s)
+		if err != nil {
+			return err
+		}
+		kv := v.GetKv()
+		if kv == nil {
+			kv = &llmgwv1.ReplicaKV{}
+		}
+		kj, err := toJSON(kv)
+		if err != nil {
+			return err
+		}
+		obj := append(rj.(object), member{"state", state})
+		for _, m := range sj.(object) {
+			switch m.key {
+			case "replica_id", "uid", "model", "node", "phase":
+				// The placement's, or state.
+			default:
+				obj = append(obj, m)
+			}
+		}
+		list = append(list, append(obj, member{"kv", kj}))
+	}
+	return c.printJSON(list)
+}
+
+// orZero is r, or an empty replica for a view without one.
+func orZero(r *llmgwv1.Replica) *llmgwv1.Replica {
+	if r == nil {
+		return &llmgwv1.Replica{}
+	}
+	return r
 }

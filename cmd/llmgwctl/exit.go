@@ -113,9 +113,80 @@ func usage(err error) error {
 	return &usageError{err: err}
 }
 
+// suggestDistance is the edit distance within which an unknown command's
+// name suggests a real one: `modl`, `models`, `clustr`, `lst` and `modle`
+// are each one edit away (a swap of neighbours is one edit).
+const suggestDistance = 2
+
+// suggestions are the subcommands of cmd an operator most likely meant by
+// arg: those arg is a prefix of, else the nearest within suggestDistance
+// edits (all of them when several are as near). cobra's SuggestionsFor
+// has a minimum distance of 0 in a command it does not run itself, which
+// leaves prefixes only, and lists every command within its distance, so
+// `modl` would read "model, node".
+func suggestions(cmd *cobra.Command, arg string) []string {
+	arg = strings.ToLower(arg)
+	var prefixed, nearest []string
+	best := suggestDistance + 1
+	for _, sub := range cmd.Commands() {
+		if !sub.IsAvailableCommand() {
+			continue
+		}
+		name := sub.Name()
+		if strings.HasPrefix(name, arg) {
+			prefixed = append(prefixed, name)
+			continue
+		}
+		d := editDistance(arg, name)
+		for _, s := range sub.SuggestFor {
+			d = min(d, editDistance(arg, strings.ToLower(s)))
+		}
+		switch {
+		case d < best:
+			best, nearest = d, []string{name}
+		case d == best:
+			nearest = append(nearest, name)
+		}
+	}
+	if len(prefixed) > 0 {
+		return prefixed
+	}
+	return nearest
+}
+
+// editDistance is the optimal string alignment distance between a and b:
+// insertions, deletions, substitutions and swaps of neighbours, one edit
+// each.
+func editDistance(a, b string) int {
+	ra, rb := []rune(a), []rune(b)
+	// d[i][j] is the distance between ra[:i] and rb[:j].
+	d := make([][]int, len(ra)+1)
+	for i := range d {
+		d[i] = make([]int, len(rb)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(ra); i++ {
+		for j := 1; j <= len(rb); j++ {
+			cost := 1
+			if ra[i-1] == rb[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && ra[i-1] == rb[j-2] && ra[i-2] == rb[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(ra)][len(rb)]
+}
+
 // wireUsage makes every refusal of a command line a usageError: a bad
 // flag, wrong arguments, an unknown subcommand. cobra shows a command
-// group's help, exit status 0, for `model lis`; here it is an error.
+// group's help, exit status 0, for `model lis`; here it is an error, with
+// the commands within suggestDistance edits of the word suggested.
 func wireUsage(root *cobra.Command) {
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usage(err) })
 	var walk func(*cobra.Command)
@@ -130,7 +201,7 @@ func wireUsage(root *cobra.Command) {
 					return cmd.Help()
 				}
 				msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
-				if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				if s := suggestions(cmd, args[0]); len(s) > 0 {
 					msg += fmt.Sprintf(" (did you mean %s?)", strings.Join(s, ", "))
 				}
 				return usage(errors.New(msg))

@@ -143,6 +143,35 @@ func TestExitStatus(t *testing.T) {
 	}
 }
 
+// TestSuggestions: a command one or two edits from a real one, not only a
+// prefix of it, is a usage error that names the real one.
+func TestSuggestions(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{args: []string{"mode"}, want: `unknown command "mode" for "llmgwctl" (did you mean model?)`},
+		{args: []string{"modl"}, want: `unknown command "modl" for "llmgwctl" (did you mean model?)`},
+		{args: []string{"models"}, want: `unknown command "models" for "llmgwctl" (did you mean model?)`},
+		{args: []string{"modle", "list"}, want: `unknown command "modle" for "llmgwctl" (did you mean model?)`},
+		{args: []string{"clustr"}, want: `unknown command "clustr" for "llmgwctl" (did you mean cluster?)`},
+		{args: []string{"nodes", "list"}, want: `unknown command "nodes" for "llmgwctl" (did you mean node?)`},
+		{args: []string{"model", "lst"}, want: `unknown command "lst" for "llmgwctl model" (did you mean list?)`},
+		{args: []string{"replica", "lis"}, want: `unknown command "lis" for "llmgwctl replica" (did you mean list?)`},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := execute(tt.args, &stdout, &stderr); code != exitUsage {
+				t.Errorf("exit status %d, want %d", code, exitUsage)
+			}
+			if !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("stderr %q lacks %q", stderr.String(), tt.want)
+			}
+		})
+	}
+}
+
 // TestHelpSaysTheExitStatuses: `llmgwctl --help` documents every status.
 func TestHelpSaysTheExitStatuses(t *testing.T) {
 	var stdout, stderr bytes.Buffer

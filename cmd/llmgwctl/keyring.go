@@ -77,7 +77,7 @@ func (c *cli) keyring(ctx context.Context, verb string, req *llmgwv1.KeyringRequ
 			return fmt.Errorf("keyring %s: %w", verb, err)
 		}
 		if c.output == "json" {
-			err = c.printJSON(resp)
+			err = c.printItems(messages(resp.Servers), nil)
 		} else {
 			err = c.printTable([]string{"SERVER", "KEY", "PRIMARY", "ERROR"}, keyringRows(resp))
 		}

@@ -104,16 +104,14 @@ func TestKeyringJSONAndGenerate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var v struct {
-		Servers []struct {
-			ServerID string `json:"server_id"`
-			Keys     []struct {
-				Fingerprint string `json:"fingerprint"`
-				Primary     bool   `json:"primary"`
-			} `json:"keys"`
-		} `json:"servers"`
+	var v []struct {
+		ServerID string `json:"server_id"`
+		Keys     []struct {
+			Fingerprint string `json:"fingerprint"`
+			Primary     bool   `json:"primary"`
+		} `json:"keys"`
 	}
-	if err := json.Unmarshal([]byte(out), &v); err != nil || len(v.Servers) != 1 || v.Servers[0].Keys[0].Fingerprint != "aaaa" || !v.Servers[0].Keys[0].Primary {
+	if err := json.Unmarshal([]byte(out), &v); err != nil || len(v) != 1 || v[0].ServerID != "c1" || v[0].Keys[0].Fingerprint != "aaaa" || !v[0].Keys[0].Primary {
 		t.Fatalf("json %s: %+v, %v", out, v, err)
 	}
 	gen, err := run("127.0.0.1:1", "keyring", "generate")

@@ -78,6 +78,7 @@ func newRootCmd(out io.Writer) *cobra.Command {
 		c.joinCmd(), c.leaveCmd(), c.serverCmd(), c.raftCmd(), c.snapshotCmd(), c.upgradeCmd(), c.tlsCmd())
 	root.AddCommand(c.apikeyCmd(), c.tenantCmd(), c.usageCmd(), c.flowCmd(), c.keyringCmd(), c.aliasCmd())
 	wireUsage(root)
+	c.wireCompletion(root)
 	return root
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/llmgw/llmgw/fsm"
@@ -95,8 +96,11 @@ type adapterFile struct {
 // is a second document, a value of the wrong type or a fraction where a
 // count belongs, each named by its key: configfile.Strict), fills the
 // defaults and validates it with the same pure code the control plane runs,
-// so a bad file is refused before anything is written and the error names
-// the field.
+// so a bad file is refused before anything is written. It reports every
+// problem it finds at once, one per line, each naming the key and its line
+// ("replicas: line 4: -2 is out of range"), as the servers' configuration
+// files do; the control plane's validation stops at its first refusal, so
+// that one is reported once the values decode.
 func parseModelFile(r io.Reader) (*llmgwv1.Model, error) {
 	data, err := io.ReadAll(io.LimitReader(r, configfile.MaxSize+1))
 	if err != nil {
@@ -106,24 +110,63 @@ func parseModelFile(r io.Reader) (*llmgwv1.Model, error) {
 		return nil, fmt.Errorf("model file: larger than %d bytes", configfile.MaxSize)
 	}
 	var f modelFile
+	var p configfile.Problems
 	switch err := configfile.Strict(data, &f); {
 	case errors.Is(err, configfile.ErrEmpty):
 		return nil, errors.New("model file is empty")
 	case errors.Is(err, configfile.ErrSecondDocument):
 		return nil, errors.New("model file: holds more than one document; apply one model per file")
 	case err != nil:
-		return nil, fmt.Errorf("model file: %w", err)
+		// Each line is one problem that names its key; the values that
+		// did decode are still checked below, so every problem shows.
+		p.Join(err)
 	}
-	m, err := f.toProto()
-	if err != nil {
-		return nil, err
+	m, convErr := f.toProto()
+	p.Join(convErr)
+	if convErr == nil && p.Err() == nil {
+		// Only a file whose every value decoded: a key refused above reads
+		// as its zero value here, and validation would blame it twice.
+		m = fsm.ModelDefaults(m)
+		p.Join(fsm.ValidateModel(m))
 	}
-	m = fsm.ModelDefaults(m)
-	if err := fsm.ValidateModel(m); err != nil {
-		return nil, err
+	if err := p.Err(); err != nil {
+		return nil, withLines(err, configfile.KeyLines(data))
 	}
 	return m, nil
 }
+
+// withLines puts the line of its key into each problem of err (one per
+// line, "<key>: <message>") that does not say it yet, so an operator finds
+// every problem in the file.
+func withLines(err error, lines map[string]int) error {
+	problems := strings.Split(err.Error(), "\n")
+	for i, pr := range problems {
+		key, msg, ok := strings.Cut(pr, ": ")
+		if !ok || strings.HasPrefix(msg, "line ") {
+			continue
+		}
+		if line, ok := lines[key]; ok {
+			problems[i] = fmt.Sprintf("%s: line %d: %s", key, line, msg)
+		}
+	}
+	msg := problems[0]
+	if len(problems) > 1 {
+		// One problem a line, under a count, rather than the first on the
+		// line of the command's own words.
+		msg = fmt.Sprintf("%d problems:\n  %s", len(problems), strings.Join(problems, "\n  "))
+	}
+	return fmt.Errorf("model file: %w", &problemsError{msg: msg, err: err})
+}
+
+// problemsError is a model file's problems with their lines, wrapping the
+// problems as found (so errors.Is and errors.As still see the causes).
+type problemsError struct {
+	msg string
+	err error
+}
+
+func (e *problemsError) Error() string { return e.msg }
+func (e *problemsError) Unwrap() error { return e.err }
 
 func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 	m := &llmgwv1.Model{
@@ -147,13 +190,11 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 		AllowRemoteCode:         f.AllowRemoteCode,
 		AllowLinkLocalEndpoints: f.AllowLinkLocalEndpoints,
 	}
-	var err error
+	// Every value out of range is reported, not only the first.
+	var p configfile.Problems
 	set := func(field string, v int, dst *uint32) {
-		if err != nil {
-			return
-		}
 		if v < 0 || v > math.MaxUint32 {
-			err = fmt.Errorf("%s: %d is out of range (0..%d)", field, v, uint32(math.MaxUint32))
+			p.Add(field, "%d is out of range (0..%d)", v, uint32(math.MaxUint32))
 			return
 		}
 		*dst = uint32(v)
@@ -192,17 +233,20 @@ func (f *modelFile) toProto() (*llmgwv1.Model, error) {
 			{"autoscale.cooldown", a.Cooldown, time.Second, &m.Autoscale.CooldownS},
 			{"autoscale.hold_timeout", a.HoldTimeout, time.Second, &m.Autoscale.HoldTimeoutS},
 		} {
-			if err == nil && (d.v < 0 || d.v%d.unit != 0) {
-				err = fmt.Errorf("%s: %v must be a whole number of %v and not negative", d.key, d.v, d.unit)
+			if d.v < 0 || d.v%d.unit != 0 {
+				p.Add(d.key, "%v must be a whole number of %v and not negative", d.v, d.unit)
+				continue
 			}
 			set(d.key, int(min(d.v/d.unit, math.MaxUint32+1)), d.dst)
 		}
 	}
 	if f.Priority < math.MinInt32 || f.Priority > math.MaxInt32 {
-		return nil, fmt.Errorf("priority: %d is out of range", f.Priority)
+		p.Add("priority", "%d is out of range (%d..%d)", f.Priority, math.MinInt32, math.MaxInt32)
+	} else {
+		m.Priority = int32(f.Priority)
 	}
-	m.Priority, m.Pinned = int32(f.Priority), f.Pinned
-	if err != nil {
+	m.Pinned = f.Pinned
+	if err := p.Err(); err != nil {
 		return nil, err
 	}
 	for _, a := range f.Adapters {

@@ -51,7 +51,7 @@ func (c *cli) nodeLabelCmd() *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("node label: %w", err)
 			}
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_SET_NODE_LABELS, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.SetNodeLabels(ctx, &llmgwv1.SetNodeLabelsRequest{Id: args[0], Set: set, Remove: remove})
 				if err != nil {
 					return fmt.Errorf("node label %s: %w", args[0], err)

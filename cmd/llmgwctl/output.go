@@ -208,8 +208,77 @@ func jsonValue(fd protoreflect.FieldDescriptor, v any) any {
 		}
 	case protoreflect.MessageKind, protoreflect.GroupKind:
 		return jsonNumbers(fd.Message(), v)
+	case protoreflect.EnumKind:
+		if s, ok := v.(string); ok && fd.Enum().FullName() != "google.protobuf.NullValue" {
+			return enumWord(fd.Enum(), s)
+		}
 	}
 	return v
+}
+
+// enumWord is an enum value as the tables print it: its name without the
+// prefix every value of the enum shares, in lower case
+// (REPLICA_PHASE_READY is ready, NODE_STATE_DRAINING draining), so a
+// script compares -o json with the words it sees in a table.
+func enumWord(ed protoreflect.EnumDescriptor, name string) string {
+	return strings.ToLower(strings.TrimPrefix(name, enumPrefix(ed)))
+}
+
+// enumPrefix is the longest prefix, up to an underscore, that every value
+// name of ed shares: "REPLICA_PHASE_" (proto's style guide prefixes every
+// value with the enum's name).
+func enumPrefix(ed protoreflect.EnumDescriptor) string {
+	vals := ed.Values()
+	if vals.Len() == 0 {
+		return ""
+	}
+	prefix := string(vals.Get(0).Name())
+	for i := 1; i < vals.Len(); i++ {
+		name := string(vals.Get(i).Name())
+		for !strings.HasPrefix(name, prefix) {
+			prefix = prefix[:len(prefix)-1]
+		}
+	}
+	if vals.Len() == 1 {
+		// One value: its enum's name, as the style guide spells it.
+		prefix = upperSnake(string(ed.Name())) + "_"
+		if !strings.HasPrefix(string(vals.Get(0).Name()), prefix) {
+			return ""
+		}
+		return prefix
+	}
+	return prefix[:strings.LastIndex(prefix, "_")+1]
+}
+
+// upperSnake is ReplicaPhase as REPLICA_PHASE.
+func upperSnake(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
+
+// printItems writes a list command's -o json: one JSON array, an object
+// per item (docs/operations.md, "-o json"), whatever the call answered
+// around the items. add, if not nil, appends fields to item i: those a
+// table shows that the item's message does not hold (a node's connected).
+func (c *cli) printItems(items []proto.Message, add func(i int, obj object) object) error {
+	list := make([]any, 0, len(items))
+	for i, m := range items {
+		j, err := toJSON(m)
+		if err != nil {
+			return err
+		}
+		if obj, ok := j.(object); ok && add != nil {
+			j = add(i, obj)
+		}
+		list = append(list, j)
+	}
+	return c.printJSON(list)
 }
 
 // isInteger reports whether s is a decimal integer, as protojson writes

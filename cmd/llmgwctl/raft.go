@@ -37,13 +37,13 @@ func (c *cli) listPeersCmd() *cobra.Command {
 				peers := append([]*llmgwv1.RaftPeer(nil), resp.Peers...)
 				sort.Slice(peers, func(i, j int) bool { return peers[i].Id < peers[j].Id })
 				if c.output == "json" {
-					return c.printJSON(&llmgwv1.ListPeersResponse{Peers: peers})
+					return c.printItems(messages(peers), nil)
 				}
 				rows := make([][]string, 0, len(peers))
 				for _, p := range peers {
 					rows = append(rows, []string{p.Id, p.Address, role(p), strconv.FormatBool(p.Healthy),
 						contact(p.LastContactMs), strconv.FormatUint(p.LastIndex, 10),
-						(time.Duration(p.StableSeconds) * time.Second).String(), orDash(p.Version)})
+						stableFor(p), orDash(p.Version)})
 				}
 				return c.printTable([]string{"ID", "ADDRESS", "ROLE", "HEALTHY", "LAST CONTACT", "LAST INDEX", "STABLE", "VERSION"}, rows)
 			})
@@ -93,7 +93,7 @@ func (c *cli) removePeerCmd() *cobra.Command {
 			if id == "" {
 				return errors.New("raft remove-peer: ID: a server id is required")
 			}
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.RemovePeer(ctx, &llmgwv1.RemovePeerRequest{Id: id})
 				if err != nil {
 					return fmt.Errorf("raft remove-peer %s: %w", id, err)
@@ -133,4 +133,13 @@ func (c *cli) transferLeadershipCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&to, "to", "", "id of the voter to hand leadership to")
 	return cmd
+}
+
+// stableFor is how long a peer has been stable, "-" while it is not
+// healthy (autopilot's 0, which is no duration).
+func stableFor(p *llmgwv1.RaftPeer) string {
+	if !p.Healthy {
+		return "-"
+	}
+	return (time.Duration(p.StableSeconds) * time.Second).String()
 }

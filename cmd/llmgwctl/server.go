@@ -88,7 +88,7 @@ func (c *cli) leaveCmd() *cobra.Command {
 		Short: "Make the server at --addr leave the cluster gracefully (a leader transfers leadership first)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_SET_SERVER_REMOVED, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.Leave(ctx, &llmgwv1.LeaveRequest{})
 				if err != nil {
 					return fmt.Errorf("leave: %w", err)
@@ -124,7 +124,7 @@ func (c *cli) membersCmd() *cobra.Command {
 				members := append([]*llmgwv1.Member(nil), resp.Members...)
 				sort.Slice(members, func(i, j int) bool { return members[i].Id < members[j].Id })
 				if c.output == "json" {
-					return c.printJSON(&llmgwv1.MembersResponse{Members: members})
+					return c.printItems(messages(members), nil)
 				}
 				rows := make([][]string, 0, len(members))
 				for _, m := range members {

@@ -208,13 +208,13 @@ func TestServerAndRaftCommands(t *testing.T) {
 			setup:   func(f *fakeAdmin) { f.err = status.Error(codes.Unavailable, "join 10.9.9.9:7402: connection refused") },
 			calls:   []string{"Join"},
 			wantErr: "join: join 10.9.9.9:7402: connection refused"},
-		{name: "leave of the leader names the new one", args: []string{"leave"}, calls: []string{"Leave"},
+		{name: "leave of the leader names the new one", args: []string{"leave"}, calls: []string{"ClusterStatus", "Leave"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
 				if out != "left the cluster; leadership transferred to c2\n" {
 					t.Errorf("output %q", out)
 				}
 			}},
-		{name: "leave of a follower", args: []string{"server", "leave"}, setup: func(f *fakeAdmin) { f.newLeader = "" }, calls: []string{"Leave"},
+		{name: "leave of a follower", args: []string{"server", "leave"}, setup: func(f *fakeAdmin) { f.newLeader = "" }, calls: []string{"ClusterStatus", "Leave"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
 				if out != "left the cluster\n" {
 					t.Errorf("output %q", out)
@@ -222,7 +222,7 @@ func TestServerAndRaftCommands(t *testing.T) {
 			}},
 		{name: "the last voter may not leave", args: []string{"leave"},
 			setup:   func(f *fakeAdmin) { f.err = status.Error(codes.FailedPrecondition, "c1 is the last voter") },
-			calls:   []string{"Leave"},
+			calls:   []string{"ClusterStatus", "Leave"},
 			wantErr: "leave: c1 is the last voter"},
 		{name: "members as a table, sorted by id", args: []string{"server", "members"}, calls: []string{"Members"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
@@ -236,13 +236,11 @@ func TestServerAndRaftCommands(t *testing.T) {
 			}},
 		{name: "members as JSON", args: []string{"server", "members", "-o", "json"}, calls: []string{"Members"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
-				var r struct {
-					Members []struct {
-						ID              string `json:"id"`
-						BootstrapExpect int    `json:"bootstrap_expect"`
-					} `json:"members"`
+				var r []struct {
+					ID              string `json:"id"`
+					BootstrapExpect int    `json:"bootstrap_expect"`
 				}
-				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Members) != 3 || r.Members[0].ID != "c1" || r.Members[0].BootstrapExpect != 3 {
+				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r) != 3 || r[0].ID != "c1" || r[0].BootstrapExpect != 3 {
 					t.Errorf("json %+v (%v): %s", r, err, out)
 				}
 			}},
@@ -254,8 +252,8 @@ func TestServerAndRaftCommands(t *testing.T) {
 				}
 				for i, want := range []string{"c1 10.0.0.1:7401 leader true 0ms 41 2m0s v0.2.0", "c2 10.0.0.2:7401 voter true 8ms 41 2m0s v0.2.0",
 					"c3 10.0.0.3:7401 non-voter true 12ms 40 3s v0.2.0",
-					"c4 10.0.0.4:7401 voter false 45s 30 0s v0.2.0",   // dead: silent for 45 s
-					"c5 10.0.0.5:7401 non-voter false never 0 0s -"} { // never heard from this term
+					"c4 10.0.0.4:7401 voter false 45s 30 - v0.2.0",   // dead: silent for 45 s
+					"c5 10.0.0.5:7401 non-voter false never 0 - -"} { // never heard from this term
 					if got := strings.Join(strings.Fields(lines[i+1]), " "); got != want {
 						t.Errorf("row %d = %q, want %q", i+1, got, want)
 					}
@@ -263,24 +261,22 @@ func TestServerAndRaftCommands(t *testing.T) {
 			}},
 		{name: "list-peers as JSON", args: []string{"raft", "list-peers", "-o", "json"}, calls: []string{"ListPeers"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
-				var r struct {
-					Peers []struct {
-						ID     string `json:"id"`
-						Voter  bool   `json:"voter"`
-						Leader bool   `json:"leader"`
-					} `json:"peers"`
+				var r []struct {
+					ID     string `json:"id"`
+					Voter  bool   `json:"voter"`
+					Leader bool   `json:"leader"`
 				}
-				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.Peers) != 5 || !r.Peers[0].Leader || r.Peers[2].Voter {
+				if err := json.Unmarshal([]byte(out), &r); err != nil || len(r) != 5 || !r[0].Leader || r[2].Voter {
 					t.Errorf("json %+v (%v): %s", r, err, out)
 				}
 			}},
-		{name: "remove-peer", args: []string{"raft", "remove-peer", "c3"}, calls: []string{"RemovePeer c3"},
+		{name: "remove-peer", args: []string{"raft", "remove-peer", "c3"}, calls: []string{"ClusterStatus", "RemovePeer c3"},
 			check: func(t *testing.T, _ *fakeAdmin, out string) {
 				if out != "removed peer c3 from the Raft configuration\n" {
 					t.Errorf("output %q", out)
 				}
 			}},
-		{name: "remove-peer of an unknown id", args: []string{"raft", "remove-peer", "nope"}, calls: []string{"RemovePeer nope"},
+		{name: "remove-peer of an unknown id", args: []string{"raft", "remove-peer", "nope"}, calls: []string{"ClusterStatus", "RemovePeer nope"},
 			wantErr: "raft remove-peer nope: remove peer: nope is not in the Raft configuration"},
 		{name: "remove-peer needs an id", args: []string{"raft", "remove-peer", " "}, wantErr: "raft remove-peer: ID: a server id is required"},
 		{name: "transfer-leadership to a named voter", args: []string{"raft", "transfer-leadership", "--to", "c3"}, calls: []string{"TransferLeadership"},

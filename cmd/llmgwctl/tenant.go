@@ -328,7 +328,7 @@ func (c *cli) tenantCmd() *cobra.Command {
 					if err := f.apply(cmd.Flags(), t, true); err != nil {
 						return usage(fmt.Errorf("tenant create %s: %w", name, err))
 					}
-					return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+					return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_PUT_TENANT, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 						return c.putTenantWith(ctx, a, t, true)
 					})
 				}
@@ -339,7 +339,7 @@ func (c *cli) tenantCmd() *cobra.Command {
 				if err := f.apply(cmd.Flags(), &llmgwv1.Tenant{Name: name}, false); err != nil {
 					return usage(fmt.Errorf("tenant update %s: %w", name, err))
 				}
-				return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+				return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_PUT_TENANT, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 					t, err := a.GetTenant(ctx, &llmgwv1.GetTenantRequest{Name: name})
 					if err != nil {
 						return fmt.Errorf("tenant update %s: %w", name, err)
@@ -367,7 +367,7 @@ func (c *cli) tenantCmd() *cobra.Command {
 					return fmt.Errorf("tenant list: %w", err)
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(resp.Tenants))
+					return c.printItems(messages(resp.Tenants), nil)
 				}
 				header := []string{"NAME", "MODELS"}
 				for _, l := range limitFlags {
@@ -411,7 +411,7 @@ func (c *cli) tenantCmd() *cobra.Command {
 		Short: "Delete a tenant no key belongs to (move or revoke its keys first); its usage stays",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return c.admin(cmd.Context(), func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
+			return c.adminGated(cmd, llmgwv1.CommandType_COMMAND_TYPE_DELETE_TENANT, func(ctx context.Context, a llmgwv1.AdminServiceClient) error {
 				resp, err := a.DeleteTenant(ctx, &llmgwv1.DeleteTenantRequest{Name: args[0]})
 				if err != nil {
 					return fmt.Errorf("tenant delete %s: %w", args[0], err)

@@ -49,7 +49,16 @@ func serveTenantAdmin(t *testing.T) (string, *fsm.FSM, *fsmProposer) {
 	t.Helper()
 	f := fsm.New(fsm.Config{})
 	p := &fsmProposer{f: f}
-	return serveAdmin(t, admin.New("c1", admin.Deps{Propose: p, State: f}, slog.New(slog.DiscardHandler))), f, p
+	return serveAdmin(t, noClusterStatus{admin.New("c1", admin.Deps{Propose: p, State: f}, slog.New(slog.DiscardHandler))}), f, p
+}
+
+// noClusterStatus is the AdminService without Raft: ClusterStatus, which
+// reads Raft and which a gated command asks first (gateNote), is not
+// served, so no note is printed.
+type noClusterStatus struct{ *admin.Service }
+
+func (noClusterStatus) ClusterStatus(context.Context, *llmgwv1.ClusterStatusRequest) (*llmgwv1.ClusterStatusResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "no raft in this test")
 }
 
 // TestTenantCommands: create sets what is given (a limit not given is no

@@ -42,7 +42,7 @@ func (c *cli) usageCmd() *cobra.Command {
 					rows = usageTotals(rows)
 				}
 				if c.output == "json" {
-					return c.printJSON(messages(rows))
+					return c.printItems(messages(rows), nil)
 				}
 				return c.printUsage(rows, by == "total")
 			})

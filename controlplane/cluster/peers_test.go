@@ -55,3 +55,33 @@ func TestPeerFigures(t *testing.T) {
 		t.Errorf("after a new term: last contact %d, want -1 (not heard from this term)", got)
 	}
 }
+
+// soloRaft is the Raft of a one-server cluster whose only server leads.
+type soloRaft struct{ Raft }
+
+func (soloRaft) Servers() []raft.Server {
+	return []raft.Server{{ID: "solo", Address: "127.0.0.1:7401", Suffrage: raft.Voter}}
+}
+func (soloRaft) LeaderID() string                            { return "solo" }
+func (soloRaft) IsLeader() bool                              { return true }
+func (soloRaft) LocalStats() (uint64, uint64, time.Duration) { return 41, 2, 0 }
+
+// TestPeersAlone: a one-server cluster without gossip (llmgw dev), so
+// without autopilot, shows its leader stable for its uptime, not 0s
+// (issue 34).
+func TestPeersAlone(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	c := &Cluster{cfg: Config{NodeID: "solo", Started: t0}, raft: soloRaft{}}
+	c.now = func() time.Time { return t0.Add(90 * time.Minute) }
+	peers, err := c.Peers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(peers) != 1 {
+		t.Fatalf("peers %v, want one", peers)
+	}
+	p := peers[0]
+	if !p.Leader || !p.Healthy || p.LastIndex != 41 || p.StableSeconds != 90*60 {
+		t.Fatalf("peer %v: want the leader, healthy, last index 41, stable 5400 s", p)
+	}
+}

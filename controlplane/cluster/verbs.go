@@ -157,10 +157,15 @@ func (c *Cluster) Peers() ([]*llmgwv1.RaftPeer, error) {
 				}
 			}
 		} else if p.Leader {
-			// Without autopilot (no gossip) only the leader's own figures
-			// are known.
+			// Without autopilot (no gossip: a one-server cluster such as
+			// llmgw dev) only the leader's own figures are known; it has
+			// been healthy, and so stable, since it started, where 0s
+			// would read as just recovered.
 			idx, _, _ := c.raft.LocalStats()
 			p.Healthy, p.LastIndex = true, idx
+			if !c.cfg.Started.IsZero() {
+				p.StableSeconds = int64(c.stable(srv.ID, c.cfg.Started, now).Seconds())
+			}
 		}
 		out = append(out, p)
 	}

@@ -88,12 +88,19 @@ func tail(s string, lines int) string {
 // it; a model whose status failed says so; a ready model says nothing.
 func TestModelsPageInBrowser(t *testing.T) {
 	at := time.Now().Add(-time.Minute).UnixMilli()
+	// The embedding model's engine: its KV cache 0.2 % used, which the
+	// page must not round to 0 % (issue 34).
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.002\n"))
+	}))
+	defer engine.Close()
+	engineAddr := strings.TrimPrefix(engine.URL, "http://")
 	admin := &fakeAdmin{
 		models: []*llmgwv1.Model{
 			{Name: "chat", Engine: "vllm", Model: "org/chat-8b", Replicas: 1, GpusPerReplica: 1, Profile: "chat", Priority: 5,
 				Autoscale: &llmgwv1.Autoscale{Min: 0, Max: 10, TargetWaiting: 2, TtftP90SloMs: 800}},
 			{Name: "code", Engine: "vllm", Model: "org/code-7b", Replicas: 2, GpusPerReplica: 1, Profile: "chat"},
-			{Name: "embed", Engine: "vllm", Model: "org/embed", Replicas: 1, GpusPerReplica: 1, Profile: "chat"},
+			{Name: "embed", Engine: "vllm", Model: "org/embed", Replicas: 1, GpusPerReplica: 1, Profile: "chat", Task: "embed"},
 			{Name: "gone", Engine: "vllm", Model: "org/gone", Replicas: 1, GpusPerReplica: 1, Profile: "chat"},
 		},
 		replicas: []*llmgwv1.ReplicaView{
@@ -101,7 +108,7 @@ func TestModelsPageInBrowser(t *testing.T) {
 			{Replica: &llmgwv1.Replica{Id: "chat-1", Uid: 2, Model: "chat", Node: "n1", Sleeping: true}, Status: &llmgwv1.ReplicaStatus{Uid: 2, Phase: sleeping}},
 			{Replica: &llmgwv1.Replica{Id: "code-0", Uid: 3, Model: "code", Node: "n1"}, Status: &llmgwv1.ReplicaStatus{Uid: 3, Phase: ready}},
 			{Replica: &llmgwv1.Replica{Id: "code-1", Uid: 4, Model: "code", Node: "n1"}, Status: &llmgwv1.ReplicaStatus{Uid: 4, Phase: starting, Message: "loading weights"}},
-			{Replica: &llmgwv1.Replica{Id: "embed-0", Uid: 5, Model: "embed", Node: "n1"}, Status: &llmgwv1.ReplicaStatus{Uid: 5, Phase: ready}},
+			{Replica: &llmgwv1.Replica{Id: "embed-0", Uid: 5, Model: "embed", Node: "n1"}, Status: &llmgwv1.ReplicaStatus{Uid: 5, Phase: ready, Address: engineAddr}},
 		},
 		statuses: map[string]*llmgwv1.ModelStatusResponse{
 			"chat": {Desired: 10, Placed: 2, Ready: 1, Sleeping: 1,
@@ -116,7 +123,7 @@ func TestModelsPageInBrowser(t *testing.T) {
 			"embed": {Desired: 1, Placed: 1, Ready: 1},
 		},
 	}
-	c := New(admin, Access{}, nil, nil, slog.New(slog.DiscardHandler))
+	c := New(admin, Access{}, NewLoad(), nil, slog.New(slog.DiscardHandler))
 	mux := http.NewServeMux()
 	c.Register(mux)
 	srv := httptest.NewServer(mux)
@@ -143,8 +150,10 @@ func TestModelsPageInBrowser(t *testing.T) {
 			`data-why="unplaced"`, "8 of 10 replicas cannot be placed: each needs 1 GPU; n1 has 8, 0 free (code 2, embed 1, chat 5)",
 			"0..10", "waiting 2/replica", "TTFT p90 800 ms", "held 7", "waiting 40.0", "running 64.0 on 1 replicas", "900 requests in the last minute",
 			"priority</b> 5", ">asleep<", `data-decisions="chat"`, "set to <b>10</b>", ">HELD<", ">STEP<", "10 was recommended within the last 5m0s", "10 → 6", "5 → 10"},
-		"code":  {`data-state="starting"`, ">1 / 2 ready<", ">starting<", `data-why="starting"`, "code-1 starting (loading weights)", "(no autoscale)"},
-		"embed": {`data-state="ready"`, ">1 / 1 ready<"},
+		"code": {`data-state="starting"`, ">1 / 2 ready<", ">starting<", `data-why="starting"`, "code-1 starting (loading weights)", "(no autoscale)",
+			`data-task="generate"`},
+		// Its task, and its KV cache's 0.2 % as such.
+		"embed": {`data-state="ready"`, ">1 / 1 ready<", `data-task="embed"`, ">embedding<", `data-kv-usage="0.002"`, "</i></span>0.2%</td>"},
 		"gone":  {`data-status-error`, "not found", ">0 / 1 ready<", `data-why="unplaced"`},
 	} {
 		p := panelOf(name)

@@ -47,6 +47,12 @@ type SamplerConfig struct {
 	Client *http.Client
 	// Now is the clock (nil: time.Now).
 	Now func() time.Time
+	// Quiet is how long a router never read yet may fail before a
+	// warning is logged (0: 30 s). A router started with the control
+	// plane (llmgw dev starts the control node first) is not up at the
+	// first reads, and that is no news; one that was read and then fails
+	// is warned of at once.
+	Quiet time.Duration
 }
 
 // Sampler reads each router's decision counters every Interval and keeps
@@ -67,6 +73,11 @@ type history struct {
 	samples []sample
 	lastErr string
 	lastTry time.Time
+	// failingSince is the first failure of the current run of them;
+	// warned is whether it was logged; read is whether the router ever
+	// answered.
+	failingSince time.Time
+	warned, read bool
 }
 
 // sample is one read of a router: counts[tier index][decision].
@@ -100,6 +111,9 @@ func NewSampler(cfg SamplerConfig, log *slog.Logger) *Sampler {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.Quiet <= 0 {
+		cfg.Quiet = 30 * time.Second
 	}
 	s := &Sampler{cfg: cfg, log: log, hist: map[string]*history{}}
 	for _, r := range cfg.Routers {
@@ -202,15 +216,20 @@ func (s *Sampler) record(router string, counts []map[string]float64, err error) 
 	h.lastTry = now
 	if err != nil {
 		if h.lastErr == "" {
-			s.log.Warn("console: cannot read a router's decisions", "router", router, "err", err)
+			h.failingSince = now
 		}
 		h.lastErr = err.Error()
+		if !h.warned && (h.read || now.Sub(h.failingSince) >= s.cfg.Quiet) {
+			s.log.Warn("console: cannot read a router's decisions", "router", router, "err", err,
+				"failing_for", now.Sub(h.failingSince).Round(time.Second))
+			h.warned = true
+		}
 		return
 	}
-	if h.lastErr != "" && len(h.samples) > 0 {
+	if h.warned {
 		s.log.Info("console: router's decisions readable again", "router", router)
 	}
-	h.lastErr = ""
+	h.lastErr, h.warned, h.read = "", false, true
 	h.samples = append(h.samples, sample{at: now, counts: counts})
 	// Keep one sample at or before the window's start, so the window's
 	// increase is measured over the whole window.

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -166,5 +167,86 @@ func TestCheckRouterURL(t *testing.T) {
 		if err := CheckRouterURL(s); (err == nil) != ok {
 			t.Errorf("CheckRouterURL(%q) = %v", s, err)
 		}
+	}
+}
+
+// warnRecorder counts the warnings and infos logged.
+type warnRecorder struct {
+	mu           sync.Mutex
+	warns, infos []string
+}
+
+func (r *warnRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *warnRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch rec.Level {
+	case slog.LevelWarn:
+		r.warns = append(r.warns, rec.Message)
+	case slog.LevelInfo:
+		r.infos = append(r.infos, rec.Message)
+	}
+	return nil
+}
+func (r *warnRecorder) WithAttrs([]slog.Attr) slog.Handler { return r }
+func (r *warnRecorder) WithGroup(string) slog.Handler      { return r }
+
+func (r *warnRecorder) counts() (warns, infos int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.warns), len(r.infos)
+}
+
+// TestSamplerQuietStart: a router not up yet when the control plane starts
+// (llmgw dev starts the control node first) is waited for quietly; one
+// that stays unreadable past Quiet, or fails after it was read, is warned
+// of once (issue 34).
+func TestSamplerQuietStart(t *testing.T) {
+	now := time.Unix(1_000_000, 0)
+	rec := &warnRecorder{}
+	const r = "http://127.0.0.1:7406"
+	s := NewSampler(SamplerConfig{Routers: []string{r}, Interval: 5 * time.Second, Now: func() time.Time { return now }}, slog.New(rec)) // Quiet: 30 s, the default
+	refused := errors.New("connection refused")
+	steps := []struct {
+		after      time.Duration
+		err        error
+		warns, inf int
+	}{
+		{0, refused, 0, 0},               // the router is starting
+		{5 * time.Second, refused, 0, 0}, // still starting: quiet
+		{5 * time.Second, nil, 0, 0},     // up: nothing to say
+		{5 * time.Second, refused, 1, 0}, // read before, fails now: warned at once
+		{5 * time.Second, refused, 1, 0}, // once
+		{5 * time.Second, nil, 1, 1},     // readable again
+		{5 * time.Second, refused, 2, 1}, // and again
+	}
+	for i, st := range steps {
+		now = now.Add(st.after)
+		var counts []map[string]float64
+		if st.err == nil {
+			counts = make([]map[string]float64, len(Tiers))
+		}
+		s.record(r, counts, st.err)
+		if w, in := rec.counts(); w != st.warns || in != st.inf {
+			t.Fatalf("step %d: %d warnings, %d infos; want %d, %d", i, w, in, st.warns, st.inf)
+		}
+	}
+
+	// A router that never answers is warned of once Quiet has passed.
+	rec = &warnRecorder{}
+	s = NewSampler(SamplerConfig{Routers: []string{r}, Interval: 5 * time.Second, Now: func() time.Time { return now }}, slog.New(rec)) // Quiet: 30 s, the default
+	for i := range 8 {
+		s.record(r, nil, refused)
+		want := 0
+		if i >= 6 { // 30 s after the first failure
+			want = 1
+		}
+		if w, _ := rec.counts(); w != want {
+			t.Fatalf("never read, %d s in: %d warnings, want %d", i*5, w, want)
+		}
+		now = now.Add(5 * time.Second)
+	}
+	if v := s.View().Routers[0]; v.Error == "" {
+		t.Errorf("the page does not say the router is unreadable: %+v", v)
 	}
 }

@@ -68,7 +68,8 @@ var (
 )
 
 // Strict decodes the single YAML document of b into target (a non-nil
-// pointer) strictly: an unknown key is an error, a value of the wrong type
+// pointer) strictly: an unknown key is an error that starts with its key
+// path ("autoscale.target: line 5: unknown key"), a value of the wrong type
 // is an error that starts with its key path ("heartbeat_timeout: line 3:
 // cannot unmarshal !!seq into time.Duration"), and so is a number with a
 // fraction or an exponent where the setting is an integer, which yaml.v3
@@ -98,11 +99,12 @@ func Strict(b []byte, target any) error {
 	}
 	problems, lines := keyProblems(&doc, reflect.TypeOf(target))
 	if te != nil {
-		// Keep what the walk did not name: unknown keys, duplicate keys,
-		// and a type error it could not place (inside an alias).
+		// Keep what the walk did not name: duplicate keys, and a type
+		// error or unknown key it could not place (inside an alias).
 		for _, e := range te.Errors {
 			var line int
-			if _, serr := fmt.Sscanf(e, "line %d:", &line); serr == nil && lines[line] && strings.Contains(e, "cannot unmarshal") {
+			if _, serr := fmt.Sscanf(e, "line %d:", &line); serr == nil && lines[line] &&
+				(strings.Contains(e, "cannot unmarshal") || strings.Contains(e, " not found in type ")) {
 				continue
 			}
 			problems = append(problems, e)

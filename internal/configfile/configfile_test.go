@@ -24,7 +24,7 @@ func TestDecode(t *testing.T) {
 	}{
 		{"keys left out keep their values", "timeout: 250ms\n", sample{Name: "keep", Timeout: 250 * time.Millisecond, Peers: []string{"a"}}, ""},
 		{"empty file changes nothing", "", base, ""},
-		{"unknown key", "nmae: x\n", base, "field nmae not found"},
+		{"unknown key", "nmae: x\n", base, "nmae: line 1: unknown key"},
 		{"bad value", "timeout: soon\n", base, "line 1"},
 		{"two documents", "name: x\n---\nname: y\n", base, "more than one YAML document"},
 	}

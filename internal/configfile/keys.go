@@ -10,7 +10,8 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// This file names the key of every value that does not fit its setting.
+// This file names the key of every value that does not fit its setting,
+// and of every key that is no setting.
 // yaml.v3 reports a wrong type by line alone ("line 3: cannot unmarshal
 // !!seq into time.Duration"), and it silently truncates a number with a
 // fraction or an exponent into an integer setting (replicas: 1.5 became 1,
@@ -81,10 +82,17 @@ func (w *walker) walk(n *yaml.Node, t reflect.Type, path string) {
 		fields := yamlFields(t)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
-			if ft, ok := fields[k.Value]; ok && k.Kind == yaml.ScalarNode {
-				w.walk(v, ft, join(path, k.Value))
+			if k.Kind != yaml.ScalarNode {
+				continue // the strict decoder says
 			}
-			// An unknown key, or a merge ("<<"): the strict decoder says.
+			if ft, ok := fields[k.Value]; ok {
+				w.walk(v, ft, join(path, k.Value))
+			} else if k.Value != "<<" {
+				// Named by its path, where yaml.v3 names the Go type it
+				// decodes into ("field foo not found in type main.modelFile").
+				w.add(k.Line, join(path, k.Value), fmt.Sprintf("line %d: unknown key", k.Line))
+			}
+			// A merge ("<<"): the strict decoder says.
 		}
 	case t.Kind() == reflect.Map && n.Kind == yaml.MappingNode && t.Key().Kind() == reflect.String:
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -114,6 +122,11 @@ func (w *walker) leaf(n *yaml.Node, t reflect.Type, path string, ints bool) {
 	if err := n.Decode(reflect.New(t).Interface()); err != nil {
 		var te *yaml.TypeError
 		if errors.As(err, &te) {
+			if k := t.Kind(); k == reflect.Struct || k == reflect.Map {
+				// yaml.v3 would name the Go type ("into main.modelFile").
+				w.add(n.Line, path, fmt.Sprintf("line %d: must be a mapping of keys, got %s", n.Line, n.ShortTag()))
+				return
+			}
 			for _, e := range te.Errors {
 				w.add(n.Line, path, e)
 			}
@@ -176,4 +189,37 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 		out[name] = f.Type
 	}
 	return out
+}
+
+// KeyLines maps the key path of every value in the single YAML document of
+// b, as Strict's problems name them ("replicas", "autoscale.min",
+// "adapters[1].name"), to the line it is written on, so a problem found
+// after decoding (a value out of range, a rule of validation) can say the
+// line too. A document that is not YAML maps nothing.
+func KeyLines(b []byte) map[string]int {
+	var doc yaml.Node
+	if yaml.Unmarshal(b, &doc) != nil || len(doc.Content) == 0 {
+		return nil
+	}
+	lines := map[string]int{}
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := join(path, n.Content[i].Value)
+				lines[k] = n.Content[i].Line
+				walk(n.Content[i+1], k)
+			}
+		case yaml.SequenceNode:
+			for i, item := range n.Content {
+				k := fmt.Sprintf("%s[%d]", path, i)
+				lines[k] = item.Line
+				walk(item, k)
+			}
+		}
+		// Aliases are not followed, as in walk.
+	}
+	walk(doc.Content[0], "")
+	return lines
 }

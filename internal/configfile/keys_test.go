@@ -88,10 +88,10 @@ func TestStrictNamesKeys(t *testing.T) {
 		{"two keys on one line", "gossip: {interval: 1s, count: x}\n", []string{"gossip.count: line 1: cannot unmarshal !!str `x` into int"}},
 		{"every problem at once", "bootstrap_expect: x\nreplicas: 1.5\non: maybe\n", []string{
 			"bootstrap_expect: line 1", "\nreplicas: line 2: must be a whole number", "\non: line 3: cannot unmarshal !!str `maybe` into bool"}},
-		{"unknown keys are still refused", "bogus: 1\nbootstrap_expect: x\n", []string{"bootstrap_expect: line 2", "field bogus not found"}},
-		{"a value in an alias is refused unnamed", "a: &v x\nbootstrap_expect: *v\n", []string{"field a not found"}},
+		{"unknown keys are still refused", "bogus: 1\nbootstrap_expect: x\n", []string{"bogus: line 1: unknown key", "bootstrap_expect: line 2"}},
+		{"a value in an alias is refused unnamed", "a: &v x\nbootstrap_expect: *v\n", []string{"a: line 1: unknown key"}},
 		{"null keeps the value", "replicas: null\ngossip: ~\n", nil},
-		{"not a mapping", "- 1\n", []string{"(document): line 1: cannot unmarshal !!seq into configfile.keyed"}},
+		{"not a mapping", "- 1\n", []string{"(document): line 1: must be a mapping of keys, got !!seq"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -129,14 +129,10 @@ func (b *bench) status(model string) (*llmgwv1.ModelStatusResponse, error) {
 
 // replicaItem is one entry of `llmgwctl replica list -o json`.
 type replicaItem struct {
-	Replica struct {
-		ID    string `json:"id"`
-		Model string `json:"model"`
-	} `json:"replica"`
-	Status struct {
-		Phase   string `json:"phase"`
-		Address string `json:"address"`
-	} `json:"status"`
+	ID      string `json:"id"`
+	Model   string `json:"model"`
+	State   string `json:"state"`
+	Address string `json:"address"`
 }
 
 // replicas lists every replica placed, draining ones included.
@@ -160,8 +156,8 @@ func (b *bench) replicaAddrs(model string) (map[string]string, error) {
 	}
 	addrs := map[string]string{}
 	for _, r := range list {
-		if r.Replica.Model == model && strings.HasSuffix(r.Status.Phase, "READY") && r.Status.Address != "" {
-			addrs[r.Replica.ID] = r.Status.Address
+		if r.Model == model && r.State == "ready" && r.Address != "" {
+			addrs[r.ID] = r.Address
 		}
 	}
 	return addrs, nil
@@ -176,7 +172,7 @@ func (b *bench) replicaCount(model string) (int, error) {
 	}
 	n := 0
 	for _, r := range list {
-		if r.Replica.Model == model {
+		if r.Model == model {
 			n++
 		}
 	}

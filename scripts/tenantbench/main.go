@@ -541,18 +541,16 @@ func (b *bench) engineTokens() (in, out uint64, err error) {
 		return 0, 0, err
 	}
 	var list []struct {
-		Status *struct {
-			Address string `json:"address"`
-		} `json:"status"`
+		Address string `json:"address"`
 	}
 	if err := json.Unmarshal([]byte(o), &list); err != nil {
 		return 0, 0, err
 	}
 	for _, r := range list {
-		if r.Status == nil || r.Status.Address == "" {
+		if r.Address == "" {
 			continue
 		}
-		resp, err := client.Get("http://" + r.Status.Address + "/metrics")
+		resp, err := client.Get("http://" + r.Address + "/metrics")
 		if err != nil {
 			return 0, 0, err
 		}

@@ -11,6 +11,16 @@ function esc(v) {
 function badge(text, cls) { return `<span class="badge ${cls}">${esc(text)}</span>`; }
 function enumName(v, prefix) { return String(v || "").replace(prefix, "").toLowerCase() || "unknown"; }
 function num(v, digits) { const n = Number(v); return Number.isFinite(n) ? n.toFixed(digits || 0) : "–"; }
+// pct is a fraction (0..1) as a percentage an operator can tell from zero:
+// whole percents from 10 %, one decimal below (0.2 %), "<0.1%" for less
+// but not none — a KV cache at 0.2 % is in use, and "0%" said it was not.
+function pct(v) {
+  const p = 100 * Number(v);
+  if (!Number.isFinite(p)) return "–";
+  if (p === 0) return "0%";
+  if (p < 0.1) return "<0.1%";
+  return `${p < 10 ? p.toFixed(1) : p.toFixed(0)}%`;
+}
 function ago(ms) {
   if (!ms) return "never";
   const s = Math.max(0, (Date.now() - ms) / 1000);
@@ -57,7 +67,7 @@ function renderCluster(d) {
     const gossip = m ? badge(m.status, m.status === "alive" ? "ok" : (m.status === "left" ? "idle" : "bad")) : `<span class="muted">no gossip</span>`;
     return `<tr data-server="${esc(id)}"><td><b>${esc(id)}</b>${id === st.server_id ? ' <span class="muted">(this server)</span>' : ""}</td><td>${role}</td><td>${health}</td><td>${gossip}</td>` +
       `<td>${esc(s.version || (p && p.version) || (m && m.version) || "")}</td><td class="num">${p ? esc(p.last_contact_ms) + " ms" : "–"}</td>` +
-      `<td class="num">${p ? esc(p.last_index) : "–"}</td><td class="num">${p ? dur(p.stable_seconds) : "–"}</td>` +
+      `<td class="num">${p ? esc(p.last_index) : "–"}</td><td class="num">${p && p.healthy ? dur(p.stable_seconds) : "–"}</td>` +
       `<td class="mono">${esc(s.grpc_addr || (m && m.grpc_addr) || "")}</td><td class="mono">${esc(s.raft_addr || (p && p.address) || "")}</td><td class="mono">${esc(s.http_addr || "")}</td></tr>`;
   });
   const tol = Number(st.failure_tolerance || 0);
@@ -157,7 +167,7 @@ function renderModels(d) {
       let loadCells = `<td class="num muted">–</td><td class="num muted">–</td><td class="num muted">–</td>`;
       if (l && l.error) loadCells = `<td colspan="3" class="muted wrap">${esc(l.error)}</td>`;
       else if (l) loadCells = `<td class="num">${num(l.running)}</td><td class="num">${num(l.waiting)}</td>` +
-        `<td class="num"><span class="bar"><i style="width:${(100 * l.kv_usage).toFixed(0)}%"></i></span>${num(100 * l.kv_usage)}%</td>`;
+        `<td class="num" data-kv-usage="${esc(l.kv_usage)}"><span class="bar"><i style="width:${(100 * l.kv_usage).toFixed(0)}%"></i></span>${pct(l.kv_usage)}</td>`;
       // The KV index: untrusted (routers place the replica by tier 1,
       // design §7.5) with the agent's reason, or the blocks it holds.
       const kv = v.kv;
@@ -185,7 +195,7 @@ function renderModels(d) {
     if (Number(m.priority)) facts.push(`<span><b>priority</b> ${esc(m.priority)}</span>`);
     if (m.pinned) facts.push(`<span><b>pinned</b> never gives a GPU</span>`);
     return panel(`${esc(m.name)} ${readyBadge}${stateBadge}`,
-      `${esc(m.engine)} · <code>${esc(m.model || (m.endpoints || []).join(", "))}</code> · profile ${esc(m.profile)} · ${esc(m.gpus_per_replica)} GPU/replica · ${(m.adapters || []).length} adapters`,
+      `<span data-task="${esc(m.task || "generate")}">${m.task === "embed" ? badge("embedding", "idle") : "generate"}</span> · ${esc(m.engine)} · <code>${esc(m.model || (m.endpoints || []).join(", "))}</code> · profile ${esc(m.profile)} · ${esc(m.gpus_per_replica)} GPU/replica · ${(m.adapters || []).length} adapters`,
       why + err + `<div class="facts">${facts.join("")}</div>` +
       table(["Replica", "Phase", "Node", "GPUs", "Address", "#Restarts", "#Running", "#Waiting", "#KV cache", "KV index", "Message"], rows) +
       (m.autoscale ? scaleEvents(m, st) : ""),
