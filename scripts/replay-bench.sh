@@ -56,7 +56,7 @@ waitReady() {
 	for _ in $(seq 240); do
 		kill -0 "$pid" 2>/dev/null || { echo "replay-bench.sh: llmgw dev exited; see $out/dev-*.log" >&2; return 1; }
 		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
-			jq '[.[] | select(.replica.model == "demo")] | (map(select(.status.phase == "REPLICA_PHASE_READY")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo 0)
+			jq '[.[] | select(.model == "demo")] | (map(select(.state == "ready")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo 0)
 		[[ $n -eq $1 ]] && return 0
 		sleep 0.5
 	done
