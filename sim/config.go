@@ -68,6 +68,9 @@ type Config struct {
 
 	// KVEventsConfig is --kv-events-config, JSON (KVEventsConfig in
 	// kvpub.go); when it enables events, the server publishes them.
+	// OTLPTracesEndpoint is vLLM's --otlp-traces-endpoint: where each
+	// request's llm_request span is sent (trace.go); empty: none.
+	OTLPTracesEndpoint string
 	KVEventsConfig string
 	// KVEventsEncoding is how events are written: map (vLLM since
 	// mid-2026, the zero value) or array (older vLLM).
@@ -369,6 +372,9 @@ func (c *Config) Validate() error {
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if _, err := TraceEndpoint(c.OTLPTracesEndpoint); err != nil {
+		bad("%w", err)
+	}
 	if c.Model == "" {
 		bad("model: required")
 	}
@@ -514,6 +520,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.StringVar(&c.PrefixCachingHashAlgo, "prefix-caching-hash-algo", c.PrefixCachingHashAlgo, "recorded only; the simulator always hashes with sha256_cbor")
 	fs.BoolVar(&c.EnablePrefixCaching, "enable-prefix-caching", c.EnablePrefixCaching, "cache prompt prefixes (--no-enable-prefix-caching: off)")
 	fs.StringVar(&c.KVEventsConfig, "kv-events-config", "", "KV cache events configuration, JSON (vLLM's KVEventsConfig)")
+	fs.StringVar(&c.OTLPTracesEndpoint, "otlp-traces-endpoint", "", "OTLP/gRPC trace receiver, as vLLM's: a span llm_request per request, joined to its traceparent (http://host:port or host:port plain text, https:// TLS)")
 	fs.BoolVar(&c.EnableLoRA, "enable-lora", false, "enable LoRA adapters")
 	fs.IntVar(&c.MaxLoRAs, "max-loras", c.MaxLoRAs, "LoRA adapters held at once (the simulator refuses a load beyond it)")
 	fs.IntVar(&c.MaxLoRARank, "max-lora-rank", c.MaxLoRARank, "maximum LoRA rank (checked, recorded)")

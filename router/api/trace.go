@@ -1,0 +1,163 @@
+package api
+
+import (
+	"context"
+	"net/http"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/llmgw/llmgw/router/director"
+	"github.com/llmgw/llmgw/router/openai"
+	"github.com/llmgw/llmgw/router/scheduler"
+)
+
+// Tracing (design §9 "Tracing"). With Config.Tracer set, every inference
+// request has a server span, continued from the client's W3C traceparent
+// or started here (the provider's sampler decides, parent-based); each
+// stage that can take time is a child span (waiting room, resolve,
+// prepare with tier 2's tokenize and index lookup as events, the tenant's
+// admission, flow control's queue), the scheduler's filters, scorers and
+// picker are events, and each attempt is router/proxy's client span whose
+// context goes to the engine. Attributes are the OTel GenAI semantic
+// conventions' (gen_ai.operation.name, gen_ai.request.model,
+// gen_ai.usage.input_tokens, gen_ai.usage.output_tokens) and llmgw's own
+// counts and names; no span ever carries prompt or answer text.
+//
+// Without a tracer nothing here runs: each hook is behind h.tracer != nil
+// or a span that records, so tracing off costs a nil check.
+
+// tracerName is the instrumentation scope of the router's spans.
+const tracerName = "github.com/llmgw/llmgw/router"
+
+// opName is gen_ai.operation.name for requests of api.
+func opName(api openai.API) string {
+	switch api {
+	case openai.Completions:
+		return "text_completion"
+	case openai.Embeddings:
+		return "embeddings"
+	case openai.CountTokens:
+		return "count_tokens"
+	}
+	return "chat"
+}
+
+// startRequestSpan starts the request's server span, continuing the
+// client's traceparent, and returns the request carrying it.
+func (h *Handler) startRequestSpan(r *http.Request, api openai.API, id string) (*http.Request, trace.Span) {
+	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	op := opName(api)
+	ctx, sp := h.tracer.Start(ctx, op, trace.WithSpanKind(trace.SpanKindServer))
+	if sp.IsRecording() {
+		sp.SetAttributes(attribute.String("gen_ai.operation.name", op),
+			attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),
+			attribute.String("llmgw.request_id", id))
+	}
+	return r.WithContext(ctx), sp
+}
+
+// endRequestSpan records on the request's span the status the client got;
+// ServeHTTP ends it.
+func endRequestSpan(sp trace.Span, code int) {
+	sp.SetAttributes(attribute.Int("http.response.status_code", code))
+	if code >= 500 {
+		sp.SetStatus(codes.Error, http.StatusText(code))
+	}
+}
+
+// recording is the request's span when it is recorded, nil otherwise (no
+// tracer, or not sampled): the hooks of run are behind it.
+func (h *Handler) recording(r *http.Request) trace.Span {
+	if h.tracer == nil {
+		return nil
+	}
+	if sp := trace.SpanFromContext(r.Context()); sp.IsRecording() {
+		return sp
+	}
+	return nil
+}
+
+// stage starts a child span of the request's for one stage; a nil span
+// (and ctx unchanged) when the request is not recorded.
+func (h *Handler) stage(ctx context.Context, req trace.Span, name string) (context.Context, trace.Span) {
+	if req == nil {
+		return ctx, nil
+	}
+	return h.tracer.Start(ctx, name)
+}
+
+// endStage ends a stage's span, with the refusal that ended the request
+// there, if any.
+func endStage(sp trace.Span, refusal *openai.Error, kv ...attribute.KeyValue) {
+	sp.SetAttributes(kv...)
+	if refusal != nil {
+		sp.SetAttributes(attribute.Int("http.response.status_code", refusal.Status),
+			attribute.String("error.type", refusal.Type))
+		sp.SetStatus(codes.Error, refusal.Type)
+	}
+	sp.End()
+}
+
+// resolved records what the name resolved to on the request's span, and
+// names it as the GenAI conventions do: "{operation} {model}".
+func resolved(sp trace.Span, api openai.API, tgt director.Target) {
+	sp.SetName(opName(api) + " " + tgt.Base)
+	sp.SetAttributes(attribute.String("llmgw.model", tgt.Base), attribute.String("llmgw.adapter", tgt.Adapter),
+		attribute.String("llmgw.alias", tgt.Alias), attribute.Int("llmgw.replicas", len(tgt.Endpoints)))
+}
+
+// prepared is what stage 3 worked out, as the prepare span's attributes.
+func prepared(plan *director.Plan) []attribute.KeyValue {
+	t := plan.Traced()
+	kv := []attribute.KeyValue{attribute.Int("llmgw.prefix_chunks", t.PrefixChunks), attribute.Bool("llmgw.kv.asked", t.Tier2)}
+	if t.Tier2 {
+		kv = append(kv, attribute.String("llmgw.kv.fallback", t.Fallback), attribute.Int("llmgw.prompt_tokens", t.Tokens),
+			attribute.Int("llmgw.kv.blocks", t.Blocks), attribute.Int("llmgw.kv.best_match", t.BestMatch))
+	}
+	return kv
+}
+
+// schedTrace writes the scheduler's steps as events of the request's span
+// (scheduler.Tracer): one per filter, scorer and picker of each attempt.
+type schedTrace struct{ sp trace.Span }
+
+func (s schedTrace) Filtered(filter string, left int) {
+	s.sp.AddEvent("llmgw.scheduler.filter", trace.WithAttributes(attribute.String("llmgw.filter", filter),
+		attribute.Int("llmgw.candidates_left", left)))
+}
+
+func (s schedTrace) Scored(scorer string, weight float64, scores []float64) {
+	lo, hi := 0.0, 0.0
+	for i, v := range scores {
+		if i == 0 || v < lo {
+			lo = v
+		}
+		if i == 0 || v > hi {
+			hi = v
+		}
+	}
+	s.sp.AddEvent("llmgw.scheduler.score", trace.WithAttributes(attribute.String("llmgw.scorer", scorer),
+		attribute.Float64("llmgw.weight", weight), attribute.Float64("llmgw.score_min", lo), attribute.Float64("llmgw.score_max", hi)))
+}
+
+func (s schedTrace) Picked(picker string, chosen scheduler.Key, score float64, candidates int) {
+	s.sp.AddEvent("llmgw.scheduler.pick", trace.WithAttributes(attribute.String("llmgw.picker", picker),
+		attribute.String("llmgw.replica", chosen.ID), attribute.Float64("llmgw.score", score),
+		attribute.Int("llmgw.candidates", candidates)))
+}
+
+// usageAttrs are the answer's token counts as the GenAI conventions name
+// them.
+func usageAttrs(sp trace.Span, plan *director.Plan) {
+	if u, ok := plan.Usage(); ok {
+		kv := []attribute.KeyValue{attribute.Int("gen_ai.usage.input_tokens", u.PromptTokens),
+			attribute.Int("gen_ai.usage.output_tokens", u.CompletionTokens)}
+		if u.PromptTokensDetails != nil {
+			kv = append(kv, attribute.Int("llmgw.usage.cached_tokens", u.PromptTokensDetails.CachedTokens))
+		}
+		sp.SetAttributes(kv...)
+	}
+}
