@@ -28,8 +28,8 @@ import (
 	"github.com/llmgw/llmgw/internal/addrs"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
-	"github.com/llmgw/llmgw/internal/tracing"
 	"github.com/llmgw/llmgw/internal/netlimit"
+	"github.com/llmgw/llmgw/internal/tracing"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"

@@ -71,7 +71,7 @@ type Config struct {
 	// OTLPTracesEndpoint is vLLM's --otlp-traces-endpoint: where each
 	// request's llm_request span is sent (trace.go); empty: none.
 	OTLPTracesEndpoint string
-	KVEventsConfig string
+	KVEventsConfig     string
 	// KVEventsEncoding is how events are written: map (vLLM since
 	// mid-2026, the zero value) or array (older vLLM).
 	KVEventsEncoding vllm.Encoding
