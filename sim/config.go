@@ -66,12 +66,13 @@ type Config struct {
 	// (PYTHONHASHSEED). Empty means a random seed per process, as vLLM.
 	PythonHashSeed string
 
-	// KVEventsConfig is --kv-events-config, JSON (KVEventsConfig in
-	// kvpub.go); when it enables events, the server publishes them.
 	// OTLPTracesEndpoint is vLLM's --otlp-traces-endpoint: where each
 	// request's llm_request span is sent (trace.go); empty: none.
 	OTLPTracesEndpoint string
-	KVEventsConfig     string
+
+	// KVEventsConfig is --kv-events-config, JSON (KVEventsConfig in
+	// kvpub.go); when it enables events, the server publishes them.
+	KVEventsConfig string
 	// KVEventsEncoding is how events are written: map (vLLM since
 	// mid-2026, the zero value) or array (older vLLM).
 	KVEventsEncoding vllm.Encoding
