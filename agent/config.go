@@ -18,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/tracing"
 )
 
 // EngineConfig overrides how one engine kind is run on this node. In the
@@ -145,6 +146,12 @@ type Config struct {
 	// at start: anyone who can reach them could read the node's load and
 	// engines' logs, and routers could not tell this agent from another.
 	Insecure bool `yaml:"insecure"`
+	// Tracing, when its otlp_endpoint is given (--otlp-traces-endpoint),
+	// has the engines the agent starts send their spans there (vLLM's
+	// --otlp-traces-endpoint): they join the routers' traces (design §9
+	// "Tracing"). The engines sample as their callers decided, so the
+	// agent reads no sampling_ratio.
+	Tracing tracing.Config `yaml:"tracing"`
 
 	// The settings below have no flag; only the file sets them.
 
@@ -295,6 +302,13 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	for _, tp := range c.Tracing.Validate() {
+		key := "tracing." + tp.Field
+		if tp.Field == "otlp_endpoint" {
+			key = configfile.FlagKey("otlp-traces-endpoint", key)
+		}
+		p.Add(key, "%w", tp.Err)
+	}
 	return p.Err()
 }
 
@@ -310,7 +324,21 @@ func (c *Config) replicasConfig() replicas.Config {
 		ReadyTimeout: c.ReadyTimeout, StopGrace: c.StopGrace, ProbeInterval: c.ProbeInterval, RestartBackoff: c.RestartBackoff,
 		Drain:           drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now},
 		KVMaxFrameBytes: c.KVMaxFrameBytes, KVTCP: c.KVTCP, KVStreamTimeout: c.KVStreamTimeout, Now: c.Now, Resolver: c.Resolver,
+		OTLPTracesEndpoint: engineTraceURL(c.Tracing),
 	}
+}
+
+// engineTraceURL is --otlp-traces-endpoint as vLLM's exporter reads it: an
+// http:// URL for plain text (a collector on loopback, or insecure), an
+// https:// one for TLS; "" when tracing is off.
+func engineTraceURL(t tracing.Config) string {
+	switch {
+	case !t.Enabled():
+		return ""
+	case t.Insecure || tracing.IsLoopback(t.OTLPEndpoint):
+		return "http://" + t.OTLPEndpoint
+	}
+	return "https://" + t.OTLPEndpoint
 }
 
 // sessionConfig is the control session's part of c.

@@ -91,6 +91,7 @@ func bindAgentFlags(f *pflag.FlagSet) *agentFlags {
 	f.StringVar(&cfg.TLS.Cert, "tls-cert", "", "this agent's certificate (PEM): role agent, named --node-id")
 	f.StringVar(&cfg.TLS.Key, "tls-key", "", "the private key of --tls-cert (PEM)")
 	f.BoolVar(&cfg.Insecure, "insecure", false, "allow listening beyond loopback without TLS (anyone who can reach the agent can read its load and act as a router)")
+	f.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-traces-endpoint", "", "host:port of an OTLP/gRPC trace receiver the engines send their spans to (vLLM's --otlp-traces-endpoint; tracing.otlp_endpoint)")
 	return af
 }
 
