@@ -149,9 +149,8 @@ type Config struct {
 	// Tracing, when its otlp_endpoint is given (--otlp-traces-endpoint),
 	// has the engines the agent starts send their spans there (vLLM's
 	// --otlp-traces-endpoint): they join the routers' traces (design §9
-	// "Tracing"). The engines sample as their callers decided, so the
-	// agent reads no sampling_ratio.
-	Tracing tracing.Config `yaml:"tracing"`
+	// "Tracing").
+	Tracing TracingConfig `yaml:"tracing"`
 
 	// The settings below have no flag; only the file sets them.
 
@@ -302,12 +301,10 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	for _, tp := range c.Tracing.Validate() {
-		key := "tracing." + tp.Field
-		if tp.Field == "otlp_endpoint" {
-			key = configfile.FlagKey("otlp-traces-endpoint", key)
+	if c.Tracing.OTLPEndpoint != "" {
+		if err := tracing.CheckEndpoint(c.Tracing.OTLPEndpoint); err != nil {
+			p.Add(configfile.FlagKey("otlp-traces-endpoint", "tracing.otlp_endpoint"), "%w", err)
 		}
-		p.Add(key, "%w", tp.Err)
 	}
 	return p.Err()
 }
@@ -328,12 +325,23 @@ func (c *Config) replicasConfig() replicas.Config {
 	}
 }
 
+// TracingConfig is the agent's tracing: only where its engines send their
+// spans. The engines sample as their callers decided (parent-based), so
+// the agent has no sampling ratio, and it starts no spans of its own.
+type TracingConfig struct {
+	// OTLPEndpoint is the host:port of an OTLP/gRPC trace receiver; empty:
+	// the engines are given none.
+	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	// Insecure has the engines send in plain text beyond loopback.
+	Insecure bool `yaml:"insecure"`
+}
+
 // engineTraceURL is --otlp-traces-endpoint as vLLM's exporter reads it: an
 // http:// URL for plain text (a collector on loopback, or insecure), an
 // https:// one for TLS; "" when tracing is off.
-func engineTraceURL(t tracing.Config) string {
+func engineTraceURL(t TracingConfig) string {
 	switch {
-	case !t.Enabled():
+	case t.OTLPEndpoint == "":
 		return ""
 	case t.Insecure || tracing.IsLoopback(t.OTLPEndpoint):
 		return "http://" + t.OTLPEndpoint
