@@ -150,7 +150,7 @@ type Config struct {
 	// has the engines the agent starts send their spans there (vLLM's
 	// --otlp-traces-endpoint): they join the routers' traces (design §9
 	// "Tracing").
-	Tracing TracingConfig `yaml:"tracing"`
+	Tracing TracingConfig `yaml:",inline"`
 
 	// The settings below have no flag; only the file sets them.
 
@@ -303,7 +303,7 @@ func (c *Config) Validate() error {
 	}
 	if c.Tracing.OTLPEndpoint != "" {
 		if err := tracing.CheckEndpoint(c.Tracing.OTLPEndpoint); err != nil {
-			p.Add(configfile.FlagKey("otlp-traces-endpoint", "tracing.otlp_endpoint"), "%w", err)
+			p.Add(configfile.Flag("otlp-traces-endpoint"), "%w", err)
 		}
 	}
 	return p.Err()
@@ -331,9 +331,9 @@ func (c *Config) replicasConfig() replicas.Config {
 type TracingConfig struct {
 	// OTLPEndpoint is the host:port of an OTLP/gRPC trace receiver; empty:
 	// the engines are given none.
-	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	OTLPEndpoint string `yaml:"otlp_traces_endpoint"`
 	// Insecure has the engines send in plain text beyond loopback.
-	Insecure bool `yaml:"insecure"`
+	Insecure bool `yaml:"trace_insecure"`
 }
 
 // engineTraceURL is --otlp-traces-endpoint as vLLM's exporter reads it: an

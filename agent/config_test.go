@@ -55,9 +55,9 @@ func TestValidate(t *testing.T) {
 			[]string{"engines.sim.env"}},
 		{"ready timeout", func(c *Config) { c.ReadyTimeout = 0 }, []string{"--ready-timeout (ready_timeout)"}},
 		{"tracing endpoint without port", func(c *Config) { c.Tracing.OTLPEndpoint = "127.0.0.1" },
-			[]string{"--otlp-traces-endpoint (tracing.otlp_endpoint)"}},
+			[]string{"--otlp-traces-endpoint (otlp_traces_endpoint)"}},
 		{"tracing endpoint port 0", func(c *Config) { c.Tracing.OTLPEndpoint = "127.0.0.1:0" },
-			[]string{"--otlp-traces-endpoint (tracing.otlp_endpoint)"}},
+			[]string{"--otlp-traces-endpoint (otlp_traces_endpoint)"}},
 		{"stop grace", func(c *Config) { c.StopGrace = 0 }, []string{"--stop-grace (stop_grace)"}},
 		{"heartbeat", func(c *Config) { c.HeartbeatInterval = -time.Second }, []string{"--heartbeat-interval (heartbeat_interval)"}},
 		{"drain quiet", func(c *Config) { c.DrainQuiet = 0 }, []string{"--drain-quiet (drain_quiet)"}},
@@ -105,7 +105,8 @@ func TestValidate(t *testing.T) {
 // than its default; TestConfigFileKeys checks that it does.
 const fullFile = `
 node_id: gpu-7
-tracing: {otlp_endpoint: "127.0.0.1:4317", insecure: true}
+otlp_traces_endpoint: 127.0.0.1:4317
+trace_insecure: true
 control: [10.0.0.1:7400, 10.0.0.2:7400]
 advertise_addr: 10.0.1.7
 data_dir: /var/lib/llmgw-agent

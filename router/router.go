@@ -182,9 +182,9 @@ type Config struct {
 	HTTPSCert string `yaml:"https_cert"`
 	HTTPSKey  string `yaml:"https_key"`
 	// Tracing sends a span per request, with its stages, to an OTLP
-	// receiver (design §9 "Tracing"): --otlp-traces-endpoint and
-	// --trace-sampling-ratio, or the file's tracing: key. Off by default.
-	Tracing tracing.Config `yaml:"tracing"`
+	// receiver (design §9 "Tracing"): --otlp-traces-endpoint,
+	// --trace-sampling-ratio, --trace-insecure, --trace-ca. Off by default.
+	Tracing tracing.Config `yaml:",inline"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -325,7 +325,7 @@ func (c Config) Validate() error {
 		p.Add(configfile.Flag("https-cert"), "required with --https-key")
 	}
 	for _, tp := range c.Tracing.Validate() {
-		p.Add(TracingSetting(tp.Field), "%w", tp.Err)
+		p.Add(configfile.Flag(tp.Flag), "%w", tp.Err)
 	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate(), c.Flow.Validate())
@@ -870,16 +870,4 @@ func validHeaderName(s string) bool {
 		}
 	}
 	return true
-}
-
-// TracingSetting names a tracing.Config field as the router's flag and
-// file key do, for Validate's lines.
-func TracingSetting(field string) string {
-	switch field {
-	case "otlp_endpoint":
-		return configfile.FlagKey("otlp-traces-endpoint", "tracing.otlp_endpoint")
-	case "sampling_ratio":
-		return configfile.FlagKey("trace-sampling-ratio", "tracing.sampling_ratio")
-	}
-	return "tracing." + field
 }

@@ -36,22 +36,24 @@ import (
 	"google.golang.org/grpc/credentials"
 )
 
-// Config is a component's tracing settings (its `tracing:` key).
+// Config is a component's tracing settings. Its keys are flat, each the
+// name of its flag with underscores (--otlp-traces-endpoint, vLLM's name),
+// so a component inlines it in its own configuration.
 type Config struct {
 	// OTLPEndpoint is the host:port of an OTLP/gRPC trace receiver (an
 	// OpenTelemetry Collector, Jaeger, Tempo); empty turns tracing off.
-	OTLPEndpoint string `yaml:"otlp_endpoint"`
+	OTLPEndpoint string `yaml:"otlp_traces_endpoint"`
 	// SamplingRatio is the share of traces this component starts that are
 	// sampled, in [0, 1]; a request that arrives with a traceparent keeps
 	// its caller's decision whatever the ratio.
-	SamplingRatio float64 `yaml:"sampling_ratio"`
+	SamplingRatio float64 `yaml:"trace_sampling_ratio"`
 	// Insecure sends spans in plain text to an endpoint beyond loopback.
 	// A loopback endpoint (a collector beside the process) is always
 	// plain text; any other is TLS unless this is set.
-	Insecure bool `yaml:"insecure"`
+	Insecure bool `yaml:"trace_insecure"`
 	// CA is a PEM file of the CAs the endpoint's certificate is checked
 	// against (TLS only); empty: the system's roots.
-	CA string `yaml:"ca"`
+	CA string `yaml:"trace_ca"`
 }
 
 // DefaultSamplingRatio is the share of traces sampled when the endpoint
@@ -66,26 +68,27 @@ func DefaultConfig() Config { return Config{SamplingRatio: DefaultSamplingRatio}
 // Enabled reports whether an endpoint is configured.
 func (c Config) Enabled() bool { return c.OTLPEndpoint != "" }
 
-// Problem is one bad field of a Config: Field is its key (otlp_endpoint,
-// sampling_ratio, ca), so that the component names it with its own flag.
+// Problem is one bad field of a Config: Flag is its flag's name
+// (otlp-traces-endpoint, trace-sampling-ratio, trace-ca), which with
+// underscores is its key.
 type Problem struct {
-	Field string
-	Err   error
+	Flag string
+	Err  error
 }
 
 // Validate returns the config's problems; none when it is good.
 func (c Config) Validate() []Problem {
 	var ps []Problem
 	if !(c.SamplingRatio >= 0 && c.SamplingRatio <= 1) { // NaN too
-		ps = append(ps, Problem{"sampling_ratio", fmt.Errorf("must be between 0 and 1, got %v", c.SamplingRatio)})
+		ps = append(ps, Problem{"trace-sampling-ratio", fmt.Errorf("must be between 0 and 1, got %v", c.SamplingRatio)})
 	}
 	if c.OTLPEndpoint != "" {
 		if err := CheckEndpoint(c.OTLPEndpoint); err != nil {
-			ps = append(ps, Problem{"otlp_endpoint", err})
+			ps = append(ps, Problem{"otlp-traces-endpoint", err})
 		}
 	}
 	if c.CA != "" && c.OTLPEndpoint == "" {
-		ps = append(ps, Problem{"ca", errors.New("given without otlp_endpoint")})
+		ps = append(ps, Problem{"trace-ca", errors.New("given without --otlp-traces-endpoint")})
 	}
 	return ps
 }
@@ -160,7 +163,7 @@ func New(ctx context.Context, cfg Config, service string) (*Provider, error) {
 		return Off(), nil
 	}
 	if ps := cfg.Validate(); len(ps) > 0 {
-		return nil, fmt.Errorf("tracing: %s: %w", ps[0].Field, ps[0].Err)
+		return nil, fmt.Errorf("tracing: --%s: %w", ps[0].Flag, ps[0].Err)
 	}
 	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(cfg.OTLPEndpoint)}
 	if IsLoopback(cfg.OTLPEndpoint) || cfg.Insecure {
@@ -170,11 +173,11 @@ func New(ctx context.Context, cfg Config, service string) (*Provider, error) {
 		if cfg.CA != "" {
 			pem, err := os.ReadFile(cfg.CA)
 			if err != nil {
-				return nil, fmt.Errorf("tracing: ca: %w", err)
+				return nil, fmt.Errorf("tracing: --trace-ca: %w", err)
 			}
 			pool := x509.NewCertPool()
 			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("tracing: ca: %s holds no PEM certificate", cfg.CA)
+				return nil, fmt.Errorf("tracing: --trace-ca: %s holds no PEM certificate", cfg.CA)
 			}
 			tc.RootCAs = pool
 		}
