@@ -9,7 +9,9 @@ import (
 // stepLog is a Tracer keeping each step as a line.
 type stepLog struct{ steps []string }
 
-func (l *stepLog) Filtered(f string, left int) { l.steps = append(l.steps, fmt.Sprintf("filter %s %d", f, left)) }
+func (l *stepLog) Filtered(f string, left int) {
+	l.steps = append(l.steps, fmt.Sprintf("filter %s %d", f, left))
+}
 func (l *stepLog) Scored(s string, w float64, scores []float64) {
 	l.steps = append(l.steps, fmt.Sprintf("score %s %g %d", s, w, len(scores)))
 }
