@@ -14,7 +14,7 @@ import (
 
 // Tracing end to end (issue 33 part 1; design §9 "Tracing"): a control
 // server, an agent, a router and two `llmgw sim serve` engines — real
-// processes — export their spans over OTLP/gRPC to a collector's trace
+// processes — export their spans (the control server's gRPC calls too) over OTLP/gRPC to a collector's trace
 // service served in this process on 127.0.0.1. At 100 % sampling every
 // request's router span has the engine's llm_request span below it (the
 // attempt's client span between them), the GenAI attributes are there, and
@@ -117,7 +117,8 @@ func TestTracingEndToEnd(t *testing.T) {
 	recv := tracingtest.Start(t)
 	cfg := filepath.Join(t.TempDir(), "control.yaml")
 	writeFile(t, cfg, "reconcile_interval: 1s\n")
-	c1 := newServer(t, "c1", serverOpts{expect: 1, extra: []string{"--config", cfg}})
+	c1 := newServer(t, "c1", serverOpts{expect: 1, extra: []string{"--config", cfg,
+		"--otlp-traces-endpoint", recv.Addr(), "--trace-sampling-ratio", "1"}})
 	c1.start()
 	(&cluster{t: t, servers: []*controlServer{c1}}).waitLeader([]*controlServer{c1}, 30*time.Second)
 	startAgentProc(t, "n1", []string{c1.grpc}, "--probe-interval", "250ms")
@@ -196,6 +197,17 @@ func TestTracingEndToEnd(t *testing.T) {
 		if !picked {
 			t.Errorf("%s: no llmgw.scheduler.pick event on the router span", id)
 		}
+	}
+	// The control plane's gRPC calls, by otelgrpc: the model's apply.
+	if !eventually(30*time.Second, func() bool {
+		for _, s := range recv.Spans() {
+			if s.Service == "llmgw-control" && s.Name == "llmgw.v1.AdminService/ApplyModel" {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Errorf("no llmgw-control span of AdminService/ApplyModel within %v", within(30*time.Second))
 	}
 	// No prompt text anywhere: names, attributes, events, as received.
 	for _, s := range recv.Spans() {
