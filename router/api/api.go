@@ -809,7 +809,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		res = h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
 			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter, API: api,
 			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: tail,
-			Divert: plan.Divert(), Start: start, Log: log})
+			Divert: plan.Divert(), Start: start, Log: log, Tracer: h.tracer})
 		// An alias's target refused before any byte reached the client:
 		// the next of its candidates serves instead (design §7.9).
 		if res.Err != nil && len(res.Missing) == 0 && tgt.Alias != "" && r.Context().Err() == nil {

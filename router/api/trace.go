@@ -45,12 +45,18 @@ func opName(api openai.API) string {
 	return "chat"
 }
 
+// serverKind is the request span's start option, made once.
+var serverKind = trace.WithSpanKind(trace.SpanKindServer)
+
 // startRequestSpan starts the request's server span, continuing the
 // client's traceparent, and returns the request carrying it.
 func (h *Handler) startRequestSpan(r *http.Request, api openai.API, id string) (*http.Request, trace.Span) {
-	ctx := propagation.TraceContext{}.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := r.Context()
+	if _, ok := r.Header["Traceparent"]; ok { // Extract's lookup would canonicalize the key, allocating
+		ctx = propagation.TraceContext{}.Extract(ctx, propagation.HeaderCarrier(r.Header))
+	}
 	op := opName(api)
-	ctx, sp := h.tracer.Start(ctx, op, trace.WithSpanKind(trace.SpanKindServer))
+	ctx, sp := h.tracer.Start(ctx, op, serverKind)
 	if sp.IsRecording() {
 		sp.SetAttributes(attribute.String("gen_ai.operation.name", op),
 			attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),

@@ -123,6 +123,9 @@ type Request struct {
 	Start time.Time
 	// Log is the request's logger.
 	Log *slog.Logger
+	// Tracer, when set, traces each attempt under the span in the
+	// request's context (trace.go); nil: tracing off.
+	Tracer trace.Tracer
 }
 
 // Result is how a request ended.
@@ -229,7 +232,7 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Resu
 		}
 		attempt++
 		last := attempt == p.cfg.MaxAttempts || len(tried) == req.Replicas
-		ar, sp := startAttempt(r, ep, attempt) // trace.go; r itself when not traced
+		ar, sp := startAttempt(r, req, ep, attempt) // trace.go; r itself when not traced
 		code, first, err := p.forward(w, ar, req, ep, last, log)
 		endAttempt(sp, code, first, err)
 		if err == nil {

@@ -46,18 +46,28 @@ type Receiver struct {
 	addr string
 	srv  *grpc.Server
 
+	// discard counts spans without keeping them (StartDiscarding).
+	discard bool
+
 	mu    sync.Mutex
 	spans []Span
+	count int
 }
 
 // Start serves a receiver on 127.0.0.1:0 until the test ends.
-func Start(t testing.TB) *Receiver {
+func Start(t testing.TB) *Receiver { return start(t, false) }
+
+// StartDiscarding is Start for a benchmark: it counts the spans it is
+// sent and keeps none, so the receiver's own work is only gRPC's.
+func StartDiscarding(t testing.TB) *Receiver { return start(t, true) }
+
+func start(t testing.TB, discard bool) *Receiver {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("tracingtest: listen: %v", err)
 	}
-	r := &Receiver{addr: ln.Addr().String(), srv: grpc.NewServer()}
+	r := &Receiver{addr: ln.Addr().String(), srv: grpc.NewServer(), discard: discard}
 	collectorpb.RegisterTraceServiceServer(r.srv, r)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.srv.Serve(ln) }()
@@ -70,6 +80,18 @@ func (r *Receiver) Addr() string { return r.addr }
 
 // Export keeps the spans of a batch.
 func (r *Receiver) Export(_ context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
+	if r.discard {
+		n := 0
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				n += len(ss.GetSpans())
+			}
+		}
+		r.mu.Lock()
+		r.count += n
+		r.mu.Unlock()
+		return &collectorpb.ExportTraceServiceResponse{}, nil
+	}
 	var got []Span
 	for _, rs := range req.GetResourceSpans() {
 		svc := attrs(rs.GetResource().GetAttributes())["service.name"]
@@ -87,11 +109,20 @@ func (r *Receiver) Export(_ context.Context, req *collectorpb.ExportTraceService
 	}
 	r.mu.Lock()
 	r.spans = append(r.spans, got...)
+	r.count += len(got)
 	r.mu.Unlock()
 	return &collectorpb.ExportTraceServiceResponse{}, nil
 }
 
-// Spans returns a copy of every span received so far.
+// Count is how many spans were received so far.
+func (r *Receiver) Count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.count
+}
+
+// Spans returns a copy of every span received so far (none when
+// discarding).
 func (r *Receiver) Spans() []Span {
 	r.mu.Lock()
 	defer r.mu.Unlock()
