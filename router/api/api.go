@@ -635,14 +635,14 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 	defer func() { pass.Done() }()
 	if autoscaled && h.cfg.Hold != nil {
 		var ref *waitroom.Refusal
-		hctx, hsp := h.stage(r.Context(), sp, "llmgw.waitroom")
-		pass, ref = h.cfg.Hold.Enter(hctx, waitroom.Request{Model: base, Limits: limits, Bytes: len(body)})
+		hsp := h.stage(sp, "llmgw.waitroom")
+		pass, ref = h.cfg.Hold.Enter(r.Context(), waitroom.Request{Model: base, Limits: limits, Bytes: len(body)})
 		if hsp != nil {
 			var rerr *openai.Error
 			if ref != nil {
 				rerr = ref.Err
 			}
-			endStage(hsp, rerr)
+			hsp.end(rerr)
 		}
 		if ref != nil {
 			if ref.Err == nil { // the client left while it was held
@@ -701,10 +701,10 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		} else {
 			// Again after an adapter's 404s: an alias is drawn again (a
 			// sticky one lands where it did).
-			rctx, rsp := h.stage(r.Context(), sp, "llmgw.resolve")
-			tgt, aerr = h.dir.ResolveFor(rctx, req.Model, caller, reqLog)
+			rsp := h.stage(sp, "llmgw.resolve")
+			tgt, aerr = h.dir.ResolveFor(r.Context(), req.Model, caller, reqLog)
 			if rsp != nil {
-				endStage(rsp, aerr)
+				rsp.end(aerr)
 			}
 		}
 		if sp != nil && aerr == nil {
@@ -722,14 +722,14 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		log := rh.withTarget(tgt.Base, tgt.Adapter)
 
 		// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
-		pctx, psp := h.stage(r.Context(), sp, "llmgw.prepare")
-		plan, aerr = h.dir.Prepare(pctx, tgt, director.Input{ID: rid, Session: h.session(r.Header),
+		psp := h.stage(sp, "llmgw.prepare")
+		plan, aerr = h.dir.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: h.session(r.Header),
 			Kind: tokenKind(api), API: api, Body: body, Stream: req.Stream, Prompt: req.Prompt})
 		if psp != nil {
 			if aerr != nil {
-				endStage(psp, aerr)
+				psp.end(aerr)
 			} else {
-				endStage(psp, nil, prepared(plan)...)
+				psp.end(nil, prepared(plan)...)
 				plan.TraceWith(schedTrace{sp})
 			}
 		}
@@ -741,11 +741,11 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		// are known now when tier 2 tokenized it.
 		if try == 0 && h.cfg.Quota != nil && metered {
 			var qerr *openai.Error
-			_, qsp := h.stage(r.Context(), sp, "llmgw.admit")
+			qsp := h.stage(sp, "llmgw.admit")
 			ticket, qerr = h.admit(w, api, key, tgt, plan, body)
 			if qsp != nil {
 				in, out := ticket.Expected()
-				endStage(qsp, qerr, attribute.String("llmgw.tenant", tenantOf(key)),
+				qsp.end(qerr, attribute.String("llmgw.tenant", tenantOf(key)),
 					attribute.Float64("llmgw.expected_input_tokens", in), attribute.Float64("llmgw.expected_output_tokens", out))
 			}
 			if qerr != nil {
@@ -757,8 +757,8 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		// 3c. Wait for room at saturation, by class and tenant.
 		if try == 0 && rank >= 0 {
 			var ref *flow.Refusal
-			fctx, fsp := h.stage(r.Context(), sp, "llmgw.queue")
-			grant, ref = h.flow(fctx, w, key, tgt, ticket, rank, len(body))
+			fsp := h.stage(sp, "llmgw.queue")
+			grant, ref = h.flow(r.Context(), w, key, tgt, ticket, rank, len(body))
 			if fsp != nil {
 				var ferr *openai.Error
 				kv := []attribute.KeyValue{attribute.String("llmgw.class", h.cfg.Flow.Class(rank))}
@@ -769,7 +769,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 				if grant != nil {
 					kv = append(kv, attribute.Int64("llmgw.queued_ms", grant.Waited.Milliseconds()))
 				}
-				endStage(fsp, ferr, kv...)
+				fsp.end(ferr, kv...)
 			}
 			if ref != nil {
 				if ref.Err == nil { // the client left while it waited
