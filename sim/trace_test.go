@@ -61,8 +61,8 @@ func TestTraceSpan(t *testing.T) {
 			}
 			a := map[string]string{}
 			for _, kv := range s.Attributes() {
-				a[string(kv.Key)] = kv.Value.Emit()
-				if strings.Contains(kv.Value.Emit(), secret) {
+				a[string(kv.Key)] = kv.Value.String()
+				if strings.Contains(kv.Value.String(), secret) {
 					t.Errorf("attribute %s carries the prompt", kv.Key)
 				}
 			}

@@ -48,7 +48,7 @@ func (e *tracedEngine) last() string {
 func attrsOf(kvs []attribute.KeyValue) map[string]string {
 	m := map[string]string{}
 	for _, kv := range kvs {
-		m[string(kv.Key)] = kv.Value.Emit()
+		m[string(kv.Key)] = kv.Value.String()
 	}
 	return m
 }
@@ -114,13 +114,13 @@ func TestTracing(t *testing.T) {
 			for _, s := range ended {
 				byName[s.Name()] = append(byName[s.Name()], s)
 				for _, kv := range s.Attributes() {
-					if strings.Contains(kv.Value.Emit(), secretPrompt) {
+					if strings.Contains(kv.Value.String(), secretPrompt) {
 						t.Errorf("span %s attribute %s carries the prompt", s.Name(), kv.Key)
 					}
 				}
 				for _, e := range s.Events() {
 					for _, kv := range e.Attributes {
-						if strings.Contains(kv.Value.Emit(), secretPrompt) {
+						if strings.Contains(kv.Value.String(), secretPrompt) {
 							t.Errorf("span %s event %s carries the prompt", s.Name(), e.Name)
 						}
 					}
