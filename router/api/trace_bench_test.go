@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/llmgw/llmgw/internal/tracing"
 	"github.com/llmgw/llmgw/internal/tracing/tracingtest"
 	"github.com/llmgw/llmgw/router/breaker"
+	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/endpoint"
 	"github.com/llmgw/llmgw/router/scheduler"
 )
@@ -50,8 +52,11 @@ func BenchmarkTracingCost(b *testing.B) {
 	tb := &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", strings.TrimPrefix(eng.URL, "http://"))}}}
 	body := `{"model":"demo","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello"}],"max_tokens":160}`
 	// router returns a client of a router tracing at ratio (<0: off).
-	router := func(b *testing.B, ratio float64, slow bool) func() time.Duration {
+	router := func(b *testing.B, ratio float64, slow bool, capt ...*capture.Recorder) func() time.Duration {
 		cfg := DefaultConfig()
+		if len(capt) > 0 {
+			cfg.Capture = capt[0]
+		}
 		if ratio >= 0 {
 			p, err := tracing.New(context.Background(), tracing.Config{OTLPEndpoint: recv.Addr(), SamplingRatio: ratio}, "bench")
 			if err != nil {
@@ -133,6 +138,36 @@ func BenchmarkTracingCost(b *testing.B) {
 			b.ReportMetric(pOn-pOff, "p50-diff-µs")
 		})
 	}
+	// The traffic capture (design §9.2) beside no capture, the same way.
+	b.Run("off-vs-capture", func(b *testing.B) {
+		rec, err := capture.New(capture.Config{File: filepath.Join(b.TempDir(), "capture.jsonl"), MaxBytes: capture.DefaultMaxBytes,
+			MaxFiles: 1}, "bench", slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() { defer close(done); _ = rec.Run(context.Background()) }()
+		defer func() { rec.Close(); <-done }()
+		off, on := router(b, -1, false), router(b, -1, false, rec)
+		off()
+		on()
+		var lOff, lOn []time.Duration
+		i := 0
+		for b.Loop() {
+			if i%2 == 0 {
+				lOff = append(lOff, off())
+				lOn = append(lOn, on())
+			} else {
+				lOn = append(lOn, on())
+				lOff = append(lOff, off())
+			}
+			i++
+		}
+		rOff, pOff := report(b, "off-", lOff)
+		rOn, pOn := report(b, "capture-", lOn)
+		b.ReportMetric(100*(rOff-rOn)/rOff, "slower-%")
+		b.ReportMetric(pOn-pOff, "p50-diff-µs")
+	})
 	b.Run("sampled-100pct", func(b *testing.B) {
 		all := router(b, 1, false)
 		all()
