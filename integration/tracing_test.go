@@ -1,11 +1,9 @@
 package integration
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -222,42 +220,13 @@ func TestTracingEndToEnd(t *testing.T) {
 	// 10 %: a router of ratio 0.1 in place of the first; requests without
 	// a traceparent.
 	r.stop()
-	// It captures its traffic too (design §9.2).
-	capFile := filepath.Join(t.TempDir(), "capture.jsonl")
-	r2 := startRouterWith(t, "r2", []string{c1.grpc}, "--otlp-traces-endpoint", recv.Addr(), "--trace-sampling-ratio", "0.1",
-		"--capture-file", capFile)
+	r2 := startRouterWith(t, "r2", []string{c1.grpc}, "--otlp-traces-endpoint", recv.Addr(), "--trace-sampling-ratio", "0.1")
 	waitRouterServes(t, r2.http, model)
 	const tenth = 600
 	for i := range tenth {
 		tracedChat(t, r2.http, model, fmt.Sprintf("tenth-%04d", i), secret, "")
 	}
-	r2.stop() // flushes the router's last spans and its capture
-	raw, err := os.ReadFile(capFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(raw), secret) {
-		t.Fatal("the capture holds the prompt's text")
-	}
-	captured := 0
-	for _, line := range strings.Split(strings.TrimSpace(string(raw)), "\n")[1:] {
-		var rec struct {
-			Model        string   `json:"model"`
-			Prefix       []string `json:"prefix"`
-			OutputTokens int      `json:"output_tokens"`
-			Status       int      `json:"status"`
-		}
-		if err := json.Unmarshal([]byte(line), &rec); err != nil {
-			t.Fatalf("capture line %q: %v", line, err)
-		}
-		if rec.Model == model && rec.Status == http.StatusOK && rec.OutputTokens == 4 {
-			captured++
-		}
-	}
-	// The tenth's requests and waitRouterServes' own.
-	if captured < tenth {
-		t.Errorf("the capture holds %d served requests, want at least %d", captured, tenth)
-	}
+	r2.stop() // flushes the router's last spans
 	var sampled, ok int
 	// The engines send theirs every 2 s: wait until the share settles.
 	if !eventually(30*time.Second, func() bool {
