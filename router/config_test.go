@@ -10,7 +10,6 @@ import (
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/tracing"
 	"github.com/llmgw/llmgw/router/breaker"
-	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/flow"
 	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/scheduler"
@@ -204,9 +203,6 @@ otlp_traces_endpoint: 127.0.0.1:4317
 trace_sampling_ratio: 0.5
 trace_insecure: true
 trace_ca: /etc/llmgw/otlp-ca.pem
-capture_file: /var/lib/llmgw/capture.jsonl
-capture_max_bytes: 1048576
-capture_max_files: 9
 `
 
 // TestConfigFileEveryKey decodes a file with every key strictly: a key the
@@ -240,7 +236,6 @@ func TestConfigFileEveryKey(t *testing.T) {
 		HTTPSKey:      "/etc/llmgw/api-key.pem",
 		RequireAPIKey: true,
 		Tracing:       tracing.Config{OTLPEndpoint: "127.0.0.1:4317", SamplingRatio: 0.5, Insecure: true, CA: "/etc/llmgw/otlp-ca.pem"},
-		Capture:       capture.Config{File: "/var/lib/llmgw/capture.jsonl", MaxBytes: 1 << 20, MaxFiles: 9},
 		Flow: flow.Config{ReplicaConcurrency: 12, MaxWaiting: 3, KVCeiling: 0.9, DefaultClass: "normal",
 			Classes: []flow.Class{{Name: "urgent", TTL: 10 * time.Second, MaxQueued: 50, MaxQueuedBytes: 1 << 20, Headroom: 0.01},
 				{Name: "normal", TTL: 20 * time.Second, MaxQueued: 60, MaxQueuedBytes: 2 << 20, Headroom: 0.2}},

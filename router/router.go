@@ -35,7 +35,6 @@ import (
 	"github.com/llmgw/llmgw/router/api"
 	"github.com/llmgw/llmgw/router/auth"
 	"github.com/llmgw/llmgw/router/breaker"
-	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/demand"
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -186,10 +185,6 @@ type Config struct {
 	// receiver (design §9 "Tracing"): --otlp-traces-endpoint,
 	// --trace-sampling-ratio, --trace-insecure, --trace-ca. Off by default.
 	Tracing tracing.Config `yaml:",inline"`
-	// Capture records a privacy-preserving trace of the traffic to a file
-	// (design §9.2): --capture-file, --capture-max-bytes,
-	// --capture-max-files. Off by default.
-	Capture capture.Config `yaml:",inline"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -232,7 +227,6 @@ func DefaultConfig() Config {
 		ClientWriteTimeout: px.ClientWriteTimeout,
 		SessionHeaders:     api.DefaultSessionHeaders(),
 		Tracing:            tracing.DefaultConfig(),
-		Capture:            capture.DefaultConfig(),
 	}
 }
 
@@ -333,9 +327,6 @@ func (c Config) Validate() error {
 	for _, tp := range c.Tracing.Validate() {
 		p.Add(configfile.Flag(tp.Flag), "%w", tp.Err)
 	}
-	for _, cp := range c.Capture.Validate() {
-		p.Add(configfile.Flag(cp.Flag), "%w", cp.Err)
-	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate(), c.Flow.Validate())
 	return p.Err()
@@ -370,7 +361,6 @@ type Router struct {
 	draining        atomic.Bool
 	ops             atomic.Pointer[opsServer] // set while --ops-addr is served
 	tracing         *tracing.Provider         // off unless --otlp-traces-endpoint
-	capture         *capture.Recorder         // nil unless --capture-file
 }
 
 // New builds a router; nothing runs until Run.
@@ -400,9 +390,6 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 
 	r := &Router{cfg: cfg, https: https, tls: src, log: log, reg: reg}
 	if r.tracing, err = tracing.New(context.Background(), cfg.Tracing, "llmgw-router"); err != nil {
-		return nil, fmt.Errorf("router: %w", err)
-	}
-	if r.capture, err = capture.New(cfg.Capture, cfg.ID, log, reg); err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	if err := r.buildTable(src); err != nil {
@@ -525,9 +512,6 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	if r.tracing.Enabled() {
 		acfg.Tracer = r.tracing.TracerProvider()
 	}
-	if r.capture != nil {
-		acfg.Capture = r.capture
-	}
 	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil
 }
@@ -621,14 +605,6 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 	})
 
 	bg.Go(func() { r.forget(bgCtx) })
-	// The capture's writer: closed once the last request has recorded.
-	captureDone := make(chan struct{})
-	go func() {
-		defer close(captureDone)
-		if r.capture != nil {
-			_ = r.capture.Run(context.Background())
-		}
-	}()
 	bg.Go(func() { _ = r.flow.Run(bgCtx) })
 	bg.Go(func() { _ = r.room.Run(bgCtx) })
 	bg.Go(func() { newGCTuner(r.cfg.GCMinHeap).run(bgCtx) })
@@ -700,8 +676,6 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 		<-serveErr // http.ErrServerClosed
 	}
 	handlers.Wait()
-	r.capture.Close() // writes what the last requests recorded
-	<-captureDone
 	stopQuota() // flushes the usage metered last
 	<-quotaDone
 	<-shareDone

@@ -234,9 +234,6 @@ func TestConfigValidate(t *testing.T) {
 		{"sampling ratio over 1", func(c *Config) { c.Tracing.SamplingRatio = 1.5 }, "--trace-sampling-ratio (trace_sampling_ratio): "},
 		{"sampling ratio negative", func(c *Config) { c.Tracing.SamplingRatio = -0.1 }, "--trace-sampling-ratio (trace_sampling_ratio): "},
 		{"trace CA without endpoint", func(c *Config) { c.Tracing.CA = "ca.pem" }, "--trace-ca (trace_ca): "},
-		{"capture on", func(c *Config) { c.Capture.File = "capture.jsonl" }, ""},
-		{"capture files too small", func(c *Config) { c.Capture.MaxBytes = 100 }, "--capture-max-bytes (capture_max_bytes): "},
-		{"no rotated capture file", func(c *Config) { c.Capture.MaxFiles = 0 }, "--capture-max-files (capture_max_files): "},
 		{"operations port beyond loopback with TLS", func(c *Config) {
 			c.OpsAddr, c.TLS = "0.0.0.0:7406", mtls.Files{CA: "ca.pem", Cert: "r.pem", Key: "r-key.pem"}
 		}, ""},

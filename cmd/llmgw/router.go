@@ -83,8 +83,5 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-traces-endpoint", cfg.Tracing.OTLPEndpoint, "host:port of an OTLP/gRPC trace receiver: a span per request, with its stages, joined by the engines' (off when empty; plain text to loopback, else TLS)")
 	f.Float64Var(&cfg.Tracing.SamplingRatio, "trace-sampling-ratio", cfg.Tracing.SamplingRatio, "share of the traces the router starts that are sampled, 0 to 1; a request's own traceparent keeps its decision")
 	f.BoolVar(&cfg.Tracing.Insecure, "trace-insecure", cfg.Tracing.Insecure, "send spans in plain text to an --otlp-traces-endpoint beyond loopback")
-	f.StringVar(&cfg.Capture.File, "capture-file", cfg.Capture.File, "record each request's shape — arrival, model, tenant, hashed session, prompt length, keyed prefix hashes, output length; never text — to this file, JSON lines (off when empty)")
-	f.Int64Var(&cfg.Capture.MaxBytes, "capture-max-bytes", cfg.Capture.MaxBytes, "size at which --capture-file is rotated to FILE.1")
-	f.IntVar(&cfg.Capture.MaxFiles, "capture-max-files", cfg.Capture.MaxFiles, "rotated capture files kept (FILE.1 ... FILE.N), the oldest removed")
 	f.StringVar(&cfg.Tracing.CA, "trace-ca", cfg.Tracing.CA, "CA certificate (PEM) the --otlp-traces-endpoint's certificate is checked against (default: the system's)")
 }

@@ -175,9 +175,6 @@ type Config struct {
 	// Tracer, when set, traces each inference request (trace.go, design
 	// §9 "Tracing"); nil: tracing off, at the cost of a nil check.
 	Tracer trace.TracerProvider
-	// Capture, when set, is given a record of each inference request that
-	// reached stage 3 (capture.go, design §9.2); nil: none.
-	Capture Capturer
 }
 
 // DefaultSessionHeaders are the session headers the router reads unless
@@ -666,10 +663,6 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 	var tgt director.Target
 	var plan *director.Plan
 	var res proxy.Result
-	capOut := 0 // the answer's output tokens, for the capture
-	if h.cfg.Capture != nil {
-		defer func() { h.capture(r, api, start, body, key, plan, code, capOut) }()
-	}
 	// The tenant's reservation, settled once however the request ends:
 	// with used, set from the answer, or nothing for a request no engine
 	// served (design §7.7).
@@ -852,9 +845,6 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 			sp.SetAttributes(attribute.String("llmgw.replica", res.Replica.ReplicaID))
 		}
 		out, ok := plan.Done(res.Replica.ReplicaID, res.Code)
-		if ok {
-			capOut = out
-		}
 		h.m.perReplica(tgt.Base, res.Replica.ReplicaID, res.Code, out, ok)
 	}
 	if counted && res.Code == http.StatusOK && !res.FirstByte.IsZero() {

@@ -32,15 +32,3 @@ func (p *Plan) Traced() Traced {
 // TraceWith makes each attempt's scheduling tell tr its steps (filters,
 // scorers, picker); nil stops it.
 func (p *Plan) TraceWith(tr scheduler.Tracer) { p.req.Trace = tr }
-
-// Captured is what the traffic capture keeps of stage 3 (design §9.2):
-// tier 1's prefix hashes, and tier 2's block hashes (their low 64 bits)
-// with the block size when tier 2 answered (nil otherwise). The slices are
-// the plan's: read them, never change them.
-func (p *Plan) Captured() (prefix, blocks []uint64, blockSize int) {
-	prefix = p.req.Prefix
-	if q := p.req.KV; q != nil && q.Fallback == "" {
-		blocks, blockSize = p.hashes, q.BlockSize
-	}
-	return prefix, blocks, blockSize
-}

@@ -169,7 +169,7 @@ var rules = []rule{
 	{
 		Prefix: "router/api",
 		InRepo: []string{"proto", "vllm", "router/auth", "router/openai", "router/endpoint", "router/tokenize", "router/director", "router/proxy",
-			"router/scheduler", "router/breaker", "router/quota", "router/flow", "router/waitroom", "router/capture"},
+			"router/scheduler", "router/breaker", "router/quota", "router/flow", "router/waitroom"},
 		Why: "the HTTP surface runs the director and the proxy router.New hands it, knowing them by their types alone; it reads desired state " +
 			"through its own Models interface and never the watch stream, the KV index or the prefix tree (scheduler and breaker are " +
 			"for its tests, which build the stages as router.New does; design §7.1, §7.3)",
