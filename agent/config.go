@@ -18,6 +18,7 @@ import (
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/tracing"
 )
 
 // EngineConfig overrides how one engine kind is run on this node. In the
@@ -145,6 +146,11 @@ type Config struct {
 	// at start: anyone who can reach them could read the node's load and
 	// engines' logs, and routers could not tell this agent from another.
 	Insecure bool `yaml:"insecure"`
+	// Tracing, when its otlp_endpoint is given (--otlp-traces-endpoint),
+	// has the engines the agent starts send their spans there (vLLM's
+	// --otlp-traces-endpoint): they join the routers' traces (design §9
+	// "Tracing").
+	Tracing TracingConfig `yaml:",inline"`
 
 	// The settings below have no flag; only the file sets them.
 
@@ -295,6 +301,11 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
+	if c.Tracing.OTLPEndpoint != "" {
+		if err := tracing.CheckEndpoint(c.Tracing.OTLPEndpoint); err != nil {
+			p.Add(configfile.Flag("otlp-traces-endpoint"), "%w", err)
+		}
+	}
 	return p.Err()
 }
 
@@ -310,7 +321,32 @@ func (c *Config) replicasConfig() replicas.Config {
 		ReadyTimeout: c.ReadyTimeout, StopGrace: c.StopGrace, ProbeInterval: c.ProbeInterval, RestartBackoff: c.RestartBackoff,
 		Drain:           drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now},
 		KVMaxFrameBytes: c.KVMaxFrameBytes, KVTCP: c.KVTCP, KVStreamTimeout: c.KVStreamTimeout, Now: c.Now, Resolver: c.Resolver,
+		OTLPTracesEndpoint: engineTraceURL(c.Tracing),
 	}
+}
+
+// TracingConfig is the agent's tracing: only where its engines send their
+// spans. The engines sample as their callers decided (parent-based), so
+// the agent has no sampling ratio, and it starts no spans of its own.
+type TracingConfig struct {
+	// OTLPEndpoint is the host:port of an OTLP/gRPC trace receiver; empty:
+	// the engines are given none.
+	OTLPEndpoint string `yaml:"otlp_traces_endpoint"`
+	// Insecure has the engines send in plain text beyond loopback.
+	Insecure bool `yaml:"trace_insecure"`
+}
+
+// engineTraceURL is --otlp-traces-endpoint as vLLM's exporter reads it: an
+// http:// URL for plain text (a collector on loopback, or insecure), an
+// https:// one for TLS; "" when tracing is off.
+func engineTraceURL(t TracingConfig) string {
+	switch {
+	case t.OTLPEndpoint == "":
+		return ""
+	case t.Insecure || tracing.IsLoopback(t.OTLPEndpoint):
+		return "http://" + t.OTLPEndpoint
+	}
+	return "https://" + t.OTLPEndpoint
 }
 
 // sessionConfig is the control session's part of c.

@@ -54,6 +54,10 @@ func TestValidate(t *testing.T) {
 		{"bad env name", func(c *Config) { c.Engines = map[string]EngineConfig{"sim": {Env: map[string]string{"A=B": "c"}}} },
 			[]string{"engines.sim.env"}},
 		{"ready timeout", func(c *Config) { c.ReadyTimeout = 0 }, []string{"--ready-timeout (ready_timeout)"}},
+		{"tracing endpoint without port", func(c *Config) { c.Tracing.OTLPEndpoint = "127.0.0.1" },
+			[]string{"--otlp-traces-endpoint (otlp_traces_endpoint)"}},
+		{"tracing endpoint port 0", func(c *Config) { c.Tracing.OTLPEndpoint = "127.0.0.1:0" },
+			[]string{"--otlp-traces-endpoint (otlp_traces_endpoint)"}},
 		{"stop grace", func(c *Config) { c.StopGrace = 0 }, []string{"--stop-grace (stop_grace)"}},
 		{"heartbeat", func(c *Config) { c.HeartbeatInterval = -time.Second }, []string{"--heartbeat-interval (heartbeat_interval)"}},
 		{"drain quiet", func(c *Config) { c.DrainQuiet = 0 }, []string{"--drain-quiet (drain_quiet)"}},
@@ -101,6 +105,8 @@ func TestValidate(t *testing.T) {
 // than its default; TestConfigFileKeys checks that it does.
 const fullFile = `
 node_id: gpu-7
+otlp_traces_endpoint: 127.0.0.1:4317
+trace_insecure: true
 control: [10.0.0.1:7400, 10.0.0.2:7400]
 advertise_addr: 10.0.1.7
 data_dir: /var/lib/llmgw-agent
@@ -134,6 +140,24 @@ tls_cert: /etc/llmgw/gpu-7.pem
 tls_key: /etc/llmgw/gpu-7-key.pem
 insecure: true
 `
+
+// TestEngineTraceURL: the engines get the agent's collector as a URL
+// whose scheme says plain text or TLS, as vLLM's exporter reads it.
+func TestEngineTraceURL(t *testing.T) {
+	for _, tt := range []struct {
+		cfg  TracingConfig
+		want string
+	}{
+		{TracingConfig{}, ""},
+		{TracingConfig{OTLPEndpoint: "127.0.0.1:4317"}, "http://127.0.0.1:4317"},
+		{TracingConfig{OTLPEndpoint: "[::1]:4317"}, "http://[::1]:4317"},
+		{TracingConfig{OTLPEndpoint: "localhost:4317", Insecure: true}, "http://localhost:4317"},
+	} {
+		if got := engineTraceURL(tt.cfg); got != tt.want {
+			t.Errorf("engineTraceURL(%+v) = %q, want %q", tt.cfg, got, tt.want)
+		}
+	}
+}
 
 func TestConfigFileKeys(t *testing.T) {
 	got := DefaultConfig()
@@ -170,6 +194,7 @@ func TestConfigFileKeys(t *testing.T) {
 		ReconnectMax:      20 * time.Second,
 		TLS:               mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/gpu-7.pem", Key: "/etc/llmgw/gpu-7-key.pem"},
 		Insecure:          true,
+		Tracing:           TracingConfig{OTLPEndpoint: "127.0.0.1:4317", Insecure: true},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)

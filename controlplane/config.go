@@ -9,6 +9,7 @@ import (
 	"github.com/llmgw/llmgw/controlplane/gossip"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/tracing"
 )
 
 // GossipConfig tunes memberlist (package gossip); the zero value keeps its
@@ -159,12 +160,17 @@ type Config struct {
 
 	// Limits bounds what peers can make this node hold (design §11).
 	Limits LimitsConfig `yaml:",inline"`
+	// Tracing traces the node's gRPC calls, served and made to its peers,
+	// with otelgrpc (design §9 "Tracing"): --otlp-traces-endpoint,
+	// --trace-sampling-ratio, --trace-insecure, --trace-ca. Off by default.
+	Tracing tracing.Config `yaml:",inline"`
 }
 
 // DefaultConfig returns the defaults for one node on loopback, as
 // `llmgw dev` runs it.
 func DefaultConfig() Config {
 	return Config{
+		Tracing:            tracing.DefaultConfig(),
 		DataDir:            "data/control",
 		GRPCAddr:           "127.0.0.1:7400",
 		RaftAddr:           "127.0.0.1:7401",
@@ -325,5 +331,8 @@ func (c Config) Validate() error {
 		}
 	}
 	c.Limits.validate(&p)
+	for _, tp := range c.Tracing.Validate() {
+		p.Add(configfile.Flag(tp.Flag), "%w", tp.Err)
+	}
 	return p.Err()
 }

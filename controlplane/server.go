@@ -40,6 +40,7 @@ import (
 	"github.com/llmgw/llmgw/fsm"
 	"github.com/llmgw/llmgw/internal/grpcstop"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/tracing"
 	"github.com/llmgw/llmgw/internal/ttftbuckets"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
@@ -49,6 +50,8 @@ import (
 type Server struct {
 	cfg Config
 	log *slog.Logger
+	// tracing is the node's tracer provider (tracing.go), set by Run.
+	tracing *tracing.Provider
 	// started is when New ran: this server's uptime, for ClusterStatus and
 	// autopilot's stable times (cluster.Config.Started).
 	started  time.Time
@@ -211,6 +214,18 @@ func (s *Server) HTTPAddr() string { return s.httpAddr }
 //     the connections to peers;
 //  6. HTTP stops last, so /metrics and /healthz answer until the end.
 func (s *Server) Run(ctx context.Context) (err error) {
+	tp, err := tracing.New(context.Background(), s.cfg.Tracing, "llmgw-control")
+	if err != nil {
+		return fmt.Errorf("control: %w", err)
+	}
+	s.tracing = tp
+	defer func() { // after everything: the last calls' spans
+		tctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if terr := tp.Shutdown(tctx); terr != nil {
+			s.log.Warn("tracing", "err", terr)
+		}
+	}()
 	st, err := store.Open(store.Config{
 		NodeID: s.cfg.NodeID, DataDir: s.cfg.DataDir, RaftAddr: s.cfg.RaftAddr,
 		Bootstrap: s.cfg.Bootstrap, BootstrapExpect: s.cfg.BootstrapExpect,
@@ -265,7 +280,7 @@ func (s *Server) Run(ctx context.Context) (err error) {
 		}
 		g = s.gossip
 	}
-	pool := cluster.NewPool(s.tls)
+	pool := cluster.NewPool(s.tls, s.clientTracing()...)
 	var verify cluster.VerifyServer // nil on plain text: gossip is trusted
 	if s.tls != nil {
 		verify = cluster.VerifyByTLS(s.tls)
@@ -412,7 +427,7 @@ func (s *Server) grpcServer(streams context.Context, gated *gate.Gate, lead *lea
 	if asPreviousRelease {
 		unary = append(unary, previousReleaseStatus)
 	}
-	gs := grpc.NewServer(append(s.cfg.Limits.grpcOptions(),
+	gs := grpc.NewServer(append(append(s.cfg.Limits.grpcOptions(), s.serverTracing()...),
 		grpc.Creds(mtls.ServerCredentials(s.tls)),
 		// gRPC's default is 120 s for a connection's TLS handshake and
 		// HTTP/2 preface; the listener's limiter closes it at the same

@@ -9,6 +9,7 @@ import (
 
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/tracing"
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/capture"
 	"github.com/llmgw/llmgw/router/flow"
@@ -207,6 +208,10 @@ tls_key: /etc/llmgw/r-7-key.pem
 insecure: true
 https_cert: /etc/llmgw/api.pem
 https_key: /etc/llmgw/api-key.pem
+otlp_traces_endpoint: 127.0.0.1:4317
+trace_sampling_ratio: 0.5
+trace_insecure: true
+trace_ca: /etc/llmgw/otlp-ca.pem
 `
 
 // TestConfigFileEveryKey decodes a file with every key strictly: a key the
@@ -242,6 +247,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 		HTTPSCert:     "/etc/llmgw/api.pem",
 		HTTPSKey:      "/etc/llmgw/api-key.pem",
 		RequireAPIKey: true,
+		Tracing:       tracing.Config{OTLPEndpoint: "127.0.0.1:4317", SamplingRatio: 0.5, Insecure: true, CA: "/etc/llmgw/otlp-ca.pem"},
 		Flow: flow.Config{ReplicaConcurrency: 12, MaxWaiting: 3, KVCeiling: 0.9, DefaultClass: "normal",
 			Classes: []flow.Class{{Name: "urgent", TTL: 10 * time.Second, MaxQueued: 50, MaxQueuedBytes: 1 << 20, Headroom: 0.01},
 				{Name: "normal", TTL: 20 * time.Second, MaxQueued: 60, MaxQueuedBytes: 2 << 20, Headroom: 0.2}},

@@ -29,6 +29,7 @@ import (
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
 	"github.com/llmgw/llmgw/internal/netlimit"
+	"github.com/llmgw/llmgw/internal/tracing"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 
 	"github.com/llmgw/llmgw/router/api"
@@ -185,6 +186,10 @@ type Config struct {
 	// so that prompts and API keys do not cross the network in clear.
 	HTTPSCert string `yaml:"https_cert"`
 	HTTPSKey  string `yaml:"https_key"`
+	// Tracing sends a span per request, with its stages, to an OTLP
+	// receiver (design §9 "Tracing"): --otlp-traces-endpoint,
+	// --trace-sampling-ratio, --trace-insecure, --trace-ca. Off by default.
+	Tracing tracing.Config `yaml:",inline"`
 }
 
 // DefaultConfig returns a router for `llmgw dev`: control on 127.0.0.1:7400,
@@ -226,6 +231,7 @@ func DefaultConfig() Config {
 		// A client that stopped reading; the agents' session headers (§7.1.1).
 		ClientWriteTimeout: px.ClientWriteTimeout,
 		SessionHeaders:     api.DefaultSessionHeaders(),
+		Tracing:            tracing.DefaultConfig(),
 	}
 }
 
@@ -324,6 +330,9 @@ func (c Config) Validate() error {
 	if c.HTTPSKey != "" && c.HTTPSCert == "" {
 		p.Add(configfile.Flag("https-cert"), "required with --https-key")
 	}
+	for _, tp := range c.Tracing.Validate() {
+		p.Add(configfile.Flag(tp.Flag), "%w", tp.Err)
+	}
 	// The components name their own keys (and tokenize its flag).
 	p.Join(c.Breaker.Validate(), c.Scheduler.Validate(), c.KVIndex.Validate(), c.Tokenize.Validate(), c.Flow.Validate())
 	return p.Err()
@@ -358,6 +367,7 @@ type Router struct {
 	mux             *http.ServeMux
 	draining        atomic.Bool
 	ops             atomic.Pointer[opsServer] // set while --ops-addr is served
+	tracing         *tracing.Provider         // off unless --otlp-traces-endpoint
 }
 
 // New builds a router; nothing runs until Run.
@@ -386,6 +396,9 @@ func New(cfg Config, log *slog.Logger) (*Router, error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	r := &Router{cfg: cfg, https: https, tls: src, log: log, reg: reg}
+	if r.tracing, err = tracing.New(context.Background(), cfg.Tracing, "llmgw-router"); err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
 	if err := r.buildTable(src); err != nil {
 		return nil, err
 	}
@@ -510,6 +523,9 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	}
 	if r.capture != nil {
 		acfg.Capture = r.capture
+	}
+	if r.tracing.Enabled() {
+		acfg.Tracer = r.tracing.TracerProvider()
 	}
 	r.handler = api.New(acfg, r.eps, r.dir, r.proxy, r.log, r.reg)
 	return nil
@@ -697,6 +713,12 @@ func (r *Router) Serve(ctx context.Context, ln net.Listener) error {
 
 	stopBG()
 	bg.Wait()
+	// The last requests' spans, sent within a few seconds or lost.
+	tctx, cancelT := context.WithTimeout(context.Background(), 5*time.Second)
+	if terr := r.tracing.Shutdown(tctx); terr != nil {
+		r.log.Warn("router: tracing", "err", terr)
+	}
+	cancelT()
 	r.log.Info("router: stopped")
 	return err
 }

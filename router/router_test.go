@@ -227,6 +227,13 @@ func TestConfigValidate(t *testing.T) {
 		{"operations port without a port", func(c *Config) { c.OpsAddr = "127.0.0.1" }, "--ops-addr (ops_addr): "},
 		{"operations port on every interface", func(c *Config) { c.OpsAddr = ":7406" }, "--ops-addr (ops_addr): :7406: the operations port"},
 		{"operations port beyond loopback, --insecure", func(c *Config) { c.OpsAddr, c.Insecure = "0.0.0.0:7406", true }, "--ops-addr (ops_addr): 0.0.0.0:7406: the operations port"},
+		// Tracing (design §9 "Tracing"): an endpoint with a port, a ratio in [0, 1].
+		{"tracing on", func(c *Config) { c.Tracing.OTLPEndpoint, c.Tracing.SamplingRatio = "127.0.0.1:4317", 1 }, ""},
+		{"tracing endpoint without port", func(c *Config) { c.Tracing.OTLPEndpoint = "127.0.0.1" }, "--otlp-traces-endpoint (otlp_traces_endpoint): "},
+		{"tracing endpoint port 0", func(c *Config) { c.Tracing.OTLPEndpoint = "localhost:0" }, "--otlp-traces-endpoint (otlp_traces_endpoint): "},
+		{"sampling ratio over 1", func(c *Config) { c.Tracing.SamplingRatio = 1.5 }, "--trace-sampling-ratio (trace_sampling_ratio): "},
+		{"sampling ratio negative", func(c *Config) { c.Tracing.SamplingRatio = -0.1 }, "--trace-sampling-ratio (trace_sampling_ratio): "},
+		{"trace CA without endpoint", func(c *Config) { c.Tracing.CA = "ca.pem" }, "--trace-ca (trace_ca): "},
 		{"operations port beyond loopback with TLS", func(c *Config) {
 			c.OpsAddr, c.TLS = "0.0.0.0:7406", mtls.Files{CA: "ca.pem", Cert: "r.pem", Key: "r-key.pem"}
 		}, ""},

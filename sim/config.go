@@ -66,6 +66,10 @@ type Config struct {
 	// (PYTHONHASHSEED). Empty means a random seed per process, as vLLM.
 	PythonHashSeed string
 
+	// OTLPTracesEndpoint is vLLM's --otlp-traces-endpoint: where each
+	// request's llm_request span is sent (trace.go); empty: none.
+	OTLPTracesEndpoint string
+
 	// KVEventsConfig is --kv-events-config, JSON (KVEventsConfig in
 	// kvpub.go); when it enables events, the server publishes them.
 	KVEventsConfig string
@@ -416,6 +420,9 @@ func (c *Config) Validate() error {
 func (c *Config) validate() error {
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if _, err := TraceEndpoint(c.OTLPTracesEndpoint); err != nil {
+		bad("%w", err)
+	}
 	if c.Model == "" {
 		bad("model: required")
 	}
@@ -576,6 +583,7 @@ func NewFlags(fs *pflag.FlagSet) *Flags {
 	fs.StringVar(&c.PrefixCachingHashAlgo, "prefix-caching-hash-algo", c.PrefixCachingHashAlgo, "recorded only; the simulator always hashes with sha256_cbor")
 	fs.BoolVar(&c.EnablePrefixCaching, "enable-prefix-caching", c.EnablePrefixCaching, "cache prompt prefixes (--no-enable-prefix-caching: off)")
 	fs.StringVar(&c.KVEventsConfig, "kv-events-config", "", "KV cache events configuration, JSON (vLLM's KVEventsConfig)")
+	fs.StringVar(&c.OTLPTracesEndpoint, "otlp-traces-endpoint", "", "OTLP/gRPC trace receiver, as vLLM's: a span llm_request per request, joined to its traceparent (http://host:port or host:port plain text, https:// TLS)")
 	fs.BoolVar(&c.EnableLoRA, "enable-lora", false, "enable LoRA adapters")
 	fs.IntVar(&c.MaxLoRAs, "max-loras", c.MaxLoRAs, "LoRA adapters held at once (the simulator refuses a load beyond it)")
 	fs.IntVar(&c.MaxLoRARank, "max-lora-rank", c.MaxLoRARank, "maximum LoRA rank (checked, recorded)")

@@ -33,6 +33,8 @@ type genRequest struct {
 	resp      responder
 	// writeErr writes an error in the API's shape (injected failures).
 	writeErr func(http.ResponseWriter, vllm.ErrorResponse)
+	// span is the request's llm_request span; nil when not traced (trace.go).
+	span *reqSpan
 }
 
 // responder writes one API's answer as the engine produces it. Its writes
@@ -329,6 +331,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 		return
 	}
 	arrival := s.clock.Now()
+	g.span = s.startSpan(r, g, arrival)
 	act := s.lora.arrive(g.lora)
 	defer act.done()
 	if err := g.resp.begin(); err != nil {
@@ -378,6 +381,7 @@ func (s *Server) serveGeneration(w http.ResponseWriter, r *http.Request, g genRe
 	for i := range g.maxTokens {
 		if i == 0 {
 			s.met.ttft.Observe(s.clock.Now().Sub(arrival).Seconds())
+			g.span.firstToken(s.clock.Now())
 		} else if err := s.clock.Sleep(ctx, scaled(s.cfg.DecodePerToken)); err != nil {
 			if engineAborted(ctx) {
 				s.answerAborted(g, i, seq.CachedTokens)
@@ -404,7 +408,9 @@ func (s *Server) finished(g genRequest, arrival time.Time, cached int) {
 	s.met.generationTokens.Add(float64(g.maxTokens))
 	s.met.requestSuccess.WithLabelValues(g.out.finish).Inc()
 	s.met.e2e.Observe(s.clock.Now().Sub(arrival).Seconds())
-	_ = g.resp.end(g.maxTokens, g.out.finish, usage{prompt: len(g.tokens), completion: g.maxTokens, cached: cached})
+	u := usage{prompt: len(g.tokens), completion: g.maxTokens, cached: cached}
+	_ = g.resp.end(g.maxTokens, g.out.finish, u)
+	g.span.end(s.clock.Now(), u, g.out.finish, nil)
 }
 
 // clientGone counts a request whose client went away, or stopped reading
@@ -414,6 +420,7 @@ func (s *Server) clientGone(g genRequest, n int, err error) {
 	s.met.generationTokens.Add(float64(n))
 	s.met.aborted.WithLabelValues(AbortReasonClient).Inc()
 	s.log.Debug("client went away; request aborted", "request_id", g.id, "completion_tokens", n, "err", err)
+	g.span.end(s.clock.Now(), usage{prompt: len(g.tokens), completion: n}, vllm.FinishedAbort, err)
 }
 
 // usage is a request's OpenAI usage after n completion tokens, cached of
@@ -441,7 +448,9 @@ func (s *Server) answerAborted(g genRequest, n, cached int) {
 	s.met.requestSuccess.WithLabelValues(vllm.FinishedAbort).Inc()
 	s.met.aborted.WithLabelValues(AbortReasonEngine).Inc()
 	s.log.Debug("request aborted by the engine", "request_id", g.id, "completion_tokens", n)
-	_ = g.resp.end(n, vllm.FinishedAbort, usage{prompt: len(g.tokens), completion: n, cached: cached})
+	u := usage{prompt: len(g.tokens), completion: n, cached: cached}
+	_ = g.resp.end(n, vllm.FinishedAbort, u)
+	g.span.end(s.clock.Now(), u, vllm.FinishedAbort, nil)
 }
 
 // serveStepped serves a request on the stepped engine (GPU timing): the
@@ -484,6 +493,7 @@ func (s *Server) serveStepped(r *http.Request, g genRequest,
 			cached = c
 			s.met.queueTime.Observe(scheduledAt.Sub(arrival).Seconds())
 			s.met.ttft.Observe(s.clock.Now().Sub(arrival).Seconds())
+			g.span.firstToken(s.clock.Now())
 			s.met.prefixQueries.Add(float64(len(g.tokens)))
 			s.met.prefixHits.Add(float64(cached))
 			s.met.promptTokens.Add(float64(len(g.tokens)))

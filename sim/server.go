@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmgw/llmgw/vllm"
 )
@@ -51,6 +52,7 @@ type Server struct {
 	lora     *loraSet
 	noneHash vllm.BlockHash
 	handler  http.Handler
+	tracer   trace.Tracer // nil: requests are not traced (trace.go)
 	// words are the pieces generated text is drawn from, and wordIDs
 	// their token ids.
 	wordIDs []int
@@ -164,6 +166,16 @@ func (s *Server) Run(ctx context.Context) error {
 // shutdownGrace whatever is left is closed forcibly; the KV-event
 // publisher, if any, stops last, once nothing can change the cache.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	tp, err := s.startTracing()
+	if err != nil {
+		_ = ln.Close()
+		return err
+	}
+	defer func() { // last: the spans of the requests cancelled below
+		shCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		_ = tp.Shutdown(shCtx)
+	}()
 	stopKV, err := s.startKV()
 	if err != nil {
 		_ = ln.Close()

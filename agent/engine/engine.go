@@ -64,6 +64,10 @@ type Spec struct {
 	// Env is added to the engine's environment after the driver's own
 	// variables, so an operator can override any of them.
 	Env map[string]string
+	// OTLPTracesEndpoint, set, is given to vLLM (and the simulator) as
+	// --otlp-traces-endpoint: the engine exports a span per request,
+	// the child of the router's attempt (design §9 "Tracing").
+	OTLPTracesEndpoint string
 }
 
 // Launch is what the supervisor runs. An empty Argv means there is no

@@ -31,6 +31,8 @@ func TestPlan(t *testing.T) {
 		wantAddr string
 		// wantSleep: the engine has sleep mode and its endpoints.
 		wantSleep bool
+		// otlp is the spec's OTLPTracesEndpoint.
+		otlp string
 	}{
 		{
 			name:  "vllm plain",
@@ -73,6 +75,16 @@ func TestPlan(t *testing.T) {
 				"--block-size=16", "--prefix-caching-hash-algo=sha256_cbor", "--kv-events-config=" + kvJSON,
 				"--enable-lora", "--max-loras=1"},
 			wantEnv:  []string{"PYTHONHASHSEED=0", "VLLM_ALLOW_RUNTIME_LORA_UPDATING=true", "CUDA_VISIBLE_DEVICES=2,3"},
+			wantAddr: "10.0.0.5:20000",
+		},
+		{
+			name:  "vllm traced: the agent's collector",
+			model: &llmgwv1.Model{Name: "demo", Engine: "vllm", Model: "m", ExtraArgs: []string{"--max-num-seqs", "8"}},
+			otlp:  "http://127.0.0.1:4317",
+			wantArgv: []string{"vllm", "serve", "m", "--host=10.0.0.5", "--port=20000",
+				"--served-model-name=demo", "--enable-prompt-tokens-details", "--otlp-traces-endpoint=http://127.0.0.1:4317",
+				"--max-num-seqs", "8"},
+			wantEnv:  []string{"CUDA_VISIBLE_DEVICES=2,3"},
 			wantAddr: "10.0.0.5:20000",
 		},
 		{
@@ -127,7 +139,7 @@ func TestPlan(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			l, err := Plan(Spec{Replica: rep, Model: tt.model, Host: "10.0.0.5", Port: 20000,
-				KVEventsPort: 21000, KVReplayPort: 21001, Command: tt.command, Env: tt.env})
+				KVEventsPort: 21000, KVReplayPort: 21001, Command: tt.command, Env: tt.env, OTLPTracesEndpoint: tt.otlp})
 			if err != nil {
 				t.Fatalf("Plan: %v", err)
 			}

@@ -58,6 +58,9 @@ func planVLLM(s Spec, def []string) (Launch, error) {
 		// cannot be measured.
 		"--enable-prompt-tokens-details",
 	)
+	if s.OTLPTracesEndpoint != "" {
+		argv = append(argv, "--otlp-traces-endpoint="+s.OTLPTracesEndpoint)
+	}
 	if m.GetTask() == "embed" {
 		// vLLM serves /v1/embeddings only from its pooling runner
 		// (`--runner pooling`, vLLM ≥ 0.10; older releases spelt it

@@ -26,7 +26,7 @@ func (rs *Set) plan(r *runner) (launch engine.Launch, ports map[string]int, kvl 
 	if model == nil {
 		return engine.Launch{}, nil, nil, fmt.Errorf("replica %s: model %q not in the desired set", rep.GetId(), rep.GetModel())
 	}
-	spec := engine.Spec{Replica: rep, Model: model, Host: rs.cfg.AdvertiseAddr}
+	spec := engine.Spec{Replica: rep, Model: model, Host: rs.cfg.AdvertiseAddr, OTLPTracesEndpoint: rs.cfg.OTLPTracesEndpoint}
 	if ec, ok := rs.cfg.Engines[model.GetEngine()]; ok {
 		spec.Command, spec.Env = ec.Command, ec.Env
 	}

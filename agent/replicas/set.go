@@ -58,6 +58,9 @@ type Config struct {
 	// KVTCP puts managed engines' KV-event sockets on loopback TCP instead
 	// of ipc:// in DataDir/kv (design §6 "KV events"): the fallback.
 	KVTCP bool
+	// OTLPTracesEndpoint is what the engines are given as vLLM's
+	// --otlp-traces-endpoint (a URL); "" gives none.
+	OTLPTracesEndpoint string
 	// KVStreamTimeout is how long an external engine's KV-event publisher
 	// has to connect before its replica is untrusted; 0 means
 	// DefaultKVStreamTimeout.

@@ -91,6 +91,8 @@ func bindAgentFlags(f *pflag.FlagSet) *agentFlags {
 	f.StringVar(&cfg.TLS.Cert, "tls-cert", "", "this agent's certificate (PEM): role agent, named --node-id")
 	f.StringVar(&cfg.TLS.Key, "tls-key", "", "the private key of --tls-cert (PEM)")
 	f.BoolVar(&cfg.Insecure, "insecure", false, "allow listening beyond loopback without TLS (anyone who can reach the agent can read its load and act as a router)")
+	f.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-traces-endpoint", "", "host:port of an OTLP/gRPC trace receiver the engines send their spans to (vLLM's --otlp-traces-endpoint)")
+	f.BoolVar(&cfg.Tracing.Insecure, "trace-insecure", false, "have the engines send spans in plain text to an --otlp-traces-endpoint beyond loopback")
 	return af
 }
 

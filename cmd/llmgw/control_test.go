@@ -36,6 +36,8 @@ func TestControlFlagsAreFileKeys(t *testing.T) {
 			value = "7"
 		case "duration":
 			value = "7s"
+		case "float64":
+			value = "0.25"
 		default:
 			t.Errorf("--%s: a flag of type %s; teach this test its sample value", f.Name, f.Value.Type())
 			return

@@ -43,6 +43,7 @@ func TestRouterFlagKeys(t *testing.T) {
 		"int64":       {"4321", "4321"},
 		"duration":    {"1234ms", (1234 * time.Millisecond).String()},
 		"bool":        {"true", "true"},
+		"float64":     {"0.25", "0.25"},
 	}
 	fs, _ := routerFlags(t)
 	n := 0

@@ -36,14 +36,16 @@ func ForwardedContext(ctx context.Context, from string) context.Context {
 // server certificate of the same CA (design §11).
 type Pool struct {
 	tls    *mtls.Source
+	opts   []grpc.DialOption // added to every connection's (tracing)
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	closed bool
 }
 
-// NewPool returns an empty pool dialing with src (nil: plain text).
-func NewPool(src *mtls.Source) *Pool {
-	return &Pool{tls: src, conns: map[string]*grpc.ClientConn{}}
+// NewPool returns an empty pool dialing with src (nil: plain text) and
+// opts (the node's gRPC tracing, design §9).
+func NewPool(src *mtls.Source, opts ...grpc.DialOption) *Pool {
+	return &Pool{tls: src, opts: opts, conns: map[string]*grpc.ClientConn{}}
 }
 
 // Conn returns the connection to addr; a closed pool (or a bad address)
@@ -57,7 +59,7 @@ func (p *Pool) Conn(addr string) grpc.ClientConnInterface {
 	if p.closed {
 		return closedConn()
 	}
-	c, err := grpc.NewClient("passthrough:///"+addr, mtls.DialOption(p.tls, mtls.RoleServer))
+	c, err := grpc.NewClient("passthrough:///"+addr, append([]grpc.DialOption{mtls.DialOption(p.tls, mtls.RoleServer)}, p.opts...)...)
 	if err != nil {
 		// NewClient fails only on a malformed target; the call on this
 		// placeholder fails the same way a dead peer would, and nothing

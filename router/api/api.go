@@ -68,6 +68,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/auth"
@@ -174,6 +176,9 @@ type Config struct {
 	// (design §7.5 tier 0), first present wins; nil takes
 	// DefaultSessionHeaders, empty means none.
 	SessionHeaders []string
+	// Tracer, when set, traces each inference request (trace.go, design
+	// §9 "Tracing"); nil: tracing off, at the cost of a nil check.
+	Tracer trace.TracerProvider
 }
 
 // DefaultSessionHeaders are the session headers the router reads unless
@@ -249,6 +254,7 @@ type Handler struct {
 	dir     Director
 	fwd     Forwarder
 	callers *callers
+	tracer  trace.Tracer // nil: tracing off
 }
 
 // New builds the handler over the routing table's models and the stages
@@ -269,6 +275,9 @@ func New(cfg Config, models Models, dir Director, fwd Forwarder, log *slog.Logge
 	}
 	cfg.SessionHeaders = hs
 	h := &Handler{cfg: cfg, desired: models, log: log, m: newMetrics(reg), dir: dir, fwd: fwd, callers: newCallers(cfg.MaxKeyInflight, reg)}
+	if cfg.Tracer != nil {
+		h.tracer = cfg.Tracer.Tracer(tracerName)
+	}
 	// Patterns carry no method: Only answers a wrong one, and "/" an
 	// unknown path, in OpenAI's error body rather than ServeMux's plain text.
 	mux := http.NewServeMux()
@@ -318,6 +327,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("X-Request-Id", id)
 	}
 	w.Header().Set("X-Request-Id", id)
+	var sp trace.Span // the request's, when traced
+	if h.tracer != nil {
+		if a, ok := openai.APIOf(r.URL.Path); ok {
+			r, sp = h.startRequestSpan(r, a, id)
+			defer sp.End()
+		}
+	}
 	if strings.HasPrefix(r.URL.Path, "/v1/") {
 		var keys *auth.Set
 		if h.cfg.Keys != nil {
@@ -327,6 +343,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		key, aerr := auth.Check(keys, require, r.Header)
 		if aerr != nil {
 			h.log.Debug("router: request refused", "request_id", id, "path", r.URL.Path, "err", aerr)
+			if sp != nil && sp.IsRecording() {
+				sp.AddEvent("llmgw.auth", trace.WithAttributes(attribute.Bool("llmgw.allowed", false)))
+				endRequestSpan(sp, aerr.Status)
+			}
 			w.Header().Set("WWW-Authenticate", auth.Challenge)
 			openai.WriteErrorAt(w, r.URL.Path, aerr)
 			if isCompletion(r.URL.Path) {
@@ -337,6 +357,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		c := callerOf(r, key)
 		if cerr := h.callers.acquire(c); cerr != nil {
 			h.log.Debug("router: request refused", "request_id", id, "path", r.URL.Path, "err", cerr)
+			if sp != nil && sp.IsRecording() {
+				sp.AddEvent("llmgw.caller_limit", trace.WithAttributes(attribute.Bool("llmgw.allowed", false)))
+				endRequestSpan(sp, cerr.Status)
+			}
 			if r.ContentLength != 0 {
 				// Go's server would read the rest of the unread body before
 				// sending the answer: a slow upload would wait for its 429
@@ -350,6 +374,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		defer h.callers.release(c)
+		if sp != nil && sp.IsRecording() {
+			sp.AddEvent("llmgw.auth", trace.WithAttributes(attribute.Bool("llmgw.allowed", true),
+				attribute.String("llmgw.key", key.GetName()), attribute.String("llmgw.tenant", tenantOf(key))))
+		}
 		if key != nil {
 			r = r.WithContext(context.WithValue(r.Context(), keyCtx{}, key))
 		}
@@ -531,6 +559,9 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, api openai.AP
 	h.m.inflight.Inc()
 	defer h.m.inflight.Dec()
 	code, model := h.run(w, r, api, start)
+	if sp := h.recording(r); sp != nil {
+		endRequestSpan(sp, code)
+	}
 	label := model // set only for models that exist, so junk names cannot grow it
 	if label == "" {
 		label = "_unknown"
@@ -584,6 +615,11 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 	if aerr != nil {
 		return refuse(aerr), ""
 	}
+	sp := h.recording(r) // nil unless the request is traced
+	if sp != nil {
+		sp.SetAttributes(attribute.String("gen_ai.request.model", req.Model), attribute.Bool("llmgw.stream", req.Stream),
+			attribute.Int("llmgw.body_bytes", len(body)))
+	}
 
 	// The key's models, before resolving: a key may not make the control
 	// plane load an adapter it may not use (router/auth).
@@ -603,7 +639,15 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 	defer func() { pass.Done() }()
 	if autoscaled && h.cfg.Hold != nil {
 		var ref *waitroom.Refusal
+		hsp := h.stage(sp, "llmgw.waitroom")
 		pass, ref = h.cfg.Hold.Enter(r.Context(), waitroom.Request{Model: base, Limits: limits, Bytes: len(body)})
+		if hsp != nil {
+			var rerr *openai.Error
+			if ref != nil {
+				rerr = ref.Err
+			}
+			hsp.end(rerr)
+		}
 		if ref != nil {
 			if ref.Err == nil { // the client left while it was held
 				return proxy.ClientClosed, base
@@ -661,7 +705,14 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		} else {
 			// Again after an adapter's 404s: an alias is drawn again (a
 			// sticky one lands where it did).
+			rsp := h.stage(sp, "llmgw.resolve")
 			tgt, aerr = h.dir.ResolveFor(r.Context(), req.Model, caller, reqLog)
+			if rsp != nil {
+				rsp.end(aerr)
+			}
+		}
+		if sp != nil && aerr == nil {
+			resolved(sp, api, tgt)
 		}
 		if aerr != nil {
 			if (tgt.Adapter != "" || tgt.Alias != "") && r.Context().Err() != nil {
@@ -675,8 +726,17 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		log := rh.withTarget(tgt.Base, tgt.Adapter)
 
 		// 3. Prepare: the engine's body, tier 1's hashes, tier 2's query.
+		psp := h.stage(sp, "llmgw.prepare")
 		plan, aerr = h.dir.Prepare(r.Context(), tgt, director.Input{ID: rid, Session: h.session(r.Header),
 			Kind: tokenKind(api), API: api, Body: body, Stream: req.Stream, Prompt: req.Prompt})
+		if psp != nil {
+			if aerr != nil {
+				psp.end(aerr)
+			} else {
+				psp.end(nil, prepared(plan)...)
+				plan.TraceWith(schedTrace{sp})
+			}
+		}
 		if aerr != nil {
 			return refuse(aerr), tgt.Base
 		}
@@ -685,7 +745,13 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		// are known now when tier 2 tokenized it.
 		if try == 0 && h.cfg.Quota != nil && metered {
 			var qerr *openai.Error
+			qsp := h.stage(sp, "llmgw.admit")
 			ticket, qerr = h.admit(w, api, key, tgt, plan, body)
+			if qsp != nil {
+				in, out := ticket.Expected()
+				qsp.end(qerr, attribute.String("llmgw.tenant", tenantOf(key)),
+					attribute.Float64("llmgw.expected_input_tokens", in), attribute.Float64("llmgw.expected_output_tokens", out))
+			}
 			if qerr != nil {
 				plan.Done("", qerr.Status)
 				return refuse(qerr), tgt.Base
@@ -695,7 +761,20 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		// 3c. Wait for room at saturation, by class and tenant.
 		if try == 0 && rank >= 0 {
 			var ref *flow.Refusal
+			fsp := h.stage(sp, "llmgw.queue")
 			grant, ref = h.flow(r.Context(), w, key, tgt, ticket, rank, len(body))
+			if fsp != nil {
+				var ferr *openai.Error
+				kv := []attribute.KeyValue{attribute.String("llmgw.class", h.cfg.Flow.Class(rank))}
+				if ref != nil {
+					ferr = ref.Err
+					kv = append(kv, attribute.String("llmgw.flow_reason", ref.Reason))
+				}
+				if grant != nil {
+					kv = append(kv, attribute.Int64("llmgw.queued_ms", grant.Waited.Milliseconds()))
+				}
+				fsp.end(ferr, kv...)
+			}
 			if ref != nil {
 				if ref.Err == nil { // the client left while it waited
 					plan.Done("", proxy.ClientClosed)
@@ -734,7 +813,7 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		res = h.fwd.Serve(w, r, &proxy.Request{Route: plan, Replicas: len(plan.Endpoints),
 			Name: tgt.Name, Model: tgt.Base, Adapter: tgt.Adapter, API: api,
 			Body: plan.Body, Stream: plan.Stream, StripUsage: plan.StripUsage, Tail: tail,
-			Divert: plan.Divert(), Start: start, Log: log})
+			Divert: plan.Divert(), Start: start, Log: log, Tracer: h.tracer})
 		// An alias's target refused before any byte reached the client:
 		// the next of its candidates serves instead (design §7.9).
 		if res.Err != nil && len(res.Missing) == 0 && tgt.Alias != "" && r.Context().Err() == nil {
@@ -765,18 +844,24 @@ func (h *Handler) run(w http.ResponseWriter, r *http.Request, api openai.API, st
 		used = usedBy(plan, ticket, events, api)
 	}
 	var rec *capture.Request
+	capOut, capOK := 0, false // the answer's output tokens, for the capture
 	if h.cfg.Capture != nil {
 		rec = h.captured(r, api, key, tgt, plan, len(body), start)
 	}
 	if res.Replica != nil {
+		if sp != nil {
+			usageAttrs(sp, plan)
+			sp.SetAttributes(attribute.String("llmgw.replica", res.Replica.ReplicaID))
+		}
 		out, ok := plan.Done(res.Replica.ReplicaID, res.Code)
+		capOut, capOK = out, ok
 		h.m.perReplica(tgt.Base, res.Replica.ReplicaID, res.Code, out, ok)
 	}
 	if counted && res.Code == http.StatusOK && !res.FirstByte.IsZero() {
 		h.cfg.Demand.FirstToken(tgt.Base, res.FirstByte.Sub(ttftFrom))
 	}
 	if rec != nil {
-		h.capture(rec, res)
+		h.capture(rec, api, body, res, capOut, capOK)
 	}
 	return res.Code, tgt.Base
 }

@@ -36,23 +36,29 @@ func (h *Handler) captured(r *http.Request, api openai.API, key *llmgwv1.ApiKey,
 		}
 	}
 	if n, ok := plan.PromptTokens(); ok {
-		c.PromptTokens = n
-	}
-	if u, ok := plan.Usage(); ok {
-		c.PromptTokens, c.OutputTokens = u.PromptTokens, u.CompletionTokens
+		c.PromptTokens = n // tier 2's count: no parse on the request path
+	} else if u, ok := plan.Usage(); ok {
+		// Tier 1 only: the prompt's length is the engine's usage, read
+		// off the answer's end (the output's comes from Done).
+		c.PromptTokens = u.PromptTokens
 		if u.PromptTokensDetails != nil {
 			c.CachedTokens = u.PromptTokensDetails.CachedTokens
 		}
 	}
-	if n, ok := openai.MaxTokensFor(api, plan.Body); ok {
-		c.MaxTokens = n
-	}
 	return c
 }
 
-// capture adds the answer's outcome to c and hands it to the writer.
-func (h *Handler) capture(c *capture.Request, res proxy.Result) {
+// capture adds the answer's outcome to c — its output tokens from Done
+// (out, when ok) — and hands it to the writer. The request's own
+// max_tokens is read off the body only for an answer without usage (a
+// failure), which a replay then asks for instead.
+func (h *Handler) capture(c *capture.Request, api openai.API, body []byte, res proxy.Result, out int, ok bool) {
 	c.Status = res.Code
+	if ok {
+		c.OutputTokens = out
+	} else if n, ok := openai.MaxTokensFor(api, body); ok {
+		c.MaxTokens = n
+	}
 	if res.Replica != nil {
 		c.Replica = res.Replica.ReplicaID
 	}

@@ -143,7 +143,8 @@ type Record struct {
 	// OutputTokens and CachedTokens are the engine's usage (0 unknown).
 	OutputTokens int `json:"output_tokens"`
 	CachedTokens int `json:"cached_tokens,omitempty"`
-	// MaxTokens is the request's own bound, when it set one.
+	// MaxTokens is the request's own bound, recorded for an answer
+	// without usage (a failure): a replay asks for it instead.
 	MaxTokens int     `json:"max_tokens,omitempty"`
 	Status    int     `json:"status"`
 	TTFTMs    float64 `json:"ttft_ms,omitempty"`
@@ -234,8 +235,14 @@ func (w *Writer) Run(ctx context.Context) error {
 			_ = f.close()
 		}
 	}()
-	flush := time.NewTicker(time.Second)
-	defer flush.Stop()
+	// The writer wakes on a tick, not on each record: a record is then a
+	// send into a buffered channel nobody waits on, which readies no
+	// goroutine on the request's processor ahead of the answer's flush
+	// (waking the writer per record cost a request 5 µs of p50 on an
+	// engine that answers at once). The queue holds DrainEvery's records:
+	// at the default 4,096 and 50 ms, 80,000 requests a second.
+	tick := time.NewTicker(DrainEvery)
+	defer tick.Stop()
 	write := func(r Request) {
 		if f == nil {
 			return
@@ -253,27 +260,33 @@ func (w *Writer) Run(ctx context.Context) error {
 			}
 		}
 	}
-	for {
-		select {
-		case r := <-w.queue:
-			write(r)
-		case <-flush.C:
-			if f != nil {
-				_ = f.w.Flush()
-			}
-		case <-ctx.Done():
-			w.closed.Store(true)
-			for {
-				select {
-				case r := <-w.queue:
-					write(r)
-				default:
-					return nil
+	drain := func() {
+		for {
+			select {
+			case r := <-w.queue:
+				write(r)
+			default:
+				if f != nil {
+					_ = f.w.Flush()
 				}
+				return
 			}
 		}
 	}
+	for {
+		select {
+		case <-tick.C:
+			drain()
+		case <-ctx.Done():
+			w.closed.Store(true)
+			drain()
+			return nil
+		}
+	}
 }
+
+// DrainEvery is how often the writer takes what is queued.
+const DrainEvery = 50 * time.Millisecond
 
 // record salts and shapes r.
 func (w *Writer) record(r Request) Record {

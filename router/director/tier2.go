@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -89,6 +91,10 @@ func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.M
 		return fallback(scheduler.KVUnsupported)
 	}
 	toks, err := t.tok.Tokenize(ctx, t.leastLoaded(eps).Address, req)
+	if sp := trace.SpanFromContext(ctx); sp.IsRecording() {
+		sp.AddEvent("llmgw.tokenized", trace.WithAttributes(attribute.Int("llmgw.prompt_tokens", len(toks)),
+			attribute.Bool("llmgw.tokenize_failed", err != nil)))
+	}
 	switch {
 	case errors.Is(err, tokenize.ErrTimeout):
 		return fallback(scheduler.KVTokenizeTimeout)
@@ -157,6 +163,10 @@ func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.M
 		}
 	}
 	q.BlockSize = bs
+	if sp := trace.SpanFromContext(ctx); sp.IsRecording() {
+		sp.AddEvent("llmgw.kv_lookup", trace.WithAttributes(attribute.Int("llmgw.kv.blocks", len(low)),
+			attribute.Int("llmgw.kv.replicas_matched", len(q.Matched))))
+	}
 	return q, low
 }
 

@@ -26,6 +26,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
@@ -121,6 +123,9 @@ type Request struct {
 	Start time.Time
 	// Log is the request's logger.
 	Log *slog.Logger
+	// Tracer, when set, traces each attempt under the span in the
+	// request's context (trace.go); nil: tracing off.
+	Tracer trace.Tracer
 }
 
 // Result is how a request ended.
@@ -227,7 +232,9 @@ func (p *Proxy) Serve(w http.ResponseWriter, r *http.Request, req *Request) Resu
 		}
 		attempt++
 		last := attempt == p.cfg.MaxAttempts || len(tried) == req.Replicas
-		code, first, err := p.forward(w, r, req, ep, last, log)
+		ar, sp := startAttempt(r, req, ep, attempt) // trace.go; r itself when not traced
+		code, first, err := p.forward(w, ar, req, ep, last, log)
+		endAttempt(sp, code, first, err)
 		if err == nil {
 			settle(br, code)
 			return Result{Code: code, Replica: ep, FirstByte: first}
@@ -374,6 +381,9 @@ func (p *Proxy) forward(w http.ResponseWriter, r *http.Request, req *Request, ep
 	resp, err := p.up.roundTrip(r.Context(), ep.Address, r.URL.RequestURI(), r.Header, body)
 	if err != nil {
 		return 0, first, fmt.Errorf("replica %s at %s: %w", ep.ReplicaID, ep.Address, err)
+	}
+	if sp := trace.SpanFromContext(r.Context()); sp.IsRecording() {
+		sp.AddEvent("llmgw.response_head", trace.WithAttributes(attribute.Int("http.response.status_code", resp.StatusCode)))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 500 && !last {

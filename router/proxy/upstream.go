@@ -12,6 +12,9 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // upstream is the proxy's HTTP/1.1 client to engines: keep-alive
@@ -107,6 +110,9 @@ func (u *upstream) roundTrip(ctx context.Context, addr, uri string, h http.Heade
 		c, reused, err := u.conn(ctx, addr, fresh)
 		if err != nil {
 			return nil, err
+		}
+		if sp := trace.SpanFromContext(ctx); sp.IsRecording() { // the attempt's span (design §9 "Tracing")
+			sp.AddEvent("llmgw.connected", trace.WithAttributes(attribute.Bool("llmgw.reused", reused)))
 		}
 		resp, err := u.exchange(ctx, c, uri, h, body)
 		if err == nil {

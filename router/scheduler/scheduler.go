@@ -131,6 +131,9 @@ type Request struct {
 	Prefix []uint64
 	// KV is tier 2's answer, or nil.
 	KV *KVQuery
+	// Trace, when set, is told each step of Pick for the request's trace
+	// (design §9 "Tracing"); nil when the request is not traced.
+	Trace Tracer
 }
 
 // Filter drops candidates. Filter appends the kept ones from in to out
@@ -325,6 +328,9 @@ func (s *Scheduler) Pick(p *Profile, r *Request, cands []Candidate) int {
 	for _, f := range p.Filters {
 		next = f.Filter(r, cur, next[:0])
 		cur, next = next, cur
+		if r.Trace != nil {
+			r.Trace.Filtered(f.Name(), len(cur))
+		}
 		if len(cur) == 0 {
 			sc.a, sc.b = cur, next
 			return -1
@@ -342,6 +348,9 @@ func (s *Scheduler) Pick(p *Profile, r *Request, cands []Candidate) int {
 		out := grow(sc.scores, len(cur))
 		sc.scores = out
 		ws.Scorer.Score(r, cur, out)
+		if r.Trace != nil {
+			r.Trace.Scored(ws.Scorer.Name(), ws.Weight, out)
+		}
 		for i, v := range out {
 			if !(v >= 0 && v <= 1) { // also catches NaN
 				s.m.clamped.WithLabelValues(ws.Scorer.Name()).Inc()
@@ -359,6 +368,9 @@ func (s *Scheduler) Pick(p *Profile, r *Request, cands []Candidate) int {
 	i := p.Picker.Pick(r, cur, total)
 	if i < 0 || i >= len(cur) {
 		return -1
+	}
+	if r.Trace != nil {
+		r.Trace.Picked(p.Picker.Name(), cur[i].Key, total[i], len(cur))
 	}
 	return cur[i].pos
 }
