@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -220,13 +222,17 @@ func TestTracingEndToEnd(t *testing.T) {
 	// 10 %: a router of ratio 0.1 in place of the first; requests without
 	// a traceparent.
 	r.stop()
-	r2 := startRouterWith(t, "r2", []string{c1.grpc}, "--otlp-traces-endpoint", recv.Addr(), "--trace-sampling-ratio", "0.1")
+	// It captures its traffic too (router/capture, design §10.1).
+	capFile := filepath.Join(t.TempDir(), "capture.jsonl")
+	r2 := startRouterWith(t, "r2", []string{c1.grpc}, "--otlp-traces-endpoint", recv.Addr(), "--trace-sampling-ratio", "0.1",
+		"--capture-path", capFile)
 	waitRouterServes(t, r2.http, model)
 	const tenth = 600
 	for i := range tenth {
 		tracedChat(t, r2.http, model, fmt.Sprintf("tenth-%04d", i), secret, "")
 	}
-	r2.stop() // flushes the router's last spans
+	r2.stop() // flushes the router's last spans and its capture
+	checkCapture(t, capFile, model, secret, tenth)
 	var sampled, ok int
 	// The engines send theirs every 2 s: wait until the share settles.
 	if !eventually(30*time.Second, func() bool {
@@ -259,4 +265,41 @@ func TestTracingEndToEnd(t *testing.T) {
 	}
 	t.Logf("100 %%: %d/%d joined; 10 %%: %d of %d sampled, %d joined (%.1f %%)", full, full, sampled, tenth, ok,
 		100*float64(ok)/float64(sampled))
+}
+
+// checkCapture reads a router's capture: the prompt's text appears nowhere
+// in it, and at least want requests of model are recorded as served, with
+// their lengths (these prompts are shorter than a block: the hashes are
+// router/capture's and bench's tests).
+func checkCapture(t *testing.T, path, model, secret string, want int) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), secret) {
+		t.Fatal("the capture holds the prompt's text")
+	}
+	lines := strings.Split(strings.TrimSpace(string(raw)), "\n")
+	if !strings.Contains(lines[0], `"llmgw_capture":1`) {
+		t.Fatalf("the capture's first line is no header: %q", lines[0])
+	}
+	served := 0
+	for _, line := range lines[1:] {
+		var rec struct {
+			Model        string `json:"model"`
+			PromptBytes  int    `json:"prompt_bytes"`
+			OutputTokens int    `json:"output_tokens"`
+			Status       int    `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("capture line %q: %v", line, err)
+		}
+		if rec.Model == model && rec.Status == http.StatusOK && rec.OutputTokens == 4 && rec.PromptBytes > 0 {
+			served++
+		}
+	}
+	if served < want {
+		t.Errorf("the capture holds %d served requests with their lengths, want at least %d", served, want)
+	}
 }
