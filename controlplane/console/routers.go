@@ -29,6 +29,7 @@ var Tiers = []Tier{
 	{Name: "tier 0: session affinity", Metric: "llmgw_router_session_decisions_total"},
 	{Name: "tier 1: prefix (rendezvous)", Metric: "llmgw_prefix_decisions_total"},
 	{Name: "tier 2: KV index", Metric: "llmgw_kv_decisions_total"},
+	{Name: "tier 2: cache pressure", Metric: "llmgw_router_kv_pressure_decisions_total"},
 }
 
 // MaxRouterMetricsBytes bounds one router /metrics body: a router with
