@@ -1,0 +1,119 @@
+package kv
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/llmgw/llmgw/vllm"
+)
+
+// offStoredEv is what vLLM's OffloadingConnector publishes for blocks hs
+// offloaded to medium: the GPU blocks' hashes, no tokens, no parent.
+func offStoredEv(medium string, hs ...uint64) *vllm.BlockStored {
+	e := &vllm.BlockStored{BlockSize: testBS, Medium: vllm.Ptr(medium)}
+	for _, h := range hs {
+		e.BlockHashes = append(e.BlockHashes, vllm.IntBlockHash(h))
+	}
+	return e
+}
+
+func offRemovedEv(medium string, hs ...uint64) *vllm.BlockRemoved {
+	e := &vllm.BlockRemoved{Medium: vllm.Ptr(medium)}
+	for _, h := range hs {
+		e.BlockHashes = append(e.BlockHashes, vllm.IntBlockHash(h))
+	}
+	return e
+}
+
+func TestMirrorTiers(t *testing.T) {
+	root := vllm.NoneHash("0")
+	a := chain(t, root, toks(1, 12)) // a0 a1 a2
+	// An engine hashing another way: its hashes 7, 8, 9 stand for a0..a2.
+	foreign := &vllm.BlockStored{BlockHashes: []vllm.ExternalBlockHash{vllm.IntBlockHash(7), vllm.IntBlockHash(8), vllm.IntBlockHash(9)},
+		TokenIDs: toks(1, 12), BlockSize: testBS}
+	cpu, disk := vllm.MediumCPU, vllm.MediumStorage
+	tests := []struct {
+		name               string
+		events             []vllm.Event
+		gpu, cpu, storage  []uint64
+		untrusted, overCap bool
+	}{
+		{"offloaded while on the gpu: both tiers", []vllm.Event{storedEv(nil, a, toks(1, 12)), offStoredEv(cpu, u64s(a[0], a[1])...)},
+			u64s(a...), u64s(a[0], a[1]), nil, false, false},
+		{"evicted from the gpu, kept on cpu", []vllm.Event{storedEv(nil, a, toks(1, 12)), offStoredEv(cpu, u64s(a...)...),
+			removedEv(u64s(a...)...)}, nil, u64s(a...), nil, false, false},
+		{"foreign hashes: the cpu tier keeps the mapping learned on the gpu", []vllm.Event{foreign, offStoredEv(cpu, 7, 8),
+			removedEv(7, 8, 9)}, nil, u64s(a[0], a[1]), nil, false, false},
+		{"mapping kept while a tier holds it, then dropped", []vllm.Event{foreign, offStoredEv(cpu, 7), removedEv(7),
+			offRemovedEv(cpu, 7), offStoredEv(cpu, 7)}, u64s(a[1], a[2]), []uint64{7}, nil, false, false},
+		{"offloaded first, derived later: moved to the canonical hash", []vllm.Event{offStoredEv(cpu, 7),
+			foreign}, u64s(a...), u64s(a[0]), nil, false, false},
+		{"cpu removal leaves the gpu copy", []vllm.Event{storedEv(nil, a[:1], toks(1, 4)), offStoredEv(cpu, a[0].Uint64()),
+			offRemovedEv(cpu, a[0].Uint64())}, u64s(a[0]), nil, nil, false, false},
+		{"cpu stores are a set", []vllm.Event{offStoredEv(cpu, a[0].Uint64()), offStoredEv(cpu, a[0].Uint64()),
+			offRemovedEv(cpu, a[0].Uint64())}, nil, nil, nil, false, false},
+		{"storage tier, DISK too", []vllm.Event{offStoredEv(disk, a[0].Uint64()), offStoredEv("DISK", a[1].Uint64()),
+			offStoredEv(cpu, a[0].Uint64())}, nil, u64s(a[0]), u64s(a[0], a[1]), false, false},
+		{"unknown medium ignored", []vllm.Event{offStoredEv("TAPE", a[0].Uint64())}, nil, nil, nil, false, false},
+		{"larger offload blocks skipped", []vllm.Event{func() vllm.Event {
+			e := offStoredEv(cpu, a[0].Uint64())
+			e.BlockSize = 4 * testBS
+			return e
+		}()}, nil, nil, nil, false, false},
+		{"cleared clears every tier", []vllm.Event{storedEv(nil, a, toks(1, 12)), offStoredEv(cpu, u64s(a...)...),
+			&vllm.AllBlocksCleared{}}, nil, nil, nil, false, false},
+		{"offload cap", []vllm.Event{offStoredEv(cpu, 1, 2), offStoredEv(disk, 3), offStoredEv(cpu, 4)},
+			nil, []uint64{1, 2}, []uint64{3}, false, true},
+		{"gpu cap counts the gpu only", []vllm.Event{offStoredEv(cpu, 1, 2, 3), storedEv(nil, a, toks(1, 12))},
+			u64s(a...), []uint64{1, 2, 3}, nil, false, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMirror("r", 1, testBS, "0", 3, 3, 16)
+			m.newEngine(1)
+			st := m.applyBatch(vllm.EventBatch{Events: tc.events})
+			if st.overCap != tc.overCap {
+				t.Errorf("overCap = %v, want %v", st.overCap, tc.overCap)
+			}
+			for _, c := range []struct {
+				tier      string
+				got, want []uint64
+			}{{"gpu", m.blocks(), tc.gpu}, {"cpu", m.offBlocks(offCPU), tc.cpu}, {"storage", m.offBlocks(offStorage), tc.storage}} {
+				if !slices.Equal(c.got, c.want) && (len(c.got) > 0 || len(c.want) > 0) {
+					t.Errorf("%s = %v, want %v", c.tier, c.got, c.want)
+				}
+			}
+			checkInvariants(t, m)
+		})
+	}
+}
+
+// TestMirrorTierReports: a reset carries every tier's whole set, a delta
+// each tier's net change, and a change undone between reports is none.
+func TestMirrorTierReports(t *testing.T) {
+	root := vllm.NoneHash("0")
+	a := chain(t, root, toks(1, 12))
+	m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16)
+	m.newEngine(1)
+	m.applyBatch(vllm.EventBatch{Events: []vllm.Event{storedEv(nil, a, toks(1, 12)), offStoredEv(vllm.MediumCPU, a[0].Uint64())}})
+	r := m.report(false)
+	if !r.Reset_ || !slices.Equal(r.Stored, u64s(a...)) || !slices.Equal(r.StoredCpu, u64s(a[0])) || len(r.StoredStorage) != 0 {
+		t.Fatalf("first report %v: want a reset with every tier", r)
+	}
+	m.applyBatch(vllm.EventBatch{Events: []vllm.Event{
+		offStoredEv(vllm.MediumCPU, a[1].Uint64()), removedEv(a[1].Uint64()),
+		offStoredEv(vllm.MediumStorage, a[2].Uint64()), offRemovedEv(vllm.MediumStorage, a[2].Uint64()),
+		offRemovedEv(vllm.MediumCPU, a[0].Uint64()),
+	}})
+	r = m.report(false)
+	if r.Reset_ || len(r.Stored) != 0 || !slices.Equal(r.Removed, u64s(a[1])) || !slices.Equal(r.StoredCpu, u64s(a[1])) ||
+		!slices.Equal(r.RemovedCpu, u64s(a[0])) || len(r.StoredStorage)+len(r.RemovedStorage) != 0 {
+		t.Fatalf("delta %v", r)
+	}
+	if r := m.report(false); r != nil {
+		t.Fatalf("no change, yet %v", r)
+	}
+	if r := m.report(true); !r.Reset_ || !slices.Equal(r.Stored, u64s(a[0], a[2])) || !slices.Equal(r.StoredCpu, u64s(a[1])) {
+		t.Fatalf("full copy %v", r)
+	}
+}
