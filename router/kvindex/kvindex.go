@@ -86,8 +86,10 @@ type Status struct {
 	Untrusted bool
 	// BlockSize is the engine's block size in tokens (0: not reported).
 	BlockSize uint32
-	// Blocks is how many blocks it holds.
-	Blocks int
+	// Blocks is how many blocks it holds on the GPU, and Offloaded how
+	// many it holds in an offload tier (CPU or storage) only or as well.
+	Blocks    int
+	Offloaded int
 }
 
 // Match is one replica's answer to a lookup.
@@ -134,6 +136,9 @@ type replica struct {
 	Status
 	slot   uint16
 	blocks hashSet
+	// off is the offload tiers' blocks (bits offCPU, offStorage): a map,
+	// since most fleets offload nothing.
+	off map[uint64]uint8
 	// pending maps a hash recorded by Speculate to its recording time
 	// (unix ns); queue holds them oldest first (spec.go). gone marks a
 	// replica dropped from the index, whose queued entries are stale.
@@ -171,6 +176,9 @@ type Index struct {
 	// 1 to a handful each, so a short array beats any set (table.go).
 	holders  blockTable
 	spill    map[uint64][]uint16 // holder sets past inlineHolders
+	// offHolders maps a block hash to the slots holding it in an offload
+	// tier (tiers.go).
+	offHolders map[uint64][]uint16
 	replicas map[string]*replica // by replica id: one incarnation each
 	slots    []*replica          // by slot; nil when free
 	free     []uint16
@@ -188,7 +196,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
 		return nil, err
 	}
 	cfg.fillSpec()
-	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
+	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), offHolders: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
 	x.holders.init(minCap)
 	x.spec = specState{holders: make(map[uint64][]uint16), dropped: make(map[string]uint64),
 		ttl: min(max(defaultSpecTTLInitial, cfg.SpecTTLMin), cfg.SpecTTLMax)}
@@ -282,7 +290,19 @@ func (x *Index) applyLocked(node string, u *llmgwv1.KVBlocks) error {
 	for _, h := range u.GetStored() {
 		x.storeLocked(r, h)
 	}
+	for _, t := range []struct {
+		stored, removed []uint64
+		bit             uint8
+	}{{u.GetStoredCpu(), u.GetRemovedCpu(), offCPU}, {u.GetStoredStorage(), u.GetRemovedStorage(), offStorage}} {
+		for _, h := range t.removed {
+			x.removeOffLocked(r, h, t.bit)
+		}
+		for _, h := range t.stored {
+			x.storeOffLocked(r, h, t.bit)
+		}
+	}
 	r.Blocks = r.blocks.Len()
+	r.Offloaded = len(r.off)
 	return nil
 }
 
@@ -385,6 +405,7 @@ func (x *Index) clearLocked(r *replica) {
 	x.clearPendingLocked(r, DropReset)
 	r.blocks.each(func(h uint64) { x.unholdLocked(r.slot, h) })
 	x.entries -= r.blocks.Len()
+	x.clearOffLocked(r) // a reset resets every tier
 	// A fresh set rather than emptying it in place: it would keep its peak
 	// size, and a reset is when an engine's set is likely to have shrunk.
 	r.blocks = hashSet{}
@@ -532,8 +553,10 @@ func (x *Index) Replicas() []Status {
 	return out
 }
 
-// Size is the index's size: distinct block hashes, (block, replica)
-// entries, replicas, and stores dropped at MaxEntries since the start.
+// Size is the index's size: distinct block hashes on GPUs, (block,
+// replica) entries of every tier (an offloaded block counts once however
+// many offload tiers hold it), replicas, and stores dropped at MaxEntries
+// since the start.
 type Size struct {
 	Blocks, Entries, Replicas int
 	Dropped                   uint64
