@@ -49,6 +49,10 @@ type Config struct {
 	// kv_speculation_max_pending_per_replica; 0 takes the default.
 	SpecPending           int `yaml:"kv_speculation_max_pending"`
 	SpecPendingPerReplica int `yaml:"kv_speculation_max_pending_per_replica"`
+	// Credit weighs the blocks an engine holds in its offload tiers in
+	// tier 2's prefix score (tiers.go; keys kv_credit_cpu,
+	// kv_credit_storage).
+	Credit Weights `yaml:",inline"`
 	// Now is the clock of speculative entries; nil is time.Now.
 	Now func() time.Time `yaml:"-"`
 }
@@ -56,13 +60,16 @@ type Config struct {
 // DefaultConfig holds 8 Mi entries and the speculation defaults.
 func DefaultConfig() Config {
 	return Config{MaxEntries: 8 << 20, SpecTTLMin: defaultSpecTTLMin, SpecTTLMax: defaultSpecTTLMax,
-		SpecPending: defaultSpecPending, SpecPendingPerReplica: defaultSpecPerReplica}
+		SpecPending: defaultSpecPending, SpecPendingPerReplica: defaultSpecPerReplica, Credit: DefaultWeights()}
 }
 
 // Validate names the bad field by its configuration key.
 func (c Config) Validate() error {
 	if c.MaxEntries < 1 {
 		return fmt.Errorf("kv_index_max_entries: must be at least 1, got %d", c.MaxEntries)
+	}
+	if err := c.Credit.Validate(); err != nil {
+		return err
 	}
 	return c.validateSpec()
 }
@@ -174,16 +181,16 @@ type Index struct {
 	mu sync.RWMutex
 	// holders maps a block hash to the slots of the replicas holding it —
 	// 1 to a handful each, so a short array beats any set (table.go).
-	holders  blockTable
-	spill    map[uint64][]uint16 // holder sets past inlineHolders
+	holders blockTable
+	spill   map[uint64][]uint16 // holder sets past inlineHolders
 	// offHolders maps a block hash to the slots holding it in an offload
 	// tier (tiers.go).
 	offHolders map[uint64][]uint16
-	replicas map[string]*replica // by replica id: one incarnation each
-	slots    []*replica          // by slot; nil when free
-	free     []uint16
-	entries  int
-	dropped  uint64 // stores refused at MaxEntries
+	replicas   map[string]*replica // by replica id: one incarnation each
+	slots      []*replica          // by slot; nil when free
+	free       []uint16
+	entries    int
+	dropped    uint64 // stores refused at MaxEntries
 
 	spec specState
 
