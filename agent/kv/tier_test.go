@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/vllm"
 )
 
@@ -115,5 +116,72 @@ func TestMirrorTierReports(t *testing.T) {
 	}
 	if r := m.report(true); !r.Reset_ || !slices.Equal(r.Stored, u64s(a[0], a[2])) || !slices.Equal(r.StoredCpu, u64s(a[1])) {
 		t.Fatalf("full copy %v", r)
+	}
+}
+
+// convergedTiers waits until the mirror holds the engine's set in every
+// tier (trusted).
+func (h *harness) convergedTiers(t *testing.T) {
+	t.Helper()
+	h.converged(t)
+	for _, tc := range []struct {
+		medium string
+		tier   int
+	}{{vllm.MediumCPU, offCPU}, {vllm.MediumStorage, offStorage}} {
+		want := h.eng.offTruth(tc.medium)
+		testkit.Wait(t, "the mirror's "+tc.medium+" tier to match the engine's", func() bool {
+			m := h.l.mirror
+			m.mu.Lock()
+			defer m.mu.Unlock()
+			got := m.offBlocks(tc.tier)
+			return !m.untrusted && slices.Equal(got, want)
+		})
+	}
+}
+
+// TestListenerTiersExact extends the exactness checks to the offload
+// tiers, with a fake engine that offloads as vLLM's OffloadingConnector
+// does (the GPU blocks' hashes, no tokens, no parent): the mirror equals
+// the engine's cache per tier after lost batches repaired by replay, an
+// engine's restart (kill -9: a new incarnation, an empty cache), and an
+// agent's restart (a new listener catching up by replay).
+func TestListenerTiersExact(t *testing.T) {
+	h := start(t, setup{})
+	cpu, storage := vllm.MediumCPU, vllm.MediumStorage
+	var prompts [][]vllm.BlockHash
+	for i := range 6 {
+		hs, ev := h.eng.stored(nil, toks(100*i, 12))
+		prompts = append(prompts, hs)
+		h.eng.publish(i == 2, ev) // one lost, repaired by replay
+	}
+	// Offload three prompts to CPU, one to storage; evict two from the
+	// GPU (one lost on the way); drop one from the CPU tier.
+	h.eng.publish(false, offStoredEv(cpu, u64s(prompts[0]...)...), offStoredEv(cpu, u64s(prompts[1]...)...))
+	h.eng.publish(true, offStoredEv(cpu, u64s(prompts[2]...)...), offStoredEv(storage, u64s(prompts[3]...)...))
+	h.eng.publish(false, removedEv(u64s(prompts[0]...)...))
+	h.eng.publish(true, removedEv(u64s(prompts[1]...)...), offRemovedEv(cpu, prompts[2][2].Uint64()))
+	_, ev := h.eng.stored(nil, toks(900, 4))
+	h.eng.publish(false, ev)
+	h.convergedTiers(t)
+	if got := h.eng.offTruth(cpu); len(got) != 8 {
+		t.Fatalf("the fake engine holds %d CPU blocks, want 8: the test is wrong", len(got))
+	}
+
+	// The agent's restart: a new listener, whose mirror starts empty,
+	// catches up by replaying the engine's buffer.
+	h.catchUp(t)
+	h.convergedTiers(t)
+
+	// The engine's kill -9: a new incarnation with an empty cache in every
+	// tier, then new blocks offloaded.
+	h.l.Engine(2)
+	h.eng.restartEngine()
+	hs, ev := h.eng.stored(nil, toks(5000, 8))
+	h.eng.publish(false, ev, offStoredEv(cpu, u64s(hs...)...), removedEv(hs[1].Uint64()))
+	h.convergedTiers(t)
+	ch := h.hub.Changes()
+	if len(ch) != 1 || !ch[0].Reset_ || ch[0].Incarnation != 2 || !slices.Equal(ch[0].StoredCpu, u64s(hs...)) ||
+		!slices.Equal(ch[0].Stored, u64s(hs[0])) {
+		t.Fatalf("changes after the restart: %v", ch)
 	}
 }
