@@ -1,10 +1,13 @@
 package kvindex
 
 import (
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"testing"
 
+	"github.com/llmgw/llmgw/chunking"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 )
 
@@ -118,6 +121,138 @@ func TestWeightsValidate(t *testing.T) {
 		err := tc.w.Validate()
 		if (err == nil) != (tc.want == "") || (err != nil && err.Error() != tc.want) {
 			t.Errorf("%+v: got %v, want %q", tc.w, err, tc.want)
+		}
+	}
+}
+
+// TestTiersExactThroughChunks: a replica's tiers, changed at random and
+// reported as the agent's mirror reports them (deltas, then a full copy
+// for a router that starts anew), travel in chunks of a small budget and
+// leave the index equal to the engine's sets in every tier.
+func TestTiersExactThroughChunks(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	const budget = chunking.MinChunkBytes
+	truth := [3]map[uint64]bool{{}, {}, {}} // gpu, cpu, storage
+	apply := func(x *Index, u *llmgwv1.EphemeralUpdate) {
+		t.Helper()
+		a := chunking.NewAssembler(0)
+		var whole *llmgwv1.EphemeralUpdate
+		for _, c := range chunking.Split(u, budget) {
+			out, err := a.Add(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			whole = out
+		}
+		if whole == nil {
+			t.Fatal("no update assembled")
+		}
+		for _, err := range x.ApplyNode(whole.Node, whole.Full, whole.Kv, nil) {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check := func(x *Index, when string) {
+		t.Helper()
+		checkInvariants(t, x)
+		for i, tier := range []Tier{TierGPU, TierCPU, TierStorage} {
+			want := []uint64{}
+			for h := range truth[i] {
+				want = append(want, h)
+			}
+			slices.Sort(want)
+			got, _ := x.TierBlocks("a", tier)
+			if !slices.Equal(got, want) && (len(got) > 0 || len(want) > 0) {
+				t.Fatalf("%s: tier %d holds %d blocks, the engine %d", when, tier, len(got), len(want))
+			}
+		}
+	}
+	sorted := func(m map[uint64]bool) []uint64 {
+		out := make([]uint64, 0, len(m))
+		for h := range m {
+			out = append(out, h)
+		}
+		slices.Sort(out)
+		return out
+	}
+	full := func(seq uint64) *llmgwv1.EphemeralUpdate {
+		return &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 1, Seq: seq, Full: true, Kv: []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1,
+			Incarnation: 1, Reset_: true, Stored: sorted(truth[0]), StoredCpu: sorted(truth[1]), StoredStorage: sorted(truth[2])}}}
+	}
+	x := newIndex(t, 1<<20)
+	apply(x, full(1))
+	for seq := uint64(2); seq < 40; seq++ {
+		// A step: blocks stored, evicted to CPU, offloaded on to storage,
+		// dropped; the delta is each tier's net change.
+		d := &llmgwv1.KVBlocks{ReplicaId: "a", Uid: 1, Incarnation: 1}
+		lists := [3][2]*[]uint64{{&d.Stored, &d.Removed}, {&d.StoredCpu, &d.RemovedCpu}, {&d.StoredStorage, &d.RemovedStorage}}
+		for tier := range 3 {
+			for range rng.IntN(400) {
+				h := rng.Uint64N(3000)
+				if truth[tier][h] {
+					delete(truth[tier], h)
+					*lists[tier][1] = append(*lists[tier][1], h)
+				} else {
+					truth[tier][h] = true
+					*lists[tier][0] = append(*lists[tier][0], h)
+				}
+			}
+			// Net changes: a hash toggled twice in a step is reported once
+			// by its final state, as the mirror's pending map does.
+			*lists[tier][0] = netOf(*lists[tier][0], truth[tier], true)
+			*lists[tier][1] = netOf(*lists[tier][1], truth[tier], false)
+		}
+		apply(x, &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 1, Seq: seq, Kv: []*llmgwv1.KVBlocks{d}})
+		check(x, fmt.Sprintf("delta %d", seq))
+	}
+	// A router started anew: its index comes from the full copy alone.
+	fresh := newIndex(t, 1<<20)
+	apply(fresh, full(41))
+	check(fresh, "a new router's full copy")
+}
+
+// netOf keeps the hashes of hs whose final state is held (or not held),
+// once each.
+func netOf(hs []uint64, held map[uint64]bool, want bool) []uint64 {
+	seen := map[uint64]bool{}
+	out := hs[:0]
+	for _, h := range hs {
+		if held[h] == want && !seen[h] {
+			seen[h] = true
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// TestLookupTiersPending: with pending, this router's speculative entries
+// count as GPU blocks, as LookupPending counts them, and an offloaded
+// block after them carries the match on at its tier's credit.
+func TestLookupTiersPending(t *testing.T) {
+	x := specIndex(t, newClock(), Config{})
+	if err := x.Apply("n1", tiered("a", true, []uint64{1}, []uint64{3}, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if n := x.Speculate(rep("a", 1), []uint64{1, 2}); n != 1 {
+		t.Fatalf("speculated %d, want 1", n)
+	}
+	w := Weights{CPU: 0.5}
+	for _, tc := range []struct {
+		pending bool
+		want    TierMatch
+	}{
+		{false, TierMatch{Replica: rep("a", 1), Blocks: 1, GPU: 1, Credit: 1}},
+		{true, TierMatch{Replica: rep("a", 1), Blocks: 3, GPU: 2, Credit: 2.5, Pending: 1}},
+	} {
+		got := x.LookupTiers([]uint64{1, 2, 3, 4}, w, tc.pending, nil)
+		if len(got) != 1 || got[0] != tc.want {
+			t.Errorf("pending %v: got %+v, want %+v", tc.pending, got, tc.want)
+		}
+		if tc.pending {
+			if pm := pendingAnswer(x, []uint64{1, 2, 3, 4}); pm["a"] != "2/1" {
+				t.Errorf("LookupPending says %v, LookupTiers' GPU part %d", pm, got[0].GPU)
+			}
 		}
 	}
 }
