@@ -135,10 +135,14 @@ const (
 	// past a small model's on the largest GPU, and a mirror of that many
 	// blocks is about 150 MB.
 	DefaultMaxBlocks = 1 << 20
-	// DefaultMaxOffloadBlocks is the offload tiers' block cap: 2^21
-	// blocks of 16 tokens is 32 M tokens, 384 GiB of host memory at a
-	// 0.5B model's 12 KiB a token, and a mirror of about 300 MB.
-	DefaultMaxOffloadBlocks = 1 << 21
+	// DefaultMaxOffloadBlocks is the offload tiers' block cap: 2^20
+	// blocks of 16 tokens is 16 M tokens, 192 GiB of host memory at a
+	// 0.5B model's 12 KiB a token, and a mirror of about 150 MB. With
+	// DefaultMaxBlocks it keeps a replica's hashes over all tiers within
+	// the control plane's agent_kv_blocks_per_replica default (2 Mi), past
+	// which the whole session would end rather than one replica go
+	// untrusted.
+	DefaultMaxOffloadBlocks = 1 << 20
 	// DefaultMaxBatchBytes bounds one decoded batch. vLLM publishes a
 	// batch per step, and a step's events are bounded by the tokens it
 	// schedules (tens of thousands): a megabyte or two decoded. 32 MiB
