@@ -185,7 +185,7 @@ type Index struct {
 	spill   map[uint64][]uint16 // holder sets past inlineHolders
 	// offHolders maps a block hash to the slots holding it in an offload
 	// tier (tiers.go).
-	offHolders map[uint64][]uint16
+	offHolders map[uint64][]offHolder
 	replicas   map[string]*replica // by replica id: one incarnation each
 	slots      []*replica          // by slot; nil when free
 	free       []uint16
@@ -203,7 +203,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
 		return nil, err
 	}
 	cfg.fillSpec()
-	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), offHolders: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
+	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), offHolders: make(map[uint64][]offHolder), replicas: make(map[string]*replica)}
 	x.holders.init(minCap)
 	x.spec = specState{holders: make(map[uint64][]uint16), dropped: make(map[string]uint64),
 		ttl: min(max(defaultSpecTTLInitial, cfg.SpecTTLMin), cfg.SpecTTLMax)}

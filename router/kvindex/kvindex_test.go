@@ -225,7 +225,7 @@ func checkInvariants(t testing.TB, x *Index) {
 			t.Fatalf("replica %s: Offloaded %d, map %d", r.ID, r.Offloaded, len(r.off))
 		}
 		for h, b := range r.off {
-			if b == 0 || !slices.Contains(x.offHolders[h], r.slot) {
+			if b == 0 || offTiersOf(x.offHolders[h], r.slot) != b {
 				t.Fatalf("replica %s offloads %x (tiers %b) but offHolders do not list it", r.ID, h, b)
 			}
 		}
@@ -234,9 +234,9 @@ func checkInvariants(t testing.TB, x *Index) {
 		if len(hs) == 0 {
 			t.Fatalf("empty offload holder list kept for %x", h)
 		}
-		for _, s := range hs {
-			if r := x.slots[s]; r == nil || r.off[h] == 0 {
-				t.Fatalf("offHolders list slot %d for %x, its map does not", s, h)
+		for _, o := range hs {
+			if r := x.slots[o.slot]; r == nil || r.off[h] != o.tiers {
+				t.Fatalf("offHolders list slot %d for %x (tiers %b), its map does not", o.slot, h, o.tiers)
 			}
 		}
 	}

@@ -73,6 +73,24 @@ func (w Weights) Of(t Tier) float64 {
 	return 0
 }
 
+// offHolder is one replica holding a block in an offload tier: its slot
+// and its tier bits (offCPU, offStorage), kept with the block so a lookup
+// probes one map per block rather than one per replica.
+type offHolder struct {
+	slot  uint16
+	tiers uint8
+}
+
+// offTiersOf returns slot's tier bits in hs (0: none).
+func offTiersOf(hs []offHolder, slot uint16) uint8 {
+	for _, o := range hs {
+		if o.slot == slot {
+			return o.tiers
+		}
+	}
+	return 0
+}
+
 // TierMatch is one replica's answer to LookupTiers.
 type TierMatch struct {
 	Replica
@@ -107,14 +125,30 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 		x.m.lookup.Observe(time.Since(start).Seconds())
 	}()
 	pending = pending && x.spec.n > 0
+	if len(x.offHolders) == 0 {
+		// No replica offloads: the GPU walk answers, at its speed.
+		var buf [16]Match
+		ms := buf[:0]
+		if pending {
+			ms = x.lookupPendingLocked(hashes, ms)
+		} else {
+			ms = x.lookupLocked(hashes, ms)
+		}
+		for _, m := range ms {
+			dst = append(dst, TierMatch{Replica: m.Replica, Blocks: m.Blocks, Credit: float64(m.Blocks), GPU: m.Blocks,
+				Untrusted: m.Untrusted, Pending: m.Pending})
+		}
+		return dst
+	}
 	var now int64
 	if pending {
 		now = x.cfg.Now().UnixNano()
 	}
 	type cand struct {
-		TierMatch
-		slot   uint16
-		gpuRun bool // every block so far was on the GPU
+		credit            float64
+		blocks, gpu, pend int32
+		slot              uint16
+		gpuRun            bool // every block so far was on the GPU
 	}
 	var buf [16]cand
 	alive := buf[:0]
@@ -128,8 +162,8 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 	for _, s := range x.holdersOf(h0, &hv) {
 		add(s)
 	}
-	for _, s := range x.offHolders[h0] {
-		add(s)
+	for _, o := range x.offHolders[h0] {
+		add(o.slot)
 	}
 	if pending {
 		for _, s := range x.spec.holders[h0] {
@@ -140,12 +174,16 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 	}
 	emit := func(c *cand) {
 		r := x.slots[c.slot]
-		c.Replica, c.Untrusted = r.Replica, r.Untrusted
-		dst = append(dst, c.TierMatch)
+		dst = append(dst, TierMatch{Replica: r.Replica, Blocks: int(c.blocks), Credit: c.credit, GPU: int(c.gpu),
+			Untrusted: r.Untrusted, Pending: int(c.pend)})
 	}
 	for i := 0; i < len(hashes) && len(alive) > 0; i++ {
 		h := hashes[i]
 		hs := x.holdersOf(h, &hv)
+		// The offload holders are probed only for a candidate the GPU
+		// holders do not cover.
+		var offs []offHolder
+		probed := false
 		k := 0
 		for _, c := range alive {
 			t, pend := TierNone, false
@@ -155,7 +193,10 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 			case pending && slices.Contains(x.spec.holders[h], c.slot) && x.livePending(c.slot, h, now):
 				t, pend = TierGPU, true
 			default:
-				switch off := x.slots[c.slot].off[h]; {
+				if !probed {
+					offs, probed = x.offHolders[h], true
+				}
+				switch off := offTiersOf(offs, c.slot); {
 				case off&offCPU != 0:
 					t = TierCPU
 				case off&offStorage != 0:
@@ -166,12 +207,12 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 				emit(&c)
 				continue
 			}
-			c.Blocks++
-			c.Credit += w.Of(t)
+			c.blocks++
+			c.credit += w.Of(t)
 			if t == TierGPU && c.gpuRun {
-				c.GPU++
+				c.gpu++
 				if pend {
-					c.Pending++
+					c.pend++
 				}
 			} else {
 				c.gpuRun = false
@@ -201,10 +242,22 @@ func (x *Index) storeOffLocked(r *replica, h uint64, bit uint8) {
 		if r.off == nil {
 			r.off = map[uint64]uint8{}
 		}
-		x.offHolders[h] = append(x.offHolders[h], r.slot)
+		x.offHolders[h] = append(x.offHolders[h], offHolder{slot: r.slot})
 		x.entries++
 	}
 	r.off[h] = cur | bit
+	x.setOffTiers(r.slot, h, cur|bit)
+}
+
+// setOffTiers sets slot's tier bits in h's offload holders.
+func (x *Index) setOffTiers(slot uint16, h uint64, tiers uint8) {
+	hs := x.offHolders[h]
+	for i := range hs {
+		if hs[i].slot == slot {
+			hs[i].tiers = tiers
+			return
+		}
+	}
 }
 
 // removeOffLocked records that r no longer holds h in tier bit.
@@ -215,6 +268,7 @@ func (x *Index) removeOffLocked(r *replica, h uint64, bit uint8) {
 	}
 	if cur &^= bit; cur != 0 {
 		r.off[h] = cur
+		x.setOffTiers(r.slot, h, cur)
 		return
 	}
 	delete(r.off, h)
@@ -224,7 +278,7 @@ func (x *Index) removeOffLocked(r *replica, h uint64, bit uint8) {
 
 func (x *Index) unholdOffLocked(slot uint16, h uint64) {
 	hs := x.offHolders[h]
-	i := slices.Index(hs, slot)
+	i := slices.IndexFunc(hs, func(o offHolder) bool { return o.slot == slot })
 	if i < 0 {
 		return
 	}

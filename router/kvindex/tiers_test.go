@@ -256,3 +256,34 @@ func TestLookupTiersPending(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkLookupTiers is BenchmarkLookup's fleet answered by LookupTiers:
+// without offload (what a fleet pays for tier-aware credit it does not
+// use), and with each replica also holding, in CPU, the leading blocks of
+// as many other prompts as it holds on the GPU.
+func BenchmarkLookupTiers(b *testing.B) {
+	for _, offload := range []bool{false, true} {
+		b.Run(map[bool]string{false: "gpu-only", true: "cpu-offload"}[offload], func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			x, ps := fleet(b, 1000, 2000, 256, rng)
+			if offload {
+				sets := make([][]uint64, 1000)
+				for _, p := range ps {
+					for range 1 + rng.IntN(8) {
+						r := rng.IntN(1000)
+						sets[r] = append(sets[r], p[:1+rng.IntN(len(p))]...)
+					}
+				}
+				for r, s := range sets {
+					_ = x.Apply("n", &llmgwv1.KVBlocks{ReplicaId: "r" + itoa(r), Uid: 1, StoredCpu: s})
+				}
+			}
+			w := DefaultWeights()
+			dst := make([]TierMatch, 0, 16)
+			benchLookups(b, ps, func(p []uint64, _ []Match) []Match {
+				dst = x.LookupTiers(p, w, false, dst[:0])
+				return nil
+			})
+		})
+	}
+}
