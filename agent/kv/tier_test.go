@@ -166,6 +166,9 @@ func TestListenerTiersExact(t *testing.T) {
 	if got := h.eng.offTruth(cpu); len(got) != 8 {
 		t.Fatalf("the fake engine holds %d CPU blocks, want 8: the test is wrong", len(got))
 	}
+	if _, off, _ := h.hub.totals(); off[offCPU] != 8 || off[offStorage] != 3 {
+		t.Fatalf("gauges read %v offloaded blocks, want 8 CPU and 3 storage", off)
+	}
 
 	// The agent's restart: a new listener, whose mirror starts empty,
 	// catches up by replaying the engine's buffer.
