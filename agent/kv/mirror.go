@@ -36,6 +36,12 @@ type block struct {
 	// copies counts how many of the engine's GPU blocks hold this hash:
 	// vLLM can cache one hash in two blocks and evict them one at a time.
 	copies int
+	// parent is the engine hash of the block before it in its prompt, as
+	// its GPU store gave it (hasParent false: a first block, or never on
+	// the GPU): an offloaded block spanning several GPU blocks is named by
+	// its last one's hash, and the others are found through it.
+	parent    uint64
+	hasParent bool
 	// offloaded says which offload tiers hold it (bit offCPU, offStorage):
 	// a set, as vLLM's offloading managers key their blocks by hash. The
 	// block stays in byEngine while any tier holds it, so an offloaded
@@ -123,6 +129,10 @@ type mirror struct {
 	gpuBlocks int
 	// off are the offload tiers (offCPU, offStorage).
 	off [numOff]tierSet
+	// offSpan is, per offload tier, how many GPU blocks one of its blocks
+	// spans (its stores' block_size over the engine's; 0 or 1: one), so
+	// a removal, which carries no block size, covers what the store did.
+	offSpan [numOff]int
 
 	// maxBlocks caps gpuBlocks: what the engine's cache can hold
 	// (ListenerConfig.MaxBlocks, SetEngineBlocks); maxOffload caps the
@@ -251,6 +261,7 @@ func (m *mirror) restart() {
 	m.clear()
 	clear(m.skipGroups)
 	m.untrusted, m.why = false, ""
+	m.offSpan = [numOff]int{}
 	m.seq = seqState{}
 	m.recent.forget()
 	m.gen++
@@ -310,19 +321,26 @@ func (m *mirror) stored(e *vllm.BlockStored) (mismatches int, ok bool) {
 		if b := m.byEngine[h.Uint64()]; (b == nil || b.copies == 0) && m.gpuBlocks >= m.maxBlocks {
 			return mismatches, false
 		}
+		var pe uint64
+		hasParent := i > 0 || e.ParentBlockHash != nil
+		if i > 0 {
+			pe = e.BlockHashes[i-1].Uint64()
+		} else if e.ParentBlockHash != nil {
+			pe = e.ParentBlockHash.Uint64()
+		}
 		if derive && parentKnown {
 			d, err := vllm.HashBlock(parent, e.TokenIDs[i*bs:(i+1)*bs], extraKeys(e, i))
 			if err == nil {
 				if !h.Matches(d) {
 					mismatches++
 				}
-				m.store(h.Uint64(), block{canon: d.Uint64(), digest: d, known: true}, true)
+				m.store(h.Uint64(), block{canon: d.Uint64(), digest: d, known: true, parent: pe, hasParent: hasParent}, true)
 				parent = d
 				continue
 			}
 		}
 		d, ok := h.Digest()
-		m.store(h.Uint64(), block{canon: h.Uint64(), digest: d, known: ok}, false)
+		m.store(h.Uint64(), block{canon: h.Uint64(), digest: d, known: ok, parent: pe, hasParent: hasParent}, false)
 		parent, parentKnown = d, ok
 	}
 	return mismatches, true
@@ -355,7 +373,10 @@ func (m *mirror) store(engine uint64, b block, derived bool) {
 	if cur == nil {
 		cur = &b
 		m.byEngine[engine] = cur
-	} else if derived && cur.canon != b.canon {
+	} else if !cur.hasParent {
+		cur.parent, cur.hasParent = b.parent, b.hasParent
+	}
+	if derived && cur.canon != b.canon {
 		// Offloaded before the mirror could derive its hash: move its
 		// offload tiers to the canonical hash now known.
 		for t := range numOff {
@@ -379,30 +400,51 @@ func (m *mirror) store(engine uint64, b block, derived bool) {
 // (vLLM's OffloadingConnector.take_events), so a block's canonical hash is
 // the one learned while it was on the GPU; one the mirror never saw there
 // is taken as the engine reports it, as a block with an unknown parent is.
-// An offloaded block larger than the GPU's (the connector's block_size a
-// multiple of the engine's) spans several GPU blocks that its one hash
-// cannot name: such events are skipped. With maxOffload 0 offload tiers
+// An offloaded block larger than the GPU's (the connector's block_size k
+// times the engine's: vLLM's block_size_factor) is named by the hash of
+// the last of the k GPU blocks it holds (OffloadingConnectorScheduler.
+// _get_block_hashes), so it stands for that block and its k-1 ancestors,
+// found through the parents learned on the GPU; an ancestor the mirror
+// does not know ends the group there (an under-report). A block_size not
+// a multiple of the engine's is skipped. With maxOffload 0 offload tiers
 // are not mirrored at all. ok is false past maxOffload.
 func (m *mirror) storedOff(e *vllm.BlockStored, t int) (ok bool) {
-	if m.maxOffload == 0 || (e.BlockSize > 0 && m.blockSize != 0 && uint32(e.BlockSize) != m.blockSize) {
+	if m.maxOffload == 0 {
 		return true
 	}
+	span := 1
+	if bs := uint32(max(e.BlockSize, 0)); bs > 0 && m.blockSize != 0 && bs != m.blockSize {
+		if bs%m.blockSize != 0 {
+			return true
+		}
+		span = int(bs / m.blockSize)
+	}
+	m.offSpan[t] = span
 	for _, h := range e.BlockHashes {
-		cur := m.byEngine[h.Uint64()]
-		if cur != nil && cur.offloaded&(1<<t) != 0 {
-			continue // a set: stored once
+		eh := h.Uint64()
+		for j := range span {
+			cur := m.byEngine[eh]
+			if cur == nil && j > 0 {
+				break // an ancestor never seen: the group ends here
+			}
+			if cur == nil || cur.offloaded&(1<<t) == 0 {
+				if m.off[offCPU].n+m.off[offStorage].n >= m.maxOffload {
+					return false
+				}
+				if cur == nil {
+					d, known := h.Digest()
+					cur = &block{canon: eh, digest: d, known: known}
+					m.byEngine[eh] = cur
+				}
+				cur.offloaded |= 1 << t // a set: stored once
+				m.off[t].n++
+				m.holdOff(t, cur.canon)
+			}
+			if !cur.hasParent {
+				break
+			}
+			eh = cur.parent
 		}
-		if m.off[offCPU].n+m.off[offStorage].n >= m.maxOffload {
-			return false
-		}
-		if cur == nil {
-			d, known := h.Digest()
-			cur = &block{canon: h.Uint64(), digest: d, known: known}
-			m.byEngine[h.Uint64()] = cur
-		}
-		cur.offloaded |= 1 << t
-		m.off[t].n++
-		m.holdOff(t, cur.canon)
 	}
 	return true
 }
@@ -427,6 +469,12 @@ func (m *mirror) removed(e *vllm.BlockRemoved) {
 	if !known || (e.GroupIdx != nil && m.skipGroups[*e.GroupIdx]) {
 		return
 	}
+	if !gpu {
+		for _, h := range e.BlockHashes {
+			m.removedOff(h.Uint64(), t)
+		}
+		return
+	}
 	for _, h := range e.BlockHashes {
 		b := m.byEngine[h.Uint64()]
 		if b == nil {
@@ -434,29 +482,42 @@ func (m *mirror) removed(e *vllm.BlockRemoved) {
 			// medium: nothing of it is held.
 			continue
 		}
-		if gpu {
-			if b.copies == 0 {
-				continue // held offloaded only
-			}
-			if b.copies--; b.copies > 0 {
-				continue
-			}
-			m.gpuBlocks--
-			if m.held[b.canon]--; m.held[b.canon] == 0 {
-				delete(m.held, b.canon)
-				markIn(m.pending, m.reset, b.canon, -1)
-			}
-		} else {
-			if b.offloaded&(1<<t) == 0 {
-				continue
-			}
-			b.offloaded &^= 1 << t
-			m.off[t].n--
-			m.unholdOff(t, b.canon)
+		if b.copies == 0 {
+			continue // held offloaded only
+		}
+		if b.copies--; b.copies > 0 {
+			continue
+		}
+		m.gpuBlocks--
+		if m.held[b.canon]--; m.held[b.canon] == 0 {
+			delete(m.held, b.canon)
+			markIn(m.pending, m.reset, b.canon, -1)
 		}
 		if b.copies == 0 && b.offloaded == 0 {
 			delete(m.byEngine, h.Uint64()) // no tier holds it: the mapping goes
 		}
+	}
+}
+
+// removedOff takes the offloaded block named eh out of tier t: with the
+// tier's span, eh and its ancestors, as storedOff put them there.
+func (m *mirror) removedOff(eh uint64, t int) {
+	for range max(m.offSpan[t], 1) {
+		b := m.byEngine[eh]
+		if b == nil || b.offloaded&(1<<t) == 0 {
+			return
+		}
+		b.offloaded &^= 1 << t
+		m.off[t].n--
+		m.unholdOff(t, b.canon)
+		next, more := b.parent, b.hasParent
+		if b.copies == 0 && b.offloaded == 0 {
+			delete(m.byEngine, eh) // no tier holds it: the mapping goes
+		}
+		if !more {
+			return
+		}
+		eh = next
 	}
 }
 

@@ -56,9 +56,9 @@ func TestMirrorTiers(t *testing.T) {
 		{"storage tier, DISK too", []vllm.Event{offStoredEv(disk, a[0].Uint64()), offStoredEv("DISK", a[1].Uint64()),
 			offStoredEv(cpu, a[0].Uint64())}, nil, u64s(a[0]), u64s(a[0], a[1]), false, false},
 		{"unknown medium ignored", []vllm.Event{offStoredEv("TAPE", a[0].Uint64())}, nil, nil, nil, false, false},
-		{"larger offload blocks skipped", []vllm.Event{func() vllm.Event {
+		{"offload blocks of a block size not a multiple skipped", []vllm.Event{func() vllm.Event {
 			e := offStoredEv(cpu, a[0].Uint64())
-			e.BlockSize = 4 * testBS
+			e.BlockSize = testBS + 1
 			return e
 		}()}, nil, nil, nil, false, false},
 		{"cleared clears every tier", []vllm.Event{storedEv(nil, a, toks(1, 12)), offStoredEv(cpu, u64s(a...)...),
@@ -186,5 +186,50 @@ func TestListenerTiersExact(t *testing.T) {
 	if len(ch) != 1 || !ch[0].Reset_ || ch[0].Incarnation != 2 || !slices.Equal(ch[0].StoredCpu, u64s(hs...)) ||
 		!slices.Equal(ch[0].Stored, u64s(hs[0])) {
 		t.Fatalf("changes after the restart: %v", ch)
+	}
+}
+
+// TestMirrorOffloadSpan: an offloaded block k times the GPU's is named by
+// its last GPU block's hash (vLLM's block_size_factor) and stands for it
+// and its k-1 ancestors, stored and removed together; the mapping of each
+// stays while the offload tier holds it.
+func TestMirrorOffloadSpan(t *testing.T) {
+	root := vllm.NoneHash("0")
+	a := chain(t, root, toks(1, 16)) // a0..a3
+	// The engine's own hashes 7..10 stand for a0..a3 (foreign hashing).
+	foreign := &vllm.BlockStored{BlockHashes: []vllm.ExternalBlockHash{vllm.IntBlockHash(7), vllm.IntBlockHash(8)},
+		TokenIDs: toks(1, 8), BlockSize: testBS}
+	foreign2 := &vllm.BlockStored{BlockHashes: []vllm.ExternalBlockHash{vllm.IntBlockHash(9), vllm.IntBlockHash(10)},
+		ParentBlockHash: vllm.Ptr(vllm.IntBlockHash(8)), TokenIDs: toks(9, 8), BlockSize: testBS}
+	span2 := func(hs ...uint64) *vllm.BlockStored {
+		e := offStoredEv(vllm.MediumCPU, hs...)
+		e.BlockSize = 2 * testBS
+		return e
+	}
+	tests := []struct {
+		name     string
+		events   []vllm.Event
+		gpu, cpu []uint64
+	}{
+		{"two groups of two, then evicted from the GPU", []vllm.Event{foreign, foreign2, span2(8, 10), removedEv(7, 8, 9, 10)},
+			nil, u64s(a...)},
+		{"a group removed by its last hash", []vllm.Event{foreign, foreign2, span2(8, 10), removedEv(7, 8, 9, 10),
+			offRemovedEv(vllm.MediumCPU, 10)}, nil, u64s(a[0], a[1])},
+		{"an ancestor never seen ends the group", []vllm.Event{foreign2, span2(9)}, []uint64{9, 10}, []uint64{9}},
+		{"a group within a prompt whose start was never seen", []vllm.Event{foreign2, span2(10)}, []uint64{9, 10}, []uint64{9, 10}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16)
+			m.newEngine(1)
+			m.applyBatch(vllm.EventBatch{Events: tc.events})
+			if got := m.blocks(); !slices.Equal(got, tc.gpu) && (len(got) > 0 || len(tc.gpu) > 0) {
+				t.Errorf("gpu = %v, want %v", got, tc.gpu)
+			}
+			if got := m.offBlocks(offCPU); !slices.Equal(got, tc.cpu) && (len(got) > 0 || len(tc.cpu) > 0) {
+				t.Errorf("cpu = %v, want %v", got, tc.cpu)
+			}
+			checkInvariants(t, m)
+		})
 	}
 }
