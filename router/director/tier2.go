@@ -180,13 +180,13 @@ func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.M
 // lookup: Matched keeps its meaning (leading blocks on the GPU), Credit
 // adds the offload tiers.
 func (t *tier2) lookupTiers(q *scheduler.KVQuery, low []uint64, pending bool, byID map[string]*endpoint.Endpoint) {
-	q.Credit = map[string]float64{}
+	q.Credit, q.Reusable = map[string]float64{}, map[string]int{}
 	for _, mt := range t.tiers.LookupTiers(low, t.weights, pending, nil) {
 		e := byID[mt.ID]
 		if e == nil || e.UID != mt.UID || e.Incarnation != mt.Incarnation || mt.Untrusted {
 			continue
 		}
-		q.Credit[mt.ID] = mt.Credit
+		q.Credit[mt.ID], q.Reusable[mt.ID] = mt.Credit, mt.Blocks
 		if mt.GPU > 0 {
 			q.Matched[mt.ID] = mt.GPU
 		}
@@ -343,7 +343,11 @@ func (t *tier2) observe(q *scheduler.KVQuery, replica string, api openai.API, st
 	if !ok {
 		return
 	}
+	// vLLM counts the tokens its connector loads back as cached too.
 	pred := min(q.Matched[replica], q.Total)
+	if q.Reusable != nil {
+		pred = min(q.Reusable[replica], q.Total)
+	}
 	rep := cached / q.BlockSize
 	t.m.predicted.Add(float64(pred))
 	t.m.reported.Add(float64(rep))

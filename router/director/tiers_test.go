@@ -77,6 +77,9 @@ func TestPrepareTier2Tiers(t *testing.T) {
 			if c := q.Credited("r1"); tc.credit && c != 1.2 {
 				t.Fatalf("Credited(r1) = %v", c)
 			}
+			if want := map[string]int{"r0": 2, "r1": 2}; tc.credit && !mapsEqual(q.Reusable, want) {
+				t.Fatalf("Reusable = %v, want %v", q.Reusable, want)
+			}
 		})
 	}
 }

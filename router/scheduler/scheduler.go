@@ -103,6 +103,10 @@ type KVQuery struct {
 	// (Credited); the cache-pressure rule keeps to Matched, since what it
 	// weighs is GPU space.
 	Credit map[string]float64
+	// Reusable is how many leading blocks each replica holds in any tier:
+	// what its engine reuses, loading the offloaded ones back, and so what
+	// it reports as cached. nil when the index gave no tiers (Matched).
+	Reusable map[string]int
 	// Untrusted replicas' KV state is unknown: tier 1 scores them.
 	Untrusted map[string]bool
 	// MinBlocks is the fewest leading blocks worth preferring a replica
