@@ -93,8 +93,9 @@ func Split(u *llmgwv1.EphemeralUpdate, maxBytes int) []*llmgwv1.EphemeralUpdate 
 				OldestEventUnixNano: b.OldestEventUnixNano, NewestEventUnixNano: b.NewestEventUnixNano}
 			return e
 		}
-		// An entry's fixed fields, its own framing and its two packed lists'.
-		fixed := proto.Size(entry(true)) + fieldOverhead + 2*fieldOverhead
+		// An entry's fixed fields, its own framing and its six packed
+		// lists' (the GPU tier's two and the offload tiers' four).
+		fixed := proto.Size(entry(true)) + fieldOverhead + 6*fieldOverhead
 		room(fixed + 8)
 		e := entry(false)
 		cur.Kv = append(cur.Kv, e)
@@ -105,6 +106,10 @@ func Split(u *llmgwv1.EphemeralUpdate, maxBytes int) []*llmgwv1.EphemeralUpdate 
 		}{
 			{b.Stored, func(e *llmgwv1.KVBlocks) *[]uint64 { return &e.Stored }},
 			{b.Removed, func(e *llmgwv1.KVBlocks) *[]uint64 { return &e.Removed }},
+			{b.StoredCpu, func(e *llmgwv1.KVBlocks) *[]uint64 { return &e.StoredCpu }},
+			{b.RemovedCpu, func(e *llmgwv1.KVBlocks) *[]uint64 { return &e.RemovedCpu }},
+			{b.StoredStorage, func(e *llmgwv1.KVBlocks) *[]uint64 { return &e.StoredStorage }},
+			{b.RemovedStorage, func(e *llmgwv1.KVBlocks) *[]uint64 { return &e.RemovedStorage }},
 		} {
 			rest := list.from
 			for len(rest) > 0 {
@@ -270,6 +275,10 @@ func join(chunks []*llmgwv1.EphemeralUpdate) (*llmgwv1.EphemeralUpdate, error) {
 			}
 			m.Stored = append(m.Stored, b.Stored...)
 			m.Removed = append(m.Removed, b.Removed...)
+			m.StoredCpu = append(m.StoredCpu, b.StoredCpu...)
+			m.RemovedCpu = append(m.RemovedCpu, b.RemovedCpu...)
+			m.StoredStorage = append(m.StoredStorage, b.StoredStorage...)
+			m.RemovedStorage = append(m.RemovedStorage, b.RemovedStorage...)
 		}
 		prevEnd = len(c.Kv) > 0
 	}

@@ -21,8 +21,9 @@ func hashes(r *rand.Rand, n int) []uint64 {
 	return out
 }
 
-// bigUpdate is a node's update with replicas × blocks hashes, some
-// statuses, adapters and removals.
+// bigUpdate is a node's update with replicas × blocks hashes in the GPU
+// tier (and more in the offload tiers), some statuses, adapters and
+// removals.
 func bigUpdate(full bool, replicas, blocks int) *llmgwv1.EphemeralUpdate {
 	r := rand.New(rand.NewPCG(1, 2))
 	u := &llmgwv1.EphemeralUpdate{Node: "n1", Epoch: 7, Seq: 3, Full: full}
@@ -30,9 +31,12 @@ func bigUpdate(full bool, replicas, blocks int) *llmgwv1.EphemeralUpdate {
 		id := fmt.Sprintf("m-%d", i)
 		u.Statuses = append(u.Statuses, &llmgwv1.ReplicaStatus{ReplicaId: id, Uid: uint64(i + 1), Address: "127.0.0.1:8000", Phase: llmgwv1.ReplicaPhase_REPLICA_PHASE_READY})
 		u.Adapters = append(u.Adapters, &llmgwv1.AdapterStatus{ReplicaId: id, Uid: uint64(i + 1), Adapter: "a"})
-		b := &llmgwv1.KVBlocks{ReplicaId: id, Uid: uint64(i + 1), Incarnation: 2, Reset_: full, BlockSize: 16, Stored: hashes(r, blocks)}
+		b := &llmgwv1.KVBlocks{ReplicaId: id, Uid: uint64(i + 1), Incarnation: 2, Reset_: full, BlockSize: 16, Stored: hashes(r, blocks),
+			StoredCpu: hashes(r, 2*blocks), StoredStorage: hashes(r, blocks/2)}
 		if !full {
 			b.Removed = hashes(r, blocks/3)
+			b.RemovedCpu = hashes(r, blocks/4)
+			b.RemovedStorage = hashes(r, blocks/5)
 		}
 		u.Kv = append(u.Kv, b)
 	}

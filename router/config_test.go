@@ -47,6 +47,7 @@ func TestConfigValidateEveryProblem(t *testing.T) {
 			"--client-write-timeout (client_write_timeout): ", `--session-headers (session_headers): "x session" is not a header name`,
 			`--session-headers (session_headers): "" is not`, "--max-header-bytes (max_header_bytes): ", "--max-header-count (max_header_count): ",
 			"--max-connections (max_connections): ", "--max-inflight (max_inflight): "}},
+		{"offload credit", func(c *Config) { c.KVIndex.Credit.CPU = 1.5 }, []string{"kv_credit_cpu: must be between 0 and 1"}},
 		{"half an HTTPS setup", func(c *Config) { c.HTTPSCert = "api.pem" }, []string{"--https-key (https_key): required with --https-cert"}},
 		{"the other half", func(c *Config) { c.HTTPSKey = "api-key.pem" }, []string{"--https-cert (https_cert): required with --https-key"}},
 		{"every address", func(c *Config) { c.Control = []string{"a", "b:1", "c"} },
@@ -175,6 +176,8 @@ kv_speculation_ttl_min: 300ms
 kv_speculation_ttl_max: 4s
 kv_speculation_max_pending: 50000
 kv_speculation_max_pending_per_replica: 5000
+kv_credit_cpu: 0.7
+kv_credit_storage: 0.2
 tokenize_budget: 35ms
 tokenize_cache_tokens: 9999
 tokenize_max_response_bytes: 65536
@@ -235,7 +238,7 @@ func TestConfigFileEveryKey(t *testing.T) {
 			Imbalance: scheduler.Imbalance{Ratio: 2.5, MinGap: 8}, KVImbalance: scheduler.KVImbalance{Ratio: 3, MinGap: 12},
 			KVPressure: scheduler.KVPressure{EvictionWeight: 2, SessionReserveTokens: 8192, SessionFill: 0.8}},
 		KVIndex: kvindex.Config{MaxEntries: 4096, SpecTTLMin: 300 * time.Millisecond, SpecTTLMax: 4 * time.Second,
-			SpecPending: 50000, SpecPendingPerReplica: 5000},
+			SpecPending: 50000, SpecPendingPerReplica: 5000, Credit: kvindex.Weights{CPU: 0.7, Storage: 0.2}},
 		Tokenize:      tokenize.Config{Budget: 35 * time.Millisecond, CacheTokens: 9999, MaxResponseBytes: 64 << 10},
 		KVMinBlocks:   2,
 		AdapterWait:   10 * time.Second,

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 
 	"github.com/llmgw/llmgw/router/kvindex"
@@ -30,7 +31,8 @@ const (
 //     hashes (the low 64 bits, as KVBlocks and vLLM's int events carry
 //     them), sorted, a page of at most ?limit= (10,000) greater than
 //     ?after=HASH, with "next" when more follow; 404 when the index holds
-//     nothing for it. An admin's only: a hash is what a prompt's blocks
+//     nothing for it. ?tier=cpu or ?tier=storage lists that offload
+//     tier's hashes instead of the GPU's (design §7.5 "Offload tiers"). An admin's only: a hash is what a prompt's blocks
 //     hash to, so whoever can hash a guess learns whether a user sent it.
 func (r *Router) debugKVIndex(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
@@ -69,7 +71,34 @@ func (r *Router) debugKVIndex(w http.ResponseWriter, req *http.Request) {
 			return
 		}
 	}
-	st, hashes, more, ok := r.kv.BlocksPage(id, after, first, limit)
+	var (
+		st     kvindex.Status
+		hashes []uint64
+		more   bool
+		ok     bool
+	)
+	switch tier := q.Get("tier"); tier {
+	case "", "gpu":
+		st, hashes, more, ok = r.kv.BlocksPage(id, after, first, limit)
+	case "cpu", "storage":
+		t := map[string]kvindex.Tier{"cpu": kvindex.TierCPU, "storage": kvindex.TierStorage}[tier]
+		st, ok = r.kv.Status(id)
+		var all []uint64
+		if ok {
+			all, ok = r.kv.TierBlocks(id, t)
+		}
+		if !first {
+			i, found := slices.BinarySearch(all, after)
+			if found {
+				i++
+			}
+			all = all[i:]
+		}
+		hashes, more = all[:min(limit, len(all))], len(all) > limit
+	default:
+		http.Error(w, fmt.Sprintf("tier=%q: want gpu, cpu or storage", tier), http.StatusBadRequest)
+		return
+	}
 	if !ok {
 		writeDebugJSON(w, http.StatusNotFound, map[string]string{"error": "no kv state for replica " + id})
 		return

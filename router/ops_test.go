@@ -230,3 +230,45 @@ func TestDebugKVIndexPaged(t *testing.T) {
 		}
 	}
 }
+
+// TestDebugKVIndexTiers: ?tier= lists an offload tier's hashes, paged as
+// the GPU's are; an unknown tier is a 400.
+func TestDebugKVIndexTiers(t *testing.T) {
+	r, _, ops := serveOps(t, func(*Config) {})
+	seedKV(t, r, 1, 2)
+	if err := r.kv.Apply("n1", &llmgwv1.KVBlocks{ReplicaId: "demo-0", Uid: 5, Incarnation: 1, StoredCpu: []uint64{9, 3, 5}, StoredStorage: []uint64{7}}); err != nil {
+		t.Fatal(err)
+	}
+	client := newClient(t)
+	for _, tc := range []struct {
+		query, want string
+	}{
+		{"", "[1 2] <nil> 4"},
+		{"&tier=cpu", "[3 5 9] <nil> 4"},
+		{"&tier=cpu&limit=2", "[3 5] 5 4"},
+		{"&tier=cpu&after=5", "[9] <nil> 4"},
+		{"&tier=storage", "[7] <nil> 4"},
+	} {
+		resp, err := client.Get("http://" + ops + "/debug/kvindex?replica=demo-0" + tc.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var page struct {
+			Offloaded int
+			Hashes    []uint64 `json:"hashes"`
+			Next      *uint64  `json:"next"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		next := "<nil>"
+		if page.Next != nil {
+			next = fmt.Sprint(*page.Next)
+		}
+		if got := fmt.Sprint(page.Hashes, " ", next, " ", page.Offloaded); err != nil || resp.StatusCode != 200 || got != tc.want {
+			t.Errorf("%s: %d %q (%v), want %q", tc.query, resp.StatusCode, got, err, tc.want)
+		}
+	}
+	if code, body, err := get(t, client, "http://"+ops+"/debug/kvindex?replica=demo-0&tier=tape"); err != nil || code != 400 {
+		t.Errorf("tier=tape: %d %s (%v), want 400", code, body, err)
+	}
+}

@@ -484,6 +484,7 @@ func (r *Router) buildPipeline(src *mtls.Source) error {
 	r.dir = director.New(r.eps, sched, brs, r.reg,
 		director.WithAliases(aliases, nil),
 		director.WithKV(r.kv, tok, cfg.KVMinBlocks),
+		director.WithKVCredit(cfg.KVIndex.Credit),
 		director.WithAdapters(r.control, cfg.AdapterWait),
 		director.WithAdapterQueue(cfg.AdapterQueue, nil),
 		director.WithAdapterUse(r.control, cfg.ID, r.log))

@@ -165,7 +165,7 @@ func TestReceiveSurvivesLibraryPanic(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := &Listener{cfg: DefaultListenerConfig(), log: quiet, hub: hub, sub: panicky{},
-		mirror: newMirror("demo-0", 1, testBS, "0", DefaultMaxBlocks, 16), msgs: make(chan zmq4.Msg, 1)}
+		mirror: newMirror("demo-0", 1, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16), msgs: make(chan zmq4.Msg, 1)}
 	hub.add(l.mirror)
 	l.wg.Add(1)
 	go l.receive(t.Context())

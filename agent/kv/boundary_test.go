@@ -25,6 +25,7 @@ func (e *fakeEngine) restartEngine() {
 	defer e.mu.Unlock()
 	e.seq, e.ring = 0, nil
 	clear(e.held)
+	clear(e.off)
 }
 
 // reconnect makes a new PUB socket connect to endpoint, as a restarted

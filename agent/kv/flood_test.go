@@ -178,7 +178,7 @@ func TestMirrorCapacity(t *testing.T) {
 		{"over in a later event", []vllm.Event{st(1, 2), st(3), st(4)}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMirror("r", 1, testBS, "0", 3, 16)
+			m := newMirror("r", 1, testBS, "0", 3, DefaultMaxOffloadBlocks, 16)
 			if got := m.applyBatch(vllm.EventBatch{Events: tc.events}); got.overCap != tc.over {
 				t.Errorf("overCap = %v, want %v", got.overCap, tc.over)
 			}

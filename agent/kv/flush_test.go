@@ -138,7 +138,7 @@ func TestHubLag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, 16)
+	m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16)
 	m.newEngine(1)
 	hub.add(m)
 	hub.Changes() // the first report: a reset

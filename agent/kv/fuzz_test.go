@@ -31,7 +31,7 @@ func FuzzMirrorApply(f *testing.F) {
 		if err != nil {
 			return
 		}
-		m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, 16)
+		m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16)
 		m.newEngine(1)
 		// Twice: the second pass meets its own blocks as copies and parents.
 		m.applyBatch(b)

@@ -138,15 +138,19 @@ func (h *Hub) drop(m *mirror) {
 	h.mu.Unlock()
 }
 
-// totals is what the gauges read at scrape time.
-func (h *Hub) totals() (blocks, untrusted int) {
+// totals is what the gauges read at scrape time: distinct blocks on the
+// GPU and in each offload tier, untrusted replicas.
+func (h *Hub) totals() (blocks int, off [numOff]int, untrusted int) {
 	for _, m := range h.list() {
 		m.mu.Lock()
 		blocks += len(m.held)
+		for i := range off {
+			off[i] += len(m.off[i].held)
+		}
 		if m.untrusted {
 			untrusted++
 		}
 		m.mu.Unlock()
 	}
-	return blocks, untrusted
+	return blocks, off, untrusted
 }

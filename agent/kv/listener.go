@@ -83,6 +83,12 @@ type ListenerConfig struct {
 	// more are not its cache's (a forged or broken stream): the replica
 	// becomes untrusted and its mirror is emptied (design §7.5).
 	MaxBlocks int
+	// MaxOffloadBlocks caps the blocks the mirror holds in the engine's
+	// offload tiers (CPU and storage, together; design §7.5 "Offload
+	// tiers"), whose size vLLM does not report. Events that would hold more
+	// make the replica untrusted, as MaxBlocks does; 0 mirrors no offload
+	// tier (the agent reports GPU blocks only, as before tiers).
+	MaxOffloadBlocks int
 	// MaxBatchBytes caps one batch's decoded size, checked against what
 	// its msgpack headers declare before anything is allocated; a batch
 	// over it is undecodable (the replica becomes untrusted). A batch also
@@ -119,7 +125,7 @@ type ListenerConfig struct {
 func DefaultListenerConfig() ListenerConfig {
 	return ListenerConfig{BlockSize: 16, HashSeed: "0", ReplayTimeout: 2 * time.Second, ReplayBufferSteps: 10_000, QueueSize: 4096,
 		QueueBytes: DefaultQueueBytes, MaxMessageBytes: zmtp.DefaultMaxMessageBytes,
-		MaxBlocks: DefaultMaxBlocks, MaxBatchBytes: DefaultMaxBatchBytes, MaxReplayBytes: DefaultMaxReplayBytes}
+		MaxBlocks: DefaultMaxBlocks, MaxOffloadBlocks: DefaultMaxOffloadBlocks, MaxBatchBytes: DefaultMaxBatchBytes, MaxReplayBytes: DefaultMaxReplayBytes}
 }
 
 // Bounds of one engine's KV state (design §7.5 "Bounds").
@@ -129,6 +135,14 @@ const (
 	// past a small model's on the largest GPU, and a mirror of that many
 	// blocks is about 150 MB.
 	DefaultMaxBlocks = 1 << 20
+	// DefaultMaxOffloadBlocks is the offload tiers' block cap: 2^20
+	// blocks of 16 tokens is 16 M tokens, 192 GiB of host memory at a
+	// 0.5B model's 12 KiB a token, and a mirror of about 150 MB. With
+	// DefaultMaxBlocks it keeps a replica's hashes over all tiers within
+	// the control plane's agent_kv_blocks_per_replica default (2 Mi), past
+	// which the whole session would end rather than one replica go
+	// untrusted.
+	DefaultMaxOffloadBlocks = 1 << 20
 	// DefaultMaxBatchBytes bounds one decoded batch. vLLM publishes a
 	// batch per step, and a step's events are bounded by the tokens it
 	// schedules (tens of thousands): a megabyte or two decoded. 32 MiB
@@ -162,6 +176,8 @@ func (c ListenerConfig) Validate() error {
 		return errors.New("kv listener: max_message_bytes: must be at least 1")
 	case c.MaxBlocks <= 0:
 		return errors.New("kv listener: max_blocks: must be at least 1")
+	case c.MaxOffloadBlocks < 0:
+		return errors.New("kv listener: max_offload_blocks: must not be negative")
 	case c.MaxBatchBytes <= 0:
 		return errors.New("kv listener: max_batch_bytes: must be at least 1")
 	case c.MaxReplayBytes <= 0:
@@ -239,7 +255,7 @@ func (h *Hub) Listen(cfg ListenerConfig, logger *slog.Logger) (*Listener, error)
 	ctx, cancel := context.WithCancel(context.Background())
 	l := &Listener{
 		cfg: cfg, log: logger.With("replica", cfg.ReplicaID), hub: h,
-		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed, cfg.MaxBlocks, cfg.QueueSize+recentSlack),
+		mirror: newMirror(cfg.ReplicaID, cfg.UID, cfg.BlockSize, cfg.HashSeed, cfg.MaxBlocks, cfg.MaxOffloadBlocks, cfg.QueueSize+recentSlack),
 		msgs:   make(chan zmq4.Msg, cfg.QueueSize), queued: newByteBudget(cfg.QueueBytes), cancel: cancel,
 		connected: make(chan struct{}, 1), pace: newRedialPacer(),
 	}
@@ -365,8 +381,8 @@ func (l *Listener) SetEngineBlocks(n int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.maxBlocks = n
-	if len(m.byEngine) > n && !m.untrusted {
-		l.untrustLocked("the mirror holds more blocks than the engine's cache", "blocks", len(m.byEngine), "num_gpu_blocks", n)
+	if m.gpuBlocks > n && !m.untrusted {
+		l.untrustLocked("the mirror holds more blocks than the engine's cache", "blocks", m.gpuBlocks, "num_gpu_blocks", n)
 	}
 }
 
@@ -574,7 +590,7 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	m.seq = seqState{started: true, next: seq + 1}
 	m.recent.add(seq, payload)
 	b, err := vllm.DecodeEventBatchLimited(payload, vllm.DecodeLimits{MaxDecodedBytes: l.cfg.MaxBatchBytes,
-		MaxBlockHashes: 2 * m.maxBlocks})
+		MaxBlockHashes: 2 * (m.maxBlocks + m.maxOffload)})
 	if err != nil {
 		met.badBatches.Inc()
 		if !m.untrusted {
@@ -607,7 +623,7 @@ func (l *Listener) applyLocked(seq uint64, payload []byte) {
 	}
 	if st.overCap {
 		met.overCap.Inc()
-		l.untrustLocked("the engine's events hold more blocks than its cache", "seq", seq, "max_blocks", m.maxBlocks)
+		l.untrustLocked("the engine's events hold more blocks than its cache", "seq", seq, "max_blocks", m.maxBlocks, "max_offload_blocks", m.maxOffload)
 		return
 	}
 	if wasUntrusted && st.regainedTrust {

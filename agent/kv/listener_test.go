@@ -42,6 +42,9 @@ type fakeEngine struct {
 	buffer int
 	ring   [][2][]byte // seq frame, payload
 	held   map[uint64]int
+	// off is the offload tiers' blocks by medium: sets, as vLLM's
+	// offloading managers keep them.
+	off map[string]map[uint64]bool
 }
 
 func newFakeEngine(t *testing.T, buffer int, enc vllm.Encoding, asInt, silent bool) (*fakeEngine, string) {
@@ -136,10 +139,18 @@ func (e *fakeEngine) publish(drop bool, events ...vllm.Event) {
 	for _, ev := range events {
 		switch x := ev.(type) {
 		case *vllm.BlockStored:
+			if !x.OnGPU() {
+				e.offTier(*x.Medium, x.BlockHashes, true)
+				continue
+			}
 			for _, h := range x.BlockHashes {
 				e.held[h.Uint64()]++
 			}
 		case *vllm.BlockRemoved:
+			if !x.OnGPU() {
+				e.offTier(*x.Medium, x.BlockHashes, false)
+				continue
+			}
 			for _, h := range x.BlockHashes {
 				if e.held[h.Uint64()]--; e.held[h.Uint64()] <= 0 {
 					delete(e.held, h.Uint64())
@@ -147,6 +158,7 @@ func (e *fakeEngine) publish(drop bool, events ...vllm.Event) {
 			}
 		case *vllm.AllBlocksCleared:
 			clear(e.held)
+			clear(e.off)
 		}
 	}
 	e.mu.Unlock()
@@ -156,6 +168,35 @@ func (e *fakeEngine) publish(drop bool, events ...vllm.Event) {
 	if err := e.pub.SendMulti(zmq4.NewMsgFrom(vllm.PubFrames(e.topic, seq, payload)...)); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// offTier applies an offload tier's store or removal to the ground truth.
+func (e *fakeEngine) offTier(medium string, hs []vllm.ExternalBlockHash, stored bool) {
+	if e.off == nil {
+		e.off = map[string]map[uint64]bool{}
+	}
+	if e.off[medium] == nil {
+		e.off[medium] = map[uint64]bool{}
+	}
+	for _, h := range hs {
+		if stored {
+			e.off[medium][h.Uint64()] = true
+		} else {
+			delete(e.off[medium], h.Uint64())
+		}
+	}
+}
+
+// offTruth is offload tier medium's blocks, sorted.
+func (e *fakeEngine) offTruth(medium string) []uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := []uint64{}
+	for h := range e.off[medium] {
+		out = append(out, h)
+	}
+	slices.Sort(out)
+	return out
 }
 
 func (e *fakeEngine) truth() []uint64 {

@@ -74,13 +74,16 @@ func newMetrics(reg prometheus.Registerer, h *Hub) (*metrics, error) {
 			Buckets: LagBuckets}, []string{"edge"}),
 	}
 	blocks := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmgw_agent_kv_blocks",
-		Help: "Distinct KV-cache blocks held in the mirrors of this node's engines."},
-		func() float64 { b, _ := h.totals(); return float64(b) })
+		Help: "Distinct KV-cache blocks held on the GPU in the mirrors of this node's engines."},
+		func() float64 { b, _, _ := h.totals(); return float64(b) })
+	offloaded := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmgw_agent_kv_offloaded_blocks",
+		Help: "Distinct KV-cache blocks held in the offload tiers (CPU and storage, each counted) in the mirrors of this node's engines."},
+		func() float64 { _, o, _ := h.totals(); return float64(o[offCPU] + o[offStorage]) })
 	untrusted := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "llmgw_agent_kv_untrusted_replicas",
 		Help: "Replicas whose KV state is untrusted after a gap replay could not close."},
-		func() float64 { _, u := h.totals(); return float64(u) })
+		func() float64 { _, _, u := h.totals(); return float64(u) })
 	for _, c := range []prometheus.Collector{m.events, m.batches, m.badBatches, m.gaps, m.replays, m.resets,
-		m.mismatches, m.listenFailures, m.framesRefused, m.overCap, m.lag, blocks, untrusted} {
+		m.mismatches, m.listenFailures, m.framesRefused, m.overCap, m.lag, blocks, offloaded, untrusted} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

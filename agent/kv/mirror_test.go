@@ -84,7 +84,7 @@ func TestMirror(t *testing.T) {
 			want{blocks: u64s()}},
 		{"unknown removal ignored", []vllm.Event{storedEv(nil, a[:1], toks(1, 4)), removedEv(42)},
 			want{blocks: u64s(a[0])}},
-		{"cpu medium ignored", []vllm.Event{func() vllm.Event {
+		{"cpu medium not on the gpu", []vllm.Event{func() vllm.Event {
 			e := storedEv(nil, a[:1], toks(1, 4))
 			e.Medium = vllm.Ptr(vllm.MediumCPU)
 			return e
@@ -128,7 +128,7 @@ func TestMirror(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, 16)
+			m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16)
 			m.newEngine(1)
 			st := m.applyBatch(vllm.EventBatch{Events: tc.events})
 			if got := m.blocks(); !slices.Equal(got, tc.want.blocks) {
@@ -147,11 +147,39 @@ func TestMirror(t *testing.T) {
 func checkInvariants(t testing.TB, m *mirror) {
 	t.Helper()
 	want := map[uint64]int{}
+	var off [numOff]map[uint64]int
+	for i := range off {
+		off[i] = map[uint64]int{}
+	}
+	gpu := 0
 	for _, b := range m.byEngine {
-		if b.copies <= 0 {
-			t.Fatalf("held block with %d copies", b.copies)
+		if b.copies < 0 || (b.copies == 0 && b.offloaded == 0) {
+			t.Fatalf("held block with %d copies in no offload tier", b.copies)
 		}
-		want[b.canon]++
+		if b.copies > 0 {
+			want[b.canon]++
+			gpu++
+		}
+		for i := range numOff {
+			if b.offloaded&(1<<i) != 0 {
+				off[i][b.canon]++
+			}
+		}
+	}
+	if gpu != m.gpuBlocks {
+		t.Fatalf("gpuBlocks %d, engine map holds %d", m.gpuBlocks, gpu)
+	}
+	for i := range numOff {
+		n := 0
+		for h, c := range off[i] {
+			n += c
+			if m.off[i].held[h] != c {
+				t.Fatalf("tier %d: canonical %d held %d times, engine map says %d", i, h, m.off[i].held[h], c)
+			}
+		}
+		if len(off[i]) != len(m.off[i].held) || n != m.off[i].n {
+			t.Fatalf("tier %d: held %d canonical hashes (%d engine), engine map implies %d (%d)", i, len(m.off[i].held), m.off[i].n, len(off[i]), n)
+		}
 	}
 	if len(want) != len(m.held) {
 		t.Fatalf("held %d canonical hashes, engine map implies %d", len(m.held), len(want))
@@ -166,7 +194,7 @@ func checkInvariants(t testing.TB, m *mirror) {
 func TestMirrorReports(t *testing.T) {
 	root := vllm.NoneHash("0")
 	a := chain(t, root, toks(1, 12))
-	m := newMirror("r", 9, testBS, "0", DefaultMaxBlocks, 16)
+	m := newMirror("r", 9, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16)
 	if r := m.report(false); r != nil {
 		t.Fatalf("report before the engine started: %v", r)
 	}
@@ -221,7 +249,7 @@ func TestMirrorReports(t *testing.T) {
 
 func TestMirrorUntrusted(t *testing.T) {
 	a := chain(t, vllm.NoneHash("0"), toks(1, 8))
-	m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, 16)
+	m := newMirror("r", 1, testBS, "0", DefaultMaxBlocks, DefaultMaxOffloadBlocks, 16)
 	m.newEngine(1)
 	m.applyBatch(vllm.EventBatch{Events: []vllm.Event{storedEv(nil, a, toks(1, 8))}})
 	m.report(false)

@@ -76,6 +76,39 @@ type kvState struct {
 	untrusted        bool
 	reason           string // why untrusted, in the agent's words
 	blocks           map[uint64]struct{}
+	// cpu and storage are the offload tiers' sets (KVBlocks.stored_cpu,
+	// stored_storage); nil while the replica reported none.
+	cpu, storage map[uint64]struct{}
+}
+
+// applyTier applies one offload tier's lists to its set, which a reset
+// has emptied already.
+func applyTier(set *map[uint64]struct{}, stored, removed []uint64) {
+	if len(stored) > 0 && *set == nil {
+		*set = make(map[uint64]struct{}, len(stored))
+	}
+	for _, h := range stored {
+		(*set)[h] = struct{}{}
+	}
+	for _, h := range removed {
+		delete(*set, h)
+	}
+}
+
+// held is how many hashes the replica's tiers hold, together: what the
+// node's budget counts.
+func (k *kvState) held() int { return len(k.blocks) + len(k.cpu) + len(k.storage) }
+
+// keys returns a set's hashes, unsorted (see copy), or nil.
+func keys(set map[uint64]struct{}) []uint64 {
+	if len(set) == 0 {
+		return nil
+	}
+	out := make([]uint64, 0, len(set))
+	for h := range set {
+		out = append(out, h)
+	}
+	return out
 }
 
 func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
@@ -84,6 +117,7 @@ func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
 		// about this one. Sized for the set, as a full copy's 250 k
 		// hashes a replica would otherwise grow the map a dozen times.
 		k.blocks = make(map[uint64]struct{}, len(b.Stored))
+		k.cpu, k.storage = nil, nil // a reset resets every tier
 	}
 	k.uid, k.incarnation, k.untrusted, k.reason = b.Uid, b.Incarnation, b.Untrusted, b.UntrustedReason
 	if b.BlockSize != 0 {
@@ -95,6 +129,8 @@ func (k *kvState) apply(b *llmgwv1.KVBlocks, reset bool) {
 	for _, h := range b.Removed {
 		delete(k.blocks, h)
 	}
+	applyTier(&k.cpu, b.StoredCpu, b.RemovedCpu)
+	applyTier(&k.storage, b.StoredStorage, b.RemovedStorage)
 }
 
 // copy returns the set as a reset, its hashes unsorted: the caller holds
@@ -106,6 +142,7 @@ func (k *kvState) copy(replicaID string) *llmgwv1.KVBlocks {
 	for h := range k.blocks {
 		out.Stored = append(out.Stored, h)
 	}
+	out.StoredCpu, out.StoredStorage = keys(k.cpu), keys(k.storage)
 	return out
 }
 
@@ -114,6 +151,8 @@ func (k *kvState) copy(replicaID string) *llmgwv1.KVBlocks {
 func sortCopy(u *llmgwv1.EphemeralUpdate) {
 	for _, k := range u.Kv {
 		slices.Sort(k.Stored)
+		slices.Sort(k.StoredCpu)
+		slices.Sort(k.StoredStorage)
 	}
 }
 
@@ -145,7 +184,7 @@ func (s *Store) Changed() <-chan struct{} {
 type Budget struct {
 	Statuses int // replica statuses
 	Adapters int // adapter statuses, over all replicas
-	KVBlocks int // KV block hashes, over all replicas
+	KVBlocks int // KV block hashes, over all replicas and all their tiers
 }
 
 // Usage is what the store holds for one node, in Budget's terms.
@@ -166,7 +205,7 @@ func (e *OverBudgetError) Error() string {
 func (d *nodeData) usage() Usage {
 	u := Usage{Statuses: len(d.statuses)}
 	for _, k := range d.kv {
-		u.KVBlocks += len(k.blocks)
+		u.KVBlocks += k.held()
 	}
 	for _, byName := range d.adapters {
 		u.Adapters += len(byName)

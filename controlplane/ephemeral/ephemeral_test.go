@@ -272,3 +272,38 @@ func joinSpace(parts []string) string {
 	}
 	return out
 }
+
+// TestKVTiersAreHeldForCopies: the offload tiers' sets are kept beside the
+// GPU tier's, a reset replaces every tier, and the budget counts them all.
+func TestKVTiersAreHeldForCopies(t *testing.T) {
+	s := NewStore()
+	full := upd(1, 1, true, "a")
+	full.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 1, Stored: []uint64{1}, StoredCpu: []uint64{3, 1, 2}, StoredStorage: []uint64{5}}}
+	s.Apply(full)
+	d := upd(1, 2, false)
+	d.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 1, StoredCpu: []uint64{4}, RemovedCpu: []uint64{1}, RemovedStorage: []uint64{5}}}
+	s.Apply(d)
+	copyOf := func() *llmgwv1.KVBlocks {
+		_, copies := s.Subscribe(1)
+		if len(copies) != 1 || len(copies[0].Kv) != 1 {
+			t.Fatalf("copies: %v", copies)
+		}
+		return copies[0].Kv[0]
+	}
+	if k := copyOf(); !k.Reset_ || fmt.Sprint(k.Stored, k.StoredCpu, k.StoredStorage) != "[1] [2 3 4] []" {
+		t.Fatalf("after a delta: %v", k)
+	}
+	d = upd(1, 3, false)
+	d.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "a", Uid: 1, Incarnation: 1, Reset_: true, Stored: []uint64{9}}}
+	s.Apply(d)
+	if k := copyOf(); fmt.Sprint(k.Stored, k.StoredCpu, k.StoredStorage) != "[9] [] []" {
+		t.Fatalf("a reset keeps an offload tier: %v", k)
+	}
+	// The budget counts every tier: 1 GPU and 3 CPU hashes are 4.
+	u := upd(2, 1, true, "b")
+	u.Node = "n2"
+	u.Kv = []*llmgwv1.KVBlocks{{ReplicaId: "b", Uid: 1, Incarnation: 1, Stored: []uint64{1}, StoredCpu: []uint64{1, 2, 3}}}
+	if v, err := s.ApplyWithin(u, Budget{KVBlocks: 3}); err == nil {
+		t.Fatalf("4 hashes over tiers within a budget of 3: %v", v)
+	}
+}

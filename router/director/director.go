@@ -38,6 +38,7 @@ import (
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router/breaker"
 	"github.com/llmgw/llmgw/router/endpoint"
+	"github.com/llmgw/llmgw/router/kvindex"
 	"github.com/llmgw/llmgw/router/openai"
 	"github.com/llmgw/llmgw/router/scheduler"
 )
@@ -124,6 +125,7 @@ type kvOptions struct {
 	idx       KVIndex
 	tok       Tokenizer
 	minBlocks int
+	weights   *kvindex.Weights
 }
 
 type adapterOptions struct {
@@ -139,6 +141,18 @@ type adapterOptions struct {
 // every request is routed by tiers 0 and 1.
 func WithKV(idx KVIndex, tok Tokenizer, minBlocks int) Option {
 	return func(o *options) { o.kv = &kvOptions{idx: idx, tok: tok, minBlocks: minBlocks} }
+}
+
+// WithKVCredit credits blocks an engine holds in an offload tier by w
+// (design §7.5 "Offload tiers"), when WithKV's index knows tiers
+// (TieredKVIndex). Without it tier 2 credits GPU blocks only. It applies
+// after WithKV.
+func WithKVCredit(w kvindex.Weights) Option {
+	return func(o *options) {
+		if o.kv != nil {
+			o.kv.weights = &w
+		}
+	}
 }
 
 // WithAdapters lets a request for a cold adapter wait up to wait for it to
@@ -187,6 +201,9 @@ func New(table Table, sched Scheduler, breakers BreakerViews, reg prometheus.Reg
 	if o.kv != nil {
 		kv = &tier2{idx: o.kv.idx, tok: o.kv.tok, loads: table, minBlocks: o.kv.minBlocks, m: newKVMetrics(reg),
 			prefill: newPrefillLedger(time.Now)}
+		if tx, ok := o.kv.idx.(TieredKVIndex); ok && o.kv.weights != nil {
+			kv.tiers, kv.weights = tx, *o.kv.weights
+		}
 	}
 	res := &resolver{models: table, holdings: table, loads: table, m: adm}
 	if o.aliases != nil && o.aliases.table != nil {

@@ -36,6 +36,13 @@ type KVIndex interface {
 	Status(id string) (kvindex.Status, bool)
 }
 
+// TieredKVIndex is a KVIndex that knows the engines' offload tiers
+// (kvindex.Index): tier 2 then credits a block by the best tier holding it
+// (design §7.5 "Offload tiers").
+type TieredKVIndex interface {
+	LookupTiers(hashes []uint64, w kvindex.Weights, pending bool, dst []kvindex.TierMatch) []kvindex.TierMatch
+}
+
 // Tokenizer tokenizes through an engine within its budget
 // (tokenize.Client). Safe for concurrent use; the returned tokens are not
 // modified.
@@ -51,8 +58,12 @@ type tier2 struct {
 	tok       Tokenizer
 	loads     Loads
 	minBlocks int
-	m         *kvMetrics
-	prefill   *prefillLedger
+	// tiers, when set, is idx's tiered lookup and weights its credits;
+	// nil looks up the GPU tier alone.
+	tiers   TieredKVIndex
+	weights kvindex.Weights
+	m       *kvMetrics
+	prefill *prefillLedger
 }
 
 // query returns the KVQuery for a request to model m over eps, or nil
@@ -145,6 +156,11 @@ func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.M
 			q.Capacity[e.ReplicaID] = int(min(e.KVCacheBlocks, math.MaxInt32))
 		}
 	}
+	if t.tiers != nil {
+		t.lookupTiers(q, low, prof.Speculation, byID)
+		q.BlockSize = bs
+		return q, low
+	}
 	lookup := t.idx.Lookup
 	if prof.Speculation {
 		lookup = t.idx.LookupPending
@@ -168,6 +184,29 @@ func (t *tier2) query(ctx context.Context, prof *scheduler.Profile, m *llmgwv1.M
 			attribute.Int("llmgw.kv.replicas_matched", len(q.Matched))))
 	}
 	return q, low
+}
+
+// lookupTiers fills q's Matched, Pending and Credit from the tiered
+// lookup: Matched keeps its meaning (leading blocks on the GPU), Credit
+// adds the offload tiers.
+func (t *tier2) lookupTiers(q *scheduler.KVQuery, low []uint64, pending bool, byID map[string]*endpoint.Endpoint) {
+	q.Credit, q.Reusable = map[string]float64{}, map[string]int{}
+	for _, mt := range t.tiers.LookupTiers(low, t.weights, pending, nil) {
+		e := byID[mt.ID]
+		if e == nil || e.UID != mt.UID || e.Incarnation != mt.Incarnation || mt.Untrusted {
+			continue
+		}
+		q.Credit[mt.ID], q.Reusable[mt.ID] = mt.Credit, mt.Blocks
+		if mt.GPU > 0 {
+			q.Matched[mt.ID] = mt.GPU
+		}
+		if mt.Pending > 0 {
+			if q.Pending == nil {
+				q.Pending = map[string]int{}
+			}
+			q.Pending[mt.ID] = mt.Pending
+		}
+	}
 }
 
 // maxPrefillAge bounds how long a send counts as queued prefill without a
@@ -314,7 +353,11 @@ func (t *tier2) observe(q *scheduler.KVQuery, replica string, api openai.API, st
 	if !ok {
 		return
 	}
+	// vLLM counts the tokens its connector loads back as cached too.
 	pred := min(q.Matched[replica], q.Total)
+	if q.Reusable != nil {
+		pred = min(q.Reusable[replica], q.Total)
+	}
 	rep := cached / q.BlockSize
 	t.m.predicted.Add(float64(pred))
 	t.m.reported.Add(float64(rep))

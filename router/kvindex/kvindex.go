@@ -49,6 +49,10 @@ type Config struct {
 	// kv_speculation_max_pending_per_replica; 0 takes the default.
 	SpecPending           int `yaml:"kv_speculation_max_pending"`
 	SpecPendingPerReplica int `yaml:"kv_speculation_max_pending_per_replica"`
+	// Credit weighs the blocks an engine holds in its offload tiers in
+	// tier 2's prefix score (tiers.go; keys kv_credit_cpu,
+	// kv_credit_storage).
+	Credit Weights `yaml:",inline"`
 	// Now is the clock of speculative entries; nil is time.Now.
 	Now func() time.Time `yaml:"-"`
 }
@@ -56,13 +60,16 @@ type Config struct {
 // DefaultConfig holds 8 Mi entries and the speculation defaults.
 func DefaultConfig() Config {
 	return Config{MaxEntries: 8 << 20, SpecTTLMin: defaultSpecTTLMin, SpecTTLMax: defaultSpecTTLMax,
-		SpecPending: defaultSpecPending, SpecPendingPerReplica: defaultSpecPerReplica}
+		SpecPending: defaultSpecPending, SpecPendingPerReplica: defaultSpecPerReplica, Credit: DefaultWeights()}
 }
 
 // Validate names the bad field by its configuration key.
 func (c Config) Validate() error {
 	if c.MaxEntries < 1 {
 		return fmt.Errorf("kv_index_max_entries: must be at least 1, got %d", c.MaxEntries)
+	}
+	if err := c.Credit.Validate(); err != nil {
+		return err
 	}
 	return c.validateSpec()
 }
@@ -86,8 +93,10 @@ type Status struct {
 	Untrusted bool
 	// BlockSize is the engine's block size in tokens (0: not reported).
 	BlockSize uint32
-	// Blocks is how many blocks it holds.
-	Blocks int
+	// Blocks is how many blocks it holds on the GPU, and Offloaded how
+	// many it holds in an offload tier (CPU or storage) only or as well.
+	Blocks    int
+	Offloaded int
 }
 
 // Match is one replica's answer to a lookup.
@@ -134,6 +143,9 @@ type replica struct {
 	Status
 	slot   uint16
 	blocks hashSet
+	// off is the offload tiers' blocks (bits offCPU, offStorage): a map,
+	// since most fleets offload nothing.
+	off map[uint64]uint8
 	// pending maps a hash recorded by Speculate to its recording time
 	// (unix ns); queue holds them oldest first (spec.go). gone marks a
 	// replica dropped from the index, whose queued entries are stale.
@@ -169,13 +181,16 @@ type Index struct {
 	mu sync.RWMutex
 	// holders maps a block hash to the slots of the replicas holding it —
 	// 1 to a handful each, so a short array beats any set (table.go).
-	holders  blockTable
-	spill    map[uint64][]uint16 // holder sets past inlineHolders
-	replicas map[string]*replica // by replica id: one incarnation each
-	slots    []*replica          // by slot; nil when free
-	free     []uint16
-	entries  int
-	dropped  uint64 // stores refused at MaxEntries
+	holders blockTable
+	spill   map[uint64][]uint16 // holder sets past inlineHolders
+	// offHolders maps a block hash to the slots holding it in an offload
+	// tier (tiers.go).
+	offHolders map[uint64][]offHolder
+	replicas   map[string]*replica // by replica id: one incarnation each
+	slots      []*replica          // by slot; nil when free
+	free       []uint16
+	entries    int
+	dropped    uint64 // stores refused at MaxEntries
 
 	spec specState
 
@@ -188,7 +203,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
 		return nil, err
 	}
 	cfg.fillSpec()
-	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
+	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), offHolders: make(map[uint64][]offHolder), replicas: make(map[string]*replica)}
 	x.holders.init(minCap)
 	x.spec = specState{holders: make(map[uint64][]uint16), dropped: make(map[string]uint64),
 		ttl: min(max(defaultSpecTTLInitial, cfg.SpecTTLMin), cfg.SpecTTLMax)}
@@ -282,7 +297,19 @@ func (x *Index) applyLocked(node string, u *llmgwv1.KVBlocks) error {
 	for _, h := range u.GetStored() {
 		x.storeLocked(r, h)
 	}
+	for _, t := range []struct {
+		stored, removed []uint64
+		bit             uint8
+	}{{u.GetStoredCpu(), u.GetRemovedCpu(), offCPU}, {u.GetStoredStorage(), u.GetRemovedStorage(), offStorage}} {
+		for _, h := range t.removed {
+			x.removeOffLocked(r, h, t.bit)
+		}
+		for _, h := range t.stored {
+			x.storeOffLocked(r, h, t.bit)
+		}
+	}
 	r.Blocks = r.blocks.Len()
+	r.Offloaded = len(r.off)
 	return nil
 }
 
@@ -385,6 +412,7 @@ func (x *Index) clearLocked(r *replica) {
 	x.clearPendingLocked(r, DropReset)
 	r.blocks.each(func(h uint64) { x.unholdLocked(r.slot, h) })
 	x.entries -= r.blocks.Len()
+	x.clearOffLocked(r) // a reset resets every tier
 	// A fresh set rather than emptying it in place: it would keep its peak
 	// size, and a reset is when an engine's set is likely to have shrunk.
 	r.blocks = hashSet{}
@@ -532,8 +560,10 @@ func (x *Index) Replicas() []Status {
 	return out
 }
 
-// Size is the index's size: distinct block hashes, (block, replica)
-// entries, replicas, and stores dropped at MaxEntries since the start.
+// Size is the index's size: distinct block hashes on GPUs, (block,
+// replica) entries of every tier (an offloaded block counts once however
+// many offload tiers hold it), replicas, and stores dropped at MaxEntries
+// since the start.
 type Size struct {
 	Blocks, Entries, Replicas int
 	Dropped                   uint64

@@ -220,9 +220,30 @@ func checkInvariants(t testing.TB, x *Index) {
 				t.Fatalf("replica %s holds %x but holders do not list it", r.ID, h)
 			}
 		})
-		n += r.blocks.Len()
+		n += r.blocks.Len() + len(r.off)
+		if r.Offloaded != len(r.off) {
+			t.Fatalf("replica %s: Offloaded %d, map %d", r.ID, r.Offloaded, len(r.off))
+		}
+		for h, b := range r.off {
+			if b == 0 || offTiersOf(x.offHolders[h], r.slot) != b {
+				t.Fatalf("replica %s offloads %x (tiers %b) but offHolders do not list it", r.ID, h, b)
+			}
+		}
+	}
+	for h, hs := range x.offHolders {
+		if len(hs) == 0 {
+			t.Fatalf("empty offload holder list kept for %x", h)
+		}
+		for _, o := range hs {
+			if r := x.slots[o.slot]; r == nil || r.off[h] != o.tiers {
+				t.Fatalf("offHolders list slot %d for %x (tiers %b), its map does not", o.slot, h, o.tiers)
+			}
+		}
 	}
 	m := 0
+	for _, hs := range x.offHolders {
+		m += len(hs)
+	}
 	for _, sl := range x.holders.slots {
 		if sl.n == 0 {
 			continue

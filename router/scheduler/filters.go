@@ -131,17 +131,17 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 		return append(out, in...)
 	}
 	hot := f.guard.Hot(in)
-	best := 0
+	best := 0.0
 	for i := range in {
 		id := in[i].Key.ID
 		if q.Untrusted[id] {
 			return append(out, in...)
 		}
 		if hot == nil || !hot[i] {
-			best = max(best, min(q.Matched[id], q.Total))
+			best = max(best, q.Credited(id))
 		}
 	}
-	if best < max(q.MinBlocks, 1) {
+	if !creditReaches(best, max(q.MinBlocks, 1)) {
 		n := len(out)
 		out = f.place(key, hot, in, out)
 		if len(out) == n+1 {
@@ -151,7 +151,7 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 	}
 	j := -1
 	for i := range in {
-		if (hot == nil || !hot[i]) && min(q.Matched[in[i].Key.ID], q.Total) == best &&
+		if (hot == nil || !hot[i]) && q.Credited(in[i].Key.ID) == best &&
 			(j < 0 || rank(key, &in[i]) > rank(key, &in[j])) {
 			j = i
 		}

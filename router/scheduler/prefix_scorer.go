@@ -121,7 +121,7 @@ func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []
 	// bestPending: how many of the best match's blocks were pending —
 	// the fewest among replicas tied for it, so a hit counts as
 	// speculative only when confirmed blocks alone would not have made it.
-	best, bestPending, untrusted := 0, 0, false
+	best, bestPending, untrusted := 0.0, 0, false
 	for i := range cands {
 		id := cands[i].Key.ID
 		if hot != nil && hot[i] {
@@ -131,16 +131,16 @@ func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []
 			untrusted = true
 			continue
 		}
-		m := min(q.Matched[id], q.Total)
+		m := q.Credited(id)
 		switch pend := q.Pending[id]; {
 		case m > best:
 			best, bestPending = m, pend
 		case m == best:
 			bestPending = min(bestPending, pend)
 		}
-		out[i] = float64(m) / float64(q.Total)
+		out[i] = m / float64(q.Total)
 	}
-	if best < max(q.MinBlocks, 1) {
+	if !creditReaches(best, max(q.MinBlocks, 1)) {
 		clear(out)
 		if hot != nil {
 			return KVLoadOverride // only hot replicas hold it: load decides
@@ -181,7 +181,7 @@ func (p *prefixScorer) scoreKV(r *Request, q *KVQuery, cands []Candidate, out []
 // prefill a replica would spend before this prompt's first token,
 //
 //	cost = own + KVQueueWeight × queued
-//	own    = prompt tokens − leading blocks held × block size
+//	own    = prompt tokens − credited blocks × block size
 //	queued = max(this router's prefill sent there without a first byte yet,
 //	             the engine's waiting requests × the mean own cost)
 //
@@ -200,7 +200,7 @@ func (p *prefixScorer) costScores(q *KVQuery, cands []Candidate, out []float64) 
 		if q.Untrusted[id] {
 			continue
 		}
-		out[i] = float64(max(tokens-min(q.Matched[id], q.Total)*bs, 0))
+		out[i] = max(float64(tokens)-q.Credited(id)*float64(bs), 0)
 		sum += out[i]
 		n++
 	}

@@ -92,9 +92,21 @@ type KVQuery struct {
 	// KV* reasons); tier 1 decides.
 	Fallback string
 	// Matched is how many of the prompt's leading blocks each replica (by
-	// ID) holds, out of Total; a replica absent holds none.
+	// ID) holds on its GPU, out of Total; a replica absent holds none.
 	Matched map[string]int
 	Total   int
+	// Credit is each replica's credited blocks over every tier of its
+	// cache (design §7.5 "Offload tiers"): the leading blocks it holds in
+	// any tier, each weighed by its best tier's credit (GPU 1, CPU and
+	// storage less). nil when the index gave no tiers: Matched is then the
+	// credit. The prefix scorer and the KV affinity filter rank by it
+	// (Credited); the cache-pressure rule keeps to Matched, since what it
+	// weighs is GPU space.
+	Credit map[string]float64
+	// Reusable is how many leading blocks each replica holds in any tier:
+	// what its engine reuses, loading the offloaded ones back, and so what
+	// it reports as cached. nil when the index gave no tiers (Matched).
+	Reusable map[string]int
 	// Untrusted replicas' KV state is unknown: tier 1 scores them.
 	Untrusted map[string]bool
 	// MinBlocks is the fewest leading blocks worth preferring a replica
@@ -118,6 +130,19 @@ type KVQuery struct {
 	Held     map[string]int
 	Capacity map[string]int
 }
+
+// Credited is replica id's credited blocks (Credit, or Matched without
+// tiers), at most Total.
+func (q *KVQuery) Credited(id string) float64 {
+	if q.Credit != nil {
+		return min(q.Credit[id], float64(q.Total))
+	}
+	return float64(min(q.Matched[id], q.Total))
+}
+
+// creditReaches reports whether credited blocks c reach n whole blocks,
+// float sums' rounding aside.
+func creditReaches(c float64, n int) bool { return c+1e-9 >= float64(n) }
 
 // Request is what the scheduler knows of a request.
 type Request struct {

@@ -4434,8 +4434,20 @@ type KVBlocks struct {
 	// Why the KV state is untrusted, when it is: the agent's words, shown by
 	// llmgwctl replica list and the console.
 	UntrustedReason string `protobuf:"bytes,12,opt,name=untrusted_reason,json=untrustedReason,proto3" json:"untrusted_reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Offload tiers (design §7.5 "Offload tiers"): the blocks the engine's
+	// KV offloading (vLLM's OffloadingConnector, LMCache) holds in CPU memory
+	// and in storage (vLLM's medium "CPU"; "DISK" or "STORAGE"), under the
+	// same canonical hashes as stored/removed, which are the GPU tier. Each
+	// tier is its own set: a block may be in several at once. A reset
+	// replaces every tier (these lists are then the tiers' whole sets), and
+	// a continued entry appends to these lists as to stored and removed.
+	// A router from before tiers ignores them and credits GPU blocks only.
+	StoredCpu      []uint64 `protobuf:"fixed64,13,rep,packed,name=stored_cpu,json=storedCpu,proto3" json:"stored_cpu,omitempty"`
+	RemovedCpu     []uint64 `protobuf:"fixed64,14,rep,packed,name=removed_cpu,json=removedCpu,proto3" json:"removed_cpu,omitempty"`
+	StoredStorage  []uint64 `protobuf:"fixed64,15,rep,packed,name=stored_storage,json=storedStorage,proto3" json:"stored_storage,omitempty"`
+	RemovedStorage []uint64 `protobuf:"fixed64,16,rep,packed,name=removed_storage,json=removedStorage,proto3" json:"removed_storage,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *KVBlocks) Reset() {
@@ -4550,6 +4562,34 @@ func (x *KVBlocks) GetUntrustedReason() string {
 		return x.UntrustedReason
 	}
 	return ""
+}
+
+func (x *KVBlocks) GetStoredCpu() []uint64 {
+	if x != nil {
+		return x.StoredCpu
+	}
+	return nil
+}
+
+func (x *KVBlocks) GetRemovedCpu() []uint64 {
+	if x != nil {
+		return x.RemovedCpu
+	}
+	return nil
+}
+
+func (x *KVBlocks) GetStoredStorage() []uint64 {
+	if x != nil {
+		return x.StoredStorage
+	}
+	return nil
+}
+
+func (x *KVBlocks) GetRemovedStorage() []uint64 {
+	if x != nil {
+		return x.RemovedStorage
+	}
+	return nil
 }
 
 // ControlServer describes one control-plane node, so clients can fail over
@@ -11106,7 +11146,7 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x121\n" +
 	"\x15retry_after_unix_nano\x18\a \x01(\x03R\x12retryAfterUnixNano\x121\n" +
 	"\x15last_active_unix_nano\x18\b \x01(\x03R\x12lastActiveUnixNano\x12\x16\n" +
-	"\x06active\x18\t \x01(\rR\x06active\"\x95\x03\n" +
+	"\x06active\x18\t \x01(\rR\x06active\"\xa5\x04\n" +
 	"\bKVBlocks\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x01 \x01(\tR\treplicaId\x12\x10\n" +
@@ -11122,7 +11162,13 @@ const file_llmgw_v1_llmgw_proto_rawDesc = "" +
 	"\x16oldest_event_unix_nano\x18\n" +
 	" \x01(\x03R\x13oldestEventUnixNano\x123\n" +
 	"\x16newest_event_unix_nano\x18\v \x01(\x03R\x13newestEventUnixNano\x12)\n" +
-	"\x10untrusted_reason\x18\f \x01(\tR\x0funtrustedReason\"\xdf\x01\n" +
+	"\x10untrusted_reason\x18\f \x01(\tR\x0funtrustedReason\x12\x1d\n" +
+	"\n" +
+	"stored_cpu\x18\r \x03(\x06R\tstoredCpu\x12\x1f\n" +
+	"\vremoved_cpu\x18\x0e \x03(\x06R\n" +
+	"removedCpu\x12%\n" +
+	"\x0estored_storage\x18\x0f \x03(\x06R\rstoredStorage\x12'\n" +
+	"\x0fremoved_storage\x18\x10 \x03(\x06R\x0eremovedStorage\"\xdf\x01\n" +
 	"\rControlServer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tgrpc_addr\x18\x02 \x01(\tR\bgrpcAddr\x12\x1b\n" +
