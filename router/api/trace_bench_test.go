@@ -111,6 +111,29 @@ func BenchmarkTracingCost(b *testing.B) {
 		b.ReportMetric(p50, prefix+"p50-µs")
 		return rps, p50
 	}
+	// sideBySide runs off and on alternately, one request each per
+	// iteration in alternating order, so both see the same machine, and
+	// reports them and their difference.
+	sideBySide := func(b *testing.B, off, on func() time.Duration, prefix string) {
+		off()
+		on()
+		var lOff, lOn []time.Duration
+		i := 0
+		for b.Loop() {
+			if i%2 == 0 {
+				lOff = append(lOff, off())
+				lOn = append(lOn, on())
+			} else {
+				lOn = append(lOn, on())
+				lOff = append(lOff, off())
+			}
+			i++
+		}
+		rOff, pOff := report(b, "off-", lOff)
+		rOn, pOn := report(b, prefix, lOn)
+		b.ReportMetric(100*(rOff-rOn)/rOff, "slower-%")
+		b.ReportMetric(pOn-pOff, "p50-diff-µs")
+	}
 	for _, slow := range []bool{false, true} {
 		name := "off-vs-sampled-10pct"
 		if slow {
@@ -118,24 +141,7 @@ func BenchmarkTracingCost(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			off, on := router(b, -1, slow), router(b, 0.1, slow)
-			off()
-			on()
-			var lOff, lOn []time.Duration
-			i := 0
-			for b.Loop() {
-				if i%2 == 0 {
-					lOff = append(lOff, off())
-					lOn = append(lOn, on())
-				} else {
-					lOn = append(lOn, on())
-					lOff = append(lOff, off())
-				}
-				i++
-			}
-			rOff, pOff := report(b, "off-", lOff)
-			rOn, pOn := report(b, "10pct-", lOn)
-			b.ReportMetric(100*(rOff-rOn)/rOff, "slower-%")
-			b.ReportMetric(pOn-pOff, "p50-diff-µs")
+			sideBySide(b, off, on, "10pct-")
 		})
 	}
 	// The traffic capture (design §10.1) beside no capture, the same way:
@@ -152,24 +158,7 @@ func BenchmarkTracingCost(b *testing.B) {
 		go func() { defer close(done); _ = rec.Run(ctx) }()
 		defer func() { cancel(); <-done }()
 		off, on := router(b, -1, false), router(b, -1, false, rec)
-		off()
-		on()
-		var lOff, lOn []time.Duration
-		i := 0
-		for b.Loop() {
-			if i%2 == 0 {
-				lOff = append(lOff, off())
-				lOn = append(lOn, on())
-			} else {
-				lOn = append(lOn, on())
-				lOff = append(lOff, off())
-			}
-			i++
-		}
-		rOff, pOff := report(b, "off-", lOff)
-		rOn, pOn := report(b, "capture-", lOn)
-		b.ReportMetric(100*(rOff-rOn)/rOff, "slower-%")
-		b.ReportMetric(pOn-pOff, "p50-diff-µs")
+		sideBySide(b, off, on, "capture-")
 	})
 	b.Run("sampled-100pct", func(b *testing.B) {
 		all := router(b, 1, false)
