@@ -28,6 +28,14 @@ const Replay = "replay"
 // prompt's 8,192 block hashes is ~150 KB.
 const maxCaptureLine = 4 << 20
 
+// maxReplayTokens and maxReplayBlock bound what a capture's record may ask
+// a replay to build: a 1 Mi-token prompt or answer (beyond any model's
+// context today), a 4,096-token block.
+const (
+	maxReplayTokens = 1 << 20
+	maxReplayBlock  = 4096
+)
+
 // LoadCapture reads the records of a capture's files, in arrival order. The
 // files must be of one capture (one salt: block hashes of two captures are
 // not comparable), as a router's rotated files are: pass path and its
@@ -81,8 +89,13 @@ func readCapture(path string) (capture.Header, []capture.Record, error) {
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			return h, nil, fmt.Errorf("--replay: %s line %d: %w", path, line, err)
 		}
-		if r.T < 0 || r.PromptTokens < 0 || r.OutputTokens < 0 || r.BlockSize < 0 || len(r.Blocks) > 0 && r.BlockSize == 0 {
+		if r.T < 0 || r.PromptTokens < 0 || r.OutputTokens < 0 || r.MaxTokens < 0 || r.BlockSize < 0 || len(r.Blocks) > 0 && r.BlockSize == 0 {
 			return h, nil, fmt.Errorf("--replay: %s line %d: a negative figure, or blocks without a size", path, line)
+		}
+		// A replay builds prompts of these sizes: bound them before it does.
+		if r.PromptTokens > maxReplayTokens || r.PromptBytes > 8*maxReplayTokens || r.OutputTokens > maxReplayTokens ||
+			r.MaxTokens > maxReplayTokens || r.BlockSize > maxReplayBlock || len(r.Blocks)*r.BlockSize > maxReplayTokens*8 {
+			return h, nil, fmt.Errorf("--replay: %s line %d: a prompt or answer past %d tokens, or a block past %d", path, line, maxReplayTokens, maxReplayBlock)
 		}
 		recs = append(recs, r)
 	}

@@ -71,6 +71,7 @@ func TestLoadCapture(t *testing.T) {
 	other := writeCapture(t, dir, "d", "s2", capture.Record{T: 1, Model: "m"})
 	bad := writeCapture(t, dir, "e", "s1", capture.Record{T: 1, Blocks: []string{"x"}})
 	empty := writeCapture(t, dir, "f", "s1")
+	huge := writeCapture(t, dir, "h", "s1", capture.Record{T: 1, PromptTokens: 1 << 40})
 	notCapture := filepath.Join(dir, "g")
 	if err := os.WriteFile(notCapture, []byte(`{"hello":1}`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -89,6 +90,7 @@ func TestLoadCapture(t *testing.T) {
 		{[]string{one, other}, "is of another capture"},
 		{[]string{bad}, "blocks without a size"},
 		{[]string{empty}, "no request recorded"},
+		{[]string{huge}, "past 1048576 tokens"},
 		{[]string{notCapture}, "not an llmgw capture"},
 		{[]string{filepath.Join(dir, "missing")}, "no such file"},
 		{nil, "no file"},
