@@ -144,7 +144,8 @@ type replica struct {
 	slot   uint16
 	blocks hashSet
 	// off is the offload tiers' blocks (bits offCPU, offStorage): a map,
-	// since most fleets offload nothing.
+	// since most fleets offload nothing. The holder table carries each
+	// block's best tier beside (tiers.go); this is the whole truth.
 	off map[uint64]uint8
 	// pending maps a hash recorded by Speculate to its recording time
 	// (unix ns); queue holds them oldest first (spec.go). gone marks a
@@ -154,17 +155,22 @@ type replica struct {
 	gone    bool
 }
 
-// MaxReplicas is how many replicas the index holds at once: slots are
-// uint16. Replicas past it are not indexed and answer "no data" (tier 1).
-const MaxReplicas = 1<<16 - 1
+// MaxReplicas is how many replicas the index holds at once: a slot is the
+// low slotBits of a holder (the high two are its tier, tiers.go). Replicas
+// past it are not indexed and answer "no data" (tier 1). Four times the
+// control plane's replicas per model (design §2 "Entry rules").
+const MaxReplicas = 1 << slotBits
 
 // inlineHolders is how many holders a block keeps inside its map value.
 const inlineHolders = 7
 
-// holders is the set of replica slots holding one block, inline in the map
-// value so a lookup costs one probe and a store no allocation: the issue's
-// fleet holds each block on 1–8 replicas. n == spilled marks a set that grew
-// past inlineHolders and lives in Index.spill instead.
+// holders is the set of replicas holding one block in any tier, inline in
+// the table's slot so a lookup costs one probe and a store no allocation:
+// the issue's fleet holds each block on 1–8 replicas. Each holder is a slot
+// tagged with the best tier holding the block there (tiers.go): a GPU
+// holder is its bare slot, so Lookup's test "does slot s hold it on the
+// GPU" stays a plain comparison. n == spilled marks a set that grew past
+// inlineHolders and lives in Index.spill instead.
 type holders struct {
 	ids [inlineHolders]uint16
 	n   uint16
@@ -179,17 +185,18 @@ type Index struct {
 	cfg Config
 
 	mu sync.RWMutex
-	// holders maps a block hash to the slots of the replicas holding it —
-	// 1 to a handful each, so a short array beats any set (table.go).
-	holders blockTable
-	spill   map[uint64][]uint16 // holder sets past inlineHolders
-	// offHolders maps a block hash to the slots holding it in an offload
-	// tier (tiers.go).
-	offHolders map[uint64][]offHolder
-	replicas   map[string]*replica // by replica id: one incarnation each
-	slots      []*replica          // by slot; nil when free
-	free       []uint16
-	entries    int
+	// holders maps a block hash to the replicas holding it in any tier,
+	// each tagged with its best (tiers.go) — 1 to a handful each, so a
+	// short array beats any set (table.go).
+	holders  blockTable
+	spill    map[uint64][]uint16 // holder sets past inlineHolders
+	replicas map[string]*replica // by replica id: one incarnation each
+	slots    []*replica          // by slot; nil when free
+	free     []uint16
+	entries  int
+	// offEntries counts the (block, replica) pairs of the offload tiers:
+	// while 0, LookupTiers is Lookup.
+	offEntries int
 	dropped    uint64 // stores refused at MaxEntries
 
 	spec specState
@@ -203,7 +210,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
 		return nil, err
 	}
 	cfg.fillSpec()
-	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), offHolders: make(map[uint64][]offHolder), replicas: make(map[string]*replica)}
+	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
 	x.holders.init(minCap)
 	x.spec = specState{holders: make(map[uint64][]uint16), dropped: make(map[string]uint64),
 		ttl: min(max(defaultSpecTTLInitial, cfg.SpecTTLMin), cfg.SpecTTLMax)}
@@ -340,18 +347,55 @@ func (x *Index) storeLocked(r *replica, h uint64) {
 	if !r.blocks.add(h) {
 		return
 	}
+	if r.off[h] == 0 {
+		x.addHolderLocked(h, r.slot) // not held in any tier before
+	} else {
+		x.setHolderLocked(h, r.slot) // its tier rises to the GPU
+	}
+	x.entries++
+}
+
+// addHolderLocked adds holder v (a slot and its tier tag) to h's holders,
+// which do not list its slot.
+func (x *Index) addHolderLocked(h uint64, v uint16) {
 	hs := x.holders.slot(h)
 	switch {
 	case hs.n == spilled:
-		x.spill[h] = append(x.spill[h], r.slot)
+		x.spill[h] = append(x.spill[h], v)
 	case hs.n == inlineHolders:
-		x.spill[h] = append(append(make([]uint16, 0, 2*inlineHolders), hs.ids[:]...), r.slot)
+		x.spill[h] = append(append(make([]uint16, 0, 2*inlineHolders), hs.ids[:]...), v)
 		hs.n = spilled
 	default:
-		hs.ids[hs.n] = r.slot
+		hs.ids[hs.n] = v
 		hs.n++
 	}
-	x.entries++
+}
+
+// setHolderLocked makes v's slot's holder in h's holders v (its tier
+// changed), adding it when absent.
+func (x *Index) setHolderLocked(h uint64, v uint16) {
+	if at := x.holders.find(h); at >= 0 {
+		hs := &x.holders.slots[at].holders
+		ids := hs.ids[:min(hs.n, inlineHolders)]
+		if hs.n == spilled {
+			ids = x.spill[h]
+		}
+		if i := holderIndex(ids, v&slotMask); i >= 0 {
+			ids[i] = v
+			return
+		}
+	}
+	x.addHolderLocked(h, v)
+}
+
+// holderIndex returns the index of slot's holder in hs, or -1.
+func holderIndex(hs []uint16, slot uint16) int {
+	for i, v := range hs {
+		if v&slotMask == slot {
+			return i
+		}
+	}
+	return -1
 }
 
 func (x *Index) removeLocked(r *replica, h uint64) {
@@ -359,12 +403,17 @@ func (x *Index) removeLocked(r *replica, h uint64) {
 	if !r.blocks.remove(h) {
 		return
 	}
-	x.unholdLocked(r.slot, h)
+	if off := r.off[h]; off != 0 {
+		x.setHolderLocked(h, r.slot|offTag(off)) // still offloaded
+	} else {
+		x.unholdLocked(r.slot, h)
+	}
 	x.entries--
 }
 
-// unholdLocked takes slot out of h's holders, dropping the hash when none
-// are left so the map shrinks with the fleet's caches.
+// unholdLocked takes slot's holder, whatever its tier, out of h's holders,
+// dropping the hash when none are left so the table shrinks with the
+// fleet's caches.
 func (x *Index) unholdLocked(slot uint16, h uint64) {
 	at := x.holders.find(h)
 	if at < 0 {
@@ -373,7 +422,7 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 	hs := &x.holders.slots[at].holders
 	if hs.n == spilled {
 		sp := x.spill[h]
-		i := slices.Index(sp, slot)
+		i := holderIndex(sp, slot)
 		if i < 0 {
 			return
 		}
@@ -387,7 +436,7 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 		hs.n = uint16(copy(hs.ids[:], sp))
 		return
 	}
-	i := slices.Index(hs.ids[:hs.n], slot)
+	i := holderIndex(hs.ids[:hs.n], slot)
 	if i < 0 {
 		return
 	}
@@ -398,8 +447,8 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 	}
 }
 
-// holdersOf returns the slots holding h; the slice may alias hs or spill
-// and is valid until the next change.
+// holdersOf returns the holders of h in any tier (tagged slots, tiers.go);
+// the slice may alias hs or spill and is valid until the next change.
 func (x *Index) holdersOf(h uint64, hs *holders) []uint16 {
 	*hs = x.holders.get(h)
 	if hs.n == spilled {
@@ -470,7 +519,7 @@ func (x *Index) lookupLocked(hashes []uint64, dst []Match) []Match {
 	// up to the longest match (design §7.5: leading blocks only).
 	var buf [16]uint16
 	var hv holders
-	alive := append(buf[:0], x.holdersOf(hashes[0], &hv)...)
+	alive := appendGPU(buf[:0], x.holdersOf(hashes[0], &hv))
 	t := &x.holders
 	mask := len(t.slots) - 1
 	for i := 1; i < len(hashes) && len(alive) > 0; i++ {
@@ -494,6 +543,8 @@ func (x *Index) lookupLocked(hashes []uint64, dst []Match) []Match {
 		}
 		k := 0
 		for _, s := range alive {
+			// A bare slot is a GPU holder: an offloaded one's tag
+			// never equals it.
 			if slices.Contains(hs, s) {
 				alive[k] = s
 				k++
@@ -505,6 +556,16 @@ func (x *Index) lookupLocked(hashes []uint64, dst []Match) []Match {
 	}
 	for _, s := range alive {
 		dst = x.appendMatch(dst, s, len(hashes), 0)
+	}
+	return dst
+}
+
+// appendGPU appends the slots of hs's GPU holders (the untagged ones).
+func appendGPU(dst, hs []uint16) []uint16 {
+	for _, v := range hs {
+		if v <= slotMask {
+			dst = append(dst, v)
+		}
 	}
 	return dst
 }
@@ -560,7 +621,7 @@ func (x *Index) Replicas() []Status {
 	return out
 }
 
-// Size is the index's size: distinct block hashes on GPUs, (block,
+// Size is the index's size: distinct block hashes in any tier, (block,
 // replica) entries of every tier (an offloaded block counts once however
 // many offload tiers hold it), replicas, and stores dropped at MaxEntries
 // since the start.

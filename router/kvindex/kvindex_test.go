@@ -200,50 +200,60 @@ func TestBlocks(t *testing.T) {
 	}
 }
 
-// checkInvariants: holders and the per-replica sets say the same thing,
-// and entries counts them.
+// checkInvariants: holders and the per-replica sets say the same thing —
+// a replica holding a block in any tier is its holder once, tagged with the
+// best tier holding it — and entries and offEntries count them.
 func checkInvariants(t testing.TB, x *Index) {
 	t.Helper()
 	x.mu.RLock()
 	defer x.mu.RUnlock()
-	n := 0
+	n, off, pairs := 0, 0, 0
+	// want is the holder a replica's sets call for, false when none.
+	want := func(r *replica, h uint64) (uint16, bool) {
+		switch b := r.off[h]; {
+		case r.blocks.has(h):
+			return r.slot, true
+		case b != 0:
+			return r.slot | offTag(b), true
+		}
+		return 0, false
+	}
 	for _, r := range x.replicas {
 		if x.slots[r.slot] != r {
 			t.Fatalf("replica %s: slot %d holds another", r.ID, r.slot)
 		}
+		if r.slot > slotMask {
+			t.Fatalf("replica %s: slot %d past %d", r.ID, r.slot, slotMask)
+		}
 		if r.Blocks != r.blocks.Len() {
 			t.Fatalf("replica %s: Blocks %d, set %d", r.ID, r.Blocks, r.blocks.Len())
 		}
-		r.blocks.each(func(h uint64) {
+		check := func(h uint64) {
 			var hv holders
-			if !slices.Contains(x.holdersOf(h, &hv), r.slot) {
-				t.Fatalf("replica %s holds %x but holders do not list it", r.ID, h)
+			hs := x.holdersOf(h, &hv)
+			i := holderIndex(hs, r.slot)
+			if w, _ := want(r, h); i < 0 || hs[i] != w {
+				t.Fatalf("replica %s holds %x (gpu %v, offload %b) but its holder is %v", r.ID, h, r.blocks.has(h), r.off[h], hs)
 			}
-		})
+		}
+		r.blocks.each(check)
 		n += r.blocks.Len() + len(r.off)
+		off += len(r.off)
+		pairs += r.blocks.Len()
 		if r.Offloaded != len(r.off) {
 			t.Fatalf("replica %s: Offloaded %d, map %d", r.ID, r.Offloaded, len(r.off))
 		}
 		for h, b := range r.off {
-			if b == 0 || offTiersOf(x.offHolders[h], r.slot) != b {
-				t.Fatalf("replica %s offloads %x (tiers %b) but offHolders do not list it", r.ID, h, b)
+			if b == 0 || b&^(offCPU|offStorage) != 0 {
+				t.Fatalf("replica %s offloads %x with tier bits %b", r.ID, h, b)
 			}
-		}
-	}
-	for h, hs := range x.offHolders {
-		if len(hs) == 0 {
-			t.Fatalf("empty offload holder list kept for %x", h)
-		}
-		for _, o := range hs {
-			if r := x.slots[o.slot]; r == nil || r.off[h] != o.tiers {
-				t.Fatalf("offHolders list slot %d for %x (tiers %b), its map does not", o.slot, h, o.tiers)
+			check(h)
+			if !r.blocks.has(h) {
+				pairs++
 			}
 		}
 	}
 	m := 0
-	for _, hs := range x.offHolders {
-		m += len(hs)
-	}
 	for _, sl := range x.holders.slots {
 		if sl.n == 0 {
 			continue
@@ -257,19 +267,23 @@ func checkInvariants(t testing.TB, x *Index) {
 		if len(hs) == 0 {
 			t.Fatalf("empty holder list kept for %x", h)
 		}
-		for _, s := range hs {
-			r := x.slots[s]
+		for i, v := range hs {
+			r := x.slots[v&slotMask]
 			if r == nil {
-				t.Fatalf("block %x held by free slot %d", h, s)
+				t.Fatalf("block %x held by free slot %d", h, v&slotMask)
 			}
-			if !r.blocks.has(h) {
-				t.Fatalf("holders list %s for %x, its set does not", r.ID, h)
+			if w, ok := want(r, h); !ok || v != w {
+				t.Fatalf("holders list %s for %x as %#x, its sets call for %#x (%v)", r.ID, h, v, w, ok)
+			}
+			if holderIndex(hs[:i], v&slotMask) >= 0 {
+				t.Fatalf("block %x lists slot %d twice", h, v&slotMask)
 			}
 		}
 		m += len(hs)
 	}
-	if n != x.entries || m != x.entries {
-		t.Fatalf("entries = %d, per-replica sets %d, holders %d", x.entries, n, m)
+	if n != x.entries || off != x.offEntries || m != pairs {
+		t.Fatalf("entries = %d, offEntries %d; per-replica sets %d, offloaded %d, holding pairs %d, holders %d",
+			x.entries, x.offEntries, n, off, pairs, m)
 	}
 }
 

@@ -376,7 +376,9 @@ func (x *Index) lookupPendingLocked(hashes []uint64, dst []Match) []Match {
 	alive := buf[:0]
 	h0 := hashes[0]
 	for _, s := range x.holdersOf(h0, &hv) {
-		alive = append(alive, cand{slot: s})
+		if s <= slotMask { // on the GPU
+			alive = append(alive, cand{slot: s})
+		}
 	}
 	for _, s := range x.spec.holders[h0] {
 		if x.livePending(s, h0, now) {

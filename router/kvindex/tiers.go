@@ -10,10 +10,19 @@ import (
 // Offload tiers (design §7.5 "Offload tiers"). An engine that offloads
 // evicted KV blocks (vLLM's OffloadingConnector, LMCache) can load a
 // prefix back from CPU memory or storage instead of recomputing it: not
-// as good as holding it on the GPU, much better than nothing. The GPU tier
-// lives in the holder table and answers Lookup as before; the offload
-// tiers live beside it, so a fleet without offloading pays a map probe per
-// lookup and nothing else.
+// as good as holding it on the GPU, much better than nothing.
+//
+// Every tier shares the holder table: a block's holders are the replicas
+// holding it in any tier, each a slot tagged in its high bits with the best
+// tier holding the block there — none for the GPU, tagCPU, tagStorage. So
+// LookupTiers costs one probe per block, as Lookup does, however many
+// replicas offload (a second table for the offload tiers cost a second
+// probe, 8.6 × Lookup's time in BenchmarkLookupTiers/cpu-offload), and a
+// GPU holder is its bare slot, so Lookup and LookupPending compare slots
+// as before and never see an offloaded holder. A fleet without offloading
+// pays nothing in memory. Each replica's own sets (replica.blocks, .off)
+// are the truth the tags are kept from: a change in any tier recomputes
+// the pair's best tier (offTag).
 
 // Tier is where a replica holds a block, best first.
 type Tier uint8
@@ -30,6 +39,34 @@ const (
 	offCPU     uint8 = 1 << 0
 	offStorage uint8 = 1 << 1
 )
+
+// A holder's layout: the replica's slot in the low slotBits, its best tier
+// in the two above (0: the GPU).
+const (
+	slotBits          = 14
+	slotMask   uint16 = 1<<slotBits - 1
+	tagCPU     uint16 = 1 << slotBits
+	tagStorage uint16 = 2 << slotBits
+)
+
+// offTag is the holder tag of a block held in the offload tiers off only.
+func offTag(off uint8) uint16 {
+	if off&offCPU != 0 {
+		return tagCPU
+	}
+	return tagStorage
+}
+
+// tierOf is the tier of holder v.
+func tierOf(v uint16) Tier {
+	switch v &^ slotMask {
+	case 0:
+		return TierGPU
+	case tagCPU:
+		return TierCPU
+	}
+	return TierStorage
+}
 
 // Weights credit a block held in an offload tier, as a share of one held
 // on the GPU (1): what loading it back saves of recomputing it.
@@ -73,24 +110,6 @@ func (w Weights) Of(t Tier) float64 {
 	return 0
 }
 
-// offHolder is one replica holding a block in an offload tier: its slot
-// and its tier bits (offCPU, offStorage), kept with the block so a lookup
-// probes one map per block rather than one per replica.
-type offHolder struct {
-	slot  uint16
-	tiers uint8
-}
-
-// offTiersOf returns slot's tier bits in hs (0: none).
-func offTiersOf(hs []offHolder, slot uint16) uint8 {
-	for _, o := range hs {
-		if o.slot == slot {
-			return o.tiers
-		}
-	}
-	return 0
-}
-
 // TierMatch is one replica's answer to LookupTiers.
 type TierMatch struct {
 	Replica
@@ -125,7 +144,7 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 		x.m.lookup.Observe(time.Since(start).Seconds())
 	}()
 	pending = pending && x.spec.n > 0
-	if len(x.offHolders) == 0 {
+	if x.offEntries == 0 {
 		// No replica offloads: the GPU walk answers, at its speed.
 		var buf [16]Match
 		ms := buf[:0]
@@ -140,6 +159,16 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 		}
 		return dst
 	}
+	return x.lookupTiersLocked(hashes, w, pending, dst)
+}
+
+// probeBatch is how many blocks lookupTiersLocked probes at once.
+const probeBatch = 16
+
+// lookupTiersLocked is LookupTiers' walk over every tier, under the read
+// lock: lookupLocked's, with each candidate's tier read from the tag of
+// its holder in the same probe.
+func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst []TierMatch) []TierMatch {
 	var now int64
 	if pending {
 		now = x.cfg.Now().UnixNano()
@@ -154,87 +183,108 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 	alive := buf[:0]
 	var hv holders
 	h0 := hashes[0]
-	add := func(s uint16) {
-		if !slices.ContainsFunc(alive, func(c cand) bool { return c.slot == s }) {
-			alive = append(alive, cand{slot: s, gpuRun: true})
-		}
-	}
-	for _, s := range x.holdersOf(h0, &hv) {
-		add(s)
-	}
-	for _, o := range x.offHolders[h0] {
-		add(o.slot)
+	for _, v := range x.holdersOf(h0, &hv) {
+		alive = append(alive, cand{slot: v & slotMask, gpuRun: true})
 	}
 	if pending {
 		for _, s := range x.spec.holders[h0] {
-			if x.livePending(s, h0, now) {
-				add(s)
+			if x.livePending(s, h0, now) && !slices.ContainsFunc(alive, func(c cand) bool { return c.slot == s }) {
+				alive = append(alive, cand{slot: s, gpuRun: true})
 			}
 		}
 	}
-	emit := func(c *cand) {
+	credit := [...]float64{TierGPU: 1, TierCPU: w.CPU, TierStorage: w.Storage}
+	t := &x.holders
+	mask := len(t.slots) - 1
+	// The blocks are probed probeBatch at a time before any is read, so
+	// the CPU overlaps their cache misses: the candidates' work between
+	// two probes is too long for it to run ahead into the next as it does
+	// in lookupLocked. A walk ending mid-batch wastes a few probes.
+	var batch [probeBatch][]uint16
+	for base := 0; base < len(hashes) && len(alive) > 0; base += probeBatch {
+		end := min(base+probeBatch, len(hashes))
+		for i := base; i < end; i++ {
+			h := hashes[i]
+			batch[i-base] = nil
+			for j := int(mix(h, t.shift)); ; j = (j + 1) & mask {
+				s := &t.slots[j]
+				if s.n == 0 {
+					break
+				}
+				if s.key == h {
+					if s.n == spilled {
+						batch[i-base] = x.spill[h]
+					} else {
+						batch[i-base] = s.ids[:s.n]
+					}
+					break
+				}
+			}
+		}
+		for i := base; i < end && len(alive) > 0; i++ {
+			h, hs := hashes[i], batch[i-base]
+			k := 0
+			for a := range alive {
+				// In place, through a pointer: a copy of the candidate,
+				// changed field by field and stored whole, stalls on
+				// store forwarding.
+				c := &alive[a]
+				tier, pend := TierNone, false
+				// Holders keep their order from block to block (a
+				// replica's stores are appended), so the candidates kept
+				// so far are likely hs's first k: try hs[k] before the
+				// scan.
+				at := k
+				if k >= len(hs) || hs[k]&slotMask != c.slot {
+					at = holderIndex(hs, c.slot)
+				}
+				switch {
+				case at >= 0 && hs[at] == c.slot:
+					tier = TierGPU
+				case pending && slices.Contains(x.spec.holders[h], c.slot) && x.livePending(c.slot, h, now):
+					tier, pend = TierGPU, true
+				case at >= 0:
+					tier = tierOf(hs[at])
+				}
+				if tier == TierNone {
+					r := x.slots[c.slot]
+					dst = append(dst, TierMatch{Replica: r.Replica, Blocks: int(c.blocks), Credit: c.credit, GPU: int(c.gpu),
+						Untrusted: r.Untrusted, Pending: int(c.pend)})
+					continue
+				}
+				c.blocks++
+				c.credit += credit[tier]
+				if tier == TierGPU && c.gpuRun {
+					c.gpu++
+					if pend {
+						c.pend++
+					}
+				} else {
+					c.gpuRun = false
+				}
+				if k != a {
+					alive[k] = *c
+				}
+				k++
+			}
+			alive = alive[:k]
+		}
+	}
+	for _, c := range alive {
 		r := x.slots[c.slot]
 		dst = append(dst, TierMatch{Replica: r.Replica, Blocks: int(c.blocks), Credit: c.credit, GPU: int(c.gpu),
 			Untrusted: r.Untrusted, Pending: int(c.pend)})
-	}
-	for i := 0; i < len(hashes) && len(alive) > 0; i++ {
-		h := hashes[i]
-		hs := x.holdersOf(h, &hv)
-		// The offload holders are probed only for a candidate the GPU
-		// holders do not cover.
-		var offs []offHolder
-		probed := false
-		k := 0
-		for _, c := range alive {
-			t, pend := TierNone, false
-			switch {
-			case slices.Contains(hs, c.slot):
-				t = TierGPU
-			case pending && slices.Contains(x.spec.holders[h], c.slot) && x.livePending(c.slot, h, now):
-				t, pend = TierGPU, true
-			default:
-				if !probed {
-					offs, probed = x.offHolders[h], true
-				}
-				switch off := offTiersOf(offs, c.slot); {
-				case off&offCPU != 0:
-					t = TierCPU
-				case off&offStorage != 0:
-					t = TierStorage
-				}
-			}
-			if t == TierNone {
-				emit(&c)
-				continue
-			}
-			c.blocks++
-			c.credit += w.Of(t)
-			if t == TierGPU && c.gpuRun {
-				c.gpu++
-				if pend {
-					c.pend++
-				}
-			} else {
-				c.gpuRun = false
-			}
-			alive[k] = c
-			k++
-		}
-		alive = alive[:k]
-	}
-	for i := range alive {
-		emit(&alive[i])
 	}
 	return dst
 }
 
 // storeOffLocked records that r holds h in the offload tier bit.
 func (x *Index) storeOffLocked(r *replica, h uint64, bit uint8) {
-	cur, ok := r.off[h]
+	cur := r.off[h]
 	if cur&bit != 0 {
 		return
 	}
-	if !ok {
+	if cur == 0 {
 		if x.entries >= x.cfg.MaxEntries {
 			x.dropped++
 			return
@@ -242,60 +292,45 @@ func (x *Index) storeOffLocked(r *replica, h uint64, bit uint8) {
 		if r.off == nil {
 			r.off = map[uint64]uint8{}
 		}
-		x.offHolders[h] = append(x.offHolders[h], offHolder{slot: r.slot})
 		x.entries++
+		x.offEntries++
 	}
 	r.off[h] = cur | bit
-	x.setOffTiers(r.slot, h, cur|bit)
-}
-
-// setOffTiers sets slot's tier bits in h's offload holders.
-func (x *Index) setOffTiers(slot uint16, h uint64, tiers uint8) {
-	hs := x.offHolders[h]
-	for i := range hs {
-		if hs[i].slot == slot {
-			hs[i].tiers = tiers
-			return
-		}
+	if !r.blocks.has(h) { // on the GPU, the holder's tier stays the GPU
+		x.setHolderLocked(h, r.slot|offTag(cur|bit))
 	}
 }
 
 // removeOffLocked records that r no longer holds h in tier bit.
 func (x *Index) removeOffLocked(r *replica, h uint64, bit uint8) {
-	cur, ok := r.off[h]
-	if !ok || cur&bit == 0 {
+	cur := r.off[h]
+	if cur&bit == 0 {
 		return
 	}
 	if cur &^= bit; cur != 0 {
 		r.off[h] = cur
-		x.setOffTiers(r.slot, h, cur)
-		return
+	} else {
+		delete(r.off, h)
+		x.entries--
+		x.offEntries--
 	}
-	delete(r.off, h)
-	x.unholdOffLocked(r.slot, h)
-	x.entries--
+	switch {
+	case r.blocks.has(h): // the holder's tier stays the GPU
+	case cur != 0:
+		x.setHolderLocked(h, r.slot|offTag(cur))
+	default:
+		x.unholdLocked(r.slot, h)
+	}
 }
 
-func (x *Index) unholdOffLocked(slot uint16, h uint64) {
-	hs := x.offHolders[h]
-	i := slices.IndexFunc(hs, func(o offHolder) bool { return o.slot == slot })
-	if i < 0 {
-		return
-	}
-	hs[i] = hs[len(hs)-1]
-	if hs = hs[:len(hs)-1]; len(hs) == 0 {
-		delete(x.offHolders, h)
-		return
-	}
-	x.offHolders[h] = hs
-}
-
-// clearOffLocked forgets r's offload tiers.
+// clearOffLocked forgets r's offload tiers; its GPU blocks are gone from
+// the holders already (clearLocked).
 func (x *Index) clearOffLocked(r *replica) {
 	for h := range r.off {
-		x.unholdOffLocked(r.slot, h)
+		x.unholdLocked(r.slot, h)
 	}
 	x.entries -= len(r.off)
+	x.offEntries -= len(r.off)
 	r.off = nil
 	r.Offloaded = 0
 }

@@ -102,8 +102,8 @@ func TestTierEntriesAndBounds(t *testing.T) {
 	}
 	x.Retain(func(Replica) bool { return false })
 	checkInvariants(t, x)
-	if sz := x.Size(); sz.Entries != 0 || len(x.offHolders) != 0 {
-		t.Fatalf("after dropping the replica: %+v, %d offload holders", sz, len(x.offHolders))
+	if sz := x.Size(); sz.Entries != 0 || sz.Blocks != 0 || x.offEntries != 0 {
+		t.Fatalf("after dropping the replica: %+v, %d offload entries", sz, x.offEntries)
 	}
 }
 
