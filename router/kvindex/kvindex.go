@@ -170,13 +170,20 @@ const inlineHolders = 7
 // tagged with the best tier holding the block there (tiers.go): a GPU
 // holder is its bare slot, so Lookup's test "does slot s hold it on the
 // GPU" stays a plain comparison. n == spilled marks a set that grew past
-// inlineHolders and lives in Index.spill instead.
+// inlineHolders and lives in Index.spill instead, at the index ids[0:2]
+// hold (spillAt): a slice index rather than a map, so a lookup reaching a
+// spilled block pays no hashing and a miss less. Holders keep the order
+// they were added in (removal shifts, not swaps), which LookupTiers'
+// walk relies on for speed.
 type holders struct {
 	ids [inlineHolders]uint16
 	n   uint16
 }
 
 const spilled = 0xffff
+
+// spillAt is the index in Index.spill of a spilled set's holders.
+func (hs *holders) spillAt() uint32 { return uint32(hs.ids[0]) | uint32(hs.ids[1])<<16 }
 
 // Index is the KV-block index. Safe for concurrent use: lookups share a read
 // lock, updates take the write lock (the watch client applies them from one
@@ -189,7 +196,10 @@ type Index struct {
 	// each tagged with its best (tiers.go) — 1 to a handful each, so a
 	// short array beats any set (table.go).
 	holders  blockTable
-	spill    map[uint64][]uint16 // holder sets past inlineHolders
+	// spill holds the holder sets past inlineHolders, spillFree the
+	// indexes of its unused (nil) entries.
+	spill     [][]uint16
+	spillFree []uint32
 	replicas map[string]*replica // by replica id: one incarnation each
 	slots    []*replica          // by slot; nil when free
 	free     []uint16
@@ -210,7 +220,7 @@ func New(cfg Config, reg prometheus.Registerer) (*Index, error) {
 		return nil, err
 	}
 	cfg.fillSpec()
-	x := &Index{cfg: cfg, spill: make(map[uint64][]uint16), replicas: make(map[string]*replica)}
+	x := &Index{cfg: cfg, replicas: make(map[string]*replica)}
 	x.holders.init(minCap)
 	x.spec = specState{holders: make(map[uint64][]uint16), dropped: make(map[string]uint64),
 		ttl: min(max(defaultSpecTTLInitial, cfg.SpecTTLMin), cfg.SpecTTLMax)}
@@ -361,9 +371,20 @@ func (x *Index) addHolderLocked(h uint64, v uint16) {
 	hs := x.holders.slot(h)
 	switch {
 	case hs.n == spilled:
-		x.spill[h] = append(x.spill[h], v)
+		at := hs.spillAt()
+		x.spill[at] = append(x.spill[at], v)
 	case hs.n == inlineHolders:
-		x.spill[h] = append(append(make([]uint16, 0, 2*inlineHolders), hs.ids[:]...), v)
+		sp := append(append(make([]uint16, 0, 2*inlineHolders), hs.ids[:]...), v)
+		var at uint32
+		if n := len(x.spillFree); n > 0 {
+			at = x.spillFree[n-1]
+			x.spillFree = x.spillFree[:n-1]
+			x.spill[at] = sp
+		} else {
+			at = uint32(len(x.spill))
+			x.spill = append(x.spill, sp)
+		}
+		hs.ids[0], hs.ids[1] = uint16(at), uint16(at>>16)
 		hs.n = spilled
 	default:
 		hs.ids[hs.n] = v
@@ -378,7 +399,7 @@ func (x *Index) setHolderLocked(h uint64, v uint16) {
 		hs := &x.holders.slots[at].holders
 		ids := hs.ids[:min(hs.n, inlineHolders)]
 		if hs.n == spilled {
-			ids = x.spill[h]
+			ids = x.spill[hs.spillAt()]
 		}
 		if i := holderIndex(ids, v&slotMask); i >= 0 {
 			ids[i] = v
@@ -421,18 +442,19 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 	}
 	hs := &x.holders.slots[at].holders
 	if hs.n == spilled {
-		sp := x.spill[h]
+		at := hs.spillAt()
+		sp := x.spill[at]
 		i := holderIndex(sp, slot)
 		if i < 0 {
 			return
 		}
-		sp[i] = sp[len(sp)-1]
-		sp = sp[:len(sp)-1]
+		sp = slices.Delete(sp, i, i+1)
 		if len(sp) > inlineHolders {
-			x.spill[h] = sp
+			x.spill[at] = sp
 			return
 		}
-		delete(x.spill, h)
+		x.spill[at] = nil
+		x.spillFree = append(x.spillFree, at)
 		hs.n = uint16(copy(hs.ids[:], sp))
 		return
 	}
@@ -440,8 +462,8 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 	if i < 0 {
 		return
 	}
+	copy(hs.ids[i:hs.n], hs.ids[i+1:hs.n])
 	hs.n--
-	hs.ids[i] = hs.ids[hs.n]
 	if hs.n == 0 {
 		x.holders.del(at)
 	}
@@ -452,7 +474,7 @@ func (x *Index) unholdLocked(slot uint16, h uint64) {
 func (x *Index) holdersOf(h uint64, hs *holders) []uint16 {
 	*hs = x.holders.get(h)
 	if hs.n == spilled {
-		return x.spill[h]
+		return x.spill[hs.spillAt()]
 	}
 	return hs.ids[:hs.n]
 }
@@ -534,7 +556,7 @@ func (x *Index) lookupLocked(hashes []uint64, dst []Match) []Match {
 			}
 			if s.key == h {
 				if s.n == spilled {
-					hs = x.spill[h]
+					hs = x.spill[s.spillAt()]
 				} else {
 					hs = s.ids[:s.n]
 				}

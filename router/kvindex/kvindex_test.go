@@ -253,12 +253,19 @@ func checkInvariants(t testing.TB, x *Index) {
 			}
 		}
 	}
-	m := 0
+	m, spills := 0, map[uint32]bool{}
 	for _, sl := range x.holders.slots {
 		if sl.n == 0 {
 			continue
 		}
 		h := sl.key
+		if sl.n == spilled {
+			at := sl.spillAt()
+			if spills[at] || int(at) >= len(x.spill) || x.spill[at] == nil {
+				t.Fatalf("block %x spilled to %d: shared, out of range or free", h, at)
+			}
+			spills[at] = true
+		}
 		var hv holders
 		hs := x.holdersOf(h, &hv)
 		if hv.n == spilled && len(hs) <= inlineHolders {
@@ -280,6 +287,14 @@ func checkInvariants(t testing.TB, x *Index) {
 			}
 		}
 		m += len(hs)
+	}
+	if len(spills)+len(x.spillFree) != len(x.spill) {
+		t.Fatalf("%d spilled sets and %d free of %d", len(spills), len(x.spillFree), len(x.spill))
+	}
+	for _, at := range x.spillFree {
+		if x.spill[at] != nil {
+			t.Fatalf("free spill entry %d holds %v", at, x.spill[at])
+		}
 	}
 	if n != x.entries || off != x.offEntries || m != pairs {
 		t.Fatalf("entries = %d, offEntries %d; per-replica sets %d, offloaded %d, holding pairs %d, holders %d",
@@ -521,7 +536,7 @@ func TestManyHolders(t *testing.T) {
 	if got := answer(x, []uint64{1, 2}); !equalMaps(got, want) {
 		t.Fatalf("lookup = %v, want %v", got, want)
 	}
-	if len(x.spill) != 1 {
-		t.Errorf("spill holds %d sets, want 1 (block 1 only)", len(x.spill))
+	if n := len(x.spill) - len(x.spillFree); n != 1 {
+		t.Errorf("spill holds %d sets, want 1 (block 1 only)", n)
 	}
 }

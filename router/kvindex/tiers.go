@@ -213,7 +213,7 @@ func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst 
 				}
 				if s.key == h {
 					if s.n == spilled {
-						batch[i-base] = x.spill[h]
+						batch[i-base] = x.spill[s.spillAt()]
 					} else {
 						batch[i-base] = s.ids[:s.n]
 					}
