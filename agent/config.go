@@ -12,6 +12,7 @@ import (
 
 	"github.com/llmgw/llmgw/agent/drain"
 	"github.com/llmgw/llmgw/agent/engine"
+	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/kv/zmtp"
 	"github.com/llmgw/llmgw/agent/replicas"
 	"github.com/llmgw/llmgw/agent/session"
@@ -135,6 +136,14 @@ type Config struct {
 	// has to connect (or be connected to) before its replica is marked
 	// untrusted and routed by tier 1 (design §6 "External engines").
 	KVStreamTimeout time.Duration `yaml:"kv_stream_timeout"`
+	// KVMaxOffloadBlocks caps the blocks each replica's KV mirror holds in
+	// its engine's offload tiers, CPU and storage together (design §7.5
+	// step 6): vLLM does not report their size, so past this the replica
+	// is untrusted and routed by tier 1. 0 mirrors no offload tier.
+	// Raised past its default (2^20, about 150 MB of mirror per replica),
+	// the control plane's agent_kv_blocks_per_replica (every tier counted)
+	// must be raised with it. Key only (no flag): kv_max_offload_blocks.
+	KVMaxOffloadBlocks int `yaml:"kv_max_offload_blocks"`
 	// TLS is the CA, certificate and key (--tls-ca, --tls-cert, --tls-key;
 	// design §11). Given, the agent dials control servers over mutual TLS,
 	// demanding a server certificate, and serves LoadService to routers
@@ -176,24 +185,25 @@ type Config struct {
 // DefaultConfig returns the defaults of design §5.6 and §6.
 func DefaultConfig() Config {
 	return Config{
-		Control:           []string{"127.0.0.1:7400"},
-		AdvertiseAddr:     "127.0.0.1",
-		DataDir:           "llmgw-agent",
-		HTTPAddr:          "127.0.0.1:7404", // 7400-7403 are a control node's
-		GRPCAddr:          "127.0.0.1:7405",
-		LoadInterval:      50 * time.Millisecond,
-		PortRange:         PortRange{Start: 20000, End: 20999},
-		ReadyTimeout:      10 * time.Minute,
-		StopGrace:         10 * time.Second,
-		HeartbeatInterval: 500 * time.Millisecond,
-		DrainQuiet:        drain.DefaultConfig().Quiet,
-		DrainTimeout:      drain.DefaultConfig().Timeout,
-		KVMaxFrameBytes:   zmtp.DefaultMaxMessageBytes,
-		KVStreamTimeout:   replicas.DefaultKVStreamTimeout,
-		ProbeInterval:     time.Second,
-		RestartBackoff:    supervisor.DefaultBackoff(),
-		ReconnectInitial:  250 * time.Millisecond,
-		ReconnectMax:      10 * time.Second,
+		Control:            []string{"127.0.0.1:7400"},
+		AdvertiseAddr:      "127.0.0.1",
+		DataDir:            "llmgw-agent",
+		HTTPAddr:           "127.0.0.1:7404", // 7400-7403 are a control node's
+		GRPCAddr:           "127.0.0.1:7405",
+		LoadInterval:       50 * time.Millisecond,
+		PortRange:          PortRange{Start: 20000, End: 20999},
+		ReadyTimeout:       10 * time.Minute,
+		StopGrace:          10 * time.Second,
+		HeartbeatInterval:  500 * time.Millisecond,
+		DrainQuiet:         drain.DefaultConfig().Quiet,
+		DrainTimeout:       drain.DefaultConfig().Timeout,
+		KVMaxFrameBytes:    zmtp.DefaultMaxMessageBytes,
+		KVStreamTimeout:    replicas.DefaultKVStreamTimeout,
+		KVMaxOffloadBlocks: kv.DefaultMaxOffloadBlocks,
+		ProbeInterval:      time.Second,
+		RestartBackoff:     supervisor.DefaultBackoff(),
+		ReconnectInitial:   250 * time.Millisecond,
+		ReconnectMax:       10 * time.Second,
 	}
 }
 
@@ -280,6 +290,9 @@ func (c *Config) Validate() error {
 	}
 	positive("probe_interval", c.ProbeInterval)
 	positive(configfile.Flag("kv-stream-timeout"), c.KVStreamTimeout)
+	if c.KVMaxOffloadBlocks < 0 || c.KVMaxOffloadBlocks > maxKVOffloadBlocks {
+		p.Add("kv_max_offload_blocks", "must be between 0 and %d, got %d", maxKVOffloadBlocks, c.KVMaxOffloadBlocks)
+	}
 	positive("restart_backoff.initial", c.RestartBackoff.Initial)
 	if c.RestartBackoff.Max < c.RestartBackoff.Initial {
 		p.Add("restart_backoff.max", "%s must be at least restart_backoff.initial %s", c.RestartBackoff.Max, c.RestartBackoff.Initial)
@@ -309,6 +322,20 @@ func (c *Config) Validate() error {
 	return p.Err()
 }
 
+// maxKVOffloadBlocks bounds kv_max_offload_blocks: 16 Mi blocks is some
+// 2.4 GB of mirror per replica, past any host's CPU tier of 16-token
+// blocks for a model worth routing by prefix.
+const maxKVOffloadBlocks = 1 << 24
+
+// kvOffloadBlocks is kv_max_offload_blocks as replicas.Config takes it,
+// where 0 is the listener's default and a negative value none.
+func kvOffloadBlocks(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
 // replicasConfig is the replica set's part of c.
 func (c *Config) replicasConfig() replicas.Config {
 	engines := make(map[string]replicas.Engine, len(c.Engines))
@@ -321,6 +348,7 @@ func (c *Config) replicasConfig() replicas.Config {
 		ReadyTimeout: c.ReadyTimeout, StopGrace: c.StopGrace, ProbeInterval: c.ProbeInterval, RestartBackoff: c.RestartBackoff,
 		Drain:           drain.Config{Quiet: c.DrainQuiet, Timeout: c.DrainTimeout, Now: c.Now},
 		KVMaxFrameBytes: c.KVMaxFrameBytes, KVTCP: c.KVTCP, KVStreamTimeout: c.KVStreamTimeout, Now: c.Now, Resolver: c.Resolver,
+		KVMaxOffloadBlocks: kvOffloadBlocks(c.KVMaxOffloadBlocks),
 		OTLPTracesEndpoint: engineTraceURL(c.Tracing),
 	}
 }

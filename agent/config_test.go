@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/llmgw/llmgw/agent/kv"
 	"github.com/llmgw/llmgw/agent/supervisor"
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/internal/mtls"
@@ -63,6 +64,9 @@ func TestValidate(t *testing.T) {
 		{"drain quiet", func(c *Config) { c.DrainQuiet = 0 }, []string{"--drain-quiet (drain_quiet)"}},
 		{"drain timeout", func(c *Config) { c.DrainTimeout = c.DrainQuiet / 2 }, []string{"--drain-timeout (drain_timeout)"}},
 		{"probe interval", func(c *Config) { c.ProbeInterval = 0 }, []string{"probe_interval"}},
+		{"no offload tier mirrored", func(c *Config) { c.KVMaxOffloadBlocks = 0 }, nil},
+		{"negative offload blocks", func(c *Config) { c.KVMaxOffloadBlocks = -1 }, []string{"kv_max_offload_blocks"}},
+		{"offload blocks past the bound", func(c *Config) { c.KVMaxOffloadBlocks = 1<<24 + 1 }, []string{"kv_max_offload_blocks"}},
 		{"restart backoff", func(c *Config) {
 			c.RestartBackoff = supervisor.Backoff{Initial: 0, Max: -1, StableAfter: -1}
 		}, []string{"restart_backoff.initial", "restart_backoff.max", "restart_backoff.stable_after"}},
@@ -131,6 +135,7 @@ drain_timeout: 10m
 kv_max_frame_bytes: 1048576
 kv_events_tcp: true
 kv_stream_timeout: 7s
+kv_max_offload_blocks: 4194304
 probe_interval: 2s
 restart_backoff: {initial: 1s, max: 1m, stable_after: 5m}
 reconnect_initial: 500ms
@@ -179,22 +184,23 @@ func TestConfigFileKeys(t *testing.T) {
 			"vllm": {Command: []string{"/opt/vllm/bin/vllm", "serve"}, Env: map[string]string{"HF_HOME": "/models"}},
 			"sim":  {Command: []string{"/usr/bin/llmgw", "sim"}},
 		},
-		StopEnginesOnExit: true,
-		ReadyTimeout:      20 * time.Minute,
-		StopGrace:         30 * time.Second,
-		HeartbeatInterval: time.Second,
-		DrainQuiet:        2 * time.Second,
-		DrainTimeout:      10 * time.Minute,
-		KVMaxFrameBytes:   1 << 20,
-		KVTCP:             true,
-		KVStreamTimeout:   7 * time.Second,
-		ProbeInterval:     2 * time.Second,
-		RestartBackoff:    supervisor.Backoff{Initial: time.Second, Max: time.Minute, StableAfter: 5 * time.Minute},
-		ReconnectInitial:  500 * time.Millisecond,
-		ReconnectMax:      20 * time.Second,
-		TLS:               mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/gpu-7.pem", Key: "/etc/llmgw/gpu-7-key.pem"},
-		Insecure:          true,
-		Tracing:           TracingConfig{OTLPEndpoint: "127.0.0.1:4317", Insecure: true},
+		StopEnginesOnExit:  true,
+		ReadyTimeout:       20 * time.Minute,
+		StopGrace:          30 * time.Second,
+		HeartbeatInterval:  time.Second,
+		DrainQuiet:         2 * time.Second,
+		DrainTimeout:       10 * time.Minute,
+		KVMaxFrameBytes:    1 << 20,
+		KVTCP:              true,
+		KVStreamTimeout:    7 * time.Second,
+		KVMaxOffloadBlocks: 4 << 20,
+		ProbeInterval:      2 * time.Second,
+		RestartBackoff:     supervisor.Backoff{Initial: time.Second, Max: time.Minute, StableAfter: 5 * time.Minute},
+		ReconnectInitial:   500 * time.Millisecond,
+		ReconnectMax:       20 * time.Second,
+		TLS:                mtls.Files{CA: "/etc/llmgw/ca.pem", Cert: "/etc/llmgw/gpu-7.pem", Key: "/etc/llmgw/gpu-7-key.pem"},
+		Insecure:           true,
+		Tracing:            TracingConfig{OTLPEndpoint: "127.0.0.1:4317", Insecure: true},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("decoded\n%+v\nwant\n%+v", got, want)
@@ -305,5 +311,20 @@ func TestPortRange(t *testing.T) {
 		if err == nil && r.String() != strings.ReplaceAll(tt.in, " ", "") {
 			t.Errorf("Set(%q).String() = %q", tt.in, r.String())
 		}
+	}
+}
+
+// TestKVMaxOffloadBlocks: kv_max_offload_blocks reaches the replica set
+// as it reads it, 0 (no offload tier) as a negative value.
+func TestKVMaxOffloadBlocks(t *testing.T) {
+	for _, tt := range []struct{ key, want int }{{1 << 20, 1 << 20}, {4 << 20, 4 << 20}, {0, -1}} {
+		c := DefaultConfig()
+		c.KVMaxOffloadBlocks = tt.key
+		if got := c.replicasConfig().KVMaxOffloadBlocks; got != tt.want {
+			t.Errorf("kv_max_offload_blocks %d: replicas.Config has %d, want %d", tt.key, got, tt.want)
+		}
+	}
+	if got := DefaultConfig().KVMaxOffloadBlocks; got != kv.DefaultMaxOffloadBlocks {
+		t.Errorf("default %d, want the listener's %d", got, kv.DefaultMaxOffloadBlocks)
 	}
 }

@@ -116,6 +116,9 @@ func (rs *Set) startKV(cfg kv.ListenerConfig, rep *llmgwv1.Replica, model *llmgw
 	if rs.cfg.KVMaxFrameBytes != 0 {
 		cfg.MaxMessageBytes = rs.cfg.KVMaxFrameBytes
 	}
+	if n := rs.cfg.KVMaxOffloadBlocks; n != 0 {
+		cfg.MaxOffloadBlocks = max(n, 0)
+	}
 	if cfg.BlockSize == 0 {
 		cfg.BlockSize = engine.DefaultBlockSize
 	}

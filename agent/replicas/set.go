@@ -65,6 +65,10 @@ type Config struct {
 	// has to connect before its replica is untrusted; 0 means
 	// DefaultKVStreamTimeout.
 	KVStreamTimeout time.Duration
+	// KVMaxOffloadBlocks caps the blocks a KV mirror holds in its engine's
+	// offload tiers (kv.ListenerConfig.MaxOffloadBlocks); 0 keeps the
+	// listener's default, a negative value mirrors no offload tier.
+	KVMaxOffloadBlocks int
 	// Resolver resolves external engines' host names at each connection
 	// (external.go); nil is net.DefaultResolver.
 	Resolver Resolver
