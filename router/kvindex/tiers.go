@@ -181,18 +181,6 @@ func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst 
 	}
 	var buf [16]cand
 	alive := buf[:0]
-	var hv holders
-	h0 := hashes[0]
-	for _, v := range x.holdersOf(h0, &hv) {
-		alive = append(alive, cand{slot: v & slotMask, gpuRun: true})
-	}
-	if pending {
-		for _, s := range x.spec.holders[h0] {
-			if x.livePending(s, h0, now) && !slices.ContainsFunc(alive, func(c cand) bool { return c.slot == s }) {
-				alive = append(alive, cand{slot: s, gpuRun: true})
-			}
-		}
-	}
 	credit := [...]float64{TierGPU: 1, TierCPU: w.CPU, TierStorage: w.Storage}
 	t := &x.holders
 	mask := len(t.slots) - 1
@@ -201,7 +189,7 @@ func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst 
 	// two probes is too long for it to run ahead into the next as it does
 	// in lookupLocked. A walk ending mid-batch wastes a few probes.
 	var batch [probeBatch][]uint16
-	for base := 0; base < len(hashes) && len(alive) > 0; base += probeBatch {
+	for base := 0; base < len(hashes) && (base == 0 || len(alive) > 0); base += probeBatch {
 		end := min(base+probeBatch, len(hashes))
 		for i := base; i < end; i++ {
 			h := hashes[i]
@@ -218,6 +206,20 @@ func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst 
 						batch[i-base] = s.ids[:s.n]
 					}
 					break
+				}
+			}
+		}
+		if base == 0 {
+			// The candidates: block 0's holders in any tier, and with
+			// pending the replicas it is pending on.
+			for _, v := range batch[0] {
+				alive = append(alive, cand{slot: v & slotMask, gpuRun: true})
+			}
+			if h0 := hashes[0]; pending {
+				for _, s := range x.spec.holders[h0] {
+					if x.livePending(s, h0, now) && !slices.ContainsFunc(alive, func(c cand) bool { return c.slot == s }) {
+						alive = append(alive, cand{slot: s, gpuRun: true})
+					}
 				}
 			}
 		}
