@@ -287,3 +287,142 @@ func BenchmarkLookupTiers(b *testing.B) {
 		})
 	}
 }
+
+// tierModel is what the index should hold: each replica's blocks by tier.
+type tierModel map[string]*[3]map[uint64]bool // gpu, cpu, storage
+
+// lookup is LookupTiers by the definition: for each replica holding the
+// first hash in some tier, the leading run held in any tier, its credit
+// summed block by block in prompt order (as the index sums it, so the
+// floats are equal), and the leading run on the GPU.
+func (m tierModel) lookup(hashes []uint64, w Weights) map[string]TierMatch {
+	out := map[string]TierMatch{}
+	for id, ts := range m {
+		var tm TierMatch
+		gpuRun := true
+		for _, h := range hashes {
+			t := TierNone
+			switch {
+			case ts[0][h]:
+				t = TierGPU
+			case ts[1][h]:
+				t = TierCPU
+			case ts[2][h]:
+				t = TierStorage
+			}
+			if t == TierNone {
+				break
+			}
+			tm.Blocks++
+			tm.Credit += w.Of(t)
+			if gpuRun = gpuRun && t == TierGPU; gpuRun {
+				tm.GPU++
+			}
+		}
+		if tm.Blocks > 0 {
+			out[id] = tm
+		}
+	}
+	return out
+}
+
+// FuzzTiers applies random tier changes to replicas sharing a few blocks —
+// stores and removals in each tier, resets, replicas dropped — so blocks
+// go GPU-only, offload-only, in several tiers at once, rise and fall
+// between tiers and spill past inlineHolders and back, then checks the
+// holder table against the replicas' sets (checkInvariants) and
+// LookupTiers and Lookup against the model.
+func FuzzTiers(f *testing.F) {
+	// ops are 3 bytes each: kind, replica, hash.
+	f.Add([]byte{2, 0, 1, 0, 0, 1, 1, 0, 1}) // cpu only, then gpu, then gpu gone: cpu again
+	f.Add([]byte{0, 0, 0, 2, 0, 1, 4, 0, 1, 3, 0, 1, 5, 0, 1})
+	var spill []byte
+	for r := range 10 { // ten holders of block 0, in mixed tiers, then half go
+		spill = append(spill, byte(r%3)*2, byte(r), 0)
+	}
+	for r := range 5 {
+		spill = append(spill, byte(r%3)*2+1, byte(r), 0)
+	}
+	f.Add(spill)
+	f.Add([]byte{2, 1, 0, 4, 1, 1, 6, 1, 0, 2, 2, 0, 7, 2, 0, 0, 1, 0})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		const replicas, hashes = 10, 6
+		x := newIndex(t, 1<<20)
+		model := tierModel{}
+		for len(ops) >= 3 {
+			kind, id, h := ops[0]%8, "r"+itoa(int(ops[1]%replicas)), uint64(ops[2]%hashes)
+			ops = ops[3:]
+			ts := model[id]
+			if ts == nil {
+				if kind == 7 {
+					continue
+				}
+				if err := x.Apply("n1", tiered(id, true, nil, nil, nil)); err != nil {
+					t.Fatal(err)
+				}
+				ts = &[3]map[uint64]bool{{}, {}, {}}
+				model[id] = ts
+			}
+			u := &llmgwv1.KVBlocks{ReplicaId: id, Uid: 1, Incarnation: 1}
+			one := []uint64{h}
+			switch kind {
+			case 0:
+				u.Stored, ts[0][h] = one, true
+			case 1:
+				u.Removed = one
+				delete(ts[0], h)
+			case 2:
+				u.StoredCpu, ts[1][h] = one, true
+			case 3:
+				u.RemovedCpu = one
+				delete(ts[1], h)
+			case 4:
+				u.StoredStorage, ts[2][h] = one, true
+			case 5:
+				u.RemovedStorage = one
+				delete(ts[2], h)
+			case 6:
+				u.Reset_ = true
+				*ts = [3]map[uint64]bool{{}, {}, {}}
+			case 7:
+				x.Retain(func(r Replica) bool { return r.ID != id })
+				delete(model, id)
+				checkInvariants(t, x)
+				continue
+			}
+			if err := x.Apply("n1", u); err != nil {
+				t.Fatal(err)
+			}
+			checkInvariants(t, x)
+		}
+		w := Weights{CPU: 0.7, Storage: 0.3}
+		for _, prompt := range [][]uint64{{0, 1, 2, 3, 4, 5}, {1, 0, 2}, {5, 4, 3, 2, 1, 0}, {3}} {
+			want := model.lookup(prompt, w)
+			got := x.LookupTiers(prompt, w, false, nil)
+			if len(got) != len(want) {
+				t.Fatalf("prompt %v: %d matches, model %d: %+v", prompt, len(got), len(want), got)
+			}
+			for _, m := range got {
+				wt := want[m.ID]
+				if m.Blocks != wt.Blocks || m.GPU != wt.GPU || m.Credit != wt.Credit || m.Pending != 0 {
+					t.Fatalf("prompt %v, %s: got %+v, model %+v", prompt, m.ID, m, wt)
+				}
+			}
+			gpu := 0
+			for _, m := range x.Lookup(prompt, nil) {
+				if m.Blocks != want[m.ID].GPU {
+					t.Fatalf("prompt %v, %s: Lookup %d, model's GPU run %d", prompt, m.ID, m.Blocks, want[m.ID].GPU)
+				}
+				gpu++
+			}
+			for _, wt := range want {
+				if wt.GPU > 0 {
+					gpu--
+				}
+			}
+			if gpu != 0 {
+				t.Fatalf("prompt %v: Lookup lists %+d replicas against the model's", prompt, gpu)
+			}
+		}
+	})
+}
