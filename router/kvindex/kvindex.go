@@ -195,15 +195,15 @@ type Index struct {
 	// holders maps a block hash to the replicas holding it in any tier,
 	// each tagged with its best (tiers.go) — 1 to a handful each, so a
 	// short array beats any set (table.go).
-	holders  blockTable
+	holders blockTable
 	// spill holds the holder sets past inlineHolders, spillFree the
 	// indexes of its unused (nil) entries.
 	spill     [][]uint16
 	spillFree []uint32
-	replicas map[string]*replica // by replica id: one incarnation each
-	slots    []*replica          // by slot; nil when free
-	free     []uint16
-	entries  int
+	replicas  map[string]*replica // by replica id: one incarnation each
+	slots     []*replica          // by slot; nil when free
+	free      []uint16
+	entries   int
 	// offEntries counts the (block, replica) pairs of the offload tiers:
 	// while 0, LookupTiers is Lookup.
 	offEntries int

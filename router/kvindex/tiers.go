@@ -165,6 +165,9 @@ func (x *Index) LookupTiers(hashes []uint64, w Weights, pending bool, dst []Tier
 // probeBatch is how many blocks lookupTiersLocked probes at once.
 const probeBatch = 16
 
+// noTag is lookupTiersLocked's tag for a block a candidate does not hold.
+const noTag = 3
+
 // lookupTiersLocked is LookupTiers' walk over every tier, under the read
 // lock: lookupLocked's, with each candidate's tier read from the tag of
 // its holder in the same probe.
@@ -177,11 +180,13 @@ func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst 
 		credit            float64
 		blocks, gpu, pend int32
 		slot              uint16
-		gpuRun            bool // every block so far was on the GPU
+		gpuRun            uint8 // 1 while every block so far was on the GPU
 	}
 	var buf [16]cand
 	alive := buf[:0]
-	credit := [...]float64{TierGPU: 1, TierCPU: w.CPU, TierStorage: w.Storage}
+	// A block's credit by its holder's tag (0 the GPU, then tagCPU and
+	// tagStorage shifted down).
+	credit := [4]float64{1, w.CPU, w.Storage, 0}
 	t := &x.holders
 	mask := len(t.slots) - 1
 	// The blocks are probed probeBatch at a time before any is read, so
@@ -213,64 +218,71 @@ func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst 
 			// The candidates: block 0's holders in any tier, and with
 			// pending the replicas it is pending on.
 			for _, v := range batch[0] {
-				alive = append(alive, cand{slot: v & slotMask, gpuRun: true})
+				alive = append(alive, cand{slot: v & slotMask, gpuRun: 1})
 			}
 			if h0 := hashes[0]; pending {
 				for _, s := range x.spec.holders[h0] {
 					if x.livePending(s, h0, now) && !slices.ContainsFunc(alive, func(c cand) bool { return c.slot == s }) {
-						alive = append(alive, cand{slot: s, gpuRun: true})
+						alive = append(alive, cand{slot: s, gpuRun: 1})
 					}
 				}
 			}
 		}
-		for i := base; i < end && len(alive) > 0; i++ {
-			h, hs := hashes[i], batch[i-base]
-			k := 0
-			for a := range alive {
-				// In place, through a pointer: a copy of the candidate,
-				// changed field by field and stored whole, stalls on
-				// store forwarding.
-				c := &alive[a]
-				tier, pend := TierNone, false
+		// Candidate by candidate through the batch, each one's state in
+		// registers: block by block, every candidate's state went
+		// through memory at every block, and that was most of the walk's
+		// time once the misses overlapped.
+		var next [probeBatch]int // where block i's next candidate's holder likely is
+		k := 0
+		for _, c := range alive {
+			ended := false
+			for i := base; i < end; i++ {
+				hs := batch[i-base]
 				// Holders keep their order from block to block (a
-				// replica's stores are appended), so the candidates kept
-				// so far are likely hs's first k: try hs[k] before the
+				// replica's stores are appended), and so do the
+				// candidates: try where the one before was found, then
 				// scan.
-				at := k
-				if k >= len(hs) || hs[k]&slotMask != c.slot {
-					at = holderIndex(hs, c.slot)
+				tag := uint16(noTag)
+				if p := next[i-base]; p < len(hs) && hs[p]&slotMask == c.slot {
+					tag = hs[p] >> slotBits
+					next[i-base] = p + 1
+				} else if at := holderIndex(hs, c.slot); at >= 0 {
+					tag = hs[at] >> slotBits
+					next[i-base] = at + 1
 				}
-				switch {
-				case at >= 0 && hs[at] == c.slot:
-					tier = TierGPU
-				case pending && slices.Contains(x.spec.holders[h], c.slot) && x.livePending(c.slot, h, now):
-					tier, pend = TierGPU, true
-				case at >= 0:
-					tier = tierOf(hs[at])
+				// A pending entry counts as a GPU block where no GPU
+				// holder is, as LookupPending counts it.
+				pend := false
+				if pending && tag != 0 && slices.Contains(x.spec.holders[hashes[i]], c.slot) && x.livePending(c.slot, hashes[i], now) {
+					tag, pend = 0, true
 				}
-				if tier == TierNone {
+				if tag == noTag {
 					r := x.slots[c.slot]
 					dst = append(dst, TierMatch{Replica: r.Replica, Blocks: int(c.blocks), Credit: c.credit, GPU: int(c.gpu),
 						Untrusted: r.Untrusted, Pending: int(c.pend)})
-					continue
+					ended = true
+					break
+				}
+				// Branch-free: which tier a candidate's block is in
+				// follows no pattern the CPU could predict.
+				var gpu uint8
+				if tag == 0 {
+					gpu = 1
 				}
 				c.blocks++
-				c.credit += credit[tier]
-				if tier == TierGPU && c.gpuRun {
-					c.gpu++
-					if pend {
-						c.pend++
-					}
-				} else {
-					c.gpuRun = false
+				c.credit += credit[tag&3]
+				c.gpuRun &= gpu
+				c.gpu += int32(c.gpuRun)
+				if pend && c.gpuRun == 1 {
+					c.pend++
 				}
-				if k != a {
-					alive[k] = *c
-				}
+			}
+			if !ended {
+				alive[k] = c
 				k++
 			}
-			alive = alive[:k]
 		}
+		alive = alive[:k]
 	}
 	for _, c := range alive {
 		r := x.slots[c.slot]
