@@ -233,54 +233,65 @@ func (x *Index) lookupTiersLocked(hashes []uint64, w Weights, pending bool, dst 
 		// through memory at every block, and that was most of the walk's
 		// time once the misses overlapped.
 		var next [probeBatch]int // where block i's next candidate's holder likely is
+		bs := batch[:end-base]
+		nx := next[:len(bs)]
 		k := 0
 		for _, c := range alive {
-			ended := false
-			for i := base; i < end; i++ {
-				hs := batch[i-base]
+			// held is how many of the batch's blocks c holds in a row;
+			// gpuEnd where its run on the GPU ended (-1: it has not).
+			held, gpuEnd, cr := len(bs), -1, c.credit
+			for bi, hs := range bs {
 				// Holders keep their order from block to block (a
 				// replica's stores are appended), and so do the
 				// candidates: try where the one before was found, then
 				// scan.
 				tag := uint16(noTag)
-				if p := next[i-base]; p < len(hs) && hs[p]&slotMask == c.slot {
+				if p := nx[bi]; p < len(hs) && hs[p]&slotMask == c.slot {
 					tag = hs[p] >> slotBits
-					next[i-base] = p + 1
+					nx[bi] = p + 1
 				} else if at := holderIndex(hs, c.slot); at >= 0 {
 					tag = hs[at] >> slotBits
-					next[i-base] = at + 1
+					nx[bi] = at + 1
 				}
 				// A pending entry counts as a GPU block where no GPU
 				// holder is, as LookupPending counts it.
 				pend := false
-				if pending && tag != 0 && slices.Contains(x.spec.holders[hashes[i]], c.slot) && x.livePending(c.slot, hashes[i], now) {
-					tag, pend = 0, true
+				if pending && tag != 0 {
+					if h := hashes[base+bi]; slices.Contains(x.spec.holders[h], c.slot) && x.livePending(c.slot, h, now) {
+						tag, pend = 0, true
+					}
 				}
 				if tag == noTag {
-					r := x.slots[c.slot]
-					dst = append(dst, TierMatch{Replica: r.Replica, Blocks: int(c.blocks), Credit: c.credit, GPU: int(c.gpu),
-						Untrusted: r.Untrusted, Pending: int(c.pend)})
-					ended = true
+					held = bi
 					break
 				}
-				// Branch-free: which tier a candidate's block is in
-				// follows no pattern the CPU could predict.
-				var gpu uint8
-				if tag == 0 {
-					gpu = 1
-				}
-				c.blocks++
-				c.credit += credit[tag&3]
-				c.gpuRun &= gpu
-				c.gpu += int32(c.gpuRun)
-				if pend && c.gpuRun == 1 {
-					c.pend++
+				cr += credit[tag&3]
+				if c.gpuRun == 1 && gpuEnd < 0 {
+					if tag != 0 {
+						gpuEnd = bi
+					} else if pend {
+						c.pend++
+					}
 				}
 			}
-			if !ended {
-				alive[k] = c
-				k++
+			c.blocks += int32(held)
+			c.credit = cr
+			if c.gpuRun == 1 {
+				if gpuEnd < 0 {
+					c.gpu += int32(held)
+				} else {
+					c.gpu += int32(gpuEnd)
+					c.gpuRun = 0
+				}
 			}
+			if held < len(bs) {
+				r := x.slots[c.slot]
+				dst = append(dst, TierMatch{Replica: r.Replica, Blocks: int(c.blocks), Credit: c.credit, GPU: int(c.gpu),
+					Untrusted: r.Untrusted, Pending: int(c.pend)})
+				continue
+			}
+			alive[k] = c
+			k++
 		}
 		alive = alive[:k]
 	}
