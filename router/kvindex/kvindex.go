@@ -158,10 +158,10 @@ type replica struct {
 // MaxReplicas is how many replicas the index holds at once: a slot is the
 // low slotBits of a holder (the high two are its tier, tiers.go). Replicas
 // past it are not indexed and answer "no data" (tier 1). Four times the
-// control plane's replicas per model (design §2 "Entry rules").
+// control plane's replicas per model (design §4, "Entry rules").
 const MaxReplicas = 1 << slotBits
 
-// inlineHolders is how many holders a block keeps inside its map value.
+// inlineHolders is how many holders a block keeps inside its table slot.
 const inlineHolders = 7
 
 // holders is the set of replicas holding one block in any tier, inline in
