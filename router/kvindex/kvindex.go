@@ -357,7 +357,7 @@ func (x *Index) storeLocked(r *replica, h uint64) {
 	if !r.blocks.add(h) {
 		return
 	}
-	if r.off[h] == 0 {
+	if offOf(r, h) == 0 {
 		x.addHolderLocked(h, r.slot) // not held in any tier before
 	} else {
 		x.setHolderLocked(h, r.slot) // its tier rises to the GPU
@@ -424,7 +424,7 @@ func (x *Index) removeLocked(r *replica, h uint64) {
 	if !r.blocks.remove(h) {
 		return
 	}
-	if off := r.off[h]; off != 0 {
+	if off := offOf(r, h); off != 0 {
 		x.setHolderLocked(h, r.slot|offTag(off)) // still offloaded
 	} else {
 		x.unholdLocked(r.slot, h)

@@ -50,6 +50,15 @@ const (
 	tagStorage uint16 = 2 << slotBits
 )
 
+// offOf is r's offload tier bits for h, without a map probe for a replica
+// offloading nothing.
+func offOf(r *replica, h uint64) uint8 {
+	if len(r.off) == 0 {
+		return 0
+	}
+	return r.off[h]
+}
+
 // offTag is the holder tag of a block held in the offload tiers off only.
 func offTag(off uint8) uint16 {
 	if off&offCPU != 0 {
