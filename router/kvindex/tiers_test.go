@@ -295,16 +295,20 @@ type tierModel map[string]*[3]map[uint64]bool // gpu, cpu, storage
 // first hash in some tier, the leading run held in any tier, its credit
 // summed block by block in prompt order (as the index sums it, so the
 // floats are equal), and the leading run on the GPU.
-func (m tierModel) lookup(hashes []uint64, w Weights) map[string]TierMatch {
+// pending, if not nil, holds each replica's pending hashes, which count as
+// GPU blocks where the GPU holds none.
+func (m tierModel) lookup(hashes []uint64, w Weights, pending map[string]map[uint64]bool) map[string]TierMatch {
 	out := map[string]TierMatch{}
 	for id, ts := range m {
 		var tm TierMatch
 		gpuRun := true
 		for _, h := range hashes {
-			t := TierNone
+			t, pend := TierNone, false
 			switch {
 			case ts[0][h]:
 				t = TierGPU
+			case pending[id][h]:
+				t, pend = TierGPU, true
 			case ts[1][h]:
 				t = TierCPU
 			case ts[2][h]:
@@ -317,6 +321,9 @@ func (m tierModel) lookup(hashes []uint64, w Weights) map[string]TierMatch {
 			tm.Credit += w.Of(t)
 			if gpuRun = gpuRun && t == TierGPU; gpuRun {
 				tm.GPU++
+				if pend {
+					tm.Pending++
+				}
 			}
 		}
 		if tm.Blocks > 0 {
@@ -331,7 +338,8 @@ func (m tierModel) lookup(hashes []uint64, w Weights) map[string]TierMatch {
 // go GPU-only, offload-only, in several tiers at once, rise and fall
 // between tiers and spill past inlineHolders and back, then checks the
 // holder table against the replicas' sets (checkInvariants) and
-// LookupTiers and Lookup against the model.
+// LookupTiers and Lookup against the model; then, with speculative entries
+// recorded for two blocks on every replica, LookupTiers with pending.
 func FuzzTiers(f *testing.F) {
 	// ops are 3 bytes each: kind, replica, hash.
 	f.Add([]byte{2, 0, 1, 0, 0, 1, 1, 0, 1}) // cpu only, then gpu, then gpu gone: cpu again
@@ -347,7 +355,7 @@ func FuzzTiers(f *testing.F) {
 	f.Add([]byte{2, 1, 0, 4, 1, 1, 6, 1, 0, 2, 2, 0, 7, 2, 0, 0, 1, 0})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		const replicas, hashes = 10, 6
-		x := newIndex(t, 1<<20)
+		x := specIndex(t, newClock(), Config{})
 		model := tierModel{}
 		for len(ops) >= 3 {
 			kind, id, h := ops[0]%8, "r"+itoa(int(ops[1]%replicas)), uint64(ops[2]%hashes)
@@ -396,8 +404,9 @@ func FuzzTiers(f *testing.F) {
 			checkInvariants(t, x)
 		}
 		w := Weights{CPU: 0.7, Storage: 0.3}
-		for _, prompt := range [][]uint64{{0, 1, 2, 3, 4, 5}, {1, 0, 2}, {5, 4, 3, 2, 1, 0}, {3}} {
-			want := model.lookup(prompt, w)
+		prompts := [][]uint64{{0, 1, 2, 3, 4, 5}, {1, 0, 2}, {5, 4, 3, 2, 1, 0}, {3}}
+		for _, prompt := range prompts {
+			want := model.lookup(prompt, w, nil)
 			got := x.LookupTiers(prompt, w, false, nil)
 			if len(got) != len(want) {
 				t.Fatalf("prompt %v: %d matches, model %d: %+v", prompt, len(got), len(want), got)
@@ -422,6 +431,29 @@ func FuzzTiers(f *testing.F) {
 			}
 			if gpu != 0 {
 				t.Fatalf("prompt %v: Lookup lists %+d replicas against the model's", prompt, gpu)
+			}
+		}
+		pending := map[string]map[uint64]bool{}
+		for id, ts := range model {
+			pending[id] = map[uint64]bool{}
+			for _, h := range []uint64{0, 3} { // Speculate skips blocks on the GPU
+				if !ts[0][h] {
+					pending[id][h] = true
+				}
+			}
+			x.Speculate(Replica{ID: id, UID: 1, Incarnation: 1}, []uint64{0, 3})
+		}
+		for _, prompt := range prompts {
+			want := model.lookup(prompt, w, pending)
+			got := x.LookupTiers(prompt, w, true, nil)
+			if len(got) != len(want) {
+				t.Fatalf("pending, prompt %v: %d matches, model %d: %+v", prompt, len(got), len(want), got)
+			}
+			for _, m := range got {
+				wt := want[m.ID]
+				if m.Blocks != wt.Blocks || m.GPU != wt.GPU || m.Credit != wt.Credit || m.Pending != wt.Pending {
+					t.Fatalf("pending, prompt %v, %s: got %+v, model %+v", prompt, m.ID, m, wt)
+				}
 			}
 		}
 	})
