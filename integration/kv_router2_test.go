@@ -100,13 +100,7 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 		agent.kill()
 		traffic(15)
 		agent.start()
-		if !eventually(30*time.Second, func() bool {
-			n, ok := testkit.Scrape(agent.http, "llmgw_agent_engine_adoptions_total", nil)
-			a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
-			return ok && n == 2 && a == 1
-		}) {
-			t.Fatalf("agent did not re-adopt 2 engines and attach within %v; its log:\n%s", within(30*time.Second), tail(agent.output(), 30))
-		}
+		waitAgentAdopted(t, agent, 2)
 		check("agent restart")
 		if n, _ := testkit.Scrape(agent.http, "llmgw_agent_kv_replays_total", testkit.Labels{"result": "repaired"}); n < 2 {
 			t.Errorf("%v repaired replays after the restart, want a catch-up per engine (2)", n)
@@ -266,6 +260,19 @@ func kvDecisions(addr string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// waitAgentAdopted waits until a restarted agent has re-adopted n
+// running engines and attached to the control plane.
+func waitAgentAdopted(t *testing.T, agent *controlServer, n float64) {
+	t.Helper()
+	if !eventually(30*time.Second, func() bool {
+		got, ok := testkit.Scrape(agent.http, "llmgw_agent_engine_adoptions_total", nil)
+		a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
+		return ok && got == n && a == 1
+	}) {
+		t.Fatalf("agent did not re-adopt %v engines and attach within %v; its log:\n%s", n, within(30*time.Second), tail(agent.output(), 30))
+	}
 }
 
 // liveReplicas is the model's replicas as any running server lists them.
