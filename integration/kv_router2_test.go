@@ -168,7 +168,7 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 // on the engine makes it trusted and exact again.
 func TestKVRouterUntrusted(t *testing.T) {
 	agentHTTP := freeAddr(t)
-	d := startDev(t, "--port-range", "42000-42249", "--agent-http-addr", agentHTTP)
+	d := startDev(t, "--port-range", freePortRange(t, 20), "--agent-http-addr", agentHTTP)
 	file := filepath.Join(t.TempDir(), "kvu.yaml")
 	writeFile(t, file, kvModelYAML("kvu", 1, "--sim-kv-drop-rate", "0.2", "--sim-kv-buffer-steps", "1"))
 	if out, err := d.ctl("model", "apply", "-f", file); err != nil {

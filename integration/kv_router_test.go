@@ -43,12 +43,11 @@ func TestKVRouterExactness(t *testing.T) {
 		{"array-ints", "array", "1", false},
 		{"array-bytes", "array", "0", false},
 	}
-	for i, tc := range tests {
+	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// The agent hands its environment to the engines it starts.
 			t.Setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", tc.intHashes)
-			base := 41000 + 250*i
-			d := startDev(t, "--port-range", fmt.Sprintf("%d-%d", base, base+249))
+			d := startDev(t, "--port-range", freePortRange(t, 20))
 			file := filepath.Join(t.TempDir(), "kvm.yaml")
 			// A cache of 64 blocks of 16 tokens: the traffic below stores,
 			// shares and evicts.

@@ -51,8 +51,7 @@ func TestKVRouterExactnessTiers(t *testing.T) {
 	c1.start()
 	c := &cluster{t: t, servers: []*controlServer{c1}}
 	c.waitLeader(c.servers, formTimeout)
-	// Engines on a port range of this test's own.
-	agent := startAgentProc(t, "n1", []string{c1.grpc}, "--port-range", "21100-21199")
+	agent := startAgentProc(t, "n1", []string{c1.grpc})
 	r1 := startRouterProc(t, "r1", c1.grpc)
 	r2 := startRouterProc(t, "r2", c1.grpc)
 	routers := []string{r1.ops, r2.ops} // the indexes are read on the operations ports
