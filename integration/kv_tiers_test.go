@@ -45,8 +45,27 @@ func kvTierArgs() []string {
 // agent re-sends its mirror's tiers in a full copy, the routers re-sync
 // from it), a router's kill -9 and restart (its index comes back from the
 // control plane's full copy) — both routers' indexes equal each engine's
-// GPU and CPU sets exactly.
+// GPU and CPU sets exactly. In both event encodings and both hash forms
+// (the CPU tier's BlockStored carries no tokens and no parent, so its
+// hashes are decoded and mapped apart from the GPU's). LLMGW_SOAK=1
+// repeats the faults 5 times.
 func TestKVRouterExactnessTiers(t *testing.T) {
+	tests := []struct{ name, encoding, intHashes string }{
+		{"map-ints", "map", "1"},
+		{"array-bytes", "array", "0"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// The agent hands its environment to the engines it starts.
+			t.Setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", tc.intHashes)
+			kvTiersExact(t, tc.encoding)
+		})
+	}
+}
+
+// kvTiersExact is TestKVRouterExactnessTiers with engines publishing in
+// encoding (map or array).
+func kvTiersExact(t *testing.T, encoding string) {
 	c1 := newServer(t, "c1", serverOpts{expect: 1})
 	c1.start()
 	c := &cluster{t: t, servers: []*controlServer{c1}}
@@ -56,12 +75,13 @@ func TestKVRouterExactnessTiers(t *testing.T) {
 	r2 := startRouterProc(t, "r2", c1.grpc)
 	routers := []string{r1.ops, r2.ops} // the indexes are read on the operations ports
 	file := filepath.Join(t.TempDir(), "kvt.yaml")
-	writeFile(t, file, kvModelYAML("kvt", 2, append(kvTierArgs(), "--sim-kv-drop-rate", "0.01")...))
+	writeFile(t, file, kvModelYAML("kvt", 2, append(kvTierArgs(), "--sim-kv-drop-rate", "0.01", "--sim-kv-events-encoding", encoding)...))
 	if err := eventuallyErr(30*time.Second, func() error { _, err := ctlAt(c1.grpc, "model", "apply", "-f", file); return err }); err != nil {
 		t.Fatalf("model apply: %v", err)
 	}
 	waitServing(t, c1.grpc, "kvt", 2, r1, r2)
 
+	took := map[string][]time.Duration{}
 	var steps []string
 	round := 0
 	traffic := func(n int) {
@@ -71,53 +91,68 @@ func TestKVRouterExactnessTiers(t *testing.T) {
 	}
 	check := func(step string) {
 		t.Helper()
+		if _, ok := took[step]; !ok {
+			steps = append(steps, step)
+		}
 		replicas := liveReplicas(t, c, "kvt")
-		took := checkKVExactOf(t, replicas, "kvt", routers, step)
-		steps = append(steps, fmt.Sprintf("%s: %v (%s)", step, took.Round(time.Millisecond), engineTiers(t, replicas)))
+		took[step] = append(took[step], checkKVExactOf(t, replicas, "kvt", routers, step))
+		t.Logf("%s: %s", step, engineTiers(t, replicas))
 	}
 
 	traffic(60)
 	check("offload, 1% dropped")
 
-	killEngineOf(t, func() []replicaView { return liveReplicas(t, c, "kvt") })
-	waitServing(t, c1.grpc, "kvt", 2, r1, r2)
-	traffic(30)
-	check("engine kill -9")
-
-	// The engines keep serving and publishing into the void while the agent
-	// is down; the restarted agent re-adopts them and replays from seq 0.
-	agent.kill()
-	traffic(20)
-	agent.start()
-	waitAgentAdopted(t, agent, 2)
-	check("agent kill -9 + restart")
-
-	// The control plane's KV state is not persisted: the restarted server
-	// knows only what the agent's new session sends, a full copy of its
-	// mirror, and each router's new watch stream starts with it.
-	sessions, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
-	killed := time.Now()
-	c1.kill()
-	traffic(20)
-	c1.start()
-	c.waitLeader(c.servers, formTimeout)
-	if !eventually(30*time.Second, func() bool {
-		n, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
-		a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
-		return n > sessions && a == 1 && lastWatchOpen(r1).After(killed) && lastWatchOpen(r2).After(killed)
-	}) {
-		t.Fatalf("after the control server's restart the agent did not attach again (sessions %v before) or a router did not open a new watch stream within %v; agent log:\n%s",
-			sessions, within(30*time.Second), tail(agent.output(), 20))
+	rounds := 1
+	if soak() {
+		rounds = 5
 	}
-	check("control server kill -9 + restart")
+	for range rounds {
+		killEngineOf(t, func() []replicaView { return liveReplicas(t, c, "kvt") })
+		waitServing(t, c1.grpc, "kvt", 2, r1, r2)
+		traffic(30)
+		check("engine kill -9")
 
-	r2.kill()
-	traffic(20)
-	r2.start()
-	waitRouterServes(t, r2.http, "kvt")
-	check("router kill -9 + restart")
+		// The engines keep serving and publishing into the void while the
+		// agent is down; the restarted agent re-adopts them and replays
+		// from seq 0.
+		agent.kill()
+		traffic(20)
+		agent.start()
+		waitAgentAdopted(t, agent, 2)
+		check("agent kill -9 + restart")
 
-	t.Logf("time from the last request to equal indexes per tier, and the engines' tiers:\n  %s", strings.Join(steps, "\n  "))
+		// The control plane's KV state is not persisted: the restarted
+		// server knows only what the agent's new session sends, a full
+		// copy of its mirror, and each router's new watch stream starts
+		// with it.
+		sessions, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
+		killed := time.Now()
+		c1.kill()
+		traffic(20)
+		c1.start()
+		c.waitLeader(c.servers, formTimeout)
+		if !eventually(30*time.Second, func() bool {
+			n, _ := testkit.Scrape(agent.http, "llmgw_agent_sessions_total", nil)
+			a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
+			return n > sessions && a == 1 && lastWatchOpen(r1).After(killed) && lastWatchOpen(r2).After(killed)
+		}) {
+			t.Fatalf("after the control server's restart the agent did not attach again (sessions %v before) or a router did not open a new watch stream within %v; agent log:\n%s",
+				sessions, within(30*time.Second), tail(agent.output(), 20))
+		}
+		check("control server kill -9 + restart")
+
+		r2.kill()
+		traffic(20)
+		r2.start()
+		waitRouterServes(t, r2.http, "kvt")
+		check("router kill -9 + restart")
+	}
+
+	var lines []string
+	for _, step := range steps {
+		lines = append(lines, fmt.Sprintf("%s: %s", step, summary(took[step])))
+	}
+	t.Logf("time from the last request to equal indexes in every tier: %s", strings.Join(lines, "; "))
 }
 
 // engineTiers reads each ready engine's /sim/blocks and says what its
