@@ -323,6 +323,16 @@ func killEngineAndWait(t *testing.T, d *devProcess, model string) {
 // replica is ready again as a new incarnation.
 func killEngineOf(t *testing.T, list func() []replicaView) {
 	t.Helper()
+	victim := readyEngine(t, list)
+	killGroup(victim.Status.PID)
+	_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
+	waitNewIncarnation(t, list, victim)
+}
+
+// readyEngine is the first ready replica with an engine pid that list
+// returns.
+func readyEngine(t *testing.T, list func() []replicaView) replicaView {
+	t.Helper()
 	var victim replicaView
 	if !eventually(10*time.Second, func() bool {
 		for _, r := range list() {
@@ -333,18 +343,23 @@ func killEngineOf(t *testing.T, list func() []replicaView) {
 		}
 		return false
 	}) {
-		t.Fatalf("no ready engine with a pid to kill within %v", within(10*time.Second))
+		t.Fatalf("no ready engine with a pid within %v", within(10*time.Second))
 	}
-	killGroup(victim.Status.PID)
-	_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
+	return victim
+}
+
+// waitNewIncarnation waits until killed's replica is ready again as a new
+// incarnation.
+func waitNewIncarnation(t *testing.T, list func() []replicaView, killed replicaView) {
+	t.Helper()
 	if !eventually(60*time.Second, func() bool {
 		for _, r := range list() {
-			if r.Replica.ID == victim.Replica.ID && r.ready() && r.Status.Incarnation != victim.Status.Incarnation {
+			if r.Replica.ID == killed.Replica.ID && r.ready() && r.Status.Incarnation != killed.Status.Incarnation {
 				return true
 			}
 		}
 		return false
 	}) {
-		t.Fatalf("replica %s (pid %d killed) not back as a new incarnation within %v", victim.Replica.ID, victim.Status.PID, within(60*time.Second))
+		t.Fatalf("replica %s (pid %d killed) not back as a new incarnation within %v", killed.Replica.ID, killed.Status.PID, within(60*time.Second))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,8 +107,9 @@ func kvTiersExact(t *testing.T, encoding string) {
 	if soak() {
 		rounds = 5
 	}
+	replicas := func() []replicaView { return liveReplicas(t, c, "kvt") }
 	for range rounds {
-		killEngineOf(t, func() []replicaView { return liveReplicas(t, c, "kvt") })
+		killEngineOf(t, replicas)
 		waitServing(t, c1.grpc, "kvt", 2, r1, r2)
 		traffic(30)
 		check("engine kill -9")
@@ -120,6 +122,19 @@ func kvTiersExact(t *testing.T, encoding string) {
 		agent.start()
 		waitAgentAdopted(t, agent, 2)
 		check("agent kill -9 + restart")
+
+		// An engine killed while its agent is down: the restarted agent
+		// finds it gone and starts it again, as a new incarnation whose
+		// tiers start empty; the other engine is re-adopted.
+		victim := readyEngine(t, replicas)
+		agent.kill()
+		killGroup(victim.Status.PID)
+		_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
+		agent.start()
+		waitNewIncarnation(t, replicas, victim)
+		waitServing(t, c1.grpc, "kvt", 2, r1, r2)
+		traffic(20)
+		check("agent and an engine kill -9")
 
 		// The control plane's KV state is not persisted: the restarted
 		// server knows only what the agent's new session sends, a full
