@@ -141,12 +141,10 @@ func freeAddrOn(t *testing.T, host string) string {
 func freePortRange(t *testing.T, n int) string {
 	t.Helper()
 	lo, hi := portPool()
-	lo = rangesFrom(lo, hi)
-	slots := (hi - lo) / n
-	start := rand.IntN(max(slots, 1))
-	for i := range slots {
-		first := lo + (start+i)%slots*n
-		if first+n > hi || !portsFree(first, n) {
+	// First fit, so that the ranges of one test binary do not leave gaps
+	// too short for the next.
+	for first := rangesFrom(lo, hi); first+n <= hi; first++ {
+		if !portsFree(first, n) {
 			continue
 		}
 		for p := first; p < first+n; p++ {
@@ -154,7 +152,7 @@ func freePortRange(t *testing.T, n int) string {
 		}
 		return fmt.Sprintf("%d-%d", first, first+n-1)
 	}
-	t.Fatalf("no %d free consecutive ports in %d-%d", n, lo, hi)
+	t.Fatalf("no %d free consecutive ports in %d-%d", n, rangesFrom(lo, hi), hi-1)
 	return ""
 }
 
