@@ -48,7 +48,7 @@ func startAgentProc(t *testing.T, node string, control []string, extra ...string
 	t.Helper()
 	args := append([]string{"agent", "--node-id", node, "--control", strings.Join(control, ","),
 		"--advertise-addr", "127.0.0.1", "--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t),
-		"--gpus", "2", "--port-range", freePortRange(t, 40), "--stop-grace", "2s"}, extra...)
+		"--gpus", "2", "--port-range", freePortRange(t, 30), "--stop-grace", "2s"}, extra...)
 	a := llmgwProcess(t, node, args...)
 	a.http = a.args[slicesIndex(a.args, "--http-addr")+1]
 	a.start()

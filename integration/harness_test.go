@@ -137,7 +137,7 @@ func freeAddrOn(t *testing.T, host string) string {
 // handed out, and marks them handed out: an agent's or dev's --port-range
 // for its engines, kept out of the kernel's ephemeral range and off the
 // ports of other processes on the machine as freeAddr's are. Ranges come
-// from the pool's top quarter (rangesFrom).
+// from the pool's top third (rangesFrom).
 func freePortRange(t *testing.T, n int) string {
 	t.Helper()
 	lo, hi := portPool()
@@ -157,9 +157,9 @@ func freePortRange(t *testing.T, n int) string {
 }
 
 // rangesFrom is where freePortRange's share of the pool lo..hi starts: its
-// top quarter, which freeAddr leaves alone, so that the single ports it
+// top third, which freeAddr leaves alone, so that the single ports it
 // scatters do not break up the runs of consecutive ones.
-func rangesFrom(lo, hi int) int { return hi - (hi-lo)/4 }
+func rangesFrom(lo, hi int) int { return hi - (hi-lo)/3 }
 
 // portsFree reports whether ports first..first+n-1 are neither handed out
 // nor listened on.
