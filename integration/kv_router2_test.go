@@ -161,7 +161,10 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 
 // TestKVRouterUntrusted: with 20 % of event batches dropped and a replay
 // buffer of one batch (--sim-kv-buffer-steps 1, since the agent writes
-// --kv-events-config itself), a gap cannot be closed: the agent marks the
+// --kv-events-config itself; and kv_events_buffer_steps 1, so the agent
+// knows: told 10,000, it took a one-batch replay after a publisher's
+// handshake for the engine's whole history and trusted the replica again
+// before the second router saw it untrusted), a gap cannot be closed: the agent marks the
 // replica untrusted (llmgw_agent_kv_untrusted_replicas), the router's
 // index says so (/debug/kvindex), and requests for it fall back to tier 1,
 // counted as llmgw_kv_decisions_total{decision="untrusted"}. A cache reset
@@ -170,7 +173,7 @@ func TestKVRouterUntrusted(t *testing.T) {
 	agentHTTP := freeAddr(t)
 	d := startDev(t, "--port-range", freePortRange(t, 20), "--agent-http-addr", agentHTTP)
 	file := filepath.Join(t.TempDir(), "kvu.yaml")
-	writeFile(t, file, kvModelYAML("kvu", 1, "--sim-kv-drop-rate", "0.2", "--sim-kv-buffer-steps", "1"))
+	writeFile(t, file, kvModelYAML("kvu", 1, "--sim-kv-drop-rate", "0.2", "--sim-kv-buffer-steps", "1")+"kv_events_buffer_steps: 1\n")
 	if out, err := d.ctl("model", "apply", "-f", file); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
