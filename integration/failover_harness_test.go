@@ -41,17 +41,14 @@ func llmgwProcess(t *testing.T, id string, args ...string) *controlServer {
 	return p
 }
 
-var portRanges atomic.Int32
-
 // startAgentProc runs `llmgw agent` with 2 GPUs, engines on a port range of
 // its own, and engines left running when it exits (design §6); extra flags
 // go last.
 func startAgentProc(t *testing.T, node string, control []string, extra ...string) *controlServer {
 	t.Helper()
-	base := 33000 + 100*int(portRanges.Add(1))
 	args := append([]string{"agent", "--node-id", node, "--control", strings.Join(control, ","),
 		"--advertise-addr", "127.0.0.1", "--http-addr", freeAddr(t), "--grpc-addr", freeAddr(t),
-		"--gpus", "2", "--port-range", fmt.Sprintf("%d-%d", base, base+99), "--stop-grace", "2s"}, extra...)
+		"--gpus", "2", "--port-range", freePortRange(t, 30), "--stop-grace", "2s"}, extra...)
 	a := llmgwProcess(t, node, args...)
 	a.http = a.args[slicesIndex(a.args, "--http-addr")+1]
 	a.start()

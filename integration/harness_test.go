@@ -104,6 +104,7 @@ func freeAddr(t *testing.T) string {
 func freeAddrOn(t *testing.T, host string) string {
 	t.Helper()
 	lo, hi := portPool()
+	hi = rangesFrom(lo, hi) // the rest is freePortRange's
 	n := hi - lo
 	start := rand.IntN(n)
 	for i := range n {
@@ -131,16 +132,71 @@ func freeAddrOn(t *testing.T, host string) string {
 	return ""
 }
 
+// freePortRange returns "lo-hi", n consecutive loopback ports from
+// freeAddr's pool that nothing listens on right now and freeAddr has not
+// handed out, and marks them handed out: an agent's or dev's --port-range
+// for its engines, kept out of the kernel's ephemeral range and off the
+// ports of other processes on the machine as freeAddr's are. Ranges come
+// from the pool's top third (rangesFrom).
+func freePortRange(t *testing.T, n int) string {
+	t.Helper()
+	lo, hi := portPool()
+	// First fit, so that the ranges of one test binary do not leave gaps
+	// too short for the next.
+	for first := rangesFrom(lo, hi); first+n <= hi; first++ {
+		if !portsFree(first, n) {
+			continue
+		}
+		for p := first; p < first+n; p++ {
+			handedOut.Store(net.JoinHostPort("127.0.0.1", strconv.Itoa(p)), true)
+		}
+		return fmt.Sprintf("%d-%d", first, first+n-1)
+	}
+	t.Fatalf("no %d free consecutive ports in %d-%d", n, rangesFrom(lo, hi), hi-1)
+	return ""
+}
+
+// rangesFrom is where freePortRange's share of the pool lo..hi starts: its
+// top third, which freeAddr leaves alone, so that the single ports it
+// scatters do not break up the runs of consecutive ones.
+func rangesFrom(lo, hi int) int { return hi - (hi-lo)/3 }
+
+// portsFree reports whether ports first..first+n-1 are neither handed out
+// nor listened on.
+func portsFree(first, n int) bool {
+	for p := first; p < first+n; p++ {
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+		if _, taken := handedOut.Load(addr); taken {
+			return false
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return false
+		}
+		l.Close()
+	}
+	return true
+}
+
 // handedOut holds every address freeAddr has returned in this test binary.
 // A port is free again the moment freeAddr closes its probe, so without it
 // two calls for one `llmgw dev` drew the same port about once a suite (the
 // router and the control plane both on it: "address already in use").
 var handedOut sync.Map
 
-// portPool is the range freeAddr draws from: the 8,000 ports below the
-// kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range, 32768
-// on Linux by default), never below 10000.
+// portPool is the range freeAddr draws from: LLMGW_TEST_PORTS (lo-hi,
+// inclusive) when set, for a machine shared with other processes that
+// bind fixed ports; else the 8,000 ports below the kernel's ephemeral
+// range (/proc/sys/net/ipv4/ip_local_port_range, 32768 on Linux by
+// default), never below 10000.
 func portPool() (lo, hi int) {
+	if a, b, ok := strings.Cut(os.Getenv("LLMGW_TEST_PORTS"), "-"); ok {
+		l, err1 := strconv.Atoi(a)
+		h, err2 := strconv.Atoi(b)
+		if err1 == nil && err2 == nil && 0 < l && l < h && h < 65536 {
+			return l, h + 1
+		}
+	}
 	hi = 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {

@@ -100,13 +100,7 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 		agent.kill()
 		traffic(15)
 		agent.start()
-		if !eventually(30*time.Second, func() bool {
-			n, ok := testkit.Scrape(agent.http, "llmgw_agent_engine_adoptions_total", nil)
-			a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
-			return ok && n == 2 && a == 1
-		}) {
-			t.Fatalf("agent did not re-adopt 2 engines and attach within %v; its log:\n%s", within(30*time.Second), tail(agent.output(), 30))
-		}
+		waitAgentAdopted(t, agent, 2)
 		check("agent restart")
 		if n, _ := testkit.Scrape(agent.http, "llmgw_agent_kv_replays_total", testkit.Labels{"result": "repaired"}); n < 2 {
 			t.Errorf("%v repaired replays after the restart, want a catch-up per engine (2)", n)
@@ -167,16 +161,19 @@ func TestKVRouterExactnessFailover(t *testing.T) {
 
 // TestKVRouterUntrusted: with 20 % of event batches dropped and a replay
 // buffer of one batch (--sim-kv-buffer-steps 1, since the agent writes
-// --kv-events-config itself), a gap cannot be closed: the agent marks the
+// --kv-events-config itself; and kv_events_buffer_steps 1, so the agent
+// knows: told 10,000, it took a one-batch replay after a publisher's
+// handshake for the engine's whole history and trusted the replica again
+// before the second router saw it untrusted), a gap cannot be closed: the agent marks the
 // replica untrusted (llmgw_agent_kv_untrusted_replicas), the router's
 // index says so (/debug/kvindex), and requests for it fall back to tier 1,
 // counted as llmgw_kv_decisions_total{decision="untrusted"}. A cache reset
 // on the engine makes it trusted and exact again.
 func TestKVRouterUntrusted(t *testing.T) {
 	agentHTTP := freeAddr(t)
-	d := startDev(t, "--port-range", "42000-42249", "--agent-http-addr", agentHTTP)
+	d := startDev(t, "--port-range", freePortRange(t, 20), "--agent-http-addr", agentHTTP)
 	file := filepath.Join(t.TempDir(), "kvu.yaml")
-	writeFile(t, file, kvModelYAML("kvu", 1, "--sim-kv-drop-rate", "0.2", "--sim-kv-buffer-steps", "1"))
+	writeFile(t, file, kvModelYAML("kvu", 1, "--sim-kv-drop-rate", "0.2", "--sim-kv-buffer-steps", "1")+"kv_events_buffer_steps: 1\n")
 	if out, err := d.ctl("model", "apply", "-f", file); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
@@ -266,6 +263,19 @@ func kvDecisions(addr string) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// waitAgentAdopted waits until a restarted agent has re-adopted n
+// running engines and attached to the control plane.
+func waitAgentAdopted(t *testing.T, agent *controlServer, n float64) {
+	t.Helper()
+	if !eventually(30*time.Second, func() bool {
+		got, ok := testkit.Scrape(agent.http, "llmgw_agent_engine_adoptions_total", nil)
+		a, _ := testkit.Scrape(agent.http, "llmgw_agent_session_attached", nil)
+		return ok && got == n && a == 1
+	}) {
+		t.Fatalf("agent did not re-adopt %v engines and attach within %v; its log:\n%s", n, within(30*time.Second), tail(agent.output(), 30))
+	}
 }
 
 // liveReplicas is the model's replicas as any running server lists them.

@@ -43,12 +43,11 @@ func TestKVRouterExactness(t *testing.T) {
 		{"array-ints", "array", "1", false},
 		{"array-bytes", "array", "0", false},
 	}
-	for i, tc := range tests {
+	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// The agent hands its environment to the engines it starts.
 			t.Setenv("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", tc.intHashes)
-			base := 41000 + 250*i
-			d := startDev(t, "--port-range", fmt.Sprintf("%d-%d", base, base+249))
+			d := startDev(t, "--port-range", freePortRange(t, 20))
 			file := filepath.Join(t.TempDir(), "kvm.yaml")
 			// A cache of 64 blocks of 16 tokens: the traffic below stores,
 			// shares and evicts.
@@ -157,14 +156,15 @@ type kvIndexView struct {
 	Next        *uint64  `json:"next"`
 }
 
-// routerKVIndex is every page of a router's index for replica, read on
-// its operations port ops, with all the hashes.
-func routerKVIndex(ops, replica string) (kvIndexView, error) {
+// routerKVIndexTier is every page of a router's index for replica in one
+// tier (gpu, cpu or storage: design §7.5 "Offload tiers"), read on its
+// operations port ops, with all the hashes.
+func routerKVIndexTier(ops, replica, tier string) (kvIndexView, error) {
 	var all kvIndexView
 	after := ""
 	for {
 		var page kvIndexView
-		if err := getJSON("http://"+ops+"/debug/kvindex?replica="+replica+after, &page); err != nil {
+		if err := getJSON("http://"+ops+"/debug/kvindex?replica="+replica+"&tier="+tier+after, &page); err != nil {
 			return all, err
 		}
 		hashes := append(all.Hashes, page.Hashes...)
@@ -174,6 +174,33 @@ func routerKVIndex(ops, replica string) (kvIndexView, error) {
 		}
 		after = fmt.Sprintf("&after=%d", *page.Next)
 	}
+}
+
+// hashDiff says how got differs from want, both sorted: the hashes
+// missing from got and those it has extra, at most 8 of each listed.
+func hashDiff(want, got []uint64) string {
+	var missing, extra []uint64
+	i, j := 0, 0
+	for i < len(want) || j < len(got) {
+		switch {
+		case j == len(got) || (i < len(want) && want[i] < got[j]):
+			missing = append(missing, want[i])
+			i++
+		case i == len(want) || got[j] < want[i]:
+			extra = append(extra, got[j])
+			j++
+		default:
+			i++
+			j++
+		}
+	}
+	list := func(hs []uint64) string {
+		if len(hs) > 8 {
+			return fmt.Sprintf("%v …", hs[:8])
+		}
+		return fmt.Sprint(hs)
+	}
+	return fmt.Sprintf("%d missing %s, %d extra %s", len(missing), list(missing), len(extra), list(extra))
 }
 
 func getJSON(url string, v any) error {
@@ -233,7 +260,8 @@ func checkKVExactOf(t *testing.T, replicas []replicaView, model string, routers 
 	same := func() bool {
 		for _, e := range engines {
 			var want struct {
-				BlockHashes []uint64 `json:"block_hashes"`
+				BlockHashes    []uint64 `json:"block_hashes"`
+				CPUBlockHashes []uint64 `json:"cpu_block_hashes"`
 			}
 			if err := getJSON("http://"+e.Status.Address+"/sim/blocks", &want); err != nil {
 				diff = err.Error()
@@ -243,16 +271,24 @@ func checkKVExactOf(t *testing.T, replicas []replicaView, model string, routers 
 				diff = "engine " + e.Replica.ID + " holds no blocks"
 				return false
 			}
-			for _, r := range routers {
-				got, err := routerKVIndex(r, e.Replica.ID)
-				if err != nil {
-					diff = err.Error()
-					return false
-				}
-				if got.Untrusted || !slices.Equal(got.Hashes, want.BlockHashes) {
-					diff = fmt.Sprintf("router %s replica %s: %d hashes (untrusted %v), engine %d", r, e.Replica.ID,
-						len(got.Hashes), got.Untrusted, len(want.BlockHashes))
-					return false
+			// Every tier, each against the engine's own set: an engine
+			// without --kv-offloading-size holds no CPU blocks, and the
+			// simulator has no storage tier, so theirs must be empty too.
+			for _, tier := range []struct {
+				name string
+				want []uint64
+			}{{"gpu", want.BlockHashes}, {"cpu", want.CPUBlockHashes}, {"storage", nil}} {
+				for _, r := range routers {
+					got, err := routerKVIndexTier(r, e.Replica.ID, tier.name)
+					if err != nil {
+						diff = err.Error()
+						return false
+					}
+					if got.Untrusted || !slices.Equal(got.Hashes, tier.want) {
+						diff = fmt.Sprintf("router %s replica %s tier %s: untrusted %v, %d hashes against the engine's %d: %s", r, e.Replica.ID,
+							tier.name, got.Untrusted, len(got.Hashes), len(tier.want), hashDiff(tier.want, got.Hashes))
+						return false
+					}
 				}
 			}
 		}
@@ -277,18 +313,53 @@ func checkKVExactOf(t *testing.T, replicas []replicaView, model string, routers 
 // until its replica is ready again as a new incarnation, and both are.
 func killEngineAndWait(t *testing.T, d *devProcess, model string) {
 	t.Helper()
-	victim := d.waitReady(model, 2, 10*time.Second)[0]
+	d.waitReady(model, 2, 10*time.Second)
+	killEngineOf(t, func() []replicaView { return d.modelReplicas(model) })
+	d.waitReady(model, 2, 30*time.Second)
+}
+
+// killEngineOf kill -9s the first ready engine of the replicas list
+// returns (a model's, read from any control node) and waits until its
+// replica is ready again as a new incarnation.
+func killEngineOf(t *testing.T, list func() []replicaView) {
+	t.Helper()
+	victim := readyEngine(t, list)
 	killGroup(victim.Status.PID)
 	_ = syscall.Kill(victim.Status.PID, syscall.SIGKILL)
-	if !eventually(60*time.Second, func() bool {
-		for _, r := range d.modelReplicas(model) {
-			if r.Replica.ID == victim.Replica.ID && r.ready() && r.Status.Incarnation != victim.Status.Incarnation {
+	waitNewIncarnation(t, list, victim)
+}
+
+// readyEngine is the first ready replica with an engine pid that list
+// returns.
+func readyEngine(t *testing.T, list func() []replicaView) replicaView {
+	t.Helper()
+	var victim replicaView
+	if !eventually(10*time.Second, func() bool {
+		for _, r := range list() {
+			if r.ready() && r.Status.PID > 0 {
+				victim = r
 				return true
 			}
 		}
 		return false
 	}) {
-		t.Fatalf("replica %s not back as a new incarnation", victim.Replica.ID)
+		t.Fatalf("no ready engine with a pid within %v", within(10*time.Second))
 	}
-	d.waitReady(model, 2, 30*time.Second)
+	return victim
+}
+
+// waitNewIncarnation waits until killed's replica is ready again as a new
+// incarnation.
+func waitNewIncarnation(t *testing.T, list func() []replicaView, killed replicaView) {
+	t.Helper()
+	if !eventually(60*time.Second, func() bool {
+		for _, r := range list() {
+			if r.Replica.ID == killed.Replica.ID && r.ready() && r.Status.Incarnation != killed.Status.Incarnation {
+				return true
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("replica %s (pid %d killed) not back as a new incarnation within %v", killed.Replica.ID, killed.Status.PID, within(60*time.Second))
+	}
 }

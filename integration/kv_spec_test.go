@@ -23,7 +23,7 @@ import (
 // it off. The pending entries are then confirmed by the events, and none is
 // left pending.
 func TestKVRouterSpeculation(t *testing.T) {
-	d := startDev(t, "--port-range", "21300-21399")
+	d := startDev(t, "--port-range", freePortRange(t, 40)) // 6 engines of up to 3 ports
 	for _, m := range []struct{ name, overrides string }{
 		{"kvs", ""},
 		{"kvn", "profile_overrides: {speculation: false}\n"},

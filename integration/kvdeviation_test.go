@@ -19,7 +19,7 @@ import (
 // again), and tier 2 decides with hits. The router observes the event lag.
 func TestKVDeviatingEngine(t *testing.T) {
 	agentHTTP := freeAddr(t)
-	d := startDev(t, "--port-range", "32500-32749", "--agent-http-addr", agentHTTP)
+	d := startDev(t, "--port-range", freePortRange(t, 20), "--agent-http-addr", agentHTTP)
 	file := filepath.Join(t.TempDir(), "kvd.yaml")
 	writeFile(t, file, kvModelYAML("kvd", 2, "--sim-kv-events-encoding", "array",
 		"--sim-kv-seq-start", "1", "--sim-kv-parent-zero"))
