@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/vllm"
@@ -295,4 +298,78 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestTokenizeTraced: an engine's /tokenize in a recorded request is an
+// event of the request's span when quick, a client span of its own when
+// slow or failed; a cache hit and an unrecorded request leave nothing.
+func TestTokenizeTraced(t *testing.T) {
+	tests := []struct {
+		name      string
+		setup     func(e *engine)
+		recorded  bool
+		reqs      []string
+		wantEvent bool
+		wantSpan  string // the span's error.type, "ok" for none, "" for no span
+	}{
+		{name: "quick: an event", recorded: true, reqs: []string{"abc"}, wantEvent: true},
+		{name: "cache hit: one record", recorded: true, reqs: []string{"abc", "abc"}, wantEvent: true},
+		{name: "failed: a span", setup: func(e *engine) { e.status.Store(500) }, recorded: true, reqs: []string{"abc"}, wantSpan: "engine_error"},
+		{name: "not recorded", recorded: false, reqs: []string{"abc"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t)
+			if tc.setup != nil {
+				tc.setup(e)
+			}
+			cfg := DefaultConfig()
+			cfg.Budget = 5 * time.Second
+			c := newClient(t, cfg)
+			rec := tracetest.NewSpanRecorder()
+			ratio := 0.0
+			if tc.recorded {
+				ratio = 1
+			}
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.TraceIDRatioBased(ratio)))
+			t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			ctx, req := tp.Tracer("t").Start(context.Background(), "request")
+			for _, s := range tc.reqs {
+				r, err := Prepare(Completion, "m", []byte(`{"model":"m","prompt":"`+s+`"}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = c.Tokenize(ctx, e.addr(), r)
+			}
+			req.End()
+			var events int
+			span := ""
+			for _, s := range rec.Ended() {
+				switch s.Name() {
+				case "request":
+					for _, ev := range s.Events() {
+						if ev.Name == "llmgw.tokenize" {
+							events++
+						}
+					}
+				case "llmgw.tokenize":
+					span = "ok"
+					for _, kv := range s.Attributes() {
+						if kv.Key == "error.type" {
+							span = kv.Value.AsString()
+						}
+					}
+					if s.Parent().SpanID() != req.SpanContext().SpanID() || s.SpanKind() != trace.SpanKindClient {
+						t.Errorf("tokenize span's parent %s kind %v; want the request's, client", s.Parent().SpanID(), s.SpanKind())
+					}
+				}
+			}
+			if want := map[bool]int{true: 1}[tc.wantEvent]; events != want {
+				t.Errorf("%d llmgw.tokenize events, want %d", events, want)
+			}
+			if span != tc.wantSpan {
+				t.Errorf("tokenize span %q, want %q", span, tc.wantSpan)
+			}
+		})
+	}
 }
