@@ -36,7 +36,8 @@ import (
 // the differences (slower-%, p50-diff-µs). engine-2ms is the same with an
 // engine that takes 2 ms to answer — far less than any generation — to
 // show the cost against a request's time rather than the router's alone.
-// sampled-100pct is every request traced, alone.
+// sampled-0pct is tracing on with nothing sampled; sampled-100pct is every
+// request traced, alone.
 func BenchmarkTracingCost(b *testing.B) {
 	const answer = `{"id":"chatcmpl-bench","object":"chat.completion","created":1764547200,"model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":12,"completion_tokens":160,"total_tokens":172}}`
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -144,6 +145,12 @@ func BenchmarkTracingCost(b *testing.B) {
 			sideBySide(b, off, on, "10pct-")
 		})
 	}
+	// Tracing on, nothing sampled: what every request pays for tracing
+	// being on (a trace id, a context, a traceparent to the engine).
+	b.Run("off-vs-sampled-0pct", func(b *testing.B) {
+		off, on := router(b, -1, false), router(b, 0, false)
+		sideBySide(b, off, on, "0pct-")
+	})
 	// The traffic capture (design §10.1) beside no capture, the same way:
 	// building a request's record and handing it to the writer's queue;
 	// the writer's salting and writing run on its goroutine, in this
