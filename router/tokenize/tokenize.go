@@ -279,25 +279,22 @@ func (c *Client) Tokenize(ctx context.Context, addr string, req Request) ([]int,
 }
 
 // traceSpanMin is how long an engine's /tokenize must take to be a span of
-// its own in the request's trace; a quicker one is an event of the
-// request's span (the router's rule for its stages, design §9 "Tracing").
+// its own in the request's trace (the router's rule for its stages,
+// design §9 "Tracing"); a quicker one is not recorded beyond tier 2's
+// llmgw.tokenized event and the prepare stage's duration.
 const traceSpanMin = time.Millisecond
 
 // traceFetch records a /tokenize call to the engine at addr in the trace
-// of the request whose context is ctx, when it is recorded: a child span
-// (client kind, the engine's address) when the call was slow or failed,
-// so a slow tokenizer shows in the trace, else an event with its
-// duration. Cache hits and token-id prompts ask no engine and are not
-// recorded.
+// of the request whose context is ctx, when it is recorded and the call
+// was slow or failed: a child span of the request's, client kind, with
+// the engine's address, so a slow tokenizer shows in the trace. Cache
+// hits and token-id prompts ask no engine and are not recorded.
 func traceFetch(ctx context.Context, addr string, start, end time.Time, tokens int, err error) {
-	parent := trace.SpanFromContext(ctx)
-	if !parent.IsRecording() {
+	if err == nil && end.Sub(start) < traceSpanMin {
 		return
 	}
-	d := end.Sub(start)
-	if err == nil && d < traceSpanMin {
-		parent.AddEvent("llmgw.tokenize", trace.WithTimestamp(end), trace.WithAttributes(attribute.String("server.address", addr),
-			attribute.Int("llmgw.prompt_tokens", tokens), attribute.Int64("llmgw.duration_us", d.Microseconds())))
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
 		return
 	}
 	_, sp := parent.TracerProvider().Tracer(tracerName).Start(ctx, "llmgw.tokenize",
