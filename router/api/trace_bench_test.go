@@ -52,8 +52,11 @@ func BenchmarkTracingCost(b *testing.B) {
 	recv := tracingtest.StartDiscarding(b)
 	tb := &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", strings.TrimPrefix(eng.URL, "http://"))}}}
 	body := `{"model":"demo","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello"}],"max_tokens":160}`
-	// router returns a client of a router tracing at ratio (<0: off).
-	router := func(b *testing.B, ratio float64, slow bool, capt ...*capture.Writer) func() time.Duration {
+	// routerFlush returns a client of a router tracing at ratio (<0: off)
+	// and a func that sends the spans its provider holds (a no-op when
+	// off).
+	routerFlush := func(b *testing.B, ratio float64, slow bool, capt ...*capture.Writer) (func() time.Duration, func()) {
+		flush := func() {}
 		cfg := DefaultConfig()
 		if len(capt) > 0 {
 			cfg.Capture = capt[0]
@@ -65,6 +68,9 @@ func BenchmarkTracingCost(b *testing.B) {
 			}
 			b.Cleanup(func() { _ = p.Shutdown(context.Background()) })
 			cfg.Tracer = p.TracerProvider()
+			if sdk, ok := cfg.Tracer.(interface{ ForceFlush(context.Context) error }); ok {
+				flush = func() { _ = sdk.ForceFlush(context.Background()) }
+			}
 		}
 		br, err := breaker.NewSet(breaker.DefaultConfig(), func(k scheduler.Key) string { return k.ID }, nil)
 		if err != nil {
@@ -74,7 +80,7 @@ func BenchmarkTracingCost(b *testing.B) {
 		s := httptest.NewServer(h)
 		b.Cleanup(s.Close)
 		client := s.Client()
-		return func() time.Duration {
+		send := func() time.Duration {
 			req, err := http.NewRequest(http.MethodPost, s.URL+"/v1/chat/completions", strings.NewReader(body))
 			if err != nil {
 				b.Fatal(err)
@@ -96,6 +102,12 @@ func BenchmarkTracingCost(b *testing.B) {
 			}
 			return d
 		}
+		return send, flush
+	}
+	// router returns a client of a router tracing at ratio (<0: off).
+	router := func(b *testing.B, ratio float64, slow bool, capt ...*capture.Writer) func() time.Duration {
+		send, _ := routerFlush(b, ratio, slow, capt...)
+		return send
 	}
 	// report: req/s is one client's requests over the time they took,
 	// the slowest 1 % left out — on a shared machine those are other
@@ -145,6 +157,52 @@ func BenchmarkTracingCost(b *testing.B) {
 			sideBySide(b, off, on, "10pct-")
 		})
 	}
+	// CPU: the process's CPU time (router, engine, client, exporter,
+	// receiver, GC) per request of each router, in alternating blocks of
+	// cpuBlock requests, the traced router's spans sent at the end of each
+	// of its blocks so its export is counted in it. Less hurt than req/s by
+	// other processes' stalls on a shared machine: time a request waits
+	// for a core is not CPU.
+	b.Run("cpu-off-vs-sampled-10pct", func(b *testing.B) {
+		off, _ := routerFlush(b, -1, false)
+		on, flush := routerFlush(b, 0.1, false)
+		off()
+		on()
+		flush()
+		const cpuBlock = 500
+		var cpuOff, cpuOn time.Duration
+		var nOff, nOn int
+		for i := 0; b.Loop(); i++ {
+			for _, traced := range []bool{i%2 == 1, i%2 == 0} {
+				t0 := processCPU()
+				for range cpuBlock {
+					if traced {
+						on()
+					} else {
+						off()
+					}
+				}
+				if traced {
+					flush()
+					cpuOn += processCPU() - t0
+					nOn += cpuBlock
+				} else {
+					cpuOff += processCPU() - t0
+					nOff += cpuBlock
+				}
+			}
+		}
+		pOff, pOn := float64(cpuOff.Nanoseconds())/1e3/float64(nOff), float64(cpuOn.Nanoseconds())/1e3/float64(nOn)
+		b.ReportMetric(pOff, "off-cpu-µs/req")
+		b.ReportMetric(pOn, "10pct-cpu-µs/req")
+		b.ReportMetric(100*(pOn-pOff)/pOff, "cpu-more-%")
+	})
+	// Two routers without tracing: the comparison's floor — what two
+	// identical routers differ by on this machine, in this loop.
+	b.Run("off-vs-off", func(b *testing.B) {
+		off, off2 := router(b, -1, false), router(b, -1, false)
+		sideBySide(b, off, off2, "off2-")
+	})
 	// Tracing on, nothing sampled: what every request pays for tracing
 	// being on (a trace id, a context, a traceparent to the engine).
 	b.Run("off-vs-sampled-0pct", func(b *testing.B) {
