@@ -159,44 +159,51 @@ func BenchmarkTracingCost(b *testing.B) {
 	}
 	// CPU: the process's CPU time (router, engine, client, exporter,
 	// receiver, GC) per request of each router, in alternating blocks of
-	// cpuBlock requests, the traced router's spans sent at the end of each
-	// of its blocks so its export is counted in it. Less hurt than req/s by
-	// other processes' stalls on a shared machine: time a request waits
-	// for a core is not CPU.
-	b.Run("cpu-off-vs-sampled-10pct", func(b *testing.B) {
+	// cpuBlock requests (each iteration is one request), the traced
+	// router's spans sent at the end of each of its blocks so its export
+	// is counted in it. Less hurt than req/s by other processes' stalls
+	// on a shared machine: time a request waits for a core is not CPU.
+	cpuSideBySide := func(b *testing.B, ratio float64, prefix string) {
 		off, _ := routerFlush(b, -1, false)
-		on, flush := routerFlush(b, 0.1, false)
+		on, flush := routerFlush(b, ratio, false)
 		off()
 		on()
 		flush()
 		const cpuBlock = 500
-		var cpuOff, cpuOn time.Duration
-		var nOff, nOn int
-		for i := 0; b.Loop(); i++ {
-			for _, traced := range []bool{i%2 == 1, i%2 == 0} {
-				t0 := processCPU()
-				for range cpuBlock {
-					if traced {
-						on()
-					} else {
-						off()
-					}
-				}
-				if traced {
+		var cpu [2]time.Duration // off, on
+		var n [2]int
+		side, left, t0 := 0, cpuBlock, processCPU()
+		for b.Loop() {
+			if side == 1 {
+				on()
+			} else {
+				off()
+			}
+			n[side]++
+			if left--; left == 0 {
+				if side == 1 {
 					flush()
-					cpuOn += processCPU() - t0
-					nOn += cpuBlock
-				} else {
-					cpuOff += processCPU() - t0
-					nOff += cpuBlock
 				}
+				t := processCPU()
+				cpu[side] += t - t0
+				side, left, t0 = 1-side, cpuBlock, t
 			}
 		}
-		pOff, pOn := float64(cpuOff.Nanoseconds())/1e3/float64(nOff), float64(cpuOn.Nanoseconds())/1e3/float64(nOn)
+		if side == 1 {
+			flush()
+		}
+		cpu[side] += processCPU() - t0
+		pOff, pOn := float64(cpu[0].Nanoseconds())/1e3/float64(max(n[0], 1)), float64(cpu[1].Nanoseconds())/1e3/float64(max(n[1], 1))
 		b.ReportMetric(pOff, "off-cpu-µs/req")
-		b.ReportMetric(pOn, "10pct-cpu-µs/req")
+		b.ReportMetric(pOn, prefix+"cpu-µs/req")
 		b.ReportMetric(100*(pOn-pOff)/pOff, "cpu-more-%")
-	})
+	}
+	for _, c := range []struct {
+		name  string
+		ratio float64
+	}{{"off2", -1}, {"sampled-0pct", 0}, {"sampled-10pct", 0.1}, {"sampled-100pct", 1}} {
+		b.Run("cpu-off-vs-"+strings.TrimSuffix(c.name, "2"), func(b *testing.B) { cpuSideBySide(b, c.ratio, c.name+"-") })
+	}
 	// Two routers without tracing: the comparison's floor — what two
 	// identical routers differ by on this machine, in this loop.
 	b.Run("off-vs-off", func(b *testing.B) {
