@@ -154,14 +154,6 @@ func Off() *Provider { return &Provider{tp: noop.NewTracerProvider()} }
 // in mind, at the same batch size.
 const batchTimeout = 2 * time.Second
 
-// exportBatch is the most spans per export call, and how many queued wake
-// the exporter before its tick; exportQueue the most queued, past which
-// spans are dropped (the SDK batch processor's defaults).
-const (
-	exportBatch = 512
-	exportQueue = 2048
-)
-
 // New builds the provider cfg describes for the component service
 // (service.name, e.g. "llmgw-router"); off when cfg has no endpoint. Its
 // exporter connects lazily: an endpoint that is down loses spans, never
@@ -195,7 +187,7 @@ func New(ctx context.Context, cfg Config, service string) (*Provider, error) {
 	}
 	res := resource.NewSchemaless(attribute.String("service.name", service))
 	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithSpanProcessor(newBatcher(exp, batchTimeout, exportBatch, exportQueue)),
+		sdktrace.WithBatcher(exp, sdktrace.WithBatchTimeout(batchTimeout)),
 		sdktrace.WithSampler(Sampler(cfg.SamplingRatio)),
 		sdktrace.WithResource(res),
 	)
