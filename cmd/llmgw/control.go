@@ -62,10 +62,8 @@ func newControlCmd() *cobra.Command {
 	f.StringVar(&cfg.TLS.Cert, "tls-cert", cfg.TLS.Cert, "this server's certificate (role server, named as --node-id)")
 	f.StringVar(&cfg.TLS.Key, "tls-key", cfg.TLS.Key, "the key of --tls-cert")
 	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "allow plain-text gRPC, Raft and gossip beyond loopback (anyone who can reach them may act as any server, agent or admin)")
-	f.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-traces-endpoint", cfg.Tracing.OTLPEndpoint, "host:port of an OTLP/gRPC trace receiver: a span per gRPC call served or made to a peer (off when empty; plain text to loopback, else TLS)")
-	f.Float64Var(&cfg.Tracing.SamplingRatio, "trace-sampling-ratio", cfg.Tracing.SamplingRatio, "share of the traces this node starts that are sampled, 0 to 1; a call's own traceparent keeps its decision")
-	f.BoolVar(&cfg.Tracing.Insecure, "trace-insecure", cfg.Tracing.Insecure, "send spans in plain text to an --otlp-traces-endpoint beyond loopback")
-	f.StringVar(&cfg.Tracing.CA, "trace-ca", cfg.Tracing.CA, "CA certificate (PEM) the --otlp-traces-endpoint's certificate is checked against (default: the system's)")
+	traceFlags(f, &cfg.Tracing, "a span per gRPC call served or made to a peer", "this node starts", "a call's")
+	traceTLSFlags(f, &cfg.Tracing)
 	l := &cfg.Limits
 	f.IntVar(&l.GRPCMaxRecvBytes, "grpc-max-recv-bytes", l.GRPCMaxRecvBytes, "largest gRPC message accepted (an agent's full copy is the largest legitimate one)")
 	f.IntVar(&l.GRPCMaxSendBytes, "grpc-max-send-bytes", l.GRPCMaxSendBytes, "largest gRPC message sent (at most what clients accept, 64 MiB)")

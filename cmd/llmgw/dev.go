@@ -19,6 +19,7 @@ import (
 	"github.com/llmgw/llmgw/agent"
 	"github.com/llmgw/llmgw/controlplane"
 	"github.com/llmgw/llmgw/internal/mtls"
+	"github.com/llmgw/llmgw/internal/tracing"
 	llmgwv1 "github.com/llmgw/llmgw/proto/llmgw/v1"
 	"github.com/llmgw/llmgw/router"
 	"github.com/llmgw/llmgw/sim"
@@ -48,7 +49,10 @@ type devOptions struct {
 	// simLoadScale scales the demo engines' simulated start, sleep and
 	// wake (llmgw sim serve --sim-load-scale).
 	simLoadScale float64
-	extraArgs    []string
+	// tracing is the router's and the control node's tracing, and where
+	// the agent's engines send their spans (the flags of llmgw router).
+	tracing   tracing.Config
+	extraArgs []string
 }
 
 // demoEngineArgs are the demo model's simulator flags: a GPU profile, or
@@ -60,7 +64,7 @@ func (o devOptions) demoEngineArgs(decodeSet bool) []string {
 	return []string{"--sim-gpu", o.simGPU, "--sim-load-scale", strconv.FormatFloat(o.simLoadScale, 'f', -1, 64)}
 }
 
-func newDevCmd() *cobra.Command { return devCmd(&devOptions{}) }
+func newDevCmd() *cobra.Command { return devCmd(&devOptions{tracing: tracing.DefaultConfig()}) }
 
 // devCmd is `llmgw dev` with its flags bound to o.
 func devCmd(o *devOptions) *cobra.Command {
@@ -113,6 +117,7 @@ given (8180, 7500-7506, engines on 20100-21099), and keeps its state apart
 	f.IntVar(&o.gpus, "gpus", 8, "GPUs the simulated node reports (each replica takes one)")
 	f.StringVar(&o.portRange, "port-range", "20000-20999", "ports for engines, FIRST-LAST")
 	f.StringVar(&o.capture, "capture-path", "", "record the router's traffic, without text, to this file (llmgw router --capture-path) for llmgwctl bench --replay")
+	traceFlags(f, &o.tracing, "the router's requests, the control node's gRPC calls and the engines' llm_request spans, joined", "the router and the control node start", "a request's")
 	f.Float64Var(&o.decodeMS, "sim-decode-ms-per-token", 20, "the demo engines' decode time per token, milliseconds, with simple timing instead of --sim-gpu")
 	f.StringVar(&o.simGPU, "sim-gpu", "a100-40gb", "the demo engines' GPU profile (llmgw sim serve --sim-gpu): Llama-3.1-8B on it decodes at about 14 ms per token alone")
 	f.Float64Var(&o.simLoadScale, "sim-load-scale", 0, "scale of the demo engines' simulated start, sleep and wake on --sim-gpu, 0..1 (0: ready at once; 1: as long as vLLM takes to load the model there)")
@@ -139,53 +144,9 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 		return err
 	}
 
-	ccfg := controlplane.DefaultConfig()
-	ccfg.NodeID = "dev-control"
-	ccfg.DataDir = filepath.Join(o.dataDir, "control")
-	ccfg.GRPCAddr, ccfg.RaftAddr, ccfg.HTTPAddr = o.grpcAddr, o.raftAddr, o.controlHTTPAddr
-	ccfg.GossipAddr = ""
-	ccfg.Bootstrap = true
-	// The console reads the router's decision counters on its operations
-	// port, where /metrics is.
-	ccfg.ConsoleRouters = []string{"http://" + o.opsAddr}
-	ccfg.Version = version
-	if err := ccfg.Validate(); err != nil {
-		return fmt.Errorf("control: %w", err)
-	}
-
-	acfg := agent.DefaultConfig()
-	acfg.NodeID = "dev"
-	acfg.Control = []string{o.grpcAddr}
-	acfg.AdvertiseAddr = "127.0.0.1"
-	acfg.DataDir = filepath.Join(o.dataDir, "agent")
-	acfg.HTTPAddr = o.agentHTTPAddr
-	acfg.GRPCAddr = o.agentGRPCAddr
-	acfg.GPUs = o.gpus
-	acfg.Version = version
-	acfg.StopEnginesOnExit = true
-	acfg.StopGrace = 5 * time.Second
-	if _, err := fmt.Sscanf(o.portRange, "%d-%d", &acfg.PortRange.Start, &acfg.PortRange.End); err != nil {
-		return fmt.Errorf("--port-range: %q is not FIRST-LAST", o.portRange)
-	}
-	acfg.Engines = map[string]agent.EngineConfig{}
-	for name, command := range map[string]string{"vllm": o.vllmCommand, "llamacpp": o.llamacppCommand, "sim": o.simCmd} {
-		if command != "" {
-			acfg.Engines[name] = agent.EngineConfig{Command: strings.Fields(command)}
-		}
-	}
-	if err := acfg.Validate(); err != nil {
-		return fmt.Errorf("agent: %w", err)
-	}
-
-	rcfg := router.DefaultConfig()
-	rcfg.ID = "dev-router"
-	rcfg.Control = []string{o.grpcAddr}
-	rcfg.HTTPAddr = o.httpAddr
-	rcfg.OpsAddr = o.opsAddr
-	rcfg.DataDir = filepath.Join(o.dataDir, "router")
-	rcfg.Capture.Path = o.capture
-	if err := rcfg.Validate(); err != nil {
-		return fmt.Errorf("router: %w", err)
+	ccfg, acfg, rcfg, err := o.configs()
+	if err != nil {
+		return err
 	}
 
 	control, err := controlplane.New(ccfg, log.With("component", "control"))
@@ -226,6 +187,72 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	case err := <-group.failed:
 		return portHint(err)
 	}
+}
+
+// configs are the control node's, the agent's and the router's
+// configurations dev runs: o's addresses and demo, and its tracing for all
+// three (the agent's engines, the simulators, are given the endpoint).
+func (o devOptions) configs() (controlplane.Config, agent.Config, router.Config, error) {
+	var (
+		acfg agent.Config
+		rcfg router.Config
+	)
+	if ps := o.tracing.Validate(); len(ps) > 0 {
+		return controlplane.Config{}, acfg, rcfg, fmt.Errorf("--%s: %w", ps[0].Flag, ps[0].Err)
+	}
+	ccfg := controlplane.DefaultConfig()
+	ccfg.NodeID = "dev-control"
+	ccfg.DataDir = filepath.Join(o.dataDir, "control")
+	ccfg.GRPCAddr, ccfg.RaftAddr, ccfg.HTTPAddr = o.grpcAddr, o.raftAddr, o.controlHTTPAddr
+	ccfg.GossipAddr = ""
+	ccfg.Bootstrap = true
+	// The console reads the router's decision counters on its operations
+	// port, where /metrics is.
+	ccfg.ConsoleRouters = []string{"http://" + o.opsAddr}
+	ccfg.Version = version
+	ccfg.Tracing = o.tracing
+	if err := ccfg.Validate(); err != nil {
+		return ccfg, acfg, rcfg, fmt.Errorf("control: %w", err)
+	}
+
+	acfg = agent.DefaultConfig()
+	acfg.NodeID = "dev"
+	acfg.Control = []string{o.grpcAddr}
+	acfg.AdvertiseAddr = "127.0.0.1"
+	acfg.DataDir = filepath.Join(o.dataDir, "agent")
+	acfg.HTTPAddr = o.agentHTTPAddr
+	acfg.GRPCAddr = o.agentGRPCAddr
+	acfg.GPUs = o.gpus
+	acfg.Version = version
+	acfg.StopEnginesOnExit = true
+	acfg.StopGrace = 5 * time.Second
+	if _, err := fmt.Sscanf(o.portRange, "%d-%d", &acfg.PortRange.Start, &acfg.PortRange.End); err != nil {
+		return ccfg, acfg, rcfg, fmt.Errorf("--port-range: %q is not FIRST-LAST", o.portRange)
+	}
+	acfg.Tracing.OTLPEndpoint = o.tracing.OTLPEndpoint
+	acfg.Engines = map[string]agent.EngineConfig{}
+	for name, command := range map[string]string{"vllm": o.vllmCommand, "llamacpp": o.llamacppCommand, "sim": o.simCmd} {
+		if command != "" {
+			acfg.Engines[name] = agent.EngineConfig{Command: strings.Fields(command)}
+		}
+	}
+	if err := acfg.Validate(); err != nil {
+		return ccfg, acfg, rcfg, fmt.Errorf("agent: %w", err)
+	}
+
+	rcfg = router.DefaultConfig()
+	rcfg.ID = "dev-router"
+	rcfg.Control = []string{o.grpcAddr}
+	rcfg.HTTPAddr = o.httpAddr
+	rcfg.OpsAddr = o.opsAddr
+	rcfg.DataDir = filepath.Join(o.dataDir, "router")
+	rcfg.Capture.Path = o.capture
+	rcfg.Tracing = o.tracing
+	if err := rcfg.Validate(); err != nil {
+		return ccfg, acfg, rcfg, fmt.Errorf("router: %w", err)
+	}
+
+	return ccfg, acfg, rcfg, nil
 }
 
 // checkLoopback refuses any dev listener beyond loopback (design §11): dev

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/llmgw/llmgw/internal/tracing"
 )
 
 // TestDevListensOnLoopbackOnly: each of dev's listeners is refused beyond
@@ -140,4 +142,54 @@ func TestDevPortHint(t *testing.T) {
 	if err := portHint(fmt.Errorf("router: %w", &net.OpError{Op: "listen", Err: os.NewSyscallError("bind", syscall.EADDRINUSE)})); !strings.Contains(err.Error(), "--port-offset") {
 		t.Errorf("portHint = %v, want --port-offset named", err)
 	}
+}
+
+// TestDevTracing: dev's --otlp-traces-endpoint and --trace-sampling-ratio
+// reach its router and control node as theirs, and its agent, which hands
+// the endpoint to the engines; off by default; a bad ratio names its flag.
+func TestDevTracing(t *testing.T) {
+	tests := []struct {
+		name      string
+		args      []string
+		endpoint  string
+		ratio     float64
+		wantError string
+	}{
+		{name: "off", ratio: 0.1},
+		{name: "on at the default ratio", args: []string{"--otlp-traces-endpoint", "127.0.0.1:4317"}, endpoint: "127.0.0.1:4317", ratio: 0.1},
+		{name: "on at 1", args: []string{"--otlp-traces-endpoint", "127.0.0.1:4317", "--trace-sampling-ratio", "1"}, endpoint: "127.0.0.1:4317", ratio: 1},
+		{name: "bad ratio", args: []string{"--trace-sampling-ratio", "2"}, wantError: "--trace-sampling-ratio: "},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			o := &devOptions{tracing: tracing.DefaultConfig()}
+			cmd := devCmd(o)
+			if err := cmd.Flags().Parse(append([]string{"--data-dir", t.TempDir()}, tt.args...)); err != nil {
+				t.Fatal(err)
+			}
+			c, a, r, err := o.configs()
+			if tt.wantError != "" {
+				if err == nil || !strings.HasPrefix(err.Error(), tt.wantError) {
+					t.Fatalf("configs = %v, want an error starting %q", err, tt.wantError)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for who, got := range map[string]tracingOf{"router": {r.Tracing.OTLPEndpoint, r.Tracing.SamplingRatio}, "control": {c.Tracing.OTLPEndpoint, c.Tracing.SamplingRatio}} {
+				if got != (tracingOf{tt.endpoint, tt.ratio}) {
+					t.Errorf("%s's tracing %+v, want %s at %v", who, got, tt.endpoint, tt.ratio)
+				}
+			}
+			if a.Tracing.OTLPEndpoint != tt.endpoint {
+				t.Errorf("agent's endpoint %q, want %q", a.Tracing.OTLPEndpoint, tt.endpoint)
+			}
+		})
+	}
+}
+
+type tracingOf struct {
+	endpoint string
+	ratio    float64
 }

@@ -81,8 +81,6 @@ func bindRouterFlags(f *pflag.FlagSet, cfg *router.Config, configFile *string) {
 	f.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "allow --http-addr beyond loopback without TLS (anyone on the network could pose as a control server or agent)")
 	f.StringVar(&cfg.HTTPSCert, "https-cert", cfg.HTTPSCert, "serve the API over HTTPS with this certificate (PEM; a web certificate for clients, re-read when renewed)")
 	f.StringVar(&cfg.HTTPSKey, "https-key", cfg.HTTPSKey, "the private key of --https-cert (PEM)")
-	f.StringVar(&cfg.Tracing.OTLPEndpoint, "otlp-traces-endpoint", cfg.Tracing.OTLPEndpoint, "host:port of an OTLP/gRPC trace receiver: a span per request, with its stages, joined by the engines' (off when empty; plain text to loopback, else TLS)")
-	f.Float64Var(&cfg.Tracing.SamplingRatio, "trace-sampling-ratio", cfg.Tracing.SamplingRatio, "share of the traces the router starts that are sampled, 0 to 1; a request's own traceparent keeps its decision")
-	f.BoolVar(&cfg.Tracing.Insecure, "trace-insecure", cfg.Tracing.Insecure, "send spans in plain text to an --otlp-traces-endpoint beyond loopback")
-	f.StringVar(&cfg.Tracing.CA, "trace-ca", cfg.Tracing.CA, "CA certificate (PEM) the --otlp-traces-endpoint's certificate is checked against (default: the system's)")
+	traceFlags(f, &cfg.Tracing, "a span per request, with its stages, joined by the engines'", "the router starts", "a request's")
+	traceTLSFlags(f, &cfg.Tracing)
 }

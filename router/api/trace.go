@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/hex"
 	"net/http"
 	"time"
 
@@ -50,7 +51,8 @@ func opName(api openai.API) string {
 var serverKind = trace.WithSpanKind(trace.SpanKindServer)
 
 // startRequestSpan starts the request's server span, continuing the
-// client's traceparent, and returns the request carrying it.
+// client's traceparent, and returns the request carrying it when it is
+// recorded (r itself, with the engine's traceparent set, when not).
 func (h *Handler) startRequestSpan(r *http.Request, api openai.API, id string) (*http.Request, trace.Span) {
 	ctx := r.Context()
 	if _, ok := r.Header["Traceparent"]; ok { // Extract's lookup would canonicalize the key, allocating
@@ -58,12 +60,38 @@ func (h *Handler) startRequestSpan(r *http.Request, api openai.API, id string) (
 	}
 	op := opName(api)
 	ctx, sp := h.tracer.Start(ctx, op, serverKind)
-	if sp.IsRecording() {
-		sp.SetAttributes(attribute.String("gen_ai.operation.name", op),
-			attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),
-			attribute.String("llmgw.request_id", id))
+	if !sp.IsRecording() {
+		// Not sampled: nothing records the request, so it keeps the
+		// context it came with — the request's copy would be the dearest
+		// part of an unsampled request — and the engine is told the
+		// decision here, in the traceparent the proxy passes on as it
+		// came (router/proxy startAttempt, which writes the same for a
+		// span that does not record): the engine samples it out too.
+		if sc := sp.SpanContext(); sc.IsValid() {
+			delete(r.Header, "Tracestate") // the client's, for a span that is not the engine's parent
+			r.Header["Traceparent"] = []string{traceparent(sc)}
+		}
+		return r, sp
 	}
+	sp.SetAttributes(attribute.String("gen_ai.operation.name", op),
+		attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),
+		attribute.String("llmgw.request_id", id))
 	return r.WithContext(ctx), sp
+}
+
+// traceparent is sc as W3C Trace Context's traceparent, version 00, as
+// router/proxy writes it (one string, no formatting).
+func traceparent(sc trace.SpanContext) string {
+	var b [55]byte // 00-<32 hex>-<16 hex>-<2 hex>
+	tid, sid := sc.TraceID(), sc.SpanID()
+	copy(b[:3], "00-")
+	hex.Encode(b[3:35], tid[:])
+	b[35] = '-'
+	hex.Encode(b[36:52], sid[:])
+	b[52] = '-'
+	flags := [1]byte{byte(sc.TraceFlags() & trace.FlagsSampled)}
+	hex.Encode(b[53:55], flags[:])
+	return string(b[:])
 }
 
 // endRequestSpan records on the request's span the status the client got;

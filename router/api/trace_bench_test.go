@@ -36,7 +36,8 @@ import (
 // the differences (slower-%, p50-diff-µs). engine-2ms is the same with an
 // engine that takes 2 ms to answer — far less than any generation — to
 // show the cost against a request's time rather than the router's alone.
-// sampled-100pct is every request traced, alone.
+// sampled-0pct is tracing on with nothing sampled; sampled-100pct is every
+// request traced, alone.
 func BenchmarkTracingCost(b *testing.B) {
 	const answer = `{"id":"chatcmpl-bench","object":"chat.completion","created":1764547200,"model":"demo","choices":[{"index":0,"message":{"role":"assistant","content":"hello there"},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":12,"completion_tokens":160,"total_tokens":172}}`
 	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -51,8 +52,11 @@ func BenchmarkTracingCost(b *testing.B) {
 	recv := tracingtest.StartDiscarding(b)
 	tb := &table{models: map[string][]*endpoint.Endpoint{"demo": {ep("demo-0", strings.TrimPrefix(eng.URL, "http://"))}}}
 	body := `{"model":"demo","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"Say hello"}],"max_tokens":160}`
-	// router returns a client of a router tracing at ratio (<0: off).
-	router := func(b *testing.B, ratio float64, slow bool, capt ...*capture.Writer) func() time.Duration {
+	// routerFlush returns a client of a router tracing at ratio (<0: off)
+	// and a func that sends the spans its provider holds (a no-op when
+	// off).
+	routerFlush := func(b *testing.B, ratio float64, slow bool, capt ...*capture.Writer) (func() time.Duration, func()) {
+		flush := func() {}
 		cfg := DefaultConfig()
 		if len(capt) > 0 {
 			cfg.Capture = capt[0]
@@ -64,6 +68,9 @@ func BenchmarkTracingCost(b *testing.B) {
 			}
 			b.Cleanup(func() { _ = p.Shutdown(context.Background()) })
 			cfg.Tracer = p.TracerProvider()
+			if sdk, ok := cfg.Tracer.(interface{ ForceFlush(context.Context) error }); ok {
+				flush = func() { _ = sdk.ForceFlush(context.Background()) }
+			}
 		}
 		br, err := breaker.NewSet(breaker.DefaultConfig(), func(k scheduler.Key) string { return k.ID }, nil)
 		if err != nil {
@@ -73,7 +80,7 @@ func BenchmarkTracingCost(b *testing.B) {
 		s := httptest.NewServer(h)
 		b.Cleanup(s.Close)
 		client := s.Client()
-		return func() time.Duration {
+		send := func() time.Duration {
 			req, err := http.NewRequest(http.MethodPost, s.URL+"/v1/chat/completions", strings.NewReader(body))
 			if err != nil {
 				b.Fatal(err)
@@ -95,6 +102,12 @@ func BenchmarkTracingCost(b *testing.B) {
 			}
 			return d
 		}
+		return send, flush
+	}
+	// router returns a client of a router tracing at ratio (<0: off).
+	router := func(b *testing.B, ratio float64, slow bool, capt ...*capture.Writer) func() time.Duration {
+		send, _ := routerFlush(b, ratio, slow, capt...)
+		return send
 	}
 	// report: req/s is one client's requests over the time they took,
 	// the slowest 1 % left out — on a shared machine those are other
@@ -144,6 +157,65 @@ func BenchmarkTracingCost(b *testing.B) {
 			sideBySide(b, off, on, "10pct-")
 		})
 	}
+	// CPU: the process's CPU time (router, engine, client, exporter,
+	// receiver, GC) per request of each router, in alternating blocks of
+	// cpuBlock requests (each iteration is one request), the traced
+	// router's spans sent at the end of each of its blocks so its export
+	// is counted in it. Less hurt than req/s by other processes' stalls
+	// on a shared machine: time a request waits for a core is not CPU.
+	cpuSideBySide := func(b *testing.B, ratio float64, prefix string) {
+		off, _ := routerFlush(b, -1, false)
+		on, flush := routerFlush(b, ratio, false)
+		off()
+		on()
+		flush()
+		const cpuBlock = 500
+		var cpu [2]time.Duration // off, on
+		var n [2]int
+		side, left, t0 := 0, cpuBlock, processCPU()
+		for b.Loop() {
+			if side == 1 {
+				on()
+			} else {
+				off()
+			}
+			n[side]++
+			if left--; left == 0 {
+				if side == 1 {
+					flush()
+				}
+				t := processCPU()
+				cpu[side] += t - t0
+				side, left, t0 = 1-side, cpuBlock, t
+			}
+		}
+		if side == 1 {
+			flush()
+		}
+		cpu[side] += processCPU() - t0
+		pOff, pOn := float64(cpu[0].Nanoseconds())/1e3/float64(max(n[0], 1)), float64(cpu[1].Nanoseconds())/1e3/float64(max(n[1], 1))
+		b.ReportMetric(pOff, "off-cpu-µs/req")
+		b.ReportMetric(pOn, prefix+"cpu-µs/req")
+		b.ReportMetric(100*(pOn-pOff)/pOff, "cpu-more-%")
+	}
+	for _, c := range []struct {
+		name  string
+		ratio float64
+	}{{"off2", -1}, {"sampled-0pct", 0}, {"sampled-10pct", 0.1}, {"sampled-100pct", 1}} {
+		b.Run("cpu-off-vs-"+strings.TrimSuffix(c.name, "2"), func(b *testing.B) { cpuSideBySide(b, c.ratio, c.name+"-") })
+	}
+	// Two routers without tracing: the comparison's floor — what two
+	// identical routers differ by on this machine, in this loop.
+	b.Run("off-vs-off", func(b *testing.B) {
+		off, off2 := router(b, -1, false), router(b, -1, false)
+		sideBySide(b, off, off2, "off2-")
+	})
+	// Tracing on, nothing sampled: what every request pays for tracing
+	// being on (a trace id, a context, a traceparent to the engine).
+	b.Run("off-vs-sampled-0pct", func(b *testing.B) {
+		off, on := router(b, -1, false), router(b, 0, false)
+		sideBySide(b, off, on, "0pct-")
+	})
 	// The traffic capture (design §10.1) beside no capture, the same way:
 	// building a request's record and handing it to the writer's queue;
 	// the writer's salting and writing run on its goroutine, in this

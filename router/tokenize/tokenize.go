@@ -26,6 +26,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/llmgw/llmgw/internal/configfile"
 	"github.com/llmgw/llmgw/vllm"
@@ -258,7 +261,9 @@ func (c *Client) Tokenize(ctx context.Context, addr string, req Request) ([]int,
 	}
 	start := time.Now()
 	t, err := c.fetch(ctx, addr, req.body)
-	c.m.latency.Observe(time.Since(start).Seconds())
+	end := time.Now()
+	c.m.latency.Observe(end.Sub(start).Seconds())
+	traceFetch(ctx, addr, start, end, len(t), err)
 	if err != nil {
 		switch {
 		case errors.Is(err, ErrTimeout):
@@ -272,6 +277,47 @@ func (c *Client) Tokenize(ctx context.Context, addr string, req Request) ([]int,
 	c.store(req.key, t)
 	return t, nil
 }
+
+// traceSpanMin is how long an engine's /tokenize must take to be a span of
+// its own in the request's trace (the router's rule for its stages,
+// design §9 "Tracing"); a quicker one is not recorded beyond tier 2's
+// llmgw.tokenized event and the prepare stage's duration.
+const traceSpanMin = time.Millisecond
+
+// traceFetch records a /tokenize call to the engine at addr in the trace
+// of the request whose context is ctx, when it is recorded and the call
+// was slow or failed: a child span of the request's, client kind, with
+// the engine's address, so a slow tokenizer shows in the trace. Cache
+// hits and token-id prompts ask no engine and are not recorded.
+func traceFetch(ctx context.Context, addr string, start, end time.Time, tokens int, err error) {
+	if err == nil && end.Sub(start) < traceSpanMin {
+		return
+	}
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return
+	}
+	_, sp := parent.TracerProvider().Tracer(tracerName).Start(ctx, "llmgw.tokenize",
+		trace.WithSpanKind(trace.SpanKindClient), trace.WithTimestamp(start))
+	if host, port, serr := net.SplitHostPort(addr); serr == nil {
+		sp.SetAttributes(attribute.String("server.address", host), attribute.String("server.port", port))
+	}
+	if err != nil {
+		kind := "engine_error"
+		if errors.Is(err, ErrTimeout) {
+			kind = "timeout"
+		}
+		sp.SetAttributes(attribute.String("error.type", kind))
+		sp.SetStatus(codes.Error, kind)
+	} else {
+		sp.SetAttributes(attribute.Int("llmgw.prompt_tokens", tokens))
+	}
+	sp.End(trace.WithTimestamp(end))
+}
+
+// tracerName is the instrumentation scope of the router's spans
+// (router/api's).
+const tracerName = "github.com/llmgw/llmgw/router"
 
 func (c *Client) fetch(ctx context.Context, addr string, body []byte) ([]int, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.Budget)

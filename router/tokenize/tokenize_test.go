@@ -13,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 
 	"github.com/llmgw/llmgw/vllm"
@@ -93,6 +96,7 @@ type engine struct {
 	calls  atomic.Int32
 	block  atomic.Bool
 	status atomic.Int32
+	delay  atomic.Int64 // before each answer, in nanoseconds
 	// release ends blocked calls: the server's view of a client that gave
 	// up can lag, and Close waits for every handler.
 	release chan struct{}
@@ -109,6 +113,7 @@ func newEngine(t *testing.T) *engine {
 			}
 			return
 		}
+		time.Sleep(time.Duration(e.delay.Load()))
 		if s := e.status.Load(); s != 0 {
 			http.Error(w, "boom", int(s))
 			return
@@ -295,4 +300,70 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestTokenizeTraced: an engine's /tokenize in a recorded request is a
+// client span under the request's when it was slow or failed; a cache hit
+// and an unrecorded request leave none. (A quick call leaves none either;
+// how long a call takes is the machine's, so no case asserts it.)
+func TestTokenizeTraced(t *testing.T) {
+	slow := func(e *engine) { e.delay.Store(int64(5 * time.Millisecond)) }
+	tests := []struct {
+		name     string
+		setup    func(e *engine)
+		recorded bool
+		reqs     []string
+		wantSpan string // the span's error.type, "ok" for none, "" for no span
+	}{
+		{name: "slow: a span", setup: slow, recorded: true, reqs: []string{"abc"}, wantSpan: "ok"},
+		{name: "slow then a cache hit: one span", setup: slow, recorded: true, reqs: []string{"abc", "abc"}, wantSpan: "ok"},
+		{name: "failed: a span", setup: func(e *engine) { e.status.Store(500) }, recorded: true, reqs: []string{"abc"}, wantSpan: "engine_error"},
+		{name: "slow, not recorded: none", setup: slow, reqs: []string{"abc"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEngine(t)
+			if tc.setup != nil {
+				tc.setup(e)
+			}
+			cfg := DefaultConfig()
+			cfg.Budget = 5 * time.Second
+			c := newClient(t, cfg)
+			rec := tracetest.NewSpanRecorder()
+			ratio := 0.0
+			if tc.recorded {
+				ratio = 1
+			}
+			tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec), sdktrace.WithSampler(sdktrace.TraceIDRatioBased(ratio)))
+			t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+			ctx, req := tp.Tracer("t").Start(context.Background(), "request")
+			for _, s := range tc.reqs {
+				r, err := Prepare(Completion, "m", []byte(`{"model":"m","prompt":"`+s+`"}`))
+				if err != nil {
+					t.Fatal(err)
+				}
+				_, _ = c.Tokenize(ctx, e.addr(), r)
+			}
+			req.End()
+			span, spans := "", 0
+			for _, s := range rec.Ended() {
+				switch s.Name() {
+				case "llmgw.tokenize":
+					span = "ok"
+					spans++
+					for _, kv := range s.Attributes() {
+						if kv.Key == "error.type" {
+							span = kv.Value.AsString()
+						}
+					}
+					if s.Parent().SpanID() != req.SpanContext().SpanID() || s.SpanKind() != trace.SpanKindClient {
+						t.Errorf("tokenize span's parent %s kind %v; want the request's, client", s.Parent().SpanID(), s.SpanKind())
+					}
+				}
+			}
+			if span != tc.wantSpan || spans > 1 {
+				t.Errorf("%d tokenize spans, the last %q; want at most one, %q", spans, span, tc.wantSpan)
+			}
+		})
+	}
 }

@@ -15,6 +15,8 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 )
 
 // Span is one exported span, flattened: its service (resource
@@ -58,7 +60,10 @@ type Receiver struct {
 func Start(t testing.TB) *Receiver { return start(t, false) }
 
 // StartDiscarding is Start for a benchmark: it counts the spans it is
-// sent and keeps none, so the receiver's own work is only gRPC's.
+// sent and keeps none, so the receiver's own work is only gRPC's. It does
+// not decode the batches into messages: it counts their spans off the
+// wire, because a benchmark of the exporting process should not pay the
+// decoding a real collector does in its own process.
 func StartDiscarding(t testing.TB) *Receiver { return start(t, true) }
 
 func start(t testing.TB, discard bool) *Receiver {
@@ -67,8 +72,15 @@ func start(t testing.TB, discard bool) *Receiver {
 	if err != nil {
 		t.Fatalf("tracingtest: listen: %v", err)
 	}
-	r := &Receiver{addr: ln.Addr().String(), srv: grpc.NewServer(), discard: discard}
-	collectorpb.RegisterTraceServiceServer(r.srv, r)
+	r := &Receiver{addr: ln.Addr().String(), discard: discard}
+	if discard {
+		// No service registered: every call is the unknown-service
+		// handler's, whose messages are the raw bytes.
+		r.srv = grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}), grpc.UnknownServiceHandler(r.exportRaw))
+	} else {
+		r.srv = grpc.NewServer()
+		collectorpb.RegisterTraceServiceServer(r.srv, r)
+	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.srv.Serve(ln) }()
 	t.Cleanup(func() { r.srv.Stop(); <-done })
@@ -113,6 +125,75 @@ func (r *Receiver) Export(_ context.Context, req *collectorpb.ExportTraceService
 	r.mu.Unlock()
 	return &collectorpb.ExportTraceServiceResponse{}, nil
 }
+
+// exportRaw is Export for StartDiscarding: it counts the spans of the
+// batch on the wire and answers an empty ExportTraceServiceResponse.
+func (r *Receiver) exportRaw(_ any, stream grpc.ServerStream) error {
+	var msg rawMsg
+	if err := stream.RecvMsg(&msg); err != nil {
+		return err
+	}
+	n := countSpans(msg.b)
+	r.mu.Lock()
+	r.count += n
+	r.mu.Unlock()
+	return stream.SendMsg(&rawMsg{})
+}
+
+// countSpans counts the spans of an ExportTraceServiceRequest's bytes:
+// resource_spans (1) → scope_spans (2) → spans (2), without decoding.
+func countSpans(b []byte) int {
+	n := 0
+	forEach(b, 1, func(rs []byte) {
+		forEach(rs, 2, func(ss []byte) {
+			forEach(ss, 2, func([]byte) { n++ })
+		})
+	})
+	return n
+}
+
+// forEach calls f with each length-delimited field numbered num of the
+// message b; it stops at the first malformed field.
+func forEach(b []byte, num protowire.Number, f func([]byte)) {
+	for len(b) > 0 {
+		n, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return
+		}
+		b = b[l:]
+		if typ == protowire.BytesType && n == num {
+			v, l := protowire.ConsumeBytes(b)
+			if l < 0 {
+				return
+			}
+			f(v)
+			b = b[l:]
+			continue
+		}
+		l = protowire.ConsumeFieldValue(n, typ, b)
+		if l < 0 {
+			return
+		}
+		b = b[l:]
+	}
+}
+
+// rawMsg is a message as its bytes (rawCodec).
+type rawMsg struct{ b []byte }
+
+// rawCodec passes messages through as bytes, for StartDiscarding.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.(*rawMsg).b)}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	v.(*rawMsg).b = data.Materialize()
+	return nil
+}
+
+func (rawCodec) Name() string { return "proto" }
 
 // Count is how many spans were received so far.
 func (r *Receiver) Count() int {

@@ -49,3 +49,27 @@ func TestExportAndSampling(t *testing.T) {
 		t.Fatalf("got %+v", s)
 	}
 }
+
+// TestDiscardingCounts: a discarding receiver counts the spans it is sent
+// off the wire, and keeps none.
+func TestDiscardingCounts(t *testing.T) {
+	recv := tracingtest.StartDiscarding(t)
+	p, err := tracing.New(context.Background(), tracing.Config{OTLPEndpoint: recv.Addr(), SamplingRatio: 1}, "svc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := p.TracerProvider().Tracer("t")
+	for range 3 {
+		ctx, root := tr.Start(context.Background(), "root")
+		_, child := tr.Start(ctx, "child")
+		child.AddEvent("e")
+		child.End()
+		root.End()
+	}
+	if err := p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n, kept := recv.Count(), len(recv.Spans()); n != 6 || kept != 0 {
+		t.Fatalf("counted %d spans, kept %d; want 6 and none", n, kept)
+	}
+}
