@@ -27,13 +27,13 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // Config is a component's tracing settings. Its keys are flat, each the
@@ -165,8 +165,10 @@ func New(ctx context.Context, cfg Config, service string) (*Provider, error) {
 	if ps := cfg.Validate(); len(ps) > 0 {
 		return nil, fmt.Errorf("tracing: --%s: %w", ps[0].Flag, ps[0].Err)
 	}
-	creds := insecure.NewCredentials()
-	if !IsLoopback(cfg.OTLPEndpoint) && !cfg.Insecure {
+	opts := []otlptracegrpc.Option{otlptracegrpc.WithEndpoint(cfg.OTLPEndpoint)}
+	if IsLoopback(cfg.OTLPEndpoint) || cfg.Insecure {
+		opts = append(opts, otlptracegrpc.WithInsecure())
+	} else {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
 		if cfg.CA != "" {
 			pem, err := os.ReadFile(cfg.CA)
@@ -179,9 +181,9 @@ func New(ctx context.Context, cfg Config, service string) (*Provider, error) {
 			}
 			tc.RootCAs = pool
 		}
-		creds = credentials.NewTLS(tc)
+		opts = append(opts, otlptracegrpc.WithTLSCredentials(credentials.NewTLS(tc)))
 	}
-	exp, err := newWireExporter(cfg.OTLPEndpoint, creds)
+	exp, err := otlptracegrpc.New(ctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("tracing: OTLP exporter for %s: %w", cfg.OTLPEndpoint, err)
 	}
