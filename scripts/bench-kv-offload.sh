@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench-kv-offload.sh — issue 32's offload must-show, docs/benchmarks.md
-# "Offload tier routing (issue 32)": a shared-prefix working set about
+# "Offload tier routing": a shared-prefix working set about
 # 4 × one replica's GPU cache and within every replica's CPU tier, on
 # `llmgw dev` with 4 simulated replicas (Llama-3.1-8B on an A100-40GB, 256
 # GPU blocks of 16 tokens, --kv-offloading-size 8: 4,096 CPU blocks), SEEDS

@@ -86,7 +86,8 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 // request tier 2 answered with a hit, the only candidate left is the
 // prefix's primary — of the replicas holding the prompt's longest match and
 // not hot by the KV guard (Config.KVImbalance), the one rendezvous hashing
-// of the prompt's first chunk ranks highest. When the primary is hot, the
+// of the prompt's first chunk ranks highest (among holders of offload
+// copies only, the prefix's live home first: kvBefore). When the primary is hot, the
 // next holder is; when every holder is hot, or the prefix is new, or some
 // candidate's KV state is untrusted, every candidate stays and the scorers
 // decide as before — except that a new prefix is kept to the replicas home
