@@ -130,6 +130,10 @@ bench-flow: build ## issue 29's must-shows: a server, an agent with 8 simulated 
 bench-kv-wave2: build ## issue 14's must-show tables: fits, disrupted, pressure; two routers, SEEDS=10 per configuration (CONFIGS, default all six: rr tier1 tier2 tier2-spec tier2-cost tier2-noaff; ~35 min; loopback ports 33480-33481, 33700-33705, 33100-33399; needs curl, jq)
 	./scripts/bench-kv-wave2.sh $(BIN) bench-out/kv-wave2
 
+.PHONY: bench-kv-offload
+bench-kv-offload: build ## issue 32's offload must-show: a working set 4 × a replica's GPU cache within its CPU tier, 4 replicas, tier-aware vs GPU-only credit, SEEDS=10 each (~30 min; loopback ports 20480-20497, 20700-20705, 20100-20399; needs curl, jq)
+	./scripts/bench-kv-offload.sh $(BIN) bench-out/kv-offload
+
 # --- Rolling upgrade (issue: Operations) ---
 .PHONY: build-upgrade-old upgrade-test
 UPGRADE_OLD_VERSION ?= v0.1.0

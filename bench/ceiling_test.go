@@ -257,7 +257,8 @@ func TestResetCachesNamesTheEngineThatRefuses(t *testing.T) {
 
 // TestResetCachesWithoutTheEndpoint: an engine that has no POST
 // /reset_prefix_cache (404, 405, 501) is named at once, without retries,
-// and the others are still reset; an engine that refuses is an error.
+// and the others are still reset; an engine that refuses is an error. The
+// reset asks for the connector's cache too (reset_external=true).
 func TestResetCachesWithoutTheEndpoint(t *testing.T) {
 	type engine struct {
 		code  int
@@ -284,7 +285,7 @@ func TestResetCachesWithoutTheEndpoint(t *testing.T) {
 				e := &engine{code: code}
 				s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					e.calls.Add(1)
-					if r.Method != http.MethodPost || r.URL.Path != "/reset_prefix_cache" {
+					if r.Method != http.MethodPost || r.URL.Path != "/reset_prefix_cache" || r.URL.Query().Get("reset_external") != "true" {
 						http.Error(w, "wrong request", http.StatusTeapot)
 						return
 					}

@@ -25,7 +25,10 @@ const noResetHint = "vLLM serves it only with VLLM_SERVER_DEV_MODE=1"
 var errNoReset = errors.New("no POST /reset_prefix_cache")
 
 // resetCaches empties the prefix cache of every engine (POST
-// /reset_prefix_cache, vLLM's and the simulator's), then waits settle for
+// /reset_prefix_cache?reset_external=true, vLLM's and the simulator's: the
+// query also empties a KV connector's cache, such as the CPU tier of
+// --kv-offloading-size, which would otherwise start the next run warm;
+// engines that do not know it ignore it), then waits settle for
 // the engines' AllBlocksCleared events to reach the routers' indexes. An
 // engine that still refuses after resetRetry is an error naming it: a run
 // on a cache that did not reset is the comparison the reset exists to
@@ -57,7 +60,7 @@ func resetCaches(ctx context.Context, hc *http.Client, engines []string, settle 
 
 func resetOne(ctx context.Context, hc *http.Client, engine string) error {
 	deadline := time.Now().Add(resetRetry)
-	url := strings.TrimRight(engine, "/") + "/reset_prefix_cache"
+	url := strings.TrimRight(engine, "/") + "/reset_prefix_cache?reset_external=true"
 	for {
 		err := func() error {
 			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)

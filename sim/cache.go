@@ -354,13 +354,20 @@ func (c *prefixCache) release(a *allocation) {
 }
 
 // reset drops every cached block. Like vLLM it refuses while any cached
-// block is in use, since running sequences still point at them.
-func (c *prefixCache) reset() bool {
+// block is in use, since running sequences still point at them. With
+// external it empties the CPU tier too (vLLM's reset_connector, asked for
+// by POST /reset_prefix_cache?reset_external=true); its AllBlocksCleared,
+// which names no medium, then tells subscribers of both tiers.
+func (c *prefixCache) reset(external bool) bool {
 	if len(c.entries) != c.lru.Len() {
 		return false
 	}
 	clear(c.entries)
 	c.lru.Init()
+	if external && c.cpu != nil {
+		clear(c.cpu.entries)
+		c.cpu.lru.Init()
+	}
 	c.observer.AllBlocksCleared()
 	return true
 }

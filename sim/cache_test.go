@@ -136,7 +136,7 @@ func TestCacheFullRefusesAndUsage(t *testing.T) {
 		t.Error("allocated 2 blocks with 1 free")
 	}
 	c.commit(a, h, toks, bs)
-	if c.reset() {
+	if c.reset(false) {
 		t.Error("reset succeeded with cached blocks in use")
 	}
 	c.release(a)
@@ -154,7 +154,7 @@ func TestCacheReset(t *testing.T) {
 	c := newPrefixCache(8, true, rec)
 	toks, h := seqOf(t, 0, 8)
 	run(t, c, toks, h, 0)
-	if !c.reset() {
+	if !c.reset(false) {
 		t.Fatal("reset refused on an idle cache")
 	}
 	if got := run(t, c, toks, h, 0); got != 0 {

@@ -244,11 +244,12 @@ func (e *engine) stats() engineStats {
 		KVUsage: e.cache.usage(), Preemptions: e.preemptions}
 }
 
-// resetPrefixCache clears the cache unless sequences are using it.
-func (e *engine) resetPrefixCache() error {
+// resetPrefixCache clears the cache unless sequences are using it; with
+// external, the CPU tier as well (prefixCache.reset).
+func (e *engine) resetPrefixCache(external bool) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.cache.reset() {
+	if !e.cache.reset(external) {
 		return errNoRoom
 	}
 	return nil

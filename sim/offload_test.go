@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 	"time"
@@ -302,6 +304,48 @@ func TestKVEventsMirrorBothTiers(t *testing.T) {
 			}
 			if cpuEvents == 0 || len(cpu) != cpuBlocks {
 				t.Errorf("%d CPU events, %d blocks in the CPU mirror: the tier was never filled", cpuEvents, len(cpu))
+			}
+		})
+	}
+}
+
+// TestResetExternalEmptiesCPUTier: POST /reset_prefix_cache keeps the CPU
+// tier, as vLLM keeps its connector's cache; with reset_external=true it
+// empties it too (vLLM's reset_connector), so a bench that resets before
+// every run starts on cold tiers. A value FastAPI would not read as a bool
+// is refused.
+func TestResetExternalEmptiesCPUTier(t *testing.T) {
+	tests := []struct {
+		query   string
+		status  int
+		cpuLeft bool
+	}{
+		{"", http.StatusOK, true},
+		{"?reset_external=false", http.StatusOK, true},
+		{"?reset_external=true", http.StatusOK, false},
+		{"?reset_external=1", http.StatusOK, false},
+		{"?reset_external=maybe", http.StatusBadRequest, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.query, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.NumGPUBlocks, cfg.NumCPUBlocks, cfg.MaxModelLen = 8, 32, 128
+			s, err := New(cfg, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			toks, h := seqOf(t, 0, 4*bs)
+			run(t, s.eng.cache, toks, h, 0)
+			if len(s.eng.cache.cpu.entries) == 0 {
+				t.Fatal("nothing stored in the CPU tier")
+			}
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/reset_prefix_cache"+tt.query, nil))
+			if rec.Code != tt.status {
+				t.Fatalf("status %d, want %d: %s", rec.Code, tt.status, rec.Body)
+			}
+			if left := len(s.eng.cache.cpu.entries) > 0; left != tt.cpuLeft {
+				t.Errorf("CPU tier holds %d blocks after the reset; want some: %v", len(s.eng.cache.cpu.entries), tt.cpuLeft)
 			}
 		})
 	}

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -395,8 +396,21 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, vllm.DetokenizeResponse{Prompt: s.tok.Decode(req.Tokens)})
 }
 
-func (s *Server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
-	if err := s.eng.resetPrefixCache(); err != nil {
+// handleResetPrefixCache is vLLM's POST /reset_prefix_cache. Its query
+// reset_external=true (vLLM's, FastAPI's bool: true/1/yes/on) also empties
+// the connector's cache, the CPU tier here; without it the tier is kept, as
+// vLLM keeps a connector's.
+func (s *Server) handleResetPrefixCache(w http.ResponseWriter, r *http.Request) {
+	external := false
+	switch strings.ToLower(r.URL.Query().Get("reset_external")) {
+	case "", "false", "0", "no", "off":
+	case "true", "1", "yes", "on":
+		external = true
+	default:
+		badRequest(w, "reset_external: %q: not a boolean", r.URL.Query().Get("reset_external"))
+		return
+	}
+	if err := s.eng.resetPrefixCache(external); err != nil {
 		badRequest(w, "%v", err)
 		return
 	}

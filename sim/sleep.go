@@ -303,7 +303,7 @@ func (s *Server) handleSleep(w http.ResponseWriter, r *http.Request) {
 		s.eng.mu.Unlock()
 	}
 	if level >= 1 {
-		if err := s.eng.resetPrefixCache(); err != nil {
+		if err := s.eng.resetPrefixCache(false); err != nil {
 			writeError(w, vllm.NewError(http.StatusInternalServerError, vllm.ErrTypeInternalServer, err.Error()))
 			return
 		}

@@ -460,7 +460,7 @@ func TestPauseModesStepped(t *testing.T) {
 			if late.state != seqWaiting || !late.held {
 				t.Errorf("a request sent while paused: %v held %v", late.state, late.held)
 			}
-			if err := g.resetPrefixCache(); err != nil {
+			if err := g.resetPrefixCache(false); err != nil {
 				t.Errorf("reset while paused: %v", err)
 			}
 			g.resume()

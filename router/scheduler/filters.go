@@ -86,7 +86,8 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 // request tier 2 answered with a hit, the only candidate left is the
 // prefix's primary — of the replicas holding the prompt's longest match and
 // not hot by the KV guard (Config.KVImbalance), the one rendezvous hashing
-// of the prompt's first chunk ranks highest. When the primary is hot, the
+// of the prompt's first chunk ranks highest (among holders of offload
+// copies only, the prefix's live home first: kvBefore). When the primary is hot, the
 // next holder is; when every holder is hot, or the prefix is new, or some
 // candidate's KV state is untrusted, every candidate stays and the scorers
 // decide as before — except that a new prefix is kept to the replicas home
@@ -149,10 +150,21 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 		}
 		return out
 	}
+	// Holders that tie at the best credit with none of it on the GPU hold
+	// it only in offload tiers, which keep every prefix a replica ever
+	// computed: among them the prefix stays on its live home, as a prefix
+	// no one holds does (place). Rendezvous there would move each prefix,
+	// once its GPU copy is gone, to its hash's choice among every replica
+	// that ever held it, piling prefixes by hash where place spread them.
+	// A tie with GPU blocks stays rendezvous's, so routers agree.
+	home, hasHome := Key{}, false
+	if f.homes != nil && key != 0 {
+		home, hasHome = f.homes.get(key)
+	}
 	j := -1
 	for i := range in {
 		if (hot == nil || !hot[i]) && q.Credited(in[i].Key.ID) == best &&
-			(j < 0 || rank(key, &in[i]) > rank(key, &in[j])) {
+			(j < 0 || kvBefore(key, q, home, hasHome, &in[i], &in[j])) {
 			j = i
 		}
 	}
@@ -161,6 +173,21 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 		return append(out, in[c])
 	}
 	return append(out, in[j])
+}
+
+// kvBefore orders two holders tied at the best credit: the prefix's live
+// home first when neither holds any of it on the GPU (offload copies
+// only), else rendezvous hashing of key.
+func kvBefore(key uint64, q *KVQuery, home Key, hasHome bool, a, b *Candidate) bool {
+	if hasHome && q.Matched[a.Key.ID] == 0 && q.Matched[b.Key.ID] == 0 {
+		switch home {
+		case a.Key:
+			return true
+		case b.Key:
+			return false
+		}
+	}
+	return rank(key, a) > rank(key, b)
 }
 
 // home keeps, for a request the index could not answer because its

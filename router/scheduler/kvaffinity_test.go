@@ -231,3 +231,56 @@ func TestKVAffinityBeforeHeadroom(t *testing.T) {
 		})
 	}
 }
+
+// TestKVAffinityOffloadTieKeepsHome: holders that tie at the best credit
+// holding none of the prompt on the GPU (each has it in its CPU tier only:
+// every replica that ever computed a prefix keeps it there, written
+// through) leave the prefix on its live home when that is one of them, as
+// a prefix no cool replica holds stays on its home (place); only without a
+// home among them does rendezvous choose. Rendezvous there would move each
+// group, as its GPU copy goes, to its hash's choice among all the
+// replicas that ever held it — piling groups by hash where place spread
+// them. A tie of GPU holders is still rendezvous's, so routers that never
+// talked agree.
+func TestKVAffinityOffloadTieKeepsHome(t *testing.T) {
+	const key = uint64(42)
+	four := []Candidate{c("a", 0, 1, 1), c("b", 0, 1, 1), c("c", 0, 1, 1), c("d", 0, 1, 1)}
+	// rv is the rendezvous choice for key among a and b, other the one it
+	// does not choose: the home under test.
+	rv, other := "a", "b"
+	if rank(key, &four[1]) > rank(key, &four[0]) {
+		rv, other = "b", "a"
+	}
+	cpuOnly := func() *KVQuery {
+		return &KVQuery{Total: 60, MinBlocks: 2, Matched: map[string]int{},
+			Credit: map[string]float64{"a": 48, "b": 48}, Reusable: map[string]int{"a": 60, "b": 60}}
+	}
+	tests := []struct {
+		name string
+		kv   *KVQuery
+		home string // "" for none
+		want string
+	}{
+		{"CPU-only tie, home among them: the home", cpuOnly(), other, other},
+		{"CPU-only tie, no home: rendezvous", cpuOnly(), "", rv},
+		{"CPU-only tie, home elsewhere: rendezvous", cpuOnly(), "c", rv},
+		{"GPU tie: rendezvous, whatever this router's home",
+			&KVQuery{Total: 60, MinBlocks: 2, Matched: map[string]int{"a": 60, "b": 60},
+				Credit: map[string]float64{"a": 60, "b": 60}}, other, rv},
+		{"a GPU part beats the home's CPU-only copy",
+			&KVQuery{Total: 60, MinBlocks: 2, Matched: map[string]int{rv: 1},
+				Credit: map[string]float64{rv: 48.2, other: 48}}, other, rv},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, _ := newSched(t, 1)
+			if tt.home != "" {
+				s.homes.set(key, Key{ID: tt.home, UID: 1})
+			}
+			r := &Request{KV: tt.kv, Prefix: []uint64{key}}
+			if got := ids(s.KVAffinity().Filter(r, slices.Clone(four), nil)); got != tt.want {
+				t.Fatalf("kept %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

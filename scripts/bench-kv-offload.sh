@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# bench-kv-offload.sh — issue 32's offload must-show, docs/benchmarks.md
+# "Offload tier routing": a shared-prefix working set about
+# 4 × one replica's GPU cache and within every replica's CPU tier, on
+# `llmgw dev` with 4 simulated replicas (Llama-3.1-8B on an A100-40GB, 256
+# GPU blocks of 16 tokens, --kv-offloading-size 8: 4,096 CPU blocks), SEEDS
+# seeds of two configurations:
+#   tier     tier-aware credit, the router's defaults (kv_credit_cpu 0.8)
+#   gpu      GPU-only credit: routers whose configuration file sets
+#            kv_credit_cpu: 0 and kv_credit_storage: 0
+# Each configuration has its own two `llmgw router`s (behind the bench's
+# --targets-round-robin), all four started once against dev's control plane,
+# so both see the same engines and index; the seeds alternate tier, gpu. The
+# bench empties the engines' prefix caches and CPU tiers before every run
+# (--reset-caches: /reset_prefix_cache?reset_external=true) and reports the
+# cache_hit_ceiling; it prints and saves (summary.txt, .json, .svg) the
+# seeds' summary: mean (range) and seed-by-seed wins of hit share,
+# hit/ceiling, TTFT p50 and p90.
+#
+# Usage: scripts/bench-kv-offload.sh [BIN_DIR [OUT_DIR]]
+#   BIN_DIR    holds llmgw and llmgwctl (default bin, as `make build` leaves them)
+#   OUT_DIR    gets every run's JSON, the summary and the logs (default bench-out/kv-offload)
+#   SEEDS=10   seeds per configuration
+#   REQUESTS=900  requests per run (about a minute on 2 shared cores)
+# Ports (loopback): 20480-20497, 20700-20705, engines 20100-20399. Needs curl
+# and jq. Everything it starts is stopped on exit, Ctrl-C included.
+set -euo pipefail
+
+bin=$(cd "${1:-bin}" && pwd)
+out=${2:-bench-out/kv-offload}
+seeds=${SEEDS:-10}
+requests=${REQUESTS:-900}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+for tool in curl jq "$bin/llmgw" "$bin/llmgwctl"; do
+	command -v "$tool" >/dev/null || { echo "bench-kv-offload.sh: $tool: not found" >&2; exit 2; }
+done
+say() { echo "bench-kv-offload.sh: $(date -u +%H:%M:%S) $*" >&2; }
+die() { say "$*"; exit 1; }
+
+ctl=("$bin/llmgwctl" --addr 127.0.0.1:20700)
+dev_pid=
+router_pids=()
+bench_pid=
+stop() {
+	# The bench, the routers (SIGTERM drains them), then dev (SIGINT is
+	# its Ctrl-C: router, agent and its engines, control).
+	[[ -n $bench_pid ]] && { kill "$bench_pid" 2>/dev/null || true; wait "$bench_pid" 2>/dev/null || true; }
+	for p in "${router_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+	for p in "${router_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	[[ -n $dev_pid ]] && { kill -INT "$dev_pid" 2>/dev/null || true; wait "$dev_pid" 2>/dev/null || true; }
+}
+trap stop EXIT
+trap 'exit 130' INT TERM
+
+rm -rf "$out/data" "$out"/router-*
+"$bin/llmgw" dev --replicas 4 --gpus 8 --data-dir "$out/data" --http-addr 127.0.0.1:20480 --ops-addr 127.0.0.1:20482 \
+	--grpc-addr 127.0.0.1:20700 --raft-addr 127.0.0.1:20701 --control-http-addr 127.0.0.1:20703 \
+	--agent-http-addr 127.0.0.1:20704 --agent-grpc-addr 127.0.0.1:20705 --port-range 20100-20399 >"$out/dev.log" 2>&1 &
+dev_pid=$!
+
+# ready N: until exactly N replicas of demo are ready and none other (120 s
+# at most).
+ready() {
+	local n
+	for _ in $(seq 240); do
+		kill -0 "$dev_pid" 2>/dev/null || die "llmgw dev exited; see $out/dev.log"
+		n=$("${ctl[@]}" replica list -o json 2>/dev/null |
+			jq '[.[] | select(.model == "demo")] | (map(select(.state == "ready")) | length) as $r | if $r == length then $r else -1 end' 2>/dev/null || echo -2)
+		[[ $n -eq $1 ]] && return 0
+		sleep 0.5
+	done
+	die "waited 120 s for $1 ready replicas of demo (last count $n); see $out/dev.log"
+}
+
+# router NAME PORT [CONFIG]: one `llmgw router` on PORT (API) and PORT+1
+# (operations), its own data dir, with CONFIG as its --config when given.
+router() {
+	local args=(--id "$1" --control 127.0.0.1:20700 --http-addr "127.0.0.1:$2" --ops-addr "127.0.0.1:$(($2 + 1))"
+		--data-dir "$out/router-$1")
+	[[ -n ${3:-} ]] && args+=(--config "$3")
+	"$bin/llmgw" router "${args[@]}" >>"$out/router-$1.log" 2>&1 &
+	router_pids+=($!)
+	for _ in $(seq 120); do
+		kill -0 "$!" 2>/dev/null || die "router $1 exited; see $out/router-$1.log"
+		curl -sf "http://127.0.0.1:$2/readyz" -o /dev/null && return 0
+		sleep 0.25
+	done
+	die "router $1 not ready within 30 s; see $out/router-$1.log"
+}
+
+# The engines: Llama-3.1-8B on an A100-40GB (dev's demo profile: a
+# ~1,400-token prompt's prefill ~0.1 s, a CPU-tier hit's copy ~7 ms), 256 GPU
+# blocks of 16 tokens (4,096 tokens: three of the ~1,360-token system prompts)
+# and an 8 GiB CPU tier (4,096 blocks of 2 MiB: every system prompt and
+# the run's own tails many times over).
+cat >"$out/demo.yaml" <<'EOT'
+name: demo
+engine: sim
+model: meta-llama/Llama-3.1-8B-Instruct
+replicas: 4
+gpus_per_replica: 1
+profile: chat
+kv_events: true
+extra_args: ["--sim-gpu", "a100-40gb", "--sim-load-scale", "0", "--num-gpu-blocks-override", "256",
+             "--max-model-len", "4096", "--kv-offloading-size", "8"]
+EOT
+printf 'kv_credit_cpu: 0\nkv_credit_storage: 0\n' >"$out/gpu-only.yaml"
+
+say "starting llmgw dev and four routers (logs in $out)"
+for _ in $(seq 240); do "${ctl[@]}" replica list >/dev/null 2>&1 && break; sleep 0.5; done
+ready 4 # dev's own demo model first
+"${ctl[@]}" model delete demo >/dev/null 2>&1 || true
+ready 0
+err=$("${ctl[@]}" model apply -f "$out/demo.yaml" 2>&1 >/dev/null) || die "model apply: $err"
+ready 4
+router tier1 20490
+router tier2 20492
+router gpu1 20494 "$out/gpu-only.yaml"
+router gpu2 20496 "$out/gpu-only.yaml"
+echo "load average at start: $(cat /proc/loadavg)" | tee "$out/loadavg.txt" >&2
+
+# 12 groups of a ~1,380-token system prompt: ~1,030 blocks, 4.0 × one
+# replica's GPU cache (the whole fleet's), 0.25 × its CPU tier.
+workload=(--workload shared-prefix --groups 12 --system-words 1360 --prompt-words 100 --requests "$requests")
+common=(--model demo --max-tokens 32 --concurrency 16 -q -o json --addr 127.0.0.1:20700)
+declare -A port=([tier]=20490 [gpu]=20494)
+for seed in $(seq "$seeds"); do
+	for cfg in tier gpu; do
+		p=${port[$cfg]}
+		say "$cfg seed $seed (load $(cut -d' ' -f1-3 /proc/loadavg))"
+		json=$out/offload-$cfg-$seed.json
+		timeout 600 "$bin/llmgwctl" bench --target "$cfg=http://127.0.0.1:$p" --target "$cfg=http://127.0.0.1:$((p + 2))" \
+			--target-metrics "http://127.0.0.1:$((p + 1))" --target-metrics "http://127.0.0.1:$((p + 3))" --targets-round-robin \
+			"${common[@]}" "${workload[@]}" --seed "$seed" >"$json" 2>"$out/offload-$cfg-$seed.err" &
+		bench_pid=$!
+		rc=0
+		wait "$bench_pid" || rc=$?
+		bench_pid=
+		((rc == 0)) || die "bench $cfg seed $seed failed (exit $rc): $(tail -3 "$out/offload-$cfg-$seed.err")"
+	done
+done
+"$bin/llmgwctl" bench summarize --chart "$out/summary.svg" "$out"/offload-*.json >"$out/summary.txt"
+"$bin/llmgwctl" bench summarize -o json "$out"/offload-*.json | jq '.summary' >"$out/summary.json"
+echo "== offload (load average now $(cut -d' ' -f1-3 /proc/loadavg))" | tee -a "$out/loadavg.txt" >&2
+cat "$out/summary.txt"
