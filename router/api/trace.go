@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/hex"
 	"net/http"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/llmgw/llmgw/router/director"
 	"github.com/llmgw/llmgw/router/openai"
+	"github.com/llmgw/llmgw/router/proxy"
 	"github.com/llmgw/llmgw/router/scheduler"
 )
 
@@ -69,7 +69,7 @@ func (h *Handler) startRequestSpan(r *http.Request, api openai.API, id string) (
 		// span that does not record): the engine samples it out too.
 		if sc := sp.SpanContext(); sc.IsValid() {
 			delete(r.Header, "Tracestate") // the client's, for a span that is not the engine's parent
-			r.Header["Traceparent"] = []string{traceparent(sc)}
+			r.Header["Traceparent"] = []string{proxy.Traceparent(sc)}
 		}
 		return r, sp
 	}
@@ -77,21 +77,6 @@ func (h *Handler) startRequestSpan(r *http.Request, api openai.API, id string) (
 		attribute.String("http.request.method", r.Method), attribute.String("url.path", r.URL.Path),
 		attribute.String("llmgw.request_id", id))
 	return r.WithContext(ctx), sp
-}
-
-// traceparent is sc as W3C Trace Context's traceparent, version 00, as
-// router/proxy writes it (one string, no formatting).
-func traceparent(sc trace.SpanContext) string {
-	var b [55]byte // 00-<32 hex>-<16 hex>-<2 hex>
-	tid, sid := sc.TraceID(), sc.SpanID()
-	copy(b[:3], "00-")
-	hex.Encode(b[3:35], tid[:])
-	b[35] = '-'
-	hex.Encode(b[36:52], sid[:])
-	b[52] = '-'
-	flags := [1]byte{byte(sc.TraceFlags() & trace.FlagsSampled)}
-	hex.Encode(b[53:55], flags[:])
-	return string(b[:])
 }
 
 // endRequestSpan records on the request's span the status the client got;

@@ -34,7 +34,7 @@ func startAttempt(r *http.Request, req *Request, ep *endpoint.Endpoint, n int) (
 	}
 	delete(r.Header, "Tracestate") // the client's, for a span that is not the engine's parent
 	if !parent.IsRecording() {
-		r.Header["Traceparent"] = []string{traceparent(parent.SpanContext())}
+		r.Header["Traceparent"] = []string{Traceparent(parent.SpanContext())}
 		return r, nil
 	}
 	ctx, sp := req.Tracer.Start(r.Context(), "llmgw.attempt", clientKind)
@@ -47,17 +47,18 @@ func startAttempt(r *http.Request, req *Request, ep *endpoint.Endpoint, n int) (
 		}
 	}
 	sp.SetAttributes(kv...)
-	r.Header["Traceparent"] = []string{traceparent(sp.SpanContext())}
+	r.Header["Traceparent"] = []string{Traceparent(sp.SpanContext())}
 	return r.WithContext(ctx), sp
 }
 
 // clientKind is the attempt span's start option, made once.
 var clientKind = trace.WithSpanKind(trace.SpanKindClient)
 
-// traceparent is sc as W3C Trace Context's traceparent, version 00 (what
+// Traceparent is sc as W3C Trace Context's traceparent, version 00 (what
 // propagation.TraceContext writes, without its header canonicalization
-// and formatting: one string per attempt).
-func traceparent(sc trace.SpanContext) string {
+// and formatting: one string per attempt). router/api writes an unsampled
+// request's with it too.
+func Traceparent(sc trace.SpanContext) string {
 	var b [55]byte // 00-<32 hex>-<16 hex>-<2 hex>
 	tid, sid := sc.TraceID(), sc.SpanID()
 	copy(b[:3], "00-")

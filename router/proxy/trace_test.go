@@ -19,7 +19,7 @@ func TestTraceparent(t *testing.T) {
 		})
 		h := http.Header{}
 		propagation.TraceContext{}.Inject(trace.ContextWithSpanContext(t.Context(), sc), propagation.HeaderCarrier(h))
-		if got, want := traceparent(sc), h.Get("Traceparent"); got != want {
+		if got, want := Traceparent(sc), h.Get("Traceparent"); got != want {
 			t.Errorf("traceparent = %q, want %q", got, want)
 		}
 	}
