@@ -186,7 +186,9 @@ var handedOut sync.Map
 
 // portPool is the range freeAddr draws from: LLMGW_TEST_PORTS (lo-hi,
 // inclusive) when set, for a machine shared with other processes that
-// bind fixed ports; else the 8,000 ports below the kernel's ephemeral
+// bind fixed ports (the whole suite needs some 4,000: freePortRange's
+// runs for every agent and dev come from its top third, never reused);
+// else the 8,000 ports below the kernel's ephemeral
 // range (/proc/sys/net/ipv4/ip_local_port_range, 32768 on Linux by
 // default), never below 10000.
 func portPool() (lo, hi int) {
