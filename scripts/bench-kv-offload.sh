@@ -25,8 +25,9 @@
 #   SEEDS=10   seeds per configuration
 #   WORKLOAD=bursts  the groups active in turn (the must-show's shape, about
 #              100 s a run); steady: the earlier shape, every group always
-#              active (12 groups, 0.25 × the CPU tier of 8 GiB, 900 requests
-#              of a closed loop of 16, about a minute a run)
+#              active (12 groups, 0.25 × the CPU tier of 8 GiB, a closed
+#              loop of 16, about a minute a run)
+#   REQUESTS=900  requests per steady run
 # Ports (loopback): 20480-20497, 20700-20705, engines 20100-20399. Needs curl
 # and jq. Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
@@ -35,6 +36,7 @@ bin=$(cd "${1:-bin}" && pwd)
 out=${2:-bench-out/kv-offload}
 seeds=${SEEDS:-10}
 shape=${WORKLOAD:-bursts}
+requests=${REQUESTS:-900}
 [[ $shape == bursts || $shape == steady ]] || { echo "bench-kv-offload.sh: WORKLOAD=$shape: want bursts or steady" >&2; exit 2; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -145,7 +147,7 @@ else
 	# 12 groups of a ~1,380-token system prompt: ~1,030 blocks, 4.0 × one
 	# replica's GPU cache (the whole fleet's), 0.25 × its CPU tier, every
 	# group always active.
-	workload=(--workload shared-prefix --groups 12 --system-words 1360 --prompt-words 100 --requests 900 --concurrency 16)
+	workload=(--workload shared-prefix --groups 12 --system-words 1360 --prompt-words 100 --requests "$requests" --concurrency 16)
 fi
 common=(--model demo --max-tokens 32 -q -o json --addr 127.0.0.1:20700)
 declare -A port=([tier]=20490 [gpu]=20494)
