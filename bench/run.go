@@ -421,6 +421,8 @@ func (c Config) settings() string {
 	prefix := w.Name == SharedPrefix || w.Name == LoRAMix
 	add("groups", w.Groups, prefix || w.Name == LongContext)
 	add("hot-share", w.HotShare, w.HotShare > 0)
+	add("active-groups", w.ActiveGroups, w.ActiveGroups > 0)
+	add("rotate-every", w.RotateEvery, w.ActiveGroups > 0)
 	add("system-words", w.SystemWords, w.SystemWords > 0)
 	add("prompt-words", w.PromptWords, true)
 	add("sessions", w.Sessions, w.Name == MultiTurn || w.Name == AgentSession)

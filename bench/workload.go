@@ -113,6 +113,16 @@ type WorkloadConfig struct {
 	// without piling the hot prefix onto one replica (one application's
 	// system prompt in most traffic). Zero draws every group alike.
 	HotShare float64
+	// ActiveGroups > 0 makes shared-prefix (or lora-mix) groups active in
+	// turn, as teams' system prompts are used in bursts: requests draw only
+	// from ActiveGroups of the Groups at a time, and the active set moves on
+	// every RotateEvery requests, so (when ActiveGroups divides Groups) a
+	// group is idle for (Groups/ActiveGroups − 1)·RotateEvery requests
+	// between its bursts. Counted in requests, not seconds, so conversation
+	// n's prompt still depends on the seed and n alone; under --rate R a
+	// phase lasts RotateEvery/R seconds. Zero: every group always active.
+	ActiveGroups int
+	RotateEvery  int
 	// SessionTag, when set, goes into every session id (X-Session-ID),
 	// so runs with one seed can send the same prompts under different
 	// sessions; the runner sets one per run. Empty: bench-SEED-N.
@@ -191,6 +201,9 @@ func (c WorkloadConfig) Validate() error {
 	if c.HotShare > 0 && c.Name != SharedPrefix && c.Name != LoRAMix {
 		return fmt.Errorf("--hot-share: applies to %s and %s only, not %s", SharedPrefix, LoRAMix, c.Name)
 	}
+	if err := c.validateRotation(); err != nil {
+		return err
+	}
 	if c.Name == Replay {
 		if len(c.Records) == 0 {
 			return errors.New("--replay: the replay workload needs a capture's records")
@@ -210,6 +223,26 @@ func (c WorkloadConfig) Validate() error {
 		}
 	} else if c.Model == "" {
 		return errors.New("--model: required")
+	}
+	return nil
+}
+
+// validateRotation checks --active-groups and --rotate-every (c has its
+// defaults).
+func (c WorkloadConfig) validateRotation() error {
+	switch {
+	case c.ActiveGroups == 0 && c.RotateEvery == 0:
+		return nil
+	case c.Name != SharedPrefix && c.Name != LoRAMix:
+		return fmt.Errorf("--active-groups, --rotate-every: apply to %s and %s only, not %s", SharedPrefix, LoRAMix, c.Name)
+	case c.ActiveGroups < 0 || c.ActiveGroups > c.Groups:
+		return fmt.Errorf("--active-groups: must be in [0, --groups %d], got %d", c.Groups, c.ActiveGroups)
+	case c.RotateEvery < 0:
+		return fmt.Errorf("--rotate-every: must not be negative, got %d", c.RotateEvery)
+	case (c.ActiveGroups > 0) != (c.RotateEvery > 0):
+		return errors.New("--active-groups, --rotate-every: set both or neither")
+	case c.HotShare > 0:
+		return errors.New("--active-groups, --hot-share: choose one shape of skew")
 	}
 	return nil
 }
@@ -287,7 +320,7 @@ func (w *sharedPrefix) Live() int    { return 0 }
 
 func (w *sharedPrefix) Conversation(n int) Conversation {
 	rng := rngFor(w.cfg.Seed, streamConversation, n)
-	g := w.group(rng)
+	g := w.group(n, rng)
 	model := w.cfg.Model
 	if w.zipf != nil {
 		model = w.cfg.Adapters[pick(rng, w.zipf)]
@@ -302,9 +335,15 @@ func (w *sharedPrefix) Conversation(n int) Conversation {
 	}}
 }
 
-// group draws the request's system prompt. Without a hot share it is one
-// draw, as it always was, so earlier seeds keep their prompts.
-func (w *sharedPrefix) group(rng *rand.Rand) int {
+// group draws request n's system prompt. Without a hot share or rotation
+// it is one draw, as it always was, so earlier seeds keep their prompts.
+// With rotation, phase p = n / RotateEvery has groups p·K … p·K+K−1
+// (mod Groups) active, K = ActiveGroups, and the draw is among them.
+func (w *sharedPrefix) group(n int, rng *rand.Rand) int {
+	if k := w.cfg.ActiveGroups; k > 0 {
+		phase := n / w.cfg.RotateEvery
+		return (phase*k + rng.IntN(k)) % len(w.systems)
+	}
 	if w.cfg.HotShare == 0 {
 		return rng.IntN(len(w.systems))
 	}

@@ -191,6 +191,64 @@ func TestSharedPrefixHotShare(t *testing.T) {
 	}
 }
 
+// TestSharedPrefixRotation checks --active-groups/--rotate-every: each
+// phase of RotateEvery requests draws from its own ActiveGroups groups only
+// (and from all of them), the phases walk through every group, a group
+// idles (G/K − 1) phases between bursts, and a seed gives the same prompts.
+func TestSharedPrefixRotation(t *testing.T) {
+	tests := []struct {
+		name                  string
+		groups, active, every int
+		wantIdlePhases        int
+	}{
+		{"8 groups, 2 active", 8, 2, 50, 3},
+		{"6 groups, 3 active", 6, 3, 40, 1},
+		{"4 groups, 1 active", 4, 1, 30, 3},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := WorkloadConfig{Name: SharedPrefix, Model: "m", Seed: 9, Groups: tt.groups, SystemWords: 30, PromptWords: 5,
+				ActiveGroups: tt.active, RotateEvery: tt.every}
+			w := mustWorkload(t, cfg)
+			index := map[string]int{}
+			for g, s := range w.(*sharedPrefix).systems {
+				index[s] = g
+			}
+			cycle := tt.groups / tt.active
+			last := map[int]int{} // group -> last phase it was drawn in
+			for phase := range 2 * cycle {
+				seen := map[int]bool{}
+				for i := range tt.every {
+					n := phase*tt.every + i
+					g := index[drain(w, n)[0].Messages[0].Content]
+					seen[g] = true
+					if p, ok := last[g]; ok && p != phase && phase-p-1 != tt.wantIdlePhases {
+						t.Fatalf("group %d drawn in phases %d and %d: idle %d phases, want %d", g, p, phase, phase-p-1, tt.wantIdlePhases)
+					}
+					last[g] = phase
+				}
+				if len(seen) != tt.active {
+					t.Fatalf("phase %d drew groups %v, want %d of them", phase, seen, tt.active)
+				}
+				for g := range seen {
+					if want := (phase * tt.active) % tt.groups; g < want || g >= want+tt.active {
+						t.Fatalf("phase %d drew group %d, want %d..%d", phase, g, want, want+tt.active-1)
+					}
+				}
+			}
+			if len(last) != tt.groups {
+				t.Fatalf("%d groups drawn over two cycles, want %d", len(last), tt.groups)
+			}
+			again := mustWorkload(t, cfg)
+			for n := range 3 * tt.every {
+				if a, b := drain(w, n)[0].Messages, drain(again, n)[0].Messages; a[0].Content != b[0].Content || a[1].Content != b[1].Content {
+					t.Fatalf("request %d differs between two workloads of one seed", n)
+				}
+			}
+		})
+	}
+}
+
 func TestLoRAMixDrawsAdaptersByPopularity(t *testing.T) {
 	w := mustWorkload(t, WorkloadConfig{Name: LoRAMix, Seed: 5, Adapters: []string{"a", "b", "c", "d"}, SystemWords: 5, PromptWords: 5})
 	count := map[string]int{}
@@ -239,6 +297,15 @@ func TestWorkloadConfigValidate(t *testing.T) {
 		{"hot share negative", WorkloadConfig{Name: SharedPrefix, Model: "m", HotShare: -0.1}, "--hot-share"},
 		{"hot share NaN", WorkloadConfig{Name: SharedPrefix, Model: "m", HotShare: math.NaN()}, "--hot-share"},
 		{"hot share of multi-turn", WorkloadConfig{Name: MultiTurn, Model: "m", HotShare: 0.5}, "--hot-share"},
+		{"rotation", WorkloadConfig{Name: SharedPrefix, Model: "m", ActiveGroups: 2, RotateEvery: 10}, ""},
+		{"rotation of lora-mix", WorkloadConfig{Name: LoRAMix, Adapters: []string{"a"}, ActiveGroups: 8, RotateEvery: 1}, ""},
+		{"active groups over groups", WorkloadConfig{Name: SharedPrefix, Model: "m", Groups: 4, ActiveGroups: 5, RotateEvery: 10}, "--active-groups"},
+		{"active groups negative", WorkloadConfig{Name: SharedPrefix, Model: "m", ActiveGroups: -1, RotateEvery: 10}, "--active-groups"},
+		{"rotate every negative", WorkloadConfig{Name: SharedPrefix, Model: "m", ActiveGroups: 2, RotateEvery: -1}, "--rotate-every"},
+		{"active groups without rotate", WorkloadConfig{Name: SharedPrefix, Model: "m", ActiveGroups: 2}, "set both"},
+		{"rotate without active groups", WorkloadConfig{Name: SharedPrefix, Model: "m", RotateEvery: 5}, "set both"},
+		{"rotation with hot share", WorkloadConfig{Name: SharedPrefix, Model: "m", ActiveGroups: 2, RotateEvery: 5, HotShare: 0.5}, "--hot-share"},
+		{"rotation of multi-turn", WorkloadConfig{Name: MultiTurn, Model: "m", ActiveGroups: 2, RotateEvery: 5}, "--active-groups"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

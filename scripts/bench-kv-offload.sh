@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # bench-kv-offload.sh — issue 32's offload must-show, docs/benchmarks.md
-# "Offload tier routing": a shared-prefix working set about
-# 4 × one replica's GPU cache and within every replica's CPU tier, on
-# `llmgw dev` with 4 simulated replicas (Llama-3.1-8B on an A100-40GB, 256
-# GPU blocks of 16 tokens, --kv-offloading-size 8: 4,096 CPU blocks), SEEDS
-# seeds of two configurations:
+# "Offload tier routing": a shared-prefix working set 4 × one replica's GPU
+# cache and within every replica's CPU tier, its groups used in bursts (teams'
+# system prompts: a few active at a time, each then idle for longer than the
+# router's 30 s KV home window), on `llmgw dev` with 4 simulated replicas
+# (Llama-3.1-8B on an A100-40GB, 256 GPU blocks of 16 tokens,
+# --kv-offloading-size 2.5: 1,280 CPU blocks of 2 MiB, 1.25 × the working
+# set), SEEDS seeds of two configurations:
 #   tier     tier-aware credit, the router's defaults (kv_credit_cpu 0.8)
 #   gpu      GPU-only credit: routers whose configuration file sets
 #            kv_credit_cpu: 0 and kv_credit_storage: 0
@@ -21,7 +23,11 @@
 #   BIN_DIR    holds llmgw and llmgwctl (default bin, as `make build` leaves them)
 #   OUT_DIR    gets every run's JSON, the summary and the logs (default bench-out/kv-offload)
 #   SEEDS=10   seeds per configuration
-#   REQUESTS=900  requests per run (about a minute on 2 shared cores)
+#   WORKLOAD=bursts  the groups active in turn (the must-show's shape, about
+#              100 s a run); steady: the earlier shape, every group always
+#              active (12 groups, 0.25 × the CPU tier of 8 GiB, a closed
+#              loop of 16, about a minute a run)
+#   REQUESTS=900  requests per steady run
 # Ports (loopback): 20480-20497, 20700-20705, engines 20100-20399. Needs curl
 # and jq. Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
@@ -29,7 +35,9 @@ set -euo pipefail
 bin=$(cd "${1:-bin}" && pwd)
 out=${2:-bench-out/kv-offload}
 seeds=${SEEDS:-10}
+shape=${WORKLOAD:-bursts}
 requests=${REQUESTS:-900}
+[[ $shape == bursts || $shape == steady ]] || { echo "bench-kv-offload.sh: WORKLOAD=$shape: want bursts or steady" >&2; exit 2; }
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 for tool in curl jq "$bin/llmgw" "$bin/llmgwctl"; do
@@ -91,10 +99,15 @@ router() {
 
 # The engines: Llama-3.1-8B on an A100-40GB (dev's demo profile: a
 # ~1,400-token prompt's prefill ~0.1 s, a CPU-tier hit's copy ~7 ms), 256 GPU
-# blocks of 16 tokens (4,096 tokens: three of the ~1,360-token system prompts)
-# and an 8 GiB CPU tier (4,096 blocks of 2 MiB: every system prompt and
-# the run's own tails many times over).
-cat >"$out/demo.yaml" <<'EOT'
+# blocks of 16 tokens (4,096 tokens) and a CPU tier of --kv-offloading-size
+# GiB. A block is 2 MiB (32 layers × 8 KV heads × 128 dims × K and V × 2 bytes
+# × 16 tokens), 512 to the GiB: bursts' 2.5 GiB is 1,280 blocks, 1.25 × its
+# ~1,020-block working set (every system prompt, once, with room for the
+# requests' own tails, which the write-through tier stores too); steady's
+# 8 GiB is 4,096 blocks.
+offload_gib=2.5
+[[ $shape == steady ]] && offload_gib=8
+cat >"$out/demo.yaml" <<EOT
 name: demo
 engine: sim
 model: meta-llama/Llama-3.1-8B-Instruct
@@ -103,7 +116,7 @@ gpus_per_replica: 1
 profile: chat
 kv_events: true
 extra_args: ["--sim-gpu", "a100-40gb", "--sim-load-scale", "0", "--num-gpu-blocks-override", "256",
-             "--max-model-len", "4096", "--kv-offloading-size", "8"]
+             "--max-model-len", "4096", "--kv-offloading-size", "$offload_gib"]
 EOT
 printf 'kv_credit_cpu: 0\nkv_credit_storage: 0\n' >"$out/gpu-only.yaml"
 
@@ -120,10 +133,23 @@ router gpu1 20494 "$out/gpu-only.yaml"
 router gpu2 20496 "$out/gpu-only.yaml"
 echo "load average at start: $(cat /proc/loadavg)" | tee "$out/loadavg.txt" >&2
 
-# 12 groups of a ~1,380-token system prompt: ~1,030 blocks, 4.0 × one
-# replica's GPU cache (the whole fleet's), 0.25 × its CPU tier.
-workload=(--workload shared-prefix --groups 12 --system-words 1360 --prompt-words 100 --requests "$requests")
-common=(--model demo --max-tokens 32 --concurrency 16 -q -o json --addr 127.0.0.1:20700)
+if [[ $shape == bursts ]]; then
+	# 8 groups of a ~2,040-token system prompt (127 full blocks each): ~1,020
+	# blocks, 4.0 × one replica's GPU cache, 0.8 × its CPU tier. 2 groups
+	# active at a time (2 × 127 blocks: one replica's GPU cache), the pair
+	# moving on every 96 requests: at 8 requests a second (an open loop, so
+	# phases are seconds whatever the answers' speed) a phase is ~12 s and a
+	# group idles 3 phases, ~36 s, past the router's 30 s home window, between
+	# its bursts. 768 requests are 8 phases: two full cycles, ~96 s.
+	workload=(--workload shared-prefix --groups 8 --active-groups 2 --rotate-every 96 --system-words 2020 --prompt-words 100
+		--requests 768 --rate 8)
+else
+	# 12 groups of a ~1,380-token system prompt: ~1,030 blocks, 4.0 × one
+	# replica's GPU cache (the whole fleet's), 0.25 × its CPU tier, every
+	# group always active.
+	workload=(--workload shared-prefix --groups 12 --system-words 1360 --prompt-words 100 --requests "$requests" --concurrency 16)
+fi
+common=(--model demo --max-tokens 32 -q -o json --addr 127.0.0.1:20700)
 declare -A port=([tier]=20490 [gpu]=20494)
 for seed in $(seq "$seeds"); do
 	for cfg in tier gpu; do

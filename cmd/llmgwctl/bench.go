@@ -189,6 +189,8 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 	f.IntVar(&cfg.Workload.Sessions, "sessions", 0, "multi-turn chats or agent sessions open at once (0: 8)")
 	f.IntVar(&cfg.Workload.Turns, "turns", 0, "turns per multi-turn chat (0: 5) or agent session (0: 30)")
 	f.Float64Var(&cfg.Workload.SharedShare, "shared-share", 0, "long-context: share of requests reusing a shared document (0: 0.25, negative: none)")
+	f.IntVar(&cfg.Workload.ActiveGroups, "active-groups", 0, "shared-prefix, lora-mix: groups active at a time (teams' system prompts used in bursts): requests draw only from these, and the active set moves on every --rotate-every requests, so a group idles (groups/active-groups − 1)·rotate-every requests between bursts (0: all always active)")
+	f.IntVar(&cfg.Workload.RotateEvery, "rotate-every", 0, "with --active-groups: requests per phase before the next groups take over (counted in requests so a seed's prompts never depend on timing; under --rate R a phase is rotate-every/R seconds)")
 	f.Float64Var(&cfg.Workload.HotShare, "hot-share", 0, "shared-prefix, lora-mix: share of requests using the first system prompt, the rest spread over the others (0: all alike)")
 	f.StringVar(&adapters, "adapters", "", "lora-mix: comma-separated adapter names, most popular first (Zipf)")
 	f.StringSliceVar(&replay, "replay", nil, "replay a router's capture (llmgw router --capture-path): every request at its captured time, prompts sharing what the captured ones shared, of their lengths; give the rotated files too (FILE,FILE.1,...) to replay all of it")

@@ -87,7 +87,8 @@ func (a adapterAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 // prefix's primary — of the replicas holding the prompt's longest match and
 // not hot by the KV guard (Config.KVImbalance), the one rendezvous hashing
 // of the prompt's first chunk ranks highest (among holders of offload
-// copies only, the prefix's live home first: kvBefore). When the primary is hot, the
+// copies only, the prefix's live home first, then the holder home to the
+// fewest live prefixes: offloadTie). When the primary is hot, the
 // next holder is; when every holder is hot, or the prefix is new, or some
 // candidate's KV state is untrusted, every candidate stays and the scorers
 // decide as before — except that a new prefix is kept to the replicas home
@@ -153,18 +154,22 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 	// Holders that tie at the best credit with none of it on the GPU hold
 	// it only in offload tiers, which keep every prefix a replica ever
 	// computed: among them the prefix stays on its live home, as a prefix
-	// no one holds does (place). Rendezvous there would move each prefix,
-	// once its GPU copy is gone, to its hash's choice among every replica
-	// that ever held it, piling prefixes by hash where place spread them.
-	// A tie with GPU blocks stays rendezvous's, so routers agree.
-	home, hasHome := Key{}, false
+	// no one holds does (place), and without one goes to the holder home
+	// to the fewest live prefixes, as place spreads new ones. Rendezvous
+	// alone there would move each prefix, once its GPU copy is gone, to
+	// its hash's choice among every replica that ever held it, piling
+	// prefixes by hash where place spread them — for a prefix idle past
+	// the homes window, a whole burst of it, on the replica of another
+	// prefix that came back at the same time. A tie with GPU blocks stays
+	// rendezvous's, so routers agree.
+	t := offloadTie{key: key, q: q}
 	if f.homes != nil && key != 0 {
-		home, hasHome = f.homes.get(key)
+		t.home, t.hasHome = f.homes.get(key)
 	}
 	j := -1
 	for i := range in {
 		if (hot == nil || !hot[i]) && q.Credited(in[i].Key.ID) == best &&
-			(j < 0 || kvBefore(key, q, home, hasHome, &in[i], &in[j])) {
+			(j < 0 || t.before(f.homes, &in[i], &in[j])) {
 			j = i
 		}
 	}
@@ -175,19 +180,39 @@ func (f kvAffinity) Filter(r *Request, in, out []Candidate) []Candidate {
 	return append(out, in[j])
 }
 
-// kvBefore orders two holders tied at the best credit: the prefix's live
-// home first when neither holds any of it on the GPU (offload copies
-// only), else rendezvous hashing of key.
-func kvBefore(key uint64, q *KVQuery, home Key, hasHome bool, a, b *Candidate) bool {
-	if hasHome && q.Matched[a.Key.ID] == 0 && q.Matched[b.Key.ID] == 0 {
-		switch home {
-		case a.Key:
-			return true
-		case b.Key:
-			return false
+// offloadTie orders the holders tied at a prefix's best credit.
+type offloadTie struct {
+	key     uint64
+	q       *KVQuery
+	home    Key
+	hasHome bool
+	counts  map[Key]int // the homes' counts, read at the first offload-only pair
+}
+
+// before orders two holders tied at the best credit. When neither holds
+// any of the prompt on the GPU (offload copies only): the prefix's live
+// home first, then the holder home to fewer live prefixes. Otherwise, and
+// among equals, rendezvous hashing of key.
+func (t *offloadTie) before(h *homes, a, b *Candidate) bool {
+	if t.q.Matched[a.Key.ID] == 0 && t.q.Matched[b.Key.ID] == 0 {
+		if t.hasHome {
+			switch t.home {
+			case a.Key:
+				return true
+			case b.Key:
+				return false
+			}
+		}
+		if h != nil && t.key != 0 {
+			if t.counts == nil {
+				t.counts = h.counts(t.key)
+			}
+			if ca, cb := t.counts[a.Key], t.counts[b.Key]; ca != cb {
+				return ca < cb
+			}
 		}
 	}
-	return rank(key, a) > rank(key, b)
+	return rank(t.key, a) > rank(t.key, b)
 }
 
 // home keeps, for a request the index could not answer because its

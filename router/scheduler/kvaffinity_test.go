@@ -259,23 +259,44 @@ func TestKVAffinityOffloadTieKeepsHome(t *testing.T) {
 		name string
 		kv   *KVQuery
 		home string // "" for none
-		want string
+		// others are the homes of other prefixes, by replica: the live
+		// prefixes each replica is home to.
+		others map[string]int
+		want   string
 	}{
-		{"CPU-only tie, home among them: the home", cpuOnly(), other, other},
-		{"CPU-only tie, no home: rendezvous", cpuOnly(), "", rv},
-		{"CPU-only tie, home elsewhere: rendezvous", cpuOnly(), "c", rv},
+		{"CPU-only tie, home among them: the home", cpuOnly(), other, nil, other},
+		{"CPU-only tie, home among them: the home, however many it is home to", cpuOnly(), other, map[string]int{other: 3}, other},
+		{"CPU-only tie, no home: rendezvous", cpuOnly(), "", nil, rv},
+		{"CPU-only tie, home elsewhere: rendezvous", cpuOnly(), "c", nil, rv},
+		// A prefix idle past the homes window comes back to the holder
+		// home to fewer live prefixes, as place spreads a new one, not to
+		// rendezvous's choice, which may be home to the prefix that came
+		// back with it.
+		{"CPU-only tie, no home: the holder home to fewer prefixes", cpuOnly(), "", map[string]int{rv: 1}, other},
+		{"CPU-only tie, home elsewhere: the holder home to fewer prefixes", cpuOnly(), "c", map[string]int{rv: 2, other: 1}, other},
+		{"CPU-only tie, holders home to as many: rendezvous", cpuOnly(), "", map[string]int{"a": 1, "b": 1, "c": 3}, rv},
 		{"GPU tie: rendezvous, whatever this router's home",
 			&KVQuery{Total: 60, MinBlocks: 2, Matched: map[string]int{"a": 60, "b": 60},
-				Credit: map[string]float64{"a": 60, "b": 60}}, other, rv},
+				Credit: map[string]float64{"a": 60, "b": 60}}, other, nil, rv},
+		{"GPU tie: rendezvous, whatever the homes' counts",
+			&KVQuery{Total: 60, MinBlocks: 2, Matched: map[string]int{"a": 60, "b": 60},
+				Credit: map[string]float64{"a": 60, "b": 60}}, "", map[string]int{rv: 3}, rv},
 		{"a GPU part beats the home's CPU-only copy",
 			&KVQuery{Total: 60, MinBlocks: 2, Matched: map[string]int{rv: 1},
-				Credit: map[string]float64{rv: 48.2, other: 48}}, other, rv},
+				Credit: map[string]float64{rv: 48.2, other: 48}}, other, nil, rv},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, _, _ := newSched(t, 1)
 			if tt.home != "" {
 				s.homes.set(key, Key{ID: tt.home, UID: 1})
+			}
+			k := key
+			for id, n := range tt.others {
+				for range n {
+					k++
+					s.homes.set(k, Key{ID: id, UID: 1})
+				}
 			}
 			r := &Request{KV: tt.kv, Prefix: []uint64{key}}
 			if got := ids(s.KVAffinity().Filter(r, slices.Clone(four), nil)); got != tt.want {
