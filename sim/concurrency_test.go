@@ -2,9 +2,7 @@ package sim
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -26,27 +24,10 @@ func TestServeDecodeBoundTTFT(t *testing.T) {
 	cfg := testConfig()
 	cfg.Model, cfg.GPU, cfg.NumGPUBlocks, cfg.MaxModelLen = "mistralai/Mistral-7B-Instruct-v0.3", "rtx4090", 0, 32768
 	cfg.LoadScale = 0
-	s, err := New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- s.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
-	}()
+	_, base := serve(t, cfg, nil)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
 	defer client.CloseIdleConnections()
-	url := "http://" + ln.Addr().String() + "/v1/completions"
+	url := base + "/v1/completions"
 	const perClient, maxTokens = 8, 16
 	// run is a closed loop of c clients, each sending perClient requests
 	// one after the other; it returns every request's TTFT.
