@@ -192,12 +192,16 @@ var handedOut sync.Map
 // range (/proc/sys/net/ipv4/ip_local_port_range, 32768 on Linux by
 // default), never below 10000.
 func portPool() (lo, hi int) {
-	if a, b, ok := strings.Cut(os.Getenv("LLMGW_TEST_PORTS"), "-"); ok {
+	if v := os.Getenv("LLMGW_TEST_PORTS"); v != "" {
+		a, b, _ := strings.Cut(v, "-")
 		l, err1 := strconv.Atoi(a)
 		h, err2 := strconv.Atoi(b)
-		if err1 == nil && err2 == nil && 0 < l && l < h && h < 65536 {
-			return l, h + 1
+		if err1 != nil || err2 != nil || l <= 0 || l >= h || h >= 65536 {
+			// A typo must not quietly fall back to the default pool, the
+			// very ports the variable was set to keep away from.
+			panic(fmt.Sprintf("LLMGW_TEST_PORTS=%q: want lo-hi, 0 < lo < hi < 65536", v))
 		}
+		return l, h + 1
 	}
 	hi = 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
