@@ -78,11 +78,16 @@ func TestOpsPlainLoopback(t *testing.T) {
 }
 
 // seedKV gives the index demo-0's blocks, once the watch stream placed it
-// (the router forgets KV state of replicas not placed).
+// (the router forgets KV state of replicas not placed). The blocks come
+// from seedNode, not the script's n1: n1's full ephemeral update drops
+// every replica n1 reported KV for, and it may land after the placement
+// is visible, so blocks seeded as n1 could vanish mid-test.
+const seedNode = "seed"
+
 func seedKV(t *testing.T, r *Router, hashes ...uint64) {
 	t.Helper()
 	testkit.Wait(t, "the watch stream to place demo-0", func() bool { return r.watch.Current().Replicas["demo-0"] != nil })
-	if err := r.kv.Apply("n1", &llmgwv1.KVBlocks{ReplicaId: "demo-0", Uid: 5, Incarnation: 1, Reset_: true, Stored: hashes}); err != nil {
+	if err := r.kv.Apply(seedNode, &llmgwv1.KVBlocks{ReplicaId: "demo-0", Uid: 5, Incarnation: 1, Reset_: true, Stored: hashes}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -236,7 +241,7 @@ func TestDebugKVIndexPaged(t *testing.T) {
 func TestDebugKVIndexTiers(t *testing.T) {
 	r, _, ops := serveOps(t, func(*Config) {})
 	seedKV(t, r, 1, 2)
-	if err := r.kv.Apply("n1", &llmgwv1.KVBlocks{ReplicaId: "demo-0", Uid: 5, Incarnation: 1, StoredCpu: []uint64{9, 3, 5}, StoredStorage: []uint64{7}}); err != nil {
+	if err := r.kv.Apply(seedNode, &llmgwv1.KVBlocks{ReplicaId: "demo-0", Uid: 5, Incarnation: 1, StoredCpu: []uint64{9, 3, 5}, StoredStorage: []uint64{7}}); err != nil {
 		t.Fatal(err)
 	}
 	client := newClient(t)
