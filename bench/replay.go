@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -109,6 +110,48 @@ func readCapture(path string) (capture.Header, []capture.Record, error) {
 type replay struct {
 	cfg  WorkloadConfig
 	recs []capture.Record
+	// tmpl is the engine's chat template around one user message, once
+	// measured (measureTemplate); zero until then.
+	tmpl chatTemplate
+}
+
+// chatTemplate is what the engine's chat template adds around a replayed
+// prompt's one user message, in tokens: head before its text (the start
+// of text and the user's header), tail after it (the end of the turn and
+// the assistant's header). A captured prompt's length and blocks already
+// count the live request's template, so a replay that added its own on
+// top would send head + tail more tokens than were captured — all of them
+// uncached, ~10 of a ~120-token uncached part on the simulator's Llama
+// template, which is 8 % more prefill — and shift every block boundary by
+// head against the captured ones.
+type chatTemplate struct{ head, tail int }
+
+// measureTemplate asks an engine's tokenizer for the template around one
+// user message: the message left open (continue_final_message) is head
+// plus its text, closed with the generation prompt it is head, text and
+// tail. A one-word text and a two-word text check that a vocabulary word
+// is one token, as the simulator's tokenizer makes it and the replay's
+// alignment assumes; an engine whose tokenizer does not is an error, and
+// the replay then goes on unaligned.
+func measureTemplate(ctx context.Context, tok Tokenizer, model string) (chatTemplate, error) {
+	probe := strings.Fields(words(rand.New(rand.NewPCG(1, 2)), 2))
+	one, err := tok.Tokenize(ctx, model, []Message{{Role: "user", Content: probe[0]}}, true)
+	if err != nil {
+		return chatTemplate{}, err
+	}
+	two, err := tok.Tokenize(ctx, model, []Message{{Role: "user", Content: probe[0] + " " + probe[1]}}, true)
+	if err != nil {
+		return chatTemplate{}, err
+	}
+	closed, err := tok.Tokenize(ctx, model, []Message{{Role: "user", Content: probe[0]}}, false)
+	if err != nil {
+		return chatTemplate{}, err
+	}
+	if len(two)-len(one) != 1 || len(one) < 1 || len(closed) < len(one) {
+		return chatTemplate{}, fmt.Errorf("the engine's tokenizer makes %q %d tokens and %q %d: a replayed word is not one token, so the captured blocks cannot be aligned",
+			probe[0], len(one), probe[0]+" "+probe[1], len(two))
+	}
+	return chatTemplate{head: len(one) - 1, tail: len(closed) - len(one)}, nil
 }
 
 func (w *replay) Name() string { return Replay }
@@ -133,7 +176,7 @@ func (w *replay) Conversation(n int) Conversation {
 	if out == 0 {
 		out = w.cfg.MaxTokens
 	}
-	return &single{req: Request{Model: w.cfg.Model, Messages: []Message{{Role: "user", Content: replayPrompt(r, n)}},
+	return &single{req: Request{Model: w.cfg.Model, Messages: []Message{{Role: "user", Content: replayPrompt(r, n, w.tmpl)}},
 		SessionID: r.Session, MaxTokens: out, IgnoreEOS: true}}
 }
 
@@ -141,38 +184,54 @@ func (w *replay) Conversation(n int) Conversation {
 // captured block hash stands for its block and everything before it, so
 // the words of block i are drawn from a source seeded by block i's hash
 // alone: two requests whose captured prompts shared their first k blocks
-// get the same first k blocks of words and differ after. Tier 2's blocks
-// are BlockSize tokens (one vocabulary word is about one token); tier 1's
-// chunks are BlockSize bytes of text, made of 7-byte words and a space. The
-// rest of the prompt — the part no block covers — is words of the
-// request's own, to the captured length.
-func replayPrompt(r capture.Record, n int) string {
+// get the same first k blocks of words and differ after.
+//
+// Tier 2's blocks are BlockSize tokens, and the engine's template (t) is
+// part of them: the prompt as the engine sees it is t.head tokens, the
+// text, t.tail tokens, PromptTokens in all, as captured; text word j (one
+// vocabulary word is one token) is token t.head + j and is drawn from the
+// source of the block that token falls in, so the replayed blocks are
+// the captured blocks exactly, boundaries included. Past the last
+// captured block the words are the request's own. Tier 1's chunks are
+// BlockSize bytes of text, made of 7-byte words and a space, then the
+// request's own words to the captured length.
+func replayPrompt(r capture.Record, n int, t chatTemplate) string {
+	own := func() *rand.Rand { return rand.New(rand.NewPCG(uint64(n), 1)) }
 	var b strings.Builder
-	tokens := 0
-	for _, h := range r.Blocks {
-		rng := rand.New(rand.NewPCG(seedOf(h), 0))
+	add := func(rng *rand.Rand, k int) {
+		if k <= 0 {
+			return
+		}
 		if b.Len() > 0 {
 			b.WriteByte(' ')
 		}
-		if r.Unit == capture.UnitBytes {
+		b.WriteString(words(rng, k))
+	}
+	if r.Unit == capture.UnitBytes || r.BlockSize <= 0 {
+		tokens := 0
+		for _, h := range r.Blocks {
 			k := max(1, r.BlockSize/8)
-			b.WriteString(fixedWords(rng, k))
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			b.WriteString(fixedWords(rand.New(rand.NewPCG(seedOf(h), 0)), k))
 			tokens += k
-		} else {
-			b.WriteString(words(rng, r.BlockSize))
-			tokens += r.BlockSize
 		}
-	}
-	rest := r.PromptTokens - tokens
-	if r.PromptTokens == 0 && tokens == 0 {
-		rest = max(1, r.PromptBytes/8) // no count known: the body's size in words, roughly
-	}
-	if rest > 0 {
-		if b.Len() > 0 {
-			b.WriteByte(' ')
+		rest := r.PromptTokens - tokens
+		if r.PromptTokens == 0 && tokens == 0 {
+			rest = max(1, r.PromptBytes/8) // no count known: the body's size in words, roughly
 		}
-		b.WriteString(words(rand.New(rand.NewPCG(uint64(n), 1)), rest))
+		add(own(), rest)
+		return b.String()
 	}
+	bs := r.BlockSize
+	total := max(r.PromptTokens, len(r.Blocks)*bs) // no count known: the blocks, at least
+	end := max(t.head+1, total-t.tail)             // the text's tokens are [t.head, end)
+	for i, h := range r.Blocks {
+		lo, hi := max(i*bs, t.head), min((i+1)*bs, end)
+		add(rand.New(rand.NewPCG(seedOf(h), 0)), hi-lo)
+	}
+	add(own(), end-max(len(r.Blocks)*bs, t.head))
 	return b.String()
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -37,7 +38,7 @@ func TestReplayPromptsShareWhatTheCaptureShared(t *testing.T) {
 	a := capture.Record{PromptTokens: 40, Unit: capture.UnitTokens, BlockSize: 16, Blocks: []string{"aa", "bb"}}
 	b := capture.Record{PromptTokens: 50, Unit: capture.UnitTokens, BlockSize: 16, Blocks: []string{"aa", "cc", "dd"}}
 	c := capture.Record{PromptTokens: 40, Unit: capture.UnitTokens, BlockSize: 16, Blocks: []string{"aa", "bb"}}
-	pa, pb, pc := strings.Fields(replayPrompt(a, 0)), strings.Fields(replayPrompt(b, 1)), strings.Fields(replayPrompt(c, 2))
+	pa, pb, pc := strings.Fields(replayPrompt(a, 0, chatTemplate{})), strings.Fields(replayPrompt(b, 1, chatTemplate{})), strings.Fields(replayPrompt(c, 2, chatTemplate{}))
 	if len(pa) != 40 || len(pb) != 50 {
 		t.Fatalf("lengths %d, %d words, want 40 and 50", len(pa), len(pb))
 	}
@@ -59,8 +60,96 @@ func TestReplayPromptsShareWhatTheCaptureShared(t *testing.T) {
 	}
 	// Tier 1's chunks: 64 bytes of 7-letter words each.
 	d := capture.Record{PromptBytes: 500, Unit: capture.UnitBytes, BlockSize: 64, Blocks: []string{"aa", "bb"}}
-	if p := replayPrompt(d, 3); !strings.HasPrefix(p, strings.Join(strings.Fields(p)[:16], " ")) || len(strings.Join(strings.Fields(p)[:16], " ")) != 127 {
+	if p := replayPrompt(d, 3, chatTemplate{}); !strings.HasPrefix(p, strings.Join(strings.Fields(p)[:16], " ")) || len(strings.Join(strings.Fields(p)[:16], " ")) != 127 {
 		t.Fatalf("tier 1 prompt %q: want 2 chunks of 8 seven-letter words first", p)
+	}
+}
+
+// wordTokenizer is an engine's tokenizer as the simulator's is: a word
+// is one token, and the chat template adds head tokens before the last
+// message's text and, closed with the generation prompt, tail after it.
+// wide makes every word two tokens instead.
+type wordTokenizer struct {
+	head, tail int
+	wide       bool
+}
+
+func (w wordTokenizer) tokens(text string, continueFinal bool) []string {
+	out := make([]string, 0, w.head+w.tail)
+	for range w.head {
+		out = append(out, "<head>")
+	}
+	for _, f := range strings.Fields(text) {
+		out = append(out, f)
+		if w.wide {
+			out = append(out, f+"#2")
+		}
+	}
+	if !continueFinal {
+		for range w.tail {
+			out = append(out, "<tail>")
+		}
+	}
+	return out
+}
+
+func (w wordTokenizer) Tokenize(_ context.Context, _ string, messages []Message, continueFinal bool) ([]int, error) {
+	return make([]int, len(w.tokens(messages[len(messages)-1].Content, continueFinal))), nil
+}
+
+// TestReplayPromptsAlignToTheTemplate: with the engine's template
+// measured, a replayed prompt as the engine sees it is the captured
+// length, and its blocks are the captured blocks exactly: prompts share
+// the blocks their captured ones shared, boundary to boundary, and no
+// more.
+func TestReplayPromptsAlignToTheTemplate(t *testing.T) {
+	engine := wordTokenizer{head: 5, tail: 5}
+	tmpl, err := measureTemplate(context.Background(), engine, "m")
+	if err != nil || tmpl != (chatTemplate{head: 5, tail: 5}) {
+		t.Fatalf("measureTemplate = %+v, %v; want head 5, tail 5", tmpl, err)
+	}
+	blocks := func(r capture.Record, n int) [][]string {
+		toks := engine.tokens(replayPrompt(r, n, tmpl), false)
+		if len(toks) != r.PromptTokens {
+			t.Fatalf("record %d: the engine sees %d tokens, want the captured %d", n, len(toks), r.PromptTokens)
+		}
+		var out [][]string
+		for i := 0; i+16 <= len(toks); i += 16 {
+			out = append(out, toks[i:i+16])
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name   string
+		a, b   capture.Record
+		shared int
+	}{
+		{"one block of three", capture.Record{PromptTokens: 57, Blocks: []string{"x", "y", "z"}},
+			capture.Record{PromptTokens: 60, Blocks: []string{"x", "q", "r"}}, 1},
+		{"two blocks, tails own", capture.Record{PromptTokens: 40, Blocks: []string{"x", "y"}},
+			capture.Record{PromptTokens: 47, Blocks: []string{"x", "y"}}, 2},
+		{"none", capture.Record{PromptTokens: 33, Blocks: []string{"x", "y"}},
+			capture.Record{PromptTokens: 33, Blocks: []string{"p", "y"}}, 0},
+		{"a short prompt: the template's tail inside its last block", capture.Record{PromptTokens: 32, Blocks: []string{"x", "s"}},
+			capture.Record{PromptTokens: 32, Blocks: []string{"x", "s"}}, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.a.Unit, tc.a.BlockSize, tc.b.Unit, tc.b.BlockSize = capture.UnitTokens, 16, capture.UnitTokens, 16
+			ba, bb := blocks(tc.a, 1), blocks(tc.b, 2)
+			if len(ba) != len(tc.a.Blocks) || len(bb) != len(tc.b.Blocks) {
+				t.Fatalf("%d and %d full blocks, want the captured %d and %d", len(ba), len(bb), len(tc.a.Blocks), len(tc.b.Blocks))
+			}
+			n := 0
+			for n < min(len(ba), len(bb)) && slices.Equal(ba[n], bb[n]) {
+				n++
+			}
+			if n != tc.shared {
+				t.Fatalf("%d leading blocks shared, want %d", n, tc.shared)
+			}
+		})
+	}
+	if _, err := measureTemplate(context.Background(), wordTokenizer{head: 5, wide: true}, "m"); err == nil || !strings.Contains(err.Error(), "not one token") {
+		t.Fatalf("a tokenizer of two tokens a word: %v, want an error saying a word is not one token", err)
 	}
 }
 

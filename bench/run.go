@@ -337,6 +337,9 @@ func runOne(ctx context.Context, cfg Config, targets []Target) (Report, error) {
 			reset = true
 		}
 	}
+	if rp, ok := wl.(*replay); ok {
+		alignReplay(ctx, cfg, rp, tokenizers(ctx, cfg, engines, targets))
+	}
 	src := cfg.ArrivalSource
 	if src == nil {
 		src = rand.NewPCG(cfg.Workload.Seed, 0xa77)
@@ -388,6 +391,29 @@ func tokenizers(ctx context.Context, cfg Config, before []string, targets []Targ
 		}
 	}
 	return out
+}
+
+// alignReplay measures the engines' chat template for a replay's prompts
+// (measureTemplate) through the first of a few tokenizers that answers.
+// None answering is a warning: the replay goes on, its prompts each a
+// template's worth of tokens longer than captured and their blocks
+// shifted.
+func alignReplay(ctx context.Context, cfg Config, rp *replay, urls []string) {
+	var errs []error
+	for _, u := range urls[:min(len(urls), 3)] {
+		tok := HTTPTokenizer{URL: u, Client: cfg.Client, APIKey: cfg.APIKey}
+		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		t, err := measureTemplate(mctx, tok, rp.cfg.Model)
+		cancel()
+		if err == nil {
+			rp.tmpl = t
+			cfg.Logger.Debug("replay: prompts aligned to the engine's chat template", "head_tokens", t.head, "tail_tokens", t.tail)
+			return
+		}
+		errs = append(errs, err)
+	}
+	cfg.Logger.Warn("replay: the engines' chat template not measured (give --tokenize-url an engine's URL): prompts are sent a template longer than captured, their blocks shifted",
+		"err", errors.Join(errs...))
 }
 
 // ceilingFrom is addCeiling through the first engine that answers, of at

@@ -12,7 +12,8 @@
 #   OUT_DIR   gets both runs' JSON, the capture and the logs (default replay-bench-out)
 #   DURATION=60m  how long the live run sends
 #   RATE=8        its Poisson arrivals per second
-# Ports (loopback): 29010-29016, engines 29030-29099. Needs curl and jq.
+# Ports (loopback): 21010-21016, engines 21030-21099 (below the integration
+# suite's pool, 24768-32767, so it may run beside the tests). Needs curl and jq.
 # Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
 
@@ -26,9 +27,9 @@ for tool in curl jq "$bin/llmgw" "$bin/llmgwctl"; do
 	command -v "$tool" >/dev/null || { echo "replay-bench.sh: $tool: not found" >&2; exit 2; }
 done
 
-ctl=("$bin/llmgwctl" --addr 127.0.0.1:29012)
-api=http://127.0.0.1:29010
-ops=http://127.0.0.1:29011
+ctl=("$bin/llmgwctl" --addr 127.0.0.1:21012)
+api=http://127.0.0.1:21010
+ops=http://127.0.0.1:21011
 pid=
 stop() {
 	# SIGINT is dev's Ctrl-C: router (which closes the capture), agent and its engines, control.
@@ -45,9 +46,9 @@ dev() {
 	local name=$1
 	shift
 	rm -rf "$out/data-$name"
-	"$bin/llmgw" dev --replicas 4 --data-dir "$out/data-$name" --http-addr 127.0.0.1:29010 --ops-addr 127.0.0.1:29011 \
-		--grpc-addr 127.0.0.1:29012 --raft-addr 127.0.0.1:29013 --control-http-addr 127.0.0.1:29014 \
-		--agent-http-addr 127.0.0.1:29015 --agent-grpc-addr 127.0.0.1:29016 --port-range 29030-29099 "$@" >"$out/dev-$name.log" 2>&1 &
+	"$bin/llmgw" dev --replicas 4 --data-dir "$out/data-$name" --http-addr 127.0.0.1:21010 --ops-addr 127.0.0.1:21011 \
+		--grpc-addr 127.0.0.1:21012 --raft-addr 127.0.0.1:21013 --control-http-addr 127.0.0.1:21014 \
+		--agent-http-addr 127.0.0.1:21015 --agent-grpc-addr 127.0.0.1:21016 --port-range 21030-21099 "$@" >"$out/dev-$name.log" 2>&1 &
 	pid=$!
 }
 
