@@ -28,6 +28,14 @@ func TestDevServesOpenAI(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), within(60*time.Second))
 	defer cancel()
 
+	t.Run("says when demo is ready", func(t *testing.T) {
+		// startDev waited for a ready replica to answer; dev's note follows
+		// within a tick of its router seeing both.
+		if !eventually(within(10*time.Second), func() bool { return strings.Contains(d.log.String(), "demo is ready to serve") }) {
+			t.Fatalf("dev never logged %q with both replicas routable:\n%s", "demo is ready to serve", tail(d.log.String(), 20))
+		}
+	})
+
 	t.Run("chat completion", func(t *testing.T) {
 		resp, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{
 			Model:    "demo",

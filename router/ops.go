@@ -145,6 +145,13 @@ func (r *Router) OpsAddr() string {
 	return ""
 }
 
+// Routable is how many replicas of model the router would send a request
+// to now: `llmgw dev` says when its demo model can serve.
+func (r *Router) Routable(model string) int {
+	eps, _ := r.eps.Lookup(model)
+	return len(eps)
+}
+
 // opsHandler is the operations port's mux, each page behind the access it
 // needs. Unknown paths are 404, as on the API.
 func (r *Router) opsHandler() http.Handler {

@@ -179,6 +179,7 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	group.start("router", rt.Run)
 	log.Info("llmgw dev is up", "openai_api", "http://"+displayAddr(o.httpAddr)+"/v1", "router_ops", "http://"+displayAddr(o.opsAddr),
 		"control_grpc", o.grpcAddr, "model", "demo", "replicas", o.replicas)
+	group.start("demo ready note", func(ctx context.Context) error { return noteReady(ctx, rt, o.replicas, readyHint, log) })
 
 	select {
 	case <-ctx.Done():
@@ -187,6 +188,33 @@ func runDev(ctx context.Context, o devOptions, log *slog.Logger) error {
 	case err := <-group.failed:
 		return portHint(err)
 	}
+}
+
+// readyHint is how long noteReady waits before saying where to look.
+const readyHint = time.Minute
+
+// noteReady logs once the router can send demo's requests to all its
+// replicas — a request before that is a 503 no_replica_available, the
+// first thing a new user would otherwise meet — and, if that takes over a
+// minute, how many are routable and where to look. It then waits for ctx,
+// as a member of the run group must.
+func noteReady(ctx context.Context, rt interface{ Routable(string) int }, want int, hintAfter time.Duration, log *slog.Logger) error {
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	hint := time.NewTimer(hintAfter)
+	defer hint.Stop()
+	for n := rt.Routable("demo"); n < want; n = rt.Routable("demo") {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-hint.C:
+			log.Warn("demo is not ready yet: see bin/llmgwctl replica list, and the agent's log lines above", "routable", n, "replicas", want, "waited", hintAfter)
+		case <-tick.C:
+		}
+	}
+	log.Info("demo is ready to serve", "replicas", want)
+	<-ctx.Done()
+	return nil
 }
 
 // configs are the control node's, the agent's and the router's

@@ -8,9 +8,12 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
+	"github.com/llmgw/llmgw/internal/testkit"
 	"github.com/llmgw/llmgw/internal/tracing"
 )
 
@@ -192,4 +195,51 @@ func TestDevTracing(t *testing.T) {
 type tracingOf struct {
 	endpoint string
 	ratio    float64
+}
+
+// routableAt is a router whose demo replicas become routable when ready
+// is set.
+type routableAt struct{ ready atomic.Int32 }
+
+func (r *routableAt) Routable(model string) int {
+	if model != "demo" {
+		return 0
+	}
+	return int(r.ready.Load())
+}
+
+// TestDevNotesReady: dev says when demo's replicas can serve, and, when
+// they take too long, how many can and where to look; either way it
+// waits for its context, as a run group member must.
+func TestDevNotesReady(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		ready int32
+		want  string
+	}{
+		{"ready", 2, "demo is ready to serve"},
+		{"one of two, past the hint", 1, "demo is not ready yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out testkit.SyncBuffer
+			rt := &routableAt{}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- noteReady(ctx, rt, 2, 50*time.Millisecond, slog.New(slog.NewTextHandler(&out, nil))) }()
+			rt.ready.Store(tc.ready)
+			testkit.Wait(t, fmt.Sprintf("dev to log %q", tc.want), func() bool { return strings.Contains(out.String(), tc.want) })
+			if tc.ready < 2 && strings.Contains(out.String(), "ready to serve") {
+				t.Fatalf("logged ready with %d of 2 routable:\n%s", tc.ready, out.String())
+			}
+			select {
+			case err := <-done:
+				t.Fatalf("noteReady returned %v before its context ended", err)
+			default:
+			}
+			cancel()
+			if err := <-done; err != nil {
+				t.Fatalf("noteReady = %v, want nil once cancelled", err)
+			}
+		})
+	}
 }
