@@ -134,6 +134,9 @@ type fakeEngine struct {
 	resets   int
 	tokenize int
 	cont     int // tokenizations with continue_final_message
+	// head and tail are the chat template's tokens around the last
+	// message (tail only when it is closed); 0 and 0: none.
+	head, tail int
 }
 
 func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -161,12 +164,18 @@ func (e *fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		e.mu.Unlock()
 		var toks []int
-		for _, m := range b.Messages {
+		for i, m := range b.Messages {
+			if i == len(b.Messages)-1 {
+				toks = append(toks, make([]int, e.head)...)
+			}
 			for _, wd := range strings.Fields(m.Content) {
 				h := fnv.New32a()
 				h.Write([]byte(wd))
 				toks = append(toks, int(h.Sum32()))
 			}
+		}
+		if !b.ContinueFinalMessage {
+			toks = append(toks, make([]int, e.tail)...)
 		}
 		_ = json.NewEncoder(w).Encode(map[string]any{"count": len(toks), "tokens": toks})
 	default:

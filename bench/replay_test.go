@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -218,6 +220,40 @@ func TestRunReplay(t *testing.T) {
 	}
 	if f.asked != 36 || f.eos != 12 {
 		t.Fatalf("max_tokens %d in all, %d with ignore_eos; want the captured 3 for each of 12, all with ignore_eos", f.asked, f.eos)
+	}
+	// No engine to measure the template: the captured 20 tokens as words.
+	if f.prompt != 12*20 {
+		t.Fatalf("%d prompt words in all, want 12 × the captured 20 with no template known", f.prompt)
+	}
+}
+
+// TestRunReplayAlignsToTheEngine: a replay measures the engine's template
+// before it sends, and each prompt then leaves the template's tokens of
+// the captured length to it.
+func TestRunReplayAlignsToTheEngine(t *testing.T) {
+	eng := &fakeEngine{head: 3, tail: 2}
+	es := httptest.NewServer(eng)
+	defer es.Close()
+	f := newFakeRouter()
+	cfg := testConfig(serve(t, f).URL)
+	cfg.Engines = func(context.Context) ([]string, error) { return []string{es.URL}, nil }
+	var recs []capture.Record
+	for i := range 4 {
+		recs = append(recs, capture.Record{T: float64(i) * 0.01, PromptTokens: 40, OutputTokens: 2, Unit: capture.UnitTokens, BlockSize: 16,
+			Blocks: []string{"x", fmt.Sprint(i)}, Status: 200})
+	}
+	cfg.Workload = WorkloadConfig{Name: Replay, Model: "m", Records: recs, ReplaySpeed: 10}
+	cfg.Concurrency, cfg.Requests = 0, len(recs)
+	if _, err := Run(context.Background(), cfg); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.prompt != 4*(40-3-2) {
+		t.Fatalf("%d prompt words in all, want 4 × (40 captured − 3 − 2 of the engine's template)", f.prompt)
+	}
+	if eng.cont == 0 {
+		t.Fatal("the engine's template was never measured (no tokenization with continue_final_message)")
 	}
 }
 
