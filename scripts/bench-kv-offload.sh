@@ -25,8 +25,8 @@
 #   SEEDS=10   seeds per configuration
 #   WORKLOAD=bursts  the groups active in turn (8 groups, long bursts, about
 #              100 s a run); returning: 32 smaller groups in short bursts,
-#              so that a returning group's first requests are a sixth of
-#              the traffic (about 115 s a run); steady: the earlier shape, every group always
+#              so that a returning group's first requests are a quarter
+#              of the traffic (about 130 s a run); steady: the earlier shape, every group always
 #              active (12 groups, 0.25 × the CPU tier of 8 GiB, a closed
 #              loop of 16, about a minute a run)
 #   REQUESTS=900  requests per steady run
@@ -150,13 +150,14 @@ elif [[ $shape == returning ]]; then
 	# 32 groups of a ~500-token system prompt (31 full blocks each): ~1,000
 	# blocks, 4.0 × one replica's GPU cache, 0.8 × its CPU tier, each an
 	# eighth of a GPU cache, so two groups on one replica never wait for
-	# blocks. 4 groups active at a time, moving on every 24 requests: a
-	# burst is ~6 requests, and at 5 requests a second a phase is ~4.8 s
-	# and a group idles 7 phases, ~34 s, past the 30 s home window, between
-	# bursts — every burst's first request finds its group only in a CPU
-	# tier. 576 requests are 3 cycles of 8 phases, the first cold for both.
-	workload=(--workload shared-prefix --groups 32 --active-groups 4 --rotate-every 24 --system-words 500 --prompt-words 100
-		--requests 576 --rate 5)
+	# blocks. 4 groups active at a time, moving on every 16 requests: a
+	# burst is ~4 requests, and at 3 requests a second a phase is ~5.3 s
+	# and a group idles 7 phases, ~37 s, past the 30 s home window, between
+	# bursts — every burst's first request (a quarter of the traffic) finds
+	# its group only in a CPU tier. 384 requests are 3 cycles of 8 phases,
+	# the first cold for both, ~130 s.
+	workload=(--workload shared-prefix --groups 32 --active-groups 4 --rotate-every 16 --system-words 500 --prompt-words 100
+		--requests 384 --rate 3)
 else
 	# 12 groups of a ~1,380-token system prompt: ~1,030 blocks, 4.0 × one
 	# replica's GPU cache (the whole fleet's), 0.25 × its CPU tier, every
