@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -43,10 +44,16 @@ func TestThreeServers(t *testing.T) {
 	}
 	c2 := llmgwv1.NewAdminServiceClient(others["c2"].conn)
 
-	cs, err := c2.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
-	if err != nil || cs.Leader != "c1" || cs.ServerId != "c2" || len(cs.Servers) != 3 {
-		t.Fatalf("ClusterStatus on a follower: %v %v", cs, err)
-	}
+	// A follower learns the configuration that names all three from the
+	// leader's log, some time after it is ready (it may be ready before the
+	// leader's first append reaches it).
+	testkit.WaitCtx(ctx, t, "a follower's ClusterStatus naming the leader and three servers", func() error {
+		cs, err := c2.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
+		if err != nil || cs.Leader != "c1" || cs.ServerId != "c2" || len(cs.Servers) != 3 {
+			return fmt.Errorf("ClusterStatus on a follower: %v %v", cs, err)
+		}
+		return nil
+	})
 	model := &llmgwv1.Model{Name: "demo", Engine: "sim", Model: "m", Replicas: 1}
 	if _, err := c2.ApplyModel(ctx, &llmgwv1.ApplyModelRequest{Model: model}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("write on a follower: %v", err)
