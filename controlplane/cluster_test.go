@@ -50,7 +50,7 @@ func TestThreeServers(t *testing.T) {
 	testkit.WaitCtx(ctx, t, "a follower's ClusterStatus naming the leader and three servers", func() error {
 		cs, err := c2.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
 		if err != nil || cs.Leader != "c1" || cs.ServerId != "c2" || len(cs.Servers) != 3 {
-			return fmt.Errorf("ClusterStatus on a follower: %v %v", cs, err)
+			return fmt.Errorf("ClusterStatus on a follower: %v %w", cs, err)
 		}
 		return nil
 	})
