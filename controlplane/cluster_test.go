@@ -49,8 +49,11 @@ func TestThreeServers(t *testing.T) {
 	// leader's first append reaches it).
 	testkit.WaitCtx(ctx, t, "a follower's ClusterStatus naming the leader and three servers", func() error {
 		cs, err := c2.ClusterStatus(ctx, &llmgwv1.ClusterStatusRequest{})
-		if err != nil || cs.Leader != "c1" || cs.ServerId != "c2" || len(cs.Servers) != 3 {
-			return fmt.Errorf("ClusterStatus on a follower: %v %w", cs, err)
+		if err != nil {
+			return fmt.Errorf("ClusterStatus on a follower: %w", err)
+		}
+		if cs.Leader != "c1" || cs.ServerId != "c2" || len(cs.Servers) != 3 {
+			return fmt.Errorf("ClusterStatus on a follower: %v", cs)
 		}
 		return nil
 	})
