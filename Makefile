@@ -131,7 +131,7 @@ bench-kv-wave2: build ## issue 14's must-show tables: fits, disrupted, pressure;
 	./scripts/bench-kv-wave2.sh $(BIN) bench-out/kv-wave2
 
 .PHONY: bench-kv-offload
-bench-kv-offload: build ## issue 32's offload must-show: a working set 4 × a replica's GPU cache within its CPU tier, used in bursts idle past the 30 s home window, 4 replicas, tier-aware vs GPU-only credit, SEEDS=10 each (~35 min; WORKLOAD=steady for the earlier shape; loopback ports 20480-20497, 20700-20705, 20100-20399; needs curl, jq)
+bench-kv-offload: build ## issue 32's offload must-show: a working set 4 × a replica's GPU cache within its CPU tier, 32 groups returning in short bursts after idling past the 30 s home window, 4 replicas, tier-aware vs GPU-only credit, SEEDS=10 each (~45 min; WORKLOAD=bursts or steady for the earlier shapes; loopback ports 20480-20497, 20700-20705, 20100-20399; needs curl, jq)
 	./scripts/bench-kv-offload.sh $(BIN) bench-out/kv-offload
 
 # --- Rolling upgrade (issue: Operations) ---

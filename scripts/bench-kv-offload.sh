@@ -23,10 +23,11 @@
 #   BIN_DIR    holds llmgw and llmgwctl (default bin, as `make build` leaves them)
 #   OUT_DIR    gets every run's JSON, the summary and the logs (default bench-out/kv-offload)
 #   SEEDS=10   seeds per configuration
-#   WORKLOAD=bursts  the groups active in turn (8 groups, long bursts, about
-#              100 s a run); returning: 32 smaller groups in short bursts,
-#              so that a returning group's first requests are a quarter
-#              of the traffic (about 130 s a run); steady: the earlier shape, every group always
+#   WORKLOAD=returning  32 small groups active in turn, in bursts of ~4
+#              requests, so that a returning group's first requests are a
+#              quarter of the traffic (the measurement of record, about
+#              130 s a run); bursts: 8 groups in long bursts (about 100 s a
+#              run); steady: the earlier shape, every group always
 #              active (12 groups, 0.25 × the CPU tier of 8 GiB, a closed
 #              loop of 16, about a minute a run)
 #   REQUESTS=900  requests per steady run
@@ -37,7 +38,7 @@ set -euo pipefail
 bin=$(cd "${1:-bin}" && pwd)
 out=${2:-bench-out/kv-offload}
 seeds=${SEEDS:-10}
-shape=${WORKLOAD:-bursts}
+shape=${WORKLOAD:-returning}
 requests=${REQUESTS:-900}
 [[ $shape == bursts || $shape == returning || $shape == steady ]] ||
 	{ echo "bench-kv-offload.sh: WORKLOAD=$shape: want bursts, returning or steady" >&2; exit 2; }
@@ -104,8 +105,8 @@ router() {
 # ~1,400-token prompt's prefill ~0.1 s, a CPU-tier hit's copy ~7 ms), 256 GPU
 # blocks of 16 tokens (4,096 tokens) and a CPU tier of --kv-offloading-size
 # GiB. A block is 2 MiB (32 layers × 8 KV heads × 128 dims × K and V × 2 bytes
-# × 16 tokens), 512 to the GiB: bursts' 2.5 GiB is 1,280 blocks, 1.25 × its
-# ~1,020-block working set (every system prompt, once, with room for the
+# × 16 tokens), 512 to the GiB: returning's and bursts' 2.5 GiB is 1,280 blocks, 1.25 × their
+# ~1,000-block working sets (every system prompt, once, with room for the
 # requests' own tails, which the write-through tier stores too); steady's
 # 8 GiB is 4,096 blocks.
 offload_gib=2.5
