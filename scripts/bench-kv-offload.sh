@@ -31,7 +31,10 @@
 #              active (12 groups, 0.25 × the CPU tier of 8 GiB, a closed
 #              loop of 16, about a minute a run)
 #   REQUESTS=900  requests per steady run
-# Ports (loopback): 20480-20497, 20700-20705, engines 20100-20399. Needs curl
+#   CPU_CREDITS="0.5 1"  more configurations beside tier and gpu: cpuW,
+#              routers with kv_credit_cpu W, to weigh the default against
+# Ports (loopback): 20480-20497 (and 4 a CPU_CREDITS weight from 20506),
+# 20700-20705, engines 20100-20399. Needs curl
 # and jq. Everything it starts is stopped on exit, Ctrl-C included.
 set -euo pipefail
 
@@ -123,6 +126,18 @@ extra_args: ["--sim-gpu", "a100-40gb", "--sim-load-scale", "0", "--num-gpu-block
              "--max-model-len", "4096", "--kv-offloading-size", "$offload_gib"]
 EOT
 printf 'kv_credit_cpu: 0\nkv_credit_storage: 0\n' >"$out/gpu-only.yaml"
+# CPU_CREDITS="0.5 1": more configurations, cpuW with kv_credit_cpu W (and
+# kv_credit_storage at most W), to weigh the default 0.8 against.
+declare -A port=([tier]=20490 [gpu]=20494)
+configs=(tier gpu)
+p=20506
+for w in ${CPU_CREDITS:-}; do
+	[[ $w =~ ^(0(\.[0-9]+)?|1(\.0+)?)$ ]] || die "CPU_CREDITS: $w is not a weight in [0, 1]"
+	printf 'kv_credit_cpu: %s\nkv_credit_storage: %s\n' "$w" "$(awk -v w="$w" 'BEGIN { print (w < 0.25 ? w : 0.25) }')" >"$out/cpu$w.yaml"
+	port[cpu$w]=$p
+	configs+=("cpu$w")
+	p=$((p + 4))
+done
 
 say "starting llmgw dev and four routers (logs in $out)"
 for _ in $(seq 240); do "${ctl[@]}" replica list >/dev/null 2>&1 && break; sleep 0.5; done
@@ -135,6 +150,10 @@ router tier1 20490
 router tier2 20492
 router gpu1 20494 "$out/gpu-only.yaml"
 router gpu2 20496 "$out/gpu-only.yaml"
+for c in "${configs[@]:2}"; do
+	router "${c}a" "${port[$c]}" "$out/$c.yaml"
+	router "${c}b" "$((port[$c] + 2))" "$out/$c.yaml"
+done
 echo "load average at start: $(cat /proc/loadavg)" | tee "$out/loadavg.txt" >&2
 
 if [[ $shape == bursts ]]; then
@@ -166,9 +185,8 @@ else
 	workload=(--workload shared-prefix --groups 12 --system-words 1360 --prompt-words 100 --requests "$requests" --concurrency 16)
 fi
 common=(--model demo --max-tokens 32 -q -o json --addr 127.0.0.1:20700)
-declare -A port=([tier]=20490 [gpu]=20494)
 for seed in $(seq "$seeds"); do
-	for cfg in tier gpu; do
+	for cfg in "${configs[@]}"; do
 		p=${port[$cfg]}
 		say "$cfg seed $seed (load $(cut -d' ' -f1-3 /proc/loadavg))"
 		json=$out/offload-$cfg-$seed.json
