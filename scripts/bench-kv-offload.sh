@@ -139,7 +139,7 @@ for w in ${CPU_CREDITS:-}; do
 	p=$((p + 4))
 done
 
-say "starting llmgw dev and four routers (logs in $out)"
+say "starting llmgw dev and the routers, two a configuration (logs in $out)"
 for _ in $(seq 240); do "${ctl[@]}" replica list >/dev/null 2>&1 && break; sleep 0.5; done
 ready 4 # dev's own demo model first
 "${ctl[@]}" model delete demo >/dev/null 2>&1 || true
