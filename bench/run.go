@@ -399,29 +399,35 @@ func tokenizers(ctx context.Context, cfg Config, before []string, targets []Targ
 // template's worth of tokens longer than captured and their blocks
 // shifted.
 func alignReplay(ctx context.Context, cfg Config, rp *replay, urls []string) {
-	var errs []error
-	for _, u := range urls[:min(len(urls), 3)] {
-		tok := HTTPTokenizer{URL: u, Client: cfg.Client, APIKey: cfg.APIKey}
+	err := firstAnswering(urls, func(u string) error {
 		mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		t, err := measureTemplate(mctx, tok, rp.cfg.Model)
-		cancel()
+		defer cancel()
+		t, err := measureTemplate(mctx, HTTPTokenizer{URL: u, Client: cfg.Client, APIKey: cfg.APIKey}, rp.cfg.Model)
 		if err == nil {
 			rp.tmpl = t
 			cfg.Logger.Debug("replay: prompts aligned to the engine's chat template", "head_tokens", t.head, "tail_tokens", t.tail)
-			return
 		}
-		errs = append(errs, err)
+		return err
+	})
+	if err != nil {
+		cfg.Logger.Warn("replay: the engines' chat template not measured (give --tokenize-url an engine's URL): prompts are sent a template longer than captured, their blocks shifted",
+			"err", err)
 	}
-	cfg.Logger.Warn("replay: the engines' chat template not measured (give --tokenize-url an engine's URL): prompts are sent a template longer than captured, their blocks shifted",
-		"err", errors.Join(errs...))
 }
 
 // ceilingFrom is addCeiling through the first engine that answers, of at
 // most a few: an engine that fails mid-way is as good as down.
 func ceilingFrom(ctx context.Context, cfg Config, urls []string, samples []Sample, rep *Report) error {
+	return firstAnswering(urls, func(u string) error { return addCeiling(ctx, cfg, u, samples, rep) })
+}
+
+// firstAnswering calls try with each of the first few engine URLs until one
+// succeeds, and returns every error when none does: an engine that fails
+// is as good as down, and more than three tries only delay the report.
+func firstAnswering(urls []string, try func(url string) error) error {
 	var errs []error
 	for _, u := range urls[:min(len(urls), 3)] {
-		err := addCeiling(ctx, cfg, u, samples, rep)
+		err := try(u)
 		if err == nil {
 			return nil
 		}
