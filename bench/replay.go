@@ -9,6 +9,7 @@ import (
 	"hash/fnv"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -37,12 +38,35 @@ const (
 	maxReplayBlock  = 4096
 )
 
+// Capture is a capture's records, ready to replay.
+type Capture struct {
+	// Records are the requests, in arrival order.
+	Records []capture.Record
+	// TextOnly counts the records tier 2 could not read (the live
+	// router's tokenize call timed out or failed), whose blocks are tier
+	// 1's text chunks; Lent those of them given the tier-2 blocks their
+	// text shared with another record (lendBlocks). The others replay as
+	// prompts of their own.
+	TextOnly, Lent int
+}
+
 // LoadCapture reads the records of a capture's files, in arrival order. The
 // files must be of one capture (one salt: block hashes of two captures are
 // not comparable), as a router's rotated files are: pass path and its
 // rotated path.1, path.2, … to replay all of it. Requests that failed
-// before reaching a replica are kept: they were load too.
-func LoadCapture(paths ...string) ([]capture.Record, error) {
+// before reaching a replica are kept: they were load too. A request only
+// tier 1 saw is given the tier-2 blocks it shared, where the capture tells
+// them (lendBlocks).
+func LoadCapture(paths ...string) (Capture, error) {
+	recs, err := loadRecords(paths)
+	if err != nil {
+		return Capture{}, err
+	}
+	textOnly, lent := lendBlocks(recs)
+	return Capture{Records: recs, TextOnly: textOnly, Lent: lent}, nil
+}
+
+func loadRecords(paths []string) ([]capture.Record, error) {
 	if len(paths) == 0 {
 		return nil, errors.New("--replay: no file")
 	}
@@ -90,12 +114,13 @@ func readCapture(path string) (capture.Header, []capture.Record, error) {
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			return h, nil, fmt.Errorf("--replay: %s line %d: %w", path, line, err)
 		}
-		if r.T < 0 || r.PromptTokens < 0 || r.OutputTokens < 0 || r.MaxTokens < 0 || r.BlockSize < 0 || len(r.Blocks) > 0 && r.BlockSize == 0 {
-			return h, nil, fmt.Errorf("--replay: %s line %d: a negative figure, or blocks without a size", path, line)
+		if r.T < 0 || r.PromptTokens < 0 || r.PromptBytes < 0 || r.OutputTokens < 0 || r.MaxTokens < 0 || r.BlockSize < 0 || r.ChunkSize < 0 ||
+			len(r.Blocks) > 0 && r.BlockSize == 0 || len(r.Chunks) > 0 && r.ChunkSize == 0 {
+			return h, nil, fmt.Errorf("--replay: %s line %d: a negative figure, or blocks or chunks without a size", path, line)
 		}
 		// A replay builds prompts of these sizes: bound them before it does.
 		if r.PromptTokens > maxReplayTokens || r.PromptBytes > 8*maxReplayTokens || r.OutputTokens > maxReplayTokens ||
-			r.MaxTokens > maxReplayTokens || r.BlockSize > maxReplayBlock || len(r.Blocks)*r.BlockSize > maxReplayTokens*8 {
+			r.MaxTokens > maxReplayTokens || r.BlockSize > maxReplayBlock || r.ChunkSize > maxReplayBlock || len(r.Blocks)*r.BlockSize > maxReplayTokens*8 {
 			return h, nil, fmt.Errorf("--replay: %s line %d: a prompt or answer past %d tokens, or a block past %d", path, line, maxReplayTokens, maxReplayBlock)
 		}
 		recs = append(recs, r)
@@ -104,6 +129,81 @@ func readCapture(path string) (capture.Header, []capture.Record, error) {
 		return h, nil, fmt.Errorf("--replay: %s: %w", path, err)
 	}
 	return h, recs, nil
+}
+
+// lendBlocks gives each record that only tier 1 saw — its blocks are tier
+// 1's chunks of its text (Unit bytes), because the live router's tokenize
+// call timed out — the tier-2 blocks that its text shared with a record
+// tier 2 did read, and returns how many records were text-only and how
+// many of them were lent blocks.
+//
+// Why: replayed as captured, such a record is words drawn from its
+// chunks, a prompt sharing nothing with the tier-2 records of its own
+// prefix. The live request found its group's prefix cached; the replayed
+// one is ~a whole prompt of new blocks, placed as a new prefix and
+// evicting another group's from a replica's cache — a handful of tokenize
+// timeouts in an hour's capture moved groups between replicas and cost a
+// replay routing the live run did not have (docs/benchmarks.md "Capture
+// and replay").
+//
+// How: tier-2 records carry their text's chunks too (capture.Record.
+// Chunks, chained as the blocks are, so one chunk stands for the text up
+// to its end). The record sharing the most leading chunks with a
+// text-only one lends its leading blocks, as many as fit in the shared
+// text: its length in tokens estimated at the lender's tokens per byte,
+// less a block for the estimate's error — and at least the blocks the
+// live engine reported cached for the request (CachedTokens, which it
+// did share), up to two past the estimate. A record whose chunks no
+// other shares, or a capture without Chunks (an older router's), is left
+// as it was.
+func lendBlocks(recs []capture.Record) (textOnly, lent int) {
+	type at struct{ rec, pos int }
+	lenders := make(map[string]at)
+	for i, r := range recs {
+		if r.Unit != capture.UnitTokens || r.BlockSize <= 0 || r.ChunkSize <= 0 || r.PromptBytes <= 0 {
+			continue
+		}
+		for pos, c := range r.Chunks {
+			if _, ok := lenders[c]; !ok {
+				lenders[c] = at{i, pos}
+			}
+		}
+	}
+	for i := range recs {
+		r := &recs[i]
+		if r.Unit != capture.UnitBytes || len(r.Blocks) == 0 {
+			continue
+		}
+		textOnly++
+		var from at
+		shared := 0
+		for k := len(r.Blocks) - 1; k >= 0; k-- {
+			if a, ok := lenders[r.Blocks[k]]; ok && recs[a.rec].ChunkSize == r.BlockSize {
+				from, shared = a, k+1
+				break
+			}
+		}
+		if shared == 0 {
+			continue
+		}
+		d := recs[from.rec]
+		perByte := float64(d.PromptTokens) / float64(d.PromptBytes)
+		est := int(float64(shared*r.BlockSize)*perByte)/d.BlockSize - 1
+		m := max(est, min(r.CachedTokens/d.BlockSize, est+2))
+		m = min(m, len(d.Blocks))
+		if m <= 0 {
+			continue
+		}
+		if r.PromptTokens == 0 { // no usage (a failure): its body's size at the lender's rate
+			r.PromptTokens = min(int(float64(r.PromptBytes)*perByte), maxReplayTokens)
+		}
+		r.Unit, r.BlockSize, r.Blocks = capture.UnitTokens, d.BlockSize, slices.Clone(d.Blocks[:m])
+		lent++
+	}
+	for i := range recs {
+		recs[i].Chunks = nil // read; a replay holds its records for the run
+	}
+	return textOnly, lent
 }
 
 // replay is the Replay workload over its records.

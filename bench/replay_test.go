@@ -161,13 +161,15 @@ func TestLoadCapture(t *testing.T) {
 	rotated := writeCapture(t, dir, "c.1", "s1", capture.Record{T: 1, Model: "m"})
 	other := writeCapture(t, dir, "d", "s2", capture.Record{T: 1, Model: "m"})
 	bad := writeCapture(t, dir, "e", "s1", capture.Record{T: 1, Blocks: []string{"x"}})
+	badChunks := writeCapture(t, dir, "e2", "s1", capture.Record{T: 1, Chunks: []string{"x"}})
 	empty := writeCapture(t, dir, "f", "s1")
 	huge := writeCapture(t, dir, "h", "s1", capture.Record{T: 1, PromptTokens: 1 << 40})
 	notCapture := filepath.Join(dir, "g")
 	if err := os.WriteFile(notCapture, []byte(`{"hello":1}`+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	recs, err := LoadCapture(one, rotated)
+	capt, err := LoadCapture(one, rotated)
+	recs := capt.Records
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +181,8 @@ func TestLoadCapture(t *testing.T) {
 		want  string
 	}{
 		{[]string{one, other}, "is of another capture"},
-		{[]string{bad}, "blocks without a size"},
+		{[]string{bad}, "blocks or chunks without a size"},
+		{[]string{badChunks}, "blocks or chunks without a size"},
 		{[]string{empty}, "no request recorded"},
 		{[]string{huge}, "past 1048576 tokens"},
 		{[]string{notCapture}, "not an llmgw capture"},
@@ -272,4 +275,94 @@ func TestReplayValidate(t *testing.T) {
 	if err := (WorkloadConfig{Name: Replay, Model: "m", Records: []capture.Record{{}}}).Validate(); err != nil {
 		t.Errorf("speed left at 0 (1): %v", err)
 	}
+}
+
+// TestLendBlocks: a request only tier 1 saw (its tokenize timed out) is
+// given the leading tier-2 blocks of the request whose text shared the
+// most leading chunks with it — as many as the shared text covers at the
+// lender's tokens per byte less one, at least what its engine reported
+// cached within two more — and then replays sharing them.
+func TestLendBlocks(t *testing.T) {
+	// The lender: 100 tokens in 400 bytes (a token per 4 bytes), 6 blocks
+	// of 16 tokens, 6 chunks of 64 bytes.
+	lender := capture.Record{PromptTokens: 100, PromptBytes: 400, Unit: capture.UnitTokens, BlockSize: 16,
+		Blocks: []string{"b0", "b1", "b2", "b3", "b4", "b5"}, ChunkSize: 64, Chunks: []string{"c0", "c1", "c2", "c3", "c4", "c5"}}
+	textOnly := func(tokens, bytes, cached int, chunks ...string) capture.Record {
+		return capture.Record{PromptTokens: tokens, PromptBytes: bytes, CachedTokens: cached, Unit: capture.UnitBytes, BlockSize: 64, Blocks: chunks}
+	}
+	for _, tc := range []struct {
+		name       string
+		rec        capture.Record
+		wantBlocks int // 0: not lent
+		wantTokens int
+	}{
+		{"four chunks shared: 64 tokens, 3 blocks", textOnly(90, 380, 0, "c0", "c1", "c2", "c3", "x4"), 3, 90},
+		{"its engine cached 4 blocks", textOnly(90, 380, 64, "c0", "c1", "c2", "c3", "x4"), 4, 90},
+		{"cached past the estimate: two more at most", textOnly(200, 800, 160, "c0", "c1", "c2", "c3", "x4"), 5, 200},
+		{"all six shared: no more than the lender has", textOnly(120, 500, 160, "c0", "c1", "c2", "c3", "c4", "c5", "x6"), 6, 120},
+		{"one chunk shared: under a block", textOnly(90, 380, 0, "c0", "y1"), 0, 90},
+		{"nothing shared", textOnly(90, 380, 0, "z0", "z1"), 0, 90},
+		{"no usage (a failure): its length from its bytes", textOnly(0, 200, 0, "c0", "c1", "c2", "c3"), 3, 50},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recs := []capture.Record{lender, tc.rec}
+			recs[0].Chunks = slices.Clone(lender.Chunks)
+			n, lent := lendBlocks(recs)
+			r := recs[1]
+			if n != 1 || recs[0].Chunks != nil {
+				t.Fatalf("%d text-only, chunks left %v: want 1, none", n, recs[0].Chunks)
+			}
+			if tc.wantBlocks == 0 {
+				if lent != 0 || r.Unit != capture.UnitBytes || !slices.Equal(r.Blocks, tc.rec.Blocks) {
+					t.Fatalf("lent %d, record %+v: want it as it was", lent, r)
+				}
+				return
+			}
+			if lent != 1 || r.Unit != capture.UnitTokens || r.BlockSize != 16 || !slices.Equal(r.Blocks, lender.Blocks[:tc.wantBlocks]) || r.PromptTokens != tc.wantTokens {
+				t.Fatalf("lent %d, record %+v: want the lender's first %d blocks, %d tokens", lent, r, tc.wantBlocks, tc.wantTokens)
+			}
+			// Replayed, it shares those blocks' words with the lender.
+			a, b := strings.Fields(replayPrompt(recs[0], 0, chatTemplate{})), strings.Fields(replayPrompt(r, 1, chatTemplate{}))
+			k := tc.wantBlocks * 16
+			// Past them the words differ (a block's worth: one word may agree by chance).
+			next := func(w []string) []string { return w[min(k, len(w)):min(k+16, len(w))] }
+			if len(b) != tc.wantTokens || !slices.Equal(a[:k], b[:k]) || len(next(a)) > 0 && slices.Equal(next(a), next(b)) {
+				t.Fatalf("replayed: %d words, the first %d shared %v: want %d words, exactly %d shared", len(b), k, slices.Equal(a[:k], b[:k]), tc.wantTokens, k)
+			}
+		})
+	}
+}
+
+// FuzzLoadCapture: any file is refused with an error or read into records
+// within the replay's bounds, whose prompts can then be built.
+func FuzzLoadCapture(f *testing.F) {
+	hdr := `{"llmgw_capture":1,"salt":"s"}` + "\n"
+	f.Add([]byte(hdr + `{"t":1,"prompt_tokens":40,"prompt_bytes":200,"unit":"tokens","block_size":16,"blocks":["a","b"],"chunk_size":64,"chunks":["c0","c1","c2"]}` + "\n" +
+		`{"t":2,"prompt_tokens":40,"prompt_bytes":210,"cached_tokens":16,"unit":"bytes","block_size":64,"blocks":["c0","c1","c2","x"]}` + "\n"))
+	f.Add([]byte(hdr + `{"t":1,"prompt_bytes":-5,"unit":"bytes","block_size":64,"blocks":["c0"]}` + "\n"))
+	f.Add([]byte(hdr + `{"t":1,"unit":"bytes","block_size":1,"blocks":["c0"]}` + "\n" + `{"t":0,"unit":"tokens","block_size":4096,"prompt_bytes":1,"prompt_tokens":1048576,"blocks":["a"],"chunk_size":1,"chunks":["c0"]}` + "\n"))
+	f.Add([]byte(hdr + `{"t":1,"unit":"tokens","block_size":16,"prompt_bytes":1,"prompt_tokens":1048576,"blocks":["a","b"],"chunk_size":64,"chunks":["c0","c1"]}` + "\n" +
+		`{"t":2,"unit":"bytes","block_size":64,"prompt_bytes":8388608,"blocks":["c0","c1"]}` + "\n"))
+	f.Add([]byte(`{"hello":1}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		path := filepath.Join(t.TempDir(), "c")
+		if err := os.WriteFile(path, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		capt, err := LoadCapture(path)
+		if err != nil {
+			return
+		}
+		if capt.Lent > capt.TextOnly || capt.TextOnly > len(capt.Records) {
+			t.Fatalf("%d lent of %d text-only of %d", capt.Lent, capt.TextOnly, len(capt.Records))
+		}
+		for n, r := range capt.Records {
+			if r.PromptTokens < 0 || r.PromptTokens > maxReplayTokens || r.BlockSize > maxReplayBlock {
+				t.Fatalf("record %d out of bounds: %+v", n, r)
+			}
+			if len(replayPrompt(r, n, chatTemplate{head: 5, tail: 5})) > 16*maxReplayTokens {
+				t.Fatalf("record %d: a prompt past its bound", n)
+			}
+		}
+	})
 }

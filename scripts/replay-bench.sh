@@ -12,6 +12,10 @@
 #   OUT_DIR   gets both runs' JSON, the capture and the logs (default replay-bench-out)
 #   DURATION=60m  how long the live run sends
 #   RATE=8        its Poisson arrivals per second
+#   SCRAPE=60     seconds between snapshots of the router's decisions (KV and
+#                 prefix decisions, requests per replica, tokenize results,
+#                 the index's size) and the engines' prefix-cache counters,
+#                 in OUT_DIR/decisions-{live,replay}.tsv; 0 takes none
 # Ports (loopback): 21010-21016, engines 21030-21099 (below the integration
 # suite's pool, 24768-32767, so it may run beside the tests). Needs curl and jq.
 # Everything it starts is stopped on exit, Ctrl-C included.
@@ -30,8 +34,15 @@ done
 ctl=("$bin/llmgwctl" --addr 127.0.0.1:21012)
 api=http://127.0.0.1:21010
 ops=http://127.0.0.1:21011
+scrape_every=${SCRAPE:-60}
 pid=
+scraper=
 stop() {
+	if [[ -n $scraper ]]; then
+		kill "$scraper" 2>/dev/null || true
+		wait "$scraper" 2>/dev/null || true
+		scraper=
+	fi
 	# SIGINT is dev's Ctrl-C: router (which closes the capture), agent and its engines, control.
 	if [[ -n $pid ]]; then
 		kill -INT "$pid" 2>/dev/null || true
@@ -78,6 +89,35 @@ kv_events: true
 extra_args: ["--sim-decode-ms-per-token", "10", "--sim-prefill-us-per-token", "75", "--num-gpu-blocks-override", "256", "--max-model-len", "4096"]
 EOT
 
+# scrape NAME: every $scrape_every s until stopped, the router's decision
+# counters and each engine's prefix-cache counters, one "seconds source
+# metric{labels} value" line each, so a run's routing can be followed over
+# time (docs/benchmarks.md "Capture and replay": where a replay's routing
+# leaves its ceiling).
+scrape() {
+	local file=$out/decisions-$1.tsv start=$SECONDS engines
+	engines=$("${ctl[@]}" replica list -o json | jq -r '.[] | select(.model == "demo") | .address' | sort)
+	: >"$file"
+	while :; do
+		local t=$((SECONDS - start))
+		curl -fsS --max-time 5 "$ops/metrics" 2>/dev/null |
+			grep -E '^(llmgw_kv_decisions_total|llmgw_prefix_decisions_total|llmgw_router_replica_requests_total|llmgw_router_tokenize_total|llmgw_router_kvindex_(blocks|entries)|llmgw_router_kv_pressure_decisions_total|llmgw_router_session_decisions_total)[{ ]' |
+			sed "s/^/$t\trouter\t/" >>"$file" || true
+		for e in $engines; do
+			curl -fsS --max-time 5 "http://$e/metrics" 2>/dev/null |
+				grep -E '^vllm:(prefix_cache_(queries|hits)_total|num_requests_(running|waiting)|kv_cache_usage_perc|num_preemptions_total)[{ ]' |
+				sed "s/^/$t\t$e\t/" >>"$file" || true
+		done
+		sleep "$scrape_every"
+	done
+}
+scraping() { # NAME: scrape in the background, if asked to
+	if [[ $scrape_every -gt 0 ]]; then
+		scrape "$1" &
+		scraper=$!
+	fi
+}
+
 fleet() { # NAME [DEV ARGS...]: a fresh fleet of the model, caches empty
 	dev "$@"
 	for _ in $(seq 120); do "${ctl[@]}" model list >/dev/null 2>&1 && break; sleep 0.5; done
@@ -89,6 +129,7 @@ fleet() { # NAME [DEV ARGS...]: a fresh fleet of the model, caches empty
 echo "live: shared-prefix at $rate req/s for $duration, captured"
 rm -f "$out"/capture.jsonl*
 fleet live --capture-path "$out/capture.jsonl"
+scraping live
 "${ctl[@]}" bench --target "live=$api" --target-metrics "$ops" --model demo -q -o json --workload shared-prefix \
 	--groups 12 --system-words 1000 --prompt-words 100 --max-tokens 32 --rate "$rate" --duration "$duration" --seed 1 >"$out/live.json"
 stop
@@ -96,6 +137,7 @@ stop
 files=$(ls -1 "$out"/capture.jsonl* | sort -V | paste -sd, -)
 echo "replay: $(cat "$out"/capture.jsonl* | wc -l) lines in $files"
 fleet replay
+scraping replay
 "${ctl[@]}" bench --target "replay=$api" --target-metrics "$ops" --model demo -q -o json --replay "$files" >"$out/replay.json"
 stop
 

@@ -107,9 +107,15 @@ Workloads: ` + strings.Join(bench.WorkloadNames(), ", ") + `.`,
 				if cmd.Flags().Changed("workload") && cfg.Workload.Name != bench.Replay {
 					return fmt.Errorf("--replay: replays a capture; it does not go with --workload %s", cfg.Workload.Name)
 				}
-				recs, err := bench.LoadCapture(replay...)
+				capt, err := bench.LoadCapture(replay...)
 				if err != nil {
 					return err
+				}
+				recs := capt.Records
+				if capt.TextOnly > 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "replay: %d of %d requests were captured with their text's chunks only (the router's /tokenize timed out); "+
+						"%d of them replay with the engine blocks their text shared with another request, the rest as prompts of their own\n",
+						capt.TextOnly, len(recs), capt.Lent)
 				}
 				cfg.Workload.Name, cfg.Workload.Records = bench.Replay, recs
 				// Every captured request, at its time: no budget or

@@ -33,6 +33,9 @@ func (h *Handler) captured(r *http.Request, api openai.API, key *llmgwv1.ApiKey,
 		c.Unit = capture.UnitBytes
 		if tokens {
 			c.Unit = capture.UnitTokens
+			if chunks, size := plan.TextChunks(); len(chunks) > 0 {
+				c.Chunks, c.ChunkSize = slices.Clone(chunks), size
+			}
 		}
 	}
 	if n, ok := plan.PromptTokens(); ok {

@@ -24,6 +24,8 @@ package capture
 import (
 	"bufio"
 	"context"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/binary"
@@ -140,6 +142,16 @@ type Record struct {
 	Unit      string   `json:"unit,omitempty"`
 	BlockSize int      `json:"block_size,omitempty"`
 	Blocks    []string `json:"blocks,omitempty"`
+	// Chunks are tier 1's chained chunk hashes of the prompt's leading
+	// text, ChunkSize bytes each, salted, hex: recorded beside tier 2's
+	// Blocks (Unit tokens) only. A request tier 2 could not read (its
+	// tokenize timed out) has tier 1's chunks alone; a replay finds
+	// another request whose Chunks share its leading chunks and gives it
+	// the tier-2 blocks that shared text is (bench.LoadCapture) — without
+	// them it would replay as a prompt sharing nothing with the requests
+	// whose prefix it in fact shared.
+	ChunkSize int      `json:"chunk_size,omitempty"`
+	Chunks    []string `json:"chunks,omitempty"`
 	// OutputTokens and CachedTokens are the engine's usage (0 unknown).
 	OutputTokens int `json:"output_tokens"`
 	CachedTokens int `json:"cached_tokens,omitempty"`
@@ -165,7 +177,11 @@ type Request struct {
 	Unit         string
 	BlockSize    int
 	// Hashes are owned by the writer once handed over (the caller copies).
-	Hashes       []uint64
+	Hashes []uint64
+	// Chunks are tier 1's, beside tier 2's Hashes (Unit tokens), ChunkSize
+	// bytes each; owned by the writer as Hashes are.
+	Chunks       []uint64
+	ChunkSize    int
 	OutputTokens int
 	CachedTokens int
 	MaxTokens    int
@@ -187,6 +203,7 @@ type Writer struct {
 	m       Metrics
 	now     func() time.Time
 	salt    [32]byte
+	block   cipher.Block // AES-128 under salt[:16], for saltedHashes
 	started time.Time
 	queue   chan Request
 	closed  atomic.Bool
@@ -202,6 +219,11 @@ func New(cfg Config, log *slog.Logger, m Metrics, now func() time.Time) (*Writer
 	if _, err := rand.Read(w.salt[:]); err != nil {
 		return nil, fmt.Errorf("capture: drawing the salt: %w", err)
 	}
+	block, err := aes.NewCipher(w.salt[:16])
+	if err != nil {
+		return nil, fmt.Errorf("capture: %w", err)
+	}
+	w.block = block
 	return w, nil
 }
 
@@ -301,12 +323,30 @@ func (w *Writer) record(r Request) Record {
 	}
 	if len(r.Hashes) > 0 {
 		out.Unit, out.BlockSize = r.Unit, r.BlockSize
-		out.Blocks = make([]string, len(r.Hashes))
-		var b [8]byte
-		for i, h := range r.Hashes {
-			binary.LittleEndian.PutUint64(b[:], h)
-			out.Blocks[i] = w.salted(b[:])
+		out.Blocks = w.saltedHashes(r.Hashes)
+		if len(r.Chunks) > 0 && r.Unit == UnitTokens {
+			out.ChunkSize, out.Chunks = r.ChunkSize, w.saltedHashes(r.Chunks)
 		}
+	}
+	return out
+}
+
+// saltedHashes is each hash under the salt, hex: the first 8 bytes of
+// AES-128 (keyed by the salt's first half) of the hash, little-endian,
+// padded with zeros — a keyed permutation of 64-bit values, so distinct
+// hashes stay distinct and equal ones equal. AES rather than sha256
+// because a record holds a hash per 16 tokens and per 64 bytes of text,
+// ~170 for a 1,000-word prompt: hardware AES is one instruction sequence
+// a hash, sha256 a compression and two allocations.
+func (w *Writer) saltedHashes(hs []uint64) []string {
+	out := make([]string, len(hs))
+	var in, enc [aes.BlockSize]byte
+	var hx [16]byte
+	for i, h := range hs {
+		binary.LittleEndian.PutUint64(in[:8], h)
+		w.block.Encrypt(enc[:], in[:])
+		hex.Encode(hx[:], enc[:8])
+		out[i] = string(hx[:])
 	}
 	return out
 }

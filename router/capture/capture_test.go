@@ -85,17 +85,23 @@ func TestSharingSurvivesTextDoesNot(t *testing.T) {
 	b := []uint64{0x1111111111111111, 0x2222222222222222, 0x4444444444444444}
 	w.Record(Request{Arrived: t0.Add(1500 * time.Millisecond), Model: "m", Tenant: "acme", API: "chat", Stream: true,
 		Session: "secret-session", PromptTokens: 48, PromptBytes: 300, Unit: UnitTokens, BlockSize: 16, Hashes: a,
+		Chunks: []uint64{0x5555555555555555, 0x6666666666666666}, ChunkSize: 64,
 		OutputTokens: 7, CachedTokens: 32, Status: 200, TTFT: 42 * time.Millisecond, Replica: "m-0"})
-	w.Record(Request{Arrived: t0.Add(2 * time.Second), Model: "m", API: "messages", Session: "secret-session", Unit: UnitTokens, BlockSize: 16, Hashes: b, Status: 200})
+	w.Record(Request{Arrived: t0.Add(2 * time.Second), Model: "m", API: "messages", Session: "secret-session", Unit: UnitTokens, BlockSize: 16, Hashes: b,
+		Chunks: []uint64{0x5555555555555555, 0x7777777777777777}, ChunkSize: 64, Status: 200})
+	// Tier 1's chunks are the blocks of a request tier 2 did not read:
+	// not repeated beside them.
+	w.Record(Request{Arrived: t0.Add(3 * time.Second), Model: "m", API: "chat", Unit: UnitBytes, BlockSize: 64, Hashes: []uint64{0x5555555555555555},
+		Chunks: []uint64{0x5555555555555555}, ChunkSize: 64, Status: 200})
 	stop()
 	h, recs, raw := read(t, path)
 	if h.Capture != Version || !h.Started.Equal(t0) || len(h.Salt) != 16 {
 		t.Fatalf("header %+v", h)
 	}
-	if len(recs) != 2 {
-		t.Fatalf("%d records, want 2", len(recs))
+	if len(recs) != 3 {
+		t.Fatalf("%d records, want 3", len(recs))
 	}
-	r, s := recs[0], recs[1]
+	r, s, u := recs[0], recs[1], recs[2]
 	if r.T != 1.5 || r.Model != "m" || r.Tenant != "acme" || !r.Stream || r.PromptTokens != 48 || r.OutputTokens != 7 ||
 		r.CachedTokens != 32 || r.TTFTMs != 42 || r.BlockSize != 16 || r.Unit != UnitTokens || r.Replica != "m-0" {
 		t.Fatalf("record %+v", r)
@@ -103,10 +109,16 @@ func TestSharingSurvivesTextDoesNot(t *testing.T) {
 	if r.Blocks[0] != s.Blocks[0] || r.Blocks[1] != s.Blocks[1] || r.Blocks[2] == s.Blocks[2] {
 		t.Fatalf("blocks %v and %v: want the first two shared, the third not", r.Blocks, s.Blocks)
 	}
+	if r.ChunkSize != 64 || len(r.Chunks) != 2 || len(s.Chunks) != 2 || r.Chunks[0] != s.Chunks[0] || r.Chunks[1] == s.Chunks[1] {
+		t.Fatalf("chunks %v and %v (size %d): want two each, the first shared, the second not", r.Chunks, s.Chunks, r.ChunkSize)
+	}
+	if u.Unit != UnitBytes || len(u.Blocks) != 1 || u.Blocks[0] != r.Chunks[0] || u.Chunks != nil {
+		t.Fatalf("tier 1's record %+v: want its one chunk as its blocks, salted as the others' chunks are, and no chunks beside", u)
+	}
 	if r.Session == "" || r.Session != s.Session {
 		t.Fatalf("sessions %q, %q: want one salted value", r.Session, s.Session)
 	}
-	for _, leak := range []string{"secret-session", "1111111111111111", fmt.Sprint(a[0]), "2222222222222222"} {
+	for _, leak := range []string{"secret-session", "1111111111111111", fmt.Sprint(a[0]), "2222222222222222", "5555555555555555", "6666666666666666"} {
 		if strings.Contains(raw, leak) {
 			t.Fatalf("the file holds %q:\n%s", leak, raw)
 		}

@@ -216,6 +216,14 @@ func TestPreparePrefix(t *testing.T) {
 	if !slices.Equal(pl.req.Prefix, want) || len(want) == 0 || pl.req.Session != "s1" || pl.req.Model != "base" || pl.req.ID != "q" {
 		t.Fatalf("scheduler request %+v, want prefix %v", pl.req, want)
 	}
+	// A capture's view: without tier 2, tier 1's chunks are the blocks,
+	// and they are the text's chunks either way.
+	if h, size, tokens := pl.Blocks(); !slices.Equal(h, want) || size != prefix.DefaultChunk || tokens {
+		t.Fatalf("blocks %v of %d (tokens %v), want tier 1's %v", h, size, tokens, want)
+	}
+	if h, size := pl.TextChunks(); !slices.Equal(h, want) || size != prefix.DefaultChunk {
+		t.Fatalf("text chunks %v of %d, want %v", h, size, want)
+	}
 }
 
 // index is a KV index that answers what it is told.

@@ -260,6 +260,15 @@ func (p *Plan) Blocks() (hashes []uint64, size int, tokens bool) {
 	return p.req.Prefix, prefix.DefaultChunk, false
 }
 
+// TextChunks are tier 1's chunk hashes of the prompt's leading text, size
+// bytes each, whether or not tier 2 answered: a capture keeps them beside
+// tier 2's blocks so that a replay can tell which tier-2 blocks a request
+// only tier 1 saw (a tokenize timeout) shared with the others. The slice
+// is the plan's.
+func (p *Plan) TextChunks() (hashes []uint64, size int) {
+	return p.req.Prefix, prefix.DefaultChunk
+}
+
 // Usage is the usage block of the accepted answer's end, read before Done
 // (which clears it); ok false when the answer carried none.
 func (p *Plan) Usage() (vllm.Usage, bool) {
