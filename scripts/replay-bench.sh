@@ -136,17 +136,22 @@ stop
 
 files=$(ls -1 "$out"/capture.jsonl* | sort -V | paste -sd, -)
 echo "replay: $(cat "$out"/capture.jsonl* | wc -l) lines in $files"
-fleet replay
+# The replay's router captures too (replay-capture.jsonl, never replayed):
+# its records name the replica each request went to, beside the live
+# capture's, request by request.
+rm -f "$out"/replay-capture.jsonl*
+fleet replay --capture-path "$out/replay-capture.jsonl"
 scraping replay
 "${ctl[@]}" bench --target "replay=$api" --target-metrics "$ops" --model demo -q -o json --replay "$files" >"$out/replay.json"
 stop
 
 jq -rn --slurpfile l "$out/live.json" --slurpfile r "$out/replay.json" '
 	def row($n; $x): [$n, $x.requests, ($x.cache_hit_share * 1000 | round / 1000), ($x.cache_hit_ceiling * 1000 | round / 1000),
-		($x.ttft_seconds.p50 * 1e4 | round / 10), ($x.ttft_seconds.p90 * 1e4 | round / 10), $x.errors] | @tsv;
-	"run\trequests\thit\tceiling\tttft_p50_ms\tttft_p90_ms\terrors",
+		($x.ttft_seconds.p50 * 1e4 | round / 10), ($x.ttft_seconds.p90 * 1e4 | round / 10), $x.errors,
+		($x.router_decisions.kv.miss // 0), ($x.router_decisions.kv.tokenize_timeout // 0)] | @tsv;
+	"run\trequests\thit\tceiling\tttft_p50_ms\tttft_p90_ms\terrors\tkv_miss\ttokenize_timeout",
 	row("live"; $l[0]), row("replay"; $r[0]),
 	(["replay/live", ($r[0].requests / $l[0].requests * 1000 | round / 1000),
 	  ($r[0].cache_hit_share / $l[0].cache_hit_share * 1000 | round / 1000), "",
 	  ($r[0].ttft_seconds.p50 / $l[0].ttft_seconds.p50 * 1000 | round / 1000),
-	  ($r[0].ttft_seconds.p90 / $l[0].ttft_seconds.p90 * 1000 | round / 1000), ""] | @tsv)' | tee "$out/summary.txt" | column -t -s $'\t'
+	  ($r[0].ttft_seconds.p90 / $l[0].ttft_seconds.p90 * 1000 | round / 1000), "", "", ""] | @tsv)' | tee "$out/summary.txt" | column -t -s $'\t'
