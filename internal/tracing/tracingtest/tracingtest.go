@@ -72,7 +72,16 @@ func start(t testing.TB, discard bool) *Receiver {
 	if err != nil {
 		t.Fatalf("tracingtest: listen: %v", err)
 	}
-	r := &Receiver{addr: ln.Addr().String(), discard: discard}
+	r, stop := Serve(ln, discard)
+	t.Cleanup(stop)
+	return r
+}
+
+// Serve serves a receiver on ln until stop is called, which waits for it:
+// for a benchmark script's collector (scripts/otlpsink), where no test
+// owns it. discard is StartDiscarding's.
+func Serve(ln net.Listener, discard bool) (r *Receiver, stop func()) {
+	r = &Receiver{addr: ln.Addr().String(), discard: discard}
 	if discard {
 		// No service registered: every call is the unknown-service
 		// handler's, whose messages are the raw bytes.
@@ -83,8 +92,7 @@ func start(t testing.TB, discard bool) *Receiver {
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = r.srv.Serve(ln) }()
-	t.Cleanup(func() { r.srv.Stop(); <-done })
-	return r
+	return r, func() { r.srv.Stop(); <-done }
 }
 
 // Addr is the receiver's host:port, for an otlp_endpoint.
