@@ -134,6 +134,13 @@ bench-kv-wave2: build ## issue 14's must-show tables: fits, disrupted, pressure;
 bench-kv-offload: build ## issue 32's offload must-show: a working set 4 × a replica's GPU cache within its CPU tier, 32 groups returning in short bursts after idling past the 30 s home window, 4 replicas, tier-aware vs GPU-only credit, SEEDS=10 each (~45 min; WORKLOAD=bursts or steady for the earlier shapes; loopback ports 20480-20497, 20700-20705, 20100-20399; needs curl, jq)
 	./scripts/bench-kv-offload.sh $(BIN) bench-out/kv-offload
 
+.PHONY: bench-tracing bench-replay
+bench-tracing: build ## issue 33's tracing cost on a simulated fleet: two routers, off and 10 % to an OTLP receiver, shared-prefix in a closed loop, ROUNDS=6 alternating (~15 min; loopback ports 22010-22103; needs curl, jq)
+	./scripts/bench-tracing.sh $(BIN) bench-out/tracing
+
+bench-replay: build ## issue 33's capture and replay: a live shared-prefix run captured, then replayed through a fresh fleet (DURATION=60m: ~2 h 10 min; loopback ports 21010-21099; needs curl, jq)
+	./scripts/replay-bench.sh $(BIN) bench-out/replay
+
 # --- Rolling upgrade (issue: Operations) ---
 .PHONY: build-upgrade-old upgrade-test
 UPGRADE_OLD_VERSION ?= v0.1.0
