@@ -16,6 +16,8 @@
 #   RUN=60s         how long each run sends
 #   CONCURRENCY=16  the closed loop's clients
 #   RATIO=0.1       the traced router's sampling ratio
+#   CONTROL=1       the control: the second router untraced too, so the
+#                   table shows what two identical routers differ by here
 # Ports (loopback): dev 22010-22016, engines 22030-22099, the receiver 22020,
 # the routers 22100-22103 (below the integration suite's pool, 24768-32767).
 # Needs go (to build the receiver), curl and jq. Everything it starts is
@@ -87,7 +89,11 @@ router() {
 for _ in $(seq 240); do "${ctl[@]}" replica list >/dev/null 2>&1 && break; sleep 0.5; done
 ready 4
 router off 22100
-router traced 22102 --otlp-traces-endpoint 127.0.0.1:22020 --trace-sampling-ratio "$ratio"
+if [[ ${CONTROL:-0} == 1 ]]; then
+	router traced 22102 # named as the traced one, so the table reads the same
+else
+	router traced 22102 --otlp-traces-endpoint 127.0.0.1:22020 --trace-sampling-ratio "$ratio"
+fi
 echo "load average at start: $(cat /proc/loadavg)" | tee "$out/loadavg.txt" >&2
 
 off=(--target off=http://127.0.0.1:22100 --target-metrics http://127.0.0.1:22101)
