@@ -57,8 +57,7 @@ rm -rf "$out/data" "$out"/router-*
 	--agent-http-addr 127.0.0.1:22015 --agent-grpc-addr 127.0.0.1:22016 --port-range 22030-22099 >"$out/dev.log" 2>&1 &
 pids+=($!)
 "$out/otlpsink" -addr 127.0.0.1:22020 >"$out/spans.txt" 2>"$out/otlpsink.log" &
-sink=$!
-pids+=($sink)
+pids+=($!)
 
 # ready N: until N replicas of demo are ready (120 s at most).
 ready() {
